@@ -1,0 +1,93 @@
+// Tensor storage and element access (base/).
+#include "base/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "base/status.h"
+
+namespace cleave {
+
+TensorView::TensorView(void* p, DataType t, std::span<const int64_t> d) : data(p), dtype(t) {
+  CLEAVE_CHECK(d.size() <= kMaxRank);
+  rank = static_cast<int>(d.size());
+  for (int i = 0; i < rank; ++i) dims[i] = d[i];
+}
+
+namespace {
+std::shared_ptr<void> AllocateAligned(size_t bytes, bool zero = true) {
+  size_t rounded = ((bytes + 63) / 64) * 64;
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  CLEAVE_CHECK(p != nullptr);
+  if (zero) std::memset(p, 0, rounded == 0 ? 64 : rounded);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+}  // namespace
+
+Tensor::Tensor(DataType dtype, std::vector<int64_t> dims) : dtype_(dtype), dims_(std::move(dims)) {
+  storage_ = AllocateAligned(nbytes());
+  data_ = storage_.get();
+}
+
+Tensor::Tensor(DataType dtype, std::vector<int64_t> dims, std::shared_ptr<void> storage, void* data)
+    : dtype_(dtype), dims_(std::move(dims)), storage_(std::move(storage)), data_(data) {}
+
+Tensor Tensor::Uninitialized(DataType dtype, std::vector<int64_t> dims) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.dims_ = std::move(dims);
+  t.storage_ = AllocateAligned(t.nbytes(), /*zero=*/false);
+  t.data_ = t.storage_.get();
+  return t;
+}
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : dims_) n *= d;
+  return n;
+}
+
+Tensor Tensor::Clone() const {
+  Tensor t(dtype_, dims_);
+  if (nbytes()) std::memcpy(t.data_, data_, nbytes());
+  return t;
+}
+
+int64_t Tensor::IntAt(int64_t i) const {
+  switch (dtype_) {
+    case DataType::kInt64: return data<int64_t>()[i];
+    case DataType::kInt32: return data<int32_t>()[i];
+    case DataType::kInt16: return data<int16_t>()[i];
+    case DataType::kInt8: return data<int8_t>()[i];
+    case DataType::kUInt8: return data<uint8_t>()[i];
+    case DataType::kUInt16: return data<uint16_t>()[i];
+    case DataType::kUInt32: return data<uint32_t>()[i];
+    case DataType::kUInt64: return static_cast<int64_t>(data<uint64_t>()[i]);
+    case DataType::kBool: return data<bool>()[i] ? 1 : 0;
+    default: return static_cast<int64_t>(DoubleAt(i));
+  }
+}
+
+double Tensor::DoubleAt(int64_t i) const {
+  switch (dtype_) {
+    case DataType::kFloat32: return data<float>()[i];
+    case DataType::kFloat64: return data<double>()[i];
+    case DataType::kFloat16: return HalfToFloat(data<uint16_t>()[i]);
+    case DataType::kBFloat16: return BFloat16ToFloat(data<uint16_t>()[i]);
+    default: return static_cast<double>(IntAt(i));
+  }
+}
+
+std::vector<int64_t> Tensor::ToInt64Vector() const {
+  std::vector<int64_t> v(numel());
+  for (int64_t i = 0; i < numel(); ++i) v[i] = IntAt(i);
+  return v;
+}
+
+Tensor CopyToTensor(const TensorView& v) {
+  Tensor t(v.dtype, v.shape());
+  if (v.nbytes()) std::memcpy(t.raw(), v.data, v.nbytes());
+  return t;
+}
+
+}  // namespace cleave

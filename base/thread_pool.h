@@ -1,0 +1,57 @@
+// The intra-op thread pool (base/). Kernels split loops with ParallelFor; the calling
+// thread takes a share of the work, so a pool of N threads keeps N+1 cores busy only
+// when asked for N+1. Work is split into contiguous blocks so results do not depend on
+// scheduling: every index is computed by exactly one thread with the same arithmetic.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace cleave {
+
+class ThreadPool {
+ public:
+  // num_threads counts the caller: 1 means run everything inline.
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls fn(begin, end) over [0, n) split into at most num_threads blocks, each of at
+  // least `grain` iterations. Blocks until all are done.
+  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+  // A process-wide pool sized by CLEAVE_NUM_THREADS or the hardware concurrency.
+  static ThreadPool* Default();
+
+ private:
+  void WorkerLoop(int index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  const std::function<void(int64_t, int64_t)>* task_ = nullptr;
+  int64_t task_n_ = 0;
+  int task_blocks_ = 0;
+  int64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+// ParallelFor on a possibly-null pool (null runs inline).
+inline void ParallelFor(ThreadPool* pool, int64_t n, int64_t grain,
+                        const std::function<void(int64_t, int64_t)>& fn) {
+  if (pool == nullptr || n <= grain) {
+    if (n > 0) fn(0, n);
+    return;
+  }
+  pool->ParallelFor(n, grain, fn);
+}
+
+}  // namespace cleave

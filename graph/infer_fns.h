@@ -1,0 +1,54 @@
+// Shape and type inference functions named by the op table (graph/).
+// infer_elementwise.cc: unary, binary, comparison, logic, Where, Clip, Cast, Max/Min, Gelu.
+// infer_nn.cc: MatMul, Gemm, FusedMatMul, Softmax family, normalisation, reductions,
+//              losses, Dropout, Trilu.
+// infer_shape_ops.cc: Reshape, Transpose, Concat, Split, Slice, Squeeze, Unsqueeze, Expand,
+//              Gather, Shape, ConstantOfShape, Range, Identity, Constant, Flatten.
+#pragma once
+
+#include "graph/op_table.h"
+
+namespace cleave::graph {
+
+// infer_elementwise.cc
+absl::Status InferUnary(InferContext& ctx);         // out = in dtype/shape
+absl::Status InferUnaryFloat(InferContext& ctx);    // same, input must be a float type
+absl::Status InferBinaryArith(InferContext& ctx);   // broadcast, same dtype in and out
+absl::Status InferPow(InferContext& ctx);           // broadcast, dtype of base
+absl::Status InferCompare(InferContext& ctx);       // broadcast, bool out
+absl::Status InferLogical(InferContext& ctx);       // bool in, broadcast, bool out
+absl::Status InferNot(InferContext& ctx);
+absl::Status InferVariadicMinMax(InferContext& ctx);
+absl::Status InferWhere(InferContext& ctx);
+absl::Status InferClip(InferContext& ctx);
+absl::Status InferCast(InferContext& ctx);
+
+// infer_nn.cc
+absl::Status InferMatMul(InferContext& ctx);
+absl::Status InferGemm(InferContext& ctx);
+absl::Status InferFusedMatMul(InferContext& ctx);
+absl::Status InferSoftmax(InferContext& ctx);
+absl::Status InferLayerNorm(InferContext& ctx);
+absl::Status InferReduce(InferContext& ctx);
+absl::Status InferSoftmaxCrossEntropyLoss(InferContext& ctx);
+absl::Status InferDropout(InferContext& ctx);
+absl::Status InferTrilu(InferContext& ctx);
+
+// infer_shape_ops.cc
+absl::Status InferReshape(InferContext& ctx);
+absl::Status InferTranspose(InferContext& ctx);
+absl::Status InferConcat(InferContext& ctx);
+absl::Status InferSplit(InferContext& ctx);
+absl::Status InferSlice(InferContext& ctx);
+absl::Status InferSqueeze(InferContext& ctx);
+absl::Status InferUnsqueeze(InferContext& ctx);
+absl::Status InferExpand(InferContext& ctx);
+absl::Status InferGather(InferContext& ctx);
+absl::Status InferShape(InferContext& ctx);
+absl::Status InferConstantOfShape(InferContext& ctx);
+absl::Status InferRange(InferContext& ctx);
+absl::Status InferIdentity(InferContext& ctx);
+absl::Status InferConstant(InferContext& ctx);
+absl::Status InferFlatten(InferContext& ctx);
+
+}  // namespace cleave::graph

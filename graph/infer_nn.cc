@@ -1,0 +1,329 @@
+// Shape and type inference for linear algebra, normalisation, reductions, losses, Dropout
+// and Trilu (graph/). Static dims are computed where the inputs allow, symbolic dims pass
+// through unchanged, and an input of unknown rank yields an output of unknown rank.
+// Errors say what was expected and what was found.
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "graph/infer_fns.h"
+#include "graph/infer_util.h"
+
+namespace cleave::graph {
+
+namespace {
+
+std::string InputName(const InferContext& ctx, int i) {
+  return absl::StrCat("input ", i, " '", ctx.node().input(i)->name(), "'");
+}
+
+// Input i must have input 0's dtype (when both are known).
+absl::Status ExpectSameDtype(const InferContext& ctx, int i) {
+  DataType a = ctx.input_dtype(0), b = ctx.input_dtype(i);
+  if (a == DataType::kUndefined || b == DataType::kUndefined || a == b) return absl::OkStatus();
+  return ctx.Error(InputName(ctx, i), " has dtype ", DataTypeName(b), ", expected ",
+                   DataTypeName(a), " (the dtype of input 0)");
+}
+
+// Two dims that must be equal: an error only when both are static and differ.
+bool DimsConflict(const Dim& a, const Dim& b) {
+  return a.is_static() && b.is_static() && a.value != b.value;
+}
+
+std::string DimText(const Dim& d) {
+  if (d.is_static()) return std::to_string(d.value);
+  return d.symbol.empty() ? "?" : d.symbol;
+}
+
+// numpy matmul of shapes a and b (B transposed in its last two dims when trans_b).
+absl::StatusOr<Shape> MatMulShape(const InferContext& ctx, const Shape& a, const Shape& b,
+                                  bool trans_b) {
+  if (!a.has_rank() || !b.has_rank()) return Shape();
+  if (a.rank() == 0 || b.rank() == 0)
+    return ctx.Error("expected operands of rank >= 1, got A ", a.ToString(), " and B ",
+                     b.ToString());
+  const int ra = a.rank(), rb = b.rank();
+  Dim ka = a[ra - 1];
+  Dim kb = rb == 1 ? b[0] : b[rb - (trans_b ? 1 : 2)];
+  if (DimsConflict(ka, kb))
+    return ctx.Error("inner dims differ: A ", a.ToString(), " has K = ", ka.value, ", B ",
+                     b.ToString(), trans_b ? " (transposed)" : "", " has K = ", kb.value);
+  std::vector<Dim> ba(a.dims().begin(), a.dims().end() - std::min(ra, 2));
+  std::vector<Dim> bb(b.dims().begin(), b.dims().end() - std::min(rb, 2));
+  ASSIGN_OR_RETURN(Shape batch, BroadcastShapes(ctx, {Shape(ba), Shape(bb)}));
+  std::vector<Dim> out = batch.dims();
+  if (ra >= 2) out.push_back(a[ra - 2]);
+  if (rb >= 2) out.push_back(b[rb - (trans_b ? 2 : 1)]);
+  return Shape(std::move(out));
+}
+
+}  // namespace
+
+absl::Status InferMatMul(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectSameDtype(ctx, 1));
+  ASSIGN_OR_RETURN(Shape out, MatMulShape(ctx, ctx.input_shape(0), ctx.input_shape(1), false));
+  ctx.SetOutput(0, ctx.input_dtype(0), std::move(out));
+  return absl::OkStatus();
+}
+
+absl::Status InferGemm(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectSameDtype(ctx, 1));
+  const Node& n = ctx.node();
+  const bool ta = n.AttrInt("transA", 0) != 0, tb = n.AttrInt("transB", 0) != 0;
+  const Shape& a = ctx.input_shape(0);
+  const Shape& b = ctx.input_shape(1);
+  for (int i = 0; i < 2; ++i) {
+    const Shape& s = ctx.input_shape(i);
+    if (s.has_rank() && s.rank() != 2)
+      return ctx.Error("expected ", InputName(ctx, i), " of rank 2, got ", s.ToString());
+  }
+  if (ctx.version() < 11 && !ctx.has_input(2))
+    return ctx.Error("input C is required before Gemm version 11 (this node is version ",
+                     ctx.version(), ")");
+  Dim M, N;
+  if (a.has_rank() && b.has_rank()) {
+    Dim ka = a[ta ? 0 : 1], kb = b[tb ? 1 : 0];
+    if (DimsConflict(ka, kb))
+      return ctx.Error("inner dims differ: op(A) of A ", a.ToString(), " has K = ", ka.value,
+                       ", op(B) of B ", b.ToString(), " has K = ", kb.value);
+  }
+  if (a.has_rank()) M = a[ta ? 1 : 0];
+  if (b.has_rank()) N = b[tb ? 0 : 1];
+  if (ctx.has_input(2)) {
+    RETURN_IF_ERROR(ExpectSameDtype(ctx, 2));
+    const Shape& c = ctx.input_shape(2);
+    if (c.has_rank()) {
+      if (c.rank() > 2)
+        return ctx.Error("expected C of rank <= 2 (broadcast to [M, N]), got ", c.ToString());
+      const Dim target[2] = {M, N};
+      for (int k = 0; k < c.rank(); ++k) {
+        const Dim& d = c[k];
+        const Dim& t = target[2 - c.rank() + k];
+        if (d.is_static() && d.value != 1 && DimsConflict(d, t))
+          return ctx.Error("C ", c.ToString(), " does not broadcast to [M, N] = [", DimText(M),
+                           ", ", DimText(N), "]");
+      }
+    }
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape({M, N}));
+  return absl::OkStatus();
+}
+
+absl::Status InferFusedMatMul(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectSameDtype(ctx, 1));
+  const Node& n = ctx.node();
+  const std::string act = n.AttrString("activation", "");
+  if (act != "" && act != "gelu" && act != "gelu_tanh")
+    return ctx.Error("expected activation '', 'gelu' or 'gelu_tanh', got '", act, "'");
+  const bool tb = n.AttrInt("transB", 0) != 0;
+  const Shape& b = ctx.input_shape(1);
+  if (b.has_rank() && b.rank() < 2)
+    return ctx.Error("expected B of rank >= 2, got ", b.ToString());
+  ASSIGN_OR_RETURN(Shape out, MatMulShape(ctx, ctx.input_shape(0), b, tb));
+  if (ctx.has_input(2)) {
+    RETURN_IF_ERROR(ExpectSameDtype(ctx, 2));
+    const Shape& bias = ctx.input_shape(2);
+    if (bias.has_rank()) {
+      if (bias.rank() != 1)
+        return ctx.Error("expected bias of rank 1 ([N]), got ", bias.ToString());
+      if (b.has_rank() && DimsConflict(bias[0], b[b.rank() - (tb ? 2 : 1)]))
+        return ctx.Error("bias ", bias.ToString(), " does not match N of B ", b.ToString());
+    }
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), std::move(out));
+  return absl::OkStatus();
+}
+
+absl::Status InferSoftmax(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64,
+                                       DataType::kFloat16, DataType::kBFloat16}));
+  const Shape& x = ctx.input_shape(0);
+  if (x.has_rank()) {
+    // Before version 13 the axis (default 1) splits x into [outer, inner]; from 13 it
+    // names the one normalised axis (default -1). Both accept [-r, r-1].
+    const int64_t axis = ctx.node().AttrInt("axis", ctx.version() < 13 ? 1 : -1);
+    RETURN_IF_ERROR(NormalizeAxis(ctx, axis, x.rank()).status());
+  }
+  return InferSameAsInput0(ctx);
+}
+
+absl::Status InferLayerNorm(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64,
+                                       DataType::kFloat16, DataType::kBFloat16}));
+  RETURN_IF_ERROR(ExpectSameDtype(ctx, 1));
+  if (ctx.has_input(2)) RETURN_IF_ERROR(ExpectSameDtype(ctx, 2));
+  const Node& n = ctx.node();
+  const int64_t stash = n.AttrInt("stash_type", 1);
+  const DataType stash_type = DataTypeFromInt(static_cast<int>(stash));
+  if (!IsFloat(stash_type))
+    return ctx.Error("expected stash_type to name a float type (1 = float32), got ", stash);
+  const Shape& x = ctx.input_shape(0);
+  ctx.SetOutput(0, ctx.input_dtype(0), x);
+  if (!x.has_rank()) {
+    ctx.SetOutput(1, stash_type, Shape());
+    ctx.SetOutput(2, stash_type, Shape());
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(int axis, NormalizeAxis(ctx, n.AttrInt("axis", -1), x.rank()));
+  // Scale and bias broadcast (right-aligned) over the normalised dims x[axis:].
+  for (int i = 1; i <= 2; ++i) {
+    if (!ctx.has_input(i)) continue;
+    const Shape& s = ctx.input_shape(i);
+    if (!s.has_rank()) continue;
+    bool ok = s.rank() <= x.rank() - axis;
+    for (int k = 0; ok && k < s.rank(); ++k) {
+      const Dim& d = s[k];
+      ok = !(d.is_static() && d.value != 1 && DimsConflict(d, x[x.rank() - s.rank() + k]));
+    }
+    if (!ok)
+      return ctx.Error(InputName(ctx, i), " ", s.ToString(),
+                       " does not broadcast over the normalised dims of X ", x.ToString(),
+                       " from axis ", axis);
+  }
+  std::vector<Dim> stat = x.dims();
+  for (int k = axis; k < x.rank(); ++k) stat[k] = Dim(1);
+  ctx.SetOutput(1, stash_type, Shape(stat));
+  ctx.SetOutput(2, stash_type, Shape(stat));
+  return absl::OkStatus();
+}
+
+absl::Status InferReduce(InferContext& ctx) {
+  const Node& n = ctx.node();
+  // ReduceSum takes its axes as an input from version 13, the others from version 18.
+  const int input_from = n.op_type() == "ReduceSum" ? 13 : 18;
+  const bool axes_input = ctx.version() >= input_from;
+  if (!axes_input && ctx.has_input(1))
+    return ctx.Error("axes is an attribute before version ", input_from,
+                     ", but this version ", ctx.version(), " node has a second input");
+  if (axes_input && n.HasAttr("axes"))
+    return ctx.Error("axes is an input from version ", input_from,
+                     ", but this version ", ctx.version(), " node has an axes attribute");
+  const bool keepdims = n.AttrInt("keepdims", 1) != 0;
+  const bool noop = axes_input && n.AttrInt("noop_with_empty_axes", 0) != 0;
+  std::optional<std::vector<int64_t>> axes;
+  if (!axes_input) {
+    axes = n.AttrInts("axes");
+  } else if (!ctx.has_input(1)) {
+    axes = std::vector<int64_t>{};
+  } else {
+    RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
+    axes = ConstantInts(ctx, 1);
+    if (!axes && ctx.input_shape(1).NumElements() == 0) axes = std::vector<int64_t>{};
+  }
+  const Shape& x = ctx.input_shape(0);
+  const DataType dt = ctx.input_dtype(0);
+  if (!x.has_rank()) {
+    ctx.SetOutput(0, dt, Shape());
+    return absl::OkStatus();
+  }
+  if (!axes) {  // axes known only at run time: with keepdims the rank survives
+    if (!keepdims) {
+      ctx.SetOutput(0, dt, Shape());
+      return absl::OkStatus();
+    }
+    std::vector<Dim> out = x.dims();
+    for (Dim& d : out)
+      if (!(d.is_static() && d.value == 1)) d = Dim();
+    ctx.SetOutput(0, dt, Shape(out));
+    return absl::OkStatus();
+  }
+  if (axes->empty() && noop) return InferSameAsInput0(ctx);
+  std::vector<bool> reduced(x.rank(), axes->empty());
+  for (int64_t a : *axes) {
+    ASSIGN_OR_RETURN(int k, NormalizeAxis(ctx, a, x.rank()));
+    if (reduced[k])
+      return ctx.Error("axis ", a, " appears more than once in axes [", absl::StrJoin(*axes, ", "), "]");
+    reduced[k] = true;
+  }
+  std::vector<Dim> out;
+  for (int k = 0; k < x.rank(); ++k) {
+    if (!reduced[k]) out.push_back(x[k]);
+    else if (keepdims) out.push_back(Dim(1));
+  }
+  ctx.SetOutput(0, dt, Shape(out));
+  return absl::OkStatus();
+}
+
+absl::Status InferSoftmaxCrossEntropyLoss(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64,
+                                       DataType::kFloat16, DataType::kBFloat16}));
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt32, DataType::kInt64}));
+  if (ctx.has_input(2)) RETURN_IF_ERROR(ExpectSameDtype(ctx, 2));
+  const std::string reduction = ctx.node().AttrString("reduction", "mean");
+  if (reduction != "none" && reduction != "sum" && reduction != "mean")
+    return ctx.Error("expected reduction 'none', 'sum' or 'mean', got '", reduction, "'");
+  const Shape& scores = ctx.input_shape(0);
+  const Shape& labels = ctx.input_shape(1);
+  if (scores.has_rank() && scores.rank() < 2)
+    return ctx.Error("expected scores of rank >= 2 ([N, C, ...]), got ", scores.ToString());
+  if (scores.has_rank() && labels.has_rank()) {
+    bool ok = labels.rank() == scores.rank() - 1;
+    for (int k = 0; ok && k < labels.rank(); ++k)
+      ok = !DimsConflict(labels[k], scores[k == 0 ? 0 : k + 1]);
+    if (!ok)
+      return ctx.Error("labels ", labels.ToString(), " do not match scores ", scores.ToString(),
+                       ": expected scores' dims without the class dim 1");
+  }
+  if (ctx.has_input(2) && scores.has_rank()) {
+    const Shape& w = ctx.input_shape(2);
+    if (w.has_rank() && (w.rank() != 1 || DimsConflict(w[0], scores[1])))
+      return ctx.Error("expected weights of shape [C] = [", DimText(scores[1]), "], got ",
+                       w.ToString());
+  }
+  Shape loss = Shape::Scalar();
+  if (reduction == "none") {
+    if (labels.has_rank()) {
+      loss = labels;
+    } else if (scores.has_rank()) {
+      std::vector<Dim> d = scores.dims();
+      d.erase(d.begin() + 1);
+      loss = Shape(d);
+    } else {
+      loss = Shape();
+    }
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), loss);
+  ctx.SetOutput(1, ctx.input_dtype(0), scores);
+  return absl::OkStatus();
+}
+
+absl::Status InferDropout(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64,
+                                       DataType::kFloat16, DataType::kBFloat16}));
+  if (ctx.has_input(1))
+    RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kFloat32, DataType::kFloat64,
+                                         DataType::kFloat16, DataType::kBFloat16}));
+  if (ctx.has_input(2)) RETURN_IF_ERROR(ExpectDtype(ctx, 2, {DataType::kBool}));
+  for (int i = 1; i <= 2; ++i) {
+    if (!ctx.has_input(i)) continue;
+    const Shape& s = ctx.input_shape(i);
+    if (s.has_rank() && s.NumElements() != 1 && s.is_static())
+      return ctx.Error("expected ", InputName(ctx, i), " to be a scalar, got ", s.ToString());
+  }
+  if (const Tensor* r = ctx.input_constant(1)) {
+    const double ratio = r->DoubleAt(0);
+    if (!(ratio >= 0 && ratio < 1))
+      return ctx.Error("expected ratio in [0, 1), got ", ratio);
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), ctx.input_shape(0));
+  ctx.SetOutput(1, DataType::kBool, ctx.input_shape(0));
+  return absl::OkStatus();
+}
+
+absl::Status InferTrilu(InferContext& ctx) {
+  const Shape& x = ctx.input_shape(0);
+  if (x.has_rank() && x.rank() < 2)
+    return ctx.Error("expected input of rank >= 2, got ", x.ToString());
+  if (ctx.has_input(1)) {
+    RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
+    const Shape& k = ctx.input_shape(1);
+    if (k.is_static() && k.NumElements() != 1)
+      return ctx.Error("expected k to be a scalar, got ", k.ToString());
+  }
+  return InferSameAsInput0(ctx);
+}
+
+}  // namespace cleave::graph

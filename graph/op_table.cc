@@ -1,0 +1,174 @@
+// The op table rows and version resolution (graph/).
+// `versions` lists each op's since_versions in the ONNX default domain up to opset 22, so
+// that a model's opset import resolves to the exact op version it means.
+#include "graph/op_table.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "graph/infer_fns.h"
+
+namespace cleave::graph {
+
+namespace {
+
+constexpr int kVar = -1;
+const char* const kOnnx = "";
+
+std::vector<OpDef> BuildTable() {
+  const char* const C = kCleaveDomain;
+  // {domain, name, versions, first_supported, in min,max, out min,max, infer, differentiable}
+  return {
+      // Unary elementwise.
+      {kOnnx, "Abs", {1, 6, 13}, 6, 1, 1, 1, 1, InferUnary, true},
+      {kOnnx, "Neg", {1, 6, 13}, 6, 1, 1, 1, 1, InferUnary, true},
+      {kOnnx, "Exp", {1, 6, 13}, 6, 1, 1, 1, 1, InferUnaryFloat, true},
+      {kOnnx, "Log", {1, 6, 13}, 6, 1, 1, 1, 1, InferUnaryFloat, true},
+      {kOnnx, "Sqrt", {1, 6, 13}, 6, 1, 1, 1, 1, InferUnaryFloat, true},
+      {kOnnx, "Reciprocal", {1, 6, 13}, 6, 1, 1, 1, 1, InferUnaryFloat, true},
+      {kOnnx, "Sin", {7, 22}, 7, 1, 1, 1, 1, InferUnaryFloat, true},
+      {kOnnx, "Cos", {7, 22}, 7, 1, 1, 1, 1, InferUnaryFloat, true},
+      {kOnnx, "Tanh", {1, 6, 13}, 6, 1, 1, 1, 1, InferUnaryFloat, true},
+      {kOnnx, "Erf", {9, 13}, 9, 1, 1, 1, 1, InferUnaryFloat, true},
+      {kOnnx, "Relu", {1, 6, 13, 14}, 6, 1, 1, 1, 1, InferUnary, true},
+      {kOnnx, "Sigmoid", {1, 6, 13}, 6, 1, 1, 1, 1, InferUnaryFloat, true},
+      {kOnnx, "Gelu", {20}, 20, 1, 1, 1, 1, InferUnaryFloat, true},
+      {C, "Gelu", {1}, 1, 1, 1, 1, 1, InferUnaryFloat, true},
+      {kOnnx, "Not", {1}, 1, 1, 1, 1, 1, InferNot, false},
+      // Binary elementwise with broadcasting.
+      {kOnnx, "Add", {1, 6, 7, 13, 14}, 7, 2, 2, 1, 1, InferBinaryArith, true},
+      {kOnnx, "Sub", {1, 6, 7, 13, 14}, 7, 2, 2, 1, 1, InferBinaryArith, true},
+      {kOnnx, "Mul", {1, 6, 7, 13, 14}, 7, 2, 2, 1, 1, InferBinaryArith, true},
+      {kOnnx, "Div", {1, 6, 7, 13, 14}, 7, 2, 2, 1, 1, InferBinaryArith, true},
+      {kOnnx, "Pow", {1, 7, 12, 13, 15}, 7, 2, 2, 1, 1, InferPow, true},
+      {kOnnx, "Max", {1, 6, 8, 12, 13}, 8, 1, kVar, 1, 1, InferVariadicMinMax, true},
+      {kOnnx, "Min", {1, 6, 8, 12, 13}, 8, 1, kVar, 1, 1, InferVariadicMinMax, true},
+      {kOnnx, "Equal", {1, 7, 11, 13, 19}, 7, 2, 2, 1, 1, InferCompare, false},
+      {kOnnx, "Less", {1, 7, 9, 13}, 7, 2, 2, 1, 1, InferCompare, false},
+      {kOnnx, "Greater", {1, 7, 9, 13}, 7, 2, 2, 1, 1, InferCompare, false},
+      {kOnnx, "LessOrEqual", {12, 16}, 12, 2, 2, 1, 1, InferCompare, false},
+      {kOnnx, "GreaterOrEqual", {12, 16}, 12, 2, 2, 1, 1, InferCompare, false},
+      {kOnnx, "And", {1, 7}, 7, 2, 2, 1, 1, InferLogical, false},
+      {kOnnx, "Or", {1, 7}, 7, 2, 2, 1, 1, InferLogical, false},
+      {kOnnx, "Where", {9, 16}, 9, 3, 3, 1, 1, InferWhere, true},
+      {kOnnx, "Clip", {1, 6, 11, 12, 13}, 6, 1, 3, 1, 1, InferClip, true},
+      {kOnnx, "Cast", {1, 6, 9, 13, 19, 21}, 6, 1, 1, 1, 1, InferCast, true},
+      // Linear algebra, normalisation, reductions, losses.
+      {kOnnx, "MatMul", {1, 9, 13}, 1, 2, 2, 1, 1, InferMatMul, true},
+      {kOnnx, "Gemm", {1, 6, 7, 9, 11, 13}, 7, 2, 3, 1, 1, InferGemm, true},
+      {C, "FusedMatMul", {1}, 1, 2, 3, 1, 1, InferFusedMatMul, true},
+      {kOnnx, "Softmax", {1, 11, 13}, 1, 1, 1, 1, 1, InferSoftmax, true},
+      {kOnnx, "LogSoftmax", {1, 11, 13}, 1, 1, 1, 1, 1, InferSoftmax, true},
+      {kOnnx, "LayerNormalization", {17}, 17, 2, 3, 1, 3, InferLayerNorm, true},
+      {C, "LayerNormalization", {1}, 1, 2, 3, 1, 3, InferLayerNorm, true},
+      {kOnnx, "ReduceMean", {1, 11, 13, 18}, 1, 1, 2, 1, 1, InferReduce, true},
+      {kOnnx, "ReduceSum", {1, 11, 13}, 1, 1, 2, 1, 1, InferReduce, true},
+      {kOnnx, "ReduceMax", {1, 11, 12, 13, 18, 20}, 1, 1, 2, 1, 1, InferReduce, true},
+      {kOnnx, "ReduceMin", {1, 11, 12, 13, 18, 20}, 1, 1, 2, 1, 1, InferReduce, true},
+      {kOnnx, "SoftmaxCrossEntropyLoss", {12, 13}, 12, 2, 3, 1, 2, InferSoftmaxCrossEntropyLoss,
+       true},
+      {kOnnx, "Dropout", {1, 6, 7, 10, 12, 13, 22}, 12, 1, 3, 1, 2, InferDropout, true},
+      {kOnnx, "Trilu", {14}, 14, 1, 2, 1, 1, InferTrilu, true},
+      // Shape and data movement.
+      {kOnnx, "Reshape", {1, 5, 13, 14, 19, 21}, 5, 2, 2, 1, 1, InferReshape, true},
+      {kOnnx, "Transpose", {1, 13, 21}, 1, 1, 1, 1, 1, InferTranspose, true},
+      {kOnnx, "Concat", {1, 4, 11, 13}, 4, 1, kVar, 1, 1, InferConcat, true},
+      {kOnnx, "Split", {1, 2, 11, 13, 18}, 2, 1, 2, 1, kVar, InferSplit, true},
+      {kOnnx, "Slice", {1, 10, 11, 13}, 1, 1, 5, 1, 1, InferSlice, true},
+      {kOnnx, "Squeeze", {1, 11, 13, 21}, 1, 1, 2, 1, 1, InferSqueeze, true},
+      {kOnnx, "Unsqueeze", {1, 11, 13, 21}, 1, 1, 2, 1, 1, InferUnsqueeze, true},
+      {kOnnx, "Flatten", {1, 9, 11, 13, 21}, 1, 1, 1, 1, 1, InferFlatten, true},
+      {kOnnx, "Expand", {8, 13}, 8, 2, 2, 1, 1, InferExpand, true},
+      {kOnnx, "Gather", {1, 11, 13}, 1, 2, 2, 1, 1, InferGather, true},
+      {kOnnx, "Shape", {1, 13, 15, 19, 21}, 1, 1, 1, 1, 1, InferShape, false},
+      {kOnnx, "ConstantOfShape", {9, 20, 21}, 9, 1, 1, 1, 1, InferConstantOfShape, false},
+      {kOnnx, "Range", {11}, 11, 3, 3, 1, 1, InferRange, false},
+      {kOnnx, "Identity", {1, 13, 14, 16, 19, 21}, 1, 1, 1, 1, 1, InferIdentity, true},
+      {kOnnx, "Constant", {1, 9, 11, 12, 13, 19, 21}, 1, 0, 0, 1, 1, InferConstant, false},
+  };
+}
+
+}  // namespace
+
+const std::vector<OpDef>& AllOps() {
+  static const std::vector<OpDef>* table = new std::vector<OpDef>(BuildTable());
+  return *table;
+}
+
+const OpDef* FindOp(const std::string& domain_in, const std::string& name) {
+  static const auto* index = [] {
+    auto* m = new std::unordered_map<std::string, const OpDef*>();
+    for (const OpDef& d : AllOps()) (*m)[absl::StrCat(d.domain, "::", d.name)] = &d;
+    return m;
+  }();
+  const std::string& domain = domain_in == "ai.onnx" ? std::string() : domain_in;
+  auto it = index->find(absl::StrCat(domain, "::", name));
+  return it == index->end() ? nullptr : it->second;
+}
+
+absl::StatusOr<int> ResolveVersion(const OpDef& def, int64_t opset) {
+  auto it = std::upper_bound(def.versions.begin(), def.versions.end(), opset);
+  if (it == def.versions.begin())
+    return Unimplemented(def.name, " does not exist at opset ", opset, " (first defined at ",
+                         def.versions.front(), ")");
+  int version = *std::prev(it);
+  if (version < def.first_supported)
+    return Unimplemented(def.name, " version ", version, " (opset ", opset,
+                         ") is not supported; cleave implements versions ",
+                         def.first_supported, " and later");
+  if (def.domain.empty() && opset > kMaxKnownOpset)
+    return Unimplemented("opset ", opset, " is newer than the newest cleave knows (",
+                         kMaxKnownOpset, ")");
+  return version;
+}
+
+absl::StatusOr<ResolvedOp> ResolveNode(const Graph& g, const Node& n) {
+  const OpDef* def = FindOp(n.domain(), n.op_type());
+  if (!def)
+    return Unimplemented(n.Describe(), ": unsupported op ",
+                         n.domain().empty() ? "" : n.domain() + ".", n.op_type());
+  int64_t opset = g.OpsetFor(n.domain());
+  if (opset < 0) {
+    if (!n.domain().empty() && n.domain() == kCleaveDomain) opset = 1;
+    else return InvalidArgument(n.Describe(), ": the model imports no opset for domain '",
+                                n.domain(), "'");
+  }
+  auto version = ResolveVersion(*def, opset);
+  if (!version.ok()) return Unimplemented(n.Describe(), ": ", version.status().message());
+  int ni = n.num_inputs(), no = n.num_outputs();
+  // Trailing omitted optional inputs do not count towards arity.
+  while (ni > 0 && n.input(ni - 1) == nullptr) --ni;
+  if (ni < def->min_inputs || (def->max_inputs != kVar && ni > def->max_inputs))
+    return InvalidArgument(n.Describe(), ": has ", ni, " inputs, expected ", def->min_inputs,
+                           def->max_inputs == kVar ? " or more"
+                                                   : absl::StrCat(" to ", def->max_inputs));
+  if (no < def->min_outputs || (def->max_outputs != kVar && no > def->max_outputs))
+    return InvalidArgument(n.Describe(), ": has ", no, " outputs, expected ", def->min_outputs,
+                           def->max_outputs == kVar ? " or more"
+                                                    : absl::StrCat(" to ", def->max_outputs));
+  return ResolvedOp{def, *version};
+}
+
+absl::Status InferNode(const Graph& g, Node& n) {
+  ASSIGN_OR_RETURN(ResolvedOp op, ResolveNode(g, n));
+  for (int i = 0; i < n.num_inputs(); ++i) {
+    Value* v = n.input(i);
+    if (v && v->dtype() == DataType::kUndefined && !v->producer() && !v->is_initializer() &&
+        !v->is_graph_input())
+      return InvalidArgument(n.Describe(), ": input ", i, " '", v->name(),
+                             "' is not a graph input, an initializer or any node's output");
+  }
+  InferContext ctx(n, op.version);
+  return op.def->infer(ctx);
+}
+
+absl::Status InferShapes(Graph& g) {
+  ASSIGN_OR_RETURN(std::vector<Node*> order, g.TopologicalOrder());
+  std::vector<std::string> errors;
+  for (Node* n : order) RETURN_IF_ERROR(InferNode(g, *n));
+  return absl::OkStatus();
+}
+
+}  // namespace cleave::graph

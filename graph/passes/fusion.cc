@@ -1,0 +1,189 @@
+// Transformer fusions for the CPU provider (graph/passes/).
+// Each rewrite matches a pattern exporters emit, checks that the intermediate values have no
+// other readers (so nothing observable changes), and replaces the pattern by one ai.cleave
+// op. Constants are matched by value with a relative tolerance of 1e-3, since exporters
+// write sqrt(2) and 0.5 as rounded float literals.
+#include <cmath>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "graph/op_table.h"
+#include "graph/passes/pass.h"
+
+namespace cleave::graph {
+
+namespace {
+
+bool SoleUse(const Value* v) { return v && v->consumers().size() == 1 && !v->is_graph_output(); }
+
+Node* SoleConsumer(const Value* v) { return SoleUse(v) ? v->consumers()[0].first : nullptr; }
+
+bool Is(const Node* n, const char* op) { return n && n->domain().empty() && n->op_type() == op; }
+
+// The value of a scalar-like float constant (an initializer with one element).
+std::optional<double> ScalarConst(const Value* v) {
+  if (!v || !v->initializer() || v->initializer()->numel() != 1 || !IsFloat(v->dtype()))
+    return std::nullopt;
+  return v->initializer()->DoubleAt(0);
+}
+
+bool Near(std::optional<double> v, double want) {
+  return v && std::fabs(*v - want) <= 1e-3 * std::fabs(want);
+}
+
+// For a binary node with one operand `x`, the other operand.
+Value* Other(const Node* n, const Value* x) {
+  if (n->input(0) == x) return n->input(1);
+  if (n->input(1) == x) return n->input(0);
+  return nullptr;
+}
+
+Node* Replace(Graph* g, const std::vector<Node*>& pattern, const std::string& op,
+              const std::vector<Value*>& inputs, Value* output) {
+  std::string name = pattern.back()->name() + "/fused";
+  for (Node* n : pattern) g->RemoveNode(n);
+  g->opset_imports()[kCleaveDomain] = 1;
+  return g->AddNode(op, inputs, {output}, name, kCleaveDomain);
+}
+
+// x * 0.5 * (1 + erf(x / sqrt(2))) in the two association orders exporters produce.
+bool FuseErfGelu(Graph* g, Node* erf) {
+  Node* scale = erf->input(0)->producer();
+  if (!scale || !SoleUse(erf->input(0))) return false;
+  Value* x = nullptr;
+  if (Is(scale, "Div") && Near(ScalarConst(scale->input(1)), std::sqrt(2.0))) x = scale->input(0);
+  if (Is(scale, "Mul") && Near(ScalarConst(scale->input(1)), 1 / std::sqrt(2.0))) x = scale->input(0);
+  if (Is(scale, "Mul") && Near(ScalarConst(scale->input(0)), 1 / std::sqrt(2.0))) x = scale->input(1);
+  if (!x) return false;
+  Node* add = SoleConsumer(erf->output(0));
+  if (!Is(add, "Add") || !Near(ScalarConst(Other(add, erf->output(0))), 1.0)) return false;
+  Node* mul = SoleConsumer(add->output(0));
+  if (!Is(mul, "Mul")) return false;
+  Value* other = Other(mul, add->output(0));
+  if (other == x) {  // (x * (1 + erf)) * 0.5
+    Node* half = SoleConsumer(mul->output(0));
+    if (!Is(half, "Mul") || !Near(ScalarConst(Other(half, mul->output(0))), 0.5)) return false;
+    Replace(g, {scale, erf, add, mul, half}, "Gelu", {x}, half->output(0));
+    return true;
+  }
+  Node* xh = other ? other->producer() : nullptr;  // (x * 0.5) * (1 + erf)
+  if (!Is(xh, "Mul") || !SoleUse(other) || Other(xh, x) == nullptr ||
+      !Near(ScalarConst(Other(xh, x)), 0.5))
+    return false;
+  Replace(g, {scale, erf, add, xh, mul}, "Gelu", {x}, mul->output(0));
+  return true;
+}
+
+// The reduction axes of a ReduceMean node if they are exactly the last axis.
+bool ReducesLastAxis(const Node* n) {
+  if (!Is(n, "ReduceMean") || n->AttrInt("keepdims", 1) != 1) return false;
+  std::vector<int64_t> axes = n->AttrInts("axes");
+  if (n->input(1)) {
+    if (!n->input(1)->initializer()) return false;
+    axes = n->input(1)->initializer()->ToInt64Vector();
+  }
+  const Shape& s = n->input(0)->shape();
+  return axes.size() == 1 && (axes[0] == -1 || (s.has_rank() && axes[0] == s.rank() - 1));
+}
+
+// (x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) * gamma + beta over the last axis.
+bool FuseLayerNorm(Graph* g, Node* mean) {
+  if (!ReducesLastAxis(mean)) return false;
+  Value* x = mean->input(0);
+  Node* sub = SoleConsumer(mean->output(0));
+  if (!Is(sub, "Sub") || sub->input(0) != x || sub->input(1) != mean->output(0)) return false;
+  Value* d = sub->output(0);
+  if (d->consumers().size() != 2 || d->is_graph_output()) return false;
+  Node* pow = nullptr;
+  Node* div = nullptr;
+  for (auto [c, idx] : d->consumers()) {
+    if (Is(c, "Pow") && idx == 0 && Near(ScalarConst(c->input(1)), 2.0)) pow = c;
+    if (Is(c, "Div") && idx == 0) div = c;
+  }
+  if (!pow || !div) return false;
+  Node* var = SoleConsumer(pow->output(0));
+  if (!var || !ReducesLastAxis(var)) return false;
+  Node* add_eps = SoleConsumer(var->output(0));
+  if (!Is(add_eps, "Add")) return false;
+  std::optional<double> eps = ScalarConst(Other(add_eps, var->output(0)));
+  if (!eps) return false;
+  Node* sqrt = SoleConsumer(add_eps->output(0));
+  if (!Is(sqrt, "Sqrt") || div->input(1) != sqrt->output(0) || !SoleUse(sqrt->output(0))) return false;
+  Node* mul = SoleConsumer(div->output(0));
+  if (!Is(mul, "Mul")) return false;
+  Value* gamma = Other(mul, div->output(0));
+  Node* add = SoleConsumer(mul->output(0));
+  if (!gamma || !gamma->initializer() || !Is(add, "Add")) return false;
+  Value* beta = Other(add, mul->output(0));
+  if (!beta || !beta->initializer()) return false;
+  const Shape& xs = x->shape();
+  if (!xs.has_rank() || !xs[xs.rank() - 1].is_static()) return false;
+  int64_t c = xs[xs.rank() - 1].value;
+  if (gamma->initializer()->numel() != c || beta->initializer()->numel() != c) return false;
+  if (gamma->shape().rank() != 1 || beta->shape().rank() != 1) return false;
+  Node* ln = Replace(g, {mean, sub, pow, var, add_eps, sqrt, div, mul, add}, "LayerNormalization",
+                     {x, gamma, beta}, add->output(0));
+  ln->SetAttr("axis", Attribute::Int(-1));
+  ln->SetAttr("epsilon", Attribute::Float(static_cast<float>(*eps)));
+  return true;
+}
+
+// MatMul(A, W) + b with W a 2-D constant and b a [N] constant -> FusedMatMul(A, W, b).
+bool FuseMatMulBias(Graph* g, Node* mm) {
+  Value* w = mm->input(1);
+  if (!w->initializer() || w->shape().rank() != 2 || !IsFloat(w->dtype())) return false;
+  if (!mm->input(0)->shape().has_rank() || mm->input(0)->shape().rank() < 2) return false;
+  Node* add = SoleConsumer(mm->output(0));
+  if (!Is(add, "Add")) return false;
+  Value* b = Other(add, mm->output(0));
+  int64_t n = w->shape()[1].value;
+  if (!b || !b->initializer() || b->shape().rank() != 1 || b->shape()[0].value != n) return false;
+  Replace(g, {mm, add}, "FusedMatMul", {mm->input(0), w, b}, add->output(0));
+  return true;
+}
+
+// FusedMatMul followed by GELU -> FusedMatMul(activation = gelu | gelu_tanh).
+bool FuseMatMulGelu(Graph* g, Node* fmm) {
+  if (fmm->AttrString("activation", "") != "") return false;
+  Node* gelu = SoleConsumer(fmm->output(0));
+  if (!gelu || gelu->op_type() != "Gelu") return false;
+  std::string approx = gelu->AttrString("approximate", "none");
+  Value* out = gelu->output(0);
+  g->RemoveNode(gelu);
+  // Re-point the fused op's output at the Gelu output.
+  std::vector<Value*> ins = fmm->inputs();
+  auto attrs = fmm->attributes();
+  std::string name = fmm->name();
+  g->RemoveNode(fmm);
+  Node* n = g->AddNode("FusedMatMul", ins, {out}, name, kCleaveDomain);
+  for (auto& [k, v] : attrs) n->SetAttr(k, v);
+  n->SetAttr("activation", Attribute::String(approx == "tanh" ? "gelu_tanh" : "gelu"));
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> TransformerFusion::Run(Graph* g) {
+  bool changed = false;
+  // Each rule may delete nodes, so restart the scan after every rewrite.
+  for (bool again = true; again;) {
+    again = false;
+    for (const auto& owned : g->nodes()) {
+      Node* n = owned.get();
+      bool fused = false;
+      if (Is(n, "Erf")) fused = FuseErfGelu(g, n);
+      else if (Is(n, "ReduceMean")) fused = FuseLayerNorm(g, n);
+      else if (Is(n, "MatMul")) fused = FuseMatMulBias(g, n);
+      else if (n->domain() == kCleaveDomain && n->op_type() == "FusedMatMul") fused = FuseMatMulGelu(g, n);
+      if (fused) {
+        changed = again = true;
+        break;
+      }
+    }
+  }
+  if (changed) RETURN_IF_ERROR(g->SortTopologically());
+  return changed;
+}
+
+}  // namespace cleave::graph

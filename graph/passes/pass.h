@@ -1,0 +1,72 @@
+// Graph passes (graph/passes/). Each pass has the shape StatusOr<bool> Run(Graph*), the
+// bool saying whether it changed anything. RunPass verifies the graph after every pass
+// when CLEAVE_VERIFY_PASSES is on (debug and default builds).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "base/tensor.h"
+#include "graph/graph.h"
+
+namespace cleave::graph {
+
+class Pass {
+ public:
+  virtual ~Pass() = default;
+  virtual std::string name() const = 0;
+  virtual absl::StatusOr<bool> Run(Graph* g) = 0;
+};
+
+// Runs one pass and (in verifying builds) the verifier after it.
+absl::StatusOr<bool> RunPass(Pass& pass, Graph* g);
+// Runs the passes in order, repeating the list until none changes the graph (at most
+// max_rounds times). Shapes are re-inferred after each changing pass.
+absl::Status RunToFixedPoint(const std::vector<Pass*>& passes, Graph* g, int max_rounds = 8);
+
+// Removes nodes whose outputs nobody reads, then unused values and initializers.
+class DeadCodeElimination : public Pass {
+ public:
+  std::string name() const override { return "DeadCodeElimination"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
+// Computes a node's outputs from constant inputs (runtime/ supplies one backed by the CPU
+// provider, so folding uses the same kernels as execution).
+using ConstantEvaluator = std::function<absl::StatusOr<std::vector<Tensor>>(const Node&)>;
+
+// Replaces nodes whose inputs are all constants by initializers holding their outputs, and
+// Shape (and Size) nodes whose input shape is static by constants. This is what turns the
+// Shape -> Gather -> Concat -> Reshape arithmetic that exporters emit into plain constants
+// once input shapes are fixed. Random and stateful ops are never folded. `keep_variable`
+// marks initializers that must stay variables (trainable parameters).
+class ConstantFolding : public Pass {
+ public:
+  explicit ConstantFolding(ConstantEvaluator eval,
+                           std::function<bool(const Value*)> keep_variable = nullptr,
+                           int64_t max_output_bytes = 64 << 20)
+      : eval_(std::move(eval)), keep_variable_(std::move(keep_variable)),
+        max_output_bytes_(max_output_bytes) {}
+  std::string name() const override { return "ConstantFolding"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+
+ private:
+  ConstantEvaluator eval_;
+  std::function<bool(const Value*)> keep_variable_;
+  int64_t max_output_bytes_;
+};
+
+// Transformer fusions for the CPU provider (fusion.cc): MatMul+Add -> FusedMatMul with bias,
+// FusedMatMul+Gelu -> FusedMatMul(activation=gelu), decomposed GELU (Erf form) -> Gelu,
+// decomposed LayerNorm (ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add) ->
+// LayerNormalization, all in the ai.cleave domain.
+class TransformerFusion : public Pass {
+ public:
+  std::string name() const override { return "TransformerFusion"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
+}  // namespace cleave::graph

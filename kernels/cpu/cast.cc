@@ -1,0 +1,115 @@
+// Cast between element types on the CPU (kernels/).
+// Conversions follow the ONNX Cast rules: float -> float rounds to nearest even, float
+// -> integer truncates toward zero (saturating here, where ONNX leaves it undefined, and
+// NaN -> 0), integer -> integer wraps, anything -> bool tests != 0, bool -> number is 0/1.
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "base/status.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/type_dispatch.h"
+
+namespace cleave::kernels::cpu {
+
+namespace {
+
+// 16-bit float storage types; their values convert through float.
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
+template <typename Fn>
+bool VisitCastType(DataType t, Fn&& fn) {
+  switch (t) {
+    case DataType::kBool: fn(TypeTag<bool>{}); return true;
+    case DataType::kFloat16: fn(TypeTag<Half>{}); return true;
+    case DataType::kBFloat16: fn(TypeTag<BFloat16>{}); return true;
+    default: return VisitNumeric(t, fn);
+  }
+}
+
+// double -> float rounding to odd: the float nearest below in magnitude, with its last
+// mantissa bit forced to 1 when the conversion was inexact. Rounding that result to a
+// type with at least 2 fewer mantissa bits (f16: 11, bf16: 8, float: 24) gives the same
+// answer as rounding the double directly, so f64 -> f16/bf16 rounds only once.
+float RoundToOddFloat(double d) {
+  float f = static_cast<float>(d);
+  if (!std::isfinite(f) || static_cast<double>(f) == d) return f;
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) u -= 1;  // step back toward zero
+  return std::bit_cast<float>(u | 1u);
+}
+
+// Float -> integer truncating toward zero, saturating at the type's range; NaN gives 0.
+template <typename TI, typename TF>
+TI FloatToInt(TF v) {
+  using L = std::numeric_limits<TI>;
+  if (v != v) return TI(0);
+  if (v <= static_cast<TF>(L::lowest())) return L::lowest();
+  if (v >= static_cast<TF>(L::max())) return L::max();
+  return static_cast<TI>(v);
+}
+
+// The source value as a plain C++ number: 16-bit floats widen to float, bool stays bool.
+template <typename From>
+auto Widen(From v) {
+  if constexpr (std::is_same_v<From, Half>) return HalfToFloat(v.bits);
+  else if constexpr (std::is_same_v<From, BFloat16>) return BFloat16ToFloat(v.bits);
+  else return v;
+}
+
+template <typename To, typename From>
+To Convert(From from) {
+  auto v = Widen(from);
+  using V = decltype(v);
+  if constexpr (std::is_same_v<To, bool>) {
+    return v != V(0);
+  } else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) {
+    // Through float, rounding once: floats are already float; everything else goes
+    // through double (exact for integers up to 2^53) and round-to-odd.
+    float f;
+    if constexpr (std::is_same_v<V, float>) f = v;
+    else f = RoundToOddFloat(static_cast<double>(v));
+    if constexpr (std::is_same_v<To, Half>) return Half{FloatToHalf(f)};
+    else return BFloat16{FloatToBFloat16(f)};
+  } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<V>) {
+    return FloatToInt<To>(v);
+  } else {
+    return static_cast<To>(v);  // int -> int wraps; int/float -> float rounds to nearest
+  }
+}
+
+template <typename To, typename From>
+void CastTyped(const TensorView& x, const TensorView& y, ThreadPool* pool) {
+  const From* xp = x.as<const From>();
+  To* yp = y.as<To>();
+  ParallelFor(pool, x.numel(), kCheapGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) yp[i] = Convert<To>(xp[i]);
+  });
+}
+
+}  // namespace
+
+bool CastSupports(DataType from, DataType to) {
+  auto ok = [](DataType t) { return VisitCastType(t, [](auto) {}); };
+  return ok(from) && ok(to);
+}
+
+void Cast(const TensorView& x, const TensorView& y, ThreadPool* pool) {
+  CLEAVE_CHECK(CastSupports(x.dtype, y.dtype) && x.numel() == y.numel());
+  if (x.dtype == y.dtype) {
+    if (x.data != y.data && x.nbytes()) std::memcpy(y.data, x.data, x.nbytes());
+    return;
+  }
+  VisitCastType(x.dtype, [&]<typename From>(TypeTag<From>) {
+    VisitCastType(y.dtype, [&]<typename To>(TypeTag<To>) { CastTyped<To, From>(x, y, pool); });
+  });
+}
+
+}  // namespace cleave::kernels::cpu

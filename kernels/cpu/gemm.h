@@ -1,0 +1,79 @@
+// fp32 GEMM on the CPU through OpenBLAS (kernels/cpu/).
+// Row-major throughout: C[M,N] = alpha * op(A) * op(B) + beta * C.
+// Batched forms loop over the batch and hand each product to sgemm, which is threaded
+// itself; small products are instead spread across the intra-op pool one per thread.
+#pragma once
+
+#include <cstdint>
+
+#include "base/tensor.h"
+#include "base/thread_pool.h"
+
+namespace cleave::kernels::cpu {
+
+struct GemmParams {
+  int64_t M = 0, N = 0, K = 0;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.f, beta = 0.f;
+  int64_t lda = 0, ldb = 0, ldc = 0;  // 0: densely packed
+};
+
+void SetGemmThreads(int n);
+// The OpenBLAS core whose kernels sgemm runs ("SkylakeX", "Haswell", ...), for logs.
+const char* GemmBackendName();
+void Sgemm(const GemmParams& p, const float* A, const float* B, float* C);
+
+// The batch of a batched GEMM, possibly multi-dimensional: product b (row-major index over
+// `dims`) reads A at sum_k idx_k * stride_a[k], and likewise for B and C. Strides are in
+// elements; a stride of 0 broadcasts one operand's matrix over that batch dim (numpy
+// matmul broadcasting without materialising the copies).
+struct GemmBatch {
+  int rank = 0;
+  int64_t dims[kMaxRank] = {};
+  int64_t stride_a[kMaxRank] = {}, stride_b[kMaxRank] = {}, stride_c[kMaxRank] = {};
+
+  int64_t count() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank; ++i) n *= dims[i];
+    return n;
+  }
+  // Element offsets of product b's operands.
+  void Offsets(int64_t b, int64_t* oa, int64_t* ob, int64_t* oc) const {
+    *oa = *ob = *oc = 0;
+    for (int k = rank - 1; k >= 0; --k) {
+      int64_t i = b % dims[k];
+      b /= dims[k];
+      *oa += i * stride_a[k];
+      *ob += i * stride_b[k];
+      *oc += i * stride_c[k];
+    }
+  }
+};
+
+void SgemmBatched(const GemmParams& p, const GemmBatch& batch, const float* A, const float* B,
+                  float* C, ThreadPool* pool);
+
+// Batched GEMM with per-operand batch strides (0 broadcasts one matrix over the batch).
+void SgemmBatched(const GemmParams& p, int64_t batch, const float* A, int64_t stride_a,
+                  const float* B, int64_t stride_b, float* C, int64_t stride_c, ThreadPool* pool);
+
+// Plain triple-loop reference, in double accumulation, for tests and non-float types.
+template <typename T>
+void GemmReference(const GemmParams& p, const T* A, const T* B, T* C) {
+  int64_t lda = p.lda ? p.lda : (p.trans_a ? p.M : p.K);
+  int64_t ldb = p.ldb ? p.ldb : (p.trans_b ? p.K : p.N);
+  int64_t ldc = p.ldc ? p.ldc : p.N;
+  for (int64_t m = 0; m < p.M; ++m)
+    for (int64_t n = 0; n < p.N; ++n) {
+      double acc = 0;
+      for (int64_t k = 0; k < p.K; ++k) {
+        double a = static_cast<double>(p.trans_a ? A[k * lda + m] : A[m * lda + k]);
+        double b = static_cast<double>(p.trans_b ? B[n * ldb + k] : B[k * ldb + n]);
+        acc += a * b;
+      }
+      T& c = C[m * ldc + n];
+      c = static_cast<T>(p.alpha * acc + (p.beta == 0.f ? 0.0 : p.beta * static_cast<double>(c)));
+    }
+}
+
+}  // namespace cleave::kernels::cpu

@@ -1,0 +1,40 @@
+// The CPU execution provider (providers/cpu/): the reference provider and the fallback for
+// every other. Its kernel table is filled by the Register*Kernels functions below, one per
+// family of ops, each defined next to those kernels.
+#pragma once
+
+#include <memory>
+
+#include "providers/execution_provider.h"
+
+namespace cleave::providers {
+
+void RegisterElementwiseKernels(KernelRegistry& r);  // cpu/elementwise_ops.cc
+void RegisterNnKernels(KernelRegistry& r);           // cpu/nn_ops.cc
+void RegisterShapeKernels(KernelRegistry& r);        // cpu/shape_ops.cc
+
+class CpuAllocator : public Allocator {
+ public:
+  void* Allocate(size_t bytes) override;
+  void Free(void* p) override;
+  DeviceKind device() const override { return DeviceKind::kCpu; }
+};
+
+class CpuExecutionProvider : public ExecutionProvider {
+ public:
+  // num_threads: intra-op threads including the caller (0 = CLEAVE_NUM_THREADS or all cores).
+  explicit CpuExecutionProvider(int num_threads = 0);
+  ~CpuExecutionProvider() override;
+  std::string name() const override { return "CPUExecutionProvider"; }
+  DeviceKind device() const override { return DeviceKind::kCpu; }
+  Allocator* allocator() override { return &allocator_; }
+  absl::Status CopyTensor(const TensorView& src, TensorView& dst) const override;
+  ThreadPool* thread_pool() const override { return pool_; }
+
+ private:
+  CpuAllocator allocator_;
+  std::unique_ptr<ThreadPool> owned_pool_;
+  ThreadPool* pool_;
+};
+
+}  // namespace cleave::providers

@@ -1,0 +1,177 @@
+// CPU kernels for matrix products (providers/cpu/): MatMul, Gemm and ai.cleave FusedMatMul.
+// Each resolves its operand shapes at run time, checks them, and calls kernels/cpu/nn.h.
+//
+// ai.cleave FusedMatMul (version 1): Y = act(A @ op(B) + bias)
+//   inputs:  A [..., M, K]; B [..., K, N], or [..., N, K] when transB = 1 (batch dims
+//            broadcast as in MatMul); bias [N] (optional)
+//   attrs:   transB (int, default 0); activation "" | "gelu" (erf) | "gelu_tanh" (default "")
+//   output:  Y [..., M, N] with A's dtype (float32, float64)
+// The fusion pass turns MatMul -> Add(bias [N]) (-> Gelu) into it. In fp32 it is one GEMM:
+// without an activation, Y is pre-filled with the bias and sgemm accumulates onto it
+// (beta = 1); with one, sgemm writes Y and a single pass per row, while the row is in
+// cache, adds the bias and applies the activation.
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "graph/op_table.h"
+#include "kernels/cpu/nn.h"
+#include "providers/cpu/cpu_provider.h"
+#include "providers/cpu/nn_ops.h"
+
+namespace cleave::providers {
+
+namespace {
+
+using kernels::cpu::Activation;
+using kernels::cpu::MatMulPlan;
+
+// C = A @ op(B) for any claimed dtype; beta = 1 (accumulate onto C) is honoured for fp32
+// only, which is the only dtype its callers pass it for.
+absl::Status RunMatMul(const MatMulPlan& p, const TensorView& a, const TensorView& b, float beta,
+                       TensorView& c, ThreadPool* pool) {
+  switch (a.dtype) {
+    case DataType::kFloat32:
+      kernels::cpu::MatMulF32(p, a.as<float>(), b.as<float>(), beta, c.as<float>(), pool);
+      return absl::OkStatus();
+    case DataType::kFloat64:
+      kernels::cpu::MatMulLoops(p, a.as<double>(), b.as<double>(), c.as<double>(), pool);
+      return absl::OkStatus();
+    case DataType::kInt32:
+      kernels::cpu::MatMulLoops(p, a.as<int32_t>(), b.as<int32_t>(), c.as<int32_t>(), pool);
+      return absl::OkStatus();
+    case DataType::kInt64:
+      kernels::cpu::MatMulLoops(p, a.as<int64_t>(), b.as<int64_t>(), c.as<int64_t>(), pool);
+      return absl::OkStatus();
+    default:
+      return Internal("matmul kernel reached with dtype ", DataTypeName(a.dtype));
+  }
+}
+
+class MatMulKernel : public OpKernel {
+ public:
+  MatMulKernel(const graph::Node&, int) {}
+
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& a = *ctx.input(0);
+    const TensorView& b = *ctx.input(1);
+    ASSIGN_OR_RETURN(MatMulPlan p, kernels::cpu::PlanMatMul(a.dim_span(), b.dim_span()));
+    TensorView* y = ctx.Output(0, p.out_shape());
+    if (!y) return absl::OkStatus();
+    return RunMatMul(p, a, b, 0.f, *y, ctx.thread_pool());
+  }
+};
+
+class GemmKernel : public OpKernel {
+ public:
+  GemmKernel(const graph::Node& n, int)
+      : trans_a_(n.AttrInt("transA", 0) != 0),
+        trans_b_(n.AttrInt("transB", 0) != 0),
+        alpha_(n.AttrFloat("alpha", 1.f)),
+        beta_(n.AttrFloat("beta", 1.f)) {}
+
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& a = *ctx.input(0);
+    const TensorView& b = *ctx.input(1);
+    const TensorView* c = ctx.input(2);
+    if (a.rank != 2 || b.rank != 2)
+      return InvalidArgument("expected A and B of rank 2, got A ", DimsToString(a.shape()),
+                             " and B ", DimsToString(b.shape()));
+    kernels::cpu::GemmOpParams p;
+    p.trans_a = trans_a_;
+    p.trans_b = trans_b_;
+    p.alpha = alpha_;
+    p.beta = beta_;
+    p.M = a.dims[trans_a_ ? 1 : 0];
+    p.K = a.dims[trans_a_ ? 0 : 1];
+    p.N = b.dims[trans_b_ ? 0 : 1];
+    if (b.dims[trans_b_ ? 1 : 0] != p.K)
+      return InvalidArgument("inner dims differ: op(A) of A ", DimsToString(a.shape()),
+                             " has K = ", p.K, ", op(B) of B ", DimsToString(b.shape()),
+                             " has K = ", b.dims[trans_b_ ? 1 : 0]);
+    if (c) {
+      p.c_rows = c->rank == 2 ? c->dims[0] : 1;
+      p.c_cols = c->rank >= 1 ? c->dims[c->rank - 1] : 1;
+      if (c->rank > 2 || (p.c_rows != 1 && p.c_rows != p.M) || (p.c_cols != 1 && p.c_cols != p.N))
+        return InvalidArgument("C ", DimsToString(c->shape()), " does not broadcast to [M, N] = [",
+                               p.M, ", ", p.N, "]");
+    }
+    TensorView* y = ctx.Output(0, {p.M, p.N});
+    if (!y) return absl::OkStatus();
+    if (a.dtype == DataType::kFloat64) {
+      kernels::cpu::GemmOp(p, a.as<double>(), b.as<double>(), c ? c->as<double>() : nullptr,
+                           y->as<double>(), ctx.thread_pool());
+    } else {
+      kernels::cpu::GemmOp(p, a.as<float>(), b.as<float>(), c ? c->as<float>() : nullptr,
+                           y->as<float>(), ctx.thread_pool());
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  bool trans_a_, trans_b_;
+  float alpha_, beta_;
+};
+
+class FusedMatMulKernel : public OpKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
+    const std::string act = n.AttrString("activation", "");
+    Activation a;
+    if (act.empty()) a = Activation::kNone;
+    else if (act == "gelu") a = Activation::kGelu;
+    else if (act == "gelu_tanh") a = Activation::kGeluTanh;
+    else return InvalidArgument(n.Describe(), ": expected activation '', 'gelu' or 'gelu_tanh', got '", act, "'");
+    return std::unique_ptr<OpKernel>(new FusedMatMulKernel(n.AttrInt("transB", 0) != 0, a));
+  }
+
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& a = *ctx.input(0);
+    const TensorView& b = *ctx.input(1);
+    const TensorView* bias = ctx.input(2);
+    ASSIGN_OR_RETURN(MatMulPlan p, kernels::cpu::PlanMatMul(a.dim_span(), b.dim_span(), trans_b_));
+    if (bias && (bias->rank != 1 || bias->dims[0] != p.N))
+      return InvalidArgument("expected bias of shape [", p.N, "], got ", DimsToString(bias->shape()));
+    TensorView* y = ctx.Output(0, p.out_shape());
+    if (!y) return absl::OkStatus();
+    const int64_t rows = p.N == 0 ? 0 : y->numel() / p.N;
+    ThreadPool* pool = ctx.thread_pool();
+    if (a.dtype == DataType::kFloat64) {
+      kernels::cpu::MatMulLoops(p, a.as<double>(), b.as<double>(), y->as<double>(), pool);
+      if (bias || act_ != Activation::kNone)
+        kernels::cpu::BiasActivation(y->as<double>(), bias ? bias->as<double>() : nullptr, rows,
+                                     p.N, act_, pool);
+      return absl::OkStatus();
+    }
+    float* out = y->as<float>();
+    const float* bias_data = bias ? bias->as<float>() : nullptr;
+    if (bias && act_ == Activation::kNone) {
+      kernels::cpu::BroadcastRows(out, bias_data, rows, p.N, pool);
+      kernels::cpu::MatMulF32(p, a.as<float>(), b.as<float>(), 1.f, out, pool);
+      return absl::OkStatus();
+    }
+    kernels::cpu::MatMulF32(p, a.as<float>(), b.as<float>(), 0.f, out, pool);
+    if (bias || act_ != Activation::kNone)
+      kernels::cpu::BiasActivation(out, bias_data, rows, p.N, act_, pool);
+    return absl::OkStatus();
+  }
+
+ private:
+  FusedMatMulKernel(bool trans_b, Activation act) : trans_b_(trans_b), act_(act) {}
+  bool trans_b_;
+  Activation act_;
+};
+
+}  // namespace
+
+void RegisterMatMulKernels(KernelRegistry& r) {
+  const DataType f32 = DataType::kFloat32, f64 = DataType::kFloat64;
+  r.Register({"", "MatMul", 1, 13,
+              InputTypeIn(0, {f32, f64, DataType::kInt32, DataType::kInt64}),
+              MakeFactory<MatMulKernel>()});
+  r.Register({"", "Gemm", 7, 13, InputTypeIn(0, {f32, f64}), MakeFactory<GemmKernel>()});
+  r.Register({std::string(graph::kCleaveDomain), "FusedMatMul", 1, 1, InputTypeIn(0, {f32, f64}),
+              MakeCheckedFactory<FusedMatMulKernel>()});
+}
+
+}  // namespace cleave::providers

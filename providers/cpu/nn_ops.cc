@@ -1,0 +1,110 @@
+// CPU kernels for Dropout and Trilu, and the registration of every neural-network kernel
+// family (providers/cpu/). Dropout keeps one MT19937 generator per node, seeded from the
+// seed attribute (else from std::random_device) and advanced by each training-mode run,
+// so a seeded model replays the same sequence of masks run after run.
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <random>
+
+#include "base/status.h"
+#include "kernels/cpu/nn.h"
+#include "kernels/cpu/shape.h"
+#include "providers/cpu/cpu_provider.h"
+#include "providers/cpu/nn_ops.h"
+#include "providers/cpu/shape_ops.h"
+
+namespace cleave::providers {
+
+namespace {
+
+class DropoutKernel : public OpKernel {
+ public:
+  DropoutKernel(const graph::Node& n, int) {
+    // Seeds are taken mod 2^32, as MT19937 (and numpy's RandomState) take them.
+    const uint32_t seed = n.HasAttr("seed") ? static_cast<uint32_t>(n.AttrInt("seed", 0))
+                                            : std::random_device{}();
+    gen_.seed(seed);
+  }
+
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView* ratio_in = ctx.input(1);
+    const TensorView* training_in = ctx.input(2);
+    for (const TensorView* s : {ratio_in, training_in})
+      if (s && s->numel() != 1)
+        return InvalidArgument("expected scalar ratio and training_mode, got an input of shape ",
+                               DimsToString(s->shape()));
+    float ratio = 0.5f;
+    if (ratio_in)
+      ratio = ratio_in->dtype == DataType::kFloat64 ? static_cast<float>(*ratio_in->as<double>())
+                                                    : *ratio_in->as<float>();
+    const bool training = training_in && *training_in->as<bool>();
+    TensorView* y = ctx.Output(0, x.dim_span());
+    TensorView* mask = ctx.Output(1, x.dim_span());
+    const int64_t n = x.numel();
+    if (!training || ratio == 0.f) {  // inference, or nothing to drop: the identity
+      if (y && n) kernels::cpu::CopyBytes(y->data, x.data, x.nbytes(), ctx.thread_pool());
+      if (mask) std::memset(mask->data, 1, n * sizeof(bool));
+      return absl::OkStatus();
+    }
+    if (!(ratio > 0.f && ratio < 1.f))
+      return InvalidArgument("expected ratio in [0, 1), got ", ratio);
+    // y is required by ONNX; should a graph leave it unread, draw into scratch so the
+    // generator still advances by one mask.
+    void* out = y ? y->data : ctx.Scratch(x.nbytes() + 8);
+    bool* m = mask ? mask->as<bool>() : nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (x.dtype == DataType::kFloat64)
+      kernels::cpu::Dropout(gen_, ratio, n, x.as<double>(), static_cast<double*>(out), m);
+    else
+      kernels::cpu::Dropout(gen_, ratio, n, x.as<float>(), static_cast<float*>(out), m);
+    return absl::OkStatus();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::mt19937 gen_;
+};
+
+class TriluKernel : public OpKernel {
+ public:
+  TriluKernel(const graph::Node& n, int) : upper_(n.AttrInt("upper", 1) != 0) {}
+
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView* k_in = ctx.input(1);
+    if (x.rank < 2)
+      return InvalidArgument("expected an input of rank >= 2, got ", DimsToString(x.shape()));
+    if (k_in && k_in->numel() != 1)
+      return InvalidArgument("expected a scalar k, got shape ", DimsToString(k_in->shape()));
+    kernels::cpu::TriluParams p;
+    p.k = k_in ? ViewInts(*k_in)[0] : 0;
+    p.upper = upper_;
+    p.rows = x.dims[x.rank - 2];
+    p.cols = x.dims[x.rank - 1];
+    p.batch = 1;
+    for (int i = 0; i < x.rank - 2; ++i) p.batch *= x.dims[i];
+    p.elem_size = ElementSize(x.dtype);
+    TensorView* y = ctx.Output(0, x.dim_span());
+    if (y) kernels::cpu::Trilu(p, x.data, y->data, ctx.thread_pool());
+    return absl::OkStatus();
+  }
+
+ private:
+  bool upper_;
+};
+
+}  // namespace
+
+void RegisterNnKernels(KernelRegistry& r) {
+  RegisterMatMulKernels(r);
+  RegisterNormKernels(r);
+  RegisterReduceKernels(r);
+  const DataType f32 = DataType::kFloat32, f64 = DataType::kFloat64;
+  r.Register({"", "Dropout", 12, 22, AllOf({InputTypeIn(0, {f32, f64}), InputTypeIn(1, {f32, f64})}),
+              MakeFactory<DropoutKernel>()});
+  r.Register({"", "Trilu", 14, 14, InputTypeIn(0, FixedSizeTypes()), MakeFactory<TriluKernel>()});
+}
+
+}  // namespace cleave::providers

@@ -1,0 +1,165 @@
+// CPU kernels for normalisation (providers/cpu/): Softmax, LogSoftmax and
+// LayerNormalization (ONNX 17 and ai.cleave 1, same semantics). Each maps the node's axis
+// onto the [outer, axis, inner] / [rows, cols] views of kernels/cpu/nn.h.
+#include <memory>
+
+#include "base/status.h"
+#include "graph/op_table.h"
+#include "kernels/cpu/nn.h"
+#include "kernels/cpu/shape.h"
+#include "providers/cpu/cpu_provider.h"
+#include "providers/cpu/nn_ops.h"
+
+namespace cleave::providers {
+
+namespace {
+
+absl::StatusOr<int> NormalizedAxis(int64_t axis, int rank) {
+  const int r = rank > 0 ? rank : 1;  // a scalar is treated as one element along axis 0
+  if (axis < -r || axis >= r)
+    return InvalidArgument("axis ", axis, " is out of range for an input of rank ", rank);
+  return static_cast<int>(axis < 0 ? axis + r : axis);
+}
+
+int64_t DimProduct(const TensorView& x, int begin, int end) {
+  int64_t n = 1;
+  for (int k = begin; k < end && k < x.rank; ++k) n *= x.dims[k];
+  return n;
+}
+
+class SoftmaxKernel : public OpKernel {
+ public:
+  SoftmaxKernel(const graph::Node& n, int version, bool log)
+      : log_(log), flatten_(version < 13), axis_(n.AttrInt("axis", version < 13 ? 1 : -1)) {}
+
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    ASSIGN_OR_RETURN(int axis, NormalizedAxis(axis_, x.rank));
+    kernels::cpu::SoftmaxParams p;
+    p.log = log_;
+    p.outer = DimProduct(x, 0, axis);
+    if (flatten_) {  // versions 1 and 11: normalise over all of x[axis:] as one row
+      p.axis = DimProduct(x, axis, x.rank);
+    } else {
+      p.axis = x.rank > 0 ? x.dims[axis] : 1;
+      p.inner = DimProduct(x, axis + 1, x.rank);
+    }
+    TensorView* y = ctx.Output(0, x.dim_span());
+    if (!y) return absl::OkStatus();
+    if (x.dtype == DataType::kFloat64)
+      kernels::cpu::Softmax(p, x.as<double>(), y->as<double>(), ctx.thread_pool());
+    else
+      kernels::cpu::Softmax(p, x.as<float>(), y->as<float>(), ctx.thread_pool());
+    return absl::OkStatus();
+  }
+
+ private:
+  bool log_, flatten_;
+  int64_t axis_;
+};
+
+class LayerNormKernel : public OpKernel {
+ public:
+  LayerNormKernel(const graph::Node& n, int)
+      : axis_(n.AttrInt("axis", -1)),
+        epsilon_(n.AttrFloat("epsilon", 1e-5f)),
+        stash_double_(n.AttrInt("stash_type", 1) == static_cast<int>(DataType::kFloat64)) {}
+
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    ASSIGN_OR_RETURN(int axis, NormalizedAxis(axis_, x.rank));
+    kernels::cpu::LayerNormParams p;
+    p.rows = DimProduct(x, 0, axis);
+    p.cols = DimProduct(x, axis, x.rank);
+    // The epsilon attribute is a float; widening it keeps exactly the value the model holds.
+    p.epsilon = static_cast<double>(epsilon_);
+    const void* scale = nullptr;
+    const void* bias = nullptr;
+    RETURN_IF_ERROR(AffineParam(ctx, 1, x, axis, &scale));
+    RETURN_IF_ERROR(AffineParam(ctx, 2, x, axis, &bias));
+    std::vector<int64_t> stat_dims = x.shape();
+    for (int k = axis; k < x.rank; ++k) stat_dims[k] = 1;
+    TensorView* y = ctx.Output(0, x.dim_span());
+    TensorView* mean = ctx.Output(1, stat_dims);
+    TensorView* inv_std = ctx.Output(2, stat_dims);
+    if (!y) return absl::OkStatus();
+    if (x.dtype == DataType::kFloat64) Run<double>(p, x, scale, bias, y, mean, inv_std, ctx);
+    else Run<float>(p, x, scale, bias, y, mean, inv_std, ctx);
+    return absl::OkStatus();
+  }
+
+ private:
+  // Points *out at input i's values laid out over the normalised dims x[axis:], expanding
+  // a broadcast Scale or B into scratch when it is smaller than those dims.
+  static absl::Status AffineParam(KernelContext& ctx, int i, const TensorView& x, int axis,
+                                  const void** out) {
+    const TensorView* v = ctx.input(i);
+    if (!v) return absl::OkStatus();
+    const int norm_rank = x.rank - axis;
+    bool ok = v->rank <= norm_rank;
+    for (int k = 0; ok && k < v->rank; ++k) {
+      const int64_t d = v->dims[k], want = x.dims[x.rank - v->rank + k];
+      ok = d == want || d == 1;
+    }
+    if (!ok)
+      return InvalidArgument(i == 1 ? "Scale " : "B ", DimsToString(v->shape()),
+                             " does not broadcast over the normalised dims of X ",
+                             DimsToString(x.shape()), " from axis ", axis);
+    if (v->numel() == DimProduct(x, axis, x.rank)) {
+      *out = v->data;
+      return absl::OkStatus();
+    }
+    TensorView expanded(ctx.Scratch(DimProduct(x, axis, x.rank) * ElementSize(v->dtype)),
+                        v->dtype, std::span<const int64_t>(x.dims + axis, norm_rank));
+    kernels::cpu::Expand(*v, expanded, ctx.thread_pool());
+    *out = expanded.data;
+    return absl::OkStatus();
+  }
+
+  template <typename T>
+  void Run(const kernels::cpu::LayerNormParams& p, const TensorView& x, const void* scale,
+           const void* bias, TensorView* y, TensorView* mean, TensorView* inv_std,
+           KernelContext& ctx) const {
+    const T* s = static_cast<const T*>(scale);
+    const T* b = static_cast<const T*>(bias);
+    if (stash_double_)
+      kernels::cpu::LayerNorm<T, double>(p, x.as<T>(), s, b, y->as<T>(),
+                                         mean ? mean->as<double>() : nullptr,
+                                         inv_std ? inv_std->as<double>() : nullptr,
+                                         ctx.thread_pool());
+    else
+      kernels::cpu::LayerNorm<T, float>(p, x.as<T>(), s, b, y->as<T>(),
+                                        mean ? mean->as<float>() : nullptr,
+                                        inv_std ? inv_std->as<float>() : nullptr,
+                                        ctx.thread_pool());
+  }
+
+  int64_t axis_;
+  float epsilon_;
+  bool stash_double_;
+};
+
+std::string StashTypeSupported(const graph::Node& n, int) {
+  const int64_t s = n.AttrInt("stash_type", 1);
+  if (s == static_cast<int>(DataType::kFloat32) || s == static_cast<int>(DataType::kFloat64))
+    return "";
+  return absl::StrCat("stash_type ", s, " is not supported; the kernel takes 1 (float32) or 11 (float64)");
+}
+
+}  // namespace
+
+void RegisterNormKernels(KernelRegistry& r) {
+  const DataType f32 = DataType::kFloat32, f64 = DataType::kFloat64;
+  for (bool log : {false, true}) {
+    r.Register({"", log ? "LogSoftmax" : "Softmax", 1, 13, InputTypeIn(0, {f32, f64}),
+                [log](const graph::Node& n, int v) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
+                  return std::unique_ptr<OpKernel>(new SoftmaxKernel(n, v, log));
+                }});
+  }
+  auto ln_supports = AllOf({InputTypeIn(0, {f32, f64}), StashTypeSupported});
+  r.Register({"", "LayerNormalization", 17, 17, ln_supports, MakeFactory<LayerNormKernel>()});
+  r.Register({std::string(graph::kCleaveDomain), "LayerNormalization", 1, 1, ln_supports,
+              MakeFactory<LayerNormKernel>()});
+}
+
+}  // namespace cleave::providers

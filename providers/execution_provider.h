@@ -1,0 +1,66 @@
+// The execution-provider interface (providers/), after ONNX Runtime's but smaller.
+//
+// A session asks each provider, in priority order, which nodes it takes (GetCapability);
+// the CPU provider comes last and is the fallback. A provider answers from its kernel table
+// alone, so the answer is the single place that says what it can run. For each node it
+// takes, the session then asks it for a kernel (CreateKernel). Memory comes from the
+// provider's allocator; tensors cross providers through CopyTensor, which the session
+// inserts at device boundaries.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "providers/kernel.h"
+
+namespace cleave::providers {
+
+enum class DeviceKind { kCpu, kCuda };
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* Allocate(size_t bytes) = 0;
+  virtual void Free(void* p) = 0;
+  virtual DeviceKind device() const = 0;
+};
+
+struct NodeCapability {
+  const graph::Node* node;
+  int version;
+  const KernelDef* kernel;
+};
+
+struct UnsupportedNode {
+  const graph::Node* node;
+  std::string reason;
+};
+
+struct Capability {
+  std::vector<NodeCapability> claimed;
+  std::vector<UnsupportedNode> rejected;
+};
+
+class ExecutionProvider {
+ public:
+  virtual ~ExecutionProvider() = default;
+  virtual std::string name() const = 0;
+  virtual DeviceKind device() const = 0;
+  // The nodes this provider can run, and why it rejects the others. Input dtypes must be
+  // inferred before the call.
+  virtual Capability GetCapability(const graph::Graph& graph) const;
+  virtual absl::StatusOr<std::unique_ptr<OpKernel>> CreateKernel(const NodeCapability& c) const;
+  virtual Allocator* allocator() = 0;
+  // Copies between this provider's memory and host memory (same-size views).
+  virtual absl::Status CopyTensor(const TensorView& src, TensorView& dst) const = 0;
+  virtual ThreadPool* thread_pool() const { return nullptr; }
+  const KernelRegistry& registry() const { return registry_; }
+
+ protected:
+  KernelRegistry registry_;
+};
+
+}  // namespace cleave::providers

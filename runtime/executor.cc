@@ -1,0 +1,235 @@
+// Executor: kernel creation, slot binding, planned allocation, the step loop (runtime/).
+#include "runtime/executor.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "runtime/memory_plan.h"
+
+namespace cleave::runtime {
+
+using graph::Node;
+using graph::Value;
+
+struct Executor::Step {
+  const Node* node = nullptr;
+  std::unique_ptr<providers::OpKernel> kernel;
+  providers::ExecutionProvider* provider = nullptr;
+  std::vector<int> inputs, outputs;  // slots, -1 when omitted
+};
+
+namespace {
+std::shared_ptr<void> HeapBuffer(size_t bytes) {
+  size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, rounded);
+  CLEAVE_CHECK(p != nullptr);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+}  // namespace
+
+// The KernelContext of one step of one run.
+class Executor::Context : public providers::KernelContext {
+ public:
+  Context(Executor& ex, const Step& step, std::vector<Tensor>& outputs,
+          std::vector<std::shared_ptr<void>>& slot_heap)
+      : ex_(ex), step_(step), outputs_(outputs), slot_heap_(slot_heap) {
+    inputs_.reserve(step.inputs.size());
+    for (int s : step.inputs) inputs_.push_back(s < 0 ? nullptr : &ex.views_[s]);
+  }
+  int num_inputs() const override { return static_cast<int>(inputs_.size()); }
+  int num_outputs() const override { return static_cast<int>(step_.outputs.size()); }
+  const TensorView* input(int i) const override {
+    return i < static_cast<int>(inputs_.size()) ? inputs_[i] : nullptr;
+  }
+  ThreadPool* thread_pool() const override { return step_.provider->thread_pool(); }
+
+  TensorView* Output(int i, std::span<const int64_t> dims) override {
+    if (i >= static_cast<int>(step_.outputs.size()) || step_.outputs[i] < 0) return nullptr;
+    int slot = step_.outputs[i];
+    DataType dtype = step_.node->output(i)->dtype();
+    int64_t numel = 1;
+    for (int64_t d : dims) numel *= d;
+    int64_t bytes = numel * static_cast<int64_t>(ElementSize(dtype));
+    void* p = nullptr;
+    if (int oi = ex_.output_index_[slot]; oi >= 0) {
+      Tensor& t = outputs_[oi];
+      std::vector<int64_t> want(dims.begin(), dims.end());
+      if (!t.defined() || t.dtype() != dtype || t.dims() != want)
+        t = Tensor::Uninitialized(dtype, want);
+      p = t.raw();
+    } else if (ex_.planned_ && bytes <= ex_.plan_bytes_[slot]) {
+      p = static_cast<char*>(ex_.arena_.get()) + ex_.plan_offsets_[slot];
+    } else {
+      slot_heap_[slot] = HeapBuffer(static_cast<size_t>(bytes));
+      p = slot_heap_[slot].get();
+      ex_.recorded_bytes_[slot] = std::max(ex_.recorded_bytes_[slot], bytes);
+      ++ex_.stats_.heap_allocations;
+      if (ex_.planned_) ex_.planned_ = false;  // sizes changed under us: replan after the run
+    }
+    ex_.views_[slot] = TensorView(p, dtype, dims);
+    return &ex_.views_[slot];
+  }
+
+  void* Scratch(size_t bytes) override {
+    size_t aligned = (bytes + 63) / 64 * 64;
+    if (ex_.scratch_used_ + aligned <= ex_.scratch_.size()) {
+      void* p = ex_.scratch_.data() + ex_.scratch_used_;
+      ex_.scratch_used_ += aligned;
+      return p;
+    }
+    // Does not fit this run: take a heap block and grow the scratch area for the next.
+    extra_.push_back(HeapBuffer(aligned));
+    extra_bytes_ += aligned;
+    ++ex_.stats_.heap_allocations;
+    return extra_.back().get();
+  }
+  size_t wanted_scratch() const { return ex_.scratch_used_ + extra_bytes_; }
+
+ private:
+  Executor& ex_;
+  const Step& step_;
+  std::vector<Tensor>& outputs_;
+  std::vector<std::shared_ptr<void>>& slot_heap_;
+  std::vector<const TensorView*> inputs_;
+  std::vector<std::shared_ptr<void>> extra_;
+  size_t extra_bytes_ = 0;
+};
+
+Executor::~Executor() = default;
+
+absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
+    std::unique_ptr<graph::Graph> graph,
+    std::vector<std::unique_ptr<providers::ExecutionProvider>> providers) {
+  std::unique_ptr<Executor> ex(new Executor());
+  ex->graph_ = std::move(graph);
+  ex->providers_ = std::move(providers);
+  RETURN_IF_ERROR(ex->Build());
+  return ex;
+}
+
+absl::Status Executor::Build() {
+  ASSIGN_OR_RETURN(std::vector<Node*> order, graph_->TopologicalOrder());
+  // Assign nodes greedily in provider priority order.
+  std::unordered_map<const Node*, std::pair<providers::ExecutionProvider*, providers::NodeCapability>> owner;
+  std::unordered_map<const Node*, std::string> why;
+  for (auto& p : providers_) {
+    providers::Capability cap = p->GetCapability(*graph_);
+    for (auto& c : cap.claimed)
+      if (!owner.count(c.node)) owner.emplace(c.node, std::make_pair(p.get(), c));
+    for (auto& r : cap.rejected)
+      if (!why.count(r.node)) why[r.node] = r.reason;
+  }
+  std::vector<std::string> unsupported;
+  for (Node* n : order)
+    if (!owner.count(n)) unsupported.push_back(why.count(n) ? why[n] : n->Describe());
+  if (!unsupported.empty())
+    return Unimplemented(unsupported.size(), " node(s) cannot run on any provider:\n  ",
+                         absl::StrJoin(unsupported, "\n  "));
+
+  std::unordered_map<const Value*, int> slot;
+  auto slot_of = [&](const Value* v) {
+    auto [it, inserted] = slot.emplace(v, num_slots_);
+    if (inserted) ++num_slots_;
+    return it->second;
+  };
+  for (Value* v : graph_->inputs()) input_slots_.push_back(slot_of(v));
+  for (Value* v : graph_->Initializers()) slot_of(v);
+  for (Node* n : order) {
+    Step s;
+    s.node = n;
+    s.provider = owner[n].first;
+    ASSIGN_OR_RETURN(s.kernel, s.provider->CreateKernel(owner[n].second));
+    for (Value* v : n->inputs()) s.inputs.push_back(v ? slot_of(v) : -1);
+    for (Value* v : n->outputs()) s.outputs.push_back(v ? slot_of(v) : -1);
+    steps_.push_back(std::move(s));
+  }
+  for (Value* v : graph_->outputs()) output_slots_.push_back(slot_of(v));
+
+  views_.assign(num_slots_, TensorView());
+  is_constant_.assign(num_slots_, 0);
+  output_index_.assign(num_slots_, -1);
+  last_use_.assign(num_slots_, -1);
+  def_step_.assign(num_slots_, -1);
+  for (Value* v : graph_->Initializers()) {
+    int s = slot.at(v);
+    views_[s] = v->initializer()->view();
+    is_constant_[s] = 1;
+  }
+  for (size_t i = 0; i < output_slots_.size(); ++i)
+    if (output_index_[output_slots_[i]] < 0) output_index_[output_slots_[i]] = static_cast<int>(i);
+  for (int st = 0; st < static_cast<int>(steps_.size()); ++st) {
+    for (int s : steps_[st].inputs)
+      if (s >= 0) last_use_[s] = st;
+    for (int s : steps_[st].outputs)
+      if (s >= 0) def_step_[s] = st, last_use_[s] = std::max(last_use_[s], st);
+  }
+  recorded_bytes_.assign(num_slots_, 0);
+  return absl::OkStatus();
+}
+
+void Executor::MakePlan() {
+  std::vector<BufferRequest> req;
+  std::vector<int> req_slot;
+  for (int s = 0; s < num_slots_; ++s) {
+    if (def_step_[s] < 0 || output_index_[s] >= 0 || is_constant_[s]) continue;
+    req.push_back({recorded_bytes_[s], def_step_[s], last_use_[s]});
+    req_slot.push_back(s);
+  }
+  MemoryPlan plan = PlanMemory(req);
+  plan_offsets_.assign(num_slots_, 0);
+  plan_bytes_.assign(num_slots_, -1);
+  for (size_t i = 0; i < req.size(); ++i) {
+    plan_offsets_[req_slot[i]] = plan.offsets[i];
+    plan_bytes_[req_slot[i]] = req[i].bytes;
+  }
+  arena_ = HeapBuffer(static_cast<size_t>(plan.arena_bytes));
+  stats_.arena_bytes = plan.arena_bytes;
+  ++stats_.plans;
+  planned_ = true;
+}
+
+absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Tensor>& outputs) {
+  CLEAVE_CHECK(inputs.size() == input_slots_.size());
+  std::vector<int64_t> sig;
+  for (const TensorView& v : inputs) {
+    sig.push_back(v.rank);
+    sig.insert(sig.end(), v.dims, v.dims + v.rank);
+  }
+  if (sig != signature_) {
+    signature_ = std::move(sig);
+    planned_ = false;
+    std::fill(recorded_bytes_.begin(), recorded_bytes_.end(), 0);
+  }
+  bool was_planned = planned_;
+  for (size_t i = 0; i < inputs.size(); ++i) views_[input_slots_[i]] = inputs[i];
+  outputs.resize(output_slots_.size());
+  std::vector<std::shared_ptr<void>> slot_heap(num_slots_);
+  size_t scratch_wanted = scratch_.size();
+  for (int st = 0; st < static_cast<int>(steps_.size()); ++st) {
+    Step& step = steps_[st];
+    scratch_used_ = 0;
+    Context ctx(*this, step, outputs, slot_heap);
+    absl::Status s = step.kernel->Compute(ctx);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(step.node->Describe(), ": ", s.message()));
+    scratch_wanted = std::max(scratch_wanted, ctx.wanted_scratch());
+    for (int in : step.inputs)  // release recording-run buffers at their last use
+      if (in >= 0 && last_use_[in] == st && output_index_[in] < 0) slot_heap[in].reset();
+  }
+  if (scratch_wanted > scratch_.size()) scratch_.resize(scratch_wanted);
+  // Graph outputs that no step writes (inputs or initializers passed straight through).
+  for (size_t i = 0; i < output_slots_.size(); ++i) {
+    int s = output_slots_[i];
+    if (def_step_[s] >= 0 && output_index_[s] == static_cast<int>(i)) continue;
+    outputs[i] = CopyToTensor(views_[s]);
+  }
+  if (!planned_ || !was_planned) MakePlan();
+  ++stats_.runs;
+  return absl::OkStatus();
+}
+
+}  // namespace cleave::runtime

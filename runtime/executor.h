@@ -1,0 +1,72 @@
+// The executor (runtime/): runs a verified graph's nodes in a run order fixed at load.
+// Every value has a slot; initializers are bound to their slots once. The first run for a
+// given set of input shapes records each activation's size and plans one arena from
+// liveness (memory_plan.h); later runs with the same shapes place every activation in the
+// arena. Outputs the graph returns are written straight into caller-visible tensors.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "base/tensor.h"
+#include "graph/graph.h"
+#include "providers/execution_provider.h"
+
+namespace cleave::runtime {
+
+struct ExecutorStats {
+  int64_t runs = 0;
+  int64_t plans = 0;
+  int64_t arena_bytes = 0;
+  int64_t heap_allocations = 0;
+};
+
+class Executor {
+ public:
+  // Takes the graph (shapes inferred) and the providers in priority order. Fails listing
+  // every node no provider can run.
+  static absl::StatusOr<std::unique_ptr<Executor>> Create(
+      std::unique_ptr<graph::Graph> graph,
+      std::vector<std::unique_ptr<providers::ExecutionProvider>> providers);
+  ~Executor();
+
+  // inputs: one view per graph input, in graph order (already validated by the caller).
+  // outputs: one tensor per graph output; undefined tensors are allocated here, defined ones
+  // (RunInto) must have the produced dtype and shape.
+  absl::Status Run(const std::vector<TensorView>& inputs, std::vector<Tensor>& outputs);
+
+  const graph::Graph& graph() const { return *graph_; }
+  const ExecutorStats& stats() const { return stats_; }
+
+ private:
+  struct Step;
+  class Context;
+  Executor() = default;
+  absl::Status Build();
+  absl::Status RunStep(int s, std::vector<Tensor>& outputs);
+  void MakePlan();
+
+  std::unique_ptr<graph::Graph> graph_;
+  std::vector<std::unique_ptr<providers::ExecutionProvider>> providers_;
+  std::vector<Step> steps_;
+  int num_slots_ = 0;
+  std::vector<int> input_slots_, output_slots_;
+  std::vector<TensorView> views_;      // per slot, current run
+  std::vector<char> is_constant_;      // per slot: bound initializer
+  std::vector<int> output_index_;      // per slot: graph output index or -1
+  std::vector<int> last_use_;          // per slot: last step that reads it
+  std::vector<int> def_step_;          // per slot: step that writes it, -1 for inputs
+  // Memory plan for the current input-shape signature.
+  std::vector<int64_t> signature_;
+  bool planned_ = false;
+  std::vector<int64_t> recorded_bytes_, plan_offsets_, plan_bytes_;
+  std::shared_ptr<void> arena_;
+  std::vector<std::shared_ptr<void>> heap_buffers_;  // per-run overflow, freed after the run
+  std::vector<char> scratch_;
+  size_t scratch_used_ = 0;
+  ExecutorStats stats_;
+};
+
+}  // namespace cleave::runtime

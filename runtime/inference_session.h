@@ -1,0 +1,86 @@
+// InferenceSession (runtime/): load an ONNX model or an IR graph, bind inputs, run, get
+// outputs. Shaped like ONNX Runtime's session so its users feel at home.
+//
+// Load does all validation: op support on the providers (every unsupported node is listed
+// in one error), shape inference, graph optimisation, kernel creation and the run order.
+// Run checks each feed's dtype and shape against the model's inputs (symbolic dims must
+// agree across inputs), then executes the fixed run order. Activations live in one arena
+// planned from liveness; the first run with a given set of input shapes plans it, later
+// runs with the same shapes allocate nothing but the outputs they hand back (RunInto
+// writes into caller-owned outputs and allocates nothing at all).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "base/shape.h"
+#include "base/tensor.h"
+
+namespace cleave {
+
+namespace graph {
+class Graph;
+}
+namespace runtime {
+class Executor;
+}
+
+struct SessionOptions {
+  int intra_op_threads = 0;  // 0: CLEAVE_NUM_THREADS or every core
+  bool optimize = true;      // constant folding, shape folding, fusions
+  // Fixes named symbolic dims (e.g. {"batch", 1}) so shape arithmetic folds at load.
+  std::map<std::string, int64_t> free_dimension_overrides;
+};
+
+struct IoInfo {
+  std::string name;
+  DataType dtype;
+  Shape shape;
+};
+
+struct RunStats {
+  int64_t runs = 0;
+  int64_t plans = 0;             // memory plans made (one per new input-shape signature)
+  int64_t arena_bytes = 0;       // size of the current activation arena
+  int64_t heap_allocations = 0;  // buffers allocated outside the arena, all runs
+};
+
+using Feeds = std::vector<std::pair<std::string, Tensor>>;
+
+class InferenceSession {
+ public:
+  static absl::StatusOr<std::unique_ptr<InferenceSession>> Load(const std::string& model_path,
+                                                                SessionOptions options = {});
+  static absl::StatusOr<std::unique_ptr<InferenceSession>> FromGraph(
+      std::unique_ptr<graph::Graph> graph, SessionOptions options = {});
+  ~InferenceSession();
+
+  const std::vector<IoInfo>& inputs() const { return inputs_; }
+  const std::vector<IoInfo>& outputs() const { return outputs_; }
+
+  // Runs with every model input fed; returns every model output in model order.
+  absl::StatusOr<std::vector<Tensor>> Run(const Feeds& feeds);
+  // Returns only the named outputs, in the order asked.
+  absl::StatusOr<std::vector<Tensor>> Run(const Feeds& feeds,
+                                          const std::vector<std::string>& output_names);
+  // Writes every model output into `outputs` (preallocated with the right dtype and shape).
+  absl::Status RunInto(const Feeds& feeds, std::vector<Tensor>& outputs);
+
+  // The optimised graph the session executes.
+  const graph::Graph& graph() const;
+  RunStats stats() const;
+
+ private:
+  InferenceSession();
+  absl::Status Initialize(std::unique_ptr<graph::Graph> graph, SessionOptions options);
+
+  std::vector<IoInfo> inputs_, outputs_;
+  std::unique_ptr<runtime::Executor> executor_;
+};
+
+}  // namespace cleave

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs everything cleave's build, tests and demo need on Debian 12 (idempotent).
+# Debian packages: toolchain, ONNX + protobuf, Abseil, OpenBLAS, GoogleTest, gnuplot,
+# Graphviz, clang (for the libFuzzer target). PyPI: the onnx wheel (newer backend node
+# tests) and onnxruntime + numpy (the inference benchmark).
+set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libonnx-dev libonnx-testdata libprotobuf-dev protobuf-compiler
+  libabsl-dev libopenblas-dev libgtest-dev libgmock-dev
+  gnuplot-nox graphviz clang libclang-rt-14-dev
+  python3 python3-pip
+)
+
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
+
+PY_PACKAGES=(onnx==1.17.0 onnxruntime numpy)
+if ! python3 -c "import onnx, onnxruntime, numpy; assert onnx.__version__ == '1.17.0'" 2>/dev/null; then
+  python3 -m pip install -q "${PY_PACKAGES[@]}" 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages "${PY_PACKAGES[@]}"
+fi
+echo "install-deps: done"

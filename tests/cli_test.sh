@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The cleave CLI on good and bad input: inspect output, and for each bad input a non-zero
+# exit with a message naming the file, node or tensor and what was expected.
+set -uo pipefail
+cleave="$1"; src="$2"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fails=0; checks=0
+model="$src/models/tiny_gpt/model.onnx"
+
+expect_fail() {  # expect_fail "description" "substring" cmd...
+  local what="$1" want="$2"; shift 2
+  checks=$((checks + 1))
+  out=$("$@" 2>&1); rc=$?
+  if [ $rc -eq 0 ]; then echo "FAIL $what: exit 0"; fails=$((fails + 1)); return; fi
+  if [[ "$out" != *"$want"* ]]; then
+    echo "FAIL $what: message lacks '$want':"; echo "$out" | head -5; fails=$((fails + 1)); return
+  fi
+  echo "ok   $what (exit $rc): $(echo "$out" | head -1)"
+}
+expect_ok() {  # expect_ok "description" "substring" cmd...
+  local what="$1" want="$2"; shift 2
+  checks=$((checks + 1))
+  out=$("$@" 2>&1); rc=$?
+  if [ $rc -ne 0 ] || [[ "$out" != *"$want"* ]]; then
+    echo "FAIL $what (exit $rc):"; echo "$out" | head -5; fails=$((fails + 1)); return
+  fi
+  echo "ok   $what"
+}
+
+expect_ok "inspect lists parameters" "parameters:" "$cleave" inspect "$model"
+expect_ok "inspect lists opsets" "ai.onnx=17" "$cleave" inspect "$model"
+
+head -c 3000 "$model" > "$tmp/truncated.onnx"
+expect_fail "truncated model" "truncated.onnx" "$cleave" run "$tmp/truncated.onnx"
+echo "this is not protobuf at all" > "$tmp/text.onnx"
+expect_fail "non-protobuf file" "not a valid ONNX model" "$cleave" run "$tmp/text.onnx"
+expect_fail "missing model" "cannot open model file" "$cleave" run "$tmp/absent.onnx"
+expect_fail "unknown command" "unknown command" "$cleave" frobnicate
+
+# An unsupported op: every unsupported node is listed.
+hardmax=/usr/share/libonnx-testdata/data/node/test_hardmax_example/model.onnx
+expect_fail "unsupported op" "Hardmax" "$cleave" run "$hardmax"
+
+# Wrong dtype and wrong shape at run time.
+python3 - "$tmp" <<'PY'
+import sys, numpy as np
+from onnx import numpy_helper
+d = sys.argv[1]
+open(f"{d}/float_ids.pb", "wb").write(numpy_helper.from_array(np.zeros((2, 64), np.float32), "input_ids").SerializeToString())
+open(f"{d}/rank3.pb", "wb").write(numpy_helper.from_array(np.zeros((2, 64, 1), np.int64), "input_ids").SerializeToString())
+PY
+expect_fail "wrong input dtype" "expected dtype int64, got float32" "$cleave" run "$model" --input "input_ids=$tmp/float_ids.pb"
+expect_fail "wrong input rank" "input 'input_ids'" "$cleave" run "$model" --input "input_ids=$tmp/rank3.pb"
+expect_fail "missing input file" "absent.pb" "$cleave" run "$model" --input "input_ids=$tmp/absent.pb"
+
+# Missing external data file.
+python3 - "$tmp" <<'PY'
+import sys, onnx
+from onnx import helper, TensorProto, numpy_helper
+import numpy as np
+d = sys.argv[1]
+w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [w])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+onnx.save_model(m, f"{d}/ext.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+                location="ext.weights", size_threshold=0)
+PY
+rm -f "$tmp/ext.weights"
+expect_fail "missing external data" "ext.weights" "$cleave" run "$tmp/ext.onnx"
+
+echo "$((checks - fails)) passed, $fails failed"
+[ $fails -eq 0 ]

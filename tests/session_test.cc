@@ -1,0 +1,142 @@
+// InferenceSession: runs, feed validation, unsupported-op reports, memory-plan reuse,
+// shape-arithmetic folding, and the tiny GPT against its PyTorch golden logits.
+#include "runtime/inference_session.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include "graph/graph.h"
+#include "gtest/gtest.h"
+#include "onnx_ext/onnx_io.h"
+#include "tests/op_tester.h"
+#include "tests/test_graphs.h"
+
+namespace cleave {
+namespace {
+
+std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+TEST(Session, RunsMlp) {
+  auto s = InferenceSession::FromGraph(testing::MakeMlp());
+  ASSERT_TRUE(s.ok()) << s.status();
+  // x rows: [1,2,3,4] and [-1,-1,-1,-1]; w = [I3; 1 1 1]; b = [0.5, -10, 0].
+  Tensor x = Tensor::FromVector<float>({1, 2, 3, 4, -1, -1, -1, -1}, {2, 4});
+  auto out = (*s)->Run({{"x", x}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::vector<float> want = {1 + 4 + 0.5f, 0.f, 3 + 4, 0.f, 0.f, 0.f};
+  Tensor expected = Tensor::FromVector<float>(want, {2, 3});
+  EXPECT_EQ(testing::CompareTensors((*out)[0], expected, 1e-6, 0), "");
+}
+
+TEST(Session, RejectsBadFeedsWithNamesAndShapes) {
+  auto s = InferenceSession::FromGraph(testing::MakeMlp());
+  ASSERT_TRUE(s.ok());
+  auto wrong_dtype = (*s)->Run({{"x", Tensor(DataType::kInt64, {2, 4})}});
+  ASSERT_FALSE(wrong_dtype.ok());
+  EXPECT_NE(Message(wrong_dtype.status()).find("expected dtype float32, got int64"), std::string::npos);
+  auto wrong_dim = (*s)->Run({{"x", Tensor(DataType::kFloat32, {2, 5})}});
+  ASSERT_FALSE(wrong_dim.ok());
+  EXPECT_NE(Message(wrong_dim.status()).find("dim 1 expected 4, got 5"), std::string::npos)
+      << wrong_dim.status();
+  auto wrong_rank = (*s)->Run({{"x", Tensor(DataType::kFloat32, {8})}});
+  EXPECT_FALSE(wrong_rank.ok());
+  auto unknown = (*s)->Run({{"x", Tensor(DataType::kFloat32, {1, 4})}, {"z", Tensor()}});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(Message(unknown.status()).find("unknown input 'z'"), std::string::npos);
+  auto missing = (*s)->Run({});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(Message(missing.status()).find("'x' was not fed"), std::string::npos);
+}
+
+TEST(Session, ListsEveryUnsupportedNodeAtOnce) {
+  auto g = std::make_unique<graph::Graph>();
+  g->opset_imports()[""] = 17;
+  auto* x = g->AddInput("x", DataType::kFloat32, Shape::FromDims({2}));
+  auto* a = g->GetOrCreateValue("a");
+  auto* b = g->GetOrCreateValue("b");
+  g->AddNode("Frobnicate", {x}, {a}, "first");
+  g->AddNode("Hardmax", {a}, {b}, "second");
+  g->AddOutput(b);
+  auto s = InferenceSession::FromGraph(std::move(g));
+  ASSERT_FALSE(s.ok());
+  std::string m = Message(s.status());
+  EXPECT_TRUE(absl::IsUnimplemented(s.status()));
+  EXPECT_NE(m.find("Frobnicate 'first'"), std::string::npos) << m;
+  EXPECT_NE(m.find("Hardmax 'second'"), std::string::npos) << m;
+}
+
+TEST(Session, PlansMemoryOncePerShapeAndThenAllocatesNothing) {
+  auto s = InferenceSession::FromGraph(testing::MakeMlp());
+  ASSERT_TRUE(s.ok());
+  Tensor x = Tensor::FromVector<float>({1, 2, 3, 4}, {1, 4});
+  std::vector<Tensor> outs = {Tensor(DataType::kFloat32, {1, 3})};
+  ASSERT_TRUE((*s)->RunInto({{"x", x}}, outs).ok());
+  int64_t allocs = (*s)->stats().heap_allocations;
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE((*s)->RunInto({{"x", x}}, outs).ok());
+  EXPECT_EQ((*s)->stats().heap_allocations, allocs);
+  EXPECT_EQ((*s)->stats().plans, 1);
+  EXPECT_FLOAT_EQ(outs[0].data<float>()[0], 5.5f);
+  // A new batch size makes a new plan.
+  ASSERT_TRUE((*s)->Run({{"x", Tensor(DataType::kFloat32, {3, 4})}}).ok());
+  EXPECT_EQ((*s)->stats().plans, 2);
+}
+
+// Reshape(x, Concat(Gather(Shape(x), 0), [-1])): the exporter idiom for flattening. With
+// the batch dim fixed, the shape arithmetic folds away and only Reshape remains.
+TEST(Session, FoldsShapeArithmeticOnceShapesAreFixed) {
+  auto g = std::make_unique<graph::Graph>();
+  g->opset_imports()[""] = 17;
+  auto* x = g->AddInput("x", DataType::kFloat32, Shape({Dim::Symbol("batch"), Dim(2), Dim(3)}));
+  auto* shape = g->GetOrCreateValue("shape");
+  auto* idx = g->AddInitializer("zero", Tensor::Scalar<int64_t>(0));
+  auto* minus1 = g->AddInitializer("minus1", Tensor::FromVector<int64_t>({-1}, {1}));
+  auto* batch = g->GetOrCreateValue("batch");
+  auto* batch1 = g->GetOrCreateValue("batch1");
+  auto* axes = g->AddInitializer("axes", Tensor::FromVector<int64_t>({0}, {1}));
+  auto* target = g->GetOrCreateValue("target");
+  auto* y = g->GetOrCreateValue("y");
+  g->AddNode("Shape", {x}, {shape}, "shape");
+  g->AddNode("Gather", {shape, idx}, {batch}, "gather");
+  g->AddNode("Unsqueeze", {batch, axes}, {batch1}, "unsqueeze");
+  auto* cat = g->AddNode("Concat", {batch1, minus1}, {target}, "concat");
+  cat->SetAttr("axis", graph::Attribute::Int(0));
+  g->AddNode("Reshape", {x, target}, {y}, "reshape");
+  g->AddOutput(y);
+  SessionOptions opts;
+  opts.free_dimension_overrides["batch"] = 4;
+  auto s = InferenceSession::FromGraph(std::move(g), opts);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ((*s)->graph().nodes().size(), 1u);
+  EXPECT_EQ((*s)->graph().nodes()[0]->op_type(), "Reshape");
+  EXPECT_EQ((*s)->graph().outputs()[0]->shape().ToString(), "[4,6]");
+  auto out = (*s)->Run({{"x", Tensor(DataType::kFloat32, {4, 2, 3})}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].dims(), (std::vector<int64_t>{4, 6}));
+}
+
+std::string ModelsDir() { return std::string(CLEAVE_SOURCE_DIR) + "/models"; }
+
+TEST(TinyGpt, LogitsMatchPyTorchGolden) {
+  std::string dir = ModelsDir() + "/tiny_gpt";
+  if (!std::filesystem::exists(dir + "/model.onnx")) GTEST_FAIL() << "missing " << dir;
+  auto s = InferenceSession::Load(dir + "/model.onnx");
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto in = onnx_ext::LoadTensorFile(dir + "/test_data_set_0/input_0.pb");
+  auto want = onnx_ext::LoadTensorFile(dir + "/test_data_set_0/output_0.pb");
+  ASSERT_TRUE(in.ok() && want.ok());
+  auto out = (*s)->Run({{(*s)->inputs()[0].name, in->second}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const Tensor& got = (*out)[0];
+  ASSERT_EQ(got.dims(), want->second.dims());
+  double max_err = 0;
+  for (int64_t i = 0; i < got.numel(); ++i)
+    max_err = std::max(max_err, std::fabs(got.DoubleAt(i) - want->second.DoubleAt(i)));
+  EXPECT_LT(max_err, 1e-4);
+  // The fusions fired: the optimised graph holds fused ops.
+  int fused = 0;
+  for (const auto& n : (*s)->graph().nodes()) fused += n->domain() == "ai.cleave";
+  EXPECT_GT(fused, 0);
+}
+
+}  // namespace
+}  // namespace cleave

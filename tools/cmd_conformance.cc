@@ -1,0 +1,224 @@
+// `cleave conformance DIR...`: runs ONNX backend test folders (model.onnx plus
+// test_data_set_*/input_*.pb and output_*.pb) and reports each failure with its max abs and
+// rel error, each skip with its reason, then "N passed, N failed, N skipped" (tools/).
+//
+// A test is skipped when the model needs an op, opset or dtype the CPU provider does not
+// claim (the session reports Unimplemented at load). Each test runs in a forked child with
+// a time limit, so a crash or hang fails that test alone. Comparison follows the ONNX
+// backend runner: |got - want| <= atol + rtol * |want| with rtol 1e-3 and atol 1e-7.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "onnx_ext/onnx_io.h"
+#include "runtime/inference_session.h"
+#include "tools/commands.h"
+
+namespace cleave::tools {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+enum Outcome : char { kPass = 'P', kFail = 'F', kSkip = 'S' };
+
+struct Result {
+  Outcome outcome;
+  std::string detail;
+};
+
+constexpr double kRtol = 1e-3, kAtol = 1e-7;
+
+std::vector<std::string> SortedPbs(const fs::path& dir, const std::string& prefix) {
+  std::vector<std::pair<int, std::string>> found;
+  std::regex re(prefix + "_([0-9]+)\\.pb");
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::smatch m;
+    std::string name = e.path().filename().string();
+    if (std::regex_match(name, m, re)) found.emplace_back(std::stoi(m[1]), e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+std::string Compare(const Tensor& got, const Tensor& want, const std::string& what) {
+  if (got.dtype() != want.dtype())
+    return absl::StrCat(what, ": dtype ", DataTypeName(got.dtype()), ", expected ",
+                        DataTypeName(want.dtype()));
+  if (got.dims() != want.dims())
+    return absl::StrCat(what, ": shape ", DimsToString(got.dims()), ", expected ",
+                        DimsToString(want.dims()));
+  double max_abs = 0, max_rel = 0;
+  int64_t bad = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    double g = got.DoubleAt(i), w = want.DoubleAt(i);
+    if (std::isnan(g) && std::isnan(w)) continue;
+    if (std::isinf(w) && g == w) continue;
+    double err = std::fabs(g - w);
+    if (std::isnan(err)) err = INFINITY;
+    if (err > kAtol + kRtol * std::fabs(w)) ++bad;
+    max_abs = std::max(max_abs, err);
+    if (w != 0) max_rel = std::max(max_rel, err / std::fabs(w));
+  }
+  if (bad == 0) return "";
+  return absl::StrCat(what, ": ", bad, " of ", want.numel(), " elements differ, max abs error ",
+                      max_abs, ", max rel error ", max_rel);
+}
+
+// The backend test generator stores bfloat16 data as uint16 (numpy has no bfloat16); read
+// such a tensor as the type the model declares.
+Tensor AsDeclared(Tensor t, DataType declared) {
+  if (t.dtype() != DataType::kUInt16 || declared != DataType::kBFloat16) return t;
+  Tensor bf = Tensor::Uninitialized(DataType::kBFloat16, t.dims());
+  if (t.nbytes()) std::memcpy(bf.raw(), t.raw(), t.nbytes());
+  return bf;
+}
+
+Result RunDataSet(InferenceSession& s, const fs::path& set) {
+  Feeds feeds;
+  std::vector<std::string> ins = SortedPbs(set, "input"), outs = SortedPbs(set, "output");
+  for (size_t k = 0; k < ins.size(); ++k) {
+    auto t = onnx_ext::LoadTensorFile(ins[k]);
+    if (!t.ok()) {
+      bool dtype = absl::IsUnimplemented(t.status());
+      return {dtype ? kSkip : kFail, std::string(t.status().message())};
+    }
+    if (k >= s.inputs().size()) return {kFail, absl::StrCat("more input files than model inputs")};
+    feeds.emplace_back(s.inputs()[k].name, AsDeclared(std::move(t->second), s.inputs()[k].dtype));
+  }
+  auto got = s.Run(feeds);
+  if (!got.ok()) return {kFail, std::string(got.status().message())};
+  if (got->size() < outs.size()) return {kFail, "fewer outputs than expected files"};
+  for (size_t k = 0; k < outs.size(); ++k) {
+    auto want = onnx_ext::LoadTensorFile(outs[k]);
+    if (!want.ok()) return {kSkip, std::string(want.status().message())};
+    std::string diff = Compare((*got)[k], AsDeclared(std::move(want->second), s.outputs()[k].dtype),
+                               absl::StrCat(set.filename().string(), " output ", k, " '",
+                                            s.outputs()[k].name, "'"));
+    if (!diff.empty()) return {kFail, diff};
+  }
+  return {kPass, ""};
+}
+
+Result RunTest(const fs::path& dir) {
+  auto session = InferenceSession::Load((dir / "model.onnx").string());
+  if (!session.ok()) {
+    bool unsupported = absl::IsUnimplemented(session.status());
+    return {unsupported ? kSkip : kFail, std::string(session.status().message())};
+  }
+  std::vector<fs::path> sets;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0)
+      sets.push_back(e.path());
+  std::sort(sets.begin(), sets.end());
+  if (sets.empty()) return {kSkip, "no test_data_set_* folder"};
+  for (const fs::path& set : sets) {
+    Result r = RunDataSet(**session, set);
+    if (r.outcome != kPass) return r;
+  }
+  return {kPass, ""};
+}
+
+// Runs one test in a child process so a crash or hang only fails that test.
+Result RunIsolated(const fs::path& dir, int timeout_s) {
+  int fds[2];
+  if (pipe(fds) != 0) return RunTest(dir);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    alarm(static_cast<unsigned>(timeout_s));
+    Result r = RunTest(dir);
+    std::string msg = std::string(1, r.outcome) + r.detail;
+    ssize_t unused = write(fds[1], msg.data(), msg.size());
+    (void)unused;
+    close(fds[1]);
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string msg;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) msg.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (msg.empty()) {
+    if (WIFSIGNALED(status))
+      return {kFail, absl::StrCat("crashed with signal ", WTERMSIG(status),
+                                  WTERMSIG(status) == SIGALRM ? " (time limit)" : "")};
+    return {kFail, "child exited without a result"};
+  }
+  return {static_cast<Outcome>(msg[0]), msg.substr(1)};
+}
+
+void FindTests(const fs::path& root, std::vector<fs::path>& out) {
+  if (fs::exists(root / "model.onnx")) {
+    out.push_back(root);
+    return;
+  }
+  std::vector<fs::path> children;
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.is_directory()) children.push_back(e.path());
+  std::sort(children.begin(), children.end());
+  for (const auto& c : children) FindTests(c, out);
+}
+
+}  // namespace
+
+int ConformanceCommand(const Args& args) {
+  std::vector<std::string> roots;
+  std::string filter;
+  bool quiet = false;
+  int timeout_s = 120;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--filter" && i + 1 < args.size()) filter = args[++i];
+    else if (args[i] == "--quiet") quiet = true;
+    else if (args[i] == "--timeout" && i + 1 < args.size()) (void)absl::SimpleAtoi(args[++i], &timeout_s);
+    else roots.push_back(args[i]);
+  }
+  if (roots.empty()) {
+    std::fprintf(stderr, "usage: cleave conformance DIR... [--filter SUBSTR] [--quiet]\n");
+    return 2;
+  }
+  std::vector<fs::path> tests;
+  for (const std::string& r : roots) {
+    if (!fs::is_directory(r)) {
+      std::fprintf(stderr, "cleave conformance: '%s' is not a directory\n", r.c_str());
+      return 2;
+    }
+    FindTests(r, tests);
+  }
+  int passed = 0, failed = 0, skipped = 0;
+  for (const fs::path& t : tests) {
+    if (!filter.empty() && t.string().find(filter) == std::string::npos) continue;
+    Result r = RunIsolated(t, timeout_s);
+    std::string name = t.string();
+    if (r.outcome == kPass) {
+      ++passed;
+      if (!quiet) std::printf("PASS %s\n", name.c_str());
+    } else if (r.outcome == kSkip) {
+      ++skipped;
+      std::string reason = r.detail.substr(0, r.detail.find('\n', 200));
+      std::printf("SKIP %s: %s\n", name.c_str(), reason.c_str());
+    } else {
+      ++failed;
+      std::printf("FAIL %s: %s\n", name.c_str(), r.detail.c_str());
+    }
+    std::fflush(stdout);
+  }
+  std::printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+  return failed > 0 ? 1 : 0;
+}
+
+}  // namespace cleave::tools

@@ -1,0 +1,84 @@
+// `cleave inspect MODEL`: what a model holds, without running it (tools/).
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "graph/graph.h"
+#include "graph/op_table.h"
+#include "onnx_ext/onnx_io.h"
+#include "tools/commands.h"
+
+namespace cleave::tools {
+
+namespace {
+
+std::string HumanBytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u ? "%.2f %s" : "%.0f %s", b, units[u]);
+  return buf;
+}
+
+void PrintValues(const char* title, const std::vector<graph::Value*>& values) {
+  std::printf("%s:\n", title);
+  for (const graph::Value* v : values)
+    std::printf("  %-32s %-8s %s\n", v->name().c_str(), DataTypeName(v->dtype()),
+                v->shape().ToString().c_str());
+}
+
+}  // namespace
+
+int InspectCommand(const Args& args) {
+  if (args.size() != 1) {
+    std::fprintf(stderr, "usage: cleave inspect MODEL.onnx\n");
+    return 2;
+  }
+  auto g = onnx_ext::LoadModel(args[0]);
+  if (!g.ok()) {
+    std::fprintf(stderr, "cleave inspect: %s\n", std::string(g.status().message()).c_str());
+    return 1;
+  }
+  const graph::Graph& graph = **g;
+  std::printf("model: %s\n", args[0].c_str());
+  std::printf("producer: %s %s, ir_version %lld\n", graph.info().producer_name.c_str(),
+              graph.info().producer_version.c_str(),
+              static_cast<long long>(graph.info().ir_version));
+  std::printf("opsets:");
+  for (const auto& [domain, v] : graph.opset_imports())
+    std::printf(" %s=%lld", domain.empty() ? "ai.onnx" : domain.c_str(), static_cast<long long>(v));
+  std::printf("\n");
+  PrintValues("inputs", graph.inputs());
+  PrintValues("outputs", graph.outputs());
+
+  std::map<std::string, int> hist;
+  for (const auto& n : graph.nodes())
+    hist[n->domain().empty() ? n->op_type() : n->domain() + "." + n->op_type()]++;
+  std::vector<std::pair<std::string, int>> ops(hist.begin(), hist.end());
+  std::stable_sort(ops.begin(), ops.end(), [](auto& a, auto& b) { return a.second > b.second; });
+  std::printf("nodes: %zu\n", graph.nodes().size());
+  for (const auto& [op, count] : ops) {
+    const graph::OpDef* def = nullptr;
+    size_t dot = op.rfind('.');
+    def = dot == std::string::npos ? graph::FindOp("", op)
+                                   : graph::FindOp(op.substr(0, dot), op.substr(dot + 1));
+    std::printf("  %-28s %6d%s\n", op.c_str(), count, def ? "" : "   (not supported)");
+  }
+  int64_t params = 0, bytes = 0;
+  std::vector<graph::Value*> inits = graph.Initializers();
+  std::printf("initializers: %zu\n", inits.size());
+  for (const graph::Value* v : inits) {
+    const Tensor* t = v->initializer();
+    params += t->numel();
+    bytes += static_cast<int64_t>(t->nbytes());
+    std::printf("  %-40s %-8s %-18s %s\n", v->name().c_str(), DataTypeName(t->dtype()),
+                DimsToString(t->dims()).c_str(), HumanBytes(static_cast<double>(t->nbytes())).c_str());
+  }
+  std::printf("parameters: %lld elements, %s\n", static_cast<long long>(params),
+              HumanBytes(static_cast<double>(bytes)).c_str());
+  return 0;
+}
+
+}  // namespace cleave::tools

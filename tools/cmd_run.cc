@@ -1,0 +1,106 @@
+// `cleave run`: feed TensorProto files to a model, write its outputs as TensorProto files
+// named output_<i>.pb (the layout of ONNX backend test data), optionally checking them
+// against a folder of expected outputs (tools/).
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "onnx_ext/onnx_io.h"
+#include "runtime/inference_session.h"
+#include "tools/commands.h"
+
+namespace cleave::tools {
+
+namespace {
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "cleave run: %s\n", msg.c_str());
+  return 1;
+}
+
+// Max abs error between got and want, or -1 when dtype or shape differ.
+double MaxAbsError(const Tensor& got, const Tensor& want) {
+  if (got.dtype() != want.dtype() || got.dims() != want.dims()) return -1;
+  double worst = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    double e = std::fabs(got.DoubleAt(i) - want.DoubleAt(i));
+    if (std::isnan(e)) return INFINITY;
+    worst = std::max(worst, e);
+  }
+  return worst;
+}
+
+}  // namespace
+
+int RunCommand(const Args& args) {
+  std::string model, out_dir, check_dir;
+  std::vector<std::pair<std::string, std::string>> inputs;  // (name or "", path)
+  double atol = 1e-4;
+  SessionOptions opts;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto next = [&]() -> std::string { return i + 1 < args.size() ? args[++i] : ""; };
+    if (a == "--input") {
+      std::string v = next();
+      size_t eq = v.find('=');
+      if (eq == std::string::npos) inputs.emplace_back("", v);
+      else inputs.emplace_back(v.substr(0, eq), v.substr(eq + 1));
+    } else if (a == "--output-dir") {
+      out_dir = next();
+    } else if (a == "--check") {
+      check_dir = next();
+    } else if (a == "--atol") {
+      if (!absl::SimpleAtod(next(), &atol)) return Fail("--atol expects a number");
+    } else if (a == "--threads") {
+      if (!absl::SimpleAtoi(next(), &opts.intra_op_threads)) return Fail("--threads expects an integer");
+    } else if (a == "--no-optimize") {
+      opts.optimize = false;
+    } else if (model.empty() && a[0] != '-') {
+      model = a;
+    } else {
+      return Fail(absl::StrCat("unknown argument '", a, "'"));
+    }
+  }
+  if (model.empty()) return Fail("no model given (cleave run MODEL.onnx --input NAME=FILE.pb ...)");
+  auto session = InferenceSession::Load(model, opts);
+  if (!session.ok()) return Fail(std::string(session.status().message()));
+  Feeds feeds;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    auto t = onnx_ext::LoadTensorFile(inputs[k].second);
+    if (!t.ok()) return Fail(std::string(t.status().message()));
+    std::string name = inputs[k].first;
+    if (name.empty()) name = t->first;
+    if (name.empty() && k < (*session)->inputs().size()) name = (*session)->inputs()[k].name;
+    feeds.emplace_back(name, std::move(t->second));
+  }
+  auto outputs = (*session)->Run(feeds);
+  if (!outputs.ok()) return Fail(std::string(outputs.status().message()));
+  if (!out_dir.empty()) std::filesystem::create_directories(out_dir);
+  int status = 0;
+  for (size_t k = 0; k < outputs->size(); ++k) {
+    const IoInfo& info = (*session)->outputs()[k];
+    const Tensor& t = (*outputs)[k];
+    std::printf("output %zu '%s': %s%s\n", k, info.name.c_str(), DataTypeName(t.dtype()),
+                DimsToString(t.dims()).c_str());
+    if (!out_dir.empty()) {
+      std::string path = absl::StrCat(out_dir, "/output_", k, ".pb");
+      absl::Status s = onnx_ext::SaveTensorFile(path, info.name, t);
+      if (!s.ok()) return Fail(std::string(s.message()));
+    }
+    if (!check_dir.empty()) {
+      auto want = onnx_ext::LoadTensorFile(absl::StrCat(check_dir, "/output_", k, ".pb"));
+      if (!want.ok()) return Fail(std::string(want.status().message()));
+      double err = MaxAbsError(t, want->second);
+      bool ok = err >= 0 && err <= atol;
+      std::printf("  check against %s: max abs error %g (limit %g) %s\n", check_dir.c_str(), err,
+                  atol, ok ? "OK" : "MISMATCH");
+      if (!ok) status = 1;
+    }
+  }
+  return status;
+}
+
+}  // namespace cleave::tools
