@@ -100,7 +100,9 @@ def bench_cleave(args, model, threads, batch, ids, workdir):
 def model_label(path):
     # Committed models are all called model.onnx; their folder says which one it is.
     name = os.path.basename(path)
-    return os.path.basename(os.path.dirname(os.path.abspath(path))) if name == "model.onnx" else name
+    if name == "model.onnx":
+        return os.path.basename(os.path.dirname(os.path.abspath(path)))
+    return name
 
 
 def fmt(r):

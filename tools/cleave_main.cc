@@ -19,6 +19,7 @@ void Usage() {
                "      print opsets, op histogram, parameters and inputs/outputs\n"
                "  conformance DIR... [--filter SUBSTR] [--quiet]\n"
                "      run every ONNX backend test folder under DIR and report\n"
+               "      (--exclude FILE lists tests to skip, each with its reason)\n"
                "      'N passed, N failed, N skipped'\n");
 }
 

@@ -1,11 +1,15 @@
 // Lane-parallel reductions shared by the CPU kernels (kernels/cpu/).
 // `for (i) s += x[i]` cannot be vectorised without reassociating floating-point addition,
-// which the compiler will not do on its own. Keeping kLanes independent partial results
-// makes that reassociation explicit: the loops vectorise, and each result is still a
-// fixed function of the input, the same for every thread count.
+// which the compiler will not do on its own. Keeping independent partial results per lane
+// makes that reassociation explicit: each result is a fixed function of the input, the
+// same for every thread count. float and double use GCC vector types (64-byte vectors,
+// split into narrower registers on older ISAs), because the auto-vectoriser leaves the
+// NaN-aware max and min as one branch per element; other types use plain lane arrays.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 // Builds a function for AVX-512, AVX2 and baseline x86-64 and picks one at load time.
 // (Not under ASan, whose instrumentation does not mix with ifunc resolvers.)
@@ -22,41 +26,27 @@ namespace cleave::kernels::cpu {
 
 constexpr int kLanes = 16;
 
-// sum_i x[i] accumulated in Acc.
-template <typename Acc, typename T>
-CLEAVE_ALWAYS_INLINE Acc LaneSum(const T* x, int64_t n) {
-  Acc acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += static_cast<Acc>(x[i + j]);
-  for (int j = 0; i + j < n; ++j) acc[j] += static_cast<Acc>(x[i + j]);
-  Acc s = 0;
-  for (int j = 0; j < kLanes; ++j) s += acc[j];
-  return s;
-}
+namespace lanes {
+typedef float F16 __attribute__((vector_size(64)));
+typedef float F8 __attribute__((vector_size(32)));
+typedef double D8 __attribute__((vector_size(64)));
 
-// sum_i (x[i] - center)^2 accumulated in Acc.
-template <typename Acc, typename T>
-CLEAVE_ALWAYS_INLINE Acc LaneSumSquares(const T* x, int64_t n, Acc center) {
-  Acc acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) {
-      Acc d = static_cast<Acc>(x[i + j]) - center;
-      acc[j] += d * d;
-    }
-  for (int j = 0; i + j < n; ++j) {
-    Acc d = static_cast<Acc>(x[i + j]) - center;
-    acc[j] += d * d;
-  }
-  Acc s = 0;
-  for (int j = 0; j < kLanes; ++j) s += acc[j];
-  return s;
+template <typename V, typename T>
+CLEAVE_ALWAYS_INLINE V Load(const T* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
 }
+template <typename V, typename T>
+CLEAVE_ALWAYS_INLINE V Splat(T s) {
+  V v;
+  for (size_t j = 0; j < sizeof(V) / sizeof(T); ++j) v[j] = s;
+  return v;
+}
+}  // namespace lanes
 
 // Max and min that propagate NaN (as numpy's do): once a NaN is seen it stays. The
-// conditions are combined with `|`, not `||`: a short-circuit turns into a branch per
-// element and stops the loops around these from vectorising.
+// conditions are combined with `|`, not `||`, so no branch is needed.
 template <typename T>
 CLEAVE_ALWAYS_INLINE T MaxNan(T acc, T v) {
   return ((v > acc) | (v != v)) ? v : acc;
@@ -66,31 +56,98 @@ CLEAVE_ALWAYS_INLINE T MinNan(T acc, T v) {
   return ((v < acc) | (v != v)) ? v : acc;
 }
 
-// max_i x[i] (NaN if any is NaN), starting from `init`.
-template <typename T>
-CLEAVE_ALWAYS_INLINE T LaneMax(const T* x, int64_t n, T init) {
-  T acc[kLanes];
-  for (int j = 0; j < kLanes; ++j) acc[j] = init;
+// sum_i x[i] accumulated in Acc.
+template <typename Acc, typename T>
+CLEAVE_ALWAYS_INLINE Acc LaneSum(const T* x, int64_t n) {
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] = MaxNan(acc[j], x[i + j]);
-  for (int j = 0; i + j < n; ++j) acc[j] = MaxNan(acc[j], x[i + j]);
+  Acc s = 0;
+  if constexpr (std::is_same_v<Acc, double> && std::is_same_v<T, float>) {
+    lanes::D8 a0 = {}, a1 = {};
+    for (; i + 16 <= n; i += 16) {
+      a0 += __builtin_convertvector(lanes::Load<lanes::F8>(x + i), lanes::D8);
+      a1 += __builtin_convertvector(lanes::Load<lanes::F8>(x + i + 8), lanes::D8);
+    }
+    a0 += a1;
+    for (int j = 0; j < 8; ++j) s += a0[j];
+  } else if constexpr (std::is_same_v<Acc, double> && std::is_same_v<T, double>) {
+    lanes::D8 a0 = {}, a1 = {};
+    for (; i + 16 <= n; i += 16) {
+      a0 += lanes::Load<lanes::D8>(x + i);
+      a1 += lanes::Load<lanes::D8>(x + i + 8);
+    }
+    a0 += a1;
+    for (int j = 0; j < 8; ++j) s += a0[j];
+  } else {
+    Acc acc[kLanes] = {};
+    for (; i + kLanes <= n; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) acc[j] += static_cast<Acc>(x[i + j]);
+    for (int j = 0; j < kLanes; ++j) s += acc[j];
+  }
+  for (; i < n; ++i) s += static_cast<Acc>(x[i]);
+  return s;
+}
+
+// sum_i (x[i] - center)^2 accumulated in double.
+template <typename T>
+CLEAVE_ALWAYS_INLINE double LaneSumSquares(const T* x, int64_t n, double center) {
+  int64_t i = 0;
+  double s = 0;
+  const lanes::D8 c = lanes::Splat<lanes::D8>(center);
+  lanes::D8 a0 = {}, a1 = {};
+  for (; i + 16 <= n; i += 16) {
+    lanes::D8 d0, d1;
+    if constexpr (std::is_same_v<T, float>) {
+      d0 = __builtin_convertvector(lanes::Load<lanes::F8>(x + i), lanes::D8) - c;
+      d1 = __builtin_convertvector(lanes::Load<lanes::F8>(x + i + 8), lanes::D8) - c;
+    } else {
+      d0 = lanes::Load<lanes::D8>(x + i) - c;
+      d1 = lanes::Load<lanes::D8>(x + i + 8) - c;
+    }
+    a0 += d0 * d0;
+    a1 += d1 * d1;
+  }
+  a0 += a1;
+  for (int j = 0; j < 8; ++j) s += a0[j];
+  for (; i < n; ++i) {
+    const double d = static_cast<double>(x[i]) - center;
+    s += d * d;
+  }
+  return s;
+}
+
+// max_i x[i] and min_i x[i] (NaN if any is NaN), starting from `init`.
+template <bool kMax, typename T>
+CLEAVE_ALWAYS_INLINE T LaneExtreme(const T* x, int64_t n, T init) {
+  auto pick = [](T a, T v) { return kMax ? MaxNan(a, v) : MinNan(a, v); };
+  int64_t i = 0;
   T m = init;
-  for (int j = 0; j < kLanes; ++j) m = MaxNan(m, acc[j]);
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    using V = std::conditional_t<std::is_same_v<T, float>, lanes::F16, lanes::D8>;
+    constexpr int kN = sizeof(V) / sizeof(T);
+    V acc = lanes::Splat<V>(init);
+    for (; i + kN <= n; i += kN) {
+      const V v = lanes::Load<V>(x + i);
+      acc = ((kMax ? v > acc : v < acc) | (v != v)) ? v : acc;
+    }
+    for (int j = 0; j < kN; ++j) m = pick(m, acc[j]);
+  } else {
+    T acc[kLanes];
+    for (int j = 0; j < kLanes; ++j) acc[j] = init;
+    for (; i + kLanes <= n; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) acc[j] = pick(acc[j], x[i + j]);
+    for (int j = 0; j < kLanes; ++j) m = pick(m, acc[j]);
+  }
+  for (; i < n; ++i) m = pick(m, x[i]);
   return m;
 }
 
 template <typename T>
+CLEAVE_ALWAYS_INLINE T LaneMax(const T* x, int64_t n, T init) {
+  return LaneExtreme<true>(x, n, init);
+}
+template <typename T>
 CLEAVE_ALWAYS_INLINE T LaneMin(const T* x, int64_t n, T init) {
-  T acc[kLanes];
-  for (int j = 0; j < kLanes; ++j) acc[j] = init;
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] = MinNan(acc[j], x[i + j]);
-  for (int j = 0; i + j < n; ++j) acc[j] = MinNan(acc[j], x[i + j]);
-  T m = init;
-  for (int j = 0; j < kLanes; ++j) m = MinNan(m, acc[j]);
-  return m;
+  return LaneExtreme<false>(x, n, init);
 }
 
 }  // namespace cleave::kernels::cpu

@@ -21,7 +21,7 @@ CLEAVE_ALWAYS_INLINE void LayerNormRowImpl(const T* x, const T* scale, const T* 
                                            int64_t n, double eps, double* mean_out,
                                            double* inv_std_out) {
   const double mean = LaneSum<double>(x, n) / static_cast<double>(n);
-  const double var = LaneSumSquares<double>(x, n, mean) / static_cast<double>(n);
+  const double var = LaneSumSquares(x, n, mean) / static_cast<double>(n);
   const double inv_std = 1.0 / std::sqrt(var + eps);
   *mean_out = mean;
   *inv_std_out = inv_std;
