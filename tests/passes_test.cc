@@ -1,11 +1,15 @@
-// Graph passes: dead-code elimination and constant folding.
+// Graph passes: dead-code elimination, constant folding, and the transformer fusions checked
+// on exported models against their unfused graphs.
 #include "graph/passes/pass.h"
 
 #include "graph/op_table.h"
 #include "graph/verifier.h"
 #include "gtest/gtest.h"
+#include "onnx_ext/onnx_io.h"
 #include "providers/cpu/cpu_provider.h"
 #include "runtime/constant_evaluator.h"
+#include "runtime/inference_session.h"
+#include "tests/op_tester.h"
 #include "tests/test_graphs.h"
 
 namespace cleave::graph {
@@ -64,3 +68,64 @@ TEST(ConstantFolding, FoldsConstantSubgraphsButNotVariables) {
 
 }  // namespace
 }  // namespace cleave::graph
+
+// Fusions on real exported graphs: the fused graph holds the fused ops, none of the pattern's
+// ops, and computes what the unfused graph computes.
+namespace cleave {
+namespace {
+
+struct FusionCase {
+  const char* model;
+  const char* absent_op;         // an op the fusion must have removed
+  const char* fused_activation;  // FusedMatMul activation expected somewhere
+  int min_layer_norms;           // ai.cleave or ONNX LayerNormalization nodes expected
+};
+
+class TransformerFusionTest : public ::testing::TestWithParam<FusionCase> {};
+
+TEST_P(TransformerFusionTest, FusedGraphMatchesUnfused) {
+  const FusionCase& c = GetParam();
+  std::string dir = std::string(CLEAVE_SOURCE_DIR) + "/models/" + c.model;
+  SessionOptions plain;
+  plain.optimize = false;
+  auto fused = InferenceSession::Load(dir + "/model.onnx");
+  auto unfused = InferenceSession::Load(dir + "/model.onnx", plain);
+  ASSERT_TRUE(fused.ok() && unfused.ok()) << fused.status() << unfused.status();
+  int layer_norms = 0;
+  bool activation_seen = false;
+  for (const auto& n : (*fused)->graph().nodes()) {
+    EXPECT_NE(n->op_type(), c.absent_op) << n->Describe();
+    layer_norms += n->op_type() == "LayerNormalization";
+    activation_seen |= n->op_type() == "FusedMatMul" &&
+                       n->AttrString("activation", "") == c.fused_activation;
+  }
+  EXPECT_GE(layer_norms, c.min_layer_norms);
+  EXPECT_TRUE(activation_seen) << "no FusedMatMul with activation " << c.fused_activation;
+  Feeds feeds;
+  for (size_t i = 0; i < (*fused)->inputs().size(); ++i) {
+    auto t = onnx_ext::LoadTensorFile(dir + "/test_data_set_0/input_" + std::to_string(i) + ".pb");
+    ASSERT_TRUE(t.ok());
+    feeds.emplace_back((*fused)->inputs()[i].name, t->second);
+  }
+  auto a = (*fused)->Run(feeds);
+  auto b = (*unfused)->Run(feeds);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (size_t i = 0; i < a->size(); ++i)
+    EXPECT_EQ(testing::CompareTensors((*a)[i], (*b)[i], 1e-5, 1e-4), "") << "output " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, TransformerFusionTest,
+    ::testing::Values(FusionCase{"variants/gpt_opset14", "Erf", "gelu", 5},
+                      FusionCase{"variants/gpt_opset17", "Tanh", "gelu_tanh", 5},
+                      FusionCase{"variants/bert_opset15", "Erf", "gelu", 5},
+                      FusionCase{"tiny_gpt", "Erf", "gelu", 5}),
+    [](const auto& info) {
+      std::string n = info.param.model;
+      for (char& ch : n)
+        if (ch == '/') ch = '_';
+      return n;
+    });
+
+}  // namespace
+}  // namespace cleave

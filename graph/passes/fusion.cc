@@ -75,6 +75,77 @@ bool FuseErfGelu(Graph* g, Node* erf) {
   return true;
 }
 
+// True when v = x^3, written as Pow(x, 3), Mul(x, Mul(x, x)) or Mul(Mul(x, x), x); the
+// nodes of the cube are appended to `nodes`.
+bool IsCube(Value* v, Value* x, std::vector<Node*>& nodes) {
+  Node* n = v->producer();
+  if (!SoleUse(v) || !n) return false;
+  if (Is(n, "Pow") && n->input(0) == x && Near(ScalarConst(n->input(1)), 3.0)) {
+    nodes.push_back(n);
+    return true;
+  }
+  if (!Is(n, "Mul")) return false;
+  Value* sq = Other(n, x);
+  Node* sqn = sq ? sq->producer() : nullptr;
+  if (!Is(sqn, "Mul") || !SoleUse(sq) || sqn->input(0) != x || sqn->input(1) != x) return false;
+  nodes.push_back(n);
+  nodes.push_back(sqn);
+  return true;
+}
+
+// The value `c * v` or `v * c` multiplies with the constant c, or nullptr.
+Value* ScaledBy(Node* mul, double c) {
+  if (!Is(mul, "Mul")) return nullptr;
+  if (Near(ScalarConst(mul->input(1)), c)) return mul->input(0);
+  if (Near(ScalarConst(mul->input(0)), c)) return mul->input(1);
+  return nullptr;
+}
+
+// 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) -> Gelu(approximate = "tanh").
+bool FuseTanhGelu(Graph* g, Node* tanh) {
+  std::vector<Node*> nodes = {tanh};
+  Node* scale = tanh->input(0)->producer();
+  Value* inner = ScaledBy(scale, std::sqrt(2.0 / M_PI));
+  if (!inner || !SoleUse(tanh->input(0)) || !SoleUse(inner)) return false;
+  Node* add = inner->producer();
+  if (!Is(add, "Add")) return false;
+  nodes.insert(nodes.end(), {scale, add});
+  Value* x = nullptr;
+  for (int k = 0; k < 2 && !x; ++k) {
+    Value* cubic = add->input(1 - k);
+    Node* cm = cubic->producer();
+    Value* cube = ScaledBy(cm, 0.044715);
+    std::vector<Node*> cube_nodes;
+    if (cube && SoleUse(cubic) && IsCube(cube, add->input(k), cube_nodes)) {
+      x = add->input(k);
+      nodes.push_back(cm);
+      nodes.insert(nodes.end(), cube_nodes.begin(), cube_nodes.end());
+    }
+  }
+  if (!x) return false;
+  Node* plus1 = SoleConsumer(tanh->output(0));
+  if (!Is(plus1, "Add") || !Near(ScalarConst(Other(plus1, tanh->output(0))), 1.0)) return false;
+  Node* mul = SoleConsumer(plus1->output(0));
+  if (!Is(mul, "Mul")) return false;
+  nodes.insert(nodes.end(), {plus1, mul});
+  Value* other = Other(mul, plus1->output(0));
+  Value* out = nullptr;
+  if (other == x) {  // 0.5 * (x * (1 + tanh))
+    Node* half = SoleConsumer(mul->output(0));
+    if (ScaledBy(half, 0.5) != mul->output(0)) return false;
+    nodes.push_back(half);
+    out = half->output(0);
+  } else {  // (0.5 * x) * (1 + tanh)
+    Node* xh = other ? other->producer() : nullptr;
+    if (!SoleUse(other) || ScaledBy(xh, 0.5) != x) return false;
+    nodes.push_back(xh);
+    out = mul->output(0);
+  }
+  Node* gelu = Replace(g, nodes, "Gelu", {x}, out);
+  gelu->SetAttr("approximate", Attribute::String("tanh"));
+  return true;
+}
+
 // The reduction axes of a ReduceMean node if they are exactly the last axis.
 bool ReducesLastAxis(const Node* n) {
   if (!Is(n, "ReduceMean") || n->AttrInt("keepdims", 1) != 1) return false;
@@ -173,6 +244,7 @@ absl::StatusOr<bool> TransformerFusion::Run(Graph* g) {
       Node* n = owned.get();
       bool fused = false;
       if (Is(n, "Erf")) fused = FuseErfGelu(g, n);
+      else if (Is(n, "Tanh")) fused = FuseTanhGelu(g, n);
       else if (Is(n, "ReduceMean")) fused = FuseLayerNorm(g, n);
       else if (Is(n, "MatMul")) fused = FuseMatMulBias(g, n);
       else if (n->domain() == kCleaveDomain && n->op_type() == "FusedMatMul") fused = FuseMatMulGelu(g, n);

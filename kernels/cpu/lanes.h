@@ -31,17 +31,15 @@ typedef float F16 __attribute__((vector_size(64)));
 typedef float F8 __attribute__((vector_size(32)));
 typedef double D8 __attribute__((vector_size(64)));
 
+// Vectors are filled through out-parameters, not returned: a 64-byte vector return would
+// have a different ABI on each clone (everything here is inlined anyway).
 template <typename V, typename T>
-CLEAVE_ALWAYS_INLINE V Load(const T* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(V));
-  return v;
+CLEAVE_ALWAYS_INLINE void Load(V* v, const T* p) {
+  std::memcpy(v, p, sizeof(V));
 }
 template <typename V, typename T>
-CLEAVE_ALWAYS_INLINE V Splat(T s) {
-  V v;
-  for (size_t j = 0; j < sizeof(V) / sizeof(T); ++j) v[j] = s;
-  return v;
+CLEAVE_ALWAYS_INLINE void Splat(V* v, T s) {
+  for (size_t j = 0; j < sizeof(V) / sizeof(T); ++j) (*v)[j] = s;
 }
 }  // namespace lanes
 
@@ -63,17 +61,22 @@ CLEAVE_ALWAYS_INLINE Acc LaneSum(const T* x, int64_t n) {
   Acc s = 0;
   if constexpr (std::is_same_v<Acc, double> && std::is_same_v<T, float>) {
     lanes::D8 a0 = {}, a1 = {};
+    lanes::F8 v0, v1;
     for (; i + 16 <= n; i += 16) {
-      a0 += __builtin_convertvector(lanes::Load<lanes::F8>(x + i), lanes::D8);
-      a1 += __builtin_convertvector(lanes::Load<lanes::F8>(x + i + 8), lanes::D8);
+      lanes::Load(&v0, x + i);
+      lanes::Load(&v1, x + i + 8);
+      a0 += __builtin_convertvector(v0, lanes::D8);
+      a1 += __builtin_convertvector(v1, lanes::D8);
     }
     a0 += a1;
     for (int j = 0; j < 8; ++j) s += a0[j];
   } else if constexpr (std::is_same_v<Acc, double> && std::is_same_v<T, double>) {
-    lanes::D8 a0 = {}, a1 = {};
+    lanes::D8 a0 = {}, a1 = {}, v0, v1;
     for (; i + 16 <= n; i += 16) {
-      a0 += lanes::Load<lanes::D8>(x + i);
-      a1 += lanes::Load<lanes::D8>(x + i + 8);
+      lanes::Load(&v0, x + i);
+      lanes::Load(&v1, x + i + 8);
+      a0 += v0;
+      a1 += v1;
     }
     a0 += a1;
     for (int j = 0; j < 8; ++j) s += a0[j];
@@ -92,16 +95,21 @@ template <typename T>
 CLEAVE_ALWAYS_INLINE double LaneSumSquares(const T* x, int64_t n, double center) {
   int64_t i = 0;
   double s = 0;
-  const lanes::D8 c = lanes::Splat<lanes::D8>(center);
-  lanes::D8 a0 = {}, a1 = {};
+  lanes::D8 c, a0 = {}, a1 = {};
+  lanes::Splat(&c, center);
   for (; i + 16 <= n; i += 16) {
     lanes::D8 d0, d1;
     if constexpr (std::is_same_v<T, float>) {
-      d0 = __builtin_convertvector(lanes::Load<lanes::F8>(x + i), lanes::D8) - c;
-      d1 = __builtin_convertvector(lanes::Load<lanes::F8>(x + i + 8), lanes::D8) - c;
+      lanes::F8 v0, v1;
+      lanes::Load(&v0, x + i);
+      lanes::Load(&v1, x + i + 8);
+      d0 = __builtin_convertvector(v0, lanes::D8) - c;
+      d1 = __builtin_convertvector(v1, lanes::D8) - c;
     } else {
-      d0 = lanes::Load<lanes::D8>(x + i) - c;
-      d1 = lanes::Load<lanes::D8>(x + i + 8) - c;
+      lanes::Load(&d0, x + i);
+      lanes::Load(&d1, x + i + 8);
+      d0 -= c;
+      d1 -= c;
     }
     a0 += d0 * d0;
     a1 += d1 * d1;
@@ -124,9 +132,10 @@ CLEAVE_ALWAYS_INLINE T LaneExtreme(const T* x, int64_t n, T init) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     using V = std::conditional_t<std::is_same_v<T, float>, lanes::F16, lanes::D8>;
     constexpr int kN = sizeof(V) / sizeof(T);
-    V acc = lanes::Splat<V>(init);
+    V acc, v;
+    lanes::Splat(&acc, init);
     for (; i + kN <= n; i += kN) {
-      const V v = lanes::Load<V>(x + i);
+      lanes::Load(&v, x + i);
       acc = ((kMax ? v > acc : v < acc) | (v != v)) ? v : acc;
     }
     for (int j = 0; j < kN; ++j) m = pick(m, acc[j]);
