@@ -3,7 +3,9 @@
 // worked out by hand (noted beside them) or computed by the naive loops below, written
 // from the op definitions in double precision, independently of the kernels.
 #include <cmath>
+#include <ostream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -44,6 +46,7 @@ TEST(NnMatMulTest, OneDOperandsDropTheirDim) {
 struct MatMulCase {
   I64 a, b;
 };
+void PrintTo(const MatMulCase& c, std::ostream* os) { *os << "A" << c.a << " B" << c.b; }
 
 class NnMatMulBroadcastTest : public ::testing::TestWithParam<MatMulCase> {};
 
@@ -109,6 +112,10 @@ struct GemmCase {
   float alpha, beta;
   I64 c;  // empty: no C
 };
+void PrintTo(const GemmCase& g, std::ostream* os) {
+  *os << "transA " << g.ta << " transB " << g.tb << " alpha " << g.alpha << " beta " << g.beta
+      << " C" << g.c;
+}
 
 class NnGemmTest : public ::testing::TestWithParam<GemmCase> {};
 
@@ -238,6 +245,10 @@ struct SoftmaxCase {
   int64_t axis;  // INT64_MIN: attribute omitted
   int64_t outer, n, inner;  // the view the case means, for the naive reference
 };
+void PrintTo(const SoftmaxCase& c, std::ostream* os) {
+  *os << "opset " << c.opset << " X" << c.dims << " axis "
+      << (c.axis == INT64_MIN ? std::string("default") : std::to_string(c.axis));
+}
 
 class NnSoftmaxAxisTest : public ::testing::TestWithParam<SoftmaxCase> {};
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -50,6 +51,9 @@ struct ReduceCase {
   I64 axes;  // as given to the op (may be negative); empty: reduce all
   bool keepdims;
 };
+void PrintTo(const ReduceCase& c, std::ostream* os) {
+  *os << c.op << "-" << c.opset << " X" << c.dims << " axes" << c.axes << " keepdims " << c.keepdims;
+}
 
 class NnReduceTest : public ::testing::TestWithParam<ReduceCase> {};
 
@@ -161,6 +165,10 @@ struct SceCase {
   bool weights;
   std::optional<int64_t> ignore_index;
 };
+void PrintTo(const SceCase& c, std::ostream* os) {
+  *os << "scores" << c.dims << " " << c.reduction << (c.weights ? " weighted" : "")
+      << (c.ignore_index ? " ignore_index " + std::to_string(*c.ignore_index) : std::string());
+}
 
 // The reference loop of onnx/reference/ops/op_softmax_cross_entropy_loss.py.
 std::vector<double> NaiveSce(const SceCase& c, const std::vector<double>& x, const std::vector<double>& labels,

@@ -6,12 +6,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <vector>
 
 namespace cleave::testing {
 
 using I64 = std::vector<int64_t>;
+
+inline std::ostream& operator<<(std::ostream& os, const I64& d) {
+  os << "[";
+  for (size_t i = 0; i < d.size(); ++i) os << (i ? "," : "") << d[i];
+  return os << "]";
+}
 
 inline int64_t Numel(const I64& d) {
   int64_t n = 1;

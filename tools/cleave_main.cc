@@ -13,7 +13,7 @@ void Usage() {
                "\n"
                "commands:\n"
                "  run MODEL.onnx --input NAME=FILE.pb ... [--output-dir DIR] [--threads N]\n"
-               "                 [--check DIR [--atol A --rtol R]] [--no-optimize]\n"
+               "                 [--check DIR [--atol A]] [--dim NAME=VALUE] [--no-optimize]\n"
                "      run a model on TensorProto inputs and write its outputs as TensorProto files\n"
                "  inspect MODEL.onnx\n"
                "      print opsets, op histogram, parameters and inputs/outputs\n"

@@ -56,6 +56,13 @@ int RunCommand(const Args& args) {
       if (!absl::SimpleAtod(next(), &atol)) return Fail("--atol expects a number");
     } else if (a == "--threads") {
       if (!absl::SimpleAtoi(next(), &opts.intra_op_threads)) return Fail("--threads expects an integer");
+    } else if (a == "--dim") {  // fixes a symbolic dim so shape arithmetic folds at load
+      std::string v = next();
+      size_t eq = v.find('=');
+      int64_t value;
+      if (eq == std::string::npos || !absl::SimpleAtoi(v.substr(eq + 1), &value))
+        return Fail(absl::StrCat("--dim expects NAME=VALUE, got '", v, "'"));
+      opts.free_dimension_overrides[v.substr(0, eq)] = value;
     } else if (a == "--no-optimize") {
       opts.optimize = false;
     } else if (model.empty() && a[0] != '-') {

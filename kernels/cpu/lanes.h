@@ -2,9 +2,9 @@
 // `for (i) s += x[i]` cannot be vectorised without reassociating floating-point addition,
 // which the compiler will not do on its own. Keeping independent partial results per lane
 // makes that reassociation explicit: each result is a fixed function of the input, the
-// same for every thread count. float and double use GCC vector types (64-byte vectors,
-// split into narrower registers on older ISAs), because the auto-vectoriser leaves the
-// NaN-aware max and min as one branch per element; other types use plain lane arrays.
+// same for every thread count. float and double use GCC 32-byte vector types, which both
+// the AVX2 and the AVX-512 clones compile to packed instructions (the auto-vectoriser
+// leaves a NaN-aware max as one branch per element); other types use plain lane arrays.
 #pragma once
 
 #include <cstdint>
@@ -27,12 +27,12 @@ namespace cleave::kernels::cpu {
 constexpr int kLanes = 16;
 
 namespace lanes {
-typedef float F16 __attribute__((vector_size(64)));
+typedef float F4 __attribute__((vector_size(16)));
 typedef float F8 __attribute__((vector_size(32)));
-typedef double D8 __attribute__((vector_size(64)));
+typedef double D4 __attribute__((vector_size(32)));
 
-// Vectors are filled through out-parameters, not returned: a 64-byte vector return would
-// have a different ABI on each clone (everything here is inlined anyway).
+// Vectors are filled through out-parameters, not returned, so no vector crosses a call
+// boundary whose ABI would differ between clones (everything here is inlined anyway).
 template <typename V, typename T>
 CLEAVE_ALWAYS_INLINE void Load(V* v, const T* p) {
   std::memcpy(v, p, sizeof(V));
@@ -41,6 +41,19 @@ template <typename V, typename T>
 CLEAVE_ALWAYS_INLINE void Splat(V* v, T s) {
   for (size_t j = 0; j < sizeof(V) / sizeof(T); ++j) (*v)[j] = s;
 }
+// Four doubles from x[0..3] (float or double).
+template <typename T>
+CLEAVE_ALWAYS_INLINE void LoadD4(D4* v, const T* x) {
+  if constexpr (std::is_same_v<T, float>) {
+    F4 f;
+    Load(&f, x);
+    *v = __builtin_convertvector(f, D4);
+  } else {
+    Load(v, x);
+  }
+}
+template <typename T>
+constexpr bool kVectorFloat = std::is_same_v<T, float> || std::is_same_v<T, double>;
 }  // namespace lanes
 
 // Max and min that propagate NaN (as numpy's do): once a NaN is seen it stays. The
@@ -59,27 +72,17 @@ template <typename Acc, typename T>
 CLEAVE_ALWAYS_INLINE Acc LaneSum(const T* x, int64_t n) {
   int64_t i = 0;
   Acc s = 0;
-  if constexpr (std::is_same_v<Acc, double> && std::is_same_v<T, float>) {
-    lanes::D8 a0 = {}, a1 = {};
-    lanes::F8 v0, v1;
-    for (; i + 16 <= n; i += 16) {
-      lanes::Load(&v0, x + i);
-      lanes::Load(&v1, x + i + 8);
-      a0 += __builtin_convertvector(v0, lanes::D8);
-      a1 += __builtin_convertvector(v1, lanes::D8);
-    }
-    a0 += a1;
-    for (int j = 0; j < 8; ++j) s += a0[j];
-  } else if constexpr (std::is_same_v<Acc, double> && std::is_same_v<T, double>) {
-    lanes::D8 a0 = {}, a1 = {}, v0, v1;
-    for (; i + 16 <= n; i += 16) {
-      lanes::Load(&v0, x + i);
-      lanes::Load(&v1, x + i + 8);
-      a0 += v0;
-      a1 += v1;
-    }
-    a0 += a1;
-    for (int j = 0; j < 8; ++j) s += a0[j];
+  if constexpr (std::is_same_v<Acc, double> && lanes::kVectorFloat<T>) {
+    lanes::D4 a[4] = {}, v;
+    for (; i + 16 <= n; i += 16)
+      for (int k = 0; k < 4; ++k) {
+        lanes::LoadD4(&v, x + i + 4 * k);
+        a[k] += v;
+      }
+    a[0] += a[1];
+    a[2] += a[3];
+    a[0] += a[2];
+    for (int j = 0; j < 4; ++j) s += a[0][j];
   } else {
     Acc acc[kLanes] = {};
     for (; i + kLanes <= n; i += kLanes)
@@ -90,32 +93,23 @@ CLEAVE_ALWAYS_INLINE Acc LaneSum(const T* x, int64_t n) {
   return s;
 }
 
-// sum_i (x[i] - center)^2 accumulated in double.
+// sum_i (x[i] - center)^2 accumulated in double, for float or double x.
 template <typename T>
 CLEAVE_ALWAYS_INLINE double LaneSumSquares(const T* x, int64_t n, double center) {
   int64_t i = 0;
   double s = 0;
-  lanes::D8 c, a0 = {}, a1 = {};
+  lanes::D4 c, a[4] = {}, v;
   lanes::Splat(&c, center);
-  for (; i + 16 <= n; i += 16) {
-    lanes::D8 d0, d1;
-    if constexpr (std::is_same_v<T, float>) {
-      lanes::F8 v0, v1;
-      lanes::Load(&v0, x + i);
-      lanes::Load(&v1, x + i + 8);
-      d0 = __builtin_convertvector(v0, lanes::D8) - c;
-      d1 = __builtin_convertvector(v1, lanes::D8) - c;
-    } else {
-      lanes::Load(&d0, x + i);
-      lanes::Load(&d1, x + i + 8);
-      d0 -= c;
-      d1 -= c;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 4; ++k) {
+      lanes::LoadD4(&v, x + i + 4 * k);
+      v -= c;
+      a[k] += v * v;
     }
-    a0 += d0 * d0;
-    a1 += d1 * d1;
-  }
-  a0 += a1;
-  for (int j = 0; j < 8; ++j) s += a0[j];
+  a[0] += a[1];
+  a[2] += a[3];
+  a[0] += a[2];
+  for (int j = 0; j < 4; ++j) s += a[0][j];
   for (; i < n; ++i) {
     const double d = static_cast<double>(x[i]) - center;
     s += d * d;
@@ -129,16 +123,19 @@ CLEAVE_ALWAYS_INLINE T LaneExtreme(const T* x, int64_t n, T init) {
   auto pick = [](T a, T v) { return kMax ? MaxNan(a, v) : MinNan(a, v); };
   int64_t i = 0;
   T m = init;
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    using V = std::conditional_t<std::is_same_v<T, float>, lanes::F16, lanes::D8>;
+  if constexpr (lanes::kVectorFloat<T>) {
+    using V = std::conditional_t<std::is_same_v<T, float>, lanes::F8, lanes::D4>;
     constexpr int kN = sizeof(V) / sizeof(T);
-    V acc, v;
-    lanes::Splat(&acc, init);
-    for (; i + kN <= n; i += kN) {
+    V a0, a1, v, w;
+    lanes::Splat(&a0, init);
+    a1 = a0;
+    for (; i + 2 * kN <= n; i += 2 * kN) {
       lanes::Load(&v, x + i);
-      acc = ((kMax ? v > acc : v < acc) | (v != v)) ? v : acc;
+      lanes::Load(&w, x + i + kN);
+      a0 = ((kMax ? v > a0 : v < a0) | (v != v)) ? v : a0;
+      a1 = ((kMax ? w > a1 : w < a1) | (w != w)) ? w : a1;
     }
-    for (int j = 0; j < kN; ++j) m = pick(m, acc[j]);
+    for (int j = 0; j < kN; ++j) m = pick(pick(m, a0[j]), a1[j]);
   } else {
     T acc[kLanes];
     for (int j = 0; j < kLanes; ++j) acc[j] = init;

@@ -1,6 +1,6 @@
 // CUDA elementwise kernels (kernels/cuda/): the first device kernels; the CUDA provider
 // wires them in a later step. Built for sm_80 and sm_90 whenever nvcc is present.
-#include <cstdint>
+#include "kernels/cuda/elementwise.h"
 
 namespace cleave::kernels::cuda {
 

@@ -56,7 +56,7 @@ class ReduceKernel : public OpKernel {
     std::vector<int64_t> out_dims;
     for (int k = 0; k < x.rank; ++k) {
       if (axes.empty()) reduced[k] = true;
-      if (reduced[k] && k < x.rank) norm[naxes++] = k;
+      if (reduced[k]) norm[naxes++] = k;
       if (!reduced[k]) out_dims.push_back(x.dims[k]);
       else if (keepdims_) out_dims.push_back(1);
     }
