@@ -17,9 +17,9 @@ TEST(CudaProvider, AddKernelMatchesHost) {
   std::vector<float> a(n), b(n), c(n);
   for (int64_t i = 0; i < n; ++i) a[i] = 0.5f * i, b[i] = 1.0f - i;
   float *da, *db, *dc;
-  ASSERT_EQ(cudaMalloc(&da, n * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&db, n * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dc, n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&da), n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&db), n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dc), n * 4), cudaSuccess);
   cudaMemcpy(da, a.data(), n * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(db, b.data(), n * 4, cudaMemcpyHostToDevice);
   kernels::cuda::AddF32(da, db, dc, n, nullptr);
