@@ -309,7 +309,8 @@ absl::Status InferDropout(InferContext& ctx) {
       return ctx.Error("expected ratio in [0, 1), got ", ratio);
   }
   ctx.SetOutput(0, ctx.input_dtype(0), ctx.input_shape(0));
-  ctx.SetOutput(1, DataType::kBool, ctx.input_shape(0));
+  // Dropout-7 returned its mask in the input's type; from version 10 the mask is bool.
+  ctx.SetOutput(1, ctx.version() < 10 ? ctx.input_dtype(0) : DataType::kBool, ctx.input_shape(0));
   return absl::OkStatus();
 }
 

@@ -69,7 +69,7 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "ReduceMin", {1, 11, 12, 13, 18, 20}, 1, 1, 2, 1, 1, InferReduce, true},
       {kOnnx, "SoftmaxCrossEntropyLoss", {12, 13}, 12, 2, 3, 1, 2, InferSoftmaxCrossEntropyLoss,
        true},
-      {kOnnx, "Dropout", {1, 6, 7, 10, 12, 13, 22}, 12, 1, 3, 1, 2, InferDropout, true},
+      {kOnnx, "Dropout", {1, 6, 7, 10, 12, 13, 22}, 7, 1, 3, 1, 2, InferDropout, true},
       {kOnnx, "Trilu", {14}, 14, 1, 2, 1, 1, InferTrilu, true},
       // Shape and data movement.
       {kOnnx, "Reshape", {1, 5, 13, 14, 19, 21}, 5, 2, 2, 1, 1, InferReshape, true},

@@ -342,5 +342,15 @@ TEST(NnLayerNormTest, BadScaleFails) {
       .Input<float>("Scale", {2}, {1, 1}).UncheckedOutput("Y").ExpectFailure("does not broadcast");
 }
 
+// Dropout before version 12 (ratio as an attribute) is the identity at inference, and its
+// version-7 mask has the input's type while the version-10 mask is bool.
+TEST(NnDropoutTest, LegacyVersionsAreIdentity) {
+  std::vector<float> x = {1.f, -2.f, 3.f, 0.5f};
+  OpTester("Dropout", 7).Attr("ratio", 0.3f).Input<float>("x", {2, 2}, x)
+      .Output<float>("y", {2, 2}, x).Output<float>("mask", {2, 2}, {1.f, 1.f, 1.f, 1.f}).Run();
+  OpTester("Dropout", 10).Attr("ratio", 0.3f).Input<float>("x", {4}, x)
+      .Output<float>("y", {4}, x).Output<bool>("mask", {4}, {true, true, true, true}).Run();
+}
+
 }  // namespace
 }  // namespace cleave::testing

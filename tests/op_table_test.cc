@@ -34,9 +34,9 @@ TEST(OpTable, ResolvesTheNewestVersionNotAboveTheOpset) {
   EXPECT_FALSE(ResolveVersion(*gelu, 17).ok());
   EXPECT_EQ(*ResolveVersion(*gelu, 20), 20);
   // A version older than cleave implements is refused with a reason.
-  auto old = ResolveVersion(*FindOp("", "Dropout"), 10);
+  auto old = ResolveVersion(*FindOp("", "Reshape"), 4);
   ASSERT_FALSE(old.ok());
-  EXPECT_NE(std::string(old.status().message()).find("version 10"), std::string::npos);
+  EXPECT_NE(std::string(old.status().message()).find("version 1 "), std::string::npos) << old.status();
   EXPECT_FALSE(ResolveVersion(*add, kMaxKnownOpset + 1).ok());
 }
 

@@ -2,6 +2,7 @@
 // family (providers/cpu/). Dropout keeps one MT19937 generator per node, seeded from the
 // seed attribute (else from std::random_device) and advanced by each training-mode run,
 // so a seeded model replays the same sequence of masks run after run.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -67,6 +68,24 @@ class DropoutKernel : public OpKernel {
   mutable std::mt19937 gen_;
 };
 
+// Dropout before version 12 takes its ratio as an attribute and has no training_mode input;
+// ONNX runs those graphs in inference, where Dropout is the identity and keeps every element.
+class LegacyDropoutKernel : public OpKernel {
+ public:
+  LegacyDropoutKernel(const graph::Node&, int) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    if (TensorView* y = ctx.Output(0, x.dim_span()); y && x.numel())
+      kernels::cpu::CopyBytes(y->data, x.data, x.nbytes(), ctx.thread_pool());
+    if (TensorView* mask = ctx.Output(1, x.dim_span())) {
+      if (mask->dtype == DataType::kBool) std::memset(mask->data, 1, x.numel());
+      else if (mask->dtype == DataType::kFloat64) std::fill_n(mask->as<double>(), x.numel(), 1.0);
+      else std::fill_n(mask->as<float>(), x.numel(), 1.0f);
+    }
+    return absl::OkStatus();
+  }
+};
+
 class TriluKernel : public OpKernel {
  public:
   TriluKernel(const graph::Node& n, int) : upper_(n.AttrInt("upper", 1) != 0) {}
@@ -104,6 +123,7 @@ void RegisterNnKernels(KernelRegistry& r) {
   const DataType f32 = DataType::kFloat32, f64 = DataType::kFloat64;
   r.Register({"", "Dropout", 12, 22, AllOf({InputTypeIn(0, {f32, f64}), InputTypeIn(1, {f32, f64})}),
               MakeFactory<DropoutKernel>()});
+  r.Register({"", "Dropout", 7, 11, InputTypeIn(0, {f32, f64}), MakeFactory<LegacyDropoutKernel>()});
   r.Register({"", "Trilu", 14, 14, InputTypeIn(0, FixedSizeTypes()), MakeFactory<TriluKernel>()});
 }
 
