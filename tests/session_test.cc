@@ -138,5 +138,28 @@ TEST(TinyGpt, LogitsMatchPyTorchGolden) {
   EXPECT_GT(fused, 0);
 }
 
+// With batch and seq fixed, all of the exporter's shape arithmetic in the tiny GPT folds:
+// no Shape, ConstantOfShape or Range is left, and the logits are unchanged.
+TEST(TinyGpt, ShapeArithmeticFoldsWhenDimsAreFixed) {
+  std::string dir = ModelsDir() + "/tiny_gpt";
+  SessionOptions fixed;
+  fixed.free_dimension_overrides = {{"batch", 2}, {"seq", 64}};
+  auto s = InferenceSession::Load(dir + "/model.onnx", fixed);
+  auto dynamic = InferenceSession::Load(dir + "/model.onnx");
+  ASSERT_TRUE(s.ok() && dynamic.ok()) << s.status();
+  size_t dynamic_nodes = (*dynamic)->graph().nodes().size();
+  for (const auto& n : (*s)->graph().nodes())
+    EXPECT_TRUE(n->op_type() != "Shape" && n->op_type() != "ConstantOfShape" &&
+                n->op_type() != "Range")
+        << n->Describe() << " was not folded";
+  EXPECT_LT((*s)->graph().nodes().size(), dynamic_nodes);
+  auto in = onnx_ext::LoadTensorFile(dir + "/test_data_set_0/input_0.pb");
+  ASSERT_TRUE(in.ok());
+  auto a = (*s)->Run({{"input_ids", in->second}});
+  auto b = (*dynamic)->Run({{"input_ids", in->second}});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(testing::CompareTensors((*a)[0], (*b)[0], 1e-6, 1e-5), "");
+}
+
 }  // namespace
 }  // namespace cleave
