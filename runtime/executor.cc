@@ -195,6 +195,7 @@ void Executor::MakePlan() {
 
 absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Tensor>& outputs) {
   CLEAVE_CHECK(inputs.size() == input_slots_.size());
+  std::lock_guard<std::mutex> lock(run_mu_);
   std::vector<int64_t> sig;
   for (const TensorView& v : inputs) {
     sig.push_back(v.rank);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@ class Executor {
   ~Executor();
 
   // inputs: one view per graph input, in graph order (already validated by the caller).
+  // Runs are serialised: concurrent callers wait for each other (activations share one arena).
   // outputs: one tensor per graph output; undefined tensors are allocated here, defined ones
   // (RunInto) must have the produced dtype and shape.
   absl::Status Run(const std::vector<TensorView>& inputs, std::vector<Tensor>& outputs);
@@ -67,6 +69,7 @@ class Executor {
   std::vector<char> scratch_;
   size_t scratch_used_ = 0;
   ExecutorStats stats_;
+  std::mutex run_mu_;
 };
 
 }  // namespace cleave::runtime

@@ -7,7 +7,8 @@
 // agree across inputs), then executes the fixed run order. Activations live in one arena
 // planned from liveness; the first run with a given set of input shapes plans it, later
 // runs with the same shapes allocate nothing but the outputs they hand back (RunInto
-// writes into caller-owned outputs and allocates nothing at all).
+// writes into caller-owned outputs and allocates nothing at all). Run may be called from
+// several threads; the runs take turns.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,183 @@
+// Each transformer fusion on a graph written as text: the pattern becomes one ai.cleave op,
+// a pattern whose intermediate has another reader is left alone, and the fused graph
+// computes what the original computes.
+#include <random>
+
+#include "graph/op_table.h"
+#include "graph/passes/pass.h"
+#include "graph/text_format.h"
+#include "gtest/gtest.h"
+#include "runtime/inference_session.h"
+#include "tests/op_tester.h"
+
+namespace cleave::graph {
+namespace {
+
+// Parses, infers shapes, runs the fusion pass, and returns the fused graph's op list.
+std::vector<std::string> Fuse(Graph& g) {
+  EXPECT_TRUE(InferShapes(g).ok());
+  TransformerFusion fusion;
+  auto changed = RunPass(fusion, &g);
+  EXPECT_TRUE(changed.ok()) << changed.status();
+  std::vector<std::string> ops;
+  for (const auto& n : g.nodes()) ops.push_back((n->domain().empty() ? "" : n->domain() + ".") + n->op_type());
+  return ops;
+}
+
+// Runs `text` with and without the optimiser on random inputs of shape [2, 3, 8].
+void ExpectSameOutputs(const std::string& text) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.f, 2.f);
+  std::vector<float> x(2 * 3 * 8);
+  for (float& v : x) v = dist(rng);
+  Feeds feeds = {{"x", Tensor::FromVector<float>(x, {2, 3, 8})}};
+  SessionOptions plain;
+  plain.optimize = false;
+  auto a = InferenceSession::FromGraph(*ParseGraph(text));
+  auto b = InferenceSession::FromGraph(*ParseGraph(text), plain);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  auto ra = (*a)->Run(feeds);
+  auto rb = (*b)->Run(feeds);
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  EXPECT_EQ(testing::CompareTensors((*ra)[0], (*rb)[0], 1e-5, 1e-5), "");
+}
+
+constexpr char kErfGelu[] = R"(
+  input x: float32[2,3,8]
+  init sqrt2: float32[] = 1.4142135
+  init one: float32[] = 1
+  init half: float32[] = 0.5
+  d = Div(x, sqrt2)
+  e = Erf(d)
+  a = Add(e, one)
+  m = Mul(x, a)
+  y = Mul(m, half)
+  output y
+)";
+
+TEST(TransformerFusion, ErfGeluBecomesGelu) {
+  auto g = ParseGraph(kErfGelu);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(Fuse(**g), std::vector<std::string>{"ai.cleave.Gelu"});
+  EXPECT_EQ((*g)->FindValue("y")->producer()->input(0)->name(), "x");
+  ExpectSameOutputs(kErfGelu);
+}
+
+TEST(TransformerFusion, ErfGeluWithHalfFirst) {
+  constexpr char kText[] = R"(
+    input x: float32[2,3,8]
+    init c: float32[] = 0.70710677
+    init one: float32[] = 1
+    init half: float32[] = 0.5
+    h = Mul(x, half)
+    d = Mul(x, c)
+    e = Erf(d)
+    a = Add(one, e)
+    y = Mul(h, a)
+    output y
+  )";
+  auto g = ParseGraph(kText);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(Fuse(**g), std::vector<std::string>{"ai.cleave.Gelu"});
+  ExpectSameOutputs(kText);
+}
+
+TEST(TransformerFusion, SharedIntermediateBlocksTheFusion) {
+  // `e` is also a graph output: fusing would lose it.
+  auto g = ParseGraph(std::string(kErfGelu) + "output e\n");
+  ASSERT_TRUE(g.ok());
+  auto ops = Fuse(**g);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "Erf"), 1);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "ai.cleave.Gelu"), 0);
+}
+
+TEST(TransformerFusion, TanhGeluBecomesGeluTanh) {
+  constexpr char kText[] = R"(
+    input x: float32[2,3,8]
+    init k: float32[] = 0.044715
+    init s: float32[] = 0.7978846
+    init one: float32[] = 1
+    init half: float32[] = 0.5
+    x2 = Mul(x, x)
+    x3 = Mul(x, x2)
+    kx3 = Mul(x3, k)
+    inner = Add(x, kx3)
+    scaled = Mul(inner, s)
+    t = Tanh(scaled)
+    a = Add(one, t)
+    m = Mul(x, a)
+    y = Mul(half, m)
+    output y
+  )";
+  auto g = ParseGraph(kText);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(Fuse(**g), std::vector<std::string>{"ai.cleave.Gelu"});
+  EXPECT_EQ((*g)->FindValue("y")->producer()->AttrString("approximate", ""), "tanh");
+  ExpectSameOutputs(kText);
+}
+
+constexpr char kLayerNorm[] = R"(
+  opset 13
+  input x: float32[2,3,8]
+  init two: float32[] = 2
+  init eps: float32[] = 1e-5
+  init gamma: float32[8] = 1 2 3 4 5 6 7 8
+  init beta: float32[8] = fill 0.25
+  mean = ReduceMean(x) {axes = [-1]}
+  d = Sub(x, mean)
+  sq = Pow(d, two)
+  var = ReduceMean(sq) {axes = [-1]}
+  ve = Add(var, eps)
+  std = Sqrt(ve)
+  n = Div(d, std)
+  g = Mul(n, gamma)
+  y = Add(g, beta)
+  output y
+)";
+
+TEST(TransformerFusion, DecomposedLayerNormBecomesOneOp) {
+  auto g = ParseGraph(kLayerNorm);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(Fuse(**g), std::vector<std::string>{"ai.cleave.LayerNormalization"});
+  const Node* ln = (*g)->FindValue("y")->producer();
+  EXPECT_NEAR(ln->AttrFloat("epsilon", 0), 1e-5, 1e-9);
+  EXPECT_EQ(ln->input(1)->name(), "gamma");
+  ExpectSameOutputs(kLayerNorm);
+}
+
+constexpr char kMlp[] = R"(
+  input x: float32[2,3,8]
+  init w: float32[8,4] = fill 0.125
+  init b: float32[4] = 1 2 3 4
+  mm = MatMul(x, w)
+  h = Add(b, mm)
+  y = Gelu(h)
+  output y
+)";
+
+TEST(TransformerFusion, MatMulBiasGeluBecomesOneFusedMatMul) {
+  auto text = std::string("opset 20\n") + kMlp;
+  auto g = ParseGraph(text);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(Fuse(**g), std::vector<std::string>{"ai.cleave.FusedMatMul"});
+  const Node* f = (*g)->FindValue("y")->producer();
+  EXPECT_EQ(f->AttrString("activation", ""), "gelu");
+  EXPECT_EQ(f->input(2)->name(), "b");
+  ExpectSameOutputs(text);
+}
+
+TEST(TransformerFusion, MatMulWithNonConstantWeightIsLeftAlone) {
+  auto g = ParseGraph(R"(
+    input x: float32[2,8]
+    input w: float32[8,4]
+    init b: float32[4] = fill 1
+    mm = MatMul(x, w)
+    y = Add(mm, b)
+    output y
+  )");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(Fuse(**g), (std::vector<std::string>{"MatMul", "Add"}));
+}
+
+}  // namespace
+}  // namespace cleave::graph
