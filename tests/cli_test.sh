@@ -30,6 +30,16 @@ expect_ok() {  # expect_ok "description" "substring" cmd...
 expect_ok "inspect lists parameters" "parameters:" "$cleave" inspect "$model"
 expect_ok "inspect lists opsets" "ai.onnx=17" "$cleave" inspect "$model"
 
+data="$src/models/tiny_gpt/test_data_set_0"
+expect_ok "save the optimised graph" "optimised model written" "$cleave" run "$model" \
+  --input "input_ids=$data/input_0.pb" --save-optimized "$tmp/optimised.onnx"
+expect_ok "optimised graph reproduces the golden logits" "OK" "$cleave" run "$tmp/optimised.onnx" \
+  --input "input_ids=$data/input_0.pb" --check "$data" --atol 1e-4
+expect_ok "fixed dims fold the shape arithmetic" "OK" "$cleave" run "$model" --dim batch=2 --dim seq=64 \
+  --input "input_ids=$data/input_0.pb" --check "$data" --atol 1e-4
+expect_fail "fixed dim that contradicts the feed" "dim 1 expected 32, got 64" "$cleave" run "$model" \
+  --dim seq=32 --input "input_ids=$data/input_0.pb"
+
 head -c 3000 "$model" > "$tmp/truncated.onnx"
 expect_fail "truncated model" "truncated.onnx" "$cleave" run "$tmp/truncated.onnx"
 echo "this is not protobuf at all" > "$tmp/text.onnx"

@@ -7,6 +7,7 @@
 
 #include "graph/graph.h"
 #include "gtest/gtest.h"
+#include "onnx_ext/cleave_schemas.h"
 #include "onnx_ext/onnx_io.h"
 #include "tests/op_tester.h"
 #include "tests/test_graphs.h"
@@ -159,6 +160,45 @@ TEST(TinyGpt, ShapeArithmeticFoldsWhenDimsAreFixed) {
   auto b = (*dynamic)->Run({{"input_ids", in->second}});
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(testing::CompareTensors((*a)[0], (*b)[0], 1e-6, 1e-5), "");
+}
+
+// The optimised graph (folded and fused, with ai.cleave ops) saves as a valid ONNX model that
+// loads back and computes the same logits.
+TEST(TinyGpt, OptimisedGraphSavesAsCheckedOnnx) {
+  std::string dir = ModelsDir() + "/tiny_gpt";
+  auto original = onnx_ext::LoadModel(dir + "/model.onnx");
+  ASSERT_TRUE(original.ok());
+  EXPECT_TRUE(onnx_ext::CheckModel(**original).ok());
+  auto s = InferenceSession::Load(dir + "/model.onnx");
+  ASSERT_TRUE(s.ok());
+  absl::Status checked = onnx_ext::CheckModel((*s)->graph());
+  EXPECT_TRUE(checked.ok()) << checked;
+  std::string path = std::filesystem::temp_directory_path() / "cleave_tiny_gpt_optimised.onnx";
+  ASSERT_TRUE(onnx_ext::SaveModel((*s)->graph(), path).ok());
+  auto reloaded = InferenceSession::Load(path);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+  auto in = onnx_ext::LoadTensorFile(dir + "/test_data_set_0/input_0.pb");
+  auto a = (*s)->Run({{"input_ids", in->second}});
+  auto b = (*reloaded)->Run({{"input_ids", in->second}});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(testing::CompareTensors((*a)[0], (*b)[0], 0, 0), "");
+  std::filesystem::remove(path);
+}
+
+// A node the checker must reject: an ai.cleave op with an input too many.
+TEST(CleaveSchemas, CheckerRejectsMalformedCleaveOps) {
+  auto g = std::make_unique<graph::Graph>();
+  g->opset_imports()[""] = 17;
+  g->opset_imports()["ai.cleave"] = 1;
+  auto* x = g->AddInput("x", DataType::kFloat32, Shape::FromDims({2}));
+  auto* y = g->GetOrCreateValue("y");
+  y->set_dtype(DataType::kFloat32);
+  y->set_shape(Shape::FromDims({2}));
+  g->AddNode("Gelu", {x, x}, {y}, "gelu", "ai.cleave");
+  g->AddOutput(y);
+  absl::Status s = onnx_ext::CheckModel(*g);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(std::string(s.message()).find("Gelu"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ void Usage() {
                "commands:\n"
                "  run MODEL.onnx --input NAME=FILE.pb ... [--output-dir DIR] [--threads N]\n"
                "                 [--check DIR [--atol A]] [--dim NAME=VALUE] [--no-optimize]\n"
+               "                 [--save-optimized FILE.onnx]\n"
                "      run a model on TensorProto inputs and write its outputs as TensorProto files\n"
                "  inspect MODEL.onnx\n"
                "      print opsets, op histogram, parameters and inputs/outputs\n"

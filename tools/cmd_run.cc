@@ -36,7 +36,7 @@ double MaxAbsError(const Tensor& got, const Tensor& want) {
 }  // namespace
 
 int RunCommand(const Args& args) {
-  std::string model, out_dir, check_dir;
+  std::string model, out_dir, check_dir, save_optimized;
   std::vector<std::pair<std::string, std::string>> inputs;  // (name or "", path)
   double atol = 1e-4;
   SessionOptions opts;
@@ -50,6 +50,8 @@ int RunCommand(const Args& args) {
       else inputs.emplace_back(v.substr(0, eq), v.substr(eq + 1));
     } else if (a == "--output-dir") {
       out_dir = next();
+    } else if (a == "--save-optimized") {
+      save_optimized = next();
     } else if (a == "--check") {
       check_dir = next();
     } else if (a == "--atol") {
@@ -74,6 +76,11 @@ int RunCommand(const Args& args) {
   if (model.empty()) return Fail("no model given (cleave run MODEL.onnx --input NAME=FILE.pb ...)");
   auto session = InferenceSession::Load(model, opts);
   if (!session.ok()) return Fail(std::string(session.status().message()));
+  if (!save_optimized.empty()) {  // the graph after folding and fusion, as ONNX
+    absl::Status s = onnx_ext::SaveModel((*session)->graph(), save_optimized);
+    if (!s.ok()) return Fail(std::string(s.message()));
+    std::printf("optimised model written to %s\n", save_optimized.c_str());
+  }
   Feeds feeds;
   for (size_t k = 0; k < inputs.size(); ++k) {
     auto t = onnx_ext::LoadTensorFile(inputs[k].second);

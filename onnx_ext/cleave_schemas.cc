@@ -1,0 +1,91 @@
+// ai.cleave schemas for ONNX's registry and the checker bridge (onnx_ext/).
+#include "onnx_ext/cleave_schemas.h"
+
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "onnx/checker.h"
+#include "onnx/defs/schema.h"
+#include "onnx/onnx_pb.h"
+#include "onnx_ext/onnx_io.h"
+
+namespace cleave::onnx_ext {
+
+namespace {
+
+using onnx::AttributeProto;
+using onnx::OpSchema;
+
+const std::vector<std::string> kFloatTypes = {"tensor(float)", "tensor(double)",
+                                              "tensor(float16)", "tensor(bfloat16)"};
+
+OpSchema FusedMatMulSchema() {
+  OpSchema s;
+  s.SetName("FusedMatMul").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Y = activation(A @ B + bias); see docs/ops.md.")
+      .Input(0, "A", "[..., M, K]", "T")
+      .Input(1, "B", "[K, N], or [N, K] with transB", "T")
+      .Input(2, "bias", "[N]", "T", OpSchema::Optional)
+      .Output(0, "Y", "[..., M, N]", "T")
+      .Attr("activation", "'' (none), 'gelu' or 'gelu_tanh'", AttributeProto::STRING, std::string(""))
+      .Attr("transB", "B is given transposed", AttributeProto::INT, static_cast<int64_t>(0))
+      .TypeConstraint("T", kFloatTypes, "float tensors");
+  return s;
+}
+
+OpSchema GeluSchema() {
+  OpSchema s;
+  s.SetName("Gelu").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("GELU as ONNX Gelu-20, for models of any opset; see docs/ops.md.")
+      .Input(0, "X", "input", "T")
+      .Output(0, "Y", "output", "T")
+      .Attr("approximate", "'none' or 'tanh'", AttributeProto::STRING, std::string("none"))
+      .TypeConstraint("T", kFloatTypes, "float tensors");
+  return s;
+}
+
+OpSchema LayerNormSchema() {
+  OpSchema s;
+  s.SetName("LayerNormalization").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("LayerNormalization as ONNX LayerNormalization-17, for models of any opset.")
+      .Input(0, "X", "input", "T")
+      .Input(1, "Scale", "scale", "T")
+      .Input(2, "B", "bias", "T", OpSchema::Optional)
+      .Output(0, "Y", "normalised", "T")
+      .Output(1, "Mean", "saved mean", "U", OpSchema::Optional)
+      .Output(2, "InvStdDev", "saved inverse standard deviation", "U", OpSchema::Optional)
+      .Attr("axis", "first normalised axis", AttributeProto::INT, static_cast<int64_t>(-1))
+      .Attr("epsilon", "added to the variance", AttributeProto::FLOAT, 1e-5f)
+      .Attr("stash_type", "type of Mean and InvStdDev", AttributeProto::INT, static_cast<int64_t>(1))
+      .TypeConstraint("T", kFloatTypes, "float tensors")
+      .TypeConstraint("U", {"tensor(float)", "tensor(double)"}, "statistics type");
+  return s;
+}
+
+}  // namespace
+
+void RegisterCleaveSchemas() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    onnx::OpSchemaRegistry::DomainToVersionRange::Instance().AddDomainToVersion("ai.cleave", 1, 1);
+    onnx::RegisterSchema(FusedMatMulSchema());
+    onnx::RegisterSchema(GeluSchema());
+    onnx::RegisterSchema(LayerNormSchema());
+  });
+}
+
+absl::Status CheckModel(const graph::Graph& g) {
+  RegisterCleaveSchemas();
+  auto bytes = SerializeModel(g);
+  if (!bytes.ok()) return bytes.status();
+  onnx::ModelProto m;
+  if (!m.ParseFromString(*bytes)) return absl::InternalError("cannot reparse the serialised model");
+  try {
+    onnx::checker::check_model(m);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("ONNX checker: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cleave::onnx_ext
