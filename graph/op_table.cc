@@ -166,7 +166,6 @@ absl::Status InferNode(const Graph& g, Node& n) {
 
 absl::Status InferShapes(Graph& g) {
   ASSIGN_OR_RETURN(std::vector<Node*> order, g.TopologicalOrder());
-  std::vector<std::string> errors;
   for (Node* n : order) RETURN_IF_ERROR(InferNode(g, *n));
   return absl::OkStatus();
 }

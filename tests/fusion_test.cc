@@ -166,6 +166,37 @@ TEST(TransformerFusion, MatMulBiasGeluBecomesOneFusedMatMul) {
   ExpectSameOutputs(text);
 }
 
+TEST(TransformerFusion, TransposedWeightIsReadInPlace) {
+  constexpr char kText[] = R"(
+    input x: float32[2,3,8]
+    input w: float32[5,8]
+    t = Transpose(w) {perm = [1, 0]}
+    y = MatMul(x, t)
+    output y
+  )";
+  auto g = ParseGraph(kText);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(Fuse(**g), std::vector<std::string>{"ai.cleave.FusedMatMul"});
+  const Node* f = (*g)->FindValue("y")->producer();
+  EXPECT_EQ(f->AttrInt("transB", 0), 1);
+  EXPECT_EQ(f->input(1)->name(), "w");
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  std::vector<float> x(48), w(40);
+  for (float& v : x) v = dist(rng);
+  for (float& v : w) v = dist(rng);
+  Feeds feeds = {{"x", Tensor::FromVector<float>(x, {2, 3, 8})}, {"w", Tensor::FromVector<float>(w, {5, 8})}};
+  SessionOptions plain;
+  plain.optimize = false;
+  auto a = InferenceSession::FromGraph(*ParseGraph(kText));
+  auto b = InferenceSession::FromGraph(*ParseGraph(kText), plain);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto ra = (*a)->Run(feeds);
+  auto rb = (*b)->Run(feeds);
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  EXPECT_EQ(testing::CompareTensors((*ra)[0], (*rb)[0], 1e-6, 1e-5), "");
+}
+
 TEST(TransformerFusion, MatMulWithNonConstantWeightIsLeftAlone) {
   auto g = ParseGraph(R"(
     input x: float32[2,8]

@@ -81,6 +81,8 @@ struct FusionCase {
   int min_layer_norms;           // ai.cleave or ONNX LayerNormalization nodes expected
 };
 
+void PrintTo(const FusionCase& c, std::ostream* os) { *os << c.model; }
+
 class TransformerFusionTest : public ::testing::TestWithParam<FusionCase> {};
 
 TEST_P(TransformerFusionTest, FusedGraphMatchesUnfused) {

@@ -200,17 +200,36 @@ bool FuseLayerNorm(Graph* g, Node* mean) {
   return true;
 }
 
-// MatMul(A, W) + b with W a 2-D constant and b a [N] constant -> FusedMatMul(A, W, b).
+// The 2-D transpose feeding only this MatMul as its B, if any: MatMul(A, Transpose(W)) is
+// FusedMatMul(A, W, transB = 1), which reads W in place instead of copying it every step
+// (the tied LM head of a GPT exported for training has exactly this shape).
+Node* TransposedWeight(const Node* mm) {
+  Value* b = mm->input(1);
+  Node* t = b->producer();
+  if (!Is(t, "Transpose") || !SoleUse(b) || t->input(0)->shape().rank() != 2) return nullptr;
+  std::vector<int64_t> perm = t->AttrInts("perm", {1, 0});
+  return perm == std::vector<int64_t>{1, 0} ? t : nullptr;
+}
+
+// MatMul(A, W) + b with W a 2-D float weight and b a [N] constant -> FusedMatMul(A, W, b);
+// with W transposed, the transpose is folded in too (with or without a bias).
 bool FuseMatMulBias(Graph* g, Node* mm) {
-  Value* w = mm->input(1);
-  if (!w->initializer() || w->shape().rank() != 2 || !IsFloat(w->dtype())) return false;
+  Node* transpose = TransposedWeight(mm);
+  Value* w = transpose ? transpose->input(0) : mm->input(1);
+  if (!(transpose || w->initializer()) || w->shape().rank() != 2 || !IsFloat(w->dtype())) return false;
   if (!mm->input(0)->shape().has_rank() || mm->input(0)->shape().rank() < 2) return false;
+  int64_t n = w->shape()[transpose ? 0 : 1].value;
   Node* add = SoleConsumer(mm->output(0));
-  if (!Is(add, "Add")) return false;
-  Value* b = Other(add, mm->output(0));
-  int64_t n = w->shape()[1].value;
-  if (!b || !b->initializer() || b->shape().rank() != 1 || b->shape()[0].value != n) return false;
-  Replace(g, {mm, add}, "FusedMatMul", {mm->input(0), w, b}, add->output(0));
+  Value* b = Is(add, "Add") ? Other(add, mm->output(0)) : nullptr;
+  bool has_bias = b && b->initializer() && b->shape().rank() == 1 && b->shape()[0].value == n;
+  if (!has_bias && !transpose) return false;
+  std::vector<Node*> pattern = {mm};
+  if (transpose) pattern.insert(pattern.begin(), transpose);
+  if (has_bias) pattern.push_back(add);
+  std::vector<Value*> inputs = {mm->input(0), w};
+  if (has_bias) inputs.push_back(b);
+  Node* fused = Replace(g, pattern, "FusedMatMul", inputs, has_bias ? add->output(0) : mm->output(0));
+  if (transpose) fused->SetAttr("transB", Attribute::Int(1));
   return true;
 }
 
