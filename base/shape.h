@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,9 @@ class Shape {
 
 std::string DimsToString(const int64_t* dims, int rank);
 inline std::string DimsToString(const std::vector<int64_t>& d) {
+  return DimsToString(d.data(), static_cast<int>(d.size()));
+}
+inline std::string DimsToString(std::span<const int64_t> d) {
   return DimsToString(d.data(), static_cast<int>(d.size()));
 }
 int64_t Product(const std::vector<int64_t>& dims);

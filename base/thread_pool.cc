@@ -19,13 +19,13 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-static void RunBlock(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int blocks, int b) {
+static void RunBlock(RangeFn fn, int64_t n, int blocks, int b) {
   int64_t begin = n * b / blocks, end = n * (b + 1) / blocks;
   if (begin < end) fn(begin, end);
 }
 
 void ThreadPool::ParallelFor(int64_t n, int64_t grain,
-                             const std::function<void(int64_t, int64_t)>& fn) {
+                             RangeFn fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   int blocks = static_cast<int>(std::min<int64_t>(num_threads(), (n + grain - 1) / grain));
@@ -51,7 +51,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
 void ThreadPool::WorkerLoop(int index) {
   int64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t)>* task;
+    const RangeFn* task;
     int64_t n;
     int blocks;
     {

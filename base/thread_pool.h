@@ -6,12 +6,16 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "base/function_ref.h"
+
 namespace cleave {
+
+// A loop body over [begin, end).
+using RangeFn = FunctionRef<void(int64_t, int64_t)>;
 
 class ThreadPool {
  public:
@@ -25,7 +29,7 @@ class ThreadPool {
 
   // Calls fn(begin, end) over [0, n) split into at most num_threads blocks, each of at
   // least `grain` iterations. Blocks until all are done.
-  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+  void ParallelFor(int64_t n, int64_t grain, RangeFn fn);
 
   // A process-wide pool sized by CLEAVE_NUM_THREADS or the hardware concurrency.
   static ThreadPool* Default();
@@ -36,7 +40,7 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
-  const std::function<void(int64_t, int64_t)>* task_ = nullptr;
+  const RangeFn* task_ = nullptr;
   int64_t task_n_ = 0;
   int task_blocks_ = 0;
   int64_t generation_ = 0;
@@ -46,7 +50,7 @@ class ThreadPool {
 
 // ParallelFor on a possibly-null pool (null runs inline).
 inline void ParallelFor(ThreadPool* pool, int64_t n, int64_t grain,
-                        const std::function<void(int64_t, int64_t)>& fn) {
+                        RangeFn fn) {
   if (pool == nullptr || n <= grain) {
     if (n > 0) fn(0, n);
     return;

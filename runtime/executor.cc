@@ -35,16 +35,13 @@ std::shared_ptr<void> HeapBuffer(size_t bytes) {
 // The KernelContext of one step of one run.
 class Executor::Context : public providers::KernelContext {
  public:
-  Context(Executor& ex, const Step& step, std::vector<Tensor>& outputs,
-          std::vector<std::shared_ptr<void>>& slot_heap)
-      : ex_(ex), step_(step), outputs_(outputs), slot_heap_(slot_heap) {
-    inputs_.reserve(step.inputs.size());
-    for (int s : step.inputs) inputs_.push_back(s < 0 ? nullptr : &ex.views_[s]);
-  }
-  int num_inputs() const override { return static_cast<int>(inputs_.size()); }
+  Context(Executor& ex, const Step& step, std::vector<Tensor>& outputs)
+      : ex_(ex), step_(step), outputs_(outputs) {}
+  int num_inputs() const override { return static_cast<int>(step_.inputs.size()); }
   int num_outputs() const override { return static_cast<int>(step_.outputs.size()); }
   const TensorView* input(int i) const override {
-    return i < static_cast<int>(inputs_.size()) ? inputs_[i] : nullptr;
+    if (i >= static_cast<int>(step_.inputs.size()) || step_.inputs[i] < 0) return nullptr;
+    return &ex_.views_[step_.inputs[i]];
   }
   ThreadPool* thread_pool() const override { return step_.provider->thread_pool(); }
 
@@ -58,15 +55,16 @@ class Executor::Context : public providers::KernelContext {
     void* p = nullptr;
     if (int oi = ex_.output_index_[slot]; oi >= 0) {
       Tensor& t = outputs_[oi];
-      std::vector<int64_t> want(dims.begin(), dims.end());
-      if (!t.defined() || t.dtype() != dtype || t.dims() != want)
-        t = Tensor::Uninitialized(dtype, want);
+      // Compare in place: a caller's output already of the right shape costs no allocation.
+      if (!t.defined() || t.dtype() != dtype ||
+          !std::equal(t.dims().begin(), t.dims().end(), dims.begin(), dims.end()))
+        t = Tensor::Uninitialized(dtype, std::vector<int64_t>(dims.begin(), dims.end()));
       p = t.raw();
     } else if (ex_.planned_ && bytes <= ex_.plan_bytes_[slot]) {
       p = static_cast<char*>(ex_.arena_.get()) + ex_.plan_offsets_[slot];
     } else {
-      slot_heap_[slot] = HeapBuffer(static_cast<size_t>(bytes));
-      p = slot_heap_[slot].get();
+      ex_.slot_heap_[slot] = HeapBuffer(static_cast<size_t>(bytes));
+      p = ex_.slot_heap_[slot].get();
       ex_.recorded_bytes_[slot] = std::max(ex_.recorded_bytes_[slot], bytes);
       ++ex_.stats_.heap_allocations;
       if (ex_.planned_) ex_.planned_ = false;  // sizes changed under us: replan after the run
@@ -94,9 +92,7 @@ class Executor::Context : public providers::KernelContext {
   Executor& ex_;
   const Step& step_;
   std::vector<Tensor>& outputs_;
-  std::vector<std::shared_ptr<void>>& slot_heap_;
-  std::vector<const TensorView*> inputs_;
-  std::vector<std::shared_ptr<void>> extra_;
+  std::vector<std::shared_ptr<void>> extra_;  // scratch that did not fit (first runs only)
   size_t extra_bytes_ = 0;
 };
 
@@ -169,6 +165,7 @@ absl::Status Executor::Build() {
       if (s >= 0) def_step_[s] = st, last_use_[s] = std::max(last_use_[s], st);
   }
   recorded_bytes_.assign(num_slots_, 0);
+  slot_heap_.resize(num_slots_);
   return absl::OkStatus();
 }
 
@@ -196,31 +193,41 @@ void Executor::MakePlan() {
 absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Tensor>& outputs) {
   CLEAVE_CHECK(inputs.size() == input_slots_.size());
   std::lock_guard<std::mutex> lock(run_mu_);
-  std::vector<int64_t> sig;
+  // The input-shape signature selects the memory plan; compared in place, no allocation.
+  size_t k = 0;
+  bool same = true;
   for (const TensorView& v : inputs) {
-    sig.push_back(v.rank);
-    sig.insert(sig.end(), v.dims, v.dims + v.rank);
+    same = same && k < signature_.size() && signature_[k] == v.rank;
+    ++k;
+    for (int d = 0; d < v.rank; ++d, ++k) same = same && k < signature_.size() && signature_[k] == v.dims[d];
   }
-  if (sig != signature_) {
-    signature_ = std::move(sig);
+  if (!same || k != signature_.size()) {
+    signature_.clear();
+    for (const TensorView& v : inputs) {
+      signature_.push_back(v.rank);
+      signature_.insert(signature_.end(), v.dims, v.dims + v.rank);
+    }
     planned_ = false;
     std::fill(recorded_bytes_.begin(), recorded_bytes_.end(), 0);
   }
   bool was_planned = planned_;
   for (size_t i = 0; i < inputs.size(); ++i) views_[input_slots_[i]] = inputs[i];
   outputs.resize(output_slots_.size());
-  std::vector<std::shared_ptr<void>> slot_heap(num_slots_);
   size_t scratch_wanted = scratch_.size();
-  for (int st = 0; st < static_cast<int>(steps_.size()); ++st) {
+  absl::Status status;
+  for (int st = 0; st < static_cast<int>(steps_.size()) && status.ok(); ++st) {
     Step& step = steps_[st];
     scratch_used_ = 0;
-    Context ctx(*this, step, outputs, slot_heap);
-    absl::Status s = step.kernel->Compute(ctx);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(step.node->Describe(), ": ", s.message()));
+    Context ctx(*this, step, outputs);
+    status = step.kernel->Compute(ctx);
     scratch_wanted = std::max(scratch_wanted, ctx.wanted_scratch());
     for (int in : step.inputs)  // release recording-run buffers at their last use
-      if (in >= 0 && last_use_[in] == st && output_index_[in] < 0) slot_heap[in].reset();
+      if (in >= 0 && last_use_[in] == st && output_index_[in] < 0) slot_heap_[in].reset();
+    if (!status.ok())
+      status = absl::Status(status.code(), absl::StrCat(step.node->Describe(), ": ", status.message()));
   }
+  for (auto& buffer : slot_heap_) buffer.reset();
+  if (!status.ok()) return status;
   if (scratch_wanted > scratch_.size()) scratch_.resize(scratch_wanted);
   // Graph outputs that no step writes (inputs or initializers passed straight through).
   for (size_t i = 0; i < output_slots_.size(); ++i) {

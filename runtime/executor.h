@@ -65,7 +65,7 @@ class Executor {
   bool planned_ = false;
   std::vector<int64_t> recorded_bytes_, plan_offsets_, plan_bytes_;
   std::shared_ptr<void> arena_;
-  std::vector<std::shared_ptr<void>> heap_buffers_;  // per-run overflow, freed after the run
+  std::vector<std::shared_ptr<void>> slot_heap_;  // buffers outside the arena, per slot, this run
   std::vector<char> scratch_;
   size_t scratch_used_ = 0;
   ExecutorStats stats_;

@@ -1,7 +1,6 @@
 // InferenceSession: load-time validation and optimisation, run-time feed checks (runtime/).
 #include "runtime/inference_session.h"
 
-#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -80,6 +79,11 @@ absl::Status InferenceSession::Initialize(std::unique_ptr<graph::Graph> g, Sessi
   RETURN_IF_ERROR(graph::Verify(*g, /*require_types=*/true));
   for (const graph::Value* v : g->inputs()) inputs_.push_back({v->name(), v->dtype(), v->shape()});
   for (const graph::Value* v : g->outputs()) outputs_.push_back({v->name(), v->dtype(), v->shape()});
+  feed_views_.reserve(inputs_.size());
+  output_ptrs_.reserve(outputs_.size());
+  size_t dims = 0;
+  for (const IoInfo& in : inputs_) dims += in.shape.has_rank() ? in.shape.rank() : 0;
+  symbols_.reserve(dims);
   std::vector<std::unique_ptr<providers::ExecutionProvider>> providers;
   providers.push_back(std::move(cpu));
   ASSIGN_OR_RETURN(executor_, runtime::Executor::Create(std::move(g), std::move(providers)));
@@ -93,63 +97,65 @@ RunStats InferenceSession::stats() const {
   return {s.runs, s.plans, s.arena_bytes, s.heap_allocations};
 }
 
-namespace {
-
-// Checks feeds against the model inputs and orders them as the graph expects.
-absl::StatusOr<std::vector<TensorView>> BindFeeds(const std::vector<IoInfo>& inputs,
-                                                  const Feeds& feeds) {
-  std::unordered_map<std::string, const Tensor*> by_name;
+absl::Status InferenceSession::BindFeeds(const Feeds& feeds) {
   for (const auto& [name, t] : feeds) {
     bool known = false;
-    for (const IoInfo& in : inputs) known |= in.name == name;
+    for (const IoInfo& in : inputs_) known |= in.name == name;
     if (!known) {
       std::vector<std::string> names;
-      for (const IoInfo& in : inputs) names.push_back(in.name);
+      for (const IoInfo& in : inputs_) names.push_back(in.name);
       return InvalidArgument("unknown input '", name, "'; the model's inputs are: ",
                              absl::StrJoin(names, ", "));
     }
-    by_name[name] = &t;
   }
-  std::vector<TensorView> views;
-  std::unordered_map<std::string, int64_t> symbols;
-  for (const IoInfo& in : inputs) {
-    auto it = by_name.find(in.name);
-    if (it == by_name.end()) return InvalidArgument("input '", in.name, "' was not fed");
-    const Tensor& t = *it->second;
+  // Buffers are members, sized at load, so binding allocates nothing.
+  feed_views_.clear();
+  symbols_.clear();
+  for (const IoInfo& in : inputs_) {
+    const Tensor* found = nullptr;
+    for (const auto& [name, t] : feeds)
+      if (name == in.name) found = &t;
+    if (!found) return InvalidArgument("input '", in.name, "' was not fed");
+    const Tensor& t = *found;
     if (t.dtype() != in.dtype)
       return InvalidArgument("input '", in.name, "': expected dtype ", DataTypeName(in.dtype),
                              ", got ", DataTypeName(t.dtype()));
+    if (t.rank() > kMaxRank) return InvalidArgument("input '", in.name, "': rank over ", kMaxRank);
     if (in.shape.has_rank()) {
       if (t.rank() != in.shape.rank())
         return InvalidArgument("input '", in.name, "': expected shape ", in.shape.ToString(),
                                " (rank ", in.shape.rank(), "), got ", DimsToString(t.dims()));
-      for (int i = 0; i < t.rank(); ++i) {
-        const Dim& d = in.shape[i];
-        if (d.is_static() && d.value != t.dims()[i])
-          return InvalidArgument("input '", in.name, "': dim ", i, " expected ", d.value, ", got ",
-                                 t.dims()[i], " (shape ", DimsToString(t.dims()), ", expected ",
-                                 in.shape.ToString(), ")");
-        if (!d.symbol.empty()) {
-          auto [sit, inserted] = symbols.emplace(d.symbol, t.dims()[i]);
-          if (!inserted && sit->second != t.dims()[i])
-            return InvalidArgument("input '", in.name, "': dim ", i, " ('", d.symbol, "') is ",
-                                   t.dims()[i], " but another input has '", d.symbol, "' = ",
-                                   sit->second);
-        }
-      }
+      for (int i = 0; i < t.rank(); ++i) RETURN_IF_ERROR(CheckDim(in, i, t));
     }
-    if (t.rank() > kMaxRank) return InvalidArgument("input '", in.name, "': rank over ", kMaxRank);
-    views.push_back(t.view());
+    feed_views_.push_back(t.view());
   }
-  return views;
+  return absl::OkStatus();
 }
 
-}  // namespace
+// One dim of a feed against the model's declared dim; symbols must agree across inputs.
+absl::Status InferenceSession::CheckDim(const IoInfo& in, int i, const Tensor& t) {
+  const Dim& d = in.shape[i];
+  int64_t got = t.dims()[i];
+  if (d.is_static() && d.value != got)
+    return InvalidArgument("input '", in.name, "': dim ", i, " expected ", d.value, ", got ", got,
+                           " (shape ", DimsToString(t.dims()), ", expected ", in.shape.ToString(), ")");
+  if (d.symbol.empty()) return absl::OkStatus();
+  for (const auto& [symbol, value] : symbols_) {
+    if (*symbol != d.symbol) continue;
+    if (value != got)
+      return InvalidArgument("input '", in.name, "': dim ", i, " ('", d.symbol, "') is ", got,
+                             " but another input has '", d.symbol, "' = ", value);
+    return absl::OkStatus();
+  }
+  symbols_.emplace_back(&d.symbol, got);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::vector<Tensor>> InferenceSession::Run(const Feeds& feeds) {
-  ASSIGN_OR_RETURN(std::vector<TensorView> views, BindFeeds(inputs_, feeds));
+  std::lock_guard<std::mutex> lock(bind_mu_);
+  RETURN_IF_ERROR(BindFeeds(feeds));
   std::vector<Tensor> outputs;
-  RETURN_IF_ERROR(executor_->Run(views, outputs));
+  RETURN_IF_ERROR(executor_->Run(feed_views_, outputs));
   return outputs;
 }
 
@@ -170,12 +176,13 @@ absl::Status InferenceSession::RunInto(const Feeds& feeds, std::vector<Tensor>& 
   if (outputs.size() != outputs_.size())
     return InvalidArgument("RunInto: expected ", outputs_.size(), " output tensors, got ",
                            outputs.size());
-  std::vector<void*> before;
-  for (const Tensor& t : outputs) before.push_back(t.raw());
-  ASSIGN_OR_RETURN(std::vector<TensorView> views, BindFeeds(inputs_, feeds));
-  RETURN_IF_ERROR(executor_->Run(views, outputs));
+  std::lock_guard<std::mutex> lock(bind_mu_);
+  output_ptrs_.clear();
+  for (const Tensor& t : outputs) output_ptrs_.push_back(t.raw());
+  RETURN_IF_ERROR(BindFeeds(feeds));
+  RETURN_IF_ERROR(executor_->Run(feed_views_, outputs));
   for (size_t i = 0; i < outputs.size(); ++i)
-    if (outputs[i].raw() != before[i])
+    if (outputs[i].raw() != output_ptrs_[i])
       return InvalidArgument("RunInto: output '", outputs_[i].name, "' is ",
                              DataTypeName(outputs[i].dtype()), DimsToString(outputs[i].dims()),
                              ", which the preallocated tensor did not match");

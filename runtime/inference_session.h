@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -79,9 +80,16 @@ class InferenceSession {
  private:
   InferenceSession();
   absl::Status Initialize(std::unique_ptr<graph::Graph> graph, SessionOptions options);
+  // Checks feeds against the model inputs into feed_views_, in model order.
+  absl::Status BindFeeds(const Feeds& feeds);
+  absl::Status CheckDim(const IoInfo& in, int i, const Tensor& t);
 
   std::vector<IoInfo> inputs_, outputs_;
   std::unique_ptr<runtime::Executor> executor_;
+  std::mutex bind_mu_;  // guards the binding buffers below
+  std::vector<TensorView> feed_views_;
+  std::vector<std::pair<const std::string*, int64_t>> symbols_;
+  std::vector<void*> output_ptrs_;
 };
 
 }  // namespace cleave

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/op_tester.h"
 
@@ -87,6 +88,12 @@ TEST(ShapeReshapeTest, MismatchNamesBothElementCounts) {
       .Input<int64_t>("shape", {2}, {4, -1})
       .Output<float>("y", {4, 2}, Iota(8))
       .ExpectFailure("do not divide 6").Run();
+}
+
+TEST(ShapeReshapeTest, ShapeLongerThanMaxRankIsAnError) {
+  OpTester("Reshape", 13).Input<float>("x", {2}, Iota(2))
+      .Input<int64_t>("shape", {9}, {1, 1, 1, 1, 1, 1, 1, 1, 2})
+      .Output<float>("y", {2}, Iota(2)).ExpectFailure("9 values, expected at most 8").Run();
 }
 
 TEST(ShapeFlattenTest, Axes) {
@@ -226,6 +233,29 @@ TEST(ShapeConcatTest, MismatchedDimIsAnError) {
       .Input<float>("a", {1, 2}, Iota(2)).Input<float>("b", {1, 3}, Iota(3))
       .Output<float>("y", {2, 2}, Iota(4))
       .ExpectFailure("dim 1").Run();
+}
+
+TEST(ShapeConcatTest, MoreInputsThanMaxRankAlongInnerAxis) {
+  // Ten [2, k+1] inputs, input k filled with 100 * k + j; row r of the output is every
+  // input's row r in turn. Ten inputs is more than any fixed per-rank array would hold.
+  OpTester t("Concat", 13);
+  t.Attr("axis", int64_t{1});
+  std::vector<float> want;
+  for (int r = 0; r < 2; ++r)
+    for (int k = 0; k < 10; ++k)
+      for (int j = 0; j <= k; ++j) want.push_back(100.f * k + r * (k + 1) + j);
+  for (int k = 0; k < 10; ++k)
+    t.Input<float>(absl::StrCat("x", k), {2, k + 1}, Iota(2 * (k + 1), 100.f * k));
+  t.Output<float>("y", {2, 55}, want).Run();
+}
+
+TEST(ShapeSplitTest, MoreOutputsThanMaxRankAlongInnerAxis) {
+  // [2, 10] split into ten [2, 1] columns: output k is column k.
+  OpTester t("Split", 18);
+  t.Attr("axis", int64_t{1}).Attr("num_outputs", int64_t{10}).Input<float>("x", {2, 10}, Iota(20));
+  for (int k = 0; k < 10; ++k)
+    t.Output<float>(absl::StrCat("y", k), {2, 1}, {float(k), float(10 + k)});
+  t.Run();
 }
 
 TEST(ShapeSplitTest, AttributeSizesVersion11) {

@@ -61,11 +61,12 @@ absl::StatusOr<SliceParams> ResolveSlice(std::span<const int64_t> dims,
       (!steps.empty() && steps.size() != n))
     return InvalidArgument("expected starts, ends, axes and steps of equal length, got ",
                            n, ", ", ends.size(), ", ", axes.size(), ", ", steps.size());
+  if (rank > kMaxRank) return InvalidArgument("rank ", rank, " exceeds the maximum ", kMaxRank);
   SliceParams p;
-  p.starts.assign(rank, 0);
-  p.steps.assign(rank, 1);
-  p.out_dims.assign(dims.begin(), dims.end());
-  std::vector<bool> seen(rank, false);
+  p.starts.resize(rank, 0);
+  p.steps.resize(rank, 1);
+  p.out_dims = DimVector(dims);
+  bool seen[kMaxRank] = {};
   for (size_t i = 0; i < n; ++i) {
     int64_t axis = axes.empty() ? static_cast<int64_t>(i) : axes[i];
     if (axis < -rank || axis >= rank)
@@ -85,26 +86,30 @@ absl::StatusOr<SliceParams> ResolveSlice(std::span<const int64_t> dims,
 void Concat(std::span<const TensorView* const> xs, int axis, TensorView& y, ThreadPool* pool) {
   const size_t esize = ElementSize(y.dtype);
   const int64_t outer = ProductOf(y.dims, 0, axis);
-  const int64_t y_row = ProductOf(y.dims, axis, y.rank) * esize;
-  std::vector<int64_t> block(xs.size()), offset(xs.size());
-  int64_t off = 0;
-  for (size_t i = 0; i < xs.size(); ++i) {
-    block[i] = ProductOf(xs[i]->dims, axis, xs[i]->rank) * esize;
-    offset[i] = off;
-    off += block[i];
-  }
+  // Bytes of one step along the axis: input i's block in a row is dims[axis] of these.
+  const int64_t inner = ProductOf(y.dims, axis + 1, y.rank) * esize;
+  const int64_t y_row = y.dims[axis] * inner;
   char* out = static_cast<char*>(y.data);
   if (outer == 1) {  // each input is one contiguous block of the output
-    for (size_t i = 0; i < xs.size(); ++i)
-      CopyBytes(out + offset[i], xs[i]->data, block[i], pool);
+    int64_t offset = 0;
+    for (const TensorView* x : xs) {
+      const int64_t block = x->dims[axis] * inner;
+      CopyBytes(out + offset, x->data, block, pool);
+      offset += block;
+    }
     return;
   }
   ParallelFor(pool, outer, Grain(y_row), [&](int64_t begin, int64_t end) {
-    for (int64_t o = begin; o < end; ++o)
-      for (size_t i = 0; i < xs.size(); ++i)
-        if (block[i])
-          std::memcpy(out + o * y_row + offset[i],
-                      static_cast<const char*>(xs[i]->data) + o * block[i], block[i]);
+    for (int64_t o = begin; o < end; ++o) {
+      int64_t offset = 0;
+      for (const TensorView* x : xs) {
+        const int64_t block = x->dims[axis] * inner;
+        if (block)
+          std::memcpy(out + o * y_row + offset, static_cast<const char*>(x->data) + o * block,
+                      block);
+        offset += block;
+      }
+    }
   });
 }
 
@@ -114,25 +119,27 @@ void Split(const TensorView& x, int axis, std::span<const int64_t> sizes,
   const int64_t outer = ProductOf(x.dims, 0, axis);
   const int64_t x_row = ProductOf(x.dims, axis, x.rank) * esize;
   const int64_t inner = ProductOf(x.dims, axis + 1, x.rank) * esize;
-  std::vector<int64_t> block(ys.size()), offset(ys.size());
-  int64_t off = 0;
-  for (size_t i = 0; i < ys.size(); ++i) {
-    block[i] = sizes[i] * inner;
-    offset[i] = off;
-    off += block[i];  // a skipped output still takes its share of the axis
-  }
   const char* in = static_cast<const char*>(x.data);
   if (outer == 1) {  // each output is one contiguous block of the input
-    for (size_t i = 0; i < ys.size(); ++i)
-      if (ys[i]) CopyBytes(ys[i]->data, in + offset[i], block[i], pool);
+    int64_t offset = 0;
+    for (size_t i = 0; i < ys.size(); ++i) {
+      const int64_t block = sizes[i] * inner;
+      if (ys[i]) CopyBytes(ys[i]->data, in + offset, block, pool);
+      offset += block;  // a skipped output still takes its share of the axis
+    }
     return;
   }
   ParallelFor(pool, outer, Grain(x_row), [&](int64_t begin, int64_t end) {
-    for (int64_t o = begin; o < end; ++o)
-      for (size_t i = 0; i < ys.size(); ++i)
-        if (ys[i] && block[i])
-          std::memcpy(static_cast<char*>(ys[i]->data) + o * block[i],
-                      in + o * x_row + offset[i], block[i]);
+    for (int64_t o = begin; o < end; ++o) {
+      int64_t offset = 0;
+      for (size_t i = 0; i < ys.size(); ++i) {
+        const int64_t block = sizes[i] * inner;
+        if (ys[i] && block)
+          std::memcpy(static_cast<char*>(ys[i]->data) + o * block, in + o * x_row + offset,
+                      block);
+        offset += block;
+      }
+    }
   });
 }
 

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/fixed_vector.h"
 #include "base/status.h"
 #include "base/tensor.h"
 #include "base/thread_pool.h"
@@ -55,7 +56,7 @@ void Transpose(const TensorView& x, std::span<const int> perm, TensorView& y, Th
 
 // Per-axis slice of every input axis (axes not sliced: start 0, step 1, full length).
 struct SliceParams {
-  std::vector<int64_t> starts, steps, out_dims;
+  DimVector starts, steps, out_dims;
 };
 // Resolves ONNX Slice arguments against concrete dims: negative starts/ends count from the
 // end, then starts/ends are clamped to [0, d] for positive steps and [-1, d-1] (ends) /
@@ -72,6 +73,8 @@ void Slice(const TensorView& x, const SliceParams& p, TensorView& y, ThreadPool*
 void Expand(const TensorView& x, TensorView& y, ThreadPool* pool);
 
 // Concatenates xs along `axis` (normalised) into y; every x has y's dims except at axis.
+// Concat and Split take any number of parts and allocate nothing: block offsets are
+// running sums recomputed per row, which costs one multiply per part.
 void Concat(std::span<const TensorView* const> xs, int axis, TensorView& y, ThreadPool* pool);
 // The inverse: ys[i] takes the next sizes[i] entries along axis. A null ys[i] is an output
 // nobody reads; its entries are skipped.

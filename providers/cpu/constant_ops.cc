@@ -52,7 +52,8 @@ class ConstantOfShapeKernel : public OpKernel {
   }
 
   absl::Status Compute(KernelContext& ctx) const override {
-    const std::vector<int64_t> dims = ViewInts(*ctx.input(0));
+    DimVector dims;
+    RETURN_IF_ERROR(ReadDimValues(*ctx.input(0), "shape", &dims));
     for (int64_t d : dims)
       if (d < 0) return InvalidArgument("shape ", DimsToString(dims), " has a negative dim");
     TensorView* y = ctx.Output(0, dims);
@@ -105,7 +106,7 @@ class RangeKernel : public OpKernel {
   static absl::Status Run(KernelContext& ctx) {
     for (int i = 0; i < 3; ++i)
       if (ctx.input(i)->numel() != 1)
-        return InvalidArgument("input ", i, " has shape ", DimsToString(ctx.input(i)->shape()),
+        return InvalidArgument("input ", i, " has shape ", DimsToString(ctx.input(i)->dim_span()),
                                ", expected a scalar");
     const T start = *ctx.input(0)->as<const T>();
     const T limit = *ctx.input(1)->as<const T>();

@@ -1,11 +1,12 @@
 // CPU kernels for the ops that rearrange bytes (providers/cpu/): Transpose, Concat, Split,
 // Slice, Expand, Gather. Each resolves its runtime arguments into output dims, checks them
-// against the inputs, and hands the copy to kernels/cpu/shape.h.
+// against the inputs, and hands the copy to kernels/cpu/shape.h. Compute allocates nothing:
+// dims are DimVectors and per-input or per-output arrays come from scratch memory.
 #include <algorithm>
 
 #include "absl/strings/str_join.h"
 #include "base/status.h"
-#include "graph/infer_util.h"
+#include "kernels/cpu/broadcast.h"
 #include "kernels/cpu/shape.h"
 #include "providers/cpu/shape_ops.h"
 
@@ -26,7 +27,7 @@ class TransposeKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
     int perm[kMaxRank];
-    std::vector<int64_t> dims(x.rank);
+    int64_t dims[kMaxRank];
     if (!perm_.empty() && static_cast<int>(perm_.size()) != x.rank)
       return InvalidArgument("perm [", absl::StrJoin(perm_, ","), "] has ", perm_.size(),
                              " entries, expected the input rank ", x.rank);
@@ -41,7 +42,7 @@ class TransposeKernel : public OpKernel {
       perm[k] = static_cast<int>(p);
       dims[k] = x.dims[p];
     }
-    TensorView* y = ctx.Output(0, dims);
+    TensorView* y = ctx.Output(0, std::span<const int64_t>(dims, x.rank));
     if (y) kernels::cpu::Transpose(x, std::span<const int>(perm, x.rank), *y, ctx.thread_pool());
     return absl::OkStatus();
   }
@@ -57,19 +58,19 @@ class ConcatKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x0 = *ctx.input(0);
     ASSIGN_OR_RETURN(int axis, Axis(axis_, x0.rank));
-    std::vector<int64_t> dims = x0.shape();
+    DimVector dims(x0.dim_span());
     dims[axis] = 0;
-    std::vector<const TensorView*> xs;
+    std::span<const TensorView*> xs = ScratchArray<const TensorView*>(ctx, ctx.num_inputs());
     for (int i = 0; i < ctx.num_inputs(); ++i) {
       const TensorView* x = ctx.input(i);
       bool same = x->rank == x0.rank;
       for (int k = 0; same && k < x0.rank; ++k) same = k == axis || x->dims[k] == x0.dims[k];
       if (!same)
-        return InvalidArgument("input ", i, " has shape ", DimsToString(x->shape()),
-                               ", expected ", DimsToString(x0.shape()), " except at axis ",
+        return InvalidArgument("input ", i, " has shape ", DimsToString(x->dim_span()),
+                               ", expected ", DimsToString(x0.dim_span()), " except at axis ",
                                axis);
       dims[axis] += x->dims[axis];
-      xs.push_back(x);
+      xs[i] = x;
     }
     TensorView* y = ctx.Output(0, dims);
     if (y) kernels::cpu::Concat(xs, axis, *y, ctx.thread_pool());
@@ -90,32 +91,36 @@ class SplitKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
     ASSIGN_OR_RETURN(int axis, Axis(axis_, x.rank));
-    ASSIGN_OR_RETURN(std::vector<int64_t> sizes, Sizes(ctx, x.dims[axis]));
-    std::vector<TensorView*> ys(sizes.size());
-    std::vector<int64_t> dims = x.shape();
-    for (size_t i = 0; i < sizes.size(); ++i) {
+    const int n = ctx.num_outputs();
+    std::span<int64_t> sizes = ScratchArray<int64_t>(ctx, n);
+    RETURN_IF_ERROR(Sizes(ctx, x.dims[axis], sizes));
+    std::span<TensorView*> ys = ScratchArray<TensorView*>(ctx, n);
+    DimVector dims(x.dim_span());
+    for (int i = 0; i < n; ++i) {
       dims[axis] = sizes[i];
-      ys[i] = ctx.Output(static_cast<int>(i), dims);
+      ys[i] = ctx.Output(i, dims);
     }
     kernels::cpu::Split(x, axis, sizes, ys, ctx.thread_pool());
     return absl::OkStatus();
   }
 
  private:
-  // The `split` sizes, or equal parts of ceil(d / n) with a smaller last part.
-  absl::StatusOr<std::vector<int64_t>> Sizes(const KernelContext& ctx, int64_t d) const {
-    const int n = ctx.num_outputs();
-    std::vector<int64_t> sizes = split_attr_;
-    if (split_input_ && ctx.input(1)) sizes = ViewInts(*ctx.input(1));
-    if (sizes.empty()) {
+  // Fills `sizes` (one per output) from the `split` attribute or input, or with equal parts
+  // of ceil(d / n) and a smaller last part when neither is given.
+  absl::Status Sizes(const KernelContext& ctx, int64_t d, std::span<int64_t> sizes) const {
+    const int n = static_cast<int>(sizes.size());
+    const TensorView* in = split_input_ ? ctx.input(1) : nullptr;
+    const int64_t given = in ? in->numel() : static_cast<int64_t>(split_attr_.size());
+    if (given == 0) {
       int64_t part = (d + n - 1) / n, last = d - part * (n - 1);
       if (last < 0) return InvalidArgument("cannot split axis of size ", d, " into ", n, " parts");
-      sizes.assign(n, part);
-      sizes.back() = last;
+      std::fill(sizes.begin(), sizes.end(), part);
+      sizes[n - 1] = last;
+      return absl::OkStatus();
     }
-    if (static_cast<int>(sizes.size()) != n)
-      return InvalidArgument("split has ", sizes.size(), " sizes, expected one per output (", n,
-                             ")");
+    if (given != n)
+      return InvalidArgument("split has ", given, " sizes, expected one per output (", n, ")");
+    for (int i = 0; i < n; ++i) sizes[i] = in ? IntAt(*in, i) : split_attr_[i];
     int64_t sum = 0;
     for (int64_t s : sizes) {
       if (s < 0)
@@ -125,7 +130,7 @@ class SplitKernel : public OpKernel {
     if (sum != d)
       return InvalidArgument("split sizes [", absl::StrJoin(sizes, ","), "] sum to ", sum,
                              ", expected the axis size ", d);
-    return sizes;
+    return absl::OkStatus();
   }
 
   int64_t axis_;
@@ -143,15 +148,17 @@ class SliceKernel : public OpKernel {
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
-    std::vector<int64_t> starts = starts_, ends = ends_, axes = axes_, steps;
+    kernels::cpu::SliceParams p;
     if (from_inputs_) {
-      starts = ViewInts(*ctx.input(1));
-      ends = ViewInts(*ctx.input(2));
-      axes = ctx.input(3) ? ViewInts(*ctx.input(3)) : std::vector<int64_t>{};
-      if (ctx.input(4)) steps = ViewInts(*ctx.input(4));
+      DimVector starts, ends, axes, steps;
+      RETURN_IF_ERROR(ReadDimValues(*ctx.input(1), "starts", &starts));
+      RETURN_IF_ERROR(ReadDimValues(*ctx.input(2), "ends", &ends));
+      if (ctx.input(3)) RETURN_IF_ERROR(ReadDimValues(*ctx.input(3), "axes", &axes));
+      if (ctx.input(4)) RETURN_IF_ERROR(ReadDimValues(*ctx.input(4), "steps", &steps));
+      ASSIGN_OR_RETURN(p, kernels::cpu::ResolveSlice(x.dim_span(), starts, ends, axes, steps));
+    } else {
+      ASSIGN_OR_RETURN(p, kernels::cpu::ResolveSlice(x.dim_span(), starts_, ends_, axes_, {}));
     }
-    ASSIGN_OR_RETURN(kernels::cpu::SliceParams p,
-                     kernels::cpu::ResolveSlice(x.dim_span(), starts, ends, axes, steps));
     TensorView* y = ctx.Output(0, p.out_dims);
     if (y) kernels::cpu::Slice(x, p, *y, ctx.thread_pool());
     return absl::OkStatus();
@@ -168,14 +175,17 @@ class ExpandKernel : public OpKernel {
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
-    const std::vector<int64_t> shape = ViewInts(*ctx.input(1));
-    std::optional<std::vector<int64_t>> dims = graph::BroadcastDims(x.shape(), shape);
-    if (!dims)
-      return InvalidArgument("cannot broadcast input ", DimsToString(x.shape()), " with shape ",
-                             DimsToString(shape));
-    if (static_cast<int>(dims->size()) > kMaxRank)
-      return InvalidArgument("expanded rank ", dims->size(), " exceeds the maximum ", kMaxRank);
-    TensorView* y = ctx.Output(0, *dims);
+    DimVector shape;
+    RETURN_IF_ERROR(ReadDimValues(*ctx.input(1), "shape", &shape));
+    // The shape as a data-less view, so the elementwise broadcast rule applies to it.
+    const TensorView shape_view(nullptr, x.dtype, shape);
+    const TensorView* both[2] = {&x, &shape_view};
+    int64_t dims[kMaxRank];
+    const int rank = kernels::cpu::BroadcastOutputDims(both, dims);
+    if (rank < 0)
+      return InvalidArgument("cannot broadcast input ", DimsToString(x.dim_span()),
+                             " with shape ", DimsToString(shape));
+    TensorView* y = ctx.Output(0, std::span<const int64_t>(dims, rank));
     if (y) kernels::cpu::Expand(x, *y, ctx.thread_pool());
     return absl::OkStatus();
   }
@@ -189,10 +199,16 @@ class GatherKernel : public OpKernel {
     const TensorView& data = *ctx.input(0);
     const TensorView& indices = *ctx.input(1);
     ASSIGN_OR_RETURN(int axis, Axis(axis_, data.rank));
-    std::vector<int64_t> dims(data.dims, data.dims + axis);
-    dims.insert(dims.end(), indices.dims, indices.dims + indices.rank);
-    dims.insert(dims.end(), data.dims + axis + 1, data.dims + data.rank);
-    TensorView* y = ctx.Output(0, dims);
+    // y.dims = data.dims[:axis] + indices.dims + data.dims[axis+1:]
+    const int rank = data.rank - 1 + indices.rank;
+    if (rank > kMaxRank)
+      return InvalidArgument("output rank ", rank, " (data rank ", data.rank, ", indices rank ",
+                             indices.rank, ") exceeds the maximum ", kMaxRank);
+    int64_t dims[kMaxRank];
+    int64_t* d = std::copy(data.dims, data.dims + axis, dims);
+    d = std::copy(indices.dims, indices.dims + indices.rank, d);
+    std::copy(data.dims + axis + 1, data.dims + data.rank, d);
+    TensorView* y = ctx.Output(0, std::span<const int64_t>(dims, rank));
     if (!y) return absl::OkStatus();
     return kernels::cpu::Gather(data, indices, axis, *y, ctx.thread_pool());
   }

@@ -98,7 +98,7 @@ class TriluKernel : public OpKernel {
     if (k_in && k_in->numel() != 1)
       return InvalidArgument("expected a scalar k, got shape ", DimsToString(k_in->shape()));
     kernels::cpu::TriluParams p;
-    p.k = k_in ? ViewInts(*k_in)[0] : 0;
+    p.k = k_in ? IntAt(*k_in, 0) : 0;
     p.upper = upper_;
     p.rows = x.dims[x.rank - 2];
     p.cols = x.dims[x.rank - 1];

@@ -77,7 +77,7 @@ class LayerNormKernel : public OpKernel {
     const void* bias = nullptr;
     RETURN_IF_ERROR(AffineParam(ctx, 1, x, axis, &scale));
     RETURN_IF_ERROR(AffineParam(ctx, 2, x, axis, &bias));
-    std::vector<int64_t> stat_dims = x.shape();
+    DimVector stat_dims(x.dim_span());
     for (int k = axis; k < x.rank; ++k) stat_dims[k] = 1;
     TensorView* y = ctx.Output(0, x.dim_span());
     TensorView* mean = ctx.Output(1, stat_dims);

@@ -34,7 +34,10 @@ class ReduceKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
     const TensorView* axes_in = axes_input_ ? ctx.input(1) : nullptr;
-    const std::vector<int64_t> axes = axes_in ? ViewInts(*axes_in) : attr_axes_;
+    DimVector buf;
+    if (axes_in) RETURN_IF_ERROR(ReadDimValues(*axes_in, "axes", &buf));
+    const std::span<const int64_t> axes =
+        axes_in ? buf.span() : std::span<const int64_t>(attr_axes_);
     if (axes.empty() && noop_ && axes_input_) {  // the identity
       TensorView* y = ctx.Output(0, x.dim_span());
       if (y && x.nbytes()) std::memcpy(y->data, x.data, x.nbytes());
@@ -53,7 +56,7 @@ class ReduceKernel : public OpKernel {
                                absl::StrJoin(axes, ", "), "]");
       reduced[k] = true;
     }
-    std::vector<int64_t> out_dims;
+    DimVector out_dims;
     for (int k = 0; k < x.rank; ++k) {
       if (axes.empty()) reduced[k] = true;
       if (reduced[k]) norm[naxes++] = k;

@@ -2,6 +2,7 @@
 // Reshape, Squeeze, Unsqueeze, Flatten, Identity; and RegisterShapeKernels for the whole
 // shape family. Output dims are computed from runtime values here; inference has already
 // checked what was knowable at load, so these checks catch only runtime inconsistencies.
+// Compute allocates nothing: dims live in fixed DimVectors (at most kMaxRank entries).
 #include <algorithm>
 
 #include "absl/strings/str_join.h"
@@ -21,29 +22,38 @@ const std::vector<DataType>& FixedSizeTypes() {
   return *types;
 }
 
-std::vector<int64_t> ViewInts(const TensorView& v) {
-  std::vector<int64_t> out(v.numel());
-  for (int64_t i = 0; i < v.numel(); ++i)
-    out[i] = v.dtype == DataType::kInt32 ? v.as<const int32_t>()[i] : v.as<const int64_t>()[i];
-  return out;
+absl::Status ReadDimValues(const TensorView& v, const char* what, DimVector* out) {
+  const int64_t n = v.numel();
+  if (n > kMaxRank)
+    return InvalidArgument(what, " input has ", n, " values, expected at most ", kMaxRank,
+                           " (the maximum rank)");
+  out->resize(static_cast<int>(n));
+  for (int64_t i = 0; i < n; ++i) (*out)[static_cast<int>(i)] = IntAt(v, i);
+  return absl::OkStatus();
 }
 
 namespace {
+
+int64_t ProductOf(const DimVector& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
 
 // Output = input bytes under new dims. Subclasses say what the dims are.
 class SameBytesKernel : public OpKernel {
  public:
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
-    ASSIGN_OR_RETURN(std::vector<int64_t> dims, OutputDims(ctx, x));
+    ASSIGN_OR_RETURN(DimVector dims, OutputDims(ctx, x));
     TensorView* y = ctx.Output(0, dims);
     if (y) kernels::cpu::CopyBytes(y->data, x.data, x.nbytes(), ctx.thread_pool());
     return absl::OkStatus();
   }
 
  protected:
-  virtual absl::StatusOr<std::vector<int64_t>> OutputDims(const KernelContext& ctx,
-                                                          const TensorView& x) const = 0;
+  virtual absl::StatusOr<DimVector> OutputDims(const KernelContext& ctx,
+                                               const TensorView& x) const = 0;
 };
 
 class ReshapeKernel : public SameBytesKernel {
@@ -52,13 +62,14 @@ class ReshapeKernel : public SameBytesKernel {
       : allow_zero_(version >= 14 && n.AttrInt("allowzero", 0) != 0) {}
 
  protected:
-  absl::StatusOr<std::vector<int64_t>> OutputDims(const KernelContext& ctx,
-                                                  const TensorView& x) const override {
-    const std::vector<int64_t> shape = ViewInts(*ctx.input(1));
-    std::vector<int64_t> out = shape;
+  absl::StatusOr<DimVector> OutputDims(const KernelContext& ctx,
+                                       const TensorView& x) const override {
+    DimVector shape;
+    RETURN_IF_ERROR(ReadDimValues(*ctx.input(1), "shape", &shape));
+    DimVector out = shape;
     int minus_one = -1;
     int64_t known = 1;  // product of the entries other than -1
-    for (int k = 0; k < static_cast<int>(shape.size()); ++k) {
+    for (int k = 0; k < shape.size(); ++k) {
       if (shape[k] == -1) {
         if (minus_one >= 0) return InvalidArgument("shape ", DimsToString(shape), " has two -1");
         minus_one = k;
@@ -67,7 +78,7 @@ class ReshapeKernel : public SameBytesKernel {
       if (shape[k] == 0 && !allow_zero_) {
         if (k >= x.rank)
           return InvalidArgument("shape entry ", k, " is 0 (copy the input dim) but the input ",
-                                 DimsToString(x.shape()), " has rank ", x.rank);
+                                 DimsToString(x.dim_span()), " has rank ", x.rank);
         out[k] = x.dims[k];
       } else if (shape[k] < 0) {
         return InvalidArgument("shape entry ", k, " is ", shape[k], ", expected >= -1");
@@ -77,14 +88,14 @@ class ReshapeKernel : public SameBytesKernel {
     const int64_t n = x.numel();
     if (minus_one >= 0) {
       if (known == 0 || n % known != 0)
-        return InvalidArgument("cannot reshape ", DimsToString(x.shape()), " (", n,
+        return InvalidArgument("cannot reshape ", DimsToString(x.dim_span()), " (", n,
                                " elements) to shape ", DimsToString(shape),
                                ": the other dims (", known, " elements) do not divide ", n);
       out[minus_one] = n / known;
     }
-    if (Product(out) != n)
-      return InvalidArgument("cannot reshape ", DimsToString(x.shape()), " (", n,
-                             " elements) to ", DimsToString(out), " (", Product(out),
+    if (ProductOf(out) != n)
+      return InvalidArgument("cannot reshape ", DimsToString(x.dim_span()), " (", n,
+                             " elements) to ", DimsToString(out), " (", ProductOf(out),
                              " elements)");
     return out;
   }
@@ -100,11 +111,12 @@ class AxesKernel : public SameBytesKernel {
       : from_input_(version >= 13), attr_(n.AttrInts("axes")) {}
 
  protected:
-  // The axes; empty when omitted.
-  std::vector<int64_t> Axes(const KernelContext& ctx) const {
-    if (!from_input_) return attr_;
-    const TensorView* a = ctx.input(1);
-    return a ? ViewInts(*a) : std::vector<int64_t>{};
+  // The axes, empty when omitted. Values of the axes input are read into *buf, which the
+  // returned span then views.
+  absl::StatusOr<std::span<const int64_t>> Axes(const KernelContext& ctx, DimVector* buf) const {
+    if (!from_input_) return std::span<const int64_t>(attr_);
+    if (const TensorView* a = ctx.input(1)) RETURN_IF_ERROR(ReadDimValues(*a, "axes", buf));
+    return buf->span();
   }
 
  private:
@@ -117,10 +129,11 @@ class SqueezeKernel : public AxesKernel {
   using AxesKernel::AxesKernel;
 
  protected:
-  absl::StatusOr<std::vector<int64_t>> OutputDims(const KernelContext& ctx,
-                                                  const TensorView& x) const override {
-    std::vector<int64_t> axes = Axes(ctx);
-    std::vector<bool> drop(x.rank, false);
+  absl::StatusOr<DimVector> OutputDims(const KernelContext& ctx,
+                                       const TensorView& x) const override {
+    DimVector buf;
+    ASSIGN_OR_RETURN(std::span<const int64_t> axes, Axes(ctx, &buf));
+    bool drop[kMaxRank] = {};
     if (axes.empty())  // no axes: squeeze every size-1 dim
       for (int k = 0; k < x.rank; ++k) drop[k] = x.dims[k] == 1;
     for (int64_t a : axes) {
@@ -128,11 +141,11 @@ class SqueezeKernel : public AxesKernel {
         return InvalidArgument("axis ", a, " is out of range for rank ", x.rank);
       int k = static_cast<int>(a < 0 ? a + x.rank : a);
       if (x.dims[k] != 1)
-        return InvalidArgument("cannot squeeze axis ", a, " of ", DimsToString(x.shape()),
+        return InvalidArgument("cannot squeeze axis ", a, " of ", DimsToString(x.dim_span()),
                                ": its size is ", x.dims[k], ", expected 1");
       drop[k] = true;
     }
-    std::vector<int64_t> out;
+    DimVector out;
     for (int k = 0; k < x.rank; ++k)
       if (!drop[k]) out.push_back(x.dims[k]);
     return out;
@@ -144,12 +157,16 @@ class UnsqueezeKernel : public AxesKernel {
   using AxesKernel::AxesKernel;
 
  protected:
-  absl::StatusOr<std::vector<int64_t>> OutputDims(const KernelContext& ctx,
-                                                  const TensorView& x) const override {
-    std::vector<int64_t> axes = Axes(ctx);
+  absl::StatusOr<DimVector> OutputDims(const KernelContext& ctx,
+                                       const TensorView& x) const override {
+    DimVector buf;
+    ASSIGN_OR_RETURN(std::span<const int64_t> axes, Axes(ctx, &buf));
     // Axes index the output, so negative ones count back from the output rank.
     const int out_rank = x.rank + static_cast<int>(axes.size());
-    std::vector<bool> inserted(out_rank, false);
+    if (out_rank > kMaxRank)
+      return InvalidArgument("unsqueezing ", axes.size(), " axes into rank ", x.rank,
+                             " gives rank ", out_rank, ", expected at most ", kMaxRank);
+    bool inserted[kMaxRank] = {};
     for (int64_t a : axes) {
       if (a < -out_rank || a >= out_rank)
         return InvalidArgument("axis ", a, " is out of range for output rank ", out_rank);
@@ -157,7 +174,7 @@ class UnsqueezeKernel : public AxesKernel {
       if (inserted[k]) return InvalidArgument("axis ", a, " is repeated in axes");
       inserted[k] = true;
     }
-    std::vector<int64_t> out;
+    DimVector out;
     int j = 0;
     for (int k = 0; k < out_rank; ++k) out.push_back(inserted[k] ? 1 : x.dims[j++]);
     return out;
@@ -169,14 +186,14 @@ class FlattenKernel : public SameBytesKernel {
   FlattenKernel(const graph::Node& n, int) : axis_(n.AttrInt("axis", 1)) {}
 
  protected:
-  absl::StatusOr<std::vector<int64_t>> OutputDims(const KernelContext&,
-                                                  const TensorView& x) const override {
+  absl::StatusOr<DimVector> OutputDims(const KernelContext&,
+                                       const TensorView& x) const override {
     if (axis_ < -x.rank || axis_ > x.rank)
       return InvalidArgument("axis ", axis_, " is out of range for rank ", x.rank);
     const int a = static_cast<int>(axis_ < 0 ? axis_ + x.rank : axis_);
     int64_t outer = 1, inner = 1;
     for (int k = 0; k < x.rank; ++k) (k < a ? outer : inner) *= x.dims[k];
-    return std::vector<int64_t>{outer, inner};
+    return DimVector{outer, inner};
   }
 
  private:
@@ -188,9 +205,9 @@ class IdentityKernel : public SameBytesKernel {
   IdentityKernel(const graph::Node&, int) {}
 
  protected:
-  absl::StatusOr<std::vector<int64_t>> OutputDims(const KernelContext&,
-                                                  const TensorView& x) const override {
-    return x.shape();
+  absl::StatusOr<DimVector> OutputDims(const KernelContext&,
+                                       const TensorView& x) const override {
+    return DimVector(x.dim_span());
   }
 };
 

@@ -5,8 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <type_traits>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "base/fixed_vector.h"
 #include "base/tensor.h"
 #include "providers/kernel.h"
 
@@ -15,8 +19,25 @@ namespace cleave::providers {
 // Every dtype with a fixed element size: these ops move bytes, so they take them all.
 const std::vector<DataType>& FixedSizeTypes();
 
-// The values of a 0-D or 1-D int32/int64 tensor (a runtime shape, axes or indices input).
-std::vector<int64_t> ViewInts(const TensorView& v);
+// Element i of an int32 or int64 tensor, as int64.
+inline int64_t IntAt(const TensorView& v, int64_t i) {
+  return v.dtype == DataType::kInt32 ? v.as<const int32_t>()[i] : v.as<const int64_t>()[i];
+}
+
+// Reads the values of a 0-D or 1-D int32/int64 runtime input (a shape, axes, starts...)
+// into *out without allocating. More than kMaxRank values is InvalidArgument naming `what`:
+// no valid shape or list of distinct axes is that long.
+absl::Status ReadDimValues(const TensorView& v, const char* what, DimVector* out);
+
+// n uninitialised elements of T from the context's scratch memory, for per-run arrays
+// whose length depends on the node (Concat inputs, Split outputs): scratch is planned with
+// the run, so this does not allocate once the session has warmed up.
+template <typename T>
+std::span<T> ScratchArray(KernelContext& ctx, int n) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  return {static_cast<T*>(ctx.Scratch(sizeof(T) * static_cast<size_t>(n))),
+          static_cast<size_t>(n)};
+}
 
 void RegisterDataMovementKernels(KernelRegistry& r);  // data_movement_ops.cc
 void RegisterConstantKernels(KernelRegistry& r);      // constant_ops.cc
