@@ -49,6 +49,7 @@ class Executor::Context : public providers::KernelContext {
     if (i >= static_cast<int>(step_.outputs.size()) || step_.outputs[i] < 0) return nullptr;
     int slot = step_.outputs[i];
     DataType dtype = step_.node->output(i)->dtype();
+    CheckAgainstInference(i, dims);
     int64_t numel = 1;
     for (int64_t d : dims) numel *= d;
     int64_t bytes = numel * static_cast<int64_t>(ElementSize(dtype));
@@ -87,12 +88,29 @@ class Executor::Context : public providers::KernelContext {
     return extra_.back().get();
   }
   size_t wanted_scratch() const { return ex_.scratch_used_ + extra_bytes_; }
+  const absl::Status& shape_error() const { return shape_error_; }
 
  private:
   Executor& ex_;
   const Step& step_;
   std::vector<Tensor>& outputs_;
   std::vector<std::shared_ptr<void>> extra_;  // scratch that did not fit (first runs only)
+  absl::Status shape_error_;
+
+  // Shape inference and kernels must agree: every static dim inference derived has to be
+  // what the kernel produces. A disagreement is a bug in one of them, reported rather than
+  // trusted, since passes (and the partitioner) plan with the inferred shapes.
+  void CheckAgainstInference(int i, std::span<const int64_t> dims) {
+    const Shape& want = step_.node->output(i)->shape();
+    if (!want.has_rank() || !shape_error_.ok()) return;
+    bool agree = want.rank() == static_cast<int>(dims.size());
+    for (int k = 0; agree && k < want.rank(); ++k)
+      agree = !want[k].is_static() || want[k].value == dims[k];
+    if (!agree)
+      shape_error_ = Internal("output ", i, " '", step_.node->output(i)->name(), "': the kernel made ",
+                              DimsToString(dims.data(), static_cast<int>(dims.size())),
+                              " but shape inference gave ", want.ToString());
+  }
   size_t extra_bytes_ = 0;
 };
 
@@ -220,6 +238,7 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
     scratch_used_ = 0;
     Context ctx(*this, step, outputs);
     status = step.kernel->Compute(ctx);
+    if (status.ok()) status = ctx.shape_error();
     scratch_wanted = std::max(scratch_wanted, ctx.wanted_scratch());
     for (int in : step.inputs)  // release recording-run buffers at their last use
       if (in >= 0 && last_use_[in] == st && output_index_[in] < 0) slot_heap_[in].reset();

@@ -6,6 +6,9 @@
 #include <filesystem>
 
 #include "graph/graph.h"
+#include "graph/op_table.h"
+#include "providers/cpu/cpu_provider.h"
+#include "runtime/executor.h"
 #include "gtest/gtest.h"
 #include "onnx_ext/cleave_schemas.h"
 #include "onnx_ext/onnx_io.h"
@@ -183,6 +186,23 @@ TEST(TinyGpt, OptimisedGraphSavesAsCheckedOnnx) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(testing::CompareTensors((*a)[0], (*b)[0], 0, 0), "");
   std::filesystem::remove(path);
+}
+
+// The executor checks every kernel's output dims against shape inference's static dims.
+TEST(Executor, ReportsKernelsThatDisagreeWithShapeInference) {
+  auto g = testing::MakeMlp();
+  ASSERT_TRUE(graph::InferShapes(*g).ok());
+  g->FindValue("mm")->set_shape(Shape::FromDims({7, 3}));  // what a broken rule would say
+  std::vector<std::unique_ptr<providers::ExecutionProvider>> eps;
+  eps.push_back(std::make_unique<providers::CpuExecutionProvider>(1));
+  auto ex = runtime::Executor::Create(std::move(g), std::move(eps));
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  Tensor x(DataType::kFloat32, {2, 4});
+  std::vector<Tensor> outs;
+  absl::Status s = (*ex)->Run({x.view()}, outs);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(Message(s).find("MatMul 'matmul'"), std::string::npos) << s;
+  EXPECT_NE(Message(s).find("the kernel made [2,3] but shape inference gave [7,3]"), std::string::npos) << s;
 }
 
 // A node the checker must reject: an ai.cleave op with an input too many.
