@@ -29,6 +29,10 @@ expect_ok() {  # expect_ok "description" "substring" cmd...
 
 expect_ok "inspect lists parameters" "parameters:" "$cleave" inspect "$model"
 expect_ok "inspect lists opsets" "ai.onnx=17" "$cleave" inspect "$model"
+expect_ok "inspect --optimized shows fused ops" "ai.cleave.FusedMatMul" "$cleave" inspect "$model" --optimized
+expect_ok "inspect --dot writes a picture" "graph picture" "$cleave" inspect "$model" --optimized --dot "$tmp/g.dot"
+expect_ok "the picture is Graphviz with the fused ops" "ai.cleave.FusedMatMul" cat "$tmp/g.dot"
+expect_ok "Graphviz renders it" "<svg" dot -Tsvg "$tmp/g.dot"
 
 data="$src/models/tiny_gpt/test_data_set_0"
 expect_ok "save the optimised graph" "optimised model written" "$cleave" run "$model" \

@@ -4,9 +4,11 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "graph/dot.h"
 #include "graph/graph.h"
 #include "graph/op_table.h"
 #include "onnx_ext/onnx_io.h"
+#include "runtime/inference_session.h"
 #include "tools/commands.h"
 
 namespace cleave::tools {
@@ -32,17 +34,44 @@ void PrintValues(const char* title, const std::vector<graph::Value*>& values) {
 }  // namespace
 
 int InspectCommand(const Args& args) {
-  if (args.size() != 1) {
-    std::fprintf(stderr, "usage: cleave inspect MODEL.onnx\n");
+  std::string model, dot;
+  bool optimized = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--dot" && i + 1 < args.size()) dot = args[++i];
+    else if (args[i] == "--optimized") optimized = true;
+    else if (model.empty() && args[i][0] != '-') model = args[i];
+    else model.clear(), i = args.size();
+  }
+  if (model.empty()) {
+    std::fprintf(stderr, "usage: cleave inspect MODEL.onnx [--optimized] [--dot FILE.dot]\n");
     return 2;
   }
-  auto g = onnx_ext::LoadModel(args[0]);
-  if (!g.ok()) {
-    std::fprintf(stderr, "cleave inspect: %s\n", std::string(g.status().message()).c_str());
+  // --optimized shows the graph a session runs: folded, fused, shapes inferred.
+  std::unique_ptr<InferenceSession> session;
+  std::unique_ptr<graph::Graph> loaded;
+  absl::Status status;
+  if (optimized) {
+    auto s = InferenceSession::Load(model);
+    status = s.status();
+    if (s.ok()) session = std::move(*s);
+  } else {
+    auto g = onnx_ext::LoadModel(model);
+    status = g.status();
+    if (g.ok()) loaded = std::move(*g);
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "cleave inspect: %s\n", std::string(status.message()).c_str());
     return 1;
   }
-  const graph::Graph& graph = **g;
-  std::printf("model: %s\n", args[0].c_str());
+  const graph::Graph& graph = optimized ? session->graph() : *loaded;
+  if (!dot.empty()) {
+    absl::Status w = onnx_ext::WriteFileAtomic(dot, graph::GraphToDot(graph, model));
+    if (!w.ok()) {
+      std::fprintf(stderr, "cleave inspect: %s\n", std::string(w.message()).c_str());
+      return 1;
+    }
+  }
+  std::printf("model: %s%s\n", model.c_str(), optimized ? " (as optimised for the CPU provider)" : "");
   std::printf("producer: %s %s, ir_version %lld\n", graph.info().producer_name.c_str(),
               graph.info().producer_version.c_str(),
               static_cast<long long>(graph.info().ir_version));
@@ -78,6 +107,7 @@ int InspectCommand(const Args& args) {
   }
   std::printf("parameters: %lld elements, %s\n", static_cast<long long>(params),
               HumanBytes(static_cast<double>(bytes)).c_str());
+  if (!dot.empty()) std::printf("graph picture: %s (render: dot -Tsvg %s -o graph.svg)\n", dot.c_str(), dot.c_str());
   return 0;
 }
 
