@@ -246,6 +246,7 @@ std::unique_ptr<Graph> Graph::Clone() const {
     c->dtype_ = v->dtype_;
     c->shape_ = v->shape_;
     c->initializer_ = v->initializer_;  // initializers are immutable once built: share them
+    c->dims_value_ = v->dims_value_;
     c->doc_ = v->doc_;
   }
   for (Value* in : inputs_) g->AddInput(in->name(), in->dtype(), in->shape());

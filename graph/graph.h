@@ -40,6 +40,11 @@ class Value {
   const Tensor* initializer() const { return initializer_.get(); }
   bool is_graph_input() const { return is_graph_input_; }
   bool is_graph_output() const { return is_graph_output_; }
+  // For small int64 shape tensors (rank 0 or 1) that are not constants: their elements as
+  // dims, when shape inference can tell (the Shape of a [batch, seq, 64] tensor is
+  // {batch, seq, 64}); see graph/dims_value.h.
+  const std::optional<std::vector<Dim>>& dims_value() const { return dims_value_; }
+  void set_dims_value(std::optional<std::vector<Dim>> v) { dims_value_ = std::move(v); }
   // Where an initializer came from when it was stored outside the model file.
   const std::string& doc() const { return doc_; }
   void set_doc(std::string d) { doc_ = std::move(d); }
@@ -56,6 +61,7 @@ class Value {
   std::shared_ptr<Tensor> initializer_;
   bool is_graph_input_ = false;
   bool is_graph_output_ = false;
+  std::optional<std::vector<Dim>> dims_value_;
   std::string doc_;
 };
 

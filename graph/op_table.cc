@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "graph/dims_value.h"
 #include "graph/infer_fns.h"
 
 namespace cleave::graph {
@@ -160,8 +161,12 @@ absl::Status InferNode(const Graph& g, Node& n) {
       return InvalidArgument(n.Describe(), ": input ", i, " '", v->name(),
                              "' is not a graph input, an initializer or any node's output");
   }
+  for (Value* o : n.outputs())
+    if (o) o->set_dims_value(std::nullopt);
   InferContext ctx(n, op.version);
-  return op.def->infer(ctx);
+  RETURN_IF_ERROR(op.def->infer(ctx));
+  PropagateDimsValues(n, op.version);
+  return absl::OkStatus();
 }
 
 absl::Status InferShapes(Graph& g) {

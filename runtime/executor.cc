@@ -104,8 +104,10 @@ class Executor::Context : public providers::KernelContext {
     const Shape& want = step_.node->output(i)->shape();
     if (!want.has_rank() || !shape_error_.ok()) return;
     bool agree = want.rank() == static_cast<int>(dims.size());
-    for (int k = 0; agree && k < want.rank(); ++k)
-      agree = !want[k].is_static() || want[k].value == dims[k];
+    for (int k = 0; agree && k < want.rank(); ++k) {
+      if (want[k].is_static()) agree = want[k].value == dims[k];
+      else if (!want[k].symbol.empty()) agree = ex_.SymbolMatches(want[k].symbol, dims[k]);
+    }
     if (!agree)
       shape_error_ = Internal("output ", i, " '", step_.node->output(i)->name(), "': the kernel made ",
                               DimsToString(dims.data(), static_cast<int>(dims.size())),
@@ -184,7 +186,25 @@ absl::Status Executor::Build() {
   }
   recorded_bytes_.assign(num_slots_, 0);
   slot_heap_.resize(num_slots_);
+  size_t symbol_dims = 0;
+  for (Value* v : graph_->inputs()) symbol_dims += v->shape().has_rank() ? v->shape().rank() : 0;
+  symbol_values_.reserve(symbol_dims);
   return absl::OkStatus();
+}
+
+void Executor::BindSymbols(const std::vector<TensorView>& inputs) {
+  symbol_values_.clear();  // capacity reserved at load: no allocation
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Shape& s = graph_->inputs()[i]->shape();
+    for (int k = 0; s.has_rank() && k < s.rank() && k < inputs[i].rank; ++k)
+      if (!s[k].symbol.empty()) symbol_values_.emplace_back(&s[k].symbol, inputs[i].dims[k]);
+  }
+}
+
+bool Executor::SymbolMatches(const std::string& symbol, int64_t value) const {
+  for (const auto& [name, bound] : symbol_values_)
+    if (*name == symbol) return bound == value;
+  return true;  // a symbol no input carries (made up by an exporter) constrains nothing
 }
 
 void Executor::MakePlan() {
@@ -230,6 +250,7 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
   }
   bool was_planned = planned_;
   for (size_t i = 0; i < inputs.size(); ++i) views_[input_slots_[i]] = inputs[i];
+  BindSymbols(inputs);
   outputs.resize(output_slots_.size());
   size_t scratch_wanted = scratch_.size();
   absl::Status status;

@@ -49,6 +49,9 @@ class Executor {
   absl::Status Build();
   absl::Status RunStep(int s, std::vector<Tensor>& outputs);
   void MakePlan();
+  // Symbolic dims of the graph inputs bound to this run's sizes, for the shape checks.
+  void BindSymbols(const std::vector<TensorView>& inputs);
+  bool SymbolMatches(const std::string& symbol, int64_t value) const;
 
   std::unique_ptr<graph::Graph> graph_;
   std::vector<std::unique_ptr<providers::ExecutionProvider>> providers_;
@@ -70,6 +73,7 @@ class Executor {
   size_t scratch_used_ = 0;
   ExecutorStats stats_;
   std::mutex run_mu_;
+  std::vector<std::pair<const std::string*, int64_t>> symbol_values_;
 };
 
 }  // namespace cleave::runtime
