@@ -10,12 +10,18 @@
 // without an activation, Y is pre-filled with the bias and sgemm accumulates onto it
 // (beta = 1); with one, sgemm writes Y and a single pass per row, while the row is in
 // cache, adds the bias and applies the activation.
+// When B is a 2-D fp32 initializer (constant for the session's lifetime), MatMul and
+// FusedMatMul pack it once at construction and run kernels/cpu/packed_gemm.h instead,
+// which starts each tile from the bias and applies the activation per tile, for products
+// of up to a few hundred rows (PackedGemmPreferred); larger ones still go to OpenBLAS.
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "base/status.h"
 #include "graph/op_table.h"
 #include "kernels/cpu/nn.h"
+#include "kernels/cpu/packed_gemm.h"
 #include "providers/cpu/cpu_provider.h"
 #include "providers/cpu/nn_ops.h"
 
@@ -25,6 +31,27 @@ namespace {
 
 using kernels::cpu::Activation;
 using kernels::cpu::MatMulPlan;
+using kernels::cpu::PackedB;
+
+// Input 1 packed for GemmPacked when it is a 2-D fp32 initializer and the CPU runs the
+// packed kernels; an empty PackedB (the OpenBLAS path) otherwise.
+PackedB MaybePackWeight(const graph::Node& n, bool trans_b) {
+  const graph::Value* w = n.input(1);
+  const Tensor* t = w ? w->initializer() : nullptr;
+  if (!t || t->dtype() != DataType::kFloat32 || t->rank() != 2 ||
+      !kernels::cpu::PackedGemmAvailable())
+    return PackedB();
+  const int64_t K = t->dims()[trans_b ? 1 : 0], N = t->dims()[trans_b ? 0 : 1];
+  return kernels::cpu::PackB(t->data<float>(), K, N, trans_b);
+}
+
+// Y = act(A @ packed B + bias) with A's batch dims folded into M: B is 2-D, so every
+// product shares it, and A is dense, so its matrices stack into one [batch * M, K].
+void RunPacked(const MatMulPlan& p, const PackedB& b, const TensorView& a, const float* bias,
+               Activation act, TensorView& y, ThreadPool* pool) {
+  kernels::cpu::GemmPacked(p.batch() * p.M, a.as<float>(), p.K, b, bias, act, y.as<float>(),
+                           p.N, pool);
+}
 
 // C = A @ op(B) for any claimed dtype; beta = 1 (accumulate onto C) is honoured for fp32
 // only, which is the only dtype its callers pass it for.
@@ -50,7 +77,7 @@ absl::Status RunMatMul(const MatMulPlan& p, const TensorView& a, const TensorVie
 
 class MatMulKernel : public OpKernel {
  public:
-  MatMulKernel(const graph::Node&, int) {}
+  MatMulKernel(const graph::Node& n, int) : packed_(MaybePackWeight(n, false)) {}
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& a = *ctx.input(0);
@@ -58,8 +85,16 @@ class MatMulKernel : public OpKernel {
     ASSIGN_OR_RETURN(MatMulPlan p, kernels::cpu::PlanMatMul(a.dim_span(), b.dim_span()));
     TensorView* y = ctx.Output(0, p.out_shape());
     if (!y) return absl::OkStatus();
+    if (!packed_.empty() && a.dtype == DataType::kFloat32 &&
+        kernels::cpu::PackedGemmPreferred(p.batch() * p.M)) {
+      RunPacked(p, packed_, a, nullptr, Activation::kNone, *y, ctx.thread_pool());
+      return absl::OkStatus();
+    }
     return RunMatMul(p, a, b, 0.f, *y, ctx.thread_pool());
   }
+
+ private:
+  PackedB packed_;  // input 1 when it is a constant 2-D fp32 matrix
 };
 
 class GemmKernel : public OpKernel {
@@ -122,7 +157,9 @@ class FusedMatMulKernel : public OpKernel {
     else if (act == "gelu") a = Activation::kGelu;
     else if (act == "gelu_tanh") a = Activation::kGeluTanh;
     else return InvalidArgument(n.Describe(), ": expected activation '', 'gelu' or 'gelu_tanh', got '", act, "'");
-    return std::unique_ptr<OpKernel>(new FusedMatMulKernel(n.AttrInt("transB", 0) != 0, a));
+    const bool trans_b = n.AttrInt("transB", 0) != 0;
+    return std::unique_ptr<OpKernel>(
+        new FusedMatMulKernel(trans_b, a, MaybePackWeight(n, trans_b)));
   }
 
   absl::Status Compute(KernelContext& ctx) const override {
@@ -145,6 +182,10 @@ class FusedMatMulKernel : public OpKernel {
     }
     float* out = y->as<float>();
     const float* bias_data = bias ? bias->as<float>() : nullptr;
+    if (!packed_.empty() && kernels::cpu::PackedGemmPreferred(p.batch() * p.M)) {
+      RunPacked(p, packed_, a, bias_data, act_, *y, pool);
+      return absl::OkStatus();
+    }
     if (bias && act_ == Activation::kNone) {
       kernels::cpu::BroadcastRows(out, bias_data, rows, p.N, pool);
       kernels::cpu::MatMulF32(p, a.as<float>(), b.as<float>(), 1.f, out, pool);
@@ -157,9 +198,11 @@ class FusedMatMulKernel : public OpKernel {
   }
 
  private:
-  FusedMatMulKernel(bool trans_b, Activation act) : trans_b_(trans_b), act_(act) {}
+  FusedMatMulKernel(bool trans_b, Activation act, PackedB packed)
+      : trans_b_(trans_b), act_(act), packed_(std::move(packed)) {}
   bool trans_b_;
   Activation act_;
+  PackedB packed_;  // input 1 when it is a constant 2-D fp32 matrix
 };
 
 }  // namespace
