@@ -1,9 +1,9 @@
 // OpTester implementation (tests/): one-node graph -> InferenceSession -> compare.
 #include "tests/op_tester.h"
 
-#include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/tensor_compare.h"
 #include "graph/graph.h"
 #include "gtest/gtest.h"
 #include "runtime/inference_session.h"
@@ -60,32 +60,7 @@ OpTester& OpTester::ExpectFailure(const std::string& substring) {
 }
 
 std::string CompareTensors(const Tensor& got, const Tensor& want, double abs_tol, double rel_tol) {
-  if (got.dtype() != want.dtype())
-    return absl::StrCat("dtype ", DataTypeName(got.dtype()), ", expected ", DataTypeName(want.dtype()));
-  if (got.dims() != want.dims())
-    return absl::StrCat("shape ", DimsToString(got.dims()), ", expected ", DimsToString(want.dims()));
-  bool is_float = IsFloat(want.dtype());
-  double worst = -1;
-  int64_t worst_i = -1;
-  int64_t bad = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    if (is_float) {
-      double g = got.DoubleAt(i), w = want.DoubleAt(i);
-      if (std::isnan(w) && std::isnan(g)) continue;
-      if (std::isinf(w) && g == w) continue;
-      double err = std::fabs(g - w);
-      if (!(err <= abs_tol + rel_tol * std::fabs(w))) {
-        ++bad;
-        if (err > worst || std::isnan(err)) worst = err, worst_i = i;
-      }
-    } else if (got.IntAt(i) != want.IntAt(i)) {
-      ++bad;
-      if (worst_i < 0) worst_i = i;
-    }
-  }
-  if (bad == 0) return "";
-  return absl::StrCat(bad, " of ", want.numel(), " elements differ; e.g. element ", worst_i,
-                      ": got ", got.DoubleAt(worst_i), ", expected ", want.DoubleAt(worst_i));
+  return DiffTensors(got, want, abs_tol, rel_tol).Describe(got, want);
 }
 
 std::vector<Tensor> OpTester::Run() {

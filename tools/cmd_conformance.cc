@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
@@ -21,6 +20,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/tensor_compare.h"
 #include "onnx_ext/onnx_io.h"
 #include "runtime/inference_session.h"
 #include "tools/commands.h"
@@ -55,27 +55,8 @@ std::vector<std::string> SortedPbs(const fs::path& dir, const std::string& prefi
 }
 
 std::string Compare(const Tensor& got, const Tensor& want, const std::string& what) {
-  if (got.dtype() != want.dtype())
-    return absl::StrCat(what, ": dtype ", DataTypeName(got.dtype()), ", expected ",
-                        DataTypeName(want.dtype()));
-  if (got.dims() != want.dims())
-    return absl::StrCat(what, ": shape ", DimsToString(got.dims()), ", expected ",
-                        DimsToString(want.dims()));
-  double max_abs = 0, max_rel = 0;
-  int64_t bad = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    double g = got.DoubleAt(i), w = want.DoubleAt(i);
-    if (std::isnan(g) && std::isnan(w)) continue;
-    if (std::isinf(w) && g == w) continue;
-    double err = std::fabs(g - w);
-    if (std::isnan(err)) err = INFINITY;
-    if (err > kAtol + kRtol * std::fabs(w)) ++bad;
-    max_abs = std::max(max_abs, err);
-    if (w != 0) max_rel = std::max(max_rel, err / std::fabs(w));
-  }
-  if (bad == 0) return "";
-  return absl::StrCat(what, ": ", bad, " of ", want.numel(), " elements differ, max abs error ",
-                      max_abs, ", max rel error ", max_rel);
+  TensorDiff d = DiffTensors(got, want, kAtol, kRtol);
+  return d.ok() ? "" : absl::StrCat(what, ": ", d.Describe(got, want));
 }
 
 // The backend test generator stores bfloat16 data as uint16 (numpy has no bfloat16); read

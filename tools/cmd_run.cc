@@ -1,13 +1,13 @@
 // `cleave run`: feed TensorProto files to a model, write its outputs as TensorProto files
 // named output_<i>.pb (the layout of ONNX backend test data), optionally checking them
 // against a folder of expected outputs (tools/).
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/tensor_compare.h"
 #include "onnx_ext/onnx_io.h"
 #include "runtime/inference_session.h"
 #include "tools/commands.h"
@@ -19,18 +19,6 @@ namespace {
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "cleave run: %s\n", msg.c_str());
   return 1;
-}
-
-// Max abs error between got and want, or -1 when dtype or shape differ.
-double MaxAbsError(const Tensor& got, const Tensor& want) {
-  if (got.dtype() != want.dtype() || got.dims() != want.dims()) return -1;
-  double worst = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    double e = std::fabs(got.DoubleAt(i) - want.DoubleAt(i));
-    if (std::isnan(e)) return INFINITY;
-    worst = std::max(worst, e);
-  }
-  return worst;
 }
 
 }  // namespace
@@ -107,10 +95,13 @@ int RunCommand(const Args& args) {
     if (!check_dir.empty()) {
       auto want = onnx_ext::LoadTensorFile(absl::StrCat(check_dir, "/output_", k, ".pb"));
       if (!want.ok()) return Fail(std::string(want.status().message()));
-      double err = MaxAbsError(t, want->second);
-      bool ok = err >= 0 && err <= atol;
-      std::printf("  check against %s: max abs error %g (limit %g) %s\n", check_dir.c_str(), err,
-                  atol, ok ? "OK" : "MISMATCH");
+      TensorDiff d = DiffTensors(t, want->second, atol, 0);
+      if (d.mismatch.empty())
+        std::printf("  check against %s: max abs error %g (limit %g) %s\n", check_dir.c_str(),
+                    d.max_abs, atol, d.ok() ? "OK" : "MISMATCH");
+      else
+        std::printf("  check against %s: %s MISMATCH\n", check_dir.c_str(), d.mismatch.c_str());
+      bool ok = d.ok();
       if (!ok) status = 1;
     }
   }
