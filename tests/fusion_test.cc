@@ -24,13 +24,18 @@ std::vector<std::string> Fuse(Graph& g) {
   return ops;
 }
 
-// Runs `text` with and without the optimiser on random inputs of shape [2, 3, 8].
-void ExpectSameOutputs(const std::string& text) {
-  std::mt19937 rng(3);
-  std::normal_distribution<float> dist(0.f, 2.f);
-  std::vector<float> x(2 * 3 * 8);
-  for (float& v : x) v = dist(rng);
-  Feeds feeds = {{"x", Tensor::FromVector<float>(x, {2, 3, 8})}};
+// Uniform random values in [-2, 2) of the given dims.
+Tensor Random(std::vector<int64_t> dims, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-2.f, 2.f);
+  Tensor t(DataType::kFloat32, std::move(dims));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
+  return t;
+}
+
+// Runs `text` with and without the optimiser on `feeds` (default: x of shape [2, 3, 8]).
+void ExpectSameOutputs(const std::string& text, Feeds feeds = {}) {
+  if (feeds.empty()) feeds = {{"x", Random({2, 3, 8}, 3)}};
   SessionOptions plain;
   plain.optimize = false;
   auto a = InferenceSession::FromGraph(*ParseGraph(text));
@@ -180,21 +185,7 @@ TEST(TransformerFusion, TransposedWeightIsReadInPlace) {
   const Node* f = (*g)->FindValue("y")->producer();
   EXPECT_EQ(f->AttrInt("transB", 0), 1);
   EXPECT_EQ(f->input(1)->name(), "w");
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<float> dist(-1.f, 1.f);
-  std::vector<float> x(48), w(40);
-  for (float& v : x) v = dist(rng);
-  for (float& v : w) v = dist(rng);
-  Feeds feeds = {{"x", Tensor::FromVector<float>(x, {2, 3, 8})}, {"w", Tensor::FromVector<float>(w, {5, 8})}};
-  SessionOptions plain;
-  plain.optimize = false;
-  auto a = InferenceSession::FromGraph(*ParseGraph(kText));
-  auto b = InferenceSession::FromGraph(*ParseGraph(kText), plain);
-  ASSERT_TRUE(a.ok() && b.ok());
-  auto ra = (*a)->Run(feeds);
-  auto rb = (*b)->Run(feeds);
-  ASSERT_TRUE(ra.ok() && rb.ok());
-  EXPECT_EQ(testing::CompareTensors((*ra)[0], (*rb)[0], 1e-6, 1e-5), "");
+  ExpectSameOutputs(kText, {{"x", Random({2, 3, 8}, 5)}, {"w", Random({5, 8}, 6)}});
 }
 
 TEST(TransformerFusion, MatMulWithNonConstantWeightIsLeftAlone) {
