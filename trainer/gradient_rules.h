@@ -1,0 +1,59 @@
+// The gradient-rule table (trainer/): one rule per differentiable op. A rule reads the
+// forward node and the gradients of its outputs, emits backward nodes through GradBuilder and
+// sets the gradients of its inputs. Rules are written with the forward op set, so every
+// backward graph runs on any provider that runs the forward graph.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "graph/graph.h"
+
+namespace cleave::trainer {
+
+class GradBuilder {
+ public:
+  GradBuilder(graph::Graph& g, graph::Node& fwd, int version,
+              std::vector<graph::Value*> output_grads)
+      : g_(g), fwd_(fwd), version_(version), dy_(std::move(output_grads)) {}
+
+  graph::Node& fwd() const { return fwd_; }
+  int fwd_version() const { return version_; }
+  // Whether the graph's opset takes axes as inputs (ReduceSum, Unsqueeze from 13).
+  bool g_opset13() const { return g_.OpsetFor("") >= 13; }
+  graph::Value* x(int i) const { return fwd_.input(i); }
+  graph::Value* y(int i) const { return fwd_.output(i); }
+  // Gradient of output i, or nullptr when no gradient flows into it.
+  graph::Value* dy(int i = 0) const { return i < static_cast<int>(dy_.size()) ? dy_[i] : nullptr; }
+
+  // Emits a backward node with one output; its attributes follow.
+  graph::Value* Op(const std::string& op, std::vector<graph::Value*> inputs,
+                   std::vector<std::pair<std::string, graph::Attribute>> attrs = {});
+  // A scalar constant of `like`'s dtype.
+  graph::Value* Const(double v, const graph::Value* like);
+  graph::Value* Ints(const std::vector<int64_t>& v);
+  // Sums dx over the axes along which x was broadcast to `full`, back to x's shape.
+  absl::StatusOr<graph::Value*> ReduceTo(graph::Value* dx, const graph::Value* x);
+
+  void SetGrad(int input, graph::Value* dx);
+  const std::vector<graph::Value*>& input_grads() const { return dx_; }
+  absl::Status Error(const std::string& what) const;
+  // The first failure of shape inference on an emitted node, if any.
+  const absl::Status& status() const { return status_; }
+
+ private:
+  graph::Graph& g_;
+  graph::Node& fwd_;
+  int version_;
+  std::vector<graph::Value*> dy_;
+  std::vector<graph::Value*> dx_;
+  absl::Status status_;
+};
+
+using GradRule = absl::Status (*)(GradBuilder& b);
+// The rule for an op, or nullptr.
+GradRule FindGradRule(const std::string& domain, const std::string& op);
+std::vector<std::string> OpsWithGradRules();
+
+}  // namespace cleave::trainer

@@ -1,0 +1,166 @@
+// Gradient rules for linear algebra, normalisation and data movement (trainer/).
+#include <map>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "trainer/gradient_rules.h"
+
+namespace cleave::trainer {
+
+namespace {
+
+using graph::Attribute;
+using graph::Value;
+
+// Swaps the last two axes of a rank-r tensor.
+Value* TransposeLast2(GradBuilder& b, Value* v) {
+  int r = v->shape().rank();
+  std::vector<int64_t> perm(r);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::swap(perm[r - 1], perm[r - 2]);
+  return b.Op("Transpose", {v}, {{"perm", Attribute::Ints(perm)}});
+}
+
+// C = A @ B over [..., M, K] x [..., K, N]: dA = dC @ B^T, dB = A^T @ dC, each summed back
+// over the batch dims its operand was broadcast along.
+absl::Status MatMulGrad(GradBuilder& b) {
+  if (b.x(0)->shape().rank() < 2 || b.x(1)->shape().rank() < 2)
+    return b.Error("the gradient of MatMul with a 1-D operand is not implemented");
+  ASSIGN_OR_RETURN(Value * da, b.ReduceTo(b.Op("MatMul", {b.dy(), TransposeLast2(b, b.x(1))}), b.x(0)));
+  ASSIGN_OR_RETURN(Value * db, b.ReduceTo(b.Op("MatMul", {TransposeLast2(b, b.x(0)), b.dy()}), b.x(1)));
+  b.SetGrad(0, da);
+  b.SetGrad(1, db);
+  return absl::OkStatus();
+}
+
+absl::Status TransposeGrad(GradBuilder& b) {  // the inverse permutation
+  int r = b.x(0)->shape().rank();
+  std::vector<int64_t> perm = b.fwd().AttrInts("perm");
+  if (perm.empty())
+    for (int k = r - 1; k >= 0; --k) perm.push_back(k);
+  std::vector<int64_t> inv(perm.size());
+  for (size_t k = 0; k < perm.size(); ++k) inv[perm[k]] = static_cast<int64_t>(k);
+  b.SetGrad(0, b.Op("Transpose", {b.dy()}, {{"perm", Attribute::Ints(inv)}}));
+  return absl::OkStatus();
+}
+
+// Reshape, Squeeze, Unsqueeze, Flatten, Expand-free views: the gradient takes x's shape back.
+absl::Status ReshapeLikeGrad(GradBuilder& b) {
+  b.SetGrad(0, b.Op("Reshape", {b.dy(), b.Op("Shape", {b.x(0)})}));
+  return absl::OkStatus();
+}
+
+absl::Status IdentityGrad(GradBuilder& b) {
+  b.SetGrad(0, b.dy());
+  return absl::OkStatus();
+}
+
+absl::Status ExpandGrad(GradBuilder& b) {  // sum over the broadcast axes
+  ASSIGN_OR_RETURN(Value * dx, b.ReduceTo(b.dy(), b.x(0)));
+  b.SetGrad(0, dx);
+  return absl::OkStatus();
+}
+
+absl::Status CastGrad(GradBuilder& b) {  // cast the gradient back to x's type
+  b.SetGrad(0, b.Op("Cast", {b.dy()}, {{"to", Attribute::Int(static_cast<int64_t>(b.x(0)->dtype()))}}));
+  return absl::OkStatus();
+}
+
+absl::Status WhereGrad(GradBuilder& b) {  // dy flows to the branch each element took
+  Value* zero = b.Const(0, b.dy());
+  ASSIGN_OR_RETURN(Value * dx, b.ReduceTo(b.Op("Where", {b.x(0), b.dy(), zero}), b.x(1)));
+  ASSIGN_OR_RETURN(Value * dz, b.ReduceTo(b.Op("Where", {b.x(0), zero, b.dy()}), b.x(2)));
+  b.SetGrad(1, dx);
+  b.SetGrad(2, dz);
+  return absl::OkStatus();
+}
+
+// The reduced axes of a Reduce* node, normalised, or an error.
+absl::StatusOr<std::vector<int64_t>> ReducedAxes(GradBuilder& b) {
+  int r = b.x(0)->shape().rank();
+  std::vector<int64_t> axes = b.fwd().AttrInts("axes");
+  if (b.x(1)) {
+    if (!b.x(1)->initializer()) return b.Error("the gradient needs constant reduction axes");
+    axes = b.x(1)->initializer()->ToInt64Vector();
+  }
+  if (axes.empty()) {
+    if (b.fwd().AttrInt("noop_with_empty_axes", 0)) return axes;
+    for (int k = 0; k < r; ++k) axes.push_back(k);
+  }
+  for (int64_t& a : axes) a = a < 0 ? a + r : a;
+  return axes;
+}
+
+// dy broadcast back over the reduced axes to x's shape.
+absl::StatusOr<Value*> SpreadOverReduced(GradBuilder& b, const std::vector<int64_t>& axes) {
+  Value* dy = b.dy();
+  if (b.fwd().AttrInt("keepdims", 1) == 0 && !axes.empty()) {
+    dy = b.g_opset13() ? b.Op("Unsqueeze", {dy, b.Ints(axes)})
+                       : b.Op("Unsqueeze", {dy}, {{"axes", Attribute::Ints(axes)}});
+  }
+  return b.Op("Expand", {dy, b.Op("Shape", {b.x(0)})});
+}
+
+absl::Status ReduceSumGrad(GradBuilder& b) {  // 1 for every reduced element
+  ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReducedAxes(b));
+  ASSIGN_OR_RETURN(Value * dx, SpreadOverReduced(b, axes));
+  b.SetGrad(0, dx);
+  return absl::OkStatus();
+}
+
+absl::Status ReduceMeanGrad(GradBuilder& b) {  // 1 / (elements reduced into each output)
+  ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReducedAxes(b));
+  const Shape& s = b.x(0)->shape();
+  int64_t count = 1;
+  for (int64_t a : axes) {
+    if (!s[static_cast<int>(a)].is_static()) return b.Error("the gradient of ReduceMean needs static reduced dims");
+    count *= s[static_cast<int>(a)].value;
+  }
+  ASSIGN_OR_RETURN(Value * spread, SpreadOverReduced(b, axes));
+  b.SetGrad(0, b.Op("Mul", {spread, b.Const(1.0 / static_cast<double>(count), b.dy())}));
+  return absl::OkStatus();
+}
+
+Value* SumOverAxis(GradBuilder& b, Value* v, int64_t axis) {
+  if (b.g_opset13()) return b.Op("ReduceSum", {v, b.Ints({axis})}, {{"keepdims", Attribute::Int(1)}});
+  return b.Op("ReduceSum", {v}, {{"axes", Attribute::Ints({axis})}, {"keepdims", Attribute::Int(1)}});
+}
+
+absl::StatusOr<int64_t> SoftmaxAxis(GradBuilder& b) {
+  if (b.fwd_version() < 13) return b.Error("the gradient of Softmax before opset 13 is not implemented");
+  return b.fwd().AttrInt("axis", -1);
+}
+
+absl::Status SoftmaxGrad(GradBuilder& b) {  // y (dy - sum(dy y)) along the axis
+  ASSIGN_OR_RETURN(int64_t axis, SoftmaxAxis(b));
+  Value* dot = SumOverAxis(b, b.Op("Mul", {b.dy(), b.y(0)}), axis);
+  b.SetGrad(0, b.Op("Mul", {b.y(0), b.Op("Sub", {b.dy(), dot})}));
+  return absl::OkStatus();
+}
+
+absl::Status LogSoftmaxGrad(GradBuilder& b) {  // dy - exp(y) sum(dy) along the axis
+  ASSIGN_OR_RETURN(int64_t axis, SoftmaxAxis(b));
+  Value* total = SumOverAxis(b, b.dy(), axis);
+  b.SetGrad(0, b.Op("Sub", {b.dy(), b.Op("Mul", {b.Op("Exp", {b.y(0)}), total})}));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterStructuralRules(std::map<std::string, GradRule>& rules) {
+  rules["::MatMul"] = MatMulGrad;
+  rules["::Transpose"] = TransposeGrad;
+  for (const char* op : {"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+    rules[absl::StrCat("::", op)] = ReshapeLikeGrad;
+  rules["::Identity"] = IdentityGrad;
+  rules["::Expand"] = ExpandGrad;
+  rules["::Cast"] = CastGrad;
+  rules["::Where"] = WhereGrad;
+  rules["::ReduceSum"] = ReduceSumGrad;
+  rules["::ReduceMean"] = ReduceMeanGrad;
+  rules["::Softmax"] = SoftmaxGrad;
+  rules["::LogSoftmax"] = LogSoftmaxGrad;
+}
+
+}  // namespace cleave::trainer
