@@ -4,6 +4,7 @@
 // (f(x + eps e_i) - f(x - eps e_i)) / (2 eps) for every element.
 #include <cmath>
 #include <random>
+#include <set>
 
 #include "graph/op_table.h"
 #include "graph/text_format.h"
@@ -136,9 +137,27 @@ const GradCase kCases[] = {
     {"ReduceSum_axes", "input x: float64[2,3,4]\ninit a: int64[1] = 1\ny = ReduceSum(x, a) {keepdims = 0}\noutput y"},
     {"ReduceMean_last", "opset 18\ninput x: float64[2,5]\ninit a: int64[1] = -1\ny = ReduceMean(x, a)\noutput y"},
     {"ReduceMean_attr", "opset 13\ninput x: float64[3,4]\ny = ReduceMean(x) {axes = [0], keepdims = 0}\noutput y"},
+    {"ReduceMax_keepdims0", "opset 18\ninput x: float64[3,4]\ninit a: int64[1] = 1\ny = ReduceMax(x, a) {keepdims = 0}\noutput y"},
+    {"ReduceMin_all", "opset 13\ninput x: float64[2,3]\ny = ReduceMin(x)\noutput y"},
     {"Softmax", "input x: float64[2,5]\ny = Softmax(x) {axis = -1}\noutput y"},
     {"LogSoftmax_axis1", "input x: float64[3,4,2]\ny = LogSoftmax(x) {axis = 1}\noutput y"},
     {"Value_read_twice", "input x: float64[4]\na = Mul(x, x)\ny = Add(a, x)\noutput y"},
+    {"Abs", "input x: float64[6]\ny = Abs(x)\noutput y"},
+    {"Max_broadcast", "input a: float64[2,3]\ninput b: float64[3]\ny = Max(a, b)\noutput y"},
+    {"Min", "input a: float64[4]\ninput b: float64[4]\ny = Min(a, b)\noutput y"},
+    {"Clip_inputs", "input x: float64[8]\ninit lo: float64[] = -0.5\ninit hi: float64[] = 0.7\ny = Clip(x, lo, hi)\noutput y"},
+    {"Clip_attrs_v6", "opset 10\ninput x: float64[8]\ny = Clip(x) {min = -0.5, max = 0.7}\noutput y"},
+    {"Gemm_plain", "input a: float64[3,4]\ninput b: float64[4,2]\ninput c: float64[2]\ny = Gemm(a, b, c) {alpha = 0.5, beta = 2.0}\noutput y"},
+    {"Gemm_transposed", "input a: float64[4,3]\ninput b: float64[2,4]\ninput c: float64[3,1]\ny = Gemm(a, b, c) {transA = 1, transB = 1}\noutput y"},
+    {"LayerNorm_last", "input x: float64[2,3,4]\ninput s: float64[4]\ninput b: float64[4]\ny = LayerNormalization(x, s, b)\noutput y"},
+    {"LayerNorm_axis1", "input x: float64[2,3,4]\ninput s: float64[3,4]\ny = LayerNormalization(x, s) {axis = 1, epsilon = 0.001}\noutput y"},
+    {"CleaveLayerNorm_opset13", "opset 13\ninput x: float64[3,5]\ninput s: float64[5]\ninput b: float64[5]\ny = ai.cleave.LayerNormalization(x, s, b)\noutput y"},
+    {"Dropout_inference", "input x: float64[6]\ninit p: float64[] = 0.3\ny, m = Dropout(x, p) {seed = 1}\noutput y"},
+    {"Trilu_k", "input x: float64[3,4]\ninit k: int64[] = 1\ny = Trilu(x, k) {upper = 0}\noutput y"},
+    {"Concat", "input a: float64[2,1]\ninput b: float64[2,3]\ninput c: float64[2,2]\ny = Concat(a, b, c) {axis = 1}\noutput y"},
+    {"Split_one_output_used", "input x: float64[2,5]\ninit s: int64[2] = 2 3\nu, v = Split(x, s) {axis = 1}\ny = Tanh(v)\noutput y"},
+    {"FusedMatMul_gelu", "input a: float64[2,3,4]\ninput w: float64[4,5]\ninput b: float64[5]\ny = ai.cleave.FusedMatMul(a, w, b) {activation = \"gelu\"}\noutput y"},
+    {"FusedMatMul_transB_tanh", "input a: float64[2,3,4]\ninput w: float64[5,4]\ny = ai.cleave.FusedMatMul(a, w) {transB = 1, activation = \"gelu_tanh\"}\noutput y"},
     {"Mlp",
      "opset 20\ninput x: float64[2,3]\ninput w1: float64[3,4]\ninput b1: float64[4]\n"
      "input w2: float64[4,2]\nh = MatMul(x, w1)\nhb = Add(h, b1)\ng = Gelu(hb)\n"
@@ -147,6 +166,38 @@ const GradCase kCases[] = {
 
 INSTANTIATE_TEST_SUITE_P(Rules, GradientCheck, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// Training-mode Dropout draws a new mask each run, so it is checked directly: the gradient is
+// dy * mask / (1 - ratio) with the forward run's own mask.
+TEST(Autodiff, TrainingDropoutUsesTheForwardMask) {
+  auto g = *graph::ParseGraph(R"(
+    input x: float64[64]
+    init p: float64[] = 0.25
+    init t: bool[] = 1
+    y, m = Dropout(x, p, t) {seed = 5}
+    l = ReduceSum(y) {keepdims = 0}
+    output l
+  )");
+  ASSERT_TRUE(graph::InferShapes(*g).ok());
+  auto grads = BuildBackward(*g, g->FindValue("l"), {g->FindValue("x")});
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  g->SetOutputs({grads->at("x"), g->FindValue("m")});
+  SessionOptions plain;
+  plain.optimize = false;
+  auto s = InferenceSession::FromGraph(std::move(g), plain);
+  ASSERT_TRUE(s.ok()) << s.status();
+  Tensor x(DataType::kFloat64, {64});
+  auto out = (*s)->Run({{"x", x}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  int kept = 0;
+  for (int i = 0; i < 64; ++i) {
+    bool m = (*out)[1].data<bool>()[i];
+    kept += m;
+    EXPECT_DOUBLE_EQ((*out)[0].data<double>()[i], m ? 1.0 / 0.75 : 0.0) << i;
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_LT(kept, 64);
+}
 
 TEST(Autodiff, MarksRolesAndGradOf) {
   auto g = *graph::ParseGraph("input x: float32[3]\ninput w: float32[3]\ny = Mul(x, w)\nl = ReduceSum(y) {keepdims = 0}\noutput l");
@@ -167,9 +218,12 @@ TEST(Autodiff, MarksRolesAndGradOf) {
 
 TEST(Autodiff, NamesEveryOpWithoutARuleAtOnce) {
   auto g = *graph::ParseGraph(R"(
-    input x: float32[4]
-    a = Abs(x)
-    c = Clip(a)
+    input x: float32[4,3]
+    init i: int64[2] = 0 2
+    init st: int64[1] = 0
+    init en: int64[1] = 1
+    a = Gather(x, i)
+    c = Slice(a, st, en)
     l = ReduceSum(c) {keepdims = 0}
     output l
   )");
@@ -177,8 +231,8 @@ TEST(Autodiff, NamesEveryOpWithoutARuleAtOnce) {
   auto grads = BuildBackward(*g, g->FindValue("l"), {g->FindValue("x")});
   ASSERT_FALSE(grads.ok());
   std::string m(grads.status().message());
-  EXPECT_NE(m.find("Abs 'a'"), std::string::npos) << m;
-  EXPECT_NE(m.find("Clip 'c'"), std::string::npos) << m;
+  EXPECT_NE(m.find("Gather 'a'"), std::string::npos) << m;
+  EXPECT_NE(m.find("Slice 'c'"), std::string::npos) << m;
 }
 
 TEST(Autodiff, IntegerInputsStopTheGradient) {
@@ -193,6 +247,22 @@ TEST(Autodiff, IntegerInputsStopTheGradient) {
   auto grads = BuildBackward(*g, g->FindValue("l"), {g->FindValue("x")});
   ASSERT_TRUE(grads.ok()) << grads.status();
   EXPECT_EQ(grads->at("x")->shape().ToString(), "[2,6]");
+}
+
+}  // namespace
+}  // namespace cleave::trainer
+
+namespace cleave::trainer {
+namespace {
+
+// Every differentiable op of the op table has a gradient rule, except the ones still listed
+// here, which need gradient kernels of their own (scatter-add, pad, the fused loss).
+TEST(Autodiff, EveryDifferentiableOpHasARule) {
+  const std::set<std::string> pending = {"::Gather", "::Slice", "::SoftmaxCrossEntropyLoss"};  // TODO(#3)
+  std::set<std::string> missing;
+  for (const graph::OpDef& d : graph::AllOps())
+    if (d.differentiable && !HasGradientRule(d.domain, d.name)) missing.insert(d.domain + "::" + d.name);
+  EXPECT_EQ(missing, pending);
 }
 
 }  // namespace

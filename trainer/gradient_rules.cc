@@ -18,15 +18,27 @@ using graph::Value;
 
 graph::Value* GradBuilder::Op(const std::string& op, std::vector<Value*> inputs,
                               std::vector<std::pair<std::string, Attribute>> attrs) {
-  Value* out = g_.CreateUniqueValue(absl::StrCat(fwd_.name(), "_grad/", op));
-  Node* n = g_.AddNode(op, inputs, {out}, out->name());
+  return OpN(op, std::move(inputs), 1, std::move(attrs))[0];
+}
+
+std::vector<Value*> GradBuilder::OpN(const std::string& op, std::vector<Value*> inputs,
+                                     int outputs,
+                                     std::vector<std::pair<std::string, Attribute>> attrs) {
+  std::vector<Value*> outs;
+  for (int i = 0; i < outputs; ++i)
+    outs.push_back(g_.CreateUniqueValue(absl::StrCat(fwd_.name(), "_grad/", op)));
+  // "ai.cleave.Op" names an op of cleave's domain.
+  const std::string prefix = std::string(graph::kCleaveDomain) + ".";
+  const bool cleave_op = op.rfind(prefix, 0) == 0;
+  Node* n = g_.AddNode(cleave_op ? op.substr(prefix.size()) : op, inputs, outs, outs[0]->name(),
+                       cleave_op ? graph::kCleaveDomain : "");
   for (auto& [k, a] : attrs) n->SetAttr(k, std::move(a));
   n->metadata()["role"] = "bwd";
   if (fwd_.output(0)) n->metadata()["grad_of"] = fwd_.output(0)->name();
   absl::Status s = graph::InferNode(g_, *n);
   if (!s.ok() && status_.ok())  // a rule emitted an ill-formed node: a bug in the rule
     status_ = Internal("gradient rule of ", fwd_.Describe(), ": ", s.message());
-  return out;
+  return outs;
 }
 
 Value* GradBuilder::Const(double v, const Value* like) {
@@ -34,6 +46,11 @@ Value* GradBuilder::Const(double v, const Value* like) {
   if (like->dtype() == DataType::kFloat64) t.data<double>()[0] = v;
   else t.data<float>()[0] = static_cast<float>(v);
   return g_.AddInitializer(g_.UniqueName(absl::StrCat(fwd_.name(), "_grad/const")), std::move(t));
+}
+
+Value* GradBuilder::Zeros(const Value* like) {
+  return g_.AddInitializer(g_.UniqueName(absl::StrCat(fwd_.name(), "_grad/zeros")),
+                           Tensor(like->dtype(), like->shape().StaticDims()));
 }
 
 Value* GradBuilder::Ints(const std::vector<int64_t>& v) {
@@ -164,6 +181,48 @@ absl::Status CosGrad(GradBuilder& b) {  // -sin x
   return absl::OkStatus();
 }
 
+absl::Status AbsGrad(GradBuilder& b) {  // sign(x), 0 at 0 (as PyTorch)
+  Value* zero = b.Const(0, b.x(0));
+  Value* neg = b.Op("Where", {b.Op("Less", {b.x(0), zero}), b.Op("Neg", {b.dy()}), b.Const(0, b.dy())});
+  b.SetGrad(0, b.Op("Where", {b.Op("Greater", {b.x(0), zero}), b.dy(), neg}));
+  return absl::OkStatus();
+}
+
+// max(a, b): dy goes to the larger operand; on a tie each gets half, as PyTorch's maximum.
+absl::Status MaxMinGrad(GradBuilder& b) {
+  if (b.fwd().num_inputs() != 2)
+    return b.Error("the gradient of Max/Min is implemented for two inputs");
+  const char* wins = b.fwd().op_type() == "Max" ? "Greater" : "Less";
+  Value* half = b.Op("Mul", {b.dy(), b.Const(0.5, b.dy())});
+  Value* zero = b.Const(0, b.dy());
+  Value* tie = b.Op("Equal", {b.x(0), b.x(1)});
+  for (int i = 0; i < 2; ++i) {
+    Value* win = b.Op(wins, {b.x(i), b.x(1 - i)});
+    Value* d = b.Op("Where", {win, b.dy(), b.Op("Where", {tie, half, zero})});
+    ASSIGN_OR_RETURN(Value * dx, b.ReduceTo(d, b.x(i)));
+    b.SetGrad(i, dx);
+  }
+  return absl::OkStatus();
+}
+
+// clip(x, lo, hi): 1 inside [lo, hi], 0 outside; the bounds get no gradient.
+absl::Status ClipGrad(GradBuilder& b) {
+  Value* x = b.x(0);
+  Value* keep = nullptr;
+  auto bound = [&](int input, const char* attr, double dflt) -> Value* {
+    if (b.fwd_version() >= 11) return b.x(input);
+    return b.fwd().HasAttr(attr) ? b.Const(b.fwd().AttrFloat(attr, static_cast<float>(dflt)), x) : nullptr;
+  };
+  // x >= lo written as Not(x < lo) (GreaterOrEqual is newer than the opsets Clip-6 lives in).
+  for (auto [v, outside] : {std::pair{bound(1, "min", 0), "Less"}, std::pair{bound(2, "max", 0), "Greater"}}) {
+    if (!v) continue;
+    Value* in = b.Op("Not", {b.Op(outside, {x, v})});
+    keep = keep ? b.Op("And", {keep, in}) : in;
+  }
+  b.SetGrad(0, keep ? b.Op("Where", {keep, b.dy(), b.Const(0, b.dy())}) : b.dy());
+  return absl::OkStatus();
+}
+
 // exp(-x^2 / 2) with a coefficient c: c exp(-x^2 / 2), shared by Erf and Gelu.
 Value* ScaledGaussian(GradBuilder& b, Value* x, double c, double inner) {
   Value* sq = b.Op("Mul", {x, x});
@@ -177,9 +236,9 @@ absl::Status ErfGrad(GradBuilder& b) {  // 2 / sqrt(pi) exp(-x^2)
   return absl::OkStatus();
 }
 
-absl::Status GeluGrad(GradBuilder& b) {
-  Value* x = b.x(0);
-  if (b.fwd().AttrString("approximate", "none") == "tanh") {
+// d gelu(x) / dx, for the erf form or the tanh approximation.
+Value* GeluDerivative(GradBuilder& b, Value* x, bool tanh_form) {
+  if (tanh_form) {
     // y = 0.5 x (1 + t), t = tanh(u), u = s (x + c x^3):
     // dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) s (1 + 3 c x^2).
     const double s = std::sqrt(2.0 / M_PI), c = 0.044715;
@@ -190,21 +249,75 @@ absl::Status GeluGrad(GradBuilder& b) {
     Value* sech2 = b.Op("Sub", {b.Const(1, x), b.Op("Mul", {t, t})});
     Value* du = b.Op("Mul", {b.Op("Add", {b.Const(1, x), b.Op("Mul", {x2, b.Const(3 * c, x)})}), b.Const(s, x)});
     Value* right = b.Op("Mul", {b.Op("Mul", {b.Op("Mul", {x, b.Const(0.5, x)}), sech2}), du});
-    b.SetGrad(0, b.Op("Mul", {b.dy(), b.Op("Add", {left, right})}));
-    return absl::OkStatus();
+    return b.Op("Add", {left, right});
   }
   // y = x Phi(x): dy/dx = Phi(x) + x phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)).
   Value* erf = b.Op("Erf", {b.Op("Mul", {x, b.Const(1 / std::sqrt(2.0), x)})});
   Value* cdf = b.Op("Mul", {b.Op("Add", {erf, b.Const(1, x)}), b.Const(0.5, x)});
   Value* pdf = ScaledGaussian(b, x, 1 / std::sqrt(2 * M_PI), 0.5);
-  b.SetGrad(0, b.Op("Mul", {b.dy(), b.Op("Add", {cdf, b.Op("Mul", {x, pdf})})}));
+  return b.Op("Add", {cdf, b.Op("Mul", {x, pdf})});
+}
+
+absl::Status GeluGrad(GradBuilder& b) {
+  bool tanh_form = b.fwd().AttrString("approximate", "none") == "tanh";
+  b.SetGrad(0, b.Op("Mul", {b.dy(), GeluDerivative(b, b.x(0), tanh_form)}));
+  return absl::OkStatus();
+}
+
+// y = act(A @ op(B) + bias) with B 2-D. The pre-activation z is recomputed (one GEMM) rather
+// than stored, then dz = dy act'(z), dA = dz op(B)^T, d op(B) = A^T dz, dbias = sum dz.
+absl::Status FusedMatMulGrad(GradBuilder& b) {
+  const bool trans_b = b.fwd().AttrInt("transB", 0) != 0;
+  const std::string act = b.fwd().AttrString("activation", "");
+  if (b.x(1)->shape().rank() != 2 || b.x(0)->shape().rank() < 2)
+    return b.Error("the gradient of FusedMatMul needs a 2-D B and A of rank >= 2");
+  Value* dz = b.dy();
+  if (!act.empty()) {
+    std::vector<Value*> ins = {b.x(0), b.x(1)};
+    if (b.x(2)) ins.push_back(b.x(2));
+    std::vector<std::pair<std::string, graph::Attribute>> attrs;
+    if (trans_b) attrs.emplace_back("transB", graph::Attribute::Int(1));
+    Value* z = b.Op("ai.cleave.FusedMatMul", ins, attrs);
+    dz = b.Op("Mul", {b.dy(), GeluDerivative(b, z, act == "gelu_tanh")});
+  }
+  Value* bt = trans_b ? b.x(1) : b.Op("Transpose", {b.x(1)}, {{"perm", graph::Attribute::Ints({1, 0})}});
+  ASSIGN_OR_RETURN(Value * da, b.ReduceTo(b.Op("MatMul", {dz, bt}), b.x(0)));
+  int r = b.x(0)->shape().rank();
+  std::vector<int64_t> perm(r);
+  for (int k = 0; k < r; ++k) perm[k] = k;
+  std::swap(perm[r - 1], perm[r - 2]);
+  Value* at = b.Op("Transpose", {b.x(0)}, {{"perm", graph::Attribute::Ints(perm)}});
+  Value* dopb_full = b.Op("MatMul", {at, dz});  // [..., K, N], summed over the batch below
+  Value* dopb_shape_like = trans_b ? nullptr : b.x(1);
+  Value* dopb;
+  if (dopb_shape_like) {
+    ASSIGN_OR_RETURN(dopb, b.ReduceTo(dopb_full, dopb_shape_like));
+  } else {
+    const Shape& bs = b.x(1)->shape();  // [N, K]: d op(B) is [K, N]
+    if (!bs.is_static()) return b.Error("the gradient of FusedMatMul(transB) needs B's static shape");
+    Value* summed = dopb_full;
+    if (r > 2) {
+      std::vector<int64_t> lead;
+      for (int k = 0; k < r - 2; ++k) lead.push_back(k);
+      summed = b.g_opset13() ? b.Op("ReduceSum", {dopb_full, b.Ints(lead)}, {{"keepdims", graph::Attribute::Int(0)}})
+                             : b.Op("ReduceSum", {dopb_full}, {{"axes", graph::Attribute::Ints(lead)}, {"keepdims", graph::Attribute::Int(0)}});
+    }
+    dopb = b.Op("Transpose", {summed}, {{"perm", graph::Attribute::Ints({1, 0})}});
+  }
+  b.SetGrad(0, da);
+  b.SetGrad(1, dopb);
+  if (b.x(2)) {
+    ASSIGN_OR_RETURN(Value * dbias, b.ReduceTo(dz, b.x(2)));
+    b.SetGrad(2, dbias);
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
 
 // The rules for linear algebra, normalisation and data movement.
-void RegisterStructuralRules(std::map<std::string, GradRule>& rules);
+void RegisterStructuralRules(std::map<std::string, GradRule>& rules);  // _structural.cc
+void RegisterNnRules(std::map<std::string, GradRule>& rules);          // _nn.cc
 
 namespace {
 
@@ -216,8 +329,11 @@ std::map<std::string, GradRule>& Rules() {
         {"::Sqrt", SqrtGrad}, {"::Reciprocal", ReciprocalGrad}, {"::Tanh", TanhGrad},
         {"::Sigmoid", SigmoidGrad}, {"::Relu", ReluGrad}, {"::Sin", SinGrad}, {"::Cos", CosGrad},
         {"::Erf", ErfGrad}, {"::Gelu", GeluGrad}, {"ai.cleave::Gelu", GeluGrad},
+        {"ai.cleave::FusedMatMul", FusedMatMulGrad},
+        {"::Abs", AbsGrad}, {"::Max", MaxMinGrad}, {"::Min", MaxMinGrad}, {"::Clip", ClipGrad},
     };
     RegisterStructuralRules(*r);
+    RegisterNnRules(*r);
     return r;
   }();
   return *rules;

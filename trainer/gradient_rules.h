@@ -27,12 +27,20 @@ class GradBuilder {
   // Gradient of output i, or nullptr when no gradient flows into it.
   graph::Value* dy(int i = 0) const { return i < static_cast<int>(dy_.size()) ? dy_[i] : nullptr; }
 
-  // Emits a backward node with one output; its attributes follow.
+  // Emits a backward node with one output; its attributes follow. "ai.cleave.Op" names an op
+  // of cleave's domain.
   graph::Value* Op(const std::string& op, std::vector<graph::Value*> inputs,
                    std::vector<std::pair<std::string, graph::Attribute>> attrs = {});
+  // Emits a backward node with `outputs` outputs.
+  std::vector<graph::Value*> OpN(const std::string& op, std::vector<graph::Value*> inputs,
+                                 int outputs,
+                                 std::vector<std::pair<std::string, graph::Attribute>> attrs = {});
   // A scalar constant of `like`'s dtype.
   graph::Value* Const(double v, const graph::Value* like);
   graph::Value* Ints(const std::vector<int64_t>& v);
+  // A zero tensor with `like`'s dtype and (static) shape.
+  graph::Value* Zeros(const graph::Value* like);
+  int64_t graph_opset() const { return g_.OpsetFor(""); }
   // Sums dx over the axes along which x was broadcast to `full`, back to x's shape.
   absl::StatusOr<graph::Value*> ReduceTo(graph::Value* dx, const graph::Value* x);
 

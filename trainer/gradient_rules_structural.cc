@@ -92,9 +92,10 @@ absl::StatusOr<std::vector<int64_t>> ReducedAxes(GradBuilder& b) {
   return axes;
 }
 
-// dy broadcast back over the reduced axes to x's shape.
-absl::StatusOr<Value*> SpreadOverReduced(GradBuilder& b, const std::vector<int64_t>& axes) {
-  Value* dy = b.dy();
+// v (dy, or the reduced output) broadcast back over the reduced axes to x's shape.
+absl::StatusOr<Value*> SpreadOverReduced(GradBuilder& b, const std::vector<int64_t>& axes,
+                                         Value* v = nullptr) {
+  Value* dy = v ? v : b.dy();
   if (b.fwd().AttrInt("keepdims", 1) == 0 && !axes.empty()) {
     dy = b.g_opset13() ? b.Op("Unsqueeze", {dy, b.Ints(axes)})
                        : b.Op("Unsqueeze", {dy}, {{"axes", Attribute::Ints(axes)}});
@@ -119,6 +120,21 @@ absl::Status ReduceMeanGrad(GradBuilder& b) {  // 1 / (elements reduced into eac
   }
   ASSIGN_OR_RETURN(Value * spread, SpreadOverReduced(b, axes));
   b.SetGrad(0, b.Op("Mul", {spread, b.Const(1.0 / static_cast<double>(count), b.dy())}));
+  return absl::OkStatus();
+}
+
+// max (min) over axes: dy goes to the elements equal to the result, split evenly among ties
+// as PyTorch's amax does.
+absl::Status ReduceMaxMinGrad(GradBuilder& b) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReducedAxes(b));
+  ASSIGN_OR_RETURN(Value * result, SpreadOverReduced(b, axes, b.y(0)));
+  ASSIGN_OR_RETURN(Value * dy, SpreadOverReduced(b, axes));
+  Value* hit = b.Op("Equal", {b.x(0), result});
+  Value* ones = b.Op("Cast", {hit}, {{"to", Attribute::Int(static_cast<int64_t>(b.dy()->dtype()))}});
+  Value* ties = b.g_opset13()
+                    ? b.Op("ReduceSum", {ones, b.Ints(axes)}, {{"keepdims", Attribute::Int(1)}})
+                    : b.Op("ReduceSum", {ones}, {{"axes", Attribute::Ints(axes)}, {"keepdims", Attribute::Int(1)}});
+  b.SetGrad(0, b.Op("Where", {hit, b.Op("Div", {dy, ties}), b.Const(0, b.dy())}));
   return absl::OkStatus();
 }
 
@@ -159,6 +175,8 @@ void RegisterStructuralRules(std::map<std::string, GradRule>& rules) {
   rules["::Where"] = WhereGrad;
   rules["::ReduceSum"] = ReduceSumGrad;
   rules["::ReduceMean"] = ReduceMeanGrad;
+  rules["::ReduceMax"] = ReduceMaxMinGrad;
+  rules["::ReduceMin"] = ReduceMaxMinGrad;
   rules["::Softmax"] = SoftmaxGrad;
   rules["::LogSoftmax"] = LogSoftmaxGrad;
 }

@@ -1,0 +1,149 @@
+// Gradient rules for Gemm, LayerNormalization, Dropout, Trilu, Concat and Split (trainer/).
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "trainer/gradient_rules.h"
+
+namespace cleave::trainer {
+
+namespace {
+
+using graph::Attribute;
+using graph::Value;
+
+// Y = alpha op(A) op(B) + beta C: d op(A) = alpha dY op(B)^T, d op(B) = alpha op(A)^T dY,
+// each transposed back when the input was given transposed; dC = beta dY summed to C.
+absl::Status GemmGrad(GradBuilder& b) {
+  const bool ta = b.fwd().AttrInt("transA", 0) != 0, tb = b.fwd().AttrInt("transB", 0) != 0;
+  Attribute alpha = Attribute::Float(b.fwd().AttrFloat("alpha", 1.f));
+  auto flag = [](bool v) { return Attribute::Int(v ? 1 : 0); };
+  // dY op(B)^T is Gemm(dY, B) with B's transpose flag flipped; likewise for A.
+  Value* dopa = b.Op("Gemm", {b.dy(), b.x(1)}, {{"transB", flag(!tb)}, {"alpha", alpha}});
+  Value* dopb = b.Op("Gemm", {b.x(0), b.dy()}, {{"transA", flag(!ta)}, {"alpha", alpha}});
+  auto t2 = [&](Value* v) { return b.Op("Transpose", {v}, {{"perm", Attribute::Ints({1, 0})}}); };
+  b.SetGrad(0, ta ? t2(dopa) : dopa);
+  b.SetGrad(1, tb ? t2(dopb) : dopb);
+  if (b.x(2)) {
+    Value* scaled = b.Op("Mul", {b.dy(), b.Const(b.fwd().AttrFloat("beta", 1.f), b.dy())});
+    ASSIGN_OR_RETURN(Value * dc, b.ReduceTo(scaled, b.x(2)));
+    b.SetGrad(2, dc);
+  }
+  return absl::OkStatus();
+}
+
+// Mean over `axes`, keeping them, in the form the graph's opset takes.
+Value* MeanOver(GradBuilder& b, Value* v, const std::vector<int64_t>& axes, int64_t opset) {
+  if (opset >= 18) return b.Op("ReduceMean", {v, b.Ints(axes)}, {{"keepdims", Attribute::Int(1)}});
+  return b.Op("ReduceMean", {v}, {{"axes", Attribute::Ints(axes)}, {"keepdims", Attribute::Int(1)}});
+}
+
+// With xhat = (x - mean) rstd over the normalised axes and g = dy scale:
+// dx = rstd (g - mean(g) - xhat mean(g xhat)), dscale = sum dy xhat, dbias = sum dy.
+// The statistics are recomputed from x (cheap) rather than taken from optional outputs.
+absl::Status LayerNormGrad(GradBuilder& b) {
+  Value* x = b.x(0);
+  const int r = x->shape().rank();
+  int64_t axis = b.fwd().AttrInt("axis", -1);
+  if (axis < 0) axis += r;
+  std::vector<int64_t> axes;
+  for (int64_t k = axis; k < r; ++k) axes.push_back(k);
+  const int64_t opset = b.graph_opset();
+  Value* mean = MeanOver(b, x, axes, opset);
+  Value* d = b.Op("Sub", {x, mean});
+  Value* var = MeanOver(b, b.Op("Mul", {d, d}), axes, opset);
+  Value* eps = b.Const(b.fwd().AttrFloat("epsilon", 1e-5f), x);
+  Value* rstd = b.Op("Reciprocal", {b.Op("Sqrt", {b.Op("Add", {var, eps})})});
+  Value* xhat = b.Op("Mul", {d, rstd});
+  Value* g = b.Op("Mul", {b.dy(), b.x(1)});
+  Value* inner = b.Op("Sub", {b.Op("Sub", {g, MeanOver(b, g, axes, opset)}),
+                              b.Op("Mul", {xhat, MeanOver(b, b.Op("Mul", {g, xhat}), axes, opset)})});
+  b.SetGrad(0, b.Op("Mul", {rstd, inner}));
+  ASSIGN_OR_RETURN(Value * dscale, b.ReduceTo(b.Op("Mul", {b.dy(), xhat}), b.x(1)));
+  b.SetGrad(1, dscale);
+  if (b.x(2)) {
+    ASSIGN_OR_RETURN(Value * dbias, b.ReduceTo(b.dy(), b.x(2)));
+    b.SetGrad(2, dbias);
+  }
+  return absl::OkStatus();
+}
+
+// Dropout: the identity at inference; in training dx = dy mask / (1 - ratio), read from the
+// mask output, which the forward node must produce.
+absl::Status DropoutGrad(GradBuilder& b) {
+  const Value* mode = b.x(2);
+  bool training = mode != nullptr;
+  if (mode && mode->initializer()) training = mode->initializer()->IntAt(0) != 0;
+  if (b.fwd_version() < 12 || !training) {
+    b.SetGrad(0, b.dy());
+    return absl::OkStatus();
+  }
+  const Value* ratio = b.x(1);
+  double p = 0.5;
+  if (ratio) {
+    if (!ratio->initializer()) return b.Error("the gradient of Dropout needs a constant ratio");
+    p = ratio->initializer()->DoubleAt(0);
+  }
+  if (!b.y(1)) return b.Error("the gradient of Dropout in training mode needs its mask output");
+  Value* mask = b.Op("Cast", {b.y(1)}, {{"to", Attribute::Int(static_cast<int64_t>(b.dy()->dtype()))}});
+  b.SetGrad(0, b.Op("Mul", {b.Op("Mul", {b.dy(), mask}), b.Const(1.0 / (1.0 - p), b.dy())}));
+  return absl::OkStatus();
+}
+
+absl::Status TriluGrad(GradBuilder& b) {  // the same triangle of dy
+  std::vector<Value*> ins = {b.dy()};
+  if (b.x(1)) ins.push_back(b.x(1));
+  b.SetGrad(0, b.Op("Trilu", ins, {{"upper", Attribute::Int(b.fwd().AttrInt("upper", 1))}}));
+  return absl::OkStatus();
+}
+
+// Concat: dy split back into the inputs' extents along the axis.
+absl::Status ConcatGrad(GradBuilder& b) {
+  const int r = b.y(0)->shape().rank();
+  int64_t axis = b.fwd().AttrInt("axis", 0);
+  if (axis < 0) axis += r;
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < b.fwd().num_inputs(); ++i) {
+    const Shape& s = b.x(i)->shape();
+    if (!s.has_rank() || !s[static_cast<int>(axis)].is_static())
+      return b.Error("the gradient of Concat needs static extents along the axis");
+    sizes.push_back(s[static_cast<int>(axis)].value);
+  }
+  std::vector<std::pair<std::string, Attribute>> attrs = {{"axis", Attribute::Int(axis)}};
+  std::vector<Value*> ins = {b.dy()};
+  if (b.g_opset13()) ins.push_back(b.Ints(sizes));
+  else attrs.emplace_back("split", Attribute::Ints(sizes));
+  std::vector<Value*> parts = b.OpN("Split", ins, static_cast<int>(sizes.size()), attrs);
+  for (size_t i = 0; i < parts.size(); ++i) b.SetGrad(static_cast<int>(i), parts[i]);
+  return absl::OkStatus();
+}
+
+// Split: the outputs' gradients concatenated (zeros for outputs no gradient reached).
+absl::Status SplitGrad(GradBuilder& b) {
+  std::vector<Value*> parts;
+  for (int i = 0; i < b.fwd().num_outputs(); ++i) {
+    Value* d = b.dy(i);
+    if (!d) {
+      const Shape& s = b.y(i)->shape();
+      if (!s.is_static()) return b.Error("the gradient of Split needs static output shapes");
+      d = b.Zeros(b.y(i));
+    }
+    parts.push_back(d);
+  }
+  b.SetGrad(0, b.Op("Concat", parts, {{"axis", Attribute::Int(b.fwd().AttrInt("axis", 0))}}));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterNnRules(std::map<std::string, GradRule>& rules) {
+  rules["::Gemm"] = GemmGrad;
+  rules["::LayerNormalization"] = LayerNormGrad;
+  rules["ai.cleave::LayerNormalization"] = LayerNormGrad;
+  rules["::Dropout"] = DropoutGrad;
+  rules["::Trilu"] = TriluGrad;
+  rules["::Concat"] = ConcatGrad;
+  rules["::Split"] = SplitGrad;
+}
+
+}  // namespace cleave::trainer
