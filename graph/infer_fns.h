@@ -4,6 +4,8 @@
 //              losses, Dropout, Trilu.
 // infer_shape_ops.cc: Reshape, Transpose, Concat, Split, Slice, Squeeze, Unsqueeze, Expand,
 //              Gather, Shape, ConstantOfShape, Range, Identity, Constant, Flatten.
+// infer_grad_ops.cc: the ai.cleave gradient ops (GatherGrad, SliceGrad,
+//              SoftmaxCrossEntropyLossGrad).
 #pragma once
 
 #include "graph/op_table.h"
@@ -50,5 +52,10 @@ absl::Status InferRange(InferContext& ctx);
 absl::Status InferIdentity(InferContext& ctx);
 absl::Status InferConstant(InferContext& ctx);
 absl::Status InferFlatten(InferContext& ctx);
+
+// infer_grad_ops.cc
+absl::Status InferGatherGrad(InferContext& ctx);   // (shape, indices, dY) -> dX of `shape`
+absl::Status InferSliceGrad(InferContext& ctx);    // (dY, shape, starts, ends[, axes, steps])
+absl::Status InferSoftmaxCrossEntropyLossGrad(InferContext& ctx);  // -> log_prob's shape
 
 }  // namespace cleave::graph

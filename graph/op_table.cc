@@ -88,6 +88,11 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "Range", {11}, 11, 3, 3, 1, 1, InferRange, false},
       {kOnnx, "Identity", {1, 13, 14, 16, 19, 21}, 1, 1, 1, 1, 1, InferIdentity, true},
       {kOnnx, "Constant", {1, 9, 11, 12, 13, 19, 21}, 1, 0, 0, 1, 1, InferConstant, false},
+      // Gradient ops that the backward graph of Gather, Slice and the loss emits.
+      {C, "GatherGrad", {1}, 1, 3, 3, 1, 1, InferGatherGrad, false},
+      {C, "SliceGrad", {1}, 1, 4, 6, 1, 1, InferSliceGrad, false},
+      {C, "SoftmaxCrossEntropyLossGrad", {1}, 1, 3, 4, 1, 1, InferSoftmaxCrossEntropyLossGrad,
+       false},
   };
 }
 

@@ -62,6 +62,56 @@ OpSchema LayerNormSchema() {
   return s;
 }
 
+const std::vector<std::string> kIndexTypes = {"tensor(int32)", "tensor(int64)"};
+const std::vector<std::string> kGradTypes = {"tensor(float)", "tensor(double)"};
+
+OpSchema GatherGradSchema() {
+  OpSchema s;
+  s.SetName("GatherGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("dX = zeros(shape) with dY scatter-added at indices along axis; see docs/ops.md.")
+      .Input(0, "shape", "the shape of Gather's data", "tensor(int64)")
+      .Input(1, "indices", "Gather's indices", "Tind")
+      .Input(2, "dY", "gradient of Gather's output", "T")
+      .Output(0, "dX", "gradient of Gather's data", "T")
+      .Attr("axis", "Gather's axis", AttributeProto::INT, static_cast<int64_t>(0))
+      .TypeConstraint("T", kGradTypes, "float tensors")
+      .TypeConstraint("Tind", kIndexTypes, "index tensors");
+  return s;
+}
+
+OpSchema SliceGradSchema() {
+  OpSchema s;
+  s.SetName("SliceGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("dX = zeros(shape) with dY written into the Slice-13 positions; see docs/ops.md.")
+      .Input(0, "dY", "gradient of Slice's output", "T")
+      .Input(1, "shape", "the shape of Slice's data", "tensor(int64)")
+      .Input(2, "starts", "Slice's starts", "Tind")
+      .Input(3, "ends", "Slice's ends", "Tind")
+      .Input(4, "axes", "Slice's axes", "Tind", OpSchema::Optional)
+      .Input(5, "steps", "Slice's steps", "Tind", OpSchema::Optional)
+      .Output(0, "dX", "gradient of Slice's data", "T")
+      .TypeConstraint("T", kGradTypes, "float tensors")
+      .TypeConstraint("Tind", kIndexTypes, "index tensors");
+  return s;
+}
+
+OpSchema SoftmaxCrossEntropyLossGradSchema() {
+  OpSchema s;
+  s.SetName("SoftmaxCrossEntropyLossGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Gradient of SoftmaxCrossEntropyLoss with respect to the scores; see docs/ops.md.")
+      .Input(0, "dY", "gradient of the loss", "T")
+      .Input(1, "log_prob", "the forward log_prob [N, C, ...]", "T")
+      .Input(2, "label", "labels [N, ...]", "Tind")
+      .Input(3, "weight", "class weights [C]", "T", OpSchema::Optional)
+      .Output(0, "d_scores", "gradient of the scores", "T")
+      .Attr("reduction", "'none', 'sum' or 'mean'", AttributeProto::STRING, std::string("mean"))
+      .Attr("ignore_index", "label whose positions get no gradient", AttributeProto::INT,
+            false)
+      .TypeConstraint("T", kGradTypes, "float tensors")
+      .TypeConstraint("Tind", kIndexTypes, "label tensors");
+  return s;
+}
+
 }  // namespace
 
 void RegisterCleaveSchemas() {
@@ -71,6 +121,9 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(FusedMatMulSchema());
     onnx::RegisterSchema(GeluSchema());
     onnx::RegisterSchema(LayerNormSchema());
+    onnx::RegisterSchema(GatherGradSchema());
+    onnx::RegisterSchema(SliceGradSchema());
+    onnx::RegisterSchema(SoftmaxCrossEntropyLossGradSchema());
   });
 }
 

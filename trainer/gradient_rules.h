@@ -1,7 +1,8 @@
 // The gradient-rule table (trainer/): one rule per differentiable op. A rule reads the
 // forward node and the gradients of its outputs, emits backward nodes through GradBuilder and
-// sets the gradients of its inputs. Rules are written with the forward op set, so every
-// backward graph runs on any provider that runs the forward graph.
+// sets the gradients of its inputs. Rules are written with the forward op set where they
+// can be; Gather, Slice and SoftmaxCrossEntropyLoss emit ai.cleave gradient ops (GatherGrad,
+// SliceGrad, SoftmaxCrossEntropyLossGrad), which a provider must also run.
 #pragma once
 
 #include <string>

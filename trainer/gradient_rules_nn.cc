@@ -1,4 +1,5 @@
-// Gradient rules for Gemm, LayerNormalization, Dropout, Trilu, Concat and Split (trainer/).
+// Gradient rules for Gemm, LayerNormalization, Dropout, Trilu, Concat, Split, Gather, Slice
+// and SoftmaxCrossEntropyLoss (trainer/). The last three emit ai.cleave gradient ops.
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -134,6 +135,61 @@ absl::Status SplitGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// Gather: dy scatter-added into zeros of x's shape along the axis (repeated indices, as in a
+// tied embedding, accumulate); the indices get no gradient.
+absl::Status GatherGrad(GradBuilder& b) {
+  Value* shape = b.Op("Shape", {b.x(0)});
+  b.SetGrad(0, b.Op("ai.cleave.GatherGrad", {shape, b.x(1), b.dy()},
+                    {{"axis", Attribute::Int(b.fwd().AttrInt("axis", 0))}}));
+  return absl::OkStatus();
+}
+
+// Slice: dy written into zeros of x's shape at the sliced positions. Version 1 takes its
+// arguments as attributes; they become constants here.
+absl::Status SliceGrad(GradBuilder& b) {
+  std::vector<Value*> ins = {b.dy(), b.Op("Shape", {b.x(0)})};
+  if (b.fwd_version() < 10) {
+    ins.push_back(b.Ints(b.fwd().AttrInts("starts")));
+    ins.push_back(b.Ints(b.fwd().AttrInts("ends")));
+    if (b.fwd().HasAttr("axes")) ins.push_back(b.Ints(b.fwd().AttrInts("axes")));
+  } else {
+    for (int i = 1; i < b.fwd().num_inputs(); ++i) ins.push_back(b.x(i));  // omitted stay null
+    while (ins.back() == nullptr) ins.pop_back();
+  }
+  b.SetGrad(0, b.Op("ai.cleave.SliceGrad", ins));
+  return absl::OkStatus();
+}
+
+// SoftmaxCrossEntropyLoss: d loss / d scores = (softmax - onehot(label)) w[label] scaled as
+// the reduction scales, computed by SoftmaxCrossEntropyLossGrad from the forward log_prob.
+// A gradient that reaches log_prob directly adds the LogSoftmax rule along the class axis:
+// dlp - exp(lp) sum_c dlp. Labels and weights get no gradient.
+absl::Status SoftmaxCrossEntropyLossGrad(GradBuilder& b) {
+  Value* lp = b.y(1);
+  if (!lp)
+    return b.Error("the gradient of SoftmaxCrossEntropyLoss needs the log_prob output: the "
+                   "forward SoftmaxCrossEntropyLoss must output log_prob (the training-graph "
+                   "builder adds it)");
+  Value* dx = nullptr;
+  if (b.dy(0)) {
+    std::vector<Value*> ins = {b.dy(0), lp, b.x(1)};
+    if (b.x(2)) ins.push_back(b.x(2));
+    std::vector<std::pair<std::string, Attribute>> attrs = {
+        {"reduction", Attribute::String(b.fwd().AttrString("reduction", "mean"))}};
+    if (b.fwd().HasAttr("ignore_index"))
+      attrs.emplace_back("ignore_index", Attribute::Int(b.fwd().AttrInt("ignore_index", 0)));
+    dx = b.Op("ai.cleave.SoftmaxCrossEntropyLossGrad", ins, attrs);
+  }
+  if (Value* dlp = b.dy(1)) {
+    Value* total = b.g_opset13() ? b.Op("ReduceSum", {dlp, b.Ints({1})}, {{"keepdims", Attribute::Int(1)}})
+                                 : b.Op("ReduceSum", {dlp}, {{"axes", Attribute::Ints({1})}, {"keepdims", Attribute::Int(1)}});
+    Value* d = b.Op("Sub", {dlp, b.Op("Mul", {b.Op("Exp", {lp}), total})});
+    dx = dx ? b.Op("Add", {dx, d}) : d;
+  }
+  b.SetGrad(0, dx);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void RegisterNnRules(std::map<std::string, GradRule>& rules) {
@@ -144,6 +200,9 @@ void RegisterNnRules(std::map<std::string, GradRule>& rules) {
   rules["::Trilu"] = TriluGrad;
   rules["::Concat"] = ConcatGrad;
   rules["::Split"] = SplitGrad;
+  rules["::Gather"] = GatherGrad;
+  rules["::Slice"] = SliceGrad;
+  rules["::SoftmaxCrossEntropyLoss"] = SoftmaxCrossEntropyLossGrad;
 }
 
 }  // namespace cleave::trainer

@@ -27,6 +27,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterElementwiseKernels(registry_);
   RegisterNnKernels(registry_);
   RegisterShapeKernels(registry_);
+  RegisterGradKernels(registry_);
 }
 
 CpuExecutionProvider::~CpuExecutionProvider() = default;

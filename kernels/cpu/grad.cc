@@ -1,0 +1,150 @@
+// Backward kernels of the training ops on the CPU (kernels/cpu/); see grad.h. Scatters zero
+// their output first and then add or write into it; work is split only over output regions
+// that no two tasks share, so results do not depend on the thread count.
+#include "kernels/cpu/grad.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+
+namespace cleave::kernels::cpu {
+
+namespace {
+
+int64_t IndexAt(const TensorView& v, int64_t i) {
+  return v.dtype == DataType::kInt32 ? v.as<const int32_t>()[i] : v.as<const int64_t>()[i];
+}
+
+// dx viewed as [outer, d, inner] around the axis, dy as [outer, n_idx, inner].
+template <typename T>
+void ScatterAdd(const T* dy, const TensorView& indices, int64_t outer, int64_t d, int64_t inner,
+                T* dx, ThreadPool* pool) {
+  const int64_t n_idx = indices.numel();
+  // Tasks own (outer row, block of inner columns) pairs: disjoint parts of dx, each summed
+  // over the indices in order.
+  constexpr int64_t kBlock = 512;
+  const int64_t blocks = (inner + kBlock - 1) / kBlock;
+  ParallelFor(pool, outer * blocks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t o = t / blocks, c0 = (t % blocks) * kBlock, c1 = std::min(inner, c0 + kBlock);
+      T* out = dx + o * d * inner;
+      const T* in = dy + o * n_idx * inner;
+      for (int64_t j = 0; j < n_idx; ++j) {
+        int64_t k = IndexAt(indices, j);
+        if (k < 0) k += d;
+        T* dst = out + k * inner;
+        const T* src = in + j * inner;
+        for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+      }
+    }
+  });
+}
+
+}  // namespace
+
+absl::Status GatherGrad(const TensorView& dy, const TensorView& indices, int axis, TensorView& dx,
+                        ThreadPool* pool) {
+  int64_t outer = 1, inner = 1;
+  for (int k = 0; k < axis; ++k) outer *= dx.dims[k];
+  for (int k = axis + 1; k < dx.rank; ++k) inner *= dx.dims[k];
+  const int64_t d = dx.dims[axis];
+  for (int64_t j = 0; j < indices.numel(); ++j) {
+    const int64_t k = IndexAt(indices, j);
+    if (k < -d || k >= d)
+      return InvalidArgument("index ", k, " at position ", j, " is out of range for axis ", axis,
+                             " of size ", d, ": expected [", -d, ", ", d - 1, "]");
+  }
+  std::memset(dx.data, 0, dx.nbytes());
+  if (dx.dtype == DataType::kFloat64)
+    ScatterAdd(dy.as<const double>(), indices, outer, d, inner, dx.as<double>(), pool);
+  else
+    ScatterAdd(dy.as<const float>(), indices, outer, d, inner, dx.as<float>(), pool);
+  return absl::OkStatus();
+}
+
+void SliceGrad(const TensorView& dy, const SliceParams& p, TensorView& dx, ThreadPool* pool) {
+  (void)pool;  // a strided write of dy's size: cheap next to the zero fill
+  std::memset(dx.data, 0, dx.nbytes());
+  const int r = dx.rank;
+  const int64_t n = dy.numel();
+  if (n == 0) return;
+  int64_t strides[kMaxRank];
+  DenseStrides(dx.dim_span(), strides);
+  // dy element at multi-index i lands at dx offset sum_k (starts[k] + i_k steps[k]) strides[k].
+  int64_t base = 0, step[kMaxRank];
+  for (int k = 0; k < r; ++k) {
+    base += p.starts[k] * strides[k];
+    step[k] = p.steps[k] * strides[k];
+  }
+  ForElementSize(ElementSize(dx.dtype), [&](auto tag) {
+    using U = decltype(tag);
+    const U* src = dy.as<const U>();
+    U* dst = dx.as<U>();
+    int64_t idx[kMaxRank] = {};
+    int64_t off = base;
+    for (int64_t e = 0; e < n; ++e) {
+      dst[off] = src[e];
+      // Odometer step over dy's dims, moving the dx offset along.
+      for (int k = r - 1; k >= 0; --k) {
+        off += step[k];
+        if (++idx[k] < dy.dims[k]) break;
+        off -= step[k] * idx[k];
+        idx[k] = 0;
+      }
+    }
+  });
+}
+
+template <typename T, typename L>
+absl::Status SoftmaxCrossEntropyGrad(const SceParams& p, const T* dy, const T* log_prob,
+                                     const L* labels, const T* weights, T* dx, ThreadPool* pool) {
+  const int64_t N = p.N, C = p.C, D = p.D, positions = N * D;
+  auto ignored = [&](int64_t label) { return p.ignore_index && label == *p.ignore_index; };
+  double weight_sum = 0;  // in position order, as the forward sums it
+  for (int64_t i = 0; i < positions; ++i) {
+    const int64_t l = static_cast<int64_t>(labels[i]);
+    if (ignored(l)) continue;
+    if (l < 0 || l >= C)
+      return InvalidArgument("label ", l, " at position ", i, " is outside [0, ", C, ")",
+                             p.ignore_index ? absl::StrCat(" and is not ignore_index ", *p.ignore_index)
+                                            : std::string());
+    weight_sum += weights ? static_cast<double>(weights[l]) : 1.0;
+  }
+  double scale = 1.0;  // what dy is multiplied by for the reduced forms
+  if (p.reduction == LossReduction::kMean)
+    scale = 1.0 / ((weights || p.ignore_index) ? weight_sum : static_cast<double>(positions));
+  const bool per_position = p.reduction == LossReduction::kNone;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, C));
+  ParallelFor(pool, positions, grain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t n = i / D, d = i % D;
+      const T* lp = log_prob + n * C * D + d;  // lp[c * D] is class c at this position
+      T* out = dx + n * C * D + d;
+      const int64_t l = static_cast<int64_t>(labels[i]);
+      if (ignored(l)) {
+        for (int64_t c = 0; c < C; ++c) out[c * D] = T(0);
+        continue;
+      }
+      const double w = weights ? static_cast<double>(weights[l]) : 1.0;
+      const double g = w * (per_position ? static_cast<double>(dy[i]) : static_cast<double>(dy[0]) * scale);
+      // d(-log_softmax(x)[l]) / dx_c = softmax(x)_c - [c == l], softmax = exp(log_prob).
+      for (int64_t c = 0; c < C; ++c)
+        out[c * D] = static_cast<T>(g * (std::exp(static_cast<double>(lp[c * D])) - (c == l ? 1.0 : 0.0)));
+    }
+  });
+  return absl::OkStatus();
+}
+
+#define CLEAVE_INSTANTIATE_SCE_GRAD(T, L)                                                       \
+  template absl::Status SoftmaxCrossEntropyGrad<T, L>(const SceParams&, const T*, const T*,     \
+                                                      const L*, const T*, T*, ThreadPool*);
+CLEAVE_INSTANTIATE_SCE_GRAD(float, int32_t)
+CLEAVE_INSTANTIATE_SCE_GRAD(float, int64_t)
+CLEAVE_INSTANTIATE_SCE_GRAD(double, int32_t)
+CLEAVE_INSTANTIATE_SCE_GRAD(double, int64_t)
+#undef CLEAVE_INSTANTIATE_SCE_GRAD
+
+}  // namespace cleave::kernels::cpu
