@@ -5,6 +5,7 @@
 #include <string>
 
 #include "graph/infer_shape_util.h"
+#include "graph/op_table.h"
 
 namespace cleave::graph {
 
@@ -30,10 +31,9 @@ bool IsIntShapeType(DataType t) { return t == DataType::kInt64 || t == DataType:
 
 // A small integer constant as a vector (indices, axes, starts...).
 std::optional<std::vector<int64_t>> SmallConstant(const Node& n, int i) {
-  const Value* v = n.input(i);
-  if (!v || !v->initializer() || !IsInteger(v->dtype()) || v->initializer()->numel() > kMaxElements)
-    return std::nullopt;
-  return v->initializer()->ToInt64Vector();
+  const Tensor* t = ConstantInput(n, i);
+  if (!t || !IsInteger(t->dtype()) || t->numel() > kMaxElements) return std::nullopt;
+  return t->ToInt64Vector();
 }
 
 std::optional<Dims> ShapeValue(const Node& n, int version) {
@@ -93,6 +93,16 @@ std::optional<Dims> SliceValue(const Node& n, int version) {
 std::optional<Dims> OutputValue(const Node& n, int version) {
   const std::string& op = n.op_type();
   if (op == "Shape") return ShapeValue(n, version);
+  if (op == "Constant") {  // the value_int(s) forms; a 'value' tensor reads as a constant
+    Dims dims;
+    if (const Attribute* a = n.FindAttr("value_ints"))
+      for (int64_t v : a->ints) dims.push_back(ElementDim(v));
+    else if (const Attribute* b = n.FindAttr("value_int"))
+      dims.push_back(ElementDim(b->i));
+    else
+      return std::nullopt;
+    return dims;
+  }
   if (op == "Gather") return GatherValue(n);
   if (op == "Concat") return ConcatValue(n);
   if (op == "Slice") return SliceValue(n, version);
@@ -152,10 +162,12 @@ void Refine(Node& n, int version) {
     if (auto t = InputDimsValue(n, 0); t && !HasNegative(*t)) refined = Shape(*t);
   } else if (op == "Range") {
     // Range(0, n, 1) has n elements, whatever n is (torch.arange(seq) exports this way).
-    auto start = SmallConstant(n, 0), delta = SmallConstant(n, 2);
+    auto start = InputDimsValue(n, 0), delta = InputDimsValue(n, 2);
     auto limit = InputDimsValue(n, 1);
-    if (start && delta && limit && *start == std::vector<int64_t>{0} &&
-        *delta == std::vector<int64_t>{1} && limit->size() == 1 && !HasNegative(*limit))
+    auto is = [](const std::optional<Dims>& d, int64_t v) {
+      return d && d->size() == 1 && IsLiteral((*d)[0], v);
+    };
+    if (is(start, 0) && is(delta, 1) && limit && limit->size() == 1 && !HasNegative(*limit))
       refined = Shape(*limit);
   } else if (op == "Expand" && !SmallConstant(n, 1)) {
     auto t = InputDimsValue(n, 1);

@@ -98,6 +98,16 @@ std::vector<OpDef> BuildTable() {
 
 }  // namespace
 
+const Tensor* ConstantInput(const Node& n, int i) {
+  const Value* v = n.input(i);
+  if (!v) return nullptr;
+  if (v->initializer()) return v->initializer();
+  const Node* p = v->producer();
+  if (!p || p->op_type() != "Constant" || !p->domain().empty()) return nullptr;
+  const Attribute* a = p->FindAttr("value");
+  return a && a->type == AttrType::kTensor ? &a->t : nullptr;
+}
+
 const std::vector<OpDef>& AllOps() {
   static const std::vector<OpDef>* table = new std::vector<OpDef>(BuildTable());
   return *table;

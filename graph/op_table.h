@@ -18,6 +18,10 @@ inline constexpr char kCleaveDomain[] = "ai.cleave";
 // The newest default-domain opset whose op versions this table records.
 constexpr int kMaxKnownOpset = 22;
 
+// Input i of `n` when its value is known at build time: an initializer, or the tensor of a
+// Constant node (exporters emit those until constant folding turns them into initializers).
+const Tensor* ConstantInput(const Node& n, int i);
+
 // What an inference function sees: the node, its resolved op version, and the types,
 // shapes and (when known) constant values of its inputs.
 class InferContext {
@@ -31,11 +35,8 @@ class InferContext {
   bool has_output(int i) const { return node_.output(i) != nullptr; }
   DataType input_dtype(int i) const { return node_.input(i)->dtype(); }
   const Shape& input_shape(int i) const { return node_.input(i)->shape(); }
-  // The input's value when it is an initializer (constant folding turns Constant nodes
-  // and folded shape arithmetic into initializers), else nullptr.
-  const Tensor* input_constant(int i) const {
-    return has_input(i) ? node_.input(i)->initializer() : nullptr;
-  }
+  // The input's value when it is an initializer or a Constant node's tensor, else nullptr.
+  const Tensor* input_constant(int i) const { return ConstantInput(node_, i); }
   void SetOutput(int i, DataType t, Shape s) const;
 
   template <typename... Args>

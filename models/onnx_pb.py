@@ -41,7 +41,9 @@ def _len_delimited(field, payload):
 
 def tensor_proto_bytes(array, name):
     """Serialises a numpy array as an ONNX TensorProto with raw little-endian data."""
-    array = np.ascontiguousarray(array)
+    # np.ascontiguousarray promotes 0-d arrays to shape (1,); reshape keeps scalars rank 0.
+    shape = np.shape(array)
+    array = np.ascontiguousarray(array).reshape(shape)
     if array.dtype not in _ONNX_DTYPE:
         raise ValueError(f"unsupported dtype {array.dtype} for tensor '{name}'")
     out = bytearray()
@@ -92,7 +94,24 @@ def _read_varint(buf, pos):
 def load_tensor(path):
     """Reads a TensorProto written with raw_data (as save_tensor and onnx do for goldens)."""
     with open(path, "rb") as f:
+        return parse_tensor(f.read(), path)
+
+
+def load_initializers(path):
+    """Returns {name: numpy array} for every initializer of a ModelProto (raw_data only)."""
+    with open(path, "rb") as f:
         buf = f.read()
+    graph = b"".join(value for field, _, value in _fields(buf) if field == 7)
+    tensors = {}
+    for field, _, value in _fields(graph):
+        if field == 5:  # GraphProto.initializer
+            name, array = parse_tensor(value, path)
+            tensors[name] = array
+    return tensors
+
+
+def parse_tensor(buf, where="<bytes>"):
+    """Decodes one serialized TensorProto into (name, numpy array); needs raw_data."""
     dims, dtype, name, raw = [], None, "", None
     for field, wire_type, value in _fields(buf):
         if field == 1 and wire_type == 0:
@@ -109,7 +128,7 @@ def load_tensor(path):
         elif field == 9:
             raw = value
     if raw is None:
-        raise ValueError(f"{path}: tensor has no raw_data")
+        raise ValueError(f"{where}: tensor '{name}' has no raw_data")
     return name, np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(dims).astype(dtype)
 
 
