@@ -70,12 +70,32 @@ absl::StatusOr<Value*> GradBuilder::ReduceTo(Value* dx, const Value* x) {
   const int lead = from.rank() - to.rank();
   for (int k = 0; k < from.rank(); ++k)
     if (k < lead || (to[k - lead].value == 1 && from[k].value != 1)) axes.push_back(k);
-  Value* sum = dx;
-  if (!axes.empty()) {
-    if (g_.OpsetFor("") >= 13) sum = Op("ReduceSum", {dx, Ints(axes)}, {{"keepdims", Attribute::Int(1)}});
-    else sum = Op("ReduceSum", {dx}, {{"axes", Attribute::Ints(axes)}, {"keepdims", Attribute::Int(1)}});
-  }
+  Value* sum = axes.empty() ? dx : ReduceSum(dx, axes, /*keepdims=*/true);
   return Op("Reshape", {sum, Ints(to.StaticDims())});
+}
+
+Value* GradBuilder::ReduceSum(Value* v, const std::vector<int64_t>& axes, bool keepdims) {
+  Attribute keep = Attribute::Int(keepdims ? 1 : 0);
+  if (g_opset13()) return Op("ReduceSum", {v, Ints(axes)}, {{"keepdims", keep}});
+  return Op("ReduceSum", {v}, {{"axes", Attribute::Ints(axes)}, {"keepdims", keep}});
+}
+
+Value* GradBuilder::ReduceMean(Value* v, const std::vector<int64_t>& axes) {
+  if (graph_opset() >= 18) return Op("ReduceMean", {v, Ints(axes)}, {{"keepdims", Attribute::Int(1)}});
+  return Op("ReduceMean", {v}, {{"axes", Attribute::Ints(axes)}, {"keepdims", Attribute::Int(1)}});
+}
+
+Value* GradBuilder::Unsqueeze(Value* v, const std::vector<int64_t>& axes) {
+  if (g_opset13()) return Op("Unsqueeze", {v, Ints(axes)});
+  return Op("Unsqueeze", {v}, {{"axes", Attribute::Ints(axes)}});
+}
+
+Value* GradBuilder::TransposeLast2(Value* v) {
+  const int r = v->shape().rank();
+  std::vector<int64_t> perm(r);
+  for (int k = 0; k < r; ++k) perm[k] = k;
+  std::swap(perm[r - 1], perm[r - 2]);
+  return Op("Transpose", {v}, {{"perm", Attribute::Ints(perm)}});
 }
 
 void GradBuilder::SetGrad(int input, Value* dx) {
@@ -280,29 +300,18 @@ absl::Status FusedMatMulGrad(GradBuilder& b) {
     Value* z = b.Op("ai.cleave.FusedMatMul", ins, attrs);
     dz = b.Op("Mul", {b.dy(), GeluDerivative(b, z, act == "gelu_tanh")});
   }
-  Value* bt = trans_b ? b.x(1) : b.Op("Transpose", {b.x(1)}, {{"perm", graph::Attribute::Ints({1, 0})}});
+  Value* bt = trans_b ? b.x(1) : b.TransposeLast2(b.x(1));
   ASSIGN_OR_RETURN(Value * da, b.ReduceTo(b.Op("MatMul", {dz, bt}), b.x(0)));
-  int r = b.x(0)->shape().rank();
-  std::vector<int64_t> perm(r);
-  for (int k = 0; k < r; ++k) perm[k] = k;
-  std::swap(perm[r - 1], perm[r - 2]);
-  Value* at = b.Op("Transpose", {b.x(0)}, {{"perm", graph::Attribute::Ints(perm)}});
-  Value* dopb_full = b.Op("MatMul", {at, dz});  // [..., K, N], summed over the batch below
-  Value* dopb_shape_like = trans_b ? nullptr : b.x(1);
+  Value* dopb_full = b.Op("MatMul", {b.TransposeLast2(b.x(0)), dz});  // [..., K, N]
   Value* dopb;
-  if (dopb_shape_like) {
-    ASSIGN_OR_RETURN(dopb, b.ReduceTo(dopb_full, dopb_shape_like));
-  } else {
-    const Shape& bs = b.x(1)->shape();  // [N, K]: d op(B) is [K, N]
-    if (!bs.is_static()) return b.Error("the gradient of FusedMatMul(transB) needs B's static shape");
-    Value* summed = dopb_full;
-    if (r > 2) {
-      std::vector<int64_t> lead;
-      for (int k = 0; k < r - 2; ++k) lead.push_back(k);
-      summed = b.g_opset13() ? b.Op("ReduceSum", {dopb_full, b.Ints(lead)}, {{"keepdims", graph::Attribute::Int(0)}})
-                             : b.Op("ReduceSum", {dopb_full}, {{"axes", graph::Attribute::Ints(lead)}, {"keepdims", graph::Attribute::Int(0)}});
-    }
-    dopb = b.Op("Transpose", {summed}, {{"perm", graph::Attribute::Ints({1, 0})}});
+  if (!trans_b) {
+    ASSIGN_OR_RETURN(dopb, b.ReduceTo(dopb_full, b.x(1)));
+  } else {  // B is [N, K]: sum d op(B) over the batch, then transpose it back
+    const int r = b.x(0)->shape().rank();
+    std::vector<int64_t> lead;
+    for (int k = 0; k < r - 2; ++k) lead.push_back(k);
+    Value* summed = lead.empty() ? dopb_full : b.ReduceSum(dopb_full, lead, /*keepdims=*/false);
+    dopb = b.TransposeLast2(summed);
   }
   b.SetGrad(0, da);
   b.SetGrad(1, dopb);

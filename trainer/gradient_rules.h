@@ -42,6 +42,13 @@ class GradBuilder {
   // A zero tensor with `like`'s dtype and (static) shape.
   graph::Value* Zeros(const graph::Value* like);
   int64_t graph_opset() const { return g_.OpsetFor(""); }
+  // ReduceSum / ReduceMean over `axes` and Unsqueeze at `axes`, in the form the graph's opset
+  // takes (axes as an input from opset 13, 18 for ReduceMean; as an attribute before).
+  graph::Value* ReduceSum(graph::Value* v, const std::vector<int64_t>& axes, bool keepdims);
+  graph::Value* ReduceMean(graph::Value* v, const std::vector<int64_t>& axes);  // keepdims
+  graph::Value* Unsqueeze(graph::Value* v, const std::vector<int64_t>& axes);
+  // v with its last two axes swapped.
+  graph::Value* TransposeLast2(graph::Value* v);
   // Sums dx over the axes along which x was broadcast to `full`, back to x's shape.
   absl::StatusOr<graph::Value*> ReduceTo(graph::Value* dx, const graph::Value* x);
 

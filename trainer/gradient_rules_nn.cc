@@ -33,12 +33,6 @@ absl::Status GemmGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
-// Mean over `axes`, keeping them, in the form the graph's opset takes.
-Value* MeanOver(GradBuilder& b, Value* v, const std::vector<int64_t>& axes, int64_t opset) {
-  if (opset >= 18) return b.Op("ReduceMean", {v, b.Ints(axes)}, {{"keepdims", Attribute::Int(1)}});
-  return b.Op("ReduceMean", {v}, {{"axes", Attribute::Ints(axes)}, {"keepdims", Attribute::Int(1)}});
-}
-
 // With xhat = (x - mean) rstd over the normalised axes and g = dy scale:
 // dx = rstd (g - mean(g) - xhat mean(g xhat)), dscale = sum dy xhat, dbias = sum dy.
 // The statistics are recomputed from x (cheap) rather than taken from optional outputs.
@@ -49,16 +43,15 @@ absl::Status LayerNormGrad(GradBuilder& b) {
   if (axis < 0) axis += r;
   std::vector<int64_t> axes;
   for (int64_t k = axis; k < r; ++k) axes.push_back(k);
-  const int64_t opset = b.graph_opset();
-  Value* mean = MeanOver(b, x, axes, opset);
+  Value* mean = b.ReduceMean(x, axes);
   Value* d = b.Op("Sub", {x, mean});
-  Value* var = MeanOver(b, b.Op("Mul", {d, d}), axes, opset);
+  Value* var = b.ReduceMean(b.Op("Mul", {d, d}), axes);
   Value* eps = b.Const(b.fwd().AttrFloat("epsilon", 1e-5f), x);
   Value* rstd = b.Op("Reciprocal", {b.Op("Sqrt", {b.Op("Add", {var, eps})})});
   Value* xhat = b.Op("Mul", {d, rstd});
   Value* g = b.Op("Mul", {b.dy(), b.x(1)});
-  Value* inner = b.Op("Sub", {b.Op("Sub", {g, MeanOver(b, g, axes, opset)}),
-                              b.Op("Mul", {xhat, MeanOver(b, b.Op("Mul", {g, xhat}), axes, opset)})});
+  Value* inner = b.Op("Sub", {b.Op("Sub", {g, b.ReduceMean(g, axes)}),
+                              b.Op("Mul", {xhat, b.ReduceMean(b.Op("Mul", {g, xhat}), axes)})});
   b.SetGrad(0, b.Op("Mul", {rstd, inner}));
   ASSIGN_OR_RETURN(Value * dscale, b.ReduceTo(b.Op("Mul", {b.dy(), xhat}), b.x(1)));
   b.SetGrad(1, dscale);
@@ -181,8 +174,7 @@ absl::Status SoftmaxCrossEntropyLossGrad(GradBuilder& b) {
     dx = b.Op("ai.cleave.SoftmaxCrossEntropyLossGrad", ins, attrs);
   }
   if (Value* dlp = b.dy(1)) {
-    Value* total = b.g_opset13() ? b.Op("ReduceSum", {dlp, b.Ints({1})}, {{"keepdims", Attribute::Int(1)}})
-                                 : b.Op("ReduceSum", {dlp}, {{"axes", Attribute::Ints({1})}, {"keepdims", Attribute::Int(1)}});
+    Value* total = b.ReduceSum(dlp, {1}, /*keepdims=*/true);
     Value* d = b.Op("Sub", {dlp, b.Op("Mul", {b.Op("Exp", {lp}), total})});
     dx = dx ? b.Op("Add", {dx, d}) : d;
   }

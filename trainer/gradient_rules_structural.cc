@@ -1,6 +1,5 @@
 // Gradient rules for linear algebra, normalisation and data movement (trainer/).
 #include <map>
-#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -13,22 +12,13 @@ namespace {
 using graph::Attribute;
 using graph::Value;
 
-// Swaps the last two axes of a rank-r tensor.
-Value* TransposeLast2(GradBuilder& b, Value* v) {
-  int r = v->shape().rank();
-  std::vector<int64_t> perm(r);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::swap(perm[r - 1], perm[r - 2]);
-  return b.Op("Transpose", {v}, {{"perm", Attribute::Ints(perm)}});
-}
-
 // C = A @ B over [..., M, K] x [..., K, N]: dA = dC @ B^T, dB = A^T @ dC, each summed back
 // over the batch dims its operand was broadcast along.
 absl::Status MatMulGrad(GradBuilder& b) {
   if (b.x(0)->shape().rank() < 2 || b.x(1)->shape().rank() < 2)
     return b.Error("the gradient of MatMul with a 1-D operand is not implemented");
-  ASSIGN_OR_RETURN(Value * da, b.ReduceTo(b.Op("MatMul", {b.dy(), TransposeLast2(b, b.x(1))}), b.x(0)));
-  ASSIGN_OR_RETURN(Value * db, b.ReduceTo(b.Op("MatMul", {TransposeLast2(b, b.x(0)), b.dy()}), b.x(1)));
+  ASSIGN_OR_RETURN(Value * da, b.ReduceTo(b.Op("MatMul", {b.dy(), b.TransposeLast2(b.x(1))}), b.x(0)));
+  ASSIGN_OR_RETURN(Value * db, b.ReduceTo(b.Op("MatMul", {b.TransposeLast2(b.x(0)), b.dy()}), b.x(1)));
   b.SetGrad(0, da);
   b.SetGrad(1, db);
   return absl::OkStatus();
@@ -97,8 +87,7 @@ absl::StatusOr<Value*> SpreadOverReduced(GradBuilder& b, const std::vector<int64
                                          Value* v = nullptr) {
   Value* dy = v ? v : b.dy();
   if (b.fwd().AttrInt("keepdims", 1) == 0 && !axes.empty()) {
-    dy = b.g_opset13() ? b.Op("Unsqueeze", {dy, b.Ints(axes)})
-                       : b.Op("Unsqueeze", {dy}, {{"axes", Attribute::Ints(axes)}});
+    dy = b.Unsqueeze(dy, axes);
   }
   return b.Op("Expand", {dy, b.Op("Shape", {b.x(0)})});
 }
@@ -131,16 +120,9 @@ absl::Status ReduceMaxMinGrad(GradBuilder& b) {
   ASSIGN_OR_RETURN(Value * dy, SpreadOverReduced(b, axes));
   Value* hit = b.Op("Equal", {b.x(0), result});
   Value* ones = b.Op("Cast", {hit}, {{"to", Attribute::Int(static_cast<int64_t>(b.dy()->dtype()))}});
-  Value* ties = b.g_opset13()
-                    ? b.Op("ReduceSum", {ones, b.Ints(axes)}, {{"keepdims", Attribute::Int(1)}})
-                    : b.Op("ReduceSum", {ones}, {{"axes", Attribute::Ints(axes)}, {"keepdims", Attribute::Int(1)}});
+  Value* ties = b.ReduceSum(ones, axes, /*keepdims=*/true);
   b.SetGrad(0, b.Op("Where", {hit, b.Op("Div", {dy, ties}), b.Const(0, b.dy())}));
   return absl::OkStatus();
-}
-
-Value* SumOverAxis(GradBuilder& b, Value* v, int64_t axis) {
-  if (b.g_opset13()) return b.Op("ReduceSum", {v, b.Ints({axis})}, {{"keepdims", Attribute::Int(1)}});
-  return b.Op("ReduceSum", {v}, {{"axes", Attribute::Ints({axis})}, {"keepdims", Attribute::Int(1)}});
 }
 
 absl::StatusOr<int64_t> SoftmaxAxis(GradBuilder& b) {
@@ -150,14 +132,14 @@ absl::StatusOr<int64_t> SoftmaxAxis(GradBuilder& b) {
 
 absl::Status SoftmaxGrad(GradBuilder& b) {  // y (dy - sum(dy y)) along the axis
   ASSIGN_OR_RETURN(int64_t axis, SoftmaxAxis(b));
-  Value* dot = SumOverAxis(b, b.Op("Mul", {b.dy(), b.y(0)}), axis);
+  Value* dot = b.ReduceSum(b.Op("Mul", {b.dy(), b.y(0)}), {axis}, /*keepdims=*/true);
   b.SetGrad(0, b.Op("Mul", {b.y(0), b.Op("Sub", {b.dy(), dot})}));
   return absl::OkStatus();
 }
 
 absl::Status LogSoftmaxGrad(GradBuilder& b) {  // dy - exp(y) sum(dy) along the axis
   ASSIGN_OR_RETURN(int64_t axis, SoftmaxAxis(b));
-  Value* total = SumOverAxis(b, b.dy(), axis);
+  Value* total = b.ReduceSum(b.dy(), {axis}, /*keepdims=*/true);
   b.SetGrad(0, b.Op("Sub", {b.dy(), b.Op("Mul", {b.Op("Exp", {b.y(0)}), total})}));
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #include "graph/op_table.h"
 #include "kernels/cpu/grad.h"
 #include "providers/cpu/cpu_provider.h"
+#include "providers/cpu/nn_ops.h"
 #include "providers/cpu/shape_ops.h"
 
 namespace cleave::providers {
@@ -85,13 +86,10 @@ class SliceGradKernel : public OpKernel {
 class SceGradKernel : public OpKernel {
  public:
   static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
-    const std::string red = n.AttrString("reduction", "mean");
+    ASSIGN_OR_RETURN(LossAttrs attrs, ParseLossAttrs(n));
     auto k = std::unique_ptr<SceGradKernel>(new SceGradKernel());
-    if (red == "none") k->reduction_ = LossReduction::kNone;
-    else if (red == "sum") k->reduction_ = LossReduction::kSum;
-    else if (red == "mean") k->reduction_ = LossReduction::kMean;
-    else return InvalidArgument(n.Describe(), ": expected reduction 'none', 'sum' or 'mean', got '", red, "'");
-    if (n.HasAttr("ignore_index")) k->ignore_index_ = n.AttrInt("ignore_index", 0);
+    k->reduction_ = attrs.reduction;
+    k->ignore_index_ = attrs.ignore_index;
     return std::unique_ptr<OpKernel>(std::move(k));
   }
 

@@ -4,9 +4,22 @@
 // nn_ops.cc (Dropout, Trilu); RegisterNnKernels in nn_ops.cc registers all four families.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "kernels/cpu/nn.h"
 #include "providers/kernel.h"
 
 namespace cleave::providers {
+
+// SoftmaxCrossEntropyLoss's attributes, shared by the loss and its gradient kernel.
+struct LossAttrs {
+  kernels::cpu::LossReduction reduction = kernels::cpu::LossReduction::kMean;
+  std::optional<int64_t> ignore_index;
+};
+absl::StatusOr<LossAttrs> ParseLossAttrs(const graph::Node& n);  // reduce_ops.cc
 
 void RegisterMatMulKernels(KernelRegistry& r);  // matmul_ops.cc
 void RegisterNormKernels(KernelRegistry& r);    // norm_ops.cc

@@ -103,16 +103,28 @@ SupportsFn ReduceTypes(ReduceKind kind) {
   };
 }
 
+}  // namespace
+
+absl::StatusOr<LossAttrs> ParseLossAttrs(const graph::Node& n) {
+  LossAttrs a;
+  const std::string red = n.AttrString("reduction", "mean");
+  if (red == "none") a.reduction = LossReduction::kNone;
+  else if (red == "sum") a.reduction = LossReduction::kSum;
+  else if (red == "mean") a.reduction = LossReduction::kMean;
+  else return InvalidArgument(n.Describe(), ": expected reduction 'none', 'sum' or 'mean', got '", red, "'");
+  if (n.HasAttr("ignore_index")) a.ignore_index = n.AttrInt("ignore_index", 0);
+  return a;
+}
+
+namespace {
+
 class SceKernel : public OpKernel {
  public:
   static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
-    const std::string red = n.AttrString("reduction", "mean");
+    ASSIGN_OR_RETURN(LossAttrs attrs, ParseLossAttrs(n));
     auto k = std::unique_ptr<SceKernel>(new SceKernel());
-    if (red == "none") k->reduction_ = LossReduction::kNone;
-    else if (red == "sum") k->reduction_ = LossReduction::kSum;
-    else if (red == "mean") k->reduction_ = LossReduction::kMean;
-    else return InvalidArgument(n.Describe(), ": expected reduction 'none', 'sum' or 'mean', got '", red, "'");
-    if (n.HasAttr("ignore_index")) k->ignore_index_ = n.AttrInt("ignore_index", 0);
+    k->reduction_ = attrs.reduction;
+    k->ignore_index_ = attrs.ignore_index;
     return std::unique_ptr<OpKernel>(std::move(k));
   }
 
