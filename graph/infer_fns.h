@@ -57,5 +57,10 @@ absl::Status InferFlatten(InferContext& ctx);
 absl::Status InferGatherGrad(InferContext& ctx);   // (shape, indices, dY) -> dX of `shape`
 absl::Status InferSliceGrad(InferContext& ctx);    // (dY, shape, starts, ends[, axes, steps])
 absl::Status InferSoftmaxCrossEntropyLossGrad(InferContext& ctx);  // -> log_prob's shape
+// Training ops (infer_train_ops.cc).
+absl::Status InferInPlaceAccumulator(InferContext& ctx);  // (buffer, grad, reset) -> buffer
+absl::Status InferSquaredNorm(InferContext& ctx);         // (x...) -> f32 scalar
+absl::Status InferAdamW(InferContext& ctx);               // -> param, exp_avg, exp_avg_sq
+absl::Status InferSGD(InferContext& ctx);                 // -> param[, momentum_buffer]
 
 }  // namespace cleave::graph

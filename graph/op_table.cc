@@ -93,6 +93,11 @@ std::vector<OpDef> BuildTable() {
       {C, "SliceGrad", {1}, 1, 4, 6, 1, 1, InferSliceGrad, false},
       {C, "SoftmaxCrossEntropyLossGrad", {1}, 1, 3, 4, 1, 1, InferSoftmaxCrossEntropyLossGrad,
        false},
+      // Training ops: gradient accumulation and the optimizer graph.
+      {C, "InPlaceAccumulator", {1}, 1, 3, 3, 1, 1, InferInPlaceAccumulator, false},
+      {C, "SquaredNorm", {1}, 1, 1, kVar, 1, 1, InferSquaredNorm, false},
+      {C, "AdamW", {1}, 1, 7, 7, 3, 3, InferAdamW, false},
+      {C, "SGD", {1}, 1, 5, 6, 1, 2, InferSGD, false},
   };
 }
 

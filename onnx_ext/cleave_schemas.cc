@@ -112,6 +112,69 @@ OpSchema SoftmaxCrossEntropyLossGradSchema() {
   return s;
 }
 
+OpSchema InPlaceAccumulatorSchema() {
+  OpSchema s;
+  s.SetName("InPlaceAccumulator").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("out = reset ? grad : buffer + grad; the runtime binds out to buffer's memory.")
+      .Input(0, "buffer", "the accumulation buffer", "tensor(float)")
+      .Input(1, "grad", "this micro-batch's gradient", "tensor(float)")
+      .Input(2, "reset", "true on the first micro-batch after an optimizer step", "tensor(bool)")
+      .Output(0, "out", "the updated buffer", "tensor(float)");
+  return s;
+}
+
+OpSchema SquaredNormSchema() {
+  OpSchema s;
+  s.SetName("SquaredNorm").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Sum of the squares of every element of every input, accumulated in double.")
+      .Input(0, "x", "tensors", "tensor(float)", OpSchema::Variadic)
+      .Output(0, "y", "float scalar", "tensor(float)");
+  return s;
+}
+
+OpSchema AdamWSchema() {
+  OpSchema s;
+  s.SetName("AdamW").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("One AdamW step with PyTorch semantics (decoupled weight decay, bias correction); "
+              "grad is multiplied by grad_scale first. See docs/ops.md.")
+      .Input(0, "lr", "learning rate (scalar)", "tensor(float)")
+      .Input(1, "step", "1-based step number (scalar)", "tensor(int64)")
+      .Input(2, "grad_scale", "factor applied to grad (scalar)", "tensor(float)")
+      .Input(3, "param", "parameter", "tensor(float)")
+      .Input(4, "grad", "gradient", "tensor(float)")
+      .Input(5, "exp_avg", "first moment", "tensor(float)")
+      .Input(6, "exp_avg_sq", "second moment", "tensor(float)")
+      .Output(0, "param_out", "updated parameter", "tensor(float)")
+      .Output(1, "exp_avg_out", "updated first moment", "tensor(float)")
+      .Output(2, "exp_avg_sq_out", "updated second moment", "tensor(float)")
+      .Attr("beta1", "first-moment decay", AttributeProto::FLOAT, 0.9f)
+      .Attr("beta2", "second-moment decay", AttributeProto::FLOAT, 0.999f)
+      .Attr("epsilon", "denominator term", AttributeProto::FLOAT, 1e-8f)
+      .Attr("weight_decay", "decoupled weight decay", AttributeProto::FLOAT, 0.0f);
+  return s;
+}
+
+OpSchema SGDSchema() {
+  OpSchema s;
+  s.SetName("SGD").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("One SGD step with PyTorch semantics (L2 weight decay, momentum, dampening, "
+              "Nesterov); grad is multiplied by grad_scale first. See docs/ops.md.")
+      .Input(0, "lr", "learning rate (scalar)", "tensor(float)")
+      .Input(1, "step", "1-based step number (scalar)", "tensor(int64)")
+      .Input(2, "grad_scale", "factor applied to grad (scalar)", "tensor(float)")
+      .Input(3, "param", "parameter", "tensor(float)")
+      .Input(4, "grad", "gradient", "tensor(float)")
+      .Input(5, "momentum_buffer", "momentum buffer", "tensor(float)", OpSchema::Optional)
+      .Output(0, "param_out", "updated parameter", "tensor(float)")
+      .Output(1, "momentum_buffer_out", "updated momentum buffer", "tensor(float)",
+              OpSchema::Optional)
+      .Attr("momentum", "momentum factor", AttributeProto::FLOAT, 0.0f)
+      .Attr("dampening", "dampening for momentum", AttributeProto::FLOAT, 0.0f)
+      .Attr("weight_decay", "L2 penalty added to the gradient", AttributeProto::FLOAT, 0.0f)
+      .Attr("nesterov", "Nesterov momentum", AttributeProto::INT, static_cast<int64_t>(0));
+  return s;
+}
+
 }  // namespace
 
 void RegisterCleaveSchemas() {
@@ -124,6 +187,10 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(GatherGradSchema());
     onnx::RegisterSchema(SliceGradSchema());
     onnx::RegisterSchema(SoftmaxCrossEntropyLossGradSchema());
+    onnx::RegisterSchema(InPlaceAccumulatorSchema());
+    onnx::RegisterSchema(SquaredNormSchema());
+    onnx::RegisterSchema(AdamWSchema());
+    onnx::RegisterSchema(SGDSchema());
   });
 }
 

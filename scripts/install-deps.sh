@@ -11,7 +11,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libonnx-dev libonnx-testdata libprotobuf-dev protobuf-compiler
-  libabsl-dev libopenblas-dev libgtest-dev libgmock-dev
+  libabsl-dev libopenblas-dev libgtest-dev libgmock-dev zlib1g-dev
   gnuplot-nox graphviz clang libclang-rt-14-dev
   python3 python3-pip
 )

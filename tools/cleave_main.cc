@@ -22,7 +22,18 @@ void Usage() {
                "  conformance DIR... [--filter SUBSTR] [--quiet]\n"
                "      run every ONNX backend test folder under DIR and report\n"
                "      (--exclude FILE lists tests to skip, each with its reason)\n"
-               "      'N passed, N failed, N skipped'\n");
+               "      'N passed, N failed, N skipped'\n"
+               "  train MODEL.onnx --data FILE [--loss cross_entropy|mse] [--optimizer adamw|sgd]\n"
+               "        [--lr 3e-4] [--min-lr LR/10] [--weight-decay 0] [--beta1 0.9] [--beta2 0.999]\n"
+               "        [--eps 1e-8] [--momentum 0] [--nesterov] [--warmup 0]\n"
+               "        [--lr-schedule cosine|linear|constant] [--clip 0] --batch B --seq T --steps N\n"
+               "        [--grad-accum K] [--seed S] [--no-shuffle] [--val-fraction 0.1]\n"
+               "        [--eval-every E] [--eval-batches 4] [--metrics FILE.jsonl] [--plot FILE.png]\n"
+               "        [--checkpoint-dir DIR [--checkpoint-every N] [--keep-checkpoints 3] [--resume]]\n"
+               "        [--save-model OUT.onnx] [--save-artifacts DIR] [--freeze NAME|REGEX,...]\n"
+               "        [--threads N] [--log-every 1]\n"
+               "      train a causal LM on a token file (.bin: uint16 tokens; anything else: bytes);\n"
+               "      --batch is the global batch, --clip 0 and --weight-decay 0 turn those off\n");
 }
 
 }  // namespace
@@ -37,6 +48,7 @@ int main(int argc, char** argv) {
   if (cmd == "run") return cleave::tools::RunCommand(args);
   if (cmd == "inspect") return cleave::tools::InspectCommand(args);
   if (cmd == "conformance") return cleave::tools::ConformanceCommand(args);
+  if (cmd == "train") return cleave::tools::TrainCommand(args);
   std::fprintf(stderr, "cleave: unknown command '%s'\n\n", cmd.c_str());
   Usage();
   return 2;

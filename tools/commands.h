@@ -12,5 +12,6 @@ using Args = std::vector<std::string>;
 int RunCommand(const Args& args);          // cleave run MODEL --input NAME=FILE.pb --output-dir DIR
 int InspectCommand(const Args& args);      // cleave inspect MODEL
 int ConformanceCommand(const Args& args);  // cleave conformance DIR...
+int TrainCommand(const Args& args);        // cleave train MODEL --data FILE ...
 
 }  // namespace cleave::tools

@@ -13,6 +13,7 @@ void RegisterElementwiseKernels(KernelRegistry& r);  // cpu/elementwise_ops.cc
 void RegisterNnKernels(KernelRegistry& r);           // cpu/nn_ops.cc
 void RegisterShapeKernels(KernelRegistry& r);        // cpu/shape_ops.cc
 void RegisterGradKernels(KernelRegistry& r);         // cpu/grad_ops.cc
+void RegisterOptimizerKernels(KernelRegistry& r);    // cpu/optimizer_ops.cc
 
 class CpuAllocator : public Allocator {
  public:

@@ -1,0 +1,90 @@
+// Optimizer math on the CPU (kernels/): see optimizer.h. The float/double split follows
+// PyTorch's single-tensor optimizers: per-element arithmetic in fp32, step-wide scalars
+// (bias corrections, step size, decay factor) in double and rounded once to fp32.
+#include "kernels/cpu/optimizer.h"
+
+#include <cmath>
+#include <vector>
+
+namespace cleave::kernels::cpu {
+
+namespace {
+constexpr int64_t kGrain = 1 << 14;
+}
+
+void AccumulateGrad(const float* buffer, const float* grad, bool reset, float* out, int64_t n,
+                    ThreadPool* pool) {
+  ParallelFor(pool, n, kGrain, [&](int64_t i0, int64_t i1) {
+    if (reset) {
+      for (int64_t i = i0; i < i1; ++i) out[i] = grad[i];
+    } else {
+      for (int64_t i = i0; i < i1; ++i) out[i] = buffer[i] + grad[i];
+    }
+  });
+}
+
+double SquaredNorm(const float* x, int64_t n, ThreadPool* pool) {
+  const int64_t blocks = (n + kGrain - 1) / kGrain;
+  std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
+  ParallelFor(pool, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t e = std::min(n, (b + 1) * kGrain);
+      double s = 0.0;
+      for (int64_t i = b * kGrain; i < e; ++i) s += static_cast<double>(x[i]) * x[i];
+      partial[b] = s;
+    }
+  });
+  double total = 0.0;
+  for (double s : partial) total += s;
+  return total;
+}
+
+void AdamWStep(const AdamWParams& p, const float* param, const float* grad, const float* exp_avg,
+               const float* exp_avg_sq, float* param_out, float* exp_avg_out,
+               float* exp_avg_sq_out, int64_t n, ThreadPool* pool) {
+  const double step = static_cast<double>(p.step);
+  const double beta1 = p.beta1, beta2 = p.beta2;
+  const float decay = static_cast<float>(1.0 - p.lr * p.weight_decay);
+  const float one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  const float one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  const double bias_correction1 = 1.0 - std::pow(beta1, step);
+  const double bias_correction2 = 1.0 - std::pow(beta2, step);
+  const float neg_step_size = static_cast<float>(-(p.lr / bias_correction1));
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  const float b1 = p.beta1, b2 = p.beta2, eps = p.epsilon, scale = p.grad_scale;
+  ParallelFor(pool, n, kGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float g = grad[i] * scale;
+      const float w = param[i] * decay;
+      const float m = exp_avg[i] * b1 + one_minus_beta1 * g;
+      const float v = exp_avg_sq[i] * b2 + one_minus_beta2 * (g * g);
+      const float denom = std::sqrt(v) / bc2_sqrt + eps;
+      param_out[i] = w + neg_step_size * (m / denom);
+      exp_avg_out[i] = m;
+      exp_avg_sq_out[i] = v;
+    }
+  });
+}
+
+void SgdStep(const SgdParams& p, const float* param, const float* grad, const float* buffer,
+             float* param_out, float* buffer_out, int64_t n, ThreadPool* pool) {
+  const float neg_lr = static_cast<float>(-p.lr);
+  const float wd = p.weight_decay, mom = p.momentum;
+  const float keep = 1.0f - p.dampening;
+  const bool first = p.step <= 1, use_momentum = p.momentum != 0.0f;
+  const float scale = p.grad_scale;
+  ParallelFor(pool, n, kGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      float d = grad[i] * scale;
+      if (wd != 0.0f) d = d + wd * param[i];
+      if (use_momentum) {
+        const float b = first ? d : buffer[i] * mom + keep * d;
+        buffer_out[i] = b;
+        d = p.nesterov ? d + mom * b : b;
+      }
+      param_out[i] = param[i] + neg_lr * d;
+    }
+  });
+}
+
+}  // namespace cleave::kernels::cpu

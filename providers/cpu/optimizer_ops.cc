@@ -1,0 +1,150 @@
+// CPU kernels of the ai.cleave training ops (providers/cpu/): InPlaceAccumulator,
+// SquaredNorm, AdamW and SGD. Scalars are read from their inputs each run (the learning rate
+// and step change every step); the math lives in kernels/cpu/optimizer.h.
+#include <memory>
+
+#include "base/status.h"
+#include "graph/op_table.h"
+#include "kernels/cpu/optimizer.h"
+#include "providers/cpu/cpu_provider.h"
+
+namespace cleave::providers {
+
+namespace {
+
+absl::Status CheckSameShape(const TensorView& want, const TensorView& got, const char* what) {
+  bool same = want.rank == got.rank;
+  for (int k = 0; same && k < want.rank; ++k) same = want.dims[k] == got.dims[k];
+  if (!same)
+    return InvalidArgument(what, " has shape ", DimsToString(got.shape()), ", expected ",
+                           DimsToString(want.shape()));
+  return absl::OkStatus();
+}
+
+class InPlaceAccumulatorKernel : public OpKernel {
+ public:
+  InPlaceAccumulatorKernel(const graph::Node&, int) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& buffer = *ctx.input(0);
+    const TensorView& grad = *ctx.input(1);
+    RETURN_IF_ERROR(CheckSameShape(buffer, grad, "grad"));
+    const bool reset = *ctx.input(2)->as<const bool>();
+    TensorView* out = ctx.Output(0, buffer.dim_span());
+    if (!out) return absl::OkStatus();
+    kernels::cpu::AccumulateGrad(buffer.as<const float>(), grad.as<const float>(), reset,
+                                 out->as<float>(), grad.numel(), ctx.thread_pool());
+    return absl::OkStatus();
+  }
+};
+
+class SquaredNormKernel : public OpKernel {
+ public:
+  SquaredNormKernel(const graph::Node&, int) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    double total = 0.0;
+    for (int i = 0; i < ctx.num_inputs(); ++i) {
+      const TensorView& x = *ctx.input(i);
+      total += kernels::cpu::SquaredNorm(x.as<const float>(), x.numel(), ctx.thread_pool());
+    }
+    TensorView* y = ctx.Output(0, std::span<const int64_t>());
+    if (y) *y->as<float>() = static_cast<float>(total);
+    return absl::OkStatus();
+  }
+};
+
+// The (lr, step, grad_scale) scalars shared by the update ops.
+struct StepScalars {
+  double lr;
+  int64_t step;
+  float grad_scale;
+};
+
+absl::StatusOr<StepScalars> ReadScalars(KernelContext& ctx) {
+  for (int i = 0; i < 3; ++i)
+    if (ctx.input(i)->numel() != 1)
+      return InvalidArgument("input ", i, " must be a scalar, got ", DimsToString(ctx.input(i)->shape()));
+  StepScalars s{*ctx.input(0)->as<const float>(), *ctx.input(1)->as<const int64_t>(),
+                *ctx.input(2)->as<const float>()};
+  if (s.step < 1) return InvalidArgument("step must be >= 1, got ", s.step);
+  return s;
+}
+
+class AdamWKernel : public OpKernel {
+ public:
+  AdamWKernel(const graph::Node& n, int) {
+    p_.beta1 = n.AttrFloat("beta1", 0.9f);
+    p_.beta2 = n.AttrFloat("beta2", 0.999f);
+    p_.epsilon = n.AttrFloat("epsilon", 1e-8f);
+    p_.weight_decay = n.AttrFloat("weight_decay", 0.0f);
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    ASSIGN_OR_RETURN(StepScalars s, ReadScalars(ctx));
+    const TensorView& param = *ctx.input(3);
+    RETURN_IF_ERROR(CheckSameShape(param, *ctx.input(4), "grad"));
+    RETURN_IF_ERROR(CheckSameShape(param, *ctx.input(5), "exp_avg"));
+    RETURN_IF_ERROR(CheckSameShape(param, *ctx.input(6), "exp_avg_sq"));
+    TensorView* p_out = ctx.Output(0, param.dim_span());
+    TensorView* m_out = ctx.Output(1, param.dim_span());
+    TensorView* v_out = ctx.Output(2, param.dim_span());
+    if (!p_out || !m_out || !v_out) return InvalidArgument("AdamW needs all three outputs");
+    kernels::cpu::AdamWParams p = p_;
+    p.lr = s.lr;
+    p.step = s.step;
+    p.grad_scale = s.grad_scale;
+    kernels::cpu::AdamWStep(p, param.as<const float>(), ctx.input(4)->as<const float>(),
+                            ctx.input(5)->as<const float>(), ctx.input(6)->as<const float>(),
+                            p_out->as<float>(), m_out->as<float>(), v_out->as<float>(),
+                            param.numel(), ctx.thread_pool());
+    return absl::OkStatus();
+  }
+
+ private:
+  kernels::cpu::AdamWParams p_;
+};
+
+class SgdKernel : public OpKernel {
+ public:
+  SgdKernel(const graph::Node& n, int) {
+    p_.momentum = n.AttrFloat("momentum", 0.0f);
+    p_.dampening = n.AttrFloat("dampening", 0.0f);
+    p_.weight_decay = n.AttrFloat("weight_decay", 0.0f);
+    p_.nesterov = n.AttrInt("nesterov", 0) != 0;
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    ASSIGN_OR_RETURN(StepScalars s, ReadScalars(ctx));
+    const TensorView& param = *ctx.input(3);
+    RETURN_IF_ERROR(CheckSameShape(param, *ctx.input(4), "grad"));
+    const TensorView* buffer = ctx.num_inputs() > 5 ? ctx.input(5) : nullptr;
+    if (p_.momentum != 0.0f && !buffer)
+      return InvalidArgument("SGD with momentum ", p_.momentum, " needs a momentum_buffer input");
+    if (buffer) RETURN_IF_ERROR(CheckSameShape(param, *buffer, "momentum_buffer"));
+    TensorView* p_out = ctx.Output(0, param.dim_span());
+    TensorView* b_out = buffer ? ctx.Output(1, param.dim_span()) : nullptr;
+    if (!p_out || (buffer && !b_out)) return InvalidArgument("SGD is missing an output");
+    kernels::cpu::SgdParams p = p_;
+    p.lr = s.lr;
+    p.step = s.step;
+    p.grad_scale = s.grad_scale;
+    kernels::cpu::SgdStep(p, param.as<const float>(), ctx.input(4)->as<const float>(),
+                          buffer ? buffer->as<const float>() : nullptr, p_out->as<float>(),
+                          b_out ? b_out->as<float>() : nullptr, param.numel(), ctx.thread_pool());
+    return absl::OkStatus();
+  }
+
+ private:
+  kernels::cpu::SgdParams p_;
+};
+
+}  // namespace
+
+void RegisterOptimizerKernels(KernelRegistry& r) {
+  const char* const c = graph::kCleaveDomain;
+  const std::vector<DataType> f32 = {DataType::kFloat32};
+  r.Register({c, "InPlaceAccumulator", 1, 1, InputTypeIn(0, f32),
+              MakeFactory<InPlaceAccumulatorKernel>()});
+  r.Register({c, "SquaredNorm", 1, 1, InputTypeIn(0, f32), MakeFactory<SquaredNormKernel>()});
+  r.Register({c, "AdamW", 1, 1, InputTypeIn(3, f32), MakeFactory<AdamWKernel>()});
+  r.Register({c, "SGD", 1, 1, InputTypeIn(3, f32), MakeFactory<SgdKernel>()});
+}
+
+}  // namespace cleave::providers

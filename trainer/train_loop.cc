@@ -1,0 +1,339 @@
+// The `cleave train` loop (trainer/): see train_loop.h.
+#include "trainer/train_loop.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "onnx_ext/onnx_io.h"
+#include "trainer/checkpoint.h"
+#include "trainer/training_session.h"
+
+namespace cleave::trainer {
+
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// The model's token input: its only non-parameter input, integer, [batch, seq].
+absl::StatusOr<const graph::Value*> TokenInput(const graph::Graph& g, const std::string& path) {
+  std::vector<const graph::Value*> data;
+  for (const graph::Value* v : g.inputs())
+    if (!v->is_initializer()) data.push_back(v);
+  if (data.size() != 1) {
+    std::vector<std::string> names;
+    for (const auto* v : data) names.push_back(v->name());
+    return InvalidArgument(path, ": `cleave train` trains models with one token input [batch, seq]; this model has ",
+                           data.size(), " inputs (", absl::StrJoin(names, ", "),
+                           "); use the TrainingSession API for other models");
+  }
+  const graph::Value* v = data[0];
+  if ((v->dtype() != DataType::kInt64 && v->dtype() != DataType::kInt32) || !v->shape().has_rank() ||
+      v->shape().rank() != 2)
+    return InvalidArgument(path, ": input '", v->name(), "' is ", DataTypeName(v->dtype()), v->shape().ToString(),
+                           ", expected int64 or int32 [batch, seq] token ids");
+  return v;
+}
+
+absl::Status FixDims(const graph::Value& in, int64_t micro, int64_t seq, std::map<std::string, int64_t>* dims) {
+  const int64_t want[2] = {micro, seq};
+  const char* what[2] = {"batch (--batch / --grad-accum)", "sequence (--seq)"};
+  for (int k = 0; k < 2; ++k) {
+    const Dim& d = in.shape()[k];
+    if (d.is_static()) {
+      if (d.value != want[k])
+        return InvalidArgument("input '", in.name(), "' has fixed ", what[k], " dim ", d.value, ", but the run asks for ",
+                               want[k]);
+    } else if (!d.symbol.empty()) {
+      auto [it, fresh] = dims->emplace(d.symbol, want[k]);
+      if (!fresh && it->second != want[k])
+        return InvalidArgument("input '", in.name(), "' uses dim '", d.symbol, "' for both batch and sequence");
+    } else {
+      return InvalidArgument("input '", in.name(), "' has an unnamed dynamic dim ", k, "; name it in the export");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Rows [row0, row0 + rows) of step `step`'s global batch: inputs and labels.
+struct Batch {
+  Tensor inputs, labels;
+};
+
+void FillBatch(const std::vector<uint16_t>& tokens, bool shuffle, uint64_t seed, int64_t first_index, int64_t rows,
+               int64_t seq, DataType id_type, LossKind loss, int64_t vocab, Batch* b) {
+  const int64_t len = static_cast<int64_t>(tokens.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t o = WindowOffset(shuffle, seed, first_index + r, seq, len);
+    for (int64_t t = 0; t < seq; ++t) {
+      const int64_t x = tokens[o + t], y = tokens[o + t + 1];
+      if (id_type == DataType::kInt64) b->inputs.data<int64_t>()[r * seq + t] = x;
+      else b->inputs.data<int32_t>()[r * seq + t] = static_cast<int32_t>(x);
+      if (loss == LossKind::kMse) {
+        float* row = b->labels.data<float>() + (r * seq + t) * vocab;
+        std::fill(row, row + vocab, 0.0f);
+        row[y] = 1.0f;
+      } else {
+        b->labels.data<int64_t>()[r * seq + t] = y;
+      }
+    }
+  }
+}
+
+absl::Status CheckVocab(const std::vector<uint16_t>& tokens, int64_t offset, int64_t vocab, const std::string& path) {
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] >= vocab)
+      return InvalidArgument(path, ": token ", tokens[i], " at position ", offset + static_cast<int64_t>(i),
+                             " is outside the model's vocabulary of ", vocab, " (logits last dim)");
+  return absl::OkStatus();
+}
+
+std::string DefaultPlotPath(const TrainConfig& c) {
+  if (!c.plot.empty()) return c.plot;
+  if (!c.metrics.empty()) return std::filesystem::path(c.metrics).replace_extension(".png").string();
+  if (!c.checkpoint_dir.empty()) return c.checkpoint_dir + "/loss.png";
+  return "train_loss.png";
+}
+
+// Draws the loss curve with gnuplot. A missing gnuplot is a warning, not an error.
+std::string WritePlot(const std::string& png, const std::vector<std::pair<int64_t, double>>& train,
+                      const std::vector<std::pair<int64_t, double>>& val, std::ostream& log) {
+  const std::string dat = png + ".dat";
+  {
+    std::ofstream f(dat);
+    f << "# step train_loss\n";
+    for (auto [s, l] : train) f << s << " " << absl::StrFormat("%.9g", l) << "\n";
+    f << "\n\n# step val_loss\n";
+    for (auto [s, l] : val) f << s << " " << absl::StrFormat("%.9g", l) << "\n";
+  }
+  std::string plot = absl::StrCat("plot '", dat, "' index 0 with lines lw 2 title 'train'");
+  if (!val.empty()) absl::StrAppend(&plot, ", '", dat, "' index 1 with linespoints lw 2 title 'validation'");
+  const std::string cmd = absl::StrCat(
+      "gnuplot -e \"set terminal pngcairo size 900,540; set output '", png,
+      "'; set xlabel 'step'; set ylabel 'loss'; set grid; set title 'cleave train: loss'; ", plot,
+      "\" 2>&1");
+  int rc = std::system(cmd.c_str());
+  std::remove(dat.c_str());
+  if (rc != 0) {
+    log << "warning: could not draw the loss curve (gnuplot exit " << rc << "); is gnuplot installed?\n";
+    return "";
+  }
+  return png;
+}
+
+}  // namespace
+
+absl::StatusOr<TokenData> LoadTokens(const std::string& path, double val_fraction, int64_t seq) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return NotFound("cannot open data file '", path, "'");
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  TokenData d;
+  std::vector<uint16_t> all;
+  if (path.size() > 4 && path.substr(path.size() - 4) == ".bin") {
+    if (bytes.size() % 2 != 0)
+      return InvalidArgument("data file '", path, "' has ", bytes.size(),
+                             " bytes; a .bin token file holds little-endian uint16 tokens (an even size)");
+    all.resize(bytes.size() / 2);
+    for (size_t i = 0; i < all.size(); ++i)
+      all[i] = static_cast<uint16_t>(static_cast<unsigned char>(bytes[2 * i]) |
+                                     (static_cast<unsigned char>(bytes[2 * i + 1]) << 8));
+    d.vocab_hint = 65536;
+  } else {
+    all.assign(bytes.begin(), bytes.end());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<unsigned char>(bytes[i]);
+  }
+  if (val_fraction < 0 || val_fraction >= 1)
+    return InvalidArgument("--val-fraction must be in [0, 1), got ", val_fraction);
+  const int64_t n = static_cast<int64_t>(all.size());
+  const int64_t nval = static_cast<int64_t>(std::floor(static_cast<double>(n) * val_fraction));
+  const int64_t window = seq + 2;
+  if (n - nval < window)
+    return InvalidArgument("data file '", path, "' has ", n, " tokens", nval ? absl::StrCat(" (", n - nval, " for training)") : "",
+                           ", shorter than one training window of ", window, " tokens (seq + 2)");
+  if (nval > 0 && nval < window)
+    return InvalidArgument("the validation split of '", path, "' has ", nval, " tokens (--val-fraction ", val_fraction,
+                           "), shorter than one window of ", window, " tokens; raise it or use --val-fraction 0");
+  d.train.assign(all.begin(), all.end() - nval);
+  d.val.assign(all.end() - nval, all.end());
+  return d;
+}
+
+int64_t WindowOffset(bool shuffle, uint64_t seed, int64_t index, int64_t seq, int64_t len) {
+  const uint64_t range = static_cast<uint64_t>(len - seq - 1);
+  if (!shuffle) return static_cast<int64_t>((static_cast<uint64_t>(index) * static_cast<uint64_t>(seq)) % range);
+  return static_cast<int64_t>(SplitMix64(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(index)) % range);
+}
+
+absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log) {
+  if (c.batch < 1 || c.seq < 1 || c.steps < 1 || c.grad_accum < 1)
+    return InvalidArgument("--batch, --seq, --steps and --grad-accum must be >= 1");
+  if (c.batch % c.grad_accum != 0)
+    return InvalidArgument("--batch ", c.batch, " (the global batch) is not divisible by --grad-accum ", c.grad_accum);
+  if (c.lr <= 0) return InvalidArgument("--lr must be > 0, got ", c.lr);
+  if (c.resume && c.checkpoint_dir.empty()) return InvalidArgument("--resume needs --checkpoint-dir");
+  const int64_t micro = c.batch / c.grad_accum;
+
+  ASSIGN_OR_RETURN(std::unique_ptr<graph::Graph> model, onnx_ext::LoadModel(c.model));
+  ASSIGN_OR_RETURN(const graph::Value* token_in, TokenInput(*model, c.model));
+  const std::string input_name = token_in->name();
+  const DataType id_type = token_in->dtype();
+  TrainingSpec spec;
+  spec.loss.kind = c.loss;
+  spec.optimizer = c.optimizer;
+  spec.frozen = c.frozen;
+  RETURN_IF_ERROR(FixDims(*token_in, micro, c.seq, &spec.dims));
+  auto built = BuildTrainingArtifacts(*model, spec);
+  if (!built.ok())
+    return absl::Status(built.status().code(), absl::StrCat(c.model, ": ", built.status().message()));
+  TrainingArtifacts artifacts = std::move(*built);
+  // The vocabulary: the logits' last dim.
+  const graph::Value* logits = artifacts.eval->outputs().size() > 1 ? artifacts.eval->outputs()[1] : nullptr;
+  if (!logits || !logits->shape().is_static() || logits->shape().rank() != 3)
+    return InvalidArgument(c.model, ": expected the first output to be logits [batch, seq, vocab], got ",
+                           logits ? logits->shape().ToString() : "none");
+  const int64_t vocab = logits->shape()[2].value;
+  if (!c.artifacts_dir.empty()) RETURN_IF_ERROR(SaveArtifacts(artifacts, c.artifacts_dir));
+
+  ASSIGN_OR_RETURN(TokenData data, LoadTokens(c.data, c.val_fraction, c.seq));
+  RETURN_IF_ERROR(CheckVocab(data.train, 0, vocab, c.data));
+  RETURN_IF_ERROR(CheckVocab(data.val, static_cast<int64_t>(data.train.size()), vocab, c.data));
+
+  TrainingSessionOptions so;
+  so.intra_op_threads = c.threads;
+  ASSIGN_OR_RETURN(auto session, TrainingSession::Create(std::move(artifacts), so));
+  LrSchedule schedule;
+  schedule.kind = c.schedule;
+  schedule.peak = c.lr;
+  schedule.min_lr = c.min_lr >= 0 ? c.min_lr : c.lr / 10;
+  schedule.warmup = c.warmup;
+  schedule.total = c.steps;
+  session->RegisterScheduler(schedule);
+
+  // Resume: the newest checkpoint; its run settings must match this run's.
+  TrainResult result;
+  int64_t start = 0;
+  const std::string signature = absl::StrCat("batch=", c.batch, " seq=", c.seq, " grad_accum=", c.grad_accum,
+                                             " shuffle=", c.shuffle, " seed=", c.seed, " data=", data.train.size());
+  if (!c.checkpoint_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(c.checkpoint_dir, ec);
+    if (ec) return InvalidArgument("cannot create --checkpoint-dir '", c.checkpoint_dir, "': ", ec.message());
+  }
+  if (c.resume) {
+    std::vector<std::string> ckpts = ListCheckpoints(c.checkpoint_dir);
+    if (ckpts.empty()) return NotFound("--resume: no checkpoint (step_*.ckpt) in '", c.checkpoint_dir, "'");
+    ASSIGN_OR_RETURN(auto props, session->LoadCheckpoint(ckpts.back()));
+    if (props["run"] != signature)
+      return InvalidArgument("--resume: checkpoint '", ckpts.back(), "' was written by a run with ", props["run"],
+                             "; this run has ", signature);
+    start = session->step();
+    log << "resumed from " << ckpts.back() << " at step " << start << "\n";
+  }
+  result.first_step = start;
+
+  std::ofstream metrics;
+  if (!c.metrics.empty()) {
+    std::error_code ec;
+    const auto parent = std::filesystem::path(c.metrics).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    metrics.open(c.metrics, c.resume ? std::ios::app : std::ios::trunc);
+    if (!metrics) return InvalidArgument("cannot write --metrics file '", c.metrics, "'");
+  }
+  Batch b{Tensor(id_type, {micro, c.seq}),
+          c.loss == LossKind::kMse ? Tensor(DataType::kFloat32, {micro, c.seq, vocab})
+                                   : Tensor(DataType::kInt64, {micro, c.seq})};
+  const std::string labels_name = spec.loss.labels;
+  auto evaluate = [&]() -> absl::StatusOr<double> {
+    double sum = 0;
+    for (int64_t k = 0; k < c.eval_batches; ++k) {
+      FillBatch(data.val, false, 0, k * micro, micro, c.seq, id_type, c.loss, vocab, &b);
+      ASSIGN_OR_RETURN(float l, session->EvalStep({{input_name, b.inputs}, {labels_name, b.labels}}));
+      sum += l;
+    }
+    return sum / static_cast<double>(c.eval_batches);
+  };
+  auto save = [&](int64_t step) -> absl::Status {
+    const std::string path = CheckpointPath(c.checkpoint_dir, step);
+    RETURN_IF_ERROR(session->SaveCheckpoint(path, {{"run", signature}, {"data.next_step", absl::StrCat(step)}}));
+    PruneCheckpoints(c.checkpoint_dir, c.keep_checkpoints);
+    log << "saved checkpoint " << path << "\n";
+    return absl::OkStatus();
+  };
+
+  std::vector<std::pair<int64_t, double>> curve, val_curve;
+  const double tokens_per_step = static_cast<double>(c.batch * c.seq);
+  for (int64_t s = start; s < c.steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    session->LazyResetGrad();
+    double loss_sum = 0;
+    for (int64_t k = 0; k < c.grad_accum; ++k) {
+      FillBatch(data.train, c.shuffle, c.seed, s * c.batch + k * micro, micro, c.seq, id_type, c.loss, vocab, &b);
+      Feeds feeds = {{input_name, b.inputs}, {labels_name, b.labels}};
+      ASSIGN_OR_RETURN(float l, session->TrainStep(feeds));
+      if (!std::isfinite(l)) {
+        auto where = session->FirstNonFinite(feeds);
+        return absl::OutOfRangeError(absl::StrCat("step ", s + 1, ": the loss is ", l, "; first non-finite tensor: ",
+                                                  where.ok() ? *where : where.status().ToString(),
+                                                  ". Stopped; the last checkpoint is untouched"));
+      }
+      loss_sum += l;
+    }
+    const double lr = schedule.At(s);
+    ASSIGN_OR_RETURN(float norm, session->OptimizerStep());
+    if (!std::isfinite(norm))
+      return absl::OutOfRangeError(absl::StrCat("step ", s + 1, ": the gradient norm is ", norm,
+                                                "; stopped; the last checkpoint is untouched"));
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double loss = loss_sum / static_cast<double>(c.grad_accum);
+    result.losses.push_back(loss);
+    result.grad_norms.push_back(norm);
+    curve.emplace_back(s + 1, loss);
+    double val = -1;
+    const bool last = s + 1 == c.steps;
+    if (!data.val.empty() && (last || (c.eval_every > 0 && (s + 1) % c.eval_every == 0))) {
+      ASSIGN_OR_RETURN(val, evaluate());
+      result.val_loss = val;
+      val_curve.emplace_back(s + 1, val);
+    }
+    const double tps = tokens_per_step / (ms / 1000.0);
+    if (c.log_every > 0 && ((s + 1) % c.log_every == 0 || last || val >= 0)) {
+      log << absl::StrFormat("step %*d/%d | loss %.4f | lr %.3e | grad norm %.3f | %.1f ms/step | %.0f tok/s",
+                             static_cast<int>(std::to_string(c.steps).size()), s + 1, c.steps, loss, lr, norm, ms, tps);
+      if (val >= 0) log << absl::StrFormat(" | val loss %.4f", val);
+      log << "\n" << std::flush;
+    }
+    if (metrics.is_open()) {
+      metrics << absl::StrFormat("{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
+                                 "\"tokens_per_s\": %.1f",
+                                 s + 1, loss, lr, norm, ms, tps);
+      if (val >= 0) metrics << absl::StrFormat(", \"val_loss\": %.9g", val);
+      metrics << "}\n" << std::flush;
+    }
+    if (!c.checkpoint_dir.empty() && (last || (c.checkpoint_every > 0 && (s + 1) % c.checkpoint_every == 0)))
+      RETURN_IF_ERROR(save(s + 1));
+  }
+  if (!c.save_model.empty()) {
+    RETURN_IF_ERROR(session->ExportModelForInferencing(c.save_model));
+    log << "saved the trained model to " << c.save_model << "\n";
+  }
+  if (!curve.empty()) {
+    result.plot = WritePlot(DefaultPlotPath(c), curve, val_curve, log);
+    if (!result.plot.empty()) log << "loss curve: " << result.plot << "\n";
+  }
+  return result;
+}
+
+}  // namespace cleave::trainer

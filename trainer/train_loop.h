@@ -1,0 +1,74 @@
+// The `cleave train` loop (trainer/): a token file, a causal language model with one
+// integer [batch, seq] input, and everything around TrainingSession: batching, gradient
+// accumulation, validation, progress lines, JSONL metrics, checkpoints and resume, and the
+// loss-curve picture.
+//
+// Data: a `.bin` file is raw little-endian uint16 tokens (nanoGPT's format); any other file
+// is read as bytes (vocab 256). The last `val_fraction` of the tokens is the validation split.
+// Step s (0-based), row r of the global batch reads the window at offset o:
+//   no shuffle: o = ((s*B + r) * T) mod (len - T - 1)
+//   shuffle:    o = SplitMix64(seed, s*B + r) mod (len - T - 1)
+// with inputs tokens[o, o+T) and labels tokens[o+1, o+T+1). Either way the window depends only
+// on (seed, s, r), so a resumed run reads exactly what an uninterrupted one would.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "trainer/lr_schedule.h"
+#include "trainer/training_graph.h"
+
+namespace cleave::trainer {
+
+struct TokenData {
+  std::vector<uint16_t> train, val;
+  int64_t vocab_hint = 256;  // 65536 for .bin files
+};
+
+// Loads and splits the file. Fails when a split is shorter than one window (seq + 2 tokens).
+absl::StatusOr<TokenData> LoadTokens(const std::string& path, double val_fraction, int64_t seq);
+
+// Offset of the window for row `index` = s*B + r (see above).
+int64_t WindowOffset(bool shuffle, uint64_t seed, int64_t index, int64_t seq, int64_t len);
+
+struct TrainConfig {
+  std::string model, data;
+  LossKind loss = LossKind::kCrossEntropy;
+  OptimizerConfig optimizer;
+  LrSchedule::Kind schedule = LrSchedule::Kind::kCosine;
+  double lr = 3e-4;
+  double min_lr = -1;  // < 0: lr / 10
+  int64_t warmup = 0;
+  int64_t batch = 8, seq = 64, steps = 100, grad_accum = 1;
+  uint64_t seed = 0;
+  bool shuffle = true;
+  double val_fraction = 0.1;
+  int64_t eval_every = 0;    // 0: only at the end
+  int64_t eval_batches = 4;  // validation windows are eval_batches x micro-batch rows
+  std::string metrics;       // JSONL, one object per step
+  std::string plot;          // PNG loss curve; empty: next to the metrics, else train_loss.png
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;  // 0: only at the end
+  int keep_checkpoints = 3;
+  bool resume = false;
+  std::string save_model;        // the trained model for inference
+  std::string artifacts_dir;     // also write the training artifacts here
+  std::vector<std::string> frozen;
+  int threads = 0;
+  int64_t log_every = 1;
+};
+
+struct TrainResult {
+  int64_t first_step = 0;         // 0, or the step a resumed run started from
+  std::vector<double> losses;     // per optimizer step run here (mean over micro-batches)
+  std::vector<double> grad_norms;
+  double val_loss = -1;           // last validation loss, -1 without a split
+  std::string plot;               // the PNG written, empty if none
+};
+
+absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log);
+
+}  // namespace cleave::trainer

@@ -1,0 +1,273 @@
+// TrainingSession (trainer/): see training_session.h.
+#include "trainer/training_session.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "graph/graph.h"
+#include "onnx_ext/onnx_io.h"
+#include "trainer/autodiff.h"
+#include "trainer/checkpoint.h"
+
+namespace cleave::trainer {
+
+namespace {
+
+Tensor Zeros(const Tensor& like) { return Tensor(like.dtype(), like.dims()); }
+
+bool SameShape(const Tensor& a, const Tensor& b) { return a.dtype() == b.dtype() && a.dims() == b.dims(); }
+
+std::string Describe(const Tensor& t) { return absl::StrCat(DataTypeName(t.dtype()), DimsToString(t.dims())); }
+
+}  // namespace
+
+TrainingSession::~TrainingSession() = default;
+
+absl::StatusOr<std::unique_ptr<TrainingSession>> TrainingSession::Create(
+    TrainingArtifacts artifacts, TrainingSessionOptions options) {
+  std::unique_ptr<TrainingSession> s(new TrainingSession());
+  s->artifacts_ = std::move(artifacts);
+  RETURN_IF_ERROR(s->Initialize(options));
+  return s;
+}
+
+absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
+  options_ = options;
+  TrainingArtifacts& a = artifacts_;
+  if (!a.training || !a.eval || !a.optimizer || !a.forward)
+    return InvalidArgument("incomplete training artifacts");
+  SessionOptions so;
+  so.intra_op_threads = options.intra_op_threads;
+  so.optimize = options.optimize;
+  ASSIGN_OR_RETURN(train_, InferenceSession::FromGraph(a.training->Clone(), so));
+  ASSIGN_OR_RETURN(eval_, InferenceSession::FromGraph(a.eval->Clone(), so));
+  SessionOptions plain = so;
+  plain.optimize = false;
+  ASSIGN_OR_RETURN(optimizer_, InferenceSession::FromGraph(a.optimizer->Clone(), plain));
+
+  // Session-owned state: deep copies, so the artifacts' initial values stay untouched.
+  for (const std::string& p : a.params) {
+    params_.push_back(CopyToTensor(a.initial.at(p).view()));
+    grads_.push_back(Zeros(params_.back()));
+    states_.emplace_back();
+    for (size_t k = 0; k < a.state_suffixes.size(); ++k) states_.back().push_back(Zeros(params_.back()));
+  }
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    by_name_[a.params[i]] = &params_[i];
+    for (size_t k = 0; k < a.state_suffixes.size(); ++k)
+      by_name_[a.params[i] + a.state_suffixes[k]] = &states_[i][k];
+  }
+  loss_ = Tensor(DataType::kFloat32, {});
+  grad_norm_ = Tensor(DataType::kFloat32, {});
+  reset_ = Tensor(DataType::kBool, {});
+  lr_tensor_ = Tensor(DataType::kFloat32, {});
+  step_tensor_ = Tensor(DataType::kInt64, {});
+  scale_tensor_ = Tensor(DataType::kFloat32, {});
+
+  // Feeds and outputs bound once: the graphs update the session's tensors in place.
+  num_data_ = a.data_inputs.size();
+  for (const std::string& d : a.data_inputs) train_feeds_.emplace_back(d, Tensor());
+  for (size_t i = 0; i < params_.size(); ++i) train_feeds_.emplace_back(a.params[i], params_[i]);
+  for (size_t i = 0; i < params_.size(); ++i)
+    train_feeds_.emplace_back(AccumulationBuffer(a.params[i]), grads_[i]);
+  train_feeds_.emplace_back(kLazyResetGrad, reset_);
+  train_outputs_.push_back(loss_);
+  for (const Tensor& g : grads_) train_outputs_.push_back(g);
+
+  optimizer_feeds_ = {{"learning_rate", lr_tensor_}, {"step", step_tensor_}, {"grad_scale", scale_tensor_}};
+  optimizer_outputs_.push_back(grad_norm_);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    optimizer_feeds_.emplace_back(a.params[i], params_[i]);
+    optimizer_feeds_.emplace_back(GradName(a.params[i]), grads_[i]);
+    optimizer_outputs_.push_back(params_[i]);
+    for (size_t k = 0; k < a.state_suffixes.size(); ++k) {
+      optimizer_feeds_.emplace_back(a.params[i] + a.state_suffixes[k], states_[i][k]);
+      optimizer_outputs_.push_back(states_[i][k]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> TrainingSession::GetState(const std::string& name) const {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return NotFound("no parameter or optimizer state named '", name, "'");
+  return CopyToTensor(it->second->view());
+}
+
+Tensor* TrainingSession::FindState(const std::string& name) {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+absl::Status TrainingSession::SetState(const std::string& name, const Tensor& value) {
+  Tensor* t = FindState(name);
+  if (!t) return NotFound("no parameter or optimizer state named '", name, "'");
+  if (!SameShape(*t, value))
+    return InvalidArgument("'", name, "' is ", Describe(*t), ", got ", Describe(value));
+  std::memcpy(t->data<char>(), value.data<char>(), t->nbytes());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> TrainingSession::GetGradient(const std::string& param) const {
+  for (size_t i = 0; i < artifacts_.params.size(); ++i)
+    if (artifacts_.params[i] == param) return CopyToTensor(grads_[i].view());
+  return NotFound("no trainable parameter named '", param, "'");
+}
+
+absl::StatusOr<float> TrainingSession::TrainStep(const Feeds& feeds) {
+  if (feeds.size() != num_data_) {
+    std::vector<std::string> got;
+    for (const auto& f : feeds) got.push_back(f.first);
+    return InvalidArgument("TrainStep expects feeds for [", absl::StrJoin(artifacts_.data_inputs, ", "),
+                           "], got [", absl::StrJoin(got, ", "), "]");
+  }
+  for (size_t i = 0; i < num_data_; ++i) train_feeds_[i] = feeds[i];
+  *reset_.data<bool>() = pending_reset_;
+  RETURN_IF_ERROR(train_->RunInto(train_feeds_, train_outputs_));
+  if (pending_reset_) micro_batches_ = 0;
+  pending_reset_ = false;
+  ++micro_batches_;
+  return *loss_.data<float>();
+}
+
+absl::StatusOr<float> TrainingSession::EvalStep(const Feeds& feeds) {
+  Feeds all = feeds;
+  for (size_t i = 0; i < params_.size(); ++i) all.emplace_back(artifacts_.params[i], params_[i]);
+  ASSIGN_OR_RETURN(std::vector<Tensor> out, eval_->Run(all, {kLoss}));
+  return *out[0].data<float>();
+}
+
+void TrainingSession::RegisterScheduler(const LrSchedule& schedule) {
+  schedule_ = schedule;
+  has_schedule_ = true;
+}
+
+absl::StatusOr<float> TrainingSession::OptimizerStep() {
+  if (micro_batches_ == 0 || pending_reset_)
+    return absl::FailedPreconditionError("OptimizerStep without gradients: call TrainStep first");
+  if (has_schedule_) lr_ = schedule_.At(step_);
+  *lr_tensor_.data<float>() = static_cast<float>(lr_);
+  *step_tensor_.data<int64_t>() = step_ + 1;
+  *scale_tensor_.data<float>() = 1.0f / static_cast<float>(micro_batches_);
+  RETURN_IF_ERROR(optimizer_->RunInto(optimizer_feeds_, optimizer_outputs_));
+  ++step_;
+  return *grad_norm_.data<float>();
+}
+
+std::string TrainingSession::ModelSignature() const {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  };
+  for (size_t i = 0; i < params_.size(); ++i)
+    mix(absl::StrCat(artifacts_.params[i], ":", Describe(params_[i]), ";"));
+  return absl::StrFormat("%016x", h);
+}
+
+std::string TrainingSession::OptimizerName() const {
+  const graph::Graph& o = *artifacts_.optimizer;
+  for (const auto& n : o.nodes())
+    if (n->metadata().count("param")) return absl::StrCat(n->op_type(), "/", artifacts_.state_suffixes.size());
+  return "none";
+}
+
+absl::Status TrainingSession::SaveCheckpoint(const std::string& path,
+                                             const std::map<std::string, std::string>& properties) const {
+  Checkpoint c;
+  c.properties = properties;
+  c.properties["cleave.model_signature"] = ModelSignature();
+  c.properties["cleave.optimizer"] = OptimizerName();
+  c.properties["cleave.step"] = absl::StrCat(step_);
+  c.properties["cleave.learning_rate"] = absl::StrFormat("%.17g", lr_);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    c.tensors.emplace_back(artifacts_.params[i], params_[i]);
+    for (size_t k = 0; k < artifacts_.state_suffixes.size(); ++k)
+      c.tensors.emplace_back(artifacts_.params[i] + artifacts_.state_suffixes[k], states_[i][k]);
+  }
+  return WriteCheckpoint(path, c);
+}
+
+absl::StatusOr<std::map<std::string, std::string>> TrainingSession::LoadCheckpoint(const std::string& path) {
+  ASSIGN_OR_RETURN(Checkpoint c, ReadCheckpoint(path));
+  // Validate everything first: nothing changes unless the whole checkpoint fits.
+  std::vector<std::string> problems;
+  for (const auto& [name, t] : by_name_) {
+    const Tensor* found = c.Find(name);
+    if (!found) problems.push_back(absl::StrCat("missing '", name, "' (expected ", Describe(*t), ")"));
+    else if (!SameShape(*found, *t))
+      problems.push_back(absl::StrCat("'", name, "' is ", Describe(*found), ", expected ", Describe(*t)));
+  }
+  for (const auto& [name, t] : c.tensors)
+    if (!by_name_.count(name)) problems.push_back(absl::StrCat("unexpected tensor '", name, "'"));
+  auto prop = [&c](const char* k) {
+    auto it = c.properties.find(k);
+    return it == c.properties.end() ? std::string("(none)") : it->second;
+  };
+  if (prop("cleave.optimizer") != OptimizerName())
+    problems.push_back(absl::StrCat("optimizer is ", prop("cleave.optimizer"), ", expected ", OptimizerName()));
+  if (!problems.empty()) {
+    const size_t shown = std::min<size_t>(problems.size(), 12);
+    return InvalidArgument("checkpoint '", path, "' does not belong to this model (model signature ",
+                           prop("cleave.model_signature"), ", expected ", ModelSignature(), "): ",
+                           problems.size(), " problem(s):\n  ",
+                           absl::StrJoin(problems.begin(), problems.begin() + shown, "\n  "),
+                           problems.size() > shown ? "\n  ..." : "");
+  }
+  int64_t step = 0;
+  double lr = 0;
+  if (!absl::SimpleAtoi(prop("cleave.step"), &step) || !absl::SimpleAtod(prop("cleave.learning_rate"), &lr))
+    return absl::DataLossError(absl::StrCat("checkpoint '", path, "' has no valid step or learning rate"));
+  for (const auto& [name, t] : c.tensors) std::memcpy(by_name_.at(name)->data<char>(), t.data<char>(), t.nbytes());
+  step_ = step;
+  lr_ = lr;
+  pending_reset_ = true;
+  micro_batches_ = 0;
+  return c.properties;
+}
+
+absl::Status TrainingSession::ExportModelForInferencing(const std::string& path) const {
+  std::unique_ptr<graph::Graph> g = artifacts_.forward->Clone();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    graph::Value* v = g->FindValue(artifacts_.params[i]);
+    if (!v) return Internal("parameter '", artifacts_.params[i], "' is not in the forward graph");
+    g->SetInitializer(v, CopyToTensor(params_[i].view()));
+  }
+  return onnx_ext::SaveModel(*g, path);
+}
+
+absl::StatusOr<std::string> TrainingSession::FirstNonFinite(const Feeds& feeds) const {
+  std::unique_ptr<graph::Graph> g = artifacts_.training->Clone();
+  ASSIGN_OR_RETURN(std::vector<graph::Node*> order, g->TopologicalOrder());
+  std::vector<graph::Value*> outs;
+  std::vector<const graph::Node*> producers;
+  for (graph::Node* n : order)
+    for (graph::Value* v : n->outputs())
+      if (v && (v->dtype() == DataType::kFloat32 || v->dtype() == DataType::kFloat64)) {
+        outs.push_back(v);
+        producers.push_back(n);
+      }
+  g->SetOutputs(outs);
+  SessionOptions plain;
+  plain.intra_op_threads = options_.intra_op_threads;
+  plain.optimize = false;
+  ASSIGN_OR_RETURN(auto s, InferenceSession::FromGraph(std::move(g), plain));
+  Feeds all = feeds;
+  for (size_t i = num_data_; i < train_feeds_.size(); ++i) all.push_back(train_feeds_[i]);
+  ASSIGN_OR_RETURN(std::vector<Tensor> values, s->Run(all));
+  for (size_t i = 0; i < values.size(); ++i) {
+    const Tensor& t = values[i];
+    for (int64_t k = 0; k < t.numel(); ++k) {
+      const double x = t.dtype() == DataType::kFloat64 ? t.data<double>()[k] : t.data<float>()[k];
+      if (!std::isfinite(x))
+        return absl::StrCat("'", outs[i]->name(), "' (output of ", producers[i]->Describe(), ") holds ", x,
+                            " at flat index ", k);
+    }
+  }
+  return std::string("no non-finite value found on a rerun");
+}
+
+}  // namespace cleave::trainer

@@ -1,0 +1,103 @@
+// TrainingSession (trainer/): trains the artifacts of training_graph.h on one process,
+// shaped like ONNX Runtime's training Module + Optimizer + CheckpointState.
+//
+//   TrainStep(feeds)    forward + backward on one micro-batch; gradients are added to the
+//                       accumulation buffers (the first TrainStep after LazyResetGrad
+//                       overwrites them). Returns the loss.
+//   EvalStep(feeds)     forward + loss only.
+//   OptimizerStep()     one update from the accumulated gradients, averaged over the
+//                       micro-batches since the last reset (so K micro-batches of B/K rows give
+//                       the gradient of one batch of B rows). Uses the scheduler's rate when one
+//                       is registered. Returns the global gradient norm before clipping.
+//   LazyResetGrad()     the next TrainStep starts a new accumulation.
+//
+// The session owns the parameters, gradient buffers and optimizer state; the graphs read and
+// write them in place (no copies per step). Checkpoints hold parameters, optimizer state,
+// the step and the caller's properties (data position, RNG seed, ...).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "base/tensor.h"
+#include "runtime/inference_session.h"
+#include "trainer/lr_schedule.h"
+#include "trainer/training_graph.h"
+
+namespace cleave::trainer {
+
+struct TrainingSessionOptions {
+  int intra_op_threads = 0;  // 0: CLEAVE_NUM_THREADS or every core
+  bool optimize = true;      // constant folding and fusions on the training and eval graphs
+};
+
+class TrainingSession {
+ public:
+  static absl::StatusOr<std::unique_ptr<TrainingSession>> Create(TrainingArtifacts artifacts,
+                                                                 TrainingSessionOptions options = {});
+  ~TrainingSession();
+
+  const std::vector<std::string>& parameter_names() const { return artifacts_.params; }
+  // The current value of a parameter or optimizer state tensor ("<p>.exp_avg", ...).
+  absl::StatusOr<Tensor> GetState(const std::string& name) const;
+  // Replaces a parameter's or state's value (same dtype and shape).
+  absl::Status SetState(const std::string& name, const Tensor& value);
+  // The accumulated gradient of a parameter.
+  absl::StatusOr<Tensor> GetGradient(const std::string& param) const;
+  const std::vector<std::string>& data_inputs() const { return artifacts_.data_inputs; }
+  const TrainingArtifacts& artifacts() const { return artifacts_; }
+
+  absl::StatusOr<float> TrainStep(const Feeds& feeds);
+  absl::StatusOr<float> EvalStep(const Feeds& feeds);
+  void LazyResetGrad() { pending_reset_ = true; }
+  absl::StatusOr<float> OptimizerStep();
+
+  void SetLearningRate(double lr) { lr_ = lr; }
+  double learning_rate() const { return lr_; }
+  // From now on OptimizerStep sets the rate to schedule.At(step()) first.
+  void RegisterScheduler(const LrSchedule& schedule);
+  int64_t step() const { return step_; }  // optimizer steps taken
+
+  // Parameters, optimizer state, step and learning rate, plus `properties`.
+  absl::Status SaveCheckpoint(const std::string& path,
+                              const std::map<std::string, std::string>& properties = {}) const;
+  // Restores a checkpoint of this model and optimizer and returns its properties. Validates
+  // everything (names, shapes, dtypes, optimizer) before changing anything.
+  absl::StatusOr<std::map<std::string, std::string>> LoadCheckpoint(const std::string& path);
+  // The forward model with the current parameters as initializers.
+  absl::Status ExportModelForInferencing(const std::string& path) const;
+
+  // Diagnostics for a non-finite loss: reruns the training graph on `feeds` and names the
+  // first node (in run order) whose output holds a NaN or Inf.
+  absl::StatusOr<std::string> FirstNonFinite(const Feeds& feeds) const;
+
+ private:
+  TrainingSession() = default;
+  absl::Status Initialize(TrainingSessionOptions options);
+  // A signature of the parameter names and shapes, stored in checkpoints.
+  std::string ModelSignature() const;
+  std::string OptimizerName() const;
+  Tensor* FindState(const std::string& name);
+
+  TrainingArtifacts artifacts_;
+  TrainingSessionOptions options_;
+  std::unique_ptr<InferenceSession> train_, eval_, optimizer_;
+  std::vector<Tensor> params_, grads_;
+  std::vector<std::vector<Tensor>> states_;  // [param][suffix]
+  std::map<std::string, Tensor*> by_name_;
+  Tensor loss_, grad_norm_, reset_, lr_tensor_, step_tensor_, scale_tensor_;
+  std::vector<Tensor> train_outputs_, optimizer_outputs_;
+  Feeds train_feeds_, optimizer_feeds_;
+  size_t num_data_ = 0;
+  bool pending_reset_ = true;
+  int64_t micro_batches_ = 0;
+  int64_t step_ = 0;
+  double lr_ = 1e-3;
+  bool has_schedule_ = false;
+  LrSchedule schedule_;
+};
+
+}  // namespace cleave::trainer
