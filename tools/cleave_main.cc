@@ -31,7 +31,7 @@ void Usage() {
                "        [--eval-every E] [--eval-batches 4] [--metrics FILE.jsonl] [--plot FILE.png]\n"
                "        [--checkpoint-dir DIR [--checkpoint-every N] [--keep-checkpoints 3] [--resume]]\n"
                "        [--save-model OUT.onnx] [--save-artifacts DIR] [--freeze NAME|REGEX,...]\n"
-               "        [--threads N] [--log-every 1]\n"
+               "        [--threads N] [--log-every 1] [--exit-at STEP]\n"
                "      train a causal LM on a token file (.bin: uint16 tokens; anything else: bytes);\n"
                "      --batch is the global batch, --clip 0 and --weight-decay 0 turn those off\n");
 }

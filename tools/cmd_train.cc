@@ -90,6 +90,7 @@ int TrainCommand(const Args& args) {
       for (absl::string_view p : absl::StrSplit(next(), ',', absl::SkipEmpty())) c.frozen.emplace_back(p);
     } else if (a == "--threads") num(&c.threads);
     else if (a == "--log-every") num(&c.log_every);
+    else if (a == "--exit-at") num(&c.exit_at);
     else if (c.model.empty() && !a.empty() && a[0] != '-') c.model = a;
     else error = absl::StrCat("unknown argument '", a, "'");
   }

@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -106,7 +107,12 @@ absl::Status WriteCheckpoint(const std::string& path, const Checkpoint& c) {
             w.Pod<uint32_t>(static_cast<uint32_t>(c.properties.size()));
   for (const auto& [k, v] : c.properties) ok = ok && w.Str(k) && w.Str(v);
   ok = ok && w.Pod<uint32_t>(static_cast<uint32_t>(c.tensors.size()));
+  // Fault injection for crash-safety tests: pause halfway through the tensors so a test can
+  // kill the process in the middle of a write.
+  const char* pause = std::getenv("CLEAVE_FAULT_CHECKPOINT_PAUSE_MS");
+  size_t written = 0;
   for (const auto& [name, t] : c.tensors) {
+    if (pause && written++ == c.tensors.size() / 2) ::usleep(static_cast<useconds_t>(std::atoi(pause)) * 1000);
     ok = ok && w.Str(name) && w.Pod<int32_t>(static_cast<int32_t>(t.dtype())) &&
          w.Pod<uint32_t>(static_cast<uint32_t>(t.rank()));
     for (int64_t d : t.dims()) ok = ok && w.Pod<int64_t>(d);

@@ -302,7 +302,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
     result.grad_norms.push_back(norm);
     curve.emplace_back(s + 1, loss);
     double val = -1;
-    const bool last = s + 1 == c.steps;
+    const bool last = s + 1 == c.steps || s + 1 == c.exit_at;
     if (!data.val.empty() && (last || (c.eval_every > 0 && (s + 1) % c.eval_every == 0))) {
       ASSIGN_OR_RETURN(val, evaluate());
       result.val_loss = val;
@@ -324,12 +324,13 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
     }
     if (!c.checkpoint_dir.empty() && (last || (c.checkpoint_every > 0 && (s + 1) % c.checkpoint_every == 0)))
       RETURN_IF_ERROR(save(s + 1));
+    if (s + 1 == c.exit_at) break;
   }
   if (!c.save_model.empty()) {
     RETURN_IF_ERROR(session->ExportModelForInferencing(c.save_model));
     log << "saved the trained model to " << c.save_model << "\n";
   }
-  if (!curve.empty()) {
+  if (!curve.empty() && c.plot != "none") {
     result.plot = WritePlot(DefaultPlotPath(c), curve, val_curve, log);
     if (!result.plot.empty()) log << "loss curve: " << result.plot << "\n";
   }

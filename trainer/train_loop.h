@@ -49,7 +49,7 @@ struct TrainConfig {
   int64_t eval_every = 0;    // 0: only at the end
   int64_t eval_batches = 4;  // validation windows are eval_batches x micro-batch rows
   std::string metrics;       // JSONL, one object per step
-  std::string plot;          // PNG loss curve; empty: next to the metrics, else train_loss.png
+  std::string plot;          // PNG loss curve; empty: next to the metrics, else train_loss.png; "none": no picture
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;  // 0: only at the end
   int keep_checkpoints = 3;
@@ -59,6 +59,7 @@ struct TrainConfig {
   std::vector<std::string> frozen;
   int threads = 0;
   int64_t log_every = 1;
+  int64_t exit_at = 0;  // > 0: stop after this step (checkpointing it), e.g. to split a run into jobs
 };
 
 struct TrainResult {

@@ -150,7 +150,6 @@ absl::StatusOr<std::vector<Value*>> SelectParams(const Graph& g, const TrainingS
   std::vector<Value*> params;
   for (Value* v : g.Initializers()) {
     if (v->dtype() != DataType::kFloat32 || v->initializer()->numel() <= 1) continue;
-    if (v->name().rfind("onnx::", 0) == 0) continue;
     ASSIGN_OR_RETURN(bool frozen, IsFrozen(v->name(), spec.frozen));
     if (!frozen) params.push_back(v);
   }

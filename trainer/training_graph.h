@@ -59,9 +59,9 @@ struct OptimizerConfig {
 struct TrainingSpec {
   LossSpec loss;
   OptimizerConfig optimizer;
-  // Parameters: every float32 initializer with more than one element, except those whose
-  // name equals or fully matches (ECMAScript regex) one of these, and PyTorch's folded
-  // constants (names starting with "onnx::").
+  // Parameters: every float32 initializer with more than one element (scalars are taken for
+  // folded constants), except those whose name equals or fully matches (ECMAScript regex) one
+  // of these. Freeze float buffers (rotary tables, masks) here.
   std::vector<std::string> frozen;
   // Fixes named symbolic dims of the model inputs (e.g. batch=8, seq=64): training graphs
   // have static shapes.

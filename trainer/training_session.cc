@@ -255,16 +255,48 @@ absl::StatusOr<std::string> TrainingSession::FirstNonFinite(const Feeds& feeds) 
   plain.intra_op_threads = options_.intra_op_threads;
   plain.optimize = false;
   ASSIGN_OR_RETURN(auto s, InferenceSession::FromGraph(std::move(g), plain));
+  // Data and parameters as the failed step saw them; fresh zero accumulation buffers (the
+  // failed step has already written into the real ones).
   Feeds all = feeds;
-  for (size_t i = num_data_; i < train_feeds_.size(); ++i) all.push_back(train_feeds_[i]);
-  ASSIGN_OR_RETURN(std::vector<Tensor> values, s->Run(all));
-  for (size_t i = 0; i < values.size(); ++i) {
-    const Tensor& t = values[i];
+  for (size_t i = 0; i < params_.size(); ++i) all.emplace_back(artifacts_.params[i], params_[i]);
+  for (size_t i = 0; i < params_.size(); ++i) all.emplace_back(AccumulationBuffer(artifacts_.params[i]), Zeros(params_[i]));
+  all.emplace_back(kLazyResetGrad, Tensor::Scalar<bool>(true));
+  // The first element that is NaN (or, with nan_only false, NaN or +-Inf).
+  auto first_bad = [](const Tensor& t, bool nan_only) -> int64_t {
+    if (t.dtype() != DataType::kFloat32 && t.dtype() != DataType::kFloat64) return -1;
     for (int64_t k = 0; k < t.numel(); ++k) {
       const double x = t.dtype() == DataType::kFloat64 ? t.data<double>()[k] : t.data<float>()[k];
-      if (!std::isfinite(x))
-        return absl::StrCat("'", outs[i]->name(), "' (output of ", producers[i]->Describe(), ") holds ", x,
-                            " at flat index ", k);
+      if (nan_only ? std::isnan(x) : !std::isfinite(x)) return k;
+    }
+    return -1;
+  };
+  auto at = [](const Tensor& t, int64_t k) {
+    return t.dtype() == DataType::kFloat64 ? t.data<double>()[k] : static_cast<double>(t.data<float>()[k]);
+  };
+  // A parameter or input that is already broken.
+  for (const auto& [name, t] : all)
+    if (int64_t k = first_bad(t, false); k >= 0)
+      return absl::StrCat("input '", name, "' holds ", at(t, k), " at flat index ", k);
+  ASSIGN_OR_RETURN(std::vector<Tensor> values, s->Run(all));
+  // Masks legitimately hold -inf, so: the first NaN, else the first Inf that a node made from
+  // finite inputs (an overflow).
+  std::map<const graph::Value*, bool> finite;
+  for (size_t i = 0; i < values.size(); ++i) finite[outs[i]] = first_bad(values[i], false) < 0;
+  for (size_t i = 0; i < values.size(); ++i)
+    if (int64_t k = first_bad(values[i], true); k >= 0)
+      return absl::StrCat("'", outs[i]->name(), "' (output of ", producers[i]->Describe(), ") holds nan at flat index ", k);
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (finite[outs[i]] || producers[i]->op_type() == "Constant") continue;
+    bool inputs_finite = true;
+    for (const graph::Value* in : producers[i]->inputs()) {
+      auto it = in ? finite.find(in) : finite.end();
+      if (it != finite.end()) inputs_finite &= it->second;
+      else if (in && in->is_initializer()) inputs_finite &= first_bad(*in->initializer(), false) < 0;
+    }
+    if (inputs_finite) {
+      const int64_t k = first_bad(values[i], false);
+      return absl::StrCat("'", outs[i]->name(), "' (output of ", producers[i]->Describe(), ") holds ", at(values[i], k),
+                          " at flat index ", k, " from finite inputs");
     }
   }
   return std::string("no non-finite value found on a rerun");

@@ -1,0 +1,561 @@
+// Single-rank training: optimizer kernels against their formulas, the training artifacts'
+// layout, gradient accumulation, the 20-step AdamW trajectory PyTorch recorded for the tiny
+// GPT (models/tiny_gpt/train_golden), bit-exact resume, and every bad-input path the trainer
+// promises to report (checkpoints that are truncated, corrupt or from another model, data
+// that is too short or outside the vocab, a non-finite loss).
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/optimizer.h"
+#include "onnx_ext/cleave_schemas.h"
+#include "onnx_ext/onnx_io.h"
+#include "tests/op_tester.h"
+#include "trainer/autodiff.h"
+#include "trainer/checkpoint.h"
+#include "trainer/train_loop.h"
+#include "trainer/training_session.h"
+
+namespace cleave::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Src(const std::string& rel) { return std::string(CLEAVE_SOURCE_DIR) + "/" + rel; }
+
+std::string TempDir(const std::string& name) {
+  std::string d = (fs::temp_directory_path() / ("cleave_training_test_" + name + "_" + std::to_string(::getpid()))).string();
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+Tensor LoadPb(const std::string& path) {
+  auto t = onnx_ext::LoadTensorFile(path);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? t->second : Tensor();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << bytes;
+}
+
+// Every number after "key": in the JSON text, in order.
+std::vector<double> JsonNumbers(const std::string& text, const std::string& key) {
+  std::vector<double> out;
+  std::regex re("\"" + key + "\": (-?[0-9.eE+-]+)");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator(); ++it)
+    out.push_back(std::stod((*it)[1].str()));
+  return out;
+}
+
+// ---- optimizer kernels ------------------------------------------------------------------
+
+TEST(OptimizerKernels, AdamWFollowsTheFormulaWithDecoupledDecayAndBiasCorrection) {
+  const int64_t n = 40000;  // several blocks, so the threaded path runs
+  std::vector<float> p(n), g(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = std::sin(0.1f * i);
+    g[i] = std::cos(0.37f * i) * 0.01f;
+    m[i] = 0.001f * std::sin(0.5f * i);
+    v[i] = 1e-5f * (1 + std::cos(0.2f * i));
+  }
+  kernels::cpu::AdamWParams a;
+  a.lr = 3e-3;
+  a.step = 7;
+  a.grad_scale = 0.5f;
+  a.beta1 = 0.8f;
+  a.beta2 = 0.99f;
+  a.epsilon = 1e-6f;
+  a.weight_decay = 0.1f;
+  std::vector<float> po(n), mo(n), vo(n);
+  ThreadPool pool(2);
+  kernels::cpu::AdamWStep(a, p.data(), g.data(), m.data(), v.data(), po.data(), mo.data(), vo.data(), n, &pool);
+  for (int64_t i = 0; i < n; i += 997) {
+    const double gs = double(g[i]) * 0.5, b1 = 0.8f, b2 = 0.99f;
+    const double m1 = b1 * m[i] + (1 - b1) * gs, v1 = b2 * v[i] + (1 - b2) * gs * gs;
+    const double mhat = m1 / (1 - std::pow(b1, 7)), vhat = v1 / (1 - std::pow(b2, 7));
+    const double want = p[i] * (1 - 3e-3 * double(0.1f)) - 3e-3 * mhat / (std::sqrt(vhat) + double(1e-6f));
+    EXPECT_NEAR(mo[i], m1, 1e-9 + 1e-5 * std::abs(m1)) << i;
+    EXPECT_NEAR(vo[i], v1, 1e-12 + 1e-5 * std::abs(v1)) << i;
+    EXPECT_NEAR(po[i], want, 1e-6) << i;
+  }
+  // In place (outputs aliasing inputs) gives the same result.
+  kernels::cpu::AdamWStep(a, p.data(), g.data(), m.data(), v.data(), p.data(), m.data(), v.data(), n, &pool);
+  EXPECT_EQ(p, po);
+  EXPECT_EQ(m, mo);
+  EXPECT_EQ(v, vo);
+}
+
+TEST(OptimizerKernels, SgdMomentumDampeningNesterovAndWeightDecay) {
+  const int64_t n = 5;
+  std::vector<float> p = {1, -2, 3, 0.5f, 0}, g = {0.1f, 0.2f, -0.3f, 0, 1}, buf = {1, 1, 1, 1, 1};
+  for (bool nesterov : {false, true}) {
+    for (int64_t step : {1, 2}) {
+      kernels::cpu::SgdParams s;
+      s.lr = 0.1;
+      s.step = step;
+      s.momentum = 0.9f;
+      s.dampening = nesterov ? 0.0f : 0.5f;
+      s.weight_decay = 0.01f;
+      s.nesterov = nesterov;
+      std::vector<float> po(n), bo(n);
+      kernels::cpu::SgdStep(s, p.data(), g.data(), buf.data(), po.data(), bo.data(), n, nullptr);
+      for (int64_t i = 0; i < n; ++i) {
+        double d = g[i] + 0.01 * p[i];
+        double b = step == 1 ? d : 0.9 * buf[i] + (1 - s.dampening) * d;
+        double upd = nesterov ? d + 0.9 * b : b;
+        EXPECT_NEAR(bo[i], b, 1e-6);
+        EXPECT_NEAR(po[i], p[i] - 0.1 * upd, 1e-6) << "nesterov " << nesterov << " step " << step;
+      }
+    }
+  }
+}
+
+TEST(OptimizerKernels, AccumulateAndSquaredNorm) {
+  std::vector<float> buf = {1, 2, 3}, g = {0.5f, -1, 2}, out(3);
+  kernels::cpu::AccumulateGrad(buf.data(), g.data(), false, out.data(), 3, nullptr);
+  EXPECT_EQ(out, (std::vector<float>{1.5f, 1, 5}));
+  kernels::cpu::AccumulateGrad(buf.data(), g.data(), true, out.data(), 3, nullptr);
+  EXPECT_EQ(out, g);
+  std::vector<float> x(100000);
+  double want = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = std::sin(0.01 * i);
+    want += double(x[i]) * x[i];
+  }
+  ThreadPool one(1), two(2);
+  const double a = kernels::cpu::SquaredNorm(x.data(), x.size(), &one);
+  EXPECT_EQ(a, kernels::cpu::SquaredNorm(x.data(), x.size(), &two));  // thread-count independent
+  EXPECT_NEAR(a, want, 1e-9 * want);
+}
+
+TEST(LrSchedule, WarmupThenCosineLinearOrConstant) {
+  LrSchedule s{LrSchedule::Kind::kCosine, 1.0, 0.1, 4, 14};
+  EXPECT_DOUBLE_EQ(s.At(0), 0.25);
+  EXPECT_DOUBLE_EQ(s.At(3), 1.0);
+  EXPECT_DOUBLE_EQ(s.At(4), 1.0);
+  EXPECT_NEAR(s.At(9), 0.55, 1e-12);  // halfway through the decay
+  EXPECT_NEAR(s.At(14), 0.1, 1e-12);
+  EXPECT_NEAR(s.At(100), 0.1, 1e-12);
+  s.kind = LrSchedule::Kind::kLinear;
+  EXPECT_NEAR(s.At(9), 0.55, 1e-12);
+  EXPECT_NEAR(s.At(6), 1.0 - 0.9 * 0.2, 1e-12);
+  s.kind = LrSchedule::Kind::kConstant;
+  EXPECT_DOUBLE_EQ(s.At(13), 1.0);
+  EXPECT_FALSE(ParseLrScheduleKind("exponential").ok());
+}
+
+// ---- artifacts and session -----------------------------------------------------------------
+
+TrainingSpec TinySpec(int64_t batch = 2, int64_t seq = 64) {
+  TrainingSpec spec;
+  spec.dims = {{"batch", batch}, {"seq", seq}};
+  spec.optimizer.weight_decay = 0.1f;
+  spec.optimizer.max_grad_norm = 1.0f;
+  return spec;
+}
+
+std::unique_ptr<graph::Graph> TinyModel() {
+  auto g = onnx_ext::LoadModel(Src("models/tiny_gpt/model.onnx"));
+  EXPECT_TRUE(g.ok()) << g.status();
+  return std::move(*g);
+}
+
+TEST(TrainingArtifacts, FollowOrtLayoutAndRoleMetadataAndPassTheOnnxChecker) {
+  auto a = BuildTrainingArtifacts(*TinyModel(), TinySpec());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->params.size(), 28u);
+  EXPECT_EQ(a->state_suffixes, (std::vector<std::string>{".exp_avg", ".exp_avg_sq"}));
+  const auto& in = a->training->inputs();
+  ASSERT_EQ(in.size(), 2 + 28 * 2 + 1u);
+  EXPECT_EQ(in[0]->name(), "input_ids");
+  EXPECT_EQ(in[1]->name(), "labels");
+  EXPECT_EQ(in[2]->name(), a->params[0]);
+  EXPECT_EQ(in[30]->name(), a->params[0] + "_grad.accumulation.buffer");
+  EXPECT_EQ(in.back()->name(), "lazy_reset_grad");
+  EXPECT_EQ(a->training->outputs()[0]->name(), "loss");
+  EXPECT_EQ(a->training->outputs()[1]->name(), a->params[0] + "_grad.accumulation.out");
+  EXPECT_EQ(a->eval->outputs()[0]->name(), "loss");
+  EXPECT_EQ(a->eval->outputs()[1]->name(), "logits");
+  for (const auto& n : a->training->nodes()) {
+    const auto& md = n->metadata();
+    ASSERT_TRUE(md.count("role")) << n->Describe();
+    EXPECT_TRUE(md.at("role") == "fwd" || md.at("role") == "bwd") << n->Describe();
+    if (md.at("role") == "bwd") EXPECT_TRUE(md.count("grad_of")) << n->Describe();
+  }
+  int updates = 0;
+  for (const auto& n : a->optimizer->nodes()) {
+    EXPECT_EQ(n->metadata().at("role"), "opt");
+    if (n->op_type() == "AdamW") {
+      ++updates;
+      EXPECT_TRUE(n->metadata().count("param"));
+    }
+  }
+  EXPECT_EQ(updates, 28);
+  std::string dir = TempDir("artifacts");
+  ASSERT_TRUE(SaveArtifacts(*a, dir).ok());
+  for (const char* f : {"training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"}) {
+    auto g = onnx_ext::LoadModel(dir + "/" + f);
+    ASSERT_TRUE(g.ok()) << f << ": " << g.status();
+    EXPECT_TRUE(onnx_ext::CheckModel(**g).ok()) << f << ": " << onnx_ext::CheckModel(**g);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(TrainingArtifacts, FrozenParametersStayInitializers) {
+  TrainingSpec spec = TinySpec();
+  spec.frozen = {"wpe.weight", "blocks\\.1\\..*"};
+  auto a = BuildTrainingArtifacts(*TinyModel(), spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->params.size(), 28u - 1 - 12);
+  for (const std::string& p : a->params) EXPECT_TRUE(p != "wpe.weight" && p.rfind("blocks.1.", 0) != 0) << p;
+  EXPECT_TRUE(a->training->FindValue("wpe.weight")->is_initializer());
+  spec.frozen = {"("};
+  EXPECT_FALSE(BuildTrainingArtifacts(*TinyModel(), spec).ok());
+}
+
+TEST(TrainingArtifacts, MissingLossOutputAndLabelClashAreReported) {
+  TrainingSpec spec = TinySpec();
+  spec.loss.output = "logitz";
+  auto a = BuildTrainingArtifacts(*TinyModel(), spec);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("'logitz' is not an output"), std::string::npos) << a.status();
+  EXPECT_NE(a.status().message().find("logits"), std::string::npos) << a.status();
+  spec = TinySpec();
+  spec.loss.labels = "input_ids";
+  a = BuildTrainingArtifacts(*TinyModel(), spec);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("already has a value named 'input_ids'"), std::string::npos) << a.status();
+  spec = TinySpec();
+  spec.loss.kind = LossKind::kModelOutput;  // logits are not a scalar loss
+  a = BuildTrainingArtifacts(*TinyModel(), spec);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("expected a float32 scalar"), std::string::npos) << a.status();
+}
+
+std::unique_ptr<TrainingSession> TinySession(TrainingSpec spec = TinySpec()) {
+  auto a = BuildTrainingArtifacts(*TinyModel(), spec);
+  EXPECT_TRUE(a.ok()) << a.status();
+  auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 2});
+  EXPECT_TRUE(s.ok()) << s.status();
+  return std::move(*s);
+}
+
+Feeds GoldenFeeds() {
+  return {{"input_ids", LoadPb(Src("models/tiny_gpt/test_data_set_0/input_0.pb"))},
+          {"labels", LoadPb(Src("models/tiny_gpt/grad_golden/labels.pb"))}};
+}
+
+TEST(TrainingSession, AccumulatesGradientsInPlaceUntilLazyReset) {
+  auto s = TinySession();
+  const std::string golden = Src("models/tiny_gpt/grad_golden/");
+  auto loss = s->TrainStep(GoldenFeeds());
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_NEAR(*loss, *LoadPb(golden + "loss.pb").data<float>(), 1e-5);
+  for (const std::string& p : s->parameter_names()) {
+    auto g = s->GetGradient(p);
+    ASSERT_TRUE(g.ok());
+    EXPECT_EQ(testing::CompareTensors(*g, LoadPb(golden + p + "_grad.pb"), 1e-6, 1e-4), "") << p;
+  }
+  ASSERT_TRUE(s->TrainStep(GoldenFeeds()).ok());  // no reset: the buffer holds twice the gradient
+  const std::string p0 = s->parameter_names()[0];
+  Tensor twice = LoadPb(golden + p0 + "_grad.pb");
+  for (int64_t i = 0; i < twice.numel(); ++i) twice.data<float>()[i] *= 2;
+  EXPECT_EQ(testing::CompareTensors(*s->GetGradient(p0), twice, 2e-6, 1e-4), "");
+  s->LazyResetGrad();
+  ASSERT_TRUE(s->TrainStep(GoldenFeeds()).ok());
+  EXPECT_EQ(testing::CompareTensors(*s->GetGradient(p0), LoadPb(golden + p0 + "_grad.pb"), 1e-6, 1e-4), "");
+  // An optimizer step moves the parameters and counts the step.
+  Tensor before = *s->GetState(p0);
+  auto norm = s->OptimizerStep();
+  ASSERT_TRUE(norm.ok()) << norm.status();
+  EXPECT_GT(*norm, 0.0f);
+  EXPECT_EQ(s->step(), 1);
+  EXPECT_NE(testing::CompareTensors(*s->GetState(p0), before, 0, 0), "");
+  s->LazyResetGrad();  // no TrainStep since: nothing to apply
+  EXPECT_FALSE(s->OptimizerStep().ok());
+}
+
+TEST(TrainingSession, NonFiniteLossNamesTheFirstNonFiniteTensor) {
+  auto s = TinySession();
+  Tensor w = *s->GetState("blocks.0.mlp.fc.weight");
+  w.data<float>()[5] = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(s->SetState("blocks.0.mlp.fc.weight", w).ok());
+  auto loss = s->TrainStep(GoldenFeeds());
+  ASSERT_TRUE(loss.ok());
+  EXPECT_TRUE(std::isnan(*loss));
+  auto where = s->FirstNonFinite(GoldenFeeds());
+  ASSERT_TRUE(where.ok()) << where.status();
+  EXPECT_EQ(*where, "input 'blocks.0.mlp.fc.weight' holds nan at flat index 5");
+}
+
+TEST(TrainingSession, CheckpointRoundTripAndEveryBrokenCheckpointIsRefusedWithoutChanges) {
+  std::string dir = TempDir("ckpt");
+  auto s = TinySession();
+  ASSERT_TRUE(s->TrainStep(GoldenFeeds()).ok());
+  ASSERT_TRUE(s->OptimizerStep().ok());
+  const std::string path = dir + "/a.ckpt";
+  ASSERT_TRUE(s->SaveCheckpoint(path, {{"data.next_step", "1"}}).ok());
+  const std::string good = ReadFile(path);
+  EXPECT_TRUE(fs::exists(path));
+  EXPECT_TRUE(ListCheckpoints(dir).empty());  // not a step_*.ckpt name
+
+  auto fresh = TinySession();
+  auto props = fresh->LoadCheckpoint(path);
+  ASSERT_TRUE(props.ok()) << props.status();
+  EXPECT_EQ(props->at("data.next_step"), "1");
+  EXPECT_EQ(fresh->step(), 1);
+  for (const std::string& p : s->parameter_names()) {
+    EXPECT_EQ(testing::CompareTensors(*fresh->GetState(p), *s->GetState(p), 0, 0), "") << p;
+    EXPECT_EQ(testing::CompareTensors(*fresh->GetState(p + ".exp_avg_sq"), *s->GetState(p + ".exp_avg_sq"), 0, 0), "");
+  }
+
+  auto other = TinySession();
+  const Tensor untouched = *other->GetState("wte.weight");
+  auto expect_refused = [&](const std::string& file, const std::string& needle) {
+    auto r = other->LoadCheckpoint(file);
+    ASSERT_FALSE(r.ok()) << file;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status();
+    EXPECT_NE(r.status().message().find(file), std::string::npos) << r.status();
+    EXPECT_EQ(testing::CompareTensors(*other->GetState("wte.weight"), untouched, 0, 0), "");
+    EXPECT_EQ(other->step(), 0);
+  };
+  WriteFile(dir + "/truncated.ckpt", good.substr(0, good.size() / 2));
+  expect_refused(dir + "/truncated.ckpt", "truncated");
+  std::string flipped = good;
+  flipped[flipped.size() / 3] ^= 0x40;
+  WriteFile(dir + "/corrupt.ckpt", flipped);
+  expect_refused(dir + "/corrupt.ckpt", "checksum mismatch");
+  expect_refused(dir + "/missing.ckpt", "cannot open");
+  WriteFile(dir + "/garbage.ckpt", std::string(100, 'x'));
+  expect_refused(dir + "/garbage.ckpt", "not a cleave checkpoint");
+  // A checkpoint of a different model: the same architecture with one block frozen has
+  // fewer parameters and no optimizer state for them.
+  TrainingSpec spec = TinySpec();
+  spec.frozen = {"blocks\\.1\\..*"};
+  auto smaller = TinySession(spec);
+  ASSERT_TRUE(smaller->SaveCheckpoint(dir + "/smaller.ckpt").ok());
+  expect_refused(dir + "/smaller.ckpt", "does not belong to this model");
+  auto r = other->LoadCheckpoint(dir + "/smaller.ckpt");
+  EXPECT_NE(r.status().message().find("missing 'blocks.1.attn.qkv.weight'"), std::string::npos) << r.status();
+  // The good file was never touched by any of this.
+  EXPECT_EQ(ReadFile(path), good);
+  fs::remove_all(dir);
+}
+
+TEST(TrainingSession, ExportedModelRunsWithTheTrainedWeights) {
+  std::string dir = TempDir("export");
+  auto s = TinySession();
+  ASSERT_TRUE(s->TrainStep(GoldenFeeds()).ok());
+  ASSERT_TRUE(s->OptimizerStep().ok());
+  ASSERT_TRUE(s->ExportModelForInferencing(dir + "/m.onnx").ok());
+  auto g = onnx_ext::LoadModel(dir + "/m.onnx");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ((*g)->inputs()[0]->shape().ToString(), "[batch,seq]");  // dynamic dims kept
+  const std::string p = "blocks.0.mlp.fc.weight";
+  EXPECT_EQ(testing::CompareTensors(*(*g)->FindValue(p)->initializer(), *s->GetState(p), 0, 0), "");
+  fs::remove_all(dir);
+}
+
+// ---- the training loop ---------------------------------------------------------------------
+
+TrainConfig GoldenConfig() {
+  TrainConfig c;
+  c.model = Src("models/tiny_gpt/model.onnx");
+  c.data = Src("models/tiny_gpt/corpus.txt");
+  c.batch = 4;
+  c.seq = 64;
+  c.steps = 20;
+  c.lr = 1e-3;
+  c.min_lr = 1e-4;
+  c.warmup = 5;
+  c.schedule = LrSchedule::Kind::kCosine;
+  c.optimizer.weight_decay = 0.1f;
+  c.optimizer.max_grad_norm = 1.0f;
+  c.shuffle = false;
+  c.val_fraction = 0;
+  c.threads = 2;
+  c.plot = "none";
+  return c;
+}
+
+TEST(TrainLoop, ReproducesThePyTorchAdamWTrajectoryOfTheTinyGpt) {
+  const std::string golden = Src("models/tiny_gpt/train_golden/");
+  const std::string traj = ReadFile(golden + "trajectory.json");
+  const std::vector<double> losses = JsonNumbers(traj, "loss"), norms = JsonNumbers(traj, "grad_norm");
+  ASSERT_EQ(losses.size(), 20u);
+  std::string dir = TempDir("golden");
+  TrainConfig c = GoldenConfig();
+  c.save_model = dir + "/trained.onnx";
+  std::ostringstream log;
+  auto r = RunTraining(c, log);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->losses.size(), 20u);
+  for (size_t s = 0; s < 20; ++s) {
+    EXPECT_NEAR(r->losses[s], losses[s], 1e-4 * losses[s]) << "step " << s;
+    EXPECT_NEAR(r->grad_norms[s], norms[s], 1e-4 * norms[s]) << "step " << s;
+  }
+  auto g = onnx_ext::LoadModel(c.save_model);
+  ASSERT_TRUE(g.ok());
+  int checked = 0;
+  for (const auto& e : fs::directory_iterator(golden)) {
+    if (e.path().extension() != ".pb") continue;
+    auto want = onnx_ext::LoadTensorFile(e.path().string());
+    ASSERT_TRUE(want.ok());
+    const graph::Value* v = (*g)->FindValue(want->first);
+    ASSERT_TRUE(v && v->initializer()) << want->first;
+    EXPECT_EQ(testing::CompareTensors(*v->initializer(), want->second, 1e-4, 0), "") << want->first;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 28);
+  EXPECT_NE(log.str().find("step 20/20 | loss "), std::string::npos) << log.str();
+  fs::remove_all(dir);
+}
+
+Checkpoint ReadOk(const std::string& path) {
+  auto c = ReadCheckpoint(path);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : Checkpoint();
+}
+
+TEST(TrainLoop, ResumeIsBitExact) {
+  TrainConfig c = GoldenConfig();
+  c.steps = 6;
+  c.shuffle = true;
+  c.seed = 7;
+  c.grad_accum = 2;
+  c.val_fraction = 0.2;
+  c.checkpoint_every = 2;
+  std::ostringstream log;
+  c.checkpoint_dir = TempDir("straight");
+  auto straight = RunTraining(c, log);
+  ASSERT_TRUE(straight.ok()) << straight.status();
+  EXPECT_EQ(ListCheckpoints(c.checkpoint_dir).size(), 3u);  // steps 2, 4, 6 (keep 3)
+
+  TrainConfig first = c;
+  first.checkpoint_dir = TempDir("split");
+  first.exit_at = 3;
+  auto a = RunTraining(first, log);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->losses.size(), 3u);
+  TrainConfig second = first;
+  second.exit_at = 0;
+  second.resume = true;
+  auto b = RunTraining(second, log);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->first_step, 3);
+  ASSERT_EQ(b->losses.size(), 3u);
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(a->losses[s], straight->losses[s]) << s;
+    EXPECT_EQ(b->losses[s], straight->losses[s + 3]) << s + 3;
+  }
+  EXPECT_EQ(b->val_loss, straight->val_loss);
+  Checkpoint x = ReadOk(CheckpointPath(c.checkpoint_dir, 6)), y = ReadOk(CheckpointPath(first.checkpoint_dir, 6));
+  ASSERT_EQ(x.tensors.size(), y.tensors.size());
+  for (size_t i = 0; i < x.tensors.size(); ++i)
+    EXPECT_EQ(testing::CompareTensors(x.tensors[i].second, y.tensors[i].second, 0, 0), "") << x.tensors[i].first;
+  // A resume with different run settings is refused.
+  TrainConfig changed = second;
+  changed.seed = 8;
+  auto refused = RunTraining(changed, log);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("seed=7"), std::string::npos) << refused.status();
+  fs::remove_all(c.checkpoint_dir);
+  fs::remove_all(first.checkpoint_dir);
+}
+
+TEST(TrainLoop, GradientAccumulationMatchesTheFullBatch) {
+  TrainConfig c = GoldenConfig();
+  c.steps = 3;
+  c.optimizer.kind = OptimizerConfig::Kind::kSgd;  // linear in the gradient, so the parameters compare closely
+  c.optimizer.momentum = 0.9f;
+  c.lr = 0.05;
+  std::ostringstream log;
+  std::string dir = TempDir("accum");
+  c.save_model = dir + "/full.onnx";
+  auto full = RunTraining(c, log);
+  ASSERT_TRUE(full.ok()) << full.status();
+  c.grad_accum = 4;
+  c.save_model = dir + "/accum.onnx";
+  auto accum = RunTraining(c, log);
+  ASSERT_TRUE(accum.ok()) << accum.status();
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_NEAR(accum->losses[s], full->losses[s], 1e-5 * full->losses[s]);
+    EXPECT_NEAR(accum->grad_norms[s], full->grad_norms[s], 1e-4 * full->grad_norms[s]);
+  }
+  auto g1 = onnx_ext::LoadModel(dir + "/full.onnx"), g2 = onnx_ext::LoadModel(dir + "/accum.onnx");
+  ASSERT_TRUE(g1.ok() && g2.ok());
+  for (const graph::Value* v : (*g1)->Initializers())
+    EXPECT_EQ(testing::CompareTensors(*v->initializer(), *(*g2)->FindValue(v->name())->initializer(), 1e-5, 0), "")
+        << v->name();
+  fs::remove_all(dir);
+}
+
+TEST(TrainLoop, BadDataIsReportedWithWhereAndWhat) {
+  std::string dir = TempDir("baddata");
+  std::ostringstream log;
+  TrainConfig c = GoldenConfig();
+  c.steps = 1;
+  WriteFile(dir + "/short.txt", "just a few bytes of text");
+  c.data = dir + "/short.txt";
+  auto r = RunTraining(c, log);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("shorter than one training window of 66 tokens"), std::string::npos)
+      << r.status();
+  // uint16 tokens: 300 is outside the tiny GPT's 256-token vocabulary.
+  std::string bin;
+  for (int i = 0; i < 1000; ++i) {
+    const uint16_t t = i == 777 ? 300 : static_cast<uint16_t>(i % 200);
+    bin.push_back(static_cast<char>(t & 0xff));
+    bin.push_back(static_cast<char>(t >> 8));
+  }
+  WriteFile(dir + "/tokens.bin", bin);
+  c.data = dir + "/tokens.bin";
+  r = RunTraining(c, log);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("token 300 at position 777"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("vocabulary of 256"), std::string::npos) << r.status();
+  WriteFile(dir + "/odd.bin", "abc");
+  c.data = dir + "/odd.bin";
+  EXPECT_FALSE(RunTraining(c, log).ok());
+  c.data = dir + "/nope.txt";
+  r = RunTraining(c, log);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("cannot open data file"), std::string::npos);
+  c = GoldenConfig();
+  c.grad_accum = 3;  // 4 rows do not split into 3 micro-batches
+  EXPECT_FALSE(RunTraining(c, log).ok());
+  fs::remove_all(dir);
+}
+
+TEST(TrainLoop, DivergenceStopsWithTheStepAndTheFirstNonFiniteTensor) {
+  std::string dir = TempDir("diverge");
+  TrainConfig c = GoldenConfig();
+  c.steps = 5;
+  c.optimizer.kind = OptimizerConfig::Kind::kSgd;
+  c.optimizer.max_grad_norm = 0;
+  c.schedule = LrSchedule::Kind::kConstant;
+  c.warmup = 0;
+  c.lr = 1e30;  // the first update overflows the weights
+  c.checkpoint_dir = dir;
+  std::ostringstream log;
+  auto r = RunTraining(c, log);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("step 2: the loss is"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("first non-finite tensor: '"), std::string::npos) << r.status();
+  EXPECT_TRUE(ListCheckpoints(dir).empty()) << r.status();  // nothing diverged was saved
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace cleave::trainer
