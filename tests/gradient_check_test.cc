@@ -107,6 +107,7 @@ const GradCase kCases[] = {
     {"Mul_broadcast", "input a: float64[2,3]\ninput b: float64[2,1]\ny = Mul(a, b)\noutput y"},
     {"Div", "input a: float64[2,3]\ninput b: float64[3]\ny = Div(a, b)\noutput y", 0.5, 2},
     {"Pow_cube", "input x: float64[5]\ninit p: float64[] = 3\ny = Pow(x, p)\noutput y"},
+    {"Pow_runtime_exponent_broadcast", "input a: float64[2,3]\ninput p: float64[3]\ny = Pow(a, p)\noutput y", 0.5, 2},
     {"Neg", "input x: float64[4]\ny = Neg(x)\noutput y"},
     {"Exp", "input x: float64[4]\ny = Exp(x)\noutput y"},
     {"Log", "input x: float64[4]\ny = Log(x)\noutput y", 0.5, 2},

@@ -85,7 +85,8 @@ Value* Named(Graph& g, Value* v, const std::string& name, const std::string& of)
 }  // namespace
 
 absl::StatusOr<std::map<std::string, Value*>> BuildBackward(Graph& g, Value* loss,
-                                                            const std::vector<Value*>& wrt) {
+                                                            const std::vector<Value*>& wrt,
+                                                            std::vector<std::string>* unreached) {
   if (!loss) return InvalidArgument("no loss value given");
   if (!Differentiable(loss))
     return InvalidArgument("loss '", loss->name(), "' has dtype ", DataTypeName(loss->dtype()),
@@ -141,6 +142,7 @@ absl::StatusOr<std::map<std::string, Value*>> BuildBackward(Graph& g, Value* los
     auto p = parts.find(w);
     Value* total;
     if (p == parts.end()) {  // no path from w to the loss: its gradient is zero
+      if (unreached) unreached->push_back(w->name());
       if (!w->shape().is_static())
         return InvalidArgument("'", w->name(), "' does not reach the loss and its shape ",
                                w->shape().ToString(), " is not static");

@@ -20,9 +20,11 @@ std::string GradName(const std::string& value);
 
 // Adds the backward graph for a scalar `loss` and returns, for each value in `wrt`, the value
 // holding its gradient (a graph value named <name>_grad). Shapes must be inferred first. Fails
-// listing every op on the gradient path that has no rule.
+// listing every op on the gradient path that has no rule. A value with no differentiable path
+// to the loss gets a zero gradient and, when `unreached` is given, its name is appended there.
 absl::StatusOr<std::map<std::string, graph::Value*>> BuildBackward(
-    graph::Graph& g, graph::Value* loss, const std::vector<graph::Value*>& wrt);
+    graph::Graph& g, graph::Value* loss, const std::vector<graph::Value*>& wrt,
+    std::vector<std::string>* unreached = nullptr);
 
 // True when a gradient rule exists for the op.
 bool HasGradientRule(const std::string& domain, const std::string& op);

@@ -144,14 +144,24 @@ absl::Status DivGrad(GradBuilder& b) {  // d/da (a / b) = 1 / b, d/db = -(a / b)
   return absl::OkStatus();
 }
 
-absl::Status PowGrad(GradBuilder& b) {  // d/da a^p = p a^(p-1); the exponent gets none here
-  const Tensor* p = b.x(1)->initializer();
-  if (!p || p->numel() != 1)
-    return b.Error("the gradient of Pow needs a constant scalar exponent");
-  double e = p->DoubleAt(0);
+absl::Status PowGrad(GradBuilder& b) {
+  // d/da a^p = p a^(p-1). A constant scalar exponent (an initializer or a Constant node)
+  // folds into the backward nodes; a run-time exponent also gets d/dp a^p = a^p ln(a).
+  const Tensor* p = graph::ConstantInput(b.fwd(), 1);
   Value* base = b.x(0);
-  Value* deriv = b.Op("Mul", {b.Const(e, base), b.Op("Pow", {base, b.Const(e - 1, base)})});
-  b.SetGrad(0, b.Op("Mul", {b.dy(), deriv}));
+  if (p && p->numel() == 1) {
+    double e = p->DoubleAt(0);
+    Value* deriv = b.Op("Mul", {b.Const(e, base), b.Op("Pow", {base, b.Const(e - 1, base)})});
+    b.SetGrad(0, b.Op("Mul", {b.dy(), deriv}));
+    return absl::OkStatus();
+  }
+  if (b.x(1)->dtype() != base->dtype())
+    return b.Error("the gradient of Pow with a run-time exponent needs base and exponent of one float type");
+  Value* deriv = b.Op("Mul", {b.x(1), b.Op("Pow", {base, b.Op("Sub", {b.x(1), b.Const(1, base)})})});
+  ASSIGN_OR_RETURN(Value * da, b.ReduceTo(b.Op("Mul", {b.dy(), deriv}), base));
+  b.SetGrad(0, da);
+  ASSIGN_OR_RETURN(Value * dp, b.ReduceTo(b.Op("Mul", {b.dy(), b.Op("Mul", {b.y(0), b.Op("Log", {base})})}), b.x(1)));
+  b.SetGrad(1, dp);
   return absl::OkStatus();
 }
 

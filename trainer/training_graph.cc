@@ -1,13 +1,18 @@
 // The training graph builder (trainer/): see training_graph.h.
 #include "trainer/training_graph.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <regex>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "graph/op_table.h"
+#include "graph/passes/pass.h"
+#include "providers/cpu/cpu_provider.h"
+#include "runtime/constant_evaluator.h"
 #include "graph/verifier.h"
 #include "onnx_ext/onnx_io.h"
 #include "trainer/autodiff.h"
@@ -251,7 +256,35 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
   RETURN_IF_ERROR(ApplyDims(*g, spec.dims));
   ASSIGN_OR_RETURN(Value* loss, AttachLoss(*g, spec.loss, &a.data_inputs));
   RETURN_IF_ERROR(graph::InferShapes(*g));
-  ASSIGN_OR_RETURN(std::vector<Value*> params, SelectParams(*g, spec));
+  ASSIGN_OR_RETURN(std::vector<Value*> candidates, SelectParams(*g, spec));
+  {
+    // Fold shape arithmetic and constant subgraphs (masks, rotary tables) now that the dims
+    // are fixed, so every value the backward graph sees has a static shape. Candidates stay
+    // variable; folded results are new initializers, never parameters.
+    g->AddOutput(loss);  // so dead-code elimination keeps it
+    std::set<const Value*> variable(candidates.begin(), candidates.end());
+    providers::CpuExecutionProvider cpu(1);
+    graph::ConstantFolding fold(runtime::MakeConstantEvaluator(*g, cpu),
+                                [&variable](const Value* v) { return variable.count(v) > 0; });
+    graph::DeadCodeElimination dce;
+    RETURN_IF_ERROR(graph::RunToFixedPoint({&fold, &dce}, g.get()));
+    RETURN_IF_ERROR(graph::InferShapes(*g));
+  }
+  // Like PyTorch, where a parameter the loss does not reach keeps grad None and the optimizer
+  // skips it (no weight decay either): such parameters are not trained.
+  std::vector<std::string> unreached;
+  {
+    std::unique_ptr<Graph> probe = g->Clone();
+    std::vector<Value*> wrt;
+    for (Value* p : candidates) wrt.push_back(probe->FindValue(p->name()));
+    RETURN_IF_ERROR(BuildBackward(*probe, probe->FindValue(kLoss), wrt, &unreached).status());
+  }
+  std::vector<Value*> params;
+  for (Value* p : candidates)
+    if (std::find(unreached.begin(), unreached.end(), p->name()) == unreached.end()) params.push_back(p);
+  a.unreached = unreached;
+  if (params.empty())
+    return InvalidArgument("no parameter reaches the loss '", loss->name(), "' through differentiable ops");
   for (Value* p : params) {
     if (!p->shape().is_static()) return Internal("parameter '", p->name(), "' has no static shape");
     a.params.push_back(p->name());

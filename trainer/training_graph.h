@@ -70,7 +70,8 @@ struct TrainingSpec {
 
 struct TrainingArtifacts {
   std::unique_ptr<graph::Graph> training, eval, optimizer;
-  std::vector<std::string> params;          // trainable, in the model's initializer order
+  std::vector<std::string> params;          // trainable, sorted by name
+  std::vector<std::string> unreached;       // candidates the loss does not reach: not trained
   std::vector<std::string> state_suffixes;  // optimizer state per parameter, e.g. ".exp_avg"
   std::vector<std::string> data_inputs;     // what the caller feeds: model inputs + labels
   std::map<std::string, Tensor> initial;    // initial parameter values
