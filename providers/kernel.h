@@ -33,6 +33,11 @@ class KernelContext {
   // A scratch buffer that lives until Compute returns.
   virtual void* Scratch(size_t bytes) = 0;
   virtual ThreadPool* thread_pool() const = 0;
+  // The run's random seed, set by the caller for reproducible randomness (the training
+  // session derives one per training run from its seed, step and micro-batch);
+  // kNoRunSeed when the caller gave none.
+  static constexpr uint64_t kNoRunSeed = ~uint64_t{0};
+  virtual uint64_t run_seed() const { return kNoRunSeed; }
 
   TensorView* Output(int i, std::initializer_list<int64_t> dims) {
     return Output(i, std::span<const int64_t>(dims.begin(), dims.size()));

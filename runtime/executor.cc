@@ -44,6 +44,7 @@ class Executor::Context : public providers::KernelContext {
     return &ex_.views_[step_.inputs[i]];
   }
   ThreadPool* thread_pool() const override { return step_.provider->thread_pool(); }
+  uint64_t run_seed() const override { return ex_.run_seed_; }
 
   TensorView* Output(int i, std::span<const int64_t> dims) override {
     if (i >= static_cast<int>(step_.outputs.size()) || step_.outputs[i] < 0) return nullptr;
@@ -228,9 +229,11 @@ void Executor::MakePlan() {
   planned_ = true;
 }
 
-absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Tensor>& outputs) {
+absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Tensor>& outputs,
+                          uint64_t run_seed) {
   CLEAVE_CHECK(inputs.size() == input_slots_.size());
   std::lock_guard<std::mutex> lock(run_mu_);
+  run_seed_ = run_seed;
   // The input-shape signature selects the memory plan; compared in place, no allocation.
   size_t k = 0;
   bool same = true;

@@ -14,6 +14,7 @@
 #include "base/tensor.h"
 #include "graph/graph.h"
 #include "providers/execution_provider.h"
+#include "providers/kernel.h"
 
 namespace cleave::runtime {
 
@@ -37,7 +38,9 @@ class Executor {
   // Runs are serialised: concurrent callers wait for each other (activations share one arena).
   // outputs: one tensor per graph output; undefined tensors are allocated here, defined ones
   // (RunInto) must have the produced dtype and shape.
-  absl::Status Run(const std::vector<TensorView>& inputs, std::vector<Tensor>& outputs);
+  // run_seed: what KernelContext::run_seed() returns to every kernel of this run.
+  absl::Status Run(const std::vector<TensorView>& inputs, std::vector<Tensor>& outputs,
+                   uint64_t run_seed = providers::KernelContext::kNoRunSeed);
 
   const graph::Graph& graph() const { return *graph_; }
   const ExecutorStats& stats() const { return stats_; }
@@ -73,6 +76,7 @@ class Executor {
   size_t scratch_used_ = 0;
   ExecutorStats stats_;
   std::mutex run_mu_;
+  uint64_t run_seed_ = providers::KernelContext::kNoRunSeed;
   std::vector<std::pair<const std::string*, int64_t>> symbol_values_;
 };
 

@@ -11,6 +11,7 @@
 #include "graph/verifier.h"
 #include "onnx_ext/onnx_io.h"
 #include "providers/cpu/cpu_provider.h"
+#include "providers/kernel.h"
 #include "runtime/constant_evaluator.h"
 #include "runtime/executor.h"
 
@@ -172,7 +173,8 @@ absl::StatusOr<std::vector<Tensor>> InferenceSession::Run(
   return picked;
 }
 
-absl::Status InferenceSession::RunInto(const Feeds& feeds, std::vector<Tensor>& outputs) {
+absl::Status InferenceSession::RunInto(const Feeds& feeds, std::vector<Tensor>& outputs,
+                                       const RunOptions& options) {
   if (outputs.size() != outputs_.size())
     return InvalidArgument("RunInto: expected ", outputs_.size(), " output tensors, got ",
                            outputs.size());
@@ -180,7 +182,8 @@ absl::Status InferenceSession::RunInto(const Feeds& feeds, std::vector<Tensor>& 
   output_ptrs_.clear();
   for (const Tensor& t : outputs) output_ptrs_.push_back(t.raw());
   RETURN_IF_ERROR(BindFeeds(feeds));
-  RETURN_IF_ERROR(executor_->Run(feed_views_, outputs));
+  const uint64_t seed = options.seed ? *options.seed & ~(uint64_t{1} << 63) : providers::KernelContext::kNoRunSeed;
+  RETURN_IF_ERROR(executor_->Run(feed_views_, outputs, seed));
   for (size_t i = 0; i < outputs.size(); ++i)
     if (outputs[i].raw() != output_ptrs_[i])
       return InvalidArgument("RunInto: output '", outputs_[i].name, "' is ",

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +55,12 @@ struct RunStats {
 
 using Feeds = std::vector<std::pair<std::string, Tensor>>;
 
+struct RunOptions {
+  // Seeds the run's randomness (training-mode Dropout): the same seed gives the same masks.
+  // Without one, Dropout draws from its node's own generator.
+  std::optional<uint64_t> seed;
+};
+
 class InferenceSession {
  public:
   static absl::StatusOr<std::unique_ptr<InferenceSession>> Load(const std::string& model_path,
@@ -71,7 +78,7 @@ class InferenceSession {
   absl::StatusOr<std::vector<Tensor>> Run(const Feeds& feeds,
                                           const std::vector<std::string>& output_names);
   // Writes every model output into `outputs` (preallocated with the right dtype and shape).
-  absl::Status RunInto(const Feeds& feeds, std::vector<Tensor>& outputs);
+  absl::Status RunInto(const Feeds& feeds, std::vector<Tensor>& outputs, const RunOptions& options = {});
 
   // The optimised graph the session executes.
   const graph::Graph& graph() const;

@@ -9,7 +9,9 @@
 #include <regex>
 #include <sstream>
 
+#include "graph/text_format.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/nn.h"
 #include "kernels/cpu/optimizer.h"
 #include "onnx_ext/cleave_schemas.h"
 #include "onnx_ext/onnx_io.h"
@@ -137,6 +139,24 @@ TEST(OptimizerKernels, AccumulateAndSquaredNorm) {
   const double a = kernels::cpu::SquaredNorm(x.data(), x.size(), &one);
   EXPECT_EQ(a, kernels::cpu::SquaredNorm(x.data(), x.size(), &two));  // thread-count independent
   EXPECT_NEAR(a, want, 1e-9 * want);
+}
+
+TEST(DropoutKeyed, MaskIsAPureFunctionOfTheKeyWithTheRightRate) {
+  const int64_t n = 100000;
+  std::vector<float> x(n, 1.0f), y1(n), y2(n), y3(n);
+  std::unique_ptr<bool[]> m(new bool[n]);
+  ThreadPool one(1), two(2);
+  kernels::cpu::DropoutKeyed<float>(42, 0.3f, n, x.data(), y1.data(), m.get(), &one);
+  kernels::cpu::DropoutKeyed<float>(42, 0.3f, n, x.data(), y2.data(), nullptr, &two);
+  kernels::cpu::DropoutKeyed<float>(43, 0.3f, n, x.data(), y3.data(), nullptr, &two);
+  EXPECT_EQ(y1, y2);  // thread-count independent
+  EXPECT_NE(y1, y3);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    kept += m[i];
+    EXPECT_EQ(y1[i], m[i] ? 1.0f / 0.7f : 0.0f);
+  }
+  EXPECT_NEAR(static_cast<double>(kept) / n, 0.7, 0.01);
 }
 
 TEST(LrSchedule, WarmupThenCosineLinearOrConstant) {
@@ -449,6 +469,60 @@ TEST_P(VariantTrajectory, FollowsPyTorch) {
 
 INSTANTIATE_TEST_SUITE_P(Models, VariantTrajectory,
                          ::testing::Values("gpt_untied", "llama", "bert_mse", "bert_cls"));
+
+// Training-mode Dropout draws its masks from (seed, step, micro-batch, node): the same seed
+// reproduces a run, another seed changes it, and the eval graph runs Dropout as the identity.
+TEST(TrainingSession, DropoutIsSeededPerStepAndOffInEval) {
+  const char* text = R"(
+    input x: float32[4,8]
+    init w: float32[8,8] = fill 0.25
+    init p: float32[] = 0.5
+    init t: bool[] = 1
+    h = MatMul(x, w)
+    y, m = Dropout(h, p, t)
+    output y
+  )";
+  auto make = [&](uint64_t seed) {
+    auto g = graph::ParseGraph(text);
+    EXPECT_TRUE(g.ok()) << g.status();
+    TrainingSpec spec;
+    spec.loss.kind = LossKind::kMse;
+    auto a = BuildTrainingArtifacts(**g, spec);
+    EXPECT_TRUE(a.ok()) << a.status();
+    auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1, .seed = seed});
+    EXPECT_TRUE(s.ok()) << s.status();
+    return std::move(*s);
+  };
+  Tensor x(DataType::kFloat32, {4, 8}), labels(DataType::kFloat32, {4, 8});
+  for (int i = 0; i < 32; ++i) x.data<float>()[i] = 0.1f * (i % 7) - 0.2f;
+  const Feeds feeds = {{"x", x}, {"labels", labels}};
+  auto losses = [&](uint64_t seed) {
+    auto s = make(seed);
+    std::vector<float> out;
+    for (int step = 0; step < 3; ++step) {
+      s->LazyResetGrad();
+      out.push_back(*s->TrainStep(feeds));
+      EXPECT_TRUE(s->OptimizerStep().ok());
+    }
+    return out;
+  };
+  EXPECT_EQ(losses(1), losses(1));
+  EXPECT_NE(losses(1), losses(2));
+  // Eval: no dropout, so the loss is mean((x w)^2) with w = 0.25 everywhere.
+  double want = 0;
+  for (int r = 0; r < 4; ++r) {
+    double row = 0;
+    for (int k = 0; k < 8; ++k) row += 0.25 * x.data<float>()[r * 8 + k];
+    want += 8 * row * row;
+  }
+  auto s = make(1);
+  auto eval = s->EvalStep(feeds);
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  EXPECT_NEAR(*eval, want / 32, 1e-6);
+  auto train = s->TrainStep(feeds);
+  ASSERT_TRUE(train.ok());
+  EXPECT_NE(*train, *eval);  // half of the products were dropped, the rest doubled
+}
 
 // ---- the training loop ---------------------------------------------------------------------
 

@@ -213,6 +213,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
 
   TrainingSessionOptions so;
   so.intra_op_threads = c.threads;
+  so.seed = c.seed;
   ASSIGN_OR_RETURN(auto session, TrainingSession::Create(std::move(artifacts), so));
   LrSchedule schedule;
   schedule.kind = c.schedule;

@@ -298,6 +298,13 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
   for (Value* v : forward.outputs()) eval_outs.push_back(a.eval->FindValue(v->name()));
   a.eval->SetOutputs(eval_outs);
   a.eval->info().graph_name = "eval";
+  // Evaluation runs Dropout as the identity, like model.eval().
+  Value* off = nullptr;
+  for (const auto& n : a.eval->nodes()) {
+    if (n->op_type() != "Dropout" || !n->domain().empty() || n->num_inputs() < 3 || !n->input(2)) continue;
+    if (!off) off = a.eval->AddInitializer(a.eval->UniqueName("eval/training_mode_off"), Tensor::Scalar<bool>(false));
+    a.eval->SetNodeInput(n.get(), 2, off);
+  }
 
   // The training graph: forward + loss + backward + in-place accumulation.
   ASSIGN_OR_RETURN(auto grads, BuildBackward(*g, loss, params));

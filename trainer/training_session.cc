@@ -127,7 +127,10 @@ absl::StatusOr<float> TrainingSession::TrainStep(const Feeds& feeds) {
   }
   for (size_t i = 0; i < num_data_; ++i) train_feeds_[i] = feeds[i];
   *reset_.data<bool>() = pending_reset_;
-  RETURN_IF_ERROR(train_->RunInto(train_feeds_, train_outputs_));
+  const uint64_t micro = pending_reset_ ? 0 : static_cast<uint64_t>(micro_batches_);
+  RunOptions run;
+  run.seed = options_.seed * 0x9e3779b97f4a7c15ull + (static_cast<uint64_t>(step_) << 20) + micro;
+  RETURN_IF_ERROR(train_->RunInto(train_feeds_, train_outputs_, run));
   if (pending_reset_) micro_batches_ = 0;
   pending_reset_ = false;
   ++micro_batches_;

@@ -32,6 +32,9 @@ namespace cleave::trainer {
 struct TrainingSessionOptions {
   int intra_op_threads = 0;  // 0: CLEAVE_NUM_THREADS or every core
   bool optimize = true;      // constant folding and fusions on the training and eval graphs
+  // Training-mode Dropout masks are a function of (seed, step, micro-batch, node), so runs are
+  // reproducible and a resumed run draws the masks an uninterrupted one would.
+  uint64_t seed = 0;
 };
 
 class TrainingSession {

@@ -24,6 +24,26 @@ void Dropout(std::mt19937& gen, float ratio, int64_t n, const T* x, T* y, bool* 
   }
 }
 
+template <typename T>
+void DropoutKeyed(uint64_t key, float ratio, int64_t n, const T* x, T* y, bool* mask, ThreadPool* pool) {
+  const double r = static_cast<double>(ratio);
+  const T scale = static_cast<T>(1.0 / (1.0 - r));
+  ParallelFor(pool, n, 1 << 14, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      // SplitMix64 finaliser of (key, i); 53 bits make a double in [0, 1).
+      uint64_t z = key + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      const bool keep = static_cast<double>(z >> 11) * 0x1.0p-53 >= r;
+      y[i] = keep ? x[i] * scale : T(0);
+      if (mask) mask[i] = keep;
+    }
+  });
+}
+
+template void DropoutKeyed<float>(uint64_t, float, int64_t, const float*, float*, bool*, ThreadPool*);
+template void DropoutKeyed<double>(uint64_t, float, int64_t, const double*, double*, bool*, ThreadPool*);
 template void Dropout<float>(std::mt19937&, float, int64_t, const float*, float*, bool*);
 template void Dropout<double>(std::mt19937&, float, int64_t, const double*, double*, bool*);
 

@@ -1,7 +1,10 @@
 // CPU kernels for Dropout and Trilu, and the registration of every neural-network kernel
-// family (providers/cpu/). Dropout keeps one MT19937 generator per node, seeded from the
-// seed attribute (else from std::random_device) and advanced by each training-mode run,
-// so a seeded model replays the same sequence of masks run after run.
+// family (providers/cpu/). When the run carries a seed (KernelContext::run_seed; the training
+// session sets one per training run), Dropout's mask is a hash of (run seed, node name,
+// element): reproducible and recomputable. Otherwise each node keeps one MT19937 generator,
+// seeded from the seed attribute (else from std::random_device) and advanced by each
+// training-mode run, so a seeded model replays the same sequence of masks run after run
+// (numpy's sequence, as the ONNX backend tests expect).
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -26,6 +29,7 @@ class DropoutKernel : public OpKernel {
     const uint32_t seed = n.HasAttr("seed") ? static_cast<uint32_t>(n.AttrInt("seed", 0))
                                             : std::random_device{}();
     gen_.seed(seed);
+    for (unsigned char c : n.name()) salt_ = (salt_ ^ c) * 1099511628211ull;
   }
 
   absl::Status Compute(KernelContext& ctx) const override {
@@ -55,6 +59,14 @@ class DropoutKernel : public OpKernel {
     // generator still advances by one mask.
     void* out = y ? y->data : ctx.Scratch(x.nbytes() + 8);
     bool* m = mask ? mask->as<bool>() : nullptr;
+    if (ctx.run_seed() != KernelContext::kNoRunSeed) {
+      const uint64_t key = ctx.run_seed() * 0xd1342543de82ef95ull ^ salt_;
+      if (x.dtype == DataType::kFloat64)
+        kernels::cpu::DropoutKeyed(key, ratio, n, x.as<double>(), static_cast<double*>(out), m, ctx.thread_pool());
+      else
+        kernels::cpu::DropoutKeyed(key, ratio, n, x.as<float>(), static_cast<float*>(out), m, ctx.thread_pool());
+      return absl::OkStatus();
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (x.dtype == DataType::kFloat64)
       kernels::cpu::Dropout(gen_, ratio, n, x.as<double>(), static_cast<double*>(out), m);
@@ -66,6 +78,7 @@ class DropoutKernel : public OpKernel {
  private:
   mutable std::mutex mu_;
   mutable std::mt19937 gen_;
+  uint64_t salt_ = 1469598103934665603ull;  // FNV-1a of the node name
 };
 
 // Dropout before version 12 takes its ratio as an attribute and has no training_mode input;
