@@ -40,13 +40,14 @@ std::string DimText(const Dim& d) {
 
 // numpy matmul of shapes a and b (B transposed in its last two dims when trans_b).
 absl::StatusOr<Shape> MatMulShape(const InferContext& ctx, const Shape& a, const Shape& b,
-                                  bool trans_b) {
+                                  bool trans_b, bool trans_a = false) {
   if (!a.has_rank() || !b.has_rank()) return Shape();
   if (a.rank() == 0 || b.rank() == 0)
     return ctx.Error("expected operands of rank >= 1, got A ", a.ToString(), " and B ",
                      b.ToString());
   const int ra = a.rank(), rb = b.rank();
-  Dim ka = a[ra - 1];
+  if (trans_a && ra < 2) return ctx.Error("expected A of rank >= 2 with transA, got ", a.ToString());
+  Dim ka = a[ra - (trans_a ? 2 : 1)];
   Dim kb = rb == 1 ? b[0] : b[rb - (trans_b ? 1 : 2)];
   if (DimsConflict(ka, kb))
     return ctx.Error("inner dims differ: A ", a.ToString(), " has K = ", ka.value, ", B ",
@@ -55,7 +56,7 @@ absl::StatusOr<Shape> MatMulShape(const InferContext& ctx, const Shape& a, const
   std::vector<Dim> bb(b.dims().begin(), b.dims().end() - std::min(rb, 2));
   ASSIGN_OR_RETURN(Shape batch, BroadcastShapes(ctx, {Shape(ba), Shape(bb)}));
   std::vector<Dim> out = batch.dims();
-  if (ra >= 2) out.push_back(a[ra - 2]);
+  if (ra >= 2) out.push_back(a[ra - (trans_a ? 1 : 2)]);
   if (rb >= 2) out.push_back(b[rb - (trans_b ? 2 : 1)]);
   return Shape(std::move(out));
 }
@@ -122,7 +123,8 @@ absl::Status InferFusedMatMul(InferContext& ctx) {
   const Shape& b = ctx.input_shape(1);
   if (b.has_rank() && b.rank() < 2)
     return ctx.Error("expected B of rank >= 2, got ", b.ToString());
-  ASSIGN_OR_RETURN(Shape out, MatMulShape(ctx, ctx.input_shape(0), b, tb));
+  const bool ta = n.AttrInt("transA", 0) != 0;
+  ASSIGN_OR_RETURN(Shape out, MatMulShape(ctx, ctx.input_shape(0), b, tb, ta));
   if (ctx.has_input(2)) {
     RETURN_IF_ERROR(ExpectSameDtype(ctx, 2));
     const Shape& bias = ctx.input_shape(2);

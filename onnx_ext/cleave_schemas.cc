@@ -28,6 +28,8 @@ OpSchema FusedMatMulSchema() {
       .Input(2, "bias", "[N]", "T", OpSchema::Optional)
       .Output(0, "Y", "[..., M, N]", "T")
       .Attr("activation", "'' (none), 'gelu' or 'gelu_tanh'", AttributeProto::STRING, std::string(""))
+      .Attr("transA", "1: A's last two axes are stored transposed", AttributeProto::INT,
+            static_cast<int64_t>(0))
       .Attr("transB", "B is given transposed", AttributeProto::INT, static_cast<int64_t>(0))
       .TypeConstraint("T", kFloatTypes, "float tensors");
   return s;

@@ -13,12 +13,24 @@ using graph::Attribute;
 using graph::Value;
 
 // C = A @ B over [..., M, K] x [..., K, N]: dA = dC @ B^T, dB = A^T @ dC, each summed back
-// over the batch dims its operand was broadcast along.
+// over the batch dims its operand was broadcast along. For the common linear layer (A of
+// rank > 2, B a 2-D weight) the batch sum is folded into one GEMM over all rows:
+// dB = reshape(A, [-1, K])^T @ reshape(dC, [-1, N]).
 absl::Status MatMulGrad(GradBuilder& b) {
-  if (b.x(0)->shape().rank() < 2 || b.x(1)->shape().rank() < 2)
+  const Shape& sa = b.x(0)->shape();
+  const Shape& sb = b.x(1)->shape();
+  if (sa.rank() < 2 || sb.rank() < 2)
     return b.Error("the gradient of MatMul with a 1-D operand is not implemented");
   ASSIGN_OR_RETURN(Value * da, b.ReduceTo(b.Op("MatMul", {b.dy(), b.TransposeLast2(b.x(1))}), b.x(0)));
-  ASSIGN_OR_RETURN(Value * db, b.ReduceTo(b.Op("MatMul", {b.TransposeLast2(b.x(0)), b.dy()}), b.x(1)));
+  Value* db;
+  if (sb.rank() == 2 && sa.rank() > 2 && sb.is_static()) {
+    const int64_t k = sb[0].value, n = sb[1].value;
+    Value* rows_a = b.Op("Reshape", {b.x(0), b.Ints({-1, k})});
+    Value* rows_dy = b.Op("Reshape", {b.dy(), b.Ints({-1, n})});
+    db = b.Op("MatMul", {b.TransposeLast2(rows_a), rows_dy});
+  } else {
+    ASSIGN_OR_RETURN(db, b.ReduceTo(b.Op("MatMul", {b.TransposeLast2(b.x(0)), b.dy()}), b.x(1)));
+  }
   b.SetGrad(0, da);
   b.SetGrad(1, db);
   return absl::OkStatus();

@@ -233,6 +233,121 @@ bool FuseMatMulBias(Graph* g, Node* mm) {
   return true;
 }
 
+// Whether t is a Transpose that swaps only the last two axes.
+bool SwapsLastTwo(const Node* t) {
+  if (!Is(t, "Transpose") || !t->input(0)->shape().has_rank()) return false;
+  const int r = t->input(0)->shape().rank();
+  if (r < 2) return false;
+  std::vector<int64_t> perm = t->AttrInts("perm", {});
+  if (perm.empty()) return r == 2;  // the default reverses every axis
+  if (static_cast<int>(perm.size()) != r) return false;
+  for (int i = 0; i < r - 2; ++i)
+    if (perm[i] != i) return false;
+  return perm[r - 2] == r - 1 && perm[r - 1] == r - 2;
+}
+
+// (Fused)MatMul reading a last-two-axes Transpose as A or B -> FusedMatMul with transA or
+// transB toggled, reading the Transpose's input in place. Each reader folds on its own, so a
+// transpose shared by the forward and backward passes (a weight, an activation) stops being
+// materialised once its last reader has folded it; dead-code elimination then drops it.
+bool FoldTransposes(Graph* g, Node* mm) {
+  const bool fused = mm->domain() == kCleaveDomain;
+  Value* a = mm->input(0);
+  Value* b = mm->input(1);
+  if (!a->shape().has_rank() || !b->shape().has_rank() || a->shape().rank() < 2 || b->shape().rank() < 2)
+    return false;
+  if (a->dtype() != DataType::kFloat32 && a->dtype() != DataType::kFloat64) return false;
+  Node* ta = a->producer();
+  Node* tb = b->producer();
+  const bool fold_a = SwapsLastTwo(ta), fold_b = SwapsLastTwo(tb);
+  if (!fold_a && !fold_b) return false;
+  bool trans_a = fused && mm->AttrInt("transA", 0) != 0;
+  bool trans_b = fused && mm->AttrInt("transB", 0) != 0;
+  std::vector<Value*> ins = mm->inputs();
+  if (fold_a) {
+    ins[0] = ta->input(0);
+    trans_a = !trans_a;
+  }
+  if (fold_b) {
+    ins[1] = tb->input(0);
+    trans_b = !trans_b;
+  }
+  auto attrs = fused ? mm->attributes() : std::map<std::string, Attribute>{};
+  auto metadata = mm->metadata();
+  Value* out = mm->output(0);
+  const std::string name = mm->name();
+  g->RemoveNode(mm);
+  Node* n = g->AddNode("FusedMatMul", ins, {out}, name, kCleaveDomain);
+  for (auto& [k, v] : attrs) n->SetAttr(k, v);
+  n->SetAttr("transA", Attribute::Int(trans_a ? 1 : 0));
+  n->SetAttr("transB", Attribute::Int(trans_b ? 1 : 0));
+  n->metadata() = metadata;
+  return true;
+}
+
+// FusedMatMul (no bias, no activation) + Add of a [N] vector -> FusedMatMul with that bias.
+// The bias may be any value (a parameter is a graph input in a training graph).
+bool FuseFusedMatMulBias(Graph* g, Node* fmm) {
+  if (fmm->num_inputs() > 2 || fmm->AttrString("activation", "") != "") return false;
+  const Shape& y = fmm->output(0)->shape();
+  if (!y.has_rank() || y.rank() < 1 || !y[y.rank() - 1].is_static()) return false;
+  Node* add = SoleConsumer(fmm->output(0));
+  Value* b = Is(add, "Add") ? Other(add, fmm->output(0)) : nullptr;
+  if (!b || b->dtype() != fmm->output(0)->dtype() || !b->shape().has_rank() || b->shape().rank() != 1 ||
+      !(b->shape()[0] == y[y.rank() - 1]) || b == fmm->output(0))
+    return false;
+  std::vector<Value*> ins = fmm->inputs();
+  ins.push_back(b);
+  auto attrs = fmm->attributes();
+  auto metadata = fmm->metadata();
+  Value* out = add->output(0);
+  const std::string name = fmm->name();
+  g->RemoveNode(add);
+  g->RemoveNode(fmm);
+  Node* n = g->AddNode("FusedMatMul", ins, {out}, name, kCleaveDomain);
+  for (auto& [k, v] : attrs) n->SetAttr(k, v);
+  n->metadata() = metadata;
+  return true;
+}
+
+// Transpose(last two axes) of a plain (Fused)MatMul's output read by nothing else:
+// (op(A) op(B))^T = op(B)^T op(A)^T, so swap the operands and flip both transposes.
+bool FoldTransposeOfMatMul(Graph* g, Node* t) {
+  if (!SwapsLastTwo(t)) return false;
+  Node* mm = t->input(0)->producer();
+  if (!mm || !SoleUse(t->input(0))) return false;
+  const bool fused = mm->domain() == kCleaveDomain && mm->op_type() == "FusedMatMul";
+  if (!fused && !Is(mm, "MatMul")) return false;
+  if (mm->num_inputs() > 2 || (fused && mm->AttrString("activation", "") != "")) return false;
+  Value* a = mm->input(0);
+  Value* b = mm->input(1);
+  if (!a->shape().has_rank() || !b->shape().has_rank() || a->shape().rank() < 2 || b->shape().rank() < 2 ||
+      (a->dtype() != DataType::kFloat32 && a->dtype() != DataType::kFloat64))
+    return false;
+  const bool trans_a = fused && mm->AttrInt("transA", 0) != 0;
+  const bool trans_b = fused && mm->AttrInt("transB", 0) != 0;
+  auto metadata = mm->metadata();
+  Value* out = t->output(0);
+  const std::string name = mm->name();
+  g->RemoveNode(t);
+  g->RemoveNode(mm);
+  Node* n = g->AddNode("FusedMatMul", {b, a}, {out}, name, kCleaveDomain);
+  n->SetAttr("transA", Attribute::Int(trans_b ? 0 : 1));
+  n->SetAttr("transB", Attribute::Int(trans_a ? 0 : 1));
+  n->metadata() = metadata;
+  return true;
+}
+
+// Identity whose output is not a graph output: its readers read the input instead.
+bool ElideIdentity(Graph* g, Node* id) {
+  Value* out = id->output(0);
+  if (out->is_graph_output() || !id->input(0)) return false;
+  Value* in = id->input(0);
+  g->RemoveNode(id);
+  g->ReplaceAllUsesWith(out, in);
+  return true;
+}
+
 // FusedMatMul followed by GELU -> FusedMatMul(activation = gelu | gelu_tanh).
 bool FuseMatMulGelu(Graph* g, Node* fmm) {
   if (fmm->AttrString("activation", "") != "") return false;
@@ -265,8 +380,11 @@ absl::StatusOr<bool> TransformerFusion::Run(Graph* g) {
       if (Is(n, "Erf")) fused = FuseErfGelu(g, n);
       else if (Is(n, "Tanh")) fused = FuseTanhGelu(g, n);
       else if (Is(n, "ReduceMean")) fused = FuseLayerNorm(g, n);
-      else if (Is(n, "MatMul")) fused = FuseMatMulBias(g, n);
-      else if (n->domain() == kCleaveDomain && n->op_type() == "FusedMatMul") fused = FuseMatMulGelu(g, n);
+      else if (Is(n, "MatMul")) fused = FuseMatMulBias(g, n) || FoldTransposes(g, n);
+      else if (Is(n, "Transpose")) fused = FoldTransposeOfMatMul(g, n);
+      else if (Is(n, "Identity")) fused = ElideIdentity(g, n);
+      else if (n->domain() == kCleaveDomain && n->op_type() == "FusedMatMul")
+        fused = FuseMatMulGelu(g, n) || FuseFusedMatMulBias(g, n) || FoldTransposes(g, n);
       if (fused) {
         changed = again = true;
         break;

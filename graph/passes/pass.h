@@ -60,7 +60,8 @@ class ConstantFolding : public Pass {
 };
 
 // Transformer fusions for the CPU provider (fusion.cc): MatMul+Add -> FusedMatMul with bias,
-// MatMul(A, Transpose(W)) -> FusedMatMul(transB = 1),
+// MatMul(A, Transpose(W)) -> FusedMatMul(transB = 1), and generally any last-two-axes
+// Transpose read by a (Fused)MatMul -> transA / transB on that reader,
 // FusedMatMul+Gelu -> FusedMatMul(activation=gelu), decomposed GELU (Erf and tanh forms) -> Gelu,
 // decomposed LayerNorm (ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add) ->
 // LayerNormalization, all in the ai.cleave domain.

@@ -3,6 +3,7 @@
 // CPU (see SelectOpenBlasCore).
 #include "kernels/cpu/gemm.h"
 
+#include <algorithm>
 #include <cblas.h>
 
 #include <cstdlib>
@@ -54,9 +55,9 @@ void SelectOpenBlasCore() {
 
 }  // namespace
 
-void SetGemmThreads(int n) {
+void SetGemmThreads(int) {
   SelectOpenBlasCore();
-  openblas_set_num_threads(n);
+  openblas_set_num_threads(1);
 }
 
 const char* GemmBackendName() {
@@ -64,9 +65,9 @@ const char* GemmBackendName() {
   return openblas_get_corename();
 }
 
-void Sgemm(const GemmParams& p, const float* A, const float* B, float* C) {
-  SelectOpenBlasCore();
-  if (p.M == 0 || p.N == 0) return;
+namespace {
+
+void SgemmOne(const GemmParams& p, const float* A, const float* B, float* C) {
   int64_t lda = p.lda ? p.lda : (p.trans_a ? p.M : p.K);
   int64_t ldb = p.ldb ? p.ldb : (p.trans_b ? p.K : p.N);
   int64_t ldc = p.ldc ? p.ldc : p.N;
@@ -83,26 +84,58 @@ void Sgemm(const GemmParams& p, const float* A, const float* B, float* C) {
               ld(ldb), p.beta, C, ld(ldc));
 }
 
+}  // namespace
+
+void Sgemm(const GemmParams& p, const float* A, const float* B, float* C, ThreadPool* pool) {
+  SelectOpenBlasCore();
+  if (p.M == 0 || p.N == 0) return;
+  const int threads = pool ? pool->num_threads() : 1;
+  const double flops = 2.0 * p.M * p.N * p.K;
+  if (threads <= 1 || flops < 2e6) return SgemmOne(p, A, B, C);
+  GemmParams q = p;
+  q.lda = p.lda ? p.lda : (p.trans_a ? p.M : p.K);
+  q.ldb = p.ldb ? p.ldb : (p.trans_b ? p.K : p.N);
+  q.ldc = p.ldc ? p.ldc : p.N;
+  // Panels of rows when there are enough, else of columns; multiples of 16 keep the sgemm
+  // micro-kernels on full tiles.
+  const bool by_rows = p.M >= 32 * threads || p.M >= p.N;
+  const int64_t extent = by_rows ? p.M : p.N;
+  int64_t panel = (extent + threads - 1) / threads;
+  panel = std::min(extent, (panel + 15) / 16 * 16);
+  const int64_t panels = (extent + panel - 1) / panel;
+  pool->ParallelFor(panels, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t lo = i * panel, n = std::min(panel, extent - lo);
+      GemmParams r = q;
+      if (by_rows) {
+        r.M = n;
+        SgemmOne(r, A + (p.trans_a ? lo : lo * q.lda), B, C + lo * q.ldc);
+      } else {
+        r.N = n;
+        SgemmOne(r, A, B + (p.trans_b ? lo * q.ldb : lo), C + lo);
+      }
+    }
+  });
+}
+
 void SgemmBatched(const GemmParams& p, const GemmBatch& batch, const float* A, const float* B,
                   float* C, ThreadPool* pool) {
   const int64_t count = batch.count();
   if (count == 0) return;
+  const int threads = pool ? pool->num_threads() : 1;
+  // Enough products to go round: one per pool thread, each single-threaded. Otherwise each
+  // product is split across the pool. Either way every product is computed by the same
+  // sgemm calls whatever the split, so the result does not depend on it.
+  const bool spread = threads > 1 && count >= threads;
   auto run = [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       int64_t oa, ob, oc;
       batch.Offsets(b, &oa, &ob, &oc);
-      Sgemm(p, A + oa, B + ob, C + oc);
+      Sgemm(p, A + oa, B + ob, C + oc, spread ? nullptr : pool);
     }
   };
-  // Products under ~4 MFLOP do not keep OpenBLAS's threads busy: run them one per pool
-  // thread with OpenBLAS single-threaded inside each. Each product is still computed by
-  // one sgemm call, so the result does not depend on how the batch is split.
-  double flops = 2.0 * p.M * p.N * p.K;
-  if (count > 1 && flops < 4e6 && pool && pool->num_threads() > 1) {
-    int threads = openblas_get_num_threads();
-    openblas_set_num_threads(1);
+  if (spread) {
     pool->ParallelFor(count, 1, run);
-    openblas_set_num_threads(threads);
     return;
   }
   run(0, count);

@@ -1,7 +1,9 @@
 // fp32 GEMM on the CPU through OpenBLAS (kernels/cpu/).
 // Row-major throughout: C[M,N] = alpha * op(A) * op(B) + beta * C.
-// Batched forms loop over the batch and hand each product to sgemm, which is threaded
-// itself; small products are instead spread across the intra-op pool one per thread.
+// OpenBLAS runs single-threaded; the intra-op pool does the threading: a large product is
+// split into row (or column) panels, one sgemm call per pool thread, and a batch of small
+// products is spread across the pool one product per thread. (OpenBLAS's own threads spin
+// between calls and would compete with the pool for the same cores.)
 #pragma once
 
 #include <cstdint>
@@ -18,10 +20,14 @@ struct GemmParams {
   int64_t lda = 0, ldb = 0, ldc = 0;  // 0: densely packed
 };
 
+// Selects the OpenBLAS core and makes OpenBLAS single-threaded; `n` is the pool's size.
 void SetGemmThreads(int n);
 // The OpenBLAS core whose kernels sgemm runs ("SkylakeX", "Haswell", ...), for logs.
 const char* GemmBackendName();
-void Sgemm(const GemmParams& p, const float* A, const float* B, float* C);
+// With a pool of more than one thread, products over ~2 MFLOP are split across it. Each
+// element of C is still computed by one sgemm over the whole K, so the split does not
+// change the result.
+void Sgemm(const GemmParams& p, const float* A, const float* B, float* C, ThreadPool* pool = nullptr);
 
 // The batch of a batched GEMM, possibly multi-dimensional: product b (row-major index over
 // `dims`) reads A at sum_k idx_k * stride_a[k], and likewise for B and C. Strides are in

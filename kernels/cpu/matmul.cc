@@ -22,18 +22,20 @@ int64_t MatMulPlan::batch() const {
 }
 
 absl::StatusOr<MatMulPlan> PlanMatMul(std::span<const int64_t> a_dims,
-                                      std::span<const int64_t> b_dims, bool trans_b) {
+                                      std::span<const int64_t> b_dims, bool trans_b, bool trans_a) {
   const int ra = static_cast<int>(a_dims.size()), rb = static_cast<int>(b_dims.size());
   auto describe = [&] {
-    return absl::StrCat("A ", DimsToString(a_dims.data(), ra), " and B ",
-                        DimsToString(b_dims.data(), rb), trans_b ? " (B transposed)" : "");
+    return absl::StrCat("A ", DimsToString(a_dims.data(), ra), trans_a ? " (transposed)" : "", " and B ",
+                        DimsToString(b_dims.data(), rb), trans_b ? " (transposed)" : "");
   };
   if (ra == 0 || rb == 0)
     return InvalidArgument("matmul expects operands of rank >= 1, got ", describe());
+  if (trans_a && ra < 2) return InvalidArgument("a transposed A needs rank >= 2, got ", describe());
   MatMulPlan p;
   p.trans_b = trans_b;
-  p.M = ra >= 2 ? a_dims[ra - 2] : 1;
-  p.K = a_dims[ra - 1];
+  p.trans_a = trans_a;
+  p.M = ra >= 2 ? a_dims[ra - (trans_a ? 1 : 2)] : 1;
+  p.K = a_dims[ra - (trans_a ? 2 : 1)];
   int64_t kb = rb >= 2 ? b_dims[rb - (trans_b ? 1 : 2)] : b_dims[0];
   p.N = rb >= 2 ? b_dims[rb - (trans_b ? 2 : 1)] : 1;
   if (kb != p.K)
@@ -70,6 +72,7 @@ namespace {
 // True when A's matrices are stacked densely in batch order (no broadcast batch dim) and
 // every product shares B: then the whole batch is one [batch * M, K] x [K, N] GEMM.
 bool CanFoldBatchIntoM(const MatMulPlan& p) {
+  if (p.trans_a) return false;
   int64_t expect = p.M * p.K;
   for (int i = p.batch_rank - 1; i >= 0; --i) {
     if (p.batch_dims[i] == 1) continue;
@@ -90,10 +93,11 @@ void MatMulF32(const MatMulPlan& p, const float* A, const float* B, float beta, 
   g.N = p.N;
   g.K = p.K;
   g.trans_b = p.trans_b;
+  g.trans_a = p.trans_a;
   g.beta = beta;
   if (CanFoldBatchIntoM(p)) {
     g.M = batch * p.M;
-    Sgemm(g, A, B, C);
+    Sgemm(g, A, B, C, pool);
     return;
   }
   GemmBatch gb;
@@ -125,19 +129,21 @@ void MatMulLoops(const MatMulPlan& p, const T* A, const T* B, T* C, ThreadPool* 
     for (int64_t r = r0; r < r1; ++r) {
       int64_t oa, ob, oc;
       gb.Offsets(r / M, &oa, &ob, &oc);
-      const T* a = A + oa + (r % M) * K;
+      // Row r % M of op(A): contiguous, or a column of A's [K, M] matrix when transposed.
+      const int64_t a_step = p.trans_a ? M : 1;
+      const T* a = A + oa + (p.trans_a ? r % M : (r % M) * K);
       const T* b = B + ob;
       T* c = C + r * N;
       if (p.trans_b) {  // b is [N, K]: one dot product per output
         for (int64_t n = 0; n < N; ++n) {
           T acc = 0;
-          for (int64_t k = 0; k < K; ++k) acc += a[k] * b[n * K + k];
+          for (int64_t k = 0; k < K; ++k) acc += a[k * a_step] * b[n * K + k];
           c[n] = acc;
         }
       } else {  // i-k-j order: the inner loop runs along contiguous rows of B and C
         std::fill(c, c + N, T(0));
         for (int64_t k = 0; k < K; ++k) {
-          const T av = a[k];
+          const T av = a[k * a_step];
           const T* bk = b + k * N;
           for (int64_t n = 0; n < N; ++n) c[n] += av * bk[n];
         }
@@ -184,7 +190,7 @@ void GemmOp(const GemmOpParams& p, const T* A, const T* B, const T* C, T* Y, Thr
   if (with_c) FillWithScaledC(p, C, Y);
   g.beta = with_c ? 1.f : 0.f;
   if constexpr (std::is_same_v<T, float>) {
-    Sgemm(g, A, B, Y);
+    Sgemm(g, A, B, Y, pool);
   } else {
     GemmReference(g, A, B, Y);
   }

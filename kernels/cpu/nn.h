@@ -24,6 +24,7 @@ namespace cleave::kernels::cpu {
 struct MatMulPlan {
   int64_t M = 1, N = 1, K = 0;
   bool trans_b = false;  // B's matrices are stored [N, K]
+  bool trans_a = false;  // A's matrices are stored [K, M]
   int batch_rank = 0;
   int64_t batch_dims[kMaxRank] = {};
   int64_t a_strides[kMaxRank] = {};  // elements between A's matrices per batch dim; 0 = broadcast
@@ -38,7 +39,8 @@ struct MatMulPlan {
 // Errors (InvalidArgument) when K differs, a batch dim does not broadcast, or an operand
 // is a scalar.
 absl::StatusOr<MatMulPlan> PlanMatMul(std::span<const int64_t> a_dims,
-                                      std::span<const int64_t> b_dims, bool trans_b = false);
+                                      std::span<const int64_t> b_dims, bool trans_b = false,
+                                      bool trans_a = false);
 
 // fp32 through OpenBLAS. beta 0 overwrites C; beta 1 adds to it (a pre-filled bias).
 void MatMulF32(const MatMulPlan& p, const float* A, const float* B, float beta, float* C,

@@ -158,15 +158,16 @@ class FusedMatMulKernel : public OpKernel {
     else if (act == "gelu_tanh") a = Activation::kGeluTanh;
     else return InvalidArgument(n.Describe(), ": expected activation '', 'gelu' or 'gelu_tanh', got '", act, "'");
     const bool trans_b = n.AttrInt("transB", 0) != 0;
+    const bool trans_a = n.AttrInt("transA", 0) != 0;
     return std::unique_ptr<OpKernel>(
-        new FusedMatMulKernel(trans_b, a, MaybePackWeight(n, trans_b)));
+        new FusedMatMulKernel(trans_a, trans_b, a, trans_a ? PackedB() : MaybePackWeight(n, trans_b)));
   }
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& a = *ctx.input(0);
     const TensorView& b = *ctx.input(1);
     const TensorView* bias = ctx.input(2);
-    ASSIGN_OR_RETURN(MatMulPlan p, kernels::cpu::PlanMatMul(a.dim_span(), b.dim_span(), trans_b_));
+    ASSIGN_OR_RETURN(MatMulPlan p, kernels::cpu::PlanMatMul(a.dim_span(), b.dim_span(), trans_b_, trans_a_));
     if (bias && (bias->rank != 1 || bias->dims[0] != p.N))
       return InvalidArgument("expected bias of shape [", p.N, "], got ", DimsToString(bias->shape()));
     TensorView* y = ctx.Output(0, p.out_shape());
@@ -198,9 +199,9 @@ class FusedMatMulKernel : public OpKernel {
   }
 
  private:
-  FusedMatMulKernel(bool trans_b, Activation act, PackedB packed)
-      : trans_b_(trans_b), act_(act), packed_(std::move(packed)) {}
-  bool trans_b_;
+  FusedMatMulKernel(bool trans_a, bool trans_b, Activation act, PackedB packed)
+      : trans_a_(trans_a), trans_b_(trans_b), act_(act), packed_(std::move(packed)) {}
+  bool trans_a_, trans_b_;
   Activation act_;
   PackedB packed_;  // input 1 when it is a constant 2-D fp32 matrix
 };

@@ -1,0 +1,282 @@
+// cleave_bench_train (bench/): times training steps of a causal LM with TrainingSession and
+// prints one JSON line, for bench/bench_train.py to set against PyTorch eager in the same run.
+//   cleave_bench_train MODEL --threads T --batch B --seq S --warmup W --iters N
+//       [--tokens FILE] [--seed S] [--lr 3e-4] [--weight-decay 0.1] [--clip 1.0]
+// One step is LazyResetGrad + TrainStep (cross-entropy on the first output) + OptimizerStep
+// (AdamW at a constant rate). Every step trains on the same batch, so the loss must fall.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "onnx_ext/onnx_io.h"
+#include "trainer/training_graph.h"
+#include "trainer/training_session.h"
+
+namespace cleave::bench {
+namespace {
+
+struct Args {
+  std::string model;
+  int64_t threads = 1, batch = 4, seq = 128, warmup = 3, iters = 10, seed = 0;
+  double lr = 3e-4, weight_decay = 0.1, clip = 1.0;
+  std::string tokens_file;  // one (B, T+1) batch of int64 token ids; empty: random ids
+};
+
+constexpr char kUsage[] =
+    "usage: cleave_bench_train MODEL --threads T --batch B --seq S --warmup W --iters N "
+    "[--tokens FILE] [--seed S] [--lr 3e-4] [--weight-decay 0.1] [--clip 1.0]";
+
+absl::Status ParseFlag(const std::string& flag, const std::string& value, Args& a, bool* known) {
+  struct IntFlag {
+    const char* name;
+    int64_t* field;
+    int64_t min;
+  };
+  const IntFlag int_flags[] = {{"--threads", &a.threads, 1}, {"--batch", &a.batch, 1},
+                               {"--seq", &a.seq, 1},         {"--warmup", &a.warmup, 0},
+                               {"--iters", &a.iters, 1},     {"--seed", &a.seed, 0}};
+  const std::pair<const char*, double*> float_flags[] = {
+      {"--lr", &a.lr}, {"--weight-decay", &a.weight_decay}, {"--clip", &a.clip}};
+  for (const IntFlag& f : int_flags) {
+    if (flag != f.name) continue;
+    *known = true;
+    if (!absl::SimpleAtoi(value, f.field) || *f.field < f.min)
+      return InvalidArgument("expected an integer >= ", f.min, " for ", flag, ", got '", value,
+                             "'");
+  }
+  for (const auto& [name, field] : float_flags) {
+    if (flag != name) continue;
+    *known = true;
+    if (!absl::SimpleAtod(value, field) || !(*field >= 0))
+      return InvalidArgument("expected a number >= 0 for ", flag, ", got '", value, "'");
+  }
+  if (flag == "--tokens") {
+    *known = true;
+    a.tokens_file = value;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    if (!flag.starts_with("--")) {
+      if (!a.model.empty()) return InvalidArgument("expected one MODEL path, got '", flag, "' too");
+      a.model = flag;
+    } else if (i + 1 >= argc) {
+      return InvalidArgument("expected a value after ", flag);
+    } else {
+      bool known = false;
+      RETURN_IF_ERROR(ParseFlag(flag, argv[++i], a, &known));
+      if (!known) return InvalidArgument("unknown flag ", flag, "\n", kUsage);
+    }
+  }
+  if (a.model.empty()) return InvalidArgument("expected a MODEL path\n", kUsage);
+  if (a.lr <= 0) return InvalidArgument("expected --lr > 0, got ", a.lr);
+  return a;
+}
+
+// The model's one data input: integer token ids (batch, seq) with named dims, which the
+// spec fixes to B and T (training graphs have static shapes).
+absl::StatusOr<std::string> FixTokenDims(const graph::Graph& g, const Args& a,
+                                         trainer::TrainingSpec* spec) {
+  std::vector<const graph::Value*> data;
+  for (const graph::Value* v : g.inputs())
+    if (!v->is_initializer()) data.push_back(v);
+  if (data.size() != 1)
+    return InvalidArgument(a.model, ": expected one token input (batch, seq), got ", data.size(),
+                           " data inputs");
+  const graph::Value* in = data[0];
+  if (in->dtype() != DataType::kInt64 || !in->shape().has_rank() || in->shape().rank() != 2)
+    return InvalidArgument(a.model, ": input '", in->name(), "': expected int64 (batch, seq), got ",
+                           DataTypeName(in->dtype()), " ", in->shape().ToString());
+  const int64_t want[2] = {a.batch, a.seq};
+  for (int k = 0; k < 2; ++k) {
+    const Dim& d = in->shape()[k];
+    if (d.is_static() && d.value != want[k])
+      return InvalidArgument("input '", in->name(), "' has fixed dim ", k, " = ", d.value,
+                             ", the run asks for ", want[k]);
+    if (!d.is_static() && d.symbol.empty())
+      return InvalidArgument("input '", in->name(), "' has an unnamed dynamic dim ", k);
+    if (!d.is_static()) spec->dims[d.symbol] = want[k];
+  }
+  return in->name();
+}
+
+// One batch of B rows of T+1 tokens: inputs are tokens [0, T), labels tokens [1, T] (the next
+// token). Read from the file, or drawn uniformly from the vocab with the seed.
+absl::StatusOr<std::pair<Tensor, Tensor>> MakeBatch(const Args& a, int64_t vocab) {
+  const int64_t B = a.batch, T = a.seq;
+  std::vector<int64_t> tokens(B * (T + 1));  // (B, T+1)
+  if (a.tokens_file.empty()) {
+    std::mt19937_64 rng(static_cast<uint64_t>(a.seed));
+    std::uniform_int_distribution<int64_t> dist(0, vocab - 1);
+    for (int64_t& t : tokens) t = dist(rng);
+  } else {
+    const auto bytes = static_cast<std::streamsize>(tokens.size() * sizeof(int64_t));
+    std::ifstream in(a.tokens_file, std::ios::binary);
+    if (!in) return InvalidArgument("--tokens: cannot open ", a.tokens_file);
+    in.read(reinterpret_cast<char*>(tokens.data()), bytes);
+    if (!in || in.gcount() != bytes)
+      return InvalidArgument(a.tokens_file, ": expected ", bytes, " bytes of int64 tokens (", B,
+                             "x", T + 1, "), could not read them all");
+    for (int64_t t : tokens)
+      if (t < 0 || t >= vocab)
+        return InvalidArgument(a.tokens_file, ": token ", t, " is outside the vocab [0, ", vocab,
+                               ")");
+  }
+  Tensor inputs(DataType::kInt64, {B, T}), labels(DataType::kInt64, {B, T});
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy_n(&tokens[b * (T + 1)], T, inputs.data<int64_t>() + b * T);
+    std::copy_n(&tokens[b * (T + 1) + 1], T, labels.data<int64_t>() + b * T);
+  }
+  return std::make_pair(std::move(inputs), std::move(labels));
+}
+
+// Percentile with linear interpolation between order statistics (numpy's default), so the
+// figures line up with the PyTorch side computed by numpy.percentile.
+double Percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  double pos = q * static_cast<double>(v.size() - 1);
+  size_t lo = static_cast<size_t>(std::floor(pos));
+  size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+double MsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+struct Session {
+  std::unique_ptr<trainer::TrainingSession> session;
+  Feeds feeds;
+  double build_ms = 0, create_ms = 0;
+  int64_t params = 0;
+};
+
+// Loads the model, builds the artifacts for (B, T) and creates the session with AdamW.
+absl::StatusOr<Session> Setup(const Args& a) {
+  auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(std::unique_ptr<graph::Graph> model, onnx_ext::LoadModel(a.model));
+  trainer::TrainingSpec spec;
+  ASSIGN_OR_RETURN(std::string input_name, FixTokenDims(*model, a, &spec));
+  spec.optimizer.kind = trainer::OptimizerConfig::Kind::kAdamW;
+  spec.optimizer.weight_decay = static_cast<float>(a.weight_decay);
+  spec.optimizer.max_grad_norm = static_cast<float>(a.clip);
+  ASSIGN_OR_RETURN(trainer::TrainingArtifacts artifacts,
+                   trainer::BuildTrainingArtifacts(*model, spec));
+  // The vocab bounds the random ids: the logits' last dim (eval outputs: loss, then logits).
+  const auto& eval_outputs = artifacts.eval->outputs();
+  const Shape& logits = eval_outputs.size() > 1 ? eval_outputs[1]->shape() : Shape();
+  if (!logits.has_rank() || logits.rank() != 3 || !logits[2].is_static())
+    return InvalidArgument(a.model,
+                           ": expected the first output to be logits (batch, seq, vocab), got ",
+                           logits.ToString());
+  Session s;
+  for (const auto& [name, value] : artifacts.initial) s.params += value.numel();
+  ASSIGN_OR_RETURN(auto batch, MakeBatch(a, logits[2].value));
+  s.feeds = {{input_name, std::move(batch.first)}, {spec.loss.labels, std::move(batch.second)}};
+  s.build_ms = MsSince(start);
+
+  start = std::chrono::steady_clock::now();
+  trainer::TrainingSessionOptions options;
+  options.intra_op_threads = static_cast<int>(a.threads);
+  ASSIGN_OR_RETURN(s.session, trainer::TrainingSession::Create(std::move(artifacts), options));
+  s.session->SetLearningRate(a.lr);  // constant: no scheduler registered
+  s.create_ms = MsSince(start);
+  return s;
+}
+
+struct StepTimes {
+  std::vector<double> step_ms, train_ms, optimizer_ms;  // timed steps only
+  std::vector<double> losses, grad_norms;               // every step, warmup included
+  double minor_faults = 0;  // page faults per timed step: memory first touched in the step
+};
+
+int64_t MinorFaults() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
+absl::StatusOr<StepTimes> RunSteps(const Args& a, Session& s) {
+  StepTimes t;
+  int64_t faults = 0;
+  for (int64_t i = 0; i < a.warmup + a.iters; ++i) {
+    if (i == a.warmup) faults = MinorFaults();
+    const auto start = std::chrono::steady_clock::now();
+    s.session->LazyResetGrad();
+    ASSIGN_OR_RETURN(float loss, s.session->TrainStep(s.feeds));
+    const double train_ms = MsSince(start);
+    ASSIGN_OR_RETURN(float norm, s.session->OptimizerStep());
+    const double step_ms = MsSince(start);
+    if (!std::isfinite(loss))
+      return absl::OutOfRangeError(absl::StrCat("step ", i + 1, ": the loss is ", loss));
+    t.losses.push_back(loss);
+    t.grad_norms.push_back(norm);
+    if (i < a.warmup) continue;
+    t.step_ms.push_back(step_ms);
+    t.train_ms.push_back(train_ms);
+    t.optimizer_ms.push_back(step_ms - train_ms);
+  }
+  t.minor_faults = static_cast<double>(MinorFaults() - faults) / static_cast<double>(a.iters);
+  return t;
+}
+
+std::string JsonList(const std::vector<double>& v) {
+  std::vector<std::string> parts;
+  for (double x : v) parts.push_back(absl::StrFormat("%.6f", x));
+  return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+}
+
+absl::Status Bench(const Args& a) {
+  ASSIGN_OR_RETURN(Session s, Setup(a));
+  ASSIGN_OR_RETURN(StepTimes t, RunSteps(a, s));
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);  // ru_maxrss is in KiB on Linux
+  const double median = Percentile(t.step_ms, 0.5);
+  std::string json = absl::StrFormat(
+      "{\"median_ms\": %.3f, \"p10_ms\": %.3f, \"p90_ms\": %.3f, \"train_step_ms\": %.3f, "
+      "\"optimizer_step_ms\": %.3f, \"tokens_per_s\": %.1f, \"first_loss\": %.6f, "
+      "\"last_loss\": %.6f, \"build_ms\": %.1f, \"create_ms\": %.1f, \"peak_rss_mib\": %.1f, "
+      "\"minor_faults_per_step\": %.0f, "
+      "\"params\": %d, \"threads\": %d, \"batch\": %d, \"seq\": %d, \"warmup\": %d, "
+      "\"iters\": %d, \"losses\": %s, \"grad_norms\": %s}",
+      median, Percentile(t.step_ms, 0.1), Percentile(t.step_ms, 0.9), Percentile(t.train_ms, 0.5),
+      Percentile(t.optimizer_ms, 0.5), static_cast<double>(a.batch * a.seq) / (median / 1000.0),
+      t.losses.front(), t.losses.back(), s.build_ms, s.create_ms,
+      static_cast<double>(usage.ru_maxrss) / 1024.0, t.minor_faults, s.params, a.threads, a.batch,
+      a.seq, a.warmup, a.iters, JsonList(t.losses), JsonList(t.grad_norms));
+  std::printf("%s\n", json.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace cleave::bench
+
+int main(int argc, char** argv) {
+  auto args = cleave::bench::ParseArgs(argc, argv);
+  absl::Status status = args.ok() ? cleave::bench::Bench(*args) : args.status();
+  if (!status.ok()) {
+    std::fprintf(stderr, "cleave_bench_train: %s\n", std::string(status.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
