@@ -1,0 +1,44 @@
+// The communicator interface (providers/): collectives and point-to-point messages between
+// ranks. Collective kernels reach it through their provider; the backends live in runtime/
+// (MPI for CPU tensors, NCCL for CUDA tensors, and an in-process simulated world for tests).
+//
+// Buffers are contiguous and treated as flat arrays; a kernel that gathers or scatters along a
+// tensor axis rearranges around the call. `group` lists global ranks in group order (the mesh
+// axis coordinate); the calling rank must be in it. Every rank of a group makes the same
+// sequence of calls on it with matching sizes and dtypes.
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "base/tensor.h"
+
+namespace cleave {
+
+enum class ReduceOp { kSum, kMax };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // out = reduction of every rank's `in` (same numel); `out` may be `in`.
+  virtual absl::Status AllReduce(const TensorView& in, const TensorView& out, ReduceOp op,
+                                 std::span<const int> group) = 0;
+  // out = every rank's `in` concatenated in group order (out.numel = n * in.numel).
+  virtual absl::Status AllGather(const TensorView& in, const TensorView& out, std::span<const int> group) = 0;
+  // `in` is n equal chunks; out = reduction over ranks of chunk[my group index].
+  virtual absl::Status ReduceScatter(const TensorView& in, const TensorView& out, ReduceOp op,
+                                     std::span<const int> group) = 0;
+  // `in` is n equal chunks, chunk j goes to group member j; out's chunk i comes from member i.
+  virtual absl::Status AllToAll(const TensorView& in, const TensorView& out, std::span<const int> group) = 0;
+  // Every member's `buf` becomes the root's (root is a global rank).
+  virtual absl::Status Broadcast(const TensorView& buf, int root, std::span<const int> group) = 0;
+  virtual absl::Status Barrier(std::span<const int> group) = 0;
+  virtual absl::Status Send(const TensorView& t, int peer, int tag) = 0;
+  virtual absl::Status Recv(const TensorView& t, int peer, int tag) = 0;
+};
+
+}  // namespace cleave
