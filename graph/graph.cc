@@ -133,6 +133,19 @@ void Graph::SetNodeInput(Node* n, int i, Value* v) {
   if (v) v->consumers_.push_back({n, i});
 }
 
+void Graph::SetNodeOutput(Node* n, int i, Value* v) {
+  if (i >= static_cast<int>(n->outputs_.size())) n->outputs_.resize(i + 1, nullptr);
+  if (Value* old = n->outputs_[i]; old && old->producer_ == n) {
+    old->producer_ = nullptr;
+    old->producer_output_ = -1;
+  }
+  n->outputs_[i] = v;
+  if (v) {
+    v->producer_ = n;
+    v->producer_output_ = i;
+  }
+}
+
 void Graph::RemoveNode(Node* n) {
   for (int i = 0; i < n->num_inputs(); ++i) SetNodeInput(n, i, nullptr);
   for (Value* o : n->outputs_) {

@@ -146,6 +146,9 @@ class Graph {
                 const std::string& domain = "");
   void RemoveNode(Node* n);  // unlinks it from its values; the values stay
   void SetNodeInput(Node* n, int i, Value* v);
+  // Makes `v` (which no node produces) output i of `n`, padding omitted optional outputs
+  // before it with nullptr; a previous output i loses its producer.
+  void SetNodeOutput(Node* n, int i, Value* v);
   // Points every consumer of `from` (and graph outputs) at `to`.
   void ReplaceAllUsesWith(Value* from, Value* to);
   // Drops values that nothing produces, consumes or exposes.

@@ -5,7 +5,8 @@
 // infer_shape_ops.cc: Reshape, Transpose, Concat, Split, Slice, Squeeze, Unsqueeze, Expand,
 //              Gather, Shape, ConstantOfShape, Range, Identity, Constant, Flatten.
 // infer_grad_ops.cc: the ai.cleave gradient ops (GatherGrad, SliceGrad,
-//              SoftmaxCrossEntropyLossGrad).
+//              SoftmaxCrossEntropyLossGrad, SoftmaxGrad, LogSoftmaxGrad,
+//              LayerNormalizationGrad, GeluGrad).
 #pragma once
 
 #include "graph/op_table.h"
@@ -57,10 +58,20 @@ absl::Status InferFlatten(InferContext& ctx);
 absl::Status InferGatherGrad(InferContext& ctx);   // (shape, indices, dY) -> dX of `shape`
 absl::Status InferSliceGrad(InferContext& ctx);    // (dY, shape, starts, ends[, axes, steps])
 absl::Status InferSoftmaxCrossEntropyLossGrad(InferContext& ctx);  // -> log_prob's shape
+absl::Status InferSoftmaxGrad(InferContext& ctx);  // (dY, Y) {axis} -> Y's shape; LogSoftmaxGrad too
+// (dY, X, scale, mean, inv_std_dev) {axis} -> dX of X's shape, dScale and dBias of scale's
+absl::Status InferLayerNormGrad(InferContext& ctx);
+absl::Status InferGeluGrad(InferContext& ctx);     // (dY, X) {approximate} -> X's shape
 // Training ops (infer_train_ops.cc).
 absl::Status InferInPlaceAccumulator(InferContext& ctx);  // (buffer, grad, reset) -> buffer
 absl::Status InferSquaredNorm(InferContext& ctx);         // (x...) -> f32 scalar
 absl::Status InferAdamW(InferContext& ctx);               // -> param, exp_avg, exp_avg_sq
 absl::Status InferSGD(InferContext& ctx);                 // -> param[, momentum_buffer]
+// Collectives (infer_collective_ops.cc).
+absl::Status InferAllReduce(InferContext& ctx);      // same shape
+absl::Status InferAllGather(InferContext& ctx);      // axis x group size
+absl::Status InferReduceScatter(InferContext& ctx);  // axis / group size
+absl::Status InferSend(InferContext& ctx);           // -> bool scalar
+absl::Status InferRecv(InferContext& ctx);           // shape and dtype attributes
 
 }  // namespace cleave::graph

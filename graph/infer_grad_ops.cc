@@ -1,7 +1,9 @@
 // Shape inference for the ai.cleave gradient ops (graph/): GatherGrad and SliceGrad produce
 // a tensor of their `shape` input's value (static or symbolic where the value is known from
 // a constant or a Shape node, unknown dims otherwise); SoftmaxCrossEntropyLossGrad produces
-// the scores' shape, which is log_prob's.
+// the scores' shape, which is log_prob's. The activation and normalisation gradients
+// (SoftmaxGrad, LogSoftmaxGrad, GeluGrad, LayerNormalizationGrad) give each gradient the
+// shape of the forward tensor it belongs to.
 #include <string>
 #include <vector>
 
@@ -32,6 +34,71 @@ absl::StatusOr<Shape> ShapeFromInput(const InferContext& ctx, int i) {
   }
   if (s.has_rank() && s[0].is_static()) return UnknownDims(static_cast<int>(s[0].value));
   return Shape();
+}
+
+// Input i must have input j's dtype.
+absl::Status ExpectDtypeOf(const InferContext& ctx, int i, int j) {
+  if (ctx.input_dtype(i) == ctx.input_dtype(j)) return absl::OkStatus();
+  return ctx.Error("expected input ", i, " '", ctx.node().input(i)->name(), "' of the dtype ",
+                   DataTypeName(ctx.input_dtype(j)), " of input ", j, ", got ",
+                   DataTypeName(ctx.input_dtype(i)));
+}
+
+// dY must have the shape of the forward tensor at input `of` (compared where both are known).
+absl::Status ExpectGradShape(const InferContext& ctx, int of) {
+  const Shape& dy = ctx.input_shape(0);
+  const Shape& t = ctx.input_shape(of);
+  if (!dy.has_rank() || !t.has_rank()) return absl::OkStatus();
+  bool ok = dy.rank() == t.rank();
+  for (int k = 0; ok && k < dy.rank(); ++k)
+    ok = !(dy[k].is_static() && t[k].is_static() && dy[k].value != t[k].value);
+  if (ok) return absl::OkStatus();
+  return ctx.Error("expected dY of the shape of '", ctx.node().input(of)->name(), "' ",
+                   t.ToString(), ", got ", dy.ToString());
+}
+
+// Output 0 has input `of`'s dtype and shape (dY's shape when that is unknown).
+absl::Status InferGradLike(InferContext& ctx, int of) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, kGradFloat));
+  RETURN_IF_ERROR(ExpectDtypeOf(ctx, of, 0));
+  RETURN_IF_ERROR(ExpectGradShape(ctx, of));
+  const Shape& t = ctx.input_shape(of);
+  ctx.SetOutput(0, ctx.input_dtype(0), t.has_rank() ? t : ctx.input_shape(0));
+  return absl::OkStatus();
+}
+
+// Checks that mean / inv_std_dev (input i) has X's dims with X[axis:] reduced to 1.
+absl::Status ExpectStatisticsShape(const InferContext& ctx, int i, int axis) {
+  const Shape& x = ctx.input_shape(1);
+  const Shape& s = ctx.input_shape(i);
+  if (!s.has_rank()) return absl::OkStatus();
+  bool ok = s.rank() == x.rank();
+  for (int k = 0; ok && k < s.rank(); ++k) {
+    const Dim want = k < axis ? x[k] : Dim(1);
+    ok = !(s[k].is_static() && want.is_static() && s[k].value != want.value);
+  }
+  if (ok) return absl::OkStatus();
+  std::vector<Dim> want = x.dims();
+  for (int k = axis; k < x.rank(); ++k) want[k] = Dim(1);
+  return ctx.Error("expected input ", i, " '", ctx.node().input(i)->name(), "' of shape ",
+                   Shape(want).ToString(), " (X's with the normalised axes reduced to 1), got ",
+                   s.ToString());
+}
+
+// scale (input 2) must broadcast, right-aligned, over the normalised dims X[axis:].
+absl::Status ExpectScaleShape(const InferContext& ctx, int axis) {
+  const Shape& x = ctx.input_shape(1);
+  const Shape& s = ctx.input_shape(2);
+  if (!s.has_rank()) return absl::OkStatus();
+  bool ok = s.rank() <= x.rank() - axis;
+  for (int k = 0; ok && k < s.rank(); ++k) {
+    const Dim& d = s[k];
+    const Dim& want = x[x.rank() - s.rank() + k];
+    ok = !(d.is_static() && d.value != 1 && want.is_static() && d.value != want.value);
+  }
+  if (ok) return absl::OkStatus();
+  return ctx.Error("expected scale to broadcast over the normalised dims of X ", x.ToString(),
+                   " from axis ", axis, ", got ", s.ToString());
 }
 
 }  // namespace
@@ -90,6 +157,38 @@ absl::Status InferSoftmaxCrossEntropyLossGrad(InferContext& ctx) {
   if (reduction != "none" && dy.has_rank() && dy.rank() != 0)
     return ctx.Error("expected a scalar dY for reduction '", reduction, "', got ", dy.ToString());
   ctx.SetOutput(0, ctx.input_dtype(1), lp);
+  return absl::OkStatus();
+}
+
+absl::Status InferSoftmaxGrad(InferContext& ctx) {
+  RETURN_IF_ERROR(InferGradLike(ctx, 1));
+  const Shape& y = ctx.input_shape(1);
+  if (y.has_rank()) RETURN_IF_ERROR(NormalizeAxis(ctx, ctx.node().AttrInt("axis", -1), y.rank()).status());
+  return absl::OkStatus();
+}
+
+absl::Status InferGeluGrad(InferContext& ctx) {
+  const std::string approximate = ctx.node().AttrString("approximate", "none");
+  if (approximate != "none" && approximate != "tanh")
+    return ctx.Error("expected approximate 'none' or 'tanh', got '", approximate, "'");
+  return InferGradLike(ctx, 1);
+}
+
+absl::Status InferLayerNormGrad(InferContext& ctx) {
+  RETURN_IF_ERROR(InferGradLike(ctx, 1));
+  RETURN_IF_ERROR(ExpectDtypeOf(ctx, 2, 0));
+  RETURN_IF_ERROR(ExpectDtype(ctx, 3, kGradFloat));
+  RETURN_IF_ERROR(ExpectDtypeOf(ctx, 4, 3));
+  const Shape& x = ctx.input_shape(1);
+  if (x.has_rank()) {
+    ASSIGN_OR_RETURN(int axis, NormalizeAxis(ctx, ctx.node().AttrInt("axis", -1), x.rank()));
+    RETURN_IF_ERROR(ExpectScaleShape(ctx, axis));
+    RETURN_IF_ERROR(ExpectStatisticsShape(ctx, 3, axis));
+    RETURN_IF_ERROR(ExpectStatisticsShape(ctx, 4, axis));
+  }
+  // dScale and dBias: scale's shape (the sums also run over axes along which scale broadcasts).
+  ctx.SetOutput(1, ctx.input_dtype(2), ctx.input_shape(2));
+  ctx.SetOutput(2, ctx.input_dtype(2), ctx.input_shape(2));
   return absl::OkStatus();
 }
 

@@ -88,16 +88,28 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "Range", {11}, 11, 3, 3, 1, 1, InferRange, false},
       {kOnnx, "Identity", {1, 13, 14, 16, 19, 21}, 1, 1, 1, 1, 1, InferIdentity, true},
       {kOnnx, "Constant", {1, 9, 11, 12, 13, 19, 21}, 1, 0, 0, 1, 1, InferConstant, false},
-      // Gradient ops that the backward graph of Gather, Slice and the loss emits.
+      // Gradient ops that the backward graph emits (Gather, Slice, the loss, Softmax,
+      // LogSoftmax, LayerNormalization, Gelu).
       {C, "GatherGrad", {1}, 1, 3, 3, 1, 1, InferGatherGrad, false},
       {C, "SliceGrad", {1}, 1, 4, 6, 1, 1, InferSliceGrad, false},
       {C, "SoftmaxCrossEntropyLossGrad", {1}, 1, 3, 4, 1, 1, InferSoftmaxCrossEntropyLossGrad,
        false},
+      {C, "SoftmaxGrad", {1}, 1, 2, 2, 1, 1, InferSoftmaxGrad, false},
+      {C, "LogSoftmaxGrad", {1}, 1, 2, 2, 1, 1, InferSoftmaxGrad, false},
+      {C, "LayerNormalizationGrad", {1}, 1, 5, 5, 1, 3, InferLayerNormGrad, false},
+      {C, "GeluGrad", {1}, 1, 2, 2, 1, 1, InferGeluGrad, false},
       // Training ops: gradient accumulation and the optimizer graph.
       {C, "InPlaceAccumulator", {1}, 1, 3, 3, 1, 1, InferInPlaceAccumulator, false},
       {C, "SquaredNorm", {1}, 1, 1, kVar, 1, 1, InferSquaredNorm, false},
       {C, "AdamW", {1}, 1, 7, 7, 3, 3, InferAdamW, false},
       {C, "SGD", {1}, 1, 5, 6, 1, 2, InferSGD, false},
+      // Collectives of partitioned graphs.
+      {C, "AllReduce", {1}, 1, 1, 1, 1, 1, InferAllReduce, false},
+      {C, "AllGather", {1}, 1, 1, 1, 1, 1, InferAllGather, false},
+      {C, "ReduceScatter", {1}, 1, 1, 1, 1, 1, InferReduceScatter, false},
+      {C, "AllToAll", {1}, 1, 1, 1, 1, 1, InferAllReduce, false},
+      {C, "Send", {1}, 1, 1, 1, 1, 1, InferSend, false},
+      {C, "Recv", {1}, 1, 0, 1, 1, 1, InferRecv, false},
   };
 }
 

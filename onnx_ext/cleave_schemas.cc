@@ -114,6 +114,51 @@ OpSchema SoftmaxCrossEntropyLossGradSchema() {
   return s;
 }
 
+// SoftmaxGrad and LogSoftmaxGrad: (dY, Y) {axis} -> dX.
+OpSchema SoftmaxGradSchema(const char* name, const char* doc) {
+  OpSchema s;
+  s.SetName(name).SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc(doc)
+      .Input(0, "dY", "gradient of the forward output", "T")
+      .Input(1, "Y", "the forward output", "T")
+      .Output(0, "dX", "gradient of the forward input", "T")
+      .Attr("axis", "the forward's axis (opset-13 semantics: one axis)", AttributeProto::INT,
+            static_cast<int64_t>(-1))
+      .TypeConstraint("T", kGradTypes, "float tensors");
+  return s;
+}
+
+OpSchema LayerNormGradSchema() {
+  OpSchema s;
+  s.SetName("LayerNormalizationGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Gradients of LayerNormalization from its saved Mean and InvStdDev; see docs/ops.md.")
+      .Input(0, "dY", "gradient of Y", "T")
+      .Input(1, "X", "the forward input", "T")
+      .Input(2, "scale", "the forward Scale", "T")
+      .Input(3, "mean", "the forward Mean output", "U")
+      .Input(4, "inv_std_dev", "the forward InvStdDev output", "U")
+      .Output(0, "dX", "gradient of X", "T")
+      .Output(1, "dScale", "gradient of Scale", "T", OpSchema::Optional)
+      .Output(2, "dBias", "gradient of B (of Scale's shape)", "T", OpSchema::Optional)
+      .Attr("axis", "the forward's first normalised axis", AttributeProto::INT,
+            static_cast<int64_t>(-1))
+      .TypeConstraint("T", kGradTypes, "float tensors")
+      .TypeConstraint("U", kGradTypes, "statistics type");
+  return s;
+}
+
+OpSchema GeluGradSchema() {
+  OpSchema s;
+  s.SetName("GeluGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("dX = dY * gelu'(X), erf or tanh form; see docs/ops.md.")
+      .Input(0, "dY", "gradient of Gelu's output", "T")
+      .Input(1, "X", "Gelu's input", "T")
+      .Output(0, "dX", "gradient of Gelu's input", "T")
+      .Attr("approximate", "'none' or 'tanh'", AttributeProto::STRING, std::string("none"))
+      .TypeConstraint("T", kGradTypes, "float tensors");
+  return s;
+}
+
 OpSchema InPlaceAccumulatorSchema() {
   OpSchema s;
   s.SetName("InPlaceAccumulator").SetDomain("ai.cleave").SinceVersion(1)
@@ -177,6 +222,47 @@ OpSchema SGDSchema() {
   return s;
 }
 
+// The collectives: `group` lists the global ranks (in group order) and `mesh_axis` names the
+// mesh axis the group spans.
+OpSchema CollectiveSchema(const char* name, const char* doc, bool reduces, bool has_axis) {
+  OpSchema s;
+  s.SetName(name).SetDomain("ai.cleave").SinceVersion(1).SetDoc(doc)
+      .Input(0, "input", "this rank's tensor", "T")
+      .Output(0, "output", "the collective's result on this rank", "T")
+      .Attr("group", "global ranks of the group, in group order", AttributeProto::INTS)
+      .Attr("mesh_axis", "the mesh axis the group spans", AttributeProto::STRING, std::string(""))
+      .TypeConstraint("T", {"tensor(float)", "tensor(double)", "tensor(int64)", "tensor(int32)"}, "numeric tensors");
+  if (reduces) s.Attr("reduction", "'sum' or 'max'", AttributeProto::STRING, std::string("sum"));
+  if (has_axis) s.Attr("axis", "the tensor axis gathered or scattered", AttributeProto::INT, static_cast<int64_t>(0));
+  return s;
+}
+
+OpSchema SendSchema() {
+  OpSchema s;
+  s.SetName("Send").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Sends the input to rank `peer` with `tag`; the output is a bool scalar set once sent.")
+      .Input(0, "input", "tensor to send", "T")
+      .Output(0, "done", "true once sent", "tensor(bool)")
+      .Attr("peer", "destination rank", AttributeProto::INT)
+      .Attr("tag", "message tag", AttributeProto::INT, static_cast<int64_t>(0))
+      .TypeConstraint("T", {"tensor(float)", "tensor(double)", "tensor(int64)", "tensor(int32)"}, "numeric tensors");
+  return s;
+}
+
+OpSchema RecvSchema() {
+  OpSchema s;
+  s.SetName("Recv").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Receives a tensor of `shape` and `dtype` from rank `peer` with `tag`.")
+      .Input(0, "after", "optional value to order the receive after", "tensor(bool)", OpSchema::Optional)
+      .Output(0, "output", "the received tensor", "T")
+      .Attr("peer", "source rank", AttributeProto::INT)
+      .Attr("tag", "message tag", AttributeProto::INT, static_cast<int64_t>(0))
+      .Attr("shape", "dims of the received tensor", AttributeProto::INTS)
+      .Attr("dtype", "ONNX element type of the received tensor", AttributeProto::INT)
+      .TypeConstraint("T", {"tensor(float)", "tensor(double)", "tensor(int64)", "tensor(int32)"}, "numeric tensors");
+  return s;
+}
+
 }  // namespace
 
 void RegisterCleaveSchemas() {
@@ -189,10 +275,22 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(GatherGradSchema());
     onnx::RegisterSchema(SliceGradSchema());
     onnx::RegisterSchema(SoftmaxCrossEntropyLossGradSchema());
+    onnx::RegisterSchema(SoftmaxGradSchema(
+        "SoftmaxGrad", "dX = Y * (dY - sum(dY * Y, axis)); see docs/ops.md."));
+    onnx::RegisterSchema(SoftmaxGradSchema(
+        "LogSoftmaxGrad", "dX = dY - exp(Y) * sum(dY, axis); see docs/ops.md."));
+    onnx::RegisterSchema(LayerNormGradSchema());
+    onnx::RegisterSchema(GeluGradSchema());
     onnx::RegisterSchema(InPlaceAccumulatorSchema());
     onnx::RegisterSchema(SquaredNormSchema());
     onnx::RegisterSchema(AdamWSchema());
     onnx::RegisterSchema(SGDSchema());
+    onnx::RegisterSchema(CollectiveSchema("AllReduce", "Every member gets the reduction of all members' inputs.", true, false));
+    onnx::RegisterSchema(CollectiveSchema("AllGather", "Concatenates every member's input along `axis`, in group order.", false, true));
+    onnx::RegisterSchema(CollectiveSchema("ReduceScatter", "Reduces the inputs and keeps this member's slice of `axis`.", true, true));
+    onnx::RegisterSchema(CollectiveSchema("AllToAll", "Chunk j of the flat input goes to member j; chunk i of the output comes from member i.", false, false));
+    onnx::RegisterSchema(SendSchema());
+    onnx::RegisterSchema(RecvSchema());
   });
 }
 

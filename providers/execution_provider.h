@@ -57,10 +57,14 @@ class ExecutionProvider {
   // Copies between this provider's memory and host memory (same-size views).
   virtual absl::Status CopyTensor(const TensorView& src, TensorView& dst) const = 0;
   virtual ThreadPool* thread_pool() const { return nullptr; }
+  // The rank's communicator, which collective kernels use (not owned; may be null).
+  Communicator* communicator() const { return communicator_; }
+  void set_communicator(Communicator* c) { communicator_ = c; }
   const KernelRegistry& registry() const { return registry_; }
 
  protected:
   KernelRegistry registry_;
+  Communicator* communicator_ = nullptr;
 };
 
 }  // namespace cleave::providers

@@ -17,6 +17,10 @@
 #include "base/thread_pool.h"
 #include "graph/graph.h"
 
+namespace cleave {
+class Communicator;
+}
+
 namespace cleave::providers {
 
 class KernelContext {
@@ -38,6 +42,8 @@ class KernelContext {
   // kNoRunSeed when the caller gave none.
   static constexpr uint64_t kNoRunSeed = ~uint64_t{0};
   virtual uint64_t run_seed() const { return kNoRunSeed; }
+  // The communicator of this rank for collective kernels; nullptr outside a distributed run.
+  virtual Communicator* communicator() const { return nullptr; }
 
   TensorView* Output(int i, std::initializer_list<int64_t> dims) {
     return Output(i, std::span<const int64_t>(dims.begin(), dims.size()));

@@ -45,6 +45,7 @@ class Executor::Context : public providers::KernelContext {
   }
   ThreadPool* thread_pool() const override { return step_.provider->thread_pool(); }
   uint64_t run_seed() const override { return ex_.run_seed_; }
+  Communicator* communicator() const override { return step_.provider->communicator(); }
 
   TensorView* Output(int i, std::span<const int64_t> dims) override {
     if (i >= static_cast<int>(step_.outputs.size()) || step_.outputs[i] < 0) return nullptr;

@@ -76,6 +76,7 @@ absl::Status InferenceSession::Initialize(std::unique_ptr<graph::Graph> g, Sessi
   ApplyDimOverrides(*g, options.free_dimension_overrides);
   RETURN_IF_ERROR(graph::InferShapes(*g));
   auto cpu = std::make_unique<providers::CpuExecutionProvider>(options.intra_op_threads);
+  cpu->set_communicator(options.communicator);
   if (options.optimize) RETURN_IF_ERROR(Optimize(*g, *cpu));
   RETURN_IF_ERROR(graph::Verify(*g, /*require_types=*/true));
   for (const graph::Value* v : g->inputs()) inputs_.push_back({v->name(), v->dtype(), v->shape()});

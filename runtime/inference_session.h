@@ -26,6 +26,8 @@
 
 namespace cleave {
 
+class Communicator;
+
 namespace graph {
 class Graph;
 }
@@ -38,6 +40,8 @@ struct SessionOptions {
   bool optimize = true;      // constant folding, shape folding, fusions
   // Fixes named symbolic dims (e.g. {"batch", 1}) so shape arithmetic folds at load.
   std::map<std::string, int64_t> free_dimension_overrides;
+  // This rank's communicator, for graphs with ai.cleave collectives (not owned).
+  Communicator* communicator = nullptr;
 };
 
 struct IoInfo {

@@ -150,6 +150,68 @@ TEST(TransformerFusion, DecomposedLayerNormBecomesOneOp) {
   ExpectSameOutputs(kLayerNorm);
 }
 
+// The pre-autodiff variant fuses GELU and LayerNorm only: the MatMul and its bias stay (their
+// gradient rules handle them), the LayerNorm keeps gamma and beta as the same Values, and
+// each fused node keeps the metadata of the node whose output it now produces.
+TEST(ActivationNormFusion, FusesGeluAndLayerNormOnly) {
+  constexpr char kText[] = R"(
+    opset 13
+    input x: float32[2,3,8]
+    init w: float32[8,8] = fill 0.125
+    init bias: float32[8] = fill 0.5
+    init sqrt2: float32[] = 1.4142135
+    init one: float32[] = 1
+    init half: float32[] = 0.5
+    init two: float32[] = 2
+    init eps: float32[] = 1e-5
+    init gamma: float32[8] = 1 2 3 4 5 6 7 8
+    init beta: float32[8] = fill 0.25
+    mm = MatMul(x, w)
+    h = Add(mm, bias)
+    dv = Div(h, sqrt2)
+    er = Erf(dv)
+    ad = Add(er, one)
+    mu = Mul(h, ad)
+    gl = Mul(mu, half)
+    mean = ReduceMean(gl) {axes = [-1]}
+    d = Sub(gl, mean)
+    sq = Pow(d, two)
+    var = ReduceMean(sq) {axes = [-1]}
+    ve = Add(var, eps)
+    std = Sqrt(ve)
+    n = Div(d, std)
+    g = Mul(n, gamma)
+    y = Add(g, beta)
+    output y
+  )";
+  auto g = ParseGraph(kText);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(InferShapes(**g).ok());
+  const Value* gamma = (*g)->FindValue("gamma");
+  (*g)->FindValue("gl")->producer()->metadata()["role"] = "fwd";
+  ActivationNormFusion fusion;
+  auto changed = RunPass(fusion, g->get());
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_TRUE(*changed);
+  std::vector<std::string> ops;
+  for (const auto& n : (*g)->nodes()) ops.push_back((n->domain().empty() ? "" : n->domain() + ".") + n->op_type());
+  EXPECT_EQ(ops, (std::vector<std::string>{"MatMul", "Add", "ai.cleave.Gelu", "ai.cleave.LayerNormalization"}));
+  const Node* ln = (*g)->FindValue("y")->producer();
+  EXPECT_EQ(ln->input(1), gamma);
+  EXPECT_EQ(ln->input(0)->producer()->metadata().at("role"), "fwd");
+  // The fused graph computes what the pattern computes.
+  SessionOptions plain;
+  plain.optimize = false;
+  auto fused = InferenceSession::FromGraph(std::move(*g), plain);
+  auto unfused = InferenceSession::FromGraph(*ParseGraph(kText), plain);
+  ASSERT_TRUE(fused.ok() && unfused.ok()) << fused.status() << unfused.status();
+  const Feeds feeds = {{"x", Random({2, 3, 8}, 4)}};
+  auto a = (*fused)->Run(feeds);
+  auto b = (*unfused)->Run(feeds);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(testing::CompareTensors((*a)[0], (*b)[0], 1e-5, 1e-5), "");
+}
+
 constexpr char kMlp[] = R"(
   input x: float32[2,3,8]
   init w: float32[8,4] = fill 0.125

@@ -1,9 +1,16 @@
-// Op tests for the ai.cleave gradient ops (tests/): GatherGrad, SliceGrad and
-// SoftmaxCrossEntropyLossGrad on the CPU provider, with expected values worked out by hand in
-// the comments next to each case.
+// Op tests for the ai.cleave gradient ops (tests/): GatherGrad, SliceGrad,
+// SoftmaxCrossEntropyLossGrad, SoftmaxGrad, LogSoftmaxGrad, GeluGrad and
+// LayerNormalizationGrad on the CPU provider. Expected values are worked out by hand in the
+// comments next to each case or computed by naive double-precision references written here
+// (LayerNorm's from its explicit Jacobian), and the kernels' column sums are checked to be
+// bitwise the same for every thread count.
 #include <cmath>
+#include <cstring>
+#include <limits>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/grad.h"
+#include "tests/nn_test_util.h"
 #include "tests/op_tester.h"
 
 namespace cleave::testing {
@@ -118,6 +125,238 @@ TEST(GradOps, SceGradLabelOutOfRange) {
   Op("SoftmaxCrossEntropyLossGrad").Input<double>("dY", {}, {1}).Input<double>("log_prob", {2, 2}, LogProbs())
       .Input<int64_t>("label", {2}, {2, 0}).Output<double>("d", {2, 2}, {0, 0, 0, 0})
       .ExpectFailure("outside [0, 2)").Run();
+}
+
+// ---- SoftmaxGrad / LogSoftmaxGrad -------------------------------------------------------
+
+TEST(GradOps, SoftmaxGradHandValues) {
+  // Row 0: y (0.25, 0.75), dy (1, 0): sum(dy y) = 0.25, dx = (0.25 * 0.75, 0.75 * -0.25).
+  // Row 1: y (0.5, 0.5), dy (2, 4): sum = 3, dx = (0.5 * -1, 0.5 * 1).
+  Op("SoftmaxGrad").Input<float>("dY", {2, 2}, {1, 0, 2, 4}).Input<float>("Y", {2, 2}, {0.25f, 0.75f, 0.5f, 0.5f})
+      .Output<float>("dX", {2, 2}, {0.1875f, -0.1875f, -0.5f, 0.5f}).Run();
+}
+
+TEST(GradOps, LogSoftmaxGradHandValues) {
+  // y = log(0.25, 0.75), dy (1, 2): sum(dy) = 3, dx = dy - softmax * 3 = (0.25, -0.25).
+  Op("LogSoftmaxGrad").Input<double>("dY", {1, 2}, {1, 2})
+      .Input<double>("Y", {1, 2}, {std::log(0.25), std::log(0.75)})
+      .Output<double>("dX", {1, 2}, {0.25, -0.25}).Run();
+}
+
+// Softmax (or log-softmax) of x along `axis` of dims, and the gradient of each from dy,
+// by index arithmetic over every (outer, inner) pair.
+struct SoftmaxCase {
+  std::vector<double> y, dx;
+};
+SoftmaxCase NaiveSoftmaxGrad(const I64& dims, int axis, const std::vector<double>& x,
+                             const std::vector<double>& dy, bool log) {
+  int64_t outer = 1, inner = 1;
+  for (int k = 0; k < axis; ++k) outer *= dims[k];
+  for (size_t k = axis + 1; k < dims.size(); ++k) inner *= dims[k];
+  const int64_t n = dims[axis];
+  SoftmaxCase c{std::vector<double>(x.size()), std::vector<double>(x.size())};
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) {
+      auto at = [&](int64_t a) { return (o * n + a) * inner + i; };
+      double z = 0, s = 0;
+      for (int64_t a = 0; a < n; ++a) z += std::exp(x[at(a)]);
+      for (int64_t a = 0; a < n; ++a) {
+        const double p = std::exp(x[at(a)]) / z;
+        c.y[at(a)] = log ? std::log(p) : p;
+        s += log ? dy[at(a)] : dy[at(a)] * p;
+      }
+      for (int64_t a = 0; a < n; ++a) {
+        const double p = std::exp(x[at(a)]) / z;
+        c.dx[at(a)] = log ? dy[at(a)] - p * s : p * (dy[at(a)] - s);
+      }
+    }
+  return c;
+}
+
+TEST(GradOps, SoftmaxGradsAlongAxisNotLastMatchNaive) {
+  const I64 dims = {2, 3, 4};
+  const std::vector<double> x = Values(24, 7), dy = Values(24, 8);
+  for (bool log : {false, true})
+    for (int64_t axis : {0, 1, -1}) {
+      const int a = axis < 0 ? axis + 3 : static_cast<int>(axis);
+      SoftmaxCase c = NaiveSoftmaxGrad(dims, a, x, dy, log);
+      SCOPED_TRACE(::testing::Message() << (log ? "LogSoftmaxGrad" : "SoftmaxGrad") << " axis " << axis);
+      Op(log ? "LogSoftmaxGrad" : "SoftmaxGrad").Attr("axis", axis).Input<double>("dY", dims, dy)
+          .Input<double>("Y", dims, c.y).Output<double>("dX", dims, c.dx).Tolerance(1e-12, 1e-10).Run();
+      Op(log ? "LogSoftmaxGrad" : "SoftmaxGrad").Attr("axis", axis).Input<float>("dY", dims, Cast<float>(dy))
+          .Input<float>("Y", dims, Cast<float>(c.y)).Output<float>("dX", dims, Cast<float>(c.dx)).Run();
+    }
+}
+
+TEST(GradOps, SoftmaxGradShapeMismatch) {
+  Op("SoftmaxGrad").Input<float>("dY", {2, 2}, {1, 2, 3, 4}).Input<float>("Y", {4}, {1, 2, 3, 4})
+      .Output<float>("dX", {4}, {0, 0, 0, 0}).ExpectFailure("expected dY of the shape").Run();
+}
+
+// ---- GeluGrad ---------------------------------------------------------------------------
+
+// d/dx of 0.5 x (1 + erf(x / sqrt 2)) and of 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + c x^3).
+double GeluPrime(double x, bool tanh_form) {
+  if (!tanh_form) return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-x * x / 2) / std::sqrt(2 * M_PI);
+  const double s = std::sqrt(2 / M_PI), c = 0.044715, t = std::tanh(s * (x + c * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * s * (1 + 3 * c * x * x);
+}
+
+TEST(GradOps, GeluGradBothFormsMatchTheDerivative) {
+  std::vector<double> x, dy;
+  for (int i = -60; i <= 60; ++i) {  // -6 .. 6 in steps of 0.1, through the minimum near -0.75
+    x.push_back(i / 10.0);
+    dy.push_back(1.0 + 0.01 * i);
+  }
+  const I64 dims = {static_cast<int64_t>(x.size())};
+  for (bool tanh_form : {false, true}) {
+    std::vector<double> want(x.size());
+    for (size_t i = 0; i < x.size(); ++i) want[i] = dy[i] * GeluPrime(x[i], tanh_form);
+    const std::string approx = tanh_form ? "tanh" : "none";
+    Op("GeluGrad").Attr("approximate", approx).Input<double>("dY", dims, dy).Input<double>("X", dims, x)
+        .Output<double>("dX", dims, want).Tolerance(1e-14, 1e-12).Run();
+    // The vectorised float path: a few 1e-7 relative from erfc / exp.
+    Op("GeluGrad").Attr("approximate", approx).Input<float>("dY", dims, Cast<float>(dy))
+        .Input<float>("X", dims, Cast<float>(x)).Output<float>("dX", dims, Cast<float>(want))
+        .Tolerance(1e-6, 1e-5).Run();
+  }
+}
+
+TEST(GradOps, GeluGradTailsAndNonFinite) {
+  // gelu' is 0 far left and 1 far right in both forms; inf follows, NaN propagates.
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  for (const char* approx : {"none", "tanh"}) {
+    Op("GeluGrad").Attr("approximate", std::string(approx))
+        .Input<float>("dY", {6}, {2, 2, 2, 2, 2, 2}).Input<float>("X", {6}, {-30, 30, -inf, inf, nan, 12})
+        .Output<float>("dX", {6}, {0, 2, 0, 2, nan, 2}).Run();
+  }
+  Op("GeluGrad").Attr("approximate", std::string("exact")).Input<float>("dY", {1}, {1})
+      .Input<float>("X", {1}, {0}).Output<float>("dX", {1}, {0.5f}).ExpectFailure("approximate").Run();
+}
+
+// ---- LayerNormalizationGrad -----------------------------------------------------------------
+
+// Reference gradients of y = xhat * scale + bias over rows of `cols`, with scale broadcast as
+// scale_at(c) gives. dx from the explicit Jacobian
+// d xhat_i / d x_j = inv_std (delta_ij - 1/n - xhat_i xhat_j / n).
+struct LnGrads {
+  std::vector<double> mean, inv_std, dx, dscale_cols, dbias_cols;
+};
+LnGrads NaiveLayerNormGrad(const std::vector<double>& x, const std::vector<double>& dy,
+                           int64_t rows, int64_t cols, const std::vector<double>& scale_cols,
+                           double eps) {
+  LnGrads r{{}, {}, std::vector<double>(x.size()), std::vector<double>(cols), std::vector<double>(cols)};
+  const double n = static_cast<double>(cols);
+  for (int64_t row = 0; row < rows; ++row) {
+    const double* xr = x.data() + row * cols;
+    const double* dyr = dy.data() + row * cols;
+    double m = 0, v = 0;
+    for (int64_t c = 0; c < cols; ++c) m += xr[c] / n;
+    for (int64_t c = 0; c < cols; ++c) v += (xr[c] - m) * (xr[c] - m) / n;
+    const double s = 1 / std::sqrt(v + eps);
+    r.mean.push_back(m);
+    r.inv_std.push_back(s);
+    for (int64_t j = 0; j < cols; ++j) {
+      double sum = 0;
+      for (int64_t i = 0; i < cols; ++i) {
+        const double xi = (xr[i] - m) * s, xj = (xr[j] - m) * s;
+        sum += dyr[i] * scale_cols[i] * s * ((i == j ? 1 : 0) - 1 / n - xi * xj / n);
+      }
+      r.dx[row * cols + j] = sum;
+      r.dscale_cols[j] += dyr[j] * (xr[j] - m) * s;
+      r.dbias_cols[j] += dyr[j];
+    }
+  }
+  return r;
+}
+
+TEST(GradOps, LayerNormGradTwoNormalisedAxesFloat64) {
+  // X [2, 3, 4] normalised over [3, 4] (axis 1): 2 rows of 12.
+  const I64 xd = {2, 3, 4}, sd = {3, 4}, stat = {2, 1, 1};
+  const std::vector<double> x = Values(24, 21), dy = Values(24, 22), scale = Values(12, 23);
+  LnGrads r = NaiveLayerNormGrad(x, dy, 2, 12, scale, 1e-5);
+  Op("LayerNormalizationGrad").Attr("axis", int64_t{1}).Input<double>("dY", xd, dy).Input<double>("X", xd, x)
+      .Input<double>("scale", sd, scale).Input<double>("mean", stat, r.mean).Input<double>("inv_std_dev", stat, r.inv_std)
+      .Output<double>("dX", xd, r.dx).Output<double>("dScale", sd, r.dscale_cols)
+      .Output<double>("dBias", sd, r.dbias_cols).Tolerance(1e-12, 1e-10).Run();
+}
+
+TEST(GradOps, LayerNormGradFloat32WithoutBiasOutput) {
+  const I64 xd = {3, 5}, sd = {5}, stat = {3, 1};
+  const std::vector<double> x = Values(15, 31), dy = Values(15, 32), scale = Values(5, 33);
+  LnGrads r = NaiveLayerNormGrad(x, dy, 3, 5, scale, 1e-5);
+  Op("LayerNormalizationGrad").Input<float>("dY", xd, Cast<float>(dy)).Input<float>("X", xd, Cast<float>(x))
+      .Input<float>("scale", sd, Cast<float>(scale)).Input<float>("mean", stat, Cast<float>(r.mean))
+      .Input<float>("inv_std_dev", stat, Cast<float>(r.inv_std))
+      .Output<float>("dX", xd, Cast<float>(r.dx)).Output<float>("dScale", sd, Cast<float>(r.dscale_cols)).Run();
+}
+
+TEST(GradOps, LayerNormGradBroadcastScaleSumsOverItsBroadcastAxes) {
+  // Scale [4] over the normalised [3, 4]: dScale[k] sums the [3, 4] column sums over the 3.
+  // Statistics in float32 (the default stash type) with a float64 X.
+  const I64 xd = {2, 3, 4}, stat = {2, 1, 1};
+  const std::vector<double> x = Values(24, 41), dy = Values(24, 42), s4 = Values(4, 43);
+  std::vector<double> scale(12);
+  for (int c = 0; c < 12; ++c) scale[c] = s4[c % 4];
+  LnGrads r = NaiveLayerNormGrad(x, dy, 2, 12, scale, 1e-5);
+  // The kernel reads the statistics rounded to float32, hence the float-level tolerance.
+  std::vector<float> mean = Cast<float>(r.mean), inv = Cast<float>(r.inv_std);
+  std::vector<double> dscale(4, 0), dbias(4, 0);
+  for (int c = 0; c < 12; ++c) {
+    dscale[c % 4] += r.dscale_cols[c];
+    dbias[c % 4] += r.dbias_cols[c];
+  }
+  Op("LayerNormalizationGrad").Attr("axis", int64_t{-2}).Input<double>("dY", xd, dy).Input<double>("X", xd, x)
+      .Input<double>("scale", {4}, s4).Input<float>("mean", stat, mean).Input<float>("inv_std_dev", stat, inv)
+      .Output<double>("dX", xd, r.dx).Output<double>("dScale", {4}, dscale).Output<double>("dBias", {4}, dbias)
+      .Tolerance(1e-6, 1e-5).Run();
+}
+
+TEST(GradOps, LayerNormGradStatisticsOfTheWrongShape) {
+  Op("LayerNormalizationGrad").Input<float>("dY", {2, 2}, {1, 2, 3, 4}).Input<float>("X", {2, 2}, {1, 2, 3, 4})
+      .Input<float>("scale", {2}, {1, 1}).Input<float>("mean", {2, 2}, {0, 0, 0, 0})
+      .Input<float>("inv_std_dev", {2, 1}, {1, 1}).Output<float>("dX", {2, 2}, {0, 0, 0, 0})
+      .ExpectFailure("X's with the normalised axes reduced to 1").Run();
+}
+
+// The column sums (dScale, dBias) use fixed row blocks added in block order, so every thread
+// count gives the same bits; so do dX and the softmax gradients, computed row by row.
+TEST(GradOps, LayerNormAndSoftmaxGradsDoNotDependOnTheThreadCount) {
+  const int64_t rows = 1000, cols = 37;
+  const std::vector<float> x = Cast<float>(Values(rows * cols, 51)), dy = Cast<float>(Values(rows * cols, 52));
+  const std::vector<float> scale = Cast<float>(Values(cols, 53));
+  std::vector<float> mean(rows), inv(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    mean[r] = 0.01f * static_cast<float>(r % 7);
+    inv[r] = 1.0f + 0.001f * static_cast<float>(r % 13);
+  }
+  kernels::cpu::LayerNormGradParams p{rows, cols};
+  auto run = [&](ThreadPool* pool) {
+    std::vector<float> out(rows * cols + 2 * cols);
+    std::vector<double> ws(kernels::cpu::LayerNormGradWorkspace(p));
+    kernels::cpu::LayerNormGrad<float, float>(p, dy.data(), x.data(), scale.data(), mean.data(), inv.data(),
+                                              out.data(), out.data() + rows * cols,
+                                              out.data() + rows * cols + cols, ws.data(), pool);
+    kernels::cpu::SoftmaxParams sp;
+    sp.outer = 10;
+    sp.axis = rows / 10;
+    sp.inner = cols;
+    std::vector<float> sm(rows * cols);
+    kernels::cpu::SoftmaxGrad(sp, dy.data(), x.data(), sm.data(), pool);
+    out.insert(out.end(), sm.begin(), sm.end());
+    return out;
+  };
+  ThreadPool one(1), three(3), four(4);
+  const std::vector<float> a = run(nullptr), b = run(&one), c = run(&three), d = run(&four);
+  EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(b.data(), c.data(), a.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(c.data(), d.data(), a.size() * sizeof(float)), 0);
+  // And the sums are right: dBias[c] = sum over rows of dy.
+  for (int64_t col = 0; col < cols; ++col) {
+    double want = 0;
+    for (int64_t r = 0; r < rows; ++r) want += dy[r * cols + col];
+    EXPECT_NEAR(c[rows * cols + cols + col], want, 1e-4) << col;
+  }
 }
 
 }  // namespace

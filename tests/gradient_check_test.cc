@@ -122,6 +122,7 @@ const GradCase kCases[] = {
     {"Gelu", "opset 20\ninput x: float64[6]\ny = Gelu(x)\noutput y"},
     {"Gelu_tanh", "opset 20\ninput x: float64[6]\ny = Gelu(x) {approximate = \"tanh\"}\noutput y"},
     {"CleaveGelu", "input x: float64[6]\ny = ai.cleave.Gelu(x)\noutput y"},
+    {"CleaveGelu_tanh", "input x: float64[2,4]\ny = ai.cleave.Gelu(x) {approximate = \"tanh\"}\noutput y", -4, 4},
     {"MatMul_2d", "input a: float64[3,4]\ninput b: float64[4,2]\ny = MatMul(a, b)\noutput y"},
     {"MatMul_batched_shared_weight",
      "input a: float64[2,3,4]\ninput b: float64[4,2]\ny = MatMul(a, b)\noutput y"},
@@ -141,7 +142,11 @@ const GradCase kCases[] = {
     {"ReduceMax_keepdims0", "opset 18\ninput x: float64[3,4]\ninit a: int64[1] = 1\ny = ReduceMax(x, a) {keepdims = 0}\noutput y"},
     {"ReduceMin_all", "opset 13\ninput x: float64[2,3]\ny = ReduceMin(x)\noutput y"},
     {"Softmax", "input x: float64[2,5]\ny = Softmax(x) {axis = -1}\noutput y"},
+    {"Softmax_axis1_3d", "input x: float64[2,3,4]\ny = Softmax(x) {axis = 1}\noutput y"},
+    {"Softmax_v11_flattens_from_axis", "opset 11\ninput x: float64[2,3,4]\ny = Softmax(x) {axis = 1}\noutput y"},
     {"LogSoftmax_axis1", "input x: float64[3,4,2]\ny = LogSoftmax(x) {axis = 1}\noutput y"},
+    {"LogSoftmax_last", "input x: float64[2,5]\ny = LogSoftmax(x)\noutput y"},
+    {"LogSoftmax_v1_default_axis", "opset 9\ninput x: float64[2,3,2]\ny = LogSoftmax(x)\noutput y"},
     {"Value_read_twice", "input x: float64[4]\na = Mul(x, x)\ny = Add(a, x)\noutput y"},
     {"Abs", "input x: float64[6]\ny = Abs(x)\noutput y"},
     {"Max_broadcast", "input a: float64[2,3]\ninput b: float64[3]\ny = Max(a, b)\noutput y"},
@@ -152,6 +157,10 @@ const GradCase kCases[] = {
     {"Gemm_transposed", "input a: float64[4,3]\ninput b: float64[2,4]\ninput c: float64[3,1]\ny = Gemm(a, b, c) {transA = 1, transB = 1}\noutput y"},
     {"LayerNorm_last", "input x: float64[2,3,4]\ninput s: float64[4]\ninput b: float64[4]\ny = LayerNormalization(x, s, b)\noutput y"},
     {"LayerNorm_axis1", "input x: float64[2,3,4]\ninput s: float64[3,4]\ny = LayerNormalization(x, s) {axis = 1, epsilon = 0.001}\noutput y"},
+    {"LayerNorm_broadcast_scale_and_bias",
+     "input x: float64[2,3,4]\ninput s: float64[4]\ninput b: float64[3,1]\ny = LayerNormalization(x, s, b) {axis = 1}\noutput y"},
+    {"LayerNorm_statistics_already_output",
+     "input x: float64[3,4]\ninput s: float64[4]\ninput b: float64[4]\ny, mu, rstd = LayerNormalization(x, s, b) {stash_type = 11}\noutput y"},
     {"CleaveLayerNorm_opset13", "opset 13\ninput x: float64[3,5]\ninput s: float64[5]\ninput b: float64[5]\ny = ai.cleave.LayerNormalization(x, s, b)\noutput y"},
     {"Dropout_inference", "input x: float64[6]\ninit p: float64[] = 0.3\ny, m = Dropout(x, p) {seed = 1}\noutput y"},
     {"Trilu_k", "input x: float64[3,4]\ninit k: int64[] = 1\ny = Trilu(x, k) {upper = 0}\noutput y"},
@@ -238,6 +247,40 @@ TEST(Autodiff, MarksRolesAndGradOf) {
   }
   EXPECT_EQ(fwd, 2);
   EXPECT_GT(bwd, 0);
+}
+
+// Softmax, LogSoftmax, Gelu and LayerNormalization each differentiate through one fused
+// ai.cleave op, and LayerNormalization's forward node is made to output its statistics.
+TEST(Autodiff, ActivationAndNormRulesEmitOneFusedOp) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"input x: float32[2,3,4]\ny = Softmax(x) {axis = 1}", "SoftmaxGrad"},
+      {"input x: float32[2,3]\ny = LogSoftmax(x)", "LogSoftmaxGrad"},
+      {"opset 20\ninput x: float32[2,3]\ny = Gelu(x) {approximate = \"tanh\"}", "GeluGrad"},
+      {"input x: float32[2,3]\ny = ai.cleave.Gelu(x)", "GeluGrad"},
+      {"input x: float32[2,3,4]\ninput s: float32[3,4]\ninput b: float32[3,4]\n"
+       "y = LayerNormalization(x, s, b) {axis = 1}", "LayerNormalizationGrad"},
+      {"input x: float32[2,3]\ninput s: float32[3]\ny = ai.cleave.LayerNormalization(x, s)",
+       "LayerNormalizationGrad"},
+  };
+  for (auto [text, op] : cases) {
+    SCOPED_TRACE(text);
+    auto g = *graph::ParseGraph(std::string(text) + "\nl = ReduceSum(y) {keepdims = 0}\noutput l");
+    ASSERT_TRUE(graph::InferShapes(*g).ok());
+    std::vector<Value*> wrt(g->inputs().begin(), g->inputs().end());
+    auto grads = BuildBackward(*g, g->FindValue("l"), wrt);
+    ASSERT_TRUE(grads.ok()) << grads.status();
+    std::vector<std::string> ops;
+    for (const auto& n : g->nodes())
+      if (n->metadata().at("role") == "bwd" && n->metadata().at("grad_of") == "y")
+        ops.push_back(n->domain() + "." + n->op_type());
+    EXPECT_EQ(ops, std::vector<std::string>{std::string("ai.cleave.") + op});
+    const graph::Node* fwd = g->FindValue("y")->producer();
+    if (std::string(op) == "LayerNormalizationGrad") {
+      ASSERT_EQ(fwd->num_outputs(), 3);
+      EXPECT_EQ(fwd->output(1)->shape().ToString(), fwd->output(2)->shape().ToString());
+      EXPECT_EQ(fwd->output(1)->dtype(), DataType::kFloat32);
+    }
+  }
 }
 
 TEST(Autodiff, NamesEveryOpWithoutARuleAtOnce) {

@@ -46,6 +46,23 @@ TEST(Graph, ReplaceAllUsesAndRemoveNode) {
   EXPECT_EQ(g->FindValue("add"), nullptr);
 }
 
+TEST(Graph, SetNodeOutputAddsAnOptionalOutput) {
+  Graph g;
+  Value* x = g.AddInput("x", DataType::kFloat32, Shape::FromDims({2}));
+  Value* y = g.GetOrCreateValue("y");
+  Node* n = g.AddNode("Dropout", {x}, {y}, "drop");
+  Value* extra = g.GetOrCreateValue("extra");
+  g.SetNodeOutput(n, 2, extra);  // output 1 stays omitted
+  ASSERT_EQ(n->num_outputs(), 3);
+  EXPECT_EQ(n->output(1), nullptr);
+  EXPECT_EQ(extra->producer(), n);
+  EXPECT_EQ(extra->producer_output(), 2);
+  Value* other = g.GetOrCreateValue("other");
+  g.SetNodeOutput(n, 2, other);  // the replaced value loses its producer
+  EXPECT_EQ(extra->producer(), nullptr);
+  EXPECT_EQ(other->producer(), n);
+}
+
 TEST(Graph, CloneIsDeepForStructure) {
   auto g = testing::MakeMlp();
   auto c = g->Clone();

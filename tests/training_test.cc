@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 
+#include "graph/op_table.h"
 #include "graph/text_format.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/nn.h"
@@ -230,6 +232,89 @@ TEST(TrainingArtifacts, FollowOrtLayoutAndRoleMetadataAndPassTheOnnxChecker) {
     EXPECT_TRUE(onnx_ext::CheckModel(**g).ok()) << f << ": " << onnx_ext::CheckModel(**g);
   }
   fs::remove_all(dir);
+}
+
+// An MLP layer whose GELU and LayerNorm are spelled out in small ops, as exports before
+// opset 17 (LayerNorm) and 20 (Gelu) write them; `loss_lines` are appended before the output.
+std::string DecomposedGeluLayerNorm(const std::string& loss_lines, const std::string& out) {
+  std::string w;
+  for (int i = 0; i < 64; ++i) w += " " + std::to_string(((i * 37) % 17 - 8) / 16.0);
+  return "opset 13\ninput x: float32[4,8]\ninit w: float32[8,8] =" + w + R"(
+    init gamma: float32[8] = 1 2 3 4 5 6 7 8
+    init beta: float32[8] = 0.5 -0.5 0.25 -0.25 0 0.125 1 -1
+    init sqrt2: float32[] = 1.4142135
+    init one: float32[] = 1
+    init half: float32[] = 0.5
+    init two: float32[] = 2
+    init eps: float32[] = 1e-5
+    h = MatMul(x, w)
+    dv = Div(h, sqrt2)
+    er = Erf(dv)
+    ad = Add(er, one)
+    mu = Mul(h, ad)
+    gl = Mul(mu, half)
+    mean = ReduceMean(gl) {axes = [-1]}
+    d = Sub(gl, mean)
+    sq = Pow(d, two)
+    var = ReduceMean(sq) {axes = [-1]}
+    ve = Add(var, eps)
+    sd = Sqrt(ve)
+    n = Div(d, sd)
+    g = Mul(n, gamma)
+    y = Add(g, beta)
+  )" + loss_lines + "\noutput " + out + "\n";
+}
+
+// The builder fuses them before autodiff: the backward runs GeluGrad and
+// LayerNormalizationGrad, gamma and beta stay parameters, every node has a role, and the
+// gradients equal those of differentiating the small ops one by one.
+TEST(TrainingArtifacts, DecomposedGeluAndLayerNormTrainThroughFusedGradOps) {
+  TrainingSpec spec;
+  spec.loss.kind = LossKind::kMse;
+  auto a = BuildTrainingArtifacts(**graph::ParseGraph(DecomposedGeluLayerNorm("", "y")), spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->params, (std::vector<std::string>{"beta", "gamma", "w"}));
+  std::set<std::string> ops;
+  for (const auto& n : a->training->nodes()) {
+    ops.insert(n->domain() + "." + n->op_type());
+    ASSERT_TRUE(n->metadata().count("role")) << n->Describe();
+  }
+  for (const char* op : {"ai.cleave.Gelu", "ai.cleave.LayerNormalization", "ai.cleave.GeluGrad",
+                         "ai.cleave.LayerNormalizationGrad"})
+    EXPECT_TRUE(ops.count(op)) << op;
+  for (const char* op : {".Erf", ".Sqrt", ".Pow"}) EXPECT_FALSE(ops.count(op)) << op;
+
+  // The reference: the same graph and loss, differentiated op by op without fusion.
+  auto ref = *graph::ParseGraph(DecomposedGeluLayerNorm(
+      "input labels: float32[4,8]\ndf = Sub(y, labels)\nsq2 = Mul(df, df)\nloss = ReduceMean(sq2) {keepdims = 0}",
+      "loss"));
+  ASSERT_TRUE(graph::InferShapes(*ref).ok());
+  std::vector<graph::Value*> wrt;
+  for (const std::string& p : a->params) wrt.push_back(ref->FindValue(p));
+  auto grads = BuildBackward(*ref, ref->FindValue("loss"), wrt);
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  std::vector<graph::Value*> outs;
+  for (const std::string& p : a->params) outs.push_back(grads->at(p));
+  ref->SetOutputs(outs);
+  SessionOptions plain;
+  plain.optimize = false;
+  auto ref_session = InferenceSession::FromGraph(std::move(ref), plain);
+  ASSERT_TRUE(ref_session.ok()) << ref_session.status();
+  Tensor x(DataType::kFloat32, {4, 8}), labels(DataType::kFloat32, {4, 8});
+  for (int i = 0; i < 32; ++i) {
+    x.data<float>()[i] = 0.3f * static_cast<float>(i % 9) - 1.1f;
+    labels.data<float>()[i] = 0.05f * static_cast<float>(i % 5);
+  }
+  const Feeds feeds = {{"x", x}, {"labels", labels}};
+  auto want = (*ref_session)->Run(feeds);
+  ASSERT_TRUE(want.ok()) << want.status();
+  auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE((*s)->TrainStep(feeds).ok());
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const std::string& p = (*s)->parameter_names()[i];
+    EXPECT_EQ(testing::CompareTensors(*(*s)->GetGradient(p), (*want)[i], 1e-6, 1e-4), "") << p;
+  }
 }
 
 TEST(TrainingArtifacts, FrozenParametersStayInitializers) {

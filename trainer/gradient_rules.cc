@@ -41,6 +41,16 @@ std::vector<Value*> GradBuilder::OpN(const std::string& op, std::vector<Value*> 
   return outs;
 }
 
+Value* GradBuilder::ForwardOutput(int i, const std::string& suffix) {
+  if (Value* v = fwd_.output(i)) return v;
+  Value* v = g_.CreateUniqueValue(absl::StrCat(fwd_.output(0)->name(), "/", suffix));
+  g_.SetNodeOutput(&fwd_, i, v);
+  absl::Status s = graph::InferNode(g_, fwd_);
+  if (!s.ok() && status_.ok())
+    status_ = Internal("gradient rule of ", fwd_.Describe(), ": ", s.message());
+  return v;
+}
+
 Value* GradBuilder::Const(double v, const Value* like) {
   Tensor t(like->dtype(), {});
   if (like->dtype() == DataType::kFloat64) t.data<double>()[0] = v;
@@ -253,7 +263,7 @@ absl::Status ClipGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
-// exp(-x^2 / 2) with a coefficient c: c exp(-x^2 / 2), shared by Erf and Gelu.
+// c exp(-inner x^2).
 Value* ScaledGaussian(GradBuilder& b, Value* x, double c, double inner) {
   Value* sq = b.Op("Mul", {x, x});
   Value* e = b.Op("Exp", {b.Op("Mul", {sq, b.Const(-inner, x)})});
@@ -266,31 +276,15 @@ absl::Status ErfGrad(GradBuilder& b) {  // 2 / sqrt(pi) exp(-x^2)
   return absl::OkStatus();
 }
 
-// d gelu(x) / dx, for the erf form or the tanh approximation.
-Value* GeluDerivative(GradBuilder& b, Value* x, bool tanh_form) {
-  if (tanh_form) {
-    // y = 0.5 x (1 + t), t = tanh(u), u = s (x + c x^3):
-    // dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) s (1 + 3 c x^2).
-    const double s = std::sqrt(2.0 / M_PI), c = 0.044715;
-    Value* x2 = b.Op("Mul", {x, x});
-    Value* u = b.Op("Mul", {b.Op("Add", {x, b.Op("Mul", {b.Op("Mul", {x2, x}), b.Const(c, x)})}), b.Const(s, x)});
-    Value* t = b.Op("Tanh", {u});
-    Value* left = b.Op("Mul", {b.Op("Add", {b.Const(1, x), t}), b.Const(0.5, x)});
-    Value* sech2 = b.Op("Sub", {b.Const(1, x), b.Op("Mul", {t, t})});
-    Value* du = b.Op("Mul", {b.Op("Add", {b.Const(1, x), b.Op("Mul", {x2, b.Const(3 * c, x)})}), b.Const(s, x)});
-    Value* right = b.Op("Mul", {b.Op("Mul", {b.Op("Mul", {x, b.Const(0.5, x)}), sech2}), du});
-    return b.Op("Add", {left, right});
-  }
-  // y = x Phi(x): dy/dx = Phi(x) + x phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)).
-  Value* erf = b.Op("Erf", {b.Op("Mul", {x, b.Const(1 / std::sqrt(2.0), x)})});
-  Value* cdf = b.Op("Mul", {b.Op("Add", {erf, b.Const(1, x)}), b.Const(0.5, x)});
-  Value* pdf = ScaledGaussian(b, x, 1 / std::sqrt(2 * M_PI), 0.5);
-  return b.Op("Add", {cdf, b.Op("Mul", {x, pdf})});
+// dy gelu'(x) for the erf form or the tanh approximation, by ai.cleave.GeluGrad.
+Value* GeluBackward(GradBuilder& b, Value* dy, Value* x, bool tanh_form) {
+  return b.Op("ai.cleave.GeluGrad", {dy, x},
+              {{"approximate", Attribute::String(tanh_form ? "tanh" : "none")}});
 }
 
 absl::Status GeluGrad(GradBuilder& b) {
   bool tanh_form = b.fwd().AttrString("approximate", "none") == "tanh";
-  b.SetGrad(0, b.Op("Mul", {b.dy(), GeluDerivative(b, b.x(0), tanh_form)}));
+  b.SetGrad(0, GeluBackward(b, b.dy(), b.x(0), tanh_form));
   return absl::OkStatus();
 }
 
@@ -308,7 +302,7 @@ absl::Status FusedMatMulGrad(GradBuilder& b) {
     std::vector<std::pair<std::string, graph::Attribute>> attrs;
     if (trans_b) attrs.emplace_back("transB", graph::Attribute::Int(1));
     Value* z = b.Op("ai.cleave.FusedMatMul", ins, attrs);
-    dz = b.Op("Mul", {b.dy(), GeluDerivative(b, z, act == "gelu_tanh")});
+    dz = GeluBackward(b, b.dy(), z, act == "gelu_tanh");
   }
   Value* bt = trans_b ? b.x(1) : b.TransposeLast2(b.x(1));
   ASSIGN_OR_RETURN(Value * da, b.ReduceTo(b.Op("MatMul", {dz, bt}), b.x(0)));

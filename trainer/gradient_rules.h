@@ -1,8 +1,10 @@
 // The gradient-rule table (trainer/): one rule per differentiable op. A rule reads the
 // forward node and the gradients of its outputs, emits backward nodes through GradBuilder and
 // sets the gradients of its inputs. Rules are written with the forward op set where they
-// can be; Gather, Slice and SoftmaxCrossEntropyLoss emit ai.cleave gradient ops (GatherGrad,
-// SliceGrad, SoftmaxCrossEntropyLossGrad), which a provider must also run.
+// can be; Gather, Slice, SoftmaxCrossEntropyLoss, Softmax, LogSoftmax, LayerNormalization and
+// Gelu emit ai.cleave gradient ops (GatherGrad, SliceGrad, SoftmaxCrossEntropyLossGrad,
+// SoftmaxGrad, LogSoftmaxGrad, LayerNormalizationGrad, GeluGrad), which a provider must
+// also run.
 #pragma once
 
 #include <string>
@@ -27,6 +29,10 @@ class GradBuilder {
   graph::Value* y(int i) const { return fwd_.output(i); }
   // Gradient of output i, or nullptr when no gradient flows into it.
   graph::Value* dy(int i = 0) const { return i < static_cast<int>(dy_.size()) ? dy_[i] : nullptr; }
+  // Output i of the forward node, added to the node (named `<output 0>/<suffix>`) when it
+  // lacks it: for rules that read an optional output the forward computes anyway, such as
+  // LayerNormalization's Mean and InvStdDev.
+  graph::Value* ForwardOutput(int i, const std::string& suffix);
 
   // Emits a backward node with one output; its attributes follow. "ai.cleave.Op" names an op
   // of cleave's domain.

@@ -1,5 +1,6 @@
 // Gradient rules for Gemm, LayerNormalization, Dropout, Trilu, Concat, Split, Gather, Slice
-// and SoftmaxCrossEntropyLoss (trainer/). The last three emit ai.cleave gradient ops.
+// and SoftmaxCrossEntropyLoss (trainer/). LayerNormalization and the last three emit
+// ai.cleave gradient ops.
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -33,30 +34,33 @@ absl::Status GemmGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
-// With xhat = (x - mean) rstd over the normalised axes and g = dy scale:
-// dx = rstd (g - mean(g) - xhat mean(g xhat)), dscale = sum dy xhat, dbias = sum dy.
-// The statistics are recomputed from x (cheap) rather than taken from optional outputs.
+// LayerNormalization, by ai.cleave.LayerNormalizationGrad from the forward's saved Mean and
+// InvStdDev (the rule makes the forward output them). With xhat = (x - mean) rstd over the
+// normalised axes and g = dy scale: dx = rstd (g - mean(g) - xhat mean(g xhat)),
+// dscale = sum dy xhat, dbias = sum dy. The op's dBias has scale's shape; a bias of another
+// (broadcast) shape gets sum dy over its own broadcast axes instead.
 absl::Status LayerNormGrad(GradBuilder& b) {
   Value* x = b.x(0);
-  const int r = x->shape().rank();
-  int64_t axis = b.fwd().AttrInt("axis", -1);
-  if (axis < 0) axis += r;
-  std::vector<int64_t> axes;
-  for (int64_t k = axis; k < r; ++k) axes.push_back(k);
-  Value* mean = b.ReduceMean(x, axes);
-  Value* d = b.Op("Sub", {x, mean});
-  Value* var = b.ReduceMean(b.Op("Mul", {d, d}), axes);
-  Value* eps = b.Const(b.fwd().AttrFloat("epsilon", 1e-5f), x);
-  Value* rstd = b.Op("Reciprocal", {b.Op("Sqrt", {b.Op("Add", {var, eps})})});
-  Value* xhat = b.Op("Mul", {d, rstd});
-  Value* g = b.Op("Mul", {b.dy(), b.x(1)});
-  Value* inner = b.Op("Sub", {b.Op("Sub", {g, b.ReduceMean(g, axes)}),
-                              b.Op("Mul", {xhat, b.ReduceMean(b.Op("Mul", {g, xhat}), axes)})});
-  b.SetGrad(0, b.Op("Mul", {rstd, inner}));
-  ASSIGN_OR_RETURN(Value * dscale, b.ReduceTo(b.Op("Mul", {b.dy(), xhat}), b.x(1)));
-  b.SetGrad(1, dscale);
-  if (b.x(2)) {
-    ASSIGN_OR_RETURN(Value * dbias, b.ReduceTo(b.dy(), b.x(2)));
+  // ONNX computes the statistics in the stash type (float32 by default). The CPU kernel
+  // computes them in double, so for a float64 X that did not choose a stash type, stashing
+  // float64 makes the saved statistics exactly the ones the forward normalised with. Only
+  // done when this rule adds the outputs, so nothing else sees the change.
+  if (!b.y(1) && !b.y(2) && x->dtype() == DataType::kFloat64 && !b.fwd().HasAttr("stash_type"))
+    b.fwd().SetAttr("stash_type", Attribute::Int(static_cast<int64_t>(DataType::kFloat64)));
+  Value* mean = b.ForwardOutput(1, "mean");
+  Value* inv_std = b.ForwardOutput(2, "inv_std_dev");
+  Value* bias = b.x(2);
+  const bool bias_like_scale = bias && bias->shape() == b.x(1)->shape();
+  std::vector<Value*> d = b.OpN("ai.cleave.LayerNormalizationGrad", {b.dy(), x, b.x(1), mean, inv_std},
+                                bias_like_scale ? 3 : 2,
+                                {{"axis", Attribute::Int(b.fwd().AttrInt("axis", -1))}});
+  b.SetGrad(0, d[0]);
+  b.SetGrad(1, d[1]);
+  if (bias) {
+    Value* dbias = bias_like_scale ? d[2] : nullptr;
+    if (!dbias) {
+      ASSIGN_OR_RETURN(dbias, b.ReduceTo(b.dy(), bias));
+    }
     b.SetGrad(2, dbias);
   }
   return absl::OkStatus();
@@ -155,8 +159,8 @@ absl::Status SliceGrad(GradBuilder& b) {
 
 // SoftmaxCrossEntropyLoss: d loss / d scores = (softmax - onehot(label)) w[label] scaled as
 // the reduction scales, computed by SoftmaxCrossEntropyLossGrad from the forward log_prob.
-// A gradient that reaches log_prob directly adds the LogSoftmax rule along the class axis:
-// dlp - exp(lp) sum_c dlp. Labels and weights get no gradient.
+// A gradient that reaches log_prob directly adds the LogSoftmax gradient along the class
+// axis, dlp - exp(lp) sum_c dlp (LogSoftmaxGrad). Labels and weights get no gradient.
 absl::Status SoftmaxCrossEntropyLossGrad(GradBuilder& b) {
   Value* lp = b.y(1);
   if (!lp)
@@ -174,8 +178,7 @@ absl::Status SoftmaxCrossEntropyLossGrad(GradBuilder& b) {
     dx = b.Op("ai.cleave.SoftmaxCrossEntropyLossGrad", ins, attrs);
   }
   if (Value* dlp = b.dy(1)) {
-    Value* total = b.ReduceSum(dlp, {1}, /*keepdims=*/true);
-    Value* d = b.Op("Sub", {dlp, b.Op("Mul", {b.Op("Exp", {lp}), total})});
+    Value* d = b.Op("ai.cleave.LogSoftmaxGrad", {dlp, lp}, {{"axis", Attribute::Int(1)}});
     dx = dx ? b.Op("Add", {dx, d}) : d;
   }
   b.SetGrad(0, dx);

@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "graph/op_table.h"
 #include "trainer/gradient_rules.h"
 
 namespace cleave::trainer {
@@ -137,22 +138,26 @@ absl::Status ReduceMaxMinGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> SoftmaxAxis(GradBuilder& b) {
-  if (b.fwd_version() < 13) return b.Error("the gradient of Softmax before opset 13 is not implemented");
-  return b.fwd().AttrInt("axis", -1);
-}
-
-absl::Status SoftmaxGrad(GradBuilder& b) {  // y (dy - sum(dy y)) along the axis
-  ASSIGN_OR_RETURN(int64_t axis, SoftmaxAxis(b));
-  Value* dot = b.ReduceSum(b.Op("Mul", {b.dy(), b.y(0)}), {axis}, /*keepdims=*/true);
-  b.SetGrad(0, b.Op("Mul", {b.y(0), b.Op("Sub", {b.dy(), dot})}));
-  return absl::OkStatus();
-}
-
-absl::Status LogSoftmaxGrad(GradBuilder& b) {  // dy - exp(y) sum(dy) along the axis
-  ASSIGN_OR_RETURN(int64_t axis, SoftmaxAxis(b));
-  Value* total = b.ReduceSum(b.dy(), {axis}, /*keepdims=*/true);
-  b.SetGrad(0, b.Op("Sub", {b.dy(), b.Op("Mul", {b.Op("Exp", {b.y(0)}), total})}));
+// Softmax: dx = y (dy - sum(dy y)); LogSoftmax: dx = dy - exp(y) sum(dy), both along the
+// axis, computed by ai.cleave.SoftmaxGrad / LogSoftmaxGrad from the forward output. Before
+// version 13 the forward normalises x[axis:] flattened into one row, so the gradient is taken
+// over x flattened to 2-D at the axis and reshaped back.
+absl::Status SoftmaxFamilyGrad(GradBuilder& b) {
+  const std::string op = absl::StrCat(graph::kCleaveDomain, ".", b.fwd().op_type(), "Grad");
+  if (b.fwd_version() >= 13) {
+    b.SetGrad(0, b.Op(op, {b.dy(), b.y(0)}, {{"axis", Attribute::Int(b.fwd().AttrInt("axis", -1))}}));
+    return absl::OkStatus();
+  }
+  const Shape& s = b.x(0)->shape();
+  if (!s.has_rank() || s.rank() == 0)
+    return b.Error("the gradient of Softmax before opset 13 needs an input of known rank >= 1");
+  int64_t axis = b.fwd().AttrInt("axis", 1);
+  if (axis < 0) axis += s.rank();
+  const Attribute at = Attribute::Int(axis);
+  Value* dy2 = b.Op("Flatten", {b.dy()}, {{"axis", at}});
+  Value* y2 = b.Op("Flatten", {b.y(0)}, {{"axis", at}});
+  Value* dx2 = b.Op(op, {dy2, y2}, {{"axis", Attribute::Int(1)}});
+  b.SetGrad(0, b.Op("Reshape", {dx2, b.Op("Shape", {b.x(0)})}));
   return absl::OkStatus();
 }
 
@@ -171,8 +176,8 @@ void RegisterStructuralRules(std::map<std::string, GradRule>& rules) {
   rules["::ReduceMean"] = ReduceMeanGrad;
   rules["::ReduceMax"] = ReduceMaxMinGrad;
   rules["::ReduceMin"] = ReduceMaxMinGrad;
-  rules["::Softmax"] = SoftmaxGrad;
-  rules["::LogSoftmax"] = LogSoftmaxGrad;
+  rules["::Softmax"] = SoftmaxFamilyGrad;
+  rules["::LogSoftmax"] = SoftmaxFamilyGrad;
 }
 
 }  // namespace cleave::trainer

@@ -257,6 +257,8 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
   ASSIGN_OR_RETURN(Value* loss, AttachLoss(*g, spec.loss, &a.data_inputs));
   RETURN_IF_ERROR(graph::InferShapes(*g));
   ASSIGN_OR_RETURN(std::vector<Value*> candidates, SelectParams(*g, spec));
+  std::vector<std::string> candidate_names;
+  for (const Value* p : candidates) candidate_names.push_back(p->name());
   {
     // Fold shape arithmetic and constant subgraphs (masks, rotary tables) now that the dims
     // are fixed, so every value the backward graph sees has a static shape. Candidates stay
@@ -270,9 +272,27 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
     RETURN_IF_ERROR(graph::RunToFixedPoint({&fold, &dce}, g.get()));
     RETURN_IF_ERROR(graph::InferShapes(*g));
   }
+  {
+    // Turn the GELU and LayerNorm subgraphs of older exports into ai.cleave Gelu and
+    // LayerNormalization before autodiff, so the backward runs the fused GeluGrad and
+    // LayerNormalizationGrad kernels instead of differentiating each small op. The rewrites
+    // keep every value they do not remove, so parameters stay the same Values; fused nodes
+    // keep their pattern's metadata (BuildBackward tags untagged ones role=fwd).
+    graph::ActivationNormFusion fusion;
+    graph::DeadCodeElimination dce;
+    RETURN_IF_ERROR(graph::RunToFixedPoint({&fusion, &dce}, g.get()));
+  }
   // Like PyTorch, where a parameter the loss does not reach keeps grad None and the optimizer
-  // skips it (no weight decay either): such parameters are not trained.
+  // skips it (no weight decay either): such parameters are not trained. The passes above drop
+  // initializers nothing reads, so candidates are looked up again by name; a dropped one
+  // does not reach the loss either.
   std::vector<std::string> unreached;
+  candidates.clear();
+  for (const std::string& name : candidate_names) {
+    Value* v = g->FindValue(name);
+    if (v && v->is_initializer()) candidates.push_back(v);
+    else unreached.push_back(name);
+  }
   {
     std::unique_ptr<Graph> probe = g->Clone();
     std::vector<Value*> wrt;
@@ -282,6 +302,7 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
   std::vector<Value*> params;
   for (Value* p : candidates)
     if (std::find(unreached.begin(), unreached.end(), p->name()) == unreached.end()) params.push_back(p);
+  std::sort(unreached.begin(), unreached.end());
   a.unreached = unreached;
   if (params.empty())
     return InvalidArgument("no parameter reaches the loss '", loss->name(), "' through differentiable ops");

@@ -39,12 +39,16 @@ Value* Other(const Node* n, const Value* x) {
   return nullptr;
 }
 
+// The fused node keeps the metadata (role and the like) of the node that produced `output`.
 Node* Replace(Graph* g, const std::vector<Node*>& pattern, const std::string& op,
               const std::vector<Value*>& inputs, Value* output) {
   std::string name = pattern.back()->name() + "/fused";
+  auto metadata = output->producer()->metadata();
   for (Node* n : pattern) g->RemoveNode(n);
   g->opset_imports()[kCleaveDomain] = 1;
-  return g->AddNode(op, inputs, {output}, name, kCleaveDomain);
+  Node* fused = g->AddNode(op, inputs, {output}, name, kCleaveDomain);
+  fused->metadata() = std::move(metadata);
+  return fused;
 }
 
 // x * 0.5 * (1 + erf(x / sqrt(2))) in the two association orders exporters produce.
@@ -367,25 +371,27 @@ bool FuseMatMulGelu(Graph* g, Node* fmm) {
   return true;
 }
 
-}  // namespace
+// One rewrite at node n, if any applies; only GELU and LayerNorm unless `matmul_rules`.
+bool FuseAt(Graph* g, Node* n, bool matmul_rules) {
+  if (Is(n, "Erf")) return FuseErfGelu(g, n);
+  if (Is(n, "Tanh")) return FuseTanhGelu(g, n);
+  if (Is(n, "ReduceMean")) return FuseLayerNorm(g, n);
+  if (!matmul_rules) return false;
+  if (Is(n, "MatMul")) return FuseMatMulBias(g, n) || FoldTransposes(g, n);
+  if (Is(n, "Transpose")) return FoldTransposeOfMatMul(g, n);
+  if (Is(n, "Identity")) return ElideIdentity(g, n);
+  if (n->domain() == kCleaveDomain && n->op_type() == "FusedMatMul")
+    return FuseMatMulGelu(g, n) || FuseFusedMatMulBias(g, n) || FoldTransposes(g, n);
+  return false;
+}
 
-absl::StatusOr<bool> TransformerFusion::Run(Graph* g) {
+absl::StatusOr<bool> RunFusions(Graph* g, bool matmul_rules) {
   bool changed = false;
   // Each rule may delete nodes, so restart the scan after every rewrite.
   for (bool again = true; again;) {
     again = false;
     for (const auto& owned : g->nodes()) {
-      Node* n = owned.get();
-      bool fused = false;
-      if (Is(n, "Erf")) fused = FuseErfGelu(g, n);
-      else if (Is(n, "Tanh")) fused = FuseTanhGelu(g, n);
-      else if (Is(n, "ReduceMean")) fused = FuseLayerNorm(g, n);
-      else if (Is(n, "MatMul")) fused = FuseMatMulBias(g, n) || FoldTransposes(g, n);
-      else if (Is(n, "Transpose")) fused = FoldTransposeOfMatMul(g, n);
-      else if (Is(n, "Identity")) fused = ElideIdentity(g, n);
-      else if (n->domain() == kCleaveDomain && n->op_type() == "FusedMatMul")
-        fused = FuseMatMulGelu(g, n) || FuseFusedMatMulBias(g, n) || FoldTransposes(g, n);
-      if (fused) {
+      if (FuseAt(g, owned.get(), matmul_rules)) {
         changed = again = true;
         break;
       }
@@ -393,6 +399,14 @@ absl::StatusOr<bool> TransformerFusion::Run(Graph* g) {
   }
   if (changed) RETURN_IF_ERROR(g->SortTopologically());
   return changed;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> TransformerFusion::Run(Graph* g) { return RunFusions(g, /*matmul_rules=*/true); }
+
+absl::StatusOr<bool> ActivationNormFusion::Run(Graph* g) {
+  return RunFusions(g, /*matmul_rules=*/false);
 }
 
 }  // namespace cleave::graph

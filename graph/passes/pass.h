@@ -71,4 +71,14 @@ class TransformerFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
+// Only the GELU (Erf and tanh forms) and LayerNorm rules of TransformerFusion, leaving every
+// MatMul, Transpose and Identity alone. The training-graph builder runs it on the forward
+// graph before autodiff, so the backward uses the GeluGrad and LayerNormalizationGrad ops;
+// the graph's values (parameters included) stay the same Value objects.
+class ActivationNormFusion : public Pass {
+ public:
+  std::string name() const override { return "ActivationNormFusion"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
 }  // namespace cleave::graph

@@ -1,4 +1,4 @@
-// Vectorisable fp32 exp, tanh, sigmoid, erf and GELU (kernels/).
+// Vectorisable fp32 exp, tanh, sigmoid, erf, GELU and the GELU derivative (kernels/).
 // Every function is straight-line arithmetic with selects instead of branches, so each
 // loop vectorises; target_clones builds AVX-512, AVX2 and baseline copies, picked when
 // the library loads (unless the whole build already targets AVX2 or newer). The AVX
@@ -131,7 +131,48 @@ inline float GeluTanhCore(float x) {
   return x == x ? xc / (1.0f + ExpCore(-2.0f * u)) : x;
 }
 
+// gelu'(x) = Phi(x) + x phi(x). Phi is 0.5 (1 + erf(x / sqrt 2)) computed as GeluCore does;
+// the x phi(x) term vanishes below float precision long before |x| = 20, where x is clamped
+// so that inf * 0 cannot make a NaN.
+inline float GeluDerivativeCore(float x) {
+  constexpr float kSqrtHalf = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
+  float u = x * kSqrtHalf;
+  float au = std::fabs(u);
+  float ec = ErfcNonNegative(au < 9.0f ? au : 9.0f);
+  float one_plus_erf = x >= 0.0f ? 2.0f - ec : (au < 9.0f ? ec : 0.0f);
+  one_plus_erf = au < 0.5f ? 1.0f + ErfSmall(u) : one_plus_erf;
+  float xc = x > -20.0f ? x : -20.0f;
+  xc = xc < 20.0f ? xc : 20.0f;
+  float pdf = kInvSqrt2Pi * ExpCore(-0.5f * xc * xc);
+  return x == x ? 0.5f * one_plus_erf + xc * pdf : x;
+}
+
+// d/dx of x sigmoid(2u), u = sqrt(2/pi) (x + c x^3): p + 2 x p (1 - p) u'(x), p = sigmoid(2u).
+// Beyond |x| = 20 the derivative is 0 or 1 in float; the clamp keeps inf out of x. exp(-2u)
+// is capped at exp(80) (finite), so 1 - p = exp(-2u) p never becomes inf * 0.
+inline float GeluTanhDerivativeCore(float x) {
+  constexpr float kSqrt2OverPi = 0.79788456080286536f, kC = 0.044715f;
+  float xc = x > -20.0f ? x : -20.0f;
+  xc = xc < 20.0f ? xc : 20.0f;
+  float x2 = xc * xc;
+  float u = kSqrt2OverPi * (xc + kC * x2 * xc);
+  float a = -2.0f * u;
+  float e = ExpCore(a < 80.0f ? a : 80.0f);
+  float p = 1.0f / (1.0f + e);
+  float q = e * p;  // 1 - p without cancellation
+  float du = kSqrt2OverPi * (1.0f + 3.0f * kC * x2);
+  return x == x ? p + 2.0f * xc * p * q * du : x;
+}
+
 }  // namespace
+
+CLEAVE_SIMD_CLONES void GeluGradF32(const float* dy, const float* x, float* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * GeluDerivativeCore(x[i]);
+}
+
+CLEAVE_SIMD_CLONES void GeluTanhGradF32(const float* dy, const float* x, float* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * GeluTanhDerivativeCore(x[i]);
+}
 
 CLEAVE_SIMD_CLONES void ExpF32(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = ExpCore(x[i]);

@@ -22,5 +22,12 @@ void ErfF32(const float* x, float* y, int64_t n);
 void GeluF32(const float* x, float* y, int64_t n);
 // y[i] = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), computed as x * sigmoid(2u).
 void GeluTanhF32(const float* x, float* y, int64_t n);
+// dx[i] = dy[i] * gelu'(x[i]) with gelu'(x) = Phi(x) + x phi(x) (the erf form); Phi from
+// erfc as in GeluF32, phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
+void GeluGradF32(const float* dy, const float* x, float* dx, int64_t n);
+// dx[i] = dy[i] * d/dx of the tanh form, written with p = sigmoid(2u) = 0.5 (1 + tanh u):
+// p + 2 x p (1 - p) sqrt(2/pi) (1 + 3 * 0.044715 x^2), with 1 - p = exp(-2u) p (no
+// cancellation).
+void GeluTanhGradF32(const float* dy, const float* x, float* dx, int64_t n);
 
 }  // namespace cleave::kernels::cpu

@@ -1,7 +1,9 @@
 // Backward kernels of the training ops on the CPU (kernels/cpu/): GatherGrad (scatter-add),
-// SliceGrad (scatter into zeros) and SoftmaxCrossEntropyLossGrad. Plain functions over
-// TensorViews the caller has allocated with the right dims. Every output element is written
-// (zeros first where the op scatters), and accumulation order does not depend on threads.
+// SliceGrad (scatter into zeros), SoftmaxCrossEntropyLossGrad (grad.cc), Softmax, LogSoftmax
+// and Gelu gradients (activation_grad.cc) and LayerNormalization's (layer_norm_grad.cc).
+// Plain functions over buffers the caller has allocated with the right dims. Every output
+// element is written (zeros first where the op scatters), and accumulation order does not
+// depend on threads.
 #pragma once
 
 #include <cstdint>
@@ -38,5 +40,44 @@ void SliceGrad(const TensorView& dy, const SliceParams& p, TensorView& dx, Threa
 template <typename T, typename L>
 absl::Status SoftmaxCrossEntropyGrad(const SceParams& p, const T* dy, const T* log_prob,
                                      const L* labels, const T* weights, T* dx, ThreadPool* pool);
+
+// ---- Activations and normalisation (activation_grad.cc, layer_norm_grad.cc) ----
+
+// The gradient of Softmax (p.log false) or LogSoftmax (p.log true) along the middle dim of
+// [outer, axis, inner], from the forward output y:
+//   softmax:     dx = y * (dy - sum_axis(dy * y))
+//   log-softmax: dx = dy - exp(y) * sum_axis(dy)
+// Each slice's sum accumulates in double in axis order, by one thread.
+void SoftmaxGrad(const SoftmaxParams& p, const float* dy, const float* y, float* dx,
+                 ThreadPool* pool);
+void SoftmaxGrad(const SoftmaxParams& p, const double* dy, const double* y, double* dx,
+                 ThreadPool* pool);
+
+// dx = dy * gelu'(x) for n elements: gelu'(x) = Phi(x) + x phi(x) for the erf form, and for
+// tanh_form the derivative of 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void GeluGrad(bool tanh_form, const float* dy, const float* x, float* dx, int64_t n,
+              ThreadPool* pool);
+void GeluGrad(bool tanh_form, const double* dy, const double* x, double* dx, int64_t n,
+              ThreadPool* pool);
+
+// The gradients of LayerNormalization over `rows` rows of `cols` (the normalised dims
+// flattened), from the forward's saved statistics mean[r] and inv_std[r] (type U, the
+// stash type). With xhat = (x - mean) inv_std and g = dy * scale:
+//   dx = inv_std * (g - mean_row(g) - xhat * mean_row(g * xhat))
+//   dscale[c] = sum_r dy[r, c] xhat[r, c],   dbias[c] = sum_r dy[r, c]
+// scale has `cols` elements. dscale and dbias (`cols` elements each) may be null. The
+// column sums are deterministic: rows are cut into LayerNormGradBlocks(rows) fixed blocks
+// (a function of rows alone), each block's sums go to its own slice of `workspace`
+// (LayerNormGradWorkspace(p) doubles) in row order, and the blocks are added in block order.
+struct LayerNormGradParams {
+  int64_t rows = 0, cols = 0;
+};
+int64_t LayerNormGradBlocks(int64_t rows);
+int64_t LayerNormGradWorkspace(const LayerNormGradParams& p);
+// Instantiated for (T, U) in {float, double}^2.
+template <typename T, typename U>
+void LayerNormGrad(const LayerNormGradParams& p, const T* dy, const T* x, const T* scale,
+                   const U* mean, const U* inv_std, T* dx, T* dscale, T* dbias,
+                   double* workspace, ThreadPool* pool);
 
 }  // namespace cleave::kernels::cpu

@@ -29,6 +29,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterShapeKernels(registry_);
   RegisterGradKernels(registry_);
   RegisterOptimizerKernels(registry_);
+  RegisterCollectiveKernels(registry_);
 }
 
 CpuExecutionProvider::~CpuExecutionProvider() = default;

@@ -1,7 +1,9 @@
-// CPU kernels of the ai.cleave gradient ops (providers/cpu/): GatherGrad, SliceGrad and
-// SoftmaxCrossEntropyLossGrad. Each checks its runtime inputs against each other, allocates
-// the output of the runtime `shape` (or log_prob's shape) and hands the math to
+// CPU kernels of the ai.cleave gradient ops (providers/cpu/): GatherGrad, SliceGrad,
+// SoftmaxCrossEntropyLossGrad, SoftmaxGrad, LogSoftmaxGrad, LayerNormalizationGrad and
+// GeluGrad. Each checks its runtime inputs against each other, allocates its outputs (of the
+// runtime `shape`, or of the forward tensor each gradient belongs to) and hands the math to
 // kernels/cpu/grad.h.
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -148,6 +150,172 @@ class SceGradKernel : public OpKernel {
   std::optional<int64_t> ignore_index_;
 };
 
+absl::Status ExpectSameDims(const TensorView& dy, const TensorView& t, const char* what) {
+  if (dy.shape() == t.shape()) return absl::OkStatus();
+  return InvalidArgument("expected dY of the shape of ", what, " ", DimsToString(t.shape()), ", got ",
+                         DimsToString(dy.shape()));
+}
+
+int64_t DimProduct(const TensorView& x, int begin, int end) {
+  int64_t n = 1;
+  for (int k = begin; k < end && k < x.rank; ++k) n *= x.dims[k];
+  return n;
+}
+
+// x's axis attribute resolved against its rank (a scalar counts as one element on axis 0).
+absl::StatusOr<int> ResolveAxis(int64_t axis, const TensorView& x) {
+  const int r = std::max(x.rank, 1);
+  if (axis < -r || axis >= r)
+    return InvalidArgument("axis ", axis, " is out of range for an input of rank ", x.rank);
+  return static_cast<int>(axis < 0 ? axis + r : axis);
+}
+
+// SoftmaxGrad / LogSoftmaxGrad(dY, Y) {axis}: along one axis, as Softmax-13.
+class SoftmaxGradKernel : public OpKernel {
+ public:
+  SoftmaxGradKernel(const graph::Node& n, int)
+      : log_(n.op_type() == "LogSoftmaxGrad"), axis_(n.AttrInt("axis", -1)) {}
+
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& y = *ctx.input(1);
+    RETURN_IF_ERROR(ExpectSameDims(dy, y, "Y"));
+    ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, y));
+    kernels::cpu::SoftmaxParams p;
+    p.log = log_;
+    p.outer = DimProduct(y, 0, axis);
+    p.axis = y.rank > 0 ? y.dims[axis] : 1;
+    p.inner = DimProduct(y, axis + 1, y.rank);
+    TensorView* dx = ctx.Output(0, y.dim_span());
+    if (!dx) return absl::OkStatus();
+    if (y.dtype == DataType::kFloat64)
+      kernels::cpu::SoftmaxGrad(p, dy.as<const double>(), y.as<const double>(), dx->as<double>(),
+                                ctx.thread_pool());
+    else
+      kernels::cpu::SoftmaxGrad(p, dy.as<const float>(), y.as<const float>(), dx->as<float>(),
+                                ctx.thread_pool());
+    return absl::OkStatus();
+  }
+
+ private:
+  bool log_;
+  int64_t axis_;
+};
+
+// GeluGrad(dY, X) {approximate}.
+class GeluGradKernel : public OpKernel {
+ public:
+  GeluGradKernel(const graph::Node& n, int) : tanh_(n.AttrString("approximate", "none") == "tanh") {}
+
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& x = *ctx.input(1);
+    RETURN_IF_ERROR(ExpectSameDims(dy, x, "X"));
+    TensorView* dx = ctx.Output(0, x.dim_span());
+    if (!dx) return absl::OkStatus();
+    if (x.dtype == DataType::kFloat64)
+      kernels::cpu::GeluGrad(tanh_, dy.as<const double>(), x.as<const double>(), dx->as<double>(),
+                             x.numel(), ctx.thread_pool());
+    else
+      kernels::cpu::GeluGrad(tanh_, dy.as<const float>(), x.as<const float>(), dx->as<float>(),
+                             x.numel(), ctx.thread_pool());
+    return absl::OkStatus();
+  }
+
+ private:
+  bool tanh_;
+};
+
+std::string GeluGradSupported(const graph::Node& n, int) {
+  const std::string a = n.AttrString("approximate", "none");
+  return a == "none" || a == "tanh" ? "" : "approximate '" + a + "' is not 'none' or 'tanh'";
+}
+
+// LayerNormalizationGrad(dY, X, scale, mean, inv_std_dev) {axis} -> dX[, dScale, dBias].
+// A scale that broadcasts over the normalised dims is expanded for the math, and its
+// gradients are summed back over the broadcast axes.
+class LayerNormGradKernel : public OpKernel {
+ public:
+  LayerNormGradKernel(const graph::Node& n, int) : axis_(n.AttrInt("axis", -1)) {}
+
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& x = *ctx.input(1);
+    const TensorView& mean = *ctx.input(3);
+    const TensorView& inv_std = *ctx.input(4);
+    RETURN_IF_ERROR(ExpectSameDims(dy, x, "X"));
+    ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, x));
+    kernels::cpu::LayerNormGradParams p;
+    p.rows = DimProduct(x, 0, axis);
+    p.cols = DimProduct(x, axis, x.rank);
+    RETURN_IF_ERROR(CheckScale(*ctx.input(2), x, axis));
+    for (const TensorView* v : {&mean, &inv_std})
+      if (v->numel() != p.rows || v->dtype != mean.dtype)
+        return InvalidArgument("expected mean and inv_std_dev of one dtype with ", p.rows,
+                               " elements (X ", DimsToString(x.shape()), " before axis ", axis,
+                               "), got ", DimsToString(mean.shape()), " and ",
+                               DimsToString(inv_std.shape()));
+    const bool f64 = x.dtype == DataType::kFloat64, u64 = mean.dtype == DataType::kFloat64;
+    if (f64 && u64) Run<double, double>(p, axis, ctx);
+    else if (f64) Run<double, float>(p, axis, ctx);
+    else if (u64) Run<float, double>(p, axis, ctx);
+    else Run<float, float>(p, axis, ctx);
+    return absl::OkStatus();
+  }
+
+ private:
+  static absl::Status CheckScale(const TensorView& scale, const TensorView& x, int axis) {
+    bool ok = scale.rank <= x.rank - axis;
+    for (int k = 0; ok && k < scale.rank; ++k) {
+      const int64_t d = scale.dims[k];
+      ok = d == 1 || d == x.dims[x.rank - scale.rank + k];
+    }
+    if (ok) return absl::OkStatus();
+    return InvalidArgument("scale ", DimsToString(scale.shape()),
+                           " does not broadcast over the normalised dims of X ",
+                           DimsToString(x.shape()), " from axis ", axis);
+  }
+
+  template <typename T, typename U>
+  static void Run(const kernels::cpu::LayerNormGradParams& p, int axis, KernelContext& ctx) {
+    const TensorView& x = *ctx.input(1);
+    const TensorView& scale = *ctx.input(2);
+    const std::span<const int64_t> norm_dims(x.dims + axis, x.rank - axis);
+    TensorView* dx = ctx.Output(0, x.dim_span());
+    TensorView* dscale = ctx.Output(1, scale.dim_span());
+    TensorView* dbias = ctx.Output(2, scale.dim_span());
+    const bool broadcast = scale.numel() != p.cols;
+    auto buffer = [&](int64_t n) { return static_cast<T*>(ctx.Scratch(n * sizeof(T))); };
+    const T* s = scale.as<const T>();
+    if (broadcast) {
+      TensorView full(buffer(p.cols), scale.dtype, norm_dims);
+      kernels::cpu::Expand(scale, full, ctx.thread_pool());
+      s = full.as<const T>();
+    }
+    // With a broadcast scale, the column sums land in scratch and are folded below.
+    T* ds = dscale ? (broadcast ? buffer(p.cols) : dscale->as<T>()) : nullptr;
+    T* db = dbias ? (broadcast ? buffer(p.cols) : dbias->as<T>()) : nullptr;
+    double* workspace = (ds || db) ? static_cast<double*>(ctx.Scratch(
+        kernels::cpu::LayerNormGradWorkspace(p) * sizeof(double))) : nullptr;
+    kernels::cpu::LayerNormGrad<T, U>(p, ctx.input(0)->as<const T>(), x.as<const T>(), s,
+                                      ctx.input(3)->as<const U>(), ctx.input(4)->as<const U>(),
+                                      dx ? dx->as<T>() : buffer(x.numel()), ds, db, workspace,
+                                      ctx.thread_pool());
+    if (!broadcast) return;
+    int axes[kMaxRank];
+    int num_axes = 0;
+    const int lead = static_cast<int>(norm_dims.size()) - scale.rank;
+    for (int k = 0; k < static_cast<int>(norm_dims.size()); ++k)
+      if (k < lead || scale.dims[k - lead] == 1) axes[num_axes++] = k;
+    const kernels::cpu::ReducePlan plan =
+        kernels::cpu::PlanReduce(norm_dims, std::span<const int>(axes, num_axes));
+    if (ds) kernels::cpu::Reduce<T>(kernels::cpu::ReduceKind::kSum, plan, ds, dscale->as<T>(), ctx.thread_pool());
+    if (db) kernels::cpu::Reduce<T>(kernels::cpu::ReduceKind::kSum, plan, db, dbias->as<T>(), ctx.thread_pool());
+  }
+
+  int64_t axis_;
+};
+
 }  // namespace
 
 void RegisterGradKernels(KernelRegistry& r) {
@@ -162,6 +330,14 @@ void RegisterGradKernels(KernelRegistry& r) {
   r.Register({c, "SoftmaxCrossEntropyLossGrad", 1, 1,
               AllOf({InputTypeIn(0, floats), InputTypeIn(1, floats), InputTypeIn(2, ints)}),
               MakeCheckedFactory<SceGradKernel>()});
+  for (const char* op : {"SoftmaxGrad", "LogSoftmaxGrad"})
+    r.Register({c, op, 1, 1, AllOf({InputTypeIn(0, floats), InputTypeIn(1, floats)}),
+                MakeFactory<SoftmaxGradKernel>()});
+  r.Register({c, "GeluGrad", 1, 1, AllOf({InputTypeIn(0, floats), InputTypeIn(1, floats), GeluGradSupported}),
+              MakeFactory<GeluGradKernel>()});
+  r.Register({c, "LayerNormalizationGrad", 1, 1,
+              AllOf({InputTypeIn(0, floats), InputTypeIn(1, floats), InputTypeIn(3, floats)}),
+              MakeFactory<LayerNormGradKernel>()});
 }
 
 }  // namespace cleave::providers
