@@ -108,7 +108,7 @@ std::string Mesh::ToString() const {
 }
 
 bool Sharding::IsReplicated() const {
-  if (!partial.empty()) return false;
+  if (IsPartial()) return false;
   for (const auto& d : dims)
     if (!d.empty()) return false;
   return true;
@@ -116,6 +116,7 @@ bool Sharding::IsReplicated() const {
 
 std::set<std::string> Sharding::Axes() const {
   std::set<std::string> out = partial;
+  out.insert(partial_avg.begin(), partial_avg.end());
   for (const auto& d : dims) out.insert(d.begin(), d.end());
   return out;
 }
@@ -125,6 +126,7 @@ std::string Sharding::ToString() const {
   for (const auto& d : dims) parts.push_back(d.empty() ? "-" : absl::StrJoin(d, "*"));
   std::string s = absl::StrCat("[", absl::StrJoin(parts, ","), "]");
   if (!partial.empty()) absl::StrAppend(&s, "+partial(", absl::StrJoin(partial, ","), ")");
+  if (!partial_avg.empty()) absl::StrAppend(&s, "+avg(", absl::StrJoin(partial_avg, ","), ")");
   return s;
 }
 
@@ -144,6 +146,7 @@ absl::Status ValidateSharding(const Mesh& mesh, const std::string& tensor, const
     return absl::OkStatus();
   };
   for (const std::string& a : s.partial) RETURN_IF_ERROR(use(a));
+  for (const std::string& a : s.partial_avg) RETURN_IF_ERROR(use(a));
   for (int d = 0; d < shape.rank(); ++d) {
     int64_t parts = 1;
     for (const std::string& a : s.dims[d]) {

@@ -55,14 +55,18 @@ class Mesh {
 struct Sharding {
   std::vector<std::vector<std::string>> dims;  // per tensor dim, the mesh axes splitting it
   std::set<std::string> partial;               // axes over which values are partial sums
+  std::set<std::string> partial_avg;           // axes over which values are partial means
 
-  static Sharding Replicated(int rank) { return Sharding{std::vector<std::vector<std::string>>(rank), {}}; }
+  static Sharding Replicated(int rank) { return Sharding{std::vector<std::vector<std::string>>(rank), {}, {}}; }
+  bool IsPartial() const { return !partial.empty() || !partial_avg.empty(); }
   bool IsReplicated() const;
   // Every mesh axis the sharding uses (on a dim or as partial).
   std::set<std::string> Axes() const;
   // "[dp,-,tp]" with "+partial(tp)" when partial; "[]" for a scalar.
   std::string ToString() const;
-  bool operator==(const Sharding& o) const { return dims == o.dims && partial == o.partial; }
+  bool operator==(const Sharding& o) const {
+    return dims == o.dims && partial == o.partial && partial_avg == o.partial_avg;
+  }
 };
 
 // Checks the sharding against the tensor: rank, known axes, no axis used twice, and every

@@ -1,0 +1,546 @@
+// Sharding rules of ops as factors (partition/): see op_rules.h.
+#include "partition/op_rules.h"
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "graph/op_table.h"
+
+namespace cleave::partition {
+
+namespace {
+
+using graph::Node;
+using graph::Value;
+
+absl::StatusOr<std::vector<int64_t>> Dims(const Node& n, const Value* v) {
+  if (!v->shape().is_static())
+    return InvalidArgument(n.Describe(), ": '", v->name(), "' has shape ", v->shape().ToString(),
+                           "; partitioning needs static shapes (fix the batch and sequence dims)");
+  return v->shape().StaticDims();
+}
+
+OperandFactors Replicate() {
+  OperandFactors o;
+  o.replicate = true;
+  return o;
+}
+
+// One factor per output dim; inputs aligned to the right, broadcast (size-1) dims unrelated.
+absl::StatusOr<FactorRule> Elementwise(const Node& n, std::vector<int> inputs, Linearity lin,
+                                       std::vector<int> linear) {
+  FactorRule r;
+  ASSIGN_OR_RETURN(std::vector<int64_t> out, Dims(n, n.output(0)));
+  std::vector<int> f;
+  for (int64_t d : out) f.push_back(r.AddFactor(d));
+  r.inputs.resize(n.num_inputs());
+  for (int i = 0; i < n.num_inputs(); ++i) {
+    if (!n.input(i)) continue;
+    if (std::find(inputs.begin(), inputs.end(), i) == inputs.end()) {
+      r.inputs[i] = Replicate();
+      continue;
+    }
+    ASSIGN_OR_RETURN(std::vector<int64_t> in, Dims(n, n.input(i)));
+    const int off = static_cast<int>(out.size() - in.size());
+    for (size_t k = 0; k < in.size(); ++k) {
+      const int o = off + static_cast<int>(k);
+      r.inputs[i].dims.push_back(in[k] == out[o] && out[o] != 1 ? std::vector<int>{f[o]} : std::vector<int>{});
+    }
+  }
+  for (int o = 0; o < n.num_outputs(); ++o) {
+    OperandFactors of;
+    if (n.output(o)) {
+      ASSIGN_OR_RETURN(std::vector<int64_t> od, Dims(n, n.output(o)));
+      if (od != out) return InvalidArgument(n.Describe(), ": outputs of different shapes");
+      for (size_t k = 0; k < od.size(); ++k) of.dims.push_back(od[k] == 1 ? std::vector<int>{} : std::vector<int>{f[k]});
+    }
+    r.outputs.push_back(of);
+  }
+  r.output_avg.assign(n.num_outputs(), 0);
+  r.linearity = lin;
+  r.linear_inputs.assign(n.num_inputs(), 0);
+  for (int i : linear) r.linear_inputs[i] = 1;
+  return r;
+}
+
+// Factors of a view (Reshape, Squeeze, Unsqueeze, Flatten): dims are matched in runs of equal
+// product; in a run of one dim against several, the one dim is the compound of the several.
+// A run of several against several becomes one unshardable factor.
+absl::StatusOr<FactorRule> View(const Node& n) {
+  FactorRule r;
+  ASSIGN_OR_RETURN(std::vector<int64_t> in, Dims(n, n.input(0)));
+  ASSIGN_OR_RETURN(std::vector<int64_t> out, Dims(n, n.output(0)));
+  OperandFactors fi, fo;
+  fi.dims.resize(in.size());
+  fo.dims.resize(out.size());
+  size_t i = 0, o = 0;
+  while (i < in.size() || o < out.size()) {
+    if (i < in.size() && in[i] == 1) { ++i; continue; }
+    if (o < out.size() && out[o] == 1) { ++o; continue; }
+    if (i >= in.size() || o >= out.size()) return InvalidArgument(n.Describe(), ": element counts differ");
+    size_t i1 = i + 1, o1 = o + 1;
+    int64_t pi = in[i], po = out[o];
+    while (pi != po) {
+      if (pi < po) {
+        if (i1 >= in.size()) return InvalidArgument(n.Describe(), ": element counts differ");
+        pi *= in[i1++];
+      } else {
+        if (o1 >= out.size()) return InvalidArgument(n.Describe(), ": element counts differ");
+        po *= out[o1++];
+      }
+    }
+    // Size-1 dims inside the run carry no factor.
+    std::vector<size_t> ri, ro;
+    for (size_t k = i; k < i1; ++k) if (in[k] != 1) ri.push_back(k);
+    for (size_t k = o; k < o1; ++k) if (out[k] != 1) ro.push_back(k);
+    if (ri.size() == 1) {
+      for (size_t k : ro) {
+        int f = r.AddFactor(out[k]);
+        fo.dims[k] = {f};
+        fi.dims[ri[0]].push_back(f);
+      }
+    } else if (ro.size() == 1) {
+      for (size_t k : ri) {
+        int f = r.AddFactor(in[k]);
+        fi.dims[k] = {f};
+        fo.dims[ro[0]].push_back(f);
+      }
+    } else {
+      int f = r.AddFactor(pi);
+      r.no_shard[f] = 1;
+      for (size_t k : ri) fi.dims[k] = {f};
+      for (size_t k : ro) fo.dims[k] = {f};
+    }
+    i = i1;
+    o = o1;
+  }
+  r.inputs.push_back(fi);
+  for (int k = 1; k < n.num_inputs(); ++k) r.inputs.push_back(Replicate());
+  r.outputs.push_back(fo);
+  r.output_avg = {0};
+  r.linearity = Linearity::kEach;
+  r.linear_inputs.assign(n.num_inputs(), 0);
+  r.linear_inputs[0] = 1;
+  return r;
+}
+
+// One factor per dim of input 0; the listed axes are reduced away (or kept as size 1).
+absl::StatusOr<FactorRule> Reduce(const Node& n, const std::vector<int64_t>& axes_in, bool keepdims, bool avg,
+                                  bool shardable_axes) {
+  FactorRule r;
+  ASSIGN_OR_RETURN(std::vector<int64_t> in, Dims(n, n.input(0)));
+  const int rank = static_cast<int>(in.size());
+  std::set<int> axes;
+  for (int64_t a : axes_in) axes.insert(static_cast<int>(a < 0 ? a + rank : a));
+  if (axes_in.empty())
+    for (int k = 0; k < rank; ++k) axes.insert(k);
+  OperandFactors fi, fo;
+  for (int k = 0; k < rank; ++k) {
+    int f = r.AddFactor(in[k]);
+    if (axes.count(k) && !shardable_axes) r.no_shard[f] = 1;
+    fi.dims.push_back(in[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
+    if (!axes.count(k)) fo.dims.push_back(in[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
+    else if (keepdims) fo.dims.push_back({});
+  }
+  r.inputs.push_back(fi);
+  for (int k = 1; k < n.num_inputs(); ++k) r.inputs.push_back(Replicate());
+  r.outputs.push_back(fo);
+  r.output_avg = {static_cast<char>(avg)};
+  r.linearity = shardable_axes ? Linearity::kEach : Linearity::kNone;
+  r.linear_inputs.assign(n.num_inputs(), 0);
+  r.linear_inputs[0] = shardable_axes;
+  return r;
+}
+
+absl::StatusOr<std::vector<int64_t>> ReduceAxes(const graph::Graph& g, const Node& n, int axes_input_from) {
+  auto op = graph::ResolveNode(g, n);
+  if (!op.ok()) return op.status();
+  if (op->version >= axes_input_from) {
+    if (n.num_inputs() < 2 || !n.input(1)) return std::vector<int64_t>{};
+    const Tensor* t = graph::ConstantInput(n, 1);
+    if (!t) return InvalidArgument(n.Describe(), ": the axes input must be a constant to partition");
+    std::vector<int64_t> axes;
+    for (int64_t k = 0; k < t->numel(); ++k) axes.push_back(t->data<int64_t>()[k]);
+    return axes;
+  }
+  return n.AttrInts("axes");
+}
+
+// A matrix product over [..., M, K] x [..., K, N] with optional bias [N]; trans flags select
+// each operand's storage order.
+absl::StatusOr<FactorRule> MatMulRule(const Node& n, bool trans_a, bool trans_b, bool bias_forbids_k) {
+  FactorRule r;
+  ASSIGN_OR_RETURN(std::vector<int64_t> a, Dims(n, n.input(0)));
+  ASSIGN_OR_RETURN(std::vector<int64_t> b, Dims(n, n.input(1)));
+  ASSIGN_OR_RETURN(std::vector<int64_t> y, Dims(n, n.output(0)));
+  if (a.size() < 2 || b.size() < 2) return InvalidArgument(n.Describe(), ": 1-D matmul operands are not partitioned");
+  const int batch = static_cast<int>(y.size()) - 2;
+  std::vector<int> fb;
+  for (int k = 0; k < batch; ++k) fb.push_back(r.AddFactor(y[k]));
+  const int64_t M = y[batch], N = y[batch + 1];
+  const int64_t K = a[a.size() - (trans_a ? 2 : 1)];
+  const int fm = r.AddFactor(M), fk = r.AddFactor(K), fn = r.AddFactor(N);
+  if (bias_forbids_k) r.no_shard[fk] = 1;
+  auto operand = [&](const std::vector<int64_t>& d, int f_row, int f_col, bool trans) {
+    OperandFactors o;
+    const int ob = static_cast<int>(d.size()) - 2;
+    for (int k = 0; k < ob; ++k) {
+      const int yk = batch - ob + k;
+      o.dims.push_back(d[k] == y[yk] && d[k] != 1 ? std::vector<int>{fb[yk]} : std::vector<int>{});
+    }
+    o.dims.push_back({trans ? f_col : f_row});
+    o.dims.push_back({trans ? f_row : f_col});
+    return o;
+  };
+  r.inputs.push_back(operand(a, fm, fk, trans_a));
+  r.inputs.push_back(operand(b, fk, fn, trans_b));
+  if (n.num_inputs() > 2 && n.input(2)) {
+    OperandFactors bias;
+    bias.dims.push_back({fn});
+    r.inputs.push_back(bias);
+  }
+  OperandFactors out;
+  for (int k = 0; k < batch; ++k) out.dims.push_back(y[k] == 1 ? std::vector<int>{} : std::vector<int>{fb[k]});
+  out.dims.push_back({fm});
+  out.dims.push_back({fn});
+  r.outputs.push_back(out);
+  r.output_avg = {0};
+  if (!bias_forbids_k) {
+    r.linearity = Linearity::kEach;
+    r.linear_inputs = {1, 1};
+  }
+  r.linear_inputs.resize(n.num_inputs(), 0);
+  return r;
+}
+
+// Softmax-like ops over one axis (from opset 13) or over [axis, rank) (before): those stay
+// whole, the rest is elementwise.
+absl::StatusOr<FactorRule> AlongAxis(const graph::Graph& g, const Node& n, int num_tensor_inputs, bool coerced2d) {
+  ASSIGN_OR_RETURN(FactorRule r, Elementwise(n, [&] {
+    std::vector<int> v(num_tensor_inputs);
+    std::iota(v.begin(), v.end(), 0);
+    return v;
+  }(), Linearity::kNone, {}));
+  ASSIGN_OR_RETURN(std::vector<int64_t> y, Dims(n, n.output(0)));
+  const int rank = static_cast<int>(y.size());
+  int64_t axis = n.AttrInt("axis", coerced2d ? 1 : -1);
+  if (axis < 0) axis += rank;
+  for (int k = 0; k < rank; ++k)
+    if (k == axis || (coerced2d && k > axis)) r.no_shard[k] = 1;
+  (void)g;
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
+  const std::string& op = n.op_type();
+  const bool cleave = n.domain() == graph::kCleaveDomain;
+  if (!n.domain().empty() && !cleave) return Unimplemented(n.Describe(), ": no sharding rule for domain ", n.domain());
+  auto version = [&]() -> int {
+    auto r = graph::ResolveNode(g, n);
+    return r.ok() ? r->version : 0;
+  };
+  static const std::set<std::string> kUnary = {"Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Sin", "Cos", "Tanh",
+                                               "Erf", "Relu", "Sigmoid", "Gelu", "Not", "Trilu"};
+  static const std::set<std::string> kLinearUnary = {"Neg", "Identity", "Cast"};
+  static const std::set<std::string> kCompare = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+                                                 "And", "Or", "Max", "Min", "Pow"};
+  if (!cleave && kUnary.count(op)) return Elementwise(n, {0}, Linearity::kNone, {});
+  if (!cleave && kLinearUnary.count(op)) return Elementwise(n, {0}, Linearity::kEach, {0});
+  if (!cleave && kCompare.count(op)) return Elementwise(n, {0, 1}, Linearity::kNone, {});
+  if (!cleave && (op == "Add" || op == "Sub")) return Elementwise(n, {0, 1}, Linearity::kAll, {0, 1});
+  if (!cleave && op == "Mul") return Elementwise(n, {0, 1}, Linearity::kEach, {0, 1});
+  if (!cleave && op == "Div") return Elementwise(n, {0, 1}, Linearity::kEach, {0});
+  if (!cleave && op == "Where") return Elementwise(n, {0, 1, 2}, Linearity::kNone, {});
+  if (!cleave && op == "Clip") return Elementwise(n, {0}, Linearity::kNone, {});
+  if (!cleave && op == "Dropout") return Elementwise(n, {0}, Linearity::kEach, {0});
+  if (cleave && op == "Gelu") return Elementwise(n, {0}, Linearity::kNone, {});
+  if (cleave && (op == "GeluGrad")) return Elementwise(n, {0, 1}, Linearity::kEach, {0});
+  if (cleave && op == "InPlaceAccumulator") {
+    ASSIGN_OR_RETURN(FactorRule r, Elementwise(n, {0, 1}, Linearity::kAll, {0, 1}));
+    r.partial_inputs_follow = true;
+    return r;
+  }
+  if (cleave && (op == "AdamW" || op == "SGD")) {
+    std::vector<int> tensors;
+    for (int i = 3; i < n.num_inputs(); ++i) tensors.push_back(i);
+    return Elementwise(n, tensors, Linearity::kNone, {});
+  }
+  if (!cleave && (op == "Reshape" || op == "Squeeze" || op == "Unsqueeze" || op == "Flatten")) return View(n);
+  if (!cleave && op == "Expand") return Elementwise(n, {0}, Linearity::kEach, {0});
+  if (!cleave && op == "Transpose") {
+    ASSIGN_OR_RETURN(std::vector<int64_t> in, Dims(n, n.input(0)));
+    const int rank = static_cast<int>(in.size());
+    std::vector<int64_t> perm = n.AttrInts("perm");
+    if (perm.empty())
+      for (int k = rank - 1; k >= 0; --k) perm.push_back(k);
+    FactorRule r;
+    OperandFactors fi, fo;
+    for (int k = 0; k < rank; ++k) fi.dims.push_back(in[k] == 1 ? std::vector<int>{} : std::vector<int>{r.AddFactor(in[k])});
+    for (int k = 0; k < rank; ++k) fo.dims.push_back(fi.dims[perm[k]]);
+    r.inputs = {fi};
+    r.outputs = {fo};
+    r.output_avg = {0};
+    r.linearity = Linearity::kEach;
+    r.linear_inputs = {1};
+    return r;
+  }
+  if (!cleave && (op == "Concat" || op == "Split")) {
+    ASSIGN_OR_RETURN(std::vector<int64_t> ref, Dims(n, op == "Concat" ? n.output(0) : n.input(0)));
+    int64_t axis = n.AttrInt("axis", 0);
+    if (axis < 0) axis += static_cast<int64_t>(ref.size());
+    FactorRule r;
+    std::vector<int> f;
+    for (size_t k = 0; k < ref.size(); ++k) {
+      f.push_back(r.AddFactor(ref[k]));
+      if (static_cast<int64_t>(k) == axis) r.no_shard[f.back()] = 1;
+    }
+    auto operand = [&](const Value* v) -> absl::StatusOr<OperandFactors> {
+      ASSIGN_OR_RETURN(std::vector<int64_t> d, Dims(n, v));
+      OperandFactors o;
+      for (size_t k = 0; k < d.size(); ++k) o.dims.push_back(d[k] == 1 && ref[k] != 1 ? std::vector<int>{} : std::vector<int>{f[k]});
+      return o;
+    };
+    const int tensor_inputs = op == "Concat" ? n.num_inputs() : 1;
+    for (int i = 0; i < n.num_inputs(); ++i) {
+      if (i < tensor_inputs && n.input(i)) {
+        ASSIGN_OR_RETURN(OperandFactors o, operand(n.input(i)));
+        r.inputs.push_back(o);
+      } else {
+        r.inputs.push_back(Replicate());
+      }
+    }
+    for (int o = 0; o < n.num_outputs(); ++o) {
+      ASSIGN_OR_RETURN(OperandFactors of, operand(n.output(o)));
+      r.outputs.push_back(of);
+    }
+    r.output_avg.assign(n.num_outputs(), 0);
+    r.linearity = op == "Concat" ? Linearity::kAll : Linearity::kEach;
+    r.linear_inputs.assign(n.num_inputs(), 0);
+    for (int i = 0; i < tensor_inputs; ++i) r.linear_inputs[i] = 1;
+    return r;
+  }
+  if (!cleave && op == "Slice") {
+    // Sliced axes stay whole; the others pass through.
+    ASSIGN_OR_RETURN(std::vector<int64_t> in, Dims(n, n.input(0)));
+    ASSIGN_OR_RETURN(std::vector<int64_t> out, Dims(n, n.output(0)));
+    FactorRule r;
+    OperandFactors fi, fo;
+    for (size_t k = 0; k < in.size(); ++k) {
+      const int f = r.AddFactor(in[k]);
+      if (in[k] != out[k]) r.no_shard[f] = 1;
+      fi.dims.push_back(in[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
+      fo.dims.push_back(out[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
+    }
+    r.inputs.push_back(fi);
+    for (int k = 1; k < n.num_inputs(); ++k) r.inputs.push_back(Replicate());
+    r.outputs = {fo};
+    r.output_avg = {0};
+    r.linearity = Linearity::kEach;
+    r.linear_inputs.assign(n.num_inputs(), 0);
+    r.linear_inputs[0] = 1;
+    return r;
+  }
+  if (!cleave && op == "MatMul") return MatMulRule(n, false, false, false);
+  if (cleave && op == "FusedMatMul")
+    return MatMulRule(n, n.AttrInt("transA", 0) != 0, n.AttrInt("transB", 0) != 0,
+                      (n.num_inputs() > 2 && n.input(2)) || !n.AttrString("activation", "").empty());
+  if (!cleave && op == "Gemm") {
+    ASSIGN_OR_RETURN(FactorRule r, MatMulRule(n, n.AttrInt("transA", 0) != 0, n.AttrInt("transB", 0) != 0,
+                                              n.num_inputs() > 2 && n.input(2)));
+    if (n.num_inputs() > 2 && n.input(2)) {  // C broadcasts to [M, N]
+      ASSIGN_OR_RETURN(std::vector<int64_t> c, Dims(n, n.input(2)));
+      ASSIGN_OR_RETURN(std::vector<int64_t> y, Dims(n, n.output(0)));
+      OperandFactors fc;
+      const int off = 2 - static_cast<int>(c.size());
+      const int fm = r.outputs[0].dims[0][0], fn = r.outputs[0].dims[1][0];
+      for (size_t k = 0; k < c.size(); ++k) {
+        const int yk = off + static_cast<int>(k);
+        fc.dims.push_back(c[k] == y[yk] && c[k] != 1 ? std::vector<int>{yk == 0 ? fm : fn} : std::vector<int>{});
+      }
+      r.inputs[2] = fc;
+    }
+    return r;
+  }
+  if (!cleave && (op == "ReduceSum" || op == "ReduceMean")) {
+    ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReduceAxes(g, n, op == "ReduceSum" ? 13 : 18));
+    if (axes.empty() && n.AttrInt("noop_with_empty_axes", 0)) return Elementwise(n, {0}, Linearity::kEach, {0});
+    return Reduce(n, axes, n.AttrInt("keepdims", 1) != 0, op == "ReduceMean", /*shardable_axes=*/true);
+  }
+  if (!cleave && (op == "ReduceMax" || op == "ReduceMin")) {
+    ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReduceAxes(g, n, 18));
+    return Reduce(n, axes, n.AttrInt("keepdims", 1) != 0, false, /*shardable_axes=*/false);
+  }
+  if (cleave && op == "SquaredNorm") {
+    // Every dim of every input is summed away.
+    FactorRule r;
+    for (int i = 0; i < n.num_inputs(); ++i) {
+      ASSIGN_OR_RETURN(std::vector<int64_t> d, Dims(n, n.input(i)));
+      OperandFactors o;
+      for (int64_t s : d) o.dims.push_back(s == 1 ? std::vector<int>{} : std::vector<int>{r.AddFactor(s)});
+      r.inputs.push_back(o);
+    }
+    r.outputs.push_back(OperandFactors{});
+    r.output_avg = {0};
+    r.linear_inputs.assign(n.num_inputs(), 0);
+    return r;
+  }
+  if (!cleave && (op == "Softmax" || op == "LogSoftmax")) return AlongAxis(g, n, 1, version() < 13);
+  if (cleave && (op == "SoftmaxGrad" || op == "LogSoftmaxGrad")) return AlongAxis(g, n, 2, false);
+  if (op == "LayerNormalization") {
+    // X [..., normalized]; scale and bias are the normalized dims; Mean/InvStdDev keep the
+    // leading dims with size-1 normalized dims.
+    ASSIGN_OR_RETURN(std::vector<int64_t> x, Dims(n, n.input(0)));
+    const int rank = static_cast<int>(x.size());
+    int64_t axis = n.AttrInt("axis", -1);
+    if (axis < 0) axis += rank;
+    FactorRule r;
+    OperandFactors fx, fnorm, fstat;
+    for (int k = 0; k < rank; ++k) {
+      const int f = r.AddFactor(x[k]);
+      if (k >= axis) r.no_shard[f] = 1;
+      fx.dims.push_back(x[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
+      if (k >= axis) fnorm.dims.push_back(fx.dims.back());
+      fstat.dims.push_back(k >= axis ? std::vector<int>{} : fx.dims.back());
+    }
+    r.inputs.push_back(fx);
+    for (int i = 1; i < n.num_inputs(); ++i) r.inputs.push_back(fnorm);
+    r.outputs.push_back(fx);
+    for (int o = 1; o < n.num_outputs(); ++o) r.outputs.push_back(fstat);
+    r.output_avg.assign(n.num_outputs(), 0);
+    r.linear_inputs.assign(n.num_inputs(), 0);
+    return r;
+  }
+  if (cleave && op == "LayerNormalizationGrad") {
+    // (dY, X, scale, mean, inv_std_dev) -> (dX, dScale, dBias): the leading dims are summed
+    // away for dScale and dBias.
+    ASSIGN_OR_RETURN(std::vector<int64_t> x, Dims(n, n.input(1)));
+    const int rank = static_cast<int>(x.size());
+    int64_t axis = n.AttrInt("axis", -1);
+    if (axis < 0) axis += rank;
+    FactorRule r;
+    OperandFactors fx, fnorm, fstat;
+    for (int k = 0; k < rank; ++k) {
+      const int f = r.AddFactor(x[k]);
+      if (k >= axis) r.no_shard[f] = 1;
+      fx.dims.push_back(x[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
+      if (k >= axis) fnorm.dims.push_back(fx.dims.back());
+      fstat.dims.push_back(k >= axis ? std::vector<int>{} : fx.dims.back());
+    }
+    r.inputs = {fx, fx, fnorm, fstat, fstat};
+    r.outputs = {fx, fnorm, fnorm};
+    r.outputs.resize(n.num_outputs());
+    r.output_avg.assign(n.num_outputs(), 0);
+    r.linear_inputs.assign(n.num_inputs(), 0);
+    return r;
+  }
+  if (!cleave && op == "Gather") {
+    // data [..., V (axis), ...], indices [...] -> data[:axis] + indices + data[axis+1:].
+    ASSIGN_OR_RETURN(std::vector<int64_t> data, Dims(n, n.input(0)));
+    ASSIGN_OR_RETURN(std::vector<int64_t> idx, Dims(n, n.input(1)));
+    const int rank = static_cast<int>(data.size());
+    int64_t axis = n.AttrInt("axis", 0);
+    if (axis < 0) axis += rank;
+    FactorRule r;
+    OperandFactors fd, fi, fo;
+    std::vector<int> f;
+    for (int k = 0; k < rank; ++k) f.push_back(r.AddFactor(data[k]));
+    for (int k = 0; k < rank; ++k) fd.dims.push_back(data[k] == 1 ? std::vector<int>{} : std::vector<int>{f[k]});
+    for (int64_t s : idx) fi.dims.push_back(s == 1 ? std::vector<int>{} : std::vector<int>{r.AddFactor(s)});
+    for (int k = 0; k < axis; ++k) fo.dims.push_back(fd.dims[k]);
+    for (const auto& d : fi.dims) fo.dims.push_back(d);
+    for (int k = static_cast<int>(axis) + 1; k < rank; ++k) fo.dims.push_back(fd.dims[k]);
+    r.inputs = {fd, fi};
+    r.outputs = {fo};
+    r.output_avg = {0};
+    r.gathered_factor = f[axis];  // a vocab-sharded table: masked lookup, then a Partial sum
+    r.linear_inputs = {1, 0};
+    r.linearity = Linearity::kEach;
+    return r;
+  }
+  if (cleave && op == "GatherGrad") {
+    // (shape, indices, dY) -> dX of shape: the index dims are summed away (scatter-add).
+    ASSIGN_OR_RETURN(std::vector<int64_t> dx, Dims(n, n.output(0)));
+    ASSIGN_OR_RETURN(std::vector<int64_t> idx, Dims(n, n.input(1)));
+    const int rank = static_cast<int>(dx.size());
+    int64_t axis = n.AttrInt("axis", 0);
+    if (axis < 0) axis += rank;
+    FactorRule r;
+    OperandFactors fx, fi, fdy;
+    std::vector<int> f;
+    for (int k = 0; k < rank; ++k) f.push_back(r.AddFactor(dx[k]));
+    for (int k = 0; k < rank; ++k) fx.dims.push_back(dx[k] == 1 ? std::vector<int>{} : std::vector<int>{f[k]});
+    for (int64_t s : idx) fi.dims.push_back(s == 1 ? std::vector<int>{} : std::vector<int>{r.AddFactor(s)});
+    for (int k = 0; k < axis; ++k) fdy.dims.push_back(fx.dims[k]);
+    for (const auto& d : fi.dims) fdy.dims.push_back(d);
+    for (int k = static_cast<int>(axis) + 1; k < rank; ++k) fdy.dims.push_back(fx.dims[k]);
+    r.no_shard[f[axis]] = 1;
+    r.inputs = {Replicate(), fi, fdy};
+    r.outputs = {fx};
+    r.output_avg = {0};
+    r.linearity = Linearity::kEach;
+    r.linear_inputs = {0, 0, 1};
+    return r;
+  }
+  if (!cleave && op == "SoftmaxCrossEntropyLoss") {
+    // scores [N, C, d...], labels [N, d...] -> loss (scalar for mean/sum), log_prob like scores.
+    ASSIGN_OR_RETURN(std::vector<int64_t> s, Dims(n, n.input(0)));
+    FactorRule r;
+    std::vector<int> f;
+    for (int64_t d : s) f.push_back(r.AddFactor(d));
+    r.no_shard[f[1]] = 1;
+    OperandFactors fs, fl;
+    for (size_t k = 0; k < s.size(); ++k) fs.dims.push_back({f[k]});
+    for (size_t k = 0; k < s.size(); ++k)
+      if (k != 1) fl.dims.push_back({f[k]});
+    r.inputs = {fs, fl};
+    if (n.num_inputs() > 2 && n.input(2)) r.inputs.push_back(OperandFactors{false, {{f[1]}}});
+    const std::string red = n.AttrString("reduction", "mean");
+    r.outputs.push_back(red == "none" ? fl : OperandFactors{});
+    if (n.num_outputs() > 1) r.outputs.push_back(fs);
+    r.output_avg.assign(n.num_outputs(), 0);
+    r.output_avg[0] = red == "mean";
+    if (red == "mean" && n.num_inputs() > 2 && n.input(2))
+      return Unimplemented(n.Describe(), ": a weighted mean cross-entropy is not partitioned");
+    r.linear_inputs.assign(n.num_inputs(), 0);
+    return r;
+  }
+  if (cleave && op == "SoftmaxCrossEntropyLossGrad") {
+    // (dY, log_prob [N, C, ...], label [N, ...]) -> d_scores like log_prob. The mean's
+    // divisor is the local row count, so a batch-sharded call computes the gradient of the
+    // local mean; the partitioner scales the seed of an averaged loss instead.
+    ASSIGN_OR_RETURN(std::vector<int64_t> s, Dims(n, n.input(1)));
+    FactorRule r;
+    std::vector<int> f;
+    for (int64_t d : s) f.push_back(r.AddFactor(d));
+    r.no_shard[f[1]] = 1;
+    OperandFactors fs, fl;
+    for (size_t k = 0; k < s.size(); ++k) fs.dims.push_back({f[k]});
+    for (size_t k = 0; k < s.size(); ++k)
+      if (k != 1) fl.dims.push_back({f[k]});
+    const std::string red = n.AttrString("reduction", "mean");
+    r.inputs = {red == "none" ? fl : Replicate(), fs, fl};
+    if (n.num_inputs() > 3 && n.input(3)) r.inputs.push_back(OperandFactors{false, {{f[1]}}});
+    r.outputs = {fs};
+    r.output_avg = {0};
+    r.linearity = Linearity::kEach;
+    r.linear_inputs.assign(n.num_inputs(), 0);
+    r.linear_inputs[0] = 1;
+    return r;
+  }
+  if (!cleave && (op == "Shape" || op == "ConstantOfShape" || op == "Range" || op == "Constant")) {
+    FactorRule r;
+    for (int i = 0; i < n.num_inputs(); ++i) r.inputs.push_back(Replicate());
+    for (int o = 0; o < n.num_outputs(); ++o) r.outputs.push_back(Replicate());
+    r.output_avg.assign(n.num_outputs(), 0);
+    r.linear_inputs.assign(n.num_inputs(), 0);
+    return r;
+  }
+  return Unimplemented(n.Describe(), ": no sharding rule for ", cleave ? "ai.cleave." : "", op);
+}
+
+}  // namespace cleave::partition

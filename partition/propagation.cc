@@ -1,0 +1,306 @@
+// Sharding propagation (partition/): see propagation.h.
+#include "partition/propagation.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+
+namespace cleave::partition {
+
+namespace {
+
+using graph::Node;
+using graph::Value;
+
+int64_t Bytes(const Value* v) {
+  if (!v->shape().is_static()) return 0;
+  return v->shape().NumElements() * static_cast<int64_t>(ElementSize(v->dtype()));
+}
+
+int Rank(const Value* v) { return v->shape().has_rank() ? v->shape().rank() : 0; }
+
+struct Operand {
+  const Value* value;
+  const OperandFactors* factors;
+};
+
+std::vector<Operand> Operands(const Node& n, const FactorRule& r) {
+  std::vector<Operand> out;
+  for (int i = 0; i < n.num_inputs(); ++i)
+    if (n.input(i) && i < static_cast<int>(r.inputs.size())) out.push_back({n.input(i), &r.inputs[i]});
+  for (int o = 0; o < n.num_outputs(); ++o)
+    if (n.output(o) && o < static_cast<int>(r.outputs.size())) out.push_back({n.output(o), &r.outputs[o]});
+  return out;
+}
+
+// Axes for each factor from the operands whose sharding is known; heavier operands first.
+std::vector<std::vector<std::string>> AssignFactors(const Node& n, const FactorRule& r, const Mesh& mesh,
+                                                    const std::map<const Value*, Sharding>& known) {
+  struct Candidate {
+    int factor;
+    const std::vector<std::string>* axes;
+    int64_t weight;
+  };
+  std::vector<Candidate> cands;
+  for (const Operand& op : Operands(n, r)) {
+    auto it = known.find(op.value);
+    if (it == known.end() || op.factors->replicate) continue;
+    const Sharding& s = it->second;
+    for (size_t d = 0; d < s.dims.size() && d < op.factors->dims.size(); ++d)
+      if (!s.dims[d].empty() && !op.factors->dims[d].empty())
+        cands.push_back({op.factors->dims[d][0], &s.dims[d], Bytes(op.value)});
+  }
+  std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.weight > b.weight; });
+  std::vector<std::vector<std::string>> fa(r.num_factors);
+  std::set<std::string> used;
+  for (const Candidate& c : cands) {
+    if (!fa[c.factor].empty() || r.no_shard[c.factor]) continue;
+    int64_t parts = 1;
+    bool clash = false;
+    for (const std::string& a : *c.axes) {
+      parts *= mesh.size(a);
+      clash |= used.count(a) > 0;
+    }
+    if (clash || r.factor_size[c.factor] % parts != 0) continue;
+    fa[c.factor] = *c.axes;
+    used.insert(c.axes->begin(), c.axes->end());
+  }
+  return fa;
+}
+
+// The dims an operand gets from the factor assignment: a dim takes its leading factor's
+// axes, provided no other factor of a compound dim is sharded.
+std::vector<std::vector<std::string>> DimsFrom(const OperandFactors& of, const std::vector<std::vector<std::string>>& fa,
+                                               int rank) {
+  std::vector<std::vector<std::string>> dims(rank);
+  for (int d = 0; d < rank && d < static_cast<int>(of.dims.size()); ++d) {
+    const auto& fs = of.dims[d];
+    if (fs.empty()) continue;
+    bool inner_sharded = false;
+    for (size_t k = 1; k < fs.size(); ++k) inner_sharded |= !fa[fs[k]].empty();
+    if (!inner_sharded) dims[d] = fa[fs[0]];
+  }
+  return dims;
+}
+
+std::set<int> FactorsOf(const OperandFactors& of) {
+  std::set<int> s;
+  for (const auto& d : of.dims) s.insert(d.begin(), d.end());
+  return s;
+}
+
+// Partial axes the linear inputs pass on to the outputs, given the inputs' shardings.
+void LinearPartial(const Node& n, const FactorRule& r, const std::map<const Value*, Sharding>& known,
+                   std::set<std::string>* sum, std::set<std::string>* avg) {
+  if (r.linearity == Linearity::kNone) return;
+  std::vector<const Sharding*> partial_linear;
+  int linear_known = 0, linear_total = 0;
+  bool nonlinear_partial = false;
+  for (int i = 0; i < n.num_inputs(); ++i) {
+    if (!n.input(i)) continue;
+    auto it = known.find(n.input(i));
+    const bool linear = i < static_cast<int>(r.linear_inputs.size()) && r.linear_inputs[i];
+    if (linear) ++linear_total;
+    if (it == known.end()) continue;
+    if (linear) ++linear_known;
+    if (!it->second.IsPartial()) continue;
+    if (linear) partial_linear.push_back(&it->second);
+    else nonlinear_partial = true;
+  }
+  if (partial_linear.empty() || nonlinear_partial) return;
+  if (r.linearity == Linearity::kEach && partial_linear.size() == 1) {
+    *sum = partial_linear[0]->partial;
+    *avg = partial_linear[0]->partial_avg;
+    return;
+  }
+  if (r.linearity == Linearity::kAll) {
+    // A sum stays Partial only when every term is Partial over the same axes (a replicated
+    // term would be counted once per rank).
+    if (static_cast<int>(partial_linear.size()) != linear_total || linear_known != linear_total) return;
+    for (const Sharding* s : partial_linear)
+      if (s->partial != partial_linear[0]->partial || s->partial_avg != partial_linear[0]->partial_avg) return;
+    *sum = partial_linear[0]->partial;
+    *avg = partial_linear[0]->partial_avg;
+  }
+}
+
+bool Visit(const Node& n, const FactorRule& r, const Mesh& mesh, std::map<const Value*, Sharding>& known) {
+  bool any_known = false;
+  for (const Operand& op : Operands(n, r)) any_known |= known.count(op.value) > 0;
+  if (!any_known) return false;
+  const auto fa = AssignFactors(n, r, mesh, known);
+  bool changed = false;
+  // Inputs: dims from the factors; the Partial of a sum's other inputs for kAll.
+  std::set<std::string> peer_sum, peer_avg;
+  bool has_peer = false;
+  if (r.linearity == Linearity::kAll && r.partial_inputs_follow)
+    for (int i = 0; i < n.num_inputs(); ++i) {
+      auto it = n.input(i) ? known.find(n.input(i)) : known.end();
+      if (it != known.end() && r.linear_inputs[i] && it->second.IsPartial()) {
+        peer_sum = it->second.partial;
+        peer_avg = it->second.partial_avg;
+        has_peer = true;
+      }
+    }
+  for (int i = 0; i < n.num_inputs() && i < static_cast<int>(r.inputs.size()); ++i) {
+    const Value* v = n.input(i);
+    if (!v || known.count(v)) continue;
+    Sharding s = Sharding::Replicated(Rank(v));
+    if (!r.inputs[i].replicate) s.dims = DimsFrom(r.inputs[i], fa, Rank(v));
+    if (has_peer && r.linear_inputs[i]) {
+      s.partial = peer_sum;
+      s.partial_avg = peer_avg;
+    }
+    known[v] = s;
+    changed = true;
+  }
+  std::set<std::string> lin_sum, lin_avg;
+  LinearPartial(n, r, known, &lin_sum, &lin_avg);
+  for (int o = 0; o < n.num_outputs() && o < static_cast<int>(r.outputs.size()); ++o) {
+    const Value* v = n.output(o);
+    if (!v || known.count(v)) continue;
+    Sharding s = Sharding::Replicated(Rank(v));
+    if (!r.outputs[o].replicate) {
+      s.dims = DimsFrom(r.outputs[o], fa, Rank(v));
+      const std::set<int> present = FactorsOf(r.outputs[o]);
+      for (int f = 0; f < r.num_factors; ++f)
+        if (!fa[f].empty() && !present.count(f)) {
+          auto& target = r.output_avg[o] ? s.partial_avg : s.partial;
+          target.insert(fa[f].begin(), fa[f].end());
+        }
+      s.partial.insert(lin_sum.begin(), lin_sum.end());
+      s.partial_avg.insert(lin_avg.begin(), lin_avg.end());
+    }
+    known[v] = s;
+    changed = true;
+  }
+  return changed;
+}
+
+}  // namespace
+
+absl::StatusOr<Propagation> Propagate(const graph::Graph& g, const Mesh& mesh,
+                                      const std::map<std::string, Sharding>& seeds) {
+  Propagation p;
+  ASSIGN_OR_RETURN(std::vector<Node*> order, g.TopologicalOrder());
+  std::vector<std::string> errors;
+  for (const auto& [name, s] : seeds) {
+    const Value* v = g.FindValue(name);
+    if (!v) {
+      errors.push_back(absl::StrCat("the sharding of '", name, "' names a tensor the graph does not have"));
+      continue;
+    }
+    absl::Status ok = ValidateSharding(mesh, name, v->shape(), s);
+    if (!ok.ok()) errors.emplace_back(ok.message());
+    else p.sharding[v] = s;
+  }
+  for (const Node* n : order) {
+    auto r = RuleFor(g, *n);
+    if (!r.ok()) errors.emplace_back(r.status().message());
+    else p.rules.emplace(n, std::move(*r));
+  }
+  if (!errors.empty())
+    return InvalidArgument("cannot partition: ", errors.size(), " problem(s):\n  ", absl::StrJoin(errors, "\n  "));
+  for (int sweep = 0; sweep < 64; ++sweep) {
+    bool changed = false;
+    for (const Node* n : order) changed |= Visit(*n, p.rules.at(n), mesh, p.sharding);
+    for (auto it = order.rbegin(); it != order.rend(); ++it) changed |= Visit(**it, p.rules.at(*it), mesh, p.sharding);
+    if (!changed) break;
+  }
+  for (const Value* v : g.AllValues())
+    if (!p.sharding.count(v)) p.sharding[v] = Sharding::Replicated(Rank(v));
+  for (const Node* n : order) p.factor_axes[n] = AssignFactors(*n, p.rules.at(n), mesh, p.sharding);
+  return p;
+}
+
+const char* ReshardName(ReshardKind k) {
+  switch (k) {
+    case ReshardKind::kAllReduce: return "AllReduce";
+    case ReshardKind::kAllGather: return "AllGather";
+    case ReshardKind::kReduceScatter: return "ReduceScatter";
+    case ReshardKind::kAllToAll: return "AllToAll";
+    case ReshardKind::kSlice: return "Slice";
+  }
+  return "?";
+}
+
+Sharding WantedInput(const Propagation& p, const Node* n, int i) {
+  const FactorRule& r = p.rules.at(n);
+  const Value* v = n->input(i);
+  Sharding want = Sharding::Replicated(Rank(v));
+  if (i >= static_cast<int>(r.inputs.size()) || r.inputs[i].replicate) return want;
+  want.dims = DimsFrom(r.inputs[i], p.factor_axes.at(n), Rank(v));
+  // A Partial input may stay Partial where the op is linear in it.
+  const Sharding& have = p.sharding.at(v);
+  if (have.IsPartial() && i < static_cast<int>(r.linear_inputs.size()) && r.linear_inputs[i]) {
+    std::set<std::string> sum, avg;
+    LinearPartial(*n, r, p.sharding, &sum, &avg);
+    if (sum == have.partial && avg == have.partial_avg) {
+      want.partial = sum;
+      want.partial_avg = avg;
+    }
+  }
+  return want;
+}
+
+std::vector<Reshard> Reshards(const graph::Graph& g, const Mesh& mesh, const Propagation& p) {
+  std::vector<Reshard> out;
+  auto order = g.TopologicalOrder();
+  if (!order.ok()) return out;
+  for (const Node* n : *order) {
+    for (int i = 0; i < n->num_inputs(); ++i) {
+      const Value* v = n->input(i);
+      if (!v) continue;
+      const Sharding& have = p.sharding.at(v);
+      const Sharding want = WantedInput(p, n, i);
+      if (have == want) continue;
+      Reshard r{n, i, v, have, want, ReshardKind::kSlice, {}, Bytes(v)};
+      std::set<std::string> resolved;
+      for (const auto& a : have.partial)
+        if (!want.partial.count(a)) resolved.insert(a);
+      for (const auto& a : have.partial_avg)
+        if (!want.partial_avg.count(a)) resolved.insert(a);
+      std::set<std::string> have_dims, want_dims;
+      for (const auto& d : have.dims) have_dims.insert(d.begin(), d.end());
+      for (const auto& d : want.dims) want_dims.insert(d.begin(), d.end());
+      if (!resolved.empty()) {
+        bool scatter = false;
+        for (const auto& a : resolved) scatter |= want_dims.count(a) && !have_dims.count(a);
+        r.kind = scatter ? ReshardKind::kReduceScatter : ReshardKind::kAllReduce;
+        r.axes.assign(resolved.begin(), resolved.end());
+      } else {
+        std::vector<std::string> gathered;
+        for (const auto& a : have_dims)
+          if (have.dims != want.dims) {
+            bool moved = true;
+            for (size_t d = 0; d < have.dims.size(); ++d)
+              if (std::find(have.dims[d].begin(), have.dims[d].end(), a) != have.dims[d].end() &&
+                  d < want.dims.size() && want.dims[d] == have.dims[d])
+                moved = false;
+            if (moved) gathered.push_back(a);
+          }
+        if (!gathered.empty()) {
+          bool elsewhere = false;
+          for (const auto& a : gathered) elsewhere |= want_dims.count(a) > 0;
+          r.kind = elsewhere ? ReshardKind::kAllToAll : ReshardKind::kAllGather;
+          r.axes = gathered;
+        } else {
+          r.kind = ReshardKind::kSlice;
+          for (const auto& a : want_dims)
+            if (!have_dims.count(a)) r.axes.push_back(a);
+        }
+      }
+      int64_t parts = 1;
+      for (const auto& d : have.dims)
+        for (const auto& a : d) parts *= mesh.size(a);
+      r.bytes /= parts;
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+}  // namespace cleave::partition

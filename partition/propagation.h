@@ -1,0 +1,59 @@
+// Sharding propagation (partition/): from a few seeds (the batch dim of the data over dp,
+// Megatron's column-parallel weights over tp, anything a plan file names) to a sharding for
+// every value of a graph, through the factor rules of op_rules.h, to a fixed point.
+//
+// Each sweep visits the nodes in order, then in reverse. At a node, every operand whose
+// sharding is known proposes axes for the factors that lead its dims; when two operands
+// disagree, the larger tensor wins (the smaller one is the cheaper to reshard), and a factor
+// that must stay whole or does not divide takes none. Operands still unknown then take the
+// sharding those factors imply: outputs become Partial over the axes of factors they lack
+// (a mean for averaging reductions), and Partial passes through linear inputs. Values no seed
+// reaches end replicated.
+//
+// Reshards() then lists, for every node input whose sharding differs from what the node's
+// factors want, the collective that converts it (DESIGN section 6):
+//   Partial -> Replicate: AllReduce, Shard -> Replicate: AllGather,
+//   Partial -> Shard: ReduceScatter, Shard(i) -> Shard(j): AllToAll, Replicate -> Shard: slice.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "partition/mesh.h"
+#include "partition/op_rules.h"
+
+namespace cleave::partition {
+
+struct Propagation {
+  std::map<const graph::Value*, Sharding> sharding;  // every value of the graph
+  std::map<const graph::Node*, FactorRule> rules;
+  std::map<const graph::Node*, std::vector<std::vector<std::string>>> factor_axes;  // per node, per factor
+};
+
+// `seeds` by value name. Fails listing every node without a rule and every invalid seed.
+absl::StatusOr<Propagation> Propagate(const graph::Graph& g, const Mesh& mesh,
+                                      const std::map<std::string, Sharding>& seeds);
+
+enum class ReshardKind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSlice };
+const char* ReshardName(ReshardKind k);
+
+struct Reshard {
+  const graph::Node* node;    // the reader
+  int input;                  // which input
+  const graph::Value* value;
+  Sharding from, to;
+  ReshardKind kind;
+  std::vector<std::string> axes;  // the mesh axes the collective spans
+  int64_t bytes;                  // of the value, per rank, before the collective
+};
+
+// What every node input needs converted, in node order.
+std::vector<Reshard> Reshards(const graph::Graph& g, const Mesh& mesh, const Propagation& p);
+
+// The sharding a node wants for input i (or output i) under its factor assignment.
+Sharding WantedInput(const Propagation& p, const graph::Node* n, int i);
+
+}  // namespace cleave::partition

@@ -1,0 +1,203 @@
+// Sharding propagation: data parallelism over the tiny GPT's training and optimizer graphs,
+// and Megatron's tensor parallelism over an MLP block, checked by the shardings every value
+// gets and by the collectives the reshards need.
+#include "graph/op_table.h"
+#include "graph/passes/pass.h"
+#include "graph/text_format.h"
+#include "gtest/gtest.h"
+#include "onnx_ext/onnx_io.h"
+#include "partition/propagation.h"
+#include "providers/cpu/cpu_provider.h"
+#include "runtime/constant_evaluator.h"
+#include "trainer/autodiff.h"
+#include "trainer/training_graph.h"
+
+namespace cleave::partition {
+namespace {
+
+trainer::TrainingArtifacts TinyArtifacts() {
+  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
+  EXPECT_TRUE(model.ok()) << model.status();
+  trainer::TrainingSpec spec;
+  spec.dims = {{"batch", 4}, {"seq", 64}};
+  spec.optimizer.max_grad_norm = 1.0f;
+  auto a = trainer::BuildTrainingArtifacts(**model, spec);
+  EXPECT_TRUE(a.ok()) << a.status();
+  // Shapes of static tensors fold to constants first, as the partitioner does.
+  providers::CpuExecutionProvider cpu(1);
+  graph::ConstantFolding fold(runtime::MakeConstantEvaluator(*a->training, cpu),
+                              [](const graph::Value* v) { return v->is_graph_input(); });
+  graph::DeadCodeElimination dce;
+  EXPECT_TRUE(graph::RunToFixedPoint({&fold, &dce}, a->training.get()).ok());
+  return std::move(*a);
+}
+
+Sharding Batch(int rank) {
+  Sharding s = Sharding::Replicated(rank);
+  s.dims[0] = {"dp"};
+  return s;
+}
+
+TEST(Propagation, DataParallelTrainingGraphNeedsNoCollectiveAndLeavesGradientsPartial) {
+  auto a = TinyArtifacts();
+  auto mesh = *Mesh::Parse("dp=2");
+  auto p = Propagate(*a.training, mesh, {{"input_ids", Batch(2)}, {"labels", Batch(2)}});
+  ASSERT_TRUE(p.ok()) << p.status();
+  const graph::Graph& g = *a.training;
+  EXPECT_EQ(p->sharding.at(g.FindValue("logits")).ToString(), "[dp,-,-]");
+  EXPECT_EQ(p->sharding.at(g.FindValue("loss")).ToString(), "[]+avg(dp)");
+  for (const std::string& name : a.params) {
+    EXPECT_TRUE(p->sharding.at(g.FindValue(name)).IsReplicated()) << name;
+    EXPECT_EQ(p->sharding.at(g.FindValue(trainer::AccumulationOut(name))).partial, std::set<std::string>{"dp"})
+        << name << " " << p->sharding.at(g.FindValue(trainer::AccumulationOut(name))).ToString();
+  }
+  const auto reshards = Reshards(g, mesh, *p);
+  for (const Reshard& r : reshards)
+    ADD_FAILURE() << ReshardName(r.kind) << " of " << r.value->name() << " " << r.from.ToString() << " -> "
+                  << r.to.ToString() << " for " << r.node->Describe();
+}
+
+TEST(Propagation, DataParallelOptimizerAllReducesEachGradientOnce) {
+  auto a = TinyArtifacts();
+  auto mesh = *Mesh::Parse("dp=4");
+  std::map<std::string, Sharding> seeds;
+  int64_t psi = 0;
+  for (const std::string& name : a.params) {
+    const graph::Value* gv = a.optimizer->FindValue(trainer::GradName(name));
+    Sharding s = Sharding::Replicated(gv->shape().rank());
+    s.partial = {"dp"};
+    seeds[trainer::GradName(name)] = s;
+    psi += gv->shape().NumElements();
+  }
+  auto p = Propagate(*a.optimizer, mesh, seeds);
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::set<const graph::Value*> reduced;
+  int64_t bytes = 0;
+  for (const Reshard& r : Reshards(*a.optimizer, mesh, *p)) {
+    EXPECT_EQ(r.kind, ReshardKind::kAllReduce) << r.value->name();
+    EXPECT_EQ(r.axes, std::vector<std::string>{"dp"});
+    if (reduced.insert(r.value).second) bytes += r.bytes;
+  }
+  EXPECT_EQ(reduced.size(), a.params.size());
+  EXPECT_EQ(bytes, psi * 4);  // every fp32 gradient once: Psi elements
+}
+
+// A Megatron MLP: column-parallel fc (the seed), row-parallel proj found by propagation, one
+// AllReduce before the bias and residual.
+TEST(Propagation, MegatronMlpNeedsOneAllReduce) {
+  auto g = graph::ParseGraph(R"(
+    input x: float32[4,8,16]
+    init ln_w: float32[16] = fill 1
+    init ln_b: float32[16] = fill 0
+    init w1: float32[16,64] = fill 0.01
+    init b1: float32[64] = fill 0
+    init w2: float32[64,16] = fill 0.01
+    init b2: float32[16] = fill 0
+    h = LayerNormalization(x, ln_w, ln_b) {axis = -1}
+    u = MatMul(h, w1)
+    ub = Add(u, b1)
+    a = Gelu(ub)
+    d = MatMul(a, w2)
+    db = Add(d, b2)
+    y = Add(x, db)
+    output y
+    opset 20
+  )");
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(graph::InferShapes(**g).ok());
+  auto mesh = *Mesh::Parse("tp=2");
+  Sharding col = Sharding::Replicated(2);
+  col.dims[1] = {"tp"};
+  auto p = Propagate(**g, mesh, {{"w1", col}});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->sharding.at((*g)->FindValue("b1")).ToString(), "[tp]");
+  EXPECT_EQ(p->sharding.at((*g)->FindValue("a")).ToString(), "[-,-,tp]");
+  EXPECT_EQ(p->sharding.at((*g)->FindValue("w2")).ToString(), "[tp,-]");
+  EXPECT_EQ(p->sharding.at((*g)->FindValue("d")).ToString(), "[-,-,-]+partial(tp)");
+  auto reshards = Reshards(**g, mesh, *p);
+  for (const Reshard& r : reshards)
+    SCOPED_TRACE(std::string(ReshardName(r.kind)) + " " + r.value->name() + " " + r.from.ToString() + " -> " +
+                 r.to.ToString() + " at " + r.node->Describe());
+  std::string all;
+  for (const Reshard& r : reshards)
+    all += std::string(ReshardName(r.kind)) + " " + r.value->name() + " " + r.from.ToString() + " -> " +
+           r.to.ToString() + " at " + r.node->Describe() + "\n";
+  ASSERT_EQ(reshards.size(), 1u) << all;
+  EXPECT_EQ(reshards[0].kind, ReshardKind::kAllReduce);
+  EXPECT_EQ(reshards[0].value->name(), "d");
+  EXPECT_EQ(reshards[0].bytes, 4 * 8 * 16 * 4);  // b*s*h fp32
+}
+
+// The same block with its backward: Megatron's conjugate operator adds exactly one AllReduce
+// (the input gradient of the column-parallel layer), and every weight gradient comes out
+// sharded like its weight, with no collective.
+TEST(Propagation, MegatronMlpBackwardNeedsOneMoreAllReduce) {
+  auto g = graph::ParseGraph(R"(
+    input x: float32[4,8,16]
+    init ln_w: float32[16] = fill 1
+    init ln_b: float32[16] = fill 0
+    init w1: float32[16,64] = fill 0.01
+    init b1: float32[64] = fill 0
+    init w2: float32[64,16] = fill 0.01
+    init b2: float32[16] = fill 0
+    h = LayerNormalization(x, ln_w, ln_b) {axis = -1}
+    u = MatMul(h, w1)
+    ub = Add(u, b1)
+    a = Gelu(ub)
+    d = MatMul(a, w2)
+    db = Add(d, b2)
+    y = Add(x, db)
+    l = ReduceSum(y) {keepdims = 0}
+    output l
+    opset 20
+  )");
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(graph::InferShapes(**g).ok());
+  std::vector<graph::Value*> wrt;
+  for (const char* n : {"x", "ln_w", "ln_b", "w1", "b1", "w2", "b2"}) wrt.push_back((*g)->FindValue(n));
+  auto grads = trainer::BuildBackward(**g, (*g)->FindValue("l"), wrt);
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  std::vector<graph::Value*> outs = {(*g)->FindValue("l")};
+  for (auto& [name, v] : *grads) outs.push_back(v);
+  (*g)->SetOutputs(outs);
+  providers::CpuExecutionProvider cpu(1);
+  graph::ConstantFolding fold(runtime::MakeConstantEvaluator(**g, cpu),
+                              [&](const graph::Value* v) { return std::find(wrt.begin(), wrt.end(), v) != wrt.end(); });
+  graph::DeadCodeElimination dce;
+  ASSERT_TRUE(graph::RunToFixedPoint({&fold, &dce}, g->get()).ok());
+  auto mesh = *Mesh::Parse("tp=2");
+  Sharding col = Sharding::Replicated(2);
+  col.dims[1] = {"tp"};
+  auto p = Propagate(**g, mesh, {{"w1", col}});
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::string all;
+  int all_reduce = 0;
+  for (const Reshard& r : Reshards(**g, mesh, *p)) {
+    all += std::string(ReshardName(r.kind)) + " " + r.value->name() + " " + r.from.ToString() + " -> " +
+           r.to.ToString() + " at " + r.node->Describe() + "\n";
+    all_reduce += r.kind == ReshardKind::kAllReduce;
+  }
+  EXPECT_EQ(all_reduce, 2) << all;
+  EXPECT_EQ(p->sharding.at(grads->at("w1")).ToString(), "[-,tp]") << all;
+  EXPECT_EQ(p->sharding.at(grads->at("w2")).ToString(), "[tp,-]") << all;
+  EXPECT_EQ(p->sharding.at(grads->at("b1")).ToString(), "[tp]") << all;
+  EXPECT_TRUE(p->sharding.at(grads->at("ln_w")).IsReplicated()) << all;
+}
+
+TEST(Propagation, BadSeedsAndOpsWithoutRulesAreListed) {
+  auto g = graph::ParseGraph(R"(
+    input x: float32[6,8]
+    y = Relu(x)
+    output y
+  )");
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(graph::InferShapes(**g).ok());
+  auto mesh = *Mesh::Parse("dp=4");
+  auto p = Propagate(**g, mesh, {{"x", Batch(2)}, {"nope", Batch(1)}});
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("dim 0 of size 6"), std::string::npos) << p.status();
+  EXPECT_NE(p.status().message().find("'nope' names a tensor the graph does not have"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cleave::partition
