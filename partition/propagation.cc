@@ -54,19 +54,25 @@ std::vector<std::vector<std::string>> AssignFactors(const Node& n, const FactorR
         cands.push_back({op.factors->dims[d][0], &s.dims[d], Bytes(op.value)});
   }
   std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.weight > b.weight; });
+  // A mesh axis may shard only one dim of any one tensor: track the axes each operand uses.
+  const std::vector<Operand> operands = Operands(n, r);
+  std::vector<std::vector<int>> operands_of(r.num_factors);
+  for (size_t k = 0; k < operands.size(); ++k)
+    for (const auto& d : operands[k].factors->dims)
+      for (int f : d) operands_of[f].push_back(static_cast<int>(k));
+  std::vector<std::set<std::string>> used(operands.size());
   std::vector<std::vector<std::string>> fa(r.num_factors);
-  std::set<std::string> used;
   for (const Candidate& c : cands) {
     if (!fa[c.factor].empty() || r.no_shard[c.factor]) continue;
     int64_t parts = 1;
     bool clash = false;
     for (const std::string& a : *c.axes) {
       parts *= mesh.size(a);
-      clash |= used.count(a) > 0;
+      for (int k : operands_of[c.factor]) clash |= used[k].count(a) > 0;
     }
     if (clash || r.factor_size[c.factor] % parts != 0) continue;
     fa[c.factor] = *c.axes;
-    used.insert(c.axes->begin(), c.axes->end());
+    for (int k : operands_of[c.factor]) used[k].insert(c.axes->begin(), c.axes->end());
   }
   return fa;
 }
@@ -243,6 +249,12 @@ Sharding WantedInput(const Propagation& p, const Node* n, int i) {
       want.partial_avg = avg;
     }
   }
+  // An axis that shards a dim cannot also hold partial sums: those are reduced (scattered).
+  for (const auto& d : want.dims)
+    for (const auto& a : d) {
+      want.partial.erase(a);
+      want.partial_avg.erase(a);
+    }
   return want;
 }
 

@@ -213,7 +213,9 @@ TEST(TrainingArtifacts, FollowOrtLayoutAndRoleMetadataAndPassTheOnnxChecker) {
     const auto& md = n->metadata();
     ASSERT_TRUE(md.count("role")) << n->Describe();
     EXPECT_TRUE(md.at("role") == "fwd" || md.at("role") == "bwd") << n->Describe();
-    if (md.at("role") == "bwd") EXPECT_TRUE(md.count("grad_of")) << n->Describe();
+    if (md.at("role") == "bwd") {
+      EXPECT_TRUE(md.count("grad_of")) << n->Describe();
+    }
   }
   int updates = 0;
   for (const auto& n : a->optimizer->nodes()) {

@@ -43,6 +43,7 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   SessionOptions so;
   so.intra_op_threads = options.intra_op_threads;
   so.optimize = options.optimize;
+  so.communicator = options.communicator;
   ASSIGN_OR_RETURN(train_, InferenceSession::FromGraph(a.training->Clone(), so));
   ASSIGN_OR_RETURN(eval_, InferenceSession::FromGraph(a.eval->Clone(), so));
   SessionOptions plain = so;
@@ -54,7 +55,14 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
     params_.push_back(CopyToTensor(a.initial.at(p).view()));
     grads_.push_back(Zeros(params_.back()));
     states_.emplace_back();
-    for (size_t k = 0; k < a.state_suffixes.size(); ++k) states_.back().push_back(Zeros(params_.back()));
+    // Optimizer state takes the optimizer graph's shapes: a ZeRO-partitioned graph keeps only
+    // this rank's shard of it.
+    for (const std::string& suf : a.state_suffixes) {
+      const graph::Value* sv = a.optimizer->FindValue(p + suf);
+      if (!sv || !sv->shape().is_static())
+        return InvalidArgument("the optimizer graph has no static input '", p + suf, "'");
+      states_.back().push_back(Tensor(DataType::kFloat32, sv->shape().StaticDims()));
+    }
   }
   for (size_t i = 0; i < a.params.size(); ++i) {
     by_name_[a.params[i]] = &params_[i];

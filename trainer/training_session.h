@@ -35,6 +35,8 @@ struct TrainingSessionOptions {
   // Training-mode Dropout masks are a function of (seed, step, micro-batch, node), so runs are
   // reproducible and a resumed run draws the masks an uninterrupted one would.
   uint64_t seed = 0;
+  // This rank's communicator when the graphs are one rank's part of a partitioned plan.
+  Communicator* communicator = nullptr;
 };
 
 class TrainingSession {

@@ -1,0 +1,58 @@
+// Local lowering (partition/): one rank's graph from a propagated graph. Every value gets its
+// per-rank shape; sharded initializers keep this rank's block; each reshard that
+// Reshards() lists becomes an ai.cleave collective over this rank's group (or a local Slice
+// for Replicate -> Shard); shape constants (Reshape, Expand, GatherGrad, ConstantOfShape)
+// are rewritten to the local shapes. An averaged loss (Partial mean over a mesh axis, as a
+// batch-sharded mean is) has its backward seed scaled by 1/|group|, so the gradients are
+// exact global sums; its graph output is all-reduced and scaled, so every rank reports the
+// global loss.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "partition/mesh.h"
+#include "partition/propagation.h"
+
+namespace cleave::partition {
+
+struct CollectiveRecord {
+  std::string kind;           // AllReduce, AllGather, ReduceScatter
+  std::string value;          // the tensor it converts
+  std::string reader;         // the node that needed it (the first, when shared)
+  std::string mesh_axis;      // the axes it spans, "*"-joined
+  std::vector<int> group;
+  int64_t bytes = 0;          // this rank's input bytes
+};
+
+struct LoweredGraph {
+  std::unique_ptr<graph::Graph> graph;
+  std::vector<CollectiveRecord> collectives;
+};
+
+// `loss`: the name of an averaged scalar loss output to make global (empty: none).
+// `output_wants`: shardings some graph outputs must have (a ZeRO optimizer's updated
+// parameters are gathered back whole); the collective is added at the end.
+absl::StatusOr<LoweredGraph> LowerForRank(const graph::Graph& g, const Mesh& mesh, const Propagation& p, int rank,
+                                          const std::string& loss = "",
+                                          const std::map<std::string, Sharding>& output_wants = {});
+
+// ZeRO stage 1 for an optimizer graph: each parameter's gradient is reduce-scattered over dp
+// (an Identity marks the point), its optimizer state lives in dp shards, the update runs on
+// the shard, and the updated parameter is all-gathered whole. A parameter with no dim that
+// dp divides keeps a replicated update. Returns the propagation seeds and fills the output
+// shardings to pass to LowerForRank.
+absl::StatusOr<std::map<std::string, Sharding>> PrepareZero1(graph::Graph& optimizer, const std::vector<std::string>& params,
+                                                             const std::vector<std::string>& state_suffixes,
+                                                             const Mesh& mesh,
+                                                             std::map<std::string, Sharding>* output_wants);
+
+// This rank's block of a tensor under a sharding.
+absl::StatusOr<Tensor> ShardTensor(const Tensor& t, const Mesh& mesh, const Sharding& s, int rank,
+                                   const std::string& name);
+
+}  // namespace cleave::partition

@@ -1,0 +1,176 @@
+// A partitioned training step equals the unpartitioned one: the tiny GPT's training and
+// optimizer graphs propagated over a data-parallel mesh, lowered to one graph per rank, and
+// run on every rank of a simulated world, against a single-rank step on the whole batch.
+#include <thread>
+
+#include "graph/op_table.h"
+#include "graph/passes/pass.h"
+#include "gtest/gtest.h"
+#include "onnx_ext/cleave_schemas.h"
+#include "onnx_ext/onnx_io.h"
+#include "partition/lower.h"
+#include "providers/cpu/cpu_provider.h"
+#include "runtime/constant_evaluator.h"
+#include "runtime/simulated_communicator.h"
+#include "tests/op_tester.h"
+#include "trainer/autodiff.h"
+#include "trainer/training_session.h"
+
+namespace cleave::partition {
+namespace {
+
+constexpr int64_t kBatch = 4, kSeq = 32;
+
+trainer::TrainingArtifacts Artifacts() {
+  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
+  EXPECT_TRUE(model.ok()) << model.status();
+  trainer::TrainingSpec spec;
+  spec.dims = {{"batch", kBatch}, {"seq", kSeq}};
+  spec.optimizer.max_grad_norm = 1.0f;
+  spec.optimizer.weight_decay = 0.1f;
+  auto a = trainer::BuildTrainingArtifacts(**model, spec);
+  EXPECT_TRUE(a.ok()) << a.status();
+  providers::CpuExecutionProvider cpu(1);
+  graph::ConstantFolding fold(runtime::MakeConstantEvaluator(*a->training, cpu),
+                              [](const graph::Value* v) { return v->is_graph_input(); });
+  graph::DeadCodeElimination dce;
+  EXPECT_TRUE(graph::RunToFixedPoint({&fold, &dce}, a->training.get()).ok());
+  return std::move(*a);
+}
+
+trainer::TrainingArtifacts CopyArtifacts(const trainer::TrainingArtifacts& a) {
+  trainer::TrainingArtifacts c;
+  c.training = a.training->Clone();
+  c.eval = a.eval->Clone();
+  c.optimizer = a.optimizer->Clone();
+  c.forward = a.forward->Clone();
+  c.params = a.params;
+  c.state_suffixes = a.state_suffixes;
+  c.data_inputs = a.data_inputs;
+  c.initial = a.initial;
+  return c;
+}
+
+Tensor Rows(const Tensor& t, int64_t r0, int64_t rows) {
+  std::vector<int64_t> dims = t.dims();
+  dims[0] = rows;
+  Tensor out(t.dtype(), dims);
+  const size_t row = t.nbytes() / t.dims()[0];
+  std::memcpy(out.data<char>(), t.data<char>() + r0 * row, rows * row);
+  return out;
+}
+
+struct StepResult {
+  float loss = 0, norm = 0;
+  std::map<std::string, Tensor> params;
+  absl::Status status;
+};
+
+StepResult Step(trainer::TrainingSession& s, const Feeds& feeds) {
+  StepResult r;
+  s.LazyResetGrad();
+  auto loss = s.TrainStep(feeds);
+  if (!loss.ok()) return {0, 0, {}, loss.status()};
+  auto norm = s.OptimizerStep();
+  if (!norm.ok()) return {0, 0, {}, norm.status()};
+  r.loss = *loss;
+  r.norm = *norm;
+  for (const std::string& p : s.parameter_names()) r.params[p] = *s.GetState(p);
+  return r;
+}
+
+class DataParallel : public ::testing::TestWithParam<int> {};
+
+TEST_P(DataParallel, StepEqualsSingleRank) {
+  const int dp = 2;
+  const int zero = GetParam();
+  trainer::TrainingArtifacts a = Artifacts();
+  Tensor ids(DataType::kInt64, {kBatch, kSeq}), labels(DataType::kInt64, {kBatch, kSeq});
+  for (int64_t i = 0; i < kBatch * kSeq; ++i) {
+    ids.data<int64_t>()[i] = (i * 37 + 11) % 256;
+    labels.data<int64_t>()[i] = (i * 53 + 7) % 256;
+  }
+  // The reference: one rank, the whole batch.
+  auto single = trainer::TrainingSession::Create(CopyArtifacts(a), {.intra_op_threads = 1});
+  ASSERT_TRUE(single.ok()) << single.status();
+  StepResult want = Step(**single, {{"input_ids", ids}, {"labels", labels}});
+  ASSERT_TRUE(want.status.ok()) << want.status;
+
+  auto mesh = *Mesh::Parse("dp=2");
+  Sharding batch = Sharding::Replicated(2);
+  batch.dims[0] = {"dp"};
+  auto train_p = Propagate(*a.training, mesh, {{"input_ids", batch}, {"labels", batch}});
+  ASSERT_TRUE(train_p.ok()) << train_p.status();
+  std::map<std::string, Sharding> grad_seeds, output_wants;
+  if (zero == 1) {
+    auto seeds = PrepareZero1(*a.optimizer, a.params, a.state_suffixes, mesh, &output_wants);
+    ASSERT_TRUE(seeds.ok()) << seeds.status();
+    grad_seeds = *seeds;
+  } else {
+    for (const std::string& p : a.params) {
+      Sharding s = Sharding::Replicated(a.optimizer->FindValue(p)->shape().rank());
+      s.partial = {"dp"};
+      grad_seeds[trainer::GradName(p)] = s;
+    }
+  }
+  auto opt_p = Propagate(*a.optimizer, mesh, grad_seeds);
+  ASSERT_TRUE(opt_p.ok()) << opt_p.status();
+
+  runtime::SimulatedWorld world(dp);
+  std::vector<StepResult> got(dp);
+  std::vector<int64_t> state_elements(dp, 0);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < dp; ++r)
+    ranks.emplace_back([&, r] {
+      auto train = LowerForRank(*a.training, mesh, *train_p, r, "loss");
+      auto opt = LowerForRank(*a.optimizer, mesh, *opt_p, r, "", output_wants);
+      if (!train.ok() || !opt.ok()) {
+        got[r].status = train.ok() ? opt.status() : train.status();
+        return;
+      }
+      // Per rank: every gradient all-reduced once in the optimizer, nothing in training
+      // but the loss report.
+      // ZeRO-1: a ReduceScatter and an AllGather per parameter, and the norm's scalar.
+      const size_t want_opt = zero == 1 ? 2 * a.params.size() + 1 : a.params.size();
+      if (train->collectives.size() != 1 || opt->collectives.size() != want_opt) {
+        std::string list;
+        for (const auto& c : opt->collectives) list += c.kind + " " + c.value + " @" + c.reader + "; ";
+        got[r].status = absl::InternalError(absl::StrCat("unexpected collective counts: ", train->collectives.size(),
+                                                         " in training, ", opt->collectives.size(),
+                                                         " in the optimizer: ", list));
+        return;
+      }
+      trainer::TrainingArtifacts mine = CopyArtifacts(a);
+      mine.training = std::move(train->graph);
+      mine.optimizer = std::move(opt->graph);
+      mine.eval = mine.training->Clone();  // unused here
+      mine.eval->SetOutputs({mine.eval->FindValue("loss")});
+      auto s = trainer::TrainingSession::Create(std::move(mine), {.intra_op_threads = 1, .communicator = world.rank(r)});
+      if (!s.ok()) {
+        got[r].status = s.status();
+        return;
+      }
+      for (const std::string& p : a.params)
+        for (const std::string& suf : a.state_suffixes) state_elements[r] += (*s)->GetState(p + suf)->numel();
+      const int64_t rows = kBatch / dp;
+      got[r] = Step(**s, {{"input_ids", Rows(ids, r * rows, rows)}, {"labels", Rows(labels, r * rows, rows)}});
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < dp; ++r) {
+    ASSERT_TRUE(got[r].status.ok()) << "rank " << r << ": " << got[r].status;
+    EXPECT_NEAR(got[r].loss, want.loss, 1e-5 * want.loss) << "rank " << r;
+    EXPECT_NEAR(got[r].norm, want.norm, 1e-5 * want.norm) << "rank " << r;
+    for (const auto& [name, t] : want.params)
+      EXPECT_EQ(testing::CompareTensors(got[r].params.at(name), t, 1e-6, 1e-5), "") << "rank " << r << " " << name;
+    // Optimizer state: all of it per rank without ZeRO, 1/dp of it with ZeRO-1.
+    int64_t psi = 0;
+    for (const auto& [name, t] : want.params) psi += t.numel();
+    EXPECT_EQ(state_elements[r], 2 * psi / (zero == 1 ? dp : 1)) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Zero, DataParallel, ::testing::Values(0, 1),
+                         [](const auto& info) { return "zero" + std::to_string(info.param); });
+
+}  // namespace
+}  // namespace cleave::partition
