@@ -4,6 +4,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -195,6 +196,50 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
     lg.SetNodeInput(reader, r.input, converted);
   }
 
+  // A sum of squares that becomes Partial over axes A adds its inputs' local sums over A. An
+  // input replicated over A would be counted |A| times: its part is divided by |A| first.
+  for (size_t k = 0; k < g.nodes().size(); ++k) {
+    const Node* on = g.nodes()[k].get();
+    if (on->domain() != graph::kCleaveDomain || on->op_type() != "SquaredNorm") continue;
+    const Sharding& out_s = p.sharding.at(on->output(0));
+    if (out_s.partial.empty()) continue;
+    std::vector<Value*> sharded, whole;
+    Node* n = twin.at(on);
+    for (int i = 0; i < n->num_inputs(); ++i) {
+      std::set<std::string> axes;
+      const Value* oin = on->input(i);
+      for (const auto& d : p.sharding.at(oin).dims) axes.insert(d.begin(), d.end());
+      bool covers = true;
+      for (const auto& a : out_s.partial) covers &= axes.count(a) > 0;
+      (covers ? sharded : whole).push_back(n->input(i));
+    }
+    if (whole.empty()) continue;
+    const std::vector<std::string> axes(out_s.partial.begin(), out_s.partial.end());
+    const float inv = 1.0f / static_cast<float>(mesh.Group(rank, axes).size());
+    Value* out_v = n->output(0);
+    auto md = n->metadata();
+    const std::string base = n->name();
+    lg.RemoveNode(n);
+    twin[on] = nullptr;
+    auto add_node = [&](const char* op, std::vector<Value*> in, Value* out, const char* domain) {
+      Node* m = lg.AddNode(op, in, {out}, lg.UniqueName(base + "." + op), domain);
+      m->metadata() = md;
+      return m;
+    };
+    Value* whole_sq = lg.GetOrCreateValue(lg.UniqueName(base + ".replicated"));
+    add_node("SquaredNorm", whole, whole_sq, graph::kCleaveDomain);
+    Value* scale = lg.AddInitializer(lg.UniqueName(base + ".replica_scale"), Tensor::Scalar<float>(inv));
+    Value* scaled = lg.GetOrCreateValue(lg.UniqueName(base + ".replicated_share"));
+    add_node("Mul", {whole_sq, scale}, scaled, "");
+    if (sharded.empty()) {
+      add_node("Identity", {scaled}, out_v, "");
+    } else {
+      Value* shard_sq = lg.GetOrCreateValue(lg.UniqueName(base + ".sharded"));
+      add_node("SquaredNorm", sharded, shard_sq, graph::kCleaveDomain);
+      add_node("Add", {shard_sq, scaled}, out_v, "");
+    }
+  }
+
   // Local shapes of inputs and initializers; sharded initializers keep this rank's block.
   for (Value* v : lg.AllValues()) {
     const Value* orig = g.FindValue(v->name());
@@ -222,6 +267,9 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
       described = n->output(0);
     } else if (n->domain() == graph::kCleaveDomain && op == "GatherGrad") {
       shape_input = 0;
+      described = n->output(0);
+    } else if (n->domain() == graph::kCleaveDomain && op == "SliceGrad") {
+      shape_input = 1;
       described = n->output(0);
     } else if (n->domain().empty() && op == "ConstantOfShape") {
       shape_input = 0;

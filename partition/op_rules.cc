@@ -324,6 +324,27 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
     for (int i = 0; i < tensor_inputs; ++i) r.linear_inputs[i] = 1;
     return r;
   }
+  if (cleave && op == "SliceGrad") {
+    // (dY, shape, starts, ends[, axes, steps]) -> dX: the sliced axes stay whole.
+    ASSIGN_OR_RETURN(std::vector<int64_t> dy, Dims(n, n.input(0)));
+    ASSIGN_OR_RETURN(std::vector<int64_t> dx, Dims(n, n.output(0)));
+    FactorRule r;
+    OperandFactors fy, fx;
+    for (size_t k = 0; k < dx.size(); ++k) {
+      const int f = r.AddFactor(dx[k]);
+      if (dx[k] != dy[k]) r.no_shard[f] = 1;
+      fx.dims.push_back(dx[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
+      fy.dims.push_back(dy[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
+    }
+    r.inputs.push_back(fy);
+    for (int k = 1; k < n.num_inputs(); ++k) r.inputs.push_back(Replicate());
+    r.outputs = {fx};
+    r.output_avg = {0};
+    r.linearity = Linearity::kEach;
+    r.linear_inputs.assign(n.num_inputs(), 0);
+    r.linear_inputs[0] = 1;
+    return r;
+  }
   if (!cleave && op == "Slice") {
     // Sliced axes stay whole; the others pass through.
     ASSIGN_OR_RETURN(std::vector<int64_t> in, Dims(n, n.input(0)));

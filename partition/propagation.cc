@@ -113,7 +113,10 @@ void LinearPartial(const Node& n, const FactorRule& r, const std::map<const Valu
     if (it == known.end()) continue;
     if (linear) ++linear_known;
     if (!it->second.IsPartial()) continue;
-    if (linear) partial_linear.push_back(&it->second);
+    // A partial value read by several nodes is reduced once where it is made rather than
+    // carried into each reader (which would reduce it once per reader).
+    const bool sole_reader = n.input(i)->consumers().size() == 1;
+    if (linear && sole_reader) partial_linear.push_back(&it->second);
     else nonlinear_partial = true;
   }
   if (partial_linear.empty() || nonlinear_partial) return;
@@ -165,6 +168,12 @@ bool Visit(const Node& n, const FactorRule& r, const Mesh& mesh, std::map<const 
   }
   std::set<std::string> lin_sum, lin_avg;
   LinearPartial(n, r, known, &lin_sum, &lin_avg);
+  // Partial sums cannot pass through an op that shards anything over the same axis.
+  for (const auto& axes : fa)
+    for (const auto& a : axes) {
+      lin_sum.erase(a);
+      lin_avg.erase(a);
+    }
   for (int o = 0; o < n.num_outputs() && o < static_cast<int>(r.outputs.size()); ++o) {
     const Value* v = n.output(o);
     if (!v || known.count(v)) continue;
@@ -222,6 +231,24 @@ absl::StatusOr<Propagation> Propagate(const graph::Graph& g, const Mesh& mesh,
   return p;
 }
 
+absl::StatusOr<Propagation> PropagateTraining(const graph::Graph& g, const std::vector<std::string>& params,
+                                              const Mesh& mesh, std::map<std::string, Sharding> seeds) {
+  ASSIGN_OR_RETURN(Propagation first, Propagate(g, mesh, seeds));
+  for (const std::string& p : params) {
+    const Value* v = g.FindValue(p);
+    if (!v) return NotFound("parameter '", p, "' is not in the training graph");
+    Sharding s = first.sharding.at(v);
+    s.partial.clear();
+    s.partial_avg.clear();
+    seeds.emplace(p, s);
+    Sharding grad = s;
+    if (mesh.size("dp") > 1) grad.partial = {"dp"};
+    for (const std::string& name : {p + "_grad", p + "_grad.accumulation.buffer", p + "_grad.accumulation.out"})
+      if (g.FindValue(name)) seeds[name] = grad;
+  }
+  return Propagate(g, mesh, seeds);
+}
+
 const char* ReshardName(ReshardKind k) {
   switch (k) {
     case ReshardKind::kAllReduce: return "AllReduce";
@@ -249,9 +276,15 @@ Sharding WantedInput(const Propagation& p, const Node* n, int i) {
       want.partial_avg = avg;
     }
   }
-  // An axis that shards a dim cannot also hold partial sums: those are reduced (scattered).
+  // An axis that shards a dim cannot also hold partial sums: those are reduced (scattered);
+  // nor can partial sums pass through an op that shards anything over that axis.
   for (const auto& d : want.dims)
     for (const auto& a : d) {
+      want.partial.erase(a);
+      want.partial_avg.erase(a);
+    }
+  for (const auto& axes : p.factor_axes.at(n))
+    for (const auto& a : axes) {
       want.partial.erase(a);
       want.partial_avg.erase(a);
     }

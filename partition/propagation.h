@@ -50,6 +50,13 @@ struct Reshard {
   int64_t bytes;                  // of the value, per rank, before the collective
 };
 
+// Propagation over a training graph: `seeds` first, then again with every parameter's
+// gradient (`<p>_grad`, its accumulation buffer and output, as the training artifacts name
+// them) pinned to the parameter's own sharding, Partial over dp when the mesh has one, so
+// the accumulated gradients line up with the parameters the optimizer updates.
+absl::StatusOr<Propagation> PropagateTraining(const graph::Graph& g, const std::vector<std::string>& params,
+                                              const Mesh& mesh, std::map<std::string, Sharding> seeds);
+
 // What every node input needs converted, in node order.
 std::vector<Reshard> Reshards(const graph::Graph& g, const Mesh& mesh, const Propagation& p);
 

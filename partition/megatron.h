@@ -1,0 +1,33 @@
+// Megatron tensor-parallel seeds found by graph structure (partition/): the column-parallel
+// layers are the matrix products whose weight is a 2-D parameter (read directly or through a
+// transpose) and whose activation input is a normalised residual stream (a
+// LayerNormalization output, or an RMSNorm-style product with a 1-D parameter). Their
+// weights are split over tp along the output features; propagation then finds the
+// row-parallel layers (their contracting dim arrives sharded) and everything between.
+// Nothing here looks at tensor names.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "partition/mesh.h"
+
+namespace cleave::partition {
+
+struct MegatronSeed {
+  std::string param;   // the weight
+  int dim;             // its output-feature dim
+  std::string reader;  // the matrix product that made it a seed
+};
+
+// `params`: names of the trainable parameters. Fails naming the weight and dim when tp does
+// not divide an output-feature dim.
+absl::StatusOr<std::vector<MegatronSeed>> FindMegatronSeeds(const graph::Graph& g, const std::vector<std::string>& params,
+                                                            const Mesh& mesh);
+
+std::map<std::string, Sharding> SeedShardings(const graph::Graph& g, const std::vector<MegatronSeed>& seeds);
+
+}  // namespace cleave::partition

@@ -1,0 +1,181 @@
+// Tensor parallelism end to end: Megatron seeds found by structure in the LLaMA-style
+// training variant, sharding propagation, per-rank lowering, and one training step (forward,
+// backward, clipped AdamW) on a simulated tp=2 world against the single-rank step.
+#include <set>
+#include <thread>
+
+#include "base/status.h"
+#include "graph/op_table.h"
+#include "graph/passes/pass.h"
+#include "gtest/gtest.h"
+#include "onnx_ext/onnx_io.h"
+#include "partition/lower.h"
+#include "partition/megatron.h"
+#include "providers/cpu/cpu_provider.h"
+#include "runtime/constant_evaluator.h"
+#include "runtime/simulated_communicator.h"
+#include "tests/op_tester.h"
+#include "trainer/autodiff.h"
+#include "trainer/training_session.h"
+
+namespace cleave::partition {
+namespace {
+
+constexpr int64_t kBatch = 2, kSeq = 16;
+
+trainer::TrainingArtifacts Artifacts(const std::string& model_dir) {
+  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/" + model_dir + "/model.onnx");
+  EXPECT_TRUE(model.ok()) << model.status();
+  trainer::TrainingSpec spec;
+  spec.dims = {{"batch", kBatch}, {"seq", kSeq}};
+  spec.optimizer.max_grad_norm = 0.5f;
+  spec.optimizer.weight_decay = 0.1f;
+  // SGD: the update is linear in the gradient, so parameters compare as tightly as gradients
+  // (AdamW's m / sqrt(v) turns rounding-level differences of near-zero gradients into
+  // lr-sized ones; the data-parallel test covers AdamW).
+  spec.optimizer.kind = trainer::OptimizerConfig::Kind::kSgd;
+  spec.optimizer.momentum = 0.9f;
+  auto a = trainer::BuildTrainingArtifacts(**model, spec);
+  EXPECT_TRUE(a.ok()) << a.status();
+  providers::CpuExecutionProvider cpu(1);
+  graph::ConstantFolding fold(runtime::MakeConstantEvaluator(*a->training, cpu),
+                              [](const graph::Value* v) { return v->is_graph_input(); });
+  graph::DeadCodeElimination dce;
+  EXPECT_TRUE(graph::RunToFixedPoint({&fold, &dce}, a->training.get()).ok());
+  return std::move(*a);
+}
+
+trainer::TrainingArtifacts Copy(const trainer::TrainingArtifacts& a) {
+  trainer::TrainingArtifacts c;
+  c.training = a.training->Clone();
+  c.eval = a.eval->Clone();
+  c.optimizer = a.optimizer->Clone();
+  c.forward = a.forward->Clone();
+  c.params = a.params;
+  c.state_suffixes = a.state_suffixes;
+  c.data_inputs = a.data_inputs;
+  c.initial = a.initial;
+  return c;
+}
+
+TEST(PartitionedTraining, MegatronTensorParallelStepEqualsSingleRank) {
+  const int tp = 2;
+  trainer::TrainingArtifacts a = Artifacts("train_variants/llama");
+  const std::string golden = std::string(CLEAVE_SOURCE_DIR) + "/models/train_variants/llama/golden/inputs/";
+  auto ids = onnx_ext::LoadTensorFile(golden + "input_ids.pb");
+  auto labels = onnx_ext::LoadTensorFile(golden + "labels.pb");
+  ASSERT_TRUE(ids.ok() && labels.ok());
+  const Feeds feeds = {{"input_ids", ids->second}, {"labels", labels->second}};
+  auto single = trainer::TrainingSession::Create(Copy(a), {.intra_op_threads = 1});
+  ASSERT_TRUE(single.ok()) << single.status();
+  auto want_loss = (*single)->TrainStep(feeds);
+  ASSERT_TRUE(want_loss.ok()) << want_loss.status();
+  std::map<std::string, Tensor> want_grads;
+  for (const std::string& p : a.params) want_grads[p] = *(*single)->GetGradient(p);
+  auto want_norm = (*single)->OptimizerStep();
+  ASSERT_TRUE(want_norm.ok());
+
+  auto mesh = *Mesh::Parse("tp=2");
+  auto seeds = FindMegatronSeeds(*a.training, a.params, mesh);
+  ASSERT_TRUE(seeds.ok()) << seeds.status();
+  // Per layer: q, k, v, gate and up, plus the LM head (column-parallel over the vocabulary).
+  EXPECT_EQ(seeds->size(), 2u * 5 + 1);
+  auto train_p = PropagateTraining(*a.training, a.params, mesh, SeedShardings(*a.training, *seeds));
+  ASSERT_TRUE(train_p.ok()) << train_p.status();
+  std::map<std::string, Sharding> param_sharding, opt_seeds;
+  for (const std::string& p : a.params) {
+    param_sharding[p] = train_p->sharding.at(a.training->FindValue(p));
+    // Gradients leave the training graph sharded like their weight, or as partial sums still
+    // to be reduced (the norm weights: their gradient is reduced once, in the optimizer).
+    const Sharding& grad = train_p->sharding.at(a.training->FindValue(trainer::AccumulationOut(p)));
+    EXPECT_EQ(grad.ToString(), param_sharding[p].ToString()) << p;
+    opt_seeds[p] = param_sharding[p];
+    opt_seeds[trainer::GradName(p)] = grad;
+    for (const std::string& suf : a.state_suffixes) opt_seeds[p + suf] = param_sharding[p];
+  }
+  // The row-parallel layers were found by propagation: o and down split on their input dim.
+  EXPECT_EQ(param_sharding.at("layers.0.o.weight").ToString(), "[-,tp]");
+  EXPECT_EQ(param_sharding.at("layers.1.down.weight").ToString(), "[-,tp]");
+  EXPECT_EQ(param_sharding.at("layers.0.q.weight").ToString(), "[tp,-]");
+  EXPECT_TRUE(param_sharding.at("layers.0.attn_norm.weight").IsReplicated());
+  auto opt_p = Propagate(*a.optimizer, mesh, opt_seeds);
+  ASSERT_TRUE(opt_p.ok()) << opt_p.status();
+
+  // Collectives: 2 AllReduce per layer forward (after o and down) and 2 backward (the input
+  // gradients of the column-parallel groups), plus the LM head's input gradient; the
+  // vocab-sharded logits are gathered once for the loss (and their gradient sliced back,
+  // which moves nothing).
+  int all_reduce_fwd = 0, all_reduce_bwd = 0, gathers = 0;
+  std::string all;
+  std::set<std::pair<const graph::Value*, std::string>> seen;  // one collective per value and target
+  for (const Reshard& r : Reshards(*a.training, mesh, *train_p)) {
+    if (!seen.insert({r.value, r.to.ToString()}).second) continue;
+    all += std::string(ReshardName(r.kind)) + " " + r.value->name() + " " + r.from.ToString() + " -> " +
+           r.to.ToString() + " at " + r.node->Describe() + "\n";
+    const bool bwd = r.node->metadata().count("role") && r.node->metadata().at("role") == "bwd";
+    if (r.kind == ReshardKind::kAllReduce) ++(bwd ? all_reduce_bwd : all_reduce_fwd);
+    else if (r.kind == ReshardKind::kAllGather) ++gathers;
+    else if (r.kind != ReshardKind::kSlice) ADD_FAILURE() << ReshardName(r.kind) << " of " << r.value->name() << " for " << r.node->Describe();
+  }
+  EXPECT_EQ(all_reduce_fwd, 2 * 2) << all;
+  EXPECT_EQ(all_reduce_bwd, 2 * 2 + 1) << all;
+  EXPECT_EQ(gathers, 1) << all;
+
+  runtime::SimulatedWorld world(tp);
+  std::vector<absl::Status> status(tp);
+  std::vector<float> loss(tp), norm(tp);
+  std::vector<std::map<std::string, Tensor>> params(tp), grads(tp);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < tp; ++r)
+    ranks.emplace_back([&, r] {
+      auto run = [&]() -> absl::Status {
+        ASSIGN_OR_RETURN(LoweredGraph train, LowerForRank(*a.training, mesh, *train_p, r, "loss"));
+        ASSIGN_OR_RETURN(LoweredGraph opt, LowerForRank(*a.optimizer, mesh, *opt_p, r));
+        trainer::TrainingArtifacts mine = Copy(a);
+        mine.training = std::move(train.graph);
+        mine.optimizer = std::move(opt.graph);
+        mine.eval = mine.training->Clone();
+        mine.eval->SetOutputs({mine.eval->FindValue("loss")});
+        for (const std::string& p : a.params) {
+          ASSIGN_OR_RETURN(mine.initial[p], ShardTensor(a.initial.at(p), mesh, param_sharding.at(p), r, p));
+        }
+        ASSIGN_OR_RETURN(auto s, trainer::TrainingSession::Create(std::move(mine),
+                                                                  {.intra_op_threads = 1, .communicator = world.rank(r)}));
+        ASSIGN_OR_RETURN(loss[r], s->TrainStep(feeds));
+        for (const std::string& p : a.params) {
+          ASSIGN_OR_RETURN(grads[r][p], s->GetGradient(p));
+        }
+        ASSIGN_OR_RETURN(norm[r], s->OptimizerStep());
+        for (const std::string& p : a.params) {
+          ASSIGN_OR_RETURN(params[r][p], s->GetState(p));
+        }
+        return absl::OkStatus();
+      };
+      status[r] = run();
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < tp; ++r) {
+    ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    EXPECT_NEAR(loss[r], *want_loss, 1e-5 * *want_loss) << "rank " << r;
+    EXPECT_NEAR(norm[r], *want_norm, 1e-5 * *want_norm) << "rank " << r;
+    for (const std::string& p : a.params) {
+      auto want = ShardTensor(*(*single)->GetState(p), mesh, param_sharding.at(p), r, p);
+      ASSERT_TRUE(want.ok());
+      EXPECT_EQ(testing::CompareTensors(params[r].at(p), *want, 1e-6, 1e-5), "") << "rank " << r << " " << p;
+      auto want_grad = ShardTensor(want_grads.at(p), mesh, param_sharding.at(p), r, p);
+      ASSERT_TRUE(want_grad.ok());
+      EXPECT_EQ(testing::CompareTensors(grads[r].at(p), *want_grad, 1e-7, 1e-5), "") << "rank " << r << " " << p << " grad";
+    }
+  }
+}
+
+TEST(PartitionedTraining, MegatronRejectsATpThatDoesNotDivide) {
+  trainer::TrainingArtifacts a = Artifacts("train_variants/llama");
+  auto mesh = *Mesh::Parse("tp=3");
+  auto seeds = FindMegatronSeeds(*a.training, a.params, mesh);
+  ASSERT_FALSE(seeds.ok());
+  EXPECT_NE(seeds.status().message().find("tp=3 does not divide dim 0 of weight"), std::string::npos) << seeds.status();
+}
+
+}  // namespace
+}  // namespace cleave::partition
