@@ -1,6 +1,7 @@
 // Local lowering (partition/): see lower.h.
 #include "partition/lower.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -59,10 +60,13 @@ absl::StatusOr<Tensor> ShardTensor(const Tensor& t, const Mesh& mesh, const Shar
   return out;
 }
 
-absl::StatusOr<std::map<std::string, Sharding>> PrepareZero1(Graph& opt, const std::vector<std::string>& params,
-                                                             const std::vector<std::string>& state_suffixes,
-                                                             const Mesh& mesh,
-                                                             std::map<std::string, Sharding>* output_wants) {
+absl::StatusOr<std::map<std::string, Sharding>> PrepareOptimizer(
+    Graph& opt, const std::vector<std::string>& params, const std::vector<std::string>& state_suffixes,
+    const Mesh& mesh, const std::map<std::string, Sharding>& param_shardings,
+    const std::map<std::string, Sharding>& grad_shardings, int zero_stage,
+    std::map<std::string, Sharding>* output_wants) {
+  if (zero_stage < 0 || zero_stage > 1)
+    return Unimplemented("ZeRO stage ", zero_stage, " is not supported (0 or 1)");
   std::map<std::string, Sharding> seeds;
   const int d = mesh.size("dp");
   for (const std::string& name : params) {
@@ -70,15 +74,28 @@ absl::StatusOr<std::map<std::string, Sharding>> PrepareZero1(Graph& opt, const s
     if (!grad || !grad->shape().is_static())
       return InvalidArgument("the optimizer graph has no static gradient '", name, "_grad'");
     const std::vector<int64_t> dims = grad->shape().StaticDims();
-    Sharding partial = Sharding::Replicated(static_cast<int>(dims.size()));
-    partial.partial = {"dp"};
-    seeds[grad->name()] = partial;
+    const int rank = static_cast<int>(dims.size());
+    auto find = [&](const std::map<std::string, Sharding>& m, const std::string& k) {
+      auto it = m.find(k);
+      return it == m.end() ? Sharding::Replicated(rank) : it->second;
+    };
+    const Sharding param = find(param_shardings, name);
+    Sharding grad_s = find(grad_shardings, name);
+    seeds[name] = param;
+    seeds[grad->name()] = grad_s;
+    for (const std::string& suf : state_suffixes) seeds[name + suf] = param;
+    if (zero_stage == 0 || d == 1) continue;
+    // ZeRO-1: split the first dim whose local size dp divides, inside the parameter's own
+    // sharding of that dim.
     int split = -1;
-    for (size_t k = 0; k < dims.size() && split < 0; ++k)
-      if (dims[k] % d == 0) split = static_cast<int>(k);
+    for (int k = 0; k < rank && split < 0; ++k) {
+      int64_t parts = 1;
+      for (const auto& a : param.dims[k]) parts *= mesh.size(a);
+      if (dims[k] % (parts * d) == 0) split = k;
+    }
     if (split < 0) continue;  // too small to shard: replicated update
-    Sharding shard = Sharding::Replicated(static_cast<int>(dims.size()));
-    shard.dims[split] = {"dp"};
+    Sharding shard = param;
+    shard.dims[split].push_back("dp");
     // The reduce-scatter point: every reader of the gradient reads its shard.
     Value* g_shard = opt.GetOrCreateValue(opt.UniqueName(name + "_grad.shard"));
     auto consumers = grad->consumers();
@@ -89,14 +106,27 @@ absl::StatusOr<std::map<std::string, Sharding>> PrepareZero1(Graph& opt, const s
     g_shard->set_dtype(grad->dtype());
     g_shard->set_shape(grad->shape());
     seeds[g_shard->name()] = shard;
-    // The parameter enters and leaves whole (the training graph reads it whole); the update
-    // slices this rank's shard.
-    seeds[name] = Sharding::Replicated(static_cast<int>(dims.size()));
     for (const std::string& suf : state_suffixes) seeds[name + suf] = shard;
-    (*output_wants)[name + ".updated"] = Sharding::Replicated(static_cast<int>(dims.size()));
+    // The parameter enters and leaves with its training sharding; the update slices the shard.
+    (*output_wants)[name + ".updated"] = param;
   }
   RETURN_IF_ERROR(opt.SortTopologically());
   return seeds;
+}
+
+absl::StatusOr<std::map<std::string, Sharding>> PrepareZero1(Graph& opt, const std::vector<std::string>& params,
+                                                             const std::vector<std::string>& state_suffixes,
+                                                             const Mesh& mesh,
+                                                             std::map<std::string, Sharding>* output_wants) {
+  std::map<std::string, Sharding> grads;
+  for (const std::string& name : params) {
+    const Value* g = opt.FindValue(name + "_grad");
+    if (!g) return InvalidArgument("the optimizer graph has no gradient '", name, "_grad'");
+    Sharding s = Sharding::Replicated(g->shape().rank());
+    s.partial = {"dp"};
+    grads[name] = s;
+  }
+  return PrepareOptimizer(opt, params, state_suffixes, mesh, {}, grads, 1, output_wants);
 }
 
 absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, const Propagation& p, int rank,
@@ -172,7 +202,9 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
             if (r.to.dims[d].empty() || r.to.dims[d] == r.from.dims[d]) continue;
             const int64_t global = r.value->shape()[static_cast<int>(d)].value;
             const int64_t local = global / Parts(mesh, r.to.dims[d]);
-            const int64_t off = ShardOffset(mesh, rank, r.to, static_cast<int>(d), global);
+            // The offset inside the block this rank already holds.
+            const int64_t off = ShardOffset(mesh, rank, r.to, static_cast<int>(d), global) -
+                                ShardOffset(mesh, rank, r.from, static_cast<int>(d), global);
             starts.push_back(off);
             ends.push_back(off + local);
             axes.push_back(static_cast<int64_t>(d));
@@ -197,25 +229,24 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
   }
 
   // A sum of squares that becomes Partial over axes A adds its inputs' local sums over A. An
-  // input replicated over A would be counted |A| times: its part is divided by |A| first.
+  // input not sharded over some of A is held whole by several of the ranks summed; its part
+  // is divided by the number of those copies first.
   for (size_t k = 0; k < g.nodes().size(); ++k) {
     const Node* on = g.nodes()[k].get();
     if (on->domain() != graph::kCleaveDomain || on->op_type() != "SquaredNorm") continue;
     const Sharding& out_s = p.sharding.at(on->output(0));
     if (out_s.partial.empty()) continue;
-    std::vector<Value*> sharded, whole;
+    std::map<int64_t, std::vector<Value*>> by_copies;
     Node* n = twin.at(on);
     for (int i = 0; i < n->num_inputs(); ++i) {
       std::set<std::string> axes;
-      const Value* oin = on->input(i);
-      for (const auto& d : p.sharding.at(oin).dims) axes.insert(d.begin(), d.end());
-      bool covers = true;
-      for (const auto& a : out_s.partial) covers &= axes.count(a) > 0;
-      (covers ? sharded : whole).push_back(n->input(i));
+      for (const auto& d : p.sharding.at(on->input(i)).dims) axes.insert(d.begin(), d.end());
+      int64_t copies = 1;
+      for (const auto& a : out_s.partial)
+        if (!axes.count(a)) copies *= mesh.size(a);
+      by_copies[copies].push_back(n->input(i));
     }
-    if (whole.empty()) continue;
-    const std::vector<std::string> axes(out_s.partial.begin(), out_s.partial.end());
-    const float inv = 1.0f / static_cast<float>(mesh.Group(rank, axes).size());
+    if (by_copies.size() == 1 && by_copies.begin()->first == 1) continue;
     Value* out_v = n->output(0);
     auto md = n->metadata();
     const std::string base = n->name();
@@ -226,18 +257,26 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
       m->metadata() = md;
       return m;
     };
-    Value* whole_sq = lg.GetOrCreateValue(lg.UniqueName(base + ".replicated"));
-    add_node("SquaredNorm", whole, whole_sq, graph::kCleaveDomain);
-    Value* scale = lg.AddInitializer(lg.UniqueName(base + ".replica_scale"), Tensor::Scalar<float>(inv));
-    Value* scaled = lg.GetOrCreateValue(lg.UniqueName(base + ".replicated_share"));
-    add_node("Mul", {whole_sq, scale}, scaled, "");
-    if (sharded.empty()) {
-      add_node("Identity", {scaled}, out_v, "");
-    } else {
-      Value* shard_sq = lg.GetOrCreateValue(lg.UniqueName(base + ".sharded"));
-      add_node("SquaredNorm", sharded, shard_sq, graph::kCleaveDomain);
-      add_node("Add", {shard_sq, scaled}, out_v, "");
+    std::vector<Value*> parts;
+    for (const auto& [copies, inputs] : by_copies) {
+      Value* sq = lg.GetOrCreateValue(lg.UniqueName(base + ".group"));
+      add_node("SquaredNorm", inputs, sq, graph::kCleaveDomain);
+      if (copies > 1) {
+        Value* scale = lg.AddInitializer(lg.UniqueName(base + ".copies_scale"),
+                                         Tensor::Scalar<float>(1.0f / static_cast<float>(copies)));
+        Value* scaled = lg.GetOrCreateValue(lg.UniqueName(base + ".share"));
+        add_node("Mul", {sq, scale}, scaled, "");
+        sq = scaled;
+      }
+      parts.push_back(sq);
     }
+    Value* acc = parts[0];
+    for (size_t i = 1; i < parts.size(); ++i) {
+      Value* sum = i + 1 == parts.size() ? out_v : lg.GetOrCreateValue(lg.UniqueName(base + ".sum"));
+      add_node("Add", {acc, parts[i]}, sum, "");
+      acc = sum;
+    }
+    if (parts.size() == 1) add_node("Identity", {acc}, out_v, "");
   }
 
   // Local shapes of inputs and initializers; sharded initializers keep this rank's block.
@@ -326,38 +365,48 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
       m->metadata()["role"] = "fwd";
     }
   }
-  // Graph outputs that must leave whole: gather them at the end under their own name.
+  // Graph outputs with a wanted sharding: gather the extra (innermost) axes at the end,
+  // under the output's own name.
   for (const auto& [name, want] : output_wants) {
     const Value* orig = g.FindValue(name);
     if (!orig) return NotFound("output '", name, "' is not in the graph");
     const Sharding& have = p.sharding.at(orig);
     if (have == want) continue;
-    if (have.IsPartial() || !want.IsReplicated())
+    if (have.IsPartial() || want.IsPartial() || have.dims.size() != want.dims.size())
       return Unimplemented("output '", name, "' from ", have.ToString(), " to ", want.ToString(), " is not lowered");
     Value* full = lg.FindValue(name);
     Node* producer = full->producer();
     Value* part = lg.GetOrCreateValue(lg.UniqueName(name + ".shard"));
     for (int o = 0; o < producer->num_outputs(); ++o)
       if (producer->output(o) == full) lg.SetNodeOutput(producer, o, part);
-    Value* cur = part;
+    // The gathers, innermost axis of each dim first.
+    std::vector<std::pair<int, std::string>> steps;
     for (size_t dim = 0; dim < have.dims.size(); ++dim) {
-      if (have.dims[dim].empty()) continue;
-      if (have.dims[dim].size() != 1)
-        return Unimplemented("output '", name, "' is sharded over several axes on one dim");
-      const std::string axis = have.dims[dim][0];
+      const auto& h = have.dims[dim];
+      const auto& w = want.dims[dim];
+      if (h.size() < w.size() || !std::equal(w.begin(), w.end(), h.begin()))
+        return Unimplemented("output '", name, "' from ", have.ToString(), " to ", want.ToString(), " is not lowered");
+      for (size_t k = h.size(); k > w.size(); --k) steps.emplace_back(static_cast<int>(dim), h[k - 1]);
+    }
+    Sharding cur_s = have;
+    Value* cur = part;
+    int64_t bytes = 1;
+    for (const Dim& dd : orig->shape().dims()) bytes *= dd.value;
+    bytes *= static_cast<int64_t>(ElementSize(orig->dtype()));
+    for (size_t k = 0; k < steps.size(); ++k) {
+      const auto [dim, axis] = steps[k];
+      int64_t parts = 1;
+      for (const auto& ds : cur_s.dims)
+        for (const auto& a : ds) parts *= mesh.size(a);
       const std::vector<int> group = mesh.Group(rank, axis);
-      bool last = true;
-      for (size_t k = dim + 1; k < have.dims.size(); ++k) last &= have.dims[k].empty();
-      Value* next = last ? full : lg.GetOrCreateValue(lg.UniqueName(name + ".gathered"));
+      Value* next = k + 1 == steps.size() ? full : lg.GetOrCreateValue(lg.UniqueName(name + ".gathered"));
       Node* ag = lg.AddNode("AllGather", {cur}, {next}, lg.UniqueName(name + ".allgather"), graph::kCleaveDomain);
       ag->SetAttr("group", Attribute::Ints(ToInts(group)));
       ag->SetAttr("mesh_axis", Attribute::String(axis));
-      ag->SetAttr("axis", Attribute::Int(static_cast<int64_t>(dim)));
+      ag->SetAttr("axis", Attribute::Int(dim));
       ag->metadata() = producer->metadata();
-      int64_t bytes = 1;
-      for (const Dim& dd : orig->shape().dims()) bytes *= dd.value;
-      bytes = bytes * static_cast<int64_t>(ElementSize(orig->dtype())) / static_cast<int64_t>(mesh.size(axis));
-      out.collectives.push_back({"AllGather", name, producer->name(), axis, group, bytes});
+      out.collectives.push_back({"AllGather", name, producer->name(), axis, group, bytes / parts});
+      cur_s.dims[dim].pop_back();
       cur = next;
     }
   }

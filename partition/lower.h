@@ -41,7 +41,19 @@ absl::StatusOr<LoweredGraph> LowerForRank(const graph::Graph& g, const Mesh& mes
                                           const std::string& loss = "",
                                           const std::map<std::string, Sharding>& output_wants = {});
 
-// ZeRO stage 1 for an optimizer graph: each parameter's gradient is reduce-scattered over dp
+// Seeds for an optimizer graph whose parameters and gradients come sharded from the training
+// graph (`param_shardings`, `grad_shardings` by parameter name; absent: replicated). With
+// zero_stage 1 each gradient is also reduce-scattered over dp inside its own sharding (an
+// Identity marks the point), the optimizer state keeps only that shard, the update runs on it,
+// and the updated parameter is all-gathered back to its training sharding (filled into
+// `output_wants` for LowerForRank).
+absl::StatusOr<std::map<std::string, Sharding>> PrepareOptimizer(
+    graph::Graph& optimizer, const std::vector<std::string>& params, const std::vector<std::string>& state_suffixes,
+    const Mesh& mesh, const std::map<std::string, Sharding>& param_shardings,
+    const std::map<std::string, Sharding>& grad_shardings, int zero_stage,
+    std::map<std::string, Sharding>* output_wants);
+
+// ZeRO stage 1 for an optimizer graph of replicated parameters: each parameter's gradient is reduce-scattered over dp
 // (an Identity marks the point), its optimizer state lives in dp shards, the update runs on
 // the shard, and the updated parameter is all-gathered whole. A parameter with no dim that
 // dp divides keeps a replicated update. Returns the propagation seeds and fills the output

@@ -63,11 +63,18 @@ std::vector<std::vector<std::string>> AssignFactors(const Node& n, const FactorR
   std::vector<std::set<std::string>> used(operands.size());
   std::vector<std::vector<std::string>> fa(r.num_factors);
   for (const Candidate& c : cands) {
-    if (!fa[c.factor].empty() || r.no_shard[c.factor]) continue;
+    if (r.no_shard[c.factor]) continue;
+    // A finer sharding that extends the one assigned wins: the coarser operand reaches it by a
+    // local slice, while the reverse would need a gather.
+    const auto& cur = fa[c.factor];
+    const bool extends = !cur.empty() && c.axes->size() > cur.size() && std::equal(cur.begin(), cur.end(), c.axes->begin());
+    if (!cur.empty() && !extends) continue;
     int64_t parts = 1;
     bool clash = false;
-    for (const std::string& a : *c.axes) {
+    for (size_t i = 0; i < c.axes->size(); ++i) {
+      const std::string& a = (*c.axes)[i];
       parts *= mesh.size(a);
+      if (i < cur.size()) continue;
       for (int k : operands_of[c.factor]) clash |= used[k].count(a) > 0;
     }
     if (clash || r.factor_size[c.factor] % parts != 0) continue;
@@ -317,15 +324,14 @@ std::vector<Reshard> Reshards(const graph::Graph& g, const Mesh& mesh, const Pro
         r.kind = scatter ? ReshardKind::kReduceScatter : ReshardKind::kAllReduce;
         r.axes.assign(resolved.begin(), resolved.end());
       } else {
+        // An axis stays put when the wanted dim lists the same axes up to it (a refinement
+        // such as [tp] -> [tp*dp] only adds inner axes); any other axis must be gathered.
         std::vector<std::string> gathered;
-        for (const auto& a : have_dims)
-          if (have.dims != want.dims) {
-            bool moved = true;
-            for (size_t d = 0; d < have.dims.size(); ++d)
-              if (std::find(have.dims[d].begin(), have.dims[d].end(), a) != have.dims[d].end() &&
-                  d < want.dims.size() && want.dims[d] == have.dims[d])
-                moved = false;
-            if (moved) gathered.push_back(a);
+        for (size_t d = 0; d < have.dims.size(); ++d)
+          for (size_t i = 0; i < have.dims[d].size(); ++i) {
+            const bool kept = d < want.dims.size() && want.dims[d].size() > i &&
+                              std::equal(have.dims[d].begin(), have.dims[d].begin() + i + 1, want.dims[d].begin());
+            if (!kept) gathered.push_back(have.dims[d][i]);
           }
         if (!gathered.empty()) {
           bool elsewhere = false;

@@ -1,6 +1,7 @@
 // Tensor parallelism end to end: Megatron seeds found by structure in the LLaMA-style
 // training variant, sharding propagation, per-rank lowering, and one training step (forward,
 // backward, clipped AdamW) on a simulated tp=2 world against the single-rank step.
+#include <cstring>
 #include <set>
 #include <thread>
 
@@ -58,8 +59,23 @@ trainer::TrainingArtifacts Copy(const trainer::TrainingArtifacts& a) {
   return c;
 }
 
-TEST(PartitionedTraining, MegatronTensorParallelStepEqualsSingleRank) {
-  const int tp = 2;
+Tensor Rows(const Tensor& t, int64_t r0, int64_t rows) {
+  std::vector<int64_t> dims = t.dims();
+  dims[0] = rows;
+  Tensor out(t.dtype(), dims);
+  const size_t row = t.nbytes() / t.dims()[0];
+  std::memcpy(out.data<char>(), t.data<char>() + r0 * row, rows * row);
+  return out;
+}
+
+struct MeshCase {
+  const char* mesh;
+  int zero;
+};
+
+class Megatron : public ::testing::TestWithParam<MeshCase> {};
+
+TEST_P(Megatron, TrainingStepEqualsSingleRank) {
   trainer::TrainingArtifacts a = Artifacts("train_variants/llama");
   const std::string golden = std::string(CLEAVE_SOURCE_DIR) + "/models/train_variants/llama/golden/inputs/";
   auto ids = onnx_ext::LoadTensorFile(golden + "input_ids.pb");
@@ -75,30 +91,39 @@ TEST(PartitionedTraining, MegatronTensorParallelStepEqualsSingleRank) {
   auto want_norm = (*single)->OptimizerStep();
   ASSERT_TRUE(want_norm.ok());
 
-  auto mesh = *Mesh::Parse("tp=2");
+  auto mesh = *Mesh::Parse(GetParam().mesh);
+  const int world = mesh.world_size(), dp = mesh.size("dp");
   auto seeds = FindMegatronSeeds(*a.training, a.params, mesh);
   ASSERT_TRUE(seeds.ok()) << seeds.status();
   // Per layer: q, k, v, gate and up, plus the LM head (column-parallel over the vocabulary).
   EXPECT_EQ(seeds->size(), 2u * 5 + 1);
-  auto train_p = PropagateTraining(*a.training, a.params, mesh, SeedShardings(*a.training, *seeds));
+  std::map<std::string, Sharding> train_seeds = SeedShardings(*a.training, *seeds);
+  if (dp > 1) {
+    Sharding batch = Sharding::Replicated(2);
+    batch.dims[0] = {"dp"};
+    train_seeds["input_ids"] = batch;
+    train_seeds["labels"] = batch;
+  }
+  auto train_p = PropagateTraining(*a.training, a.params, mesh, train_seeds);
   ASSERT_TRUE(train_p.ok()) << train_p.status();
-  std::map<std::string, Sharding> param_sharding, opt_seeds;
+  std::map<std::string, Sharding> param_sharding, grad_sharding, output_wants;
   for (const std::string& p : a.params) {
     param_sharding[p] = train_p->sharding.at(a.training->FindValue(p));
-    // Gradients leave the training graph sharded like their weight, or as partial sums still
-    // to be reduced (the norm weights: their gradient is reduced once, in the optimizer).
-    const Sharding& grad = train_p->sharding.at(a.training->FindValue(trainer::AccumulationOut(p)));
-    EXPECT_EQ(grad.ToString(), param_sharding[p].ToString()) << p;
-    opt_seeds[p] = param_sharding[p];
-    opt_seeds[trainer::GradName(p)] = grad;
-    for (const std::string& suf : a.state_suffixes) opt_seeds[p + suf] = param_sharding[p];
+    // Gradients leave the training graph sharded like their weight, Partial over dp.
+    grad_sharding[p] = train_p->sharding.at(a.training->FindValue(trainer::AccumulationOut(p)));
+    Sharding want = param_sharding[p];
+    if (dp > 1) want.partial = {"dp"};
+    EXPECT_EQ(grad_sharding[p].ToString(), want.ToString()) << p;
   }
+  auto opt_seeds = PrepareOptimizer(*a.optimizer, a.params, a.state_suffixes, mesh, param_sharding, grad_sharding,
+                                    GetParam().zero, &output_wants);
+  ASSERT_TRUE(opt_seeds.ok()) << opt_seeds.status();
   // The row-parallel layers were found by propagation: o and down split on their input dim.
   EXPECT_EQ(param_sharding.at("layers.0.o.weight").ToString(), "[-,tp]");
   EXPECT_EQ(param_sharding.at("layers.1.down.weight").ToString(), "[-,tp]");
   EXPECT_EQ(param_sharding.at("layers.0.q.weight").ToString(), "[tp,-]");
   EXPECT_TRUE(param_sharding.at("layers.0.attn_norm.weight").IsReplicated());
-  auto opt_p = Propagate(*a.optimizer, mesh, opt_seeds);
+  auto opt_p = Propagate(*a.optimizer, mesh, *opt_seeds);
   ASSERT_TRUE(opt_p.ok()) << opt_p.status();
 
   // Collectives: 2 AllReduce per layer forward (after o and down) and 2 backward (the input
@@ -121,16 +146,17 @@ TEST(PartitionedTraining, MegatronTensorParallelStepEqualsSingleRank) {
   EXPECT_EQ(all_reduce_bwd, 2 * 2 + 1) << all;
   EXPECT_EQ(gathers, 1) << all;
 
-  runtime::SimulatedWorld world(tp);
-  std::vector<absl::Status> status(tp);
-  std::vector<float> loss(tp), norm(tp);
-  std::vector<std::map<std::string, Tensor>> params(tp), grads(tp);
+  runtime::SimulatedWorld sim(world);
+  std::vector<absl::Status> status(world);
+  std::vector<float> loss(world), norm(world);
+  std::vector<std::map<std::string, Tensor>> params(world), grads(world);
+  std::vector<int64_t> state_elements(world, 0);
   std::vector<std::thread> ranks;
-  for (int r = 0; r < tp; ++r)
+  for (int r = 0; r < world; ++r)
     ranks.emplace_back([&, r] {
       auto run = [&]() -> absl::Status {
         ASSIGN_OR_RETURN(LoweredGraph train, LowerForRank(*a.training, mesh, *train_p, r, "loss"));
-        ASSIGN_OR_RETURN(LoweredGraph opt, LowerForRank(*a.optimizer, mesh, *opt_p, r));
+        ASSIGN_OR_RETURN(LoweredGraph opt, LowerForRank(*a.optimizer, mesh, *opt_p, r, "", output_wants));
         trainer::TrainingArtifacts mine = Copy(a);
         mine.training = std::move(train.graph);
         mine.optimizer = std::move(opt.graph);
@@ -140,21 +166,29 @@ TEST(PartitionedTraining, MegatronTensorParallelStepEqualsSingleRank) {
           ASSIGN_OR_RETURN(mine.initial[p], ShardTensor(a.initial.at(p), mesh, param_sharding.at(p), r, p));
         }
         ASSIGN_OR_RETURN(auto s, trainer::TrainingSession::Create(std::move(mine),
-                                                                  {.intra_op_threads = 1, .communicator = world.rank(r)}));
-        ASSIGN_OR_RETURN(loss[r], s->TrainStep(feeds));
+                                                                  {.intra_op_threads = 1, .communicator = sim.rank(r)}));
+        const int64_t rows = kBatch / dp, row0 = mesh.Coord(r, "dp") * rows;
+        ASSIGN_OR_RETURN(loss[r], s->TrainStep({{"input_ids", Rows(feeds[0].second, row0, rows)},
+                                               {"labels", Rows(feeds[1].second, row0, rows)}}));
         for (const std::string& p : a.params) {
           ASSIGN_OR_RETURN(grads[r][p], s->GetGradient(p));
         }
         ASSIGN_OR_RETURN(norm[r], s->OptimizerStep());
         for (const std::string& p : a.params) {
           ASSIGN_OR_RETURN(params[r][p], s->GetState(p));
+          for (const std::string& suf : a.state_suffixes) {
+            ASSIGN_OR_RETURN(Tensor st, s->GetState(p + suf));
+            state_elements[r] += st.numel();
+          }
         }
         return absl::OkStatus();
       };
       status[r] = run();
     });
   for (auto& t : ranks) t.join();
-  for (int r = 0; r < tp; ++r) {
+  int64_t psi = 0;
+  for (const auto& [p, t] : a.initial) psi += t.numel();
+  for (int r = 0; r < world; ++r) {
     ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
     EXPECT_NEAR(loss[r], *want_loss, 1e-5 * *want_loss) << "rank " << r;
     EXPECT_NEAR(norm[r], *want_norm, 1e-5 * *want_norm) << "rank " << r;
@@ -162,12 +196,27 @@ TEST(PartitionedTraining, MegatronTensorParallelStepEqualsSingleRank) {
       auto want = ShardTensor(*(*single)->GetState(p), mesh, param_sharding.at(p), r, p);
       ASSERT_TRUE(want.ok());
       EXPECT_EQ(testing::CompareTensors(params[r].at(p), *want, 1e-6, 1e-5), "") << "rank " << r << " " << p;
-      auto want_grad = ShardTensor(want_grads.at(p), mesh, param_sharding.at(p), r, p);
-      ASSERT_TRUE(want_grad.ok());
-      EXPECT_EQ(testing::CompareTensors(grads[r].at(p), *want_grad, 1e-7, 1e-5), "") << "rank " << r << " " << p << " grad";
+      // Under dp the accumulated gradient is this rank's partial sum; only tp-only meshes
+      // hold the full gradient shard.
+      if (dp == 1) {
+        auto want_grad = ShardTensor(want_grads.at(p), mesh, param_sharding.at(p), r, p);
+        ASSERT_TRUE(want_grad.ok());
+        EXPECT_EQ(testing::CompareTensors(grads[r].at(p), *want_grad, 1e-7, 1e-5), "") << "rank " << r << " " << p;
+      }
     }
+    // SGD with momentum keeps one buffer per parameter; ZeRO-1 keeps 1/dp of this rank's share.
+    EXPECT_LE(state_elements[r], psi / (GetParam().zero ? dp : 1)) << "rank " << r;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Meshes, Megatron,
+                         ::testing::Values(MeshCase{"tp=2", 0}, MeshCase{"dp=2,tp=2", 0}, MeshCase{"dp=2,tp=2", 1}),
+                         [](const auto& info) {
+                           std::string name = info.param.mesh;
+                           for (char& c : name)
+                             if (c == '=' || c == ',') c = '_';
+                           return name + "_zero" + std::to_string(info.param.zero);
+                         });
 
 TEST(PartitionedTraining, MegatronRejectsATpThatDoesNotDivide) {
   trainer::TrainingArtifacts a = Artifacts("train_variants/llama");
