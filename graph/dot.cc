@@ -42,8 +42,12 @@ std::string GraphToDot(const Graph& g, const std::string& title) {
       if (v && v->is_initializer())
         absl::StrAppend(&weights, "\\n", Escape(v->name()), " ", TypeLabel(v));
     bool cleave_op = n->domain() == "ai.cleave";
+    const std::string& op = n->op_type();
+    // Collectives and point-to-point messages in red, other ai.cleave ops in blue.
+    const bool comm = cleave_op && (op == "AllReduce" || op == "AllGather" || op == "ReduceScatter" ||
+                                    op == "AllToAll" || op == "Send" || op == "Recv");
     absl::StrAppend(&out, "  n", id[n.get()], " [shape=box, style=\"rounded,filled\", fillcolor=\"",
-                    cleave_op ? "#cfe3fb" : "#f2f2f2", "\", label=\"",
+                    comm ? "#f8b4b4" : cleave_op ? "#cfe3fb" : "#f2f2f2", "\", label=\"",
                     cleave_op ? "ai.cleave." : "", n->op_type(), "\\n", Escape(n->name()), weights,
                     "\"];\n");
   }

@@ -9,6 +9,7 @@
 #include "graph/op_table.h"
 #include "graph/passes/pass.h"
 #include "gtest/gtest.h"
+#include "onnx_ext/cleave_schemas.h"
 #include "onnx_ext/onnx_io.h"
 #include "partition/lower.h"
 #include "partition/megatron.h"
@@ -17,6 +18,7 @@
 #include "runtime/simulated_communicator.h"
 #include "tests/op_tester.h"
 #include "trainer/autodiff.h"
+#include "trainer/partition_plan.h"
 #include "trainer/training_session.h"
 
 namespace cleave::partition {
@@ -228,3 +230,33 @@ TEST(PartitionedTraining, MegatronRejectsATpThatDoesNotDivide) {
 
 }  // namespace
 }  // namespace cleave::partition
+
+namespace cleave::trainer {
+namespace {
+
+// Every per-rank graph of a plan passes the ONNX checker with the ai.cleave schemas, and the
+// memory it reports follows the shardings.
+TEST(PartitionPlan, RankGraphsPassTheOnnxCheckerAndMemoryFollowsTheShardings) {
+  PlanConfig c;
+  c.model = std::string(CLEAVE_SOURCE_DIR) + "/models/train_variants/llama/model.onnx";
+  c.mesh = "dp=2,tp=2";
+  c.batch = 4;
+  c.seq = 16;
+  c.zero = 1;
+  c.spec.optimizer.max_grad_norm = 1.0f;
+  auto plan = BuildPlan(c);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->ranks.size(), 4u);
+  for (const RankPlan& r : plan->ranks) {
+    for (const graph::Graph* g : {r.artifacts.training.get(), r.artifacts.eval.get(), r.artifacts.optimizer.get()})
+      EXPECT_TRUE(onnx_ext::CheckModel(*g).ok()) << "rank " << r.rank << ": " << onnx_ext::CheckModel(*g);
+    // tp halves the split weights; the norm weights stay whole: a bit over half each.
+    EXPECT_GT(r.memory.parameters, plan->unpartitioned.parameters / 2);
+    EXPECT_LT(r.memory.parameters, plan->unpartitioned.parameters * 6 / 10);
+    // ZeRO-1 splits that share again over dp.
+    EXPECT_LT(r.memory.optimizer_state, plan->unpartitioned.optimizer_state * 3 / 10);
+  }
+}
+
+}  // namespace
+}  // namespace cleave::trainer

@@ -33,7 +33,11 @@ void Usage() {
                "        [--save-model OUT.onnx] [--save-artifacts DIR] [--freeze NAME|REGEX,...]\n"
                "        [--threads N] [--log-every 1] [--exit-at STEP]\n"
                "      train a causal LM on a token file (.bin: uint16 tokens; anything else: bytes);\n"
-               "      --batch is the global batch, --clip 0 and --weight-decay 0 turn those off\n");
+               "      --batch is the global batch, --clip 0 and --weight-decay 0 turn those off\n"
+               "  partition MODEL.onnx --mesh dp=D,tp=T --batch B --seq T [--tp megatron] [--zero 0|1]\n"
+               "        [--loss ...] [--optimizer ...] [--weight-decay W] [--clip C] [--freeze ...] -o PLAN_DIR\n"
+               "      per-rank training, eval and optimizer graphs with collectives, plan.json and report.txt;\n"
+               "      `cleave inspect PLAN_DIR` summarises a plan\n");
 }
 
 }  // namespace
@@ -49,6 +53,7 @@ int main(int argc, char** argv) {
   if (cmd == "inspect") return cleave::tools::InspectCommand(args);
   if (cmd == "conformance") return cleave::tools::ConformanceCommand(args);
   if (cmd == "train") return cleave::tools::TrainCommand(args);
+  if (cmd == "partition") return cleave::tools::PartitionCommand(args);
   std::fprintf(stderr, "cleave: unknown command '%s'\n\n", cmd.c_str());
   Usage();
   return 2;

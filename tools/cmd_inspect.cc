@@ -1,7 +1,11 @@
 // `cleave inspect MODEL`: what a model holds, without running it (tools/).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <regex>
 
 #include "absl/strings/str_cat.h"
 #include "graph/dot.h"
@@ -10,6 +14,7 @@
 #include "onnx_ext/onnx_io.h"
 #include "runtime/inference_session.h"
 #include "tools/commands.h"
+#include "trainer/partition_plan.h"
 
 namespace cleave::tools {
 
@@ -33,17 +38,70 @@ void PrintValues(const char* title, const std::vector<graph::Value*>& values) {
 
 }  // namespace
 
+// `cleave inspect PLAN_DIR`: per rank, the collectives by graph, kind and group with their
+// bytes per step, and memory against the unpartitioned graph; --dot draws a rank's training
+// graph with the collectives in red.
+int InspectPlan(const std::string& dir, int only_rank, const std::string& dot) {
+  auto ranks = trainer::ReadPlanSummary(dir);
+  if (!ranks.ok()) {
+    std::fprintf(stderr, "cleave inspect: %s\n", std::string(ranks.status().message()).c_str());
+    return 1;
+  }
+  std::ifstream f(std::filesystem::path(dir) / "plan.json");
+  std::string json((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto number = [&](const char* key) -> int64_t {
+    std::smatch m;
+    const std::string unpart = json.substr(json.find("\"unpartitioned\""));
+    return std::regex_search(unpart, m, std::regex(std::string("\"") + key + "\": ([0-9]+)")) ? std::stoll(m[1]) : 0;
+  };
+  std::smatch mesh;
+  std::regex_search(json, mesh, std::regex("\"spec\": \"([^\"]*)\""));
+  const int64_t params = number("parameters"), grads = number("gradients"), state = number("optimizer_state");
+  auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
+  std::printf("plan: %s, mesh %s, %zu ranks\n", dir.c_str(), mesh.size() > 1 ? mesh[1].str().c_str() : "?",
+              ranks->size());
+  std::printf("unpartitioned: parameters %.3f MiB, gradients %.3f MiB, optimizer state %.3f MiB\n", mib(params),
+              mib(grads), mib(state));
+  for (const auto& r : *ranks) {
+    if (only_rank >= 0 && r.rank != only_rank) continue;
+    auto pct = [](int64_t part, int64_t whole) { return whole ? 100.0 * static_cast<double>(part) / whole : 0.0; };
+    std::printf("\nrank %d: parameters %.3f MiB (%.1f%%), gradients %.3f MiB (%.1f%%), optimizer state %.3f MiB (%.1f%%)\n",
+                r.rank, mib(r.memory.parameters), pct(r.memory.parameters, params), mib(r.memory.gradients),
+                pct(r.memory.gradients, grads), mib(r.memory.optimizer_state), pct(r.memory.optimizer_state, state));
+    if (r.collectives.empty()) std::printf("  no collectives\n");
+    for (const auto& [k, v] : r.collectives)
+      std::printf("  %-60s %4d x %10.3f MiB per step\n", k.c_str(), v.first, mib(v.second));
+  }
+  std::printf("\nschedule: no pipeline stages (pp=1)\n");
+  if (!dot.empty()) {
+    const int rank = only_rank >= 0 ? only_rank : 0;
+    auto g = onnx_ext::LoadModel((std::filesystem::path(dir) / ("rank_" + std::to_string(rank)) / "training_model.onnx").string());
+    if (!g.ok() || !graph::InferShapes(**g).ok()) {
+      std::fprintf(stderr, "cleave inspect: cannot load rank %d's training graph\n", rank);
+      return 1;
+    }
+    std::ofstream out(dot);
+    out << graph::GraphToDot(**g, "rank " + std::to_string(rank) + " training");
+    std::printf("rank %d's training graph written to %s (collectives in red)\n", rank, dot.c_str());
+  }
+  return 0;
+}
+
 int InspectCommand(const Args& args) {
   std::string model, dot;
   bool optimized = false;
+  int only_rank = -1;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--dot" && i + 1 < args.size()) dot = args[++i];
+    else if (args[i] == "--rank" && i + 1 < args.size()) only_rank = std::atoi(args[++i].c_str());
     else if (args[i] == "--optimized") optimized = true;
     else if (model.empty() && args[i][0] != '-') model = args[i];
     else model.clear(), i = args.size();
   }
+  if (!model.empty() && std::filesystem::is_directory(model)) return InspectPlan(model, only_rank, dot);
   if (model.empty()) {
-    std::fprintf(stderr, "usage: cleave inspect MODEL.onnx [--optimized] [--dot FILE.dot]\n");
+    std::fprintf(stderr, "usage: cleave inspect MODEL.onnx [--optimized] [--dot FILE.dot]\n"
+                         "       cleave inspect PLAN_DIR [--rank R] [--dot FILE.dot]\n");
     return 2;
   }
   // --optimized shows the graph a session runs: folded, fused, shapes inferred.

@@ -13,5 +13,6 @@ int RunCommand(const Args& args);          // cleave run MODEL --input NAME=FILE
 int InspectCommand(const Args& args);      // cleave inspect MODEL
 int ConformanceCommand(const Args& args);  // cleave conformance DIR...
 int TrainCommand(const Args& args);        // cleave train MODEL --data FILE ...
+int PartitionCommand(const Args& args);    // cleave partition MODEL --mesh ... -o PLAN_DIR
 
 }  // namespace cleave::tools

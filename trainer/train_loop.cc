@@ -29,6 +29,8 @@ uint64_t SplitMix64(uint64_t x) {
 }
 
 // The model's token input: its only non-parameter input, integer, [batch, seq].
+}  // namespace
+
 absl::StatusOr<const graph::Value*> TokenInput(const graph::Graph& g, const std::string& path) {
   std::vector<const graph::Value*> data;
   for (const graph::Value* v : g.inputs())
@@ -48,7 +50,7 @@ absl::StatusOr<const graph::Value*> TokenInput(const graph::Graph& g, const std:
   return v;
 }
 
-absl::Status FixDims(const graph::Value& in, int64_t micro, int64_t seq, std::map<std::string, int64_t>* dims) {
+absl::Status FixTokenDims(const graph::Value& in, int64_t micro, int64_t seq, std::map<std::string, int64_t>* dims) {
   const int64_t want[2] = {micro, seq};
   const char* what[2] = {"batch (--batch / --grad-accum)", "sequence (--seq)"};
   for (int k = 0; k < 2; ++k) {
@@ -67,6 +69,8 @@ absl::Status FixDims(const graph::Value& in, int64_t micro, int64_t seq, std::ma
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 // Rows [row0, row0 + rows) of step `step`'s global batch: inputs and labels.
 struct Batch {
@@ -194,7 +198,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
   spec.loss.kind = c.loss;
   spec.optimizer = c.optimizer;
   spec.frozen = c.frozen;
-  RETURN_IF_ERROR(FixDims(*token_in, micro, c.seq, &spec.dims));
+  RETURN_IF_ERROR(FixTokenDims(*token_in, micro, c.seq, &spec.dims));
   auto built = BuildTrainingArtifacts(*model, spec);
   if (!built.ok())
     return absl::Status(built.status().code(), absl::StrCat(c.model, ": ", built.status().message()));

@@ -14,10 +14,12 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "graph/graph.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/training_graph.h"
 
@@ -71,5 +73,12 @@ struct TrainResult {
 };
 
 absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log);
+
+// The model's token input: its only non-parameter input, integer [batch, seq]; `path` names
+// the model in errors.
+absl::StatusOr<const graph::Value*> TokenInput(const graph::Graph& g, const std::string& path);
+// Fixes the token input's symbolic dims to (micro, seq) in `dims`; errors when a static dim
+// disagrees.
+absl::Status FixTokenDims(const graph::Value& in, int64_t micro, int64_t seq, std::map<std::string, int64_t>* dims);
 
 }  // namespace cleave::trainer

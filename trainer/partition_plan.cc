@@ -1,0 +1,291 @@
+// Partition plans (trainer/): see partition_plan.h.
+#include "trainer/partition_plan.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "graph/op_table.h"
+#include "graph/passes/pass.h"
+#include "onnx_ext/onnx_io.h"
+#include "partition/megatron.h"
+#include "partition/propagation.h"
+#include "providers/cpu/cpu_provider.h"
+#include "runtime/constant_evaluator.h"
+#include "trainer/autodiff.h"
+#include "trainer/checkpoint.h"
+#include "trainer/train_loop.h"
+
+namespace cleave::trainer {
+
+namespace {
+
+namespace fs = std::filesystem;
+using partition::Sharding;
+
+int64_t Bytes(const graph::Value* v) {
+  if (!v || !v->shape().is_static()) return 0;
+  return v->shape().NumElements() * static_cast<int64_t>(ElementSize(v->dtype()));
+}
+
+absl::Status FoldShapes(graph::Graph& g) {
+  providers::CpuExecutionProvider cpu(1);
+  graph::ConstantFolding fold(runtime::MakeConstantEvaluator(g, cpu),
+                              [](const graph::Value* v) { return v->is_graph_input(); });
+  graph::DeadCodeElimination dce;
+  return graph::RunToFixedPoint({&fold, &dce}, &g);
+}
+
+RankMemory MemoryOf(const TrainingArtifacts& a) {
+  RankMemory m;
+  for (const std::string& p : a.params) {
+    m.parameters += Bytes(a.training->FindValue(p));
+    m.gradients += Bytes(a.training->FindValue(AccumulationBuffer(p)));
+    for (const std::string& suf : a.state_suffixes) m.optimizer_state += Bytes(a.optimizer->FindValue(p + suf));
+  }
+  return m;
+}
+
+std::string Json(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string MiB(int64_t bytes) { return absl::StrFormat("%.3f MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+}  // namespace
+
+absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
+  Plan plan;
+  plan.config = c;
+  ASSIGN_OR_RETURN(plan.mesh, partition::Mesh::Parse(c.mesh));
+  const partition::Mesh& mesh = plan.mesh;
+  if (mesh.size("pp") > 1)
+    return Unimplemented("--mesh ", c.mesh, ": pipeline parallelism (pp=", mesh.size("pp"), ") is not implemented yet");
+  if (mesh.size("cp") > 1) return Unimplemented("--mesh ", c.mesh, ": context parallelism is not implemented");
+  const int dp = mesh.size("dp"), tp = mesh.size("tp");
+  if (c.batch % dp != 0)
+    return InvalidArgument("--batch ", c.batch, " (the global batch) is not divisible by dp=", dp);
+  ASSIGN_OR_RETURN(std::unique_ptr<graph::Graph> model, onnx_ext::LoadModel(c.model));
+  ASSIGN_OR_RETURN(const graph::Value* token, TokenInput(*model, c.model));
+  TrainingSpec spec = c.spec;
+  RETURN_IF_ERROR(FixTokenDims(*token, c.batch, c.seq, &spec.dims));
+  ASSIGN_OR_RETURN(TrainingArtifacts a, BuildTrainingArtifacts(*model, spec));
+  RETURN_IF_ERROR(FoldShapes(*a.training));
+  RETURN_IF_ERROR(FoldShapes(*a.eval));
+
+  std::map<std::string, Sharding> seeds;
+  if (dp > 1)
+    for (const std::string& d : a.data_inputs) {
+      Sharding s = Sharding::Replicated(a.training->FindValue(d)->shape().rank());
+      s.dims[0] = {"dp"};
+      seeds[d] = s;
+    }
+  plan.data_shardings = seeds;
+  if (tp > 1) {
+    if (!c.tp_megatron) return Unimplemented("tp=", tp, " needs --tp megatron (shard plans are not supported yet)");
+    ASSIGN_OR_RETURN(auto megatron, partition::FindMegatronSeeds(*a.training, a.params, mesh));
+    for (auto& [k, v] : partition::SeedShardings(*a.training, megatron)) seeds[k] = v;
+  }
+  ASSIGN_OR_RETURN(partition::Propagation train_p, partition::PropagateTraining(*a.training, a.params, mesh, seeds));
+  std::map<std::string, Sharding> grads;
+  for (const std::string& p : a.params) {
+    plan.param_shardings[p] = train_p.sharding.at(a.training->FindValue(p));
+    grads[p] = train_p.sharding.at(a.training->FindValue(AccumulationOut(p)));
+  }
+  std::map<std::string, Sharding> eval_seeds = plan.data_shardings;
+  for (const auto& [p, s] : plan.param_shardings) eval_seeds[p] = s;
+  ASSIGN_OR_RETURN(partition::Propagation eval_p, partition::Propagate(*a.eval, mesh, eval_seeds));
+  std::map<std::string, Sharding> output_wants;
+  ASSIGN_OR_RETURN(auto opt_seeds, partition::PrepareOptimizer(*a.optimizer, a.params, a.state_suffixes, mesh,
+                                                               plan.param_shardings, grads, c.zero, &output_wants));
+  ASSIGN_OR_RETURN(partition::Propagation opt_p, partition::Propagate(*a.optimizer, mesh, opt_seeds));
+
+  plan.unpartitioned.parameters = 0;
+  for (const std::string& p : a.params) {
+    plan.unpartitioned.parameters += Bytes(a.training->FindValue(p));
+    plan.unpartitioned.optimizer_state +=
+        Bytes(a.training->FindValue(p)) * static_cast<int64_t>(a.state_suffixes.size());
+  }
+  plan.unpartitioned.gradients = plan.unpartitioned.parameters;
+
+  for (int r = 0; r < mesh.world_size(); ++r) {
+    RankPlan rp;
+    rp.rank = r;
+    rp.coords = mesh.Coords(r);
+    ASSIGN_OR_RETURN(partition::LoweredGraph train, partition::LowerForRank(*a.training, mesh, train_p, r, kLoss));
+    ASSIGN_OR_RETURN(partition::LoweredGraph eval, partition::LowerForRank(*a.eval, mesh, eval_p, r, kLoss));
+    ASSIGN_OR_RETURN(partition::LoweredGraph opt,
+                     partition::LowerForRank(*a.optimizer, mesh, opt_p, r, "", output_wants));
+    for (auto& rec : train.collectives) rp.collectives.emplace_back("training", rec);
+    for (auto& rec : eval.collectives) rp.collectives.emplace_back("eval", rec);
+    for (auto& rec : opt.collectives) rp.collectives.emplace_back("optimizer", rec);
+    rp.artifacts.training = std::move(train.graph);
+    rp.artifacts.eval = std::move(eval.graph);
+    rp.artifacts.optimizer = std::move(opt.graph);
+    rp.artifacts.forward = a.forward->Clone();
+    rp.artifacts.params = a.params;
+    rp.artifacts.state_suffixes = a.state_suffixes;
+    rp.artifacts.data_inputs = a.data_inputs;
+    for (const std::string& p : a.params) {
+      ASSIGN_OR_RETURN(rp.artifacts.initial[p],
+                       partition::ShardTensor(a.initial.at(p), mesh, plan.param_shardings.at(p), r, p));
+    }
+    rp.memory = MemoryOf(rp.artifacts);
+    plan.ranks.push_back(std::move(rp));
+  }
+  return plan;
+}
+
+absl::Status WritePlan(const Plan& plan, const std::string& dir) {
+  const fs::path target = fs::absolute(dir);
+  const fs::path tmp = target.string() + ".tmp." + std::to_string(::getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) return InvalidArgument("cannot create '", tmp.string(), "': ", ec.message());
+  auto fail = [&](absl::Status s) {
+    std::error_code ignore;
+    fs::remove_all(tmp, ignore);
+    return s;
+  };
+  const partition::Mesh& mesh = plan.mesh;
+  std::ostringstream json, report;
+  json << "{\n  \"mesh\": {\"spec\": " << Json(mesh.ToString()) << ", \"world_size\": " << mesh.world_size()
+       << ", \"axes\": [";
+  for (size_t i = 0; i < mesh.axes().size(); ++i)
+    json << (i ? ", " : "") << "{\"name\": " << Json(mesh.axes()[i].name) << ", \"size\": " << mesh.axes()[i].size << "}";
+  json << "]},\n  \"model\": " << Json(plan.config.model) << ",\n  \"batch\": " << plan.config.batch
+       << ", \"seq\": " << plan.config.seq << ", \"zero\": " << plan.config.zero
+       << ", \"tp\": " << Json(plan.config.tp_megatron ? "megatron" : "none")
+       << ",\n  \"schedule\": {\"kind\": \"none\", \"stages\": 1},\n  \"shardings\": {";
+  bool first = true;
+  for (const auto* m : {&plan.data_shardings, &plan.param_shardings})
+    for (const auto& [name, s] : *m) {
+      json << (first ? "\n" : ",\n") << "    " << Json(name) << ": " << Json(s.ToString());
+      first = false;
+    }
+  json << "\n  },\n  \"unpartitioned\": {\"parameters\": " << plan.unpartitioned.parameters
+       << ", \"gradients\": " << plan.unpartitioned.gradients
+       << ", \"optimizer_state\": " << plan.unpartitioned.optimizer_state << "},\n  \"ranks\": [";
+  report << "cleave partition plan\nmodel: " << plan.config.model << "\nmesh: " << mesh.ToString() << " ("
+         << mesh.world_size() << " ranks), global batch " << plan.config.batch << ", seq " << plan.config.seq
+         << ", ZeRO " << plan.config.zero << "\n\nunpartitioned: parameters " << MiB(plan.unpartitioned.parameters)
+         << ", gradients " << MiB(plan.unpartitioned.gradients) << ", optimizer state "
+         << MiB(plan.unpartitioned.optimizer_state) << "\n";
+  for (const RankPlan& rp : plan.ranks) {
+    const std::string rdir = "rank_" + std::to_string(rp.rank);
+    fs::create_directories(tmp / rdir, ec);
+    for (const auto& [file, g] : {std::pair<const char*, const graph::Graph*>{"training_model.onnx", rp.artifacts.training.get()},
+                                  {"eval_model.onnx", rp.artifacts.eval.get()},
+                                  {"optimizer_model.onnx", rp.artifacts.optimizer.get()}}) {
+      absl::Status s = onnx_ext::SaveModel(*g, (tmp / rdir / file).string());
+      if (!s.ok()) return fail(s);
+    }
+    Checkpoint ck;
+    ck.properties["rank"] = std::to_string(rp.rank);
+    ck.properties["mesh"] = mesh.ToString();
+    for (const std::string& p : rp.artifacts.params) ck.tensors.emplace_back(p, rp.artifacts.initial.at(p));
+    absl::Status s = WriteCheckpoint((tmp / rdir / "params.ckpt").string(), ck);
+    if (!s.ok()) return fail(s);
+
+    json << (rp.rank ? "," : "") << "\n    {\"rank\": " << rp.rank << ", \"coords\": {";
+    for (size_t i = 0; i < mesh.axes().size(); ++i)
+      json << (i ? ", " : "") << Json(mesh.axes()[i].name) << ": " << rp.coords[i];
+    json << "},\n     \"files\": {\"training\": " << Json(rdir + "/training_model.onnx")
+         << ", \"eval\": " << Json(rdir + "/eval_model.onnx") << ", \"optimizer\": " << Json(rdir + "/optimizer_model.onnx")
+         << ", \"params\": " << Json(rdir + "/params.ckpt") << "},\n     \"memory\": {\"parameters\": "
+         << rp.memory.parameters << ", \"gradients\": " << rp.memory.gradients
+         << ", \"optimizer_state\": " << rp.memory.optimizer_state << "},\n     \"collectives\": [";
+    report << "\nrank " << rp.rank << " (" ;
+    for (size_t i = 0; i < mesh.axes().size(); ++i) report << (i ? " " : "") << mesh.axes()[i].name << "=" << rp.coords[i];
+    report << "): parameters " << MiB(rp.memory.parameters) << ", gradients " << MiB(rp.memory.gradients)
+           << ", optimizer state " << MiB(rp.memory.optimizer_state) << "\n";
+    std::map<std::string, std::pair<int, int64_t>> by_kind;
+    for (size_t i = 0; i < rp.collectives.size(); ++i) {
+      const auto& [graph_name, c] = rp.collectives[i];
+      json << (i ? "," : "") << "\n       {\"graph\": " << Json(graph_name) << ", \"kind\": " << Json(c.kind)
+           << ", \"value\": " << Json(c.value) << ", \"reader\": " << Json(c.reader) << ", \"mesh_axis\": " << Json(c.mesh_axis)
+           << ", \"group\": [" << absl::StrJoin(c.group, ", ") << "], \"dtype\": \"float32\", \"bytes\": " << c.bytes << "}";
+      auto& e = by_kind[absl::StrCat(graph_name, " ", c.kind, " over ", c.mesh_axis, " [", absl::StrJoin(c.group, ","), "]")];
+      ++e.first;
+      e.second += c.bytes;
+    }
+    json << "]}";
+    for (const auto& [k, v] : by_kind) report << "  " << k << ": " << v.first << " x, " << MiB(v.second) << " per step\n";
+  }
+  json << "\n  ]\n}\n";
+  for (const auto& [file, text] : {std::pair<const char*, std::string>{"plan.json", json.str()}, {"report.txt", report.str()}}) {
+    std::ofstream f(tmp / file);
+    f << text;
+    if (!f) return fail(absl::DataLossError(absl::StrCat("cannot write ", (tmp / file).string())));
+  }
+  // Replace an existing plan whole: move it aside, move the new one in, then drop the old one.
+  const fs::path old = target.string() + ".old." + std::to_string(::getpid());
+  if (fs::exists(target)) {
+    fs::rename(target, old, ec);
+    if (ec) return fail(InvalidArgument("cannot move the existing '", target.string(), "' aside: ", ec.message()));
+  }
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    if (fs::exists(old)) fs::rename(old, target, ec);
+    return fail(InvalidArgument("cannot move the plan into '", target.string(), "'"));
+  }
+  fs::remove_all(old, ec);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<RankSummary>> ReadPlanSummary(const std::string& dir) {
+  if (!fs::exists(fs::path(dir) / "plan.json"))
+    return NotFound("'", dir, "' is not a plan directory (no plan.json)");
+  std::vector<RankSummary> out;
+  for (int r = 0;; ++r) {
+    const fs::path rdir = fs::path(dir) / ("rank_" + std::to_string(r));
+    if (!fs::exists(rdir)) break;
+    RankSummary s;
+    s.rank = r;
+    for (const char* name : {"training", "eval", "optimizer"}) {
+      ASSIGN_OR_RETURN(auto g, onnx_ext::LoadModel((rdir / (std::string(name) + "_model.onnx")).string()));
+      RETURN_IF_ERROR(graph::InferShapes(*g));
+      for (const auto& n : g->nodes()) {
+        if (n->domain() != graph::kCleaveDomain) continue;
+        const std::string& op = n->op_type();
+        if (op != "AllReduce" && op != "AllGather" && op != "ReduceScatter" && op != "AllToAll") continue;
+        std::vector<int64_t> group = n->AttrInts("group");
+        auto& e = s.collectives[absl::StrCat(name, " ", op, " over ", n->AttrString("mesh_axis", "?"), " [",
+                                             absl::StrJoin(group, ","), "]")];
+        ++e.first;
+        e.second += Bytes(n->input(0));
+      }
+      if (std::string(name) == "training") {
+        for (const graph::Value* v : g->inputs()) {
+          const std::string& vn = v->name();
+          if (vn.ends_with("_grad.accumulation.buffer")) s.memory.gradients += Bytes(v);
+          else if (g->FindValue(AccumulationBuffer(vn))) s.memory.parameters += Bytes(v);
+        }
+      }
+      if (std::string(name) == "optimizer")
+        for (const graph::Value* v : g->inputs()) {
+          const std::string& vn = v->name();
+          if (vn.find(".exp_avg") != std::string::npos || vn.find(".momentum_buffer") != std::string::npos)
+            s.memory.optimizer_state += Bytes(v);
+        }
+    }
+    out.push_back(std::move(s));
+  }
+  if (out.empty()) return NotFound("plan '", dir, "' has no rank_0 directory");
+  return out;
+}
+
+}  // namespace cleave::trainer

@@ -1,0 +1,66 @@
+// Partition plans (trainer/): what `cleave partition` builds and writes. From a model, the
+// training options and a mesh, it builds the training artifacts, propagates shardings (the
+// batch over dp, Megatron's column-parallel weights over tp, gradients pinned to their
+// parameters), prepares the optimizer (ZeRO-1 optionally), lowers one training, eval and
+// optimizer graph per rank and records every collective and each rank's memory.
+//
+// A plan directory holds plan.json (mesh, ranks and their files, every parameter's sharding,
+// every collective with kind, group, dtype and bytes, memory per rank against the
+// unpartitioned graph), report.txt (the same for people) and rank_<r>/ with
+// training_model.onnx, eval_model.onnx, optimizer_model.onnx and params.ckpt (this rank's
+// initial parameter shards). The directory is written under a temporary name and renamed
+// into place, so an existing plan is replaced whole or not at all.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "partition/lower.h"
+#include "partition/mesh.h"
+#include "trainer/training_graph.h"
+
+namespace cleave::trainer {
+
+struct PlanConfig {
+  std::string model;
+  std::string mesh = "dp=1";
+  int64_t batch = 8, seq = 64;   // global batch; each dp rank gets batch / dp rows
+  TrainingSpec spec;             // loss, optimizer, frozen (dims are set from batch and seq)
+  bool tp_megatron = true;       // seed tp from graph structure
+  int zero = 0;                  // 0 or 1
+};
+
+struct RankMemory {
+  int64_t parameters = 0, gradients = 0, optimizer_state = 0;  // bytes
+};
+
+struct RankPlan {
+  int rank = 0;
+  std::vector<int> coords;
+  TrainingArtifacts artifacts;  // this rank's graphs, `initial` holding its parameter shards
+  std::vector<std::pair<std::string, partition::CollectiveRecord>> collectives;  // (graph, record)
+  RankMemory memory;
+};
+
+struct Plan {
+  PlanConfig config;
+  partition::Mesh mesh;
+  std::map<std::string, partition::Sharding> param_shardings, data_shardings;
+  RankMemory unpartitioned;
+  std::vector<RankPlan> ranks;
+};
+
+absl::StatusOr<Plan> BuildPlan(const PlanConfig& config);
+absl::Status WritePlan(const Plan& plan, const std::string& dir);
+
+// Per-rank summary read back from a plan directory's ONNX files (for `cleave inspect`).
+struct RankSummary {
+  int rank = 0;
+  std::map<std::string, std::pair<int, int64_t>> collectives;  // "graph kind axis" -> (count, bytes)
+  RankMemory memory;
+};
+absl::StatusOr<std::vector<RankSummary>> ReadPlanSummary(const std::string& dir);
+
+}  // namespace cleave::trainer
