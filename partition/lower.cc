@@ -228,6 +228,61 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
     lg.SetNodeInput(reader, r.input, converted);
   }
 
+  // A lookup into a table sharded along the gathered axis (a vocabulary-parallel embedding):
+  // each rank looks up only the ids in its slice of the table, zeroes the rest, and the
+  // output is Partial (the one rank holding a row contributes it).
+  for (size_t k = 0; k < g.nodes().size(); ++k) {
+    const Node* on = g.nodes()[k].get();
+    if (!on->domain().empty() || on->op_type() != "Gather") continue;
+    const FactorRule& rule = p.rules.at(on);
+    if (rule.gathered_factor < 0 || p.factor_axes.at(on)[rule.gathered_factor].empty()) continue;
+    Node* n = twin.at(on);
+    const Sharding& table = p.sharding.at(on->input(0));
+    const int64_t rank_in = on->input(0)->shape().rank();
+    int64_t axis = on->AttrInt("axis", 0);
+    if (axis < 0) axis += rank_in;
+    if (axis != 0 || rank_in != 2)
+      return Unimplemented(on->Describe(), ": a sharded lookup along axis ", axis, " of a rank-", rank_in,
+                           " table is not lowered");
+    const int64_t rows = on->input(0)->shape()[0].value;
+    const int64_t local = rows / Parts(mesh, table.dims[0]);
+    const int64_t offset = ShardOffset(mesh, rank, table, 0, rows);
+    Value* ids = n->input(1);
+    const DataType it = ids->dtype();
+    auto scalar = [&](const std::string& hint, int64_t v) {
+      return lg.AddInitializer(lg.UniqueName(n->name() + hint),
+                               it == DataType::kInt32 ? Tensor::Scalar<int32_t>(static_cast<int32_t>(v)) : Tensor::Scalar<int64_t>(v));
+    };
+    auto md = n->metadata();
+    auto node = [&](const char* op, std::vector<Value*> in, const std::string& hint) {
+      Value* v = lg.GetOrCreateValue(lg.UniqueName(n->name() + hint));
+      Node* m = lg.AddNode(op, in, {v}, v->name());
+      m->metadata() = md;
+      return v;
+    };
+    Value* shifted = node("Sub", {ids, scalar(".offset", offset)}, ".local_ids");
+    Value* lo = node("GreaterOrEqual", {shifted, scalar(".zero", 0)}, ".at_or_above");
+    Value* hi = node("Less", {shifted, scalar(".rows", local)}, ".below");
+    Value* mine = node("And", {lo, hi}, ".in_slice");
+    Value* safe = node("Where", {mine, shifted, scalar(".zero_id", 0)}, ".safe_ids");
+    lg.SetNodeInput(n, 1, safe);
+    // Zero the rows of ids held elsewhere: mask [.., 1] against the output [.., D].
+    Value* out = n->output(0);
+    Value* raw = lg.GetOrCreateValue(lg.UniqueName(n->name() + ".rows"));
+    lg.SetNodeOutput(n, 0, raw);
+    Value* mask;
+    if (lg.OpsetFor("") >= 13) {
+      Value* axes = lg.AddInitializer(lg.UniqueName(n->name() + ".mask_axes"), Tensor::FromVector<int64_t>({-1}, {1}));
+      mask = node("Unsqueeze", {mine, axes}, ".mask");
+    } else {
+      mask = node("Unsqueeze", {mine}, ".mask");
+      mask->producer()->SetAttr("axes", Attribute::Ints({-1}));
+    }
+    Value* zero = lg.AddInitializer(lg.UniqueName(n->name() + ".zero_row"), Tensor::Scalar<float>(0.0f));
+    Node* w = lg.AddNode("Where", {mask, raw, zero}, {out}, lg.UniqueName(n->name() + ".masked"));
+    w->metadata() = md;
+  }
+
   // A sum of squares that becomes Partial over axes A adds its inputs' local sums over A. An
   // input not sharded over some of A is held whole by several of the ranks summed; its part
   // is divided by the number of those copies first.
