@@ -131,7 +131,8 @@ absl::StatusOr<std::map<std::string, Sharding>> PrepareZero1(Graph& opt, const s
 
 absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, const Propagation& p, int rank,
                                           const std::string& loss,
-                                          const std::map<std::string, Sharding>& output_wants) {
+                                          const std::map<std::string, Sharding>& output_wants,
+                                          int64_t bucket_bytes) {
   LoweredGraph out;
   out.graph = g.Clone();
   Graph& lg = *out.graph;
@@ -145,6 +146,79 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
   std::map<const Node*, Node*> twin;
   for (size_t i = 0; i < g.nodes().size(); ++i) twin[g.nodes()[i].get()] = lg.nodes()[i].get();
   std::map<std::pair<std::string, std::string>, Value*> made;  // (value, target sharding) -> converted value
+
+  // Buckets: flat concatenations of the small same-axes AllReduces of fp32 graph inputs.
+  if (bucket_bytes > 0) {
+    std::map<std::vector<std::string>, std::vector<const Reshard*>> by_axes;
+    std::set<std::pair<std::string, std::string>> seen;
+    for (const Reshard& r : reshards) {
+      if (r.kind != ReshardKind::kAllReduce || !r.from.partial_avg.empty() || !r.value->is_graph_input() ||
+          r.value->dtype() != DataType::kFloat32 || !r.value->shape().is_static())
+        continue;
+      if (!seen.insert({r.value->name(), r.to.ToString()}).second) continue;
+      by_axes[r.axes].push_back(&r);
+    }
+    for (const auto& [axes, list] : by_axes) {
+      const std::vector<int> group = mesh.Group(rank, axes);
+      const std::string axis_name = absl::StrJoin(axes, "*");
+      size_t i = 0;
+      while (i < list.size()) {
+        // One bucket: tensors in input order until it holds about bucket_bytes.
+        std::vector<const Reshard*> bucket;
+        int64_t bytes = 0;
+        while (i < list.size() && (bucket.empty() || bytes + list[i]->bytes <= bucket_bytes)) {
+          bytes += list[i]->bytes;
+          bucket.push_back(list[i++]);
+        }
+        if (bucket.size() == 1) continue;  // a lone tensor keeps its own AllReduce below
+        const std::string base = lg.UniqueName("grad_bucket");
+        Value* flat_shape = lg.AddInitializer(lg.UniqueName(base + ".flat"), Tensor::FromVector<int64_t>({-1}, {1}));
+        std::vector<Value*> flats;
+        std::vector<int64_t> sizes;
+        for (const Reshard* r : bucket) {
+          Value* f = lg.GetOrCreateValue(lg.UniqueName(r->value->name() + ".flat"));
+          Node* rs = lg.AddNode("Reshape", {lg.FindValue(r->value->name()), flat_shape}, {f}, f->name());
+          rs->metadata()["role"] = "opt";
+          flats.push_back(f);
+          sizes.push_back(r->value->shape().NumElements() / [&] {
+            int64_t parts = 1;
+            for (const auto& d : r->from.dims)
+              for (const auto& a : d) parts *= mesh.size(a);
+            return parts;
+          }());
+        }
+        Value* packed = lg.GetOrCreateValue(lg.UniqueName(base + ".packed"));
+        Node* cat = lg.AddNode("Concat", flats, {packed}, packed->name());
+        cat->SetAttr("axis", Attribute::Int(0));
+        cat->metadata()["role"] = "opt";
+        Value* reduced = lg.GetOrCreateValue(lg.UniqueName(base + ".allreduce"));
+        Node* ar = lg.AddNode("AllReduce", {packed}, {reduced}, reduced->name(), graph::kCleaveDomain);
+        ar->SetAttr("group", Attribute::Ints(ToInts(group)));
+        ar->SetAttr("mesh_axis", Attribute::String(axis_name));
+        ar->metadata()["role"] = "opt";
+        out.collectives.push_back({"AllReduce", base, absl::StrCat(bucket.size(), " tensors"), axis_name, group, bytes});
+        Value* split_sizes = lg.AddInitializer(lg.UniqueName(base + ".sizes"),
+                                               Tensor::FromVector<int64_t>(sizes, {static_cast<int64_t>(sizes.size())}));
+        std::vector<Value*> parts;
+        for (const Reshard* r : bucket) parts.push_back(lg.GetOrCreateValue(lg.UniqueName(r->value->name() + ".reduced_flat")));
+        Node* split = lg.AddNode("Split", {reduced, split_sizes}, parts, lg.UniqueName(base + ".split"));
+        split->SetAttr("axis", Attribute::Int(0));
+        split->metadata()["role"] = "opt";
+        for (size_t k = 0; k < bucket.size(); ++k) {
+          const Reshard* r = bucket[k];
+          ASSIGN_OR_RETURN(Shape local, LocalShape(mesh, r->value->name(), r->value->shape(), r->from));
+          const std::vector<int64_t> dims = local.StaticDims();
+          Value* shape = lg.AddInitializer(lg.UniqueName(r->value->name() + ".shape"),
+                                           Tensor::FromVector<int64_t>(dims, {static_cast<int64_t>(dims.size())}));
+          Value* back = lg.GetOrCreateValue(lg.UniqueName(r->value->name() + ".allreduce"));
+          Node* rs = lg.AddNode("Reshape", {parts[k], shape}, {back}, back->name());
+          rs->metadata()["role"] = "opt";
+          made[{r->value->name(), r->to.ToString()}] = back;
+        }
+      }
+    }
+  }
+
   for (const Reshard& r : reshards) {
     const std::string key_to = r.to.ToString();
     Node* reader = twin.at(r.node);

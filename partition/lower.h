@@ -37,9 +37,13 @@ struct LoweredGraph {
 // `loss`: the name of an averaged scalar loss output to make global (empty: none).
 // `output_wants`: shardings some graph outputs must have (a ZeRO optimizer's updated
 // parameters are gathered back whole); the collective is added at the end.
+// `bucket_bytes` > 0: sum-AllReduces of fp32 graph inputs over the same axes (the data-parallel
+// gradients an optimizer graph receives) are packed, in input order, into flat buckets of
+// about that many bytes: one AllReduce per bucket instead of one per tensor.
 absl::StatusOr<LoweredGraph> LowerForRank(const graph::Graph& g, const Mesh& mesh, const Propagation& p, int rank,
                                           const std::string& loss = "",
-                                          const std::map<std::string, Sharding>& output_wants = {});
+                                          const std::map<std::string, Sharding>& output_wants = {},
+                                          int64_t bucket_bytes = 0);
 
 // Seeds for an optimizer graph whose parameters and gradients come sharded from the training
 // graph (`param_shardings`, `grad_shardings` by parameter name; absent: replicated). With

@@ -83,7 +83,9 @@ class DataParallel : public ::testing::TestWithParam<int> {};
 
 TEST_P(DataParallel, StepEqualsSingleRank) {
   const int dp = 2;
-  const int zero = GetParam();
+  // 0, 1: ZeRO stage; 2: stage 0 with the gradients all-reduced in 64 KiB buckets.
+  const int zero = GetParam() == 1 ? 1 : 0;
+  const int64_t bucket = GetParam() == 2 ? 64 << 10 : 0;
   trainer::TrainingArtifacts a = Artifacts();
   Tensor ids(DataType::kInt64, {kBatch, kSeq}), labels(DataType::kInt64, {kBatch, kSeq});
   for (int64_t i = 0; i < kBatch * kSeq; ++i) {
@@ -123,7 +125,7 @@ TEST_P(DataParallel, StepEqualsSingleRank) {
   for (int r = 0; r < dp; ++r)
     ranks.emplace_back([&, r] {
       auto train = LowerForRank(*a.training, mesh, *train_p, r, "loss");
-      auto opt = LowerForRank(*a.optimizer, mesh, *opt_p, r, "", output_wants);
+      auto opt = LowerForRank(*a.optimizer, mesh, *opt_p, r, "", output_wants, bucket);
       if (!train.ok() || !opt.ok()) {
         got[r].status = train.ok() ? opt.status() : train.status();
         return;
@@ -131,7 +133,24 @@ TEST_P(DataParallel, StepEqualsSingleRank) {
       // Per rank: every gradient all-reduced once in the optimizer, nothing in training
       // but the loss report.
       // ZeRO-1: a ReduceScatter and an AllGather per parameter, and the norm's scalar.
-      const size_t want_opt = zero == 1 ? 2 * a.params.size() + 1 : a.params.size();
+      size_t want_opt = zero == 1 ? 2 * a.params.size() + 1 : a.params.size();
+      if (bucket) {
+        // Greedy buckets in input order, a lone tensor keeping its own AllReduce.
+        want_opt = 0;
+        int64_t bytes = 0;
+        bool open = false;
+        for (const graph::Value* v : a.optimizer->inputs()) {
+          if (v->name().size() < 5 || v->name().substr(v->name().size() - 5) != "_grad") continue;
+          const int64_t b = v->shape().NumElements() * 4;
+          if (open && bytes + b <= bucket) {
+            bytes += b;
+          } else {
+            ++want_opt;
+            open = true;
+            bytes = b;
+          }
+        }
+      }
       if (train->collectives.size() != 1 || opt->collectives.size() != want_opt) {
         std::string list;
         for (const auto& c : opt->collectives) list += c.kind + " " + c.value + " @" + c.reader + "; ";
@@ -169,8 +188,9 @@ TEST_P(DataParallel, StepEqualsSingleRank) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Zero, DataParallel, ::testing::Values(0, 1),
-                         [](const auto& info) { return "zero" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Zero, DataParallel, ::testing::Values(0, 1, 2), [](const auto& info) {
+  return info.param == 2 ? std::string("zero0_bucketed") : "zero" + std::to_string(info.param);
+});
 
 }  // namespace
 }  // namespace cleave::partition

@@ -35,6 +35,7 @@ void Usage() {
                "      train a causal LM on a token file (.bin: uint16 tokens; anything else: bytes);\n"
                "      --batch is the global batch, --clip 0 and --weight-decay 0 turn those off\n"
                "  partition MODEL.onnx --mesh dp=D,tp=T --batch B --seq T [--tp megatron] [--zero 0|1]\n"
+               "        [--bucket-mb 25]\n"
                "        [--loss ...] [--optimizer ...] [--weight-decay W] [--clip C] [--freeze ...] -o PLAN_DIR\n"
                "      per-rank training, eval and optimizer graphs with collectives, plan.json and report.txt;\n"
                "      `cleave inspect PLAN_DIR` summarises a plan\n");

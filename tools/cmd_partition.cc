@@ -48,6 +48,11 @@ int PartitionCommand(const Args& args) {
     else if (a == "--batch") num(&c.batch);
     else if (a == "--seq") num(&c.seq);
     else if (a == "--zero") num(&c.zero);
+    else if (a == "--bucket-mb") {
+      double mb = 25;
+      num(&mb);
+      c.bucket_bytes = static_cast<int64_t>(mb * (1 << 20));
+    }
     else if (a == "--tp") {
       const std::string v = next();
       if (v != "megatron" && error.empty()) error = absl::StrCat("--tp expects megatron, got '", v, "'");

@@ -127,7 +127,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
     ASSIGN_OR_RETURN(partition::LoweredGraph train, partition::LowerForRank(*a.training, mesh, train_p, r, kLoss));
     ASSIGN_OR_RETURN(partition::LoweredGraph eval, partition::LowerForRank(*a.eval, mesh, eval_p, r, kLoss));
     ASSIGN_OR_RETURN(partition::LoweredGraph opt,
-                     partition::LowerForRank(*a.optimizer, mesh, opt_p, r, "", output_wants));
+                     partition::LowerForRank(*a.optimizer, mesh, opt_p, r, "", output_wants, c.bucket_bytes));
     for (auto& rec : train.collectives) rp.collectives.emplace_back("training", rec);
     for (auto& rec : eval.collectives) rp.collectives.emplace_back("eval", rec);
     for (auto& rec : opt.collectives) rp.collectives.emplace_back("optimizer", rec);

@@ -30,6 +30,9 @@ struct PlanConfig {
   TrainingSpec spec;             // loss, optimizer, frozen (dims are set from batch and seq)
   bool tp_megatron = true;       // seed tp from graph structure
   int zero = 0;                  // 0 or 1
+  // Data-parallel gradient AllReduces packed into flat buckets of about this size (as
+  // PyTorch DDP's 25 MB); 0: one AllReduce per gradient.
+  int64_t bucket_bytes = 25 << 20;
 };
 
 struct RankMemory {
