@@ -30,4 +30,5 @@ absl::StatusOr<std::vector<MegatronSeed>> FindMegatronSeeds(const graph::Graph& 
 
 std::map<std::string, Sharding> SeedShardings(const graph::Graph& g, const std::vector<MegatronSeed>& seeds);
 
+
 }  // namespace cleave::partition

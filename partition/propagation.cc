@@ -2,6 +2,7 @@
 #include "partition/propagation.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -38,7 +39,8 @@ std::vector<Operand> Operands(const Node& n, const FactorRule& r) {
 
 // Axes for each factor from the operands whose sharding is known; heavier operands first.
 std::vector<std::vector<std::string>> AssignFactors(const Node& n, const FactorRule& r, const Mesh& mesh,
-                                                    const std::map<const Value*, Sharding>& known) {
+                                                    const std::map<const Value*, Sharding>& known,
+                                                    const std::set<const Value*>& seeded) {
   struct Candidate {
     int factor;
     const std::vector<std::string>* axes;
@@ -51,7 +53,9 @@ std::vector<std::vector<std::string>> AssignFactors(const Node& n, const FactorR
     const Sharding& s = it->second;
     for (size_t d = 0; d < s.dims.size() && d < op.factors->dims.size(); ++d)
       if (!s.dims[d].empty() && !op.factors->dims[d].empty())
-        cands.push_back({op.factors->dims[d][0], &s.dims[d], Bytes(op.value)});
+        // A seeded value's sharding is what the user (or the planner) asked for: it wins.
+        cands.push_back({op.factors->dims[d][0], &s.dims[d],
+                         seeded.count(op.value) ? std::numeric_limits<int64_t>::max() : Bytes(op.value)});
   }
   std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.weight > b.weight; });
   // A mesh axis may shard only one dim of any one tensor: track the axes each operand uses.
@@ -81,6 +85,11 @@ std::vector<std::vector<std::string>> AssignFactors(const Node& n, const FactorR
     fa[c.factor] = *c.axes;
     for (int k : operands_of[c.factor]) used[k].insert(c.axes->begin(), c.axes->end());
   }
+  // A compound dim (a view merging dims) can be split only through its leading factor: an
+  // inner factor's sharding has no contiguous block, so the op needs that factor whole.
+  for (const Operand& op : operands)
+    for (const auto& d : op.factors->dims)
+      for (size_t k = 1; k < d.size(); ++k) fa[d[k]].clear();
   return fa;
 }
 
@@ -143,11 +152,12 @@ void LinearPartial(const Node& n, const FactorRule& r, const std::map<const Valu
   }
 }
 
-bool Visit(const Node& n, const FactorRule& r, const Mesh& mesh, std::map<const Value*, Sharding>& known) {
+bool Visit(const Node& n, const FactorRule& r, const Mesh& mesh, std::map<const Value*, Sharding>& known,
+           const std::set<const Value*>& seeded) {
   bool any_known = false;
   for (const Operand& op : Operands(n, r)) any_known |= known.count(op.value) > 0;
   if (!any_known) return false;
-  const auto fa = AssignFactors(n, r, mesh, known);
+  const auto fa = AssignFactors(n, r, mesh, known, seeded);
   bool changed = false;
   // Inputs: dims from the factors; the Partial of a sum's other inputs for kAll.
   std::set<std::string> peer_sum, peer_avg;
@@ -217,7 +227,10 @@ absl::StatusOr<Propagation> Propagate(const graph::Graph& g, const Mesh& mesh,
     }
     absl::Status ok = ValidateSharding(mesh, name, v->shape(), s);
     if (!ok.ok()) errors.emplace_back(ok.message());
-    else p.sharding[v] = s;
+    else {
+      p.sharding[v] = s;
+      p.seeded.insert(v);
+    }
   }
   for (const Node* n : order) {
     auto r = RuleFor(g, *n);
@@ -228,13 +241,14 @@ absl::StatusOr<Propagation> Propagate(const graph::Graph& g, const Mesh& mesh,
     return InvalidArgument("cannot partition: ", errors.size(), " problem(s):\n  ", absl::StrJoin(errors, "\n  "));
   for (int sweep = 0; sweep < 64; ++sweep) {
     bool changed = false;
-    for (const Node* n : order) changed |= Visit(*n, p.rules.at(n), mesh, p.sharding);
-    for (auto it = order.rbegin(); it != order.rend(); ++it) changed |= Visit(**it, p.rules.at(*it), mesh, p.sharding);
+    for (const Node* n : order) changed |= Visit(*n, p.rules.at(n), mesh, p.sharding, p.seeded);
+    for (auto it = order.rbegin(); it != order.rend(); ++it)
+      changed |= Visit(**it, p.rules.at(*it), mesh, p.sharding, p.seeded);
     if (!changed) break;
   }
   for (const Value* v : g.AllValues())
     if (!p.sharding.count(v)) p.sharding[v] = Sharding::Replicated(Rank(v));
-  for (const Node* n : order) p.factor_axes[n] = AssignFactors(*n, p.rules.at(n), mesh, p.sharding);
+  for (const Node* n : order) p.factor_axes[n] = AssignFactors(*n, p.rules.at(n), mesh, p.sharding, p.seeded);
   return p;
 }
 

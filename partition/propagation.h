@@ -17,6 +17,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@ struct Propagation {
   std::map<const graph::Value*, Sharding> sharding;  // every value of the graph
   std::map<const graph::Node*, FactorRule> rules;
   std::map<const graph::Node*, std::vector<std::vector<std::string>>> factor_axes;  // per node, per factor
+  std::set<const graph::Value*> seeded;  // values whose sharding was given, not derived
 };
 
 // `seeds` by value name. Fails listing every node without a rule and every invalid seed.
