@@ -83,6 +83,43 @@ absl::StatusOr<std::vector<MegatronSeed>> FindMegatronSeeds(const graph::Graph& 
   return seeds;
 }
 
+absl::StatusOr<std::pair<std::string, Sharding>> FindSequenceParallelSeed(const graph::Graph& g,
+                                                                          const std::vector<std::string>& params,
+                                                                          const Mesh& mesh) {
+  const std::set<std::string> pset(params.begin(), params.end());
+  auto order = g.TopologicalOrder();
+  if (!order.ok()) return order.status();
+  const Value* stream = nullptr;
+  for (const Node* n : *order) {
+    if (n->op_type() == "LayerNormalization") {
+      stream = n->input(0);
+    } else if (Is(n, "Mul") && n->domain().empty()) {
+      // RMSNorm: weight * (x * rsqrt(...)); the residual x is the larger operand inside.
+      const Value* inner = nullptr;
+      bool has_weight = false;
+      for (const Value* in : n->inputs()) {
+        if (!in) continue;
+        if (pset.count(in->name())) has_weight |= in->shape().has_rank() && in->shape().rank() == 1;
+        else inner = in;
+      }
+      const Node* m = inner && has_weight ? inner->producer() : nullptr;
+      if (Is(m, "Mul") && m->num_inputs() == 2 && m->input(0)->shape().is_static() && m->input(1)->shape().is_static())
+        stream = m->input(0)->shape().NumElements() >= m->input(1)->shape().NumElements() ? m->input(0) : m->input(1);
+    }
+    if (stream) break;
+  }
+  if (!stream || !stream->shape().is_static() || stream->shape().rank() != 3)
+    return InvalidArgument("--sp found no residual stream ([batch, seq, hidden] input of a normalisation)");
+  const int64_t seq = stream->shape()[1].value;
+  if (seq % mesh.size("tp") != 0)
+    return InvalidArgument("--sp: tp=", mesh.size("tp"), " does not divide the sequence dim (", seq, ") of '",
+                           stream->name(), "' ", stream->shape().ToString());
+  Sharding s = Sharding::Replicated(3);
+  if (mesh.size("dp") > 1) s.dims[0] = {"dp"};
+  s.dims[1] = {"tp"};
+  return std::make_pair(stream->name(), s);
+}
+
 std::map<std::string, Sharding> SeedShardings(const graph::Graph& g, const std::vector<MegatronSeed>& seeds) {
   std::map<std::string, Sharding> out;
   for (const MegatronSeed& s : seeds) {

@@ -30,5 +30,14 @@ absl::StatusOr<std::vector<MegatronSeed>> FindMegatronSeeds(const graph::Graph& 
 
 std::map<std::string, Sharding> SeedShardings(const graph::Graph& g, const std::vector<MegatronSeed>& seeds);
 
+// Sequence parallelism (Megatron-SP): the residual stream's first value (the activation input
+// of the first normalisation) gets its sequence dim split over tp; propagation carries that
+// along the residual path, so each column-parallel layer's input is all-gathered over the
+// sequence and each row-parallel output reduce-scattered back. Returns the value's name and
+// sharding.
+absl::StatusOr<std::pair<std::string, Sharding>> FindSequenceParallelSeed(const graph::Graph& g,
+                                                                          const std::vector<std::string>& params,
+                                                                          const Mesh& mesh);
+
 
 }  // namespace cleave::partition

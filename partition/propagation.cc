@@ -37,6 +37,12 @@ std::vector<Operand> Operands(const Node& n, const FactorRule& r) {
   return out;
 }
 
+std::set<int> FactorsOf(const OperandFactors& of) {
+  std::set<int> s;
+  for (const auto& d : of.dims) s.insert(d.begin(), d.end());
+  return s;
+}
+
 // Axes for each factor from the operands whose sharding is known; heavier operands first.
 std::vector<std::vector<std::string>> AssignFactors(const Node& n, const FactorRule& r, const Mesh& mesh,
                                                     const std::map<const Value*, Sharding>& known,
@@ -58,13 +64,24 @@ std::vector<std::vector<std::string>> AssignFactors(const Node& n, const FactorR
                          seeded.count(op.value) ? std::numeric_limits<int64_t>::max() : Bytes(op.value)});
   }
   std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.weight > b.weight; });
-  // A mesh axis may shard only one dim of any one tensor: track the axes each operand uses.
+  // A mesh axis may shard only one dim of any one tensor: track the axes each operand's dims
+  // use. A factor an output lacks makes that output Partial over its axes, which then cannot
+  // also split one of the output's dims (several lacking factors may share an axis: their
+  // partial sums simply add).
   const std::vector<Operand> operands = Operands(n, r);
-  std::vector<std::vector<int>> operands_of(r.num_factors);
+  std::vector<std::vector<int>> holders(r.num_factors), lackers(r.num_factors);
   for (size_t k = 0; k < operands.size(); ++k)
     for (const auto& d : operands[k].factors->dims)
-      for (int f : d) operands_of[f].push_back(static_cast<int>(k));
-  std::vector<std::set<std::string>> used(operands.size());
+      for (int f : d) holders[f].push_back(static_cast<int>(k));
+  size_t outputs = 0;
+  for (int o = 0; o < n.num_outputs(); ++o) outputs += n.output(o) && o < static_cast<int>(r.outputs.size());
+  for (size_t k = operands.size() - outputs; k < operands.size(); ++k) {
+    if (operands[k].factors->replicate) continue;
+    const std::set<int> present = FactorsOf(*operands[k].factors);
+    for (int f = 0; f < r.num_factors; ++f)
+      if (!present.count(f)) lackers[f].push_back(static_cast<int>(k));
+  }
+  std::vector<std::set<std::string>> used_dims(operands.size()), used_partial(operands.size());
   std::vector<std::vector<std::string>> fa(r.num_factors);
   for (const Candidate& c : cands) {
     if (r.no_shard[c.factor]) continue;
@@ -79,11 +96,13 @@ std::vector<std::vector<std::string>> AssignFactors(const Node& n, const FactorR
       const std::string& a = (*c.axes)[i];
       parts *= mesh.size(a);
       if (i < cur.size()) continue;
-      for (int k : operands_of[c.factor]) clash |= used[k].count(a) > 0;
+      for (int k : holders[c.factor]) clash |= used_dims[k].count(a) > 0 || used_partial[k].count(a) > 0;
+      for (int k : lackers[c.factor]) clash |= used_dims[k].count(a) > 0;
     }
     if (clash || r.factor_size[c.factor] % parts != 0) continue;
     fa[c.factor] = *c.axes;
-    for (int k : operands_of[c.factor]) used[k].insert(c.axes->begin(), c.axes->end());
+    for (int k : holders[c.factor]) used_dims[k].insert(c.axes->begin(), c.axes->end());
+    for (int k : lackers[c.factor]) used_partial[k].insert(c.axes->begin(), c.axes->end());
   }
   // A compound dim (a view merging dims) can be split only through its leading factor: an
   // inner factor's sharding has no contiguous block, so the op needs that factor whole.
@@ -108,11 +127,6 @@ std::vector<std::vector<std::string>> DimsFrom(const OperandFactors& of, const s
   return dims;
 }
 
-std::set<int> FactorsOf(const OperandFactors& of) {
-  std::set<int> s;
-  for (const auto& d : of.dims) s.insert(d.begin(), d.end());
-  return s;
-}
 
 // Partial axes the linear inputs pass on to the outputs, given the inputs' shardings.
 void LinearPartial(const Node& n, const FactorRule& r, const std::map<const Value*, Sharding>& known,
@@ -292,7 +306,16 @@ Sharding WantedInput(const Propagation& p, const Node* n, int i) {
   if (have.IsPartial() && i < static_cast<int>(r.linear_inputs.size()) && r.linear_inputs[i]) {
     std::set<std::string> sum, avg;
     LinearPartial(*n, r, p.sharding, &sum, &avg);
-    if (sum == have.partial && avg == have.partial_avg) {
+    // ... and only when the outputs are Partial the same way (an output pinned whole, such as
+    // a gradient whose sharding was given, needs its input reduced).
+    bool outputs_partial = true;
+    for (const Value* o : n->outputs())
+      if (o) {
+        const Sharding& os = p.sharding.at(o);
+        for (const auto& a : sum) outputs_partial &= os.partial.count(a) > 0;
+        for (const auto& a : avg) outputs_partial &= os.partial_avg.count(a) > 0;
+      }
+    if (sum == have.partial && avg == have.partial_avg && outputs_partial) {
       want.partial = sum;
       want.partial_avg = avg;
     }
