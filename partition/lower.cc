@@ -293,9 +293,33 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
           converted = v;
           break;
         }
-        case ReshardKind::kAllToAll:
-          return Unimplemented("reshard of '", r.value->name(), "' from ", r.from.ToString(), " to ", r.to.ToString(),
-                               " (AllToAll) for ", r.node->Describe(), " is not lowered yet");
+        case ReshardKind::kAllToAll: {
+          // A shard moving from one dim to another: gather the old dim, slice the new one
+          // (an AllGather's traffic where an AllToAll would move 1/n of it).
+          int from_dim = -1, to_dim = -1;
+          for (size_t d = 0; d < r.from.dims.size(); ++d) {
+            if (r.from.dims[d].size() > r.to.dims[d].size()) from_dim = static_cast<int>(d);
+            if (r.to.dims[d].size() > r.from.dims[d].size()) to_dim = static_cast<int>(d);
+          }
+          if (from_dim < 0 || to_dim < 0 || r.axes.size() != 1 || r.from.dims[from_dim].size() != 1 ||
+              !r.from.dims[to_dim].empty())
+            return Unimplemented("reshard of '", r.value->name(), "' from ", r.from.ToString(), " to ",
+                                 r.to.ToString(), " for ", r.node->Describe(), " is not lowered yet");
+          auto [c, gathered] = collective("AllGather", src, "allgather");
+          c->SetAttr("axis", Attribute::Int(from_dim));
+          const int64_t global = r.value->shape()[to_dim].value;
+          const int64_t local = global / Parts(mesh, r.to.dims[to_dim]);
+          const int64_t off = ShardOffset(mesh, rank, r.to, to_dim, global);
+          Value* vs = lg.AddInitializer(lg.UniqueName(r.value->name() + ".slice_starts"), Tensor::FromVector<int64_t>({off}, {1}));
+          Value* ve = lg.AddInitializer(lg.UniqueName(r.value->name() + ".slice_ends"), Tensor::FromVector<int64_t>({off + local}, {1}));
+          Value* va = lg.AddInitializer(lg.UniqueName(r.value->name() + ".slice_axes"),
+                                        Tensor::FromVector<int64_t>({static_cast<int64_t>(to_dim)}, {1}));
+          Value* v = lg.GetOrCreateValue(lg.UniqueName(r.value->name() + ".moved"));
+          Node* s = lg.AddNode("Slice", {gathered, vs, ve, va}, {v}, v->name());
+          s->metadata() = c->metadata();
+          converted = v;
+          break;
+        }
       }
       made[key] = converted;
     }

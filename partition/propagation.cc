@@ -306,16 +306,15 @@ Sharding WantedInput(const Propagation& p, const Node* n, int i) {
   if (have.IsPartial() && i < static_cast<int>(r.linear_inputs.size()) && r.linear_inputs[i]) {
     std::set<std::string> sum, avg;
     LinearPartial(*n, r, p.sharding, &sum, &avg);
-    // ... and only when the outputs are Partial the same way (an output pinned whole, such as
-    // a gradient whose sharding was given, needs its input reduced).
-    bool outputs_partial = true;
-    for (const Value* o : n->outputs())
-      if (o) {
-        const Sharding& os = p.sharding.at(o);
-        for (const auto& a : sum) outputs_partial &= os.partial.count(a) > 0;
-        for (const auto& a : avg) outputs_partial &= os.partial_avg.count(a) > 0;
-      }
-    if (sum == have.partial && avg == have.partial_avg && outputs_partial) {
+    // ... and only over the axes the outputs are Partial over too (an output pinned to fewer
+    // partial axes, such as a gradient whose sharding was given, needs the others reduced).
+    if (sum == have.partial && avg == have.partial_avg) {
+      for (const Value* o : n->outputs())
+        if (o) {
+          const Sharding& os = p.sharding.at(o);
+          std::erase_if(sum, [&](const std::string& a) { return !os.partial.count(a); });
+          std::erase_if(avg, [&](const std::string& a) { return !os.partial_avg.count(a); });
+        }
       want.partial = sum;
       want.partial_avg = avg;
     }
