@@ -4,15 +4,12 @@
 #include <thread>
 
 #include "graph/op_table.h"
-#include "graph/passes/pass.h"
 #include "gtest/gtest.h"
 #include "onnx_ext/cleave_schemas.h"
-#include "onnx_ext/onnx_io.h"
 #include "partition/lower.h"
-#include "providers/cpu/cpu_provider.h"
-#include "runtime/constant_evaluator.h"
 #include "runtime/simulated_communicator.h"
 #include "tests/op_tester.h"
+#include "tests/partition_test_util.h"
 #include "trainer/autodiff.h"
 #include "trainer/training_session.h"
 
@@ -22,43 +19,14 @@ namespace {
 constexpr int64_t kBatch = 4, kSeq = 32;
 
 trainer::TrainingArtifacts Artifacts() {
-  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
-  EXPECT_TRUE(model.ok()) << model.status();
   trainer::TrainingSpec spec;
-  spec.dims = {{"batch", kBatch}, {"seq", kSeq}};
   spec.optimizer.max_grad_norm = 1.0f;
   spec.optimizer.weight_decay = 0.1f;
-  auto a = trainer::BuildTrainingArtifacts(**model, spec);
-  EXPECT_TRUE(a.ok()) << a.status();
-  providers::CpuExecutionProvider cpu(1);
-  graph::ConstantFolding fold(runtime::MakeConstantEvaluator(*a->training, cpu),
-                              [](const graph::Value* v) { return v->is_graph_input(); });
-  graph::DeadCodeElimination dce;
-  EXPECT_TRUE(graph::RunToFixedPoint({&fold, &dce}, a->training.get()).ok());
-  return std::move(*a);
+  return testing::BuildArtifacts("tiny_gpt", kBatch, kSeq, spec);
 }
 
-trainer::TrainingArtifacts CopyArtifacts(const trainer::TrainingArtifacts& a) {
-  trainer::TrainingArtifacts c;
-  c.training = a.training->Clone();
-  c.eval = a.eval->Clone();
-  c.optimizer = a.optimizer->Clone();
-  c.forward = a.forward->Clone();
-  c.params = a.params;
-  c.state_suffixes = a.state_suffixes;
-  c.data_inputs = a.data_inputs;
-  c.initial = a.initial;
-  return c;
-}
-
-Tensor Rows(const Tensor& t, int64_t r0, int64_t rows) {
-  std::vector<int64_t> dims = t.dims();
-  dims[0] = rows;
-  Tensor out(t.dtype(), dims);
-  const size_t row = t.nbytes() / t.dims()[0];
-  std::memcpy(out.data<char>(), t.data<char>() + r0 * row, rows * row);
-  return out;
-}
+using testing::CopyArtifacts;
+using testing::Rows;
 
 struct StepResult {
   float loss = 0, norm = 0;

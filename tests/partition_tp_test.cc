@@ -7,16 +7,14 @@
 
 #include "base/status.h"
 #include "graph/op_table.h"
-#include "graph/passes/pass.h"
 #include "gtest/gtest.h"
 #include "onnx_ext/cleave_schemas.h"
 #include "onnx_ext/onnx_io.h"
 #include "partition/lower.h"
 #include "partition/megatron.h"
-#include "providers/cpu/cpu_provider.h"
-#include "runtime/constant_evaluator.h"
 #include "runtime/simulated_communicator.h"
 #include "tests/op_tester.h"
+#include "tests/partition_test_util.h"
 #include "trainer/autodiff.h"
 #include "trainer/partition_plan.h"
 #include "trainer/training_session.h"
@@ -27,10 +25,7 @@ namespace {
 constexpr int64_t kBatch = 2, kSeq = 16;
 
 trainer::TrainingArtifacts Artifacts(const std::string& model_dir) {
-  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/" + model_dir + "/model.onnx");
-  EXPECT_TRUE(model.ok()) << model.status();
   trainer::TrainingSpec spec;
-  spec.dims = {{"batch", kBatch}, {"seq", kSeq}};
   spec.optimizer.max_grad_norm = 0.5f;
   spec.optimizer.weight_decay = 0.1f;
   // SGD: the update is linear in the gradient, so parameters compare as tightly as gradients
@@ -38,37 +33,11 @@ trainer::TrainingArtifacts Artifacts(const std::string& model_dir) {
   // lr-sized ones; the data-parallel test covers AdamW).
   spec.optimizer.kind = trainer::OptimizerConfig::Kind::kSgd;
   spec.optimizer.momentum = 0.9f;
-  auto a = trainer::BuildTrainingArtifacts(**model, spec);
-  EXPECT_TRUE(a.ok()) << a.status();
-  providers::CpuExecutionProvider cpu(1);
-  graph::ConstantFolding fold(runtime::MakeConstantEvaluator(*a->training, cpu),
-                              [](const graph::Value* v) { return v->is_graph_input(); });
-  graph::DeadCodeElimination dce;
-  EXPECT_TRUE(graph::RunToFixedPoint({&fold, &dce}, a->training.get()).ok());
-  return std::move(*a);
+  return testing::BuildArtifacts(model_dir, kBatch, kSeq, spec);
 }
 
-trainer::TrainingArtifacts Copy(const trainer::TrainingArtifacts& a) {
-  trainer::TrainingArtifacts c;
-  c.training = a.training->Clone();
-  c.eval = a.eval->Clone();
-  c.optimizer = a.optimizer->Clone();
-  c.forward = a.forward->Clone();
-  c.params = a.params;
-  c.state_suffixes = a.state_suffixes;
-  c.data_inputs = a.data_inputs;
-  c.initial = a.initial;
-  return c;
-}
-
-Tensor Rows(const Tensor& t, int64_t r0, int64_t rows) {
-  std::vector<int64_t> dims = t.dims();
-  dims[0] = rows;
-  Tensor out(t.dtype(), dims);
-  const size_t row = t.nbytes() / t.dims()[0];
-  std::memcpy(out.data<char>(), t.data<char>() + r0 * row, rows * row);
-  return out;
-}
+using testing::Rows;
+using testing::CopyArtifacts;
 
 struct MeshCase {
   const char* model;
@@ -87,7 +56,7 @@ TEST_P(Megatron, TrainingStepEqualsSingleRank) {
     labels.data<int64_t>()[i] = (i * 11 + 3) % 64;
   }
   const Feeds feeds = {{"input_ids", ids}, {"labels", labels}};
-  auto single = trainer::TrainingSession::Create(Copy(a), {.intra_op_threads = 1});
+  auto single = trainer::TrainingSession::Create(CopyArtifacts(a), {.intra_op_threads = 1});
   ASSERT_TRUE(single.ok()) << single.status();
   auto want_loss = (*single)->TrainStep(feeds);
   ASSERT_TRUE(want_loss.ok()) << want_loss.status();
@@ -181,7 +150,7 @@ TEST_P(Megatron, TrainingStepEqualsSingleRank) {
       auto run = [&]() -> absl::Status {
         ASSIGN_OR_RETURN(LoweredGraph train, LowerForRank(*a.training, mesh, *train_p, r, "loss"));
         ASSIGN_OR_RETURN(LoweredGraph opt, LowerForRank(*a.optimizer, mesh, *opt_p, r, "", output_wants));
-        trainer::TrainingArtifacts mine = Copy(a);
+        trainer::TrainingArtifacts mine = CopyArtifacts(a);
         mine.training = std::move(train.graph);
         mine.optimizer = std::move(opt.graph);
         mine.eval = mine.training->Clone();

@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "onnx_ext/onnx_io.h"
 #include "partition/propagation.h"
+#include "tests/partition_test_util.h"
 #include "providers/cpu/cpu_provider.h"
 #include "runtime/constant_evaluator.h"
 #include "trainer/autodiff.h"
@@ -16,20 +17,9 @@ namespace cleave::partition {
 namespace {
 
 trainer::TrainingArtifacts TinyArtifacts() {
-  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
-  EXPECT_TRUE(model.ok()) << model.status();
   trainer::TrainingSpec spec;
-  spec.dims = {{"batch", 4}, {"seq", 64}};
   spec.optimizer.max_grad_norm = 1.0f;
-  auto a = trainer::BuildTrainingArtifacts(**model, spec);
-  EXPECT_TRUE(a.ok()) << a.status();
-  // Shapes of static tensors fold to constants first, as the partitioner does.
-  providers::CpuExecutionProvider cpu(1);
-  graph::ConstantFolding fold(runtime::MakeConstantEvaluator(*a->training, cpu),
-                              [](const graph::Value* v) { return v->is_graph_input(); });
-  graph::DeadCodeElimination dce;
-  EXPECT_TRUE(graph::RunToFixedPoint({&fold, &dce}, a->training.get()).ok());
-  return std::move(*a);
+  return testing::BuildArtifacts("tiny_gpt", 4, 64, spec);
 }
 
 Sharding Batch(int rank) {
@@ -82,10 +72,8 @@ TEST(Propagation, DataParallelOptimizerAllReducesEachGradientOnce) {
   EXPECT_EQ(bytes, psi * 4);  // every fp32 gradient once: Psi elements
 }
 
-// A Megatron MLP: column-parallel fc (the seed), row-parallel proj found by propagation, one
-// AllReduce before the bias and residual.
-TEST(Propagation, MegatronMlpNeedsOneAllReduce) {
-  auto g = graph::ParseGraph(R"(
+// A pre-LN transformer MLP block with a residual: y = x + proj(gelu(fc(ln(x)))).
+constexpr const char* kMlpBlock = R"(
     input x: float32[4,8,16]
     init ln_w: float32[16] = fill 1
     init ln_b: float32[16] = fill 0
@@ -100,9 +88,12 @@ TEST(Propagation, MegatronMlpNeedsOneAllReduce) {
     d = MatMul(a, w2)
     db = Add(d, b2)
     y = Add(x, db)
-    output y
-    opset 20
-  )");
+)";
+
+// A Megatron MLP: column-parallel fc (the seed), row-parallel proj found by propagation, one
+// AllReduce before the bias and residual.
+TEST(Propagation, MegatronMlpNeedsOneAllReduce) {
+  auto g = graph::ParseGraph(std::string(kMlpBlock) + "output y\nopset 20\n");
   ASSERT_TRUE(g.ok()) << g.status();
   ASSERT_TRUE(graph::InferShapes(**g).ok());
   auto mesh = *Mesh::Parse("tp=2");
@@ -132,25 +123,7 @@ TEST(Propagation, MegatronMlpNeedsOneAllReduce) {
 // (the input gradient of the column-parallel layer), and every weight gradient comes out
 // sharded like its weight, with no collective.
 TEST(Propagation, MegatronMlpBackwardNeedsOneMoreAllReduce) {
-  auto g = graph::ParseGraph(R"(
-    input x: float32[4,8,16]
-    init ln_w: float32[16] = fill 1
-    init ln_b: float32[16] = fill 0
-    init w1: float32[16,64] = fill 0.01
-    init b1: float32[64] = fill 0
-    init w2: float32[64,16] = fill 0.01
-    init b2: float32[16] = fill 0
-    h = LayerNormalization(x, ln_w, ln_b) {axis = -1}
-    u = MatMul(h, w1)
-    ub = Add(u, b1)
-    a = Gelu(ub)
-    d = MatMul(a, w2)
-    db = Add(d, b2)
-    y = Add(x, db)
-    l = ReduceSum(y) {keepdims = 0}
-    output l
-    opset 20
-  )");
+  auto g = graph::ParseGraph(std::string(kMlpBlock) + "l = ReduceSum(y) {keepdims = 0}\noutput l\nopset 20\n");
   ASSERT_TRUE(g.ok()) << g.status();
   ASSERT_TRUE(graph::InferShapes(**g).ok());
   std::vector<graph::Value*> wrt;

@@ -13,12 +13,9 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "graph/op_table.h"
-#include "graph/passes/pass.h"
 #include "onnx_ext/onnx_io.h"
 #include "partition/megatron.h"
 #include "partition/propagation.h"
-#include "providers/cpu/cpu_provider.h"
-#include "runtime/constant_evaluator.h"
 #include "trainer/autodiff.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train_loop.h"
@@ -33,14 +30,6 @@ using partition::Sharding;
 int64_t Bytes(const graph::Value* v) {
   if (!v || !v->shape().is_static()) return 0;
   return v->shape().NumElements() * static_cast<int64_t>(ElementSize(v->dtype()));
-}
-
-absl::Status FoldShapes(graph::Graph& g) {
-  providers::CpuExecutionProvider cpu(1);
-  graph::ConstantFolding fold(runtime::MakeConstantEvaluator(g, cpu),
-                              [](const graph::Value* v) { return v->is_graph_input(); });
-  graph::DeadCodeElimination dce;
-  return graph::RunToFixedPoint({&fold, &dce}, &g);
 }
 
 RankMemory MemoryOf(const TrainingArtifacts& a) {
@@ -82,8 +71,6 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
   TrainingSpec spec = c.spec;
   RETURN_IF_ERROR(FixTokenDims(*token, c.batch, c.seq, &spec.dims));
   ASSIGN_OR_RETURN(TrainingArtifacts a, BuildTrainingArtifacts(*model, spec));
-  RETURN_IF_ERROR(FoldShapes(*a.training));
-  RETURN_IF_ERROR(FoldShapes(*a.eval));
 
   std::map<std::string, Sharding> seeds;
   if (dp > 1)

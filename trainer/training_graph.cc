@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <regex>
 #include <set>
 
@@ -50,6 +51,16 @@ Node* Add(Graph& g, const std::string& op, const std::vector<Value*>& in,
 }
 
 Value* NewValue(Graph& g, const std::string& name) { return g.GetOrCreateValue(g.UniqueName(name)); }
+
+// Constant folding (on the CPU kernels) and dead-code elimination to a fixed point, keeping
+// `variable` values unfolded; shapes re-inferred.
+absl::Status FoldConstants(Graph& g, std::function<bool(const Value*)> variable) {
+  providers::CpuExecutionProvider cpu(1);
+  graph::ConstantFolding fold(runtime::MakeConstantEvaluator(g, cpu), std::move(variable));
+  graph::DeadCodeElimination dce;
+  RETURN_IF_ERROR(graph::RunToFixedPoint({&fold, &dce}, &g));
+  return graph::InferShapes(g);
+}
 
 absl::Status ApplyDims(Graph& g, const std::map<std::string, int64_t>& dims) {
   for (Value* v : g.inputs()) {
@@ -265,12 +276,7 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
     // variable; folded results are new initializers, never parameters.
     g->AddOutput(loss);  // so dead-code elimination keeps it
     std::set<const Value*> variable(candidates.begin(), candidates.end());
-    providers::CpuExecutionProvider cpu(1);
-    graph::ConstantFolding fold(runtime::MakeConstantEvaluator(*g, cpu),
-                                [&variable](const Value* v) { return variable.count(v) > 0; });
-    graph::DeadCodeElimination dce;
-    RETURN_IF_ERROR(graph::RunToFixedPoint({&fold, &dce}, g.get()));
-    RETURN_IF_ERROR(graph::InferShapes(*g));
+    RETURN_IF_ERROR(FoldConstants(*g, [&variable](const Value* v) { return variable.count(v) > 0; }));
   }
   {
     // Turn the GELU and LayerNorm subgraphs of older exports into ai.cleave Gelu and
@@ -349,7 +355,9 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
   for (Value* v : ordered) g->AddInput(v->name(), v->dtype(), v->shape());
   g->SetOutputs(outs);
   g->info().graph_name = "training";
-  RETURN_IF_ERROR(graph::InferShapes(*g));
+  // The backward's own shape arithmetic (Shape of static values) folds too, so the graph the
+  // session and the partitioner see has none.
+  RETURN_IF_ERROR(FoldConstants(*g, [](const Value* v) { return v->is_graph_input(); }));
   RETURN_IF_ERROR(graph::Verify(*g, /*require_types=*/true));
   a.training = std::move(g);
   a.optimizer = BuildOptimizer(params, oc, &a.state_suffixes);
