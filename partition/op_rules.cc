@@ -234,6 +234,70 @@ absl::StatusOr<FactorRule> AlongAxis(const graph::Graph& g, const Node& n, int n
   return r;
 }
 
+// One factor per dim of `full`; a dim where `cut` is smaller (a sliced axis) stays whole.
+// Returns the factors of `full` and of `cut` (Slice reads full and writes cut, SliceGrad the
+// reverse).
+absl::StatusOr<std::pair<OperandFactors, OperandFactors>> SliceFactors(const Node& n, const Value* full,
+                                                                       const Value* cut, FactorRule* r) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> big, Dims(n, full));
+  ASSIGN_OR_RETURN(std::vector<int64_t> small, Dims(n, cut));
+  OperandFactors fb, fs;
+  for (size_t k = 0; k < big.size(); ++k) {
+    const int f = r->AddFactor(big[k]);
+    if (big[k] != small[k]) r->no_shard[f] = 1;
+    fb.dims.push_back(big[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
+    fs.dims.push_back(small[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
+  }
+  return std::make_pair(fb, fs);
+}
+
+// Factors of a normalisation over dims [axis, rank) of x: the normalised dims stay whole.
+struct NormFactors {
+  OperandFactors x;     // every dim
+  OperandFactors norm;  // the normalised dims (scale, bias and their gradients)
+  OperandFactors stat;  // x's dims with the normalised ones size 1 (mean, inv_std_dev)
+};
+absl::StatusOr<NormFactors> NormalizationFactors(const Node& n, const Value* x, FactorRule* r) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> d, Dims(n, x));
+  const int rank = static_cast<int>(d.size());
+  int64_t axis = n.AttrInt("axis", -1);
+  if (axis < 0) axis += rank;
+  NormFactors nf;
+  for (int k = 0; k < rank; ++k) {
+    const int f = r->AddFactor(d[k]);
+    if (k >= axis) r->no_shard[f] = 1;
+    nf.x.dims.push_back(d[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
+    if (k >= axis) nf.norm.dims.push_back(nf.x.dims.back());
+    nf.stat.dims.push_back(k >= axis ? std::vector<int>{} : nf.x.dims.back());
+  }
+  return nf;
+}
+
+// Factors of a lookup along `axis` of `table` with `indices`: the table's dims, the index dims,
+// and the rows read (table[:axis] + indices + table[axis+1:]). Gather reads the table and
+// writes the rows; GatherGrad reads the rows' gradient and writes the table's.
+struct LookupFactors {
+  OperandFactors table, indices, rows;
+  int table_axis_factor;
+};
+absl::StatusOr<LookupFactors> Lookup(const Node& n, const Value* table, const Value* indices, FactorRule* r) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> data, Dims(n, table));
+  ASSIGN_OR_RETURN(std::vector<int64_t> idx, Dims(n, indices));
+  const int rank = static_cast<int>(data.size());
+  int64_t axis = n.AttrInt("axis", 0);
+  if (axis < 0) axis += rank;
+  LookupFactors lf;
+  std::vector<int> f;
+  for (int k = 0; k < rank; ++k) f.push_back(r->AddFactor(data[k]));
+  for (int k = 0; k < rank; ++k) lf.table.dims.push_back(data[k] == 1 ? std::vector<int>{} : std::vector<int>{f[k]});
+  for (int64_t s : idx) lf.indices.dims.push_back(s == 1 ? std::vector<int>{} : std::vector<int>{r->AddFactor(s)});
+  for (int k = 0; k < axis; ++k) lf.rows.dims.push_back(lf.table.dims[k]);
+  for (const auto& d : lf.indices.dims) lf.rows.dims.push_back(d);
+  for (int k = static_cast<int>(axis) + 1; k < rank; ++k) lf.rows.dims.push_back(lf.table.dims[k]);
+  lf.table_axis_factor = f[axis];
+  return lf;
+}
+
 }  // namespace
 
 absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
@@ -324,42 +388,14 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
     for (int i = 0; i < tensor_inputs; ++i) r.linear_inputs[i] = 1;
     return r;
   }
-  if (cleave && op == "SliceGrad") {
-    // (dY, shape, starts, ends[, axes, steps]) -> dX: the sliced axes stay whole.
-    ASSIGN_OR_RETURN(std::vector<int64_t> dy, Dims(n, n.input(0)));
-    ASSIGN_OR_RETURN(std::vector<int64_t> dx, Dims(n, n.output(0)));
+  if ((cleave && op == "SliceGrad") || (!cleave && op == "Slice")) {
+    // Slice(data, ...) -> y; SliceGrad(dY, shape, ...) -> dX: the sliced axes stay whole.
     FactorRule r;
-    OperandFactors fy, fx;
-    for (size_t k = 0; k < dx.size(); ++k) {
-      const int f = r.AddFactor(dx[k]);
-      if (dx[k] != dy[k]) r.no_shard[f] = 1;
-      fx.dims.push_back(dx[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
-      fy.dims.push_back(dy[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
-    }
-    r.inputs.push_back(fy);
+    const bool grad = cleave;
+    ASSIGN_OR_RETURN(auto f, SliceFactors(n, grad ? n.output(0) : n.input(0), grad ? n.input(0) : n.output(0), &r));
+    r.inputs.push_back(grad ? f.second : f.first);
     for (int k = 1; k < n.num_inputs(); ++k) r.inputs.push_back(Replicate());
-    r.outputs = {fx};
-    r.output_avg = {0};
-    r.linearity = Linearity::kEach;
-    r.linear_inputs.assign(n.num_inputs(), 0);
-    r.linear_inputs[0] = 1;
-    return r;
-  }
-  if (!cleave && op == "Slice") {
-    // Sliced axes stay whole; the others pass through.
-    ASSIGN_OR_RETURN(std::vector<int64_t> in, Dims(n, n.input(0)));
-    ASSIGN_OR_RETURN(std::vector<int64_t> out, Dims(n, n.output(0)));
-    FactorRule r;
-    OperandFactors fi, fo;
-    for (size_t k = 0; k < in.size(); ++k) {
-      const int f = r.AddFactor(in[k]);
-      if (in[k] != out[k]) r.no_shard[f] = 1;
-      fi.dims.push_back(in[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
-      fo.dims.push_back(out[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
-    }
-    r.inputs.push_back(fi);
-    for (int k = 1; k < n.num_inputs(); ++k) r.inputs.push_back(Replicate());
-    r.outputs = {fo};
+    r.outputs = {grad ? f.first : f.second};
     r.output_avg = {0};
     r.linearity = Linearity::kEach;
     r.linear_inputs.assign(n.num_inputs(), 0);
@@ -413,25 +449,13 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   if (!cleave && (op == "Softmax" || op == "LogSoftmax")) return AlongAxis(g, n, 1, version() < 13);
   if (cleave && (op == "SoftmaxGrad" || op == "LogSoftmaxGrad")) return AlongAxis(g, n, 2, false);
   if (op == "LayerNormalization") {
-    // X [..., normalized]; scale and bias are the normalized dims; Mean/InvStdDev keep the
-    // leading dims with size-1 normalized dims.
-    ASSIGN_OR_RETURN(std::vector<int64_t> x, Dims(n, n.input(0)));
-    const int rank = static_cast<int>(x.size());
-    int64_t axis = n.AttrInt("axis", -1);
-    if (axis < 0) axis += rank;
+    // (X, scale[, bias]) -> (Y[, Mean, InvStdDev]).
     FactorRule r;
-    OperandFactors fx, fnorm, fstat;
-    for (int k = 0; k < rank; ++k) {
-      const int f = r.AddFactor(x[k]);
-      if (k >= axis) r.no_shard[f] = 1;
-      fx.dims.push_back(x[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
-      if (k >= axis) fnorm.dims.push_back(fx.dims.back());
-      fstat.dims.push_back(k >= axis ? std::vector<int>{} : fx.dims.back());
-    }
-    r.inputs.push_back(fx);
-    for (int i = 1; i < n.num_inputs(); ++i) r.inputs.push_back(fnorm);
-    r.outputs.push_back(fx);
-    for (int o = 1; o < n.num_outputs(); ++o) r.outputs.push_back(fstat);
+    ASSIGN_OR_RETURN(NormFactors nf, NormalizationFactors(n, n.input(0), &r));
+    r.inputs.push_back(nf.x);
+    for (int i = 1; i < n.num_inputs(); ++i) r.inputs.push_back(nf.norm);
+    r.outputs.push_back(nf.x);
+    for (int o = 1; o < n.num_outputs(); ++o) r.outputs.push_back(nf.stat);
     r.output_avg.assign(n.num_outputs(), 0);
     r.linear_inputs.assign(n.num_inputs(), 0);
     return r;
@@ -439,69 +463,33 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   if (cleave && op == "LayerNormalizationGrad") {
     // (dY, X, scale, mean, inv_std_dev) -> (dX, dScale, dBias): the leading dims are summed
     // away for dScale and dBias.
-    ASSIGN_OR_RETURN(std::vector<int64_t> x, Dims(n, n.input(1)));
-    const int rank = static_cast<int>(x.size());
-    int64_t axis = n.AttrInt("axis", -1);
-    if (axis < 0) axis += rank;
     FactorRule r;
-    OperandFactors fx, fnorm, fstat;
-    for (int k = 0; k < rank; ++k) {
-      const int f = r.AddFactor(x[k]);
-      if (k >= axis) r.no_shard[f] = 1;
-      fx.dims.push_back(x[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
-      if (k >= axis) fnorm.dims.push_back(fx.dims.back());
-      fstat.dims.push_back(k >= axis ? std::vector<int>{} : fx.dims.back());
-    }
-    r.inputs = {fx, fx, fnorm, fstat, fstat};
-    r.outputs = {fx, fnorm, fnorm};
+    ASSIGN_OR_RETURN(NormFactors nf, NormalizationFactors(n, n.input(1), &r));
+    r.inputs = {nf.x, nf.x, nf.norm, nf.stat, nf.stat};
+    r.outputs = {nf.x, nf.norm, nf.norm};
     r.outputs.resize(n.num_outputs());
     r.output_avg.assign(n.num_outputs(), 0);
     r.linear_inputs.assign(n.num_inputs(), 0);
     return r;
   }
   if (!cleave && op == "Gather") {
-    // data [..., V (axis), ...], indices [...] -> data[:axis] + indices + data[axis+1:].
-    ASSIGN_OR_RETURN(std::vector<int64_t> data, Dims(n, n.input(0)));
-    ASSIGN_OR_RETURN(std::vector<int64_t> idx, Dims(n, n.input(1)));
-    const int rank = static_cast<int>(data.size());
-    int64_t axis = n.AttrInt("axis", 0);
-    if (axis < 0) axis += rank;
     FactorRule r;
-    OperandFactors fd, fi, fo;
-    std::vector<int> f;
-    for (int k = 0; k < rank; ++k) f.push_back(r.AddFactor(data[k]));
-    for (int k = 0; k < rank; ++k) fd.dims.push_back(data[k] == 1 ? std::vector<int>{} : std::vector<int>{f[k]});
-    for (int64_t s : idx) fi.dims.push_back(s == 1 ? std::vector<int>{} : std::vector<int>{r.AddFactor(s)});
-    for (int k = 0; k < axis; ++k) fo.dims.push_back(fd.dims[k]);
-    for (const auto& d : fi.dims) fo.dims.push_back(d);
-    for (int k = static_cast<int>(axis) + 1; k < rank; ++k) fo.dims.push_back(fd.dims[k]);
-    r.inputs = {fd, fi};
-    r.outputs = {fo};
+    ASSIGN_OR_RETURN(LookupFactors lf, Lookup(n, n.input(0), n.input(1), &r));
+    r.inputs = {lf.table, lf.indices};
+    r.outputs = {lf.rows};
     r.output_avg = {0};
-    r.gathered_factor = f[axis];  // a vocab-sharded table: masked lookup, then a Partial sum
+    r.gathered_factor = lf.table_axis_factor;  // a vocab-sharded table: masked lookup, then a Partial sum
     r.linear_inputs = {1, 0};
     r.linearity = Linearity::kEach;
     return r;
   }
   if (cleave && op == "GatherGrad") {
     // (shape, indices, dY) -> dX of shape: the index dims are summed away (scatter-add).
-    ASSIGN_OR_RETURN(std::vector<int64_t> dx, Dims(n, n.output(0)));
-    ASSIGN_OR_RETURN(std::vector<int64_t> idx, Dims(n, n.input(1)));
-    const int rank = static_cast<int>(dx.size());
-    int64_t axis = n.AttrInt("axis", 0);
-    if (axis < 0) axis += rank;
     FactorRule r;
-    OperandFactors fx, fi, fdy;
-    std::vector<int> f;
-    for (int k = 0; k < rank; ++k) f.push_back(r.AddFactor(dx[k]));
-    for (int k = 0; k < rank; ++k) fx.dims.push_back(dx[k] == 1 ? std::vector<int>{} : std::vector<int>{f[k]});
-    for (int64_t s : idx) fi.dims.push_back(s == 1 ? std::vector<int>{} : std::vector<int>{r.AddFactor(s)});
-    for (int k = 0; k < axis; ++k) fdy.dims.push_back(fx.dims[k]);
-    for (const auto& d : fi.dims) fdy.dims.push_back(d);
-    for (int k = static_cast<int>(axis) + 1; k < rank; ++k) fdy.dims.push_back(fx.dims[k]);
-    r.no_shard[f[axis]] = 1;
-    r.inputs = {Replicate(), fi, fdy};
-    r.outputs = {fx};
+    ASSIGN_OR_RETURN(LookupFactors lf, Lookup(n, n.output(0), n.input(1), &r));
+    r.no_shard[lf.table_axis_factor] = 1;
+    r.inputs = {Replicate(), lf.indices, lf.rows};
+    r.outputs = {lf.table};
     r.output_avg = {0};
     r.linearity = Linearity::kEach;
     r.linear_inputs = {0, 0, 1};
