@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "tools/commands.h"
+#include "tools/flags.h"
 #include "trainer/train_loop.h"
 
 namespace cleave::tools {
@@ -20,80 +21,72 @@ int Fail(const std::string& msg) {
 
 }  // namespace
 
+bool TrainingFlag(FlagReader& r, trainer::LossKind* loss, trainer::OptimizerConfig* optimizer,
+                  std::vector<std::string>* frozen) {
+  const std::string& a = r.flag();
+  if (a == "--loss") {
+    const std::string v = r.Value();
+    if (v == "cross_entropy") *loss = trainer::LossKind::kCrossEntropy;
+    else if (v == "mse") *loss = trainer::LossKind::kMse;
+    else r.Fail(absl::StrCat("--loss expects cross_entropy or mse, got '", v, "'"));
+  } else if (a == "--optimizer") {
+    const std::string v = r.Value();
+    if (v == "adamw") optimizer->kind = trainer::OptimizerConfig::Kind::kAdamW;
+    else if (v == "sgd") optimizer->kind = trainer::OptimizerConfig::Kind::kSgd;
+    else r.Fail(absl::StrCat("--optimizer expects adamw or sgd, got '", v, "'"));
+  } else if (a == "--weight-decay") r.Number(&optimizer->weight_decay);
+  else if (a == "--clip") r.Number(&optimizer->max_grad_norm);
+  else if (a == "--beta1") r.Number(&optimizer->beta1);
+  else if (a == "--beta2") r.Number(&optimizer->beta2);
+  else if (a == "--eps") r.Number(&optimizer->epsilon);
+  else if (a == "--momentum") r.Number(&optimizer->momentum);
+  else if (a == "--nesterov") optimizer->nesterov = true;
+  else if (a == "--freeze") {
+    for (absl::string_view p : absl::StrSplit(r.Value(), ',', absl::SkipEmpty())) frozen->emplace_back(p);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 int TrainCommand(const Args& args) {
   trainer::TrainConfig c;
-  std::string error;
-  for (size_t i = 0; i < args.size() && error.empty(); ++i) {
-    const std::string& a = args[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 < args.size()) return args[++i];
-      error = absl::StrCat(a, " expects a value");
-      return "";
-    };
-    auto num = [&](auto* out) {
-      std::string v = next();
-      if (error.empty()) {
-        bool ok;
-        if constexpr (std::is_floating_point_v<std::remove_pointer_t<decltype(out)>>) {
-          double d;
-          ok = absl::SimpleAtod(v, &d);
-          *out = static_cast<std::remove_pointer_t<decltype(out)>>(d);
-        } else {
-          ok = absl::SimpleAtoi(v, out);
-        }
-        if (!ok) error = absl::StrCat(a, " expects a number, got '", v, "'");
-      }
-    };
-    if (a == "--data") c.data = next();
-    else if (a == "--loss") {
-      std::string v = next();
-      if (v == "cross_entropy") c.loss = trainer::LossKind::kCrossEntropy;
-      else if (v == "mse") c.loss = trainer::LossKind::kMse;
-      else if (error.empty()) error = absl::StrCat("--loss expects cross_entropy or mse, got '", v, "'");
-    } else if (a == "--optimizer") {
-      std::string v = next();
-      if (v == "adamw") c.optimizer.kind = trainer::OptimizerConfig::Kind::kAdamW;
-      else if (v == "sgd") c.optimizer.kind = trainer::OptimizerConfig::Kind::kSgd;
-      else if (error.empty()) error = absl::StrCat("--optimizer expects adamw or sgd, got '", v, "'");
-    } else if (a == "--lr") num(&c.lr);
-    else if (a == "--min-lr") num(&c.min_lr);
-    else if (a == "--weight-decay") num(&c.optimizer.weight_decay);
-    else if (a == "--beta1") num(&c.optimizer.beta1);
-    else if (a == "--beta2") num(&c.optimizer.beta2);
-    else if (a == "--eps") num(&c.optimizer.epsilon);
-    else if (a == "--momentum") num(&c.optimizer.momentum);
-    else if (a == "--nesterov") c.optimizer.nesterov = true;
-    else if (a == "--warmup") num(&c.warmup);
+  FlagReader flags(args);
+  while (flags.Next()) {
+    const std::string& a = flags.flag();
+    if (TrainingFlag(flags, &c.loss, &c.optimizer, &c.frozen)) continue;
+    if (a == "--data") c.data = flags.Value();
+    else if (a == "--lr") flags.Number(&c.lr);
+    else if (a == "--min-lr") flags.Number(&c.min_lr);
+    else if (a == "--warmup") flags.Number(&c.warmup);
     else if (a == "--lr-schedule") {
-      auto k = trainer::ParseLrScheduleKind(next());
-      if (!k.ok() && error.empty()) error = std::string(k.status().message());
+      auto k = trainer::ParseLrScheduleKind(flags.Value());
       if (k.ok()) c.schedule = *k;
-    } else if (a == "--clip") num(&c.optimizer.max_grad_norm);
-    else if (a == "--batch") num(&c.batch);
-    else if (a == "--seq") num(&c.seq);
-    else if (a == "--steps") num(&c.steps);
-    else if (a == "--grad-accum") num(&c.grad_accum);
-    else if (a == "--seed") num(&c.seed);
+      else flags.Fail(std::string(k.status().message()));
+    } else if (a == "--batch") flags.Number(&c.batch);
+    else if (a == "--seq") flags.Number(&c.seq);
+    else if (a == "--steps") flags.Number(&c.steps);
+    else if (a == "--grad-accum") flags.Number(&c.grad_accum);
+    else if (a == "--seed") flags.Number(&c.seed);
     else if (a == "--no-shuffle") c.shuffle = false;
-    else if (a == "--val-fraction") num(&c.val_fraction);
-    else if (a == "--eval-every") num(&c.eval_every);
-    else if (a == "--eval-batches") num(&c.eval_batches);
-    else if (a == "--metrics") c.metrics = next();
-    else if (a == "--plot") c.plot = next();
-    else if (a == "--checkpoint-dir") c.checkpoint_dir = next();
-    else if (a == "--checkpoint-every") num(&c.checkpoint_every);
-    else if (a == "--keep-checkpoints") num(&c.keep_checkpoints);
+    else if (a == "--val-fraction") flags.Number(&c.val_fraction);
+    else if (a == "--eval-every") flags.Number(&c.eval_every);
+    else if (a == "--eval-batches") flags.Number(&c.eval_batches);
+    else if (a == "--metrics") c.metrics = flags.Value();
+    else if (a == "--plot") c.plot = flags.Value();
+    else if (a == "--checkpoint-dir") c.checkpoint_dir = flags.Value();
+    else if (a == "--checkpoint-every") flags.Number(&c.checkpoint_every);
+    else if (a == "--keep-checkpoints") flags.Number(&c.keep_checkpoints);
     else if (a == "--resume") c.resume = true;
-    else if (a == "--save-model") c.save_model = next();
-    else if (a == "--save-artifacts") c.artifacts_dir = next();
-    else if (a == "--freeze") {
-      for (absl::string_view p : absl::StrSplit(next(), ',', absl::SkipEmpty())) c.frozen.emplace_back(p);
-    } else if (a == "--threads") num(&c.threads);
-    else if (a == "--log-every") num(&c.log_every);
-    else if (a == "--exit-at") num(&c.exit_at);
+    else if (a == "--save-model") c.save_model = flags.Value();
+    else if (a == "--save-artifacts") c.artifacts_dir = flags.Value();
+    else if (a == "--threads") flags.Number(&c.threads);
+    else if (a == "--log-every") flags.Number(&c.log_every);
+    else if (a == "--exit-at") flags.Number(&c.exit_at);
     else if (c.model.empty() && !a.empty() && a[0] != '-') c.model = a;
-    else error = absl::StrCat("unknown argument '", a, "'");
+    else flags.Fail(absl::StrCat("unknown argument '", a, "'"));
   }
+  const std::string& error = flags.error();
   if (!error.empty()) return Fail(error);
   if (c.model.empty()) return Fail("no model given (cleave train MODEL.onnx --data FILE ...)");
   if (c.data.empty()) return Fail("no --data file given");
