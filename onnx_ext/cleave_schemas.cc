@@ -245,7 +245,8 @@ OpSchema SendSchema() {
       .Output(0, "done", "true once sent", "tensor(bool)")
       .Attr("peer", "destination rank", AttributeProto::INT)
       .Attr("tag", "message tag", AttributeProto::INT, static_cast<int64_t>(0))
-      .TypeConstraint("T", {"tensor(float)", "tensor(double)", "tensor(int64)", "tensor(int32)"}, "numeric tensors");
+      .TypeConstraint("T", {"tensor(float)", "tensor(double)", "tensor(int64)", "tensor(int32)", "tensor(bool)"},
+                      "numeric or bool tensors");
   return s;
 }
 
@@ -259,7 +260,8 @@ OpSchema RecvSchema() {
       .Attr("tag", "message tag", AttributeProto::INT, static_cast<int64_t>(0))
       .Attr("shape", "dims of the received tensor", AttributeProto::INTS)
       .Attr("dtype", "ONNX element type of the received tensor", AttributeProto::INT)
-      .TypeConstraint("T", {"tensor(float)", "tensor(double)", "tensor(int64)", "tensor(int32)"}, "numeric tensors");
+      .TypeConstraint("T", {"tensor(float)", "tensor(double)", "tensor(int64)", "tensor(int32)", "tensor(bool)"},
+                      "numeric or bool tensors");
   return s;
 }
 

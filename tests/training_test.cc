@@ -555,7 +555,7 @@ TEST_P(VariantTrajectory, FollowsPyTorch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, VariantTrajectory,
-                         ::testing::Values("gpt_untied", "llama", "bert_mse", "bert_cls"));
+                         ::testing::Values("gpt_untied", "gpt_deep", "llama", "bert_mse", "bert_cls"));
 
 // Training-mode Dropout draws its masks from (seed, step, micro-batch, node): the same seed
 // reproduces a run, another seed changes it, and the eval graph runs Dropout as the identity.

@@ -68,6 +68,7 @@ absl::StatusOr<Value*> Sum(Graph& g, const std::vector<Value*>& parts, const std
     Node* n = g.AddNode("Add", {total, parts[i]}, {out}, out->name());
     n->metadata()["role"] = "bwd";
     n->metadata()["grad_of"] = of;
+    n->metadata()["grad_sum"] = "1";  // adds contributions; runs where they meet (pipeline stages)
     RETURN_IF_ERROR(graph::InferNode(g, *n));
     total = out;
   }

@@ -35,8 +35,9 @@ int64_t Bytes(const graph::Value* v) {
 RankMemory MemoryOf(const TrainingArtifacts& a) {
   RankMemory m;
   for (const std::string& p : a.params) {
-    m.parameters += Bytes(a.training->FindValue(p));
-    m.gradients += Bytes(a.training->FindValue(AccumulationBuffer(p)));
+    const int64_t bytes = static_cast<int64_t>(a.initial.at(p).nbytes());
+    m.parameters += bytes;
+    m.gradients += bytes;
     for (const std::string& suf : a.state_suffixes) m.optimizer_state += Bytes(a.optimizer->FindValue(p + suf));
   }
   return m;
@@ -55,35 +56,62 @@ std::string MiB(int64_t bytes) { return absl::StrFormat("%.3f MiB", static_cast<
 
 }  // namespace
 
+std::vector<TrainingSession::PipelineWork> PipelineWorkFor(const Plan& plan, int rank) {
+  std::vector<TrainingSession::PipelineWork> work;
+  if (plan.schedule.empty()) return {{false, 0, 0}, {true, 0, 0}};
+  for (const partition::Action& a : plan.schedule.at(plan.mesh.Coord(rank, "pp")))
+    if (a.IsCompute()) work.push_back({a.kind == partition::ActionKind::kBackward, a.microbatch, a.chunk});
+  return work;
+}
+
 absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
   Plan plan;
   plan.config = c;
   ASSIGN_OR_RETURN(plan.mesh, partition::Mesh::Parse(c.mesh));
   const partition::Mesh& mesh = plan.mesh;
-  if (mesh.size("pp") > 1)
-    return Unimplemented("--mesh ", c.mesh, ": pipeline parallelism (pp=", mesh.size("pp"), ") is not implemented yet");
   if (mesh.size("cp") > 1) return Unimplemented("--mesh ", c.mesh, ": context parallelism is not implemented");
-  const int dp = mesh.size("dp"), tp = mesh.size("tp");
-  if (c.batch % dp != 0)
-    return InvalidArgument("--batch ", c.batch, " (the global batch) is not divisible by dp=", dp);
+  const int dp = mesh.size("dp"), tp = mesh.size("tp"), pp = mesh.size("pp");
+  const int micro = c.microbatches, virt = c.virtual_stages;
+  if (micro < 1) return InvalidArgument("--microbatches must be >= 1, got ", micro);
+  if (pp == 1 && micro > 1) return InvalidArgument("--microbatches ", micro, " needs a pipeline (pp > 1 in --mesh)");
+  if (c.batch % (static_cast<int64_t>(dp) * micro) != 0)
+    return InvalidArgument("--batch ", c.batch, " (the global batch) is not divisible by dp=", dp,
+                           " x microbatches=", micro);
+  if (c.sp && tp == 1) return InvalidArgument("--sp splits the sequence over tp, and the mesh has tp=1");
+  if (c.zero < 0 || c.zero > 1) return Unimplemented("--zero ", c.zero, ": stages 0 and 1 are implemented");
+  if (pp > 1) {
+    ASSIGN_OR_RETURN(plan.schedule_kind, partition::ParseScheduleKind(c.schedule));
+    ASSIGN_OR_RETURN(plan.schedule, partition::BuildSchedule(plan.schedule_kind, pp, micro, virt));
+    ASSIGN_OR_RETURN(plan.schedule_stats, partition::SimulateSchedule(plan.schedule, {1.0, 2.0}));
+  } else if (virt != 1) {
+    return InvalidArgument("--virtual-stages ", virt, " needs a pipeline (pp > 1 in --mesh)");
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<graph::Graph> model, onnx_ext::LoadModel(c.model));
   ASSIGN_OR_RETURN(const graph::Value* token, TokenInput(*model, c.model));
   TrainingSpec spec = c.spec;
-  RETURN_IF_ERROR(FixTokenDims(*token, c.batch, c.seq, &spec.dims));
+  // Each graph computes one micro-batch of the global batch (split over dp by the sharding).
+  RETURN_IF_ERROR(FixTokenDims(*token, c.batch / micro, c.seq, &spec.dims));
   ASSIGN_OR_RETURN(TrainingArtifacts a, BuildTrainingArtifacts(*model, spec));
+  if (pp > 1) {
+    ASSIGN_OR_RETURN(std::vector<int> cuts, partition::ParseCuts(c.pp_cuts));
+    ASSIGN_OR_RETURN(plan.stages, partition::AssignStages(*a.training, a.params, pp * virt, cuts));
+  }
 
   std::map<std::string, Sharding> seeds;
-  if (dp > 1)
-    for (const std::string& d : a.data_inputs) {
-      Sharding s = Sharding::Replicated(a.training->FindValue(d)->shape().rank());
-      s.dims[0] = {"dp"};
-      seeds[d] = s;
-    }
+  for (const std::string& d : a.data_inputs) {
+    Sharding s = Sharding::Replicated(a.training->FindValue(d)->shape().rank());
+    if (dp > 1) s.dims[0] = {"dp"};
+    if (dp > 1 || c.sp) seeds[d] = s;
+  }
   plan.data_shardings = seeds;
   if (tp > 1) {
     if (!c.tp_megatron) return Unimplemented("tp=", tp, " needs --tp megatron (shard plans are not supported yet)");
     ASSIGN_OR_RETURN(auto megatron, partition::FindMegatronSeeds(*a.training, a.params, mesh));
     for (auto& [k, v] : partition::SeedShardings(*a.training, megatron)) seeds[k] = v;
+    if (c.sp) {
+      ASSIGN_OR_RETURN(auto sp, partition::FindSequenceParallelSeed(*a.training, a.params, mesh));
+      seeds[sp.first] = sp.second;
+    }
   }
   ASSIGN_OR_RETURN(partition::Propagation train_p, partition::PropagateTraining(*a.training, a.params, mesh, seeds));
   std::map<std::string, Sharding> grads;
@@ -94,10 +122,38 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
   std::map<std::string, Sharding> eval_seeds = plan.data_shardings;
   for (const auto& [p, s] : plan.param_shardings) eval_seeds[p] = s;
   ASSIGN_OR_RETURN(partition::Propagation eval_p, partition::Propagate(*a.eval, mesh, eval_seeds));
-  std::map<std::string, Sharding> output_wants;
-  ASSIGN_OR_RETURN(auto opt_seeds, partition::PrepareOptimizer(*a.optimizer, a.params, a.state_suffixes, mesh,
-                                                               plan.param_shardings, grads, c.zero, &output_wants));
-  ASSIGN_OR_RETURN(partition::Propagation opt_p, partition::Propagate(*a.optimizer, mesh, opt_seeds));
+
+  // The optimizer of each pipeline rank: the parameters its stages hold.
+  std::vector<std::set<std::string>> held(pp);
+  std::map<std::string, int> holders;
+  for (const std::string& p : a.params) {
+    if (pp == 1) {
+      held[0].insert(p);
+      continue;
+    }
+    auto it = plan.stages.param_stages.find(p);
+    if (it == plan.stages.param_stages.end()) return Internal("pipeline: no stage reads parameter '", p, "'");
+    std::set<int> ranks;
+    for (int s : it->second) ranks.insert(s % pp);
+    for (int r : ranks) held[r].insert(p);
+    holders[p] = static_cast<int>(ranks.size());
+  }
+  struct StageOptimizer {
+    std::unique_ptr<graph::Graph> graph;
+    partition::Propagation prop;
+    std::map<std::string, Sharding> output_wants;
+    std::vector<std::string> params;
+  };
+  std::vector<StageOptimizer> optimizers(pp);
+  for (int s = 0; s < pp; ++s) {
+    StageOptimizer& so = optimizers[s];
+    so.graph = a.optimizer->Clone();
+    so.params.assign(held[s].begin(), held[s].end());
+    if (pp > 1) RETURN_IF_ERROR(partition::PrepareStageOptimizer(*so.graph, held[s], holders));
+    ASSIGN_OR_RETURN(auto opt_seeds, partition::PrepareOptimizer(*so.graph, so.params, a.state_suffixes, mesh,
+                                                                 plan.param_shardings, grads, c.zero, &so.output_wants));
+    ASSIGN_OR_RETURN(so.prop, partition::Propagate(*so.graph, mesh, opt_seeds));
+  }
 
   plan.unpartitioned.parameters = 0;
   for (const std::string& p : a.params) {
@@ -111,21 +167,66 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
     RankPlan rp;
     rp.rank = r;
     rp.coords = mesh.Coords(r);
+    const int s = mesh.Coord(r, "pp");
+    const StageOptimizer& so = optimizers[s];
     ASSIGN_OR_RETURN(partition::LoweredGraph train, partition::LowerForRank(*a.training, mesh, train_p, r, kLoss));
     ASSIGN_OR_RETURN(partition::LoweredGraph eval, partition::LowerForRank(*a.eval, mesh, eval_p, r, kLoss));
     ASSIGN_OR_RETURN(partition::LoweredGraph opt,
-                     partition::LowerForRank(*a.optimizer, mesh, opt_p, r, "", output_wants, c.bucket_bytes));
-    for (auto& rec : train.collectives) rp.collectives.emplace_back("training", rec);
-    for (auto& rec : eval.collectives) rp.collectives.emplace_back("eval", rec);
+                     partition::LowerForRank(*so.graph, mesh, so.prop, r, "", so.output_wants, c.bucket_bytes));
+    if (pp > 1) {
+      const std::vector<int> pp_group = mesh.Group(r, "pp");
+      std::map<std::string, std::vector<int>> tied;
+      for (const std::string& p : so.params)
+        if (holders.at(p) > 1) {
+          std::set<int> ranks;
+          for (int st : plan.stages.param_stages.at(p)) ranks.insert(pp_group[st % pp]);
+          tied[p + "_grad"] = std::vector<int>(ranks.begin(), ranks.end());
+          rp.collectives.emplace_back("optimizer", partition::CollectiveRecord{
+              "AllReduce", p + "_grad", "(tied parameter)", "pp", tied[p + "_grad"],
+              static_cast<int64_t>(a.initial.at(p).nbytes()) / (tp > 1 && !plan.param_shardings.at(p).IsReplicated() ? tp : 1)});
+        }
+      RETURN_IF_ERROR(partition::AddPipelineReductions(*opt.graph, tied, pp_group));
+      rp.collectives.emplace_back("optimizer",
+                                  partition::CollectiveRecord{"AllReduce", "grad_norm/squared", "(gradient norm)", "pp",
+                                                              pp_group, 4});
+      std::set<std::string> present;  // values this rank's stage parts hold
+      for (int chunk = 0; chunk < virt; ++chunk) {
+        const int vs = chunk * pp + s;
+        const int prev = vs > 0 ? pp_group[(vs - 1) % pp] : -1;
+        const int next = vs + 1 < pp * virt ? pp_group[(vs + 1) % pp] : -1;
+        ASSIGN_OR_RETURN(partition::StagePart tpart, partition::SplitStage(*train.graph, plan.stages, vs, prev, next));
+        ASSIGN_OR_RETURN(partition::StagePart epart, partition::SplitStage(*eval.graph, plan.stages, vs, prev, next));
+        for (const graph::Graph* g : {tpart.forward.get(), tpart.backward.get()})
+          for (const auto& n : g->nodes())
+            for (const graph::Value* v : n->inputs())
+              if (v) present.insert(v->name());
+        PipelineStage st;
+        st.stage = vs;
+        st.chunk = chunk;
+        st.forward = std::move(tpart.forward);
+        st.backward = std::move(tpart.backward);
+        st.eval = std::move(epart.forward);
+        st.stash = tpart.stash;
+        rp.p2p.insert(rp.p2p.end(), tpart.p2p.begin(), tpart.p2p.end());
+        rp.artifacts.stages.push_back(std::move(st));
+      }
+      for (auto& rec : train.collectives)
+        if (present.count(rec.value)) rp.collectives.emplace_back("training", rec);
+      for (auto& rec : eval.collectives)
+        if (present.count(rec.value)) rp.collectives.emplace_back("eval", rec);
+    } else {
+      for (auto& rec : train.collectives) rp.collectives.emplace_back("training", rec);
+      for (auto& rec : eval.collectives) rp.collectives.emplace_back("eval", rec);
+      rp.artifacts.training = std::move(train.graph);
+      rp.artifacts.eval = std::move(eval.graph);
+    }
     for (auto& rec : opt.collectives) rp.collectives.emplace_back("optimizer", rec);
-    rp.artifacts.training = std::move(train.graph);
-    rp.artifacts.eval = std::move(eval.graph);
     rp.artifacts.optimizer = std::move(opt.graph);
     rp.artifacts.forward = a.forward->Clone();
-    rp.artifacts.params = a.params;
+    rp.artifacts.params = so.params;
     rp.artifacts.state_suffixes = a.state_suffixes;
     rp.artifacts.data_inputs = a.data_inputs;
-    for (const std::string& p : a.params) {
+    for (const std::string& p : so.params) {
       ASSIGN_OR_RETURN(rp.artifacts.initial[p],
                        partition::ShardTensor(a.initial.at(p), mesh, plan.param_shardings.at(p), r, p));
     }

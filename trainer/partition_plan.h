@@ -19,7 +19,10 @@
 #include "absl/status/statusor.h"
 #include "partition/lower.h"
 #include "partition/mesh.h"
+#include "partition/pipeline.h"
+#include "partition/schedule.h"
 #include "trainer/training_graph.h"
+#include "trainer/training_session.h"
 
 namespace cleave::trainer {
 
@@ -30,6 +33,14 @@ struct PlanConfig {
   TrainingSpec spec;             // loss, optimizer, frozen (dims are set from batch and seq)
   bool tp_megatron = true;       // seed tp from graph structure
   int zero = 0;                  // 0 or 1
+  bool sp = false;               // sequence parallelism over tp (Megatron-SP)
+  // Pipeline (pp > 1 in the mesh): the global batch is split into `microbatches`, each of
+  // batch / microbatches rows; `virtual_stages` model chunks per rank (interleaved only);
+  // `pp_cuts` "auto" or the first layer of each later stage ("2" or "1,2,3").
+  int microbatches = 1;
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  std::string pp_cuts = "auto";
   // Data-parallel gradient AllReduces packed into flat buckets of about this size (as
   // PyTorch DDP's 25 MB); 0: one AllReduce per gradient.
   int64_t bucket_bytes = 25 << 20;
@@ -44,6 +55,7 @@ struct RankPlan {
   std::vector<int> coords;
   TrainingArtifacts artifacts;  // this rank's graphs, `initial` holding its parameter shards
   std::vector<std::pair<std::string, partition::CollectiveRecord>> collectives;  // (graph, record)
+  std::vector<partition::P2PRecord> p2p;  // per micro-batch, training parts
   RankMemory memory;
 };
 
@@ -53,7 +65,15 @@ struct Plan {
   std::map<std::string, partition::Sharding> param_shardings, data_shardings;
   RankMemory unpartitioned;
   std::vector<RankPlan> ranks;
+  // Pipeline: the stage of every node, the per-pp-rank action lists and their simulation.
+  partition::StageAssignment stages;
+  partition::ScheduleKind schedule_kind = partition::ScheduleKind::k1F1B;
+  partition::Schedule schedule;
+  partition::ScheduleStats schedule_stats;
 };
+
+// Rank r's compute work of one step, from the plan's schedule (one item without a pipeline).
+std::vector<TrainingSession::PipelineWork> PipelineWorkFor(const Plan& plan, int rank);
 
 absl::StatusOr<Plan> BuildPlan(const PlanConfig& config);
 absl::Status WritePlan(const Plan& plan, const std::string& dir);

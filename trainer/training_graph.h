@@ -68,8 +68,21 @@ struct TrainingSpec {
   std::map<std::string, int64_t> dims;
 };
 
+// One pipeline stage a rank holds (partition/pipeline.h): the forward and backward parts of
+// the training graph, split at the stage's boundaries with Send/Recv, and the forward part of
+// the eval graph. `stash`: what the forward part hands the backward part per micro-batch.
+struct PipelineStage {
+  int stage = 0;  // virtual stage
+  int chunk = 0;  // its index among this rank's stages
+  std::unique_ptr<graph::Graph> forward, backward, eval;
+  std::vector<std::string> stash;
+};
+
 struct TrainingArtifacts {
+  // Under pipeline parallelism `training` and `eval` are empty and `stages` holds this
+  // rank's parts of them.
   std::unique_ptr<graph::Graph> training, eval, optimizer;
+  std::vector<PipelineStage> stages;
   std::vector<std::string> params;          // trainable, sorted by name
   std::vector<std::string> unreached;       // candidates the loss does not reach: not trained
   std::vector<std::string> state_suffixes;  // optimizer state per parameter, e.g. ".exp_avg"

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -38,14 +39,26 @@ absl::StatusOr<std::unique_ptr<TrainingSession>> TrainingSession::Create(
 absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   options_ = options;
   TrainingArtifacts& a = artifacts_;
-  if (!a.training || !a.eval || !a.optimizer || !a.forward)
+  if (!a.optimizer || !a.forward || (a.stages.empty() && (!a.training || !a.eval)))
     return InvalidArgument("incomplete training artifacts");
   SessionOptions so;
   so.intra_op_threads = options.intra_op_threads;
   so.optimize = options.optimize;
   so.communicator = options.communicator;
-  ASSIGN_OR_RETURN(train_, InferenceSession::FromGraph(a.training->Clone(), so));
-  ASSIGN_OR_RETURN(eval_, InferenceSession::FromGraph(a.eval->Clone(), so));
+  if (a.stages.empty()) {
+    ASSIGN_OR_RETURN(train_, InferenceSession::FromGraph(a.training->Clone(), so));
+    ASSIGN_OR_RETURN(eval_, InferenceSession::FromGraph(a.eval->Clone(), so));
+  }
+  for (const PipelineStage& st : a.stages) {
+    if (!st.forward || !st.backward) return InvalidArgument("pipeline stage ", st.stage, " lacks its forward or backward part");
+    StageSessions ss;
+    ASSIGN_OR_RETURN(ss.forward, InferenceSession::FromGraph(st.forward->Clone(), so));
+    ASSIGN_OR_RETURN(ss.backward, InferenceSession::FromGraph(st.backward->Clone(), so));
+    if (st.eval) {
+      ASSIGN_OR_RETURN(ss.eval, InferenceSession::FromGraph(st.eval->Clone(), so));
+    }
+    stages_.push_back(std::move(ss));
+  }
   SessionOptions plain = so;
   plain.optimize = false;
   ASSIGN_OR_RETURN(optimizer_, InferenceSession::FromGraph(a.optimizer->Clone(), plain));
@@ -127,6 +140,8 @@ absl::StatusOr<Tensor> TrainingSession::GetGradient(const std::string& param) co
 }
 
 absl::StatusOr<float> TrainingSession::TrainStep(const Feeds& feeds) {
+  if (pipelined())
+    return absl::FailedPreconditionError("these artifacts are one rank's pipeline stages: use PipelineStep");
   if (feeds.size() != num_data_) {
     std::vector<std::string> got;
     for (const auto& f : feeds) got.push_back(f.first);
@@ -146,10 +161,134 @@ absl::StatusOr<float> TrainingSession::TrainStep(const Feeds& feeds) {
 }
 
 absl::StatusOr<float> TrainingSession::EvalStep(const Feeds& feeds) {
+  if (pipelined())
+    return absl::FailedPreconditionError("these artifacts are one rank's pipeline stages: use PipelineEval");
   Feeds all = feeds;
   for (size_t i = 0; i < params_.size(); ++i) all.emplace_back(artifacts_.params[i], params_[i]);
   ASSIGN_OR_RETURN(std::vector<Tensor> out, eval_->Run(all, {kLoss}));
   return *out[0].data<float>();
+}
+
+bool TrainingSession::holds_loss() const {
+  if (!pipelined()) return true;
+  for (const PipelineStage& st : artifacts_.stages)
+    for (const graph::Value* v : st.forward->outputs())
+      if (v->name() == kLoss) return true;
+  return false;
+}
+
+absl::Status TrainingSession::RunPart(InferenceSession& s, const Feeds& data, const std::map<std::string, Tensor>& extra,
+                                      std::map<std::string, Tensor>* outputs, uint64_t seed) {
+  Feeds feeds;
+  for (const IoInfo& in : s.inputs()) {
+    if (auto e = extra.find(in.name); e != extra.end()) {
+      feeds.emplace_back(in.name, e->second);
+      continue;
+    }
+    if (in.name == kLazyResetGrad) {
+      feeds.emplace_back(in.name, reset_);
+      continue;
+    }
+    if (Tensor* t = FindState(in.name)) {
+      feeds.emplace_back(in.name, *t);
+      continue;
+    }
+    bool found = false;
+    for (size_t i = 0; i < params_.size() && !found; ++i)
+      if (AccumulationBuffer(artifacts_.params[i]) == in.name) {
+        feeds.emplace_back(in.name, grads_[i]);
+        found = true;
+      }
+    for (const auto& [name, t] : data)
+      if (!found && name == in.name) {
+        feeds.emplace_back(name, t);
+        found = true;
+      }
+    if (!found) return InvalidArgument("pipeline stage input '", in.name, "' is not fed (no data, parameter or stash)");
+  }
+  std::vector<Tensor> outs;
+  for (const IoInfo& o : s.outputs()) {
+    Tensor t;
+    bool bound = false;
+    for (size_t i = 0; i < params_.size() && !bound; ++i)
+      if (AccumulationOut(artifacts_.params[i]) == o.name) {
+        t = grads_[i];
+        bound = true;
+      }
+    if (!bound) {
+      if (!o.shape.is_static())
+        return Internal("pipeline stage output '", o.name, "' has no static shape: ", o.shape.ToString());
+      t = Tensor(o.dtype, o.shape.StaticDims());
+    }
+    outs.push_back(t);
+  }
+  RunOptions run;
+  run.seed = seed;
+  RETURN_IF_ERROR(s.RunInto(feeds, outs, run));
+  if (outputs)
+    for (size_t i = 0; i < outs.size(); ++i) (*outputs)[s.outputs()[i].name] = outs[i];
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> TrainingSession::PipelineStep(const std::vector<PipelineWork>& work,
+                                                    const std::vector<Feeds>& microbatches) {
+  if (!pipelined()) return absl::FailedPreconditionError("PipelineStep needs pipeline stage artifacts");
+  if (microbatches.empty()) return InvalidArgument("PipelineStep: no micro-batches");
+  // A fresh accumulation: the buffers start at zero and every backward adds to them (two
+  // stages of one rank may add to the same tied parameter's buffer).
+  for (Tensor& g : grads_) std::memset(g.data<char>(), 0, g.nbytes());
+  *reset_.data<bool>() = false;
+  std::map<std::pair<int, int>, std::map<std::string, Tensor>> stash;  // (micro-batch, chunk)
+  double loss_sum = 0;
+  int losses = 0;
+  for (const PipelineWork& w : work) {
+    if (w.chunk < 0 || w.chunk >= static_cast<int>(stages_.size()) || w.microbatch < 0 ||
+        w.microbatch >= static_cast<int>(microbatches.size()))
+      return InvalidArgument("PipelineStep: work item (micro-batch ", w.microbatch, ", chunk ", w.chunk,
+                             ") is outside ", microbatches.size(), " micro-batches and ", stages_.size(), " chunks");
+    const PipelineStage& st = artifacts_.stages[w.chunk];
+    const uint64_t seed = options_.seed * 0x9e3779b97f4a7c15ull + (static_cast<uint64_t>(step_) << 20) +
+                          static_cast<uint64_t>(w.microbatch);
+    const auto key = std::make_pair(w.microbatch, w.chunk);
+    if (!w.backward) {
+      std::map<std::string, Tensor> out;
+      RETURN_IF_ERROR(RunPart(*stages_[w.chunk].forward, microbatches[w.microbatch], {}, &out, seed));
+      if (auto l = out.find(kLoss); l != out.end()) {
+        loss_sum += *l->second.data<float>();
+        ++losses;
+      }
+      std::map<std::string, Tensor>& kept = stash[key];
+      for (const std::string& name : st.stash) kept[name] = out.at(name);
+    } else {
+      auto it = stash.find(key);
+      if (it == stash.end())
+        return InvalidArgument("PipelineStep: backward of micro-batch ", w.microbatch, " on chunk ", w.chunk,
+                               " before its forward");
+      RETURN_IF_ERROR(RunPart(*stages_[w.chunk].backward, microbatches[w.microbatch], it->second, nullptr, seed));
+      stash.erase(it);
+    }
+  }
+  micro_batches_ = static_cast<int64_t>(microbatches.size());
+  pending_reset_ = false;
+  return losses ? static_cast<float>(loss_sum / losses) : std::numeric_limits<float>::quiet_NaN();
+}
+
+absl::StatusOr<float> TrainingSession::PipelineEval(const std::vector<Feeds>& microbatches) {
+  if (!pipelined()) return absl::FailedPreconditionError("PipelineEval needs pipeline stage artifacts");
+  double loss_sum = 0;
+  int losses = 0;
+  for (const Feeds& mb : microbatches)
+    for (size_t c = 0; c < stages_.size(); ++c) {
+      if (!stages_[c].eval)
+        return InvalidArgument("pipeline stage ", artifacts_.stages[c].stage, " has no eval part");
+      std::map<std::string, Tensor> out;
+      RETURN_IF_ERROR(RunPart(*stages_[c].eval, mb, {}, &out, 0));
+      if (auto l = out.find(kLoss); l != out.end()) {
+        loss_sum += *l->second.data<float>();
+        ++losses;
+      }
+    }
+  return losses ? static_cast<float>(loss_sum / losses) : std::numeric_limits<float>::quiet_NaN();
 }
 
 void TrainingSession::RegisterScheduler(const LrSchedule& schedule) {

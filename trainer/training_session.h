@@ -10,6 +10,12 @@
 //                       the gradient of one batch of B rows). Uses the scheduler's rate when one
 //                       is registered. Returns the global gradient norm before clipping.
 //   LazyResetGrad()     the next TrainStep starts a new accumulation.
+//   PipelineStep(work, micro-batches)
+//                       under pipeline parallelism (artifacts with `stages`): this rank's
+//                       forward and backward work of one step, in its schedule's order; the
+//                       stage parts exchange activations and gradients with the neighbouring
+//                       ranks themselves (Send/Recv). Gradients of all micro-batches are
+//                       accumulated; OptimizerStep follows.
 //
 // The session owns the parameters, gradient buffers and optimizer state; the graphs read and
 // write them in place (no copies per step). Checkpoints hold parameters, optimizer state,
@@ -56,6 +62,24 @@ class TrainingSession {
   const TrainingArtifacts& artifacts() const { return artifacts_; }
 
   absl::StatusOr<float> TrainStep(const Feeds& feeds);
+
+  // One unit of a pipeline schedule: the forward or backward of micro-batch `microbatch` on
+  // this rank's stage `chunk` (an index into artifacts().stages).
+  struct PipelineWork {
+    bool backward = false;
+    int microbatch = 0;
+    int chunk = 0;
+  };
+  bool pipelined() const { return !artifacts_.stages.empty(); }
+  // Whether this rank computes the loss (it holds the last stage).
+  bool holds_loss() const;
+  // Runs `work` with `microbatches[m]` as micro-batch m's data (every rank gets the same
+  // feeds; each stage takes the inputs it reads). Returns the mean loss over the micro-batches
+  // on the rank that holds the loss, NaN on the others.
+  absl::StatusOr<float> PipelineStep(const std::vector<PipelineWork>& work, const std::vector<Feeds>& microbatches);
+  // The eval parts over `microbatches`, each micro-batch through this rank's stages in order;
+  // the mean loss as PipelineStep returns it.
+  absl::StatusOr<float> PipelineEval(const std::vector<Feeds>& microbatches);
   absl::StatusOr<float> EvalStep(const Feeds& feeds);
   void LazyResetGrad() { pending_reset_ = true; }
   absl::StatusOr<float> OptimizerStep();
@@ -90,6 +114,15 @@ class TrainingSession {
   TrainingArtifacts artifacts_;
   TrainingSessionOptions options_;
   std::unique_ptr<InferenceSession> train_, eval_, optimizer_;
+  struct StageSessions {
+    std::unique_ptr<InferenceSession> forward, backward, eval;
+  };
+  std::vector<StageSessions> stages_;
+  // Feeds for a stage part: data by name, parameters, gradient buffers, the reset flag and
+  // `extra` (stashed values); outputs bound to the gradient buffers where they are
+  // accumulation outputs, fresh tensors otherwise.
+  absl::Status RunPart(InferenceSession& s, const Feeds& data, const std::map<std::string, Tensor>& extra,
+                       std::map<std::string, Tensor>* outputs, uint64_t seed);
   std::vector<Tensor> params_, grads_;
   std::vector<std::vector<Tensor>> states_;  // [param][suffix]
   std::map<std::string, Tensor*> by_name_;

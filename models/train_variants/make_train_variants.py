@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # Writes reference training runs for architectures other than the tiny GPT
-# (models/train_variants/<name>/): an untied-head GPT, the LLaMA-style model and the BERT
+# (models/train_variants/<name>/): an untied-head GPT, a 4-layer tied GPT, the LLaMA-style model and the BERT
 # encoder with an MSE and a classification loss. Each folder gets model.onnx exported for
 # training, the fixed batch, the 8-step AdamW trajectory and the final parameters.
 # Run with a Python that has torch: `/usr/bin/python3 models/train_variants/make_train_variants.py`.
@@ -78,6 +78,11 @@ MODELS_SPEC = {
     "gpt_untied": dict(
         build=lambda: UntiedGPT(GPTConfig(vocab=VOCAB, context=SEQ, layers=2, width=48, heads=3)),
         inputs=["input_ids"], outputs=["logits"], loss="cross_entropy", output="logits"),
+    # Four layers with the tied head: enough blocks for four pipeline stages, or two ranks
+    # with two model chunks each.
+    "gpt_deep": dict(
+        build=lambda: GPT(GPTConfig(vocab=VOCAB, context=SEQ, layers=4, width=32, heads=4)),
+        inputs=["input_ids"], outputs=["logits"], loss="cross_entropy", output="logits"),
     "llama": dict(
         build=lambda: _normal_init(Llama()),
         inputs=["input_ids"], outputs=["logits"], loss="cross_entropy", output="logits"),
@@ -96,7 +101,7 @@ MODELS_SPEC = {
 def make_batch(name):
     """The fixed batch and labels of one model, from its own seeded generator."""
     g = torch.Generator().manual_seed(1)
-    if name in ("gpt_untied", "llama"):
+    if name in ("gpt_untied", "gpt_deep", "llama"):
         return lm_batch(g)
     inputs = bert_inputs(g)
     if name == "bert_mse":

@@ -1,0 +1,1 @@
+ Bblocks.1.mlp.proj.biasJ€Ş:à :OÅz»´!»:bjºKQ»ÔG;Å9B»€†;õYğºwnb:gaÿ:X\Õ:ë <;CZ@;“»ß¬÷ºÑØ½º¹P];AfÄºˆ;¬U»¹şT»àè;º‘ôºXìÃºMÙ;VFo;x!j»oò»ïÕS»

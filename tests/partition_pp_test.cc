@@ -1,0 +1,219 @@
+// Pipeline parallelism end to end: stage cuts found by structure, per-stage forward and
+// backward parts with Send/Recv, the schedules run on a simulated world (one thread per rank,
+// real message ordering), and one full training step against the single-rank step.
+#include <cmath>
+#include <set>
+#include <thread>
+
+#include "base/status.h"
+#include "gtest/gtest.h"
+#include "onnx_ext/onnx_io.h"
+#include "partition/pipeline.h"
+#include "runtime/simulated_communicator.h"
+#include "tests/op_tester.h"
+#include "tests/partition_test_util.h"
+#include "trainer/partition_plan.h"
+#include "trainer/training_session.h"
+
+namespace cleave::trainer {
+namespace {
+
+using testing::Rows;
+
+constexpr int64_t kSeq = 16;
+
+struct PipeCase {
+  const char* model;  // under models/
+  const char* mesh;
+  const char* schedule;
+  int microbatches;
+  int virtual_stages = 1;
+  int zero = 0;
+  const char* cuts = "auto";
+  bool sp = false;
+  int64_t batch = 4;
+};
+
+void PrintTo(const PipeCase& pc, std::ostream* os) {
+  *os << pc.model << " " << pc.mesh << " " << pc.schedule << " m=" << pc.microbatches << " v=" << pc.virtual_stages
+      << " zero=" << pc.zero;
+}
+
+PlanConfig Config(const PipeCase& pc) {
+  PlanConfig c;
+  c.model = std::string(CLEAVE_SOURCE_DIR) + "/models/" + pc.model + "/model.onnx";
+  c.mesh = pc.mesh;
+  c.batch = pc.batch;
+  c.seq = kSeq;
+  c.zero = pc.zero;
+  c.sp = pc.sp;
+  c.microbatches = pc.microbatches;
+  c.schedule = pc.schedule;
+  c.virtual_stages = pc.virtual_stages;
+  c.pp_cuts = pc.cuts;
+  c.bucket_bytes = 0;
+  // SGD with momentum: the update is linear in the gradient, so parameters compare as tightly
+  // as gradients do (see partition_tp_test.cc).
+  c.spec.optimizer.kind = OptimizerConfig::Kind::kSgd;
+  c.spec.optimizer.momentum = 0.9f;
+  c.spec.optimizer.max_grad_norm = 0.5f;
+  c.spec.optimizer.weight_decay = 0.1f;
+  return c;
+}
+
+class Pipeline : public ::testing::TestWithParam<PipeCase> {};
+
+TEST_P(Pipeline, TrainingStepEqualsSingleRank) {
+  const PipeCase& pc = GetParam();
+  const PlanConfig config = Config(pc);
+  const int64_t batch = pc.batch;
+  Tensor ids(DataType::kInt64, {batch, kSeq}), labels(DataType::kInt64, {batch, kSeq});
+  for (int64_t i = 0; i < batch * kSeq; ++i) {
+    ids.data<int64_t>()[i] = (i * 37 + 5) % 64;
+    labels.data<int64_t>()[i] = (i * 11 + 3) % 64;
+  }
+  // The single-rank step on the whole batch.
+  TrainingSpec spec = config.spec;
+  TrainingArtifacts a = testing::BuildArtifacts(pc.model, batch, kSeq, spec);
+  auto single = TrainingSession::Create(testing::CopyArtifacts(a), {.intra_op_threads = 1});
+  ASSERT_TRUE(single.ok()) << single.status();
+  auto want_loss = (*single)->TrainStep({{"input_ids", ids}, {"labels", labels}});
+  ASSERT_TRUE(want_loss.ok()) << want_loss.status();
+  auto want_norm = (*single)->OptimizerStep();
+  ASSERT_TRUE(want_norm.ok()) << want_norm.status();
+
+  auto plan = BuildPlan(config);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const partition::Mesh& mesh = plan->mesh;
+  const int world = mesh.world_size(), dp = mesh.size("dp"), pp = mesh.size("pp");
+  const int64_t micro_rows = batch / pc.microbatches / dp;
+
+  // Structure: one Send/Recv per crossing value per boundary and direction, matched in
+  // pairs with the same tag; every parameter is held by some rank.
+  std::map<std::tuple<int, int, int>, int> sends, recvs;  // (from, to, tag) -> count
+  std::set<std::string> held;
+  const int stages = pp * pc.virtual_stages;
+  for (const RankPlan& rp : plan->ranks) {
+    // Only the residual stream crosses a boundary: one value forward, its gradient backward.
+    int fwd_sends = 0, bwd_sends = 0, want_fwd = 0, want_bwd = 0;
+    for (const PipelineStage& st : rp.artifacts.stages) {
+      want_fwd += st.stage + 1 < stages;
+      want_bwd += st.stage > 0;
+    }
+    for (const partition::P2PRecord& m : rp.p2p) {
+      if (m.kind == "Send") {
+        ++sends[{rp.rank, m.peer, m.tag}];
+        ++(m.backward ? bwd_sends : fwd_sends);
+      } else {
+        ++recvs[{m.peer, rp.rank, m.tag}];
+      }
+    }
+    EXPECT_EQ(fwd_sends, want_fwd) << "rank " << rp.rank;
+    EXPECT_EQ(bwd_sends, want_bwd) << "rank " << rp.rank;
+    held.insert(rp.artifacts.params.begin(), rp.artifacts.params.end());
+    EXPECT_EQ(static_cast<int>(rp.artifacts.stages.size()), pc.virtual_stages);
+  }
+  EXPECT_EQ(sends, recvs);
+  EXPECT_FALSE(sends.empty());
+  EXPECT_EQ(held.size(), a.params.size());
+
+  runtime::SimulatedWorld sim(world, std::chrono::seconds(60));
+  std::vector<absl::Status> status(world);
+  std::vector<float> loss(world, NAN), norm(world, NAN);
+  std::vector<std::map<std::string, Tensor>> params(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      auto run = [&]() -> absl::Status {
+        TrainingArtifacts mine = std::move(plan->ranks[r].artifacts);
+        ASSIGN_OR_RETURN(auto s, TrainingSession::Create(std::move(mine),
+                                                         {.intra_op_threads = 1, .communicator = sim.rank(r)}));
+        std::vector<Feeds> micro;
+        for (int m = 0; m < pc.microbatches; ++m) {
+          const int64_t row0 = (m * dp + mesh.Coord(r, "dp")) * micro_rows;
+          micro.push_back({{"input_ids", Rows(ids, row0, micro_rows)}, {"labels", Rows(labels, row0, micro_rows)}});
+        }
+        ASSIGN_OR_RETURN(loss[r], s->PipelineStep(PipelineWorkFor(*plan, r), micro));
+        ASSIGN_OR_RETURN(norm[r], s->OptimizerStep());
+        for (const std::string& p : s->parameter_names()) {
+          ASSIGN_OR_RETURN(params[r][p], s->GetState(p));
+        }
+        return absl::OkStatus();
+      };
+      status[r] = run();
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    const bool last = mesh.Coord(r, "pp") == pp - 1;
+    if (last) EXPECT_NEAR(loss[r], *want_loss, 1e-5 * *want_loss) << "rank " << r;
+    else EXPECT_TRUE(std::isnan(loss[r])) << "rank " << r << " does not hold the loss";
+    EXPECT_NEAR(norm[r], *want_norm, 1e-5 * *want_norm) << "rank " << r;
+    for (const auto& [p, got] : params[r]) {
+      auto want = partition::ShardTensor(*(*single)->GetState(p), mesh, plan->param_shardings.at(p), r, p);
+      ASSERT_TRUE(want.ok());
+      EXPECT_EQ(testing::CompareTensors(got, *want, 1e-6, 1e-5), "") << "rank " << r << " " << p;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, Pipeline,
+    ::testing::Values(PipeCase{"train_variants/gpt_deep", "pp=2", "1f1b", 4},
+                      PipeCase{"train_variants/gpt_deep", "pp=4", "1f1b", 4},
+                      PipeCase{"train_variants/gpt_deep", "pp=2", "gpipe", 2, 1, 0, "3"},
+                      PipeCase{"train_variants/gpt_deep", "pp=2", "interleaved", 4, 2},
+                      PipeCase{"train_variants/llama", "pp=2", "1f1b", 2},
+                      PipeCase{"tiny_gpt", "pp=2", "1f1b", 2},
+                      PipeCase{"train_variants/gpt_deep", "dp=2,pp=2", "1f1b", 2, 1, 1},
+                      PipeCase{"train_variants/llama", "dp=2,pp=2,tp=2", "1f1b", 2, 1, 1},
+                      PipeCase{"train_variants/gpt_deep", "dp=2,pp=2,tp=2", "interleaved", 2, 2, 1}),
+    [](const auto& info) {
+      std::string name = info.param.model;
+      name = name.substr(name.rfind('/') + 1) + "_" + info.param.mesh + "_" + info.param.schedule + "_m" +
+             std::to_string(info.param.microbatches) + "_v" + std::to_string(info.param.virtual_stages) + "_zero" +
+             std::to_string(info.param.zero);
+      for (char& c : name)
+        if (c == '=' || c == ',') c = '_';
+      return name;
+    });
+
+TEST(Pipeline, LayersAreFoundByStructureAndAutoCutsBalance) {
+  TrainingArtifacts a = testing::BuildArtifacts("train_variants/gpt_deep", 2, kSeq, {});
+  auto starts = partition::FindLayerStarts(*a.training, a.params);
+  ASSERT_TRUE(starts.ok()) << starts.status();
+  EXPECT_EQ(starts->size(), 4u);
+  auto four = partition::AssignStages(*a.training, a.params, 4);
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_EQ(four->first_layer, (std::vector<int>{0, 1, 2, 3}));
+  // The tied embedding is read by the first stage (lookup) and the last (LM head).
+  EXPECT_EQ(four->param_stages.at("wte.weight"), (std::set<int>{0, 3}));
+  auto two = partition::AssignStages(*a.training, a.params, 2);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(two->first_layer, (std::vector<int>{0, 2}));
+  // Every forward node has a stage, and stages never decrease along a forward edge.
+  for (const auto& n : a.training->nodes()) {
+    if (n->metadata().count("role") && n->metadata().at("role") != "fwd") continue;
+    ASSERT_TRUE(two->node_stage.count(n->name())) << n->Describe();
+    for (const graph::Value* in : n->inputs())
+      if (in && in->producer() && two->node_stage.count(in->producer()->name()))
+        EXPECT_LE(two->node_stage.at(in->producer()->name()), two->node_stage.at(n->name())) << n->Describe();
+  }
+}
+
+TEST(Pipeline, BadCutsAndMeshesAreRejectedBeforeAnythingIsWritten) {
+  auto expect_error = [](PipeCase pc, const std::string& text) {
+    auto plan = BuildPlan(Config(pc));
+    ASSERT_FALSE(plan.ok()) << pc.mesh << " " << pc.cuts;
+    EXPECT_NE(plan.status().message().find(text), std::string::npos) << plan.status();
+  };
+  expect_error({"train_variants/llama", "pp=4", "1f1b", 4}, "4 stages for a model of 2 layers");
+  expect_error({"train_variants/gpt_deep", "pp=2", "1f1b", 2, 1, 0, "0"}, "cut 0 is outside");
+  expect_error({"train_variants/gpt_deep", "pp=3", "1f1b", 2, 1, 0, "2,2"}, "leaves stage 1 empty");
+  expect_error({"train_variants/gpt_deep", "pp=2", "1f1b", 2, 1, 0, "1,2"}, "lists 2 cut(s) for 2 stages");
+  expect_error({"train_variants/gpt_deep", "pp=2", "1f1b", 3}, "not divisible by dp=1 x microbatches=3");
+  expect_error({"train_variants/gpt_deep", "pp=2", "interleaved", 2, 3}, "6 stages for a model of 4 layers");
+}
+
+}  // namespace
+}  // namespace cleave::trainer
