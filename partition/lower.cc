@@ -65,8 +65,8 @@ absl::StatusOr<std::map<std::string, Sharding>> PrepareOptimizer(
     const Mesh& mesh, const std::map<std::string, Sharding>& param_shardings,
     const std::map<std::string, Sharding>& grad_shardings, int zero_stage,
     std::map<std::string, Sharding>* output_wants) {
-  if (zero_stage < 0 || zero_stage > 1)
-    return Unimplemented("ZeRO stage ", zero_stage, " is not supported (0 or 1)");
+  if (zero_stage < 0 || zero_stage > 2)
+    return Unimplemented("ZeRO stage ", zero_stage, " is not supported (0, 1 or 2)");
   std::map<std::string, Sharding> seeds;
   const int d = mesh.size("dp");
   for (const std::string& name : params) {
@@ -85,17 +85,11 @@ absl::StatusOr<std::map<std::string, Sharding>> PrepareOptimizer(
     seeds[grad->name()] = grad_s;
     for (const std::string& suf : state_suffixes) seeds[name + suf] = param;
     if (zero_stage == 0 || d == 1) continue;
-    // ZeRO-1: split the first dim whose local size dp divides, inside the parameter's own
-    // sharding of that dim.
-    int split = -1;
-    for (int k = 0; k < rank && split < 0; ++k) {
-      int64_t parts = 1;
-      for (const auto& a : param.dims[k]) parts *= mesh.size(a);
-      if (dims[k] % (parts * d) == 0) split = k;
-    }
-    if (split < 0) continue;  // too small to shard: replicated update
-    Sharding shard = param;
-    shard.dims[split].push_back("dp");
+    // ZeRO-1 and 2: split the first dim whose local size dp divides, inside the parameter's
+    // own sharding of that dim (under ZeRO-2 the gradient arrives so split already).
+    std::optional<Sharding> zero = ZeroShard(param, dims, mesh);
+    if (!zero) continue;  // too small to shard: replicated update
+    const Sharding shard = *zero;
     // The reduce-scatter point: every reader of the gradient reads its shard.
     Value* g_shard = opt.GetOrCreateValue(opt.UniqueName(name + "_grad.shard"));
     auto consumers = grad->consumers();

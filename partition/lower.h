@@ -47,7 +47,8 @@ absl::StatusOr<LoweredGraph> LowerForRank(const graph::Graph& g, const Mesh& mes
 
 // Seeds for an optimizer graph whose parameters and gradients come sharded from the training
 // graph (`param_shardings`, `grad_shardings` by parameter name; absent: replicated). With
-// zero_stage 1 each gradient is also reduce-scattered over dp inside its own sharding (an
+// zero_stage 1 or 2 (where the gradient arrives already dp-sharded, ZeroShard of the
+// parameter's sharding) each gradient is also reduce-scattered over dp inside its own sharding (an
 // Identity marks the point), the optimizer state keeps only that shard, the update runs on it,
 // and the updated parameter is all-gathered back to its training sharding (filled into
 // `output_wants` for LowerForRank).

@@ -279,43 +279,63 @@ absl::StatusOr<LoweredStages> StagesOf(const Graph& g, const StageAssignment& a,
     }
     ls.bwd[n] = any && !fwd_reader;
   }
-  // Stages of added nodes: forward ones after their latest producer, backward ones at their
-  // earliest backward producer; those with neither at their first reader.
-  std::vector<const Node*> open;
-  for (const Node* n : order) {
-    if (mapped.count(n)) continue;
-    int s = -1;
+  // Stages of added nodes. The stage its producers allow (forward: the latest producer's;
+  // backward: the earliest backward producer's) and the one its readers allow (forward: the
+  // first reader's; backward: the last reader's) bound it; a node whose output is larger than
+  // its inputs (a gather) runs by its readers and one that is not (a reduction, a slice) by its
+  // producers, so the smaller value is the one that crosses a boundary.
+  const int none = -1;
+  auto producer_bound = [&](const Node* n) {
+    int s = none;
     for (const Value* in : n->inputs()) {
       const Node* p = in ? in->producer() : nullptr;
       if (!p || !ls.stage.count(p)) continue;
       if (!ls.bwd.at(n)) s = std::max(s, ls.stage.at(p));
-      else if (ls.bwd.at(p)) s = s < 0 ? ls.stage.at(p) : std::min(s, ls.stage.at(p));
+      else if (ls.bwd.at(p)) s = s == none ? ls.stage.at(p) : std::min(s, ls.stage.at(p));
     }
-    if (s >= 0) ls.stage[n] = s;
-    else open.push_back(n);
-  }
-  for (auto it = open.rbegin(); it != open.rend(); ++it) {
-    const Node* n = *it;
-    int s = std::numeric_limits<int>::max();
+    return s;
+  };
+  auto reader_bound = [&](const Node* n) {
+    int s = none;
     for (const Value* out : n->outputs())
       if (out)
-        for (const auto& [c, idx] : out->consumers())
-          if (ls.stage.count(c)) s = std::min(s, ls.stage.at(c));
-    if (s == std::numeric_limits<int>::max()) {
-      s = 0;
-      for (const Value* in : n->inputs())
-        if (in && in->producer() && ls.stage.count(in->producer())) s = std::max(s, ls.stage.at(in->producer()));
-    }
+        for (const auto& [c, idx] : out->consumers()) {
+          if (!ls.stage.count(c)) continue;
+          const int w = ls.stage.at(c);
+          s = s == none ? w : (ls.bwd.at(n) ? std::max(s, w) : std::min(s, w));
+        }
+    return s;
+  };
+  auto grows = [](const Node* n) {
+    int64_t in = 0;
+    for (const Value* v : n->inputs())
+      if (v && !v->is_initializer()) in = std::max(in, Bytes(v));
+    return n->output(0) && Bytes(n->output(0)) > in;
+  };
+  std::vector<const Node*> added;
+  for (const Node* n : order)
+    if (!mapped.count(n)) added.push_back(n);
+  for (const Node* n : added)
+    if (!grows(n))
+      if (int s = producer_bound(n); s != none) ls.stage[n] = s;
+  for (auto it = added.rbegin(); it != added.rend(); ++it) {
+    const Node* n = *it;
+    if (ls.stage.count(n)) continue;
+    int s = reader_bound(n);
+    if (s == none) continue;
+    if (const int p = producer_bound(n); p != none) s = ls.bwd.at(n) ? std::min(s, p) : std::max(s, p);
     ls.stage[n] = s;
   }
+  for (const Node* n : added)
+    if (!ls.stage.count(n)) ls.stage[n] = std::max(0, producer_bound(n));
   // Gradient accumulators whose sum gathers contributions from several stages.
   for (const Node* acc : order) {
     if (acc->domain() != graph::kCleaveDomain || acc->op_type() != "InPlaceAccumulator") continue;
     auto of = acc->metadata().find("grad_of");
     if (of == acc->metadata().end()) continue;
     const std::string& param = of->second;
-    // The sum of the contributions and the local, linear ops lowering put on the way (a
-    // Slice to the gradient's sharding, views): each stage can apply them to its own part.
+    // The sum of the contributions and the linear ops lowering put on the way (a Slice to the
+    // gradient's sharding, views, a reduce-scatter): each stage applies them to its own part.
     std::vector<const Node*> tail;
     std::vector<Value*> parts;
     std::vector<Value*> todo = {acc->input(1)};
@@ -325,10 +345,15 @@ absl::StatusOr<LoweredStages> StagesOf(const Graph& g, const StageAssignment& a,
       todo.pop_back();
       if (!v || !seen.insert(v).second) continue;
       const Node* p = v->producer();
-      const bool linear = p && !mapped.count(p) && p->domain().empty() &&
-                          ((p->op_type() == "Add" && p->metadata().count("grad_of") &&
-                            p->metadata().at("grad_of") == param) ||
-                           p->op_type() == "Identity" || p->op_type() == "Slice" || p->op_type() == "Reshape");
+      // Sums of collectives (ZeRO-2's reduce-scatter into the gradient shard) are linear too.
+      const bool collective_sum = p && !mapped.count(p) && p->domain() == graph::kCleaveDomain &&
+                                  (p->op_type() == "ReduceScatter" || p->op_type() == "AllReduce") &&
+                                  p->AttrString("reduction", "sum") == "sum";
+      const bool linear = collective_sum ||
+                          (p && !mapped.count(p) && p->domain().empty() &&
+                           ((p->op_type() == "Add" && p->metadata().count("grad_of") &&
+                             p->metadata().at("grad_of") == param) ||
+                            p->op_type() == "Identity" || p->op_type() == "Slice" || p->op_type() == "Reshape"));
       if (linear) {
         tail.push_back(p);
         const int data_inputs = p->op_type() == "Add" ? 2 : 1;

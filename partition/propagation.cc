@@ -266,8 +266,26 @@ absl::StatusOr<Propagation> Propagate(const graph::Graph& g, const Mesh& mesh,
   return p;
 }
 
+std::optional<Sharding> ZeroShard(const Sharding& s, const std::vector<int64_t>& dims, const Mesh& mesh) {
+  const int d = mesh.size("dp");
+  if (d == 1) return std::nullopt;
+  for (size_t k = 0; k < dims.size() && k < s.dims.size(); ++k) {
+    int64_t parts = 1;
+    for (const auto& a : s.dims[k]) parts *= mesh.size(a);
+    if (dims[k] % (parts * d) == 0) {
+      Sharding out = s;
+      out.partial.clear();
+      out.partial_avg.clear();
+      out.dims[k].push_back("dp");
+      return out;
+    }
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<Propagation> PropagateTraining(const graph::Graph& g, const std::vector<std::string>& params,
-                                              const Mesh& mesh, std::map<std::string, Sharding> seeds) {
+                                              const Mesh& mesh, std::map<std::string, Sharding> seeds,
+                                              int zero_stage) {
   ASSIGN_OR_RETURN(Propagation first, Propagate(g, mesh, seeds));
   for (const std::string& p : params) {
     const Value* v = g.FindValue(p);
@@ -278,8 +296,12 @@ absl::StatusOr<Propagation> PropagateTraining(const graph::Graph& g, const std::
     seeds.emplace(p, s);
     Sharding grad = s;
     if (mesh.size("dp") > 1) grad.partial = {"dp"};
-    for (const std::string& name : {p + "_grad", p + "_grad.accumulation.buffer", p + "_grad.accumulation.out"})
-      if (g.FindValue(name)) seeds[name] = grad;
+    Sharding accumulated = grad;
+    if (zero_stage >= 2 && v->shape().is_static())
+      if (auto shard = ZeroShard(s, v->shape().StaticDims(), mesh)) accumulated = *shard;
+    if (g.FindValue(p + "_grad")) seeds[p + "_grad"] = grad;
+    for (const std::string& name : {p + "_grad.accumulation.buffer", p + "_grad.accumulation.out"})
+      if (g.FindValue(name)) seeds[name] = accumulated;
   }
   return Propagate(g, mesh, seeds);
 }

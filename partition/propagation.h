@@ -17,6 +17,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -55,9 +56,16 @@ struct Reshard {
 // Propagation over a training graph: `seeds` first, then again with every parameter's
 // gradient (`<p>_grad`, its accumulation buffer and output, as the training artifacts name
 // them) pinned to the parameter's own sharding, Partial over dp when the mesh has one, so
-// the accumulated gradients line up with the parameters the optimizer updates.
+// the accumulated gradients line up with the parameters the optimizer updates. With
+// zero_stage 2 the accumulation buffer keeps only this rank's dp shard (ZeroShard): each
+// micro-batch's gradient is reduce-scattered into it.
 absl::StatusOr<Propagation> PropagateTraining(const graph::Graph& g, const std::vector<std::string>& params,
-                                              const Mesh& mesh, std::map<std::string, Sharding> seeds);
+                                              const Mesh& mesh, std::map<std::string, Sharding> seeds,
+                                              int zero_stage = 0);
+
+// ZeRO's dp shard of a tensor of `dims` sharded as `s`: the first dim whose local size dp
+// divides gets dp appended (innermost). None when dp is 1 or no dim divides.
+std::optional<Sharding> ZeroShard(const Sharding& s, const std::vector<int64_t>& dims, const Mesh& mesh);
 
 // What every node input needs converted, in node order.
 std::vector<Reshard> Reshards(const graph::Graph& g, const Mesh& mesh, const Propagation& p);

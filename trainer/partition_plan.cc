@@ -37,7 +37,10 @@ RankMemory MemoryOf(const TrainingArtifacts& a) {
   for (const std::string& p : a.params) {
     const int64_t bytes = static_cast<int64_t>(a.initial.at(p).nbytes());
     m.parameters += bytes;
-    m.gradients += bytes;
+    const graph::Value* buffer = a.training ? a.training->FindValue(AccumulationBuffer(p)) : nullptr;
+    for (const PipelineStage& st : a.stages)
+      if (!buffer) buffer = st.backward->FindValue(AccumulationBuffer(p));
+    m.gradients += buffer ? Bytes(buffer) : bytes;
     for (const std::string& suf : a.state_suffixes) m.optimizer_state += Bytes(a.optimizer->FindValue(p + suf));
   }
   return m;
@@ -78,7 +81,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
     return InvalidArgument("--batch ", c.batch, " (the global batch) is not divisible by dp=", dp,
                            " x microbatches=", micro);
   if (c.sp && tp == 1) return InvalidArgument("--sp splits the sequence over tp, and the mesh has tp=1");
-  if (c.zero < 0 || c.zero > 1) return Unimplemented("--zero ", c.zero, ": stages 0 and 1 are implemented");
+  if (c.zero < 0 || c.zero > 2) return InvalidArgument("--zero ", c.zero, ": expected 0, 1 or 2");
   if (pp > 1) {
     ASSIGN_OR_RETURN(plan.schedule_kind, partition::ParseScheduleKind(c.schedule));
     ASSIGN_OR_RETURN(plan.schedule, partition::BuildSchedule(plan.schedule_kind, pp, micro, virt));
@@ -113,7 +116,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
       seeds[sp.first] = sp.second;
     }
   }
-  ASSIGN_OR_RETURN(partition::Propagation train_p, partition::PropagateTraining(*a.training, a.params, mesh, seeds));
+  ASSIGN_OR_RETURN(partition::Propagation train_p, partition::PropagateTraining(*a.training, a.params, mesh, seeds, c.zero));
   std::map<std::string, Sharding> grads;
   for (const std::string& p : a.params) {
     plan.param_shardings[p] = train_p.sharding.at(a.training->FindValue(p));

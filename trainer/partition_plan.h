@@ -32,7 +32,7 @@ struct PlanConfig {
   int64_t batch = 8, seq = 64;   // global batch; each dp rank gets batch / dp rows
   TrainingSpec spec;             // loss, optimizer, frozen (dims are set from batch and seq)
   bool tp_megatron = true;       // seed tp from graph structure
-  int zero = 0;                  // 0 or 1
+  int zero = 0;                  // ZeRO stage: 0, 1 (optimizer state) or 2 (and gradients)
   bool sp = false;               // sequence parallelism over tp (Megatron-SP)
   // Pipeline (pp > 1 in the mesh): the global batch is split into `microbatches`, each of
   // batch / microbatches rows; `virtual_stages` model chunks per rank (interleaved only);

@@ -66,7 +66,16 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   // Session-owned state: deep copies, so the artifacts' initial values stay untouched.
   for (const std::string& p : a.params) {
     params_.push_back(CopyToTensor(a.initial.at(p).view()));
-    grads_.push_back(Zeros(params_.back()));
+    // The gradient buffer takes the training graph's shape: under ZeRO-2 it holds only this
+    // rank's shard.
+    const graph::Value* buffer = nullptr;
+    if (a.training) buffer = a.training->FindValue(AccumulationBuffer(p));
+    for (const PipelineStage& st : a.stages)
+      if (!buffer && st.backward) buffer = st.backward->FindValue(AccumulationBuffer(p));
+    if (buffer && buffer->is_graph_input() && buffer->shape().is_static())
+      grads_.push_back(Tensor(DataType::kFloat32, buffer->shape().StaticDims()));
+    else
+      grads_.push_back(Zeros(params_.back()));
     states_.emplace_back();
     // Optimizer state takes the optimizer graph's shapes: a ZeRO-partitioned graph keeps only
     // this rank's shard of it.
