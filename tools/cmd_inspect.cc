@@ -38,13 +38,20 @@ void PrintValues(const char* title, const std::vector<graph::Value*>& values) {
 
 }  // namespace
 
-// `cleave inspect PLAN_DIR`: per rank, the collectives by graph, kind and group with their
-// bytes per step, and memory against the unpartitioned graph; --dot draws a rank's training
-// graph with the collectives in red.
-int InspectPlan(const std::string& dir, int only_rank, const std::string& dot) {
+// `cleave inspect PLAN_DIR`: per rank, the collectives and pipeline messages by graph, kind
+// and group with their bytes per step, memory against the unpartitioned graph, and the
+// pipeline schedule as a step x rank grid; --dot / --svg draws a rank's graph (its first
+// stage's forward part under a pipeline, or `--part backward`) with collectives and Send/Recv
+// in red.
+int InspectPlan(const std::string& dir, int only_rank, const std::string& dot, const std::string& svg,
+                const std::string& part) {
   auto ranks = trainer::ReadPlanSummary(dir);
   if (!ranks.ok()) {
     std::fprintf(stderr, "cleave inspect: %s\n", std::string(ranks.status().message()).c_str());
+    return 1;
+  }
+  if (only_rank >= static_cast<int>(ranks->size())) {
+    std::fprintf(stderr, "cleave inspect: --rank %d: the plan has ranks 0..%zu\n", only_rank, ranks->size() - 1);
     return 1;
   }
   std::ifstream f(std::filesystem::path(dir) / "plan.json");
@@ -56,52 +63,94 @@ int InspectPlan(const std::string& dir, int only_rank, const std::string& dot) {
   };
   std::smatch mesh;
   std::regex_search(json, mesh, std::regex("\"spec\": \"([^\"]*)\""));
-  const int64_t params = number("parameters"), grads = number("gradients"), state = number("optimizer_state");
+  const int64_t params = number("parameters"), grads = number("gradients"), state = number("optimizer_state"),
+                acts = number("activations");
   auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
   std::printf("plan: %s, mesh %s, %zu ranks\n", dir.c_str(), mesh.size() > 1 ? mesh[1].str().c_str() : "?",
               ranks->size());
-  std::printf("unpartitioned: parameters %.3f MiB, gradients %.3f MiB, optimizer state %.3f MiB\n", mib(params),
-              mib(grads), mib(state));
+  std::printf("unpartitioned: parameters %.3f MiB, gradients %.3f MiB, optimizer state %.3f MiB, saved activations "
+              "%.3f MiB\n",
+              mib(params), mib(grads), mib(state), mib(acts));
   for (const auto& r : *ranks) {
     if (only_rank >= 0 && r.rank != only_rank) continue;
     auto pct = [](int64_t part, int64_t whole) { return whole ? 100.0 * static_cast<double>(part) / whole : 0.0; };
-    std::printf("\nrank %d: parameters %.3f MiB (%.1f%%), gradients %.3f MiB (%.1f%%), optimizer state %.3f MiB (%.1f%%)\n",
+    std::printf("\nrank %d: parameters %.3f MiB (%.1f%%), gradients %.3f MiB (%.1f%%), optimizer state %.3f MiB "
+                "(%.1f%%), saved activations %.3f MiB (%.1f%%)\n",
                 r.rank, mib(r.memory.parameters), pct(r.memory.parameters, params), mib(r.memory.gradients),
-                pct(r.memory.gradients, grads), mib(r.memory.optimizer_state), pct(r.memory.optimizer_state, state));
+                pct(r.memory.gradients, grads), mib(r.memory.optimizer_state), pct(r.memory.optimizer_state, state),
+                mib(r.memory.activations), pct(r.memory.activations, acts));
     if (r.collectives.empty()) std::printf("  no collectives\n");
     for (const auto& [k, v] : r.collectives)
       std::printf("  %-60s %4d x %10.3f MiB per step\n", k.c_str(), v.first, mib(v.second));
   }
-  std::printf("\nschedule: no pipeline stages (pp=1)\n");
-  if (!dot.empty()) {
-    const int rank = only_rank >= 0 ? only_rank : 0;
-    auto g = onnx_ext::LoadModel((std::filesystem::path(dir) / ("rank_" + std::to_string(rank)) / "training_model.onnx").string());
-    if (!g.ok() || !graph::InferShapes(**g).ok()) {
-      std::fprintf(stderr, "cleave inspect: cannot load rank %d's training graph\n", rank);
+  auto schedule = trainer::DescribePlanSchedule(dir);
+  if (!schedule.ok()) {
+    std::fprintf(stderr, "cleave inspect: %s\n", std::string(schedule.status().message()).c_str());
+    return 1;
+  }
+  std::printf("\n%s", schedule->c_str());
+  if (dot.empty() && svg.empty()) return 0;
+  const int rank = only_rank >= 0 ? only_rank : 0;
+  const std::filesystem::path rdir = std::filesystem::path(dir) / ("rank_" + std::to_string(rank));
+  std::filesystem::path file = rdir / "training_model.onnx";
+  if (!std::filesystem::exists(file)) {
+    std::vector<std::filesystem::path> parts;
+    for (const auto& e : std::filesystem::directory_iterator(rdir)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("stage_", 0) == 0 && name.find("_" + part + ".onnx") != std::string::npos) parts.push_back(e.path());
+    }
+    std::sort(parts.begin(), parts.end());
+    if (parts.empty()) {
+      std::fprintf(stderr, "cleave inspect: rank %d has no %s part (--part forward|backward|eval)\n", rank, part.c_str());
       return 1;
     }
-    std::ofstream out(dot);
-    out << graph::GraphToDot(**g, "rank " + std::to_string(rank) + " training");
-    std::printf("rank %d's training graph written to %s (collectives in red)\n", rank, dot.c_str());
+    file = parts.front();
+  }
+  auto g = onnx_ext::LoadModel(file.string());
+  if (!g.ok() || !graph::InferShapes(**g).ok()) {
+    std::fprintf(stderr, "cleave inspect: cannot load %s\n", file.string().c_str());
+    return 1;
+  }
+  const std::string title = "rank " + std::to_string(rank) + " " + file.filename().string();
+  const std::string text = graph::GraphToDot(**g, title);
+  const std::string dot_file = dot.empty() ? svg + ".dot" : dot;
+  absl::Status w = onnx_ext::WriteFileAtomic(dot_file, text);
+  if (!w.ok()) {
+    std::fprintf(stderr, "cleave inspect: %s\n", std::string(w.message()).c_str());
+    return 1;
+  }
+  if (!svg.empty()) {
+    const std::string cmd = "dot -Tsvg '" + dot_file + "' -o '" + svg + "'";
+    if (std::system(cmd.c_str()) != 0) {
+      std::fprintf(stderr, "cleave inspect: '%s' failed (is graphviz installed?)\n", cmd.c_str());
+      return 1;
+    }
+    if (dot.empty()) std::filesystem::remove(dot_file);
+    std::printf("%s drawn to %s (collectives and Send/Recv in red)\n", title.c_str(), svg.c_str());
+  } else {
+    std::printf("%s written to %s (collectives and Send/Recv in red)\n", title.c_str(), dot.c_str());
   }
   return 0;
 }
 
 int InspectCommand(const Args& args) {
-  std::string model, dot;
+  std::string model, dot, svg, part = "forward";
   bool optimized = false;
   int only_rank = -1;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--dot" && i + 1 < args.size()) dot = args[++i];
+    else if (args[i] == "--svg" && i + 1 < args.size()) svg = args[++i];
+    else if (args[i] == "--part" && i + 1 < args.size()) part = args[++i];
     else if (args[i] == "--rank" && i + 1 < args.size()) only_rank = std::atoi(args[++i].c_str());
     else if (args[i] == "--optimized") optimized = true;
     else if (model.empty() && args[i][0] != '-') model = args[i];
     else model.clear(), i = args.size();
   }
-  if (!model.empty() && std::filesystem::is_directory(model)) return InspectPlan(model, only_rank, dot);
+  if (!model.empty() && std::filesystem::is_directory(model)) return InspectPlan(model, only_rank, dot, svg, part);
   if (model.empty()) {
     std::fprintf(stderr, "usage: cleave inspect MODEL.onnx [--optimized] [--dot FILE.dot]\n"
-                         "       cleave inspect PLAN_DIR [--rank R] [--dot FILE.dot]\n");
+                         "       cleave inspect PLAN_DIR [--rank R] [--dot FILE.dot | --svg FILE.svg] "
+                         "[--part forward|backward|eval]\n");
     return 2;
   }
   // --optimized shows the graph a session runs: folded, fused, shapes inferred.

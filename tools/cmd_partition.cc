@@ -39,9 +39,18 @@ int PartitionCommand(const Args& args) {
     } else if (a == "--tp") {
       const std::string v = flags.Value();
       if (v != "megatron") flags.Fail(absl::StrCat("--tp expects megatron, got '", v, "'"));
-    } else if (a == "--sp" || a == "--schedule" || a == "--pp-cuts" || a == "--shard-plan" || a == "--microbatches" ||
-               a == "--virtual-stages" || a == "--vocab-parallel-loss") {
-      flags.Fail(absl::StrCat(a, " is not implemented yet (this version partitions over dp and tp)"));
+    } else if (a == "--sp") {
+      c.sp = true;
+    } else if (a == "--schedule") {
+      c.schedule = flags.Value();
+    } else if (a == "--microbatches") {
+      flags.Number(&c.microbatches);
+    } else if (a == "--virtual-stages") {
+      flags.Number(&c.virtual_stages);
+    } else if (a == "--pp-cuts") {
+      c.pp_cuts = flags.Value();
+    } else if (a == "--shard-plan" || a == "--vocab-parallel-loss") {
+      flags.Fail(absl::StrCat(a, " is not implemented yet"));
     } else if (c.model.empty() && !a.empty() && a[0] != '-') {
       c.model = a;
     } else {

@@ -3,11 +3,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -44,6 +47,25 @@ RankMemory MemoryOf(const TrainingArtifacts& a) {
     for (const std::string& suf : a.state_suffixes) m.optimizer_state += Bytes(a.optimizer->FindValue(p + suf));
   }
   return m;
+}
+
+// Bytes of the forward values that backward nodes read.
+int64_t SavedActivations(const graph::Graph& g) {
+  auto role = [](const graph::Node* n) {
+    auto it = n->metadata().find("role");
+    return it == n->metadata().end() ? std::string("fwd") : it->second;
+  };
+  int64_t total = 0;
+  for (const auto& n : g.nodes()) {
+    if (role(n.get()) != "fwd") continue;
+    for (const graph::Value* v : n->outputs()) {
+      if (!v) continue;
+      bool saved = false;
+      for (const auto& [c, idx] : v->consumers()) saved |= role(c) == "bwd";
+      if (saved) total += Bytes(v);
+    }
+  }
+  return total;
 }
 
 std::string Json(const std::string& s) {
@@ -165,6 +187,9 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
         Bytes(a.training->FindValue(p)) * static_cast<int64_t>(a.state_suffixes.size());
   }
   plan.unpartitioned.gradients = plan.unpartitioned.parameters;
+  // The unpartitioned graph takes the whole batch at once: micro-batches times the saved
+  // activations of one.
+  plan.unpartitioned.activations = SavedActivations(*a.training) * micro;
 
   for (int r = 0; r < mesh.world_size(); ++r) {
     RankPlan rp;
@@ -186,13 +211,14 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
           tied[p + "_grad"] = std::vector<int>(ranks.begin(), ranks.end());
           rp.collectives.emplace_back("optimizer", partition::CollectiveRecord{
               "AllReduce", p + "_grad", "(tied parameter)", "pp", tied[p + "_grad"],
-              static_cast<int64_t>(a.initial.at(p).nbytes()) / (tp > 1 && !plan.param_shardings.at(p).IsReplicated() ? tp : 1)});
+              Bytes(opt.graph->FindValue(p + "_grad"))});
         }
       RETURN_IF_ERROR(partition::AddPipelineReductions(*opt.graph, tied, pp_group));
       rp.collectives.emplace_back("optimizer",
                                   partition::CollectiveRecord{"AllReduce", "grad_norm/squared", "(gradient norm)", "pp",
                                                               pp_group, 4});
       std::set<std::string> present;  // values this rank's stage parts hold
+      int64_t stash_bytes = 0;
       for (int chunk = 0; chunk < virt; ++chunk) {
         const int vs = chunk * pp + s;
         const int prev = vs > 0 ? pp_group[(vs - 1) % pp] : -1;
@@ -210,14 +236,18 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
         st.backward = std::move(tpart.backward);
         st.eval = std::move(epart.forward);
         st.stash = tpart.stash;
+        for (const std::string& name : st.stash) stash_bytes += Bytes(st.forward->FindValue(name));
         rp.p2p.insert(rp.p2p.end(), tpart.p2p.begin(), tpart.p2p.end());
         rp.artifacts.stages.push_back(std::move(st));
       }
+      // Each in-flight (micro-batch, chunk) holds one chunk's stash; on average a chunk's.
+      rp.memory.activations = stash_bytes / virt * plan.schedule_stats.peak_in_flight.at(s);
       for (auto& rec : train.collectives)
         if (present.count(rec.value)) rp.collectives.emplace_back("training", rec);
       for (auto& rec : eval.collectives)
         if (present.count(rec.value)) rp.collectives.emplace_back("eval", rec);
     } else {
+      rp.memory.activations = SavedActivations(*train.graph);
       for (auto& rec : train.collectives) rp.collectives.emplace_back("training", rec);
       for (auto& rec : eval.collectives) rp.collectives.emplace_back("eval", rec);
       rp.artifacts.training = std::move(train.graph);
@@ -233,7 +263,9 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
       ASSIGN_OR_RETURN(rp.artifacts.initial[p],
                        partition::ShardTensor(a.initial.at(p), mesh, plan.param_shardings.at(p), r, p));
     }
+    const int64_t activations = rp.memory.activations;
     rp.memory = MemoryOf(rp.artifacts);
+    rp.memory.activations = activations;
     plan.ranks.push_back(std::move(rp));
   }
   return plan;
@@ -259,8 +291,24 @@ absl::Status WritePlan(const Plan& plan, const std::string& dir) {
     json << (i ? ", " : "") << "{\"name\": " << Json(mesh.axes()[i].name) << ", \"size\": " << mesh.axes()[i].size << "}";
   json << "]},\n  \"model\": " << Json(plan.config.model) << ",\n  \"batch\": " << plan.config.batch
        << ", \"seq\": " << plan.config.seq << ", \"zero\": " << plan.config.zero
-       << ", \"tp\": " << Json(plan.config.tp_megatron ? "megatron" : "none")
-       << ",\n  \"schedule\": {\"kind\": \"none\", \"stages\": 1},\n  \"shardings\": {";
+       << ", \"tp\": " << Json(plan.config.tp_megatron ? "megatron" : "none") << ", \"sp\": " << (plan.config.sp ? "true" : "false")
+       << ",\n  \"schedule\": ";
+  const int micro = plan.config.microbatches;
+  const int pp = mesh.size("pp");
+  if (plan.schedule.empty()) {
+    json << "{\"kind\": \"none\", \"stages\": 1, \"virtual_stages\": 1, \"microbatches\": 1}";
+  } else {
+    json << "{\"kind\": " << Json(partition::ScheduleKindName(plan.schedule_kind)) << ", \"stages\": " << pp
+         << ", \"virtual_stages\": " << plan.config.virtual_stages << ", \"microbatches\": " << micro
+         << ", \"layers\": " << plan.stages.num_layers << ", \"first_layer\": ["
+         << absl::StrJoin(plan.stages.first_layer, ", ") << "], \"stage_flops\": ["
+         << absl::StrJoin(plan.stages.stage_flops, ", ", [](std::string* o, double f) { absl::StrAppend(o, static_cast<int64_t>(f)); })
+         << "], \"bubble\": " << absl::StrFormat("%.4f", plan.schedule_stats.bubble) << ", \"actions\": [";
+    for (size_t r = 0; r < plan.schedule.size(); ++r)
+      json << (r ? ", " : "") << Json(partition::FormatActions(plan.schedule[r], plan.config.virtual_stages > 1));
+    json << "]}";
+  }
+  json << ",\n  \"shardings\": {";
   bool first = true;
   for (const auto* m : {&plan.data_shardings, &plan.param_shardings})
     for (const auto& [name, s] : *m) {
@@ -269,18 +317,35 @@ absl::Status WritePlan(const Plan& plan, const std::string& dir) {
     }
   json << "\n  },\n  \"unpartitioned\": {\"parameters\": " << plan.unpartitioned.parameters
        << ", \"gradients\": " << plan.unpartitioned.gradients
-       << ", \"optimizer_state\": " << plan.unpartitioned.optimizer_state << "},\n  \"ranks\": [";
+       << ", \"optimizer_state\": " << plan.unpartitioned.optimizer_state
+       << ", \"activations\": " << plan.unpartitioned.activations << "},\n  \"ranks\": [";
   report << "cleave partition plan\nmodel: " << plan.config.model << "\nmesh: " << mesh.ToString() << " ("
          << mesh.world_size() << " ranks), global batch " << plan.config.batch << ", seq " << plan.config.seq
          << ", ZeRO " << plan.config.zero << "\n\nunpartitioned: parameters " << MiB(plan.unpartitioned.parameters)
          << ", gradients " << MiB(plan.unpartitioned.gradients) << ", optimizer state "
-         << MiB(plan.unpartitioned.optimizer_state) << "\n";
+         << MiB(plan.unpartitioned.optimizer_state) << ", saved activations " << MiB(plan.unpartitioned.activations) << "\n";
+  if (!plan.schedule.empty()) {
+    report << "\npipeline: " << partition::ScheduleKindName(plan.schedule_kind) << ", " << pp << " stages x "
+           << plan.config.virtual_stages << " chunk(s), " << micro << " micro-batches of " << plan.config.batch / micro
+           << " rows; " << plan.stages.num_layers << " layers, virtual stage s starts at layer ["
+           << absl::StrJoin(plan.stages.first_layer, ", ") << "]\nbubble (simulated, backward = 2 x forward): "
+           << absl::StrFormat("%.1f%%", 100 * plan.schedule_stats.bubble) << "\n" << plan.schedule_stats.grid;
+  }
   for (const RankPlan& rp : plan.ranks) {
     const std::string rdir = "rank_" + std::to_string(rp.rank);
     fs::create_directories(tmp / rdir, ec);
-    for (const auto& [file, g] : {std::pair<const char*, const graph::Graph*>{"training_model.onnx", rp.artifacts.training.get()},
-                                  {"eval_model.onnx", rp.artifacts.eval.get()},
-                                  {"optimizer_model.onnx", rp.artifacts.optimizer.get()}}) {
+    std::vector<std::pair<std::string, const graph::Graph*>> files = {{"optimizer_model.onnx", rp.artifacts.optimizer.get()}};
+    if (rp.artifacts.stages.empty()) {
+      files.emplace_back("training_model.onnx", rp.artifacts.training.get());
+      files.emplace_back("eval_model.onnx", rp.artifacts.eval.get());
+    }
+    for (const PipelineStage& st : rp.artifacts.stages) {
+      const std::string base = absl::StrCat("stage_", st.stage, "_");
+      files.emplace_back(base + "forward.onnx", st.forward.get());
+      files.emplace_back(base + "backward.onnx", st.backward.get());
+      files.emplace_back(base + "eval.onnx", st.eval.get());
+    }
+    for (const auto& [file, g] : files) {
       absl::Status s = onnx_ext::SaveModel(*g, (tmp / rdir / file).string());
       if (!s.ok()) return fail(s);
     }
@@ -294,24 +359,56 @@ absl::Status WritePlan(const Plan& plan, const std::string& dir) {
     json << (rp.rank ? "," : "") << "\n    {\"rank\": " << rp.rank << ", \"coords\": {";
     for (size_t i = 0; i < mesh.axes().size(); ++i)
       json << (i ? ", " : "") << Json(mesh.axes()[i].name) << ": " << rp.coords[i];
-    json << "},\n     \"files\": {\"training\": " << Json(rdir + "/training_model.onnx")
-         << ", \"eval\": " << Json(rdir + "/eval_model.onnx") << ", \"optimizer\": " << Json(rdir + "/optimizer_model.onnx")
-         << ", \"params\": " << Json(rdir + "/params.ckpt") << "},\n     \"memory\": {\"parameters\": "
-         << rp.memory.parameters << ", \"gradients\": " << rp.memory.gradients
-         << ", \"optimizer_state\": " << rp.memory.optimizer_state << "},\n     \"collectives\": [";
+    json << "},\n     \"files\": {";
+    if (rp.artifacts.stages.empty()) {
+      json << "\"training\": " << Json(rdir + "/training_model.onnx") << ", \"eval\": " << Json(rdir + "/eval_model.onnx");
+    } else {
+      json << "\"stages\": [";
+      for (size_t i = 0; i < rp.artifacts.stages.size(); ++i) {
+        const PipelineStage& st = rp.artifacts.stages[i];
+        const std::string base = absl::StrCat(rdir, "/stage_", st.stage, "_");
+        json << (i ? ", " : "") << "{\"stage\": " << st.stage << ", \"chunk\": " << st.chunk
+             << ", \"forward\": " << Json(base + "forward.onnx") << ", \"backward\": " << Json(base + "backward.onnx")
+             << ", \"eval\": " << Json(base + "eval.onnx") << ", \"stash\": ["
+             << absl::StrJoin(st.stash, ", ", [](std::string* o, const std::string& n) { absl::StrAppend(o, Json(n)); })
+             << "]}";
+      }
+      json << "]";
+    }
+    json << ", \"optimizer\": " << Json(rdir + "/optimizer_model.onnx") << ", \"params\": " << Json(rdir + "/params.ckpt")
+         << "},\n     \"memory\": {\"parameters\": " << rp.memory.parameters << ", \"gradients\": " << rp.memory.gradients
+         << ", \"optimizer_state\": " << rp.memory.optimizer_state << ", \"activations\": " << rp.memory.activations
+         << "},\n     \"p2p\": [";
+    for (size_t i = 0; i < rp.p2p.size(); ++i) {
+      const partition::P2PRecord& m = rp.p2p[i];
+      json << (i ? "," : "") << "\n       {\"kind\": " << Json(m.kind) << ", \"value\": " << Json(m.value)
+           << ", \"peer\": " << m.peer << ", \"tag\": " << m.tag << ", \"direction\": "
+           << Json(m.backward ? "backward" : "forward") << ", \"bytes\": " << m.bytes
+           << ", \"bytes_per_step\": " << m.bytes * micro << "}";
+    }
+    json << "],\n     \"collectives\": [";
     report << "\nrank " << rp.rank << " (" ;
     for (size_t i = 0; i < mesh.axes().size(); ++i) report << (i ? " " : "") << mesh.axes()[i].name << "=" << rp.coords[i];
     report << "): parameters " << MiB(rp.memory.parameters) << ", gradients " << MiB(rp.memory.gradients)
-           << ", optimizer state " << MiB(rp.memory.optimizer_state) << "\n";
+           << ", optimizer state " << MiB(rp.memory.optimizer_state) << ", saved activations "
+           << MiB(rp.memory.activations) << "\n";
     std::map<std::string, std::pair<int, int64_t>> by_kind;
     for (size_t i = 0; i < rp.collectives.size(); ++i) {
       const auto& [graph_name, c] = rp.collectives[i];
       json << (i ? "," : "") << "\n       {\"graph\": " << Json(graph_name) << ", \"kind\": " << Json(c.kind)
            << ", \"value\": " << Json(c.value) << ", \"reader\": " << Json(c.reader) << ", \"mesh_axis\": " << Json(c.mesh_axis)
-           << ", \"group\": [" << absl::StrJoin(c.group, ", ") << "], \"dtype\": \"float32\", \"bytes\": " << c.bytes << "}";
+           << ", \"group\": [" << absl::StrJoin(c.group, ", ") << "], \"dtype\": \"float32\", \"bytes\": " << c.bytes
+           << ", \"bytes_per_step\": " << c.bytes * (graph_name == "training" ? micro : 1) << "}";
       auto& e = by_kind[absl::StrCat(graph_name, " ", c.kind, " over ", c.mesh_axis, " [", absl::StrJoin(c.group, ","), "]")];
-      ++e.first;
-      e.second += c.bytes;
+      const int times = graph_name == "training" ? micro : 1;
+      e.first += times;
+      e.second += c.bytes * times;
+    }
+    for (const partition::P2PRecord& m : rp.p2p) {
+      auto& e = by_kind[absl::StrCat("training ", m.kind, " ", m.backward ? "gradient" : "activation",
+                                     m.kind == "Send" ? " to rank " : " from rank ", m.peer)];
+      e.first += micro;
+      e.second += m.bytes * micro;
     }
     json << "]}";
     for (const auto& [k, v] : by_kind) report << "  " << k << ": " << v.first << " x, " << MiB(v.second) << " per step\n";
@@ -337,38 +434,78 @@ absl::Status WritePlan(const Plan& plan, const std::string& dir) {
   return absl::OkStatus();
 }
 
+namespace {
+
+std::string ReadText(const fs::path& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// The first integer after "key": in `json` (plan.json is written by WritePlan, one key per
+// field), or `dflt`.
+int64_t JsonInt(const std::string& json, const std::string& key, int64_t dflt) {
+  const size_t at = json.find("\"" + key + "\": ");
+  if (at == std::string::npos) return dflt;
+  int64_t v = dflt;
+  size_t end = at + key.size() + 4;
+  while (end < json.size() && (std::isdigit(static_cast<unsigned char>(json[end])) || json[end] == '-')) ++end;
+  return absl::SimpleAtoi(json.substr(at + key.size() + 4, end - at - key.size() - 4), &v) ? v : dflt;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<RankSummary>> ReadPlanSummary(const std::string& dir) {
   if (!fs::exists(fs::path(dir) / "plan.json"))
     return NotFound("'", dir, "' is not a plan directory (no plan.json)");
+  const std::string json = ReadText(fs::path(dir) / "plan.json");
+  const int64_t micro = JsonInt(json, "microbatches", 1);
   std::vector<RankSummary> out;
   for (int r = 0;; ++r) {
     const fs::path rdir = fs::path(dir) / ("rank_" + std::to_string(r));
     if (!fs::exists(rdir)) break;
     RankSummary s;
     s.rank = r;
-    for (const char* name : {"training", "eval", "optimizer"}) {
-      ASSIGN_OR_RETURN(auto g, onnx_ext::LoadModel((rdir / (std::string(name) + "_model.onnx")).string()));
+    // (kind of graph, file): the whole training and eval graphs, or each stage's parts.
+    std::vector<std::pair<std::string, fs::path>> files = {{"optimizer", rdir / "optimizer_model.onnx"}};
+    if (fs::exists(rdir / "training_model.onnx")) {
+      files.emplace_back("training", rdir / "training_model.onnx");
+      files.emplace_back("eval", rdir / "eval_model.onnx");
+    } else {
+      std::vector<fs::path> parts;
+      for (const auto& e : fs::directory_iterator(rdir))
+        if (e.path().filename().string().rfind("stage_", 0) == 0) parts.push_back(e.path());
+      std::sort(parts.begin(), parts.end());
+      for (const fs::path& p : parts) {
+        const std::string f = p.filename().string();
+        files.emplace_back(f.find("_eval") != std::string::npos ? "eval" : "training", p);
+      }
+    }
+    for (const auto& [kind, path] : files) {
+      ASSIGN_OR_RETURN(auto g, onnx_ext::LoadModel(path.string()));
       RETURN_IF_ERROR(graph::InferShapes(*g));
+      const int64_t times = kind == "training" ? micro : 1;
       for (const auto& n : g->nodes()) {
         if (n->domain() != graph::kCleaveDomain) continue;
         const std::string& op = n->op_type();
-        if (op != "AllReduce" && op != "AllGather" && op != "ReduceScatter" && op != "AllToAll") continue;
-        std::vector<int64_t> group = n->AttrInts("group");
-        auto& e = s.collectives[absl::StrCat(name, " ", op, " over ", n->AttrString("mesh_axis", "?"), " [",
-                                             absl::StrJoin(group, ","), "]")];
-        ++e.first;
-        e.second += Bytes(n->input(0));
+        std::string key;
+        if (op == "AllReduce" || op == "AllGather" || op == "ReduceScatter" || op == "AllToAll")
+          key = absl::StrCat(kind, " ", op, " over ", n->AttrString("mesh_axis", "?"), " [",
+                             absl::StrJoin(n->AttrInts("group"), ","), "]");
+        else if (op == "Send" || op == "Recv")
+          key = absl::StrCat(kind, " ", op, op == "Send" ? " to rank " : " from rank ", n->AttrInt("peer", -1));
+        else
+          continue;
+        auto& e = s.collectives[key];
+        e.first += static_cast<int>(times);
+        e.second += times * Bytes(op == "Recv" ? n->output(0) : n->input(0));
       }
-      if (std::string(name) == "training") {
+      if (kind == "optimizer")
         for (const graph::Value* v : g->inputs()) {
           const std::string& vn = v->name();
-          if (vn.ends_with("_grad.accumulation.buffer")) s.memory.gradients += Bytes(v);
-          else if (g->FindValue(AccumulationBuffer(vn))) s.memory.parameters += Bytes(v);
-        }
-      }
-      if (std::string(name) == "optimizer")
-        for (const graph::Value* v : g->inputs()) {
-          const std::string& vn = v->name();
+          if (const graph::Value* grad = g->FindValue(vn + "_grad"); grad && grad->is_graph_input()) {
+            s.memory.parameters += Bytes(v);
+            s.memory.gradients += Bytes(grad);
+          }
           if (vn.find(".exp_avg") != std::string::npos || vn.find(".momentum_buffer") != std::string::npos)
             s.memory.optimizer_state += Bytes(v);
         }
@@ -376,7 +513,37 @@ absl::StatusOr<std::vector<RankSummary>> ReadPlanSummary(const std::string& dir)
     out.push_back(std::move(s));
   }
   if (out.empty()) return NotFound("plan '", dir, "' has no rank_0 directory");
+  // Saved activations are counted when the plan is built (they need the node roles).
+  size_t at = json.find("\"ranks\"");
+  for (RankSummary& s : out) {
+    at = json.find("\"activations\": ", at == std::string::npos ? json.size() : at);
+    if (at == std::string::npos) break;
+    s.memory.activations = JsonInt(json.substr(at), "activations", 0);
+    ++at;
+  }
   return out;
+}
+
+absl::StatusOr<std::string> DescribePlanSchedule(const std::string& dir) {
+  const std::string json = ReadText(fs::path(dir) / "plan.json");
+  if (json.empty()) return NotFound("'", dir, "' is not a plan directory (no plan.json)");
+  const size_t at = json.find("\"schedule\": {\"kind\": \"");
+  if (at == std::string::npos) return absl::DataLossError(absl::StrCat(dir, "/plan.json has no schedule"));
+  const size_t k0 = at + 22, k1 = json.find('"', k0);
+  const std::string kind = json.substr(k0, k1 - k0);
+  if (kind == "none") return std::string("schedule: no pipeline stages (pp=1)\n");
+  const std::string sched = json.substr(at);
+  const int stages = static_cast<int>(JsonInt(sched, "stages", 1));
+  const int virt = static_cast<int>(JsonInt(sched, "virtual_stages", 1));
+  const int micro = static_cast<int>(JsonInt(sched, "microbatches", 1));
+  ASSIGN_OR_RETURN(partition::ScheduleKind sk, partition::ParseScheduleKind(kind));
+  ASSIGN_OR_RETURN(partition::Schedule schedule, partition::BuildSchedule(sk, stages, micro, virt));
+  ASSIGN_OR_RETURN(partition::ScheduleStats stats, partition::SimulateSchedule(schedule, {1.0, 2.0}));
+  std::string text = absl::StrFormat(
+      "schedule: %s, %d pipeline ranks x %d chunk(s), %d micro-batches; bubble %.1f%% (simulated with backward = 2 x "
+      "forward)\nin flight at the peak (micro-batches whose backward is pending), per pipeline rank: %s\n",
+      kind, stages, virt, micro, 100 * stats.bubble, absl::StrJoin(stats.peak_in_flight, " "));
+  return text + stats.grid;
 }
 
 }  // namespace cleave::trainer

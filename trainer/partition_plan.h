@@ -48,6 +48,9 @@ struct PlanConfig {
 
 struct RankMemory {
   int64_t parameters = 0, gradients = 0, optimizer_state = 0;  // bytes
+  // Forward values the backward reads (saved for backward), times the micro-batches whose
+  // backward is still pending at the schedule's peak.
+  int64_t activations = 0;
 };
 
 struct RankPlan {
@@ -85,5 +88,7 @@ struct RankSummary {
   RankMemory memory;
 };
 absl::StatusOr<std::vector<RankSummary>> ReadPlanSummary(const std::string& dir);
+// The plan's pipeline schedule as text: kind, bubble fraction and the step x rank grid.
+absl::StatusOr<std::string> DescribePlanSchedule(const std::string& dir);
 
 }  // namespace cleave::trainer
