@@ -46,6 +46,39 @@ else
   fail "inspect plan: $out"
 fi
 
+# A dp x pp x tp pipeline plan of the 4-layer GPT: per-stage parts, Send/Recv with bytes per
+# step equal to the residual stream's, the schedule in plan.json and inspect's grid.
+deep="$src/models/train_variants/gpt_deep/model.onnx"
+checks=$((checks + 1))
+if out=$("$cleave" partition "$deep" --mesh dp=2,pp=2,tp=2 --batch 8 --seq 16 --microbatches 4 --zero 1 \
+           --schedule interleaved --virtual-stages 2 -o "$tmp/pplan" 2>&1) &&
+   python3 -c "
+import json, sys
+p = json.load(open(sys.argv[1]))
+s = p['schedule']
+assert s['kind'] == 'interleaved' and s['stages'] == 2 and s['virtual_stages'] == 2 and s['microbatches'] == 4, s
+assert s['layers'] == 4 and s['first_layer'] == [0, 1, 2, 3], s
+r = p['ranks'][0]
+assert [st['stage'] for st in r['files']['stages']] == [0, 2], r['files']
+# Micro-batch of 8/4 = 2 rows, 1 per dp rank: the stream [1, 16, 32] fp32 = 2048 bytes.
+assert all(m['bytes'] == 2048 and m['bytes_per_step'] == 4 * 2048 for m in r['p2p']), r['p2p']
+sends = [m for m in r['p2p'] if m['kind'] == 'Send']
+# Rank 0 holds virtual stages 0 and 2: activations out of both, gradients out of stage 2.
+assert sorted((m['direction'], m['peer']) for m in sends) == [('backward', 2), ('forward', 2), ('forward', 2)], sends
+" "$tmp/pplan/plan.json" && [ -s "$tmp/pplan/rank_0/stage_2_backward.onnx" ]; then
+  echo "ok   dp=2,pp=2,tp=2 interleaved plan: stage parts, Send/Recv bytes, schedule"
+else
+  fail "pipeline plan: $out"
+fi
+checks=$((checks + 1))
+if out=$("$cleave" inspect "$tmp/pplan" --rank 2 --svg "$tmp/r2.svg" 2>&1) &&
+   [[ "$out" == *"training Send to rank 0"*"schedule: interleaved, 2 pipeline ranks x 2 chunk(s), 4 micro-batches; bubble"* ]] &&
+   [[ "$out" == *"| rank0 rank1"* ]] && grep -q '<svg' "$tmp/r2.svg"; then
+  echo "ok   inspect of the pipeline plan: messages, schedule grid, svg"
+else
+  fail "inspect pipeline plan: $out"
+fi
+
 # Bad input: nothing written, an existing plan untouched.
 touch "$tmp/plan/marker"
 expect_fail "tp that does not divide" "tp=3 does not divide dim 0 of weight" \
@@ -54,8 +87,16 @@ expect_fail "batch not divisible by dp" "not divisible by dp=3" \
   "$cleave" partition "$model" --mesh dp=3 --batch 4 --seq 16 -o "$tmp/plan"
 expect_fail "unknown mesh axis" "unknown mesh axis 'xp'" \
   "$cleave" partition "$model" --mesh xp=2 --batch 4 --seq 16 -o "$tmp/plan"
-expect_fail "pipeline not yet" "pipeline parallelism (pp=2) is not implemented yet" \
-  "$cleave" partition "$model" --mesh pp=2 --batch 4 --seq 16 -o "$tmp/plan"
+expect_fail "more stages than layers" "4 stages for a model of 2 layers" \
+  "$cleave" partition "$model" --mesh pp=4 --batch 4 --seq 16 --microbatches 4 -o "$tmp/plan"
+expect_fail "a cut that leaves a stage empty" "cut 2 is outside the model's layers" \
+  "$cleave" partition "$model" --mesh pp=2 --batch 4 --seq 16 --microbatches 2 --pp-cuts 2 -o "$tmp/plan"
+expect_fail "interleaved with one chunk" "interleaved" \
+  "$cleave" partition "$model" --mesh pp=2 --batch 4 --seq 16 --microbatches 2 --schedule interleaved -o "$tmp/plan"
+expect_fail "micro-batches that do not divide the batch" "not divisible by dp=1 x microbatches=3" \
+  "$cleave" partition "$model" --mesh pp=2 --batch 4 --seq 16 --microbatches 3 -o "$tmp/plan"
+expect_fail "unknown schedule" "schedule" \
+  "$cleave" partition "$model" --mesh pp=2 --batch 4 --seq 16 --microbatches 2 --schedule zigzag -o "$tmp/plan"
 checks=$((checks + 1))
 if [ -e "$tmp/plan/marker" ] && [ -d "$tmp/plan/rank_3" ]; then echo "ok   failed runs left the existing plan alone"
 else fail "a failed run touched the existing plan"; fi
