@@ -39,6 +39,13 @@ class Communicator {
   virtual absl::Status Barrier(std::span<const int> group) = 0;
   virtual absl::Status Send(const TensorView& t, int peer, int tag) = 0;
   virtual absl::Status Recv(const TensorView& t, int peer, int tag) = 0;
+
+  // Seconds spent so far waiting in collectives and in receives (a pipeline's idle time is
+  // mostly the latter), for progress lines; zero where a backend does not count.
+  struct CommTime {
+    double collective = 0, recv_wait = 0;
+  };
+  virtual CommTime time_spent() const { return {}; }
 };
 
 }  // namespace cleave

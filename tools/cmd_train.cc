@@ -5,8 +5,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "tools/commands.h"
+#include "runtime/mpi_communicator.h"
 #include "tools/flags.h"
 #include "trainer/train_loop.h"
 
@@ -49,12 +51,58 @@ bool TrainingFlag(FlagReader& r, trainer::LossKind* loss, trainer::OptimizerConf
   return true;
 }
 
+// `mpirun -np N cleave train PLAN_DIR ...`: this process is one rank of the plan.
+int TrainPlan(trainer::TrainConfig c, bool batch_given, bool seq_given, double comm_timeout,
+              const std::vector<std::string>& plan_fixed) {
+  auto comm = runtime::MpiCommunicator::Create(nullptr, nullptr,
+                                               std::chrono::milliseconds(static_cast<int64_t>(comm_timeout * 1000)));
+  if (!comm.ok()) return Fail(std::string(comm.status().message()));
+  const int rank = (*comm)->rank(), world = (*comm)->world_size();
+  absl::Status status;
+  if (!plan_fixed.empty())
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": ", absl::StrJoin(plan_fixed, ", "),
+        " set the loss and optimizer, which a plan fixes when it is made: pass them to cleave partition"));
+  if (!batch_given) c.batch = 0;
+  if (!seq_given) c.seq = 0;
+  c.communicator = comm->get();
+  if (status.ok()) {
+    auto r = trainer::RunTraining(c, std::cout);
+    status = r.status();
+    if (r.ok() && rank == 0 && !r->losses.empty())
+      std::printf("trained %zu steps on %d ranks: loss %.4f -> %.4f\n", r->losses.size(), world, r->losses.front(),
+                  r->losses.back());
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "cleave train: %s\n", std::string(status.message()).c_str());
+    std::fflush(stderr);
+    std::fflush(stdout);
+    // The other ranks may be waiting on this one: end the whole job.
+    if (world > 1) (*comm)->Abort(1);
+    return 1;
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
 int TrainCommand(const Args& args) {
   trainer::TrainConfig c;
   FlagReader flags(args);
+  bool batch_given = false, seq_given = false;
+  double comm_timeout = 60;
+  std::vector<std::string> plan_fixed;  // optimizer flags that a plan fixes at partition time
   while (flags.Next()) {
     const std::string& a = flags.flag();
-    if (TrainingFlag(flags, &c.loss, &c.optimizer, &c.frozen)) continue;
+    if (TrainingFlag(flags, &c.loss, &c.optimizer, &c.frozen)) {
+      plan_fixed.push_back(a);
+      continue;
+    }
+    if (a == "--comm-timeout") {
+      flags.Number(&comm_timeout);
+      continue;
+    }
+    if (a == "--batch") batch_given = true;
+    if (a == "--seq") seq_given = true;
     if (a == "--data") c.data = flags.Value();
     else if (a == "--lr") flags.Number(&c.lr);
     else if (a == "--min-lr") flags.Number(&c.min_lr);
@@ -90,6 +138,7 @@ int TrainCommand(const Args& args) {
   if (!error.empty()) return Fail(error);
   if (c.model.empty()) return Fail("no model given (cleave train MODEL.onnx --data FILE ...)");
   if (c.data.empty()) return Fail("no --data file given");
+  if (trainer::IsPlanDirectory(c.model)) return TrainPlan(c, batch_given, seq_given, comm_timeout, plan_fixed);
   auto r = trainer::RunTraining(c, std::cout);
   if (!r.ok()) return Fail(std::string(r.status().message()));
   if (!r->losses.empty())

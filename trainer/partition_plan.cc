@@ -117,6 +117,10 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
   // Each graph computes one micro-batch of the global batch (split over dp by the sharding).
   RETURN_IF_ERROR(FixTokenDims(*token, c.batch / micro, c.seq, &spec.dims));
   ASSIGN_OR_RETURN(TrainingArtifacts a, BuildTrainingArtifacts(*model, spec));
+  if (a.eval->outputs().size() > 1) {
+    const graph::Value* logits = a.eval->outputs()[1];
+    if (logits->shape().is_static() && logits->shape().rank() == 3) plan.vocab = logits->shape()[2].value;
+  }
   if (pp > 1) {
     ASSIGN_OR_RETURN(std::vector<int> cuts, partition::ParseCuts(c.pp_cuts));
     ASSIGN_OR_RETURN(plan.stages, partition::AssignStages(*a.training, a.params, pp * virt, cuts));
@@ -285,12 +289,15 @@ absl::Status WritePlan(const Plan& plan, const std::string& dir) {
   };
   const partition::Mesh& mesh = plan.mesh;
   std::ostringstream json, report;
-  json << "{\n  \"mesh\": {\"spec\": " << Json(mesh.ToString()) << ", \"world_size\": " << mesh.world_size()
+  json << "{\n  \"format\": " << Json(kPlanFormat) << ",\n  \"mesh\": {\"spec\": " << Json(mesh.ToString()) << ", \"world_size\": " << mesh.world_size()
        << ", \"axes\": [";
   for (size_t i = 0; i < mesh.axes().size(); ++i)
     json << (i ? ", " : "") << "{\"name\": " << Json(mesh.axes()[i].name) << ", \"size\": " << mesh.axes()[i].size << "}";
   json << "]},\n  \"model\": " << Json(plan.config.model) << ",\n  \"batch\": " << plan.config.batch
-       << ", \"seq\": " << plan.config.seq << ", \"zero\": " << plan.config.zero
+       << ", \"seq\": " << plan.config.seq << ", \"vocab\": " << plan.vocab << ", \"loss\": "
+       << Json(plan.config.spec.loss.kind == LossKind::kMse ? "mse"
+               : plan.config.spec.loss.kind == LossKind::kCrossEntropy ? "cross_entropy" : "output")
+       << ", \"zero\": " << plan.config.zero
        << ", \"tp\": " << Json(plan.config.tp_megatron ? "megatron" : "none") << ", \"sp\": " << (plan.config.sp ? "true" : "false")
        << ",\n  \"schedule\": ";
   const int micro = plan.config.microbatches;
@@ -522,6 +529,122 @@ absl::StatusOr<std::vector<RankSummary>> ReadPlanSummary(const std::string& dir)
     ++at;
   }
   return out;
+}
+
+namespace {
+
+// The string value of "key": "..." in `json`, or empty.
+std::string JsonString(const std::string& json, const std::string& key) {
+  const std::string open = "\"" + key + "\": \"";
+  const size_t at = json.find(open);
+  if (at == std::string::npos) return "";
+  const size_t end = json.find('"', at + open.size());
+  return end == std::string::npos ? "" : json.substr(at + open.size(), end - at - open.size());
+}
+
+}  // namespace
+
+absl::StatusOr<RankRun> LoadRankRun(const std::string& dir, int rank) {
+  const fs::path root(dir);
+  const std::string json = ReadText(root / "plan.json");
+  if (json.empty()) return NotFound("'", dir, "' is not a plan directory (no plan.json; make one with cleave partition)");
+  if (JsonString(json, "format") != kPlanFormat)
+    return InvalidArgument(dir, "/plan.json is of format '", JsonString(json, "format"), "', this cleave reads '",
+                           kPlanFormat, "': partition the model again");
+  RankRun run;
+  ASSIGN_OR_RETURN(run.mesh, partition::Mesh::Parse(JsonString(json, "spec")));
+  run.model = JsonString(json, "model");
+  run.batch = JsonInt(json, "batch", 0);
+  run.seq = JsonInt(json, "seq", 0);
+  run.vocab = JsonInt(json, "vocab", 0);
+  run.loss = JsonString(json, "loss");
+  const size_t sched_at = json.find("\"schedule\": {");
+  const std::string sched = sched_at == std::string::npos ? "" : json.substr(sched_at);
+  run.microbatches = static_cast<int>(JsonInt(sched, "microbatches", 1));
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : json) h = (h ^ ch) * 1099511628211ull;
+  run.plan_hash = h;
+  if (rank < 0 || rank >= run.mesh.world_size())
+    return InvalidArgument("rank ", rank, " is outside the plan's mesh ", run.mesh.ToString(), " (",
+                           run.mesh.world_size(), " ranks)");
+  const std::string kind = JsonString(sched, "kind");
+  if (!kind.empty() && kind != "none") {
+    ASSIGN_OR_RETURN(partition::ScheduleKind sk, partition::ParseScheduleKind(kind));
+    ASSIGN_OR_RETURN(partition::Schedule schedule,
+                     partition::BuildSchedule(sk, static_cast<int>(JsonInt(sched, "stages", 1)), run.microbatches,
+                                              static_cast<int>(JsonInt(sched, "virtual_stages", 1))));
+    for (const partition::Action& a : schedule.at(run.mesh.Coord(rank, "pp")))
+      if (a.IsCompute()) run.work.push_back({a.kind == partition::ActionKind::kBackward, a.microbatch, a.chunk});
+  } else {
+    run.work = {{false, 0, 0}, {true, 0, 0}};
+  }
+
+  const fs::path rdir = root / ("rank_" + std::to_string(rank));
+  auto load = [](const fs::path& p) -> absl::StatusOr<std::unique_ptr<graph::Graph>> {
+    auto g = onnx_ext::LoadModel(p.string());
+    if (!g.ok()) return absl::Status(g.status().code(), absl::StrCat(p.string(), ": ", g.status().message()));
+    RETURN_IF_ERROR(graph::InferShapes(**g));
+    return g;
+  };
+  TrainingArtifacts& a = run.artifacts;
+  ASSIGN_OR_RETURN(a.optimizer, load(rdir / "optimizer_model.onnx"));
+  ASSIGN_OR_RETURN(Checkpoint ck, ReadCheckpoint((rdir / "params.ckpt").string()));
+  for (const auto& [name, t] : ck.tensors) {
+    a.params.push_back(name);
+    a.initial.emplace(name, t);
+  }
+  std::sort(a.params.begin(), a.params.end());
+  std::vector<const graph::Graph*> parts;
+  if (fs::exists(rdir / "training_model.onnx")) {
+    ASSIGN_OR_RETURN(a.training, load(rdir / "training_model.onnx"));
+    ASSIGN_OR_RETURN(a.eval, load(rdir / "eval_model.onnx"));
+    parts.push_back(a.training.get());
+  } else {
+    std::vector<int> stages;
+    if (fs::exists(rdir))
+      for (const auto& e : fs::directory_iterator(rdir)) {
+        const std::string f = e.path().filename().string();
+        int st;
+        if (f.rfind("stage_", 0) == 0 && f.size() > 14 && f.ends_with("_forward.onnx") &&
+            absl::SimpleAtoi(f.substr(6, f.size() - 6 - 13), &st))
+          stages.push_back(st);
+      }
+    std::sort(stages.begin(), stages.end());
+    if (stages.empty()) return NotFound(rdir.string(), " holds neither training_model.onnx nor stage parts");
+    for (size_t c = 0; c < stages.size(); ++c) {
+      PipelineStage st;
+      st.stage = stages[c];
+      st.chunk = static_cast<int>(c);
+      const std::string base = absl::StrCat("stage_", stages[c], "_");
+      ASSIGN_OR_RETURN(st.forward, load(rdir / (base + "forward.onnx")));
+      ASSIGN_OR_RETURN(st.backward, load(rdir / (base + "backward.onnx")));
+      ASSIGN_OR_RETURN(st.eval, load(rdir / (base + "eval.onnx")));
+      std::set<std::string> fwd_out;
+      for (const graph::Value* v : st.forward->outputs()) fwd_out.insert(v->name());
+      for (const graph::Value* v : st.backward->inputs())
+        if (fwd_out.count(v->name())) st.stash.push_back(v->name());
+      a.stages.push_back(std::move(st));
+    }
+    for (const PipelineStage& st : a.stages) {
+      parts.push_back(st.forward.get());
+      parts.push_back(st.backward.get());
+    }
+  }
+  // Optimizer state: the inputs "<param>.<suffix>" of the first parameter.
+  if (!a.params.empty())
+    for (const graph::Value* v : a.optimizer->inputs())
+      if (v->name().rfind(a.params[0] + ".", 0) == 0) a.state_suffixes.push_back(v->name().substr(a.params[0].size()));
+  // Data: what the graphs read that is not a parameter, gradient buffer, flag or stash.
+  std::set<std::string> known(a.params.begin(), a.params.end());
+  for (const std::string& p : a.params) known.insert(AccumulationBuffer(p));
+  known.insert(kLazyResetGrad);
+  for (const PipelineStage& st : a.stages) known.insert(st.stash.begin(), st.stash.end());
+  std::set<std::string> data;
+  for (const graph::Graph* g : parts)
+    for (const graph::Value* v : g->inputs())
+      if (!known.count(v->name()) && !v->is_initializer()) data.insert(v->name());
+  a.data_inputs.assign(data.begin(), data.end());
+  return run;
 }
 
 absl::StatusOr<std::string> DescribePlanSchedule(const std::string& dir) {

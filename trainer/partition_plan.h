@@ -67,6 +67,7 @@ struct Plan {
   partition::Mesh mesh;
   std::map<std::string, partition::Sharding> param_shardings, data_shardings;
   RankMemory unpartitioned;
+  int64_t vocab = 0;  // the logits' last dim (0 when the loss reads no [batch, seq, vocab] output)
   std::vector<RankPlan> ranks;
   // Pipeline: the stage of every node, the per-pp-rank action lists and their simulation.
   partition::StageAssignment stages;
@@ -80,6 +81,23 @@ std::vector<TrainingSession::PipelineWork> PipelineWorkFor(const Plan& plan, int
 
 absl::StatusOr<Plan> BuildPlan(const PlanConfig& config);
 absl::Status WritePlan(const Plan& plan, const std::string& dir);
+
+// One rank's part of a plan directory, loaded to train (`mpirun ... cleave train PLAN_DIR`).
+struct RankRun {
+  partition::Mesh mesh;
+  std::string model;             // the model the plan was made from
+  int64_t batch = 0, seq = 0;    // global batch and sequence the graphs were built for
+  int microbatches = 1;
+  int64_t vocab = 0;
+  std::string loss;              // cross_entropy, mse or output
+  std::vector<TrainingSession::PipelineWork> work;  // this rank's schedule (one item without a pipeline)
+  uint64_t plan_hash = 0;        // of plan.json, to check that every rank runs the same plan
+  TrainingArtifacts artifacts;   // this rank's graphs and initial parameter shards
+};
+// Fails naming the file when the directory is not a plan of this version, lacks the rank or
+// holds a graph or checkpoint that does not load.
+absl::StatusOr<RankRun> LoadRankRun(const std::string& dir, int rank);
+inline constexpr const char* kPlanFormat = "cleave-plan-1";
 
 // Per-rank summary read back from a plan directory's ONNX files (for `cleave inspect`).
 struct RankSummary {

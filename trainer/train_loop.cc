@@ -3,10 +3,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <ostream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,6 +17,7 @@
 #include "base/status.h"
 #include "onnx_ext/onnx_io.h"
 #include "trainer/checkpoint.h"
+#include "trainer/partition_plan.h"
 #include "trainer/training_session.h"
 
 namespace cleave::trainer {
@@ -181,7 +184,13 @@ int64_t WindowOffset(bool shuffle, uint64_t seed, int64_t index, int64_t seq, in
   return static_cast<int64_t>(SplitMix64(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(index)) % range);
 }
 
+bool IsPlanDirectory(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_directory(path, ec) && std::filesystem::exists(std::filesystem::path(path) / "plan.json", ec);
+}
+
 absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log) {
+  if (IsPlanDirectory(c.model)) return RunPlanTraining(c, log);
   if (c.batch < 1 || c.seq < 1 || c.steps < 1 || c.grad_accum < 1)
     return InvalidArgument("--batch, --seq, --steps and --grad-accum must be >= 1");
   if (c.batch % c.grad_accum != 0)
@@ -336,6 +345,266 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
     log << "saved the trained model to " << c.save_model << "\n";
   }
   if (!curve.empty() && c.plot != "none") {
+    result.plot = WritePlot(DefaultPlotPath(c), curve, val_curve, log);
+    if (!result.plot.empty()) log << "loss curve: " << result.plot << "\n";
+  }
+  return result;
+}
+
+namespace {
+
+// "rank:step" from the environment: a fault to inject at that step on that rank (tests).
+bool FaultAt(const char* var, int rank, int64_t step) {
+  const char* v = std::getenv(var);
+  int r = -1;
+  int64_t s = -1;
+  return v && std::sscanf(v, "%d:%ld", &r, &s) == 2 && r == rank && s == step;
+}
+
+std::string RankFile(const std::string& path, int rank, int world) {
+  if (world == 1 || path.empty()) return path;
+  std::filesystem::path p(path);
+  return (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(rank) + p.extension().string())).string();
+}
+
+}  // namespace
+
+absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& log) {
+  Communicator* comm = c.communicator;
+  if (!comm)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "'", c.model, "' is a plan directory: train it with one process per rank, as in mpirun -np N cleave train ",
+        c.model, " --data ..."));
+  const int rank = comm->rank(), world = comm->world_size();
+  // Checks every rank can make alone come first; then the ranks agree before any step.
+  auto run = LoadRankRun(c.model, rank < 0 ? 0 : rank);
+  absl::Status local = run.status();
+  if (local.ok() && run->mesh.world_size() != world)
+    local = InvalidArgument("the plan '", c.model, "' is for mesh ", run->mesh.ToString(), " (", run->mesh.world_size(),
+                            " ranks) and this launch has ", world, " (use mpirun -np ", run->mesh.world_size(), ")");
+  if (local.ok() && ((c.batch && c.batch != run->batch) || (c.seq && c.seq != run->seq)))
+    local = InvalidArgument("the plan was built for --batch ", run->batch, " --seq ", run->seq, ", this run asks for --batch ",
+                            c.batch, " --seq ", c.seq, " (partition again to change them)");
+  if (local.ok() && c.grad_accum != 1)
+    local = InvalidArgument("--grad-accum does not apply to a plan: its micro-batches are set by cleave partition "
+                            "--microbatches");
+  if (local.ok() && !c.save_model.empty())
+    local = Unimplemented("--save-model is not supported for a plan yet (each rank holds a shard)");
+  if (!local.ok()) return absl::Status(local.code(), absl::StrCat("rank ", rank, ": ", local.message()));
+  RankRun& r = *run;
+  // The same plan on every rank: the hash's maximum and minimum over the world agree.
+  {
+    const int64_t h = static_cast<int64_t>(r.plan_hash >> 2);
+    Tensor t = Tensor::FromVector<int64_t>({h, -h}, {2});
+    std::vector<int> all(world);
+    for (int i = 0; i < world; ++i) all[i] = i;
+    RETURN_IF_ERROR(comm->AllReduce(t.view(), t.view(), ReduceOp::kMax, all));
+    if (t.data<int64_t>()[0] != -t.data<int64_t>()[1])
+      return InvalidArgument("rank ", rank, ": the ranks were started with different plans (plan.json differs); "
+                             "start every rank with the same plan directory");
+  }
+  const partition::Mesh& mesh = r.mesh;
+  const int dp = mesh.size("dp"), micro_n = r.microbatches;
+  const int64_t batch = r.batch, seq = r.seq;
+  const int64_t rows = batch / micro_n / dp;
+  const LossKind loss_kind = r.loss == "mse" ? LossKind::kMse : LossKind::kCrossEntropy;
+  const int64_t vocab = r.vocab > 0 ? r.vocab : 256;
+  ASSIGN_OR_RETURN(TokenData data, LoadTokens(c.data, c.val_fraction, seq));
+  RETURN_IF_ERROR(CheckVocab(data.train, 0, vocab, c.data));
+  RETURN_IF_ERROR(CheckVocab(data.val, static_cast<int64_t>(data.train.size()), vocab, c.data));
+
+  std::string input_name, labels_name = "labels";
+  DataType id_type = DataType::kInt64;
+  for (const std::string& d : r.artifacts.data_inputs)
+    if (d != labels_name) input_name = d;
+  {
+    const graph::Graph* g = r.artifacts.training ? r.artifacts.training.get() : r.artifacts.stages[0].forward.get();
+    for (const std::string& d : r.artifacts.data_inputs)
+      if (const graph::Value* v = g->FindValue(d); v && d == input_name) id_type = v->dtype();
+  }
+  const std::vector<TrainingSession::PipelineWork> work = r.work;
+  const std::vector<std::string> data_inputs = r.artifacts.data_inputs;
+  TrainingSessionOptions so;
+  so.intra_op_threads = c.threads;
+  so.seed = c.seed;
+  so.communicator = comm;
+  ASSIGN_OR_RETURN(auto session, TrainingSession::Create(std::move(r.artifacts), so));
+  LrSchedule schedule;
+  schedule.kind = c.schedule;
+  schedule.peak = c.lr;
+  schedule.min_lr = c.min_lr >= 0 ? c.min_lr : c.lr / 10;
+  schedule.warmup = c.warmup;
+  schedule.total = c.steps;
+  session->RegisterScheduler(schedule);
+
+  std::vector<int> all(world);
+  for (int i = 0; i < world; ++i) all[i] = i;
+  const std::vector<int> pp_group = mesh.Group(rank, "pp");
+  // The loss lives on the last pipeline stage; every rank learns it from there.
+  auto share = [&](float value) -> absl::StatusOr<double> {
+    if (pp_group.size() == 1) return value;
+    Tensor t = Tensor::Scalar<float>(value);
+    RETURN_IF_ERROR(comm->Broadcast(t.view(), pp_group.back(), pp_group));
+    return *t.data<float>();
+  };
+  // Micro-batch m of global rows [first, first + batch): this rank's dp slice.
+  auto micro_feeds = [&](const std::vector<uint16_t>& tokens, bool shuffle, int64_t first) {
+    std::vector<Feeds> out;
+    for (int m = 0; m < micro_n; ++m) {
+      Batch b{Tensor(id_type, {rows, seq}), loss_kind == LossKind::kMse ? Tensor(DataType::kFloat32, {rows, seq, vocab})
+                                                                        : Tensor(DataType::kInt64, {rows, seq})};
+      const int64_t row0 = m * (batch / micro_n) + mesh.Coord(rank, "dp") * rows;
+      FillBatch(tokens, shuffle, c.seed, first + row0, rows, seq, id_type, loss_kind, vocab, &b);
+      Feeds f;
+      for (const std::string& d : data_inputs) f.emplace_back(d, d == labels_name ? b.labels : b.inputs);
+      out.push_back(std::move(f));
+    }
+    return out;
+  };
+
+  TrainResult result;
+  int64_t start = 0;
+  const std::string signature = absl::StrCat("plan=", r.plan_hash, " shuffle=", c.shuffle, " seed=", c.seed,
+                                             " data=", data.train.size());
+  const std::filesystem::path ckdir = c.checkpoint_dir;
+  const std::string my_dir = c.checkpoint_dir.empty() ? "" : (ckdir / ("rank_" + std::to_string(rank))).string();
+  if (!my_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(my_dir, ec);
+    if (ec) return InvalidArgument("rank ", rank, ": cannot create '", my_dir, "': ", ec.message());
+  }
+  if (c.resume) {
+    if (c.checkpoint_dir.empty()) return InvalidArgument("--resume needs --checkpoint-dir");
+    // The newest step with a manifest: every shard of it was written.
+    int64_t newest = -1;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(ckdir, ec)) {
+      const std::string f = e.path().filename().string();
+      int64_t step;
+      if (f.rfind("step_", 0) == 0 && f.ends_with(".manifest") && absl::SimpleAtoi(f.substr(5, f.size() - 14), &step))
+        newest = std::max(newest, step);
+    }
+    absl::Status found = newest < 0 ? NotFound("--resume: no complete checkpoint (step_*.manifest) in '",
+                                               c.checkpoint_dir, "'")
+                                    : absl::OkStatus();
+    std::map<std::string, std::string> props;
+    if (found.ok()) {
+      auto loaded = session->LoadCheckpoint(CheckpointPath(my_dir, newest));
+      if (loaded.ok()) props = *loaded;
+      else found = loaded.status();
+      if (found.ok() && props["run"] != signature)
+        found = InvalidArgument("--resume: the checkpoint of step ", newest, " was written by a run with ", props["run"],
+                                "; this run has ", signature);
+    }
+    // Every rank learns whether all shards loaded before any step.
+    Tensor bad = Tensor::Scalar<int32_t>(found.ok() ? 0 : 1);
+    RETURN_IF_ERROR(comm->AllReduce(bad.view(), bad.view(), ReduceOp::kMax, all));
+    if (!found.ok()) return absl::Status(found.code(), absl::StrCat("rank ", rank, ": ", found.message()));
+    if (*bad.data<int32_t>())
+      return absl::DataLossError(absl::StrCat("rank ", rank, ": another rank could not load its shard of step ",
+                                              newest, "; nothing was trained"));
+    start = session->step();
+    if (rank == 0) log << "resumed from " << c.checkpoint_dir << " step " << start << "\n";
+  }
+  result.first_step = start;
+  std::ofstream metrics;
+  const std::string metrics_path = RankFile(c.metrics, rank, world);
+  if (!metrics_path.empty()) {
+    std::error_code ec;
+    const auto parent = std::filesystem::path(metrics_path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    metrics.open(metrics_path, c.resume ? std::ios::app : std::ios::trunc);
+    if (!metrics) return InvalidArgument("rank ", rank, ": cannot write --metrics file '", metrics_path, "'");
+  }
+  auto evaluate = [&]() -> absl::StatusOr<double> {
+    double sum = 0;
+    for (int64_t k = 0; k < c.eval_batches; ++k) {
+      std::vector<Feeds> mb = micro_feeds(data.val, false, k * batch);
+      float l;
+      if (session->pipelined()) {
+        ASSIGN_OR_RETURN(l, session->PipelineEval(mb));
+      } else {
+        ASSIGN_OR_RETURN(l, session->EvalStep(mb[0]));
+      }
+      ASSIGN_OR_RETURN(double shared, share(l));
+      sum += shared;
+    }
+    return sum / static_cast<double>(c.eval_batches);
+  };
+
+  std::vector<std::pair<int64_t, double>> curve, val_curve;
+  const double tokens_per_step = static_cast<double>(batch * seq);
+  for (int64_t s = start; s < c.steps; ++s) {
+    if (FaultAt("CLEAVE_FAULT_KILL", rank, s + 1)) std::raise(SIGKILL);
+    if (FaultAt("CLEAVE_FAULT_HANG", rank, s + 1))
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    const auto t0 = std::chrono::steady_clock::now();
+    const Communicator::CommTime before = comm->time_spent();
+    std::vector<Feeds> mb = micro_feeds(data.train, c.shuffle, s * batch);
+    float local_loss;
+    if (session->pipelined()) {
+      ASSIGN_OR_RETURN(local_loss, session->PipelineStep(work, mb));
+    } else {
+      session->LazyResetGrad();
+      ASSIGN_OR_RETURN(local_loss, session->TrainStep(mb[0]));
+    }
+    const double lr = schedule.At(s);
+    ASSIGN_OR_RETURN(float norm, session->OptimizerStep());
+    ASSIGN_OR_RETURN(double loss, share(local_loss));
+    if (!std::isfinite(loss) || !std::isfinite(norm))
+      return absl::OutOfRangeError(absl::StrCat("rank ", rank, ": step ", s + 1, ": loss ", loss, ", gradient norm ",
+                                                norm, "; stopped, the last checkpoint is untouched"));
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const Communicator::CommTime after = comm->time_spent();
+    const double comm_ms = 1000 * (after.collective - before.collective);
+    const double idle_ms = 1000 * (after.recv_wait - before.recv_wait);
+    const double compute_ms = std::max(0.0, ms - comm_ms - idle_ms);
+    result.losses.push_back(loss);
+    result.grad_norms.push_back(norm);
+    curve.emplace_back(s + 1, loss);
+    double val = -1;
+    const bool last = s + 1 == c.steps || s + 1 == c.exit_at;
+    if (!data.val.empty() && (last || (c.eval_every > 0 && (s + 1) % c.eval_every == 0))) {
+      ASSIGN_OR_RETURN(val, evaluate());
+      result.val_loss = val;
+      val_curve.emplace_back(s + 1, val);
+    }
+    const double tps = tokens_per_step / (ms / 1000.0);
+    if (rank == 0 && c.log_every > 0 && ((s + 1) % c.log_every == 0 || last || val >= 0)) {
+      log << absl::StrFormat("step %*d/%d | loss %.4f | lr %.3e | grad norm %.3f | %.1f ms/step | %.0f tok/s | "
+                             "compute %.1f ms, comm %.1f ms, idle %.1f ms",
+                             static_cast<int>(std::to_string(c.steps).size()), s + 1, c.steps, loss, lr, norm, ms, tps,
+                             compute_ms, comm_ms, idle_ms);
+      if (val >= 0) log << absl::StrFormat(" | val loss %.4f", val);
+      log << "\n" << std::flush;
+    }
+    if (metrics.is_open()) {
+      metrics << absl::StrFormat("{\"step\": %d, \"rank\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                                 "\"ms\": %.3f, \"tokens_per_s\": %.1f, \"compute_ms\": %.3f, \"comm_ms\": %.3f, "
+                                 "\"idle_ms\": %.3f",
+                                 s + 1, rank, loss, lr, norm, ms, tps, compute_ms, comm_ms, idle_ms);
+      if (val >= 0) metrics << absl::StrFormat(", \"val_loss\": %.9g", val);
+      metrics << "}\n" << std::flush;
+    }
+    if (!my_dir.empty() && (last || (c.checkpoint_every > 0 && (s + 1) % c.checkpoint_every == 0))) {
+      RETURN_IF_ERROR(session->SaveCheckpoint(CheckpointPath(my_dir, s + 1),
+                                              {{"run", signature}, {"rank", absl::StrCat(rank)},
+                                               {"mesh", mesh.ToString()}}));
+      PruneCheckpoints(my_dir, c.keep_checkpoints);
+      // The manifest marks the step complete once every shard is on disk.
+      RETURN_IF_ERROR(comm->Barrier(all));
+      if (rank == 0) {
+        const std::string manifest = (ckdir / absl::StrFormat("step_%08d.manifest", s + 1)).string();
+        RETURN_IF_ERROR(onnx_ext::WriteFileAtomic(
+            manifest, absl::StrCat("{\"step\": ", s + 1, ", \"mesh\": \"", mesh.ToString(), "\", \"plan\": \"", c.model,
+                                   "\", \"ranks\": ", world, ", \"shard\": \"rank_<r>/",
+                                   std::filesystem::path(CheckpointPath(my_dir, s + 1)).filename().string(), "\"}\n")));
+        log << "saved checkpoint " << manifest << " (" << world << " shards)\n";
+      }
+    }
+    if (s + 1 == c.exit_at) break;
+  }
+  if (rank == 0 && !curve.empty() && c.plot != "none") {
     result.plot = WritePlot(DefaultPlotPath(c), curve, val_curve, log);
     if (!result.plot.empty()) log << "loss curve: " << result.plot << "\n";
   }

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
+#include "providers/communicator.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/training_graph.h"
 
@@ -62,6 +63,10 @@ struct TrainConfig {
   int threads = 0;
   int64_t log_every = 1;
   int64_t exit_at = 0;  // > 0: stop after this step (checkpointing it), e.g. to split a run into jobs
+  // Distributed: `model` is a plan directory (cleave partition) and this process is rank
+  // communicator->rank() of its mesh. batch / seq 0: the plan's. The optimizer's settings
+  // other than the learning rate schedule were fixed when the plan was made.
+  Communicator* communicator = nullptr;
 };
 
 struct TrainResult {
@@ -73,6 +78,19 @@ struct TrainResult {
 };
 
 absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log);
+
+// Whether `path` is a plan directory (holds plan.json).
+bool IsPlanDirectory(const std::string& path);
+
+// The distributed loop over a plan (RunTraining calls it for a plan directory). The global
+// batch of each step is split into the plan's micro-batches and then over dp, so the same
+// flags read the same windows as a single-rank run. Every rank checks the launch against the
+// plan (world size, the same plan on every rank: a hash exchange) before the first step.
+// Rank 0 prints the progress line, with compute, communication and idle time; every rank
+// writes its own metrics (`.rank<r>` before the extension). Checkpoints: each rank writes
+// <dir>/rank_<r>/step_<N>.ckpt, then rank 0 writes <dir>/step_<N>.manifest once every shard
+// is in place; --resume takes the newest manifest.
+absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& log);
 
 // The model's token input: its only non-parameter input, integer [batch, seq]; `path` names
 // the model in errors.

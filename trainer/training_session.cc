@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<TrainingSession>> TrainingSession::Create(
 absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   options_ = options;
   TrainingArtifacts& a = artifacts_;
-  if (!a.optimizer || !a.forward || (a.stages.empty() && (!a.training || !a.eval)))
+  if (!a.optimizer || (a.stages.empty() && (!a.training || !a.eval)))
     return InvalidArgument("incomplete training artifacts");
   SessionOptions so;
   so.intra_op_threads = options.intra_op_threads;
@@ -389,6 +389,7 @@ absl::StatusOr<std::map<std::string, std::string>> TrainingSession::LoadCheckpoi
 }
 
 absl::Status TrainingSession::ExportModelForInferencing(const std::string& path) const {
+  if (!artifacts_.forward) return absl::FailedPreconditionError("these artifacts have no forward model to export");
   std::unique_ptr<graph::Graph> g = artifacts_.forward->Clone();
   for (size_t i = 0; i < params_.size(); ++i) {
     graph::Value* v = g->FindValue(artifacts_.params[i]);
