@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The demo: installs dependencies, builds, then shows cleave on the bundled tiny GPT:
 # what the model holds, a run whose logits are checked against PyTorch's, a picture of the
-# optimised graph, and 200 training steps on the bundled text corpus with a loss curve.
+# optimised graph, 200 training steps on the bundled text corpus with a loss curve, then the
+# same model partitioned for dp=2 x pp=2 x tp=2, trained by mpirun on 8 CPU ranks, and its plan
+# inspected and drawn.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -26,5 +28,16 @@ build/tools/cleave train $M/model.onnx --data $M/corpus.txt --batch 16 --seq 64 
   --eval-every 50 --log-every 20 --metrics out/demo/train_metrics.jsonl \
   --checkpoint-dir out/demo/checkpoints --checkpoint-every 100 --save-model out/demo/tiny_gpt_trained.onnx
 echo "metrics: out/demo/train_metrics.jsonl, loss curve: out/demo/train_metrics.png"
+echo
+echo "== cleave partition for dp=2 x pp=2 x tp=2 (1F1B over 4 micro-batches, ZeRO-1), then mpirun on 8 ranks"
+build/tools/cleave partition $M/model.onnx --mesh dp=2,pp=2,tp=2 --batch 16 --seq 64 --microbatches 4 \
+  --zero 1 --clip 1.0 --weight-decay 0.1 -o out/demo/plan
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpirun --oversubscribe --bind-to none -np 8 build/tools/cleave train out/demo/plan --data $M/corpus.txt \
+  --steps 100 --lr 3e-3 --warmup 10 --log-every 20 --eval-every 50 --threads 1 \
+  --metrics out/demo/plan_metrics.jsonl
+echo
+echo "== cleave inspect of the plan (rank 0), with its first stage drawn"
+build/tools/cleave inspect out/demo/plan --rank 0 --svg out/demo/plan_rank0.svg
 echo
 echo "outputs written to out/demo/"
