@@ -92,6 +92,31 @@ EOF
 then echo "ok   resume on the same mesh continues the uninterrupted loss curve (steps 6-10)"
 else fail "resume: ${out:-}"; fi
 
+# Resume on another mesh: saved at dp=2 x pp=2 x tp=2 with ZeRO-1 (8 ranks) after step 5, then
+# at tp=2 (2 ranks); and saved at tp=2, then at dp=2 with ZeRO-1. Parameters and optimizer
+# state are resharded on load and the curve follows the uninterrupted run.
+reshard() {  # reshard FROM TO NFROM NTO
+  local from="$1" to="$2" nfrom="$3" nto="$4" dir="$tmp/ck_$1_$2"
+  checks=$((checks + 1))
+  if "${mpirun[@]}" -np "$nfrom" "$cleave" train "$tmp/$from.plan" --data "$corpus" "${common[@]}" \
+       --checkpoint-dir "$dir" --checkpoint-every 5 --exit-at 5 >/dev/null 2>&1 &&
+     out=$("${mpirun[@]}" -np "$nto" "$cleave" train "$tmp/$to.plan" --data "$corpus" "${common[@]}" \
+             --checkpoint-dir "$dir" --resume --metrics "$tmp/reshard_$from.jsonl" 2>&1) &&
+     [[ "$out" == *"resharded onto"* ]] &&
+     python3 - "$tmp/reshard_$from.rank0.jsonl" "$tmp/$to.rank0.jsonl" <<'EOF2'
+import json, sys
+resumed = [json.loads(l) for l in open(sys.argv[1])]
+full = {r["step"]: r for r in map(json.loads, open(sys.argv[2]))}
+assert [r["step"] for r in resumed] == list(range(6, 11)), [r["step"] for r in resumed]
+for r in resumed:
+    assert abs(r["loss"] - full[r["step"]]["loss"]) <= 1e-5 * full[r["step"]]["loss"], (r, full[r["step"]])
+EOF2
+  then echo "ok   saved under $from ($nfrom ranks), resumed under $to ($nto ranks): steps 6-10 follow the uninterrupted run"
+  else fail "reshard $from -> $to: ${out:-}"; fi
+}
+reshard dp2pp2tp2_zero1 tp2 8 2
+reshard tp2 dp2_zero1 2 2
+
 # A missing shard: every rank refuses before any step, and nothing is overwritten.
 checks=$((checks + 1))
 rm "$tmp/ck/rank_1/step_00000010.ckpt"

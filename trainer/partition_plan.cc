@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -14,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "base/status.h"
 #include "graph/op_table.h"
 #include "onnx_ext/onnx_io.h"
@@ -267,6 +270,21 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
       ASSIGN_OR_RETURN(rp.artifacts.initial[p],
                        partition::ShardTensor(a.initial.at(p), mesh, plan.param_shardings.at(p), r, p));
     }
+    auto block_of = [&](const graph::Value* v, const Sharding& sh) {
+      Block b;
+      b.global = v->shape().StaticDims();
+      for (size_t d = 0; d < b.global.size(); ++d)
+        b.offset.push_back(partition::ShardOffset(mesh, r, sh, static_cast<int>(d), b.global[d]));
+      return BlockString(b);
+    };
+    for (const std::string& p : so.params) {
+      rp.blocks[p] = block_of(a.training->FindValue(p), plan.param_shardings.at(p));
+      for (const std::string& suf : a.state_suffixes) {
+        const graph::Value* sv = so.graph->FindValue(p + suf);
+        if (!sv) return Internal("the optimizer of pipeline rank ", s, " has no state '", p + suf, "'");
+        rp.blocks[p + suf] = block_of(sv, so.prop.sharding.at(sv));
+      }
+    }
     const int64_t activations = rp.memory.activations;
     rp.memory = MemoryOf(rp.artifacts);
     rp.memory.activations = activations;
@@ -359,6 +377,7 @@ absl::Status WritePlan(const Plan& plan, const std::string& dir) {
     Checkpoint ck;
     ck.properties["rank"] = std::to_string(rp.rank);
     ck.properties["mesh"] = mesh.ToString();
+    for (const auto& [name, b] : rp.blocks) ck.properties["block:" + name] = b;
     for (const std::string& p : rp.artifacts.params) ck.tensors.emplace_back(p, rp.artifacts.initial.at(p));
     absl::Status s = WriteCheckpoint((tmp / rdir / "params.ckpt").string(), ck);
     if (!s.ok()) return fail(s);
@@ -589,6 +608,8 @@ absl::StatusOr<RankRun> LoadRankRun(const std::string& dir, int rank) {
   TrainingArtifacts& a = run.artifacts;
   ASSIGN_OR_RETURN(a.optimizer, load(rdir / "optimizer_model.onnx"));
   ASSIGN_OR_RETURN(Checkpoint ck, ReadCheckpoint((rdir / "params.ckpt").string()));
+  for (const auto& [k, v] : ck.properties)
+    if (k.rfind("block:", 0) == 0) run.blocks[k.substr(6)] = v;
   for (const auto& [name, t] : ck.tensors) {
     a.params.push_back(name);
     a.initial.emplace(name, t);
@@ -645,6 +666,98 @@ absl::StatusOr<RankRun> LoadRankRun(const std::string& dir, int rank) {
       if (!known.count(v->name()) && !v->is_initializer()) data.insert(v->name());
   a.data_inputs.assign(data.begin(), data.end());
   return run;
+}
+
+std::string BlockString(const Block& b) {
+  return absl::StrCat("g=", absl::StrJoin(b.global, ","), ";o=", absl::StrJoin(b.offset, ","));
+}
+
+absl::StatusOr<Block> ParseBlock(const std::string& s) {
+  Block b;
+  const size_t semi = s.find(";o=");
+  if (s.rfind("g=", 0) != 0 || semi == std::string::npos) return InvalidArgument("bad block '", s, "'");
+  auto ints = [](const std::string& text, std::vector<int64_t>* out) {
+    if (text.empty()) return true;
+    for (absl::string_view part : absl::StrSplit(text, ',')) {
+      int64_t v;
+      if (!absl::SimpleAtoi(part, &v)) return false;
+      out->push_back(v);
+    }
+    return true;
+  };
+  if (!ints(s.substr(2, semi - 2), &b.global) || !ints(s.substr(semi + 3), &b.offset) ||
+      b.global.size() != b.offset.size())
+    return InvalidArgument("bad block '", s, "'");
+  return b;
+}
+
+namespace {
+
+// Copies the overlap of `src` (a block of the whole tensor) into `dst` (another block of it),
+// marking the elements of `dst` it wrote.
+void CopyOverlap(const Tensor& src, const Block& sb, Tensor& dst, const Block& db, std::vector<char>* written) {
+  const int rank = static_cast<int>(sb.global.size());
+  const size_t es = ElementSize(src.dtype());
+  if (rank == 0) {
+    std::memcpy(dst.data<char>(), src.data<char>(), es);
+    (*written)[0] = 1;
+    return;
+  }
+  std::vector<int64_t> lo(rank), hi(rank);
+  for (int d = 0; d < rank; ++d) {
+    lo[d] = std::max(sb.offset[d], db.offset[d]);
+    hi[d] = std::min(sb.offset[d] + src.dims()[d], db.offset[d] + dst.dims()[d]);
+    if (lo[d] >= hi[d]) return;
+  }
+  // Row by row along the last dim.
+  std::vector<int64_t> idx(lo.begin(), lo.end());
+  const int64_t run = hi[rank - 1] - lo[rank - 1];
+  while (true) {
+    int64_t so = 0, doff = 0;
+    for (int d = 0; d < rank; ++d) {
+      so = so * src.dims()[d] + (idx[d] - sb.offset[d]);
+      doff = doff * dst.dims()[d] + (idx[d] - db.offset[d]);
+    }
+    std::memcpy(dst.data<char>() + doff * es, src.data<char>() + so * es, run * es);
+    std::fill(written->begin() + doff, written->begin() + doff + run, 1);
+    int d = rank - 2;
+    while (d >= 0 && ++idx[d] == hi[d]) idx[d] = lo[d], --d;
+    if (d < 0) break;
+  }
+}
+
+}  // namespace
+
+absl::Status ReshardInto(const std::vector<Checkpoint>& shards, const std::map<std::string, std::string>& blocks,
+                         std::map<std::string, Tensor>& targets) {
+  for (auto& [name, dst] : targets) {
+    auto bit = blocks.find(name);
+    if (bit == blocks.end()) return NotFound("this rank's plan has no block for '", name, "'");
+    ASSIGN_OR_RETURN(Block want, ParseBlock(bit->second));
+    if (want.global.size() != dst.dims().size())
+      return InvalidArgument("'", name, "': block ", bit->second, " does not fit ", DimsToString(dst.dims()));
+    std::vector<char> written(static_cast<size_t>(dst.numel()), 0);
+    bool any = false;
+    for (const Checkpoint& c : shards) {
+      const Tensor* t = c.Find(name);
+      auto b = c.properties.find("block:" + name);
+      if (!t || b == c.properties.end()) continue;
+      ASSIGN_OR_RETURN(Block have, ParseBlock(b->second));
+      if (have.global != want.global)
+        return InvalidArgument("checkpoint tensor '", name, "' is ", DimsToString(have.global),
+                               " as a whole, this run's is ", DimsToString(want.global));
+      if (t->dtype() != dst.dtype())
+        return InvalidArgument("checkpoint tensor '", name, "' is ", DataTypeName(t->dtype()), ", expected ",
+                               DataTypeName(dst.dtype()));
+      CopyOverlap(*t, have, dst, want, &written);
+      any = true;
+    }
+    if (!any) return NotFound("no checkpoint shard holds '", name, "'");
+    if (std::find(written.begin(), written.end(), 0) != written.end())
+      return absl::DataLossError(absl::StrCat("the checkpoint shards do not cover this rank's block ", bit->second,
+                                              " of '", name, "' (a shard is missing)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> DescribePlanSchedule(const std::string& dir) {

@@ -21,6 +21,7 @@
 #include "partition/mesh.h"
 #include "partition/pipeline.h"
 #include "partition/schedule.h"
+#include "trainer/checkpoint.h"
 #include "trainer/training_graph.h"
 #include "trainer/training_session.h"
 
@@ -60,6 +61,9 @@ struct RankPlan {
   std::vector<std::pair<std::string, partition::CollectiveRecord>> collectives;  // (graph, record)
   std::vector<partition::P2PRecord> p2p;  // per micro-batch, training parts
   RankMemory memory;
+  // Where each of this rank's parameter and optimizer-state tensors sits in the whole tensor
+  // (BlockString), so checkpoints can be resharded onto another mesh.
+  std::map<std::string, std::string> blocks;
 };
 
 struct Plan {
@@ -93,7 +97,23 @@ struct RankRun {
   std::vector<TrainingSession::PipelineWork> work;  // this rank's schedule (one item without a pipeline)
   uint64_t plan_hash = 0;        // of plan.json, to check that every rank runs the same plan
   TrainingArtifacts artifacts;   // this rank's graphs and initial parameter shards
+  std::map<std::string, std::string> blocks;  // tensor -> BlockString
 };
+
+// A shard's place in its whole tensor: "g=<global dims>;o=<offsets>", e.g. "g=64,32;o=32,0".
+struct Block {
+  std::vector<int64_t> global, offset;
+};
+std::string BlockString(const Block& b);
+absl::StatusOr<Block> ParseBlock(const std::string& s);
+
+// Reshards a checkpoint written under another mesh: `shards` are the checkpoints of every rank
+// of the old run, each with a "block:<tensor>" property per tensor; each tensor of `targets`
+// (this rank's, with its local dims) is filled from the shards' overlapping blocks, its own
+// block given by `blocks`. Fails naming a tensor no shard holds, or whose shards do not cover
+// this rank's block, or whose whole shape differs.
+absl::Status ReshardInto(const std::vector<Checkpoint>& shards, const std::map<std::string, std::string>& blocks,
+                         std::map<std::string, Tensor>& targets);
 // Fails naming the file when the directory is not a plan of this version, lacks the rank or
 // holds a graph or checkpoint that does not load.
 absl::StatusOr<RankRun> LoadRankRun(const std::string& dir, int rank);

@@ -361,6 +361,11 @@ bool FaultAt(const char* var, int rank, int64_t step) {
   return v && std::sscanf(v, "%d:%ld", &r, &s) == 2 && r == rank && s == step;
 }
 
+std::string ReadFileText(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
 std::string RankFile(const std::string& path, int rank, int world) {
   if (world == 1 || path.empty()) return path;
   std::filesystem::path p(path);
@@ -464,8 +469,11 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
 
   TrainResult result;
   int64_t start = 0;
-  const std::string signature = absl::StrCat("plan=", r.plan_hash, " shuffle=", c.shuffle, " seed=", c.seed,
+  // What a resumed run must share with the one that saved (the mesh may differ).
+  const std::string signature = absl::StrCat("batch=", batch, " seq=", seq, " shuffle=", c.shuffle, " seed=", c.seed,
                                              " data=", data.train.size());
+  const std::string plan_id = absl::StrCat(r.plan_hash);
+  const std::map<std::string, std::string> blocks = r.blocks;
   const std::filesystem::path ckdir = c.checkpoint_dir;
   const std::string my_dir = c.checkpoint_dir.empty() ? "" : (ckdir / ("rank_" + std::to_string(rank))).string();
   if (!my_dir.empty()) {
@@ -488,10 +496,46 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
                                                c.checkpoint_dir, "'")
                                     : absl::OkStatus();
     std::map<std::string, std::string> props;
+    bool resharded = false;
     if (found.ok()) {
-      auto loaded = session->LoadCheckpoint(CheckpointPath(my_dir, newest));
-      if (loaded.ok()) props = *loaded;
-      else found = loaded.status();
+      // Saved under this plan: this rank's own shard. Under another mesh: every old shard,
+      // resharded onto this rank's blocks.
+      const std::string mine = CheckpointPath(my_dir, newest);
+      auto own = ReadCheckpoint(mine);
+      if (own.ok() && own->properties["plan"] == plan_id) {
+        auto loaded = session->LoadCheckpoint(mine);
+        if (loaded.ok()) props = *loaded;
+        else found = loaded.status();
+      } else {
+        const std::string manifest = ReadFileText(
+            (ckdir / absl::StrFormat("step_%08d.manifest", newest)).string());
+        int64_t old_ranks = 0;
+        if (const size_t at = manifest.find("\"ranks\": "); at != std::string::npos)
+          old_ranks = std::atoll(manifest.c_str() + at + 9);
+        std::vector<Checkpoint> shards;
+        for (int64_t i = 0; i < old_ranks && found.ok(); ++i) {
+          auto shard = ReadCheckpoint(CheckpointPath((ckdir / ("rank_" + std::to_string(i))).string(), newest));
+          if (shard.ok()) shards.push_back(std::move(*shard));
+          else found = shard.status();
+        }
+        if (found.ok() && shards.empty()) found = absl::DataLossError(absl::StrCat("manifest of step ", newest, " lists no ranks"));
+        if (found.ok()) {
+          props = shards[0].properties;
+          std::map<std::string, Tensor> targets;
+          for (const std::string& p : session->parameter_names()) {
+            targets[p] = *session->GetState(p);
+            for (const std::string& suf : session->artifacts().state_suffixes) targets[p + suf] = *session->GetState(p + suf);
+          }
+          found = ReshardInto(shards, blocks, targets);
+          for (const auto& [name, t] : targets)
+            if (found.ok()) found = session->SetState(name, t);
+          int64_t step = 0;
+          if (found.ok() && !absl::SimpleAtoi(props["cleave.step"], &step))
+            found = absl::DataLossError("the checkpoint has no step");
+          if (found.ok()) session->SetStep(step);
+          resharded = found.ok();
+        }
+      }
       if (found.ok() && props["run"] != signature)
         found = InvalidArgument("--resume: the checkpoint of step ", newest, " was written by a run with ", props["run"],
                                 "; this run has ", signature);
@@ -504,7 +548,9 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
       return absl::DataLossError(absl::StrCat("rank ", rank, ": another rank could not load its shard of step ",
                                               newest, "; nothing was trained"));
     start = session->step();
-    if (rank == 0) log << "resumed from " << c.checkpoint_dir << " step " << start << "\n";
+    if (rank == 0)
+      log << "resumed from " << c.checkpoint_dir << " step " << start
+          << (resharded ? " (saved under another mesh: resharded onto " + mesh.ToString() + ")" : "") << "\n";
   }
   result.first_step = start;
   std::ofstream metrics;
@@ -588,8 +634,13 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
     }
     if (!my_dir.empty() && (last || (c.checkpoint_every > 0 && (s + 1) % c.checkpoint_every == 0))) {
       RETURN_IF_ERROR(session->SaveCheckpoint(CheckpointPath(my_dir, s + 1),
-                                              {{"run", signature}, {"rank", absl::StrCat(rank)},
-                                               {"mesh", mesh.ToString()}}));
+                                              [&] {
+                                                std::map<std::string, std::string> props = {
+                                                    {"run", signature}, {"plan", plan_id},
+                                                    {"rank", absl::StrCat(rank)}, {"mesh", mesh.ToString()}};
+                                                for (const auto& [name, b] : blocks) props["block:" + name] = b;
+                                                return props;
+                                              }()));
       PruneCheckpoints(my_dir, c.keep_checkpoints);
       // The manifest marks the step complete once every shard is on disk.
       RETURN_IF_ERROR(comm->Barrier(all));

@@ -89,6 +89,12 @@ class TrainingSession {
   // From now on OptimizerStep sets the rate to schedule.At(step()) first.
   void RegisterScheduler(const LrSchedule& schedule);
   int64_t step() const { return step_; }  // optimizer steps taken
+  // For state restored from elsewhere (a resharded checkpoint): the steps already taken.
+  void SetStep(int64_t step) {
+    step_ = step;
+    pending_reset_ = true;
+    micro_batches_ = 0;
+  }
 
   // Parameters, optimizer state, step and learning rate, plus `properties`.
   absl::Status SaveCheckpoint(const std::string& path,
