@@ -588,12 +588,15 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
     const Communicator::CommTime before = comm->time_spent();
     std::vector<Feeds> mb = micro_feeds(data.train, c.shuffle, s * batch);
     float local_loss;
+    const auto p0 = std::chrono::steady_clock::now();
     if (session->pipelined()) {
       ASSIGN_OR_RETURN(local_loss, session->PipelineStep(work, mb));
     } else {
       session->LazyResetGrad();
       ASSIGN_OR_RETURN(local_loss, session->TrainStep(mb[0]));
     }
+    // Forward and backward of all micro-batches (the pipeline), without the optimizer.
+    const double pipeline_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();
     const double lr = schedule.At(s);
     ASSIGN_OR_RETURN(float norm, session->OptimizerStep());
     ASSIGN_OR_RETURN(double loss, share(local_loss));
@@ -627,8 +630,8 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
     if (metrics.is_open()) {
       metrics << absl::StrFormat("{\"step\": %d, \"rank\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
                                  "\"ms\": %.3f, \"tokens_per_s\": %.1f, \"compute_ms\": %.3f, \"comm_ms\": %.3f, "
-                                 "\"idle_ms\": %.3f",
-                                 s + 1, rank, loss, lr, norm, ms, tps, compute_ms, comm_ms, idle_ms);
+                                 "\"idle_ms\": %.3f, \"pipeline_ms\": %.3f",
+                                 s + 1, rank, loss, lr, norm, ms, tps, compute_ms, comm_ms, idle_ms, pipeline_ms);
       if (val >= 0) metrics << absl::StrFormat(", \"val_loss\": %.9g", val);
       metrics << "}\n" << std::flush;
     }
