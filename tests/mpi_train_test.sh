@@ -71,6 +71,8 @@ case_run pp2_1f1b "$tiny" "$corpus" 4 pp=2 --microbatches 4
 case_run pp2_interleaved "$deep" "$tmp/tokens64.bin" 4 pp=2 --microbatches 2 --schedule interleaved --virtual-stages 2
 case_run dp2_zero1 "$tiny" "$corpus" 4 dp=2 --zero 1
 case_run dp2pp2tp2_zero1 "$tiny" "$corpus" 4 dp=2,pp=2,tp=2 --microbatches 2 --zero 1
+case_run pp2tp2_recompute_full "$tiny" "$corpus" 4 pp=2,tp=2 --microbatches 2 --recompute full
+case_run dp2_zero2_recompute_selective "$tiny" "$corpus" 4 dp=2 --zero 2 --recompute selective
 
 # Resume from sharded checkpoints: stop after step 5, resume, and the curve goes on as the
 # uninterrupted run's.

@@ -803,3 +803,52 @@ TEST(TrainLoop, DivergenceStopsWithTheStepAndTheFirstNonFiniteTensor) {
 
 }  // namespace
 }  // namespace cleave::trainer
+
+namespace cleave::trainer {
+namespace {
+
+// Recompute changes what the step keeps, never what it computes: the same loss and gradients,
+// fewer saved bytes (selective drops the attention scores, full keeps only layer inputs), and
+// recomputed nodes run in the backward.
+TEST(Recompute, SameStepWithLessSavedActivations) {
+  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/train_variants/llama/model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
+  for (int64_t i = 0; i < 32; ++i) {
+    ids.data<int64_t>()[i] = (i * 7 + 3) % 64;
+    labels.data<int64_t>()[i] = (i * 5 + 1) % 64;
+  }
+  std::vector<int64_t> saved;
+  std::vector<float> losses;
+  std::vector<std::map<std::string, Tensor>> grads;
+  for (RecomputeMode mode : {RecomputeMode::kNone, RecomputeMode::kSelective, RecomputeMode::kFull}) {
+    TrainingSpec spec;
+    spec.dims = {{"batch", 2}, {"seq", 16}};
+    spec.recompute = mode;
+    auto a = BuildTrainingArtifacts(**model, spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    int recomputed = 0;
+    for (const auto& n : a->training->nodes()) recomputed += n->metadata().count("recompute") > 0;
+    EXPECT_EQ(recomputed > 0, mode != RecomputeMode::kNone);
+    saved.push_back(SavedActivationBytes(*a->training));
+    std::vector<std::string> params = a->params;
+    auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
+    ASSERT_TRUE(s.ok()) << s.status();
+    auto loss = (*s)->TrainStep({{"input_ids", ids}, {"labels", labels}});
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    losses.push_back(*loss);
+    grads.emplace_back();
+    for (const std::string& p : params) grads.back()[p] = *(*s)->GetGradient(p);
+  }
+  EXPECT_LT(saved[1], saved[0]);
+  EXPECT_LT(saved[2], saved[1]);
+  for (int m = 1; m < 3; ++m) {
+    EXPECT_EQ(losses[m], losses[0]) << "mode " << m;
+    for (const auto& [p, g] : grads[0])
+      EXPECT_EQ(testing::CompareTensors(grads[m].at(p), g, 1e-7, 1e-6), "") << "mode " << m << " " << p;
+  }
+  EXPECT_FALSE(ParseRecomputeMode("sometimes").ok());
+}
+
+}  // namespace
+}  // namespace cleave::trainer

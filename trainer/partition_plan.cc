@@ -52,25 +52,6 @@ RankMemory MemoryOf(const TrainingArtifacts& a) {
   return m;
 }
 
-// Bytes of the forward values that backward nodes read.
-int64_t SavedActivations(const graph::Graph& g) {
-  auto role = [](const graph::Node* n) {
-    auto it = n->metadata().find("role");
-    return it == n->metadata().end() ? std::string("fwd") : it->second;
-  };
-  int64_t total = 0;
-  for (const auto& n : g.nodes()) {
-    if (role(n.get()) != "fwd") continue;
-    for (const graph::Value* v : n->outputs()) {
-      if (!v) continue;
-      bool saved = false;
-      for (const auto& [c, idx] : v->consumers()) saved |= role(c) == "bwd";
-      if (saved) total += Bytes(v);
-    }
-  }
-  return total;
-}
-
 std::string Json(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -119,6 +100,9 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
   TrainingSpec spec = c.spec;
   // Each graph computes one micro-batch of the global batch (split over dp by the sharding).
   RETURN_IF_ERROR(FixTokenDims(*token, c.batch / micro, c.seq, &spec.dims));
+  // Recompute is applied to each rank's lowered graph (so the forward collectives it repeats
+  // are its own), not before sharding propagation.
+  spec.recompute = RecomputeMode::kNone;
   ASSIGN_OR_RETURN(TrainingArtifacts a, BuildTrainingArtifacts(*model, spec));
   if (a.eval->outputs().size() > 1) {
     const graph::Value* logits = a.eval->outputs()[1];
@@ -196,7 +180,11 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
   plan.unpartitioned.gradients = plan.unpartitioned.parameters;
   // The unpartitioned graph takes the whole batch at once: micro-batches times the saved
   // activations of one.
-  plan.unpartitioned.activations = SavedActivations(*a.training) * micro;
+  {
+    std::unique_ptr<graph::Graph> whole = a.training->Clone();
+    RETURN_IF_ERROR(ApplyRecompute(*whole, c.spec.recompute, a.params).status());
+    plan.unpartitioned.activations = SavedActivationBytes(*whole) * micro;
+  }
 
   for (int r = 0; r < mesh.world_size(); ++r) {
     RankPlan rp;
@@ -205,6 +193,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
     const int s = mesh.Coord(r, "pp");
     const StageOptimizer& so = optimizers[s];
     ASSIGN_OR_RETURN(partition::LoweredGraph train, partition::LowerForRank(*a.training, mesh, train_p, r, kLoss));
+    RETURN_IF_ERROR(ApplyRecompute(*train.graph, c.spec.recompute, a.params).status());
     ASSIGN_OR_RETURN(partition::LoweredGraph eval, partition::LowerForRank(*a.eval, mesh, eval_p, r, kLoss));
     ASSIGN_OR_RETURN(partition::LoweredGraph opt,
                      partition::LowerForRank(*so.graph, mesh, so.prop, r, "", so.output_wants, c.bucket_bytes));
@@ -254,7 +243,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
       for (auto& rec : eval.collectives)
         if (present.count(rec.value)) rp.collectives.emplace_back("eval", rec);
     } else {
-      rp.memory.activations = SavedActivations(*train.graph);
+      rp.memory.activations = SavedActivationBytes(*train.graph);
       for (auto& rec : train.collectives) rp.collectives.emplace_back("training", rec);
       for (auto& rec : eval.collectives) rp.collectives.emplace_back("eval", rec);
       rp.artifacts.training = std::move(train.graph);

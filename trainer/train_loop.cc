@@ -207,6 +207,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
   spec.loss.kind = c.loss;
   spec.optimizer = c.optimizer;
   spec.frozen = c.frozen;
+  spec.recompute = c.recompute;
   RETURN_IF_ERROR(FixTokenDims(*token_in, micro, c.seq, &spec.dims));
   auto built = BuildTrainingArtifacts(*model, spec);
   if (!built.ok())

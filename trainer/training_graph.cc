@@ -355,6 +355,7 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
   for (Value* v : ordered) g->AddInput(v->name(), v->dtype(), v->shape());
   g->SetOutputs(outs);
   g->info().graph_name = "training";
+  RETURN_IF_ERROR(ApplyRecompute(*g, spec.recompute, a.params).status());
   // The backward's own shape arithmetic (Shape of static values) folds too, so the graph the
   // session and the partitioner see has none.
   RETURN_IF_ERROR(FoldConstants(*g, [](const Value* v) { return v->is_graph_input(); }));

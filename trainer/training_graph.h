@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "base/tensor.h"
 #include "graph/graph.h"
+#include "trainer/recompute.h"
 
 namespace cleave::trainer {
 
@@ -66,6 +67,8 @@ struct TrainingSpec {
   // Fixes named symbolic dims of the model inputs (e.g. batch=8, seq=64): training graphs
   // have static shapes.
   std::map<std::string, int64_t> dims;
+  // Activation recompute (trainer/recompute.h).
+  RecomputeMode recompute = RecomputeMode::kNone;
 };
 
 // One pipeline stage a rank holds (partition/pipeline.h): the forward and backward parts of

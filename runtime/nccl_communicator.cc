@@ -1,0 +1,220 @@
+// The NCCL communicator (runtime/): see nccl_communicator.h.
+#include "runtime/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "runtime/mpi_communicator.h"
+
+namespace cleave::runtime {
+
+namespace {
+
+absl::Status Cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": CUDA error ", cudaGetErrorString(e)));
+}
+
+absl::Status Nccl(ncclResult_t r, const std::string& what) {
+  if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": NCCL error ", ncclGetErrorString(r)));
+}
+
+absl::StatusOr<ncclDataType_t> NcclType(DataType t) {
+  switch (t) {
+    case DataType::kFloat32: return ncclFloat32;
+    case DataType::kFloat64: return ncclFloat64;
+    case DataType::kFloat16: return ncclFloat16;
+    case DataType::kBFloat16: return ncclBfloat16;
+    case DataType::kInt64: return ncclInt64;
+    case DataType::kInt32: return ncclInt32;
+    case DataType::kUInt8:
+    case DataType::kBool: return ncclUint8;
+    default: return InvalidArgument("NCCL cannot move ", DataTypeName(t), " tensors");
+  }
+}
+
+}  // namespace
+
+struct NcclCommunicator::State {
+  MpiCommunicator* mpi = nullptr;
+  int rank = 0, world = 1, device = 0;
+  std::chrono::milliseconds timeout{60000};
+  cudaStream_t compute = nullptr, comm_stream = nullptr;
+  cudaEvent_t before = nullptr, after = nullptr;
+  std::map<std::vector<int>, ncclComm_t> comms;
+
+  absl::StatusOr<ncclComm_t> CommOf(std::span<const int> group_span, const char* op) {
+    std::vector<int> group(group_span.begin(), group_span.end());
+    const auto me = std::find(group.begin(), group.end(), rank);
+    if (me == group.end())
+      return InvalidArgument("rank ", rank, ": ", op, " over ranks [", absl::StrJoin(group, ","), "], which it is not in");
+    if (auto it = comms.find(group); it != comms.end()) return it->second;
+    // The group's first member makes the unique id and the MPI bootstrap shares it.
+    ncclUniqueId id;
+    if (group.front() == rank) RETURN_IF_ERROR(Nccl(ncclGetUniqueId(&id), "ncclGetUniqueId"));
+    const int64_t dims[1] = {static_cast<int64_t>(sizeof(id))};
+    RETURN_IF_ERROR(mpi->Broadcast(TensorView(&id, DataType::kUInt8, dims), group.front(), group));
+    ncclComm_t comm;
+    RETURN_IF_ERROR(Nccl(ncclCommInitRank(&comm, static_cast<int>(group.size()), id, static_cast<int>(me - group.begin())),
+                         absl::StrCat("ncclCommInitRank for ranks [", absl::StrJoin(group, ","), "]")));
+    comms[group] = comm;
+    return comm;
+  }
+
+  // Orders `launch` (which enqueues NCCL work on comm_stream) after the compute stream's queued
+  // work, and the compute stream's later work after it.
+  template <typename Fn>
+  absl::Status Ordered(const std::string& what, Fn launch) {
+    RETURN_IF_ERROR(Cuda(cudaEventRecord(before, compute), "cudaEventRecord"));
+    RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(comm_stream, before, 0), "cudaStreamWaitEvent"));
+    RETURN_IF_ERROR(Nccl(launch(), absl::StrCat("rank ", rank, ": ", what)));
+    RETURN_IF_ERROR(Cuda(cudaEventRecord(after, comm_stream), "cudaEventRecord"));
+    return Cuda(cudaStreamWaitEvent(compute, after, 0), "cudaStreamWaitEvent");
+  }
+
+  std::string Describe(const char* op, std::span<const int> group) const {
+    return absl::StrCat(op, " over ranks [", absl::StrJoin(group, ","), "]");
+  }
+};
+
+NcclCommunicator::NcclCommunicator(std::unique_ptr<State> s) : s_(std::move(s)) {}
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(MpiCommunicator* bootstrap, int device,
+                                                                           void* compute_stream,
+                                                                           std::chrono::milliseconds timeout) {
+  if (!bootstrap) return InvalidArgument("the NCCL communicator needs an MPI communicator to bootstrap");
+  auto s = std::make_unique<State>();
+  s->mpi = bootstrap;
+  s->rank = bootstrap->rank();
+  s->world = bootstrap->world_size();
+  s->device = device;
+  s->timeout = timeout;
+  s->compute = static_cast<cudaStream_t>(compute_stream);
+  RETURN_IF_ERROR(Cuda(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")").c_str()));
+  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&s->comm_stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&s->before, cudaEventDisableTiming), "cudaEventCreate"));
+  RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&s->after, cudaEventDisableTiming), "cudaEventCreate"));
+  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(s)));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  const absl::Status ignored = Synchronize();
+  (void)ignored;
+  for (auto& [group, comm] : s_->comms) ncclCommDestroy(comm);
+  if (s_->before) cudaEventDestroy(s_->before);
+  if (s_->after) cudaEventDestroy(s_->after);
+  if (s_->comm_stream) cudaStreamDestroy(s_->comm_stream);
+}
+
+int NcclCommunicator::rank() const { return s_->rank; }
+int NcclCommunicator::world_size() const { return s_->world; }
+
+absl::Status NcclCommunicator::Synchronize() {
+  const auto deadline = std::chrono::steady_clock::now() + s_->timeout;
+  while (true) {
+    const cudaError_t q = cudaStreamQuery(s_->comm_stream);
+    if (q == cudaSuccess) return absl::OkStatus();
+    if (q != cudaErrorNotReady) return Cuda(q, "the NCCL stream");
+    for (auto& [group, comm] : s_->comms) {
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm, &async);
+      if (async != ncclSuccess && async != ncclInProgress)
+        return Nccl(async, absl::StrCat("rank ", s_->rank, ": ", s_->Describe("communication", group)));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (auto& [group, comm] : s_->comms) ncclCommAbort(comm);
+      s_->comms.clear();
+      return absl::DeadlineExceededError(absl::StrCat("rank ", s_->rank, ": NCCL work did not complete within ",
+                                                      s_->timeout.count() / 1000.0,
+                                                      " s (--comm-timeout): a peer has died or hangs"));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+absl::Status NcclCommunicator::AllReduce(const TensorView& in, const TensorView& out, ReduceOp op,
+                                         std::span<const int> group) {
+  ASSIGN_OR_RETURN(ncclComm_t comm, s_->CommOf(group, "AllReduce"));
+  ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(in.dtype));
+  return s_->Ordered(s_->Describe("AllReduce", group), [&] {
+    return ncclAllReduce(in.data, out.data, static_cast<size_t>(in.numel()), t, op == ReduceOp::kSum ? ncclSum : ncclMax,
+                         comm, s_->comm_stream);
+  });
+}
+
+absl::Status NcclCommunicator::AllGather(const TensorView& in, const TensorView& out, std::span<const int> group) {
+  ASSIGN_OR_RETURN(ncclComm_t comm, s_->CommOf(group, "AllGather"));
+  return s_->Ordered(s_->Describe("AllGather", group), [&] {
+    return ncclAllGather(in.data, out.data, in.nbytes(), ncclUint8, comm, s_->comm_stream);
+  });
+}
+
+absl::Status NcclCommunicator::ReduceScatter(const TensorView& in, const TensorView& out, ReduceOp op,
+                                             std::span<const int> group) {
+  ASSIGN_OR_RETURN(ncclComm_t comm, s_->CommOf(group, "ReduceScatter"));
+  ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(in.dtype));
+  return s_->Ordered(s_->Describe("ReduceScatter", group), [&] {
+    return ncclReduceScatter(in.data, out.data, static_cast<size_t>(out.numel()), t,
+                             op == ReduceOp::kSum ? ncclSum : ncclMax, comm, s_->comm_stream);
+  });
+}
+
+absl::Status NcclCommunicator::AllToAll(const TensorView& in, const TensorView& out, std::span<const int> group) {
+  ASSIGN_OR_RETURN(ncclComm_t comm, s_->CommOf(group, "AllToAll"));
+  const size_t chunk = in.nbytes() / group.size();
+  return s_->Ordered(s_->Describe("AllToAll", group), [&]() -> ncclResult_t {
+    ncclResult_t r = ncclGroupStart();
+    for (size_t j = 0; j < group.size() && r == ncclSuccess; ++j) {
+      r = ncclSend(static_cast<const char*>(in.data) + j * chunk, chunk, ncclUint8, static_cast<int>(j), comm,
+                   s_->comm_stream);
+      if (r == ncclSuccess)
+        r = ncclRecv(static_cast<char*>(out.data) + j * chunk, chunk, ncclUint8, static_cast<int>(j), comm,
+                     s_->comm_stream);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess ? r : end;
+  });
+}
+
+absl::Status NcclCommunicator::Broadcast(const TensorView& buf, int root, std::span<const int> group) {
+  ASSIGN_OR_RETURN(ncclComm_t comm, s_->CommOf(group, "Broadcast"));
+  const auto it = std::find(group.begin(), group.end(), root);
+  if (it == group.end()) return InvalidArgument("Broadcast: root ", root, " is not in the group");
+  return s_->Ordered(s_->Describe("Broadcast", group), [&] {
+    return ncclBroadcast(buf.data, buf.data, buf.nbytes(), ncclUint8, static_cast<int>(it - group.begin()), comm,
+                         s_->comm_stream);
+  });
+}
+
+absl::Status NcclCommunicator::Barrier(std::span<const int> group) {
+  RETURN_IF_ERROR(Synchronize());
+  return s_->mpi->Barrier(group);
+}
+
+absl::Status NcclCommunicator::Send(const TensorView& t, int peer, int tag) {
+  std::vector<int> all(s_->world);
+  std::iota(all.begin(), all.end(), 0);
+  ASSIGN_OR_RETURN(ncclComm_t comm, s_->CommOf(all, "Send"));
+  return s_->Ordered(absl::StrCat("Send to rank ", peer, " (tag ", tag, ")"),
+                     [&] { return ncclSend(t.data, t.nbytes(), ncclUint8, peer, comm, s_->comm_stream); });
+}
+
+absl::Status NcclCommunicator::Recv(const TensorView& t, int peer, int tag) {
+  std::vector<int> all(s_->world);
+  std::iota(all.begin(), all.end(), 0);
+  ASSIGN_OR_RETURN(ncclComm_t comm, s_->CommOf(all, "Recv"));
+  return s_->Ordered(absl::StrCat("Recv from rank ", peer, " (tag ", tag, ")"),
+                     [&] { return ncclRecv(t.data, t.nbytes(), ncclUint8, peer, comm, s_->comm_stream); });
+}
+
+}  // namespace cleave::runtime

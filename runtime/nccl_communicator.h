@@ -1,0 +1,57 @@
+// The NCCL communicator (runtime/): collectives and point-to-point messages between GPU ranks
+// for CUDA tensors, bootstrapped over MPI (the unique id of each group travels through the
+// MPI communicator). Built whenever the CUDA toolkit with NCCL is found; it needs a device to
+// run.
+//
+// Every operation runs on the communicator's own stream: it first waits for the work queued
+// so far on the compute stream (an event), and the compute stream waits for the operation's
+// completion event before its next kernel, so a gradient's reduce-scatter overlaps whatever the
+// host queued on other streams meanwhile. Synchronize() blocks the host until the
+// communication stream is idle, polling NCCL's asynchronous error with the timeout: a dead
+// peer ends in a DeadlineExceeded status naming the rank and the operation, not a hang.
+// NCCL orders point-to-point messages between two ranks by their stream order, which the plan's
+// schedule fixes on both ends; the tags only name the messages in errors.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "providers/communicator.h"
+
+namespace cleave::runtime {
+
+class MpiCommunicator;
+
+class NcclCommunicator : public Communicator {
+ public:
+  // `bootstrap` shares the NCCL unique ids; `device` is this rank's GPU; `compute_stream` the
+  // CUDA stream (a cudaStream_t) the provider runs kernels on (null: the default stream).
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(MpiCommunicator* bootstrap, int device,
+                                                                  void* compute_stream,
+                                                                  std::chrono::milliseconds timeout);
+  ~NcclCommunicator() override;
+
+  int rank() const override;
+  int world_size() const override;
+  absl::Status AllReduce(const TensorView& in, const TensorView& out, ReduceOp op, std::span<const int> group) override;
+  absl::Status AllGather(const TensorView& in, const TensorView& out, std::span<const int> group) override;
+  absl::Status ReduceScatter(const TensorView& in, const TensorView& out, ReduceOp op,
+                             std::span<const int> group) override;
+  absl::Status AllToAll(const TensorView& in, const TensorView& out, std::span<const int> group) override;
+  absl::Status Broadcast(const TensorView& buf, int root, std::span<const int> group) override;
+  absl::Status Barrier(std::span<const int> group) override;
+  absl::Status Send(const TensorView& t, int peer, int tag) override;
+  absl::Status Recv(const TensorView& t, int peer, int tag) override;
+
+  // Blocks until every queued operation has finished (or the timeout passes).
+  absl::Status Synchronize();
+
+  struct State;
+
+ private:
+  explicit NcclCommunicator(std::unique_ptr<State> s);
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace cleave::runtime
