@@ -30,6 +30,7 @@ absl::Status InferCast(InferContext& ctx);
 absl::Status InferMatMul(InferContext& ctx);
 absl::Status InferGemm(InferContext& ctx);
 absl::Status InferFusedMatMul(InferContext& ctx);
+absl::Status InferMatMulBf16(InferContext& ctx);
 absl::Status InferSoftmax(InferContext& ctx);
 absl::Status InferLayerNorm(InferContext& ctx);
 absl::Status InferReduce(InferContext& ctx);

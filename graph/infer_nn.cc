@@ -139,6 +139,20 @@ absl::Status InferFusedMatMul(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+absl::Status InferMatMulBf16(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kBFloat16}));
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kBFloat16}));
+  const Node& n = ctx.node();
+  const Shape& a = ctx.input_shape(0);
+  const Shape& b = ctx.input_shape(1);
+  if (a.has_rank() && a.rank() < 2) return ctx.Error("expected A of rank >= 2, got ", a.ToString());
+  if (b.has_rank() && b.rank() != 2 && a.has_rank() && b.rank() != a.rank())
+    return ctx.Error("expected B of rank 2 or of A's rank ", a.rank(), ", got ", b.ToString());
+  ASSIGN_OR_RETURN(Shape out, MatMulShape(ctx, a, b, n.AttrInt("transB", 0) != 0, n.AttrInt("transA", 0) != 0));
+  ctx.SetOutput(0, DataType::kFloat32, std::move(out));
+  return absl::OkStatus();
+}
+
 absl::Status InferSoftmax(InferContext& ctx) {
   RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64,
                                        DataType::kFloat16, DataType::kBFloat16}));

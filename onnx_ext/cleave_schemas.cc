@@ -35,6 +35,18 @@ OpSchema FusedMatMulSchema() {
   return s;
 }
 
+OpSchema MatMulBf16Schema() {
+  OpSchema s;
+  s.SetName("MatMulBf16").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Y = A @ B with bf16 A and B and float32 accumulation and output; see docs/ops.md.")
+      .Input(0, "A", "[..., M, K], or [..., K, M] with transA", "tensor(bfloat16)")
+      .Input(1, "B", "[K, N] or [..., K, N]; [N, K] with transB", "tensor(bfloat16)")
+      .Output(0, "Y", "[..., M, N]", "tensor(float)")
+      .Attr("transA", "A's last two axes are stored transposed", AttributeProto::INT, static_cast<int64_t>(0))
+      .Attr("transB", "B's last two axes are stored transposed", AttributeProto::INT, static_cast<int64_t>(0));
+  return s;
+}
+
 OpSchema GeluSchema() {
   OpSchema s;
   s.SetName("Gelu").SetDomain("ai.cleave").SinceVersion(1)
@@ -245,7 +257,8 @@ OpSchema SendSchema() {
       .Output(0, "done", "true once sent", "tensor(bool)")
       .Attr("peer", "destination rank", AttributeProto::INT)
       .Attr("tag", "message tag", AttributeProto::INT, static_cast<int64_t>(0))
-      .TypeConstraint("T", {"tensor(float)", "tensor(double)", "tensor(int64)", "tensor(int32)", "tensor(bool)"},
+      .TypeConstraint("T", {"tensor(float)", "tensor(double)", "tensor(int64)", "tensor(int32)", "tensor(bool)",
+                            "tensor(bfloat16)", "tensor(float16)"},
                       "numeric or bool tensors");
   return s;
 }
@@ -260,7 +273,8 @@ OpSchema RecvSchema() {
       .Attr("tag", "message tag", AttributeProto::INT, static_cast<int64_t>(0))
       .Attr("shape", "dims of the received tensor", AttributeProto::INTS)
       .Attr("dtype", "ONNX element type of the received tensor", AttributeProto::INT)
-      .TypeConstraint("T", {"tensor(float)", "tensor(double)", "tensor(int64)", "tensor(int32)", "tensor(bool)"},
+      .TypeConstraint("T", {"tensor(float)", "tensor(double)", "tensor(int64)", "tensor(int32)", "tensor(bool)",
+                            "tensor(bfloat16)", "tensor(float16)"},
                       "numeric or bool tensors");
   return s;
 }
@@ -272,6 +286,7 @@ void RegisterCleaveSchemas() {
   std::call_once(once, [] {
     onnx::OpSchemaRegistry::DomainToVersionRange::Instance().AddDomainToVersion("ai.cleave", 1, 1);
     onnx::RegisterSchema(FusedMatMulSchema());
+    onnx::RegisterSchema(MatMulBf16Schema());
     onnx::RegisterSchema(GeluSchema());
     onnx::RegisterSchema(LayerNormSchema());
     onnx::RegisterSchema(GatherGradSchema());

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything cleave's build, tests and demo need on Debian 12 (idempotent).
-# Debian packages: toolchain, ONNX + protobuf, Abseil, OpenBLAS, GoogleTest, OpenMPI, gnuplot,
+# Debian packages: toolchain, ONNX + protobuf, Abseil, OpenBLAS, oneDNN, GoogleTest, OpenMPI, gnuplot,
 # Graphviz, clang (for the libFuzzer target). PyPI: the onnx wheel (newer backend node
 # tests) and onnxruntime + numpy (the inference benchmark).
 set -euo pipefail
@@ -11,7 +11,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libonnx-dev libonnx-testdata libprotobuf-dev protobuf-compiler
-  libabsl-dev libopenblas-dev libgtest-dev libgmock-dev zlib1g-dev openmpi-bin libopenmpi-dev
+  libabsl-dev libopenblas-dev libgtest-dev libgmock-dev zlib1g-dev openmpi-bin libopenmpi-dev libdnnl-dev
   gnuplot-nox graphviz clang libclang-rt-14-dev
   python3 python3-pip
 )

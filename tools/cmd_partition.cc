@@ -26,7 +26,9 @@ int PartitionCommand(const Args& args) {
   FlagReader flags(args);
   while (flags.Next()) {
     const std::string& a = flags.flag();
-    if (TrainingFlag(flags, &c.spec.loss.kind, &c.spec.optimizer, &c.spec.frozen, &c.spec.recompute)) continue;
+    if (TrainingFlag(flags, &c.spec.loss.kind, &c.spec.optimizer, &c.spec.frozen, &c.spec.recompute,
+                     &c.spec.precision))
+      continue;
     if (a == "--mesh") c.mesh = flags.Value();
     else if (a == "-o" || a == "--output") out = flags.Value();
     else if (a == "--batch") flags.Number(&c.batch);

@@ -24,7 +24,8 @@ int Fail(const std::string& msg) {
 }  // namespace
 
 bool TrainingFlag(FlagReader& r, trainer::LossKind* loss, trainer::OptimizerConfig* optimizer,
-                  std::vector<std::string>* frozen, trainer::RecomputeMode* recompute) {
+                  std::vector<std::string>* frozen, trainer::RecomputeMode* recompute,
+                  trainer::Precision* precision) {
   const std::string& a = r.flag();
   if (a == "--loss") {
     const std::string v = r.Value();
@@ -45,6 +46,10 @@ bool TrainingFlag(FlagReader& r, trainer::LossKind* loss, trainer::OptimizerConf
   else if (a == "--nesterov") optimizer->nesterov = true;
   else if (a == "--freeze") {
     for (absl::string_view p : absl::StrSplit(r.Value(), ',', absl::SkipEmpty())) frozen->emplace_back(p);
+  } else if (a == "--precision") {
+    auto p = trainer::ParsePrecision(r.Value());
+    if (p.ok()) *precision = *p;
+    else r.Fail(std::string(p.status().message()));
   } else if (a == "--recompute") {
     auto m = trainer::ParseRecomputeMode(r.Value());
     if (m.ok()) *recompute = *m;
@@ -97,7 +102,7 @@ int TrainCommand(const Args& args) {
   std::vector<std::string> plan_fixed;  // optimizer flags that a plan fixes at partition time
   while (flags.Next()) {
     const std::string& a = flags.flag();
-    if (TrainingFlag(flags, &c.loss, &c.optimizer, &c.frozen, &c.recompute)) {
+    if (TrainingFlag(flags, &c.loss, &c.optimizer, &c.frozen, &c.recompute, &c.precision)) {
       plan_fixed.push_back(a);
       continue;
     }

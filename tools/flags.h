@@ -55,9 +55,10 @@ class FlagReader {
 };
 
 // --loss cross_entropy|mse, --optimizer adamw|sgd, --weight-decay, --clip, --beta1, --beta2,
-// --eps, --momentum, --nesterov, --freeze NAME|REGEX,..., --recompute none|selective|full.
-// Returns false when the current flag is none of these.
+// --eps, --momentum, --nesterov, --freeze NAME|REGEX,..., --recompute none|selective|full,
+// --precision fp32|bf16. Returns false when the current flag is none of these.
 bool TrainingFlag(FlagReader& r, trainer::LossKind* loss, trainer::OptimizerConfig* optimizer,
-                  std::vector<std::string>* frozen, trainer::RecomputeMode* recompute);
+                  std::vector<std::string>* frozen, trainer::RecomputeMode* recompute,
+                  trainer::Precision* precision);
 
 }  // namespace cleave::tools

@@ -103,6 +103,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
   // Recompute is applied to each rank's lowered graph (so the forward collectives it repeats
   // are its own), not before sharding propagation.
   spec.recompute = RecomputeMode::kNone;
+  spec.precision = Precision::kFp32;  // likewise mixed precision
   ASSIGN_OR_RETURN(TrainingArtifacts a, BuildTrainingArtifacts(*model, spec));
   if (a.eval->outputs().size() > 1) {
     const graph::Value* logits = a.eval->outputs()[1];
@@ -195,6 +196,10 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
     ASSIGN_OR_RETURN(partition::LoweredGraph train, partition::LowerForRank(*a.training, mesh, train_p, r, kLoss));
     RETURN_IF_ERROR(ApplyRecompute(*train.graph, c.spec.recompute, a.params).status());
     ASSIGN_OR_RETURN(partition::LoweredGraph eval, partition::LowerForRank(*a.eval, mesh, eval_p, r, kLoss));
+    if (c.spec.precision == Precision::kBf16) {
+      RETURN_IF_ERROR(ApplyBf16Autocast(*train.graph).status());
+      RETURN_IF_ERROR(ApplyBf16Autocast(*eval.graph).status());
+    }
     ASSIGN_OR_RETURN(partition::LoweredGraph opt,
                      partition::LowerForRank(*so.graph, mesh, so.prop, r, "", so.output_wants, c.bucket_bytes));
     if (pp > 1) {
@@ -304,6 +309,10 @@ absl::Status WritePlan(const Plan& plan, const std::string& dir) {
        << ", \"seq\": " << plan.config.seq << ", \"vocab\": " << plan.vocab << ", \"loss\": "
        << Json(plan.config.spec.loss.kind == LossKind::kMse ? "mse"
                : plan.config.spec.loss.kind == LossKind::kCrossEntropy ? "cross_entropy" : "output")
+       << ", \"precision\": " << Json(PrecisionName(plan.config.spec.precision)) << ", \"recompute\": "
+       << Json(plan.config.spec.recompute == RecomputeMode::kFull        ? "full"
+               : plan.config.spec.recompute == RecomputeMode::kSelective ? "selective"
+                                                                          : "none")
        << ", \"zero\": " << plan.config.zero
        << ", \"tp\": " << Json(plan.config.tp_megatron ? "megatron" : "none") << ", \"sp\": " << (plan.config.sp ? "true" : "false")
        << ",\n  \"schedule\": ";

@@ -208,6 +208,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
   spec.optimizer = c.optimizer;
   spec.frozen = c.frozen;
   spec.recompute = c.recompute;
+  spec.precision = c.precision;
   RETURN_IF_ERROR(FixTokenDims(*token_in, micro, c.seq, &spec.dims));
   auto built = BuildTrainingArtifacts(*model, spec);
   if (!built.ok())

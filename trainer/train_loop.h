@@ -61,6 +61,7 @@ struct TrainConfig {
   std::string artifacts_dir;     // also write the training artifacts here
   std::vector<std::string> frozen;
   RecomputeMode recompute = RecomputeMode::kNone;
+  Precision precision = Precision::kFp32;
   int threads = 0;
   int64_t log_every = 1;
   int64_t exit_at = 0;  // > 0: stop after this step (checkpointing it), e.g. to split a run into jobs

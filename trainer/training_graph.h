@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "base/tensor.h"
 #include "graph/graph.h"
+#include "trainer/mixed_precision.h"
 #include "trainer/recompute.h"
 
 namespace cleave::trainer {
@@ -69,6 +70,8 @@ struct TrainingSpec {
   std::map<std::string, int64_t> dims;
   // Activation recompute (trainer/recompute.h).
   RecomputeMode recompute = RecomputeMode::kNone;
+  // bf16: matrix products in bf16 with fp32 master weights (trainer/mixed_precision.h).
+  Precision precision = Precision::kFp32;
 };
 
 // One pipeline stage a rank holds (partition/pipeline.h): the forward and backward parts of

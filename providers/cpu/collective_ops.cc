@@ -218,7 +218,7 @@ void RegisterCollectiveKernels(KernelRegistry& r) {
   r.Register({c, "ReduceScatter", 1, 1, InputTypeIn(0, numeric), MakeCheckedFactory<ReduceScatterKernel>()});
   r.Register({c, "AllToAll", 1, 1, InputTypeIn(0, numeric), MakeCheckedFactory<AllToAllKernel>()});
   r.Register({c, "Send", 1, 1, InputTypeIn(0, {DataType::kFloat32, DataType::kFloat64, DataType::kInt64, DataType::kInt32,
-                                                DataType::kBool}),
+                                                DataType::kBool, DataType::kBFloat16, DataType::kFloat16}),
               MakeFactory<SendKernel>()});
   r.Register({c, "Recv", 1, 1, nullptr, MakeFactory<RecvKernel>()});
 }

@@ -20,6 +20,7 @@
 
 #include "base/status.h"
 #include "graph/op_table.h"
+#include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/nn.h"
 #include "kernels/cpu/packed_gemm.h"
 #include "providers/cpu/cpu_provider.h"
@@ -95,6 +96,55 @@ class MatMulKernel : public OpKernel {
 
  private:
   PackedB packed_;  // input 1 when it is a constant 2-D fp32 matrix
+};
+
+// ai.cleave MatMulBf16: bf16 operands, fp32 result, through oneDNN.
+class MatMulBf16Kernel : public OpKernel {
+ public:
+  MatMulBf16Kernel(const graph::Node& n, int)
+      : trans_a_(n.AttrInt("transA", 0) != 0), trans_b_(n.AttrInt("transB", 0) != 0) {}
+
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& a = *ctx.input(0);
+    const TensorView& b = *ctx.input(1);
+    if (a.rank < 2 || (b.rank != 2 && b.rank != a.rank))
+      return InvalidArgument("MatMulBf16: A ", DimsToString(a.shape()), " and B ", DimsToString(b.shape()),
+                             " (B must be 2-D or have A's rank)");
+    kernels::cpu::GemmBf16Params p;
+    p.trans_a = trans_a_;
+    p.trans_b = trans_b_;
+    p.M = a.dim(trans_a_ ? -1 : -2);
+    p.K = a.dim(trans_a_ ? -2 : -1);
+    p.N = b.dim(trans_b_ ? -2 : -1);
+    const int64_t kb = b.dim(trans_b_ ? -1 : -2);
+    if (kb != p.K)
+      return InvalidArgument("MatMulBf16: A ", DimsToString(a.shape()), " and B ", DimsToString(b.shape()),
+                             " disagree on K (", p.K, " vs ", kb, ")");
+    const std::vector<int64_t> a_dims = a.shape();
+    std::vector<int64_t> out(a_dims.begin(), a_dims.end() - 2);
+    p.batch = 1;
+    for (int64_t d : out) p.batch *= d;
+    p.b_batched = b.rank > 2;
+    if (p.b_batched)
+      for (int i = 0; i < a.rank - 2; ++i)
+        if (b.dims[i] != a.dims[i])
+          return InvalidArgument("MatMulBf16: batch dims of A ", DimsToString(a.shape()), " and B ",
+                                 DimsToString(b.shape()), " differ");
+    out.push_back(p.M);
+    out.push_back(p.N);
+    TensorView* y = ctx.Output(0, out);
+    if (!y) return absl::OkStatus();
+    // A shared B and an untransposed A: one product over all rows.
+    if (!p.b_batched && !p.trans_a) {
+      p.M *= p.batch;
+      p.batch = 1;
+    }
+    return kernels::cpu::GemmBf16(p, static_cast<const uint16_t*>(a.data), static_cast<const uint16_t*>(b.data),
+                                  static_cast<float*>(y->data));
+  }
+
+ private:
+  bool trans_a_, trans_b_;
 };
 
 class GemmKernel : public OpKernel {
@@ -216,6 +266,8 @@ void RegisterMatMulKernels(KernelRegistry& r) {
   r.Register({"", "Gemm", 7, 13, InputTypeIn(0, {f32, f64}), MakeFactory<GemmKernel>()});
   r.Register({std::string(graph::kCleaveDomain), "FusedMatMul", 1, 1, InputTypeIn(0, {f32, f64}),
               MakeCheckedFactory<FusedMatMulKernel>()});
+  r.Register({std::string(graph::kCleaveDomain), "MatMulBf16", 1, 1, InputTypeIn(0, {DataType::kBFloat16}),
+              MakeFactory<MatMulBf16Kernel>()});
 }
 
 }  // namespace cleave::providers

@@ -1,0 +1,23 @@
+// bf16 matrix products on the CPU through oneDNN (kernels/cpu/): bf16 inputs, fp32
+// accumulation and output, as mixed-precision training runs its matmuls. oneDNN picks the
+// machine's best bf16 path (AMX tiles, AVX512-BF16 dot products, or a conversion fallback).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace cleave::kernels::cpu {
+
+struct GemmBf16Params {
+  int64_t batch = 1;    // of A and C
+  bool b_batched = false;  // B has A's batch dims (else one B for every batch)
+  int64_t M = 0, N = 0, K = 0;
+  bool trans_a = false;  // A stored [.., K, M]
+  bool trans_b = false;  // B stored [.., N, K]
+};
+
+// C[b] = op(A[b]) @ op(B[b or 0]); A and B hold bf16 bits, C is fp32 [batch, M, N].
+absl::Status GemmBf16(const GemmBf16Params& p, const uint16_t* A, const uint16_t* B, float* C);
+
+}  // namespace cleave::kernels::cpu

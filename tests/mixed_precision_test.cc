@@ -1,0 +1,115 @@
+// bf16 mixed precision: the oneDNN bf16 matrix product (ai.cleave MatMulBf16) against a
+// double-precision product of the same bf16 values, and the autocast of a training graph
+// (every product in bf16, master weights and optimizer in fp32) against the fp32 step.
+#include <cmath>
+#include <random>
+
+#include "graph/op_table.h"
+#include "gtest/gtest.h"
+#include "onnx_ext/onnx_io.h"
+#include "runtime/inference_session.h"
+#include "trainer/mixed_precision.h"
+#include "trainer/training_session.h"
+
+namespace cleave::trainer {
+namespace {
+
+struct Case {
+  std::vector<int64_t> a, b;
+  bool ta, tb;
+};
+
+TEST(MatMulBf16, MatchesADoubleProductOfTheBf16Values) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (const Case& c : {Case{{3, 4}, {4, 5}, false, false}, Case{{2, 3, 4}, {5, 4}, false, true},
+                        Case{{2, 4, 3}, {4, 5}, true, false}, Case{{2, 3, 4}, {2, 4, 5}, false, false},
+                        Case{{2, 4, 3}, {2, 5, 4}, true, true}, Case{{1, 70, 33}, {33, 17}, false, false}}) {
+    auto g = std::make_unique<graph::Graph>();
+    g->opset_imports()[""] = 17;
+    g->opset_imports()[graph::kCleaveDomain] = 1;
+    graph::Value* a = g->AddInput("A", DataType::kBFloat16, Shape::FromDims(c.a));
+    graph::Value* b = g->AddInput("B", DataType::kBFloat16, Shape::FromDims(c.b));
+    graph::Value* y = g->GetOrCreateValue("Y");
+    graph::Node* n = g->AddNode("MatMulBf16", {a, b}, {y}, "mm", graph::kCleaveDomain);
+    if (c.ta) n->SetAttr("transA", graph::Attribute::Int(1));
+    if (c.tb) n->SetAttr("transB", graph::Attribute::Int(1));
+    g->AddOutput(y);
+    SessionOptions so;
+    so.intra_op_threads = 1;
+    auto s = InferenceSession::FromGraph(std::move(g), so);
+    ASSERT_TRUE(s.ok()) << s.status();
+    Tensor ta(DataType::kBFloat16, c.a), tb(DataType::kBFloat16, c.b);
+    for (int64_t i = 0; i < ta.numel(); ++i) ta.data<uint16_t>()[i] = FloatToBFloat16(dist(rng));
+    for (int64_t i = 0; i < tb.numel(); ++i) tb.data<uint16_t>()[i] = FloatToBFloat16(dist(rng));
+    auto out = (*s)->Run({{"A", ta}, {"B", tb}});
+    ASSERT_TRUE(out.ok()) << out.status();
+    const Tensor& got = (*out)[0];
+    ASSERT_EQ(got.dtype(), DataType::kFloat32);
+    const int ra = static_cast<int>(c.a.size()), rb = static_cast<int>(c.b.size());
+    const int64_t M = c.ta ? c.a[ra - 1] : c.a[ra - 2], K = c.ta ? c.a[ra - 2] : c.a[ra - 1];
+    const int64_t N = c.tb ? c.b[rb - 2] : c.b[rb - 1];
+    const int64_t batch = ta.numel() / (M * K);
+    ASSERT_EQ(got.numel(), batch * M * N);
+    for (int64_t bt = 0; bt < batch; ++bt)
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double want = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            const uint16_t av = ta.data<uint16_t>()[bt * M * K + (c.ta ? k * M + i : i * K + k)];
+            const int64_t bb = rb > 2 ? bt * K * N : 0;
+            const uint16_t bv = tb.data<uint16_t>()[bb + (c.tb ? j * K + k : k * N + j)];
+            want += static_cast<double>(BFloat16ToFloat(av)) * BFloat16ToFloat(bv);
+          }
+          EXPECT_NEAR(got.data<float>()[(bt * M + i) * N + j], want, 1e-5 * (1 + std::abs(want)))
+              << DimsToString(c.a) << " x " << DimsToString(c.b) << " at " << bt << "," << i << "," << j;
+        }
+  }
+}
+
+TEST(MixedPrecision, Bf16TrainingGraphRunsEveryProductInBf16AndTracksFp32) {
+  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/train_variants/llama/model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
+  for (int64_t i = 0; i < 32; ++i) {
+    ids.data<int64_t>()[i] = (i * 7 + 3) % 64;
+    labels.data<int64_t>()[i] = (i * 5 + 1) % 64;
+  }
+  std::vector<float> loss, norm;
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    TrainingSpec spec;
+    spec.dims = {{"batch", 2}, {"seq", 16}};
+    spec.precision = p;
+    auto a = BuildTrainingArtifacts(**model, spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    int bf16 = 0, fp32 = 0;
+    for (const auto& n : a->training->nodes()) {
+      bf16 += n->op_type() == "MatMulBf16";
+      fp32 += n->op_type() == "MatMul" || n->op_type() == "FusedMatMul";
+    }
+    if (p == Precision::kBf16) {
+      EXPECT_GT(bf16, 20);  // every projection forward and both of its gradients, attention too
+      EXPECT_EQ(fp32, 0);
+      // Master weights: the parameters and the optimizer stay fp32.
+      for (const std::string& name : a->params) EXPECT_EQ(a->training->FindValue(name)->dtype(), DataType::kFloat32);
+    } else {
+      EXPECT_EQ(bf16, 0);
+    }
+    auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
+    ASSERT_TRUE(s.ok()) << s.status();
+    auto l = (*s)->TrainStep({{"input_ids", ids}, {"labels", labels}});
+    ASSERT_TRUE(l.ok()) << l.status();
+    loss.push_back(*l);
+    auto g = (*s)->OptimizerStep();
+    ASSERT_TRUE(g.ok());
+    norm.push_back(*g);
+  }
+  EXPECT_NEAR(loss[1], loss[0], 0.01 * loss[0]);
+  EXPECT_NEAR(norm[1], norm[0], 0.03 * norm[0]);
+  EXPECT_NE(loss[1], loss[0]);  // bf16 rounding does show
+  EXPECT_FALSE(ParsePrecision("fp8").ok());
+  EXPECT_EQ(ParsePrecision("fp16").status().code(), absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace cleave::trainer

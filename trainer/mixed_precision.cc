@@ -1,0 +1,109 @@
+// Mixed precision (trainer/): see mixed_precision.h.
+#include "trainer/mixed_precision.h"
+
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "graph/op_table.h"
+
+namespace cleave::trainer {
+
+namespace {
+
+using graph::Node;
+using graph::Value;
+
+// Whether `n` is a Transpose that swaps only the last two axes.
+bool SwapsLastTwo(const Node* n) {
+  if (!n || !n->domain().empty() || n->op_type() != "Transpose" || !n->input(0)) return false;
+  const Value* x = n->input(0);
+  if (!x->shape().has_rank() || x->shape().rank() < 2) return false;
+  const int r = x->shape().rank();
+  std::vector<int64_t> perm = n->AttrInts("perm");
+  if (perm.empty()) return r == 2;
+  if (static_cast<int>(perm.size()) != r) return false;
+  for (int i = 0; i < r - 2; ++i)
+    if (perm[i] != i) return false;
+  return perm[r - 2] == r - 1 && perm[r - 1] == r - 2;
+}
+
+}  // namespace
+
+absl::StatusOr<Precision> ParsePrecision(const std::string& name) {
+  if (name == "fp32") return Precision::kFp32;
+  if (name == "bf16") return Precision::kBf16;
+  if (name == "fp16")
+    return Unimplemented("--precision fp16 (with dynamic loss scaling) is not implemented yet; use bf16");
+  return InvalidArgument("--precision '", name, "': expected fp32 or bf16");
+}
+
+const char* PrecisionName(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+
+absl::StatusOr<int> ApplyBf16Autocast(graph::Graph& g) {
+  std::vector<Node*> products;
+  for (const auto& n : g.nodes()) {
+    const bool mm = n->domain().empty() && n->op_type() == "MatMul";
+    const bool fused = n->domain() == graph::kCleaveDomain && n->op_type() == "FusedMatMul" &&
+                       n->num_inputs() == 2 && n->AttrString("activation", "").empty();
+    if (!mm && !fused) continue;
+    const Value *a = n->input(0), *b = n->input(1);
+    if (!a || !b || a->dtype() != DataType::kFloat32 || b->dtype() != DataType::kFloat32) continue;
+    if (!a->shape().is_static() || !b->shape().is_static()) continue;
+    const int ra = a->shape().rank(), rb = b->shape().rank();
+    if (ra < 2 || (rb != 2 && rb != ra)) continue;
+    if (rb == ra && rb > 2) {
+      bool same = true;
+      for (int i = 0; i < ra - 2; ++i) same &= a->shape()[i].value == b->shape()[i].value;
+      if (!same) continue;  // broadcast batch dims stay fp32
+    }
+    products.push_back(n.get());
+  }
+  std::map<const Value*, Value*> casts;  // each value cast to bf16 once
+  auto cast = [&](Value* v, const Node* reader) {
+    if (auto it = casts.find(v); it != casts.end()) return it->second;
+    Value* out = g.CreateUniqueValue(v->name() + "/bf16");
+    out->set_dtype(DataType::kBFloat16);
+    out->set_shape(v->shape());
+    Node* c = g.AddNode("Cast", {v}, {out}, g.UniqueName(v->name() + "/cast_bf16"));
+    c->SetAttr("to", graph::Attribute::Int(static_cast<int64_t>(DataType::kBFloat16)));
+    c->metadata() = reader->metadata();
+    c->metadata().erase("param");
+    casts[v] = out;
+    return out;
+  };
+  for (Node* n : products) {
+    bool ta = n->AttrInt("transA", 0) != 0, tb = n->AttrInt("transB", 0) != 0;
+    Value* a = n->input(0);
+    Value* b = n->input(1);
+    // A transposed operand is read through the flag instead (the Transpose stays for other readers).
+    if (SwapsLastTwo(a->producer())) {
+      a = a->producer()->input(0);
+      ta = !ta;
+    }
+    if (SwapsLastTwo(b->producer()) && (b->producer()->input(0)->shape().rank() == 2 ||
+                                        b->producer()->input(0)->shape().rank() == a->shape().rank())) {
+      b = b->producer()->input(0);
+      tb = !tb;
+    }
+    Value* ca = cast(a, n);
+    Value* cb = cast(b, n);
+    Value* y = n->output(0);
+    const std::string name = n->name();
+    const auto meta = n->metadata();
+    g.RemoveNode(n);
+    Node* m = g.AddNode("MatMulBf16", {ca, cb}, {y}, name, graph::kCleaveDomain);
+    if (ta) m->SetAttr("transA", graph::Attribute::Int(1));
+    if (tb) m->SetAttr("transB", graph::Attribute::Int(1));
+    m->metadata() = meta;
+  }
+  if (!products.empty()) {
+    g.opset_imports()[graph::kCleaveDomain] = 1;
+    g.RemoveUnusedValues();
+    RETURN_IF_ERROR(g.SortTopologically());
+  }
+  return static_cast<int>(products.size());
+}
+
+}  // namespace cleave::trainer
