@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Pipeline bubble and bytes per step, measured under mpirun against ANCHORS.md's formulas.
 #
-# The 4-layer GPT (models/train_variants/gpt_deep) over pp=2, one process per core, batch 64
-# of 16 tokens in M micro-batches, with 1F1B and interleaved 1F1B (2 chunks per rank). The
+# A GPT of equal layers (bench/make_pipeline_model.py: width 128, 8 layers, a head of vocab 64,
+# made with torch when it is installed; else the bundled 4-layer models/train_variants/gpt_deep)
+# over pp=2, one process per core, batch 64 of 16 tokens in M micro-batches, with 1F1B and
+# interleaved 1F1B (2 chunks per rank). The
 # bubble of a rank is the time it waits in pipeline receives over the time of its forward and
 # backward work (the step without the optimizer), averaged over steps 6..N; the formula is
 # (p-1)/(m+p-1) for 1F1B and (p-1)/(v m + p-1) interleaved. Bytes per step come from plan.json
@@ -18,6 +20,12 @@ cleave="${1:-build/tools/cleave}"; steps="${2:-30}"; micro="${3:-8}"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
 model=models/train_variants/gpt_deep/model.onnx
+hidden=32
+if /usr/bin/python3 bench/make_pipeline_model.py "$tmp/model.onnx" >/dev/null 2>&1; then
+  model="$tmp/model.onnx"
+  hidden=128
+fi
+echo "model: $model"
 python3 -c "
 import random, struct, sys
 random.seed(3)
@@ -30,9 +38,9 @@ for sched in "1f1b 1" "interleaved 2"; do
     --virtual-stages "$2" -o "$tmp/plan_$1" >/dev/null
   mpirun --bind-to core -np 2 "$cleave" train "$tmp/plan_$1" --data "$tmp/tokens.bin" --steps "$steps" --threads 1 \
     --plot none --log-every 0 --val-fraction 0 --metrics "$tmp/m_$1.jsonl" >/dev/null
-  python3 - "$tmp" "$1" "$2" "$micro" <<'EOF'
+  python3 - "$tmp" "$1" "$2" "$micro" "$hidden" <<'EOF'
 import json, sys
-tmp, kind, v, m = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+tmp, kind, v, m, H = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 p = 2
 plan = json.load(open(f"{tmp}/plan_{kind}/plan.json"))
 bubbles, stage_ms = [], []
@@ -48,7 +56,7 @@ print(f"{kind:12s} p={p} v={v} m={m}: bubble measured {measured:.3f} (rank0 {bub
       f"formula {formula:.3f}, ratio {measured / formula:.2f}; busy ms per step by rank "
       f"{stage_ms[0]:.2f} / {stage_ms[1]:.2f} (imbalance {max(stage_ms) / min(stage_ms):.2f}x); "
       f"simulated bubble {plan['schedule']['bubble']:.3f}")
-B, T, H, V = plan["batch"], plan["seq"], 32, plan["vocab"]
+B, T, V = plan["batch"], plan["seq"], plan["vocab"]
 r0 = plan["ranks"][0]
 p2p = sum(x["bytes_per_step"] for x in r0["p2p"] if x["kind"] == "Send")
 boundaries = v * p - 1
