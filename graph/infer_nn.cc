@@ -139,9 +139,11 @@ absl::Status InferFusedMatMul(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// MatMulBf16 and MatMulF16: low-precision operands, float32 result.
 absl::Status InferMatMulBf16(InferContext& ctx) {
-  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kBFloat16}));
-  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kBFloat16}));
+  const DataType low = ctx.node().op_type() == "MatMulF16" ? DataType::kFloat16 : DataType::kBFloat16;
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {low}));
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {low}));
   const Node& n = ctx.node();
   const Shape& a = ctx.input_shape(0);
   const Shape& b = ctx.input_shape(1);

@@ -61,6 +61,7 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "Gemm", {1, 6, 7, 9, 11, 13}, 7, 2, 3, 1, 1, InferGemm, true},
       {C, "FusedMatMul", {1}, 1, 2, 3, 1, 1, InferFusedMatMul, true},
       {C, "MatMulBf16", {1}, 1, 2, 2, 1, 1, InferMatMulBf16, false},
+      {C, "MatMulF16", {1}, 1, 2, 2, 1, 1, InferMatMulBf16, false},
       {kOnnx, "Softmax", {1, 11, 13}, 1, 1, 1, 1, 1, InferSoftmax, true},
       {kOnnx, "LogSoftmax", {1, 11, 13}, 1, 1, 1, 1, 1, InferSoftmax, true},
       {kOnnx, "LayerNormalization", {17}, 17, 2, 3, 1, 3, InferLayerNorm, true},

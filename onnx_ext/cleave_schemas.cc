@@ -35,12 +35,12 @@ OpSchema FusedMatMulSchema() {
   return s;
 }
 
-OpSchema MatMulBf16Schema() {
+OpSchema MatMulLowpSchema(const char* name, const char* type) {
   OpSchema s;
-  s.SetName("MatMulBf16").SetDomain("ai.cleave").SinceVersion(1)
-      .SetDoc("Y = A @ B with bf16 A and B and float32 accumulation and output; see docs/ops.md.")
-      .Input(0, "A", "[..., M, K], or [..., K, M] with transA", "tensor(bfloat16)")
-      .Input(1, "B", "[K, N] or [..., K, N]; [N, K] with transB", "tensor(bfloat16)")
+  s.SetName(name).SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Y = A @ B with low-precision A and B and float32 accumulation and output; see docs/ops.md.")
+      .Input(0, "A", "[..., M, K], or [..., K, M] with transA", type)
+      .Input(1, "B", "[K, N] or [..., K, N]; [N, K] with transB", type)
       .Output(0, "Y", "[..., M, N]", "tensor(float)")
       .Attr("transA", "A's last two axes are stored transposed", AttributeProto::INT, static_cast<int64_t>(0))
       .Attr("transB", "B's last two axes are stored transposed", AttributeProto::INT, static_cast<int64_t>(0));
@@ -286,7 +286,8 @@ void RegisterCleaveSchemas() {
   std::call_once(once, [] {
     onnx::OpSchemaRegistry::DomainToVersionRange::Instance().AddDomainToVersion("ai.cleave", 1, 1);
     onnx::RegisterSchema(FusedMatMulSchema());
-    onnx::RegisterSchema(MatMulBf16Schema());
+    onnx::RegisterSchema(MatMulLowpSchema("MatMulBf16", "tensor(bfloat16)"));
+    onnx::RegisterSchema(MatMulLowpSchema("MatMulF16", "tensor(float16)"));
     onnx::RegisterSchema(GeluSchema());
     onnx::RegisterSchema(LayerNormSchema());
     onnx::RegisterSchema(GatherGradSchema());

@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "onnx_ext/onnx_io.h"
 #include "runtime/inference_session.h"
+#include "tests/op_tester.h"
 #include "trainer/mixed_precision.h"
 #include "trainer/training_session.h"
 
@@ -108,7 +109,62 @@ TEST(MixedPrecision, Bf16TrainingGraphRunsEveryProductInBf16AndTracksFp32) {
   EXPECT_NEAR(norm[1], norm[0], 0.03 * norm[0]);
   EXPECT_NE(loss[1], loss[0]);  // bf16 rounding does show
   EXPECT_FALSE(ParsePrecision("fp8").ok());
-  EXPECT_EQ(ParsePrecision("fp16").status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(*ParsePrecision("fp16"), Precision::kFp16);
+}
+
+}  // namespace
+}  // namespace cleave::trainer
+
+namespace cleave::trainer {
+namespace {
+
+// fp16's dynamic loss scaling: an overflowing step leaves parameters and state untouched and
+// halves the scale; clean steps update, and a window of them doubles it.
+TEST(MixedPrecision, Fp16LossScalingSkipsOverflowingStepsAndGrows) {
+  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/train_variants/llama/model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  TrainingSpec spec;
+  spec.dims = {{"batch", 2}, {"seq", 16}};
+  spec.precision = Precision::kFp16;
+  auto a = BuildTrainingArtifacts(**model, spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_NE(a->training->FindValue(kLossScale), nullptr);
+  const std::string p0 = a->params[0];
+  auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1,
+                                                   .initial_loss_scale = 1e12f,
+                                                   .loss_scale_growth_interval = 2});
+  ASSERT_TRUE(s.ok()) << s.status();
+  TrainingSession& t = **s;
+  ASSERT_TRUE(t.loss_scaling());
+  Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
+  for (int64_t i = 0; i < 32; ++i) {
+    ids.data<int64_t>()[i] = (i * 7 + 3) % 64;
+    labels.data<int64_t>()[i] = (i * 5 + 1) % 64;
+  }
+  const Tensor before = *t.GetState(p0);
+  int skipped = 0;
+  while (true) {
+    ASSERT_TRUE(t.TrainStep({{"input_ids", ids}, {"labels", labels}}).ok());
+    const double scale = t.loss_scale();
+    auto norm = t.OptimizerStep();
+    ASSERT_TRUE(norm.ok()) << norm.status();
+    if (!t.last_step_skipped()) {
+      EXPECT_TRUE(std::isfinite(*norm));
+      break;
+    }
+    ++skipped;
+    EXPECT_TRUE(std::isinf(*norm));
+    EXPECT_EQ(t.loss_scale(), scale / 2);
+    EXPECT_EQ(testing::CompareTensors(*t.GetState(p0), before, 0, 0), "") << "a skipped step changed " << p0;
+    ASSERT_LT(skipped, 40);
+  }
+  EXPECT_GT(skipped, 0);
+  EXPECT_NE(testing::CompareTensors(*t.GetState(p0), before, 0, 0), "");  // the clean step updated
+  const double scale = t.loss_scale();
+  ASSERT_TRUE(t.TrainStep({{"input_ids", ids}, {"labels", labels}}).ok());
+  ASSERT_TRUE(t.OptimizerStep().ok());
+  EXPECT_FALSE(t.last_step_skipped());
+  EXPECT_EQ(t.loss_scale(), 2 * scale);  // two clean steps in a row: the window of 2
 }
 
 }  // namespace

@@ -89,13 +89,15 @@ expect_fail "data shorter than a window" "shorter than one training window of 34
 python3 -c "
 import struct, sys
 open(sys.argv[1], 'wb').write(struct.pack('<1000H', *[300 if i == 500 else i % 256 for i in range(1000)]))" "$tmp/tok.bin"
-# bf16 mixed precision: 100 steps of the tiny GPT track the fp32 run within 2% at every step.
-checks=$((checks + 1))
-for prec in fp32 bf16; do
+# Mixed precision: 100 steps of the tiny GPT in bf16 and in fp16 (with loss scaling) track the
+# fp32 run within 2% at every step.
+checks=$((checks + 2))
+for prec in fp32 bf16 fp16; do
   "$cleave" train "$model" --data "$corpus" --batch 8 --seq 64 --steps 100 --lr 3e-3 --warmup 10 --no-shuffle \
     --val-fraction 0 --plot none --log-every 0 --precision "$prec" --metrics "$tmp/prec_$prec.jsonl" >/dev/null 2>&1
 done
-if msg=$(python3 - "$tmp/prec_bf16.jsonl" "$tmp/prec_fp32.jsonl" <<'EOF2'
+for prec in bf16 fp16; do
+  if msg=$(python3 - "$tmp/prec_$prec.jsonl" "$tmp/prec_fp32.jsonl" <<'EOF2'
 import json, sys
 b = [json.loads(l)["loss"] for l in open(sys.argv[1])]
 f = [json.loads(l)["loss"] for l in open(sys.argv[2])]
@@ -103,11 +105,27 @@ assert len(b) == len(f) == 100, (len(b), len(f))
 worst = max(abs(x - y) / y for x, y in zip(b, f))
 assert worst < 0.02, worst
 assert f[-1] < f[0] - 2, (f[0], f[-1])
-print(f"loss {f[0]:.3f} -> {f[-1]:.3f} (fp32) vs {b[-1]:.3f} (bf16), worst step {worst:.2%}")
+print(f"loss {f[0]:.3f} -> {f[-1]:.3f} (fp32) vs {b[-1]:.3f}, worst step {worst:.2%}")
 EOF2
-); then echo "ok   --precision bf16 tracks fp32 over 100 steps: $msg"; else fail "bf16 vs fp32: $msg"; fi
-expect_fail "fp16 is not there yet" "--precision fp16 (with dynamic loss scaling) is not implemented yet" \
-  "$cleave" train "$model" --data "$corpus" --precision fp16
+  ); then echo "ok   --precision $prec tracks fp32 over 100 steps: $msg"; else fail "$prec vs fp32: $msg"; fi
+done
+# Dynamic loss scaling: a scale too large overflows the fp16 gradients; those updates are
+# skipped and the scale halves until the gradients fit, then training goes on.
+checks=$((checks + 1))
+out=$("$cleave" train "$model" --data "$corpus" --batch 4 --seq 32 --steps 20 --no-shuffle --val-fraction 0 \
+        --plot none --precision fp16 --loss-scale 1e9 --metrics "$tmp/scale.jsonl" 2>&1)
+if python3 - "$tmp/scale.jsonl" <<'EOF2'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+skipped = [r["step"] for r in rows if r["skipped"]]
+assert skipped and skipped == list(range(1, len(skipped) + 1)), skipped  # the first steps, then none
+assert not rows[-1]["skipped"] and rows[-1]["loss_scale"] < 1e9, rows[-1]
+for a, b in zip(rows, rows[1:]):
+    if a["skipped"]:
+        assert b["loss_scale"] == a["loss_scale"] / 2, (a, b)
+EOF2
+then echo "ok   fp16 overflow: $(grep -c 'update skipped' <<< "$out") updates skipped while the scale halved from 1e9"
+else fail "loss scaling: $out"; fi
 
 expect_fail "token outside the vocab" "token 300 at position 500 is outside the model's vocabulary of 256" \
   "$cleave" train "$model" --data "$tmp/tok.bin" --batch 2 --seq 32 --steps 1

@@ -72,6 +72,8 @@ int TrainPlan(trainer::TrainConfig c, bool batch_given, bool seq_given, double c
     status = absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, ": ", absl::StrJoin(plan_fixed, ", "),
         " set the loss and optimizer, which a plan fixes when it is made: pass them to cleave partition"));
+  // Every rank has the same flags, so every rank stops here alike.
+  if (!status.ok()) status.SetPayload(trainer::kAllRanksFailed, absl::Cord("1"));
   if (!batch_given) c.batch = 0;
   if (!seq_given) c.seq = 0;
   c.communicator = comm->get();
@@ -86,8 +88,9 @@ int TrainPlan(trainer::TrainConfig c, bool batch_given, bool seq_given, double c
     std::fprintf(stderr, "cleave train: %s\n", std::string(status.message()).c_str());
     std::fflush(stderr);
     std::fflush(stdout);
-    // The other ranks may be waiting on this one: end the whole job.
-    if (world > 1) (*comm)->Abort(1);
+    // The other ranks may be waiting on this one: end the whole job (unless every rank failed
+    // the same start-up checks together, so that none waits).
+    if (world > 1 && !status.GetPayload(trainer::kAllRanksFailed)) (*comm)->Abort(1);
     return 1;
   }
   std::fflush(stdout);
@@ -108,6 +111,14 @@ int TrainCommand(const Args& args) {
     }
     if (a == "--comm-timeout") {
       flags.Number(&comm_timeout);
+      continue;
+    }
+    if (a == "--loss-scale") {
+      flags.Number(&c.loss_scale);
+      continue;
+    }
+    if (a == "--loss-scale-window") {
+      flags.Number(&c.loss_scale_window);
       continue;
     }
     if (a == "--batch") batch_given = true;

@@ -34,14 +34,36 @@ bool SwapsLastTwo(const Node* n) {
 absl::StatusOr<Precision> ParsePrecision(const std::string& name) {
   if (name == "fp32") return Precision::kFp32;
   if (name == "bf16") return Precision::kBf16;
-  if (name == "fp16")
-    return Unimplemented("--precision fp16 (with dynamic loss scaling) is not implemented yet; use bf16");
-  return InvalidArgument("--precision '", name, "': expected fp32 or bf16");
+  if (name == "fp16") return Precision::kFp16;
+  return InvalidArgument("--precision '", name, "': expected fp32, bf16 or fp16");
 }
 
-const char* PrecisionName(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+const char* PrecisionName(Precision p) {
+  return p == Precision::kBf16 ? "bf16" : p == Precision::kFp16 ? "fp16" : "fp32";
+}
 
-absl::StatusOr<int> ApplyBf16Autocast(graph::Graph& g) {
+absl::Status AddLossScaleInput(graph::Graph& g, const std::string& loss) {
+  Value* seed = g.FindValue(loss + "_grad");
+  if (!seed || !seed->is_initializer() || seed->dtype() != DataType::kFloat32)
+    return InvalidArgument("loss scaling: the graph has no float32 backward seed '", loss, "_grad'");
+  if (g.FindValue(kLossScale)) return absl::OkStatus();
+  std::vector<std::pair<Node*, int>> readers = seed->consumers();
+  Value* scale = g.AddInput(kLossScale, DataType::kFloat32, Shape::Scalar());
+  Value* scaled = g.CreateUniqueValue(loss + "_grad/scaled");
+  scaled->set_dtype(DataType::kFloat32);
+  scaled->set_shape(seed->shape());
+  Node* m = g.AddNode("Mul", {seed, scale}, {scaled}, scaled->name());
+  m->metadata()["role"] = "bwd";
+  m->metadata()["grad_of"] = loss;
+  for (auto [n, i] : readers) g.SetNodeInput(n, i, scaled);
+  return g.SortTopologically();
+}
+
+absl::StatusOr<int> ApplyAutocast(graph::Graph& g, Precision precision) {
+  if (precision == Precision::kFp32) return 0;
+  const DataType low = precision == Precision::kFp16 ? DataType::kFloat16 : DataType::kBFloat16;
+  const char* op = precision == Precision::kFp16 ? "MatMulF16" : "MatMulBf16";
+  const char* suffix = precision == Precision::kFp16 ? "/fp16" : "/bf16";
   std::vector<Node*> products;
   for (const auto& n : g.nodes()) {
     const bool mm = n->domain().empty() && n->op_type() == "MatMul";
@@ -63,11 +85,11 @@ absl::StatusOr<int> ApplyBf16Autocast(graph::Graph& g) {
   std::map<const Value*, Value*> casts;  // each value cast to bf16 once
   auto cast = [&](Value* v, const Node* reader) {
     if (auto it = casts.find(v); it != casts.end()) return it->second;
-    Value* out = g.CreateUniqueValue(v->name() + "/bf16");
-    out->set_dtype(DataType::kBFloat16);
+    Value* out = g.CreateUniqueValue(v->name() + suffix);
+    out->set_dtype(low);
     out->set_shape(v->shape());
-    Node* c = g.AddNode("Cast", {v}, {out}, g.UniqueName(v->name() + "/cast_bf16"));
-    c->SetAttr("to", graph::Attribute::Int(static_cast<int64_t>(DataType::kBFloat16)));
+    Node* c = g.AddNode("Cast", {v}, {out}, g.UniqueName(v->name() + "/cast" + suffix));
+    c->SetAttr("to", graph::Attribute::Int(static_cast<int64_t>(low)));
     c->metadata() = reader->metadata();
     c->metadata().erase("param");
     casts[v] = out;
@@ -93,7 +115,7 @@ absl::StatusOr<int> ApplyBf16Autocast(graph::Graph& g) {
     const std::string name = n->name();
     const auto meta = n->metadata();
     g.RemoveNode(n);
-    Node* m = g.AddNode("MatMulBf16", {ca, cb}, {y}, name, graph::kCleaveDomain);
+    Node* m = g.AddNode(op, {ca, cb}, {y}, name, graph::kCleaveDomain);
     if (ta) m->SetAttr("transA", graph::Attribute::Int(1));
     if (tb) m->SetAttr("transB", graph::Attribute::Int(1));
     m->metadata() = meta;

@@ -1,10 +1,15 @@
-// Mixed precision (trainer/): bf16 compute with fp32 master weights. The parameters, their
-// gradients and the optimizer state stay fp32 (the optimizer graph is untouched); every matrix
-// product of the training and eval graphs, forward and backward, takes bf16 operands (each
-// value cast once, a transposed operand read through the product's trans flag) and
-// accumulates and returns fp32 (ai.cleave MatMulBf16, run by oneDNN on the CPU). Everything
-// else (normalisations, softmax, the loss, reductions) stays fp32, as PyTorch's autocast keeps
-// them.
+// Mixed precision (trainer/): bf16 or fp16 compute with fp32 master weights. The parameters,
+// their gradients and the optimizer state stay fp32 (the optimizer graph is untouched); every
+// matrix product of the training and eval graphs, forward and backward, takes low-precision
+// operands (each value cast once, a transposed operand read through the product's trans flag)
+// and accumulates and returns fp32 (ai.cleave MatMulBf16, run by oneDNN on the CPU, or
+// MatMulF16). Everything else (normalisations, softmax, the loss, reductions) stays fp32, as
+// PyTorch's autocast keeps them.
+//
+// fp16's narrow range needs loss scaling: the backward's seed becomes the input `loss_scale`
+// (times the seed the graph had, 1/|dp| under data parallelism), so every gradient is scaled by
+// S; TrainingSession divides the update by S, and skips the update and halves S when a
+// gradient overflowed, doubling S after a run of clean steps (PyTorch's GradScaler).
 #pragma once
 
 #include <string>
@@ -14,13 +19,17 @@
 
 namespace cleave::trainer {
 
-enum class Precision { kFp32, kBf16 };
-// fp32 | bf16; fp16 (which needs loss scaling) is reported as not implemented.
-absl::StatusOr<Precision> ParsePrecision(const std::string& name);
+enum class Precision { kFp32, kBf16, kFp16 };
+absl::StatusOr<Precision> ParsePrecision(const std::string& name);  // fp32 | bf16 | fp16
 const char* PrecisionName(Precision p);
 
 // Rewrites the fp32 MatMul / FusedMatMul nodes (without bias or activation) of `g` into casts
-// and MatMulBf16; returns how many.
-absl::StatusOr<int> ApplyBf16Autocast(graph::Graph& g);
+// and MatMulBf16 (MatMulF16 for kFp16); returns how many. kFp32 changes nothing.
+absl::StatusOr<int> ApplyAutocast(graph::Graph& g, Precision precision);
+
+inline constexpr const char* kLossScale = "loss_scale";
+// Makes the backward seed of `loss` (the initializer <loss>_grad) S times itself, S the new
+// scalar input `loss_scale`. Fails when the graph has no such seed.
+absl::Status AddLossScaleInput(graph::Graph& training, const std::string& loss);
 
 }  // namespace cleave::trainer

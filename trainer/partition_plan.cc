@@ -196,10 +196,9 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
     ASSIGN_OR_RETURN(partition::LoweredGraph train, partition::LowerForRank(*a.training, mesh, train_p, r, kLoss));
     RETURN_IF_ERROR(ApplyRecompute(*train.graph, c.spec.recompute, a.params).status());
     ASSIGN_OR_RETURN(partition::LoweredGraph eval, partition::LowerForRank(*a.eval, mesh, eval_p, r, kLoss));
-    if (c.spec.precision == Precision::kBf16) {
-      RETURN_IF_ERROR(ApplyBf16Autocast(*train.graph).status());
-      RETURN_IF_ERROR(ApplyBf16Autocast(*eval.graph).status());
-    }
+    RETURN_IF_ERROR(ApplyAutocast(*train.graph, c.spec.precision).status());
+    RETURN_IF_ERROR(ApplyAutocast(*eval.graph, c.spec.precision).status());
+    if (c.spec.precision == Precision::kFp16) RETURN_IF_ERROR(AddLossScaleInput(*train.graph, kLoss));
     ASSIGN_OR_RETURN(partition::LoweredGraph opt,
                      partition::LowerForRank(*so.graph, mesh, so.prop, r, "", so.output_wants, c.bucket_bytes));
     if (pp > 1) {
@@ -575,6 +574,7 @@ absl::StatusOr<RankRun> LoadRankRun(const std::string& dir, int rank) {
   run.seq = JsonInt(json, "seq", 0);
   run.vocab = JsonInt(json, "vocab", 0);
   run.loss = JsonString(json, "loss");
+  run.precision = JsonString(json, "precision");
   const size_t sched_at = json.find("\"schedule\": {");
   const std::string sched = sched_at == std::string::npos ? "" : json.substr(sched_at);
   run.microbatches = static_cast<int>(JsonInt(sched, "microbatches", 1));
@@ -657,6 +657,7 @@ absl::StatusOr<RankRun> LoadRankRun(const std::string& dir, int rank) {
   std::set<std::string> known(a.params.begin(), a.params.end());
   for (const std::string& p : a.params) known.insert(AccumulationBuffer(p));
   known.insert(kLazyResetGrad);
+  known.insert(kLossScale);
   for (const PipelineStage& st : a.stages) known.insert(st.stash.begin(), st.stash.end());
   std::set<std::string> data;
   for (const graph::Graph* g : parts)

@@ -94,6 +94,7 @@ struct RankRun {
   int microbatches = 1;
   int64_t vocab = 0;
   std::string loss;              // cross_entropy, mse or output
+  std::string precision;         // fp32, bf16 or fp16
   std::vector<TrainingSession::PipelineWork> work;  // this rank's schedule (one item without a pipeline)
   uint64_t plan_hash = 0;        // of plan.json, to check that every rank runs the same plan
   TrainingArtifacts artifacts;   // this rank's graphs and initial parameter shards

@@ -229,6 +229,8 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
   TrainingSessionOptions so;
   so.intra_op_threads = c.threads;
   so.seed = c.seed;
+  so.initial_loss_scale = c.loss_scale;
+  so.loss_scale_growth_interval = c.loss_scale_window;
   ASSIGN_OR_RETURN(auto session, TrainingSession::Create(std::move(artifacts), so));
   LrSchedule schedule;
   schedule.kind = c.schedule;
@@ -308,8 +310,10 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
       loss_sum += l;
     }
     const double lr = schedule.At(s);
+    const double scale_used = session->loss_scale();
     ASSIGN_OR_RETURN(float norm, session->OptimizerStep());
-    if (!std::isfinite(norm))
+    const bool skipped = session->last_step_skipped();
+    if (!std::isfinite(norm) && !skipped)
       return absl::OutOfRangeError(absl::StrCat("step ", s + 1, ": the gradient norm is ", norm,
                                                 "; stopped; the last checkpoint is untouched"));
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -328,13 +332,20 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
     if (c.log_every > 0 && ((s + 1) % c.log_every == 0 || last || val >= 0)) {
       log << absl::StrFormat("step %*d/%d | loss %.4f | lr %.3e | grad norm %.3f | %.1f ms/step | %.0f tok/s",
                              static_cast<int>(std::to_string(c.steps).size()), s + 1, c.steps, loss, lr, norm, ms, tps);
+      if (session->loss_scaling())
+        log << absl::StrFormat(" | loss scale %g%s", scale_used,
+                               skipped ? absl::StrFormat(" (gradient overflow: update skipped, scale now %g)",
+                                                         session->loss_scale())
+                                       : "");
       if (val >= 0) log << absl::StrFormat(" | val loss %.4f", val);
       log << "\n" << std::flush;
     }
     if (metrics.is_open()) {
       metrics << absl::StrFormat("{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
                                  "\"tokens_per_s\": %.1f",
-                                 s + 1, loss, lr, norm, ms, tps);
+                                 s + 1, loss, lr, std::isfinite(norm) ? norm : -1.0f, ms, tps);
+      if (session->loss_scaling())
+        metrics << absl::StrFormat(", \"loss_scale\": %.17g, \"skipped\": %s", scale_used, skipped ? "true" : "false");
       if (val >= 0) metrics << absl::StrFormat(", \"val_loss\": %.9g", val);
       metrics << "}\n" << std::flush;
     }
@@ -397,19 +408,29 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
                             "--microbatches");
   if (local.ok() && !c.save_model.empty())
     local = Unimplemented("--save-model is not supported for a plan yet (each rank holds a shard)");
-  if (!local.ok()) return absl::Status(local.code(), absl::StrCat("rank ", rank, ": ", local.message()));
-  RankRun& r = *run;
-  // The same plan on every rank: the hash's maximum and minimum over the world agree.
+  // Every rank learns whether all passed their checks, and whether all run the same plan (the
+  // hash's maximum and minimum over the world agree), before any of them goes on: errors found
+  // here end every rank the same way (kAllRanksFailed), none waiting on another.
   {
-    const int64_t h = static_cast<int64_t>(r.plan_hash >> 2);
-    Tensor t = Tensor::FromVector<int64_t>({h, -h}, {2});
-    std::vector<int> all(world);
-    for (int i = 0; i < world; ++i) all[i] = i;
-    RETURN_IF_ERROR(comm->AllReduce(t.view(), t.view(), ReduceOp::kMax, all));
-    if (t.data<int64_t>()[0] != -t.data<int64_t>()[1])
-      return InvalidArgument("rank ", rank, ": the ranks were started with different plans (plan.json differs); "
-                             "start every rank with the same plan directory");
+    const int64_t h = local.ok() ? static_cast<int64_t>(run->plan_hash >> 2) : 0;
+    Tensor t = Tensor::FromVector<int64_t>({h, -h, local.ok() ? 0 : 1}, {3});
+    std::vector<int> everyone(world);
+    for (int i = 0; i < world; ++i) everyone[i] = i;
+    RETURN_IF_ERROR(comm->AllReduce(t.view(), t.view(), ReduceOp::kMax, everyone));
+    absl::Status agreed = local.ok() ? absl::OkStatus()
+                                     : absl::Status(local.code(), absl::StrCat("rank ", rank, ": ", local.message()));
+    if (agreed.ok() && t.data<int64_t>()[2])
+      agreed = absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank, ": another rank failed its start-up checks (see its message); nothing was trained"));
+    if (agreed.ok() && t.data<int64_t>()[0] != -t.data<int64_t>()[1])
+      agreed = InvalidArgument("rank ", rank, ": the ranks were started with different plans (plan.json differs); "
+                               "start every rank with the same plan directory");
+    if (!agreed.ok()) {
+      agreed.SetPayload(kAllRanksFailed, absl::Cord("1"));
+      return agreed;
+    }
   }
+  RankRun& r = *run;
   const partition::Mesh& mesh = r.mesh;
   const int dp = mesh.size("dp"), micro_n = r.microbatches;
   const int64_t batch = r.batch, seq = r.seq;
@@ -435,6 +456,10 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
   so.intra_op_threads = c.threads;
   so.seed = c.seed;
   so.communicator = comm;
+  so.initial_loss_scale = c.loss_scale;
+  so.loss_scale_growth_interval = c.loss_scale_window;
+  for (int i = 0; i < world; ++i) so.overflow_group.push_back(i);
+  so.loss_scaling = r.precision == "fp16";
   ASSIGN_OR_RETURN(auto session, TrainingSession::Create(std::move(r.artifacts), so));
   LrSchedule schedule;
   schedule.kind = c.schedule;
@@ -545,10 +570,15 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
     // Every rank learns whether all shards loaded before any step.
     Tensor bad = Tensor::Scalar<int32_t>(found.ok() ? 0 : 1);
     RETURN_IF_ERROR(comm->AllReduce(bad.view(), bad.view(), ReduceOp::kMax, all));
-    if (!found.ok()) return absl::Status(found.code(), absl::StrCat("rank ", rank, ": ", found.message()));
-    if (*bad.data<int32_t>())
-      return absl::DataLossError(absl::StrCat("rank ", rank, ": another rank could not load its shard of step ",
-                                              newest, "; nothing was trained"));
+    absl::Status agreed = found.ok() ? absl::OkStatus()
+                                     : absl::Status(found.code(), absl::StrCat("rank ", rank, ": ", found.message()));
+    if (agreed.ok() && *bad.data<int32_t>())
+      agreed = absl::DataLossError(absl::StrCat("rank ", rank, ": another rank could not load its shard of step ",
+                                                newest, "; nothing was trained"));
+    if (!agreed.ok()) {
+      agreed.SetPayload(kAllRanksFailed, absl::Cord("1"));
+      return agreed;
+    }
     start = session->step();
     if (rank == 0)
       log << "resumed from " << c.checkpoint_dir << " step " << start
@@ -600,9 +630,11 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
     // Forward and backward of all micro-batches (the pipeline), without the optimizer.
     const double pipeline_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();
     const double lr = schedule.At(s);
+    const double scale_used = session->loss_scale();
     ASSIGN_OR_RETURN(float norm, session->OptimizerStep());
+    const bool skipped = session->last_step_skipped();
     ASSIGN_OR_RETURN(double loss, share(local_loss));
-    if (!std::isfinite(loss) || !std::isfinite(norm))
+    if (!std::isfinite(loss) || (!std::isfinite(norm) && !skipped))
       return absl::OutOfRangeError(absl::StrCat("rank ", rank, ": step ", s + 1, ": loss ", loss, ", gradient norm ",
                                                 norm, "; stopped, the last checkpoint is untouched"));
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -626,6 +658,11 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
                              "compute %.1f ms, comm %.1f ms, idle %.1f ms",
                              static_cast<int>(std::to_string(c.steps).size()), s + 1, c.steps, loss, lr, norm, ms, tps,
                              compute_ms, comm_ms, idle_ms);
+      if (session->loss_scaling())
+        log << absl::StrFormat(" | loss scale %g%s", scale_used,
+                               skipped ? absl::StrFormat(" (gradient overflow: update skipped, scale now %g)",
+                                                         session->loss_scale())
+                                       : "");
       if (val >= 0) log << absl::StrFormat(" | val loss %.4f", val);
       log << "\n" << std::flush;
     }
@@ -633,7 +670,10 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
       metrics << absl::StrFormat("{\"step\": %d, \"rank\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
                                  "\"ms\": %.3f, \"tokens_per_s\": %.1f, \"compute_ms\": %.3f, \"comm_ms\": %.3f, "
                                  "\"idle_ms\": %.3f, \"pipeline_ms\": %.3f",
-                                 s + 1, rank, loss, lr, norm, ms, tps, compute_ms, comm_ms, idle_ms, pipeline_ms);
+                                 s + 1, rank, loss, lr, std::isfinite(norm) ? norm : -1.0f, ms, tps, compute_ms,
+                                 comm_ms, idle_ms, pipeline_ms);
+      if (session->loss_scaling())
+        metrics << absl::StrFormat(", \"loss_scale\": %.17g, \"skipped\": %s", scale_used, skipped ? "true" : "false");
       if (val >= 0) metrics << absl::StrFormat(", \"val_loss\": %.9g", val);
       metrics << "}\n" << std::flush;
     }

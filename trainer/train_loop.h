@@ -62,6 +62,9 @@ struct TrainConfig {
   std::vector<std::string> frozen;
   RecomputeMode recompute = RecomputeMode::kNone;
   Precision precision = Precision::kFp32;
+  // fp16's dynamic loss scaling: the first scale and the clean steps that double it.
+  float loss_scale = 65536.0f;
+  int64_t loss_scale_window = 2000;
   int threads = 0;
   int64_t log_every = 1;
   int64_t exit_at = 0;  // > 0: stop after this step (checkpointing it), e.g. to split a run into jobs
@@ -93,6 +96,9 @@ bool IsPlanDirectory(const std::string& path);
 // <dir>/rank_<r>/step_<N>.ckpt, then rank 0 writes <dir>/step_<N>.manifest once every shard
 // is in place; --resume takes the newest manifest.
 absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& log);
+// The status payload on errors that every rank of a plan run reports together (start-up
+// checks): the launcher need not abort the job to free the others.
+inline constexpr const char* kAllRanksFailed = "cleave/all-ranks-failed";
 
 // The model's token input: its only non-parameter input, integer [batch, seq]; `path` names
 // the model in errors.

@@ -356,10 +356,9 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
   g->SetOutputs(outs);
   g->info().graph_name = "training";
   RETURN_IF_ERROR(ApplyRecompute(*g, spec.recompute, a.params).status());
-  if (spec.precision == Precision::kBf16) {
-    RETURN_IF_ERROR(ApplyBf16Autocast(*g).status());
-    RETURN_IF_ERROR(ApplyBf16Autocast(*a.eval).status());
-  }
+  RETURN_IF_ERROR(ApplyAutocast(*g, spec.precision).status());
+  RETURN_IF_ERROR(ApplyAutocast(*a.eval, spec.precision).status());
+  if (spec.precision == Precision::kFp16) RETURN_IF_ERROR(AddLossScaleInput(*g, kLoss));
   // The backward's own shape arithmetic (Shape of static values) folds too, so the graph the
   // session and the partitioner see has none.
   RETURN_IF_ERROR(FoldConstants(*g, [](const Value* v) { return v->is_graph_input(); }));

@@ -1,6 +1,7 @@
 // TrainingSession (trainer/): see training_session.h.
 #include "trainer/training_session.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -11,6 +12,7 @@
 #include "base/status.h"
 #include "graph/graph.h"
 #include "onnx_ext/onnx_io.h"
+#include "providers/communicator.h"
 #include "trainer/autodiff.h"
 #include "trainer/checkpoint.h"
 
@@ -105,6 +107,15 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   for (size_t i = 0; i < params_.size(); ++i)
     train_feeds_.emplace_back(AccumulationBuffer(a.params[i]), grads_[i]);
   train_feeds_.emplace_back(kLazyResetGrad, reset_);
+  loss_scale_tensor_ = Tensor::Scalar<float>(options.initial_loss_scale);
+  loss_scale_ = options.initial_loss_scale;
+  loss_scaling_ = options.loss_scaling;
+  if (a.training && a.training->FindValue(kLossScale) && a.training->FindValue(kLossScale)->is_graph_input()) {
+    loss_scaling_ = true;
+    train_feeds_.emplace_back(kLossScale, loss_scale_tensor_);
+  }
+  for (const PipelineStage& st : a.stages)
+    if (const graph::Value* v = st.backward->FindValue(kLossScale); v && v->is_graph_input()) loss_scaling_ = true;
   train_outputs_.push_back(loss_);
   for (const Tensor& g : grads_) train_outputs_.push_back(g);
 
@@ -159,6 +170,7 @@ absl::StatusOr<float> TrainingSession::TrainStep(const Feeds& feeds) {
   }
   for (size_t i = 0; i < num_data_; ++i) train_feeds_[i] = feeds[i];
   *reset_.data<bool>() = pending_reset_;
+  *loss_scale_tensor_.data<float>() = static_cast<float>(loss_scale_);
   const uint64_t micro = pending_reset_ ? 0 : static_cast<uint64_t>(micro_batches_);
   RunOptions run;
   run.seed = options_.seed * 0x9e3779b97f4a7c15ull + (static_cast<uint64_t>(step_) << 20) + micro;
@@ -196,6 +208,10 @@ absl::Status TrainingSession::RunPart(InferenceSession& s, const Feeds& data, co
     }
     if (in.name == kLazyResetGrad) {
       feeds.emplace_back(in.name, reset_);
+      continue;
+    }
+    if (in.name == kLossScale) {
+      feeds.emplace_back(in.name, loss_scale_tensor_);
       continue;
     }
     if (Tensor* t = FindState(in.name)) {
@@ -247,6 +263,7 @@ absl::StatusOr<float> TrainingSession::PipelineStep(const std::vector<PipelineWo
   // stages of one rank may add to the same tied parameter's buffer).
   for (Tensor& g : grads_) std::memset(g.data<char>(), 0, g.nbytes());
   *reset_.data<bool>() = false;
+  *loss_scale_tensor_.data<float>() = static_cast<float>(loss_scale_);
   std::map<std::pair<int, int>, std::map<std::string, Tensor>> stash;  // (micro-batch, chunk)
   double loss_sum = 0;
   int losses = 0;
@@ -309,11 +326,40 @@ absl::StatusOr<float> TrainingSession::OptimizerStep() {
   if (micro_batches_ == 0 || pending_reset_)
     return absl::FailedPreconditionError("OptimizerStep without gradients: call TrainStep first");
   if (has_schedule_) lr_ = schedule_.At(step_);
+  last_skipped_ = false;
+  if (loss_scaling_) {
+    // A gradient that overflowed (here or on any rank of the group) skips the update.
+    int32_t overflow = 0;
+    for (const Tensor& g : grads_) {
+      const float* d = g.data<float>();
+      for (int64_t i = 0; i < g.numel() && !overflow; ++i) overflow = !std::isfinite(d[i]);
+      if (overflow) break;
+    }
+    if (options_.communicator && !options_.overflow_group.empty()) {
+      Tensor flag = Tensor::Scalar<int32_t>(overflow);
+      RETURN_IF_ERROR(options_.communicator->AllReduce(flag.view(), flag.view(), ReduceOp::kMax, options_.overflow_group));
+      overflow = *flag.data<int32_t>();
+    }
+    if (overflow) {
+      last_skipped_ = true;
+      loss_scale_ = std::max(1.0, loss_scale_ * 0.5);
+      clean_steps_ = 0;
+      ++step_;
+      pending_reset_ = true;
+      return std::numeric_limits<float>::infinity();
+    }
+  }
   *lr_tensor_.data<float>() = static_cast<float>(lr_);
-  *step_tensor_.data<int64_t>() = step_ + 1;
-  *scale_tensor_.data<float>() = 1.0f / static_cast<float>(micro_batches_);
+  *step_tensor_.data<int64_t>() = updates_ + 1;
+  *scale_tensor_.data<float>() =
+      static_cast<float>(1.0 / (static_cast<double>(micro_batches_) * (loss_scaling_ ? loss_scale_ : 1.0)));
   RETURN_IF_ERROR(optimizer_->RunInto(optimizer_feeds_, optimizer_outputs_));
   ++step_;
+  ++updates_;
+  if (loss_scaling_ && ++clean_steps_ >= options_.loss_scale_growth_interval) {
+    loss_scale_ *= 2;
+    clean_steps_ = 0;
+  }
   return *grad_norm_.data<float>();
 }
 
@@ -342,6 +388,11 @@ absl::Status TrainingSession::SaveCheckpoint(const std::string& path,
   c.properties["cleave.optimizer"] = OptimizerName();
   c.properties["cleave.step"] = absl::StrCat(step_);
   c.properties["cleave.learning_rate"] = absl::StrFormat("%.17g", lr_);
+  c.properties["cleave.updates"] = absl::StrCat(updates_);
+  if (loss_scaling_) {
+    c.properties["cleave.loss_scale"] = absl::StrFormat("%.17g", loss_scale_);
+    c.properties["cleave.loss_scale_clean_steps"] = absl::StrCat(clean_steps_);
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     c.tensors.emplace_back(artifacts_.params[i], params_[i]);
     for (size_t k = 0; k < artifacts_.state_suffixes.size(); ++k)
@@ -383,6 +434,10 @@ absl::StatusOr<std::map<std::string, std::string>> TrainingSession::LoadCheckpoi
   for (const auto& [name, t] : c.tensors) std::memcpy(by_name_.at(name)->data<char>(), t.data<char>(), t.nbytes());
   step_ = step;
   lr_ = lr;
+  if (!absl::SimpleAtoi(prop("cleave.updates"), &updates_)) updates_ = step;
+  double scale;
+  if (loss_scaling_ && absl::SimpleAtod(prop("cleave.loss_scale"), &scale)) loss_scale_ = scale;
+  if (loss_scaling_ && !absl::SimpleAtoi(prop("cleave.loss_scale_clean_steps"), &clean_steps_)) clean_steps_ = 0;
   pending_reset_ = true;
   micro_batches_ = 0;
   return c.properties;

@@ -43,6 +43,15 @@ struct TrainingSessionOptions {
   uint64_t seed = 0;
   // This rank's communicator when the graphs are one rank's part of a partitioned plan.
   Communicator* communicator = nullptr;
+  // Dynamic loss scaling, used when the training graph has a `loss_scale` input (fp16): the
+  // first scale, and how many clean steps double it. `overflow_group`: the ranks that must
+  // agree to skip a step (every rank of a plan; empty: this process decides alone).
+  float initial_loss_scale = 65536.0f;
+  // Scale even when this rank's graphs have no `loss_scale` input (a pipeline stage before the
+  // last: its gradients arrive scaled from the stage that seeds the backward).
+  bool loss_scaling = false;
+  int64_t loss_scale_growth_interval = 2000;
+  std::vector<int> overflow_group;
 };
 
 class TrainingSession {
@@ -84,6 +93,12 @@ class TrainingSession {
   void LazyResetGrad() { pending_reset_ = true; }
   absl::StatusOr<float> OptimizerStep();
 
+  // Loss scaling: the current scale, and whether the last OptimizerStep found a gradient that
+  // overflowed and skipped its update (it then returns +inf and halves the scale).
+  bool loss_scaling() const { return loss_scaling_; }
+  double loss_scale() const { return loss_scale_; }
+  bool last_step_skipped() const { return last_skipped_; }
+
   void SetLearningRate(double lr) { lr_ = lr; }
   double learning_rate() const { return lr_; }
   // From now on OptimizerStep sets the rate to schedule.At(step()) first.
@@ -92,6 +107,7 @@ class TrainingSession {
   // For state restored from elsewhere (a resharded checkpoint): the steps already taken.
   void SetStep(int64_t step) {
     step_ = step;
+    updates_ = step;
     pending_reset_ = true;
     micro_batches_ = 0;
   }
@@ -132,7 +148,11 @@ class TrainingSession {
   std::vector<Tensor> params_, grads_;
   std::vector<std::vector<Tensor>> states_;  // [param][suffix]
   std::map<std::string, Tensor*> by_name_;
-  Tensor loss_, grad_norm_, reset_, lr_tensor_, step_tensor_, scale_tensor_;
+  Tensor loss_, grad_norm_, reset_, lr_tensor_, step_tensor_, scale_tensor_, loss_scale_tensor_;
+  bool loss_scaling_ = false, last_skipped_ = false;
+  double loss_scale_ = 65536.0;
+  int64_t clean_steps_ = 0;
+  int64_t updates_ = 0;  // optimizer updates applied (AdamW's step; skipped steps do not count)
   std::vector<Tensor> train_outputs_, optimizer_outputs_;
   Feeds train_feeds_, optimizer_feeds_;
   size_t num_data_ = 0;

@@ -20,6 +20,7 @@
 
 #include "base/status.h"
 #include "graph/op_table.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/nn.h"
 #include "kernels/cpu/packed_gemm.h"
@@ -98,11 +99,15 @@ class MatMulKernel : public OpKernel {
   PackedB packed_;  // input 1 when it is a constant 2-D fp32 matrix
 };
 
-// ai.cleave MatMulBf16: bf16 operands, fp32 result, through oneDNN.
+// ai.cleave MatMulBf16 (bf16 operands, through oneDNN) and MatMulF16 (fp16 operands, widened
+// to fp32 for OpenBLAS: the products of fp16 values are exact in fp32, so this is the fp16
+// product with fp32 accumulation), both with an fp32 result.
 class MatMulBf16Kernel : public OpKernel {
  public:
   MatMulBf16Kernel(const graph::Node& n, int)
-      : trans_a_(n.AttrInt("transA", 0) != 0), trans_b_(n.AttrInt("transB", 0) != 0) {}
+      : trans_a_(n.AttrInt("transA", 0) != 0),
+        trans_b_(n.AttrInt("transB", 0) != 0),
+        f16_(n.op_type() == "MatMulF16") {}
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& a = *ctx.input(0);
@@ -139,12 +144,27 @@ class MatMulBf16Kernel : public OpKernel {
       p.M *= p.batch;
       p.batch = 1;
     }
-    return kernels::cpu::GemmBf16(p, static_cast<const uint16_t*>(a.data), static_cast<const uint16_t*>(b.data),
-                                  static_cast<float*>(y->data));
+    if (!f16_)
+      return kernels::cpu::GemmBf16(p, static_cast<const uint16_t*>(a.data), static_cast<const uint16_t*>(b.data),
+                                    static_cast<float*>(y->data));
+    std::vector<float> fa(a.numel()), fb(b.numel());
+    for (int64_t i = 0; i < a.numel(); ++i) fa[i] = HalfToFloat(static_cast<const uint16_t*>(a.data)[i]);
+    for (int64_t i = 0; i < b.numel(); ++i) fb[i] = HalfToFloat(static_cast<const uint16_t*>(b.data)[i]);
+    kernels::cpu::GemmParams g;
+    g.M = p.M;
+    g.N = p.N;
+    g.K = p.K;
+    g.trans_a = p.trans_a;
+    g.trans_b = p.trans_b;
+    float* yd = static_cast<float*>(y->data);
+    for (int64_t i = 0; i < p.batch; ++i)
+      kernels::cpu::Sgemm(g, fa.data() + i * p.M * p.K, fb.data() + (p.b_batched ? i * p.K * p.N : 0),
+                          yd + i * p.M * p.N, ctx.thread_pool());
+    return absl::OkStatus();
   }
 
  private:
-  bool trans_a_, trans_b_;
+  bool trans_a_, trans_b_, f16_;
 };
 
 class GemmKernel : public OpKernel {
@@ -267,6 +287,8 @@ void RegisterMatMulKernels(KernelRegistry& r) {
   r.Register({std::string(graph::kCleaveDomain), "FusedMatMul", 1, 1, InputTypeIn(0, {f32, f64}),
               MakeCheckedFactory<FusedMatMulKernel>()});
   r.Register({std::string(graph::kCleaveDomain), "MatMulBf16", 1, 1, InputTypeIn(0, {DataType::kBFloat16}),
+              MakeFactory<MatMulBf16Kernel>()});
+  r.Register({std::string(graph::kCleaveDomain), "MatMulF16", 1, 1, InputTypeIn(0, {DataType::kFloat16}),
               MakeFactory<MatMulBf16Kernel>()});
 }
 
