@@ -315,6 +315,27 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
           break;
         }
       }
+      // A whole value that becomes a partial sum over axes it was not partial over (a
+      // replicated gradient handed to a Partial(dp) one): every rank of those axes holds the
+      // whole, so all but the first of each group contribute zero, or a later reduction would
+      // count it once per rank.
+      std::vector<std::string> added;
+      for (const auto& a : r.to.partial)
+        if (!r.from.partial.count(a) && !r.from.partial_avg.count(a)) added.push_back(a);
+      if (!added.empty()) {
+        bool keep = true;
+        for (const auto& a : added) keep &= mesh.Coord(rank, a) == 0;
+        if (r.value->dtype() != DataType::kFloat32 && r.value->dtype() != DataType::kFloat64)
+          return Unimplemented("'", r.value->name(), "' of ", DataTypeName(r.value->dtype()),
+                               " made a partial sum for ", r.node->Describe());
+        Tensor k = r.value->dtype() == DataType::kFloat64 ? Tensor::Scalar<double>(keep ? 1.0 : 0.0)
+                                                          : Tensor::Scalar<float>(keep ? 1.0f : 0.0f);
+        Value* kv = lg.AddInitializer(lg.UniqueName(r.value->name() + ".partial_share"), std::move(k));
+        Value* shared = lg.GetOrCreateValue(lg.UniqueName(r.value->name() + ".partial"));
+        Node* m = lg.AddNode("Mul", {converted, kv}, {shared}, shared->name());
+        m->metadata()["role"] = reader->metadata().count("role") ? reader->metadata().at("role") : "fwd";
+        converted = shared;
+      }
       made[key] = converted;
     }
     lg.SetNodeInput(reader, r.input, converted);

@@ -335,7 +335,8 @@ absl::StatusOr<LoweredStages> StagesOf(const Graph& g, const StageAssignment& a,
     if (of == acc->metadata().end()) continue;
     const std::string& param = of->second;
     // The sum of the contributions and the linear ops lowering put on the way (a Slice to the
-    // gradient's sharding, views, a reduce-scatter): each stage applies them to its own part.
+    // gradient's sharding, views, a reduce-scatter, a constant factor): each stage applies them
+    // to its own part.
     std::vector<const Node*> tail;
     std::vector<Value*> parts;
     std::vector<Value*> todo = {acc->input(1)};
@@ -353,7 +354,11 @@ absl::StatusOr<LoweredStages> StagesOf(const Graph& g, const StageAssignment& a,
                           (p && !mapped.count(p) && p->domain().empty() &&
                            ((p->op_type() == "Add" && p->metadata().count("grad_of") &&
                              p->metadata().at("grad_of") == param) ||
-                            p->op_type() == "Identity" || p->op_type() == "Slice" || p->op_type() == "Reshape"));
+                            p->op_type() == "Identity" || p->op_type() == "Slice" || p->op_type() == "Reshape" ||
+                            // a constant factor (one rank's share of a Partial sum)
+                            (p->op_type() == "Mul" && p->num_inputs() == 2 && p->input(1) &&
+                             p->input(1)->is_initializer() && p->input(1)->shape().is_static() &&
+                             p->input(1)->shape().NumElements() == 1)));
       if (linear) {
         tail.push_back(p);
         const int data_inputs = p->op_type() == "Add" ? 2 : 1;

@@ -341,6 +341,15 @@ Sharding WantedInput(const Propagation& p, const Node* n, int i) {
       want.partial_avg = avg;
     }
   }
+  // A view-like op (one linear input) whose output was pinned Partial over axes its input is
+  // not Partial over (a replicated gradient named as a Partial(dp) one): the input must become
+  // Partial there too, which lowering does by letting one rank of each group keep the value.
+  if (i < static_cast<int>(r.linear_inputs.size()) && r.linear_inputs[i] && n->num_outputs() == 1 && n->output(0) &&
+      std::count(r.linear_inputs.begin(), r.linear_inputs.end(), 1) == 1) {
+    const Sharding& os = p.sharding.at(n->output(0));
+    for (const auto& a : os.partial)
+      if (!have.partial.count(a) && !have.partial_avg.count(a)) want.partial.insert(a);
+  }
   // An axis that shards a dim cannot also hold partial sums: those are reduced (scattered);
   // nor can partial sums pass through an op that shards anything over that axis.
   for (const auto& d : want.dims)

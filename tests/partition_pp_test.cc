@@ -185,7 +185,9 @@ INSTANTIATE_TEST_SUITE_P(
                       PipeCase{"train_variants/gpt_deep", "dp=2,pp=2", "1f1b", 2, 1, 2},
                       PipeCase{"train_variants/gpt_deep", "tp=4", "1f1b", 1},
                       PipeCase{"train_variants/llama", "tp=2", "1f1b", 1, 1, 0, "auto", true},
-                      PipeCase{"train_variants/llama", "pp=2,tp=2", "1f1b", 2, 1, 0, "auto", true}),
+                      PipeCase{"train_variants/llama", "pp=2,tp=2", "1f1b", 2, 1, 0, "auto", true},
+                      PipeCase{"tiny_gpt", "dp=2,tp=2", "1f1b", 1, 1, 1, "auto", true},
+                      PipeCase{"tiny_gpt", "dp=2,pp=2,tp=2", "1f1b", 2, 1, 1, "auto", true}),
     [](const auto& info) {
       std::string name = info.param.model;
       name = name.substr(name.rfind('/') + 1) + "_" + info.param.mesh + "_" + info.param.schedule + "_m" +
