@@ -4,10 +4,11 @@
 # A GPT of equal layers (bench/make_pipeline_model.py: width 128, 8 layers, a head of vocab 64,
 # made with torch when it is installed; else the bundled 4-layer models/train_variants/gpt_deep)
 # over pp=2, one process per core, batch 64 of 16 tokens in M micro-batches, with 1F1B and
-# interleaved 1F1B (2 chunks per rank). The
-# bubble of a rank is the time it waits in pipeline receives over the time of its forward and
-# backward work (the step without the optimizer), averaged over steps 6..N; the formula is
-# (p-1)/(m+p-1) for 1F1B and (p-1)/(v m + p-1) interleaved. Bytes per step come from plan.json
+# interleaved 1F1B (2 chunks per rank). Per step, the pipeline's makespan runs from the first
+# rank's start of its forward and backward work to the last rank's end (the optimizer left
+# out; the ranks share the machine's monotonic clock), a rank is busy for its own forward and
+# backward time minus its waits in pipeline receives, and the bubble is 1 - sum(busy) / (p x makespan), averaged
+# over steps 6..N; the formula is (p-1)/(m+p-1) for 1F1B and (p-1)/(v m + p-1) interleaved. Bytes per step come from plan.json
 # (Send/Recv and collectives, training parts once per micro-batch) against the formulas: each
 # boundary carries the residual stream [B/m, T, H] fp32 forward and its gradient backward per
 # micro-batch, 2 B T H 4 bytes per step; the tied embedding's gradient is all-reduced over the
@@ -43,16 +44,22 @@ import json, sys
 tmp, kind, v, m, H = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 p = 2
 plan = json.load(open(f"{tmp}/plan_{kind}/plan.json"))
-bubbles, stage_ms = [], []
-for r in range(p):
-    rows = [json.loads(l) for l in open(f"{tmp}/m_{kind}.rank{r}.jsonl")][5:]
-    pipe = sum(x["pipeline_ms"] for x in rows)
-    idle = sum(x["idle_ms"] for x in rows)
-    bubbles.append(idle / pipe)
-    stage_ms.append((pipe - idle) / len(rows))
+# Per step: the pipeline's makespan is the slowest rank's forward + backward time, each rank is
+# busy for its time minus its waits in receives, and the bubble is the idle share of
+# p x makespan (the simulator's definition).
+rows = [[json.loads(l) for l in open(f"{tmp}/m_{kind}.rank{r}.jsonl")][5:] for r in range(p)]
+bubbles_per_step = []
+for step in zip(*rows):
+    # From the first rank's start to the last rank's end, on the machine's monotonic clock.
+    makespan = (max(x["pipeline_end_us"] for x in step) - min(x["pipeline_start_us"] for x in step)) / 1000
+    busy = sum(x["pipeline_ms"] - x["idle_ms"] for x in step)
+    bubbles_per_step.append(1 - busy / (p * makespan))
+measured = sum(bubbles_per_step) / len(bubbles_per_step)
+bubbles = [sum(x["idle_ms"] for x in rr) / sum(x["pipeline_ms"] for x in rr) for rr in rows]
+stage_ms = [sum(x["pipeline_ms"] - x["idle_ms"] for x in rr) / len(rr) for rr in rows]
 formula = (p - 1) / (v * m + p - 1)
-measured = sum(bubbles) / p
-print(f"{kind:12s} p={p} v={v} m={m}: bubble measured {measured:.3f} (rank0 {bubbles[0]:.3f}, rank1 {bubbles[1]:.3f}), "
+print(f"{kind:12s} p={p} v={v} m={m}: bubble measured {measured:.3f} (receive waits: rank0 {bubbles[0]:.3f}, "
+      f"rank1 {bubbles[1]:.3f}), "
       f"formula {formula:.3f}, ratio {measured / formula:.2f}; busy ms per step by rank "
       f"{stage_ms[0]:.2f} / {stage_ms[1]:.2f} (imbalance {max(stage_ms) / min(stage_ms):.2f}x); "
       f"simulated bubble {plan['schedule']['bubble']:.3f}")

@@ -627,8 +627,13 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
       session->LazyResetGrad();
       ASSIGN_OR_RETURN(local_loss, session->TrainStep(mb[0]));
     }
-    // Forward and backward of all micro-batches (the pipeline), without the optimizer.
-    const double pipeline_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();
+    // Forward and backward of all micro-batches (the pipeline), without the optimizer; the
+    // monotonic clock is the machine's, so ranks on one machine share its time line.
+    const auto p1 = std::chrono::steady_clock::now();
+    const double pipeline_ms = std::chrono::duration<double, std::milli>(p1 - p0).count();
+    const auto since = [](std::chrono::steady_clock::time_point t) {
+      return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+    };
     const double lr = schedule.At(s);
     const double scale_used = session->loss_scale();
     ASSIGN_OR_RETURN(float norm, session->OptimizerStep());
@@ -669,9 +674,10 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
     if (metrics.is_open()) {
       metrics << absl::StrFormat("{\"step\": %d, \"rank\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
                                  "\"ms\": %.3f, \"tokens_per_s\": %.1f, \"compute_ms\": %.3f, \"comm_ms\": %.3f, "
-                                 "\"idle_ms\": %.3f, \"pipeline_ms\": %.3f",
+                                 "\"idle_ms\": %.3f, \"pipeline_ms\": %.3f, \"pipeline_start_us\": %d, "
+                                 "\"pipeline_end_us\": %d",
                                  s + 1, rank, loss, lr, std::isfinite(norm) ? norm : -1.0f, ms, tps, compute_ms,
-                                 comm_ms, idle_ms, pipeline_ms);
+                                 comm_ms, idle_ms, pipeline_ms, since(p0), since(p1));
       if (session->loss_scaling())
         metrics << absl::StrFormat(", \"loss_scale\": %.17g, \"skipped\": %s", scale_used, skipped ? "true" : "false");
       if (val >= 0) metrics << absl::StrFormat(", \"val_loss\": %.9g", val);
