@@ -2,6 +2,7 @@
 #include "partition/mesh.h"
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -119,6 +120,28 @@ std::set<std::string> Sharding::Axes() const {
   out.insert(partial_avg.begin(), partial_avg.end());
   for (const auto& d : dims) out.insert(d.begin(), d.end());
   return out;
+}
+
+absl::StatusOr<Sharding> Sharding::Parse(const std::string& text) {
+  const std::string t(absl::StripAsciiWhitespace(text));
+  if (t.size() < 2 || t.front() != '[' || t.back() != ']')
+    return InvalidArgument("sharding '", text, "': expected dims in brackets, such as [tp,-] or [dp*tp,-]");
+  Sharding s;
+  const std::string inner = t.substr(1, t.size() - 2);
+  if (absl::StripAsciiWhitespace(inner).empty()) return s;
+  for (absl::string_view d : absl::StrSplit(inner, ',')) {
+    std::vector<std::string> axes;
+    const std::string dim(absl::StripAsciiWhitespace(d));
+    if (dim.empty()) return InvalidArgument("sharding '", text, "': an empty dim (write - for a whole one)");
+    if (dim != "-")
+      for (absl::string_view a : absl::StrSplit(dim, '*')) {
+        const std::string axis(absl::StripAsciiWhitespace(a));
+        if (axis.empty()) return InvalidArgument("sharding '", text, "': an empty axis name in '", dim, "'");
+        axes.push_back(axis);
+      }
+    s.dims.push_back(std::move(axes));
+  }
+  return s;
 }
 
 std::string Sharding::ToString() const {

@@ -58,6 +58,8 @@ struct Sharding {
   std::set<std::string> partial_avg;           // axes over which values are partial means
 
   static Sharding Replicated(int rank) { return Sharding{std::vector<std::vector<std::string>>(rank), {}, {}}; }
+  // Parses the dims part of ToString's form: "[tp,-]", "[dp*tp,-,-]", "[]" (no partial).
+  static absl::StatusOr<Sharding> Parse(const std::string& text);
   bool IsPartial() const { return !partial.empty() || !partial_avg.empty(); }
   bool IsReplicated() const;
   // Every mesh axis the sharding uses (on a dim or as partial).

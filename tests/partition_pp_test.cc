@@ -2,6 +2,7 @@
 // backward parts with Send/Recv, the schedules run on a simulated world (one thread per rank,
 // real message ordering), and one full training step against the single-rank step.
 #include <cmath>
+#include <fstream>
 #include <set>
 #include <thread>
 
@@ -233,6 +234,54 @@ TEST(Pipeline, BadCutsAndMeshesAreRejectedBeforeAnythingIsWritten) {
   expect_error({"train_variants/gpt_deep", "pp=2", "1f1b", 2, 1, 0, "1,2"}, "lists 2 cut(s) for 2 stages");
   expect_error({"train_variants/gpt_deep", "pp=2", "1f1b", 3}, "not divisible by dp=1 x microbatches=3");
   expect_error({"train_variants/gpt_deep", "pp=2", "interleaved", 2, 3}, "6 stages for a model of 4 layers");
+}
+
+}  // namespace
+}  // namespace cleave::trainer
+
+namespace cleave::trainer {
+namespace {
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// An explicit shard plan (names and regexes) reproduces what --tp megatron finds by structure,
+// and its mistakes are reported by entry and tensor before anything is built.
+TEST(ShardPlan, ReproducesMegatronByNameAndRegexAndReportsMistakes) {
+  PlanConfig c = Config({"train_variants/llama", "tp=2", "1f1b", 1});
+  auto megatron = BuildPlan(c);
+  ASSERT_TRUE(megatron.ok()) << megatron.status();
+  c.shard_plan = WriteFile("llama_tp.json", R"({"shardings": {
+      "layers\\.\\d+\\.(q|k|v|gate|up)\\.weight": "[tp,-]",
+      "layers\\.\\d+\\.(o|down)\\.weight": "[-,tp]",
+      "lm_head.weight": "[tp, -]"}})");
+  auto explicit_plan = BuildPlan(c);
+  ASSERT_TRUE(explicit_plan.ok()) << explicit_plan.status();
+  EXPECT_EQ(explicit_plan->param_shardings, megatron->param_shardings);
+  EXPECT_EQ(explicit_plan->ranks[0].collectives.size(), megatron->ranks[0].collectives.size());
+
+  auto expect_error = [&](const std::string& json, const std::string& text) {
+    PlanConfig bad = c;
+    bad.shard_plan = WriteFile("bad.json", json);
+    auto plan = BuildPlan(bad);
+    ASSERT_FALSE(plan.ok()) << json;
+    EXPECT_NE(plan.status().message().find(text), std::string::npos) << plan.status();
+  };
+  expect_error(R"({"shardings": {"no.such.weight": "[tp,-]"}})", "entry 'no.such.weight' matches no tensor");
+  expect_error(R"({"lm_head.weight": "[tp,-,-]"})", "has 3 dims, the tensor [64,32] has 2");
+  expect_error(R"({"lm_head.weight": "[xp,-]"})", "uses axis 'xp'");
+  expect_error(R"({"layers.0.q.weight": "[tp,-]", "layers\\.0\\.q\\..*": "[-,tp]"})",
+               "tensor 'layers.0.q.weight' is [tp,-] by entry 'layers.0.q.weight' and [-,tp]");
+  expect_error(R"({"lm_head.weight": [1, 2]})", "expected a sharding string");
+  expect_error("{not json", "is not valid JSON");
+  PlanConfig odd = Config({"train_variants/llama", "tp=3", "1f1b", 1, 1, 0, "auto", false, 3});
+  odd.shard_plan = WriteFile("odd.json", R"({"lm_head.weight": "[tp,-]"})");
+  auto plan = BuildPlan(odd);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("lm_head.weight"), std::string::npos) << plan.status();
 }
 
 }  // namespace

@@ -51,7 +51,9 @@ int PartitionCommand(const Args& args) {
       flags.Number(&c.virtual_stages);
     } else if (a == "--pp-cuts") {
       c.pp_cuts = flags.Value();
-    } else if (a == "--shard-plan" || a == "--vocab-parallel-loss") {
+    } else if (a == "--shard-plan") {
+      c.shard_plan = flags.Value();
+    } else if (a == "--vocab-parallel-loss") {
       flags.Fail(absl::StrCat(a, " is not implemented yet"));
     } else if (c.model.empty() && !a.empty() && a[0] != '-') {
       c.model = a;

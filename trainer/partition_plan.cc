@@ -7,12 +7,15 @@
 #include <cctype>
 #include <cstring>
 #include <filesystem>
+#include <regex>
 #include <optional>
 #include <fstream>
 #include <set>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -64,6 +67,64 @@ std::string Json(const std::string& s) {
 std::string MiB(int64_t bytes) { return absl::StrFormat("%.3f MiB", static_cast<double>(bytes) / (1 << 20)); }
 
 }  // namespace
+
+absl::StatusOr<std::map<std::string, Sharding>> LoadShardPlan(const std::string& path, const graph::Graph& g,
+                                                                const partition::Mesh& mesh) {
+  std::ifstream f(path);
+  if (!f) return NotFound("--shard-plan: cannot read '", path, "'");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  google::protobuf::Struct doc;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(text, &doc);
+  if (!parsed.ok())
+    return InvalidArgument("--shard-plan '", path, "' is not valid JSON: ", std::string(parsed.message()));
+  const google::protobuf::Struct* entries = &doc;
+  if (auto it = doc.fields().find("shardings"); it != doc.fields().end()) {
+    if (!it->second.has_struct_value())
+      return InvalidArgument("--shard-plan '", path, "': \"shardings\" must be an object of tensor -> sharding");
+    entries = &it->second.struct_value();
+  }
+  std::vector<std::string> names;
+  for (const graph::Value* v : g.AllValues()) names.push_back(v->name());
+  std::map<std::string, Sharding> out;
+  std::map<std::string, std::string> by;  // tensor -> the entry that set it
+  std::vector<std::pair<std::string, std::string>> sorted;
+  for (const auto& [key, value] : entries->fields()) {
+    if (!value.has_string_value())
+      return InvalidArgument("--shard-plan entry '", key, "': expected a sharding string such as \"[tp,-]\"");
+    sorted.emplace_back(key, value.string_value());
+  }
+  std::sort(sorted.begin(), sorted.end());
+  for (const auto& [key, text_s] : sorted) {
+    ASSIGN_OR_RETURN(Sharding s, Sharding::Parse(text_s));
+    std::vector<std::string> hits;
+    if (g.FindValue(key)) {
+      hits.push_back(key);
+    } else {
+      std::regex re;
+      try {
+        re = std::regex(key, std::regex::ECMAScript);
+      } catch (const std::regex_error& e) {
+        return InvalidArgument("--shard-plan entry '", key, "' is neither a tensor name nor a valid regex: ", e.what());
+      }
+      for (const std::string& n : names)
+        if (std::regex_match(n, re)) hits.push_back(n);
+    }
+    if (hits.empty())
+      return InvalidArgument("--shard-plan entry '", key, "' matches no tensor of the training graph");
+    for (const std::string& n : hits) {
+      const graph::Value* v = g.FindValue(n);
+      absl::Status valid = partition::ValidateSharding(mesh, n, v->shape(), s);
+      if (!valid.ok())
+        return absl::Status(valid.code(), absl::StrCat("--shard-plan entry '", key, "': ", valid.message()));
+      auto [it, fresh] = out.emplace(n, s);
+      if (!fresh && !(it->second == s))
+        return InvalidArgument("--shard-plan: tensor '", n, "' is ", it->second.ToString(), " by entry '", by[n],
+                               "' and ", s.ToString(), " by entry '", key, "'");
+      by[n] = key;
+    }
+  }
+  return out;
+}
 
 std::vector<TrainingSession::PipelineWork> PipelineWorkFor(const Plan& plan, int rank) {
   std::vector<TrainingSession::PipelineWork> work;
@@ -121,10 +182,16 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
     if (dp > 1 || c.sp) seeds[d] = s;
   }
   plan.data_shardings = seeds;
+  if (!c.shard_plan.empty()) {
+    ASSIGN_OR_RETURN(auto explicit_seeds, LoadShardPlan(c.shard_plan, *a.training, mesh));
+    for (auto& [k, v] : explicit_seeds) seeds[k] = v;
+  }
   if (tp > 1) {
-    if (!c.tp_megatron) return Unimplemented("tp=", tp, " needs --tp megatron (shard plans are not supported yet)");
-    ASSIGN_OR_RETURN(auto megatron, partition::FindMegatronSeeds(*a.training, a.params, mesh));
-    for (auto& [k, v] : partition::SeedShardings(*a.training, megatron)) seeds[k] = v;
+    if (c.shard_plan.empty()) {
+      if (!c.tp_megatron) return InvalidArgument("tp=", tp, " needs --tp megatron or --shard-plan FILE.json");
+      ASSIGN_OR_RETURN(auto megatron, partition::FindMegatronSeeds(*a.training, a.params, mesh));
+      for (auto& [k, v] : partition::SeedShardings(*a.training, megatron)) seeds[k] = v;
+    }
     if (c.sp) {
       ASSIGN_OR_RETURN(auto sp, partition::FindSequenceParallelSeed(*a.training, a.params, mesh));
       seeds[sp.first] = sp.second;

@@ -33,6 +33,10 @@ struct PlanConfig {
   int64_t batch = 8, seq = 64;   // global batch; each dp rank gets batch / dp rows
   TrainingSpec spec;             // loss, optimizer, frozen (dims are set from batch and seq)
   bool tp_megatron = true;       // seed tp from graph structure
+  // A JSON file of explicit shardings ({"shardings": {"<name or regex>": "[tp,-]", ...}}),
+  // used instead of the Megatron seeds; any tensor of the training graph, by exact name or
+  // full regex match.
+  std::string shard_plan;
   int zero = 0;                  // ZeRO stage: 0, 1 (optimizer state) or 2 (and gradients)
   bool sp = false;               // sequence parallelism over tp (Megatron-SP)
   // Pipeline (pp > 1 in the mesh): the global batch is split into `microbatches`, each of
@@ -84,6 +88,12 @@ struct Plan {
 std::vector<TrainingSession::PipelineWork> PipelineWorkFor(const Plan& plan, int rank);
 
 absl::StatusOr<Plan> BuildPlan(const PlanConfig& config);
+
+// The seeds a shard plan file gives for `g`'s tensors. Errors name the entry or tensor: a file
+// that does not parse, an entry that matches no tensor, a sharding whose rank differs from the
+// tensor's or that the mesh cannot split it by, two entries that shard one tensor differently.
+absl::StatusOr<std::map<std::string, partition::Sharding>> LoadShardPlan(const std::string& path, const graph::Graph& g,
+                                                                         const partition::Mesh& mesh);
 absl::Status WritePlan(const Plan& plan, const std::string& dir);
 
 // One rank's part of a plan directory, loaded to train (`mpirun ... cleave train PLAN_DIR`).
