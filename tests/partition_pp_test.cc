@@ -82,6 +82,15 @@ TEST_P(Pipeline, TrainingStepEqualsSingleRank) {
   ASSERT_TRUE(want_loss.ok()) << want_loss.status();
   auto want_norm = (*single)->OptimizerStep();
   ASSERT_TRUE(want_norm.ok()) << want_norm.status();
+  Checkpoint whole;  // the single-rank parameters, each its own whole block
+  for (const std::string& p : a.params) {
+    Tensor t = *(*single)->GetState(p);
+    Block b;
+    b.global = t.dims();
+    b.offset.assign(t.dims().size(), 0);
+    whole.properties["block:" + p] = BlockString(b);
+    whole.tensors.emplace_back(p, t);
+  }
 
   auto plan = BuildPlan(config);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -123,7 +132,11 @@ TEST_P(Pipeline, TrainingStepEqualsSingleRank) {
   }
   EXPECT_EQ(sends, recvs);
   EXPECT_EQ(sends.empty(), pp == 1);
-  EXPECT_EQ(held.size(), a.params.size());
+  // Every parameter of the model is held, itself or as the parts of a fused weight.
+  std::set<std::string> covered;
+  for (const std::string& h : held)
+    covered.insert(plan->weight_parts.count(h) ? plan->weight_parts.at(h).source : h);
+  EXPECT_EQ(covered, std::set<std::string>(a.params.begin(), a.params.end()));
 
   runtime::SimulatedWorld sim(world, std::chrono::seconds(60));
   std::vector<absl::Status> status(world);
@@ -161,11 +174,13 @@ TEST_P(Pipeline, TrainingStepEqualsSingleRank) {
     if (last) EXPECT_NEAR(loss[r], *want_loss, 1e-5 * *want_loss) << "rank " << r;
     else EXPECT_TRUE(std::isnan(loss[r])) << "rank " << r << " does not hold the loss";
     EXPECT_NEAR(norm[r], *want_norm, 1e-5 * *want_norm) << "rank " << r;
-    for (const auto& [p, got] : params[r]) {
-      auto want = partition::ShardTensor(*(*single)->GetState(p), mesh, plan->param_shardings.at(p), r, p);
-      ASSERT_TRUE(want.ok());
-      EXPECT_EQ(testing::CompareTensors(got, *want, 1e-6, 1e-5), "") << "rank " << r << " " << p;
-    }
+    // This rank's blocks of the single-rank parameters (a part of a fused weight is a block of
+    // that weight).
+    std::map<std::string, Tensor> want;
+    for (const auto& [p, got] : params[r]) want[p] = Tensor(got.dtype(), got.dims());
+    ASSERT_TRUE(ReshardInto({whole}, plan->ranks[r].blocks, want).ok()) << "rank " << r;
+    for (const auto& [p, got] : params[r])
+      EXPECT_EQ(testing::CompareTensors(got, want.at(p), 1e-6, 1e-5), "") << "rank " << r << " " << p;
   }
 }
 
@@ -282,6 +297,40 @@ TEST(ShardPlan, ReproducesMegatronByNameAndRegexAndReportsMistakes) {
   auto plan = BuildPlan(odd);
   ASSERT_FALSE(plan.ok());
   EXPECT_NE(plan.status().message().find("lm_head.weight"), std::string::npos) << plan.status();
+}
+
+}  // namespace
+}  // namespace cleave::trainer
+
+namespace cleave::trainer {
+namespace {
+
+// Megatron on the GPTs (fused c_attn split into q, k and v by structure): 2 AllReduce per layer
+// forward (after the attention and MLP output projections) and 2 backward (the input gradients
+// of the q/k/v and fc groups), and the attention weights split by heads.
+TEST(Megatron, GptLayersNeedTwoAllReducesEachWay) {
+  for (const char* model : {"tiny_gpt", "train_variants/gpt_deep"}) {
+    PlanConfig c = Config({model, "tp=2", "1f1b", 1});
+    auto plan = BuildPlan(c);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const int layers = std::string(model) == "tiny_gpt" ? 2 : 4;
+    int fwd = 0, bwd = 0;
+    std::string all;
+    for (const auto& n : plan->ranks[0].artifacts.training->nodes()) {
+      if (n->op_type() != "AllReduce" || n->AttrString("mesh_axis", "") != "tp") continue;
+      const bool backward = n->metadata().count("role") && n->metadata().at("role") == "bwd";
+      ++(backward ? bwd : fwd);
+      all += n->name() + (backward ? " (bwd)\n" : " (fwd)\n");
+    }
+    // Plus, outside the layers, the vocabulary-parallel embedding lookup's partial rows forward
+    // and the tied LM head's input gradient backward.
+    EXPECT_EQ(fwd, 2 * layers + 1) << model << "\n" << all;
+    EXPECT_EQ(bwd, 2 * layers + 1) << model << "\n" << all;
+    for (const auto& [p, s] : plan->param_shardings)
+      if (p.find("attn.qkv.weight.part") != std::string::npos) EXPECT_EQ(s.ToString(), "[tp,-]") << p;
+      else if (p.find("attn.proj.weight") != std::string::npos) EXPECT_EQ(s.ToString(), "[-,tp]") << p;
+    EXPECT_EQ(plan->weight_parts.count("blocks.0.attn.qkv.weight.part1"), 1u);
+  }
 }
 
 }  // namespace

@@ -157,6 +157,10 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
     return InvalidArgument("--virtual-stages ", virt, " needs a pipeline (pp > 1 in --mesh)");
   }
   ASSIGN_OR_RETURN(std::unique_ptr<graph::Graph> model, onnx_ext::LoadModel(c.model));
+  // Megatron splits q, k and v by heads: a fused projection becomes one per part.
+  if (tp > 1 && c.shard_plan.empty() && c.tp_megatron) {
+    ASSIGN_OR_RETURN(plan.weight_parts, partition::SplitFusedProjections(*model));
+  }
   ASSIGN_OR_RETURN(const graph::Value* token, TokenInput(*model, c.model));
   TrainingSpec spec = c.spec;
   // Each graph computes one micro-batch of the global batch (split over dp by the sharding).
@@ -330,19 +334,25 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
       ASSIGN_OR_RETURN(rp.artifacts.initial[p],
                        partition::ShardTensor(a.initial.at(p), mesh, plan.param_shardings.at(p), r, p));
     }
-    auto block_of = [&](const graph::Value* v, const Sharding& sh) {
+    // A part of a fused weight is a block of that weight (its state of that weight's state).
+    auto block_of = [&](const graph::Value* v, const Sharding& sh, const std::string& param, const std::string& suffix) {
       Block b;
       b.global = v->shape().StaticDims();
       for (size_t d = 0; d < b.global.size(); ++d)
         b.offset.push_back(partition::ShardOffset(mesh, r, sh, static_cast<int>(d), b.global[d]));
+      if (auto part = plan.weight_parts.find(param); part != plan.weight_parts.end()) {
+        b.tensor = part->second.source + suffix;
+        b.global = part->second.source_dims;
+        b.offset[part->second.axis] += part->second.offset;
+      }
       return BlockString(b);
     };
     for (const std::string& p : so.params) {
-      rp.blocks[p] = block_of(a.training->FindValue(p), plan.param_shardings.at(p));
+      rp.blocks[p] = block_of(a.training->FindValue(p), plan.param_shardings.at(p), p, "");
       for (const std::string& suf : a.state_suffixes) {
         const graph::Value* sv = so.graph->FindValue(p + suf);
         if (!sv) return Internal("the optimizer of pipeline rank ", s, " has no state '", p + suf, "'");
-        rp.blocks[p + suf] = block_of(sv, so.prop.sharding.at(sv));
+        rp.blocks[p + suf] = block_of(sv, so.prop.sharding.at(sv), p, suf);
       }
     }
     const int64_t activations = rp.memory.activations;
@@ -735,11 +745,19 @@ absl::StatusOr<RankRun> LoadRankRun(const std::string& dir, int rank) {
 }
 
 std::string BlockString(const Block& b) {
-  return absl::StrCat("g=", absl::StrJoin(b.global, ","), ";o=", absl::StrJoin(b.offset, ","));
+  return absl::StrCat(b.tensor.empty() ? "" : absl::StrCat("t=", b.tensor, ";"), "g=", absl::StrJoin(b.global, ","),
+                      ";o=", absl::StrJoin(b.offset, ","));
 }
 
-absl::StatusOr<Block> ParseBlock(const std::string& s) {
+absl::StatusOr<Block> ParseBlock(const std::string& text) {
   Block b;
+  std::string s = text;
+  if (s.rfind("t=", 0) == 0) {
+    const size_t end = s.find(";g=");
+    if (end == std::string::npos) return InvalidArgument("bad block '", text, "'");
+    b.tensor = s.substr(2, end - 2);
+    s = s.substr(end + 1);
+  }
   const size_t semi = s.find(";o=");
   if (s.rfind("g=", 0) != 0 || semi == std::string::npos) return InvalidArgument("bad block '", s, "'");
   auto ints = [](const std::string& text, std::vector<int64_t>* out) {
@@ -753,7 +771,7 @@ absl::StatusOr<Block> ParseBlock(const std::string& s) {
   };
   if (!ints(s.substr(2, semi - 2), &b.global) || !ints(s.substr(semi + 3), &b.offset) ||
       b.global.size() != b.offset.size())
-    return InvalidArgument("bad block '", s, "'");
+    return InvalidArgument("bad block '", text, "'");
   return b;
 }
 
@@ -804,11 +822,14 @@ absl::Status ReshardInto(const std::vector<Checkpoint>& shards, const std::map<s
       return InvalidArgument("'", name, "': block ", bit->second, " does not fit ", DimsToString(dst.dims()));
     std::vector<char> written(static_cast<size_t>(dst.numel()), 0);
     bool any = false;
-    for (const Checkpoint& c : shards) {
-      const Tensor* t = c.Find(name);
-      auto b = c.properties.find("block:" + name);
-      if (!t || b == c.properties.end()) continue;
+    const std::string whole = want.tensor.empty() ? name : want.tensor;
+    for (const Checkpoint& c : shards)
+     for (const auto& [tensor_name, t_value] : c.tensors) {
+      auto b = c.properties.find("block:" + tensor_name);
+      if (b == c.properties.end()) continue;
       ASSIGN_OR_RETURN(Block have, ParseBlock(b->second));
+      if ((have.tensor.empty() ? tensor_name : have.tensor) != whole) continue;
+      const Tensor* t = &t_value;
       if (have.global != want.global)
         return InvalidArgument("checkpoint tensor '", name, "' is ", DimsToString(have.global),
                                " as a whole, this run's is ", DimsToString(want.global));
@@ -817,8 +838,8 @@ absl::Status ReshardInto(const std::vector<Checkpoint>& shards, const std::map<s
                                DataTypeName(dst.dtype()));
       CopyOverlap(*t, have, dst, want, &written);
       any = true;
-    }
-    if (!any) return NotFound("no checkpoint shard holds '", name, "'");
+     }
+    if (!any) return NotFound("no checkpoint shard holds '", whole, "'");
     if (std::find(written.begin(), written.end(), 0) != written.end())
       return absl::DataLossError(absl::StrCat("the checkpoint shards do not cover this rank's block ", bit->second,
                                               " of '", name, "' (a shard is missing)"));

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "partition/lower.h"
+#include "partition/megatron.h"
 #include "partition/mesh.h"
 #include "partition/pipeline.h"
 #include "partition/schedule.h"
@@ -74,6 +75,8 @@ struct Plan {
   PlanConfig config;
   partition::Mesh mesh;
   std::map<std::string, partition::Sharding> param_shardings, data_shardings;
+  // Parameters that are parts of a fused weight of the model (SplitFusedProjections).
+  std::map<std::string, partition::WeightPart> weight_parts;
   RankMemory unpartitioned;
   int64_t vocab = 0;  // the logits' last dim (0 when the loss reads no [batch, seq, vocab] output)
   std::vector<RankPlan> ranks;
@@ -111,8 +114,10 @@ struct RankRun {
   std::map<std::string, std::string> blocks;  // tensor -> BlockString
 };
 
-// A shard's place in its whole tensor: "g=<global dims>;o=<offsets>", e.g. "g=64,32;o=32,0".
+// A shard's place in its whole tensor: "g=<global dims>;o=<offsets>", e.g. "g=64,32;o=32,0",
+// with "t=<name>;" first when the whole tensor has another name.
 struct Block {
+  std::string tensor;  // the whole tensor's name when it differs (a part of a fused weight)
   std::vector<int64_t> global, offset;
 };
 std::string BlockString(const Block& b);
