@@ -233,6 +233,10 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
       };
       switch (r.kind) {
         case ReshardKind::kAllReduce: {
+          // A reduction that also moves shards is two steps this lowering does not chain.
+          if (r.from.dims != r.to.dims)
+            return Unimplemented("reshard of '", r.value->name(), "' from ", r.from.ToString(), " to ", r.to.ToString(),
+                                 " for ", r.node->Describe(), " both reduces and reshards; not lowered yet");
           auto [c, v] = collective("AllReduce", src, "allreduce");
           converted = v;
           // A Partial mean: the sum over the group, divided by its size.
@@ -251,10 +255,13 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
         case ReshardKind::kAllGather:
         case ReshardKind::kReduceScatter: {
           // One dim changes: find it.
-          int dim = -1;
+          int dim = -1, changed = 0;
           for (size_t d = 0; d < r.from.dims.size(); ++d)
-            if (r.from.dims[d] != r.to.dims[d]) dim = static_cast<int>(d);
-          if (dim < 0 || r.axes.size() != 1)
+            if (r.from.dims[d] != r.to.dims[d]) {
+              dim = static_cast<int>(d);
+              ++changed;
+            }
+          if (dim < 0 || changed != 1 || r.axes.size() != 1)
             return Unimplemented("reshard of '", r.value->name(), "' from ", r.from.ToString(), " to ", r.to.ToString(),
                                  " for ", r.node->Describe(), " is not lowered yet");
           auto [c, v] = collective(r.kind == ReshardKind::kAllGather ? "AllGather" : "ReduceScatter", src,
