@@ -814,35 +814,42 @@ void CopyOverlap(const Tensor& src, const Block& sb, Tensor& dst, const Block& d
 
 absl::Status ReshardInto(const std::vector<Checkpoint>& shards, const std::map<std::string, std::string>& blocks,
                          std::map<std::string, Tensor>& targets) {
+  // Every shard tensor by the whole tensor it is a block of.
+  struct Piece {
+    const Tensor* tensor;
+    Block block;
+  };
+  std::map<std::string, std::vector<Piece>> pieces;
+  for (const Checkpoint& c : shards)
+    for (const auto& [tensor_name, t] : c.tensors) {
+      auto b = c.properties.find("block:" + tensor_name);
+      if (b == c.properties.end()) continue;
+      ASSIGN_OR_RETURN(Block have, ParseBlock(b->second));
+      const std::string whole = have.tensor.empty() ? tensor_name : have.tensor;
+      pieces[whole].push_back({&t, std::move(have)});
+    }
   for (auto& [name, dst] : targets) {
     auto bit = blocks.find(name);
     if (bit == blocks.end()) return NotFound("this rank's plan has no block for '", name, "'");
     ASSIGN_OR_RETURN(Block want, ParseBlock(bit->second));
     if (want.global.size() != dst.dims().size())
       return InvalidArgument("'", name, "': block ", bit->second, " does not fit ", DimsToString(dst.dims()));
-    std::vector<char> written(static_cast<size_t>(dst.numel()), 0);
-    bool any = false;
     const std::string whole = want.tensor.empty() ? name : want.tensor;
-    for (const Checkpoint& c : shards)
-     for (const auto& [tensor_name, t_value] : c.tensors) {
-      auto b = c.properties.find("block:" + tensor_name);
-      if (b == c.properties.end()) continue;
-      ASSIGN_OR_RETURN(Block have, ParseBlock(b->second));
-      if ((have.tensor.empty() ? tensor_name : have.tensor) != whole) continue;
-      const Tensor* t = &t_value;
-      if (have.global != want.global)
-        return InvalidArgument("checkpoint tensor '", name, "' is ", DimsToString(have.global),
+    auto found = pieces.find(whole);
+    if (found == pieces.end()) return NotFound("no checkpoint shard holds '", whole, "'");
+    std::vector<char> written(static_cast<size_t>(dst.numel()), 0);
+    for (const Piece& piece : found->second) {
+      if (piece.block.global != want.global)
+        return InvalidArgument("checkpoint tensor '", whole, "' is ", DimsToString(piece.block.global),
                                " as a whole, this run's is ", DimsToString(want.global));
-      if (t->dtype() != dst.dtype())
-        return InvalidArgument("checkpoint tensor '", name, "' is ", DataTypeName(t->dtype()), ", expected ",
-                               DataTypeName(dst.dtype()));
-      CopyOverlap(*t, have, dst, want, &written);
-      any = true;
-     }
-    if (!any) return NotFound("no checkpoint shard holds '", whole, "'");
+      if (piece.tensor->dtype() != dst.dtype())
+        return InvalidArgument("checkpoint tensor '", whole, "' is ", DataTypeName(piece.tensor->dtype()),
+                               ", expected ", DataTypeName(dst.dtype()));
+      CopyOverlap(*piece.tensor, piece.block, dst, want, &written);
+    }
     if (std::find(written.begin(), written.end(), 0) != written.end())
       return absl::DataLossError(absl::StrCat("the checkpoint shards do not cover this rank's block ", bit->second,
-                                              " of '", name, "' (a shard is missing)"));
+                                              " of '", whole, "' (a shard is missing)"));
   }
   return absl::OkStatus();
 }
