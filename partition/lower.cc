@@ -295,8 +295,7 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
           break;
         }
         case ReshardKind::kAllToAll: {
-          // A shard moving from one dim to another: gather the old dim, slice the new one
-          // (an AllGather's traffic where an AllToAll would move 1/n of it).
+          // A shard moving from one dim to another.
           int from_dim = -1, to_dim = -1;
           for (size_t d = 0; d < r.from.dims.size(); ++d) {
             if (r.from.dims[d].size() > r.to.dims[d].size()) from_dim = static_cast<int>(d);
@@ -306,6 +305,52 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
               !r.from.dims[to_dim].empty())
             return Unimplemented("reshard of '", r.value->name(), "' from ", r.from.ToString(), " to ",
                                  r.to.ToString(), " for ", r.node->Describe(), " is not lowered yet");
+          if (r.to.dims[to_dim] == r.axes && r.to.dims[from_dim].empty() && r.value->shape().is_static()) {
+            // One AllToAll over the flat buffer: split the new dim into its n parts and bring
+            // that axis to the front (chunk j goes to member j), exchange, then put the received
+            // parts (member i's block of the old dim) back in place of the old dim and merge.
+            ASSIGN_OR_RETURN(Shape ls, LocalShape(mesh, r.value->name(), r.value->shape(), r.from));
+            std::vector<int64_t> local = ls.StaticDims();
+            const int rank_v = static_cast<int>(local.size());
+            const int64_t n = static_cast<int64_t>(group.size());
+            const std::string meta_role = reader->metadata().count("role") ? reader->metadata().at("role") : "fwd";
+            auto add = [&](const char* op, std::vector<Value*> ins, const std::string& suffix) {
+              Value* out = lg.GetOrCreateValue(lg.UniqueName(r.value->name() + "." + suffix));
+              Node* node = lg.AddNode(op, ins, {out}, out->name());
+              node->metadata()["role"] = meta_role;
+              return std::make_pair(node, out);
+            };
+            std::vector<int64_t> split = local;
+            split[to_dim] = local[to_dim] / n;
+            split.insert(split.begin() + to_dim, n);
+            Value* split_shape = lg.AddInitializer(lg.UniqueName(r.value->name() + ".a2a_split"),
+                                                   Tensor::FromVector(split, {static_cast<int64_t>(split.size())}));
+            auto [rs1, v1] = add("Reshape", {src, split_shape}, "a2a_split");
+            std::vector<int64_t> front = {to_dim};
+            for (int d = 0; d <= rank_v; ++d)
+              if (d != to_dim) front.push_back(d);
+            auto [tr1, v2] = add("Transpose", {v1}, "a2a_front");
+            tr1->SetAttr("perm", Attribute::Ints(front));
+            auto [c, v3] = collective("AllToAll", v2, "alltoall");
+            // v3: [n (the sender's block of the old dim), the local dims with the new one split].
+            std::vector<int64_t> back;
+            for (int d = 1; d <= from_dim; ++d) back.push_back(d);
+            back.push_back(0);
+            for (int d = from_dim + 1; d <= rank_v; ++d) back.push_back(d);
+            auto [tr2, v4] = add("Transpose", {v3}, "a2a_back");
+            tr2->SetAttr("perm", Attribute::Ints(back));
+            std::vector<int64_t> merged = local;
+            merged[from_dim] = local[from_dim] * n;
+            merged[to_dim] = local[to_dim] / n;
+            Value* merged_shape = lg.AddInitializer(lg.UniqueName(r.value->name() + ".a2a_merge"),
+                                                    Tensor::FromVector(merged, {static_cast<int64_t>(merged.size())}));
+            auto [rs2, v5] = add("Reshape", {v4, merged_shape}, "moved");
+            (void)rs1;
+            (void)rs2;
+            converted = v5;
+            break;
+          }
+          // Otherwise: gather the old dim and slice the new one.
           auto [c, gathered] = collective("AllGather", src, "allgather");
           c->SetAttr("axis", Attribute::Int(from_dim));
           const int64_t global = r.value->shape()[to_dim].value;

@@ -9,7 +9,11 @@
 #include "base/status.h"
 #include "gtest/gtest.h"
 #include "onnx_ext/onnx_io.h"
+#include "graph/op_table.h"
+#include "partition/lower.h"
 #include "partition/pipeline.h"
+#include "partition/propagation.h"
+#include "runtime/inference_session.h"
 #include "runtime/simulated_communicator.h"
 #include "tests/op_tester.h"
 #include "tests/partition_test_util.h"
@@ -335,3 +339,75 @@ TEST(Megatron, GptLayersNeedTwoAllReducesEachWay) {
 
 }  // namespace
 }  // namespace cleave::trainer
+
+namespace cleave::partition {
+namespace {
+
+// A shard moving between dims is one AllToAll (1/n of the data per peer), not a gather and a
+// slice: x split over tp by rows, transposed, meets a Softmax over its last axis whose output
+// is wanted split by rows, so the shard must move from the columns to the rows.
+TEST(Lowering, ShardMovingBetweenDimsIsOneAllToAll) {
+  for (const auto& dims : std::vector<std::vector<int64_t>>{{4, 6}, {2, 4, 6}}) {
+    auto g = std::make_unique<graph::Graph>();
+    g->opset_imports()[""] = 17;
+    g->opset_imports()[graph::kCleaveDomain] = 1;
+    const int r = static_cast<int>(dims.size());
+    graph::Value* x = g->AddInput("x", DataType::kFloat32, Shape::FromDims(dims));
+    graph::Value* t = g->GetOrCreateValue("t");
+    graph::Value* y = g->GetOrCreateValue("y");
+    std::vector<int64_t> perm(r);
+    for (int i = 0; i < r; ++i) perm[i] = i;
+    std::swap(perm[r - 1], perm[r - 2]);
+    g->AddNode("Transpose", {x}, {t}, "tr")->SetAttr("perm", graph::Attribute::Ints(perm));
+    g->AddNode("Softmax", {t}, {y}, "sm")->SetAttr("axis", graph::Attribute::Int(-1));
+    g->AddOutput(y);
+    ASSERT_TRUE(graph::InferShapes(*g).ok());
+    auto mesh = *Mesh::Parse("tp=2");
+    Sharding xs = Sharding::Replicated(r), ys = Sharding::Replicated(r);
+    xs.dims[r - 2] = {"tp"};
+    ys.dims[r - 2] = {"tp"};
+    auto p = Propagate(*g, mesh, {{"x", xs}, {"y", ys}});
+    ASSERT_TRUE(p.ok()) << p.status();
+    Tensor tx(DataType::kFloat32, dims);
+    for (int64_t i = 0; i < tx.numel(); ++i) tx.data<float>()[i] = static_cast<float>(i % 7) * 0.25f - 1;
+    SessionOptions plain;
+    plain.intra_op_threads = 1;
+    auto whole = InferenceSession::FromGraph(g->Clone(), plain);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    auto want_all = (*whole)->Run({{"x", tx}});
+    ASSERT_TRUE(want_all.ok()) << want_all.status();
+    runtime::SimulatedWorld sim(2);
+    std::vector<absl::Status> status(2);
+    std::vector<Tensor> got(2);
+    std::vector<std::string> ops(2);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < 2; ++rank)
+      threads.emplace_back([&, rank] {
+        auto run = [&]() -> absl::Status {
+          ASSIGN_OR_RETURN(LoweredGraph lg, LowerForRank(*g, mesh, *p, rank));
+          for (const auto& n : lg.graph->nodes()) ops[rank] += n->op_type() + " ";
+          SessionOptions so;
+          so.intra_op_threads = 1;
+          so.communicator = sim.rank(rank);
+          ASSIGN_OR_RETURN(auto s, InferenceSession::FromGraph(std::move(lg.graph), so));
+          ASSIGN_OR_RETURN(Tensor shard, ShardTensor(tx, mesh, xs, rank, "x"));
+          ASSIGN_OR_RETURN(auto out, s->Run({{"x", shard}}));
+          got[rank] = out[0];
+          return absl::OkStatus();
+        };
+        status[rank] = run();
+      });
+    for (auto& th : threads) th.join();
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(status[rank].ok()) << status[rank];
+      EXPECT_NE(ops[rank].find("AllToAll"), std::string::npos) << ops[rank];
+      EXPECT_EQ(ops[rank].find("AllGather"), std::string::npos) << ops[rank];
+      auto want = ShardTensor((*want_all)[0], mesh, ys, rank, "y");
+      ASSERT_TRUE(want.ok());
+      EXPECT_EQ(testing::CompareTensors(got[rank], *want, 0, 0), "") << DimsToString(dims) << " rank " << rank;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cleave::partition
