@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -124,6 +125,11 @@ absl::Status ExternaliseInitializers(onnx::ModelProto* m, const std::string& dat
 }
 
 }  // namespace
+
+std::string ReadFileOrEmpty(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
 
 absl::Status WriteFileAtomic(const std::string& path, const std::string& bytes) {
   std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());

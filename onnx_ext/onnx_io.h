@@ -36,5 +36,7 @@ absl::Status SaveTensorFile(const std::string& path, const std::string& name, co
 
 // Writes bytes atomically: a temporary file beside `path`, fsync, then rename.
 absl::Status WriteFileAtomic(const std::string& path, const std::string& bytes);
+// A whole file's bytes; empty when it cannot be read.
+std::string ReadFileOrEmpty(const std::string& path);
 
 }  // namespace cleave::onnx_ext

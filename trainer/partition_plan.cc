@@ -536,11 +536,6 @@ absl::Status WritePlan(const Plan& plan, const std::string& dir) {
 
 namespace {
 
-std::string ReadText(const fs::path& path) {
-  std::ifstream f(path);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
 // The first integer after "key": in `json` (plan.json is written by WritePlan, one key per
 // field), or `dflt`.
 int64_t JsonInt(const std::string& json, const std::string& key, int64_t dflt) {
@@ -557,7 +552,7 @@ int64_t JsonInt(const std::string& json, const std::string& key, int64_t dflt) {
 absl::StatusOr<std::vector<RankSummary>> ReadPlanSummary(const std::string& dir) {
   if (!fs::exists(fs::path(dir) / "plan.json"))
     return NotFound("'", dir, "' is not a plan directory (no plan.json)");
-  const std::string json = ReadText(fs::path(dir) / "plan.json");
+  const std::string json = onnx_ext::ReadFileOrEmpty((fs::path(dir) / "plan.json").string());
   const int64_t micro = JsonInt(json, "microbatches", 1);
   std::vector<RankSummary> out;
   for (int r = 0;; ++r) {
@@ -639,7 +634,7 @@ std::string JsonString(const std::string& json, const std::string& key) {
 
 absl::StatusOr<RankRun> LoadRankRun(const std::string& dir, int rank) {
   const fs::path root(dir);
-  const std::string json = ReadText(root / "plan.json");
+  const std::string json = onnx_ext::ReadFileOrEmpty((root / "plan.json").string());
   if (json.empty()) return NotFound("'", dir, "' is not a plan directory (no plan.json; make one with cleave partition)");
   if (JsonString(json, "format") != kPlanFormat)
     return InvalidArgument(dir, "/plan.json is of format '", JsonString(json, "format"), "', this cleave reads '",
@@ -855,7 +850,7 @@ absl::Status ReshardInto(const std::vector<Checkpoint>& shards, const std::map<s
 }
 
 absl::StatusOr<std::string> DescribePlanSchedule(const std::string& dir) {
-  const std::string json = ReadText(fs::path(dir) / "plan.json");
+  const std::string json = onnx_ext::ReadFileOrEmpty((fs::path(dir) / "plan.json").string());
   if (json.empty()) return NotFound("'", dir, "' is not a plan directory (no plan.json)");
   const size_t at = json.find("\"schedule\": {\"kind\": \"");
   if (at == std::string::npos) return absl::DataLossError(absl::StrCat(dir, "/plan.json has no schedule"));

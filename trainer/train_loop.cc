@@ -100,6 +100,33 @@ void FillBatch(const std::vector<uint16_t>& tokens, bool shuffle, uint64_t seed,
   }
 }
 
+// Opens the JSONL metrics file, creating its folder; a resumed run appends.
+absl::Status OpenMetrics(const std::string& path, bool append, std::ofstream* out) {
+  std::error_code ec;
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  out->open(path, append ? std::ios::app : std::ios::trunc);
+  if (!*out) return InvalidArgument("cannot write --metrics file '", path, "'");
+  return absl::OkStatus();
+}
+
+// Whether step `step` (1-based) evaluates on the validation split.
+bool EvalDue(const TrainConfig& c, int64_t step, bool last) {
+  return last || (c.eval_every > 0 && step % c.eval_every == 0);
+}
+
+// Loss scaling's part of a progress line and of a metrics object; empty without scaling.
+std::string LossScaleText(const TrainingSession& s, double used, bool skipped) {
+  if (!s.loss_scaling()) return "";
+  return absl::StrFormat(" | loss scale %g%s", used,
+                         skipped ? absl::StrFormat(" (gradient overflow: update skipped, scale now %g)", s.loss_scale())
+                                 : "");
+}
+std::string LossScaleJson(const TrainingSession& s, double used, bool skipped) {
+  if (!s.loss_scaling()) return "";
+  return absl::StrFormat(", \"loss_scale\": %.17g, \"skipped\": %s", used, skipped ? "true" : "false");
+}
+
 absl::Status CheckVocab(const std::vector<uint16_t>& tokens, int64_t offset, int64_t vocab, const std::string& path) {
   for (size_t i = 0; i < tokens.size(); ++i)
     if (tokens[i] >= vocab)
@@ -263,13 +290,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
   result.first_step = start;
 
   std::ofstream metrics;
-  if (!c.metrics.empty()) {
-    std::error_code ec;
-    const auto parent = std::filesystem::path(c.metrics).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    metrics.open(c.metrics, c.resume ? std::ios::app : std::ios::trunc);
-    if (!metrics) return InvalidArgument("cannot write --metrics file '", c.metrics, "'");
-  }
+  if (!c.metrics.empty()) RETURN_IF_ERROR(OpenMetrics(c.metrics, c.resume, &metrics));
   Batch b{Tensor(id_type, {micro, c.seq}),
           c.loss == LossKind::kMse ? Tensor(DataType::kFloat32, {micro, c.seq, vocab})
                                    : Tensor(DataType::kInt64, {micro, c.seq})};
@@ -323,7 +344,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
     curve.emplace_back(s + 1, loss);
     double val = -1;
     const bool last = s + 1 == c.steps || s + 1 == c.exit_at;
-    if (!data.val.empty() && (last || (c.eval_every > 0 && (s + 1) % c.eval_every == 0))) {
+    if (!data.val.empty() && EvalDue(c, s + 1, last)) {
       ASSIGN_OR_RETURN(val, evaluate());
       result.val_loss = val;
       val_curve.emplace_back(s + 1, val);
@@ -332,11 +353,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
     if (c.log_every > 0 && ((s + 1) % c.log_every == 0 || last || val >= 0)) {
       log << absl::StrFormat("step %*d/%d | loss %.4f | lr %.3e | grad norm %.3f | %.1f ms/step | %.0f tok/s",
                              static_cast<int>(std::to_string(c.steps).size()), s + 1, c.steps, loss, lr, norm, ms, tps);
-      if (session->loss_scaling())
-        log << absl::StrFormat(" | loss scale %g%s", scale_used,
-                               skipped ? absl::StrFormat(" (gradient overflow: update skipped, scale now %g)",
-                                                         session->loss_scale())
-                                       : "");
+      log << LossScaleText(*session, scale_used, skipped);
       if (val >= 0) log << absl::StrFormat(" | val loss %.4f", val);
       log << "\n" << std::flush;
     }
@@ -344,8 +361,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
       metrics << absl::StrFormat("{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
                                  "\"tokens_per_s\": %.1f",
                                  s + 1, loss, lr, std::isfinite(norm) ? norm : -1.0f, ms, tps);
-      if (session->loss_scaling())
-        metrics << absl::StrFormat(", \"loss_scale\": %.17g, \"skipped\": %s", scale_used, skipped ? "true" : "false");
+      metrics << LossScaleJson(*session, scale_used, skipped);
       if (val >= 0) metrics << absl::StrFormat(", \"val_loss\": %.9g", val);
       metrics << "}\n" << std::flush;
     }
@@ -372,11 +388,6 @@ bool FaultAt(const char* var, int rank, int64_t step) {
   int r = -1;
   int64_t s = -1;
   return v && std::sscanf(v, "%d:%ld", &r, &s) == 2 && r == rank && s == step;
-}
-
-std::string ReadFileText(const std::string& path) {
-  std::ifstream f(path);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
 std::string RankFile(const std::string& path, int rank, int world) {
@@ -534,7 +545,7 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
         if (loaded.ok()) props = *loaded;
         else found = loaded.status();
       } else {
-        const std::string manifest = ReadFileText(
+        const std::string manifest = onnx_ext::ReadFileOrEmpty(
             (ckdir / absl::StrFormat("step_%08d.manifest", newest)).string());
         int64_t old_ranks = 0;
         if (const size_t at = manifest.find("\"ranks\": "); at != std::string::npos)
@@ -588,11 +599,8 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
   std::ofstream metrics;
   const std::string metrics_path = RankFile(c.metrics, rank, world);
   if (!metrics_path.empty()) {
-    std::error_code ec;
-    const auto parent = std::filesystem::path(metrics_path).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    metrics.open(metrics_path, c.resume ? std::ios::app : std::ios::trunc);
-    if (!metrics) return InvalidArgument("rank ", rank, ": cannot write --metrics file '", metrics_path, "'");
+    absl::Status opened = OpenMetrics(metrics_path, c.resume, &metrics);
+    if (!opened.ok()) return absl::Status(opened.code(), absl::StrCat("rank ", rank, ": ", opened.message()));
   }
   auto evaluate = [&]() -> absl::StatusOr<double> {
     double sum = 0;
@@ -652,7 +660,7 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
     curve.emplace_back(s + 1, loss);
     double val = -1;
     const bool last = s + 1 == c.steps || s + 1 == c.exit_at;
-    if (!data.val.empty() && (last || (c.eval_every > 0 && (s + 1) % c.eval_every == 0))) {
+    if (!data.val.empty() && EvalDue(c, s + 1, last)) {
       ASSIGN_OR_RETURN(val, evaluate());
       result.val_loss = val;
       val_curve.emplace_back(s + 1, val);
@@ -663,11 +671,7 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
                              "compute %.1f ms, comm %.1f ms, idle %.1f ms",
                              static_cast<int>(std::to_string(c.steps).size()), s + 1, c.steps, loss, lr, norm, ms, tps,
                              compute_ms, comm_ms, idle_ms);
-      if (session->loss_scaling())
-        log << absl::StrFormat(" | loss scale %g%s", scale_used,
-                               skipped ? absl::StrFormat(" (gradient overflow: update skipped, scale now %g)",
-                                                         session->loss_scale())
-                                       : "");
+      log << LossScaleText(*session, scale_used, skipped);
       if (val >= 0) log << absl::StrFormat(" | val loss %.4f", val);
       log << "\n" << std::flush;
     }
@@ -678,8 +682,7 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
                                  "\"pipeline_end_us\": %d",
                                  s + 1, rank, loss, lr, std::isfinite(norm) ? norm : -1.0f, ms, tps, compute_ms,
                                  comm_ms, idle_ms, pipeline_ms, since(p0), since(p1));
-      if (session->loss_scaling())
-        metrics << absl::StrFormat(", \"loss_scale\": %.17g, \"skipped\": %s", scale_used, skipped ? "true" : "false");
+      metrics << LossScaleJson(*session, scale_used, skipped);
       if (val >= 0) metrics << absl::StrFormat(", \"val_loss\": %.9g", val);
       metrics << "}\n" << std::flush;
     }
