@@ -89,6 +89,8 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
     }
   }
   for (size_t i = 0; i < a.params.size(); ++i) {
+    grad_by_name_[AccumulationBuffer(a.params[i])] = &grads_[i];
+    grad_by_name_[AccumulationOut(a.params[i])] = &grads_[i];
     by_name_[a.params[i]] = &params_[i];
     for (size_t k = 0; k < a.state_suffixes.size(); ++k)
       by_name_[a.params[i] + a.state_suffixes[k]] = &states_[i][k];
@@ -219,11 +221,10 @@ absl::Status TrainingSession::RunPart(InferenceSession& s, const Feeds& data, co
       continue;
     }
     bool found = false;
-    for (size_t i = 0; i < params_.size() && !found; ++i)
-      if (AccumulationBuffer(artifacts_.params[i]) == in.name) {
-        feeds.emplace_back(in.name, grads_[i]);
-        found = true;
-      }
+    if (auto g = grad_by_name_.find(in.name); g != grad_by_name_.end()) {
+      feeds.emplace_back(in.name, *g->second);
+      found = true;
+    }
     for (const auto& [name, t] : data)
       if (!found && name == in.name) {
         feeds.emplace_back(name, t);
@@ -234,12 +235,10 @@ absl::Status TrainingSession::RunPart(InferenceSession& s, const Feeds& data, co
   std::vector<Tensor> outs;
   for (const IoInfo& o : s.outputs()) {
     Tensor t;
-    bool bound = false;
-    for (size_t i = 0; i < params_.size() && !bound; ++i)
-      if (AccumulationOut(artifacts_.params[i]) == o.name) {
-        t = grads_[i];
-        bound = true;
-      }
+    // An accumulation output is its gradient buffer, updated in place.
+    auto g = grad_by_name_.find(o.name);
+    const bool bound = g != grad_by_name_.end();
+    if (bound) t = *g->second;
     if (!bound) {
       if (!o.shape.is_static())
         return Internal("pipeline stage output '", o.name, "' has no static shape: ", o.shape.ToString());

@@ -148,6 +148,8 @@ class TrainingSession {
   std::vector<Tensor> params_, grads_;
   std::vector<std::vector<Tensor>> states_;  // [param][suffix]
   std::map<std::string, Tensor*> by_name_;
+  // Accumulation buffer and output names -> the gradient buffer (pipeline stage parts).
+  std::map<std::string, Tensor*> grad_by_name_;
   Tensor loss_, grad_norm_, reset_, lr_tensor_, step_tensor_, scale_tensor_, loss_scale_tensor_;
   bool loss_scaling_ = false, last_skipped_ = false;
   double loss_scale_ = 65536.0;
