@@ -121,6 +121,10 @@ OpSchema SoftmaxCrossEntropyLossGradSchema() {
       .Attr("reduction", "'none', 'sum' or 'mean'", AttributeProto::STRING, std::string("mean"))
       .Attr("ignore_index", "label whose positions get no gradient", AttributeProto::INT,
             false)
+      .Attr("class_offset", "the first class log_prob holds (a slice of the classes)", AttributeProto::INT,
+            static_cast<int64_t>(0))
+      .Attr("num_classes", "all classes, when log_prob holds a slice of them (0: C)", AttributeProto::INT,
+            static_cast<int64_t>(0))
       .TypeConstraint("T", kGradTypes, "float tensors")
       .TypeConstraint("Tind", kIndexTypes, "label tensors");
   return s;

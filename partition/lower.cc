@@ -131,7 +131,6 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
   out.graph = g.Clone();
   Graph& lg = *out.graph;
   lg.opset_imports()[graph::kCleaveDomain] = 1;
-  auto sharding_of = [&](const std::string& name) -> const Sharding& { return p.sharding.at(g.FindValue(name)); };
 
   // Reshards first, on the original graph's view of the nodes.
   std::vector<Reshard> reshards = Reshards(g, mesh, p);
@@ -222,21 +221,54 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
     if (!converted) {
       const std::string axis_name = absl::StrJoin(r.axes, "*");
       const std::vector<int> group = mesh.Group(rank, r.axes);
-      auto collective = [&](const char* op, Value* in, const std::string& suffix) {
+      // A collective over r.axes, or over `axes` when given (with its input's bytes).
+      auto collective = [&](const char* op, Value* in, const std::string& suffix,
+                            const std::vector<std::string>* axes = nullptr, int64_t bytes = -1) {
+        const std::vector<int> members = axes ? mesh.Group(rank, *axes) : group;
+        const std::string name = axes ? absl::StrJoin(*axes, "*") : axis_name;
         Value* v = lg.GetOrCreateValue(lg.UniqueName(absl::StrCat(r.value->name(), ".", suffix)));
         Node* c = lg.AddNode(op, {in}, {v}, v->name(), graph::kCleaveDomain);
-        c->SetAttr("group", Attribute::Ints(ToInts(group)));
-        c->SetAttr("mesh_axis", Attribute::String(axis_name));
+        c->SetAttr("group", Attribute::Ints(ToInts(members)));
+        c->SetAttr("mesh_axis", Attribute::String(name));
         c->metadata()["role"] = reader->metadata().count("role") ? reader->metadata().at("role") : "fwd";
-        out.collectives.push_back({op, r.value->name(), r.node->name(), axis_name, group, r.bytes});
+        out.collectives.push_back({op, r.value->name(), r.node->name(), name, members, bytes < 0 ? r.bytes : bytes});
         return std::make_pair(c, v);
+      };
+      // Replicated here, sharded there: keep this rank's block of `in` with a Slice.
+      auto slice_to_target = [&](Value* in) {
+        std::vector<int64_t> starts, ends, axes;
+        for (size_t d = 0; d < r.to.dims.size(); ++d) {
+          if (r.to.dims[d].empty() || r.to.dims[d] == r.from.dims[d]) continue;
+          const int64_t global = r.value->shape()[static_cast<int>(d)].value;
+          const int64_t local = global / Parts(mesh, r.to.dims[d]);
+          // The offset inside the block this rank already holds.
+          const int64_t off = ShardOffset(mesh, rank, r.to, static_cast<int>(d), global) -
+                              ShardOffset(mesh, rank, r.from, static_cast<int>(d), global);
+          starts.push_back(off);
+          ends.push_back(off + local);
+          axes.push_back(static_cast<int64_t>(d));
+        }
+        const int64_t n = static_cast<int64_t>(starts.size());
+        Value* vs = lg.AddInitializer(lg.UniqueName(r.value->name() + ".slice_starts"), Tensor::FromVector(starts, {n}));
+        Value* ve = lg.AddInitializer(lg.UniqueName(r.value->name() + ".slice_ends"), Tensor::FromVector(ends, {n}));
+        Value* va = lg.AddInitializer(lg.UniqueName(r.value->name() + ".slice_axes"), Tensor::FromVector(axes, {n}));
+        Value* v = lg.GetOrCreateValue(lg.UniqueName(r.value->name() + ".slice"));
+        Node* s = lg.AddNode("Slice", {in, vs, ve, va}, {v}, v->name());
+        s->metadata()["role"] = reader->metadata().count("role") ? reader->metadata().at("role") : "fwd";
+        return v;
       };
       switch (r.kind) {
         case ReshardKind::kAllReduce: {
-          // A reduction that also moves shards is two steps this lowering does not chain.
-          if (r.from.dims != r.to.dims)
+          // A reduction that also shards further (a summed gradient wanted sharded like its
+          // weight) reduces the whole local block, then keeps the target's block. Moving a
+          // shard to another dim as well is not chained.
+          bool only_adds = true;
+          for (size_t d = 0; d < r.to.dims.size(); ++d)
+            only_adds &= r.to.dims[d].size() >= r.from.dims[d].size() &&
+                         std::equal(r.from.dims[d].begin(), r.from.dims[d].end(), r.to.dims[d].begin());
+          if (!only_adds || !r.value->shape().is_static())
             return Unimplemented("reshard of '", r.value->name(), "' from ", r.from.ToString(), " to ", r.to.ToString(),
-                                 " for ", r.node->Describe(), " both reduces and reshards; not lowered yet");
+                                 " for ", r.node->Describe(), " both reduces and moves shards; not lowered yet");
           auto [c, v] = collective("AllReduce", src, "allreduce");
           converted = v;
           // A Partial mean: the sum over the group, divided by its size.
@@ -250,6 +282,7 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
             m->metadata() = c->metadata();
             converted = mean;
           }
+          if (r.from.dims != r.to.dims) converted = slice_to_target(converted);
           break;
         }
         case ReshardKind::kAllGather:
@@ -261,6 +294,27 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
               dim = static_cast<int>(d);
               ++changed;
             }
+          if (r.kind == ReshardKind::kReduceScatter && dim >= 0 && changed == 1 && r.axes.size() > 1 &&
+              r.from.partial_avg.empty() &&
+              std::equal(r.from.dims[dim].begin(), r.from.dims[dim].end(), r.to.dims[dim].begin())) {
+            // Partial over more axes than the dim is scattered over: reduce-scatter over the
+            // scattering axes, then all-reduce the shard over the others.
+            const std::vector<std::string> scatter(r.to.dims[dim].begin() + r.from.dims[dim].size(),
+                                                   r.to.dims[dim].end());
+            std::vector<std::string> rest;
+            for (const auto& a : r.axes)
+              if (std::find(scatter.begin(), scatter.end(), a) == scatter.end()) rest.push_back(a);
+            const bool covered = rest.size() + scatter.size() == r.axes.size();
+            if (covered && !rest.empty()) {
+              auto [c, v] = collective("ReduceScatter", src, "reducescatter", &scatter);
+              c->SetAttr("axis", Attribute::Int(dim));
+              int64_t shard_bytes = r.bytes;
+              for (const auto& a : scatter) shard_bytes /= mesh.size(a);
+              auto [c2, v2] = collective("AllReduce", v, "allreduce", &rest, shard_bytes);
+              converted = v2;
+              break;
+            }
+          }
           if (dim < 0 || changed != 1 || r.axes.size() != 1)
             return Unimplemented("reshard of '", r.value->name(), "' from ", r.from.ToString(), " to ", r.to.ToString(),
                                  " for ", r.node->Describe(), " is not lowered yet");
@@ -270,30 +324,9 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
           converted = v;
           break;
         }
-        case ReshardKind::kSlice: {
-          // Replicated here, sharded there: keep this rank's block with a Slice.
-          std::vector<int64_t> starts, ends, axes;
-          for (size_t d = 0; d < r.to.dims.size(); ++d) {
-            if (r.to.dims[d].empty() || r.to.dims[d] == r.from.dims[d]) continue;
-            const int64_t global = r.value->shape()[static_cast<int>(d)].value;
-            const int64_t local = global / Parts(mesh, r.to.dims[d]);
-            // The offset inside the block this rank already holds.
-            const int64_t off = ShardOffset(mesh, rank, r.to, static_cast<int>(d), global) -
-                                ShardOffset(mesh, rank, r.from, static_cast<int>(d), global);
-            starts.push_back(off);
-            ends.push_back(off + local);
-            axes.push_back(static_cast<int64_t>(d));
-          }
-          const int64_t n = static_cast<int64_t>(starts.size());
-          Value* vs = lg.AddInitializer(lg.UniqueName(r.value->name() + ".slice_starts"), Tensor::FromVector(starts, {n}));
-          Value* ve = lg.AddInitializer(lg.UniqueName(r.value->name() + ".slice_ends"), Tensor::FromVector(ends, {n}));
-          Value* va = lg.AddInitializer(lg.UniqueName(r.value->name() + ".slice_axes"), Tensor::FromVector(axes, {n}));
-          Value* v = lg.GetOrCreateValue(lg.UniqueName(r.value->name() + ".slice"));
-          Node* s = lg.AddNode("Slice", {src, vs, ve, va}, {v}, v->name());
-          s->metadata()["role"] = reader->metadata().count("role") ? reader->metadata().at("role") : "fwd";
-          converted = v;
+        case ReshardKind::kSlice:
+          converted = slice_to_target(src);
           break;
-        }
         case ReshardKind::kAllToAll: {
           // A shard moving from one dim to another.
           int from_dim = -1, to_dim = -1;
@@ -446,6 +479,132 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
     Value* zero = lg.AddInitializer(lg.UniqueName(n->name() + ".zero_row"), Tensor::Scalar<float>(0.0f));
     Node* w = lg.AddNode("Where", {mask, raw, zero}, {out}, lg.UniqueName(n->name() + ".masked"));
     w->metadata() = md;
+  }
+
+  // A vocabulary-parallel cross-entropy over class-sharded scores [N, C]: the row max and the
+  // sum of exponentials are AllReduced (max, sum) over the class shards, each rank forms its
+  // columns of log_prob, and the target's log-probability comes from the one rank holding the
+  // label (a masked pick, then a sum). The scores are never gathered; what crosses ranks is
+  // three [N] vectors.
+  for (size_t k = 0; k < g.nodes().size(); ++k) {
+    const Node* on = g.nodes()[k].get();
+    const bool fwd = on->domain().empty() && on->op_type() == "SoftmaxCrossEntropyLoss";
+    const bool bwd = on->domain() == graph::kCleaveDomain && on->op_type() == "SoftmaxCrossEntropyLossGrad";
+    if (!fwd && !bwd) continue;
+    const Value* scores = on->input(fwd ? 0 : 1);
+    // The class factor (the second, as the rules number them) as the node reads it: the
+    // scores' own sharding may differ when they are resharded for it.
+    if (!on->metadata().count(kVocabParallel) || scores->shape().rank() != 2) continue;
+    const std::vector<std::string>& class_axes = p.factor_axes.at(on)[1];
+    if (class_axes.empty()) continue;
+    Sharding ss = Sharding::Replicated(2);
+    ss.dims[0] = p.factor_axes.at(on)[0];
+    ss.dims[1] = class_axes;
+    Node* n = twin.at(on);
+    const int64_t classes = scores->shape()[1].value;
+    const int64_t offset = ShardOffset(mesh, rank, ss, 1, classes);
+    const int64_t local = classes / Parts(mesh, ss.dims[1]);
+    if (bwd) {
+      n->SetAttr("class_offset", Attribute::Int(offset));
+      n->SetAttr("num_classes", Attribute::Int(classes));
+      continue;
+    }
+    const std::vector<int> group = mesh.Group(rank, ss.dims[1]);
+    const std::string axis_name = absl::StrJoin(ss.dims[1], "*");
+    ASSIGN_OR_RETURN(Shape local_scores, LocalShape(mesh, scores->name(), scores->shape(), ss));
+    const int64_t rows = local_scores[0].value;
+    const std::string base = n->name();
+    const std::string reduction = n->AttrString("reduction", "mean");
+    const bool has_ignore = n->HasAttr("ignore_index");
+    const int64_t ignore_index = n->AttrInt("ignore_index", 0);
+    Value* s_in = n->input(0);
+    Value* labels = n->input(1);
+    Value* loss_out = n->output(0);
+    Value* log_prob_out = n->num_outputs() > 1 ? n->output(1) : nullptr;
+    auto md = n->metadata();
+    lg.RemoveNode(n);
+    twin[on] = nullptr;
+    const int opset = lg.OpsetFor("");
+    auto add = [&](const char* op, std::vector<Value*> in, const std::string& hint, Value* dst = nullptr,
+                   const char* domain = "") {
+      if (!dst) dst = lg.GetOrCreateValue(lg.UniqueName(base + hint));
+      Node* m = lg.AddNode(op, in, {dst}, lg.UniqueName(base + hint), domain);
+      m->metadata() = md;
+      return m;
+    };
+    // A reduction over the class axis (keepdims) or over everything (axis < 0).
+    auto reduce = [&](const char* op, Value* x, int axis, bool keep, const std::string& hint, Value* dst = nullptr) {
+      const bool axes_input = std::string(op) == "ReduceSum" ? opset >= 13 : opset >= 18;
+      std::vector<Value*> in = {x};
+      if (axis >= 0 && axes_input)
+        in.push_back(lg.AddInitializer(lg.UniqueName(base + hint + ".axes"), Tensor::FromVector<int64_t>({axis}, {1})));
+      Node* m = add(op, in, hint, dst);
+      if (axis >= 0 && !axes_input) m->SetAttr("axes", Attribute::Ints({axis}));
+      m->SetAttr("keepdims", Attribute::Int(keep ? 1 : 0));
+      return m->output(0);
+    };
+    auto all_reduce = [&](Value* x, const char* how, int64_t elements) {
+      Node* m = add("AllReduce", {x}, absl::StrCat(".", how), nullptr, graph::kCleaveDomain);
+      m->SetAttr("group", Attribute::Ints(ToInts(group)));
+      m->SetAttr("mesh_axis", Attribute::String(axis_name));
+      if (std::string(how) == "max") m->SetAttr("reduction", Attribute::String("max"));
+      out.collectives.push_back({"AllReduce", x->name(), on->name(), axis_name, group, elements * 4});
+      return m->output(0);
+    };
+    Value* row_max = all_reduce(reduce("ReduceMax", s_in, 1, true, ".local_max"), "max", rows);
+    Value* shifted = add("Sub", {s_in, row_max}, ".shifted")->output(0);
+    Value* exps = add("Exp", {shifted}, ".exp")->output(0);
+    Value* sum_exp = all_reduce(reduce("ReduceSum", exps, 1, true, ".local_sum_exp"), "sum", rows);
+    Value* lse = add("Log", {sum_exp}, ".log_sum_exp")->output(0);
+    Value* log_prob = add("Sub", {shifted, lse}, ".log_prob", log_prob_out)->output(0);
+    // This rank's class ids [1, C/shards] against the labels [N, 1]: at most one hit per row.
+    std::vector<int64_t> ids(local);
+    for (int64_t c = 0; c < local; ++c) ids[c] = offset + c;
+    Tensor iota = labels->dtype() == DataType::kInt32
+                      ? Tensor::FromVector<int32_t>(std::vector<int32_t>(ids.begin(), ids.end()), {1, local})
+                      : Tensor::FromVector<int64_t>(ids, {1, local});
+    Value* class_ids = lg.AddInitializer(lg.UniqueName(base + ".class_ids"), std::move(iota));
+    Value* column;
+    if (opset >= 13) {
+      Value* axes = lg.AddInitializer(lg.UniqueName(base + ".label_axes"), Tensor::FromVector<int64_t>({1}, {1}));
+      column = add("Unsqueeze", {labels, axes}, ".label_column")->output(0);
+    } else {
+      Node* u = add("Unsqueeze", {labels}, ".label_column");
+      u->SetAttr("axes", Attribute::Ints({1}));
+      column = u->output(0);
+    }
+    Value* hit = add("Equal", {class_ids, column}, ".hit")->output(0);
+    Value* zero = lg.AddInitializer(lg.UniqueName(base + ".zero"), Tensor::Scalar<float>(0.0f));
+    Value* picked = add("Where", {hit, log_prob, zero}, ".picked")->output(0);
+    Value* target = all_reduce(reduce("ReduceSum", picked, 1, false, ".local_target"), "sum", rows);
+    Value* nll = add("Neg", {target}, ".nll")->output(0);
+    if (has_ignore) {
+      Value* ign = lg.AddInitializer(lg.UniqueName(base + ".ignore_index"),
+                                     labels->dtype() == DataType::kInt32
+                                         ? Tensor::Scalar<int32_t>(static_cast<int32_t>(ignore_index))
+                                         : Tensor::Scalar<int64_t>(ignore_index));
+      Value* ignored = add("Equal", {labels, ign}, ".ignored")->output(0);
+      Value* kept = add("Not", {ignored}, ".kept")->output(0);
+      Node* cast = add("Cast", {kept}, ".weight");
+      cast->SetAttr("to", Attribute::Int(1));  // float
+      Value* weight = cast->output(0);
+      if (reduction == "none") {
+        add("Mul", {nll, weight}, ".loss", loss_out);
+      } else {
+        Value* weighted = add("Mul", {nll, weight}, ".weighted")->output(0);
+        if (reduction == "sum") {
+          reduce("ReduceSum", weighted, -1, false, ".loss", loss_out);
+        } else {
+          Value* total = reduce("ReduceSum", weighted, -1, false, ".total");
+          Value* count = reduce("ReduceSum", weight, -1, false, ".count");
+          add("Div", {total, count}, ".loss", loss_out);
+        }
+      }
+    } else if (reduction == "none") {
+      add("Identity", {nll}, ".loss", loss_out);
+    } else {
+      reduce(reduction == "sum" ? "ReduceSum" : "ReduceMean", nll, -1, false, ".loss", loss_out);
+    }
   }
 
   // A sum of squares that becomes Partial over axes A adds its inputs' local sums over A. An

@@ -300,6 +300,18 @@ absl::StatusOr<LookupFactors> Lookup(const Node& n, const Value* table, const Va
 
 }  // namespace
 
+int MarkVocabParallelLoss(graph::Graph& g) {
+  int marked = 0;
+  for (const auto& n : g.nodes()) {
+    const bool fwd = n->domain().empty() && n->op_type() == "SoftmaxCrossEntropyLoss";
+    const bool bwd = n->domain() == graph::kCleaveDomain && n->op_type() == "SoftmaxCrossEntropyLossGrad";
+    if (!fwd && !bwd) continue;
+    n->metadata()[kVocabParallel] = "1";
+    ++marked;
+  }
+  return marked;
+}
+
 absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   const std::string& op = n.op_type();
   const bool cleave = n.domain() == graph::kCleaveDomain;
@@ -501,7 +513,17 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
     FactorRule r;
     std::vector<int> f;
     for (int64_t d : s) f.push_back(r.AddFactor(d));
-    r.no_shard[f[1]] = 1;
+    const bool vocab_parallel = n.metadata().count(kVocabParallel) > 0;
+    if (vocab_parallel) {
+      if (n.num_inputs() > 2 && n.input(2))
+        return Unimplemented(n.Describe(), ": a vocabulary-parallel cross-entropy with class weights");
+      if (s.size() != 2)
+        return Unimplemented(n.Describe(), ": a vocabulary-parallel cross-entropy over scores of rank ", s.size(),
+                             " (expected [N, C])");
+      r.collective_factor = f[1];
+    } else {
+      r.no_shard[f[1]] = 1;
+    }
     OperandFactors fs, fl;
     for (size_t k = 0; k < s.size(); ++k) fs.dims.push_back({f[k]});
     for (size_t k = 0; k < s.size(); ++k)
@@ -526,7 +548,11 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
     FactorRule r;
     std::vector<int> f;
     for (int64_t d : s) f.push_back(r.AddFactor(d));
-    r.no_shard[f[1]] = 1;
+    // Vocabulary-parallel: each class shard's gradient needs only its own log_prob columns
+    // (the lowering tells the node which classes it holds).
+    const bool vocab_parallel = n.metadata().count(kVocabParallel) > 0 && s.size() == 2 &&
+                                !(n.num_inputs() > 3 && n.input(3));
+    if (!vocab_parallel) r.no_shard[f[1]] = 1;
     OperandFactors fs, fl;
     for (size_t k = 0; k < s.size(); ++k) fs.dims.push_back({f[k]});
     for (size_t k = 0; k < s.size(); ++k)

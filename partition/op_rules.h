@@ -44,6 +44,9 @@ struct FactorRule {
   bool partial_inputs_follow = false;
   // A vocabulary-parallel lookup: sharding this factor of input 0 needs a masked gather.
   int gathered_factor = -1;
+  // A factor the lowering reduces with collectives of its own (the classes of a
+  // vocabulary-parallel cross-entropy): sharding it makes no output Partial.
+  int collective_factor = -1;
 
   int AddFactor(int64_t size) {
     factor_size.push_back(size);
@@ -51,6 +54,13 @@ struct FactorRule {
     return num_factors++;
   }
 };
+
+// Marks the cross-entropy losses of `g` (SoftmaxCrossEntropyLoss and its gradient) as
+// vocabulary-parallel: their class dim may then stay sharded, the lowering computing the
+// log-sum-exp and the target's score with AllReduces over the class shards instead of
+// gathering the scores. Returns how many nodes were marked.
+int MarkVocabParallelLoss(graph::Graph& g);
+inline constexpr char kVocabParallel[] = "vocab_parallel";
 
 // The rule for `n` (shapes inferred and static), or an error naming the node when the op has
 // no rule or its shapes are not static.

@@ -213,7 +213,7 @@ bool Visit(const Node& n, const FactorRule& r, const Mesh& mesh, std::map<const 
       s.dims = DimsFrom(r.outputs[o], fa, Rank(v));
       const std::set<int> present = FactorsOf(r.outputs[o]);
       for (int f = 0; f < r.num_factors; ++f)
-        if (!fa[f].empty() && !present.count(f)) {
+        if (!fa[f].empty() && !present.count(f) && f != r.collective_factor) {
           auto& target = r.output_avg[o] ? s.partial_avg : s.partial;
           target.insert(fa[f].begin(), fa[f].end());
         }

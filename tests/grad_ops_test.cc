@@ -127,6 +127,25 @@ TEST(GradOps, SceGradLabelOutOfRange) {
       .ExpectFailure("outside [0, 2)").Run();
 }
 
+TEST(GradOps, SceGradOverASliceOfTheClasses) {
+  // Columns [2, 4) of 4 classes (one rank's half of a vocabulary-parallel loss). Row 0's label
+  // 3 is column 1 here; row 1's label 0 lives on the other rank: only the softmax term.
+  // Mean over N = 2 rows: 0.5 * (p - onehot).
+  Op("SoftmaxCrossEntropyLossGrad").Attr("class_offset", int64_t{2}).Attr("num_classes", int64_t{4})
+      .Input<double>("dY", {}, {1}).Input<double>("log_prob", {2, 2}, LogProbs())
+      .Input<int64_t>("label", {2}, {3, 0})
+      .Output<double>("d", {2, 2}, {0.125, -0.125, 0.25, 0.25}).Run();
+  // The range check is against all classes.
+  Op("SoftmaxCrossEntropyLossGrad").Attr("class_offset", int64_t{2}).Attr("num_classes", int64_t{4})
+      .Input<double>("dY", {}, {1}).Input<double>("log_prob", {2, 2}, LogProbs())
+      .Input<int64_t>("label", {2}, {4, 0}).Output<double>("d", {2, 2}, {0, 0, 0, 0})
+      .ExpectFailure("outside [0, 4)").Run();
+  Op("SoftmaxCrossEntropyLossGrad").Attr("class_offset", int64_t{3}).Attr("num_classes", int64_t{4})
+      .Input<double>("dY", {}, {1}).Input<double>("log_prob", {2, 2}, LogProbs())
+      .Input<int64_t>("label", {2}, {3, 0}).Output<double>("d", {2, 2}, {0, 0, 0, 0})
+      .ExpectFailure("holds classes [3, 5) of num_classes 4").Run();
+}
+
 // ---- SoftmaxGrad / LogSoftmaxGrad -------------------------------------------------------
 
 TEST(GradOps, SoftmaxGradHandValues) {

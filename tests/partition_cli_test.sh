@@ -79,6 +79,31 @@ else
   fail "inspect pipeline plan: $out"
 fi
 
+# The vocabulary-parallel loss: the logits are never gathered; the loss adds three AllReduces
+# of one value per token (row max, sum of exponentials, target score) over tp.
+checks=$((checks + 1))
+if out=$("$cleave" partition "$model" --mesh dp=2,tp=2 --batch 4 --seq 16 --vocab-parallel-loss -o "$tmp/vplan" 2>&1) &&
+   python3 -c "
+import json, sys
+base, vp = (json.load(open(f)) for f in sys.argv[1:3])
+assert vp['vocab_parallel_loss'] is True and base['vocab_parallel_loss'] is False
+def tp(p, kind):
+    return [c for c in p['ranks'][0]['collectives'] if c['graph'] == 'training' and c['kind'] == kind and c['mesh_axis'] == 'tp']
+assert len(tp(base, 'AllGather')) == 1 and tp(vp, 'AllGather') == [], (tp(base, 'AllGather'), tp(vp, 'AllGather'))
+# 2 rows x 16 tokens per dp rank: 32 values of 4 bytes per loss AllReduce.
+loss = [c for c in tp(vp, 'AllReduce') if c['bytes'] == 128]
+assert len(loss) == 3, tp(vp, 'AllReduce')
+moved = lambda p: sum(c['bytes'] for c in p['ranks'][0]['collectives'] if c['graph'] == 'training')
+assert moved(vp) < moved(base), (moved(vp), moved(base))
+print(moved(base), moved(vp))
+" "$tmp/plan/plan.json" "$tmp/vplan/plan.json" > "$tmp/vp.txt" 2>&1; then
+  echo "ok   --vocab-parallel-loss: no logits gather, 3 per-token AllReduces (training bytes $(cat "$tmp/vp.txt"))"
+else
+  fail "vocab-parallel plan: $out $(cat "$tmp/vp.txt" 2>/dev/null)"
+fi
+expect_fail "vocab-parallel loss without tp" "--vocab-parallel-loss shards the vocabulary over tp, and the mesh has tp=1" \
+  "$cleave" partition "$model" --mesh dp=2 --batch 4 --seq 16 --vocab-parallel-loss -o "$tmp/plan"
+
 # Bad input: nothing written, an existing plan untouched.
 touch "$tmp/plan/marker"
 expect_fail "tp that does not divide" "tp=3 does not divide dim 0 of weight" \

@@ -44,6 +44,7 @@ struct MeshCase {
   const char* mesh;
   int zero;
   bool sp = false;
+  bool vocab_parallel = false;  // --vocab-parallel-loss
 };
 
 class Megatron : public ::testing::TestWithParam<MeshCase> {};
@@ -53,7 +54,10 @@ TEST_P(Megatron, TrainingStepEqualsSingleRank) {
   Tensor ids(DataType::kInt64, {kBatch, kSeq}), labels(DataType::kInt64, {kBatch, kSeq});
   for (int64_t i = 0; i < kBatch * kSeq; ++i) {
     ids.data<int64_t>()[i] = (i * 37 + 5) % 64;
-    labels.data<int64_t>()[i] = (i * 11 + 3) % 64;
+    // Two positions per row are ignore_index (-100): they must count for nothing, sharded or
+    // not. (Every row has as many, so each dp rank's mean has the same divisor: under dp the
+    // loss is the mean of the ranks' means, as with PyTorch DDP.)
+    labels.data<int64_t>()[i] = i % kSeq == 3 || i % kSeq == 10 ? -100 : (i * 11 + 3) % 64;
   }
   const Feeds feeds = {{"input_ids", ids}, {"labels", labels}};
   auto single = trainer::TrainingSession::Create(CopyArtifacts(a), {.intra_op_threads = 1});
@@ -67,6 +71,10 @@ TEST_P(Megatron, TrainingStepEqualsSingleRank) {
 
   auto mesh = *Mesh::Parse(GetParam().mesh);
   const int world = mesh.world_size(), dp = mesh.size("dp");
+  if (GetParam().vocab_parallel) {
+    // The loss and its gradient (two nodes) may keep the class dim sharded.
+    EXPECT_EQ(MarkVocabParallelLoss(*a.training), 2);
+  }
   const bool llama = std::string(GetParam().model).find("llama") != std::string::npos;
   auto seeds = FindMegatronSeeds(*a.training, a.params, mesh);
   ASSERT_TRUE(seeds.ok()) << seeds.status();
@@ -136,9 +144,24 @@ TEST_P(Megatron, TrainingStepEqualsSingleRank) {
   if (llama && !GetParam().sp) {
     EXPECT_EQ(all_reduce_fwd, 2 * 2) << all;
     EXPECT_EQ(all_reduce_bwd, 2 * 2 + 1) << all;
-    EXPECT_EQ(gathers, 1) << all;
+    // The logits are gathered for the loss unless the loss is vocabulary-parallel.
+    EXPECT_EQ(gathers, GetParam().vocab_parallel ? 0 : 1) << all;
+  }
+  if (GetParam().vocab_parallel) {
+    // The logits' class dim stays sharded into the loss, and so does its gradient.
+    for (const auto& n : a.training->nodes()) {
+      if (n->op_type() != "SoftmaxCrossEntropyLoss" && n->op_type() != "SoftmaxCrossEntropyLossGrad") continue;
+      const graph::Value* scores = n->input(n->op_type() == "SoftmaxCrossEntropyLoss" ? 0 : 1);
+      EXPECT_EQ(train_p->sharding.at(scores).dims[1], std::vector<std::string>{"tp"}) << n->Describe();
+      EXPECT_EQ(train_p->sharding.at(n->output(n->op_type() == "SoftmaxCrossEntropyLoss" ? 1 : 0)).dims[1],
+                std::vector<std::string>{"tp"})
+          << n->Describe();
+    }
   }
 
+  std::string sce_name;
+  for (const auto& n : a.training->nodes())
+    if (n->op_type() == "SoftmaxCrossEntropyLoss") sce_name = n->name();
   runtime::SimulatedWorld sim(world);
   std::vector<absl::Status> status(world);
   std::vector<float> loss(world), norm(world);
@@ -149,6 +172,18 @@ TEST_P(Megatron, TrainingStepEqualsSingleRank) {
     ranks.emplace_back([&, r] {
       auto run = [&]() -> absl::Status {
         ASSIGN_OR_RETURN(LoweredGraph train, LowerForRank(*a.training, mesh, *train_p, r, "loss"));
+        if (GetParam().vocab_parallel) {
+          // Three AllReduces over tp of one value per row (max, sum of exponentials, target):
+          // nothing of the vocabulary's size crosses ranks for the loss.
+          int loss_reduces = 0;
+          for (const CollectiveRecord& c : train.collectives)
+            if (c.reader == sce_name) {
+              ++loss_reduces;
+              if (c.kind != "AllReduce" || c.bytes != 4 * kBatch / dp * kSeq)
+                return absl::InternalError(absl::StrCat("loss collective ", c.kind, " of ", c.bytes, " bytes"));
+            }
+          if (loss_reduces != 3) return absl::InternalError(absl::StrCat(loss_reduces, " loss collectives, expected 3"));
+        }
         ASSIGN_OR_RETURN(LoweredGraph opt, LowerForRank(*a.optimizer, mesh, *opt_p, r, "", output_wants));
         trainer::TrainingArtifacts mine = CopyArtifacts(a);
         mine.training = std::move(train.graph);
@@ -210,14 +245,20 @@ INSTANTIATE_TEST_SUITE_P(Meshes, Megatron,
                                            // Sequence parallelism.
                                            MeshCase{"train_variants/llama", "tp=2", 0, true},
                                            MeshCase{"train_variants/llama", "dp=2,tp=2", 1, true},
-                                           MeshCase{"tiny_gpt", "tp=2", 0, true}),
+                                           MeshCase{"tiny_gpt", "tp=2", 0, true},
+                                           // Vocabulary-parallel cross-entropy.
+                                           MeshCase{"train_variants/llama", "tp=2", 0, false, true},
+                                           MeshCase{"train_variants/llama", "dp=2,tp=2", 1, false, true},
+                                           MeshCase{"tiny_gpt", "dp=2,tp=2", 0, true, true},
+                                           MeshCase{"tiny_gpt", "dp=2,tp=2", 0, true, false}),
                          [](const auto& info) {
                            std::string name = std::string(info.param.model).find("llama") != std::string::npos
                                                   ? "llama_" : "tiny_gpt_";
                            name += info.param.mesh;
                            for (char& c : name)
                              if (c == '=' || c == ',') c = '_';
-                           return name + "_zero" + std::to_string(info.param.zero) + (info.param.sp ? "_sp" : "");
+                           return name + "_zero" + std::to_string(info.param.zero) + (info.param.sp ? "_sp" : "") +
+                                  (info.param.vocab_parallel ? "_vocab_parallel" : "");
                          });
 
 TEST(PartitionedTraining, MegatronRejectsATpThatDoesNotDivide) {

@@ -54,7 +54,7 @@ int PartitionCommand(const Args& args) {
     } else if (a == "--shard-plan") {
       c.shard_plan = flags.Value();
     } else if (a == "--vocab-parallel-loss") {
-      flags.Fail(absl::StrCat(a, " is not implemented yet"));
+      c.vocab_parallel_loss = true;
     } else if (c.model.empty() && !a.empty() && a[0] != '-') {
       c.model = a;
     } else {

@@ -170,6 +170,13 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
   spec.recompute = RecomputeMode::kNone;
   spec.precision = Precision::kFp32;  // likewise mixed precision
   ASSIGN_OR_RETURN(TrainingArtifacts a, BuildTrainingArtifacts(*model, spec));
+  if (c.vocab_parallel_loss) {
+    if (spec.loss.kind != LossKind::kCrossEntropy)
+      return InvalidArgument("--vocab-parallel-loss needs the cross-entropy loss");
+    if (tp == 1) return InvalidArgument("--vocab-parallel-loss shards the vocabulary over tp, and the mesh has tp=1");
+    partition::MarkVocabParallelLoss(*a.training);
+    partition::MarkVocabParallelLoss(*a.eval);
+  }
   if (a.eval->outputs().size() > 1) {
     const graph::Value* logits = a.eval->outputs()[1];
     if (logits->shape().is_static() && logits->shape().rank() == 3) plan.vocab = logits->shape()[2].value;
@@ -391,6 +398,7 @@ absl::Status WritePlan(const Plan& plan, const std::string& dir) {
                                                                           : "none")
        << ", \"zero\": " << plan.config.zero
        << ", \"tp\": " << Json(plan.config.tp_megatron ? "megatron" : "none") << ", \"sp\": " << (plan.config.sp ? "true" : "false")
+       << ", \"vocab_parallel_loss\": " << (plan.config.vocab_parallel_loss ? "true" : "false")
        << ",\n  \"schedule\": ";
   const int micro = plan.config.microbatches;
   const int pp = mesh.size("pp");

@@ -40,6 +40,9 @@ struct PlanConfig {
   std::string shard_plan;
   int zero = 0;                  // ZeRO stage: 0, 1 (optimizer state) or 2 (and gradients)
   bool sp = false;               // sequence parallelism over tp (Megatron-SP)
+  // The cross-entropy reads the vocabulary-sharded logits where they are (AllReduces of
+  // [tokens] vectors) instead of gathering them whole on every tp rank.
+  bool vocab_parallel_loss = false;
   // Pipeline (pp > 1 in the mesh): the global batch is split into `microbatches`, each of
   // batch / microbatches rows; `virtual_stages` model chunks per rank (interleaved only);
   // `pp_cuts` "auto" or the first layer of each later stage ("2" or "1,2,3").

@@ -102,13 +102,16 @@ template <typename T, typename L>
 absl::Status SoftmaxCrossEntropyGrad(const SceParams& p, const T* dy, const T* log_prob,
                                      const L* labels, const T* weights, T* dx, ThreadPool* pool) {
   const int64_t N = p.N, C = p.C, D = p.D, positions = N * D;
+  const int64_t all_classes = p.num_classes > 0 ? p.num_classes : C, offset = p.class_offset;
+  if (weights && (offset != 0 || all_classes != C))
+    return InvalidArgument("class weights are not supported over a slice of the classes");
   auto ignored = [&](int64_t label) { return p.ignore_index && label == *p.ignore_index; };
   double weight_sum = 0;  // in position order, as the forward sums it
   for (int64_t i = 0; i < positions; ++i) {
     const int64_t l = static_cast<int64_t>(labels[i]);
     if (ignored(l)) continue;
-    if (l < 0 || l >= C)
-      return InvalidArgument("label ", l, " at position ", i, " is outside [0, ", C, ")",
+    if (l < 0 || l >= all_classes)
+      return InvalidArgument("label ", l, " at position ", i, " is outside [0, ", all_classes, ")",
                              p.ignore_index ? absl::StrCat(" and is not ignore_index ", *p.ignore_index)
                                             : std::string());
     weight_sum += weights ? static_cast<double>(weights[l]) : 1.0;
@@ -123,12 +126,13 @@ absl::Status SoftmaxCrossEntropyGrad(const SceParams& p, const T* dy, const T* l
       const int64_t n = i / D, d = i % D;
       const T* lp = log_prob + n * C * D + d;  // lp[c * D] is class c at this position
       T* out = dx + n * C * D + d;
-      const int64_t l = static_cast<int64_t>(labels[i]);
-      if (ignored(l)) {
+      const int64_t label = static_cast<int64_t>(labels[i]);
+      if (ignored(label)) {
         for (int64_t c = 0; c < C; ++c) out[c * D] = T(0);
         continue;
       }
-      const double w = weights ? static_cast<double>(weights[l]) : 1.0;
+      const double w = weights ? static_cast<double>(weights[label]) : 1.0;
+      const int64_t l = label - offset;  // the label's column in this slice (may be outside it)
       const double g = w * (per_position ? static_cast<double>(dy[i]) : static_cast<double>(dy[0]) * scale);
       // d(-log_softmax(x)[l]) / dx_c = softmax(x)_c - [c == l], softmax = exp(log_prob).
       for (int64_t c = 0; c < C; ++c)

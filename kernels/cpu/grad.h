@@ -36,7 +36,9 @@ void SliceGrad(const TensorView& dy, const SliceParams& p, TensorView& dx, Threa
 // for kSum and dy[0] / (sum of w[l] over non-ignored positions, or N * D when there are
 // neither weights nor ignore_index) for kMean, as the forward divides. Positions whose
 // label is ignore_index get 0. A label outside [0, C) that is not ignored is
-// InvalidArgument. Instantiated for T in {float, double}, L in {int32_t, int64_t}.
+// InvalidArgument. Over a slice of the classes (p.class_offset, p.num_classes) the one-hot
+// term lands only on the labels inside the slice. Instantiated for T in {float, double}, L in
+// {int32_t, int64_t}.
 template <typename T, typename L>
 absl::Status SoftmaxCrossEntropyGrad(const SceParams& p, const T* dy, const T* log_prob,
                                      const L* labels, const T* weights, T* dx, ThreadPool* pool);

@@ -131,6 +131,9 @@ struct SceParams {
   int64_t N = 0, C = 0, D = 1;
   LossReduction reduction = LossReduction::kMean;
   std::optional<int64_t> ignore_index;
+  // The gradient over a slice of the classes (a vocabulary-parallel loss): log_prob holds
+  // classes [class_offset, class_offset + C) of `num_classes` (0: C, the whole range).
+  int64_t class_offset = 0, num_classes = 0;
 };
 // InvalidArgument when a label that is not ignore_index lies outside [0, C).
 // Instantiated for T in {float, double}, L in {int32_t, int64_t}.

@@ -84,7 +84,8 @@ class SliceGradKernel : public OpKernel {
   }
 };
 
-// SoftmaxCrossEntropyLossGrad(dY, log_prob, labels[, weights]) {reduction, ignore_index}.
+// SoftmaxCrossEntropyLossGrad(dY, log_prob, labels[, weights]) {reduction, ignore_index,
+// class_offset, num_classes}.
 class SceGradKernel : public OpKernel {
  public:
   static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
@@ -92,6 +93,11 @@ class SceGradKernel : public OpKernel {
     auto k = std::unique_ptr<SceGradKernel>(new SceGradKernel());
     k->reduction_ = attrs.reduction;
     k->ignore_index_ = attrs.ignore_index;
+    k->class_offset_ = n.AttrInt("class_offset", 0);
+    k->num_classes_ = n.AttrInt("num_classes", 0);
+    if (k->class_offset_ < 0 || k->num_classes_ < 0)
+      return InvalidArgument(n.Describe(), ": class_offset ", k->class_offset_, " and num_classes ", k->num_classes_,
+                             " must be >= 0");
     return std::unique_ptr<OpKernel>(std::move(k));
   }
 
@@ -107,6 +113,11 @@ class SceGradKernel : public OpKernel {
     for (int k = 2; k < lp.rank; ++k) p.D *= lp.dims[k];
     p.reduction = reduction_;
     p.ignore_index = ignore_index_;
+    p.class_offset = class_offset_;
+    p.num_classes = num_classes_;
+    if (num_classes_ > 0 && class_offset_ + p.C > num_classes_)
+      return InvalidArgument("log_prob holds classes [", class_offset_, ", ", class_offset_ + p.C,
+                             ") of num_classes ", num_classes_);
     TensorView* dx = ctx.Output(0, lp.dim_span());
     if (!dx) return absl::OkStatus();
     const bool f64 = lp.dtype == DataType::kFloat64, l64 = labels.dtype == DataType::kInt64;
@@ -148,6 +159,7 @@ class SceGradKernel : public OpKernel {
 
   LossReduction reduction_ = LossReduction::kMean;
   std::optional<int64_t> ignore_index_;
+  int64_t class_offset_ = 0, num_classes_ = 0;
 };
 
 absl::Status ExpectSameDims(const TensorView& dy, const TensorView& t, const char* what) {
