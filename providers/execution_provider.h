@@ -26,6 +26,8 @@ class Allocator {
   virtual void* Allocate(size_t bytes) = 0;
   virtual void Free(void* p) = 0;
   virtual DeviceKind device() const = 0;
+  // Why the last Allocate returned nullptr.
+  virtual std::string last_error() const { return "out of memory"; }
 };
 
 struct NodeCapability {

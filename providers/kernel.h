@@ -72,6 +72,9 @@ struct KernelDef {
   int max_version = 1 << 30;
   SupportsFn supports;
   KernelFactory create;
+  // Inputs a device kernel reads on the host (shapes, axes, scalar hyper-parameters): the
+  // executor leaves them in host memory instead of copying them to the device.
+  std::vector<int> host_inputs = {};
 };
 
 class KernelRegistry {

@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "graph/op_table.h"
 #include "runtime/memory_plan.h"
 
 namespace cleave::runtime {
@@ -24,6 +26,26 @@ struct Executor::Step {
 };
 
 namespace {
+// ai.cleave.MemcpyFromHost / MemcpyToHost, inserted at host/device boundaries: the device
+// provider's CopyTensor in either direction.
+class CopyKernel : public providers::OpKernel {
+ public:
+  explicit CopyKernel(const providers::ExecutionProvider* device) : device_(device) {}
+  absl::Status Compute(providers::KernelContext& ctx) const override {
+    const TensorView* in = ctx.input(0);
+    TensorView* out = ctx.Output(0, in->dim_span());
+    if (!out) return absl::OkStatus();
+    return device_->CopyTensor(*in, *out);
+  }
+
+ private:
+  const providers::ExecutionProvider* device_;
+};
+
+bool IsCopy(const Node* n) {
+  return n->domain() == graph::kCleaveDomain && (n->op_type() == "MemcpyFromHost" || n->op_type() == "MemcpyToHost");
+}
+
 std::shared_ptr<void> HeapBuffer(size_t bytes) {
   size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
   void* p = std::aligned_alloc(64, rounded);
@@ -63,6 +85,17 @@ class Executor::Context : public providers::KernelContext {
           !std::equal(t.dims().begin(), t.dims().end(), dims.begin(), dims.end()))
         t = Tensor::Uninitialized(dtype, std::vector<int64_t>(dims.begin(), dims.end()));
       p = t.raw();
+    } else if (providers::ExecutionProvider* dev = ex_.slot_device_[slot]) {
+      // A device value: from the device's caching allocator, back to it at the last use.
+      providers::Allocator* a = dev->allocator();
+      p = a->Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 1)));
+      if (!p) {
+        if (error_.ok())
+          error_ = absl::ResourceExhaustedError(absl::StrCat("output ", i, " '", step_.node->output(i)->name(), "' (",
+                                                             bytes, " bytes): ", a->last_error()));
+        return nullptr;
+      }
+      ex_.slot_heap_[slot] = std::shared_ptr<void>(p, [a](void* q) { a->Free(q); });
     } else if (ex_.planned_ && bytes <= ex_.plan_bytes_[slot]) {
       p = static_cast<char*>(ex_.arena_.get()) + ex_.plan_offsets_[slot];
     } else {
@@ -77,6 +110,18 @@ class Executor::Context : public providers::KernelContext {
   }
 
   void* Scratch(size_t bytes) override {
+    if (step_.provider->device() != providers::DeviceKind::kCpu) {
+      // Device scratch: from the device's caching allocator, returned when the step ends.
+      providers::Allocator* a = step_.provider->allocator();
+      void* p = a->Allocate(std::max<size_t>(bytes, 1));
+      if (!p) {
+        if (error_.ok())
+          error_ = absl::ResourceExhaustedError(absl::StrCat("scratch of ", bytes, " bytes: ", a->last_error()));
+        return nullptr;
+      }
+      device_scratch_.emplace_back(p, [a](void* q) { a->Free(q); });
+      return p;
+    }
     size_t aligned = (bytes + 63) / 64 * 64;
     if (ex_.scratch_used_ + aligned <= ex_.scratch_.size()) {
       void* p = ex_.scratch_.data() + ex_.scratch_used_;
@@ -91,13 +136,15 @@ class Executor::Context : public providers::KernelContext {
   }
   size_t wanted_scratch() const { return ex_.scratch_used_ + extra_bytes_; }
   const absl::Status& shape_error() const { return shape_error_; }
+  const absl::Status& allocation_error() const { return error_; }
 
  private:
   Executor& ex_;
   const Step& step_;
   std::vector<Tensor>& outputs_;
   std::vector<std::shared_ptr<void>> extra_;  // scratch that did not fit (first runs only)
-  absl::Status shape_error_;
+  std::vector<std::shared_ptr<void>> device_scratch_;
+  absl::Status shape_error_, error_;
 
   // Shape inference and kernels must agree: every static dim inference derived has to be
   // what the kernel produces. A disagreement is a bug in one of them, reported rather than
@@ -148,6 +195,35 @@ absl::Status Executor::Build() {
   if (!unsupported.empty())
     return Unimplemented(unsupported.size(), " node(s) cannot run on any provider:\n  ",
                          absl::StrJoin(unsupported, "\n  "));
+  std::unordered_map<const Node*, providers::ExecutionProvider*> placed;
+  for (const auto& [n, o] : owner) placed[n] = o.first;
+  bool any_device = false;
+  for (auto& p : providers_) any_device |= p->device() != providers::DeviceKind::kCpu;
+  if (any_device) {
+    // Which ops fell back from the first provider, by op type.
+    std::map<std::string, int> fell_back;
+    for (Node* n : order)
+      if (placed[n] != providers_[0].get())
+        ++fell_back[(n->domain().empty() ? "" : n->domain() + ".") + n->op_type()];
+    if (!fell_back.empty()) {
+      std::vector<std::string> ops;
+      int count = 0;
+      for (const auto& [op, k] : fell_back) {
+        ops.push_back(k > 1 ? absl::StrCat(op, " x", k) : op);
+        count += k;
+      }
+      fallback_warning_ = absl::StrCat(count, " node(s) have no ", providers_[0]->name(), " kernel and run on ",
+                                       providers_.back()->name(), " (copies inserted at the boundaries): ",
+                                       absl::StrJoin(ops, ", "));
+    }
+    std::unordered_map<const Node*, std::vector<int>> host_inputs;
+    for (const auto& [n, o] : owner)
+      if (o.first->device() != providers::DeviceKind::kCpu && !o.second.kernel->host_inputs.empty())
+        host_inputs[n] = o.second.kernel->host_inputs;
+    RETURN_IF_ERROR(PlaceOnDevices(placed, host_inputs));
+    ASSIGN_OR_RETURN(order, graph_->TopologicalOrder());
+  }
+  for (Node* n : order) ++placement_[placed.at(n)->name()];
 
   std::unordered_map<const Value*, int> slot;
   auto slot_of = [&](const Value* v) {
@@ -160,8 +236,12 @@ absl::Status Executor::Build() {
   for (Node* n : order) {
     Step s;
     s.node = n;
-    s.provider = owner[n].first;
-    ASSIGN_OR_RETURN(s.kernel, s.provider->CreateKernel(owner[n].second));
+    s.provider = placed.at(n);
+    if (IsCopy(n)) {
+      s.kernel = std::make_unique<CopyKernel>(s.provider);
+    } else {
+      ASSIGN_OR_RETURN(s.kernel, s.provider->CreateKernel(owner.at(n).second));
+    }
     for (Value* v : n->inputs()) s.inputs.push_back(v ? slot_of(v) : -1);
     for (Value* v : n->outputs()) s.outputs.push_back(v ? slot_of(v) : -1);
     steps_.push_back(std::move(s));
@@ -178,6 +258,34 @@ absl::Status Executor::Build() {
     views_[s] = v->initializer()->view();
     is_constant_[s] = 1;
   }
+  // Where each value lives: the device of its producer (a copy to the host makes a host value).
+  slot_device_.assign(num_slots_, nullptr);
+  for (const Step& st : steps_) {
+    if (st.provider->device() == providers::DeviceKind::kCpu || st.node->op_type() == "MemcpyToHost") continue;
+    for (int o : st.outputs)
+      if (o >= 0) slot_device_[o] = st.provider;
+  }
+  // Initializers a device reads are uploaded once, here, instead of copied every run.
+  std::vector<Step> kept;
+  for (Step& st : steps_) {
+    if (IsCopy(st.node) && st.node->op_type() == "MemcpyFromHost" && is_constant_[st.inputs[0]] && st.outputs[0] >= 0) {
+      const TensorView& src = views_[st.inputs[0]];
+      providers::Allocator* a = st.provider->allocator();
+      void* q = a->Allocate(std::max<size_t>(src.nbytes(), 1));
+      if (!q)
+        return absl::ResourceExhaustedError(absl::StrCat("uploading initializer '", st.node->input(0)->name(), "' (",
+                                                         src.nbytes(), " bytes) to ", st.provider->name(), ": ",
+                                                         a->last_error()));
+      device_constants_.emplace_back(q, [a](void* x) { a->Free(x); });
+      TensorView dst(q, src.dtype, src.dim_span());
+      RETURN_IF_ERROR(st.provider->CopyTensor(src, dst));
+      views_[st.outputs[0]] = dst;
+      is_constant_[st.outputs[0]] = 1;
+      continue;
+    }
+    kept.push_back(std::move(st));
+  }
+  steps_ = std::move(kept);
   for (size_t i = 0; i < output_slots_.size(); ++i)
     if (output_index_[output_slots_[i]] < 0) output_index_[output_slots_[i]] = static_cast<int>(i);
   for (int st = 0; st < static_cast<int>(steps_.size()); ++st) {
@@ -191,6 +299,69 @@ absl::Status Executor::Build() {
   size_t symbol_dims = 0;
   for (Value* v : graph_->inputs()) symbol_dims += v->shape().has_rank() ? v->shape().rank() : 0;
   symbol_values_.reserve(symbol_dims);
+  return absl::OkStatus();
+}
+
+absl::Status Executor::PlaceOnDevices(std::unordered_map<const Node*, providers::ExecutionProvider*>& owner,
+                                      const std::unordered_map<const Node*, std::vector<int>>& host_inputs) {
+  ASSIGN_OR_RETURN(std::vector<Node*> order, graph_->TopologicalOrder());
+  auto device_of = [&](const Node* n) -> providers::ExecutionProvider* {
+    providers::ExecutionProvider* p = owner.at(n);
+    if (p->device() == providers::DeviceKind::kCpu || n->op_type() == "MemcpyToHost") return nullptr;
+    return p;
+  };
+  auto host_input = [&](const Node* n, int i) {
+    const auto it = host_inputs.find(n);
+    return it != host_inputs.end() && std::find(it->second.begin(), it->second.end(), i) != it->second.end();
+  };
+  auto add_copy = [&](const char* op, Value* in, Value* out, providers::ExecutionProvider* device) {
+    Node* m = graph_->AddNode(op, {in}, {out}, graph_->UniqueName(out->name() + "/" + op), graph::kCleaveDomain);
+    owner[m] = device;
+    return m;
+  };
+  // A graph output made on a device: the producer writes a device value, a copy the output.
+  std::set<const Value*> outputs(graph_->outputs().begin(), graph_->outputs().end());
+  for (Node* n : order) {
+    providers::ExecutionProvider* d = device_of(n);
+    if (!d) continue;
+    for (int o = 0; o < n->num_outputs(); ++o) {
+      Value* v = n->output(o);
+      if (!v || !outputs.count(v)) continue;
+      Value* dv = graph_->GetOrCreateValue(graph_->UniqueName(v->name() + ".device"));
+      dv->set_dtype(v->dtype());
+      dv->set_shape(v->shape());
+      auto readers = v->consumers();
+      graph_->SetNodeOutput(n, o, dv);
+      // Readers on the device read the device value; host readers share the output's copy.
+      for (auto [reader, idx] : readers)
+        if (device_of(reader) == d && !host_input(reader, idx)) graph_->SetNodeInput(reader, idx, dv);
+      add_copy("MemcpyToHost", dv, v, d);
+    }
+  }
+  // Every read across host and device: one copy per value and direction, shared by readers.
+  std::map<std::pair<const Value*, providers::ExecutionProvider*>, Value*> copies;
+  for (Node* n : order) {
+    providers::ExecutionProvider* node_device = device_of(n);
+    for (int i = 0; i < n->num_inputs(); ++i) {
+      Value* v = n->input(i);
+      if (!v) continue;
+      // Where the kernel wants this input.
+      providers::ExecutionProvider* d = host_input(n, i) ? nullptr : node_device;
+      providers::ExecutionProvider* home = v->producer() ? device_of(v->producer()) : nullptr;
+      if (home == d) continue;
+      if (home && d)
+        return Unimplemented(n->Describe(), " on ", d->name(), " reads '", v->name(), "' made on ", home->name(),
+                             ": copies between two devices are not supported");
+      Value*& c = copies[{v, d}];
+      if (!c) {
+        c = graph_->GetOrCreateValue(graph_->UniqueName(v->name() + (d ? ".device" : ".host")));
+        c->set_dtype(v->dtype());
+        c->set_shape(v->shape());
+        add_copy(d ? "MemcpyFromHost" : "MemcpyToHost", v, c, d ? d : home);
+      }
+      graph_->SetNodeInput(n, i, c);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -213,7 +384,7 @@ void Executor::MakePlan() {
   std::vector<BufferRequest> req;
   std::vector<int> req_slot;
   for (int s = 0; s < num_slots_; ++s) {
-    if (def_step_[s] < 0 || output_index_[s] >= 0 || is_constant_[s]) continue;
+    if (def_step_[s] < 0 || output_index_[s] >= 0 || is_constant_[s] || slot_device_[s]) continue;
     req.push_back({recorded_bytes_[s], def_step_[s], last_use_[s]});
     req_slot.push_back(s);
   }
@@ -263,7 +434,10 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
     scratch_used_ = 0;
     Context ctx(*this, step, outputs);
     status = step.kernel->Compute(ctx);
-    if (status.ok()) status = ctx.shape_error();
+    // A failed allocation explains whatever the kernel then reported; a shape disagreement
+    // only matters when the kernel itself succeeded.
+    if (!ctx.allocation_error().ok()) status = ctx.allocation_error();
+    else if (status.ok()) status = ctx.shape_error();
     scratch_wanted = std::max(scratch_wanted, ctx.wanted_scratch());
     for (int in : step.inputs)  // release recording-run buffers at their last use
       if (in >= 0 && last_use_[in] == st && output_index_[in] < 0) slot_heap_[in].reset();

@@ -3,10 +3,20 @@
 // given set of input shapes records each activation's size and plans one arena from
 // liveness (memory_plan.h); later runs with the same shapes place every activation in the
 // arena. Outputs the graph returns are written straight into caller-visible tensors.
+//
+// With a device provider (CUDA) ahead of the CPU one, each node runs on the first provider
+// that claims it. Where a value crosses between host and device the executor inserts an
+// ai.cleave.MemcpyFromHost or MemcpyToHost node (run by the device provider's CopyTensor);
+// initializers a device node reads are uploaded once at load, and graph outputs made on the
+// device are copied back under their own names. Device values live in the device
+// provider's allocator (a caching arena), released at their last use; device kernels get
+// device scratch.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -44,12 +54,20 @@ class Executor {
 
   const graph::Graph& graph() const { return *graph_; }
   const ExecutorStats& stats() const { return stats_; }
+  // Nodes per provider name (copies included), and a warning listing the ops that fell back
+  // from the first provider to a later one ("" when none did or there is one provider).
+  const std::map<std::string, int>& placement() const { return placement_; }
+  const std::string& fallback_warning() const { return fallback_warning_; }
 
  private:
   struct Step;
   class Context;
   Executor() = default;
   absl::Status Build();
+  // Inserts the host/device copies for the nodes' owners; uploads device constants.
+  // host_inputs: per device node, the inputs its kernel reads on the host.
+  absl::Status PlaceOnDevices(std::unordered_map<const graph::Node*, providers::ExecutionProvider*>& owner,
+                              const std::unordered_map<const graph::Node*, std::vector<int>>& host_inputs);
   absl::Status RunStep(int s, std::vector<Tensor>& outputs);
   void MakePlan();
   // Symbolic dims of the graph inputs bound to this run's sizes, for the shape checks.
@@ -72,6 +90,10 @@ class Executor {
   std::vector<int64_t> recorded_bytes_, plan_offsets_, plan_bytes_;
   std::shared_ptr<void> arena_;
   std::vector<std::shared_ptr<void>> slot_heap_;  // buffers outside the arena, per slot, this run
+  std::vector<providers::ExecutionProvider*> slot_device_;  // per slot: its device provider, null on the host
+  std::vector<std::shared_ptr<void>> device_constants_;     // initializers uploaded at load
+  std::map<std::string, int> placement_;
+  std::string fallback_warning_;
   std::vector<char> scratch_;
   size_t scratch_used_ = 0;
   ExecutorStats stats_;

@@ -1,6 +1,7 @@
 // InferenceSession: load-time validation and optimisation, run-time feed checks (runtime/).
 #include "runtime/inference_session.h"
 
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -15,9 +16,21 @@
 #include "runtime/constant_evaluator.h"
 #include "runtime/executor.h"
 
+#ifdef CLEAVE_HAVE_CUDA
+#include "providers/cuda/cuda_provider.h"
+#endif
+
 namespace cleave {
 
 namespace {
+
+absl::StatusOr<std::unique_ptr<providers::ExecutionProvider>> MakeCudaProvider(int device) {
+#ifdef CLEAVE_HAVE_CUDA
+  return providers::CudaExecutionProvider::Create(device);
+#else
+  return absl::UnavailableError("this cleave was built without the CUDA provider (no CUDA toolkit when it was configured)");
+#endif
+}
 
 // Every node the op table cannot resolve, listed together.
 absl::Status CheckAllOpsKnown(const graph::Graph& g) {
@@ -65,12 +78,30 @@ absl::StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Load(
 
 absl::StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::FromGraph(
     std::unique_ptr<graph::Graph> graph, SessionOptions options) {
+  return FromGraph(std::move(graph), std::move(options), {});
+}
+
+absl::StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::FromGraph(
+    std::unique_ptr<graph::Graph> graph, SessionOptions options,
+    std::vector<std::unique_ptr<providers::ExecutionProvider>> providers) {
   std::unique_ptr<InferenceSession> s(new InferenceSession());
-  RETURN_IF_ERROR(s->Initialize(std::move(graph), std::move(options)));
+  RETURN_IF_ERROR(s->Initialize(std::move(graph), std::move(options), std::move(providers)));
   return s;
 }
 
-absl::Status InferenceSession::Initialize(std::unique_ptr<graph::Graph> g, SessionOptions options) {
+absl::Status InferenceSession::Initialize(std::unique_ptr<graph::Graph> g, SessionOptions options,
+                                          std::vector<std::unique_ptr<providers::ExecutionProvider>> providers) {
+  if (options.device != DeviceChoice::kCpu) {
+    auto cuda = MakeCudaProvider(options.cuda_device);
+    if (cuda.ok()) {
+      (*cuda)->set_communicator(options.communicator);
+      providers.insert(providers.begin(), std::move(*cuda));
+    } else if (options.device == DeviceChoice::kCuda) {
+      return absl::Status(cuda.status().code(), absl::StrCat("the session asks for CUDA: ", cuda.status().message()));
+    } else {
+      warning_ = absl::StrCat("running on the CPU: ", cuda.status().message());
+    }
+  }
   RETURN_IF_ERROR(graph::Verify(*g));
   RETURN_IF_ERROR(CheckAllOpsKnown(*g));
   ApplyDimOverrides(*g, options.free_dimension_overrides);
@@ -86,11 +117,15 @@ absl::Status InferenceSession::Initialize(std::unique_ptr<graph::Graph> g, Sessi
   size_t dims = 0;
   for (const IoInfo& in : inputs_) dims += in.shape.has_rank() ? in.shape.rank() : 0;
   symbols_.reserve(dims);
-  std::vector<std::unique_ptr<providers::ExecutionProvider>> providers;
   providers.push_back(std::move(cpu));
   ASSIGN_OR_RETURN(executor_, runtime::Executor::Create(std::move(g), std::move(providers)));
+  if (!executor_->fallback_warning().empty())
+    warning_ = warning_.empty() ? executor_->fallback_warning() : absl::StrCat(warning_, "; ", executor_->fallback_warning());
+  if (!warning_.empty()) std::fprintf(stderr, "cleave: warning: %s\n", warning_.c_str());
   return absl::OkStatus();
 }
+
+const std::map<std::string, int>& InferenceSession::placement() const { return executor_->placement(); }
 
 const graph::Graph& InferenceSession::graph() const { return executor_->graph(); }
 

@@ -34,8 +34,19 @@ class Graph;
 namespace runtime {
 class Executor;
 }
+namespace providers {
+class ExecutionProvider;
+}
+
+// Where a session runs its nodes. kCuda demands the CUDA provider (an error names why it is
+// unusable: no device, a driver too old, a build without CUDA); kCudaIfAvailable uses it when
+// it can and otherwise runs on the CPU with a warning. Nodes the CUDA provider has no kernel
+// for run on the CPU either way, with copies at the boundaries and a warning listing the ops.
+enum class DeviceChoice { kCpu, kCudaIfAvailable, kCuda };
 
 struct SessionOptions {
+  DeviceChoice device = DeviceChoice::kCpu;
+  int cuda_device = 0;
   int intra_op_threads = 0;  // 0: CLEAVE_NUM_THREADS or every core
   bool optimize = true;      // constant folding, shape folding, fusions
   // Fixes named symbolic dims (e.g. {"batch", 1}) so shape arithmetic folds at load.
@@ -71,6 +82,11 @@ class InferenceSession {
                                                                 SessionOptions options = {});
   static absl::StatusOr<std::unique_ptr<InferenceSession>> FromGraph(
       std::unique_ptr<graph::Graph> graph, SessionOptions options = {});
+  // With execution providers of the caller's, in priority order, ahead of the CPU provider
+  // (which always comes last and takes what they do not claim).
+  static absl::StatusOr<std::unique_ptr<InferenceSession>> FromGraph(
+      std::unique_ptr<graph::Graph> graph, SessionOptions options,
+      std::vector<std::unique_ptr<providers::ExecutionProvider>> providers);
   ~InferenceSession();
 
   const std::vector<IoInfo>& inputs() const { return inputs_; }
@@ -87,10 +103,15 @@ class InferenceSession {
   // The optimised graph the session executes.
   const graph::Graph& graph() const;
   RunStats stats() const;
+  // Nodes per provider (host/device copies included).
+  const std::map<std::string, int>& placement() const;
+  // Why nodes or the whole session fell back to the CPU ("" when nothing did).
+  const std::string& warning() const { return warning_; }
 
  private:
   InferenceSession();
-  absl::Status Initialize(std::unique_ptr<graph::Graph> graph, SessionOptions options);
+  absl::Status Initialize(std::unique_ptr<graph::Graph> graph, SessionOptions options,
+                          std::vector<std::unique_ptr<providers::ExecutionProvider>> providers);
   // Checks feeds against the model inputs into feed_views_, in model order.
   absl::Status BindFeeds(const Feeds& feeds);
   absl::Status CheckDim(const IoInfo& in, int i, const Tensor& t);
@@ -101,6 +122,7 @@ class InferenceSession {
   std::vector<TensorView> feed_views_;
   std::vector<std::pair<const std::string*, int64_t>> symbols_;
   std::vector<void*> output_ptrs_;
+  std::string warning_;
 };
 
 }  // namespace cleave
