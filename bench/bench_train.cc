@@ -24,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "onnx_ext/onnx_io.h"
+#include "trainer/mixed_precision.h"
 #include "trainer/training_graph.h"
 #include "trainer/training_session.h"
 
@@ -35,11 +36,14 @@ struct Args {
   int64_t threads = 1, batch = 4, seq = 128, warmup = 3, iters = 10, seed = 0;
   double lr = 3e-4, weight_decay = 0.1, clip = 1.0;
   std::string tokens_file;  // one (B, T+1) batch of int64 token ids; empty: random ids
+  std::string device = "cpu";     // cpu | cuda
+  std::string precision = "fp32";  // fp32 | bf16 | fp16
 };
 
 constexpr char kUsage[] =
     "usage: cleave_bench_train MODEL --threads T --batch B --seq S --warmup W --iters N "
-    "[--tokens FILE] [--seed S] [--lr 3e-4] [--weight-decay 0.1] [--clip 1.0]";
+    "[--tokens FILE] [--seed S] [--lr 3e-4] [--weight-decay 0.1] [--clip 1.0] [--device cpu|cuda] "
+    "[--precision fp32|bf16|fp16]";
 
 absl::Status ParseFlag(const std::string& flag, const std::string& value, Args& a, bool* known) {
   struct IntFlag {
@@ -68,6 +72,16 @@ absl::Status ParseFlag(const std::string& flag, const std::string& value, Args& 
   if (flag == "--tokens") {
     *known = true;
     a.tokens_file = value;
+  }
+  if (flag == "--device") {
+    *known = true;
+    if (value != "cpu" && value != "cuda") return InvalidArgument("expected --device cpu or cuda, got '", value, "'");
+    a.device = value;
+  }
+  if (flag == "--precision") {
+    *known = true;
+    RETURN_IF_ERROR(trainer::ParsePrecision(value).status());
+    a.precision = value;
   }
   return absl::OkStatus();
 }
@@ -180,6 +194,7 @@ absl::StatusOr<Session> Setup(const Args& a) {
   spec.optimizer.kind = trainer::OptimizerConfig::Kind::kAdamW;
   spec.optimizer.weight_decay = static_cast<float>(a.weight_decay);
   spec.optimizer.max_grad_norm = static_cast<float>(a.clip);
+  ASSIGN_OR_RETURN(spec.precision, trainer::ParsePrecision(a.precision));
   ASSIGN_OR_RETURN(trainer::TrainingArtifacts artifacts,
                    trainer::BuildTrainingArtifacts(*model, spec));
   // The vocab bounds the random ids: the logits' last dim (eval outputs: loss, then logits).
@@ -198,6 +213,7 @@ absl::StatusOr<Session> Setup(const Args& a) {
   start = std::chrono::steady_clock::now();
   trainer::TrainingSessionOptions options;
   options.intra_op_threads = static_cast<int>(a.threads);
+  options.device = a.device == "cuda" ? DeviceChoice::kCuda : DeviceChoice::kCpu;
   ASSIGN_OR_RETURN(s.session, trainer::TrainingSession::Create(std::move(artifacts), options));
   s.session->SetLearningRate(a.lr);  // constant: no scheduler registered
   s.create_ms = MsSince(start);
@@ -258,12 +274,12 @@ absl::Status Bench(const Args& a) {
       "\"last_loss\": %.6f, \"build_ms\": %.1f, \"create_ms\": %.1f, \"peak_rss_mib\": %.1f, "
       "\"minor_faults_per_step\": %.0f, "
       "\"params\": %d, \"threads\": %d, \"batch\": %d, \"seq\": %d, \"warmup\": %d, "
-      "\"iters\": %d, \"losses\": %s, \"grad_norms\": %s}",
+      "\"iters\": %d, \"losses\": %s, \"grad_norms\": %s, \"device\": \"%s\", \"precision\": \"%s\"}",
       median, Percentile(t.step_ms, 0.1), Percentile(t.step_ms, 0.9), Percentile(t.train_ms, 0.5),
       Percentile(t.optimizer_ms, 0.5), static_cast<double>(a.batch * a.seq) / (median / 1000.0),
       t.losses.front(), t.losses.back(), s.build_ms, s.create_ms,
       static_cast<double>(usage.ru_maxrss) / 1024.0, t.minor_faults, s.params, a.threads, a.batch,
-      a.seq, a.warmup, a.iters, JsonList(t.losses), JsonList(t.grad_norms));
+      a.seq, a.warmup, a.iters, JsonList(t.losses), JsonList(t.grad_norms), a.device, a.precision);
   std::printf("%s\n", json.c_str());
   return absl::OkStatus();
 }

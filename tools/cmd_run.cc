@@ -44,6 +44,12 @@ int RunCommand(const Args& args) {
       check_dir = next();
     } else if (a == "--atol") {
       if (!absl::SimpleAtod(next(), &atol)) return Fail("--atol expects a number");
+    } else if (a == "--device") {
+      const std::string d = next();
+      if (d == "cpu") opts.device = DeviceChoice::kCpu;
+      else if (d == "cuda") opts.device = DeviceChoice::kCuda;
+      else if (d == "auto") opts.device = DeviceChoice::kCudaIfAvailable;
+      else return Fail("--device expects cpu, cuda or auto, got '" + d + "'");
     } else if (a == "--threads") {
       if (!absl::SimpleAtoi(next(), &opts.intra_op_threads)) return Fail("--threads expects an integer");
     } else if (a == "--dim") {  // fixes a symbolic dim so shape arithmetic folds at load

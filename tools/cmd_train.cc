@@ -149,6 +149,13 @@ int TrainCommand(const Args& args) {
     else if (a == "--save-model") c.save_model = flags.Value();
     else if (a == "--save-artifacts") c.artifacts_dir = flags.Value();
     else if (a == "--threads") flags.Number(&c.threads);
+    else if (a == "--device") {
+      const std::string d = flags.Value();
+      if (d == "cpu") c.device = DeviceChoice::kCpu;
+      else if (d == "cuda") c.device = DeviceChoice::kCuda;
+      else if (d == "auto") c.device = DeviceChoice::kCudaIfAvailable;
+      else flags.Fail(absl::StrCat("--device expects cpu, cuda or auto, got '", d, "'"));
+    }
     else if (a == "--log-every") flags.Number(&c.log_every);
     else if (a == "--exit-at") flags.Number(&c.exit_at);
     else if (c.model.empty() && !a.empty() && a[0] != '-') c.model = a;

@@ -254,6 +254,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
   RETURN_IF_ERROR(CheckVocab(data.val, static_cast<int64_t>(data.train.size()), vocab, c.data));
 
   TrainingSessionOptions so;
+  so.device = c.device;
   so.intra_op_threads = c.threads;
   so.seed = c.seed;
   so.initial_loss_scale = c.loss_scale;

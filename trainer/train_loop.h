@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
 #include "providers/communicator.h"
+#include "runtime/inference_session.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/training_graph.h"
 
@@ -66,6 +67,8 @@ struct TrainConfig {
   float loss_scale = 65536.0f;
   int64_t loss_scale_window = 2000;
   int threads = 0;
+  // --device cpu|cuda|auto (auto: CUDA when a usable device is present).
+  DeviceChoice device = DeviceChoice::kCpu;
   int64_t log_every = 1;
   int64_t exit_at = 0;  // > 0: stop after this step (checkpointing it), e.g. to split a run into jobs
   // Distributed: `model` is a plan directory (cleave partition) and this process is rank

@@ -44,6 +44,8 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   if (!a.optimizer || (a.stages.empty() && (!a.training || !a.eval)))
     return InvalidArgument("incomplete training artifacts");
   SessionOptions so;
+  so.device = options.device;
+  so.cuda_device = options.cuda_device;
   so.intra_op_threads = options.intra_op_threads;
   so.optimize = options.optimize;
   so.communicator = options.communicator;

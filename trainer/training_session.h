@@ -36,6 +36,10 @@
 namespace cleave::trainer {
 
 struct TrainingSessionOptions {
+  // The device the graphs run on (see SessionOptions::device); nodes without a CUDA kernel run
+  // on the CPU.
+  DeviceChoice device = DeviceChoice::kCpu;
+  int cuda_device = 0;
   int intra_op_threads = 0;  // 0: CLEAVE_NUM_THREADS or every core
   bool optimize = true;      // constant folding and fusions on the training and eval graphs
   // Training-mode Dropout masks are a function of (seed, step, micro-batch, node), so runs are

@@ -1,6 +1,12 @@
-// CUDA elementwise kernels (kernels/cuda/): the first device kernels; the CUDA provider
-// wires them in a later step. Built for sm_80 and sm_90 whenever nvcc is present.
+// CUDA elementwise kernels (kernels/cuda/): binary ops with broadcasting, unary ops, Cast and
+// the GELU gradient, each templated over the storage type and computing in fp32.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/kernels.h"
 
 namespace cleave::kernels::cuda {
 
@@ -10,9 +16,155 @@ __global__ void AddF32Kernel(const float* a, const float* b, float* c, int64_t n
 }
 
 void AddF32(const float* a, const float* b, float* c, int64_t n, void* stream) {
-  int threads = 256;
-  int64_t blocks = (n + threads - 1) / threads;
-  AddF32Kernel<<<static_cast<unsigned>(blocks), threads, 0, static_cast<cudaStream_t>(stream)>>>(a, b, c, n);
+  if (n == 0) return;
+  AddF32Kernel<<<Blocks(n), kThreads, 0, Stream(stream)>>>(a, b, c, n);
+}
+
+namespace {
+
+__device__ __forceinline__ float ApplyBinary(BinaryOp op, float a, float b) {
+  switch (op) {
+    case BinaryOp::kAdd: return a + b;
+    case BinaryOp::kSub: return a - b;
+    case BinaryOp::kMul: return a * b;
+    case BinaryOp::kDiv: return a / b;
+    case BinaryOp::kMax: return fmaxf(a, b);
+    case BinaryOp::kMin: return fminf(a, b);
+    case BinaryOp::kPow: return powf(a, b);
+  }
+  return 0.f;
+}
+
+__device__ __forceinline__ float GeluExact(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
+__device__ __forceinline__ float GeluTanh(float x) {
+  const float k = 0.79788456080286536f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+__device__ __forceinline__ float ApplyUnary(UnaryOp op, float x) {
+  switch (op) {
+    case UnaryOp::kIdentity: return x;
+    case UnaryOp::kRelu: return x > 0.f ? x : 0.f;
+    case UnaryOp::kGelu: return GeluExact(x);
+    case UnaryOp::kGeluTanh: return GeluTanh(x);
+    case UnaryOp::kTanh: return tanhf(x);
+    case UnaryOp::kExp: return expf(x);
+    case UnaryOp::kLog: return logf(x);
+    case UnaryOp::kNeg: return -x;
+    case UnaryOp::kSqrt: return sqrtf(x);
+    case UnaryOp::kSigmoid: return 1.f / (1.f + expf(-x));
+    case UnaryOp::kErf: return erff(x);
+    case UnaryOp::kReciprocal: return 1.f / x;
+    case UnaryOp::kAbs: return fabsf(x);
+  }
+  return 0.f;
+}
+
+template <typename T>
+__global__ void BinarySame(BinaryOp op, const T* a, const T* b, T* y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = FromFloat<T>(ApplyBinary(op, ToFloat(a[i]), ToFloat(b[i])));
+}
+
+template <typename T>
+__global__ void BinaryBroadcast(BinaryOp op, const T* a, const T* b, T* y, int64_t n, Broadcast bc) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t rest = i, ia = 0, ib = 0;
+    for (int d = bc.rank - 1; d >= 0; --d) {
+      const int64_t c = rest % bc.out_dims[d];
+      rest /= bc.out_dims[d];
+      ia += c * bc.a_strides[d];
+      ib += c * bc.b_strides[d];
+    }
+    y[i] = FromFloat<T>(ApplyBinary(op, ToFloat(a[ia]), ToFloat(b[ib])));
+  }
+}
+
+template <typename T>
+__global__ void UnaryKernel(UnaryOp op, const T* x, T* y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = FromFloat<T>(ApplyUnary(op, ToFloat(x[i])));
+}
+
+template <typename From, typename To>
+__global__ void CastKernel(const From* x, To* y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = FromFloat<To>(ToFloat(x[i]));
+}
+
+template <typename T>
+__global__ void GeluGradKernel(const T* dy, const T* x, T* dx, int64_t n, bool tanh_form) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = ToFloat(x[i]);
+    float d;
+    if (tanh_form) {
+      const float k = 0.79788456080286536f;
+      const float u = k * (v + 0.044715f * v * v * v);
+      const float t = tanhf(u);
+      d = 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * k * (1.f + 3.f * 0.044715f * v * v);
+    } else {
+      // d/dx [x * Phi(x)] = Phi(x) + x * phi(x)
+      d = 0.5f * (1.f + erff(v * 0.70710678118654752f)) + v * 0.39894228040143268f * expf(-0.5f * v * v);
+    }
+    dx[i] = FromFloat<T>(ToFloat(dy[i]) * d);
+  }
+}
+
+template <typename To>
+int CastFrom(Dt from, const void* x, To* y, int64_t n, cudaStream_t s) {
+  switch (from) {
+    case Dt::kF32: CastKernel<<<Blocks(n), kThreads, 0, s>>>(static_cast<const float*>(x), y, n); break;
+    case Dt::kBf16: CastKernel<<<Blocks(n), kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x), y, n); break;
+    case Dt::kF16: CastKernel<<<Blocks(n), kThreads, 0, s>>>(static_cast<const __half*>(x), y, n); break;
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int Binary(BinaryOp op, Dt dt, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc, void* stream) {
+  if (n == 0) return 0;
+  cudaStream_t s = Stream(stream);
+  DISPATCH_DT(dt, T, {
+    if (bc) BinaryBroadcast<T><<<Blocks(n), kThreads, 0, s>>>(op, static_cast<const T*>(a), static_cast<const T*>(b),
+                                                                static_cast<T*>(y), n, *bc);
+    else BinarySame<T><<<Blocks(n), kThreads, 0, s>>>(op, static_cast<const T*>(a), static_cast<const T*>(b),
+                                                        static_cast<T*>(y), n);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream) {
+  if (n == 0) return 0;
+  DISPATCH_DT(dt, T, {
+    UnaryKernel<T><<<Blocks(n), kThreads, 0, Stream(stream)>>>(op, static_cast<const T*>(x), static_cast<T*>(y), n);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int Cast(Dt from, Dt to, const void* x, void* y, int64_t n, void* stream) {
+  if (n == 0) return 0;
+  cudaStream_t s = Stream(stream);
+  switch (to) {
+    case Dt::kF32: return CastFrom(from, x, static_cast<float*>(y), n, s);
+    case Dt::kBf16: return CastFrom(from, x, static_cast<__nv_bfloat16*>(y), n, s);
+    case Dt::kF16: return CastFrom(from, x, static_cast<__half*>(y), n, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int GeluGrad(Dt dt, const void* dy, const void* x, void* dx, int64_t n, bool tanh_form, void* stream) {
+  if (n == 0) return 0;
+  DISPATCH_DT(dt, T, {
+    GeluGradKernel<T><<<Blocks(n), kThreads, 0, Stream(stream)>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                                                 static_cast<T*>(dx), n, tanh_form);
+  });
+  return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace cleave::kernels::cuda

@@ -1,19 +1,115 @@
-// CUDA provider skeleton: device discovery through the runtime API (providers/cuda/).
+// The CUDA provider (providers/cuda/): device discovery, the stream, cuBLASLt, the caching
+// arena over cudaMalloc, and host/device copies. Kernels are in cuda_kernels.cc.
 #include "providers/cuda/cuda_provider.h"
 
+#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 
 namespace cleave::providers {
 
+absl::Status CudaStatus(int error, const std::string& what) {
+  if (error == 0) return absl::OkStatus();
+  const cudaError_t e = static_cast<cudaError_t>(error);
+  const auto code = e == cudaErrorMemoryAllocation ? absl::StatusCode::kResourceExhausted : absl::StatusCode::kInternal;
+  return absl::Status(code, absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+}
+
 absl::StatusOr<int> CudaDeviceCount() {
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  if (driver == 0) return absl::UnavailableError("CUDA unavailable: no NVIDIA driver is loaded");
+  if (driver < runtime)
+    return absl::UnavailableError(absl::StrCat("CUDA unavailable: the driver supports CUDA ", driver / 1000, ".",
+                                               (driver % 1000) / 10, " and this build needs ", runtime / 1000, ".",
+                                               (runtime % 1000) / 10, "; update the NVIDIA driver"));
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess)
-    return absl::UnavailableError(absl::StrCat("CUDA unavailable: ", cudaGetErrorString(err)));
+    return absl::UnavailableError(absl::StrCat("CUDA unavailable: ", cudaGetErrorName(err), " (",
+                                               cudaGetErrorString(err), ")"));
   if (n == 0) return absl::UnavailableError("CUDA unavailable: no device");
   return n;
+}
+
+absl::StatusOr<std::unique_ptr<ExecutionProvider>> CudaExecutionProvider::Create(int device,
+                                                                                 CudaProviderOptions options) {
+  ASSIGN_OR_RETURN(int count, CudaDeviceCount());
+  if (device < 0 || device >= count)
+    return InvalidArgument("CUDA device ", device, " does not exist: this machine has ", count, " (0..", count - 1, ")");
+  std::unique_ptr<CudaExecutionProvider> p(new CudaExecutionProvider());
+  p->device_ = device;
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
+  cudaStream_t stream;
+  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  p->stream_ = stream;
+  cublasLtHandle_t lt;
+  if (cublasStatus_t s = cublasLtCreate(&lt); s != CUBLAS_STATUS_SUCCESS)
+    return Internal("cublasLtCreate: ", cublasLtGetStatusName(s));
+  p->cublaslt_ = lt;
+
+  ArenaBackend b;
+  b.device_name = absl::StrCat("cuda:", device);
+  b.kind = DeviceKind::kCuda;
+  b.allocate = [device](size_t bytes) -> void* {
+    cudaSetDevice(device);
+    void* q = nullptr;
+    if (cudaMalloc(&q, bytes) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky-free allocation error
+      return nullptr;
+    }
+    return q;
+  };
+  b.release = [device](void* q) {
+    cudaSetDevice(device);
+    cudaFree(q);
+  };
+  b.free_bytes = [device]() -> int64_t {
+    cudaSetDevice(device);
+    size_t free_b = 0, total = 0;
+    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return -1;
+    return static_cast<int64_t>(free_b);
+  };
+  ArenaOptions ao;
+  ao.min_region_bytes = size_t{64} << 20;
+  ao.max_region_bytes = size_t{2} << 30;
+  ao.limit_bytes = options.memory_limit_bytes;
+  p->arena_ = std::make_unique<ArenaAllocator>(std::move(b), ao);
+  p->workspace_bytes_ = options.cublas_workspace_bytes;
+  ASSIGN_OR_RETURN(p->workspace_, p->arena_->TryAllocate(p->workspace_bytes_));
+  ASSIGN_OR_RETURN(void* scratch, p->arena_->TryAllocate(sizeof(double)));
+  p->reduction_scratch_ = static_cast<double*>(scratch);
+  p->RegisterKernels();
+  return std::unique_ptr<ExecutionProvider>(std::move(p));
+}
+
+CudaExecutionProvider::~CudaExecutionProvider() {
+  if (stream_) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  if (arena_) {
+    if (workspace_) arena_->Free(workspace_);
+    if (reduction_scratch_) arena_->Free(reduction_scratch_);
+  }
+  if (cublaslt_) cublasLtDestroy(static_cast<cublasLtHandle_t>(cublaslt_));
+  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+absl::Status CudaExecutionProvider::CopyTensor(const TensorView& src, TensorView& dst) const {
+  if (src.nbytes() != dst.nbytes())
+    return Internal("CopyTensor: size mismatch ", src.nbytes(), " vs ", dst.nbytes());
+  if (src.nbytes() == 0) return absl::OkStatus();
+  cudaStream_t s = static_cast<cudaStream_t>(stream_);
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDefault, s),
+                             absl::StrCat("CopyTensor of ", src.nbytes(), " bytes")));
+  // The host side must be complete when the copy returns: a host destination is read next, and
+  // a host source (pageable) may be reused by the caller.
+  return Synchronize(absl::StrCat("CopyTensor of ", src.nbytes(), " bytes"));
+}
+
+absl::Status CudaExecutionProvider::Synchronize(const std::string& what) const {
+  return CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), what);
 }
 
 }  // namespace cleave::providers

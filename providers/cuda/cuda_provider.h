@@ -1,16 +1,75 @@
-// The CUDA execution provider (providers/cuda/): skeleton. It reports the devices it sees
-// and claims no nodes yet, so every node falls back to the CPU provider.
+// The CUDA execution provider (providers/cuda/).
+//
+// One provider per device. It owns a stream (every kernel and copy of the provider is
+// enqueued on it, so device buffers can be reused in stream order), a cuBLASLt handle with its
+// workspace, and a caching arena (providers/arena_allocator.h) over cudaMalloc, so steady-state
+// steps make no cudaMalloc. CopyTensor moves tensors between host and device on the stream and
+// waits for a copy to the host. The kernel table claims fp32/bf16/fp16 elementwise ops with
+// broadcasting, MatMul and FusedMatMul (cuBLASLt, bias and GELU epilogues), Softmax and
+// LogSoftmax, LayerNormalization and its gradient, Gelu and GeluGrad, Cast, Gather and
+// GatherGrad, Transpose, the shape ops (Reshape, Flatten, Squeeze, Unsqueeze, Identity),
+// SoftmaxCrossEntropyLoss and its gradient, AdamW and SquaredNorm; other nodes fall back to the
+// CPU provider with copies at the boundaries.
+//
+// Errors are Status values naming the kernel (node) and the CUDA error.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "providers/arena_allocator.h"
 #include "providers/execution_provider.h"
 
 namespace cleave::providers {
 
-// Number of visible CUDA devices, or an error naming why none can be used (no driver,
-// driver too old, no device).
+// Number of visible CUDA devices, or an error naming why none can be used (no driver, a
+// driver older than the runtime this build needs, no device).
 absl::StatusOr<int> CudaDeviceCount();
+
+struct CudaProviderOptions {
+  // The arena never takes more than this (0: as much as the device has).
+  size_t memory_limit_bytes = 0;
+  size_t cublas_workspace_bytes = size_t{32} << 20;
+};
+
+class CudaExecutionProvider : public ExecutionProvider {
+ public:
+  // The provider of device `device`, or why it cannot be made (see CudaDeviceCount; an
+  // index out of range names the devices there are).
+  static absl::StatusOr<std::unique_ptr<ExecutionProvider>> Create(int device, CudaProviderOptions options = {});
+  ~CudaExecutionProvider() override;
+
+  std::string name() const override { return "CUDAExecutionProvider"; }
+  DeviceKind device() const override { return DeviceKind::kCuda; }
+  Allocator* allocator() override { return arena_.get(); }
+  absl::Status CopyTensor(const TensorView& src, TensorView& dst) const override;
+
+  int device_index() const { return device_; }
+  void* stream() const { return stream_; }          // cudaStream_t
+  void* cublaslt() const { return cublaslt_; }      // cublasLtHandle_t
+  void* workspace() const { return workspace_; }
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  // Device scratch of one double for reductions (valid for the provider's lifetime).
+  double* reduction_scratch() const { return reduction_scratch_; }
+  const ArenaAllocator& arena() const { return *arena_; }
+  // Waits for everything enqueued on the stream; the error names `what`.
+  absl::Status Synchronize(const std::string& what) const;
+
+ private:
+  CudaExecutionProvider() = default;
+  void RegisterKernels();
+
+  int device_ = 0;
+  std::unique_ptr<ArenaAllocator> arena_;
+  void* stream_ = nullptr;
+  void* cublaslt_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  double* reduction_scratch_ = nullptr;
+};
+
+// A Status from a CUDA runtime error code: "<what>: <error name> (<description>)"; OK for 0.
+absl::Status CudaStatus(int error, const std::string& what);
 
 }  // namespace cleave::providers

@@ -1,0 +1,117 @@
+// CUDA data-movement kernels (kernels/cuda/): row gather (embedding lookup) and its
+// scatter-add gradient, and a general transpose.
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace cleave::kernels::cuda {
+namespace {
+
+template <typename E>
+__global__ void GatherKernel(const E* table, const int64_t* ids, E* out, int64_t num_ids, int64_t rows,
+                             int64_t row_elems) {
+  const int64_t total = num_ids * row_elems;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t k = i / row_elems, e = i % row_elems;
+    int64_t r = ids[k];
+    if (r < 0) r += rows;
+    out[i] = (r >= 0 && r < rows) ? table[r * row_elems + e] : E{};
+  }
+}
+
+__global__ void ScatterAdd(const float* dy, const int64_t* ids, float* dtable, int64_t num_ids, int64_t rows,
+                           int64_t row_elems) {
+  const int64_t total = num_ids * row_elems;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t k = i / row_elems, e = i % row_elems;
+    int64_t r = ids[k];
+    if (r < 0) r += rows;
+    if (r >= 0 && r < rows) atomicAdd(dtable + r * row_elems + e, dy[i]);
+  }
+}
+
+struct Perm {
+  int rank;
+  int64_t out_dims[kMaxRank];
+  int64_t in_strides[kMaxRank];  // the input stride of each output dim
+};
+
+template <typename E>
+__global__ void TransposeKernel(const E* x, E* y, int64_t n, Perm p) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t rest = i, src = 0;
+    for (int d = p.rank - 1; d >= 0; --d) {
+      src += (rest % p.out_dims[d]) * p.in_strides[d];
+      rest /= p.out_dims[d];
+    }
+    y[i] = x[src];
+  }
+}
+
+template <typename E>
+int LaunchGather(const void* table, const int64_t* ids, void* out, int64_t num_ids, int64_t rows, int64_t row_elems,
+                 cudaStream_t s) {
+  GatherKernel<E><<<Blocks(num_ids * row_elems), kThreads, 0, s>>>(static_cast<const E*>(table), ids,
+                                                                   static_cast<E*>(out), num_ids, rows, row_elems);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <typename E>
+int LaunchTranspose(const void* x, void* y, int64_t n, const Perm& p, cudaStream_t s) {
+  TransposeKernel<E><<<Blocks(n), kThreads, 0, s>>>(static_cast<const E*>(x), static_cast<E*>(y), n, p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int Gather(int elem_bytes, const void* table, const int64_t* ids, void* out, int64_t num_ids, int64_t rows,
+           int64_t row_elems, void* stream) {
+  if (num_ids * row_elems == 0) return 0;
+  cudaStream_t s = Stream(stream);
+  switch (elem_bytes) {
+    case 1: return LaunchGather<uint8_t>(table, ids, out, num_ids, rows, row_elems, s);
+    case 2: return LaunchGather<uint16_t>(table, ids, out, num_ids, rows, row_elems, s);
+    case 4: return LaunchGather<uint32_t>(table, ids, out, num_ids, rows, row_elems, s);
+    case 8: return LaunchGather<uint64_t>(table, ids, out, num_ids, rows, row_elems, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int GatherGrad(const float* dy, const int64_t* ids, float* dtable, int64_t num_ids, int64_t rows, int64_t row_elems,
+               void* stream) {
+  cudaStream_t s = Stream(stream);
+  cudaError_t e = cudaMemsetAsync(dtable, 0, static_cast<size_t>(rows * row_elems) * sizeof(float), s);
+  if (e != cudaSuccess || num_ids * row_elems == 0) return static_cast<int>(e);
+  ScatterAdd<<<Blocks(num_ids * row_elems), kThreads, 0, s>>>(dy, ids, dtable, num_ids, rows, row_elems);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* perm,
+              void* stream) {
+  if (rank > kMaxRank) return static_cast<int>(cudaErrorInvalidValue);
+  Perm p{};
+  p.rank = rank;
+  int64_t strides[kMaxRank];
+  int64_t n = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    strides[d] = n;
+    n *= x_dims[d];
+  }
+  for (int d = 0; d < rank; ++d) {
+    p.out_dims[d] = x_dims[perm[d]];
+    p.in_strides[d] = strides[perm[d]];
+  }
+  if (n == 0) return 0;
+  cudaStream_t s = Stream(stream);
+  switch (elem_bytes) {
+    case 1: return LaunchTranspose<uint8_t>(x, y, n, p, s);
+    case 2: return LaunchTranspose<uint16_t>(x, y, n, p, s);
+    case 4: return LaunchTranspose<uint32_t>(x, y, n, p, s);
+    case 8: return LaunchTranspose<uint64_t>(x, y, n, p, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+}  // namespace cleave::kernels::cuda

@@ -1,0 +1,87 @@
+// Shared device helpers of the CUDA kernels (kernels/cuda/): launch sizes, storage-type
+// conversions and block reductions. Included by .cu files only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cleave::kernels::cuda {
+
+inline constexpr int kThreads = 256;
+
+// A grid-stride launch: enough blocks to cover n, at most 65535 * 4 of them.
+inline unsigned Blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 262140 ? (b > 0 ? b : 1) : 262140);
+}
+
+inline cudaStream_t Stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+__device__ __forceinline__ float ToFloat(float x) { return x; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float x);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float x) { return __float2half_rn(x); }
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum (or max) of v over the block; every thread gets the result. `shared` holds 32 floats.
+__device__ __forceinline__ float BlockSum(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = WarpSum(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  v = lane < warps ? shared[lane] : 0.f;
+  return WarpSum(v);
+}
+__device__ __forceinline__ float BlockMax(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = WarpMax(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  v = lane < warps ? shared[lane] : -INFINITY;
+  return WarpMax(v);
+}
+
+// Runs the body (the trailing arguments) with T the storage type of dt.
+#define DISPATCH_DT(dt, T, ...)                 \
+  switch (dt) {                                  \
+    case ::cleave::kernels::cuda::Dt::kF32: {    \
+      using T = float;                           \
+      __VA_ARGS__;                               \
+      break;                                     \
+    }                                            \
+    case ::cleave::kernels::cuda::Dt::kBf16: {   \
+      using T = __nv_bfloat16;                   \
+      __VA_ARGS__;                               \
+      break;                                     \
+    }                                            \
+    case ::cleave::kernels::cuda::Dt::kF16: {    \
+      using T = __half;                          \
+      __VA_ARGS__;                               \
+      break;                                     \
+    }                                            \
+  }
+
+}  // namespace cleave::kernels::cuda

@@ -1,0 +1,80 @@
+// CUDA kernel launchers (kernels/cuda/): host functions over device pointers, callable from
+// C++ that never includes a CUDA header. Each enqueues its work on `stream` (a cudaStream_t)
+// and returns the launch's cudaError_t as an int (0 = success); errors of the work itself
+// surface at the stream's next synchronisation. Floating-point math accumulates in fp32
+// whatever the storage type (fp32, bf16 or fp16), as the CPU kernels do.
+#pragma once
+
+#include <cstdint>
+
+namespace cleave::kernels::cuda {
+
+enum class Dt : int { kF32 = 0, kBf16 = 1, kF16 = 2 };
+
+inline constexpr int kMaxRank = 8;
+
+// Broadcasting of two operands into an output of `rank` dims: element strides of each
+// operand per output dim (0 where the operand is broadcast).
+struct Broadcast {
+  int rank = 0;
+  int64_t out_dims[kMaxRank] = {};
+  int64_t a_strides[kMaxRank] = {};
+  int64_t b_strides[kMaxRank] = {};
+};
+
+enum class BinaryOp : int { kAdd, kSub, kMul, kDiv, kMax, kMin, kPow };
+enum class UnaryOp : int { kIdentity, kRelu, kGelu, kGeluTanh, kTanh, kExp, kLog, kNeg, kSqrt, kSigmoid, kErf,
+                           kReciprocal, kAbs };
+
+// y = a op b; bc null when a, b and y have the same n elements.
+int Binary(BinaryOp op, Dt dt, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc, void* stream);
+int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream);
+int Cast(Dt from, Dt to, const void* x, void* y, int64_t n, void* stream);
+// dx = dy * gelu'(x), exact (erf) or tanh form.
+int GeluGrad(Dt dt, const void* dy, const void* x, void* dx, int64_t n, bool tanh_form, void* stream);
+
+// Row-wise over [rows, cols]: y = (x - mean) * inv_std * gamma + beta (beta may be null);
+// mean and inv_std [rows] fp32 (may be null).
+int LayerNorm(Dt dt, const void* x, const void* gamma, const void* beta, void* y, float* mean, float* inv_std,
+              int64_t rows, int64_t cols, float epsilon, void* stream);
+// dx [rows, cols]; dgamma, dbeta [cols] fp32 sums over rows (either may be null).
+int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const float* mean, const float* inv_std,
+                  void* dx, float* dgamma, float* dbeta, int64_t rows, int64_t cols, void* stream);
+// Softmax or LogSoftmax over the last axis of [rows, cols].
+int Softmax(Dt dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, void* stream);
+
+// Cross-entropy of fp32 scores [N, C] against int64 labels [N] in one pass per row (the
+// probabilities are never stored): row_loss[n] = logsumexp(scores[n]) - scores[n, label]
+// (0 where label == ignore_index when has_ignore); log_prob [N, C] is written when non-null.
+// Then loss = the sum, the mean over counted rows, or row_loss itself (reduction 2 = none,
+// 1 = sum, 0 = mean); `count` is device scratch of one double.
+int SoftmaxCrossEntropy(const float* scores, const int64_t* labels, float* row_loss, float* log_prob, float* loss,
+                        double* count, int64_t N, int64_t C, int reduction, bool has_ignore, int64_t ignore_index,
+                        void* stream);
+// d_scores [N, C] from log_prob and labels, as SoftmaxCrossEntropyLossGrad: dy is a device
+// scalar (mean, sum) or [N] (none); the one-hot term lands at label - class_offset.
+int SoftmaxCrossEntropyGrad(const float* dy, const float* log_prob, const int64_t* labels, float* dx, double* count,
+                            int64_t N, int64_t C, int reduction, bool has_ignore, int64_t ignore_index,
+                            int64_t class_offset, void* stream);
+
+// Rows of a [rows, row_elems] table by int64 ids (negative ids count from the end; ids out
+// of range give zero rows).
+int Gather(int elem_bytes, const void* table, const int64_t* ids, void* out, int64_t num_ids, int64_t rows,
+           int64_t row_elems, void* stream);
+// dtable [rows, row_elems] = scatter-add of dy rows at ids (dtable is zeroed first).
+int GatherGrad(const float* dy, const int64_t* ids, float* dtable, int64_t num_ids, int64_t rows, int64_t row_elems,
+               void* stream);
+// y = x with axes permuted (y dim k = x dim perm[k]).
+int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* perm,
+              void* stream);
+
+// One AdamW step (decoupled weight decay, bias-corrected), reading the inputs and writing
+// the outputs (which may alias them), grad multiplied by grad_scale first.
+int AdamW(const float* param, const float* grad, const float* m, const float* v, float* param_out, float* m_out,
+          float* v_out, int64_t n, float lr, float beta1, float beta2, float epsilon, float weight_decay,
+          int64_t step, float grad_scale, void* stream);
+// out = sum of squares of every element of the `count` tensors; `acc` is device scratch of
+// one double. xs and ns are host arrays.
+int SquaredNorm(const float* const* xs, const int64_t* ns, int count, float* out, double* acc, void* stream);
+
+}  // namespace cleave::kernels::cuda

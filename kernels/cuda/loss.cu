@@ -1,0 +1,98 @@
+// CUDA softmax cross-entropy (kernels/cuda/): one block per row computes the log-sum-exp and
+// the label's score without storing probabilities; a second single-block pass reduces the rows.
+// A label outside [0, C) that is not ignore_index makes its row's loss NaN, so it shows in the
+// loss instead of passing silently.
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace cleave::kernels::cuda {
+namespace {
+
+__device__ __forceinline__ bool Ignored(int64_t label, bool has_ignore, int64_t ignore_index) {
+  return has_ignore && label == ignore_index;
+}
+
+__global__ void SceRows(const float* scores, const int64_t* labels, float* row_loss, float* log_prob, int64_t C,
+                        bool has_ignore, int64_t ignore_index) {
+  __shared__ float shared[32];
+  const int64_t n = blockIdx.x;
+  const float* s = scores + n * C;
+  float m = -INFINITY;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = fmaxf(m, s[c]);
+  m = BlockMax(m, shared);
+  float e = 0.f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) e += expf(s[c] - m);
+  e = BlockSum(e, shared);
+  const float lse = m + logf(e);
+  if (log_prob)
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) log_prob[n * C + c] = s[c] - lse;
+  if (threadIdx.x == 0) {
+    const int64_t l = labels[n];
+    if (Ignored(l, has_ignore, ignore_index)) row_loss[n] = 0.f;
+    else if (l < 0 || l >= C) row_loss[n] = NAN;
+    else row_loss[n] = lse - s[l];
+  }
+}
+
+// One block: count[0] = rows not ignored; loss[0] = sum (reduction 1) or mean (0) of row_loss.
+__global__ void SceReduce(const float* row_loss, const int64_t* labels, float* loss, double* count, int64_t N,
+                          int reduction, bool has_ignore, int64_t ignore_index) {
+  __shared__ float shared[32];
+  float sum = 0.f, k = 0.f;
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
+    if (Ignored(labels[n], has_ignore, ignore_index)) continue;
+    sum += row_loss ? row_loss[n] : 0.f;
+    k += 1.f;
+  }
+  sum = BlockSum(sum, shared);
+  k = BlockSum(k, shared);
+  if (threadIdx.x == 0) {
+    count[0] = k;
+    if (loss) loss[0] = reduction == 0 ? sum / k : sum;
+  }
+}
+
+__global__ void SceGradKernel(const float* dy, const float* log_prob, const int64_t* labels, float* dx,
+                              const double* count, int64_t N, int64_t C, int reduction, bool has_ignore,
+                              int64_t ignore_index, int64_t class_offset) {
+  const int64_t total = N * C;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t n = i / C, c = i % C;
+    const int64_t l = labels[n];
+    if (Ignored(l, has_ignore, ignore_index)) {
+      dx[i] = 0.f;
+      continue;
+    }
+    const float g = reduction == 2 ? dy[n] : reduction == 1 ? dy[0] : dy[0] / static_cast<float>(count[0]);
+    dx[i] = g * (expf(log_prob[i]) - (c + class_offset == l ? 1.f : 0.f));
+  }
+}
+
+}  // namespace
+
+int SoftmaxCrossEntropy(const float* scores, const int64_t* labels, float* row_loss, float* log_prob, float* loss,
+                        double* count, int64_t N, int64_t C, int reduction, bool has_ignore, int64_t ignore_index,
+                        void* stream) {
+  if (N == 0) return 0;
+  cudaStream_t s = Stream(stream);
+  SceRows<<<static_cast<unsigned>(N), kThreads, 0, s>>>(scores, labels, row_loss, log_prob, C, has_ignore,
+                                                        ignore_index);
+  if (reduction != 2)
+    SceReduce<<<1, 1024, 0, s>>>(row_loss, labels, loss, count, N, reduction, has_ignore, ignore_index);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int SoftmaxCrossEntropyGrad(const float* dy, const float* log_prob, const int64_t* labels, float* dx, double* count,
+                            int64_t N, int64_t C, int reduction, bool has_ignore, int64_t ignore_index,
+                            int64_t class_offset, void* stream) {
+  if (N == 0) return 0;
+  cudaStream_t s = Stream(stream);
+  if (reduction == 0)
+    SceReduce<<<1, 1024, 0, s>>>(nullptr, labels, nullptr, count, N, reduction, has_ignore, ignore_index);
+  SceGradKernel<<<Blocks(N * C), kThreads, 0, s>>>(dy, log_prob, labels, dx, count, N, C, reduction, has_ignore,
+                                                   ignore_index, class_offset);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace cleave::kernels::cuda

@@ -1,0 +1,134 @@
+// CUDA row kernels (kernels/cuda/): LayerNormalization forward and backward, Softmax and
+// LogSoftmax over the last axis. One block per row; statistics in fp32.
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace cleave::kernels::cuda {
+namespace {
+
+template <typename T>
+__global__ void LayerNormKernel(const T* x, const T* gamma, const T* beta, T* y, float* mean_out, float* inv_out,
+                                int64_t cols, float eps) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * cols;
+  T* yr = y + row * cols;
+  float s = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += ToFloat(xr[c]);
+  const float mean = BlockSum(s, shared) / static_cast<float>(cols);
+  float q = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float d = ToFloat(xr[c]) - mean;
+    q += d * d;
+  }
+  const float var = BlockSum(q, shared) / static_cast<float>(cols);
+  const float inv = rsqrtf(var + eps);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float v = (ToFloat(xr[c]) - mean) * inv * ToFloat(gamma[c]);
+    if (beta) v += ToFloat(beta[c]);
+    yr[c] = FromFloat<T>(v);
+  }
+  if (threadIdx.x == 0) {
+    if (mean_out) mean_out[row] = mean;
+    if (inv_out) inv_out[row] = inv;
+  }
+}
+
+template <typename T>
+__global__ void LayerNormGradRows(const T* dy, const T* x, const T* gamma, const float* mean, const float* inv,
+                                  T* dx, int64_t cols) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const T* dyr = dy + row * cols;
+  const T* xr = x + row * cols;
+  const float mu = mean[row], is = inv[row];
+  float a = 0.f, b = 0.f;  // sums of g*dy and g*dy*xhat
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float gd = ToFloat(gamma[c]) * ToFloat(dyr[c]);
+    a += gd;
+    b += gd * (ToFloat(xr[c]) - mu) * is;
+  }
+  const float mean_gd = BlockSum(a, shared) / static_cast<float>(cols);
+  const float mean_gdx = BlockSum(b, shared) / static_cast<float>(cols);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float xhat = (ToFloat(xr[c]) - mu) * is;
+    const float gd = ToFloat(gamma[c]) * ToFloat(dyr[c]);
+    dx[row * cols + c] = FromFloat<T>(is * (gd - mean_gd - xhat * mean_gdx));
+  }
+}
+
+template <typename T>
+__global__ void LayerNormGradColumns(const T* dy, const T* x, const float* mean, const float* inv, float* dgamma,
+                                     float* dbeta, int64_t rows, int64_t cols) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  float g = 0.f, b = 0.f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float d = ToFloat(dy[r * cols + c]);
+    g += d * (ToFloat(x[r * cols + c]) - mean[r]) * inv[r];
+    b += d;
+  }
+  if (dgamma) dgamma[c] = g;
+  if (dbeta) dbeta[c] = b;
+}
+
+template <typename T>
+__global__ void SoftmaxKernel(const T* x, T* y, int64_t cols, bool log) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * cols;
+  T* yr = y + row * cols;
+  float m = -INFINITY;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, ToFloat(xr[c]));
+  m = BlockMax(m, shared);
+  float s = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += expf(ToFloat(xr[c]) - m);
+  s = BlockSum(s, shared);
+  const float lse = m + logf(s);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = ToFloat(xr[c]);
+    yr[c] = FromFloat<T>(log ? v - lse : expf(v - lse));
+  }
+}
+
+unsigned Rows(int64_t rows) { return static_cast<unsigned>(rows); }
+
+}  // namespace
+
+int LayerNorm(Dt dt, const void* x, const void* gamma, const void* beta, void* y, float* mean, float* inv_std,
+              int64_t rows, int64_t cols, float epsilon, void* stream) {
+  if (rows == 0) return 0;
+  DISPATCH_DT(dt, T, {
+    LayerNormKernel<T><<<Rows(rows), kThreads, 0, Stream(stream)>>>(
+        static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta), static_cast<T*>(y), mean,
+        inv_std, cols, epsilon);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const float* mean, const float* inv_std,
+                  void* dx, float* dgamma, float* dbeta, int64_t rows, int64_t cols, void* stream) {
+  if (rows == 0) return 0;
+  cudaStream_t s = Stream(stream);
+  DISPATCH_DT(dt, T, {
+    if (dx)
+      LayerNormGradRows<T><<<Rows(rows), kThreads, 0, s>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                                           static_cast<const T*>(gamma), mean, inv_std,
+                                                           static_cast<T*>(dx), cols);
+    if (dgamma || dbeta)
+      LayerNormGradColumns<T><<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+          static_cast<const T*>(dy), static_cast<const T*>(x), mean, inv_std, dgamma, dbeta, rows, cols);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int Softmax(Dt dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, void* stream) {
+  if (rows == 0) return 0;
+  DISPATCH_DT(dt, T, {
+    SoftmaxKernel<T><<<Rows(rows), kThreads, 0, Stream(stream)>>>(static_cast<const T*>(x), static_cast<T*>(y), cols,
+                                                                 log);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace cleave::kernels::cuda

@@ -1,0 +1,572 @@
+// The CUDA provider's kernel table (providers/cuda/): OpKernels that check shapes on the
+// host and enqueue the kernels of kernels/cuda/ (or cuBLASLt) on the provider's stream.
+#include <algorithm>
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "graph/op_table.h"
+#include "kernels/cpu/nn.h"
+#include "kernels/cuda/kernels.h"
+#include "providers/cuda/cuda_matmul.h"
+#include "providers/cuda/cuda_provider.h"
+
+namespace cleave::providers {
+namespace {
+
+namespace kc = kernels::cuda;
+
+const std::vector<DataType> kFloats = {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16};
+
+kc::Dt DtOf(DataType t) {
+  return t == DataType::kBFloat16 ? kc::Dt::kBf16 : t == DataType::kFloat16 ? kc::Dt::kF16 : kc::Dt::kF32;
+}
+
+// A kernel of the provider: its stream and errors named after the node.
+class CudaKernel : public OpKernel {
+ public:
+  CudaKernel(const CudaExecutionProvider* p, const graph::Node& n) : p_(p), name_(n.Describe()) {}
+
+ protected:
+  void* stream() const { return p_->stream(); }
+  absl::Status Check(int err) const { return CudaStatus(err, name_); }
+  absl::Status Copy(void* dst, const void* src, size_t bytes) const {
+    if (bytes == 0 || dst == src) return absl::OkStatus();
+    return Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream())));
+  }
+  const CudaExecutionProvider* p_;
+  std::string name_;
+};
+
+// Registers a kernel class K(const CudaExecutionProvider*, const Node&, int version).
+template <typename K>
+void Add(KernelRegistry& r, CudaExecutionProvider* p, const std::string& domain, const std::string& op, int min_v,
+         int max_v, SupportsFn supports, std::vector<int> host_inputs = {}) {
+  KernelDef d;
+  d.domain = domain;
+  d.op = op;
+  d.min_version = min_v;
+  d.max_version = max_v;
+  d.supports = std::move(supports);
+  d.create = [p](const graph::Node& n, int v) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
+    return std::unique_ptr<OpKernel>(new K(p, n, v));
+  };
+  d.host_inputs = std::move(host_inputs);
+  r.Register(std::move(d));
+}
+
+// ---- elementwise ----------------------------------------------------------------------
+
+class BinaryKernel : public CudaKernel {
+ public:
+  BinaryKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {
+    const std::string& o = n.op_type();
+    op_ = o == "Add" ? kc::BinaryOp::kAdd : o == "Sub" ? kc::BinaryOp::kSub : o == "Mul" ? kc::BinaryOp::kMul
+        : o == "Div" ? kc::BinaryOp::kDiv : o == "Max" ? kc::BinaryOp::kMax : o == "Min" ? kc::BinaryOp::kMin
+                                                                                 : kc::BinaryOp::kPow;
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& a = *ctx.input(0);
+    const TensorView& b = *ctx.input(1);
+    const int rank = std::max(a.rank, b.rank);
+    if (rank > kc::kMaxRank) return Unimplemented(name_, ": rank ", rank, " over ", kc::kMaxRank);
+    kc::Broadcast bc;
+    bc.rank = rank;
+    std::vector<int64_t> out(rank);
+    int64_t sa = 1, sb = 1;
+    for (int d = rank - 1; d >= 0; --d) {
+      const int ia = d - (rank - a.rank), ib = d - (rank - b.rank);
+      const int64_t da = ia >= 0 ? a.dims[ia] : 1, db = ib >= 0 ? b.dims[ib] : 1;
+      if (da != db && da != 1 && db != 1)
+        return InvalidArgument(name_, ": dims ", DimsToString(a.shape()), " and ", DimsToString(b.shape()),
+                               " do not broadcast");
+      out[d] = da == 1 ? db : da;
+      bc.out_dims[d] = out[d];
+      bc.a_strides[d] = da == 1 ? 0 : sa;
+      bc.b_strides[d] = db == 1 ? 0 : sb;
+      sa *= da;
+      sb *= db;
+    }
+    TensorView* y = ctx.Output(0, out);
+    if (!y) return absl::OkStatus();
+    const bool same = a.numel() == y->numel() && b.numel() == y->numel();
+    return Check(kc::Binary(op_, DtOf(a.dtype), a.data, b.data, y->data, y->numel(), same ? nullptr : &bc, stream()));
+  }
+
+ private:
+  kc::BinaryOp op_;
+};
+
+class UnaryKernel : public CudaKernel {
+ public:
+  UnaryKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {
+    const std::string& o = n.op_type();
+    const bool tanh_gelu = n.AttrString("approximate", "none") == "tanh";
+    op_ = o == "Relu" ? kc::UnaryOp::kRelu : o == "Gelu" ? (tanh_gelu ? kc::UnaryOp::kGeluTanh : kc::UnaryOp::kGelu)
+        : o == "Tanh" ? kc::UnaryOp::kTanh : o == "Exp" ? kc::UnaryOp::kExp : o == "Log" ? kc::UnaryOp::kLog
+        : o == "Neg" ? kc::UnaryOp::kNeg : o == "Sqrt" ? kc::UnaryOp::kSqrt : o == "Sigmoid" ? kc::UnaryOp::kSigmoid
+        : o == "Erf" ? kc::UnaryOp::kErf : o == "Reciprocal" ? kc::UnaryOp::kReciprocal
+        : o == "Abs" ? kc::UnaryOp::kAbs : kc::UnaryOp::kIdentity;
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    TensorView* y = ctx.Output(0, x.dim_span());
+    if (!y) return absl::OkStatus();
+    return Check(kc::Unary(op_, DtOf(x.dtype), x.data, y->data, x.numel(), stream()));
+  }
+
+ private:
+  kc::UnaryOp op_;
+};
+
+class CastKernel : public CudaKernel {
+ public:
+  CastKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    TensorView* y = ctx.Output(0, x.dim_span());
+    if (!y) return absl::OkStatus();
+    if (x.dtype == y->dtype) return Copy(y->data, x.data, x.nbytes());
+    return Check(kc::Cast(DtOf(x.dtype), DtOf(y->dtype), x.data, y->data, x.numel(), stream()));
+  }
+};
+
+class GeluGradKernel : public CudaKernel {
+ public:
+  GeluGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), tanh_(n.AttrString("approximate", "none") == "tanh") {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& x = *ctx.input(1);
+    if (dy.shape() != x.shape())
+      return InvalidArgument(name_, ": dY ", DimsToString(dy.shape()), " and X ", DimsToString(x.shape()), " differ");
+    TensorView* dx = ctx.Output(0, x.dim_span());
+    if (!dx) return absl::OkStatus();
+    return Check(kc::GeluGrad(DtOf(x.dtype), dy.data, x.data, dx->data, x.numel(), tanh_, stream()));
+  }
+
+ private:
+  bool tanh_;
+};
+
+// ---- products -------------------------------------------------------------------------
+
+class MatMulKernel : public CudaKernel {
+ public:
+  MatMulKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {
+    fused_ = n.op_type() == "FusedMatMul";
+    trans_a_ = n.AttrInt("transA", 0) != 0;
+    trans_b_ = n.AttrInt("transB", 0) != 0;
+    const std::string act = n.AttrString("activation", "");
+    gelu_ = act == "gelu";
+    gelu_tanh_ = act == "gelu_tanh";
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& a = *ctx.input(0);
+    const TensorView& b = *ctx.input(1);
+    const TensorView* bias = fused_ ? ctx.input(2) : nullptr;
+    auto plan = kernels::cpu::PlanMatMul(a.dim_span(), b.dim_span(), trans_b_, trans_a_);
+    if (!plan.ok()) return absl::Status(plan.status().code(), absl::StrCat(name_, ": ", plan.status().message()));
+    if (bias && (bias->rank != 1 || bias->dims[0] != plan->N))
+      return InvalidArgument(name_, ": expected bias of shape [", plan->N, "], got ", DimsToString(bias->shape()));
+    TensorView* y = ctx.Output(0, plan->out_shape());
+    if (!y) return absl::OkStatus();
+    absl::Status s = CudaMatMul(*p_, *plan, a.dtype, a.data, b.data, y->data, bias ? bias->data : nullptr, gelu_tanh_);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(name_, ": ", s.message()));
+    if (gelu_) return Check(kc::Unary(kc::UnaryOp::kGelu, DtOf(a.dtype), y->data, y->data, y->numel(), stream()));
+    return absl::OkStatus();
+  }
+
+ private:
+  bool fused_ = false, trans_a_ = false, trans_b_ = false, gelu_ = false, gelu_tanh_ = false;
+};
+
+// ---- rows: softmax, layer norm ----------------------------------------------------------
+
+int64_t LastAxis(int64_t axis, int rank) { return axis < 0 ? axis + rank : axis; }
+
+class SoftmaxKernel : public CudaKernel {
+ public:
+  SoftmaxKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), log_(n.op_type() == "LogSoftmax"), axis_(n.AttrInt("axis", -1)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    if (x.rank == 0 || LastAxis(axis_, x.rank) != x.rank - 1)
+      return Unimplemented(name_, ": only the last axis is supported on CUDA");
+    TensorView* y = ctx.Output(0, x.dim_span());
+    if (!y) return absl::OkStatus();
+    const int64_t cols = x.dims[x.rank - 1];
+    return Check(kc::Softmax(DtOf(x.dtype), x.data, y->data, cols ? x.numel() / cols : 0, cols, log_, stream()));
+  }
+
+ private:
+  bool log_;
+  int64_t axis_;
+};
+
+std::string LastAxisOnly(const graph::Node& n, int) {
+  const graph::Value* x = n.input(0);
+  if (!x || !x->shape().has_rank()) return "rank of input 0 unknown";
+  const int64_t axis = LastAxis(n.AttrInt("axis", -1), x->shape().rank());
+  return axis == x->shape().rank() - 1 ? "" : "only the last axis is supported on CUDA";
+}
+
+class LayerNormKernel : public CudaKernel {
+ public:
+  LayerNormKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), epsilon_(n.AttrFloat("epsilon", 1e-5f)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView& gamma = *ctx.input(1);
+    const TensorView* beta = ctx.input(2);
+    const int64_t cols = x.rank ? x.dims[x.rank - 1] : 1;
+    if (gamma.numel() != cols || (beta && beta->numel() != cols))
+      return InvalidArgument(name_, ": scale and bias must have ", cols, " elements (the last dim of X)");
+    TensorView* y = ctx.Output(0, x.dim_span());
+    std::vector<int64_t> stat(x.dims, x.dims + x.rank);
+    if (!stat.empty()) stat.back() = 1;
+    TensorView* mean = ctx.Output(1, stat);
+    TensorView* inv = ctx.Output(2, stat);
+    if (!y) return absl::OkStatus();
+    const int64_t rows = cols ? x.numel() / cols : 0;
+    return Check(kc::LayerNorm(DtOf(x.dtype), x.data, gamma.data, beta ? beta->data : nullptr, y->data,
+                               mean ? mean->as<float>() : nullptr, inv ? inv->as<float>() : nullptr, rows, cols,
+                               epsilon_, stream()));
+  }
+
+ private:
+  float epsilon_;
+};
+
+// LayerNormalizationGrad(dY, X, scale, mean, inv_std_dev) -> dX, dScale, dBias.
+class LayerNormGradKernel : public CudaKernel {
+ public:
+  LayerNormGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& x = *ctx.input(1);
+    const TensorView& gamma = *ctx.input(2);
+    const TensorView& mean = *ctx.input(3);
+    const TensorView& inv = *ctx.input(4);
+    const int64_t cols = x.rank ? x.dims[x.rank - 1] : 1;
+    const int64_t rows = cols ? x.numel() / cols : 0;
+    if (mean.numel() != rows || inv.numel() != rows || gamma.numel() != cols || dy.shape() != x.shape())
+      return InvalidArgument(name_, ": expected dY like X ", DimsToString(x.shape()), ", ", cols,
+                             " scale elements and ", rows, " statistics");
+    TensorView* dx = ctx.Output(0, x.dim_span());
+    TensorView* dg = ctx.Output(1, gamma.dim_span());
+    TensorView* db = ctx.Output(2, gamma.dim_span());
+    return Check(kc::LayerNormGrad(DtOf(x.dtype), dy.data, x.data, gamma.data, mean.as<float>(), inv.as<float>(),
+                                   dx ? dx->data : nullptr, dg ? dg->as<float>() : nullptr,
+                                   db ? db->as<float>() : nullptr, rows, cols, stream()));
+  }
+};
+
+// ---- lookups and layout ----------------------------------------------------------------
+
+class GatherKernel : public CudaKernel {
+ public:
+  GatherKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& table = *ctx.input(0);
+    const TensorView& ids = *ctx.input(1);
+    std::vector<int64_t> out(ids.dims, ids.dims + ids.rank);
+    out.insert(out.end(), table.dims + 1, table.dims + table.rank);
+    TensorView* y = ctx.Output(0, out);
+    if (!y) return absl::OkStatus();
+    const int64_t rows = table.dims[0], row_elems = rows ? table.numel() / rows : 0;
+    return Check(kc::Gather(static_cast<int>(ElementSize(table.dtype)), table.data, ids.as<int64_t>(), y->data,
+                            ids.numel(), rows, row_elems, stream()));
+  }
+};
+
+// GatherGrad(shape [host], indices, dY) -> dX of `shape` (axis 0).
+class GatherGradKernel : public CudaKernel {
+ public:
+  GatherGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& shape = *ctx.input(0);
+    const TensorView& ids = *ctx.input(1);
+    const TensorView& dy = *ctx.input(2);
+    std::vector<int64_t> dims(shape.as<int64_t>(), shape.as<int64_t>() + shape.numel());
+    if (dims.empty()) return InvalidArgument(name_, ": the table shape is empty");
+    int64_t row_elems = 1;
+    for (size_t d = 1; d < dims.size(); ++d) row_elems *= dims[d];
+    if (dy.numel() != ids.numel() * row_elems)
+      return InvalidArgument(name_, ": dY has ", dy.numel(), " elements, expected ", ids.numel(), " x ", row_elems);
+    TensorView* dx = ctx.Output(0, dims);
+    if (!dx) return absl::OkStatus();
+    return Check(kc::GatherGrad(dy.as<float>(), ids.as<int64_t>(), dx->as<float>(), ids.numel(), dims[0], row_elems,
+                                stream()));
+  }
+};
+
+class TransposeKernel : public CudaKernel {
+ public:
+  TransposeKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), perm_(n.AttrInts("perm")) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    std::vector<int64_t> perm = perm_;
+    if (perm.empty())
+      for (int d = x.rank - 1; d >= 0; --d) perm.push_back(d);
+    if (static_cast<int>(perm.size()) != x.rank) return InvalidArgument(name_, ": perm does not match the rank");
+    std::vector<int64_t> out;
+    for (int64_t p : perm) out.push_back(x.dims[p]);
+    TensorView* y = ctx.Output(0, out);
+    if (!y) return absl::OkStatus();
+    return Check(kc::Transpose(static_cast<int>(ElementSize(x.dtype)), x.data, y->data, x.rank, x.dims, perm.data(),
+                               stream()));
+  }
+
+ private:
+  std::vector<int64_t> perm_;
+};
+
+// Reshape, Flatten, Squeeze, Unsqueeze, Identity: a device copy into the output's dims
+// (shape and axes inputs are read on the host).
+class ViewKernel : public CudaKernel {
+ public:
+  ViewKernel(const CudaExecutionProvider* p, const graph::Node& n, int version)
+      : CudaKernel(p, n), op_(n.op_type()), allowzero_(n.AttrInt("allowzero", 0) != 0),
+        axis_(n.AttrInt("axis", 1)), axes_attr_(n.AttrInts("axes")) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView* arg = ctx.num_inputs() > 1 ? ctx.input(1) : nullptr;
+    std::vector<int64_t> out;
+    if (op_ == "Reshape") {
+      int64_t known = 1, infer = -1;
+      for (int64_t i = 0; i < arg->numel(); ++i) {
+        int64_t d = arg->as<int64_t>()[i];
+        if (d == 0 && !allowzero_) d = i < x.rank ? x.dims[i] : 0;
+        if (d == -1) infer = i;
+        else known *= d;
+        out.push_back(d);
+      }
+      if (infer >= 0) out[infer] = known ? x.numel() / known : 0;
+    } else if (op_ == "Flatten") {
+      const int64_t axis = axis_ < 0 ? axis_ + x.rank : axis_;
+      int64_t outer = 1;
+      for (int64_t d = 0; d < axis; ++d) outer *= x.dims[d];
+      out = {outer, outer ? x.numel() / outer : 0};
+    } else if (op_ == "Squeeze" || op_ == "Unsqueeze") {
+      std::vector<int64_t> axes = axes_attr_;
+      if (arg)
+        axes.assign(arg->as<int64_t>(), arg->as<int64_t>() + arg->numel());
+      const int out_rank = op_ == "Unsqueeze" ? x.rank + static_cast<int>(axes.size()) : x.rank;
+      for (int64_t& a : axes)
+        if (a < 0) a += out_rank;
+      if (op_ == "Unsqueeze") {
+        for (int d = 0, k = 0; d < out_rank; ++d)
+          out.push_back(std::count(axes.begin(), axes.end(), d) ? 1 : x.dims[k++]);
+      } else {
+        for (int d = 0; d < x.rank; ++d)
+          if (axes.empty() ? x.dims[d] != 1 : !std::count(axes.begin(), axes.end(), d)) out.push_back(x.dims[d]);
+      }
+    } else {
+      out.assign(x.dims, x.dims + x.rank);
+    }
+    int64_t n = 1;
+    for (int64_t d : out) n *= d;
+    if (n != x.numel())
+      return InvalidArgument(name_, ": cannot view ", DimsToString(x.shape()), " as ", DimsToString(out));
+    TensorView* y = ctx.Output(0, out);
+    if (!y) return absl::OkStatus();
+    return Copy(y->data, x.data, x.nbytes());
+  }
+
+ private:
+  std::string op_;
+  bool allowzero_;
+  int64_t axis_;
+  std::vector<int64_t> axes_attr_;
+};
+
+// ---- loss -------------------------------------------------------------------------------
+
+int ReductionCode(const std::string& r) { return r == "none" ? 2 : r == "sum" ? 1 : 0; }
+
+class SceKernel : public CudaKernel {
+ public:
+  SceKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), reduction_(ReductionCode(n.AttrString("reduction", "mean"))),
+        has_ignore_(n.HasAttr("ignore_index")), ignore_(n.AttrInt("ignore_index", 0)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& s = *ctx.input(0);
+    const TensorView& labels = *ctx.input(1);
+    if (s.rank != 2 || labels.rank != 1 || labels.dims[0] != s.dims[0])
+      return InvalidArgument(name_, ": expected scores [N, C] and labels [N], got ", DimsToString(s.shape()), " and ",
+                             DimsToString(labels.shape()));
+    const int64_t N = s.dims[0], C = s.dims[1];
+    TensorView* loss = reduction_ == 2 ? ctx.Output(0, {N}) : ctx.Output(0, std::vector<int64_t>{});
+    TensorView* log_prob = ctx.Output(1, s.dim_span());
+    float* rows = reduction_ == 2 ? (loss ? loss->as<float>() : nullptr)
+                                  : static_cast<float*>(ctx.Scratch(static_cast<size_t>(N) * sizeof(float)));
+    if (!rows) return absl::OkStatus();
+    return Check(kc::SoftmaxCrossEntropy(s.as<float>(), labels.as<int64_t>(), rows,
+                                         log_prob ? log_prob->as<float>() : nullptr, loss ? loss->as<float>() : nullptr,
+                                         p_->reduction_scratch(), N, C, reduction_, has_ignore_, ignore_, stream()));
+  }
+
+ private:
+  int reduction_;
+  bool has_ignore_;
+  int64_t ignore_;
+};
+
+class SceGradKernel : public CudaKernel {
+ public:
+  SceGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), reduction_(ReductionCode(n.AttrString("reduction", "mean"))),
+        has_ignore_(n.HasAttr("ignore_index")), ignore_(n.AttrInt("ignore_index", 0)),
+        class_offset_(n.AttrInt("class_offset", 0)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& lp = *ctx.input(1);
+    const TensorView& labels = *ctx.input(2);
+    if (lp.rank != 2 || labels.rank != 1 || labels.dims[0] != lp.dims[0])
+      return InvalidArgument(name_, ": expected log_prob [N, C] and labels [N], got ", DimsToString(lp.shape()),
+                             " and ", DimsToString(labels.shape()));
+    TensorView* dx = ctx.Output(0, lp.dim_span());
+    if (!dx) return absl::OkStatus();
+    return Check(kc::SoftmaxCrossEntropyGrad(dy.as<float>(), lp.as<float>(), labels.as<int64_t>(), dx->as<float>(),
+                                             p_->reduction_scratch(), lp.dims[0], lp.dims[1], reduction_, has_ignore_,
+                                             ignore_, class_offset_, stream()));
+  }
+
+ private:
+  int reduction_;
+  bool has_ignore_;
+  int64_t ignore_, class_offset_;
+};
+
+// ---- optimizer --------------------------------------------------------------------------
+
+// AdamW(lr, step, grad_scale [host], param, grad, exp_avg, exp_avg_sq) -> 3 outputs.
+class AdamWKernel : public CudaKernel {
+ public:
+  AdamWKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), beta1_(n.AttrFloat("beta1", 0.9f)), beta2_(n.AttrFloat("beta2", 0.999f)),
+        epsilon_(n.AttrFloat("epsilon", 1e-8f)), weight_decay_(n.AttrFloat("weight_decay", 0.f)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const float lr = *ctx.input(0)->as<float>();
+    const int64_t step = *ctx.input(1)->as<int64_t>();
+    const float scale = *ctx.input(2)->as<float>();
+    const TensorView& param = *ctx.input(3);
+    for (int i = 4; i < 7; ++i)
+      if (ctx.input(i)->numel() != param.numel())
+        return InvalidArgument(name_, ": input ", i, " has ", ctx.input(i)->numel(), " elements, the parameter ",
+                               param.numel());
+    TensorView* po = ctx.Output(0, param.dim_span());
+    TensorView* mo = ctx.Output(1, param.dim_span());
+    TensorView* vo = ctx.Output(2, param.dim_span());
+    if (!po || !mo || !vo) return Unimplemented(name_, ": every AdamW output must be used on CUDA");
+    return Check(kc::AdamW(param.as<float>(), ctx.input(4)->as<float>(), ctx.input(5)->as<float>(),
+                           ctx.input(6)->as<float>(), po->as<float>(), mo->as<float>(), vo->as<float>(), param.numel(),
+                           lr, beta1_, beta2_, epsilon_, weight_decay_, step, scale, stream()));
+  }
+
+ private:
+  float beta1_, beta2_, epsilon_, weight_decay_;
+};
+
+// InPlaceAccumulator(buffer, grad, reset [host]) -> reset ? grad : buffer + grad.
+class AccumulatorKernel : public CudaKernel {
+ public:
+  AccumulatorKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& buffer = *ctx.input(0);
+    const TensorView& grad = *ctx.input(1);
+    if (buffer.shape() != grad.shape())
+      return InvalidArgument(name_, ": grad has shape ", DimsToString(grad.shape()), ", expected ",
+                             DimsToString(buffer.shape()));
+    const bool reset = *ctx.input(2)->as<bool>();
+    TensorView* out = ctx.Output(0, buffer.dim_span());
+    if (!out) return absl::OkStatus();
+    if (reset) return Copy(out->data, grad.data, grad.nbytes());
+    return Check(kc::Binary(kc::BinaryOp::kAdd, kc::Dt::kF32, buffer.data, grad.data, out->data, grad.numel(), nullptr,
+                            stream()));
+  }
+};
+
+class SquaredNormKernel : public CudaKernel {
+ public:
+  SquaredNormKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    std::vector<const float*> xs;
+    std::vector<int64_t> ns;
+    for (int i = 0; i < ctx.num_inputs(); ++i) {
+      xs.push_back(ctx.input(i)->as<float>());
+      ns.push_back(ctx.input(i)->numel());
+    }
+    TensorView* y = ctx.Output(0, std::vector<int64_t>{});
+    if (!y) return absl::OkStatus();
+    return Check(kc::SquaredNorm(xs.data(), ns.data(), static_cast<int>(xs.size()), y->as<float>(),
+                                 p_->reduction_scratch(), stream()));
+  }
+};
+
+std::string Int64Input(const graph::Node& n, int i) {
+  const graph::Value* v = n.input(i);
+  return v && v->dtype() == DataType::kInt64 ? "" : absl::StrCat("input ", i, " is not int64");
+}
+
+std::string TwoDimScores(const graph::Node& n, int) {
+  const bool fwd = n.op_type() == "SoftmaxCrossEntropyLoss";
+  const graph::Value* s = n.input(fwd ? 0 : 1);
+  if (!s || s->dtype() != DataType::kFloat32) return "scores are not float32";
+  if (!s->shape().has_rank() || s->shape().rank() != 2) return "only [N, C] scores are supported on CUDA";
+  if (n.num_inputs() > (fwd ? 2 : 3) && n.input(fwd ? 2 : 3)) return "class weights are not supported on CUDA";
+  return Int64Input(n, fwd ? 1 : 2);
+}
+
+}  // namespace
+
+void CudaExecutionProvider::RegisterKernels() {
+  KernelRegistry& r = registry_;
+  const std::string C(graph::kCleaveDomain);
+  auto floats = InputTypeIn(0, kFloats);
+  auto f32 = InputTypeIn(0, {DataType::kFloat32});
+  for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"})
+    Add<BinaryKernel>(r, this, "", op, 7, 1 << 30,
+                      AllOf({floats, InputTypeIn(1, kFloats), [](const graph::Node& n, int) -> std::string {
+                               if (n.num_inputs() != 2) return "only two inputs are supported on CUDA";
+                               return n.input(0)->dtype() == n.input(1)->dtype() ? "" : "mixed dtypes";
+                             }}));
+  for (const char* op : {"Relu", "Tanh", "Exp", "Log", "Neg", "Sqrt", "Sigmoid", "Erf", "Reciprocal", "Abs"})
+    Add<UnaryKernel>(r, this, "", op, 6, 1 << 30, floats);
+  Add<UnaryKernel>(r, this, "", "Gelu", 20, 20, floats);
+  Add<UnaryKernel>(r, this, C, "Gelu", 1, 1, floats);
+  Add<GeluGradKernel>(r, this, C, "GeluGrad", 1, 1, floats);
+  Add<CastKernel>(r, this, "", "Cast", 6, 1 << 30, AllOf({floats, InputTypeIn(-1, kFloats)}));
+  Add<MatMulKernel>(r, this, "", "MatMul", 1, 1 << 30, floats);
+  Add<MatMulKernel>(r, this, C, "FusedMatMul", 1, 1, floats);
+  Add<MatMulKernel>(r, this, C, "MatMulBf16", 1, 1, InputTypeIn(0, {DataType::kBFloat16}));
+  Add<MatMulKernel>(r, this, C, "MatMulF16", 1, 1, InputTypeIn(0, {DataType::kFloat16}));
+  Add<SoftmaxKernel>(r, this, "", "Softmax", 13, 1 << 30, AllOf({floats, LastAxisOnly}));
+  Add<SoftmaxKernel>(r, this, "", "LogSoftmax", 13, 1 << 30, AllOf({floats, LastAxisOnly}));
+  Add<LayerNormKernel>(r, this, "", "LayerNormalization", 17, 1 << 30, AllOf({floats, LastAxisOnly}));
+  Add<LayerNormKernel>(r, this, C, "LayerNormalization", 1, 1, AllOf({floats, LastAxisOnly}));
+  Add<LayerNormGradKernel>(r, this, C, "LayerNormalizationGrad", 1, 1, AllOf({f32, LastAxisOnly}));
+  Add<GatherKernel>(r, this, "", "Gather", 1, 1 << 30, AllOf({[](const graph::Node& n, int) -> std::string {
+                      return n.AttrInt("axis", 0) == 0 ? "" : "only axis 0 is supported on CUDA";
+                    }, [](const graph::Node& n, int) { return Int64Input(n, 1); }}));
+  Add<GatherGradKernel>(r, this, C, "GatherGrad", 1, 1, AllOf({InputTypeIn(2, {DataType::kFloat32}),
+                        [](const graph::Node& n, int) -> std::string {
+                          return n.AttrInt("axis", 0) == 0 ? Int64Input(n, 1) : "only axis 0 is supported on CUDA";
+                        }}), {0});
+  Add<TransposeKernel>(r, this, "", "Transpose", 1, 1 << 30, [](const graph::Node&, int) { return std::string(); });
+  auto any = [](const graph::Node&, int) { return std::string(); };
+  Add<ViewKernel>(r, this, "", "Reshape", 5, 1 << 30, any, {1});
+  Add<ViewKernel>(r, this, "", "Flatten", 1, 1 << 30, any);
+  Add<ViewKernel>(r, this, "", "Squeeze", 1, 1 << 30, any, {1});
+  Add<ViewKernel>(r, this, "", "Unsqueeze", 1, 1 << 30, any, {1});
+  Add<ViewKernel>(r, this, "", "Identity", 1, 1 << 30, any);
+  Add<SceKernel>(r, this, "", "SoftmaxCrossEntropyLoss", 12, 1 << 30, TwoDimScores);
+  Add<SceGradKernel>(r, this, C, "SoftmaxCrossEntropyLossGrad", 1, 1, TwoDimScores);
+  Add<AdamWKernel>(r, this, C, "AdamW", 1, 1, InputTypeIn(3, {DataType::kFloat32}), {0, 1, 2});
+  Add<SquaredNormKernel>(r, this, C, "SquaredNorm", 1, 1, InputTypeIn(0, {DataType::kFloat32}));
+  Add<AccumulatorKernel>(r, this, C, "InPlaceAccumulator", 1, 1, InputTypeIn(0, {DataType::kFloat32}), {2});
+}
+
+}  // namespace cleave::providers

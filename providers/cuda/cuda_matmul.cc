@@ -1,0 +1,140 @@
+// MatMul through cuBLASLt (providers/cuda/): row-major products as the column-major
+// product of the transposes, batches as one strided-batched call where the strides allow,
+// bias and tanh-GELU as epilogues.
+#include "providers/cuda/cuda_matmul.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "providers/cuda/cuda_provider.h"
+
+namespace cleave::providers {
+namespace {
+
+absl::Status Lt(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return Internal("cuBLASLt ", what, ": ", cublasLtGetStatusName(s), " (", cublasLtGetStatusString(s), ")");
+}
+
+cudaDataType_t CudaType(DataType t) {
+  return t == DataType::kBFloat16 ? CUDA_R_16BF : t == DataType::kFloat16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+// Owns the descriptors of one call.
+struct Descriptors {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t x = nullptr, y = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~Descriptors() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (y) cublasLtMatrixLayoutDestroy(y);
+    if (x) cublasLtMatrixLayoutDestroy(x);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+absl::Status Layout(cublasLtMatrixLayout_t* l, cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld,
+                    int batch, int64_t stride) {
+  RETURN_IF_ERROR(Lt(cublasLtMatrixLayoutCreate(l, t, rows, cols, ld), "layout"));
+  if (batch > 1) {
+    RETURN_IF_ERROR(Lt(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)),
+                       "batch count"));
+    RETURN_IF_ERROR(Lt(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                        sizeof(stride)),
+                       "batch stride"));
+  }
+  return absl::OkStatus();
+}
+
+// One (possibly strided-batched) product: D[M, N] = op(A) op(B) (+ bias) (gelu_tanh), row-major.
+absl::Status Gemm(const CudaExecutionProvider& p, DataType dt, const void* a, const void* b, void* c, int64_t M,
+                  int64_t N, int64_t K, bool trans_a, bool trans_b, int batch, int64_t stride_a, int64_t stride_b,
+                  int64_t stride_c, const void* bias, bool gelu_tanh) {
+  const cudaDataType_t t = CudaType(dt);
+  Descriptors ds;
+  RETURN_IF_ERROR(Lt(cublasLtMatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc"));
+  // Column-major: D^T [N, M] = op(B)^T [N, K] * op(A)^T [K, M]; the first operand is B.
+  const cublasOperation_t op_x = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_y = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_x, sizeof(op_x)), "transa"));
+  RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_y, sizeof(op_y)), "transb"));
+  if (bias || gelu_tanh) {
+    const cublasLtEpilogue_t e = bias ? (gelu_tanh ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                                      : CUBLASLT_EPILOGUE_GELU;
+    RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)), "epilogue"));
+    if (bias)
+      RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+                         "bias pointer"));
+  }
+  RETURN_IF_ERROR(trans_b ? Layout(&ds.x, t, K, N, K, batch, stride_b) : Layout(&ds.x, t, N, K, N, batch, stride_b));
+  RETURN_IF_ERROR(trans_a ? Layout(&ds.y, t, M, K, M, batch, stride_a) : Layout(&ds.y, t, K, M, K, batch, stride_a));
+  RETURN_IF_ERROR(Layout(&ds.d, t, N, M, N, batch, stride_c));
+  RETURN_IF_ERROR(Lt(cublasLtMatmulPreferenceCreate(&ds.pref), "preference"));
+  const size_t ws = p.workspace_bytes();
+  RETURN_IF_ERROR(Lt(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                          sizeof(ws)),
+                     "workspace preference"));
+  cublasLtMatmulHeuristicResult_t best;
+  int found = 0;
+  auto handle = static_cast<cublasLtHandle_t>(p.cublaslt());
+  RETURN_IF_ERROR(Lt(cublasLtMatmulAlgoGetHeuristic(handle, ds.op, ds.x, ds.y, ds.d, ds.d, ds.pref, 1, &best, &found),
+                     "heuristic"));
+  if (found == 0) return Internal("cuBLASLt found no algorithm for [", M, ",", K, "] x [", K, ",", N, "]");
+  const float alpha = 1.f, beta = 0.f;
+  return Lt(cublasLtMatmul(handle, ds.op, &alpha, b, ds.x, a, ds.y, &beta, c, ds.d, c, ds.d, &best.algo,
+                           p.workspace(), ws, static_cast<cudaStream_t>(p.stream())),
+            "matmul");
+}
+
+}  // namespace
+
+absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatMulPlan& plan, DataType dt,
+                        const void* a, const void* b, void* c, const void* bias, bool gelu_tanh) {
+  const int64_t M = plan.M, N = plan.N, K = plan.K, batch = plan.batch();
+  if (batch == 0 || M == 0 || N == 0) return absl::OkStatus();
+  const size_t es = ElementSize(dt);
+  if (K == 0) {
+    // An empty sum: zeros (plus the bias epilogue's work, which an empty product skips).
+    if (bias || gelu_tanh) return Unimplemented("FusedMatMul with K = 0");
+    return CudaStatus(cudaMemsetAsync(c, 0, static_cast<size_t>(batch * M * N) * es, static_cast<cudaStream_t>(p.stream())),
+                      "MatMul zero fill");
+  }
+  // Per flattened batch index, each operand either steps by a whole matrix or stays put.
+  bool a_contiguous = true, a_fixed = true, b_contiguous = true, b_fixed = true;
+  int64_t ea = M * K, eb = K * N;
+  for (int d = plan.batch_rank - 1; d >= 0; --d) {
+    if (plan.batch_dims[d] == 1) continue;
+    a_contiguous &= plan.a_strides[d] == ea;
+    b_contiguous &= plan.b_strides[d] == eb;
+    a_fixed &= plan.a_strides[d] == 0;
+    b_fixed &= plan.b_strides[d] == 0;
+    ea *= plan.batch_dims[d];
+    eb *= plan.batch_dims[d];
+  }
+  if (b_fixed && a_contiguous && !plan.trans_a) {
+    // The batch folds into M: one product.
+    return Gemm(p, dt, a, b, c, batch * M, N, K, false, plan.trans_b, 1, 0, 0, 0, bias, gelu_tanh);
+  }
+  if ((a_contiguous || a_fixed) && (b_contiguous || b_fixed) && batch <= (int64_t{1} << 30))
+    return Gemm(p, dt, a, b, c, M, N, K, plan.trans_a, plan.trans_b, static_cast<int>(batch), a_fixed ? 0 : M * K,
+                b_fixed ? 0 : K * N, M * N, bias, gelu_tanh);
+  // Irregular broadcasting: one product per matrix.
+  for (int64_t i = 0; i < batch; ++i) {
+    int64_t rest = i, oa = 0, ob = 0;
+    for (int d = plan.batch_rank - 1; d >= 0; --d) {
+      const int64_t k = rest % plan.batch_dims[d];
+      rest /= plan.batch_dims[d];
+      oa += k * plan.a_strides[d];
+      ob += k * plan.b_strides[d];
+    }
+    RETURN_IF_ERROR(Gemm(p, dt, static_cast<const char*>(a) + oa * es, static_cast<const char*>(b) + ob * es,
+                         static_cast<char*>(c) + i * M * N * es, M, N, K, plan.trans_a, plan.trans_b, 1, 0, 0, 0,
+                         bias, gelu_tanh));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cleave::providers
