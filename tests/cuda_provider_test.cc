@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "graph/op_table.h"
 #include "graph/text_format.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/elementwise.h"
@@ -14,6 +15,7 @@
 #include "runtime/inference_session.h"
 #include "tests/op_tester.h"
 #include "tests/partition_test_util.h"
+#include "trainer/mixed_precision.h"
 #include "trainer/training_session.h"
 
 namespace cleave {
@@ -71,6 +73,36 @@ void ExpectSame(const std::string& cuda_text, const Feeds& feeds, double atol, d
   ASSERT_EQ(got->size(), want->size());
   for (size_t i = 0; i < got->size(); ++i)
     EXPECT_EQ(testing::CompareTensors((*got)[i], (*want)[i], atol, rtol), "") << op << " output " << i;
+}
+
+// Needs no device: the kernel table covers every node of the tiny GPT's training, eval and
+// optimizer graphs (as the session optimises them), fp32 and bf16, so none falls back.
+TEST(CudaKernelTable, ClaimsEveryNodeOfTheTinyGptGraphs) {
+  auto table = providers::CudaExecutionProvider::ForCapabilityQueries();
+  for (const char* precision : {"fp32", "bf16"}) {
+    trainer::TrainingSpec spec;
+    spec.optimizer.max_grad_norm = 1.0f;
+    spec.precision = *trainer::ParsePrecision(precision);
+    auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, spec);
+    for (graph::Graph* g : {a.training.get(), a.eval.get(), a.optimizer.get()}) {
+      // The graph as a session runs it: loaded through a CPU session (folding, fusions).
+      auto s = InferenceSession::FromGraph(g->Clone());
+      ASSERT_TRUE(s.ok()) << s.status();
+      providers::Capability cap = table->GetCapability((*s)->graph());
+      std::string rejected;
+      for (const auto& r : cap.rejected) rejected += r.reason + "\n";
+      EXPECT_EQ(rejected, "") << precision << " " << g->info().graph_name;
+      EXPECT_EQ(cap.claimed.size(), (*s)->graph().nodes().size());
+      EXPECT_GT(cap.claimed.size(), 10u);
+    }
+  }
+  // And it says no where it has no kernel.
+  auto g = graph::ParseGraph("input x: float32[4,4]\nt = Trilu(x)\ny = Relu(t)\noutput y\n");
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(graph::InferShapes(**g).ok());
+  providers::Capability cap = table->GetCapability(**g);
+  ASSERT_EQ(cap.rejected.size(), 1u);
+  EXPECT_EQ(cap.rejected[0].node->op_type(), "Trilu");
 }
 
 TEST(CudaProvider, AddKernelMatchesHost) {
@@ -299,6 +331,63 @@ TEST(CudaProvider, LayoutAndViews) {
     output f
   )",
              {{"x", Random({2, 3, 4, 5}, 42)}}, 0, 0, "Transpose");
+}
+
+TEST(CudaProvider, ReductionsSelectionConcatSplit) {
+  REQUIRE_CUDA();
+  ExpectSame(R"(
+    input x: float32[4,6,32]
+    init axes: int64[2] = 0 1
+    s = ReduceSum(x, axes) {keepdims = 0}
+    m = ReduceMean(x) {axes = [-1], keepdims = 1}
+    k = ReduceMax(x) {axes = [1], keepdims = 0}
+    output s
+    output m
+    output k
+  )",
+             {{"x", Random({4, 6, 32}, 50)}}, 1e-5, 1e-5, "ReduceSum");
+  Tensor cond(DataType::kBool, {6, 1});
+  for (int i = 0; i < 6; ++i) cond.data<bool>()[i] = i % 2 == 0;
+  ExpectSame(R"(
+    input c: bool[6,1]
+    input a: float32[2,6,32]
+    init b: float32[] = -10000
+    y = Where(c, a, b)
+    output y
+  )",
+             {{"c", cond}, {"a", Random({2, 6, 32}, 51)}}, 0, 0, "Where");
+  ExpectSame(R"(
+    input x: float32[2,5,24]
+    init split: int64[3] = 8 8 8
+    q, k, v = Split(x, split) {axis = 2}
+    c = Concat(v, q, k) {axis = 1}
+    output c
+    output k
+  )",
+             {{"x", Random({2, 5, 24}, 52)}}, 0, 0, "Split");
+  ExpectSame(R"(
+    input dy: float32[3,7,50]
+    input x: float32[3,7,50]
+    y = Softmax(x) {axis = -1}
+    l = LogSoftmax(x) {axis = -1}
+    dx = ai.cleave.SoftmaxGrad(dy, y) {axis = -1}
+    dl = ai.cleave.LogSoftmaxGrad(dy, l) {axis = -1}
+    output dx
+    output dl
+  )",
+             {{"dy", Random({3, 7, 50}, 53)}, {"x", Random({3, 7, 50}, 54)}}, 1e-6, 1e-5, "SoftmaxGrad");
+}
+
+// Every node of the tiny GPT's training graph (as optimised) has a CUDA kernel.
+TEST(CudaProvider, TinyGptTrainingGraphRunsWhollyOnCuda) {
+  REQUIRE_CUDA();
+  auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, trainer::TrainingSpec{});
+  SessionOptions o;
+  o.device = DeviceChoice::kCuda;
+  auto s = InferenceSession::FromGraph(a.training->Clone(), o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->warning(), "");
+  EXPECT_EQ((*s)->placement().count("CPUExecutionProvider"), 0u);
 }
 
 TEST(CudaProvider, OpsWithoutAKernelFallBackWithAWarning) {

@@ -57,6 +57,24 @@ int SoftmaxCrossEntropyGrad(const float* dy, const float* log_prob, const int64_
                             int64_t N, int64_t C, int reduction, bool has_ignore, int64_t ignore_index,
                             int64_t class_offset, void* stream);
 
+// SoftmaxGrad (dx = y * (dy - sum(dy * y))) or LogSoftmaxGrad (dx = dy - exp(y) * sum(dy))
+// over the last axis of [rows, cols].
+int SoftmaxGrad(Dt dt, const void* dy, const void* y, void* dx, int64_t rows, int64_t cols, bool log, void* stream);
+
+enum class ReduceOp : int { kSum, kMean, kMax };
+// Reduces x over the dims flagged in `reduce` (x_dims of rank `rank`); y holds the kept dims in
+// order. Accumulates in fp32.
+int Reduce(ReduceOp op, Dt dt, const void* x, void* y, int rank, const int64_t* x_dims, const bool* reduce,
+           void* stream);
+// y = cond ? a : b with broadcasting (strides per output dim for each operand; elem_bytes of a).
+struct Broadcast3 {
+  int rank = 0;
+  int64_t out_dims[kMaxRank] = {};
+  int64_t strides[3][kMaxRank] = {};
+};
+int Where(int elem_bytes, const bool* cond, const void* a, const void* b, void* y, int64_t n, const Broadcast3& bc,
+          void* stream);
+
 // Rows of a [rows, row_elems] table by int64 ids (negative ids count from the end; ids out
 // of range give zero rows).
 int Gather(int elem_bytes, const void* table, const int64_t* ids, void* out, int64_t num_ids, int64_t rows,

@@ -132,3 +132,35 @@ int Softmax(Dt dt, const void* x, void* y, int64_t rows, int64_t cols, bool log,
 }
 
 }  // namespace cleave::kernels::cuda
+
+namespace cleave::kernels::cuda {
+namespace {
+
+template <typename T>
+__global__ void SoftmaxGradKernel(const T* dy, const T* y, T* dx, int64_t cols, bool log) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const T* dyr = dy + row * cols;
+  const T* yr = y + row * cols;
+  float s = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    s += log ? ToFloat(dyr[c]) : ToFloat(dyr[c]) * ToFloat(yr[c]);
+  s = BlockSum(s, shared);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float g = ToFloat(dyr[c]), v = ToFloat(yr[c]);
+    dx[row * cols + c] = FromFloat<T>(log ? g - expf(v) * s : v * (g - s));
+  }
+}
+
+}  // namespace
+
+int SoftmaxGrad(Dt dt, const void* dy, const void* y, void* dx, int64_t rows, int64_t cols, bool log, void* stream) {
+  if (rows == 0) return 0;
+  DISPATCH_DT(dt, T, {
+    SoftmaxGradKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, Stream(stream)>>>(
+        static_cast<const T*>(dy), static_cast<const T*>(y), static_cast<T*>(dx), cols, log);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace cleave::kernels::cuda

@@ -262,6 +262,167 @@ class LayerNormGradKernel : public CudaKernel {
   }
 };
 
+// SoftmaxGrad / LogSoftmaxGrad (dY, Y) {axis: the last}.
+class SoftmaxGradKernel : public CudaKernel {
+ public:
+  SoftmaxGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), log_(n.op_type() == "LogSoftmaxGrad") {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& y = *ctx.input(1);
+    if (dy.shape() != y.shape() || y.rank == 0)
+      return InvalidArgument(name_, ": dY ", DimsToString(dy.shape()), " and Y ", DimsToString(y.shape()), " differ");
+    TensorView* dx = ctx.Output(0, y.dim_span());
+    if (!dx) return absl::OkStatus();
+    const int64_t cols = y.dims[y.rank - 1];
+    return Check(kc::SoftmaxGrad(DtOf(y.dtype), dy.data, y.data, dx->data, cols ? y.numel() / cols : 0, cols, log_,
+                                 stream()));
+  }
+
+ private:
+  bool log_;
+};
+
+// ReduceSum / ReduceMean / ReduceMax: axes from the attribute or (newer opsets) a host input.
+class ReduceKernel : public CudaKernel {
+ public:
+  ReduceKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), keepdims_(n.AttrInt("keepdims", 1) != 0),
+        noop_with_empty_axes_(n.AttrInt("noop_with_empty_axes", 0) != 0), axes_attr_(n.AttrInts("axes")) {
+    const std::string& o = n.op_type();
+    op_ = o == "ReduceSum" ? kc::ReduceOp::kSum : o == "ReduceMean" ? kc::ReduceOp::kMean : kc::ReduceOp::kMax;
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    std::vector<int64_t> axes = axes_attr_;
+    const TensorView* a = ctx.num_inputs() > 1 ? ctx.input(1) : nullptr;
+    if (a) axes.assign(a->as<int64_t>(), a->as<int64_t>() + a->numel());
+    if (x.rank > kc::kMaxRank) return Unimplemented(name_, ": rank ", x.rank, " over ", kc::kMaxRank);
+    bool reduce[kc::kMaxRank] = {};
+    if (axes.empty() && !noop_with_empty_axes_) {
+      for (int d = 0; d < x.rank; ++d) reduce[d] = true;
+    }
+    for (int64_t ax : axes) {
+      const int64_t d = ax < 0 ? ax + x.rank : ax;
+      if (d < 0 || d >= x.rank) return InvalidArgument(name_, ": axis ", ax, " is out of range for rank ", x.rank);
+      reduce[d] = true;
+    }
+    std::vector<int64_t> out;
+    for (int d = 0; d < x.rank; ++d)
+      if (!reduce[d]) out.push_back(x.dims[d]);
+      else if (keepdims_) out.push_back(1);
+    TensorView* y = ctx.Output(0, out);
+    if (!y) return absl::OkStatus();
+    return Check(kc::Reduce(op_, DtOf(x.dtype), x.data, y->data, x.rank, x.dims, reduce, stream()));
+  }
+
+ private:
+  kc::ReduceOp op_;
+  bool keepdims_, noop_with_empty_axes_;
+  std::vector<int64_t> axes_attr_;
+};
+
+class WhereKernel : public CudaKernel {
+ public:
+  WhereKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView* in[3] = {ctx.input(0), ctx.input(1), ctx.input(2)};
+    int rank = 0;
+    for (const TensorView* t : in) rank = std::max(rank, t->rank);
+    if (rank > kc::kMaxRank) return Unimplemented(name_, ": rank ", rank, " over ", kc::kMaxRank);
+    kc::Broadcast3 bc;
+    bc.rank = rank;
+    std::vector<int64_t> out(rank, 1);
+    for (int d = 0; d < rank; ++d)
+      for (const TensorView* t : in) {
+        const int i = d - (rank - t->rank);
+        const int64_t v = i >= 0 ? t->dims[i] : 1;
+        if (v != 1 && out[d] != 1 && v != out[d])
+          return InvalidArgument(name_, ": the inputs do not broadcast at dim ", d);
+        if (v != 1) out[d] = v;
+      }
+    for (int k = 0; k < 3; ++k) {
+      int64_t st = 1;
+      for (int d = rank - 1; d >= 0; --d) {
+        const int i = d - (rank - in[k]->rank);
+        const int64_t v = i >= 0 ? in[k]->dims[i] : 1;
+        bc.strides[k][d] = v == 1 ? 0 : st;
+        bc.out_dims[d] = out[d];
+        st *= v;
+      }
+    }
+    TensorView* y = ctx.Output(0, out);
+    if (!y) return absl::OkStatus();
+    return Check(kc::Where(static_cast<int>(ElementSize(in[1]->dtype)), in[0]->as<bool>(), in[1]->data, in[2]->data,
+                           y->data, y->numel(), bc, stream()));
+  }
+};
+
+// Concat and Split along an axis: one pitched device copy per part.
+class ConcatSplitKernel : public CudaKernel {
+ public:
+  ConcatSplitKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), concat_(n.op_type() == "Concat"), axis_(n.AttrInt("axis", 0)),
+        split_attr_(n.AttrInts("split")), num_outputs_(n.num_outputs()) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& first = *ctx.input(0);
+    const int rank = first.rank;
+    const int64_t axis = axis_ < 0 ? axis_ + rank : axis_;
+    if (axis < 0 || axis >= rank) return InvalidArgument(name_, ": axis ", axis_, " is out of range for rank ", rank);
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < axis; ++d) outer *= first.dims[d];
+    for (int d = axis + 1; d < rank; ++d) inner *= first.dims[d];
+    const size_t es = ElementSize(first.dtype);
+    auto stream_ = static_cast<cudaStream_t>(stream());
+    if (concat_) {
+      int64_t total = 0;
+      for (int i = 0; i < ctx.num_inputs(); ++i) total += ctx.input(i)->dims[axis];
+      std::vector<int64_t> out(first.dims, first.dims + rank);
+      out[axis] = total;
+      TensorView* y = ctx.Output(0, out);
+      if (!y) return absl::OkStatus();
+      int64_t at = 0;
+      for (int i = 0; i < ctx.num_inputs(); ++i) {
+        const TensorView& x = *ctx.input(i);
+        const size_t w = static_cast<size_t>(x.dims[axis] * inner) * es;
+        if (w && outer)
+          RETURN_IF_ERROR(Check(cudaMemcpy2DAsync(static_cast<char*>(y->data) + at * inner * es, total * inner * es,
+                                                  x.data, w, w, outer, cudaMemcpyDeviceToDevice, stream_)));
+        at += x.dims[axis];
+      }
+      return absl::OkStatus();
+    }
+    std::vector<int64_t> parts = split_attr_;
+    const TensorView* sp = ctx.num_inputs() > 1 ? ctx.input(1) : nullptr;
+    if (sp) parts.assign(sp->as<int64_t>(), sp->as<int64_t>() + sp->numel());
+    if (parts.empty()) {
+      const int64_t n = first.dims[axis], k = num_outputs_;
+      for (int i = 0; i < k; ++i) parts.push_back((n + k - 1) / k - (i == k - 1 ? (n + k - 1) / k * k - n : 0));
+    }
+    int64_t at = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      std::vector<int64_t> out(first.dims, first.dims + rank);
+      out[axis] = parts[i];
+      TensorView* y = ctx.Output(static_cast<int>(i), out);
+      const size_t w = static_cast<size_t>(parts[i] * inner) * es;
+      if (y && w && outer)
+        RETURN_IF_ERROR(Check(cudaMemcpy2DAsync(y->data, w, static_cast<const char*>(first.data) + at * inner * es,
+                                                first.dims[axis] * inner * es, w, outer, cudaMemcpyDeviceToDevice,
+                                                stream_)));
+      at += parts[i];
+    }
+    if (at != first.dims[axis])
+      return InvalidArgument(name_, ": the parts add up to ", at, ", the axis has ", first.dims[axis]);
+    return absl::OkStatus();
+  }
+
+ private:
+  bool concat_;
+  int64_t axis_;
+  std::vector<int64_t> split_attr_;
+  int num_outputs_;
+};
+
 // ---- lookups and layout ----------------------------------------------------------------
 
 class GatherKernel : public CudaKernel {
@@ -566,6 +727,17 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<SceGradKernel>(r, this, C, "SoftmaxCrossEntropyLossGrad", 1, 1, TwoDimScores);
   Add<AdamWKernel>(r, this, C, "AdamW", 1, 1, InputTypeIn(3, {DataType::kFloat32}), {0, 1, 2});
   Add<SquaredNormKernel>(r, this, C, "SquaredNorm", 1, 1, InputTypeIn(0, {DataType::kFloat32}));
+  Add<SoftmaxGradKernel>(r, this, C, "SoftmaxGrad", 1, 1, AllOf({floats, LastAxisOnly}));
+  Add<SoftmaxGradKernel>(r, this, C, "LogSoftmaxGrad", 1, 1, AllOf({floats, LastAxisOnly}));
+  Add<ReduceKernel>(r, this, "", "ReduceSum", 1, 12, floats);
+  Add<ReduceKernel>(r, this, "", "ReduceSum", 13, 1 << 30, floats, {1});
+  for (const char* op : {"ReduceMean", "ReduceMax"}) {
+    Add<ReduceKernel>(r, this, "", op, 1, 17, floats);
+    Add<ReduceKernel>(r, this, "", op, 18, 1 << 30, floats, {1});
+  }
+  Add<WhereKernel>(r, this, "", "Where", 9, 1 << 30, InputTypeIn(0, {DataType::kBool}));
+  Add<ConcatSplitKernel>(r, this, "", "Concat", 4, 1 << 30, any);
+  Add<ConcatSplitKernel>(r, this, "", "Split", 2, 1 << 30, any, {1});
   Add<AccumulatorKernel>(r, this, C, "InPlaceAccumulator", 1, 1, InputTypeIn(0, {DataType::kFloat32}), {2});
 }
 

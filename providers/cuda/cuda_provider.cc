@@ -86,6 +86,12 @@ absl::StatusOr<std::unique_ptr<ExecutionProvider>> CudaExecutionProvider::Create
   return std::unique_ptr<ExecutionProvider>(std::move(p));
 }
 
+std::unique_ptr<CudaExecutionProvider> CudaExecutionProvider::ForCapabilityQueries() {
+  std::unique_ptr<CudaExecutionProvider> p(new CudaExecutionProvider());
+  p->RegisterKernels();
+  return p;
+}
+
 CudaExecutionProvider::~CudaExecutionProvider() {
   if (stream_) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
   if (arena_) {

@@ -38,6 +38,9 @@ class CudaExecutionProvider : public ExecutionProvider {
   // The provider of device `device`, or why it cannot be made (see CudaDeviceCount; an
   // index out of range names the devices there are).
   static absl::StatusOr<std::unique_ptr<ExecutionProvider>> Create(int device, CudaProviderOptions options = {});
+  // A provider with the kernel table and no device: answers GetCapability (what would run on
+  // CUDA) on any machine; its kernels must not be created.
+  static std::unique_ptr<CudaExecutionProvider> ForCapabilityQueries();
   ~CudaExecutionProvider() override;
 
   std::string name() const override { return "CUDAExecutionProvider"; }
