@@ -346,3 +346,50 @@ absl::Status InferTrilu(InferContext& ctx) {
 }
 
 }  // namespace cleave::graph
+
+namespace cleave::graph {
+
+// Attention(q [..., T, D], k [..., S, D], v [..., S, Dv]) {scale, causal} -> out [..., T, Dv],
+// lse [..., T] (float).
+absl::Status InferAttention(InferContext& ctx) {
+  const DataType t = ctx.input_dtype(0);
+  if (t != DataType::kFloat32 && t != DataType::kFloat64 && t != DataType::kBFloat16 && t != DataType::kFloat16)
+    return ctx.Error("expected float q, got ", DataTypeName(t));
+  for (int i = 1; i < 3; ++i)
+    if (ctx.input_dtype(i) != t)
+      return ctx.Error("input ", i, " is ", DataTypeName(ctx.input_dtype(i)), ", q is ", DataTypeName(t));
+  const Shape& q = ctx.input_shape(0);
+  const Shape& k = ctx.input_shape(1);
+  const Shape& v = ctx.input_shape(2);
+  if (!q.has_rank() || !k.has_rank() || !v.has_rank()) {
+    ctx.SetOutput(0, t, Shape());
+    if (ctx.num_outputs() > 1) ctx.SetOutput(1, DataType::kFloat32, Shape());
+    return absl::OkStatus();
+  }
+  if (q.rank() < 2 || k.rank() != q.rank() || v.rank() != q.rank())
+    return ctx.Error("expected q, k and v of one rank >= 2, got ", q.ToString(), ", ", k.ToString(), ", ", v.ToString());
+  const int r = q.rank();
+  auto differ = [](const Dim& a, const Dim& b) { return a.is_static() && b.is_static() && a.value != b.value; };
+  for (int d = 0; d < r - 2; ++d)
+    if (differ(q[d], k[d]) || differ(q[d], v[d]))
+      return ctx.Error("batch dims of q ", q.ToString(), ", k ", k.ToString(), " and v ", v.ToString(), " differ");
+  if (differ(q[r - 1], k[r - 1])) return ctx.Error("q ", q.ToString(), " and k ", k.ToString(), " differ in D");
+  if (differ(k[r - 2], v[r - 2])) return ctx.Error("k ", k.ToString(), " and v ", v.ToString(), " differ in S");
+  std::vector<Dim> out = q.dims();
+  out[r - 1] = v[r - 1];
+  ctx.SetOutput(0, t, Shape(out));
+  if (ctx.num_outputs() > 1) {
+    std::vector<Dim> lse(q.dims().begin(), q.dims().end() - 1);
+    ctx.SetOutput(1, DataType::kFloat32, Shape(lse));
+  }
+  return absl::OkStatus();
+}
+
+// AttentionGrad(dOut, q, k, v, out, lse) -> dq, dk, dv like q, k, v.
+absl::Status InferAttentionGrad(InferContext& ctx) {
+  for (int i = 0; i < 3 && i < ctx.num_outputs(); ++i)
+    ctx.SetOutput(i, ctx.input_dtype(1 + i), ctx.input_shape(1 + i));
+  return absl::OkStatus();
+}
+
+}  // namespace cleave::graph

@@ -100,6 +100,8 @@ std::vector<OpDef> BuildTable() {
       {C, "LogSoftmaxGrad", {1}, 1, 2, 2, 1, 1, InferSoftmaxGrad, false},
       {C, "LayerNormalizationGrad", {1}, 1, 5, 5, 1, 3, InferLayerNormGrad, false},
       {C, "GeluGrad", {1}, 1, 2, 2, 1, 1, InferGeluGrad, false},
+      {C, "Attention", {1}, 1, 3, 3, 1, 2, InferAttention, true},
+      {C, "AttentionGrad", {1}, 1, 6, 6, 3, 3, InferAttentionGrad, false},
       // Training ops: gradient accumulation and the optimizer graph.
       {C, "InPlaceAccumulator", {1}, 1, 3, 3, 1, 1, InferInPlaceAccumulator, false},
       {C, "SquaredNorm", {1}, 1, 1, kVar, 1, 1, InferSquaredNorm, false},

@@ -175,6 +175,40 @@ OpSchema GeluGradSchema() {
   return s;
 }
 
+OpSchema AttentionSchema() {
+  OpSchema s;
+  s.SetName("Attention").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("out = softmax(scale * q k^T (+ causal mask)) v over the last two axes; see docs/ops.md.")
+      .Input(0, "q", "queries [..., T, D]", "T")
+      .Input(1, "k", "keys [..., S, D]", "T")
+      .Input(2, "v", "values [..., S, Dv]", "T")
+      .Output(0, "out", "[..., T, Dv]", "T")
+      .Output(1, "lse", "log-sum-exp of each row of scaled scores [..., T]", "tensor(float)", OpSchema::Optional)
+      .Attr("scale", "multiplies q k^T", AttributeProto::FLOAT, 1.0f)
+      .Attr("causal", "1: query i sees keys j <= i + S - T", AttributeProto::INT, static_cast<int64_t>(0))
+      .TypeConstraint("T", kFloatTypes, "float tensors");
+  return s;
+}
+
+OpSchema AttentionGradSchema() {
+  OpSchema s;
+  s.SetName("AttentionGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Gradients of Attention with respect to q, k and v; see docs/ops.md.")
+      .Input(0, "dOut", "gradient of out", "T")
+      .Input(1, "q", "queries", "T")
+      .Input(2, "k", "keys", "T")
+      .Input(3, "v", "values", "T")
+      .Input(4, "out", "the forward output", "T")
+      .Input(5, "lse", "the forward log-sum-exp", "tensor(float)")
+      .Output(0, "dq", "like q", "T")
+      .Output(1, "dk", "like k", "T")
+      .Output(2, "dv", "like v", "T")
+      .Attr("scale", "as the forward", AttributeProto::FLOAT, 1.0f)
+      .Attr("causal", "as the forward", AttributeProto::INT, static_cast<int64_t>(0))
+      .TypeConstraint("T", kFloatTypes, "float tensors");
+  return s;
+}
+
 OpSchema InPlaceAccumulatorSchema() {
   OpSchema s;
   s.SetName("InPlaceAccumulator").SetDomain("ai.cleave").SinceVersion(1)
@@ -303,6 +337,8 @@ void RegisterCleaveSchemas() {
         "LogSoftmaxGrad", "dX = dY - exp(Y) * sum(dY, axis); see docs/ops.md."));
     onnx::RegisterSchema(LayerNormGradSchema());
     onnx::RegisterSchema(GeluGradSchema());
+    onnx::RegisterSchema(AttentionSchema());
+    onnx::RegisterSchema(AttentionGradSchema());
     onnx::RegisterSchema(InPlaceAccumulatorSchema());
     onnx::RegisterSchema(SquaredNormSchema());
     onnx::RegisterSchema(AdamWSchema());

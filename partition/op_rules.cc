@@ -458,6 +458,45 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
     r.linear_inputs.assign(n.num_inputs(), 0);
     return r;
   }
+  if (cleave && (op == "Attention" || op == "AttentionGrad")) {
+    // q [b..., T, D], k [b..., S, D], v [b..., S, Dv] -> out [b..., T, Dv], lse [b..., T]; the
+    // grad takes (dOut, q, k, v, out, lse) and gives (dq, dk, dv). The leading dims (batch,
+    // heads) shard freely; T, S, D and Dv stay whole (the softmax runs along S over all of D).
+    const bool grad = op == "AttentionGrad";
+    ASSIGN_OR_RETURN(std::vector<int64_t> qd, Dims(n, n.input(grad ? 1 : 0)));
+    ASSIGN_OR_RETURN(std::vector<int64_t> kd, Dims(n, n.input(grad ? 2 : 1)));
+    ASSIGN_OR_RETURN(std::vector<int64_t> vd, Dims(n, n.input(grad ? 3 : 2)));
+    const size_t rank = qd.size();
+    if (rank < 2 || kd.size() != rank || vd.size() != rank)
+      return InvalidArgument(n.Describe(), ": q, k and v must have one rank >= 2");
+    FactorRule r;
+    std::vector<int> lead;
+    for (size_t d = 0; d + 2 < rank; ++d) lead.push_back(r.AddFactor(qd[d]));
+    const int T = r.AddFactor(qd[rank - 2]), D = r.AddFactor(qd[rank - 1]);
+    const int S = r.AddFactor(kd[rank - 2]), Dv = r.AddFactor(vd[rank - 1]);
+    for (int f : {T, D, S, Dv}) r.no_shard[f] = 1;
+    auto operand = [&](std::vector<int> last) {
+      OperandFactors o;
+      for (int f : lead) o.dims.push_back({f});
+      for (int f : last) o.dims.push_back({f});
+      return o;
+    };
+    const OperandFactors q = operand({T, D}), k = operand({S, D}), v = operand({S, Dv}), out = operand({T, Dv}),
+                         lse = operand({T});
+    if (grad) {
+      r.inputs = {out, q, k, v, out, lse};
+      r.outputs = {q, k, v};
+      r.linearity = Linearity::kEach;  // linear in dOut
+      r.linear_inputs = {1, 0, 0, 0, 0, 0};
+    } else {
+      r.inputs = {q, k, v};
+      r.outputs = {out, lse};
+      r.outputs.resize(n.num_outputs());
+      r.linear_inputs.assign(3, 0);
+    }
+    r.output_avg.assign(n.num_outputs(), 0);
+    return r;
+  }
   if (!cleave && (op == "Softmax" || op == "LogSoftmax")) return AlongAxis(g, n, 1, version() < 13);
   if (cleave && (op == "SoftmaxGrad" || op == "LogSoftmaxGrad")) return AlongAxis(g, n, 2, false);
   if (op == "LayerNormalization") {

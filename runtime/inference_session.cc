@@ -54,11 +54,17 @@ void ApplyDimOverrides(graph::Graph& g, const std::map<std::string, int64_t>& ov
   }
 }
 
-absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu) {
+// Folding, then the transformer fusions; with a device provider also attention fusion (its
+// flash-style kernel never stores the probabilities).
+absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, bool device) {
   graph::ConstantFolding fold(runtime::MakeConstantEvaluator(g, cpu));
   graph::DeadCodeElimination dce;
   graph::TransformerFusion fusion;
   RETURN_IF_ERROR(graph::RunToFixedPoint({&fold, &dce}, &g));
+  if (device) {
+    graph::AttentionFusion attention;
+    RETURN_IF_ERROR(graph::RunToFixedPoint({&attention, &dce}, &g));
+  }
   return graph::RunToFixedPoint({&fusion, &dce}, &g);
 }
 
@@ -108,7 +114,7 @@ absl::Status InferenceSession::Initialize(std::unique_ptr<graph::Graph> g, Sessi
   RETURN_IF_ERROR(graph::InferShapes(*g));
   auto cpu = std::make_unique<providers::CpuExecutionProvider>(options.intra_op_threads);
   cpu->set_communicator(options.communicator);
-  if (options.optimize) RETURN_IF_ERROR(Optimize(*g, *cpu));
+  if (options.optimize) RETURN_IF_ERROR(Optimize(*g, *cpu, !providers.empty()));
   RETURN_IF_ERROR(graph::Verify(*g, /*require_types=*/true));
   for (const graph::Value* v : g->inputs()) inputs_.push_back({v->name(), v->dtype(), v->shape()});
   for (const graph::Value* v : g->outputs()) outputs_.push_back({v->name(), v->dtype(), v->shape()});

@@ -3,6 +3,8 @@
 // computes what the original computes.
 #include <random>
 
+#include "absl/strings/str_replace.h"
+
 #include "graph/op_table.h"
 #include "graph/passes/pass.h"
 #include "graph/text_format.h"
@@ -261,6 +263,71 @@ TEST(TransformerFusion, MatMulWithNonConstantWeightIsLeftAlone) {
   )");
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(Fuse(**g), (std::vector<std::string>{"MatMul", "Add"}));
+}
+
+
+// Scaled dot-product attention as exporters write it (q @ k^T * scale, masked_fill of the
+// causally hidden positions with -inf, softmax, @ v) becomes one Attention op.
+constexpr char kAttention[] = R"(
+  input q: float32[2,3,4,8]
+  input k: float32[2,3,4,8]
+  input v: float32[2,3,4,8]
+  init hidden: bool[4,4] = MASK
+  init neg: float32[] = -inf
+  init scale: float32[] = 0.35355339
+  kt = Transpose(k) {perm = [0, 1, 3, 2]}
+  s = MatMul(q, kt)
+  ss = Mul(s, scale)
+  m = Where(hidden, neg, ss)
+  p = Softmax(m) {axis = -1}
+  y = MatMul(p, v)
+  output y
+)";
+constexpr char kCausalHidden[] = "0 1 1 1 0 0 1 1 0 0 0 1 0 0 0 0";
+
+std::string AttentionText(const std::string& mask, const std::string& extra = "") {
+  return absl::StrReplaceAll(kAttention, {{"MASK", mask}}) + extra;
+}
+
+// Runs AttentionFusion; returns the op types left.
+std::vector<std::string> FuseAttention(Graph& g) {
+  EXPECT_TRUE(InferShapes(g).ok());
+  AttentionFusion fusion;
+  auto changed = RunPass(fusion, &g);
+  EXPECT_TRUE(changed.ok()) << changed.status();
+  std::vector<std::string> ops;
+  for (const auto& n : g.nodes()) ops.push_back(n->op_type());
+  return ops;
+}
+
+TEST(AttentionFusion, CausalAttentionBecomesOneOpWithTheSameOutput) {
+  auto g = ParseGraph(AttentionText(kCausalHidden));
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_EQ(FuseAttention(**g), std::vector<std::string>{"Attention"});
+  const Node& n = *(*g)->nodes()[0];
+  EXPECT_EQ(n.AttrInt("causal", 0), 1);
+  EXPECT_NEAR(n.AttrFloat("scale", 0), 0.35355339, 1e-7);
+  SessionOptions plain;
+  plain.optimize = false;
+  auto fused = InferenceSession::FromGraph(std::move(*g), plain);
+  auto unfused = InferenceSession::FromGraph(*ParseGraph(AttentionText(kCausalHidden)), plain);
+  ASSERT_TRUE(fused.ok() && unfused.ok()) << fused.status() << unfused.status();
+  const Feeds feeds = {{"q", Random({2, 3, 4, 8}, 1)}, {"k", Random({2, 3, 4, 8}, 2)}, {"v", Random({2, 3, 4, 8}, 3)}};
+  auto a = (*fused)->Run(feeds);
+  auto b = (*unfused)->Run(feeds);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_EQ(testing::CompareTensors((*a)[0], (*b)[0], 1e-6, 1e-5), "");
+}
+
+TEST(AttentionFusion, OtherMasksAndSharedIntermediatesAreLeftAlone) {
+  // A mask that also hides the diagonal is not causal.
+  auto g = ParseGraph(AttentionText("1 1 1 1 0 1 1 1 0 0 1 1 0 0 0 1"));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(FuseAttention(**g).size(), 6u);
+  // The probabilities read by another node too (as a backward would read them).
+  auto g2 = ParseGraph(AttentionText(kCausalHidden, "  output p\n"));
+  ASSERT_TRUE(g2.ok()) << g2.status();
+  EXPECT_EQ(FuseAttention(**g2).size(), 6u);
 }
 
 }  // namespace

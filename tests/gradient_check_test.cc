@@ -155,6 +155,10 @@ const GradCase kCases[] = {
     {"Clip_attrs_v6", "opset 10\ninput x: float64[8]\ny = Clip(x) {min = -0.5, max = 0.7}\noutput y"},
     {"Gemm_plain", "input a: float64[3,4]\ninput b: float64[4,2]\ninput c: float64[2]\ny = Gemm(a, b, c) {alpha = 0.5, beta = 2.0}\noutput y"},
     {"Gemm_transposed", "input a: float64[4,3]\ninput b: float64[2,4]\ninput c: float64[3,1]\ny = Gemm(a, b, c) {transA = 1, transB = 1}\noutput y"},
+    {"Attention", "input q: float64[2,3,4]\ninput k: float64[2,5,4]\ninput v: float64[2,5,3]\n"
+                  "y = ai.cleave.Attention(q, k, v) {scale = 0.5}\noutput y"},
+    {"Attention_causal", "input q: float64[1,2,4,3]\ninput k: float64[1,2,4,3]\ninput v: float64[1,2,4,3]\n"
+                         "y = ai.cleave.Attention(q, k, v) {scale = 0.7, causal = 1}\noutput y"},
     {"LayerNorm_last", "input x: float64[2,3,4]\ninput s: float64[4]\ninput b: float64[4]\ny = LayerNormalization(x, s, b)\noutput y"},
     {"LayerNorm_axis1", "input x: float64[2,3,4]\ninput s: float64[3,4]\ny = LayerNormalization(x, s) {axis = 1, epsilon = 0.001}\noutput y"},
     {"LayerNorm_broadcast_scale_and_bias",

@@ -24,8 +24,9 @@ namespace {
 
 constexpr int64_t kBatch = 2, kSeq = 16;
 
-trainer::TrainingArtifacts Artifacts(const std::string& model_dir) {
+trainer::TrainingArtifacts Artifacts(const std::string& model_dir, bool fuse_attention = false) {
   trainer::TrainingSpec spec;
+  spec.fuse_attention = fuse_attention;
   spec.optimizer.max_grad_norm = 0.5f;
   spec.optimizer.weight_decay = 0.1f;
   // SGD: the update is linear in the gradient, so parameters compare as tightly as gradients
@@ -45,12 +46,18 @@ struct MeshCase {
   int zero;
   bool sp = false;
   bool vocab_parallel = false;  // --vocab-parallel-loss
+  bool fused_attention = false;  // ai.cleave.Attention, sharded by heads
 };
 
 class Megatron : public ::testing::TestWithParam<MeshCase> {};
 
 TEST_P(Megatron, TrainingStepEqualsSingleRank) {
-  trainer::TrainingArtifacts a = Artifacts(GetParam().model);
+  trainer::TrainingArtifacts a = Artifacts(GetParam().model, GetParam().fused_attention);
+  if (GetParam().fused_attention) {
+    int fused = 0;
+    for (const auto& n : a.training->nodes()) fused += n->op_type() == "Attention";
+    EXPECT_EQ(fused, 2);
+  }
   Tensor ids(DataType::kInt64, {kBatch, kSeq}), labels(DataType::kInt64, {kBatch, kSeq});
   for (int64_t i = 0; i < kBatch * kSeq; ++i) {
     ids.data<int64_t>()[i] = (i * 37 + 5) % 64;
@@ -250,7 +257,9 @@ INSTANTIATE_TEST_SUITE_P(Meshes, Megatron,
                                            MeshCase{"train_variants/llama", "tp=2", 0, false, true},
                                            MeshCase{"train_variants/llama", "dp=2,tp=2", 1, false, true},
                                            MeshCase{"tiny_gpt", "dp=2,tp=2", 0, true, true},
-                                           MeshCase{"tiny_gpt", "dp=2,tp=2", 0, true, false}),
+                                           MeshCase{"tiny_gpt", "dp=2,tp=2", 0, true, false},
+                                           // Fused attention, split by heads.
+                                           MeshCase{"tiny_gpt", "dp=2,tp=2", 1, false, false, true}),
                          [](const auto& info) {
                            std::string name = std::string(info.param.model).find("llama") != std::string::npos
                                                   ? "llama_" : "tiny_gpt_";
@@ -258,7 +267,8 @@ INSTANTIATE_TEST_SUITE_P(Meshes, Megatron,
                            for (char& c : name)
                              if (c == '=' || c == ',') c = '_';
                            return name + "_zero" + std::to_string(info.param.zero) + (info.param.sp ? "_sp" : "") +
-                                  (info.param.vocab_parallel ? "_vocab_parallel" : "");
+                                  (info.param.vocab_parallel ? "_vocab_parallel" : "") +
+                                  (info.param.fused_attention ? "_fused_attention" : "");
                          });
 
 TEST(PartitionedTraining, MegatronRejectsATpThatDoesNotDivide) {

@@ -1,6 +1,6 @@
-// Gradient rules for Gemm, LayerNormalization, Dropout, Trilu, Concat, Split, Gather, Slice
-// and SoftmaxCrossEntropyLoss (trainer/). LayerNormalization and the last three emit
-// ai.cleave gradient ops.
+// Gradient rules for Gemm, LayerNormalization, Dropout, Trilu, Concat, Split, Gather, Slice,
+// SoftmaxCrossEntropyLoss and ai.cleave.Attention (trainer/). LayerNormalization and the last
+// four emit ai.cleave gradient ops.
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -185,9 +185,22 @@ absl::Status SoftmaxCrossEntropyLossGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// Attention, by ai.cleave.AttentionGrad: the probabilities are recomputed from q, k and the
+// forward's saved log-sum-exp (the rule makes the forward output it) instead of being stored.
+absl::Status AttentionGrad(GradBuilder& b) {
+  Value* lse = b.ForwardOutput(1, "lse");
+  std::vector<Value*> d =
+      b.OpN("ai.cleave.AttentionGrad", {b.dy(), b.x(0), b.x(1), b.x(2), b.y(0), lse}, 3,
+            {{"scale", Attribute::Float(b.fwd().AttrFloat("scale", 1.f))},
+             {"causal", Attribute::Int(b.fwd().AttrInt("causal", 0))}});
+  for (int i = 0; i < 3; ++i) b.SetGrad(i, d[i]);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void RegisterNnRules(std::map<std::string, GradRule>& rules) {
+  rules["ai.cleave::Attention"] = AttentionGrad;
   rules["::Gemm"] = GemmGrad;
   rules["::LayerNormalization"] = LayerNormGrad;
   rules["ai.cleave::LayerNormalization"] = LayerNormGrad;

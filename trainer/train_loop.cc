@@ -235,6 +235,8 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
   spec.optimizer = c.optimizer;
   spec.frozen = c.frozen;
   spec.recompute = c.recompute;
+  // Fused attention pays off with the CUDA kernels; on the CPU the unfused products use BLAS.
+  spec.fuse_attention = c.device == DeviceChoice::kCuda;
   spec.precision = c.precision;
   RETURN_IF_ERROR(FixTokenDims(*token_in, micro, c.seq, &spec.dims));
   auto built = BuildTrainingArtifacts(*model, spec);

@@ -287,6 +287,10 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
     graph::ActivationNormFusion fusion;
     graph::DeadCodeElimination dce;
     RETURN_IF_ERROR(graph::RunToFixedPoint({&fusion, &dce}, g.get()));
+    if (spec.fuse_attention) {
+      graph::AttentionFusion attention;
+      RETURN_IF_ERROR(graph::RunToFixedPoint({&attention, &dce}, g.get()));
+    }
   }
   // Like PyTorch, where a parameter the loss does not reach keeps grad None and the optimizer
   // skips it (no weight decay either): such parameters are not trained. The passes above drop

@@ -72,6 +72,10 @@ struct TrainingSpec {
   RecomputeMode recompute = RecomputeMode::kNone;
   // bf16: matrix products in bf16 with fp32 master weights (trainer/mixed_precision.h).
   Precision precision = Precision::kFp32;
+  // Fuse scaled dot-product attention into ai.cleave.Attention before autodiff (the backward
+  // then runs AttentionGrad and never stores the probabilities); on by default for CUDA
+  // training, where the fused kernels pay off.
+  bool fuse_attention = false;
 };
 
 // One pipeline stage a rank holds (partition/pipeline.h): the forward and backward parts of

@@ -250,6 +250,146 @@ bool SwapsLastTwo(const Node* t) {
   return perm[r - 2] == r - 1 && perm[r - 1] == r - 2;
 }
 
+// Whether the constant `mask` (dims [..., T, S], leading dims 1) marks exactly the causally
+// hidden positions (j > i + S - T) when `hidden` is true there, or exactly the visible ones
+// when `hidden` is false. Bool masks compare as is; float masks (added to the scores) count
+// as hiding where they are <= -1e4.
+bool IsCausalMask(const Value* mask, int64_t T, int64_t S, bool hidden) {
+  if (!mask || !mask->initializer()) return false;
+  const Tensor& m = *mask->initializer();
+  const auto dims = m.dims();
+  if (dims.size() < 2 || dims[dims.size() - 2] != T || dims[dims.size() - 1] != S || m.numel() != T * S) return false;
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < S; ++j) {
+      const int64_t e = i * S + j;
+      bool flag;
+      if (m.dtype() == DataType::kBool) flag = m.data<bool>()[e];
+      else if (IsFloat(m.dtype())) flag = m.DoubleAt(e) <= -1e4;
+      else return false;
+      if (flag != (hidden == (j > i + S - T))) return false;
+    }
+  return true;
+}
+
+bool IsLargeNegative(const Value* v) {
+  std::optional<double> c = ScalarConst(v);
+  return c && *c <= -1e4;
+}
+
+// softmax(scale * q k^T [+ causal mask]) v over the last two axes -> ai.cleave.Attention, at
+// the Softmax: its input is the scaled scores, optionally masked by Where(hidden, -inf,
+// scores), Where(visible, scores, -inf) or Add(scores, mask) with a constant causal mask; the
+// scaled scores are Mul/Div of MatMul(q, Transpose(k)) (or FusedMatMul(q, k, transB = 1) with
+// no bias or activation) by a scalar constant, or the product itself; the probabilities'
+// one reader is MatMul(p, v). Every intermediate must have no other reader, so a training
+// graph whose backward reads them is left alone (fuse before autodiff instead).
+bool FuseAttention(Graph* g, Node* softmax) {
+  const Value* x = softmax->input(0);
+  if (g->OpsetFor("") < 13 || !x->shape().has_rank() || !x->shape().is_static()) return false;
+  const int r = x->shape().rank();
+  if (r < 2) return false;
+  int64_t axis = softmax->AttrInt("axis", -1);
+  if (axis < 0) axis += r;
+  if (axis != r - 1) return false;
+  if (x->dtype() != DataType::kFloat32 && x->dtype() != DataType::kFloat64) return false;
+  const int64_t T = x->shape()[r - 2].value, S = x->shape()[r - 1].value;
+  std::vector<Node*> pattern = {softmax};
+  // The reader: MatMul(p, v).
+  Node* pv = SoleConsumer(softmax->output(0));
+  if (!Is(pv, "MatMul") || pv->input(0) != softmax->output(0)) return false;
+  Value* v = pv->input(1);
+  // The mask.
+  bool causal = false;
+  Value* scaled = softmax->input(0);
+  Node* m = scaled->producer();
+  if (m && SoleUse(scaled)) {
+    if (Is(m, "Where") && IsLargeNegative(m->input(1)) && IsCausalMask(m->input(0), T, S, true)) {
+      causal = true;
+      scaled = m->input(2);
+    } else if (Is(m, "Where") && IsLargeNegative(m->input(2)) && IsCausalMask(m->input(0), T, S, false)) {
+      causal = true;
+      scaled = m->input(1);
+    } else if (Is(m, "Add") && (IsCausalMask(m->input(1), T, S, true) || IsCausalMask(m->input(0), T, S, true))) {
+      causal = true;
+      scaled = IsCausalMask(m->input(1), T, S, true) ? m->input(0) : m->input(1);
+    }
+    if (causal) pattern.push_back(m);
+  }
+  // The scale.
+  double scale = 1.0;
+  Value* scores = scaled;
+  Node* sc = scaled->producer();
+  if (sc && SoleUse(scaled) && (Is(sc, "Mul") || Is(sc, "Div"))) {
+    const bool first_const = Is(sc, "Mul") && ScalarConst(sc->input(0)).has_value();
+    const std::optional<double> c = ScalarConst(sc->input(first_const ? 0 : 1));
+    if (c && *c != 0) {
+      scale = Is(sc, "Mul") ? *c : 1.0 / *c;
+      scores = sc->input(first_const ? 1 : 0);
+      pattern.push_back(sc);
+    }
+  }
+  // The product q k^T.
+  Node* qk = scores->producer();
+  if (!qk || !SoleUse(scores)) return false;
+  Value* q = qk->input(0);
+  Value* k = nullptr;
+  // k^T made by one Transpose of some x (exporters merge the heads transpose with the last-two
+  // swap, perm [0, 2, 3, 1]): k is x under that perm with its last two entries swapped.
+  Node* kt = qk->input(1)->producer();
+  std::vector<int64_t> k_perm;
+  if (Is(qk, "MatMul") && Is(kt, "Transpose") && SoleUse(qk->input(1)) && kt->input(0)->shape().has_rank() &&
+      kt->input(0)->shape().rank() == r) {
+    k_perm = kt->AttrInts("perm", {});
+    if (k_perm.empty())
+      for (int d = r - 1; d >= 0; --d) k_perm.push_back(d);
+    if (static_cast<int>(k_perm.size()) != r) return false;
+    std::swap(k_perm[r - 2], k_perm[r - 1]);
+    k = kt->input(0);  // replaced below when k_perm is not the identity
+    pattern.push_back(kt);
+  } else if (qk->domain() == kCleaveDomain && qk->op_type() == "FusedMatMul" && qk->num_inputs() == 2 &&
+             qk->AttrInt("transB", 0) == 1 && qk->AttrInt("transA", 0) == 0 &&
+             qk->AttrString("activation", "").empty()) {
+    k = qk->input(1);
+  } else {
+    return false;
+  }
+  pattern.push_back(qk);
+  bool k_permuted = false;
+  for (int d = 0; d < static_cast<int>(k_perm.size()); ++d) k_permuted |= k_perm[d] != d;
+  std::vector<Dim> k_dims;
+  if (k_permuted) {
+    if (!k->shape().is_static()) return false;
+    for (int64_t d : k_perm) k_dims.push_back(k->shape()[static_cast<int>(d)]);
+  }
+  // Same leading dims for q, k and v (no broadcasting inside the fused op).
+  const Shape k_shape = k_permuted ? Shape(k_dims) : k->shape();
+  if (k_shape.rank() != r || q->shape()[r - 1].value != k_shape[r - 1].value ||
+      k_shape[r - 2].value != v->shape()[r - 2].value)
+    return false;
+  for (int d = 0; d < r - 2; ++d)
+    if (q->shape()[d].value != k_shape[d].value) return false;
+  for (const Value* t : {q, v})
+    if (!t->shape().has_rank() || t->shape().rank() != r || !t->shape().is_static() || t->dtype() != x->dtype())
+      return false;
+  for (int d = 0; d < r - 2; ++d)
+    if (q->shape()[d].value != v->shape()[d].value) return false;
+  pattern.push_back(pv);
+  if (k_permuted) {
+    // The keys in [..., S, D] layout, from the same source.
+    Value* kv = g->GetOrCreateValue(g->UniqueName(kt->output(0)->name() + "/keys"));
+    kv->set_dtype(k->dtype());
+    kv->set_shape(k_shape);
+    Node* t = g->AddNode("Transpose", {k}, {kv}, g->UniqueName(kt->name() + "/keys"));
+    t->SetAttr("perm", Attribute::Ints(k_perm));
+    t->metadata() = kt->metadata();
+    k = kv;
+  }
+  Node* fused = Replace(g, pattern, "Attention", {q, k, v}, pv->output(0));
+  fused->SetAttr("scale", Attribute::Float(static_cast<float>(scale)));
+  fused->SetAttr("causal", Attribute::Int(causal ? 1 : 0));
+  return true;
+}
+
 // (Fused)MatMul reading a last-two-axes Transpose as A or B -> FusedMatMul with transA or
 // transB toggled, reading the Transpose's input in place. Each reader folds on its own, so a
 // transpose shared by the forward and backward passes (a weight, an activation) stops being
@@ -371,8 +511,12 @@ bool FuseMatMulGelu(Graph* g, Node* fmm) {
   return true;
 }
 
-// One rewrite at node n, if any applies; only GELU and LayerNorm unless `matmul_rules`.
-bool FuseAt(Graph* g, Node* n, bool matmul_rules) {
+enum class Rules { kActivationNorm, kTransformer, kAttention };
+
+// One rewrite at node n, if any applies.
+bool FuseAt(Graph* g, Node* n, Rules rules) {
+  if (rules == Rules::kAttention) return Is(n, "Softmax") && FuseAttention(g, n);
+  const bool matmul_rules = rules == Rules::kTransformer;
   if (Is(n, "Erf")) return FuseErfGelu(g, n);
   if (Is(n, "Tanh")) return FuseTanhGelu(g, n);
   if (Is(n, "ReduceMean")) return FuseLayerNorm(g, n);
@@ -385,13 +529,13 @@ bool FuseAt(Graph* g, Node* n, bool matmul_rules) {
   return false;
 }
 
-absl::StatusOr<bool> RunFusions(Graph* g, bool matmul_rules) {
+absl::StatusOr<bool> RunFusions(Graph* g, Rules rules) {
   bool changed = false;
   // Each rule may delete nodes, so restart the scan after every rewrite.
   for (bool again = true; again;) {
     again = false;
     for (const auto& owned : g->nodes()) {
-      if (FuseAt(g, owned.get(), matmul_rules)) {
+      if (FuseAt(g, owned.get(), rules)) {
         changed = again = true;
         break;
       }
@@ -403,10 +547,10 @@ absl::StatusOr<bool> RunFusions(Graph* g, bool matmul_rules) {
 
 }  // namespace
 
-absl::StatusOr<bool> TransformerFusion::Run(Graph* g) { return RunFusions(g, /*matmul_rules=*/true); }
+absl::StatusOr<bool> TransformerFusion::Run(Graph* g) { return RunFusions(g, Rules::kTransformer); }
 
-absl::StatusOr<bool> ActivationNormFusion::Run(Graph* g) {
-  return RunFusions(g, /*matmul_rules=*/false);
-}
+absl::StatusOr<bool> ActivationNormFusion::Run(Graph* g) { return RunFusions(g, Rules::kActivationNorm); }
+
+absl::StatusOr<bool> AttentionFusion::Run(Graph* g) { return RunFusions(g, Rules::kAttention); }
 
 }  // namespace cleave::graph

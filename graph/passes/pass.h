@@ -81,4 +81,16 @@ class ActivationNormFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
+// Scaled dot-product attention (MatMul, scale, constant causal mask, Softmax, MatMul) ->
+// ai.cleave.Attention, whose kernels never store the [T, S] probabilities (the CUDA provider's
+// flash-style kernel; the backward recomputes them from the saved log-sum-exp). Run before
+// autodiff on a training graph (the backward then uses AttentionGrad), or on an inference
+// graph whose intermediates have no other reader. Not part of TransformerFusion: on the CPU
+// the unfused products run through BLAS.
+class AttentionFusion : public Pass {
+ public:
+  std::string name() const override { return "AttentionFusion"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
 }  // namespace cleave::graph

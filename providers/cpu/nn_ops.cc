@@ -12,6 +12,8 @@
 #include <random>
 
 #include "base/status.h"
+#include "graph/op_table.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/nn.h"
 #include "kernels/cpu/shape.h"
 #include "providers/cpu/cpu_provider.h"
@@ -129,6 +131,97 @@ class TriluKernel : public OpKernel {
 
 }  // namespace
 
+namespace {
+
+// Attention(q, k, v) {scale, causal} -> out[, lse] and AttentionGrad(dOut, q, k, v, out, lse)
+// -> dq, dk, dv, over [..., T, D] operands whose leading dims are the same.
+absl::StatusOr<kernels::cpu::AttentionParams> AttentionShapes(const TensorView& q, const TensorView& k,
+                                                              const TensorView& v, double scale, bool causal) {
+  kernels::cpu::AttentionParams p;
+  const int r = q.rank;
+  bool ok = r >= 2 && k.rank == r && v.rank == r && q.dims[r - 1] == k.dims[r - 1] && k.dims[r - 2] == v.dims[r - 2];
+  for (int d = 0; ok && d < r - 2; ++d) ok = q.dims[d] == k.dims[d] && q.dims[d] == v.dims[d];
+  if (!ok)
+    return InvalidArgument("expected q [..., T, D], k [..., S, D] and v [..., S, Dv] with the same leading dims, got ",
+                           DimsToString(q.shape()), ", ", DimsToString(k.shape()), ", ", DimsToString(v.shape()));
+  p.T = q.dims[r - 2];
+  p.D = q.dims[r - 1];
+  p.S = k.dims[r - 2];
+  p.Dv = v.dims[r - 1];
+  p.batch = 1;
+  for (int d = 0; d < r - 2; ++d) p.batch *= q.dims[d];
+  p.scale = scale;
+  p.causal = causal;
+  return p;
+}
+
+class AttentionKernel : public OpKernel {
+ public:
+  AttentionKernel(const graph::Node& n, int)
+      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& q = *ctx.input(0);
+    const TensorView& k = *ctx.input(1);
+    const TensorView& v = *ctx.input(2);
+    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p, AttentionShapes(q, k, v, scale_, causal_));
+    std::vector<int64_t> out(q.dims, q.dims + q.rank), lse(q.dims, q.dims + q.rank - 1);
+    out.back() = p.Dv;
+    TensorView* y = ctx.Output(0, out);
+    TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, lse) : nullptr;
+    if (!y) return absl::OkStatus();
+    float* lp = l ? l->as<float>() : nullptr;
+    if (q.dtype == DataType::kFloat64)
+      kernels::cpu::AttentionForward(p, q.as<double>(), k.as<double>(), v.as<double>(), y->as<double>(), lp,
+                                     ctx.thread_pool());
+    else
+      kernels::cpu::AttentionForward(p, q.as<float>(), k.as<float>(), v.as<float>(), y->as<float>(), lp,
+                                     ctx.thread_pool());
+    return absl::OkStatus();
+  }
+
+ private:
+  float scale_;
+  bool causal_;
+};
+
+class AttentionGradKernel : public OpKernel {
+ public:
+  AttentionGradKernel(const graph::Node& n, int)
+      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dout = *ctx.input(0);
+    const TensorView& q = *ctx.input(1);
+    const TensorView& k = *ctx.input(2);
+    const TensorView& v = *ctx.input(3);
+    const TensorView& out = *ctx.input(4);
+    const TensorView& lse = *ctx.input(5);
+    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p, AttentionShapes(q, k, v, scale_, causal_));
+    if (dout.numel() != p.batch * p.T * p.Dv || out.numel() != dout.numel() || lse.numel() != p.batch * p.T)
+      return InvalidArgument("expected dOut and out of ", p.batch * p.T * p.Dv, " elements and lse of ", p.batch * p.T,
+                             ", got ", dout.numel(), ", ", out.numel(), " and ", lse.numel());
+    TensorView* dq = ctx.Output(0, q.dim_span());
+    TensorView* dk = ctx.Output(1, k.dim_span());
+    TensorView* dv = ctx.Output(2, v.dim_span());
+    if (q.dtype == DataType::kFloat64)
+      kernels::cpu::AttentionBackward(p, dout.as<double>(), q.as<double>(), k.as<double>(), v.as<double>(),
+                                      out.as<double>(), lse.as<float>(), dq ? dq->as<double>() : nullptr,
+                                      dk ? dk->as<double>() : nullptr, dv ? dv->as<double>() : nullptr,
+                                      ctx.thread_pool());
+    else
+      kernels::cpu::AttentionBackward(p, dout.as<float>(), q.as<float>(), k.as<float>(), v.as<float>(),
+                                      out.as<float>(), lse.as<float>(), dq ? dq->as<float>() : nullptr,
+                                      dk ? dk->as<float>() : nullptr, dv ? dv->as<float>() : nullptr,
+                                      ctx.thread_pool());
+    return absl::OkStatus();
+  }
+
+ private:
+  float scale_;
+  bool causal_;
+};
+
+}  // namespace
+
 void RegisterNnKernels(KernelRegistry& r) {
   RegisterMatMulKernels(r);
   RegisterNormKernels(r);
@@ -138,6 +231,9 @@ void RegisterNnKernels(KernelRegistry& r) {
               MakeFactory<DropoutKernel>()});
   r.Register({"", "Dropout", 7, 11, InputTypeIn(0, {f32, f64}), MakeFactory<LegacyDropoutKernel>()});
   r.Register({"", "Trilu", 14, 14, InputTypeIn(0, FixedSizeTypes()), MakeFactory<TriluKernel>()});
+  const std::string C(graph::kCleaveDomain);
+  r.Register({C, "Attention", 1, 1, InputTypeIn(0, {f32, f64}), MakeFactory<AttentionKernel>()});
+  r.Register({C, "AttentionGrad", 1, 1, InputTypeIn(1, {f32, f64}), MakeFactory<AttentionGradKernel>()});
 }
 
 }  // namespace cleave::providers
