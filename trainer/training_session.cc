@@ -38,6 +38,21 @@ absl::StatusOr<std::unique_ptr<TrainingSession>> TrainingSession::Create(
   return s;
 }
 
+std::string TrainingSession::warnings() const {
+  std::vector<std::string> w;
+  auto add = [&](const std::unique_ptr<InferenceSession>& s, const char* what) {
+    if (s && !s->warning().empty()) w.push_back(absl::StrCat(what, ": ", s->warning()));
+  };
+  add(train_, "training");
+  add(eval_, "eval");
+  add(optimizer_, "optimizer");
+  for (const auto& st : stages_) {
+    add(st.forward, "stage forward");
+    add(st.backward, "stage backward");
+  }
+  return absl::StrJoin(w, "; ");
+}
+
 absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   options_ = options;
   TrainingArtifacts& a = artifacts_;

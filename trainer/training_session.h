@@ -73,6 +73,9 @@ class TrainingSession {
   absl::StatusOr<Tensor> GetGradient(const std::string& param) const;
   const std::vector<std::string>& data_inputs() const { return artifacts_.data_inputs; }
   const TrainingArtifacts& artifacts() const { return artifacts_; }
+  // What the sessions warned about at load (nodes that fell back to the CPU, or the whole
+  // session when CUDA was asked for if available and is not); "" when nothing.
+  std::string warnings() const;
 
   absl::StatusOr<float> TrainStep(const Feeds& feeds);
 

@@ -75,6 +75,16 @@ struct Broadcast3 {
 int Where(int elem_bytes, const bool* cond, const void* a, const void* b, void* y, int64_t n, const Broadcast3& bc,
           void* stream);
 
+// Scaled dot-product attention over `batch` (batch x heads) slices of q [T, D], k [S, D], v [S, Dv]
+// (D, Dv <= 256): out [T, Dv] and lse [T] (fp32, may be null). Causal: query i sees keys
+// j <= i + S - T. The backward writes dq, dk, dv from dout, the inputs, out and lse; `delta` is
+// fp32 device scratch of batch * T.
+int AttentionForward(Dt dt, const void* q, const void* k, const void* v, void* out, float* lse, int64_t batch,
+                     int64_t T, int64_t S, int D, int Dv, float scale, bool causal, void* stream);
+int AttentionBackward(Dt dt, const void* dout, const void* q, const void* k, const void* v, const void* out,
+                      const float* lse, void* dq, void* dk, void* dv, float* delta, int64_t batch, int64_t T,
+                      int64_t S, int D, int Dv, float scale, bool causal, void* stream);
+
 // Rows of a [rows, row_elems] table by int64 ids (negative ids count from the end; ids out
 // of range give zero rows).
 int Gather(int elem_bytes, const void* table, const int64_t* ids, void* out, int64_t num_ids, int64_t rows,

@@ -423,6 +423,85 @@ class ConcatSplitKernel : public CudaKernel {
   int num_outputs_;
 };
 
+// Attention(q, k, v) -> out[, lse] and AttentionGrad(dOut, q, k, v, out, lse) -> dq, dk, dv
+// (flash-style: the probabilities are never stored).
+struct AttentionDims {
+  int64_t batch = 1, T = 0, S = 0;
+  int D = 0, Dv = 0;
+};
+
+absl::StatusOr<AttentionDims> AttentionShape(const std::string& name, const TensorView& q, const TensorView& k,
+                                             const TensorView& v) {
+  const int r = q.rank;
+  bool ok = r >= 2 && k.rank == r && v.rank == r && q.dims[r - 1] == k.dims[r - 1] && k.dims[r - 2] == v.dims[r - 2];
+  for (int d = 0; ok && d < r - 2; ++d) ok = q.dims[d] == k.dims[d] && q.dims[d] == v.dims[d];
+  if (!ok)
+    return InvalidArgument(name, ": expected q [..., T, D], k [..., S, D], v [..., S, Dv] with one set of leading "
+                           "dims, got ", DimsToString(q.shape()), ", ", DimsToString(k.shape()), ", ",
+                           DimsToString(v.shape()));
+  AttentionDims a;
+  for (int d = 0; d < r - 2; ++d) a.batch *= q.dims[d];
+  a.T = q.dims[r - 2];
+  a.S = k.dims[r - 2];
+  a.D = static_cast<int>(q.dims[r - 1]);
+  a.Dv = static_cast<int>(v.dims[r - 1]);
+  if (a.D > 256 || a.Dv > 256) return Unimplemented(name, ": head dims over 256 on CUDA");
+  return a;
+}
+
+class AttentionKernel : public CudaKernel {
+ public:
+  AttentionKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& q = *ctx.input(0);
+    const TensorView& k = *ctx.input(1);
+    const TensorView& v = *ctx.input(2);
+    ASSIGN_OR_RETURN(AttentionDims a, AttentionShape(name_, q, k, v));
+    std::vector<int64_t> out(q.dims, q.dims + q.rank), lse(q.dims, q.dims + q.rank - 1);
+    out.back() = a.Dv;
+    TensorView* y = ctx.Output(0, out);
+    TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, lse) : nullptr;
+    if (!y) return absl::OkStatus();
+    return Check(kc::AttentionForward(DtOf(q.dtype), q.data, k.data, v.data, y->data, l ? l->as<float>() : nullptr,
+                                      a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_, stream()));
+  }
+
+ private:
+  float scale_;
+  bool causal_;
+};
+
+class AttentionGradKernel : public CudaKernel {
+ public:
+  AttentionGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dout = *ctx.input(0);
+    const TensorView& q = *ctx.input(1);
+    const TensorView& k = *ctx.input(2);
+    const TensorView& v = *ctx.input(3);
+    const TensorView& out = *ctx.input(4);
+    const TensorView& lse = *ctx.input(5);
+    ASSIGN_OR_RETURN(AttentionDims a, AttentionShape(name_, q, k, v));
+    if (dout.numel() != a.batch * a.T * a.Dv || out.numel() != dout.numel() || lse.numel() != a.batch * a.T)
+      return InvalidArgument(name_, ": dOut, out or lse do not match q and v");
+    TensorView* dq = ctx.Output(0, q.dim_span());
+    TensorView* dk = ctx.Output(1, k.dim_span());
+    TensorView* dv = ctx.Output(2, v.dim_span());
+    if (!dq || !dk || !dv) return Unimplemented(name_, ": every AttentionGrad output must be used on CUDA");
+    float* delta = static_cast<float*>(ctx.Scratch(static_cast<size_t>(a.batch * a.T) * sizeof(float)));
+    if (!delta && a.batch * a.T > 0) return absl::OkStatus();  // the allocation error is reported
+    return Check(kc::AttentionBackward(DtOf(q.dtype), dout.data, q.data, k.data, v.data, out.data, lse.as<float>(),
+                                       dq->data, dk->data, dv->data, delta, a.batch, a.T, a.S, a.D, a.Dv, scale_,
+                                       causal_, stream()));
+  }
+
+ private:
+  float scale_;
+  bool causal_;
+};
+
 // ---- lookups and layout ----------------------------------------------------------------
 
 class GatherKernel : public CudaKernel {
@@ -739,6 +818,8 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<ConcatSplitKernel>(r, this, "", "Concat", 4, 1 << 30, any);
   Add<ConcatSplitKernel>(r, this, "", "Split", 2, 1 << 30, any, {1});
   Add<AccumulatorKernel>(r, this, C, "InPlaceAccumulator", 1, 1, InputTypeIn(0, {DataType::kFloat32}), {2});
+  Add<AttentionKernel>(r, this, C, "Attention", 1, 1, floats);
+  Add<AttentionGradKernel>(r, this, C, "AttentionGrad", 1, 1, InputTypeIn(1, kFloats));
 }
 
 }  // namespace cleave::providers

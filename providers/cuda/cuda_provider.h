@@ -8,8 +8,9 @@
 // broadcasting, MatMul and FusedMatMul (cuBLASLt, bias and GELU epilogues), Softmax and
 // LogSoftmax, LayerNormalization and its gradient, Gelu and GeluGrad, Cast, Gather and
 // GatherGrad, Transpose, the shape ops (Reshape, Flatten, Squeeze, Unsqueeze, Identity),
-// SoftmaxCrossEntropyLoss and its gradient, AdamW and SquaredNorm; other nodes fall back to the
-// CPU provider with copies at the boundaries.
+// SoftmaxCrossEntropyLoss and its gradient, AdamW and SquaredNorm, the reductions, Where,
+// Concat and Split, and fused Attention with its gradient (flash-style); other nodes fall back
+// to the CPU provider with copies at the boundaries.
 //
 // Errors are Status values naming the kernel (node) and the CUDA error.
 #pragma once

@@ -1,0 +1,253 @@
+// CUDA scaled dot-product attention (kernels/cuda/), flash-style: the [T, S] score matrix is
+// never stored. One warp owns one row (a query row forward and for dq, a key row for dk and dv);
+// a block of kWarps rows shares tiles of the other operand in shared memory. Each lane holds
+// up to 8 of a row's D (or Dv) elements, so D, Dv <= 256. Scores, the running max and sum, and
+// every accumulation are fp32 whatever the storage type.
+//
+// Forward (online softmax): m_i = max_j s_ij, l_i = sum_j exp(s_ij - m_i), out_i = sum_j
+// exp(s_ij - m_i) v_j / l_i, lse_i = m_i + log l_i, with s_ij = scale q_i . k_j.
+// Backward: delta_i = dout_i . out_i, p_ij = exp(s_ij - lse_i), ds_ij = p_ij (dout_i . v_j -
+// delta_i); dq_i = scale sum_j ds_ij k_j (per query row); dk_j = scale sum_i ds_ij q_i and
+// dv_j = sum_i p_ij dout_i (per key row: no atomics, deterministic).
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace cleave::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 8;  // rows per block
+constexpr int kTile = 32;  // rows of the other operand per shared-memory tile
+constexpr int kPerLane = 8;
+
+__host__ __device__ __forceinline__ int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ __forceinline__ int64_t Max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+__device__ __forceinline__ float WarpAllSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ void LoadRow(const T* src, int n, float scale, float (&dst)[kPerLane], int lane) {
+  for (int e = 0; e < kPerLane; ++e) {
+    const int d = lane + 32 * e;
+    dst[e] = d < n ? ToFloat(src[d]) * scale : 0.f;
+  }
+}
+
+// rows [r0, r0 + kTile) of a [rows, width] matrix into shared memory (zeros past `rows`).
+template <typename T>
+__device__ __forceinline__ void LoadTile(const T* src, int64_t r0, int64_t rows, int width, float* dst) {
+  for (int e = threadIdx.x; e < kTile * width; e += blockDim.x) {
+    const int64_t r = r0 + e / width;
+    dst[e] = r < rows ? ToFloat(src[r * width + e % width]) : 0.f;
+  }
+}
+
+__device__ __forceinline__ float RowDot(const float (&a)[kPerLane], const float* b, int n, int lane) {
+  float s = 0.f;
+  for (int e = 0; e < kPerLane; ++e) {
+    const int d = lane + 32 * e;
+    if (d < n) s += a[e] * b[d];
+  }
+  return WarpAllSum(s);
+}
+
+template <typename T>
+__global__ void AttnForward(const T* q, const T* k, const T* v, T* out, float* lse, int64_t Tq, int64_t S, int D,
+                            int Dv, float scale, bool causal) {
+  extern __shared__ float smem[];
+  float* ks = smem;
+  float* vs = smem + kTile * D;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t bh = blockIdx.y, first = static_cast<int64_t>(blockIdx.x) * kWarps, i = first + warp;
+  const int64_t offset = S - Tq;
+  const bool active = i < Tq;
+  const T* kb = k + bh * S * D;
+  const T* vb = v + bh * S * Dv;
+  float qr[kPerLane], acc[kPerLane];
+  LoadRow(q + (bh * Tq + (active ? i : 0)) * D, D, scale, qr, lane);
+  for (int e = 0; e < kPerLane; ++e) acc[e] = 0.f;
+  float m = -INFINITY, l = 0.f;
+  const int64_t visible = !active ? 0 : causal ? Max64(0, Min64(S, i + 1 + offset)) : S;
+  const int64_t last_row = Min64(Tq - 1, first + kWarps - 1);
+  const int64_t block_keys = causal ? Max64(0, Min64(S, last_row + 1 + offset)) : S;
+  for (int64_t j0 = 0; j0 < block_keys; j0 += kTile) {
+    __syncthreads();
+    LoadTile(kb, j0, S, D, ks);
+    LoadTile(vb, j0, S, Dv, vs);
+    __syncthreads();
+    for (int jj = 0; jj < kTile && j0 + jj < visible; ++jj) {
+      const float s = RowDot(qr, ks + jj * D, D, lane);
+      const float m_new = fmaxf(m, s);
+      const float corr = expf(m - m_new), p = expf(s - m_new);
+      l = l * corr + p;
+      for (int e = 0; e < kPerLane; ++e) {
+        const int d = lane + 32 * e;
+        acc[e] = acc[e] * corr + (d < Dv ? p * vs[jj * Dv + d] : 0.f);
+      }
+      m = m_new;
+    }
+  }
+  if (!active) return;
+  T* o = out + (bh * Tq + i) * Dv;
+  for (int e = 0; e < kPerLane; ++e) {
+    const int d = lane + 32 * e;
+    if (d < Dv) o[d] = FromFloat<T>(l > 0.f ? acc[e] / l : 0.f);
+  }
+  if (lse && lane == 0) lse[bh * Tq + i] = l > 0.f ? m + logf(l) : -INFINITY;
+}
+
+// delta_i = dout_i . out_i (warp per row).
+template <typename T>
+__global__ void AttnDelta(const T* dout, const T* out, float* delta, int64_t rows, int Dv) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float s = 0.f;
+  for (int d = lane; d < Dv; d += 32) s += ToFloat(dout[row * Dv + d]) * ToFloat(out[row * Dv + d]);
+  s = WarpAllSum(s);
+  if (lane == 0) delta[row] = s;
+}
+
+// dq: warp per query row, tiles of k and v.
+template <typename T>
+__global__ void AttnBackwardQ(const T* dout, const T* q, const T* k, const T* v, const float* lse, const float* delta,
+                              T* dq, int64_t Tq, int64_t S, int D, int Dv, float scale, bool causal) {
+  extern __shared__ float smem[];
+  float* ks = smem;
+  float* vs = smem + kTile * D;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t bh = blockIdx.y, first = static_cast<int64_t>(blockIdx.x) * kWarps, i = first + warp;
+  const int64_t offset = S - Tq;
+  const bool active = i < Tq;
+  const int64_t row = bh * Tq + (active ? i : 0);
+  float qr[kPerLane], dor[kPerLane], acc[kPerLane];
+  LoadRow(q + row * D, D, scale, qr, lane);
+  LoadRow(dout + row * Dv, Dv, 1.f, dor, lane);
+  for (int e = 0; e < kPerLane; ++e) acc[e] = 0.f;
+  const float li = active ? lse[row] : 0.f, di = active ? delta[row] : 0.f;
+  const int64_t visible = !active ? 0 : causal ? Max64(0, Min64(S, i + 1 + offset)) : S;
+  const int64_t last_row = Min64(Tq - 1, first + kWarps - 1);
+  const int64_t block_keys = causal ? Max64(0, Min64(S, last_row + 1 + offset)) : S;
+  for (int64_t j0 = 0; j0 < block_keys; j0 += kTile) {
+    __syncthreads();
+    LoadTile(k + bh * S * D, j0, S, D, ks);
+    LoadTile(v + bh * S * Dv, j0, S, Dv, vs);
+    __syncthreads();
+    for (int jj = 0; jj < kTile && j0 + jj < visible; ++jj) {
+      const float p = expf(RowDot(qr, ks + jj * D, D, lane) - li);
+      const float ds = p * (RowDot(dor, vs + jj * Dv, Dv, lane) - di);
+      for (int e = 0; e < kPerLane; ++e) {
+        const int d = lane + 32 * e;
+        if (d < D) acc[e] += ds * ks[jj * D + d];
+      }
+    }
+  }
+  if (!active) return;
+  for (int e = 0; e < kPerLane; ++e) {
+    const int d = lane + 32 * e;
+    if (d < D) dq[row * D + d] = FromFloat<T>(scale * acc[e]);
+  }
+}
+
+// dk, dv: warp per key row, tiles of q and dout (with their rows' lse and delta).
+template <typename T>
+__global__ void AttnBackwardKV(const T* dout, const T* q, const T* k, const T* v, const float* lse,
+                               const float* delta, T* dk, T* dv, int64_t Tq, int64_t S, int D, int Dv, float scale,
+                               bool causal) {
+  extern __shared__ float smem[];
+  float* qs = smem;                    // kTile x D (scaled)
+  float* dos = smem + kTile * D;       // kTile x Dv
+  float* stats = dos + kTile * Dv;     // kTile lse, then kTile delta
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t bh = blockIdx.y, first = static_cast<int64_t>(blockIdx.x) * kWarps, j = first + warp;
+  const int64_t offset = S - Tq;
+  const bool active = j < S;
+  const int64_t row = bh * S + (active ? j : 0);
+  float kr[kPerLane], vr[kPerLane], dk_acc[kPerLane], dv_acc[kPerLane];
+  LoadRow(k + row * D, D, 1.f, kr, lane);
+  LoadRow(v + row * Dv, Dv, 1.f, vr, lane);
+  for (int e = 0; e < kPerLane; ++e) dk_acc[e] = dv_acc[e] = 0.f;
+  // Query rows that see key j: i >= j - offset (all when not causal).
+  const int64_t first_query = !active ? Tq : causal ? Max64(0, j - offset) : 0;
+  const int64_t block_first = causal ? Max64(0, first - offset) : 0;
+  for (int64_t i0 = block_first - block_first % kTile; i0 < Tq; i0 += kTile) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < kTile * D; e += blockDim.x) {
+      const int64_t r = i0 + e / D;
+      qs[e] = r < Tq ? ToFloat(q[(bh * Tq + r) * D + e % D]) * scale : 0.f;
+    }
+    LoadTile(dout + bh * Tq * Dv, i0, Tq, Dv, dos);
+    for (int e = threadIdx.x; e < kTile; e += blockDim.x) {
+      const int64_t r = i0 + e;
+      stats[e] = r < Tq ? lse[bh * Tq + r] : 0.f;
+      stats[kTile + e] = r < Tq ? delta[bh * Tq + r] : 0.f;
+    }
+    __syncthreads();
+    for (int ii = 0; ii < kTile && i0 + ii < Tq; ++ii) {
+      if (i0 + ii < first_query) continue;  // warp-uniform
+      const float p = expf(RowDot(kr, qs + ii * D, D, lane) - stats[ii]);
+      const float ds = p * (RowDot(vr, dos + ii * Dv, Dv, lane) - stats[kTile + ii]);
+      for (int e = 0; e < kPerLane; ++e) {
+        const int d = lane + 32 * e;
+        if (d < D) dk_acc[e] += ds * qs[ii * D + d];  // qs holds scale * q
+        if (d < Dv) dv_acc[e] += p * dos[ii * Dv + d];
+      }
+    }
+  }
+  if (!active) return;
+  for (int e = 0; e < kPerLane; ++e) {
+    const int d = lane + 32 * e;
+    if (d < D) dk[row * D + d] = FromFloat<T>(dk_acc[e]);
+    if (d < Dv) dv[row * Dv + d] = FromFloat<T>(dv_acc[e]);
+  }
+}
+
+dim3 Grid(int64_t rows, int64_t batch) {
+  return dim3(static_cast<unsigned>((rows + kWarps - 1) / kWarps), static_cast<unsigned>(batch));
+}
+
+}  // namespace
+
+int AttentionForward(Dt dt, const void* q, const void* k, const void* v, void* out, float* lse, int64_t batch,
+                     int64_t T, int64_t S, int D, int Dv, float scale, bool causal, void* stream) {
+  if (D > 32 * kPerLane || Dv > 32 * kPerLane || batch > 65535) return static_cast<int>(cudaErrorInvalidValue);
+  if (batch == 0 || T == 0) return 0;
+  const size_t shared = sizeof(float) * kTile * (D + Dv);
+  DISPATCH_DT(dt, Tp, {
+    cudaFuncSetAttribute(AttnForward<Tp>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+    AttnForward<Tp><<<Grid(T, batch), kWarps * 32, shared, Stream(stream)>>>(
+        static_cast<const Tp*>(q), static_cast<const Tp*>(k), static_cast<const Tp*>(v), static_cast<Tp*>(out), lse, T,
+        S, D, Dv, scale, causal);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int AttentionBackward(Dt dt, const void* dout, const void* q, const void* k, const void* v, const void* out,
+                      const float* lse, void* dq, void* dk, void* dv, float* delta, int64_t batch, int64_t T,
+                      int64_t S, int D, int Dv, float scale, bool causal, void* stream) {
+  if (D > 32 * kPerLane || Dv > 32 * kPerLane || batch > 65535) return static_cast<int>(cudaErrorInvalidValue);
+  if (batch == 0 || (T == 0 && S == 0)) return 0;
+  cudaStream_t s = Stream(stream);
+  DISPATCH_DT(dt, Tp, {
+    const Tp* dO = static_cast<const Tp*>(dout);
+    const int shared_q = static_cast<int>(sizeof(float) * kTile * (D + Dv));
+    const int shared_kv = static_cast<int>(sizeof(float) * kTile * (D + Dv + 2));
+    cudaFuncSetAttribute(AttnBackwardQ<Tp>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_q);
+    cudaFuncSetAttribute(AttnBackwardKV<Tp>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_kv);
+    AttnDelta<Tp><<<static_cast<unsigned>((batch * T + kWarps - 1) / kWarps), kWarps * 32, 0, s>>>(
+        dO, static_cast<const Tp*>(out), delta, batch * T, Dv);
+    if (T > 0)
+      AttnBackwardQ<Tp><<<Grid(T, batch), kWarps * 32, shared_q, s>>>(
+          dO, static_cast<const Tp*>(q), static_cast<const Tp*>(k), static_cast<const Tp*>(v), lse, delta,
+          static_cast<Tp*>(dq), T, S, D, Dv, scale, causal);
+    if (S > 0)
+      AttnBackwardKV<Tp><<<Grid(S, batch), kWarps * 32, shared_kv, s>>>(
+          dO, static_cast<const Tp*>(q), static_cast<const Tp*>(k), static_cast<const Tp*>(v), lse, delta,
+          static_cast<Tp*>(dk), static_cast<Tp*>(dv), T, S, D, Dv, scale, causal);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace cleave::kernels::cuda
