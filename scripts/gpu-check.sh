@@ -10,9 +10,9 @@
 # It aims to finish in under 8 minutes on one H200.
 #
 #   scripts/gpu-check.sh [--build-dir DIR] [--prebuilt DIR] [--skip-bench] [--bench-iters N]
-#   scripts/gpu-check.sh --bundle DIR   # here: build for sm_90 and copy the binaries and the
-#                                       # non-system shared libraries they need into DIR, for a
-#                                       # GPU machine without cleave's build dependencies
+#   scripts/gpu-check.sh --bundle FILE.tar.xz   # build for sm_90 and pack the binaries and the
+#       non-system shared libraries they need (stripped), for a GPU machine without cleave's
+#       build dependencies; run it there with --prebuilt FILE.tar.xz
 set -uo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,18 +39,19 @@ configure_and_build() {
 
 if [ -n "$bundle" ]; then
   configure_and_build || { echo "gpu-check: build failed" >&2; exit 1; }
-  rm -rf "$bundle"; mkdir -p "$bundle/bin" "$bundle/lib"
+  stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
+  mkdir -p "$stage/bin" "$stage/lib"
   bins=("$build/tests/cleave_cuda_tests" "$build/bench/cleave_bench_train" "$build/tools/cleave")
   [ -x "$build/tests/cleave_nccl_tests" ] && bins+=("$build/tests/cleave_nccl_tests")
-  cp "${bins[@]}" "$bundle/bin/"
+  cp "${bins[@]}" "$stage/bin/"
   # Shared libraries outside the C runtime and the CUDA/driver stack (those come with the GPU
   # machine's own toolkit and driver).
   for b in "${bins[@]}"; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
     grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux)[.-]|libcuda|libcudart|libcublas|libnccl|libnvidia' |
-    while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
-  # ctest's test list, rewritten to the bundle's paths.
-  printf '%s\n' "$build" > "$bundle/BUILD_DIR"
-  du -sh "$bundle"
+    while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+  strip --strip-unneeded "$stage"/bin/* "$stage"/lib/* 2>/dev/null
+  tar -C "$stage" -cJf "$bundle" bin lib || exit 1
+  ls -l "$bundle"
   exit 0
 fi
 
@@ -69,6 +70,13 @@ else
   say "nvidia-smi: not found"
 fi
 
+if [ -n "$prebuilt" ] && [ -f "$prebuilt" ]; then
+  unpacked="${TMPDIR:-/tmp}/cleave-gpu-bundle"
+  rm -rf "$unpacked"; mkdir -p "$unpacked"
+  tar -C "$unpacked" -xJf "$prebuilt" || { echo "gpu-check: cannot unpack $prebuilt" >&2; exit 1; }
+  prebuilt="$unpacked"
+fi
+export CLEAVE_SOURCE_DIR="$repo"
 if [ -n "$prebuilt" ]; then
   bin="$prebuilt/bin"
   export LD_LIBRARY_PATH="$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -2,6 +2,7 @@
 // deep copies of them (each simulated rank gets its own), and row slices of a batch.
 #pragma once
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -11,10 +12,17 @@
 
 namespace cleave::testing {
 
+// The source tree: $CLEAVE_SOURCE_DIR when set (a test binary built elsewhere and run from
+// another checkout), else where it was built from.
+inline std::string SourceDir() {
+  const char* env = std::getenv("CLEAVE_SOURCE_DIR");
+  return env && *env ? env : CLEAVE_SOURCE_DIR;
+}
+
 // models/<model_dir>/model.onnx built for training at batch x seq with `spec`.
 inline trainer::TrainingArtifacts BuildArtifacts(const std::string& model_dir, int64_t batch, int64_t seq,
                                                  trainer::TrainingSpec spec) {
-  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/" + model_dir + "/model.onnx");
+  auto model = onnx_ext::LoadModel(SourceDir() + "/models/" + model_dir + "/model.onnx");
   EXPECT_TRUE(model.ok()) << model.status();
   spec.dims = {{"batch", batch}, {"seq", seq}};
   auto a = trainer::BuildTrainingArtifacts(**model, spec);
