@@ -98,12 +98,15 @@ run_tests() {
   local out
   out=$(cd "$repo" && timeout 300 "$exe" --gtest_brief=0 2>&1); local rc=$?
   echo "$out" >>"$log"
+  # gtest's closing counts: "[  PASSED  ] N tests.", "[  SKIPPED ] N tests, listed below:", ...
+  count() { echo "$out" | sed -n "s/^\[  $1 *\] \([0-9]*\) tests\{0,1\}[.,].*/\1/p" | tail -1; }
   local passed failed skipped
-  passed=$(echo "$out" | grep -c '^\[       OK \]')
-  failed=$(echo "$out" | grep -c '^\[  FAILED  \] [A-Za-z]')
-  skipped=$(echo "$out" | grep -c '^\[  SKIPPED \] [A-Za-z]')
+  passed=$(count PASSED); failed=$(count FAILED); skipped=$(count SKIPPED)
+  passed=${passed:-0}; failed=${failed:-0}; skipped=${skipped:-0}
   say "$(basename "$exe"): $passed passed, $failed failed, $skipped skipped (exit $rc)"
-  echo "$out" | grep -E '^\[  FAILED  \] [A-Za-z]|Failure|Skipped' | head -20 | tee -a "$summary" >/dev/null
+  # Which failed, and why the first skip skipped.
+  echo "$out" | grep -E '^\[  FAILED  \] [A-Za-z].*\(' | head -20 | tee -a "$summary" >/dev/null
+  [ "$skipped" -gt 0 ] && echo "$out" | grep -A1 -m1 ': Skipped$' | tail -1 | sed 's/^/  skipped: /' | tee -a "$summary" >/dev/null
   if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || [ "$skipped" -ne 0 ] || [ "$passed" -eq 0 ]; then status=1; fi
 }
 if [ -n "$bin" ]; then

@@ -4,6 +4,7 @@
 // usable device (or driver) each test skips and says why.
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -416,6 +417,39 @@ TEST(CudaProvider, FusedAttentionForwardAndBackward) {
     ExpectSame(text, {{"q", Random(c.q, 60)}, {"k", Random(c.k, 61)}, {"v", Random(c.v, 62)}, {"dy", Random(out, 63)}},
                1e-5, 1e-4, "Attention");
   }
+}
+
+// Training-mode Dropout under a run seed draws the CPU's mask bit for bit.
+TEST(CudaProvider, DropoutDrawsTheCpuMaskForTheSameSeed) {
+  REQUIRE_CUDA();
+  const char* text = R"(
+    input x: float32[8,1000]
+    init ratio: float32[] = 0.3
+    init training: bool[] = 1
+    y, mask = Dropout(x, ratio, training)
+    output y
+    output mask
+  )";
+  std::vector<Tensor> got[2];
+  for (int dev = 0; dev < 2; ++dev) {
+    SessionOptions o;
+    o.optimize = false;
+    o.device = dev ? DeviceChoice::kCuda : DeviceChoice::kCpu;
+    auto s = InferenceSession::FromGraph(*graph::ParseGraph(text), o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    if (dev) {
+      EXPECT_EQ((*s)->warning(), "");
+    }
+    got[dev] = {Tensor(DataType::kFloat32, {8, 1000}), Tensor(DataType::kBool, {8, 1000})};
+    RunOptions ro;
+    ro.seed = 7;
+    ASSERT_TRUE((*s)->RunInto({{"x", Random({8, 1000}, 70)}}, got[dev], ro).ok());
+  }
+  EXPECT_EQ(testing::CompareTensors(got[1][0], got[0][0], 0, 1e-6), "");
+  EXPECT_EQ(std::memcmp(got[1][1].raw(), got[0][1].raw(), 8000), 0);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < 8000; ++i) kept += got[0][1].data<bool>()[i];
+  EXPECT_NEAR(kept / 8000.0, 0.7, 0.03);
 }
 
 TEST(CudaProvider, OpsWithoutAKernelFallBackWithAWarning) {

@@ -115,6 +115,20 @@ __global__ void GeluGradKernel(const T* dy, const T* x, T* dx, int64_t n, bool t
   }
 }
 
+template <typename T>
+__global__ void DropoutKernel(uint64_t key, double ratio, float scale, const T* x, T* y, bool* mask, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = key + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const bool keep = static_cast<double>(z >> 11) * 0x1.0p-53 >= ratio;
+    y[i] = keep ? FromFloat<T>(ToFloat(x[i]) * scale) : FromFloat<T>(0.f);
+    if (mask) mask[i] = keep;
+  }
+}
+
 template <typename To>
 int CastFrom(Dt from, const void* x, To* y, int64_t n, cudaStream_t s) {
   switch (from) {
@@ -156,6 +170,17 @@ int Cast(Dt from, Dt to, const void* x, void* y, int64_t n, void* stream) {
     case Dt::kF16: return CastFrom(from, x, static_cast<__half*>(y), n, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int DropoutKeyed(Dt dt, uint64_t key, float ratio, const void* x, void* y, bool* mask, int64_t n, void* stream) {
+  if (n == 0) return 0;
+  const double r = static_cast<double>(ratio);
+  const float scale = static_cast<float>(1.0 / (1.0 - r));
+  DISPATCH_DT(dt, T, {
+    DropoutKernel<T><<<Blocks(n), kThreads, 0, Stream(stream)>>>(key, r, scale, static_cast<const T*>(x),
+                                                                static_cast<T*>(y), mask, n);
+  });
+  return static_cast<int>(cudaGetLastError());
 }
 
 int GeluGrad(Dt dt, const void* dy, const void* x, void* dx, int64_t n, bool tanh_form, void* stream) {

@@ -30,6 +30,10 @@ enum class UnaryOp : int { kIdentity, kRelu, kGelu, kGeluTanh, kTanh, kExp, kLog
 int Binary(BinaryOp op, Dt dt, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc, void* stream);
 int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream);
 int Cast(Dt from, Dt to, const void* x, void* y, int64_t n, void* stream);
+// Training-mode dropout with the CPU's counter-based mask (kernels/cpu/nn.h DropoutKeyed):
+// element i is kept when the SplitMix64 hash of (key, i), as a double in [0, 1), is >= ratio,
+// so the CPU and CUDA masks of one key are the same bits. mask may be null.
+int DropoutKeyed(Dt dt, uint64_t key, float ratio, const void* x, void* y, bool* mask, int64_t n, void* stream);
 // dx = dy * gelu'(x), exact (erf) or tanh form.
 int GeluGrad(Dt dt, const void* dy, const void* x, void* dx, int64_t n, bool tanh_form, void* stream);
 

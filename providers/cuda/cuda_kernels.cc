@@ -1,6 +1,7 @@
 // The CUDA provider's kernel table (providers/cuda/): OpKernels that check shapes on the
 // host and enqueue the kernels of kernels/cuda/ (or cuBLASLt) on the provider's stream.
 #include <algorithm>
+#include <atomic>
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
@@ -147,6 +148,43 @@ class GeluGradKernel : public CudaKernel {
 
  private:
   bool tanh_;
+};
+
+// Dropout(x[, ratio, training_mode]) -> y[, mask], training mode by the counter-based mask the
+// CPU draws under a run seed (the same bits for the same seed); inference copies.
+class DropoutKernel : public CudaKernel {
+ public:
+  DropoutKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {
+    for (unsigned char c : n.name()) salt_ = (salt_ ^ c) * 1099511628211ull;
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView* ratio_in = ctx.num_inputs() > 1 ? ctx.input(1) : nullptr;
+    const TensorView* training_in = ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
+    float ratio = 0.5f;
+    if (ratio_in) ratio = ratio_in->dtype == DataType::kFloat64 ? static_cast<float>(*ratio_in->as<double>())
+                                                                : *ratio_in->as<float>();
+    const bool training = training_in && *training_in->as<bool>();
+    TensorView* y = ctx.Output(0, x.dim_span());
+    TensorView* mask = ctx.Output(1, x.dim_span());
+    if (!training || ratio == 0.f) {
+      if (y) RETURN_IF_ERROR(Copy(y->data, x.data, x.nbytes()));
+      if (mask) RETURN_IF_ERROR(Check(cudaMemsetAsync(mask->data, 1, x.numel(), static_cast<cudaStream_t>(stream()))));
+      return absl::OkStatus();
+    }
+    if (!(ratio > 0.f && ratio < 1.f)) return InvalidArgument(name_, ": expected ratio in [0, 1), got ", ratio);
+    if (!y) return absl::OkStatus();
+    // With a run seed, the CPU's key; without one, a fresh key per run from this node's counter.
+    const uint64_t key = ctx.run_seed() != KernelContext::kNoRunSeed
+                             ? (ctx.run_seed() * 0xd1342543de82ef95ull ^ salt_)
+                             : (salt_ ^ (0x9e3779b97f4a7c15ull * ++runs_));
+    return Check(kc::DropoutKeyed(DtOf(x.dtype), key, ratio, x.data, y->data, mask ? mask->as<bool>() : nullptr,
+                                  x.numel(), stream()));
+  }
+
+ private:
+  uint64_t salt_ = 1469598103934665603ull;
+  mutable std::atomic<uint64_t> runs_{0};
 };
 
 // ---- products -------------------------------------------------------------------------
@@ -819,6 +857,7 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<ConcatSplitKernel>(r, this, "", "Split", 2, 1 << 30, any, {1});
   Add<AccumulatorKernel>(r, this, C, "InPlaceAccumulator", 1, 1, InputTypeIn(0, {DataType::kFloat32}), {2});
   Add<AttentionKernel>(r, this, C, "Attention", 1, 1, floats);
+  Add<DropoutKernel>(r, this, "", "Dropout", 12, 1 << 30, floats, {1, 2});
   Add<AttentionGradKernel>(r, this, C, "AttentionGrad", 1, 1, InputTypeIn(1, kFloats));
 }
 
