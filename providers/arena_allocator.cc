@@ -216,6 +216,7 @@ int64_t ArenaAllocator::ReleaseFreeRegions() {
 
 bool ArenaAllocator::Owns(const void* p) const {
   std::lock_guard<std::mutex> lock(mu_);
+  if (in_use_.count(p)) return true;  // a chunk's start: the common case
   if (regions_.empty()) return false;
   auto it = regions_.upper_bound(static_cast<const char*>(p));
   if (it == regions_.begin()) return false;

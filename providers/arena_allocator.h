@@ -79,7 +79,7 @@ class ArenaAllocator : public Allocator {
   // Gives wholly free regions back to the device; returns the bytes released.
   int64_t ReleaseFreeRegions();
   // Whether p points into a chunk this arena handed out and has not got back.
-  bool Owns(const void* p) const;
+  bool Owns(const void* p) const override;
   ArenaStats stats() const;
   std::string last_error() const override;
 

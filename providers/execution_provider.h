@@ -28,6 +28,9 @@ class Allocator {
   virtual DeviceKind device() const = 0;
   // Why the last Allocate returned nullptr.
   virtual std::string last_error() const { return "out of memory"; }
+  // Whether p lies in memory this allocator handed out and still holds (device-resident feeds
+  // and outputs are recognised by it).
+  virtual bool Owns(const void* p) const { return false; }
 };
 
 struct NodeCapability {

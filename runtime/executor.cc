@@ -78,7 +78,16 @@ class Executor::Context : public providers::KernelContext {
     for (int64_t d : dims) numel *= d;
     int64_t bytes = numel * static_cast<int64_t>(ElementSize(dtype));
     void* p = nullptr;
-    if (int oi = ex_.output_index_[slot]; oi >= 0) {
+    if (void* bound = ex_.bound_[slot]) {
+      // A device value the caller bound a device-resident output tensor to.
+      if (bytes != ex_.bound_bytes_[slot]) {
+        if (error_.ok())
+          error_ = Internal("output ", i, " '", step_.node->output(i)->name(), "' has ", bytes,
+                            " bytes and the device tensor bound to it ", ex_.bound_bytes_[slot]);
+        return nullptr;
+      }
+      p = bound;
+    } else if (int oi = ex_.output_index_[slot]; oi >= 0 && !ex_.output_to_device_[oi]) {
       Tensor& t = outputs_[oi];
       // Compare in place: a caller's output already of the right shape costs no allocation.
       if (!t.defined() || t.dtype() != dtype ||
@@ -103,7 +112,9 @@ class Executor::Context : public providers::KernelContext {
       p = ex_.slot_heap_[slot].get();
       ex_.recorded_bytes_[slot] = std::max(ex_.recorded_bytes_[slot], bytes);
       ++ex_.stats_.heap_allocations;
-      if (ex_.planned_) ex_.planned_ = false;  // sizes changed under us: replan after the run
+      // Sizes changed under us: replan after the run (outputs on their way to a device are
+      // never planned).
+      if (ex_.planned_ && ex_.output_index_[slot] < 0) ex_.planned_ = false;
     }
     ex_.views_[slot] = TensorView(p, dtype, dims);
     return &ex_.views_[slot];
@@ -169,7 +180,7 @@ Executor::~Executor() = default;
 
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
     std::unique_ptr<graph::Graph> graph,
-    std::vector<std::unique_ptr<providers::ExecutionProvider>> providers) {
+    std::vector<std::shared_ptr<providers::ExecutionProvider>> providers) {
   std::unique_ptr<Executor> ex(new Executor());
   ex->graph_ = std::move(graph);
   ex->providers_ = std::move(providers);
@@ -296,6 +307,9 @@ absl::Status Executor::Build() {
   }
   recorded_bytes_.assign(num_slots_, 0);
   slot_heap_.resize(num_slots_);
+  skip_.assign(steps_.size(), 0);
+  bound_.assign(num_slots_, nullptr);
+  bound_bytes_.assign(num_slots_, 0);
   size_t symbol_dims = 0;
   for (Value* v : graph_->inputs()) symbol_dims += v->shape().has_rank() ? v->shape().rank() : 0;
   symbol_values_.reserve(symbol_dims);
@@ -365,6 +379,41 @@ absl::Status Executor::PlaceOnDevices(std::unordered_map<const Node*, providers:
   return absl::OkStatus();
 }
 
+void Executor::BindDeviceResident(const std::vector<Tensor>& outputs) {
+  std::fill(skip_.begin(), skip_.end(), 0);
+  std::fill(bound_.begin(), bound_.end(), nullptr);
+  output_to_device_.assign(output_slots_.size(), nullptr);
+  for (size_t oi = 0; oi < output_slots_.size() && oi < outputs.size(); ++oi) {
+    const int slot = output_slots_[oi];
+    if (!outputs[oi].defined() || def_step_[slot] < 0 || slot_device_[slot]) continue;
+    for (auto& p : providers_)
+      if (p->device() != providers::DeviceKind::kCpu && p->allocator()->Owns(outputs[oi].raw()))
+        output_to_device_[oi] = p.get();
+  }
+  for (int st = 0; st < static_cast<int>(steps_.size()); ++st) {
+    const Step& step = steps_[st];
+    if (!IsCopy(step.node) || step.provider->device() == providers::DeviceKind::kCpu) continue;
+    const providers::Allocator* a = step.provider->allocator();
+    const int in = step.inputs[0], out = step.outputs[0];
+    if (out < 0) continue;
+    if (step.node->op_type() == "MemcpyFromHost") {
+      // A feed already in this device's memory is read where it is.
+      if (def_step_[in] < 0 && !is_constant_[in] && views_[in].data && a->Owns(views_[in].data)) {
+        views_[out] = views_[in];
+        skip_[st] = 1;
+      }
+      continue;
+    }
+    // A graph output the caller gave a device tensor for: its producer writes there.
+    const int oi = output_index_[out];
+    if (oi < 0 || oi >= static_cast<int>(outputs.size()) || !outputs[oi].defined() || !a->Owns(outputs[oi].raw()))
+      continue;
+    bound_[in] = outputs[oi].raw();
+    bound_bytes_[in] = static_cast<int64_t>(outputs[oi].nbytes());
+    skip_[st] = 1;
+  }
+}
+
 void Executor::BindSymbols(const std::vector<TensorView>& inputs) {
   symbol_values_.clear();  // capacity reserved at load: no allocation
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -427,9 +476,11 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
   for (size_t i = 0; i < inputs.size(); ++i) views_[input_slots_[i]] = inputs[i];
   BindSymbols(inputs);
   outputs.resize(output_slots_.size());
+  BindDeviceResident(outputs);
   size_t scratch_wanted = scratch_.size();
   absl::Status status;
   for (int st = 0; st < static_cast<int>(steps_.size()) && status.ok(); ++st) {
+    if (skip_[st]) continue;
     Step& step = steps_[st];
     scratch_used_ = 0;
     Context ctx(*this, step, outputs);
@@ -443,6 +494,12 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
       if (in >= 0 && last_use_[in] == st && output_index_[in] < 0) slot_heap_[in].reset();
     if (!status.ok())
       status = absl::Status(status.code(), absl::StrCat(step.node->Describe(), ": ", status.message()));
+  }
+  // Host-made outputs whose tensors are device-resident: copied there now.
+  for (size_t oi = 0; oi < output_to_device_.size() && status.ok(); ++oi) {
+    if (!output_to_device_[oi]) continue;
+    TensorView dst = outputs[oi].view();
+    status = output_to_device_[oi]->CopyTensor(views_[output_slots_[oi]], dst);
   }
   for (auto& buffer : slot_heap_) buffer.reset();
   if (!status.ok()) return status;

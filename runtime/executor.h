@@ -41,7 +41,7 @@ class Executor {
   // every node no provider can run.
   static absl::StatusOr<std::unique_ptr<Executor>> Create(
       std::unique_ptr<graph::Graph> graph,
-      std::vector<std::unique_ptr<providers::ExecutionProvider>> providers);
+      std::vector<std::shared_ptr<providers::ExecutionProvider>> providers);
   ~Executor();
 
   // inputs: one view per graph input, in graph order (already validated by the caller).
@@ -70,12 +70,14 @@ class Executor {
                               const std::unordered_map<const graph::Node*, std::vector<int>>& host_inputs);
   absl::Status RunStep(int s, std::vector<Tensor>& outputs);
   void MakePlan();
+  // This run's device-resident feeds (read in place) and outputs (written in place).
+  void BindDeviceResident(const std::vector<Tensor>& outputs);
   // Symbolic dims of the graph inputs bound to this run's sizes, for the shape checks.
   void BindSymbols(const std::vector<TensorView>& inputs);
   bool SymbolMatches(const std::string& symbol, int64_t value) const;
 
   std::unique_ptr<graph::Graph> graph_;
-  std::vector<std::unique_ptr<providers::ExecutionProvider>> providers_;
+  std::vector<std::shared_ptr<providers::ExecutionProvider>> providers_;
   std::vector<Step> steps_;
   int num_slots_ = 0;
   std::vector<int> input_slots_, output_slots_;
@@ -91,6 +93,14 @@ class Executor {
   std::shared_ptr<void> arena_;
   std::vector<std::shared_ptr<void>> slot_heap_;  // buffers outside the arena, per slot, this run
   std::vector<providers::ExecutionProvider*> slot_device_;  // per slot: its device provider, null on the host
+  // This run: copy steps skipped because the feed or the bound output is device-resident, and
+  // device slots written straight into a caller's device tensor (with its bytes).
+  std::vector<char> skip_;
+  std::vector<void*> bound_;
+  std::vector<int64_t> bound_bytes_;
+  // Per graph output, this run: the device provider whose memory the caller's tensor is in,
+  // when a host step makes the output (it is made on the host, then copied there).
+  std::vector<providers::ExecutionProvider*> output_to_device_;
   std::vector<std::shared_ptr<void>> device_constants_;     // initializers uploaded at load
   std::map<std::string, int> placement_;
   std::string fallback_warning_;

@@ -82,6 +82,17 @@ absl::StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Load(
   return s;
 }
 
+absl::StatusOr<std::shared_ptr<providers::ExecutionProvider>> InferenceSession::MakeDeviceProvider(
+    DeviceChoice choice, int cuda_device, std::string* warning) {
+  if (choice == DeviceChoice::kCpu) return std::shared_ptr<providers::ExecutionProvider>();
+  auto cuda = MakeCudaProvider(cuda_device);
+  if (cuda.ok()) return std::shared_ptr<providers::ExecutionProvider>(std::move(*cuda));
+  if (choice == DeviceChoice::kCuda)
+    return absl::Status(cuda.status().code(), absl::StrCat("the session asks for CUDA: ", cuda.status().message()));
+  if (warning) *warning = absl::StrCat("running on the CPU: ", cuda.status().message());
+  return std::shared_ptr<providers::ExecutionProvider>();
+}
+
 absl::StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::FromGraph(
     std::unique_ptr<graph::Graph> graph, SessionOptions options) {
   return FromGraph(std::move(graph), std::move(options), {});
@@ -89,23 +100,22 @@ absl::StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::FromGraph(
 
 absl::StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::FromGraph(
     std::unique_ptr<graph::Graph> graph, SessionOptions options,
-    std::vector<std::unique_ptr<providers::ExecutionProvider>> providers) {
+    std::vector<std::shared_ptr<providers::ExecutionProvider>> providers) {
   std::unique_ptr<InferenceSession> s(new InferenceSession());
   RETURN_IF_ERROR(s->Initialize(std::move(graph), std::move(options), std::move(providers)));
   return s;
 }
 
 absl::Status InferenceSession::Initialize(std::unique_ptr<graph::Graph> g, SessionOptions options,
-                                          std::vector<std::unique_ptr<providers::ExecutionProvider>> providers) {
-  if (options.device != DeviceChoice::kCpu) {
-    auto cuda = MakeCudaProvider(options.cuda_device);
-    if (cuda.ok()) {
-      (*cuda)->set_communicator(options.communicator);
-      providers.insert(providers.begin(), std::move(*cuda));
-    } else if (options.device == DeviceChoice::kCuda) {
-      return absl::Status(cuda.status().code(), absl::StrCat("the session asks for CUDA: ", cuda.status().message()));
-    } else {
-      warning_ = absl::StrCat("running on the CPU: ", cuda.status().message());
+                                          std::vector<std::shared_ptr<providers::ExecutionProvider>> providers) {
+  if (options.device_provider) {
+    providers.insert(providers.begin(), options.device_provider);
+  } else if (options.device != DeviceChoice::kCpu) {
+    ASSIGN_OR_RETURN(std::shared_ptr<providers::ExecutionProvider> device,
+                     MakeDeviceProvider(options.device, options.cuda_device, &warning_));
+    if (device) {
+      device->set_communicator(options.communicator);
+      providers.insert(providers.begin(), std::move(device));
     }
   }
   RETURN_IF_ERROR(graph::Verify(*g));

@@ -47,6 +47,10 @@ enum class DeviceChoice { kCpu, kCudaIfAvailable, kCuda };
 struct SessionOptions {
   DeviceChoice device = DeviceChoice::kCpu;
   int cuda_device = 0;
+  // A device provider to share (one stream and memory arena for several sessions, as a
+  // TrainingSession's training, eval and optimizer graphs do); used instead of making one for
+  // `device` when set.
+  std::shared_ptr<providers::ExecutionProvider> device_provider;
   int intra_op_threads = 0;  // 0: CLEAVE_NUM_THREADS or every core
   bool optimize = true;      // constant folding, shape folding, fusions
   // Fixes named symbolic dims (e.g. {"batch", 1}) so shape arithmetic folds at load.
@@ -78,6 +82,12 @@ struct RunOptions {
 
 class InferenceSession {
  public:
+  // The provider a session would put ahead of the CPU one for `choice` (null for kCpu, or for
+  // kCudaIfAvailable without a usable device, with *warning saying why), or why kCuda cannot
+  // be had.
+  static absl::StatusOr<std::shared_ptr<providers::ExecutionProvider>> MakeDeviceProvider(DeviceChoice choice,
+                                                                                          int cuda_device,
+                                                                                          std::string* warning);
   static absl::StatusOr<std::unique_ptr<InferenceSession>> Load(const std::string& model_path,
                                                                 SessionOptions options = {});
   static absl::StatusOr<std::unique_ptr<InferenceSession>> FromGraph(
@@ -86,7 +96,7 @@ class InferenceSession {
   // (which always comes last and takes what they do not claim).
   static absl::StatusOr<std::unique_ptr<InferenceSession>> FromGraph(
       std::unique_ptr<graph::Graph> graph, SessionOptions options,
-      std::vector<std::unique_ptr<providers::ExecutionProvider>> providers);
+      std::vector<std::shared_ptr<providers::ExecutionProvider>> providers);
   ~InferenceSession();
 
   const std::vector<IoInfo>& inputs() const { return inputs_; }
@@ -98,6 +108,9 @@ class InferenceSession {
   absl::StatusOr<std::vector<Tensor>> Run(const Feeds& feeds,
                                           const std::vector<std::string>& output_names);
   // Writes every model output into `outputs` (preallocated with the right dtype and shape).
+  // Feeds and outputs may live in the device provider's memory (its allocator owns them): a
+  // device-resident feed is read in place and a device-resident output is written in place,
+  // with no host round trip.
   absl::Status RunInto(const Feeds& feeds, std::vector<Tensor>& outputs, const RunOptions& options = {});
 
   // The optimised graph the session executes.
@@ -111,7 +124,7 @@ class InferenceSession {
  private:
   InferenceSession();
   absl::Status Initialize(std::unique_ptr<graph::Graph> graph, SessionOptions options,
-                          std::vector<std::unique_ptr<providers::ExecutionProvider>> providers);
+                          std::vector<std::shared_ptr<providers::ExecutionProvider>> providers);
   // Checks feeds against the model inputs into feed_views_, in model order.
   absl::Status BindFeeds(const Feeds& feeds);
   absl::Status CheckDim(const IoInfo& in, int i, const Tensor& t);

@@ -477,7 +477,7 @@ TEST(CudaProvider, OutOfDeviceMemoryIsAnErrorWithTheBytes) {
   REQUIRE_CUDA();
   auto p = providers::CudaExecutionProvider::Create(0, {.memory_limit_bytes = size_t{96} << 20});
   ASSERT_TRUE(p.ok()) << p.status();
-  std::vector<std::unique_ptr<providers::ExecutionProvider>> extra;
+  std::vector<std::shared_ptr<providers::ExecutionProvider>> extra;
   extra.push_back(std::move(*p));
   SessionOptions o;
   o.optimize = false;
@@ -502,7 +502,7 @@ TEST(CudaProvider, SteadyStateRunsTakeNoNewDeviceMemory) {
   auto p = providers::CudaExecutionProvider::Create(0);
   ASSERT_TRUE(p.ok()) << p.status();
   auto* cuda = static_cast<providers::CudaExecutionProvider*>(p->get());
-  std::vector<std::unique_ptr<providers::ExecutionProvider>> extra;
+  std::vector<std::shared_ptr<providers::ExecutionProvider>> extra;
   extra.push_back(std::move(*p));
   SessionOptions o;
   o.optimize = false;

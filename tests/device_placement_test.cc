@@ -6,13 +6,20 @@
 // fell back, device memory reused across runs, and out-of-memory reported with the request.
 #include <atomic>
 #include <cstring>
+#include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "graph/text_format.h"
 #include "gtest/gtest.h"
 #include "providers/arena_allocator.h"
 #include "runtime/inference_session.h"
+#include "onnx_ext/onnx_io.h"
+#include "providers/cpu/cpu_provider.h"
 #include "tests/op_tester.h"
+#include "trainer/training_graph.h"
+#include "trainer/training_session.h"
 
 namespace cleave {
 namespace {
@@ -129,7 +136,7 @@ TEST(DevicePlacement, MixedGraphMatchesTheCpuWithCopiesAtTheBoundaries) {
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   auto dev = std::make_unique<StandInDevice>(size_t{64} << 20);
   StandInDevice* d = dev.get();
-  std::vector<std::unique_ptr<providers::ExecutionProvider>> extra;
+  std::vector<std::shared_ptr<providers::ExecutionProvider>> extra;
   extra.push_back(std::move(dev));
   auto s = InferenceSession::FromGraph(*graph::ParseGraph(kMixed), plain, std::move(extra));
   ASSERT_TRUE(s.ok()) << s.status();
@@ -176,7 +183,7 @@ TEST(DevicePlacement, OutOfDeviceMemoryNamesTheValueAndTheBytes) {
     output z
   )";
   auto dev = std::make_unique<StandInDevice>(size_t{6} << 20);  // x, y and z need 12 MiB
-  std::vector<std::unique_ptr<providers::ExecutionProvider>> extra;
+  std::vector<std::shared_ptr<providers::ExecutionProvider>> extra;
   extra.push_back(std::move(dev));
   auto s = InferenceSession::FromGraph(*graph::ParseGraph(kBig), SessionOptions{}, std::move(extra));
   ASSERT_TRUE(s.ok()) << s.status();
@@ -202,6 +209,123 @@ TEST(DevicePlacement, CudaAskedOfABuildOrMachineWithoutIt) {
   EXPECT_NE((*p)->warning().find("running on the CPU: "), std::string::npos) << (*p)->warning();
   auto r = (*p)->Run({{"x", Ramp({4, 8})}});
   EXPECT_TRUE(r.ok()) << r.status();
+}
+
+
+// A stand-in device whose kernels are the CPU's, run on memory that only its arena hands out:
+// every input a kernel reads on the device must be in that arena. It claims every op the CPU
+// provider has except `host_only`, so training graphs run on it nearly whole.
+class CpuKernelDevice : public providers::ExecutionProvider {
+ public:
+  explicit CpuKernelDevice(std::set<std::string> host_only)
+      : arena_(providers::HostArenaBackend(), {.min_region_bytes = 1 << 20}) {
+    static const std::map<std::string, std::vector<int>> kHostInputs = {
+        {"Reshape", {1}}, {"Unsqueeze", {1}}, {"Squeeze", {1}}, {"ReduceSum", {1}}, {"ReduceMean", {1}},
+        {"ReduceMax", {1}}, {"Split", {1}}, {"Slice", {1, 2, 3, 4}}, {"Expand", {1}}, {"ConstantOfShape", {0}},
+        {"AdamW", {0, 1, 2}}, {"SGD", {0, 1, 2}}, {"InPlaceAccumulator", {2}}, {"Dropout", {1, 2}},
+        {"GatherGrad", {0}}, {"SliceGrad", {1, 2, 3, 4, 5}}, {"Trilu", {1}}};
+    for (const providers::KernelDef& cpu : cpu_.registry().defs()) {
+      if (host_only.count(cpu.op)) continue;
+      providers::KernelDef d = cpu;
+      auto it = kHostInputs.find(cpu.op);
+      if (it != kHostInputs.end()) d.host_inputs = it->second;
+      d.create = [this, create = cpu.create, host = d.host_inputs](const graph::Node& n, int v)
+          -> absl::StatusOr<std::unique_ptr<OpKernel>> {
+        ASSIGN_OR_RETURN(std::unique_ptr<OpKernel> inner, create(n, v));
+        return std::unique_ptr<OpKernel>(new OnDevice(this, std::move(inner), host, n.Describe()));
+      };
+      registry_.Register(std::move(d));
+    }
+  }
+  std::string name() const override { return "CpuKernelDevice"; }
+  providers::DeviceKind device() const override { return providers::DeviceKind::kCuda; }
+  providers::Allocator* allocator() override { return &arena_; }
+  absl::Status CopyTensor(const TensorView& src, TensorView& dst) const override {
+    const bool up = arena_.Owns(dst.data), down = arena_.Owns(src.data);
+    if (up == down) return absl::InternalError("a copy that does not cross between host and device");
+    std::memcpy(dst.data, src.data, src.nbytes());
+    (up ? uploaded : downloaded) += static_cast<int64_t>(src.nbytes());
+    return absl::OkStatus();
+  }
+  const ArenaAllocator& arena() const { return arena_; }
+  mutable std::atomic<int64_t> uploaded{0}, downloaded{0};
+
+ private:
+  class OnDevice : public OpKernel {
+   public:
+    OnDevice(const CpuKernelDevice* d, std::unique_ptr<OpKernel> inner, std::vector<int> host, std::string name)
+        : d_(d), inner_(std::move(inner)), host_(std::move(host)), name_(std::move(name)) {}
+    absl::Status Compute(KernelContext& ctx) const override {
+      for (int i = 0; i < ctx.num_inputs(); ++i) {
+        const TensorView* in = ctx.input(i);
+        if (!in || std::count(host_.begin(), host_.end(), i) || in->nbytes() == 0) continue;
+        if (!d_->arena_.Owns(in->data))
+          return absl::InternalError(absl::StrCat(name_, ": input ", i, " is not in device memory"));
+      }
+      return inner_->Compute(ctx);
+    }
+
+   private:
+    const CpuKernelDevice* d_;
+    std::unique_ptr<OpKernel> inner_;
+    std::vector<int> host_;
+    std::string name_;
+  };
+
+  providers::CpuExecutionProvider cpu_{1};
+  mutable ArenaAllocator arena_;
+};
+
+// With a device provider, a TrainingSession keeps parameters, gradient buffers and optimizer
+// state in device memory: steps move only the data, the loss and the boundaries of the one op
+// left on the host (Erf's GELU), the trajectory is the CPU's, and the state reads back through
+// GetState and checkpoints.
+TEST(DevicePlacement, TrainingStateStaysOnTheDevice) {
+  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  trainer::TrainingSpec spec;
+  spec.dims = {{"batch", 2}, {"seq", 16}};
+  spec.optimizer.max_grad_norm = 1.0f;
+  Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
+  for (int64_t i = 0; i < 32; ++i) {
+    ids.data<int64_t>()[i] = (i * 7 + 3) % 256;
+    labels.data<int64_t>()[i] = (i * 5 + 1) % 256;
+  }
+  const Feeds feeds = {{"input_ids", ids}, {"labels", labels}};
+  std::vector<float> losses[2];
+  auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{"LayerNormalization"});
+  int64_t state_bytes = 0, uploaded_per_step = 0;
+  for (int on_device = 0; on_device < 2; ++on_device) {
+    auto a = trainer::BuildTrainingArtifacts(**model, spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    if (on_device)
+      for (const auto& [name, t] : a->initial) state_bytes += static_cast<int64_t>(t.nbytes());
+    trainer::TrainingSessionOptions o;
+    o.intra_op_threads = 1;
+    if (on_device) o.device_provider = device;
+    auto s = trainer::TrainingSession::Create(std::move(*a), o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ((*s)->device_resident(), on_device == 1);
+    for (int step = 0; step < 4; ++step) {
+      const int64_t before = device->uploaded.load();
+      auto loss = (*s)->TrainStep(feeds);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      ASSERT_TRUE((*s)->OptimizerStep().ok());
+      losses[on_device].push_back(*loss);
+      if (on_device && step == 3) uploaded_per_step = device->uploaded.load() - before;
+    }
+    if (on_device) {
+      // The state reads back (and checkpoints) through the device's copies.
+      auto w = (*s)->GetState("wte.weight");
+      ASSERT_TRUE(w.ok()) << w.status();
+      EXPECT_EQ(w->dims(), (std::vector<int64_t>{256, 64}));
+      EXPECT_TRUE(device->arena().stats().in_use_bytes >= 3 * state_bytes) << "params, gradients, two moments";
+    }
+  }
+  for (int step = 0; step < 4; ++step) EXPECT_EQ(losses[1][step], losses[0][step]) << "step " << step;
+  // A step uploads the token ids and the LayerNorm boundaries, not the parameters.
+  EXPECT_GT(uploaded_per_step, 0);
+  EXPECT_LT(uploaded_per_step, state_bytes / 4) << "per step " << uploaded_per_step << " of " << state_bytes;
 }
 
 }  // namespace

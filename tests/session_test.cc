@@ -193,7 +193,7 @@ TEST(Executor, ReportsKernelsThatDisagreeWithShapeInference) {
   auto g = testing::MakeMlp();
   ASSERT_TRUE(graph::InferShapes(*g).ok());
   g->FindValue("mm")->set_shape(Shape::FromDims({7, 3}));  // what a broken rule would say
-  std::vector<std::unique_ptr<providers::ExecutionProvider>> eps;
+  std::vector<std::shared_ptr<providers::ExecutionProvider>> eps;
   eps.push_back(std::make_unique<providers::CpuExecutionProvider>(1));
   auto ex = runtime::Executor::Create(std::move(g), std::move(eps));
   ASSERT_TRUE(ex.ok()) << ex.status();

@@ -38,8 +38,48 @@ absl::StatusOr<std::unique_ptr<TrainingSession>> TrainingSession::Create(
   return s;
 }
 
+absl::StatusOr<Tensor> TrainingSession::NewState(DataType dtype, const std::vector<int64_t>& dims) const {
+  Tensor host(dtype, dims);  // zeros
+  if (!device_) return host;
+  return StateFrom(host);
+}
+
+absl::StatusOr<Tensor> TrainingSession::StateFrom(const Tensor& host) const {
+  if (!device_) return CopyToTensor(host.view());
+  providers::Allocator* a = device_->allocator();
+  void* p = a->Allocate(std::max<size_t>(host.nbytes(), 1));
+  if (!p)
+    return absl::ResourceExhaustedError(absl::StrCat("training state of ", host.nbytes(), " bytes on ", device_->name(),
+                                                     ": ", a->last_error()));
+  // The deleter holds the provider, so its memory outlives every tensor in it.
+  std::shared_ptr<void> storage(p, [device = device_](void* q) { device->allocator()->Free(q); });
+  Tensor t(host.dtype(), host.dims(), std::move(storage), p);
+  RETURN_IF_ERROR(CopyInto(t, host));
+  return t;
+}
+
+Tensor TrainingSession::ToHost(const Tensor& state) const {
+  if (!device_ || !device_->allocator()->Owns(state.raw())) return CopyToTensor(state.view());
+  Tensor host(state.dtype(), state.dims());
+  TensorView dst = host.view();
+  absl::Status s = device_->CopyTensor(state.view(), dst);
+  CLEAVE_CHECK(s.ok());  // a device that cannot copy its own memory back is broken
+  return host;
+}
+
+absl::Status TrainingSession::CopyInto(Tensor& state, const Tensor& host) const {
+  if (state.nbytes() != host.nbytes()) return Internal("state of ", state.nbytes(), " bytes, value of ", host.nbytes());
+  if (!device_ || !device_->allocator()->Owns(state.raw())) {
+    if (host.nbytes()) std::memcpy(state.raw(), host.raw(), host.nbytes());
+    return absl::OkStatus();
+  }
+  TensorView dst = state.view();
+  return device_->CopyTensor(host.view(), dst);
+}
+
 std::string TrainingSession::warnings() const {
   std::vector<std::string> w;
+  if (!device_warning_.empty()) w.push_back(device_warning_);
   auto add = [&](const std::unique_ptr<InferenceSession>& s, const char* what) {
     if (s && !s->warning().empty()) w.push_back(absl::StrCat(what, ": ", s->warning()));
   };
@@ -58,9 +98,17 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   TrainingArtifacts& a = artifacts_;
   if (!a.optimizer || (a.stages.empty() && (!a.training || !a.eval)))
     return InvalidArgument("incomplete training artifacts");
+  // One device provider for all the session's graphs: one stream, one memory arena, and the
+  // state tensors in it.
+  if (options.device_provider) {
+    device_ = options.device_provider;
+  } else {
+    ASSIGN_OR_RETURN(device_, InferenceSession::MakeDeviceProvider(options.device, options.cuda_device,
+                                                                   &device_warning_));
+  }
+  if (device_) device_->set_communicator(options.communicator);
   SessionOptions so;
-  so.device = options.device;
-  so.cuda_device = options.cuda_device;
+  so.device_provider = device_;
   so.intra_op_threads = options.intra_op_threads;
   so.optimize = options.optimize;
   so.communicator = options.communicator;
@@ -84,17 +132,18 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
 
   // Session-owned state: deep copies, so the artifacts' initial values stay untouched.
   for (const std::string& p : a.params) {
-    params_.push_back(CopyToTensor(a.initial.at(p).view()));
+    ASSIGN_OR_RETURN(Tensor param, StateFrom(a.initial.at(p)));
+    params_.push_back(std::move(param));
     // The gradient buffer takes the training graph's shape: under ZeRO-2 it holds only this
     // rank's shard.
     const graph::Value* buffer = nullptr;
     if (a.training) buffer = a.training->FindValue(AccumulationBuffer(p));
     for (const PipelineStage& st : a.stages)
       if (!buffer && st.backward) buffer = st.backward->FindValue(AccumulationBuffer(p));
-    if (buffer && buffer->is_graph_input() && buffer->shape().is_static())
-      grads_.push_back(Tensor(DataType::kFloat32, buffer->shape().StaticDims()));
-    else
-      grads_.push_back(Zeros(params_.back()));
+    ASSIGN_OR_RETURN(Tensor grad, NewState(DataType::kFloat32, buffer && buffer->is_graph_input() && buffer->shape().is_static()
+                                                                    ? buffer->shape().StaticDims()
+                                                                    : params_.back().dims()));
+    grads_.push_back(std::move(grad));
     states_.emplace_back();
     // Optimizer state takes the optimizer graph's shapes: a ZeRO-partitioned graph keeps only
     // this rank's shard of it.
@@ -102,7 +151,8 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
       const graph::Value* sv = a.optimizer->FindValue(p + suf);
       if (!sv || !sv->shape().is_static())
         return InvalidArgument("the optimizer graph has no static input '", p + suf, "'");
-      states_.back().push_back(Tensor(DataType::kFloat32, sv->shape().StaticDims()));
+      ASSIGN_OR_RETURN(Tensor state, NewState(DataType::kFloat32, sv->shape().StaticDims()));
+      states_.back().push_back(std::move(state));
     }
   }
   for (size_t i = 0; i < a.params.size(); ++i) {
@@ -155,7 +205,7 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
 absl::StatusOr<Tensor> TrainingSession::GetState(const std::string& name) const {
   auto it = by_name_.find(name);
   if (it == by_name_.end()) return NotFound("no parameter or optimizer state named '", name, "'");
-  return CopyToTensor(it->second->view());
+  return ToHost(*it->second);
 }
 
 Tensor* TrainingSession::FindState(const std::string& name) {
@@ -168,13 +218,12 @@ absl::Status TrainingSession::SetState(const std::string& name, const Tensor& va
   if (!t) return NotFound("no parameter or optimizer state named '", name, "'");
   if (!SameShape(*t, value))
     return InvalidArgument("'", name, "' is ", Describe(*t), ", got ", Describe(value));
-  std::memcpy(t->data<char>(), value.data<char>(), t->nbytes());
-  return absl::OkStatus();
+  return CopyInto(*t, value);
 }
 
 absl::StatusOr<Tensor> TrainingSession::GetGradient(const std::string& param) const {
   for (size_t i = 0; i < artifacts_.params.size(); ++i)
-    if (artifacts_.params[i] == param) return CopyToTensor(grads_[i].view());
+    if (artifacts_.params[i] == param) return ToHost(grads_[i]);
   return NotFound("no trainable parameter named '", param, "'");
 }
 
@@ -277,7 +326,7 @@ absl::StatusOr<float> TrainingSession::PipelineStep(const std::vector<PipelineWo
   if (microbatches.empty()) return InvalidArgument("PipelineStep: no micro-batches");
   // A fresh accumulation: the buffers start at zero and every backward adds to them (two
   // stages of one rank may add to the same tied parameter's buffer).
-  for (Tensor& g : grads_) std::memset(g.data<char>(), 0, g.nbytes());
+  for (Tensor& g : grads_) RETURN_IF_ERROR(CopyInto(g, Zeros(g)));
   *reset_.data<bool>() = false;
   *loss_scale_tensor_.data<float>() = static_cast<float>(loss_scale_);
   std::map<std::pair<int, int>, std::map<std::string, Tensor>> stash;  // (micro-batch, chunk)
@@ -347,8 +396,9 @@ absl::StatusOr<float> TrainingSession::OptimizerStep() {
     // A gradient that overflowed (here or on any rank of the group) skips the update.
     int32_t overflow = 0;
     for (const Tensor& g : grads_) {
-      const float* d = g.data<float>();
-      for (int64_t i = 0; i < g.numel() && !overflow; ++i) overflow = !std::isfinite(d[i]);
+      const Tensor host = ToHost(g);
+      const float* d = host.data<float>();
+      for (int64_t i = 0; i < host.numel() && !overflow; ++i) overflow = !std::isfinite(d[i]);
       if (overflow) break;
     }
     if (options_.communicator && !options_.overflow_group.empty()) {
@@ -410,9 +460,9 @@ absl::Status TrainingSession::SaveCheckpoint(const std::string& path,
     c.properties["cleave.loss_scale_clean_steps"] = absl::StrCat(clean_steps_);
   }
   for (size_t i = 0; i < params_.size(); ++i) {
-    c.tensors.emplace_back(artifacts_.params[i], params_[i]);
+    c.tensors.emplace_back(artifacts_.params[i], ToHost(params_[i]));
     for (size_t k = 0; k < artifacts_.state_suffixes.size(); ++k)
-      c.tensors.emplace_back(artifacts_.params[i] + artifacts_.state_suffixes[k], states_[i][k]);
+      c.tensors.emplace_back(artifacts_.params[i] + artifacts_.state_suffixes[k], ToHost(states_[i][k]));
   }
   return WriteCheckpoint(path, c);
 }
@@ -447,7 +497,7 @@ absl::StatusOr<std::map<std::string, std::string>> TrainingSession::LoadCheckpoi
   double lr = 0;
   if (!absl::SimpleAtoi(prop("cleave.step"), &step) || !absl::SimpleAtod(prop("cleave.learning_rate"), &lr))
     return absl::DataLossError(absl::StrCat("checkpoint '", path, "' has no valid step or learning rate"));
-  for (const auto& [name, t] : c.tensors) std::memcpy(by_name_.at(name)->data<char>(), t.data<char>(), t.nbytes());
+  for (const auto& [name, t] : c.tensors) RETURN_IF_ERROR(CopyInto(*by_name_.at(name), t));
   step_ = step;
   lr_ = lr;
   if (!absl::SimpleAtoi(prop("cleave.updates"), &updates_)) updates_ = step;
@@ -465,7 +515,7 @@ absl::Status TrainingSession::ExportModelForInferencing(const std::string& path)
   for (size_t i = 0; i < params_.size(); ++i) {
     graph::Value* v = g->FindValue(artifacts_.params[i]);
     if (!v) return Internal("parameter '", artifacts_.params[i], "' is not in the forward graph");
-    g->SetInitializer(v, CopyToTensor(params_[i].view()));
+    g->SetInitializer(v, ToHost(params_[i]));
   }
   return onnx_ext::SaveModel(*g, path);
 }
@@ -489,7 +539,7 @@ absl::StatusOr<std::string> TrainingSession::FirstNonFinite(const Feeds& feeds) 
   // Data and parameters as the failed step saw them; fresh zero accumulation buffers (the
   // failed step has already written into the real ones).
   Feeds all = feeds;
-  for (size_t i = 0; i < params_.size(); ++i) all.emplace_back(artifacts_.params[i], params_[i]);
+  for (size_t i = 0; i < params_.size(); ++i) all.emplace_back(artifacts_.params[i], ToHost(params_[i]));
   for (size_t i = 0; i < params_.size(); ++i) all.emplace_back(AccumulationBuffer(artifacts_.params[i]), Zeros(params_[i]));
   all.emplace_back(kLazyResetGrad, Tensor::Scalar<bool>(true));
   // The first element that is NaN (or, with nan_only false, NaN or +-Inf).

@@ -29,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/tensor.h"
+#include "providers/execution_provider.h"
 #include "runtime/inference_session.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/training_graph.h"
@@ -40,6 +41,10 @@ struct TrainingSessionOptions {
   // on the CPU.
   DeviceChoice device = DeviceChoice::kCpu;
   int cuda_device = 0;
+  // A device provider to use instead of making one for `device`. With a device provider the
+  // session's parameters, gradient buffers and optimizer state live in its memory: steps read
+  // and update them in place, and only data, the loss and scalars cross to the host.
+  std::shared_ptr<providers::ExecutionProvider> device_provider;
   int intra_op_threads = 0;  // 0: CLEAVE_NUM_THREADS or every core
   bool optimize = true;      // constant folding and fusions on the training and eval graphs
   // Training-mode Dropout masks are a function of (seed, step, micro-batch, node), so runs are
@@ -76,6 +81,8 @@ class TrainingSession {
   // What the sessions warned about at load (nodes that fell back to the CPU, or the whole
   // session when CUDA was asked for if available and is not); "" when nothing.
   std::string warnings() const;
+  // Whether parameters and optimizer state live in a device's memory.
+  bool device_resident() const { return device_ != nullptr; }
 
   absl::StatusOr<float> TrainStep(const Feeds& feeds);
 
@@ -142,6 +149,14 @@ class TrainingSession {
 
   TrainingArtifacts artifacts_;
   TrainingSessionOptions options_;
+  // State tensors in the device's memory when there is a device provider, else on the host.
+  absl::StatusOr<Tensor> NewState(DataType dtype, const std::vector<int64_t>& dims) const;  // zeros
+  absl::StatusOr<Tensor> StateFrom(const Tensor& host) const;
+  Tensor ToHost(const Tensor& state) const;
+  absl::Status CopyInto(Tensor& state, const Tensor& host) const;
+
+  std::shared_ptr<providers::ExecutionProvider> device_;
+  std::string device_warning_;
   std::unique_ptr<InferenceSession> train_, eval_, optimizer_;
   struct StageSessions {
     std::unique_ptr<InferenceSession> forward, backward, eval;
