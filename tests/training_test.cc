@@ -850,50 +850,55 @@ TEST(Recompute, SameStepWithLessSavedActivations) {
   EXPECT_FALSE(ParseRecomputeMode("sometimes").ok());
 }
 
-// Fused attention changes how the step computes attention, not what: the tiny GPT's graph
-// gets one Attention and one AttentionGrad per layer, the [T, T] probabilities are no longer
+// Fused attention changes how the step computes attention, not what: the tiny GPT's graph (a
+// masked_fill mask) and the LLaMA-style one (an added mask, rotary q and k) get one Attention
+// and one AttentionGrad per layer, the [T, T] probabilities are no longer
 // saved for the backward (at T = 64 they outweigh the head dim of 16), and 5 AdamW steps
 // follow the unfused trajectory.
-TEST(FusedAttention, TinyGptTrainsAsUnfused) {
-  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
-  ASSERT_TRUE(model.ok()) << model.status();
-  Tensor ids(DataType::kInt64, {2, 64}), labels(DataType::kInt64, {2, 64});
-  for (int64_t i = 0; i < 128; ++i) {
-    ids.data<int64_t>()[i] = (i * 7 + 3) % 256;
-    labels.data<int64_t>()[i] = (i * 5 + 1) % 256;
-  }
-  std::vector<float> losses[2];
-  int64_t saved[2];
-  for (int fused = 0; fused < 2; ++fused) {
-    TrainingSpec spec;
-    spec.dims = {{"batch", 2}, {"seq", 64}};
-    spec.fuse_attention = fused;
-    spec.optimizer.max_grad_norm = 1.0f;
-    auto a = BuildTrainingArtifacts(**model, spec);
-    ASSERT_TRUE(a.ok()) << a.status();
-    int attention = 0, attention_grad = 0, softmax = 0;
-    for (const auto& n : a->training->nodes()) {
-      attention += n->op_type() == "Attention";
-      attention_grad += n->op_type() == "AttentionGrad";
-      softmax += n->op_type() == "Softmax";
+TEST(FusedAttention, TrainsAsUnfused) {
+  for (const char* dir : {"tiny_gpt", "train_variants/llama"}) {
+    SCOPED_TRACE(dir);
+    const int64_t seq = std::string(dir) == "tiny_gpt" ? 64 : 32;  // the LLaMA variant's rotary table has 32 rows
+    auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/" + dir + "/model.onnx");
+    ASSERT_TRUE(model.ok()) << model.status();
+    Tensor ids(DataType::kInt64, {2, seq}), labels(DataType::kInt64, {2, seq});
+    for (int64_t i = 0; i < 2 * seq; ++i) {
+      ids.data<int64_t>()[i] = (i * 7 + 3) % 64;
+      labels.data<int64_t>()[i] = (i * 5 + 1) % 64;
     }
-    EXPECT_EQ(attention, fused ? 2 : 0);
-    EXPECT_EQ(attention_grad, fused ? 2 : 0);
-    EXPECT_EQ(softmax, fused ? 0 : 2);
-    saved[fused] = SavedActivationBytes(*a->training);
-    auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
-    ASSERT_TRUE(s.ok()) << s.status();
-    for (int step = 0; step < 5; ++step) {
-      auto loss = (*s)->TrainStep({{"input_ids", ids}, {"labels", labels}});
-      ASSERT_TRUE(loss.ok()) << loss.status();
-      ASSERT_TRUE((*s)->OptimizerStep().ok());
-      losses[fused].push_back(*loss);
+    std::vector<float> losses[2];
+    int64_t saved[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      TrainingSpec spec;
+      spec.dims = {{"batch", 2}, {"seq", seq}};
+      spec.fuse_attention = fused;
+      spec.optimizer.max_grad_norm = 1.0f;
+      auto a = BuildTrainingArtifacts(**model, spec);
+      ASSERT_TRUE(a.ok()) << a.status();
+      int attention = 0, attention_grad = 0, softmax = 0;
+      for (const auto& n : a->training->nodes()) {
+        attention += n->op_type() == "Attention";
+        attention_grad += n->op_type() == "AttentionGrad";
+        softmax += n->op_type() == "Softmax";
+      }
+      EXPECT_EQ(attention, fused ? 2 : 0);
+      EXPECT_EQ(attention_grad, fused ? 2 : 0);
+      EXPECT_EQ(softmax, fused ? 0 : 2);
+      saved[fused] = SavedActivationBytes(*a->training);
+      auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
+      ASSERT_TRUE(s.ok()) << s.status();
+      for (int step = 0; step < 5; ++step) {
+        auto loss = (*s)->TrainStep({{"input_ids", ids}, {"labels", labels}});
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        ASSERT_TRUE((*s)->OptimizerStep().ok());
+        losses[fused].push_back(*loss);
+      }
     }
+    EXPECT_LT(saved[1], saved[0]);
+    for (int step = 0; step < 5; ++step)
+      EXPECT_NEAR(losses[1][step], losses[0][step], 1e-5 * losses[0][step]) << "step " << step;
+    EXPECT_LT(losses[1].back(), losses[1].front());
   }
-  EXPECT_LT(saved[1], saved[0]);
-  for (int step = 0; step < 5; ++step)
-    EXPECT_NEAR(losses[1][step], losses[0][step], 1e-5 * losses[0][step]) << "step " << step;
-  EXPECT_LT(losses[1].back(), losses[1].front());
 }
 
 }  // namespace
