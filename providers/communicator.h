@@ -46,6 +46,9 @@ class Communicator {
     double collective = 0, recv_wait = 0;
   };
   virtual CommTime time_spent() const { return {}; }
+  // Whether the buffers are device (CUDA) memory (NCCL) rather than host memory (MPI, the
+  // simulated world): the CUDA provider runs collectives itself only over such a communicator.
+  virtual bool device_memory() const { return false; }
 };
 
 }  // namespace cleave

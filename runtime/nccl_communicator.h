@@ -44,6 +44,8 @@ class NcclCommunicator : public Communicator {
   absl::Status Send(const TensorView& t, int peer, int tag) override;
   absl::Status Recv(const TensorView& t, int peer, int tag) override;
 
+  bool device_memory() const override { return true; }
+
   // Blocks until every queued operation has finished (or the timeout passes).
   absl::Status Synchronize();
 

@@ -127,6 +127,19 @@ EOF2
 then echo "ok   fp16 overflow: $(grep -c 'update skipped' <<< "$out") updates skipped while the scale halved from 1e9"
 else fail "loss scaling: $out"; fi
 
+# The device: CUDA demanded where none is usable is an error naming why; auto falls back to the
+# CPU with a warning and trains.
+if nvidia-smi -L >/dev/null 2>&1; then
+  echo "skip --device checks: this machine has an NVIDIA GPU (covered by the gpu tests)"
+else
+  expect_fail "--device cuda without a usable GPU" "the session asks for CUDA: CUDA unavailable" \
+    "$cleave" train "$model" --data "$corpus" --batch 2 --seq 32 --steps 1 --device cuda
+  checks=$((checks + 1))
+  if out=$("$cleave" train "$model" --data "$corpus" --batch 2 --seq 32 --steps 2 --device auto --plot none 2>&1) &&
+     [[ "$out" == *"warning: running on the CPU: CUDA unavailable"* ]] && [[ "$out" == *"trained 2 steps"* ]]; then
+    echo "ok   --device auto without a GPU trains on the CPU with a warning"
+  else fail "--device auto: $out"; fi
+fi
 expect_fail "token outside the vocab" "token 300 at position 500 is outside the model's vocabulary of 256" \
   "$cleave" train "$model" --data "$tmp/tok.bin" --batch 2 --seq 32 --steps 1
 expect_fail "divergence" "step 2: the loss is nan; first non-finite tensor" \

@@ -1,6 +1,7 @@
 // `cleave train`: train a causal language model on a token file (tools/). Parses the flags
 // into a TrainConfig and hands it to trainer::RunTraining.
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "absl/strings/numbers.h"
@@ -9,6 +10,10 @@
 #include "absl/strings/str_split.h"
 #include "tools/commands.h"
 #include "runtime/mpi_communicator.h"
+#ifdef CLEAVE_HAVE_NCCL
+#include "providers/cuda/cuda_provider.h"
+#include "runtime/nccl_communicator.h"
+#endif
 #include "tools/flags.h"
 #include "trainer/train_loop.h"
 
@@ -77,6 +82,35 @@ int TrainPlan(trainer::TrainConfig c, bool batch_given, bool seq_given, double c
   if (!batch_given) c.batch = 0;
   if (!seq_given) c.seq = 0;
   c.communicator = comm->get();
+  // --device cuda|auto: this rank's GPU is its local rank on the node; its collectives and
+  // pipeline messages go over NCCL on that GPU.
+#ifdef CLEAVE_HAVE_NCCL
+  std::unique_ptr<runtime::NcclCommunicator> nccl;
+#endif
+  if (status.ok() && c.device != DeviceChoice::kCpu) {
+    int local = 0;
+    for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+      if (const char* e = std::getenv(v); e && absl::SimpleAtoi(e, &local)) break;
+    std::string warning;
+    auto device = InferenceSession::MakeDeviceProvider(c.device, local, &warning);
+    if (!device.ok()) {
+      status = absl::Status(device.status().code(), absl::StrCat("rank ", rank, ": ", device.status().message()));
+    } else if (*device) {
+      c.device_provider = *device;
+#ifdef CLEAVE_HAVE_NCCL
+      auto* cuda = static_cast<providers::CudaExecutionProvider*>(device->get());
+      auto made = runtime::NcclCommunicator::Create(comm->get(), local, cuda->stream(),
+                                                    std::chrono::milliseconds(static_cast<int64_t>(comm_timeout * 1000)));
+      if (!made.ok()) status = absl::Status(made.status().code(), absl::StrCat("rank ", rank, ": ", made.status().message()));
+      else nccl = std::move(*made), c.device_communicator = nccl.get();
+#else
+      std::fprintf(stderr, "cleave train: rank %d: built without NCCL: collectives run on the host over MPI\n", rank);
+#endif
+    } else if (!warning.empty()) {
+      std::fprintf(stderr, "cleave train: rank %d: %s\n", rank, warning.c_str());
+      c.device = DeviceChoice::kCpu;  // said once
+    }
+  }
   if (status.ok()) {
     auto r = trainer::RunTraining(c, std::cout);
     status = r.status();

@@ -467,6 +467,9 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
   const std::vector<TrainingSession::PipelineWork> work = r.work;
   const std::vector<std::string> data_inputs = r.artifacts.data_inputs;
   TrainingSessionOptions so;
+  so.device = c.device;
+  so.device_provider = c.device_provider;
+  so.device_communicator = c.device_communicator;
   so.intra_op_threads = c.threads;
   so.seed = c.seed;
   so.communicator = comm;

@@ -75,6 +75,10 @@ struct TrainConfig {
   // communicator->rank() of its mesh. batch / seq 0: the plan's. The optimizer's settings
   // other than the learning rate schedule were fixed when the plan was made.
   Communicator* communicator = nullptr;
+  // With --device cuda on a plan: the rank's device provider and its NCCL communicator (made by
+  // the launcher; null: the session makes the provider, collectives run over `communicator`).
+  std::shared_ptr<providers::ExecutionProvider> device_provider;
+  Communicator* device_communicator = nullptr;
 };
 
 struct TrainResult {

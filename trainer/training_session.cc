@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -106,7 +107,8 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
     ASSIGN_OR_RETURN(device_, InferenceSession::MakeDeviceProvider(options.device, options.cuda_device,
                                                                    &device_warning_));
   }
-  if (device_) device_->set_communicator(options.communicator);
+  if (device_) device_->set_communicator(options.device_communicator);
+  if (!device_warning_.empty()) std::fprintf(stderr, "cleave: warning: %s\n", device_warning_.c_str());
   SessionOptions so;
   so.device_provider = device_;
   so.intra_op_threads = options.intra_op_threads;

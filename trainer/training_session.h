@@ -45,6 +45,9 @@ struct TrainingSessionOptions {
   // session's parameters, gradient buffers and optimizer state live in its memory: steps read
   // and update them in place, and only data, the loss and scalars cross to the host.
   std::shared_ptr<providers::ExecutionProvider> device_provider;
+  // This rank's communicator for device memory (NCCL), which the device provider's collective
+  // and Send/Recv kernels use; without one they run on the host over `communicator`.
+  Communicator* device_communicator = nullptr;
   int intra_op_threads = 0;  // 0: CLEAVE_NUM_THREADS or every core
   bool optimize = true;      // constant folding and fusions on the training and eval graphs
   // Training-mode Dropout masks are a function of (seed, step, micro-batch, node), so runs are

@@ -858,6 +858,7 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<AccumulatorKernel>(r, this, C, "InPlaceAccumulator", 1, 1, InputTypeIn(0, {DataType::kFloat32}), {2});
   Add<AttentionKernel>(r, this, C, "Attention", 1, 1, floats);
   Add<DropoutKernel>(r, this, "", "Dropout", 12, 1 << 30, floats, {1, 2});
+  RegisterCudaCollectives(r, this);
   Add<AttentionGradKernel>(r, this, C, "AttentionGrad", 1, 1, InputTypeIn(1, kFloats));
 }
 

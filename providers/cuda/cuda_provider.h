@@ -73,6 +73,10 @@ class CudaExecutionProvider : public ExecutionProvider {
   double* reduction_scratch_ = nullptr;
 };
 
+// Registers the collective and Send/Recv kernels (cuda_collectives.cc); they claim nodes only
+// while the provider's communicator moves device memory.
+void RegisterCudaCollectives(KernelRegistry& r, CudaExecutionProvider* p);
+
 // A Status from a CUDA runtime error code: "<what>: <error name> (<description>)"; OK for 0.
 absl::Status CudaStatus(int error, const std::string& what);
 
