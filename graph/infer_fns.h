@@ -62,6 +62,7 @@ absl::Status InferSoftmaxCrossEntropyLossGrad(InferContext& ctx);  // -> log_pro
 absl::Status InferSoftmaxGrad(InferContext& ctx);  // (dY, Y) {axis} -> Y's shape; LogSoftmaxGrad too
 // (dY, X, scale, mean, inv_std_dev) {axis} -> dX of X's shape, dScale and dBias of scale's
 absl::Status InferLayerNormGrad(InferContext& ctx);
+absl::Status InferSkipLayerNorm(InferContext& ctx);  // (x, skip, scale[, bias]) -> y, mean, inv_std, sum
 absl::Status InferAttention(InferContext& ctx);      // (q, k, v) -> out, lse
 absl::Status InferAttentionGrad(InferContext& ctx);  // (dOut, q, k, v, out, lse) -> dq, dk, dv
 absl::Status InferGeluGrad(InferContext& ctx);     // (dY, X) {approximate} -> X's shape

@@ -393,3 +393,33 @@ absl::Status InferAttentionGrad(InferContext& ctx) {
 }
 
 }  // namespace cleave::graph
+
+namespace cleave::graph {
+
+// SkipLayerNormalization(x, skip, scale[, bias]) {epsilon} -> y, mean, inv_std_dev, sum: the
+// LayerNormalization (last axis, float statistics) of sum = x + skip, which it also outputs.
+absl::Status InferSkipLayerNorm(InferContext& ctx) {
+  const DataType t = ctx.input_dtype(0);
+  if (t != DataType::kFloat32 && t != DataType::kBFloat16 && t != DataType::kFloat16)
+    return ctx.Error("expected float x, got ", DataTypeName(t));
+  for (int i = 1; i < ctx.num_inputs(); ++i)
+    if (ctx.has_input(i) && ctx.input_dtype(i) != t)
+      return ctx.Error("input ", i, " is ", DataTypeName(ctx.input_dtype(i)), ", x is ", DataTypeName(t));
+  const Shape& x = ctx.input_shape(0);
+  const Shape& skip = ctx.input_shape(1);
+  if (x.has_rank() && skip.has_rank() && x.is_static() && skip.is_static() && x != skip)
+    return ctx.Error("x ", x.ToString(), " and skip ", skip.ToString(), " differ");
+  ctx.SetOutput(0, t, x);
+  Shape stat;
+  if (x.has_rank() && x.rank() > 0) {
+    std::vector<Dim> d = x.dims();
+    d.back() = Dim(1);
+    stat = Shape(d);
+  }
+  if (ctx.num_outputs() > 1) ctx.SetOutput(1, DataType::kFloat32, stat);
+  if (ctx.num_outputs() > 2) ctx.SetOutput(2, DataType::kFloat32, stat);
+  if (ctx.num_outputs() > 3) ctx.SetOutput(3, t, x);
+  return absl::OkStatus();
+}
+
+}  // namespace cleave::graph

@@ -190,6 +190,23 @@ OpSchema AttentionSchema() {
   return s;
 }
 
+OpSchema SkipLayerNormSchema() {
+  OpSchema s;
+  s.SetName("SkipLayerNormalization").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("y = LayerNormalization(x + skip) over the last axis, and the sum; see docs/ops.md.")
+      .Input(0, "x", "[..., C]", "T")
+      .Input(1, "skip", "like x", "T")
+      .Input(2, "scale", "[C]", "T")
+      .Input(3, "bias", "[C]", "T", OpSchema::Optional)
+      .Output(0, "y", "like x", "T")
+      .Output(1, "mean", "[..., 1]", "tensor(float)", OpSchema::Optional)
+      .Output(2, "inv_std_dev", "[..., 1]", "tensor(float)", OpSchema::Optional)
+      .Output(3, "sum", "x + skip", "T", OpSchema::Optional)
+      .Attr("epsilon", "added to the variance", AttributeProto::FLOAT, 1e-5f)
+      .TypeConstraint("T", kFloatTypes, "float tensors");
+  return s;
+}
+
 OpSchema AttentionGradSchema() {
   OpSchema s;
   s.SetName("AttentionGrad").SetDomain("ai.cleave").SinceVersion(1)
@@ -339,6 +356,7 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(GeluGradSchema());
     onnx::RegisterSchema(AttentionSchema());
     onnx::RegisterSchema(AttentionGradSchema());
+    onnx::RegisterSchema(SkipLayerNormSchema());
     onnx::RegisterSchema(InPlaceAccumulatorSchema());
     onnx::RegisterSchema(SquaredNormSchema());
     onnx::RegisterSchema(AdamWSchema());

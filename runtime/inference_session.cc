@@ -63,7 +63,8 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
   RETURN_IF_ERROR(graph::RunToFixedPoint({&fold, &dce}, &g));
   if (device) {
     graph::AttentionFusion attention;
-    RETURN_IF_ERROR(graph::RunToFixedPoint({&attention, &dce}, &g));
+    graph::SkipLayerNormFusion skip_norm;
+    RETURN_IF_ERROR(graph::RunToFixedPoint({&attention, &skip_norm, &dce}, &g));
   }
   return graph::RunToFixedPoint({&fusion, &dce}, &g);
 }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "graph/op_table.h"
+#include "graph/passes/pass.h"
 #include "graph/text_format.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/elementwise.h"
@@ -93,11 +94,15 @@ TEST(CudaKernelTable, ClaimsEveryNodeOfTheTinyGptGraphs) {
       // The graph as a session runs it: loaded through a CPU session (folding, fusions).
       auto s = InferenceSession::FromGraph(g->Clone());
       ASSERT_TRUE(s.ok()) << s.status();
-      providers::Capability cap = table->GetCapability((*s)->graph());
+      // ... plus the residual-norm fusion sessions with a device run.
+      auto fused = (*s)->graph().Clone();
+      graph::SkipLayerNormFusion skip_norm;
+      ASSERT_TRUE(graph::RunPass(skip_norm, fused.get()).ok());
+      providers::Capability cap = table->GetCapability(*fused);
       std::string rejected;
       for (const auto& r : cap.rejected) rejected += r.reason + "\n";
       EXPECT_EQ(rejected, "") << precision << " " << g->info().graph_name;
-      EXPECT_EQ(cap.claimed.size(), (*s)->graph().nodes().size());
+      EXPECT_EQ(cap.claimed.size(), fused->nodes().size());
       EXPECT_GT(cap.claimed.size(), 10u);
     }
   }
@@ -224,6 +229,24 @@ TEST(CudaProvider, SoftmaxAndLayerNorm) {
   )",
              {{"x", Random({2, 3, 768}, 23)}, {"g", Random({768}, 24)}, {"b", Random({768}, 25)}}, 1e-5, 1e-4,
              "LayerNormalization");
+}
+
+TEST(CudaProvider, SkipLayerNorm) {
+  REQUIRE_CUDA();
+  ExpectSame(R"(
+    input x: float32[3,5,768]
+    input r: float32[3,5,768]
+    input g: float32[768]
+    input b: float32[768]
+    y, mean, inv, sum = ai.cleave.SkipLayerNormalization(x, r, g, b) {epsilon = 1e-5}
+    output y
+    output mean
+    output inv
+    output sum
+  )",
+             {{"x", Random({3, 5, 768}, 80)}, {"r", Random({3, 5, 768}, 81)}, {"g", Random({768}, 82)},
+              {"b", Random({768}, 83)}},
+             1e-5, 1e-4, "SkipLayerNormalization");
 }
 
 TEST(CudaProvider, GradientOps) {

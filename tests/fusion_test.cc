@@ -11,6 +11,8 @@
 #include "gtest/gtest.h"
 #include "runtime/inference_session.h"
 #include "tests/op_tester.h"
+#include "tests/partition_test_util.h"
+#include "trainer/training_graph.h"
 
 namespace cleave::graph {
 namespace {
@@ -328,6 +330,84 @@ TEST(AttentionFusion, OtherMasksAndSharedIntermediatesAreLeftAlone) {
   auto g2 = ParseGraph(AttentionText(kCausalHidden, "  output p\n"));
   ASSERT_TRUE(g2.ok()) << g2.status();
   EXPECT_EQ(FuseAttention(**g2).size(), 6u);
+}
+
+
+// The residual add feeding a LayerNormalization fuses, the sum staying the residual stream's
+// value for its other reader; the fused op computes exactly what the pair computes.
+constexpr char kSkipNorm[] = R"(
+  input x: float32[2,5,16]
+  input r: float32[2,5,16]
+  input g: float32[16]
+  input b: float32[16]
+  h = Add(x, r)
+  y, mean, inv = LayerNormalization(h, g, b) {axis = -1, epsilon = 1e-5}
+  z = Mul(h, y)
+  output z
+  output mean
+  output h
+)";
+
+TEST(SkipLayerNormFusion, ResidualAddAndLayerNormBecomeOneOpComputingTheSame) {
+  auto g = ParseGraph(kSkipNorm);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(InferShapes(**g).ok());
+  SkipLayerNormFusion fusion;
+  auto changed = RunPass(fusion, g->get());
+  ASSERT_TRUE(changed.ok() && *changed) << changed.status();
+  std::vector<std::string> ops;
+  for (const auto& n : (*g)->nodes()) ops.push_back(n->op_type());
+  EXPECT_EQ(ops, (std::vector<std::string>{"SkipLayerNormalization", "Mul"}));
+  SessionOptions plain;
+  plain.optimize = false;
+  auto fused = InferenceSession::FromGraph(std::move(*g), plain);
+  auto unfused = InferenceSession::FromGraph(*ParseGraph(kSkipNorm), plain);
+  ASSERT_TRUE(fused.ok() && unfused.ok()) << fused.status() << unfused.status();
+  const Feeds feeds = {{"x", Random({2, 5, 16}, 4)}, {"r", Random({2, 5, 16}, 5)}, {"g", Random({16}, 6)},
+                       {"b", Random({16}, 7)}};
+  auto a = (*fused)->Run(feeds);
+  auto b = (*unfused)->Run(feeds);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(testing::CompareTensors((*a)[i], (*b)[i], 0, 0), "") << i;
+}
+
+// In a training graph (after autodiff) every pre-LN residual add fuses and the step computes
+// the same loss and gradients, bit for bit.
+TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
+  auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, trainer::TrainingSpec{});
+  auto fused_graph = a.training->Clone();
+  ASSERT_TRUE(InferShapes(*fused_graph).ok());
+  SkipLayerNormFusion fusion;
+  DeadCodeElimination dce;
+  ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, fused_graph.get()).ok());
+  int fused = 0;
+  for (const auto& n : fused_graph->nodes()) fused += n->op_type() == "SkipLayerNormalization";
+  // ln2 of both layers and ln1 of the second, and ln_f: the residual adds (ln1 of layer 0 reads
+  // the embeddings' sum, which is an add too).
+  EXPECT_GE(fused, 4);
+  Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
+  for (int64_t i = 0; i < 32; ++i) {
+    ids.data<int64_t>()[i] = (i * 7 + 3) % 256;
+    labels.data<int64_t>()[i] = (i * 5 + 1) % 256;
+  }
+  Feeds feeds = {{"input_ids", ids}, {"labels", labels}};
+  for (const std::string& p : a.params) {
+    feeds.emplace_back(p, a.initial.at(p));
+    const Value* buf = a.training->FindValue(trainer::AccumulationBuffer(p));
+    feeds.emplace_back(buf->name(), Tensor(DataType::kFloat32, buf->shape().StaticDims()));
+  }
+  feeds.emplace_back(trainer::kLazyResetGrad, Tensor::Scalar<bool>(true));
+  SessionOptions plain;
+  plain.optimize = false;
+  plain.intra_op_threads = 1;
+  auto s1 = InferenceSession::FromGraph(std::move(fused_graph), plain);
+  auto s0 = InferenceSession::FromGraph(a.training->Clone(), plain);
+  ASSERT_TRUE(s1.ok() && s0.ok()) << s1.status() << s0.status();
+  auto r1 = (*s1)->Run(feeds);
+  auto r0 = (*s0)->Run(feeds);
+  ASSERT_TRUE(r1.ok() && r0.ok()) << r1.status() << r0.status();
+  ASSERT_EQ(r1->size(), r0->size());
+  for (size_t i = 0; i < r0->size(); ++i) EXPECT_EQ(testing::CompareTensors((*r1)[i], (*r0)[i], 0, 0), "") << i;
 }
 
 }  // namespace

@@ -511,11 +511,53 @@ bool FuseMatMulGelu(Graph* g, Node* fmm) {
   return true;
 }
 
-enum class Rules { kActivationNorm, kTransformer, kAttention };
+// Add(a, b) (same static shape, float32) read by a LayerNormalization over the last axis with
+// scale and bias of that axis's size -> ai.cleave.SkipLayerNormalization(a, b, scale[, bias])
+// whose outputs are the normalisation's (y, mean, inv_std_dev) and the sum. The sum keeps its
+// other readers (the residual stream goes on), so this fuses in training graphs too.
+bool FuseSkipLayerNorm(Graph* g, Node* ln) {
+  const bool cleave = ln->domain() == kCleaveDomain;
+  if (!(Is(ln, "LayerNormalization") || (cleave && ln->op_type() == "LayerNormalization"))) return false;
+  Value* x = ln->input(0);
+  Node* add = x->producer();
+  if (!Is(add, "Add") || x->dtype() != DataType::kFloat32 || !x->shape().is_static() || x->shape().rank() < 1)
+    return false;
+  if (ln->AttrInt("stash_type", 1) != 1) return false;
+  const int r = x->shape().rank();
+  int64_t axis = ln->AttrInt("axis", -1);
+  if (axis < 0) axis += r;
+  if (axis != r - 1) return false;
+  Value* a = add->input(0);
+  Value* b = add->input(1);
+  if (!a->shape().is_static() || a->shape() != x->shape() || !b->shape().is_static() || b->shape() != x->shape())
+    return false;
+  const int64_t cols = x->shape()[r - 1].value;
+  for (int i = 1; i < ln->num_inputs(); ++i) {
+    const Value* v = ln->input(i);
+    if (v && (!v->shape().is_static() || v->shape().NumElements() != cols || v->shape().rank() != 1)) return false;
+  }
+  std::vector<Value*> inputs = {a, b, ln->input(1)};
+  if (ln->num_inputs() > 2 && ln->input(2)) inputs.push_back(ln->input(2));
+  std::vector<Value*> outputs = {ln->output(0), ln->num_outputs() > 1 ? ln->output(1) : nullptr,
+                                 ln->num_outputs() > 2 ? ln->output(2) : nullptr, x};
+  const float epsilon = ln->AttrFloat("epsilon", 1e-5f);
+  const std::string name = ln->name() + "/skip_fused";
+  auto metadata = ln->metadata();
+  g->RemoveNode(ln);
+  g->RemoveNode(add);
+  g->opset_imports()[kCleaveDomain] = 1;
+  Node* fused = g->AddNode("SkipLayerNormalization", inputs, outputs, name, kCleaveDomain);
+  fused->SetAttr("epsilon", Attribute::Float(epsilon));
+  fused->metadata() = std::move(metadata);
+  return true;
+}
+
+enum class Rules { kActivationNorm, kTransformer, kAttention, kSkipLayerNorm };
 
 // One rewrite at node n, if any applies.
 bool FuseAt(Graph* g, Node* n, Rules rules) {
   if (rules == Rules::kAttention) return Is(n, "Softmax") && FuseAttention(g, n);
+  if (rules == Rules::kSkipLayerNorm) return FuseSkipLayerNorm(g, n);
   const bool matmul_rules = rules == Rules::kTransformer;
   if (Is(n, "Erf")) return FuseErfGelu(g, n);
   if (Is(n, "Tanh")) return FuseTanhGelu(g, n);
@@ -552,5 +594,7 @@ absl::StatusOr<bool> TransformerFusion::Run(Graph* g) { return RunFusions(g, Rul
 absl::StatusOr<bool> ActivationNormFusion::Run(Graph* g) { return RunFusions(g, Rules::kActivationNorm); }
 
 absl::StatusOr<bool> AttentionFusion::Run(Graph* g) { return RunFusions(g, Rules::kAttention); }
+
+absl::StatusOr<bool> SkipLayerNormFusion::Run(Graph* g) { return RunFusions(g, Rules::kSkipLayerNorm); }
 
 }  // namespace cleave::graph

@@ -93,4 +93,13 @@ class AttentionFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
+// The residual add feeding a LayerNormalization -> ai.cleave.SkipLayerNormalization, which
+// also outputs the sum for the residual stream's other readers (forward and backward graphs
+// alike). Sessions with a device provider run it; the CUDA kernel makes one pass over the row.
+class SkipLayerNormFusion : public Pass {
+ public:
+  std::string name() const override { return "SkipLayerNormFusion"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
 }  // namespace cleave::graph

@@ -34,6 +34,42 @@ __global__ void LayerNormKernel(const T* x, const T* gamma, const T* beta, T* y,
   }
 }
 
+// LayerNorm of x + skip: the sum is re-formed in each pass over the row rather than stored (and
+// written once to `sum` when asked).
+template <typename T>
+__global__ void SkipLayerNormKernel(const T* x, const T* skip, const T* gamma, const T* beta, T* y, float* mean_out,
+                                    float* inv_out, T* sum, int64_t cols, float eps) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * cols;
+  const T* sr = skip + row * cols;
+  T* yr = y + row * cols;
+  // The sum rounded to the storage type, as Add would store it.
+  auto at = [&](int64_t c) { return ToFloat(FromFloat<T>(ToFloat(xr[c]) + ToFloat(sr[c]))); };
+  float s = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = at(c);
+    if (sum) sum[row * cols + c] = FromFloat<T>(v);
+    s += v;
+  }
+  const float mean = BlockSum(s, shared) / static_cast<float>(cols);
+  float q = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float d = at(c) - mean;
+    q += d * d;
+  }
+  const float inv = rsqrtf(BlockSum(q, shared) / static_cast<float>(cols) + eps);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float v = (at(c) - mean) * inv * ToFloat(gamma[c]);
+    if (beta) v += ToFloat(beta[c]);
+    yr[c] = FromFloat<T>(v);
+  }
+  if (threadIdx.x == 0) {
+    if (mean_out) mean_out[row] = mean;
+    if (inv_out) inv_out[row] = inv;
+  }
+}
+
 template <typename T>
 __global__ void LayerNormGradRows(const T* dy, const T* x, const T* gamma, const float* mean, const float* inv,
                                   T* dx, int64_t cols) {
@@ -102,6 +138,17 @@ int LayerNorm(Dt dt, const void* x, const void* gamma, const void* beta, void* y
     LayerNormKernel<T><<<Rows(rows), kThreads, 0, Stream(stream)>>>(
         static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta), static_cast<T*>(y), mean,
         inv_std, cols, epsilon);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int SkipLayerNorm(Dt dt, const void* x, const void* skip, const void* gamma, const void* beta, void* y, float* mean,
+                  float* inv_std, void* sum, int64_t rows, int64_t cols, float epsilon, void* stream) {
+  if (rows == 0) return 0;
+  DISPATCH_DT(dt, T, {
+    SkipLayerNormKernel<T><<<Rows(rows), kThreads, 0, Stream(stream)>>>(
+        static_cast<const T*>(x), static_cast<const T*>(skip), static_cast<const T*>(gamma),
+        static_cast<const T*>(beta), static_cast<T*>(y), mean, inv_std, static_cast<T*>(sum), cols, epsilon);
   });
   return static_cast<int>(cudaGetLastError());
 }

@@ -139,6 +139,49 @@ class LayerNormKernel : public OpKernel {
   bool stash_double_;
 };
 
+// SkipLayerNormalization(x, skip, scale[, bias]) -> y, mean, inv_std_dev, sum over the last
+// axis: the sum is formed as Add forms it, then normalised by the LayerNormalization kernel, so
+// the fused op computes exactly what Add + LayerNormalization compute.
+class SkipLayerNormKernel : public OpKernel {
+ public:
+  SkipLayerNormKernel(const graph::Node& n, int) : epsilon_(n.AttrFloat("epsilon", 1e-5f)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView& skip = *ctx.input(1);
+    const TensorView& scale = *ctx.input(2);
+    const TensorView* bias = ctx.input(3);
+    if (x.shape() != skip.shape() || x.rank == 0)
+      return InvalidArgument("expected x and skip of one shape, got ", DimsToString(x.shape()), " and ",
+                             DimsToString(skip.shape()));
+    kernels::cpu::LayerNormParams p;
+    p.cols = x.dims[x.rank - 1];
+    p.rows = p.cols ? x.numel() / p.cols : 0;
+    p.epsilon = static_cast<double>(epsilon_);
+    if (scale.numel() != p.cols || (bias && bias->numel() != p.cols))
+      return InvalidArgument("expected scale and bias of ", p.cols, " elements (x's last dim)");
+    DimVector stat_dims(x.dim_span());
+    stat_dims[x.rank - 1] = 1;
+    TensorView* y = ctx.Output(0, x.dim_span());
+    TensorView* mean = ctx.Output(1, stat_dims);
+    TensorView* inv_std = ctx.Output(2, stat_dims);
+    TensorView* sum = ctx.Output(3, x.dim_span());
+    float* s = sum ? sum->as<float>() : static_cast<float*>(ctx.Scratch(x.nbytes()));
+    const float* a = x.as<float>();
+    const float* b = skip.as<float>();
+    ParallelFor(ctx.thread_pool(), x.numel(), 1 << 14, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) s[i] = a[i] + b[i];
+    });
+    if (!y) return absl::OkStatus();
+    kernels::cpu::LayerNorm<float, float>(p, s, scale.as<float>(), bias ? bias->as<float>() : nullptr, y->as<float>(),
+                                          mean ? mean->as<float>() : nullptr,
+                                          inv_std ? inv_std->as<float>() : nullptr, ctx.thread_pool());
+    return absl::OkStatus();
+  }
+
+ private:
+  float epsilon_;
+};
+
 std::string StashTypeSupported(const graph::Node& n, int) {
   const int64_t s = n.AttrInt("stash_type", 1);
   if (s == static_cast<int>(DataType::kFloat32) || s == static_cast<int>(DataType::kFloat64))
@@ -160,6 +203,8 @@ void RegisterNormKernels(KernelRegistry& r) {
   r.Register({"", "LayerNormalization", 17, 17, ln_supports, MakeFactory<LayerNormKernel>()});
   r.Register({std::string(graph::kCleaveDomain), "LayerNormalization", 1, 1, ln_supports,
               MakeFactory<LayerNormKernel>()});
+  r.Register({std::string(graph::kCleaveDomain), "SkipLayerNormalization", 1, 1, InputTypeIn(0, {f32}),
+              MakeFactory<SkipLayerNormKernel>()});
 }
 
 }  // namespace cleave::providers

@@ -276,6 +276,38 @@ class LayerNormKernel : public CudaKernel {
   float epsilon_;
 };
 
+// SkipLayerNormalization(x, skip, scale[, bias]) -> y, mean, inv_std_dev, sum in one pass.
+class SkipLayerNormKernel : public CudaKernel {
+ public:
+  SkipLayerNormKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), epsilon_(n.AttrFloat("epsilon", 1e-5f)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView& skip = *ctx.input(1);
+    const TensorView& gamma = *ctx.input(2);
+    const TensorView* beta = ctx.num_inputs() > 3 ? ctx.input(3) : nullptr;
+    if (x.shape() != skip.shape() || x.rank == 0)
+      return InvalidArgument(name_, ": x ", DimsToString(x.shape()), " and skip ", DimsToString(skip.shape()),
+                             " differ");
+    const int64_t cols = x.dims[x.rank - 1];
+    if (gamma.numel() != cols || (beta && beta->numel() != cols))
+      return InvalidArgument(name_, ": scale and bias must have ", cols, " elements");
+    std::vector<int64_t> stat(x.dims, x.dims + x.rank);
+    stat.back() = 1;
+    TensorView* y = ctx.Output(0, x.dim_span());
+    TensorView* mean = ctx.Output(1, stat);
+    TensorView* inv = ctx.Output(2, stat);
+    TensorView* sum = ctx.Output(3, x.dim_span());
+    if (!y) return absl::OkStatus();
+    return Check(kc::SkipLayerNorm(DtOf(x.dtype), x.data, skip.data, gamma.data, beta ? beta->data : nullptr, y->data,
+                                   mean ? mean->as<float>() : nullptr, inv ? inv->as<float>() : nullptr,
+                                   sum ? sum->data : nullptr, cols ? x.numel() / cols : 0, cols, epsilon_, stream()));
+  }
+
+ private:
+  float epsilon_;
+};
+
 // LayerNormalizationGrad(dY, X, scale, mean, inv_std_dev) -> dX, dScale, dBias.
 class LayerNormGradKernel : public CudaKernel {
  public:
@@ -826,6 +858,7 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<LayerNormKernel>(r, this, "", "LayerNormalization", 17, 1 << 30, AllOf({floats, LastAxisOnly}));
   Add<LayerNormKernel>(r, this, C, "LayerNormalization", 1, 1, AllOf({floats, LastAxisOnly}));
   Add<LayerNormGradKernel>(r, this, C, "LayerNormalizationGrad", 1, 1, AllOf({f32, LastAxisOnly}));
+  Add<SkipLayerNormKernel>(r, this, C, "SkipLayerNormalization", 1, 1, floats);
   Add<GatherKernel>(r, this, "", "Gather", 1, 1 << 30, AllOf({[](const graph::Node& n, int) -> std::string {
                       return n.AttrInt("axis", 0) == 0 ? "" : "only axis 0 is supported on CUDA";
                     }, [](const graph::Node& n, int) { return Int64Input(n, 1); }}));
