@@ -404,12 +404,16 @@ void Executor::BindDeviceResident(const std::vector<Tensor>& outputs) {
       }
       continue;
     }
-    // A graph output the caller gave a device tensor for: its producer writes there.
+    // A graph output the caller gave a device tensor for, read by no host step: its producer
+    // writes there. (With host readers the copy runs into a host buffer, which is copied to
+    // the caller's tensor after the run.)
     const int oi = output_index_[out];
-    if (oi < 0 || oi >= static_cast<int>(outputs.size()) || !outputs[oi].defined() || !a->Owns(outputs[oi].raw()))
+    if (oi < 0 || oi >= static_cast<int>(outputs.size()) || !outputs[oi].defined() || !a->Owns(outputs[oi].raw()) ||
+        last_use_[out] > st)
       continue;
     bound_[in] = outputs[oi].raw();
     bound_bytes_[in] = static_cast<int64_t>(outputs[oi].nbytes());
+    output_to_device_[oi] = nullptr;
     skip_[st] = 1;
   }
 }

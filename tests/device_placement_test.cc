@@ -173,6 +173,25 @@ TEST(DevicePlacement, MixedGraphMatchesTheCpuWithCopiesAtTheBoundaries) {
   const int allocations = d->device_allocations();
   ASSERT_TRUE((*s)->Run(feeds).ok());
   EXPECT_EQ(d->device_allocations(), allocations);
+
+  // Outputs and the feed in device memory: y (made on the device, read by nothing) is written
+  // in place; a (read by Erf on the host too) goes through a host buffer, then to its tensor;
+  // x is read where it is.
+  auto device_tensor = [&](const Tensor& like) {
+    providers::Allocator* a = d->allocator();
+    void* p = a->Allocate(like.nbytes());
+    Tensor t(like.dtype(), like.dims(), std::shared_ptr<void>(p, [a](void* q) { a->Free(q); }), p);
+    std::memcpy(p, like.raw(), like.nbytes());
+    return t;
+  };
+  std::vector<Tensor> outs = {device_tensor(Tensor(DataType::kFloat32, {4, 8})), device_tensor(Tensor(DataType::kFloat32, {4, 8}))};
+  const int uploads = d->uploads.load(), downloads = d->downloads.load();
+  ASSERT_TRUE((*s)->RunInto({{"x", device_tensor(feeds[0].second)}}, outs).ok());
+  EXPECT_EQ(testing::CompareTensors(CopyToTensor(outs[0].view()), (*want)[0], 0, 0), "");
+  EXPECT_EQ(testing::CompareTensors(CopyToTensor(outs[1].view()), (*want)[1], 0, 0), "");
+  // Up: only e (x is resident). Down: a, for Erf. Then a's host buffer goes up into its tensor.
+  EXPECT_EQ(d->uploads.load() - uploads, 2);
+  EXPECT_EQ(d->downloads.load() - downloads, 1);
 }
 
 TEST(DevicePlacement, OutOfDeviceMemoryNamesTheValueAndTheBytes) {
