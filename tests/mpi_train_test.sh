@@ -75,6 +75,7 @@ case_run pp2tp2_recompute_full "$tiny" "$corpus" 4 pp=2,tp=2 --microbatches 2 --
 case_run dp2_zero2_recompute_selective "$tiny" "$corpus" 4 dp=2 --zero 2 --recompute selective
 case_run dp2pp2tp2_vocab_parallel "$deep" "$tmp/tokens64.bin" 4 dp=2,pp=2,tp=2 --microbatches 2 --sp \
   --vocab-parallel-loss
+case_run pp2tp2_fused_attention "$deep" "$tmp/tokens64.bin" 4 pp=2,tp=2 --microbatches 2 --fuse-attention
 
 # Mixed precision on a dp=2 x pp=2 x tp=2 plan: bf16, and fp16 with loss scaling (every rank
 # agrees on skipping an overflowing step), within 2% of the fp32 single-rank curve.

@@ -55,6 +55,8 @@ int PartitionCommand(const Args& args) {
       c.shard_plan = flags.Value();
     } else if (a == "--vocab-parallel-loss") {
       c.vocab_parallel_loss = true;
+    } else if (a == "--fuse-attention") {
+      c.spec.fuse_attention = true;
     } else if (c.model.empty() && !a.empty() && a[0] != '-') {
       c.model = a;
     } else {

@@ -399,6 +399,7 @@ absl::Status WritePlan(const Plan& plan, const std::string& dir) {
        << ", \"zero\": " << plan.config.zero
        << ", \"tp\": " << Json(plan.config.tp_megatron ? "megatron" : "none") << ", \"sp\": " << (plan.config.sp ? "true" : "false")
        << ", \"vocab_parallel_loss\": " << (plan.config.vocab_parallel_loss ? "true" : "false")
+       << ", \"fuse_attention\": " << (plan.config.spec.fuse_attention ? "true" : "false")
        << ",\n  \"schedule\": ";
   const int micro = plan.config.microbatches;
   const int pp = mesh.size("pp");
