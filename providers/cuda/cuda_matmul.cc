@@ -3,6 +3,11 @@
 // bias and tanh-GELU as epilogues.
 #include "providers/cuda/cuda_matmul.h"
 
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -49,44 +54,106 @@ absl::Status Layout(cublasLtMatrixLayout_t* l, cudaDataType_t t, uint64_t rows, 
   return absl::OkStatus();
 }
 
+// The descriptors and the chosen algorithm of one product shape, made once: a training step
+// repeats the same few shapes hundreds of times, and the heuristic query costs far more than
+// the launch. Keyed by the handle too, so each provider (device) has its own entries.
+struct GemmKey {
+  const void* handle;
+  int dt;
+  int64_t M, N, K;
+  bool trans_a, trans_b;
+  int batch;
+  int64_t stride_a, stride_b, stride_c;
+  bool bias, gelu_tanh;
+  uint32_t align;  // bytes every pointer (and batch step) is aligned to, at most 256
+  auto tie() const {
+    return std::tie(handle, dt, M, N, K, trans_a, trans_b, batch, stride_a, stride_b, stride_c, bias, gelu_tanh,
+                    align);
+  }
+  bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
+};
+
+struct GemmPlan {
+  Descriptors ds;
+  cublasLtMatmulAlgo_t algo;
+  std::mutex mu;  // the bias pointer is set on the shared descriptor for each call
+};
+
+absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey& key, DataType dt);
+
 // One (possibly strided-batched) product: D[M, N] = op(A) op(B) (+ bias) (gelu_tanh), row-major.
 absl::Status Gemm(const CudaExecutionProvider& p, DataType dt, const void* a, const void* b, void* c, int64_t M,
                   int64_t N, int64_t K, bool trans_a, bool trans_b, int batch, int64_t stride_a, int64_t stride_b,
                   int64_t stride_c, const void* bias, bool gelu_tanh) {
+  // The algorithm must suit the operands' alignment (sub-matrices of a batch may sit at odd
+  // offsets): the largest power of two up to 256 dividing every address and batch step.
+  const size_t es = ElementSize(dt);
+  uintptr_t bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | reinterpret_cast<uintptr_t>(c) |
+                   reinterpret_cast<uintptr_t>(bias) | 256;
+  if (batch > 1) bits |= static_cast<uintptr_t>(stride_a * es) | static_cast<uintptr_t>(stride_b * es) |
+                         static_cast<uintptr_t>(stride_c * es) | 256;
+  const uint32_t align = static_cast<uint32_t>(bits & (~bits + 1));
+  const GemmKey key{p.cublaslt(), static_cast<int>(dt), M, N, K, trans_a, trans_b, batch,
+                    stride_a, stride_b, stride_c, bias != nullptr, gelu_tanh, align};
+  ASSIGN_OR_RETURN(GemmPlan * plan, PlanFor(p, key, dt));
+  std::lock_guard<std::mutex> lock(plan->mu);
+  if (bias)
+    RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(plan->ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                      sizeof(bias)),
+                       "bias pointer"));
+  const float alpha = 1.f, beta = 0.f;
+  return Lt(cublasLtMatmul(static_cast<cublasLtHandle_t>(p.cublaslt()), plan->ds.op, &alpha, b, plan->ds.x, a,
+                           plan->ds.y, &beta, c, plan->ds.d, c, plan->ds.d, &plan->algo, p.workspace(),
+                           p.workspace_bytes(), static_cast<cudaStream_t>(p.stream())),
+            "matmul");
+}
+
+absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey& key, DataType dt) {
+  static std::mutex cache_mu;
+  static auto* cache = new std::map<GemmKey, std::unique_ptr<GemmPlan>>();
+  std::lock_guard<std::mutex> lock(cache_mu);
+  if (auto it = cache->find(key); it != cache->end()) return it->second.get();
+  const int64_t M = key.M, N = key.N, K = key.K;
+  const bool trans_a = key.trans_a, trans_b = key.trans_b, gelu_tanh = key.gelu_tanh;
+  const int batch = key.batch;
   const cudaDataType_t t = CudaType(dt);
-  Descriptors ds;
+  auto plan = std::make_unique<GemmPlan>();
+  Descriptors& ds = plan->ds;
   RETURN_IF_ERROR(Lt(cublasLtMatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc"));
   // Column-major: D^T [N, M] = op(B)^T [N, K] * op(A)^T [K, M]; the first operand is B.
   const cublasOperation_t op_x = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_y = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_x, sizeof(op_x)), "transa"));
   RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_y, sizeof(op_y)), "transb"));
-  if (bias || gelu_tanh) {
-    const cublasLtEpilogue_t e = bias ? (gelu_tanh ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
-                                      : CUBLASLT_EPILOGUE_GELU;
+  if (key.bias || gelu_tanh) {
+    const cublasLtEpilogue_t e = key.bias ? (gelu_tanh ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                                          : CUBLASLT_EPILOGUE_GELU;
     RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)), "epilogue"));
-    if (bias)
-      RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
-                         "bias pointer"));
   }
-  RETURN_IF_ERROR(trans_b ? Layout(&ds.x, t, K, N, K, batch, stride_b) : Layout(&ds.x, t, N, K, N, batch, stride_b));
-  RETURN_IF_ERROR(trans_a ? Layout(&ds.y, t, M, K, M, batch, stride_a) : Layout(&ds.y, t, K, M, K, batch, stride_a));
-  RETURN_IF_ERROR(Layout(&ds.d, t, N, M, N, batch, stride_c));
+  RETURN_IF_ERROR(trans_b ? Layout(&ds.x, t, K, N, K, batch, key.stride_b)
+                          : Layout(&ds.x, t, N, K, N, batch, key.stride_b));
+  RETURN_IF_ERROR(trans_a ? Layout(&ds.y, t, M, K, M, batch, key.stride_a)
+                          : Layout(&ds.y, t, K, M, K, batch, key.stride_a));
+  RETURN_IF_ERROR(Layout(&ds.d, t, N, M, N, batch, key.stride_c));
   RETURN_IF_ERROR(Lt(cublasLtMatmulPreferenceCreate(&ds.pref), "preference"));
   const size_t ws = p.workspace_bytes();
   RETURN_IF_ERROR(Lt(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                           sizeof(ws)),
                      "workspace preference"));
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    RETURN_IF_ERROR(Lt(cublasLtMatmulPreferenceSetAttribute(ds.pref, attr, &key.align, sizeof(key.align)),
+                       "alignment preference"));
   cublasLtMatmulHeuristicResult_t best;
   int found = 0;
   auto handle = static_cast<cublasLtHandle_t>(p.cublaslt());
   RETURN_IF_ERROR(Lt(cublasLtMatmulAlgoGetHeuristic(handle, ds.op, ds.x, ds.y, ds.d, ds.d, ds.pref, 1, &best, &found),
                      "heuristic"));
   if (found == 0) return Internal("cuBLASLt found no algorithm for [", M, ",", K, "] x [", K, ",", N, "]");
-  const float alpha = 1.f, beta = 0.f;
-  return Lt(cublasLtMatmul(handle, ds.op, &alpha, b, ds.x, a, ds.y, &beta, c, ds.d, c, ds.d, &best.algo,
-                           p.workspace(), ws, static_cast<cudaStream_t>(p.stream())),
-            "matmul");
+  plan->algo = best.algo;
+  GemmPlan* made = plan.get();
+  (*cache)[key] = std::move(plan);
+  return made;
 }
 
 }  // namespace
