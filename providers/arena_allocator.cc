@@ -52,6 +52,17 @@ int ArenaAllocator::BinFor(size_t bytes) {
   return std::min(b, kBins - 1);
 }
 
+ArenaAllocator::Chunk* ArenaAllocator::NewChunk() {
+  if (spare_.empty()) {
+    chunks_.push_back(std::make_unique<Chunk>());
+    return chunks_.back().get();
+  }
+  Chunk* c = spare_.back();
+  spare_.pop_back();
+  *c = Chunk{};
+  return c;
+}
+
 void ArenaAllocator::InsertFree(Chunk* c) { bins_[BinFor(c->size)].insert(c); }
 void ArenaAllocator::EraseFree(Chunk* c) { bins_[BinFor(c->size)].erase(c); }
 
@@ -81,15 +92,7 @@ bool ArenaAllocator::Grow(size_t bytes) {
     base = static_cast<char*>(backend_.allocate(want));
   }
   if (!base) return false;
-  Chunk* c;
-  if (!spare_.empty()) {
-    c = spare_.back();
-    spare_.pop_back();
-    *c = Chunk{};
-  } else {
-    chunks_.push_back(std::make_unique<Chunk>());
-    c = chunks_.back().get();
-  }
+  Chunk* c = NewChunk();
   c->ptr = base;
   c->size = want;
   c->region = base;
@@ -126,15 +129,7 @@ absl::StatusOr<void*> ArenaAllocator::TryAllocate(size_t bytes) {
   EraseFree(c);
   if (c->size - size >= a) {
     // Split: the tail stays free.
-    Chunk* rest;
-    if (!spare_.empty()) {
-      rest = spare_.back();
-      spare_.pop_back();
-      *rest = Chunk{};
-    } else {
-      chunks_.push_back(std::make_unique<Chunk>());
-      rest = chunks_.back().get();
-    }
+    Chunk* rest = NewChunk();
     rest->ptr = c->ptr + size;
     rest->size = c->size - size;
     rest->region = c->region;

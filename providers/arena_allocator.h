@@ -91,6 +91,7 @@ class ArenaAllocator : public Allocator {
   static constexpr int kBins = 40;
   static int BinFor(size_t bytes);
   Chunk* FindFree(size_t bytes);
+  Chunk* NewChunk();  // a fresh chunk record (a spare one when there is one)
   bool Grow(size_t bytes);
   void InsertFree(Chunk* c);
   void EraseFree(Chunk* c);

@@ -6,6 +6,9 @@
 #include <limits>
 #include <vector>
 
+#include "base/shape.h"
+#include "base/status.h"
+
 namespace cleave::kernels::cpu {
 
 namespace {
@@ -13,7 +16,41 @@ namespace {
 int64_t Visible(const AttentionParams& p, int64_t i) {
   return p.causal ? std::clamp<int64_t>(i + 1 + (p.S - p.T), 0, p.S) : p.S;
 }
+
+// s[j] = scale q_i . k_j for the first n keys of slice kb; returns their max (-inf for none).
+template <typename T>
+double Scores(const AttentionParams& p, const T* qi, const T* kb, int64_t n, std::vector<double>& s) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    double dot = 0;
+    for (int64_t d = 0; d < p.D; ++d) dot += static_cast<double>(qi[d]) * static_cast<double>(kb[j * p.D + d]);
+    s[j] = dot * p.scale;
+    m = std::max(m, s[j]);
+  }
+  return m;
+}
 }  // namespace
+
+absl::StatusOr<AttentionParams> PlanAttention(std::span<const int64_t> q, std::span<const int64_t> k,
+                                              std::span<const int64_t> v, double scale, bool causal) {
+  const size_t r = q.size();
+  bool ok = r >= 2 && k.size() == r && v.size() == r && q[r - 1] == k[r - 1] && k[r - 2] == v[r - 2];
+  for (size_t d = 0; ok && d + 2 < r; ++d) ok = q[d] == k[d] && q[d] == v[d];
+  if (!ok)
+    return InvalidArgument("expected q [..., T, D], k [..., S, D] and v [..., S, Dv] with the same leading dims, got ",
+                           DimsToString(q.data(), static_cast<int>(q.size())), ", ",
+                           DimsToString(k.data(), static_cast<int>(k.size())), ", ",
+                           DimsToString(v.data(), static_cast<int>(v.size())));
+  AttentionParams p;
+  p.T = q[r - 2];
+  p.D = q[r - 1];
+  p.S = k[r - 2];
+  p.Dv = v[r - 1];
+  for (size_t d = 0; d + 2 < r; ++d) p.batch *= q[d];
+  p.scale = scale;
+  p.causal = causal;
+  return p;
+}
 
 template <typename T>
 void AttentionForward(const AttentionParams& p, const T* q, const T* k, const T* v, T* out, float* lse,
@@ -27,13 +64,7 @@ void AttentionForward(const AttentionParams& p, const T* q, const T* k, const T*
       const T* kb = k + b * p.S * p.D;
       const T* vb = v + b * p.S * p.Dv;
       const int64_t n = Visible(p, i);
-      double m = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j < n; ++j) {
-        double dot = 0;
-        for (int64_t d = 0; d < p.D; ++d) dot += static_cast<double>(qi[d]) * static_cast<double>(kb[j * p.D + d]);
-        s[j] = dot * p.scale;
-        m = std::max(m, s[j]);
-      }
+      const double m = Scores(p, qi, kb, n, s);
       double sum = 0;
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t j = 0; j < n; ++j) {
@@ -67,13 +98,7 @@ void AttentionBackward(const AttentionParams& p, const T* dout, const T* q, cons
         const T* doi = dout + row * p.Dv;
         const T* oi = out + row * p.Dv;
         const int64_t n = Visible(p, i);
-        double m = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < n; ++j) {
-          double dot = 0;
-          for (int64_t d = 0; d < p.D; ++d) dot += static_cast<double>(qi[d]) * static_cast<double>(kb[j * p.D + d]);
-          s[j] = dot * p.scale;
-          m = std::max(m, s[j]);
-        }
+        const double m = Scores(p, qi, kb, n, s);
         double sum = 0;
         for (int64_t j = 0; j < n; ++j) sum += std::exp(s[j] - m);
         const double lse = n ? m + std::log(sum) : 0.0;

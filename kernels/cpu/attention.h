@@ -6,6 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+
+#include "absl/status/statusor.h"
 
 #include "base/thread_pool.h"
 
@@ -16,6 +19,11 @@ struct AttentionParams {
   double scale = 1.0;
   bool causal = false;
 };
+
+// The slices and sizes of q [..., T, D], k [..., S, D], v [..., S, Dv] (one set of leading dims),
+// or InvalidArgument naming the three shapes. Device providers plan with it too.
+absl::StatusOr<AttentionParams> PlanAttention(std::span<const int64_t> q, std::span<const int64_t> k,
+                                              std::span<const int64_t> v, double scale, bool causal);
 
 // lse may be null. Instantiated for float and double.
 template <typename T>

@@ -135,26 +135,6 @@ namespace {
 
 // Attention(q, k, v) {scale, causal} -> out[, lse] and AttentionGrad(dOut, q, k, v, out, lse)
 // -> dq, dk, dv, over [..., T, D] operands whose leading dims are the same.
-absl::StatusOr<kernels::cpu::AttentionParams> AttentionShapes(const TensorView& q, const TensorView& k,
-                                                              const TensorView& v, double scale, bool causal) {
-  kernels::cpu::AttentionParams p;
-  const int r = q.rank;
-  bool ok = r >= 2 && k.rank == r && v.rank == r && q.dims[r - 1] == k.dims[r - 1] && k.dims[r - 2] == v.dims[r - 2];
-  for (int d = 0; ok && d < r - 2; ++d) ok = q.dims[d] == k.dims[d] && q.dims[d] == v.dims[d];
-  if (!ok)
-    return InvalidArgument("expected q [..., T, D], k [..., S, D] and v [..., S, Dv] with the same leading dims, got ",
-                           DimsToString(q.shape()), ", ", DimsToString(k.shape()), ", ", DimsToString(v.shape()));
-  p.T = q.dims[r - 2];
-  p.D = q.dims[r - 1];
-  p.S = k.dims[r - 2];
-  p.Dv = v.dims[r - 1];
-  p.batch = 1;
-  for (int d = 0; d < r - 2; ++d) p.batch *= q.dims[d];
-  p.scale = scale;
-  p.causal = causal;
-  return p;
-}
-
 class AttentionKernel : public OpKernel {
  public:
   AttentionKernel(const graph::Node& n, int)
@@ -163,7 +143,8 @@ class AttentionKernel : public OpKernel {
     const TensorView& q = *ctx.input(0);
     const TensorView& k = *ctx.input(1);
     const TensorView& v = *ctx.input(2);
-    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p, AttentionShapes(q, k, v, scale_, causal_));
+    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p,
+                     kernels::cpu::PlanAttention(q.dim_span(), k.dim_span(), v.dim_span(), scale_, causal_));
     std::vector<int64_t> out(q.dims, q.dims + q.rank), lse(q.dims, q.dims + q.rank - 1);
     out.back() = p.Dv;
     TensorView* y = ctx.Output(0, out);
@@ -195,7 +176,8 @@ class AttentionGradKernel : public OpKernel {
     const TensorView& v = *ctx.input(3);
     const TensorView& out = *ctx.input(4);
     const TensorView& lse = *ctx.input(5);
-    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p, AttentionShapes(q, k, v, scale_, causal_));
+    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p,
+                     kernels::cpu::PlanAttention(q.dim_span(), k.dim_span(), v.dim_span(), scale_, causal_));
     if (dout.numel() != p.batch * p.T * p.Dv || out.numel() != dout.numel() || lse.numel() != p.batch * p.T)
       return InvalidArgument("expected dOut and out of ", p.batch * p.T * p.Dv, " elements and lse of ", p.batch * p.T,
                              ", got ", dout.numel(), ", ", out.numel(), " and ", lse.numel());

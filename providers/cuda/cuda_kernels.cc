@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "graph/op_table.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/nn.h"
 #include "kernels/cuda/kernels.h"
 #include "providers/cuda/cuda_matmul.h"
@@ -495,28 +496,14 @@ class ConcatSplitKernel : public CudaKernel {
 
 // Attention(q, k, v) -> out[, lse] and AttentionGrad(dOut, q, k, v, out, lse) -> dq, dk, dv
 // (flash-style: the probabilities are never stored).
-struct AttentionDims {
-  int64_t batch = 1, T = 0, S = 0;
-  int D = 0, Dv = 0;
-};
-
-absl::StatusOr<AttentionDims> AttentionShape(const std::string& name, const TensorView& q, const TensorView& k,
-                                             const TensorView& v) {
-  const int r = q.rank;
-  bool ok = r >= 2 && k.rank == r && v.rank == r && q.dims[r - 1] == k.dims[r - 1] && k.dims[r - 2] == v.dims[r - 2];
-  for (int d = 0; ok && d < r - 2; ++d) ok = q.dims[d] == k.dims[d] && q.dims[d] == v.dims[d];
-  if (!ok)
-    return InvalidArgument(name, ": expected q [..., T, D], k [..., S, D], v [..., S, Dv] with one set of leading "
-                           "dims, got ", DimsToString(q.shape()), ", ", DimsToString(k.shape()), ", ",
-                           DimsToString(v.shape()));
-  AttentionDims a;
-  for (int d = 0; d < r - 2; ++d) a.batch *= q.dims[d];
-  a.T = q.dims[r - 2];
-  a.S = k.dims[r - 2];
-  a.D = static_cast<int>(q.dims[r - 1]);
-  a.Dv = static_cast<int>(v.dims[r - 1]);
-  if (a.D > 256 || a.Dv > 256) return Unimplemented(name, ": head dims over 256 on CUDA");
-  return a;
+// The attention sizes as the CPU plans them, within what the CUDA kernels hold (head dims <= 256).
+absl::StatusOr<kernels::cpu::AttentionParams> AttentionShape(const std::string& name, const TensorView& q,
+                                                             const TensorView& k, const TensorView& v, float scale,
+                                                             bool causal) {
+  auto p = kernels::cpu::PlanAttention(q.dim_span(), k.dim_span(), v.dim_span(), scale, causal);
+  if (!p.ok()) return absl::Status(p.status().code(), absl::StrCat(name, ": ", p.status().message()));
+  if (p->D > 256 || p->Dv > 256) return Unimplemented(name, ": head dims over 256 on CUDA");
+  return p;
 }
 
 class AttentionKernel : public CudaKernel {
@@ -527,14 +514,15 @@ class AttentionKernel : public CudaKernel {
     const TensorView& q = *ctx.input(0);
     const TensorView& k = *ctx.input(1);
     const TensorView& v = *ctx.input(2);
-    ASSIGN_OR_RETURN(AttentionDims a, AttentionShape(name_, q, k, v));
+    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams a, AttentionShape(name_, q, k, v, scale_, causal_));
     std::vector<int64_t> out(q.dims, q.dims + q.rank), lse(q.dims, q.dims + q.rank - 1);
     out.back() = a.Dv;
     TensorView* y = ctx.Output(0, out);
     TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, lse) : nullptr;
     if (!y) return absl::OkStatus();
     return Check(kc::AttentionForward(DtOf(q.dtype), q.data, k.data, v.data, y->data, l ? l->as<float>() : nullptr,
-                                      a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_, stream()));
+                                      a.batch, a.T, a.S, static_cast<int>(a.D), static_cast<int>(a.Dv), scale_,
+                                      causal_, stream()));
   }
 
  private:
@@ -553,7 +541,7 @@ class AttentionGradKernel : public CudaKernel {
     const TensorView& v = *ctx.input(3);
     const TensorView& out = *ctx.input(4);
     const TensorView& lse = *ctx.input(5);
-    ASSIGN_OR_RETURN(AttentionDims a, AttentionShape(name_, q, k, v));
+    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams a, AttentionShape(name_, q, k, v, scale_, causal_));
     if (dout.numel() != a.batch * a.T * a.Dv || out.numel() != dout.numel() || lse.numel() != a.batch * a.T)
       return InvalidArgument(name_, ": dOut, out or lse do not match q and v");
     TensorView* dq = ctx.Output(0, q.dim_span());
@@ -563,8 +551,8 @@ class AttentionGradKernel : public CudaKernel {
     float* delta = static_cast<float*>(ctx.Scratch(static_cast<size_t>(a.batch * a.T) * sizeof(float)));
     if (!delta && a.batch * a.T > 0) return absl::OkStatus();  // the allocation error is reported
     return Check(kc::AttentionBackward(DtOf(q.dtype), dout.data, q.data, k.data, v.data, out.data, lse.as<float>(),
-                                       dq->data, dk->data, dv->data, delta, a.batch, a.T, a.S, a.D, a.Dv, scale_,
-                                       causal_, stream()));
+                                       dq->data, dk->data, dv->data, delta, a.batch, a.T, a.S, static_cast<int>(a.D),
+                                       static_cast<int>(a.Dv), scale_, causal_, stream()));
   }
 
  private:
