@@ -62,6 +62,27 @@ absl::Status InferAdamW(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// MultiTensorAdamW(lr, step, scale, {param, grad, exp_avg, exp_avg_sq} x n) ->
+// {param, exp_avg, exp_avg_sq} x n.
+absl::Status InferMultiTensorAdamW(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, kFloat));
+  RETURN_IF_ERROR(ExpectScalar(ctx, 0, "lr"));
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
+  RETURN_IF_ERROR(ExpectScalar(ctx, 1, "step"));
+  RETURN_IF_ERROR(ExpectDtype(ctx, 2, kFloat));
+  RETURN_IF_ERROR(ExpectScalar(ctx, 2, "grad_scale"));
+  const int n = (ctx.num_inputs() - 3) / 4;
+  if (n < 1 || ctx.num_inputs() != 3 + 4 * n || ctx.num_outputs() != 3 * n)
+    return ctx.Error("expected 3 + 4n inputs and 3n outputs, got ", ctx.num_inputs(), " and ", ctx.num_outputs());
+  for (int k = 0; k < n; ++k) {
+    const int in = 3 + 4 * k;
+    RETURN_IF_ERROR(ExpectDtype(ctx, in, kFloat));
+    RETURN_IF_ERROR(ExpectSameShapes(ctx, in, 4));
+    for (int j = 0; j < 3; ++j) ctx.SetOutput(3 * k + j, DataType::kFloat32, ctx.input_shape(in));
+  }
+  return absl::OkStatus();
+}
+
 // SGD(lr, step, scale, param, grad[, momentum_buffer]) -> (param[, momentum_buffer])
 absl::Status InferSGD(InferContext& ctx) {
   RETURN_IF_ERROR(ExpectDtype(ctx, 0, kFloat));

@@ -175,6 +175,22 @@ OpSchema GeluGradSchema() {
   return s;
 }
 
+OpSchema MultiTensorAdamWSchema() {
+  OpSchema s;
+  s.SetName("MultiTensorAdamW").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("AdamW over n parameters in one op; see docs/ops.md.")
+      .Input(0, "lr", "learning rate (scalar)", "tensor(float)")
+      .Input(1, "step", "1-based step number (scalar)", "tensor(int64)")
+      .Input(2, "grad_scale", "factor applied to every grad (scalar)", "tensor(float)")
+      .Input(3, "tensors", "param, grad, exp_avg, exp_avg_sq of each parameter", "tensor(float)", OpSchema::Variadic)
+      .Output(0, "updated", "param, exp_avg, exp_avg_sq of each parameter", "tensor(float)", OpSchema::Variadic)
+      .Attr("beta1", "first-moment decay", AttributeProto::FLOAT, 0.9f)
+      .Attr("beta2", "second-moment decay", AttributeProto::FLOAT, 0.999f)
+      .Attr("epsilon", "denominator term", AttributeProto::FLOAT, 1e-8f)
+      .Attr("weight_decay", "decoupled weight decay", AttributeProto::FLOAT, 0.0f);
+  return s;
+}
+
 OpSchema AttentionSchema() {
   OpSchema s;
   s.SetName("Attention").SetDomain("ai.cleave").SinceVersion(1)
@@ -357,6 +373,7 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(AttentionSchema());
     onnx::RegisterSchema(AttentionGradSchema());
     onnx::RegisterSchema(SkipLayerNormSchema());
+    onnx::RegisterSchema(MultiTensorAdamWSchema());
     onnx::RegisterSchema(InPlaceAccumulatorSchema());
     onnx::RegisterSchema(SquaredNormSchema());
     onnx::RegisterSchema(AdamWSchema());

@@ -94,10 +94,13 @@ TEST(CudaKernelTable, ClaimsEveryNodeOfTheTinyGptGraphs) {
       // The graph as a session runs it: loaded through a CPU session (folding, fusions).
       auto s = InferenceSession::FromGraph(g->Clone());
       ASSERT_TRUE(s.ok()) << s.status();
-      // ... plus the residual-norm fusion sessions with a device run.
+      // ... plus the fusions device sessions run (residual norm; multi-tensor AdamW in the
+      // optimizer graph).
       auto fused = (*s)->graph().Clone();
       graph::SkipLayerNormFusion skip_norm;
+      graph::MultiTensorAdamWFusion multi;
       ASSERT_TRUE(graph::RunPass(skip_norm, fused.get()).ok());
+      ASSERT_TRUE(graph::RunPass(multi, fused.get()).ok());
       providers::Capability cap = table->GetCapability(*fused);
       std::string rejected;
       for (const auto& r : cap.rejected) rejected += r.reason + "\n";
@@ -340,6 +343,37 @@ TEST(CudaProvider, OptimizerOps) {
               {"p", Random({1000}, 38)}, {"g", Random({1000}, 39)}, {"m", Random({1000}, 40)},
               {"v", Random({1000}, 41, 0.f, 1.f)}, {"reset", reset}},
              1e-6, 1e-5, "AdamW");
+}
+
+TEST(CudaProvider, MultiTensorAdamW) {
+  REQUIRE_CUDA();
+  Tensor step(DataType::kInt64, std::vector<int64_t>{});
+  step.data<int64_t>()[0] = 4;
+  ExpectSame(R"(
+    input lr: float32[]
+    input step: int64[]
+    input scale: float32[]
+    input p1: float32[1000]
+    input g1: float32[1000]
+    input m1: float32[1000]
+    input v1: float32[1000]
+    input p2: float32[7,3]
+    input g2: float32[7,3]
+    input m2: float32[7,3]
+    input v2: float32[7,3]
+    a, b, c, d, e, f = ai.cleave.MultiTensorAdamW(lr, step, scale, p1, g1, m1, v1, p2, g2, m2, v2) {beta1 = 0.9, beta2 = 0.95, epsilon = 1e-8, weight_decay = 0.1}
+    output a
+    output b
+    output c
+    output d
+    output e
+    output f
+  )",
+             {{"lr", Tensor::Scalar<float>(3e-3f)}, {"step", step}, {"scale", Tensor::Scalar<float>(0.5f)},
+              {"p1", Random({1000}, 90)}, {"g1", Random({1000}, 91)}, {"m1", Random({1000}, 92)},
+              {"v1", Random({1000}, 93, 0.f, 1.f)}, {"p2", Random({7, 3}, 94)}, {"g2", Random({7, 3}, 95)},
+              {"m2", Random({7, 3}, 96)}, {"v2", Random({7, 3}, 97, 0.f, 1.f)}},
+             1e-6, 1e-5, "MultiTensorAdamW");
 }
 
 TEST(CudaProvider, LayoutAndViews) {

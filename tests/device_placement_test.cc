@@ -241,7 +241,7 @@ class CpuKernelDevice : public providers::ExecutionProvider {
     static const std::map<std::string, std::vector<int>> kHostInputs = {
         {"Reshape", {1}}, {"Unsqueeze", {1}}, {"Squeeze", {1}}, {"ReduceSum", {1}}, {"ReduceMean", {1}},
         {"ReduceMax", {1}}, {"Split", {1}}, {"Slice", {1, 2, 3, 4}}, {"Expand", {1}}, {"ConstantOfShape", {0}},
-        {"AdamW", {0, 1, 2}}, {"SGD", {0, 1, 2}}, {"InPlaceAccumulator", {2}}, {"Dropout", {1, 2}},
+        {"AdamW", {0, 1, 2}}, {"MultiTensorAdamW", {0, 1, 2}}, {"SGD", {0, 1, 2}}, {"InPlaceAccumulator", {2}}, {"Dropout", {1, 2}},
         {"GatherGrad", {0}}, {"SliceGrad", {1, 2, 3, 4, 5}}, {"Trilu", {1}}};
     for (const providers::KernelDef& cpu : cpu_.registry().defs()) {
       if (host_only.count(cpu.op)) continue;

@@ -410,5 +410,44 @@ TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
   for (size_t i = 0; i < r0->size(); ++i) EXPECT_EQ(testing::CompareTensors((*r1)[i], (*r0)[i], 0, 0), "") << i;
 }
 
+
+// The optimizer graph's per-parameter AdamW nodes become one MultiTensorAdamW that updates
+// every parameter and moment exactly as they did.
+TEST(MultiTensorAdamWFusion, OneUpdateForAllParametersComputingTheSame) {
+  trainer::TrainingSpec spec;
+  spec.optimizer.max_grad_norm = 1.0f;
+  spec.optimizer.weight_decay = 0.1f;
+  auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, spec);
+  auto fused_graph = a.optimizer->Clone();
+  MultiTensorAdamWFusion fusion;
+  auto changed = RunPass(fusion, fused_graph.get());
+  ASSERT_TRUE(changed.ok() && *changed) << changed.status();
+  int adamw = 0, multi = 0;
+  for (const auto& n : fused_graph->nodes()) {
+    adamw += n->op_type() == "AdamW";
+    multi += n->op_type() == "MultiTensorAdamW";
+  }
+  EXPECT_EQ(adamw, 0);
+  EXPECT_EQ(multi, 1);
+  Feeds feeds = {{"learning_rate", Tensor::Scalar<float>(3e-3f)}, {"grad_scale", Tensor::Scalar<float>(0.5f)}};
+  Tensor step(DataType::kInt64, std::vector<int64_t>{});
+  step.data<int64_t>()[0] = 3;
+  feeds.emplace_back("step", step);
+  unsigned seed = 10;
+  for (const Value* in : a.optimizer->inputs())
+    if (in->dtype() == DataType::kFloat32 && in->shape().rank() > 0)
+      feeds.emplace_back(in->name(), Random(in->shape().StaticDims(), seed++));
+  SessionOptions plain;
+  plain.optimize = false;
+  auto s1 = InferenceSession::FromGraph(std::move(fused_graph), plain);
+  auto s0 = InferenceSession::FromGraph(a.optimizer->Clone(), plain);
+  ASSERT_TRUE(s1.ok() && s0.ok()) << s1.status() << s0.status();
+  auto r1 = (*s1)->Run(feeds);
+  auto r0 = (*s0)->Run(feeds);
+  ASSERT_TRUE(r1.ok() && r0.ok()) << r1.status() << r0.status();
+  ASSERT_EQ(r1->size(), r0->size());
+  for (size_t i = 0; i < r0->size(); ++i) EXPECT_EQ(testing::CompareTensors((*r1)[i], (*r0)[i], 0, 0), "") << i;
+}
+
 }  // namespace
 }  // namespace cleave::graph

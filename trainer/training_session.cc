@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "graph/passes/pass.h"
 #include "base/status.h"
 #include "graph/graph.h"
 #include "onnx_ext/onnx_io.h"
@@ -130,7 +131,13 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   }
   SessionOptions plain = so;
   plain.optimize = false;
-  ASSIGN_OR_RETURN(optimizer_, InferenceSession::FromGraph(a.optimizer->Clone(), plain));
+  std::unique_ptr<graph::Graph> optimizer_graph = a.optimizer->Clone();
+  if (device_) {
+    // One multi-tensor update for all parameters instead of a launch per parameter.
+    graph::MultiTensorAdamWFusion multi;
+    RETURN_IF_ERROR(graph::RunPass(multi, optimizer_graph.get()).status());
+  }
+  ASSIGN_OR_RETURN(optimizer_, InferenceSession::FromGraph(std::move(optimizer_graph), plain));
 
   // Session-owned state: deep copies, so the artifacts' initial values stay untouched.
   for (const std::string& p : a.params) {

@@ -4,6 +4,7 @@
 // op. Constants are matched by value with a relative tolerance of 1e-3, since exporters
 // write sqrt(2) and 0.5 as rounded float literals.
 #include <cmath>
+#include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -596,5 +597,43 @@ absl::StatusOr<bool> ActivationNormFusion::Run(Graph* g) { return RunFusions(g, 
 absl::StatusOr<bool> AttentionFusion::Run(Graph* g) { return RunFusions(g, Rules::kAttention); }
 
 absl::StatusOr<bool> SkipLayerNormFusion::Run(Graph* g) { return RunFusions(g, Rules::kSkipLayerNorm); }
+
+absl::StatusOr<bool> MultiTensorAdamWFusion::Run(Graph* g) {
+  // Groups of AdamW nodes with the same scalar inputs and attributes, in graph order.
+  std::map<std::string, std::vector<Node*>> groups;
+  std::vector<std::string> order;
+  for (const auto& owned : g->nodes()) {
+    Node* n = owned.get();
+    if (n->domain() != kCleaveDomain || n->op_type() != "AdamW" || n->num_inputs() != 7 || n->num_outputs() != 3)
+      continue;
+    std::string key = absl::StrCat(n->input(0)->name(), "|", n->input(1)->name(), "|", n->input(2)->name());
+    for (const char* a : {"beta1", "beta2", "epsilon", "weight_decay"})
+      absl::StrAppend(&key, "|", n->HasAttr(a) ? n->AttrFloat(a, 0.f) : -1.f);
+    if (!groups.count(key)) order.push_back(key);
+    groups[key].push_back(n);
+  }
+  bool changed = false;
+  for (const std::string& key : order) {
+    const std::vector<Node*>& nodes = groups[key];
+    if (nodes.size() < 2) continue;
+    std::vector<Value*> inputs = {nodes[0]->input(0), nodes[0]->input(1), nodes[0]->input(2)};
+    std::vector<Value*> outputs;
+    for (Node* n : nodes) {
+      for (int i = 3; i < 7; ++i) inputs.push_back(n->input(i));
+      for (int o = 0; o < 3; ++o) outputs.push_back(n->output(o));
+    }
+    auto attrs = nodes[0]->attributes();
+    auto metadata = nodes[0]->metadata();
+    metadata.erase("param");
+    const std::string name = nodes[0]->name() + "/multi_tensor";
+    for (Node* n : nodes) g->RemoveNode(n);
+    Node* fused = g->AddNode("MultiTensorAdamW", inputs, outputs, name, kCleaveDomain);
+    for (auto& [k, v] : attrs) fused->SetAttr(k, v);
+    fused->metadata() = std::move(metadata);
+    changed = true;
+  }
+  if (changed) RETURN_IF_ERROR(g->SortTopologically());
+  return changed;
+}
 
 }  // namespace cleave::graph

@@ -102,4 +102,13 @@ class SkipLayerNormFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
+// The optimizer graph's AdamW nodes that share their scalar inputs and attributes ->
+// one ai.cleave.MultiTensorAdamW (one launch for all parameters on CUDA). Device training
+// sessions run it on their optimizer graph.
+class MultiTensorAdamWFusion : public Pass {
+ public:
+  std::string name() const override { return "MultiTensorAdamWFusion"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
 }  // namespace cleave::graph

@@ -108,6 +108,12 @@ int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x
 int AdamW(const float* param, const float* grad, const float* m, const float* v, float* param_out, float* m_out,
           float* v_out, int64_t n, float lr, float beta1, float beta2, float epsilon, float weight_decay,
           int64_t step, float grad_scale, void* stream);
+// AdamW over `count` tensors in as few launches as their pointers fit in (32 per launch): the
+// host arrays give tensor k's inputs and outputs and its n[k] elements.
+int MultiTensorAdamW(int count, const float* const* param, const float* const* grad, const float* const* m,
+                     const float* const* v, float* const* param_out, float* const* m_out, float* const* v_out,
+                     const int64_t* n, float lr, float beta1, float beta2, float epsilon, float weight_decay,
+                     int64_t step, float grad_scale, void* stream);
 // out = sum of squares of every element of the `count` tensors; `acc` is device scratch of
 // one double. xs and ns are host arrays.
 int SquaredNorm(const float* const* xs, const int64_t* ns, int count, float* out, double* acc, void* stream);

@@ -25,6 +25,37 @@ __global__ void AdamWKernel(const float* param, const float* grad, const float* 
   }
 }
 
+constexpr int kTensorsPerLaunch = 32;
+
+// Tensor pointers by value (a kernel parameter, no device table): blockIdx.y picks the tensor.
+struct AdamWBatch {
+  const float* param[kTensorsPerLaunch];
+  const float* grad[kTensorsPerLaunch];
+  const float* m[kTensorsPerLaunch];
+  const float* v[kTensorsPerLaunch];
+  float* param_out[kTensorsPerLaunch];
+  float* m_out[kTensorsPerLaunch];
+  float* v_out[kTensorsPerLaunch];
+  int64_t n[kTensorsPerLaunch];
+};
+
+__global__ void MultiAdamWKernel(AdamWBatch b, float decay, float b1, float b2, float one_minus_b1,
+                                 float one_minus_b2, float neg_step_size, float bc2_sqrt, float eps, float scale) {
+  const int t = blockIdx.y;
+  const int64_t n = b.n[t];
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = b.grad[t][i] * scale;
+    const float w = b.param[t][i] * decay;
+    const float m = b.m[t][i] * b1 + one_minus_b1 * g;
+    const float v = b.v[t][i] * b2 + one_minus_b2 * (g * g);
+    const float denom = sqrtf(v) / bc2_sqrt + eps;
+    b.param_out[t][i] = w + neg_step_size * (m / denom);
+    b.m_out[t][i] = m;
+    b.v_out[t][i] = v;
+  }
+}
+
 __global__ void SumSquares(const float* x, int64_t n, double* acc) {
   __shared__ float shared[32];
   float s = 0.f;
@@ -54,6 +85,38 @@ int AdamW(const float* param, const float* grad, const float* m, const float* v,
       param, grad, m, v, param_out, m_out, v_out, n, decay, beta1, beta2, static_cast<float>(1.0 - beta1),
       static_cast<float>(1.0 - beta2), neg_step_size, bc2_sqrt, epsilon, grad_scale);
   return static_cast<int>(cudaGetLastError());
+}
+
+int MultiTensorAdamW(int count, const float* const* param, const float* const* grad, const float* const* m,
+                     const float* const* v, float* const* param_out, float* const* m_out, float* const* v_out,
+                     const int64_t* n, float lr, float beta1, float beta2, float epsilon, float weight_decay,
+                     int64_t step, float grad_scale, void* stream) {
+  // The scalar terms exactly as the CPU step forms them (in double, then rounded).
+  const double st = static_cast<double>(step);
+  const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), st);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), st);
+  const float neg_step_size = static_cast<float>(-(static_cast<double>(lr) / bc1));
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  for (int k0 = 0; k0 < count; k0 += kTensorsPerLaunch) {
+    AdamWBatch b{};
+    const int k1 = count - k0 < kTensorsPerLaunch ? count : k0 + kTensorsPerLaunch;
+    int64_t largest = 0;
+    for (int k = k0; k < k1; ++k) {
+      const int t = k - k0;
+      b.param[t] = param[k], b.grad[t] = grad[k], b.m[t] = m[k], b.v[t] = v[k];
+      b.param_out[t] = param_out[k], b.m_out[t] = m_out[k], b.v_out[t] = v_out[k];
+      b.n[t] = n[k];
+      largest = n[k] > largest ? n[k] : largest;
+    }
+    if (largest == 0) continue;
+    const unsigned blocks = Blocks(largest) < 1024 ? Blocks(largest) : 1024;
+    MultiAdamWKernel<<<dim3(blocks, static_cast<unsigned>(k1 - k0)), kThreads, 0, Stream(stream)>>>(
+        b, decay, beta1, beta2, static_cast<float>(1.0 - beta1), static_cast<float>(1.0 - beta2), neg_step_size,
+        bc2_sqrt, epsilon, grad_scale);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
+  }
+  return 0;
 }
 
 int SquaredNorm(const float* const* xs, const int64_t* ns, int count, float* out, double* acc, void* stream) {

@@ -37,6 +37,22 @@ class InPlaceAccumulatorKernel : public OpKernel {
   }
 };
 
+// MultiTensorAdamW: the AdamW step of each (param, grad, exp_avg, exp_avg_sq) group, exactly
+// as AdamW computes it one parameter at a time.
+class MultiTensorAdamWKernel : public OpKernel {
+ public:
+  MultiTensorAdamWKernel(const graph::Node& n, int) {
+    p_.beta1 = n.AttrFloat("beta1", 0.9f);
+    p_.beta2 = n.AttrFloat("beta2", 0.999f);
+    p_.epsilon = n.AttrFloat("epsilon", 1e-8f);
+    p_.weight_decay = n.AttrFloat("weight_decay", 0.0f);
+  }
+  absl::Status Compute(KernelContext& ctx) const override;
+
+ private:
+  kernels::cpu::AdamWParams p_;
+};
+
 class SquaredNormKernel : public OpKernel {
  public:
   SquaredNormKernel(const graph::Node&, int) {}
@@ -135,6 +151,30 @@ class SgdKernel : public OpKernel {
   kernels::cpu::SgdParams p_;
 };
 
+absl::Status MultiTensorAdamWKernel::Compute(KernelContext& ctx) const {
+  ASSIGN_OR_RETURN(StepScalars s, ReadScalars(ctx));
+  kernels::cpu::AdamWParams p = p_;
+  p.lr = s.lr;
+  p.step = s.step;
+  p.grad_scale = s.grad_scale;
+  const int n = (ctx.num_inputs() - 3) / 4;
+  for (int k = 0; k < n; ++k) {
+    const TensorView& param = *ctx.input(3 + 4 * k);
+    RETURN_IF_ERROR(CheckSameShape(param, *ctx.input(4 + 4 * k), "grad"));
+    RETURN_IF_ERROR(CheckSameShape(param, *ctx.input(5 + 4 * k), "exp_avg"));
+    RETURN_IF_ERROR(CheckSameShape(param, *ctx.input(6 + 4 * k), "exp_avg_sq"));
+    TensorView* p_out = ctx.Output(3 * k, param.dim_span());
+    TensorView* m_out = ctx.Output(3 * k + 1, param.dim_span());
+    TensorView* v_out = ctx.Output(3 * k + 2, param.dim_span());
+    if (!p_out || !m_out || !v_out) return InvalidArgument("MultiTensorAdamW needs every output");
+    kernels::cpu::AdamWStep(p, param.as<const float>(), ctx.input(4 + 4 * k)->as<const float>(),
+                            ctx.input(5 + 4 * k)->as<const float>(), ctx.input(6 + 4 * k)->as<const float>(),
+                            p_out->as<float>(), m_out->as<float>(), v_out->as<float>(), param.numel(),
+                            ctx.thread_pool());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void RegisterOptimizerKernels(KernelRegistry& r) {
@@ -144,6 +184,7 @@ void RegisterOptimizerKernels(KernelRegistry& r) {
               MakeFactory<InPlaceAccumulatorKernel>()});
   r.Register({c, "SquaredNorm", 1, 1, InputTypeIn(0, f32), MakeFactory<SquaredNormKernel>()});
   r.Register({c, "AdamW", 1, 1, InputTypeIn(3, f32), MakeFactory<AdamWKernel>()});
+  r.Register({c, "MultiTensorAdamW", 1, 1, InputTypeIn(3, f32), MakeFactory<MultiTensorAdamWKernel>()});
   r.Register({c, "SGD", 1, 1, InputTypeIn(3, f32), MakeFactory<SgdKernel>()});
 }
 

@@ -768,6 +768,47 @@ class AdamWKernel : public CudaKernel {
   float beta1_, beta2_, epsilon_, weight_decay_;
 };
 
+// MultiTensorAdamW(lr, step, grad_scale [host], {param, grad, exp_avg, exp_avg_sq} x n) -> 3n.
+class MultiTensorAdamWKernel : public CudaKernel {
+ public:
+  MultiTensorAdamWKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), beta1_(n.AttrFloat("beta1", 0.9f)), beta2_(n.AttrFloat("beta2", 0.999f)),
+        epsilon_(n.AttrFloat("epsilon", 1e-8f)), weight_decay_(n.AttrFloat("weight_decay", 0.f)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const float lr = *ctx.input(0)->as<float>();
+    const int64_t step = *ctx.input(1)->as<int64_t>();
+    const float scale = *ctx.input(2)->as<float>();
+    const int count = (ctx.num_inputs() - 3) / 4;
+    std::vector<const float*> param(count), grad(count), m(count), v(count);
+    std::vector<float*> po(count), mo(count), vo(count);
+    std::vector<int64_t> n(count);
+    for (int k = 0; k < count; ++k) {
+      const TensorView& p = *ctx.input(3 + 4 * k);
+      for (int j = 1; j < 4; ++j)
+        if (ctx.input(3 + 4 * k + j)->numel() != p.numel())
+          return InvalidArgument(name_, ": parameter ", k, "'s input ", j, " has ", ctx.input(3 + 4 * k + j)->numel(),
+                                 " elements, the parameter ", p.numel());
+      TensorView* outs[3];
+      for (int j = 0; j < 3; ++j) {
+        outs[j] = ctx.Output(3 * k + j, p.dim_span());
+        if (!outs[j]) return Unimplemented(name_, ": every MultiTensorAdamW output must be used on CUDA");
+      }
+      param[k] = p.as<float>();
+      grad[k] = ctx.input(4 + 4 * k)->as<float>();
+      m[k] = ctx.input(5 + 4 * k)->as<float>();
+      v[k] = ctx.input(6 + 4 * k)->as<float>();
+      po[k] = outs[0]->as<float>(), mo[k] = outs[1]->as<float>(), vo[k] = outs[2]->as<float>();
+      n[k] = p.numel();
+    }
+    return Check(kc::MultiTensorAdamW(count, param.data(), grad.data(), m.data(), v.data(), po.data(), mo.data(),
+                                      vo.data(), n.data(), lr, beta1_, beta2_, epsilon_, weight_decay_, step, scale,
+                                      stream()));
+  }
+
+ private:
+  float beta1_, beta2_, epsilon_, weight_decay_;
+};
+
 // InPlaceAccumulator(buffer, grad, reset [host]) -> reset ? grad : buffer + grad.
 class AccumulatorKernel : public CudaKernel {
  public:
@@ -865,6 +906,7 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<SceGradKernel>(r, this, C, "SoftmaxCrossEntropyLossGrad", 1, 1, TwoDimScores);
   Add<AdamWKernel>(r, this, C, "AdamW", 1, 1, InputTypeIn(3, {DataType::kFloat32}), {0, 1, 2});
   Add<SquaredNormKernel>(r, this, C, "SquaredNorm", 1, 1, InputTypeIn(0, {DataType::kFloat32}));
+  Add<MultiTensorAdamWKernel>(r, this, C, "MultiTensorAdamW", 1, 1, InputTypeIn(3, {DataType::kFloat32}), {0, 1, 2});
   Add<SoftmaxGradKernel>(r, this, C, "SoftmaxGrad", 1, 1, AllOf({floats, LastAxisOnly}));
   Add<SoftmaxGradKernel>(r, this, C, "LogSoftmaxGrad", 1, 1, AllOf({floats, LastAxisOnly}));
   Add<ReduceKernel>(r, this, "", "ReduceSum", 1, 12, floats);
