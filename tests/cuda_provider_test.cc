@@ -106,7 +106,7 @@ TEST(CudaKernelTable, ClaimsEveryNodeOfTheTinyGptGraphs) {
       for (const auto& r : cap.rejected) rejected += r.reason + "\n";
       EXPECT_EQ(rejected, "") << precision << " " << g->info().graph_name;
       EXPECT_EQ(cap.claimed.size(), fused->nodes().size());
-      EXPECT_GT(cap.claimed.size(), 10u);
+      EXPECT_GE(cap.claimed.size(), 8u);  // the fused optimizer graph is the smallest
     }
   }
   // And it says no where it has no kernel.
