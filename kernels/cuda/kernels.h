@@ -114,8 +114,8 @@ int MultiTensorAdamW(int count, const float* const* param, const float* const* g
                      const float* const* v, float* const* param_out, float* const* m_out, float* const* v_out,
                      const int64_t* n, float lr, float beta1, float beta2, float epsilon, float weight_decay,
                      int64_t step, float grad_scale, void* stream);
-// out = sum of squares of every element of the `count` tensors; `acc` is device scratch of
-// one double. xs and ns are host arrays.
+// out = sum of squares of every element of the `count` tensors (128 per launch); `acc` is
+// device scratch of one double. xs and ns are host arrays.
 int SquaredNorm(const float* const* xs, const int64_t* ns, int count, float* out, double* acc, void* stream);
 
 }  // namespace cleave::kernels::cuda

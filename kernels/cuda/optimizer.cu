@@ -56,8 +56,17 @@ __global__ void MultiAdamWKernel(AdamWBatch b, float decay, float b1, float b2, 
   }
 }
 
-__global__ void SumSquares(const float* x, int64_t n, double* acc) {
+// Up to kNormTensors tensors per launch, their pointers by value; blockIdx.y picks the tensor.
+constexpr int kNormTensors = 128;
+struct NormBatch {
+  const float* x[kNormTensors];
+  int64_t n[kNormTensors];
+};
+
+__global__ void SumSquares(NormBatch b, double* acc) {
   __shared__ float shared[32];
+  const float* x = b.x[blockIdx.y];
+  const int64_t n = b.n[blockIdx.y];
   float s = 0.f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -123,10 +132,18 @@ int SquaredNorm(const float* const* xs, const int64_t* ns, int count, float* out
   cudaStream_t s = Stream(stream);
   cudaError_t e = cudaMemsetAsync(acc, 0, sizeof(double), s);
   if (e != cudaSuccess) return static_cast<int>(e);
-  for (int k = 0; k < count; ++k) {
-    if (ns[k] == 0) continue;
-    const unsigned blocks = Blocks(ns[k]) < 1024 ? Blocks(ns[k]) : 1024;
-    SumSquares<<<blocks, kThreads, 0, s>>>(xs[k], ns[k], acc);
+  for (int k0 = 0; k0 < count; k0 += kNormTensors) {
+    NormBatch b{};
+    const int k1 = count - k0 < kNormTensors ? count : k0 + kNormTensors;
+    int64_t largest = 0;
+    for (int k = k0; k < k1; ++k) {
+      b.x[k - k0] = xs[k];
+      b.n[k - k0] = ns[k];
+      largest = ns[k] > largest ? ns[k] : largest;
+    }
+    if (largest == 0) continue;
+    const unsigned blocks = Blocks(largest) < 256 ? Blocks(largest) : 256;
+    SumSquares<<<dim3(blocks, static_cast<unsigned>(k1 - k0)), kThreads, 0, s>>>(b, acc);
   }
   ToFloatOut<<<1, 1, 0, s>>>(acc, out);
   return static_cast<int>(cudaGetLastError());
