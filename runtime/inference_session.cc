@@ -54,8 +54,9 @@ void ApplyDimOverrides(graph::Graph& g, const std::map<std::string, int64_t>& ov
   }
 }
 
-// Folding, then the transformer fusions; with a device provider also attention fusion (its
-// flash-style kernel never stores the probabilities).
+// Folding, then the transformer fusions; with a device provider first the fusions its kernels
+// pay off for: attention (the flash-style kernel never stores the probabilities) and the
+// residual add with its LayerNorm.
 absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, bool device) {
   graph::ConstantFolding fold(runtime::MakeConstantEvaluator(g, cpu));
   graph::DeadCodeElimination dce;

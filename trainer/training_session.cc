@@ -60,12 +60,11 @@ absl::StatusOr<Tensor> TrainingSession::StateFrom(const Tensor& host) const {
   return t;
 }
 
-Tensor TrainingSession::ToHost(const Tensor& state) const {
+absl::StatusOr<Tensor> TrainingSession::ToHost(const Tensor& state) const {
   if (!device_ || !device_->allocator()->Owns(state.raw())) return CopyToTensor(state.view());
   Tensor host(state.dtype(), state.dims());
   TensorView dst = host.view();
-  absl::Status s = device_->CopyTensor(state.view(), dst);
-  CLEAVE_CHECK(s.ok());  // a device that cannot copy its own memory back is broken
+  RETURN_IF_ERROR(device_->CopyTensor(state.view(), dst));
   return host;
 }
 
@@ -405,7 +404,7 @@ absl::StatusOr<float> TrainingSession::OptimizerStep() {
     // A gradient that overflowed (here or on any rank of the group) skips the update.
     int32_t overflow = 0;
     for (const Tensor& g : grads_) {
-      const Tensor host = ToHost(g);
+      ASSIGN_OR_RETURN(const Tensor host, ToHost(g));
       const float* d = host.data<float>();
       for (int64_t i = 0; i < host.numel() && !overflow; ++i) overflow = !std::isfinite(d[i]);
       if (overflow) break;
@@ -469,9 +468,12 @@ absl::Status TrainingSession::SaveCheckpoint(const std::string& path,
     c.properties["cleave.loss_scale_clean_steps"] = absl::StrCat(clean_steps_);
   }
   for (size_t i = 0; i < params_.size(); ++i) {
-    c.tensors.emplace_back(artifacts_.params[i], ToHost(params_[i]));
-    for (size_t k = 0; k < artifacts_.state_suffixes.size(); ++k)
-      c.tensors.emplace_back(artifacts_.params[i] + artifacts_.state_suffixes[k], ToHost(states_[i][k]));
+    ASSIGN_OR_RETURN(Tensor param, ToHost(params_[i]));
+    c.tensors.emplace_back(artifacts_.params[i], std::move(param));
+    for (size_t k = 0; k < artifacts_.state_suffixes.size(); ++k) {
+      ASSIGN_OR_RETURN(Tensor state, ToHost(states_[i][k]));
+      c.tensors.emplace_back(artifacts_.params[i] + artifacts_.state_suffixes[k], std::move(state));
+    }
   }
   return WriteCheckpoint(path, c);
 }
@@ -524,7 +526,8 @@ absl::Status TrainingSession::ExportModelForInferencing(const std::string& path)
   for (size_t i = 0; i < params_.size(); ++i) {
     graph::Value* v = g->FindValue(artifacts_.params[i]);
     if (!v) return Internal("parameter '", artifacts_.params[i], "' is not in the forward graph");
-    g->SetInitializer(v, ToHost(params_[i]));
+    ASSIGN_OR_RETURN(Tensor param, ToHost(params_[i]));
+    g->SetInitializer(v, std::move(param));
   }
   return onnx_ext::SaveModel(*g, path);
 }
@@ -548,7 +551,10 @@ absl::StatusOr<std::string> TrainingSession::FirstNonFinite(const Feeds& feeds) 
   // Data and parameters as the failed step saw them; fresh zero accumulation buffers (the
   // failed step has already written into the real ones).
   Feeds all = feeds;
-  for (size_t i = 0; i < params_.size(); ++i) all.emplace_back(artifacts_.params[i], ToHost(params_[i]));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ASSIGN_OR_RETURN(Tensor param, ToHost(params_[i]));
+    all.emplace_back(artifacts_.params[i], std::move(param));
+  }
   for (size_t i = 0; i < params_.size(); ++i) all.emplace_back(AccumulationBuffer(artifacts_.params[i]), Zeros(params_[i]));
   all.emplace_back(kLazyResetGrad, Tensor::Scalar<bool>(true));
   // The first element that is NaN (or, with nan_only false, NaN or +-Inf).

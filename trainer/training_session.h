@@ -155,7 +155,7 @@ class TrainingSession {
   // State tensors in the device's memory when there is a device provider, else on the host.
   absl::StatusOr<Tensor> NewState(DataType dtype, const std::vector<int64_t>& dims) const;  // zeros
   absl::StatusOr<Tensor> StateFrom(const Tensor& host) const;
-  Tensor ToHost(const Tensor& state) const;
+  absl::StatusOr<Tensor> ToHost(const Tensor& state) const;
   absl::Status CopyInto(Tensor& state, const Tensor& host) const;
 
   std::shared_ptr<providers::ExecutionProvider> device_;
