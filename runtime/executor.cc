@@ -95,16 +95,12 @@ class Executor::Context : public providers::KernelContext {
         t = Tensor::Uninitialized(dtype, std::vector<int64_t>(dims.begin(), dims.end()));
       p = t.raw();
     } else if (providers::ExecutionProvider* dev = ex_.slot_device_[slot]) {
-      // A device value: from the device's caching allocator, back to it at the last use.
-      providers::Allocator* a = dev->allocator();
-      p = a->Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 1)));
-      if (!p) {
-        if (error_.ok())
-          error_ = absl::ResourceExhaustedError(absl::StrCat("output ", i, " '", step_.node->output(i)->name(), "' (",
-                                                             bytes, " bytes): ", a->last_error()));
-        return nullptr;
-      }
-      ex_.slot_heap_[slot] = std::shared_ptr<void>(p, [a](void* q) { a->Free(q); });
+      // A device value: back to the device's caching allocator at its last use.
+      ex_.slot_heap_[slot] = DeviceBuffer(*dev, static_cast<size_t>(bytes), [&] {
+        return absl::StrCat("output ", i, " '", step_.node->output(i)->name(), "' (", bytes, " bytes)");
+      });
+      p = ex_.slot_heap_[slot].get();
+      if (!p) return nullptr;
     } else if (ex_.planned_ && bytes <= ex_.plan_bytes_[slot]) {
       p = static_cast<char*>(ex_.arena_.get()) + ex_.plan_offsets_[slot];
     } else {
@@ -122,16 +118,10 @@ class Executor::Context : public providers::KernelContext {
 
   void* Scratch(size_t bytes) override {
     if (step_.provider->device() != providers::DeviceKind::kCpu) {
-      // Device scratch: from the device's caching allocator, returned when the step ends.
-      providers::Allocator* a = step_.provider->allocator();
-      void* p = a->Allocate(std::max<size_t>(bytes, 1));
-      if (!p) {
-        if (error_.ok())
-          error_ = absl::ResourceExhaustedError(absl::StrCat("scratch of ", bytes, " bytes: ", a->last_error()));
-        return nullptr;
-      }
-      device_scratch_.emplace_back(p, [a](void* q) { a->Free(q); });
-      return p;
+      // Device scratch, returned when the step ends.
+      device_scratch_.push_back(
+          DeviceBuffer(*step_.provider, bytes, [&] { return absl::StrCat("scratch of ", bytes, " bytes"); }));
+      return device_scratch_.back().get();
     }
     size_t aligned = (bytes + 63) / 64 * 64;
     if (ex_.scratch_used_ + aligned <= ex_.scratch_.size()) {
@@ -146,6 +136,19 @@ class Executor::Context : public providers::KernelContext {
     return extra_.back().get();
   }
   size_t wanted_scratch() const { return ex_.scratch_used_ + extra_bytes_; }
+
+  // A buffer from the device's caching allocator, freed back to it; null with the allocation
+  // error recorded (naming what() and the allocator's reason) when the device is full.
+  template <typename What>
+  std::shared_ptr<void> DeviceBuffer(providers::ExecutionProvider& device, size_t bytes, What what) {
+    providers::Allocator* a = device.allocator();
+    void* p = a->Allocate(std::max<size_t>(bytes, 1));
+    if (!p) {
+      if (error_.ok()) error_ = absl::ResourceExhaustedError(absl::StrCat(what(), ": ", a->last_error()));
+      return nullptr;
+    }
+    return std::shared_ptr<void>(p, [a](void* q) { a->Free(q); });
+  }
   const absl::Status& shape_error() const { return shape_error_; }
   const absl::Status& allocation_error() const { return error_; }
 
@@ -208,9 +211,8 @@ absl::Status Executor::Build() {
                          absl::StrJoin(unsupported, "\n  "));
   std::unordered_map<const Node*, providers::ExecutionProvider*> placed;
   for (const auto& [n, o] : owner) placed[n] = o.first;
-  bool any_device = false;
-  for (auto& p : providers_) any_device |= p->device() != providers::DeviceKind::kCpu;
-  if (any_device) {
+  for (auto& p : providers_) has_device_ |= p->device() != providers::DeviceKind::kCpu;
+  if (has_device_) {
     // Which ops fell back from the first provider, by op type.
     std::map<std::string, int> fell_back;
     for (Node* n : order)
@@ -310,6 +312,9 @@ absl::Status Executor::Build() {
   skip_.assign(steps_.size(), 0);
   bound_.assign(num_slots_, nullptr);
   bound_bytes_.assign(num_slots_, 0);
+  output_to_device_.assign(output_slots_.size(), nullptr);
+  for (int st = 0; st < static_cast<int>(steps_.size()); ++st)
+    if (IsCopy(steps_[st].node)) device_copy_steps_.push_back(st);
   size_t symbol_dims = 0;
   for (Value* v : graph_->inputs()) symbol_dims += v->shape().has_rank() ? v->shape().rank() : 0;
   symbol_values_.reserve(symbol_dims);
@@ -380,9 +385,12 @@ absl::Status Executor::PlaceOnDevices(std::unordered_map<const Node*, providers:
 }
 
 void Executor::BindDeviceResident(const std::vector<Tensor>& outputs) {
-  std::fill(skip_.begin(), skip_.end(), 0);
-  std::fill(bound_.begin(), bound_.end(), nullptr);
-  output_to_device_.assign(output_slots_.size(), nullptr);
+  if (!has_device_) return;  // nothing can be device-resident
+  std::fill(output_to_device_.begin(), output_to_device_.end(), nullptr);
+  for (int st : device_copy_steps_) {
+    skip_[st] = 0;
+    bound_[steps_[st].inputs[0]] = nullptr;
+  }
   for (size_t oi = 0; oi < output_slots_.size() && oi < outputs.size(); ++oi) {
     const int slot = output_slots_[oi];
     if (!outputs[oi].defined() || def_step_[slot] < 0 || slot_device_[slot]) continue;
@@ -390,9 +398,8 @@ void Executor::BindDeviceResident(const std::vector<Tensor>& outputs) {
       if (p->device() != providers::DeviceKind::kCpu && p->allocator()->Owns(outputs[oi].raw()))
         output_to_device_[oi] = p.get();
   }
-  for (int st = 0; st < static_cast<int>(steps_.size()); ++st) {
+  for (int st : device_copy_steps_) {
     const Step& step = steps_[st];
-    if (!IsCopy(step.node) || step.provider->device() == providers::DeviceKind::kCpu) continue;
     const providers::Allocator* a = step.provider->allocator();
     const int in = step.inputs[0], out = step.outputs[0];
     if (out < 0) continue;

@@ -101,6 +101,8 @@ class Executor {
   // Per graph output, this run: the device provider whose memory the caller's tensor is in,
   // when a host step makes the output (it is made on the host, then copied there).
   std::vector<providers::ExecutionProvider*> output_to_device_;
+  bool has_device_ = false;             // a provider other than the CPU
+  std::vector<int> device_copy_steps_;  // the MemcpyFromHost / MemcpyToHost steps
   std::vector<std::shared_ptr<void>> device_constants_;     // initializers uploaded at load
   std::map<std::string, int> placement_;
   std::string fallback_warning_;
