@@ -31,6 +31,17 @@ absl::Status ExpectSameShapes(const InferContext& ctx, int first, int count) {
   return absl::OkStatus();
 }
 
+// The (lr, step, grad_scale) scalars every update op starts with.
+absl::Status ExpectStepScalars(const InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, kFloat));
+  RETURN_IF_ERROR(ExpectScalar(ctx, 0, "lr"));
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
+  RETURN_IF_ERROR(ExpectScalar(ctx, 1, "step"));
+  RETURN_IF_ERROR(ExpectDtype(ctx, 2, kFloat));
+  RETURN_IF_ERROR(ExpectScalar(ctx, 2, "grad_scale"));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status InferInPlaceAccumulator(InferContext& ctx) {
@@ -50,12 +61,7 @@ absl::Status InferSquaredNorm(InferContext& ctx) {
 
 // AdamW(lr, step, scale, param, grad, exp_avg, exp_avg_sq) -> (param, exp_avg, exp_avg_sq)
 absl::Status InferAdamW(InferContext& ctx) {
-  RETURN_IF_ERROR(ExpectDtype(ctx, 0, kFloat));
-  RETURN_IF_ERROR(ExpectScalar(ctx, 0, "lr"));
-  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
-  RETURN_IF_ERROR(ExpectScalar(ctx, 1, "step"));
-  RETURN_IF_ERROR(ExpectDtype(ctx, 2, kFloat));
-  RETURN_IF_ERROR(ExpectScalar(ctx, 2, "grad_scale"));
+  RETURN_IF_ERROR(ExpectStepScalars(ctx));
   RETURN_IF_ERROR(ExpectDtype(ctx, 3, kFloat));
   RETURN_IF_ERROR(ExpectSameShapes(ctx, 3, 4));
   for (int o = 0; o < ctx.num_outputs(); ++o) ctx.SetOutput(o, DataType::kFloat32, ctx.input_shape(3));
@@ -65,12 +71,7 @@ absl::Status InferAdamW(InferContext& ctx) {
 // MultiTensorAdamW(lr, step, scale, {param, grad, exp_avg, exp_avg_sq} x n) ->
 // {param, exp_avg, exp_avg_sq} x n.
 absl::Status InferMultiTensorAdamW(InferContext& ctx) {
-  RETURN_IF_ERROR(ExpectDtype(ctx, 0, kFloat));
-  RETURN_IF_ERROR(ExpectScalar(ctx, 0, "lr"));
-  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
-  RETURN_IF_ERROR(ExpectScalar(ctx, 1, "step"));
-  RETURN_IF_ERROR(ExpectDtype(ctx, 2, kFloat));
-  RETURN_IF_ERROR(ExpectScalar(ctx, 2, "grad_scale"));
+  RETURN_IF_ERROR(ExpectStepScalars(ctx));
   const int n = (ctx.num_inputs() - 3) / 4;
   if (n < 1 || ctx.num_inputs() != 3 + 4 * n || ctx.num_outputs() != 3 * n)
     return ctx.Error("expected 3 + 4n inputs and 3n outputs, got ", ctx.num_inputs(), " and ", ctx.num_outputs());
@@ -85,12 +86,7 @@ absl::Status InferMultiTensorAdamW(InferContext& ctx) {
 
 // SGD(lr, step, scale, param, grad[, momentum_buffer]) -> (param[, momentum_buffer])
 absl::Status InferSGD(InferContext& ctx) {
-  RETURN_IF_ERROR(ExpectDtype(ctx, 0, kFloat));
-  RETURN_IF_ERROR(ExpectScalar(ctx, 0, "lr"));
-  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
-  RETURN_IF_ERROR(ExpectScalar(ctx, 1, "step"));
-  RETURN_IF_ERROR(ExpectDtype(ctx, 2, kFloat));
-  RETURN_IF_ERROR(ExpectScalar(ctx, 2, "grad_scale"));
+  RETURN_IF_ERROR(ExpectStepScalars(ctx));
   RETURN_IF_ERROR(ExpectDtype(ctx, 3, kFloat));
   RETURN_IF_ERROR(ExpectSameShapes(ctx, 3, ctx.num_inputs() - 3));
   for (int o = 0; o < ctx.num_outputs(); ++o) ctx.SetOutput(o, DataType::kFloat32, ctx.input_shape(3));

@@ -103,13 +103,9 @@ int GatherGrad(const float* dy, const int64_t* ids, float* dtable, int64_t num_i
 int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* perm,
               void* stream);
 
-// One AdamW step (decoupled weight decay, bias-corrected), reading the inputs and writing
-// the outputs (which may alias them), grad multiplied by grad_scale first.
-int AdamW(const float* param, const float* grad, const float* m, const float* v, float* param_out, float* m_out,
-          float* v_out, int64_t n, float lr, float beta1, float beta2, float epsilon, float weight_decay,
-          int64_t step, float grad_scale, void* stream);
-// AdamW over `count` tensors in as few launches as their pointers fit in (32 per launch): the
-// host arrays give tensor k's inputs and outputs and its n[k] elements.
+// AdamW (decoupled weight decay, bias-corrected, grad multiplied by grad_scale first; outputs
+// may alias inputs) over `count` tensors in as few launches as their pointers fit in (32 per
+// launch): the host arrays give tensor k's inputs and outputs and its n[k] elements.
 int MultiTensorAdamW(int count, const float* const* param, const float* const* grad, const float* const* m,
                      const float* const* v, float* const* param_out, float* const* m_out, float* const* v_out,
                      const int64_t* n, float lr, float beta1, float beta2, float epsilon, float weight_decay,

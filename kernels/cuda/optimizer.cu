@@ -8,23 +8,6 @@
 namespace cleave::kernels::cuda {
 namespace {
 
-__global__ void AdamWKernel(const float* param, const float* grad, const float* m_in, const float* v_in,
-                            float* param_out, float* m_out, float* v_out, int64_t n, float decay, float b1, float b2,
-                            float one_minus_b1, float one_minus_b2, float neg_step_size, float bc2_sqrt, float eps,
-                            float scale) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = grad[i] * scale;
-    const float w = param[i] * decay;
-    const float m = m_in[i] * b1 + one_minus_b1 * g;
-    const float v = v_in[i] * b2 + one_minus_b2 * (g * g);
-    const float denom = sqrtf(v) / bc2_sqrt + eps;
-    param_out[i] = w + neg_step_size * (m / denom);
-    m_out[i] = m;
-    v_out[i] = v;
-  }
-}
-
 constexpr int kTensorsPerLaunch = 32;
 
 // Tensor pointers by value (a kernel parameter, no device table): blockIdx.y picks the tensor.
@@ -78,23 +61,6 @@ __global__ void SumSquares(NormBatch b, double* acc) {
 __global__ void ToFloatOut(const double* acc, float* out) { out[0] = static_cast<float>(acc[0]); }
 
 }  // namespace
-
-int AdamW(const float* param, const float* grad, const float* m, const float* v, float* param_out, float* m_out,
-          float* v_out, int64_t n, float lr, float beta1, float beta2, float epsilon, float weight_decay,
-          int64_t step, float grad_scale, void* stream) {
-  if (n == 0) return 0;
-  // The scalar terms exactly as the CPU step forms them (in double, then rounded).
-  const double st = static_cast<double>(step);
-  const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), st);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), st);
-  const float neg_step_size = static_cast<float>(-(static_cast<double>(lr) / bc1));
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  AdamWKernel<<<Blocks(n), kThreads, 0, Stream(stream)>>>(
-      param, grad, m, v, param_out, m_out, v_out, n, decay, beta1, beta2, static_cast<float>(1.0 - beta1),
-      static_cast<float>(1.0 - beta2), neg_step_size, bc2_sqrt, epsilon, grad_scale);
-  return static_cast<int>(cudaGetLastError());
-}
 
 int MultiTensorAdamW(int count, const float* const* param, const float* const* grad, const float* const* m,
                      const float* const* v, float* const* param_out, float* const* m_out, float* const* v_out,

@@ -37,11 +37,11 @@ class InPlaceAccumulatorKernel : public OpKernel {
   }
 };
 
-// MultiTensorAdamW: the AdamW step of each (param, grad, exp_avg, exp_avg_sq) group, exactly
-// as AdamW computes it one parameter at a time.
-class MultiTensorAdamWKernel : public OpKernel {
+// AdamW and MultiTensorAdamW: the AdamW step of each (param, grad, exp_avg, exp_avg_sq) group
+// after the (lr, step, grad_scale) scalars; AdamW is the one-group case.
+class AdamWKernel : public OpKernel {
  public:
-  MultiTensorAdamWKernel(const graph::Node& n, int) {
+  AdamWKernel(const graph::Node& n, int) : op_(n.op_type()) {
     p_.beta1 = n.AttrFloat("beta1", 0.9f);
     p_.beta2 = n.AttrFloat("beta2", 0.999f);
     p_.epsilon = n.AttrFloat("epsilon", 1e-8f);
@@ -50,6 +50,7 @@ class MultiTensorAdamWKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) const override;
 
  private:
+  std::string op_;
   kernels::cpu::AdamWParams p_;
 };
 
@@ -85,39 +86,6 @@ absl::StatusOr<StepScalars> ReadScalars(KernelContext& ctx) {
   return s;
 }
 
-class AdamWKernel : public OpKernel {
- public:
-  AdamWKernel(const graph::Node& n, int) {
-    p_.beta1 = n.AttrFloat("beta1", 0.9f);
-    p_.beta2 = n.AttrFloat("beta2", 0.999f);
-    p_.epsilon = n.AttrFloat("epsilon", 1e-8f);
-    p_.weight_decay = n.AttrFloat("weight_decay", 0.0f);
-  }
-  absl::Status Compute(KernelContext& ctx) const override {
-    ASSIGN_OR_RETURN(StepScalars s, ReadScalars(ctx));
-    const TensorView& param = *ctx.input(3);
-    RETURN_IF_ERROR(CheckSameShape(param, *ctx.input(4), "grad"));
-    RETURN_IF_ERROR(CheckSameShape(param, *ctx.input(5), "exp_avg"));
-    RETURN_IF_ERROR(CheckSameShape(param, *ctx.input(6), "exp_avg_sq"));
-    TensorView* p_out = ctx.Output(0, param.dim_span());
-    TensorView* m_out = ctx.Output(1, param.dim_span());
-    TensorView* v_out = ctx.Output(2, param.dim_span());
-    if (!p_out || !m_out || !v_out) return InvalidArgument("AdamW needs all three outputs");
-    kernels::cpu::AdamWParams p = p_;
-    p.lr = s.lr;
-    p.step = s.step;
-    p.grad_scale = s.grad_scale;
-    kernels::cpu::AdamWStep(p, param.as<const float>(), ctx.input(4)->as<const float>(),
-                            ctx.input(5)->as<const float>(), ctx.input(6)->as<const float>(),
-                            p_out->as<float>(), m_out->as<float>(), v_out->as<float>(),
-                            param.numel(), ctx.thread_pool());
-    return absl::OkStatus();
-  }
-
- private:
-  kernels::cpu::AdamWParams p_;
-};
-
 class SgdKernel : public OpKernel {
  public:
   SgdKernel(const graph::Node& n, int) {
@@ -151,7 +119,7 @@ class SgdKernel : public OpKernel {
   kernels::cpu::SgdParams p_;
 };
 
-absl::Status MultiTensorAdamWKernel::Compute(KernelContext& ctx) const {
+absl::Status AdamWKernel::Compute(KernelContext& ctx) const {
   ASSIGN_OR_RETURN(StepScalars s, ReadScalars(ctx));
   kernels::cpu::AdamWParams p = p_;
   p.lr = s.lr;
@@ -166,7 +134,7 @@ absl::Status MultiTensorAdamWKernel::Compute(KernelContext& ctx) const {
     TensorView* p_out = ctx.Output(3 * k, param.dim_span());
     TensorView* m_out = ctx.Output(3 * k + 1, param.dim_span());
     TensorView* v_out = ctx.Output(3 * k + 2, param.dim_span());
-    if (!p_out || !m_out || !v_out) return InvalidArgument("MultiTensorAdamW needs every output");
+    if (!p_out || !m_out || !v_out) return InvalidArgument(op_, " needs every output");
     kernels::cpu::AdamWStep(p, param.as<const float>(), ctx.input(4 + 4 * k)->as<const float>(),
                             ctx.input(5 + 4 * k)->as<const float>(), ctx.input(6 + 4 * k)->as<const float>(),
                             p_out->as<float>(), m_out->as<float>(), v_out->as<float>(), param.numel(),
@@ -184,7 +152,7 @@ void RegisterOptimizerKernels(KernelRegistry& r) {
               MakeFactory<InPlaceAccumulatorKernel>()});
   r.Register({c, "SquaredNorm", 1, 1, InputTypeIn(0, f32), MakeFactory<SquaredNormKernel>()});
   r.Register({c, "AdamW", 1, 1, InputTypeIn(3, f32), MakeFactory<AdamWKernel>()});
-  r.Register({c, "MultiTensorAdamW", 1, 1, InputTypeIn(3, f32), MakeFactory<MultiTensorAdamWKernel>()});
+  r.Register({c, "MultiTensorAdamW", 1, 1, InputTypeIn(3, f32), MakeFactory<AdamWKernel>()});
   r.Register({c, "SGD", 1, 1, InputTypeIn(3, f32), MakeFactory<SgdKernel>()});
 }
 

@@ -740,38 +740,11 @@ class SceGradKernel : public CudaKernel {
 
 // ---- optimizer --------------------------------------------------------------------------
 
-// AdamW(lr, step, grad_scale [host], param, grad, exp_avg, exp_avg_sq) -> 3 outputs.
+// AdamW and MultiTensorAdamW(lr, step, grad_scale [host], {param, grad, exp_avg, exp_avg_sq} x n)
+// -> 3n, in as few launches as the pointers fit in; AdamW is the one-group case.
 class AdamWKernel : public CudaKernel {
  public:
   AdamWKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), beta1_(n.AttrFloat("beta1", 0.9f)), beta2_(n.AttrFloat("beta2", 0.999f)),
-        epsilon_(n.AttrFloat("epsilon", 1e-8f)), weight_decay_(n.AttrFloat("weight_decay", 0.f)) {}
-  absl::Status Compute(KernelContext& ctx) const override {
-    const float lr = *ctx.input(0)->as<float>();
-    const int64_t step = *ctx.input(1)->as<int64_t>();
-    const float scale = *ctx.input(2)->as<float>();
-    const TensorView& param = *ctx.input(3);
-    for (int i = 4; i < 7; ++i)
-      if (ctx.input(i)->numel() != param.numel())
-        return InvalidArgument(name_, ": input ", i, " has ", ctx.input(i)->numel(), " elements, the parameter ",
-                               param.numel());
-    TensorView* po = ctx.Output(0, param.dim_span());
-    TensorView* mo = ctx.Output(1, param.dim_span());
-    TensorView* vo = ctx.Output(2, param.dim_span());
-    if (!po || !mo || !vo) return Unimplemented(name_, ": every AdamW output must be used on CUDA");
-    return Check(kc::AdamW(param.as<float>(), ctx.input(4)->as<float>(), ctx.input(5)->as<float>(),
-                           ctx.input(6)->as<float>(), po->as<float>(), mo->as<float>(), vo->as<float>(), param.numel(),
-                           lr, beta1_, beta2_, epsilon_, weight_decay_, step, scale, stream()));
-  }
-
- private:
-  float beta1_, beta2_, epsilon_, weight_decay_;
-};
-
-// MultiTensorAdamW(lr, step, grad_scale [host], {param, grad, exp_avg, exp_avg_sq} x n) -> 3n.
-class MultiTensorAdamWKernel : public CudaKernel {
- public:
-  MultiTensorAdamWKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
       : CudaKernel(p, n), beta1_(n.AttrFloat("beta1", 0.9f)), beta2_(n.AttrFloat("beta2", 0.999f)),
         epsilon_(n.AttrFloat("epsilon", 1e-8f)), weight_decay_(n.AttrFloat("weight_decay", 0.f)) {}
   absl::Status Compute(KernelContext& ctx) const override {
@@ -791,7 +764,7 @@ class MultiTensorAdamWKernel : public CudaKernel {
       TensorView* outs[3];
       for (int j = 0; j < 3; ++j) {
         outs[j] = ctx.Output(3 * k + j, p.dim_span());
-        if (!outs[j]) return Unimplemented(name_, ": every MultiTensorAdamW output must be used on CUDA");
+        if (!outs[j]) return Unimplemented(name_, ": every output must be used on CUDA");
       }
       param[k] = p.as<float>();
       grad[k] = ctx.input(4 + 4 * k)->as<float>();
@@ -906,7 +879,7 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<SceGradKernel>(r, this, C, "SoftmaxCrossEntropyLossGrad", 1, 1, TwoDimScores);
   Add<AdamWKernel>(r, this, C, "AdamW", 1, 1, InputTypeIn(3, {DataType::kFloat32}), {0, 1, 2});
   Add<SquaredNormKernel>(r, this, C, "SquaredNorm", 1, 1, InputTypeIn(0, {DataType::kFloat32}));
-  Add<MultiTensorAdamWKernel>(r, this, C, "MultiTensorAdamW", 1, 1, InputTypeIn(3, {DataType::kFloat32}), {0, 1, 2});
+  Add<AdamWKernel>(r, this, C, "MultiTensorAdamW", 1, 1, InputTypeIn(3, {DataType::kFloat32}), {0, 1, 2});
   Add<SoftmaxGradKernel>(r, this, C, "SoftmaxGrad", 1, 1, AllOf({floats, LastAxisOnly}));
   Add<SoftmaxGradKernel>(r, this, C, "LogSoftmaxGrad", 1, 1, AllOf({floats, LastAxisOnly}));
   Add<ReduceKernel>(r, this, "", "ReduceSum", 1, 12, floats);
