@@ -10,36 +10,20 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "graph/op_table.h"
+#include "providers/collective_attrs.h"
 #include "providers/communicator.h"
 #include "providers/cuda/cuda_provider.h"
 
 namespace cleave::providers {
 namespace {
 
-struct Group {
-  std::vector<int> ranks;
-  int64_t axis = 0;
-  ReduceOp op = ReduceOp::kSum;
-};
-
-absl::StatusOr<Group> ReadGroup(const graph::Node& n) {
-  Group g;
-  for (int64_t r : n.AttrInts("group")) g.ranks.push_back(static_cast<int>(r));
-  if (g.ranks.empty()) return InvalidArgument(n.Describe(), ": attribute 'group' (the ranks) is missing or empty");
-  g.axis = n.AttrInt("axis", 0);
-  const std::string op = n.AttrString("reduction", "sum");
-  if (op == "max") g.op = ReduceOp::kMax;
-  else if (op != "sum") return InvalidArgument(n.Describe(), ": reduction must be 'sum' or 'max', got '", op, "'");
-  return g;
-}
-
 class CollectiveKernel : public OpKernel {
  public:
-  CollectiveKernel(const CudaExecutionProvider* p, const graph::Node& n, Group g)
+  CollectiveKernel(const CudaExecutionProvider* p, const graph::Node& n, GroupAttrs g)
       : p_(p), name_(n.Describe()), op_(n.op_type()), g_(std::move(g)) {}
 
   static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const CudaExecutionProvider* p, const graph::Node& n) {
-    ASSIGN_OR_RETURN(Group g, ReadGroup(n));
+    ASSIGN_OR_RETURN(GroupAttrs g, GroupAttrs::Read(n));
     return std::unique_ptr<OpKernel>(new CollectiveKernel(p, n, std::move(g)));
   }
 
@@ -110,7 +94,7 @@ class CollectiveKernel : public OpKernel {
   }
   const CudaExecutionProvider* p_;
   std::string name_, op_;
-  Group g_;
+  GroupAttrs g_;
 };
 
 // Send(x) -> done (a bool scalar set on the device); Recv([after]) -> y of the attribute shape.
