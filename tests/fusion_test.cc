@@ -51,6 +51,23 @@ void ExpectSameOutputs(const std::string& text, Feeds feeds = {}) {
   EXPECT_EQ(testing::CompareTensors((*ra)[0], (*rb)[0], 1e-5, 1e-5), "");
 }
 
+// Runs a rewritten graph and the original, unoptimised on one intra-op thread, on `feeds`
+// and expects every output to agree within the tolerances.
+void ExpectGraphsAgree(std::unique_ptr<Graph> rewritten, std::unique_ptr<Graph> original, const Feeds& feeds,
+                       double atol, double rtol) {
+  SessionOptions plain;
+  plain.optimize = false;
+  plain.intra_op_threads = 1;
+  auto s1 = InferenceSession::FromGraph(std::move(rewritten), plain);
+  auto s0 = InferenceSession::FromGraph(std::move(original), plain);
+  ASSERT_TRUE(s1.ok() && s0.ok()) << s1.status() << s0.status();
+  auto r1 = (*s1)->Run(feeds);
+  auto r0 = (*s0)->Run(feeds);
+  ASSERT_TRUE(r1.ok() && r0.ok()) << r1.status() << r0.status();
+  ASSERT_EQ(r1->size(), r0->size());
+  for (size_t i = 0; i < r0->size(); ++i) EXPECT_EQ(testing::CompareTensors((*r1)[i], (*r0)[i], atol, rtol), "") << i;
+}
+
 constexpr char kErfGelu[] = R"(
   input x: float32[2,3,8]
   init sqrt2: float32[] = 1.4142135
@@ -204,16 +221,7 @@ TEST(ActivationNormFusion, FusesGeluAndLayerNormOnly) {
   EXPECT_EQ(ln->input(1), gamma);
   EXPECT_EQ(ln->input(0)->producer()->metadata().at("role"), "fwd");
   // The fused graph computes what the pattern computes.
-  SessionOptions plain;
-  plain.optimize = false;
-  auto fused = InferenceSession::FromGraph(std::move(*g), plain);
-  auto unfused = InferenceSession::FromGraph(*ParseGraph(kText), plain);
-  ASSERT_TRUE(fused.ok() && unfused.ok()) << fused.status() << unfused.status();
-  const Feeds feeds = {{"x", Random({2, 3, 8}, 4)}};
-  auto a = (*fused)->Run(feeds);
-  auto b = (*unfused)->Run(feeds);
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(testing::CompareTensors((*a)[0], (*b)[0], 1e-5, 1e-5), "");
+  ExpectGraphsAgree(std::move(*g), *ParseGraph(kText), {{"x", Random({2, 3, 8}, 4)}}, 1e-5, 1e-5);
 }
 
 constexpr char kMlp[] = R"(
@@ -309,16 +317,9 @@ TEST(AttentionFusion, CausalAttentionBecomesOneOpWithTheSameOutput) {
   const Node& n = *(*g)->nodes()[0];
   EXPECT_EQ(n.AttrInt("causal", 0), 1);
   EXPECT_NEAR(n.AttrFloat("scale", 0), 0.35355339, 1e-7);
-  SessionOptions plain;
-  plain.optimize = false;
-  auto fused = InferenceSession::FromGraph(std::move(*g), plain);
-  auto unfused = InferenceSession::FromGraph(*ParseGraph(AttentionText(kCausalHidden)), plain);
-  ASSERT_TRUE(fused.ok() && unfused.ok()) << fused.status() << unfused.status();
-  const Feeds feeds = {{"q", Random({2, 3, 4, 8}, 1)}, {"k", Random({2, 3, 4, 8}, 2)}, {"v", Random({2, 3, 4, 8}, 3)}};
-  auto a = (*fused)->Run(feeds);
-  auto b = (*unfused)->Run(feeds);
-  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-  EXPECT_EQ(testing::CompareTensors((*a)[0], (*b)[0], 1e-6, 1e-5), "");
+  ExpectGraphsAgree(std::move(*g), *ParseGraph(AttentionText(kCausalHidden)),
+                    {{"q", Random({2, 3, 4, 8}, 1)}, {"k", Random({2, 3, 4, 8}, 2)}, {"v", Random({2, 3, 4, 8}, 3)}},
+                    1e-6, 1e-5);
 }
 
 TEST(AttentionFusion, OtherMasksAndSharedIntermediatesAreLeftAlone) {
@@ -358,17 +359,10 @@ TEST(SkipLayerNormFusion, ResidualAddAndLayerNormBecomeOneOpComputingTheSame) {
   std::vector<std::string> ops;
   for (const auto& n : (*g)->nodes()) ops.push_back(n->op_type());
   EXPECT_EQ(ops, (std::vector<std::string>{"SkipLayerNormalization", "Mul"}));
-  SessionOptions plain;
-  plain.optimize = false;
-  auto fused = InferenceSession::FromGraph(std::move(*g), plain);
-  auto unfused = InferenceSession::FromGraph(*ParseGraph(kSkipNorm), plain);
-  ASSERT_TRUE(fused.ok() && unfused.ok()) << fused.status() << unfused.status();
-  const Feeds feeds = {{"x", Random({2, 5, 16}, 4)}, {"r", Random({2, 5, 16}, 5)}, {"g", Random({16}, 6)},
-                       {"b", Random({16}, 7)}};
-  auto a = (*fused)->Run(feeds);
-  auto b = (*unfused)->Run(feeds);
-  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(testing::CompareTensors((*a)[i], (*b)[i], 0, 0), "") << i;
+  ExpectGraphsAgree(std::move(*g), *ParseGraph(kSkipNorm),
+                    {{"x", Random({2, 5, 16}, 4)}, {"r", Random({2, 5, 16}, 5)}, {"g", Random({16}, 6)},
+                     {"b", Random({16}, 7)}},
+                    0, 0);
 }
 
 // In a training graph (after autodiff) every pre-LN residual add fuses and the step computes
@@ -397,17 +391,7 @@ TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
     feeds.emplace_back(buf->name(), Tensor(DataType::kFloat32, buf->shape().StaticDims()));
   }
   feeds.emplace_back(trainer::kLazyResetGrad, Tensor::Scalar<bool>(true));
-  SessionOptions plain;
-  plain.optimize = false;
-  plain.intra_op_threads = 1;
-  auto s1 = InferenceSession::FromGraph(std::move(fused_graph), plain);
-  auto s0 = InferenceSession::FromGraph(a.training->Clone(), plain);
-  ASSERT_TRUE(s1.ok() && s0.ok()) << s1.status() << s0.status();
-  auto r1 = (*s1)->Run(feeds);
-  auto r0 = (*s0)->Run(feeds);
-  ASSERT_TRUE(r1.ok() && r0.ok()) << r1.status() << r0.status();
-  ASSERT_EQ(r1->size(), r0->size());
-  for (size_t i = 0; i < r0->size(); ++i) EXPECT_EQ(testing::CompareTensors((*r1)[i], (*r0)[i], 0, 0), "") << i;
+  ExpectGraphsAgree(std::move(fused_graph), a.training->Clone(), feeds, 0, 0);
 }
 
 
@@ -437,16 +421,7 @@ TEST(MultiTensorAdamWFusion, OneUpdateForAllParametersComputingTheSame) {
   for (const Value* in : a.optimizer->inputs())
     if (in->dtype() == DataType::kFloat32 && in->shape().rank() > 0)
       feeds.emplace_back(in->name(), Random(in->shape().StaticDims(), seed++));
-  SessionOptions plain;
-  plain.optimize = false;
-  auto s1 = InferenceSession::FromGraph(std::move(fused_graph), plain);
-  auto s0 = InferenceSession::FromGraph(a.optimizer->Clone(), plain);
-  ASSERT_TRUE(s1.ok() && s0.ok()) << s1.status() << s0.status();
-  auto r1 = (*s1)->Run(feeds);
-  auto r0 = (*s0)->Run(feeds);
-  ASSERT_TRUE(r1.ok() && r0.ok()) << r1.status() << r0.status();
-  ASSERT_EQ(r1->size(), r0->size());
-  for (size_t i = 0; i < r0->size(); ++i) EXPECT_EQ(testing::CompareTensors((*r1)[i], (*r0)[i], 0, 0), "") << i;
+  ExpectGraphsAgree(std::move(fused_graph), a.optimizer->Clone(), feeds, 0, 0);
 }
 
 }  // namespace
