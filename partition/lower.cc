@@ -23,6 +23,21 @@ using graph::Value;
 
 std::vector<int64_t> ToInts(const std::vector<int>& v) { return std::vector<int64_t>(v.begin(), v.end()); }
 
+// A node the lowering adds in place of `prefix`'s node: `op` over `in` writing `out` (a new
+// value named prefix + hint when null), with the replaced node's metadata (its role and stage).
+Node* AddLowered(Graph& lg, const char* op, std::vector<Value*> in, const std::string& prefix, const std::string& hint,
+                 const std::map<std::string, std::string>& metadata, Value* out = nullptr, const char* domain = "") {
+  Node* m;
+  if (out) {
+    m = lg.AddNode(op, in, {out}, lg.UniqueName(prefix + hint), domain);
+  } else {
+    out = lg.GetOrCreateValue(lg.UniqueName(prefix + hint));
+    m = lg.AddNode(op, in, {out}, out->name(), domain);  // the new value names its node
+  }
+  m->metadata() = metadata;
+  return m;
+}
+
 int64_t Parts(const Mesh& mesh, const std::vector<std::string>& axes) {
   int64_t n = 1;
   for (const auto& a : axes) n *= mesh.size(a);
@@ -453,10 +468,7 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
     };
     auto md = n->metadata();
     auto node = [&](const char* op, std::vector<Value*> in, const std::string& hint) {
-      Value* v = lg.GetOrCreateValue(lg.UniqueName(n->name() + hint));
-      Node* m = lg.AddNode(op, in, {v}, v->name());
-      m->metadata() = md;
-      return v;
+      return AddLowered(lg, op, std::move(in), n->name(), hint, md)->output(0);
     };
     Value* shifted = node("Sub", {ids, scalar(".offset", offset)}, ".local_ids");
     Value* lo = node("GreaterOrEqual", {shifted, scalar(".zero", 0)}, ".at_or_above");
@@ -526,12 +538,7 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
     twin[on] = nullptr;
     const int opset = lg.OpsetFor("");
     auto add = [&](const char* op, std::vector<Value*> in, const std::string& hint, Value* dst = nullptr,
-                   const char* domain = "") {
-      if (!dst) dst = lg.GetOrCreateValue(lg.UniqueName(base + hint));
-      Node* m = lg.AddNode(op, in, {dst}, lg.UniqueName(base + hint), domain);
-      m->metadata() = md;
-      return m;
-    };
+                   const char* domain = "") { return AddLowered(lg, op, std::move(in), base, hint, md, dst, domain); };
     // A reduction over the class axis (keepdims) or over everything (axis < 0).
     auto reduce = [&](const char* op, Value* x, int axis, bool keep, const std::string& hint, Value* dst = nullptr) {
       const bool axes_input = std::string(op) == "ReduceSum" ? opset >= 13 : opset >= 18;
