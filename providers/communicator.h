@@ -8,10 +8,11 @@
 // sequence of calls on it with matching sizes and dtypes.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <string>
 
-#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "base/tensor.h"
 
 namespace cleave {
@@ -49,6 +50,21 @@ class Communicator {
   // Whether the buffers are device (CUDA) memory (NCCL) rather than host memory (MPI, the
   // simulated world): the CUDA provider runs collectives itself only over such a communicator.
   virtual bool device_memory() const { return false; }
+
+  // A communicator over the same ranks whose operations are independent of this one's (its
+  // own MPI communicator, its own NCCL communicators and stream, or its own simulated
+  // channel), so that a second thread or stream can run collectives while this one is in use:
+  // the data-parallel gradient reductions that overlap the backward run on one. Every rank
+  // makes the call at the same point, as for a collective. Unimplemented where a backend
+  // cannot (an MPI library without MPI_THREAD_MULTIPLE).
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Duplicate() {
+    return absl::UnimplementedError("this communicator cannot be duplicated");
+  }
+  // Device communicators only. Deferred: an operation no longer makes the compute stream wait
+  // for it; JoinCompute() makes the compute stream wait for everything queued so far (host
+  // communicators complete each operation before returning, so both are no-ops there).
+  virtual void set_deferred(bool deferred) { (void)deferred; }
+  virtual absl::Status JoinCompute() { return absl::OkStatus(); }
 };
 
 }  // namespace cleave

@@ -6,12 +6,14 @@
 #include <cstring>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "graph/op_table.h"
 #include "runtime/memory_plan.h"
+#include "runtime/profiler.h"
 
 namespace cleave::runtime {
 
@@ -181,6 +183,47 @@ class Executor::Context : public providers::KernelContext {
 
 Executor::~Executor() = default;
 
+namespace {
+
+// Nodes that only make graph outputs run as soon as their inputs are ready, not where the
+// insertion order puts them: autodiff appends the gradient accumulations after the whole
+// backward, and run there every gradient would be final only at the very end. Run early, a
+// gradient is final (and its data-parallel reduction can start) while the rest of the backward
+// runs, and its temporary is released sooner. A node that may write in place over a graph
+// input that other nodes also read (same dtype and shape as one of its outputs) stays put.
+std::vector<Node*> OutputsEarly(const std::vector<Node*>& order, const graph::Graph& g) {
+  std::unordered_set<const graph::Value*> outs(g.outputs().begin(), g.outputs().end());
+  std::unordered_map<const Node*, int> pos;
+  for (size_t i = 0; i < order.size(); ++i) pos[order[i]] = static_cast<int>(i);
+  std::vector<std::vector<Node*>> after(order.size() + 1);  // [k + 1]: right after order[k]
+  std::vector<char> moved(order.size(), 0);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const Node* n = order[i];
+    bool sink = n->num_outputs() > 0;
+    for (const graph::Value* o : n->outputs()) sink = sink && o && outs.count(o) && o->consumers().empty();
+    int last = -1;
+    for (const graph::Value* v : n->inputs()) {
+      if (!v) continue;
+      if (v->producer()) last = std::max(last, pos.at(v->producer()));
+      if (v->is_graph_input() && v->consumers().size() > 1)
+        for (const graph::Value* o : n->outputs())
+          sink = sink && !(o->dtype() == v->dtype() && o->shape().ToString() == v->shape().ToString());
+    }
+    if (!sink || last + 1 >= static_cast<int>(i)) continue;
+    after[last + 1].push_back(order[i]);
+    moved[i] = 1;
+  }
+  std::vector<Node*> out(after[0]);
+  out.reserve(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (!moved[i]) out.push_back(order[i]);
+    out.insert(out.end(), after[i + 1].begin(), after[i + 1].end());
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
     std::unique_ptr<graph::Graph> graph,
     std::vector<std::shared_ptr<providers::ExecutionProvider>> providers) {
@@ -236,6 +279,7 @@ absl::Status Executor::Build() {
     RETURN_IF_ERROR(PlaceOnDevices(placed, host_inputs));
     ASSIGN_OR_RETURN(order, graph_->TopologicalOrder());
   }
+  order = OutputsEarly(order, *graph_);
   for (Node* n : order) ++placement_[placed.at(n)->name()];
 
   std::unordered_map<const Value*, int> slot;
@@ -306,6 +350,11 @@ absl::Status Executor::Build() {
       if (s >= 0) last_use_[s] = st;
     for (int s : steps_[st].outputs)
       if (s >= 0) def_step_[s] = st, last_use_[s] = std::max(last_use_[s], st);
+  }
+  step_outputs_.assign(steps_.size(), {});
+  for (size_t i = 0; i < output_slots_.size(); ++i) {
+    const int s = output_slots_[i];
+    if (def_step_[s] >= 0 && output_index_[s] == static_cast<int>(i)) step_outputs_[def_step_[s]].push_back(static_cast<int>(i));
   }
   recorded_bytes_.assign(num_slots_, 0);
   slot_heap_.resize(num_slots_);
@@ -461,8 +510,15 @@ void Executor::MakePlan() {
   planned_ = true;
 }
 
+std::vector<int> Executor::OutputSteps() const {
+  std::vector<int> at(output_slots_.size(), -1);
+  for (size_t st = 0; st < step_outputs_.size(); ++st)
+    for (int oi : step_outputs_[st]) at[oi] = static_cast<int>(st);
+  return at;
+}
+
 absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Tensor>& outputs,
-                          uint64_t run_seed) {
+                          uint64_t run_seed, const RunObservers* observers) {
   CLEAVE_CHECK(inputs.size() == input_slots_.size());
   std::lock_guard<std::mutex> lock(run_mu_);
   run_seed_ = run_seed;
@@ -490,12 +546,25 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
   BindDeviceResident(outputs);
   size_t scratch_wanted = scratch_.size();
   absl::Status status;
+  Profiler* profiler = observers && observers->profiler && observers->profiler->enabled() ? observers->profiler : nullptr;
+  const bool report = observers && observers->output_ready;
+  std::vector<char> reported(report ? outputs.size() : 0, 0);
   for (int st = 0; st < static_cast<int>(steps_.size()) && status.ok(); ++st) {
     if (skip_[st]) continue;
     Step& step = steps_[st];
     scratch_used_ = 0;
     Context ctx(*this, step, outputs);
+    const auto started = profiler ? Profiler::Clock::now() : Profiler::Clock::time_point();
     status = step.kernel->Compute(ctx);
+    if (profiler)
+      profiler->Add(step.node->name(), step.node->op_type(), observers->track, started, Profiler::Clock::now(),
+                    {{"provider", step.provider ? step.provider->name() : "cpu"}});
+    if (report && status.ok())
+      for (int oi : step_outputs_[st])
+        if (!output_to_device_[oi]) {
+          reported[oi] = 1;
+          observers->output_ready(oi);
+        }
     // A failed allocation explains whatever the kernel then reported; a shape disagreement
     // only matters when the kernel itself succeeded.
     if (!ctx.allocation_error().ok()) status = ctx.allocation_error();
@@ -521,6 +590,9 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
     if (def_step_[s] >= 0 && output_index_[s] == static_cast<int>(i)) continue;
     outputs[i] = CopyToTensor(views_[s]);
   }
+  if (report)
+    for (size_t oi = 0; oi < outputs.size(); ++oi)
+      if (!reported[oi]) observers->output_ready(static_cast<int>(oi));
   if (!planned_ || !was_planned) MakePlan();
   ++stats_.runs;
   return absl::OkStatus();

@@ -13,6 +13,7 @@
 // device scratch.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -27,6 +28,17 @@
 #include "providers/kernel.h"
 
 namespace cleave::runtime {
+
+class Profiler;
+
+// What a run reports as it goes: each node's time to a profiler (on `track`), and each graph
+// output to `output_ready` once it is final: after the step that writes it (a device output is
+// then queued on the device's stream), or at the end of the run for outputs no step writes.
+struct RunObservers {
+  Profiler* profiler = nullptr;
+  int track = 0;
+  std::function<void(int output)> output_ready;
+};
 
 struct ExecutorStats {
   int64_t runs = 0;
@@ -50,7 +62,11 @@ class Executor {
   // (RunInto) must have the produced dtype and shape.
   // run_seed: what KernelContext::run_seed() returns to every kernel of this run.
   absl::Status Run(const std::vector<TensorView>& inputs, std::vector<Tensor>& outputs,
-                   uint64_t run_seed = providers::KernelContext::kNoRunSeed);
+                   uint64_t run_seed = providers::KernelContext::kNoRunSeed, const RunObservers* observers = nullptr);
+
+  // The step (index in run order) that writes each graph output, -1 where none does: the
+  // order in which a run makes its outputs final.
+  std::vector<int> OutputSteps() const;
 
   const graph::Graph& graph() const { return *graph_; }
   const ExecutorStats& stats() const { return stats_; }
@@ -86,6 +102,7 @@ class Executor {
   std::vector<int> output_index_;      // per slot: graph output index or -1
   std::vector<int> last_use_;          // per slot: last step that reads it
   std::vector<int> def_step_;          // per slot: step that writes it, -1 for inputs
+  std::vector<std::vector<int>> step_outputs_;  // per step: the graph outputs it writes
   // Memory plan for the current input-shape signature.
   std::vector<int64_t> signature_;
   bool planned_ = false;

@@ -227,6 +227,8 @@ absl::StatusOr<std::vector<Tensor>> InferenceSession::Run(
   return picked;
 }
 
+std::vector<int> InferenceSession::OutputSteps() const { return executor_->OutputSteps(); }
+
 absl::Status InferenceSession::RunInto(const Feeds& feeds, std::vector<Tensor>& outputs,
                                        const RunOptions& options) {
   if (outputs.size() != outputs_.size())
@@ -237,7 +239,9 @@ absl::Status InferenceSession::RunInto(const Feeds& feeds, std::vector<Tensor>& 
   for (const Tensor& t : outputs) output_ptrs_.push_back(t.raw());
   RETURN_IF_ERROR(BindFeeds(feeds));
   const uint64_t seed = options.seed ? *options.seed & ~(uint64_t{1} << 63) : providers::KernelContext::kNoRunSeed;
-  RETURN_IF_ERROR(executor_->Run(feed_views_, outputs, seed));
+  runtime::RunObservers observers{options.profiler, options.profile_track, options.output_ready};
+  const bool observed = options.profiler || options.output_ready;
+  RETURN_IF_ERROR(executor_->Run(feed_views_, outputs, seed, observed ? &observers : nullptr));
   for (size_t i = 0; i < outputs.size(); ++i)
     if (outputs[i].raw() != output_ptrs_[i])
       return InvalidArgument("RunInto: output '", outputs_[i].name, "' is ",

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,7 @@ class Graph;
 }
 namespace runtime {
 class Executor;
+class Profiler;
 }
 namespace providers {
 class ExecutionProvider;
@@ -78,6 +80,13 @@ struct RunOptions {
   // Seeds the run's randomness (training-mode Dropout): the same seed gives the same masks.
   // Without one, Dropout draws from its node's own generator.
   std::optional<uint64_t> seed;
+  // Records every node the run executes, on the profiler's `profile_track` (null: none).
+  runtime::Profiler* profiler = nullptr;
+  int profile_track = 0;
+  // Told each output's index (model order) as soon as the run has made it final, before the
+  // run goes on: the trainer starts a gradient's reduction there, during the rest of the
+  // backward.
+  std::function<void(int output)> output_ready;
 };
 
 class InferenceSession {
@@ -112,6 +121,9 @@ class InferenceSession {
   // device-resident feed is read in place and a device-resident output is written in place,
   // with no host round trip.
   absl::Status RunInto(const Feeds& feeds, std::vector<Tensor>& outputs, const RunOptions& options = {});
+  // The order in which a run makes its outputs final: per output, the position in the run
+  // order of the node that writes it (-1: none, the output is a feed or a constant).
+  std::vector<int> OutputSteps() const;
 
   // The optimised graph the session executes.
   const graph::Graph& graph() const;

@@ -35,6 +35,9 @@ MPI_Datatype MpiType(DataType t) {
 
 struct MpiCommunicator::State {
   std::chrono::milliseconds timeout{60000};
+  // MPI_COMM_WORLD, or a duplicate of it (Duplicate()), which owns neither MPI nor the world.
+  MPI_Comm base = MPI_COMM_WORLD;
+  bool owns_mpi = true;
   int rank = 0, world = 1;
   std::map<std::vector<int>, MPI_Comm> comms;
   struct PendingSend {
@@ -88,12 +91,12 @@ struct MpiCommunicator::State {
     if (auto it = comms.find(group); it != comms.end()) return it->second;
     std::vector<int> identity(world);
     std::iota(identity.begin(), identity.end(), 0);
-    MPI_Comm comm = MPI_COMM_WORLD;
+    MPI_Comm comm = base;
     if (group != identity) {
       MPI_Group world_group, sub;
-      MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+      MPI_Comm_group(base, &world_group);
       MPI_Group_incl(world_group, static_cast<int>(group.size()), group.data(), &sub);
-      MPI_Comm_create_group(MPI_COMM_WORLD, sub, 0, &comm);
+      MPI_Comm_create_group(base, sub, 0, &comm);
       MPI_Group_free(&sub);
       MPI_Group_free(&world_group);
     }
@@ -112,7 +115,11 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(int* ar
                                                                          std::chrono::milliseconds timeout) {
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized && MPI_Init(argc, argv) != MPI_SUCCESS) return absl::UnavailableError("MPI_Init failed");
+  // Threads: the gradient reductions that overlap the backward run on a second thread, over a
+  // duplicate communicator (Duplicate() checks what the library granted).
+  int provided = 0;
+  if (!initialized && MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+    return absl::UnavailableError("MPI_Init_thread failed");
   auto s = std::make_unique<State>();
   s->timeout = timeout;
   MPI_Comm_rank(MPI_COMM_WORLD, &s->rank);
@@ -121,6 +128,9 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(int* ar
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;  // a duplicate outliving the world communicator: nothing left to free
   // Sends still in flight must reach their peers before MPI goes away.
   for (auto& p : s_->sends) {
     const absl::Status ignored = s_->Wait(&p.request, "a pending send", &s_->spent.recv_wait);
@@ -128,10 +138,28 @@ MpiCommunicator::~MpiCommunicator() {
   }
   s_->sends.clear();
   for (auto& [group, comm] : s_->comms)
-    if (comm != MPI_COMM_WORLD && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+    if (comm != s_->base && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  if (!s_->owns_mpi) {
+    MPI_Comm_free(&s_->base);
+    return;
+  }
+  MPI_Finalize();
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Duplicate() {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE)
+    return absl::UnimplementedError(absl::StrCat("rank ", s_->rank, ": this MPI library grants thread level ", level,
+                                                 ", not MPI_THREAD_MULTIPLE; collectives stay on one thread"));
+  auto s = std::make_unique<State>();
+  s->timeout = s_->timeout;
+  s->rank = s_->rank;
+  s->world = s_->world;
+  s->owns_mpi = false;
+  if (MPI_Comm_dup(s_->base, &s->base) != MPI_SUCCESS)
+    return absl::UnavailableError(absl::StrCat("rank ", s_->rank, ": MPI_Comm_dup failed"));
+  return std::unique_ptr<Communicator>(new MpiCommunicator(std::move(s)));
 }
 
 int MpiCommunicator::rank() const { return s_->rank; }
@@ -204,7 +232,7 @@ absl::Status MpiCommunicator::Send(const TensorView& t, int peer, int tag) {
   auto& p = s_->sends.emplace_back();
   p.data.resize(t.nbytes());
   std::memcpy(p.data.data(), t.data, t.nbytes());
-  MPI_Isend(p.data.data(), static_cast<int>(p.data.size()), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &p.request);
+  MPI_Isend(p.data.data(), static_cast<int>(p.data.size()), MPI_BYTE, peer, tag, s_->base, &p.request);
   return absl::OkStatus();
 }
 
@@ -213,7 +241,7 @@ absl::Status MpiCommunicator::Recv(const TensorView& t, int peer, int tag) {
     return InvalidArgument("rank ", s_->rank, ": Recv from invalid peer ", peer);
   MPI_Request req;
   MPI_Status status;
-  MPI_Irecv(t.data, static_cast<int>(t.nbytes()), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &req);
+  MPI_Irecv(t.data, static_cast<int>(t.nbytes()), MPI_BYTE, peer, tag, s_->base, &req);
   RETURN_IF_ERROR(s_->Wait(&req, absl::StrCat("Recv from rank ", peer, " (tag ", tag, ")"), &s_->spent.recv_wait,
                            &status));
   int count = 0;

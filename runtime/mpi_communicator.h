@@ -37,6 +37,8 @@ class MpiCommunicator : public Communicator {
   absl::Status Send(const TensorView& t, int peer, int tag) override;
   absl::Status Recv(const TensorView& t, int peer, int tag) override;
   CommTime time_spent() const override;
+  // Over a duplicate of MPI_COMM_WORLD (needs MPI_THREAD_MULTIPLE, which Create asks for).
+  absl::StatusOr<std::unique_ptr<Communicator>> Duplicate() override;
 
   // Ends every process of the job (MPI_Abort) with `code`: for an error that the other ranks
   // cannot see, so none of them waits for this one.

@@ -51,6 +51,8 @@ struct NcclCommunicator::State {
   std::chrono::milliseconds timeout{60000};
   cudaStream_t compute = nullptr, comm_stream = nullptr;
   cudaEvent_t before = nullptr, after = nullptr;
+  // Deferred: operations leave the compute stream alone until JoinCompute().
+  bool deferred = false;
   std::map<std::vector<int>, ncclComm_t> comms;
 
   absl::StatusOr<ncclComm_t> CommOf(std::span<const int> group_span, const char* op) {
@@ -78,6 +80,11 @@ struct NcclCommunicator::State {
     RETURN_IF_ERROR(Cuda(cudaEventRecord(before, compute), "cudaEventRecord"));
     RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(comm_stream, before, 0), "cudaStreamWaitEvent"));
     RETURN_IF_ERROR(Nccl(launch(), absl::StrCat("rank ", rank, ": ", what)));
+    if (deferred) return absl::OkStatus();
+    return Join();
+  }
+  // The compute stream's later work waits for everything queued on comm_stream so far.
+  absl::Status Join() {
     RETURN_IF_ERROR(Cuda(cudaEventRecord(after, comm_stream), "cudaEventRecord"));
     return Cuda(cudaStreamWaitEvent(compute, after, 0), "cudaStreamWaitEvent");
   }
@@ -115,6 +122,15 @@ NcclCommunicator::~NcclCommunicator() {
   if (s_->after) cudaEventDestroy(s_->after);
   if (s_->comm_stream) cudaStreamDestroy(s_->comm_stream);
 }
+
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Duplicate() {
+  ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> dup,
+                   Create(s_->mpi, s_->device, s_->compute, s_->timeout));
+  return std::unique_ptr<Communicator>(std::move(dup));
+}
+
+void NcclCommunicator::set_deferred(bool deferred) { s_->deferred = deferred; }
+absl::Status NcclCommunicator::JoinCompute() { return s_->Join(); }
 
 int NcclCommunicator::rank() const { return s_->rank; }
 int NcclCommunicator::world_size() const { return s_->world; }

@@ -45,6 +45,11 @@ class NcclCommunicator : public Communicator {
   absl::Status Recv(const TensorView& t, int peer, int tag) override;
 
   bool device_memory() const override { return true; }
+  // Its own stream and NCCL communicators (made on first use of each group), on the same
+  // device and compute stream.
+  absl::StatusOr<std::unique_ptr<Communicator>> Duplicate() override;
+  void set_deferred(bool deferred) override;
+  absl::Status JoinCompute() override;
 
   // Blocks until every queued operation has finished (or the timeout passes).
   absl::Status Synchronize();

@@ -77,10 +77,12 @@ struct SimulatedWorld::State {
   std::chrono::milliseconds timeout;
   std::mutex mu;
   std::condition_variable cv;
-  // (group, sequence number on that group) -> slot
-  std::map<std::pair<std::vector<int>, int64_t>, Slot> slots;
-  std::vector<std::map<std::vector<int>, int64_t>> sequence;  // per rank, per group
-  std::map<std::tuple<int, int, int>, std::deque<std::vector<char>>> mailboxes;  // (src, dst, tag)
+  // (channel, group, sequence number on that group) -> slot. Channel 0 is the world's own
+  // communicators; a duplicate of a rank's communicator gets the next channel of that rank.
+  std::map<std::tuple<int, std::vector<int>, int64_t>, Slot> slots;
+  std::vector<std::map<std::pair<int, std::vector<int>>, int64_t>> sequence;  // per rank, per (channel, group)
+  std::map<std::tuple<int, int, int, int>, std::deque<std::vector<char>>> mailboxes;  // (channel, src, dst, tag)
+  std::vector<int> duplicates;  // per rank: channels made so far
   std::vector<int64_t> bytes_sent;
   std::vector<std::unique_ptr<Communicator>> comms;
 };
@@ -89,8 +91,12 @@ namespace {
 
 class SimComm : public Communicator {
  public:
-  SimComm(SimulatedWorld::State& s, int rank) : s_(s), rank_(rank) {}
+  SimComm(SimulatedWorld::State& s, int rank, int channel = 0) : s_(s), rank_(rank), channel_(channel) {}
   int rank() const override { return rank_; }
+  absl::StatusOr<std::unique_ptr<Communicator>> Duplicate() override {
+    std::lock_guard<std::mutex> lock(s_.mu);
+    return std::unique_ptr<Communicator>(new SimComm(s_, rank_, ++s_.duplicates[rank_]));
+  }
   int world_size() const override { return s_.world; }
 
   absl::Status AllReduce(const TensorView& in, const TensorView& out, ReduceOp op,
@@ -149,7 +155,7 @@ class SimComm : public Communicator {
       return InvalidArgument("rank ", rank_, ": Send to invalid peer ", peer);
     std::lock_guard<std::mutex> lock(s_.mu);
     const char* p = static_cast<const char*>(t.data);
-    s_.mailboxes[{rank_, peer, tag}].emplace_back(p, p + t.nbytes());
+    s_.mailboxes[{channel_, rank_, peer, tag}].emplace_back(p, p + t.nbytes());
     s_.bytes_sent[rank_] += static_cast<int64_t>(t.nbytes());
     s_.cv.notify_all();
     return absl::OkStatus();
@@ -158,7 +164,7 @@ class SimComm : public Communicator {
     if (peer < 0 || peer >= s_.world || peer == rank_)
       return InvalidArgument("rank ", rank_, ": Recv from invalid peer ", peer);
     std::unique_lock<std::mutex> lock(s_.mu);
-    auto& box = s_.mailboxes[{peer, rank_, tag}];
+    auto& box = s_.mailboxes[{channel_, peer, rank_, tag}];
     if (!s_.cv.wait_for(lock, s_.timeout, [&] { return !box.empty(); }))
       return absl::DeadlineExceededError(absl::StrCat("rank ", rank_, ": Recv from rank ", peer, " tag ", tag,
                                                       ": nothing arrived within ", s_.timeout.count(), " ms"));
@@ -187,8 +193,8 @@ class SimComm : public Communicator {
     const int n = static_cast<int>(group.size());
     const std::string what = absl::StrCat(KindName(kind), " over ranks [", absl::StrJoin(group, ","), "]");
     std::unique_lock<std::mutex> lock(s_.mu);
-    const int64_t seq = s_.sequence[rank_][group]++;
-    auto key = std::make_pair(group, seq);
+    const int64_t seq = s_.sequence[rank_][{channel_, group}]++;
+    auto key = std::make_tuple(channel_, group, seq);
     auto [it, fresh] = s_.slots.try_emplace(key);
     Slot& sl = it->second;
     if (fresh) {
@@ -237,6 +243,7 @@ class SimComm : public Communicator {
 
   SimulatedWorld::State& s_;
   int rank_;
+  int channel_;
 };
 
 }  // namespace
@@ -246,6 +253,7 @@ SimulatedWorld::SimulatedWorld(int world_size, std::chrono::milliseconds timeout
   state_->timeout = timeout;
   state_->sequence.resize(world_size);
   state_->bytes_sent.assign(world_size, 0);
+  state_->duplicates.assign(world_size, 0);
   for (int r = 0; r < world_size; ++r) state_->comms.push_back(std::make_unique<SimComm>(*state_, r));
 }
 

@@ -190,6 +190,9 @@ int TrainCommand(const Args& args) {
       else if (d == "auto") c.device = DeviceChoice::kCudaIfAvailable;
       else flags.Fail(absl::StrCat("--device expects cpu, cuda or auto, got '", d, "'"));
     }
+    else if (a == "--profile") c.profile = flags.Value();
+    else if (a == "--profile-steps") flags.Number(&c.profile_steps);
+    else if (a == "--no-overlap-grad-reduce") c.overlap_grad_reduce = false;
     else if (a == "--log-every") flags.Number(&c.log_every);
     else if (a == "--exit-at") flags.Number(&c.exit_at);
     else if (c.model.empty() && !a.empty() && a[0] != '-') c.model = a;

@@ -1,6 +1,7 @@
 // The `cleave train` loop (trainer/): see train_loop.h.
 #include "trainer/train_loop.h"
 
+
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "onnx_ext/onnx_io.h"
+#include "runtime/profiler.h"
 #include "trainer/checkpoint.h"
 #include "trainer/partition_plan.h"
 #include "trainer/training_session.h"
@@ -216,6 +218,49 @@ bool IsPlanDirectory(const std::string& path) {
   return std::filesystem::is_directory(path, ec) && std::filesystem::exists(std::filesystem::path(path) / "plan.json", ec);
 }
 
+namespace {
+
+std::string RankFile(const std::string& path, int rank, int world) {
+  if (world == 1 || path.empty()) return path;
+  std::filesystem::path p(path);
+  return (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(rank) + p.extension().string())).string();
+}
+
+// --profile: records steps [from, to) of a run that starts at `start` (two warm-up steps
+// first, when the run has them) and writes the trace after the last of them.
+class StepProfile {
+ public:
+  StepProfile(const TrainConfig& c, int rank, int world, int64_t start, TrainingSession& session) {
+    if (c.profile.empty()) return;
+    path_ = RankFile(c.profile, rank, world);
+    profiler_ = std::make_unique<runtime::Profiler>(world > 1 ? absl::StrCat("rank ", rank) : "cleave train", rank);
+    profiler_->set_enabled(false);
+    const int64_t end = c.exit_at > 0 ? std::min(c.steps, c.exit_at) : c.steps;
+    from_ = start + std::min<int64_t>(2, std::max<int64_t>(0, end - start - 1));
+    to_ = std::min(end, from_ + std::max<int64_t>(1, c.profile_steps));
+    session.set_profiler(profiler_.get());
+  }
+  void Before(int64_t step) {
+    if (profiler_) profiler_->set_enabled(step >= from_ && step < to_);
+  }
+  absl::Status After(int64_t step, bool last, bool report, std::ostream& log) {
+    if (!profiler_ || written_ || (step + 1 < to_ && !last)) return absl::OkStatus();
+    profiler_->set_enabled(false);
+    written_ = true;
+    RETURN_IF_ERROR(profiler_->WriteChromeTrace(path_));
+    if (report) log << "profile of steps " << from_ + 1 << "-" << std::min(to_, step + 1) << ": " << path_ << "\n";
+    return absl::OkStatus();
+  }
+
+ private:
+  std::unique_ptr<runtime::Profiler> profiler_;
+  std::string path_;
+  int64_t from_ = 0, to_ = 0;
+  bool written_ = false;
+};
+
+}  // namespace
+
 absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log) {
   if (IsPlanDirectory(c.model)) return RunPlanTraining(c, log);
   if (c.batch < 1 || c.seq < 1 || c.steps < 1 || c.grad_accum < 1)
@@ -317,14 +362,16 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
 
   std::vector<std::pair<int64_t, double>> curve, val_curve;
   const double tokens_per_step = static_cast<double>(c.batch * c.seq);
+  StepProfile profile(c, 0, 1, start, *session);
   for (int64_t s = start; s < c.steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
+    profile.Before(s);
     session->LazyResetGrad();
     double loss_sum = 0;
     for (int64_t k = 0; k < c.grad_accum; ++k) {
       FillBatch(data.train, c.shuffle, c.seed, s * c.batch + k * micro, micro, c.seq, id_type, c.loss, vocab, &b);
       Feeds feeds = {{input_name, b.inputs}, {labels_name, b.labels}};
-      ASSIGN_OR_RETURN(float l, session->TrainStep(feeds));
+      ASSIGN_OR_RETURN(float l, session->TrainStep(feeds, k + 1 == c.grad_accum));
       if (!std::isfinite(l)) {
         auto where = session->FirstNonFinite(feeds);
         return absl::OutOfRangeError(absl::StrCat("step ", s + 1, ": the loss is ", l, "; first non-finite tensor: ",
@@ -368,6 +415,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
       if (val >= 0) metrics << absl::StrFormat(", \"val_loss\": %.9g", val);
       metrics << "}\n" << std::flush;
     }
+    RETURN_IF_ERROR(profile.After(s, last, true, log));
     if (!c.checkpoint_dir.empty() && (last || (c.checkpoint_every > 0 && (s + 1) % c.checkpoint_every == 0)))
       RETURN_IF_ERROR(save(s + 1));
     if (s + 1 == c.exit_at) break;
@@ -393,11 +441,6 @@ bool FaultAt(const char* var, int rank, int64_t step) {
   return v && std::sscanf(v, "%d:%ld", &r, &s) == 2 && r == rank && s == step;
 }
 
-std::string RankFile(const std::string& path, int rank, int world) {
-  if (world == 1 || path.empty()) return path;
-  std::filesystem::path p(path);
-  return (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(rank) + p.extension().string())).string();
-}
 
 }  // namespace
 
@@ -477,6 +520,7 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
   so.loss_scale_growth_interval = c.loss_scale_window;
   for (int i = 0; i < world; ++i) so.overflow_group.push_back(i);
   so.loss_scaling = r.precision == "fp16";
+  so.overlap_grad_reduce = c.overlap_grad_reduce;
   ASSIGN_OR_RETURN(auto session, TrainingSession::Create(std::move(r.artifacts), so));
   LrSchedule schedule;
   schedule.kind = c.schedule;
@@ -626,12 +670,15 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
 
   std::vector<std::pair<int64_t, double>> curve, val_curve;
   const double tokens_per_step = static_cast<double>(batch * seq);
+  StepProfile profile(c, rank, world, start, *session);
   for (int64_t s = start; s < c.steps; ++s) {
+    profile.Before(s);
     if (FaultAt("CLEAVE_FAULT_KILL", rank, s + 1)) std::raise(SIGKILL);
     if (FaultAt("CLEAVE_FAULT_HANG", rank, s + 1))
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     const auto t0 = std::chrono::steady_clock::now();
     const Communicator::CommTime before = comm->time_spent();
+    const GradientReducer::Time reduce_before = session->reduction_time();
     std::vector<Feeds> mb = micro_feeds(data.train, c.shuffle, s * batch);
     float local_loss;
     const auto p0 = std::chrono::steady_clock::now();
@@ -658,7 +705,13 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
                                                 norm, "; stopped, the last checkpoint is untouched"));
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const Communicator::CommTime after = comm->time_spent();
-    const double comm_ms = 1000 * (after.collective - before.collective);
+    // Communication the step waited for (the graphs' collectives and what it waited for of the
+    // overlapped reductions), and the reductions' time hidden behind the backward.
+    const GradientReducer::Time reduce_after = session->reduction_time();
+    const double reduce_waited_ms = 1000 * (reduce_after.waited - reduce_before.waited);
+    const double comm_ms = 1000 * (after.collective - before.collective) + reduce_waited_ms;
+    const double overlapped_ms =
+        std::max(0.0, 1000 * (reduce_after.busy - reduce_before.busy) - reduce_waited_ms);
     const double idle_ms = 1000 * (after.recv_wait - before.recv_wait);
     const double compute_ms = std::max(0.0, ms - comm_ms - idle_ms);
     result.losses.push_back(loss);
@@ -677,6 +730,7 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
                              "compute %.1f ms, comm %.1f ms, idle %.1f ms",
                              static_cast<int>(std::to_string(c.steps).size()), s + 1, c.steps, loss, lr, norm, ms, tps,
                              compute_ms, comm_ms, idle_ms);
+      if (overlapped_ms > 0) log << absl::StrFormat(" (+%.1f ms comm overlapped)", overlapped_ms);
       log << LossScaleText(*session, scale_used, skipped);
       if (val >= 0) log << absl::StrFormat(" | val loss %.4f", val);
       log << "\n" << std::flush;
@@ -685,13 +739,14 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
       metrics << absl::StrFormat("{\"step\": %d, \"rank\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
                                  "\"ms\": %.3f, \"tokens_per_s\": %.1f, \"compute_ms\": %.3f, \"comm_ms\": %.3f, "
                                  "\"idle_ms\": %.3f, \"pipeline_ms\": %.3f, \"pipeline_start_us\": %d, "
-                                 "\"pipeline_end_us\": %d",
+                                 "\"pipeline_end_us\": %d, \"overlapped_comm_ms\": %.3f",
                                  s + 1, rank, loss, lr, std::isfinite(norm) ? norm : -1.0f, ms, tps, compute_ms,
-                                 comm_ms, idle_ms, pipeline_ms, since(p0), since(p1));
+                                 comm_ms, idle_ms, pipeline_ms, since(p0), since(p1), overlapped_ms);
       metrics << LossScaleJson(*session, scale_used, skipped);
       if (val >= 0) metrics << absl::StrFormat(", \"val_loss\": %.9g", val);
       metrics << "}\n" << std::flush;
     }
+    RETURN_IF_ERROR(profile.After(s, last, rank == 0, log));
     if (!my_dir.empty() && (last || (c.checkpoint_every > 0 && (s + 1) % c.checkpoint_every == 0))) {
       RETURN_IF_ERROR(session->SaveCheckpoint(CheckpointPath(my_dir, s + 1),
                                               [&] {

@@ -71,6 +71,14 @@ struct TrainConfig {
   DeviceChoice device = DeviceChoice::kCpu;
   int64_t log_every = 1;
   int64_t exit_at = 0;  // > 0: stop after this step (checkpointing it), e.g. to split a run into jobs
+  // A Chrome trace (chrome://tracing, Perfetto) of `profile_steps` steps after two warm-up
+  // steps: every node on the "compute" track, the overlapped gradient reductions on theirs.
+  // One file per rank under mpirun (.rank<r> before the extension).
+  std::string profile;
+  int64_t profile_steps = 3;
+  // Plans: start the data-parallel gradient reductions during the backward (on a second thread
+  // or stream) rather than in the optimizer step (TrainingSessionOptions::overlap_grad_reduce).
+  bool overlap_grad_reduce = true;
   // Distributed: `model` is a plan directory (cleave partition) and this process is rank
   // communicator->rank() of its mesh. batch / seq 0: the plan's. The optimizer's settings
   // other than the learning rate schedule were fixed when the plan was made.

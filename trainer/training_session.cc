@@ -15,6 +15,7 @@
 #include "graph/graph.h"
 #include "onnx_ext/onnx_io.h"
 #include "providers/communicator.h"
+#include "runtime/profiler.h"
 #include "trainer/autodiff.h"
 #include "trainer/checkpoint.h"
 
@@ -131,6 +132,7 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   SessionOptions plain = so;
   plain.optimize = false;
   std::unique_ptr<graph::Graph> optimizer_graph = a.optimizer->Clone();
+  RETURN_IF_ERROR(ExtractReductions(*optimizer_graph));
   if (device_) {
     // One multi-tensor update for all parameters instead of a launch per parameter.
     graph::MultiTensorAdamWFusion multi;
@@ -163,6 +165,7 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
       states_.back().push_back(std::move(state));
     }
   }
+  RETURN_IF_ERROR(MakeReducer());
   for (size_t i = 0; i < a.params.size(); ++i) {
     grad_by_name_[AccumulationBuffer(a.params[i])] = &grads_[i];
     grad_by_name_[AccumulationOut(a.params[i])] = &grads_[i];
@@ -207,7 +210,86 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
       optimizer_outputs_.push_back(states_[i][k]);
     }
   }
+  if (reducer_)
+    for (size_t r = 0; r < reducer_->reductions().size(); ++r)
+      optimizer_feeds_.emplace_back(reducer_->reductions()[r].result, reducer_->results()[r]);
   return absl::OkStatus();
+}
+
+absl::Status TrainingSession::ExtractReductions(graph::Graph& optimizer) {
+  const TrainingSessionOptions& o = options_;
+  // Device tensors whose collectives run on the host keep them in the graph, which copies.
+  if (!o.communicator || !o.overlap_grad_reduce || pipelined() || (device_ && !o.device_communicator))
+    return absl::OkStatus();
+  Communicator* base = device_ ? o.device_communicator : o.communicator;
+  absl::StatusOr<std::unique_ptr<Communicator>> dup = base->Duplicate();
+  if (!dup.ok()) {
+    std::fprintf(stderr, "cleave: warning: gradient reductions will not overlap the backward: %s\n",
+                 std::string(dup.status().message()).c_str());
+    return absl::OkStatus();
+  }
+  reduce_comm_ = *std::move(dup);
+  std::vector<std::string> grad_inputs;
+  for (const std::string& p : artifacts_.params) grad_inputs.push_back(GradName(p));
+  ASSIGN_OR_RETURN(reductions_, GradientReducer::Extract(optimizer, grad_inputs));
+  return absl::OkStatus();
+}
+
+absl::Status TrainingSession::MakeReducer() {
+  if (reductions_.empty()) return absl::OkStatus();
+  std::vector<Tensor> buffers, results;
+  for (const GradientReducer::Reduction& r : reductions_) {
+    if (r.params.size() == 1) {
+      const Tensor& g = grads_[r.params[0]];
+      if (g.numel() != r.input_numel)
+        return Internal("gradient reduction '", r.label, "' reads ", r.input_numel, " elements; the gradient of '",
+                        artifacts_.params[r.params[0]], "' holds ", g.numel());
+      buffers.push_back(g);
+    } else {
+      // The bucket's gradient buffers become views of one flat buffer, reduced where it lies.
+      ASSIGN_OR_RETURN(Tensor flat, NewState(DataType::kFloat32, {r.input_numel}));
+      auto keep = std::make_shared<Tensor>(flat);
+      for (size_t k = 0; k < r.params.size(); ++k) {
+        Tensor& g = grads_[r.params[k]];
+        const int64_t end = k + 1 < r.params.size() ? r.offsets[k + 1] : r.input_numel;
+        if (g.numel() != end - r.offsets[k])
+          return Internal("gradient bucket '", r.label, "' holds ", end - r.offsets[k], " elements of '",
+                          artifacts_.params[r.params[k]], "', whose gradient has ", g.numel());
+        g = Tensor(DataType::kFloat32, g.dims(), keep, static_cast<float*>(flat.raw()) + r.offsets[k]);
+      }
+      buffers.push_back(flat);
+    }
+    ASSIGN_OR_RETURN(Tensor result, NewState(DataType::kFloat32, r.result_dims));
+    results.push_back(std::move(result));
+  }
+  // When each gradient is final: the run-order position of the training graph node writing it.
+  std::map<std::string, int> out_index;
+  for (size_t o = 0; o < train_->outputs().size(); ++o) out_index[train_->outputs()[o].name] = static_cast<int>(o);
+  const std::vector<int> steps = train_->OutputSteps();
+  std::vector<int> ready(artifacts_.params.size(), -1);
+  output_param_.assign(train_->outputs().size(), -1);
+  for (size_t i = 0; i < artifacts_.params.size(); ++i)
+    if (auto it = out_index.find(AccumulationOut(artifacts_.params[i])); it != out_index.end()) {
+      ready[i] = steps[it->second];
+      output_param_[it->second] = static_cast<int>(i);
+    }
+  reducer_ = std::make_unique<GradientReducer>(reductions_, std::move(buffers), std::move(results), ready,
+                                               std::move(reduce_comm_));
+  return absl::OkStatus();
+}
+
+std::vector<std::string> TrainingSession::overlapped_reductions() const {
+  std::vector<std::string> out;
+  if (reducer_)
+    for (const GradientReducer::Reduction& r : reducer_->reductions())
+      out.push_back(absl::StrCat(r.op, " ", r.label, " (", r.params.size(), " gradients)"));
+  return out;
+}
+
+void TrainingSession::set_profiler(runtime::Profiler* p) {
+  profiler_ = p;
+  compute_track_ = p ? p->Track("compute") : 0;
+  if (reducer_) reducer_->set_profiler(p);
 }
 
 absl::StatusOr<Tensor> TrainingSession::GetState(const std::string& name) const {
@@ -235,7 +317,7 @@ absl::StatusOr<Tensor> TrainingSession::GetGradient(const std::string& param) co
   return NotFound("no trainable parameter named '", param, "'");
 }
 
-absl::StatusOr<float> TrainingSession::TrainStep(const Feeds& feeds) {
+absl::StatusOr<float> TrainingSession::TrainStep(const Feeds& feeds, bool last_microbatch) {
   if (pipelined())
     return absl::FailedPreconditionError("these artifacts are one rank's pipeline stages: use PipelineStep");
   if (feeds.size() != num_data_) {
@@ -245,11 +327,19 @@ absl::StatusOr<float> TrainingSession::TrainStep(const Feeds& feeds) {
                            "], got [", absl::StrJoin(got, ", "), "]");
   }
   for (size_t i = 0; i < num_data_; ++i) train_feeds_[i] = feeds[i];
+  // Reductions still reading the gradients finish before this run writes them.
+  if (reducer_) RETURN_IF_ERROR(reducer_->BeginBackward(last_microbatch));
   *reset_.data<bool>() = pending_reset_;
   *loss_scale_tensor_.data<float>() = static_cast<float>(loss_scale_);
   const uint64_t micro = pending_reset_ ? 0 : static_cast<uint64_t>(micro_batches_);
   RunOptions run;
   run.seed = options_.seed * 0x9e3779b97f4a7c15ull + (static_cast<uint64_t>(step_) << 20) + micro;
+  run.profiler = profiler_;
+  run.profile_track = compute_track_;
+  if (reducer_ && last_microbatch)
+    run.output_ready = [this](int o) {
+      if (o < static_cast<int>(output_param_.size())) reducer_->Ready(output_param_[o]);
+    };
   RETURN_IF_ERROR(train_->RunInto(train_feeds_, train_outputs_, run));
   if (pending_reset_) micro_batches_ = 0;
   pending_reset_ = false;
@@ -322,6 +412,8 @@ absl::Status TrainingSession::RunPart(InferenceSession& s, const Feeds& data, co
   }
   RunOptions run;
   run.seed = seed;
+  run.profiler = profiler_;
+  run.profile_track = compute_track_;
   RETURN_IF_ERROR(s.RunInto(feeds, outs, run));
   if (outputs)
     for (size_t i = 0; i < outs.size(); ++i) (*outputs)[s.outputs()[i].name] = outs[i];
@@ -427,7 +519,11 @@ absl::StatusOr<float> TrainingSession::OptimizerStep() {
   *step_tensor_.data<int64_t>() = updates_ + 1;
   *scale_tensor_.data<float>() =
       static_cast<float>(1.0 / (static_cast<double>(micro_batches_) * (loss_scaling_ ? loss_scale_ : 1.0)));
-  RETURN_IF_ERROR(optimizer_->RunInto(optimizer_feeds_, optimizer_outputs_));
+  if (reducer_) RETURN_IF_ERROR(reducer_->Finish());
+  RunOptions run;
+  run.profiler = profiler_;
+  run.profile_track = compute_track_;
+  RETURN_IF_ERROR(optimizer_->RunInto(optimizer_feeds_, optimizer_outputs_, run));
   ++step_;
   ++updates_;
   if (loss_scaling_ && ++clean_steps_ >= options_.loss_scale_growth_interval) {

@@ -31,6 +31,7 @@
 #include "base/tensor.h"
 #include "providers/execution_provider.h"
 #include "runtime/inference_session.h"
+#include "trainer/grad_reducer.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/training_graph.h"
 
@@ -64,6 +65,11 @@ struct TrainingSessionOptions {
   bool loss_scaling = false;
   int64_t loss_scale_growth_interval = 2000;
   std::vector<int> overflow_group;
+  // With a communicator: the optimizer graph's gradient reductions (data-parallel AllReduce of
+  // gradients or their buckets, ZeRO-1 ReduceScatter) run as soon as each gradient is final in
+  // the step's last backward, on a duplicate communicator, overlapping the rest of the backward
+  // (grad_reducer.h). Every rank must agree. Not for pipeline stages.
+  bool overlap_grad_reduce = true;
 };
 
 class TrainingSession {
@@ -86,8 +92,21 @@ class TrainingSession {
   std::string warnings() const;
   // Whether parameters and optimizer state live in a device's memory.
   bool device_resident() const { return device_ != nullptr; }
+  // The gradient reductions that overlap the backward (empty when they stay in the optimizer
+  // graph), each as "<op> <node> (<n> gradients)".
+  std::vector<std::string> overlapped_reductions() const;
+  // The reducer, while there is one (for its counters).
+  const GradientReducer* gradient_reducer() const { return reducer_.get(); }
+  // The overlapped reductions' running and waited-for time so far (zero without a reducer).
+  GradientReducer::Time reduction_time() const { return reducer_ ? reducer_->time_spent() : GradientReducer::Time{}; }
+  // Records the nodes of every step (track "compute") and the overlapped reductions (track
+  // "gradient reduction") on `p`, which must outlive the session or be reset to null.
+  void set_profiler(runtime::Profiler* p);
 
-  absl::StatusOr<float> TrainStep(const Feeds& feeds);
+  // `last_microbatch`: this is the last TrainStep before OptimizerStep, so the gradient
+  // reductions may start during its backward (DDP outside no_sync). A later TrainStep only
+  // costs the overlap: OptimizerStep then reduces the final gradients itself.
+  absl::StatusOr<float> TrainStep(const Feeds& feeds, bool last_microbatch = true);
 
   // One unit of a pipeline schedule: the forward or backward of micro-batch `microbatch` on
   // this rank's stage `chunk` (an index into artifacts().stages).
@@ -181,6 +200,17 @@ class TrainingSession {
   int64_t clean_steps_ = 0;
   int64_t updates_ = 0;  // optimizer updates applied (AdamW's step; skipped steps do not count)
   std::vector<Tensor> train_outputs_, optimizer_outputs_;
+  // Declared after the gradient buffers it reads, so it stops before they go.
+  std::unique_ptr<GradientReducer> reducer_;
+  std::vector<int> output_param_;  // per training graph output: its parameter, -1 for the loss
+  runtime::Profiler* profiler_ = nullptr;
+  int compute_track_ = 0;
+  // Takes the gradient reductions out of the optimizer graph when they can overlap the
+  // backward; makes the reducer once the gradient buffers exist (MakeReducer).
+  absl::Status ExtractReductions(graph::Graph& optimizer);
+  absl::Status MakeReducer();
+  std::vector<GradientReducer::Reduction> reductions_;
+  std::unique_ptr<Communicator> reduce_comm_;
   Feeds train_feeds_, optimizer_feeds_;
   size_t num_data_ = 0;
   bool pending_reset_ = true;
