@@ -69,12 +69,16 @@ absl::Status InferAdamW(InferContext& ctx) {
 }
 
 // MultiTensorAdamW(lr, step, scale, {param, grad, exp_avg, exp_avg_sq} x n) ->
-// {param, exp_avg, exp_avg_sq} x n.
+// {param, exp_avg, exp_avg_sq} x n, plus the global gradient norm (a float scalar) when
+// compute_norm = 1.
 absl::Status InferMultiTensorAdamW(InferContext& ctx) {
   RETURN_IF_ERROR(ExpectStepScalars(ctx));
   const int n = (ctx.num_inputs() - 3) / 4;
-  if (n < 1 || ctx.num_inputs() != 3 + 4 * n || ctx.num_outputs() != 3 * n)
-    return ctx.Error("expected 3 + 4n inputs and 3n outputs, got ", ctx.num_inputs(), " and ", ctx.num_outputs());
+  const int norm = ctx.node().AttrInt("compute_norm", 0) != 0 ? 1 : 0;
+  if (n < 1 || ctx.num_inputs() != 3 + 4 * n || ctx.num_outputs() != 3 * n + norm)
+    return ctx.Error("expected 3 + 4n inputs and 3n", norm ? " + 1" : "", " outputs, got ", ctx.num_inputs(), " and ",
+                     ctx.num_outputs());
+  if (norm) ctx.SetOutput(3 * n, DataType::kFloat32, Shape::Scalar());
   for (int k = 0; k < n; ++k) {
     const int in = 3 + 4 * k;
     RETURN_IF_ERROR(ExpectDtype(ctx, in, kFloat));

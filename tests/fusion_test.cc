@@ -396,23 +396,35 @@ TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
 
 
 // The optimizer graph's per-parameter AdamW nodes become one MultiTensorAdamW that updates
-// every parameter and moment exactly as they did.
-TEST(MultiTensorAdamWFusion, OneUpdateForAllParametersComputingTheSame) {
+// every parameter and moment exactly as they did, and that also forms the global gradient norm
+// and clips with it (max_grad_norm 1, whose clipping the random gradients trigger), or only
+// forms it (no clipping).
+class MultiTensorAdamWFusionTest : public ::testing::TestWithParam<float> {};
+
+TEST_P(MultiTensorAdamWFusionTest, OneUpdateForAllParametersComputingTheSame) {
   trainer::TrainingSpec spec;
-  spec.optimizer.max_grad_norm = 1.0f;
+  spec.optimizer.max_grad_norm = GetParam();
   spec.optimizer.weight_decay = 0.1f;
   auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, spec);
   auto fused_graph = a.optimizer->Clone();
   MultiTensorAdamWFusion fusion;
   auto changed = RunPass(fusion, fused_graph.get());
   ASSERT_TRUE(changed.ok() && *changed) << changed.status();
-  int adamw = 0, multi = 0;
+  int adamw = 0, multi = 0, norm_ops = 0;
+  const Node* fused = nullptr;
   for (const auto& n : fused_graph->nodes()) {
     adamw += n->op_type() == "AdamW";
     multi += n->op_type() == "MultiTensorAdamW";
+    if (n->op_type() == "MultiTensorAdamW") fused = n.get();
+    for (const char* op : {"SquaredNorm", "Sqrt", "Min", "Div"}) norm_ops += n->op_type() == op;
   }
   EXPECT_EQ(adamw, 0);
-  EXPECT_EQ(multi, 1);
+  ASSERT_EQ(multi, 1);
+  EXPECT_EQ(norm_ops, 0);  // the norm and the clipping moved into the fused op
+  EXPECT_EQ(fused->AttrInt("compute_norm", 0), 1);
+  EXPECT_EQ(fused->AttrFloat("max_grad_norm", -1), GetParam());
+  EXPECT_EQ(fused->output(fused->num_outputs() - 1)->name(), "grad_norm");
+  EXPECT_EQ(fused_graph->nodes().size(), 1u);
   Feeds feeds = {{"learning_rate", Tensor::Scalar<float>(3e-3f)}, {"grad_scale", Tensor::Scalar<float>(0.5f)}};
   Tensor step(DataType::kInt64, std::vector<int64_t>{});
   step.data<int64_t>()[0] = 3;
@@ -422,6 +434,29 @@ TEST(MultiTensorAdamWFusion, OneUpdateForAllParametersComputingTheSame) {
     if (in->dtype() == DataType::kFloat32 && in->shape().rank() > 0)
       feeds.emplace_back(in->name(), Random(in->shape().StaticDims(), seed++));
   ExpectGraphsAgree(std::move(fused_graph), a.optimizer->Clone(), feeds, 0, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Clip, MultiTensorAdamWFusionTest, ::testing::Values(1.0f, 0.0f),
+                         [](const auto& info) { return info.param > 0 ? std::string("clip1") : std::string("noclip"); });
+
+// A norm something else also reads stays a separate computation.
+TEST(MultiTensorAdamWFusion, KeepsANormThatOthersRead) {
+  trainer::TrainingSpec spec;
+  spec.optimizer.max_grad_norm = 1.0f;
+  auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, spec);
+  auto g = a.optimizer->Clone();
+  Value* twice = g->GetOrCreateValue("norm_twice");
+  g->AddNode("Add", {g->FindValue("grad_norm"), g->FindValue("grad_norm")}, {twice}, "extra");
+  g->AddOutput(twice);
+  MultiTensorAdamWFusion fusion;
+  auto changed = RunPass(fusion, g.get());
+  ASSERT_TRUE(changed.ok() && *changed) << changed.status();
+  int squared = 0;
+  for (const auto& n : g->nodes()) {
+    squared += n->op_type() == "SquaredNorm";
+    if (n->op_type() == "MultiTensorAdamW") EXPECT_EQ(n->AttrInt("compute_norm", 0), 0);
+  }
+  EXPECT_EQ(squared, 1);
 }
 
 }  // namespace

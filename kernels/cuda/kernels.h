@@ -103,13 +103,19 @@ int GatherGrad(const float* dy, const int64_t* ids, float* dtable, int64_t num_i
 int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* perm,
               void* stream);
 
-// AdamW (decoupled weight decay, bias-corrected, grad multiplied by grad_scale first; outputs
-// may alias inputs) over `count` tensors in as few launches as their pointers fit in (32 per
+// AdamW (decoupled weight decay, bias-corrected, grad multiplied by grad_scale first, or by
+// *device_scale when given; outputs may alias inputs) over `count` tensors in as few launches as their pointers fit in (32 per
 // launch): the host arrays give tensor k's inputs and outputs and its n[k] elements.
 int MultiTensorAdamW(int count, const float* const* param, const float* const* grad, const float* const* m,
                      const float* const* v, float* const* param_out, float* const* m_out, float* const* v_out,
                      const int64_t* n, float lr, float beta1, float beta2, float epsilon, float weight_decay,
-                     int64_t step, float grad_scale, void* stream);
+                     int64_t step, float grad_scale, void* stream, const float* device_scale = nullptr);
+// The global-norm clipping between SquaredNorm and the update, on the device (no host round
+// trip): norm = sqrt(*sumsq) * grad_scale, and *scale_out = grad_scale * min(1, max_norm /
+// (norm + epsilon)) when max_norm > 0, else grad_scale; the float operations of the CPU's.
+// `norm_out` may be `sumsq`. MultiTensorAdamW then reads the scale as `device_scale`.
+int ClipScale(const float* sumsq, float grad_scale, float max_norm, float epsilon, float* norm_out, float* scale_out,
+              void* stream);
 // out = sum of squares of every element of the `count` tensors (128 per launch); `acc` is
 // device scratch of one double. xs and ns are host arrays.
 int SquaredNorm(const float* const* xs, const int64_t* ns, int count, float* out, double* acc, void* stream);

@@ -1,5 +1,6 @@
-// CUDA optimizer kernels (kernels/cuda/): the AdamW step as the CPU computes it, and the sum
-// of squares of many tensors behind global-norm clipping (accumulated in fp64).
+// CUDA optimizer kernels (kernels/cuda/): the AdamW step as the CPU computes it, the sum of
+// squares of many tensors behind global-norm clipping (accumulated in fp64), and the clipping
+// scale formed on the device from it.
 #include <cmath>
 
 #include "kernels/cuda/device_util.cuh"
@@ -23,7 +24,9 @@ struct AdamWBatch {
 };
 
 __global__ void MultiAdamWKernel(AdamWBatch b, float decay, float b1, float b2, float one_minus_b1,
-                                 float one_minus_b2, float neg_step_size, float bc2_sqrt, float eps, float scale) {
+                                 float one_minus_b2, float neg_step_size, float bc2_sqrt, float eps, float host_scale,
+                                 const float* device_scale) {
+  const float scale = device_scale ? *device_scale : host_scale;
   const int t = blockIdx.y;
   const int64_t n = b.n[t];
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -60,12 +63,21 @@ __global__ void SumSquares(NormBatch b, double* acc) {
 
 __global__ void ToFloatOut(const double* acc, float* out) { out[0] = static_cast<float>(acc[0]); }
 
+// One thread; __fsqrt_rn and __fdiv_rn are IEEE round-to-nearest, as the CPU's sqrt and /.
+__global__ void ClipScaleKernel(const float* sumsq, float grad_scale, float max_norm, float epsilon, float* norm_out,
+                                float* scale_out) {
+  const float norm = __fmul_rn(__fsqrt_rn(*sumsq), grad_scale);
+  *norm_out = norm;
+  *scale_out = max_norm > 0.f ? __fmul_rn(grad_scale, fminf(__fdiv_rn(max_norm, __fadd_rn(norm, epsilon)), 1.f))
+                              : grad_scale;
+}
+
 }  // namespace
 
 int MultiTensorAdamW(int count, const float* const* param, const float* const* grad, const float* const* m,
                      const float* const* v, float* const* param_out, float* const* m_out, float* const* v_out,
                      const int64_t* n, float lr, float beta1, float beta2, float epsilon, float weight_decay,
-                     int64_t step, float grad_scale, void* stream) {
+                     int64_t step, float grad_scale, void* stream, const float* device_scale) {
   // The scalar terms exactly as the CPU step forms them (in double, then rounded).
   const double st = static_cast<double>(step);
   const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
@@ -88,10 +100,16 @@ int MultiTensorAdamW(int count, const float* const* param, const float* const* g
     const unsigned blocks = Blocks(largest) < 1024 ? Blocks(largest) : 1024;
     MultiAdamWKernel<<<dim3(blocks, static_cast<unsigned>(k1 - k0)), kThreads, 0, Stream(stream)>>>(
         b, decay, beta1, beta2, static_cast<float>(1.0 - beta1), static_cast<float>(1.0 - beta2), neg_step_size,
-        bc2_sqrt, epsilon, grad_scale);
+        bc2_sqrt, epsilon, grad_scale, device_scale);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
   }
   return 0;
+}
+
+int ClipScale(const float* sumsq, float grad_scale, float max_norm, float epsilon, float* norm_out, float* scale_out,
+              void* stream) {
+  ClipScaleKernel<<<1, 1, 0, Stream(stream)>>>(sumsq, grad_scale, max_norm, epsilon, norm_out, scale_out);
+  return static_cast<int>(cudaGetLastError());
 }
 
 int SquaredNorm(const float* const* xs, const int64_t* ns, int count, float* out, double* acc, void* stream) {

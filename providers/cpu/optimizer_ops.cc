@@ -1,6 +1,8 @@
 // CPU kernels of the ai.cleave training ops (providers/cpu/): InPlaceAccumulator,
 // SquaredNorm, AdamW and SGD. Scalars are read from their inputs each run (the learning rate
 // and step change every step); the math lives in kernels/cpu/optimizer.h.
+#include <algorithm>
+#include <cmath>
 #include <memory>
 
 #include "base/status.h"
@@ -38,10 +40,18 @@ class InPlaceAccumulatorKernel : public OpKernel {
 };
 
 // AdamW and MultiTensorAdamW: the AdamW step of each (param, grad, exp_avg, exp_avg_sq) group
-// after the (lr, step, grad_scale) scalars; AdamW is the one-group case.
+// after the (lr, step, grad_scale) scalars; AdamW is the one-group case. MultiTensorAdamW with
+// compute_norm = 1 also forms the global gradient norm first and clips with it, in the float
+// operations and order of the unfused graph (SquaredNorm, Sqrt, Mul, then Add, Div, Min, Mul):
+// norm = sqrt(sum g^2) * grad_scale, and the update's scale is grad_scale * min(1, max_grad_norm
+// / (norm + clip_epsilon)) when max_grad_norm > 0, grad_scale otherwise.
 class AdamWKernel : public OpKernel {
  public:
-  AdamWKernel(const graph::Node& n, int) : op_(n.op_type()) {
+  AdamWKernel(const graph::Node& n, int)
+      : op_(n.op_type()),
+        compute_norm_(n.AttrInt("compute_norm", 0) != 0),
+        max_norm_(n.AttrFloat("max_grad_norm", 0.0f)),
+        clip_epsilon_(n.AttrFloat("clip_epsilon", 1e-6f)) {
     p_.beta1 = n.AttrFloat("beta1", 0.9f);
     p_.beta2 = n.AttrFloat("beta2", 0.999f);
     p_.epsilon = n.AttrFloat("epsilon", 1e-8f);
@@ -51,6 +61,8 @@ class AdamWKernel : public OpKernel {
 
  private:
   std::string op_;
+  bool compute_norm_;
+  float max_norm_, clip_epsilon_;
   kernels::cpu::AdamWParams p_;
 };
 
@@ -126,6 +138,17 @@ absl::Status AdamWKernel::Compute(KernelContext& ctx) const {
   p.step = s.step;
   p.grad_scale = s.grad_scale;
   const int n = (ctx.num_inputs() - 3) / 4;
+  if (compute_norm_) {
+    double total = 0.0;  // as SquaredNorm: fp64 over the tensors in order, then rounded
+    for (int k = 0; k < n; ++k) {
+      const TensorView& g = *ctx.input(4 + 4 * k);
+      total += kernels::cpu::SquaredNorm(g.as<const float>(), g.numel(), ctx.thread_pool());
+    }
+    const float norm = std::sqrt(static_cast<float>(total)) * s.grad_scale;
+    TensorView* norm_out = ctx.Output(3 * n, std::span<const int64_t>());
+    if (norm_out) *norm_out->as<float>() = norm;
+    if (max_norm_ > 0.0f) p.grad_scale = s.grad_scale * std::min(max_norm_ / (norm + clip_epsilon_), 1.0f);
+  }
   for (int k = 0; k < n; ++k) {
     const TensorView& param = *ctx.input(3 + 4 * k);
     RETURN_IF_ERROR(CheckSameShape(param, *ctx.input(4 + 4 * k), "grad"));

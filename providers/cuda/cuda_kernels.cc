@@ -741,12 +741,16 @@ class SceGradKernel : public CudaKernel {
 // ---- optimizer --------------------------------------------------------------------------
 
 // AdamW and MultiTensorAdamW(lr, step, grad_scale [host], {param, grad, exp_avg, exp_avg_sq} x n)
-// -> 3n, in as few launches as the pointers fit in; AdamW is the one-group case.
+// -> 3n, in as few launches as the pointers fit in; AdamW is the one-group case. With
+// compute_norm the global gradient norm is the extra output: SquaredNorm of the gradients, then
+// the clipping scale on the device, which the update reads there (three launches, no host sync).
 class AdamWKernel : public CudaKernel {
  public:
   AdamWKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
       : CudaKernel(p, n), beta1_(n.AttrFloat("beta1", 0.9f)), beta2_(n.AttrFloat("beta2", 0.999f)),
-        epsilon_(n.AttrFloat("epsilon", 1e-8f)), weight_decay_(n.AttrFloat("weight_decay", 0.f)) {}
+        epsilon_(n.AttrFloat("epsilon", 1e-8f)), weight_decay_(n.AttrFloat("weight_decay", 0.f)),
+        compute_norm_(n.AttrInt("compute_norm", 0) != 0), max_norm_(n.AttrFloat("max_grad_norm", 0.f)),
+        clip_epsilon_(n.AttrFloat("clip_epsilon", 1e-6f)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const float lr = *ctx.input(0)->as<float>();
     const int64_t step = *ctx.input(1)->as<int64_t>();
@@ -773,13 +777,28 @@ class AdamWKernel : public CudaKernel {
       po[k] = outs[0]->as<float>(), mo[k] = outs[1]->as<float>(), vo[k] = outs[2]->as<float>();
       n[k] = p.numel();
     }
+    const float* device_scale = nullptr;
+    if (compute_norm_) {
+      TensorView* norm = ctx.Output(3 * count, std::vector<int64_t>{});
+      if (!norm) return Unimplemented(name_, ": the gradient norm output must be used on CUDA");
+      // The provider's fp64 reduction scratch holds the sum, then (once it is rounded into the
+      // norm output) the clipping scale.
+      double* acc = p_->reduction_scratch();
+      float* scale_on_device = reinterpret_cast<float*>(acc);
+      RETURN_IF_ERROR(Check(kc::SquaredNorm(grad.data(), n.data(), count, norm->as<float>(), acc, stream())));
+      RETURN_IF_ERROR(Check(kc::ClipScale(norm->as<float>(), scale, max_norm_, clip_epsilon_, norm->as<float>(),
+                                          scale_on_device, stream())));
+      device_scale = scale_on_device;
+    }
     return Check(kc::MultiTensorAdamW(count, param.data(), grad.data(), m.data(), v.data(), po.data(), mo.data(),
                                       vo.data(), n.data(), lr, beta1_, beta2_, epsilon_, weight_decay_, step, scale,
-                                      stream()));
+                                      stream(), device_scale));
   }
 
  private:
   float beta1_, beta2_, epsilon_, weight_decay_;
+  bool compute_norm_;
+  float max_norm_, clip_epsilon_;
 };
 
 // InPlaceAccumulator(buffer, grad, reset [host]) -> reset ? grad : buffer + grad.
