@@ -406,7 +406,15 @@ absl::Status TrainingSession::RunPart(InferenceSession& s, const Feeds& data, co
     if (!bound) {
       if (!o.shape.is_static())
         return Internal("pipeline stage output '", o.name, "' has no static shape: ", o.shape.ToString());
-      t = Tensor(o.dtype, o.shape.StaticDims());
+      // Reused from an earlier micro-batch when one is free: a fresh activation-sized buffer
+      // per part costs its page faults every time (milliseconds per micro-batch).
+      std::vector<Tensor>& free = free_outputs_[o.name];
+      if (!free.empty() && free.back().dtype() == o.dtype && free.back().dims() == o.shape.StaticDims()) {
+        t = std::move(free.back());
+        free.pop_back();
+      } else {
+        t = Tensor::Uninitialized(o.dtype, o.shape.StaticDims());  // the run writes it whole
+      }
     }
     outs.push_back(t);
   }
@@ -415,8 +423,11 @@ absl::Status TrainingSession::RunPart(InferenceSession& s, const Feeds& data, co
   run.profiler = profiler_;
   run.profile_track = compute_track_;
   RETURN_IF_ERROR(s.RunInto(feeds, outs, run));
-  if (outputs)
-    for (size_t i = 0; i < outs.size(); ++i) (*outputs)[s.outputs()[i].name] = outs[i];
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const std::string& name = s.outputs()[i].name;
+    if (outputs) (*outputs)[name] = std::move(outs[i]);
+    else if (!grad_by_name_.count(name)) free_outputs_[name].push_back(std::move(outs[i]));
+  }
   return absl::OkStatus();
 }
 
@@ -450,12 +461,16 @@ absl::StatusOr<float> TrainingSession::PipelineStep(const std::vector<PipelineWo
       }
       std::map<std::string, Tensor>& kept = stash[key];
       for (const std::string& name : st.stash) kept[name] = out.at(name);
+      // What the backward does not read (sent activations, the loss, read above) is free again.
+      for (auto& [name, t] : out)
+        if (!kept.count(name) && !grad_by_name_.count(name)) free_outputs_[name].push_back(std::move(t));
     } else {
       auto it = stash.find(key);
       if (it == stash.end())
         return InvalidArgument("PipelineStep: backward of micro-batch ", w.microbatch, " on chunk ", w.chunk,
                                " before its forward");
       RETURN_IF_ERROR(RunPart(*stages_[w.chunk].backward, microbatches[w.microbatch], it->second, nullptr, seed));
+      for (auto& [name, t] : it->second) free_outputs_[name].push_back(std::move(t));
       stash.erase(it);
     }
   }
@@ -478,6 +493,7 @@ absl::StatusOr<float> TrainingSession::PipelineEval(const std::vector<Feeds>& mi
         loss_sum += *l->second.data<float>();
         ++losses;
       }
+      for (auto& [name, t] : out) free_outputs_[name].push_back(std::move(t));
     }
   return losses ? static_cast<float>(loss_sum / losses) : std::numeric_limits<float>::quiet_NaN();
 }

@@ -189,6 +189,8 @@ class TrainingSession {
   // accumulation outputs, fresh tensors otherwise.
   absl::Status RunPart(InferenceSession& s, const Feeds& data, const std::map<std::string, Tensor>& extra,
                        std::map<std::string, Tensor>* outputs, uint64_t seed);
+  // Stage part outputs (activations, stashes) free for the next micro-batch, by output name.
+  std::map<std::string, std::vector<Tensor>> free_outputs_;
   std::vector<Tensor> params_, grads_;
   std::vector<std::vector<Tensor>> states_;  // [param][suffix]
   std::map<std::string, Tensor*> by_name_;
