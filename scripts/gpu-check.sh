@@ -89,6 +89,9 @@ fi
 # NCCL from the Python wheel when the toolkit has none on the loader path.
 nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null || true)
 [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nccl_dir"
+# cuDNN (loaded at run time by the fused attention) from the Python wheel likewise.
+cudnn_dir=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(os.path.dirname(nvidia.cudnn.__file__), "lib"))' 2>/dev/null || true)
+[ -n "$cudnn_dir" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$cudnn_dir"
 
 # 2. The gpu tests (each binary's tests run; a skip means no usable device and fails the check).
 status=0
@@ -107,6 +110,8 @@ run_tests() {
   # Which failed, and why the first skip skipped.
   echo "$out" | grep -E '^\[  FAILED  \] [A-Za-z].*\(' | head -20 | tee -a "$summary" >/dev/null
   [ "$skipped" -gt 0 ] && echo "$out" | grep -A1 -m1 ': Skipped$' | tail -1 | sed 's/^/  skipped: /' | tee -a "$summary" >/dev/null
+  # Whether attention ran on cuDNN's fused kernels (the bf16 attention test says).
+  echo "$out" | grep -m1 '^cuDNN fused attention:' | tee -a "$summary" >/dev/null
   if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || [ "$skipped" -ne 0 ] || [ "$passed" -eq 0 ]; then status=1; fi
 }
 if [ -n "$bin" ]; then

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/elementwise.h"
 #include "providers/cuda/cuda_provider.h"
+#include "providers/cuda/cudnn_attention.h"
 #include "runtime/inference_session.h"
 #include "tests/op_tester.h"
 #include "tests/partition_test_util.h"
@@ -78,6 +79,29 @@ void ExpectSame(const std::string& cuda_text, const Feeds& feeds, double atol, d
   ASSERT_EQ(got->size(), want->size());
   for (size_t i = 0; i < got->size(); ++i)
     EXPECT_EQ(testing::CompareTensors((*got)[i], (*want)[i], atol, rtol), "") << op << " output " << i;
+}
+
+// Needs no device: without a driver, cuDNN's attention is refused with the reason, not a crash;
+// with one, it is there or the reason says why not.
+TEST(CudnnAttention, CreateSaysWhyNot) {
+  std::string why;
+  auto attention = providers::CudnnAttention::Create(nullptr, &why);
+  if (!providers::CudaDeviceCount().ok()) {
+    EXPECT_EQ(attention, nullptr);
+    EXPECT_NE(why, "");
+  } else {
+    EXPECT_TRUE(attention != nullptr || !why.empty());
+  }
+  // What the fused engines are asked for at all.
+  providers::SdpaShape s{DataType::kBFloat16, 8, 128, 128, 64, 64, 0.125f, true};
+  EXPECT_TRUE(providers::CudnnAttention::Eligible(s));
+  s.dtype = DataType::kFloat32;
+  EXPECT_FALSE(providers::CudnnAttention::Eligible(s));
+  s.dtype = DataType::kFloat16;
+  s.Dv = 32;
+  EXPECT_FALSE(providers::CudnnAttention::Eligible(s));
+  s.Dv = s.D = 100;
+  EXPECT_FALSE(providers::CudnnAttention::Eligible(s));
 }
 
 // Needs no device: the kernel table covers every node of the tiny GPT's training, eval and
@@ -511,6 +535,69 @@ TEST(CudaProvider, FusedAttentionForwardAndBackward) {
     ExpectSame(text, {{"q", Random(c.q, 60)}, {"k", Random(c.k, 61)}, {"v", Random(c.v, 62)}, {"dy", Random(out, 63)}},
                1e-5, 1e-4, "Attention");
   }
+}
+
+// bf16 attention, forward and backward: cuDNN's fused attention where it takes the shape (head
+// dims 64 and 80, causal with T = S and T < S aligned to the bottom right), the own kernel
+// where it does not (a value width unlike the key width), against the CPU in fp32 on the
+// bf16-rounded inputs, with the outputs rounded to bf16 as well.
+TEST(CudaProvider, Bf16AttentionForwardAndBackward) {
+  const struct {
+    std::vector<int64_t> q, k, v;
+    int causal;
+  } cases[] = {{{2, 4, 128, 64}, {2, 4, 128, 64}, {2, 4, 128, 64}, 1},
+               {{1, 2, 48, 80}, {1, 2, 96, 80}, {1, 2, 96, 80}, 1},
+               {{2, 2, 40, 64}, {2, 2, 45, 64}, {2, 2, 45, 64}, 0},
+               {{1, 2, 40, 64}, {1, 2, 45, 64}, {1, 2, 45, 32}, 0}};
+  struct Case {
+    std::string cuda, cpu;
+    Feeds feeds;
+  };
+  std::vector<Case> graphs;
+  for (const auto& c : cases) {
+    auto dims = [](const std::vector<int64_t>& d) { return absl::StrCat("[", absl::StrJoin(d, ","), "]"); };
+    std::vector<int64_t> out = c.q;
+    out.back() = c.v.back();
+    const std::string inputs = absl::StrCat("input q: float32", dims(c.q), "\ninput k: float32", dims(c.k),
+                                            "\ninput v: float32", dims(c.v), "\ninput dy: float32", dims(out), "\n");
+    const std::string attrs = absl::StrCat("{scale = 0.125, causal = ", c.causal, "}");
+    // Both graphs round the inputs to bf16; CUDA computes in bf16, the CPU in fp32 on the
+    // rounded values, and both outputs go through bf16.
+    Case g{inputs, inputs, {{"q", Random(c.q, 70)}, {"k", Random(c.k, 71)}, {"v", Random(c.v, 72)}, {"dy", Random(out, 73)}}};
+    for (const char* x : {"q", "k", "v", "dy"}) {
+      absl::StrAppend(&g.cuda, x, "b = Cast(", x, ") {to = 16}\n");
+      absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "b = Cast(", x, "h) {to = 1}\n");
+    }
+    const std::string body = absl::StrCat("y, lse = ai.cleave.Attention(qb, kb, vb) ", attrs,
+                                          "\ndq, dk, dv = ai.cleave.AttentionGrad(dyb, qb, kb, vb, y, lse) ", attrs, "\n");
+    absl::StrAppend(&g.cuda, body);
+    absl::StrAppend(&g.cpu, body);
+    for (const char* x : {"y", "dq", "dk", "dv"}) {
+      absl::StrAppend(&g.cuda, x, "f = Cast(", x, ") {to = 1}\noutput ", x, "f\n");
+      absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "f = Cast(", x, "h) {to = 1}\noutput ", x, "f\n");
+    }
+    absl::StrAppend(&g.cuda, "output lse\n");
+    absl::StrAppend(&g.cpu, "output lse\n");
+    // Both graphs are well formed, and the reference runs, on any machine.
+    auto parsed = graph::ParseGraph(g.cuda);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    ASSERT_TRUE(graph::InferShapes(**parsed).ok());
+    SessionOptions o;
+    o.optimize = false;
+    auto cpu = InferenceSession::FromGraph(*graph::ParseGraph(g.cpu), o);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    ASSERT_TRUE((*cpu)->Run(g.feeds).ok());
+    graphs.push_back(std::move(g));
+  }
+  REQUIRE_CUDA();
+  {
+    auto p = providers::CudaExecutionProvider::Create(0);
+    ASSERT_TRUE(p.ok()) << p.status();
+    auto* cuda = static_cast<providers::CudaExecutionProvider*>(p->get());
+    std::printf("cuDNN fused attention: %s\n",
+                cuda->cudnn_attention() ? "available" : cuda->cudnn_attention_unavailable().c_str());
+  }
+  for (const Case& g : graphs) ExpectSame(g.cuda, g.feeds, 3e-2, 3e-2, "Attention", g.cpu);
 }
 
 // Training-mode Dropout under a run seed draws the CPU's mask bit for bit.

@@ -12,6 +12,7 @@
 #include "kernels/cuda/kernels.h"
 #include "providers/cuda/cuda_matmul.h"
 #include "providers/cuda/cuda_provider.h"
+#include "providers/cuda/cudnn_attention.h"
 
 namespace cleave::providers {
 namespace {
@@ -495,7 +496,8 @@ class ConcatSplitKernel : public CudaKernel {
 };
 
 // Attention(q, k, v) -> out[, lse] and AttentionGrad(dOut, q, k, v, out, lse) -> dq, dk, dv
-// (flash-style: the probabilities are never stored).
+// (flash-style: the probabilities are never stored): cuDNN's fused attention for the bf16/fp16
+// shapes it takes (cudnn_attention.h), the own kernels otherwise.
 // The attention sizes as the CPU plans them, within what the CUDA kernels hold (head dims <= 256).
 absl::StatusOr<kernels::cpu::AttentionParams> AttentionShape(const std::string& name, const TensorView& q,
                                                              const TensorView& k, const TensorView& v, float scale,
@@ -520,6 +522,16 @@ class AttentionKernel : public CudaKernel {
     TensorView* y = ctx.Output(0, out);
     TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, lse) : nullptr;
     if (!y) return absl::OkStatus();
+    // bf16/fp16: cuDNN's fused flash attention (tensor cores) when it takes the shape.
+    const SdpaShape s{q.dtype, a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_};
+    if (CudnnAttention* cudnn = CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
+      float* stats = l ? l->as<float>() : static_cast<float*>(ctx.Scratch(static_cast<size_t>(a.batch * a.T) * 4));
+      absl::Status st = stats ? cudnn->Forward(s, q.data, k.data, v.data, y->data, stats,
+                                               [&ctx](size_t n) { return ctx.Scratch(n); })
+                              : absl::OkStatus();  // the allocation error is reported
+      if (st.code() != absl::StatusCode::kUnimplemented)
+        return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name_, ": ", st.message()));
+    }
     return Check(kc::AttentionForward(DtOf(q.dtype), q.data, k.data, v.data, y->data, l ? l->as<float>() : nullptr,
                                       a.batch, a.T, a.S, static_cast<int>(a.D), static_cast<int>(a.Dv), scale_,
                                       causal_, stream()));
@@ -548,6 +560,13 @@ class AttentionGradKernel : public CudaKernel {
     TensorView* dk = ctx.Output(1, k.dim_span());
     TensorView* dv = ctx.Output(2, v.dim_span());
     if (!dq || !dk || !dv) return Unimplemented(name_, ": every AttentionGrad output must be used on CUDA");
+    const SdpaShape s{q.dtype, a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_};
+    if (CudnnAttention* cudnn = CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
+      absl::Status st = cudnn->Backward(s, dout.data, q.data, k.data, v.data, out.data, lse.as<float>(), dq->data,
+                                        dk->data, dv->data, [&ctx](size_t n) { return ctx.Scratch(n); });
+      if (st.code() != absl::StatusCode::kUnimplemented)
+        return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name_, ": ", st.message()));
+    }
     float* delta = static_cast<float*>(ctx.Scratch(static_cast<size_t>(a.batch * a.T) * sizeof(float)));
     if (!delta && a.batch * a.T > 0) return absl::OkStatus();  // the allocation error is reported
     return Check(kc::AttentionBackward(DtOf(q.dtype), dout.data, q.data, k.data, v.data, out.data, lse.as<float>(),

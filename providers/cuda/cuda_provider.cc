@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "providers/cuda/cudnn_attention.h"
 
 namespace cleave::providers {
 
@@ -94,6 +95,7 @@ std::unique_ptr<CudaExecutionProvider> CudaExecutionProvider::ForCapabilityQueri
 
 CudaExecutionProvider::~CudaExecutionProvider() {
   if (stream_) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  cudnn_.reset();
   if (arena_) {
     if (workspace_) arena_->Free(workspace_);
     if (reduction_scratch_) arena_->Free(reduction_scratch_);
@@ -112,6 +114,14 @@ absl::Status CudaExecutionProvider::CopyTensor(const TensorView& src, TensorView
   // The host side must be complete when the copy returns: a host destination is read next, and
   // a host source (pageable) may be reused by the caller.
   return Synchronize(absl::StrCat("CopyTensor of ", src.nbytes(), " bytes"));
+}
+
+CudnnAttention* CudaExecutionProvider::cudnn_attention() const {
+  std::call_once(cudnn_once_, [this] {
+    if (stream_) cudnn_ = CudnnAttention::Create(stream_, &cudnn_why_);
+    else cudnn_why_ = "no device";
+  });
+  return cudnn_.get();
 }
 
 absl::Status CudaExecutionProvider::Synchronize(const std::string& what) const {

@@ -9,13 +9,15 @@
 // LogSoftmax, LayerNormalization and its gradient, Gelu and GeluGrad, Cast, Gather and
 // GatherGrad, Transpose, the shape ops (Reshape, Flatten, Squeeze, Unsqueeze, Identity),
 // SoftmaxCrossEntropyLoss and its gradient, AdamW and SquaredNorm, the reductions, Where,
-// Concat and Split, and fused Attention with its gradient (flash-style); other nodes fall back
-// to the CPU provider with copies at the boundaries.
+// Concat and Split, and fused Attention with its gradient (cuDNN's fused flash attention for
+// the bf16/fp16 shapes it takes, own flash-style kernels otherwise); other nodes fall back to
+// the CPU provider with copies at the boundaries.
 //
 // Errors are Status values naming the kernel (node) and the CUDA error.
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -59,6 +61,10 @@ class CudaExecutionProvider : public ExecutionProvider {
   const ArenaAllocator& arena() const { return *arena_; }
   // Waits for everything enqueued on the stream; the error names `what`.
   absl::Status Synchronize(const std::string& what) const;
+  // cuDNN's fused attention on this provider's stream, made on first use; null when cuDNN
+  // cannot be had (cudnn_attention_unavailable() says why), and the kernels use their own.
+  class CudnnAttention* cudnn_attention() const;
+  const std::string& cudnn_attention_unavailable() const { return cudnn_why_; }
 
  private:
   CudaExecutionProvider() = default;
@@ -71,6 +77,9 @@ class CudaExecutionProvider : public ExecutionProvider {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   double* reduction_scratch_ = nullptr;
+  mutable std::once_flag cudnn_once_;
+  mutable std::unique_ptr<class CudnnAttention> cudnn_;
+  mutable std::string cudnn_why_;
 };
 
 // Registers the collective and Send/Recv kernels (cuda_collectives.cc); they claim nodes only

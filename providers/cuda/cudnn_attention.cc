@@ -1,0 +1,235 @@
+// Attention through cuDNN's fused flash attention (providers/cuda/): see cudnn_attention.h.
+#include "providers/cuda/cudnn_attention.h"
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+
+#if CLEAVE_HAVE_CUDNN_SDPA
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+#include <dlfcn.h>
+
+// The frontend, loading cuDNN at run time, calls through this library handle (set in Create).
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}
+#endif
+
+namespace cleave::providers {
+
+bool CudnnAttention::Eligible(const SdpaShape& s) {
+  return (s.dtype == DataType::kBFloat16 || s.dtype == DataType::kFloat16) && s.D == s.Dv && s.D % 8 == 0 &&
+         s.D <= 128 && s.T > 0 && s.S > 0 && s.batch > 0;
+}
+
+#if CLEAVE_HAVE_CUDNN_SDPA
+
+namespace fe = cudnn_frontend;
+
+namespace {
+
+// Tensor ids in the graphs' variant packs.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+using Key = std::tuple<bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool>;
+
+Key KeyOf(const SdpaShape& s, bool backward) {
+  uint32_t scale_bits;
+  std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
+  return {backward, static_cast<int>(s.dtype), s.batch, s.T, s.S, s.D, s.Dv, scale_bits, s.causal};
+}
+
+absl::Status Check(fe::error_t e, const char* what) {
+  if (e.is_good()) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat("cuDNN attention ", what, ": ", e.get_message()));
+}
+
+// [1, batch, rows, d] over memory laid out [batch, rows, d]: the heads are cuDNN's h.
+std::shared_ptr<fe::graph::Tensor_attributes> Bhsd(fe::graph::Graph& g, const char* name, int64_t uid, int64_t batch,
+                                                   int64_t rows, int64_t d) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim({1, batch, rows, d})
+                      .set_stride({batch * rows * d, rows * d, d, 1}));
+}
+
+void AsBhsd(const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t uid, int64_t batch, int64_t rows, int64_t d) {
+  t->set_output(true).set_uid(uid).set_dim({1, batch, rows, d}).set_stride({batch * rows * d, rows * d, d, 1});
+}
+
+struct Plan {
+  std::shared_ptr<fe::graph::Graph> graph;
+  int64_t workspace = 0;
+  absl::Status status;  // not OK: cuDNN refused this shape
+};
+
+absl::Status BuildGraph(cudnnHandle_t handle, const SdpaShape& s, bool backward, Plan* plan) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(s.dtype == DataType::kBFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto q = Bhsd(*g, "q", kQ, s.batch, s.T, s.D);
+  auto k = Bhsd(*g, "k", kK, s.batch, s.S, s.D);
+  auto v = Bhsd(*g, "v", kV, s.batch, s.S, s.Dv);
+  if (!backward) {
+    auto options = fe::graph::SDPA_attributes().set_name("attention").set_generate_stats(true).set_attn_scale(s.scale);
+    if (s.causal) options.set_causal_mask_bottom_right(true);
+    auto [o, stats] = g->sdpa(q, k, v, options);
+    AsBhsd(o, kO, s.batch, s.T, s.Dv);
+    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
+    stats->set_dim({1, s.batch, s.T, 1}).set_stride({s.batch * s.T, s.T, 1, 1});
+  } else {
+    auto o = Bhsd(*g, "o", kO, s.batch, s.T, s.Dv);
+    auto dout = Bhsd(*g, "dout", kDO, s.batch, s.T, s.Dv);
+    auto stats = g->tensor(fe::graph::Tensor_attributes()
+                               .set_name("stats")
+                               .set_uid(kStats)
+                               .set_dim({1, s.batch, s.T, 1})
+                               .set_stride({s.batch * s.T, s.T, 1, 1})
+                               .set_data_type(fe::DataType_t::FLOAT));
+    auto options = fe::graph::SDPA_backward_attributes().set_name("attention_grad").set_attn_scale(s.scale);
+    if (s.causal) options.set_causal_mask_bottom_right(true);
+    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, options);
+    AsBhsd(dq, kDQ, s.batch, s.T, s.D);
+    AsBhsd(dk, kDK, s.batch, s.S, s.D);
+    AsBhsd(dv, kDV, s.batch, s.S, s.Dv);
+  }
+  RETURN_IF_ERROR(Check(g->validate(), "validate"));
+  RETURN_IF_ERROR(Check(g->build_operation_graph(handle), "operation graph"));
+  RETURN_IF_ERROR(Check(g->create_execution_plans({fe::HeurMode_t::A}), "execution plans"));
+  RETURN_IF_ERROR(Check(g->check_support(handle), "support"));
+  RETURN_IF_ERROR(Check(g->build_plans(handle), "plan build"));
+  RETURN_IF_ERROR(Check(g->get_workspace_size(plan->workspace), "workspace size"));
+  plan->graph = std::move(g);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct CudnnAttention::Impl {
+  cudnnHandle_t handle = nullptr;
+  std::mutex mu;
+  std::map<Key, Plan> plans;
+
+  // The graph for `s`, built on first use; a refusal stays refused.
+  absl::StatusOr<const Plan*> PlanFor(const SdpaShape& s, bool backward) {
+    if (!Eligible(s)) return absl::UnimplementedError("not a case cuDNN's fused attention takes");
+    std::lock_guard<std::mutex> lock(mu);
+    auto [it, fresh] = plans.try_emplace(KeyOf(s, backward));
+    if (fresh) {
+      try {
+        it->second.status = BuildGraph(handle, s, backward, &it->second);
+      } catch (const std::exception& e) {
+        it->second.status = absl::UnimplementedError(absl::StrCat("cuDNN attention: ", e.what()));
+      }
+    }
+    if (!it->second.status.ok()) return it->second.status;
+    return &it->second;
+  }
+
+  absl::Status Execute(const Plan& plan, std::unordered_map<int64_t, void*>& pack, const Scratch& scratch) {
+    void* workspace = nullptr;
+    if (plan.workspace > 0) {
+      workspace = scratch(static_cast<size_t>(plan.workspace));
+      if (!workspace) return absl::ResourceExhaustedError("no device scratch for cuDNN attention's workspace");
+    }
+    try {
+      fe::error_t e = plan.graph->execute(handle, pack, workspace);
+      if (e.is_good()) return absl::OkStatus();
+      return absl::InternalError(absl::StrCat("cuDNN attention: ", e.get_message()));
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("cuDNN attention: ", e.what()));
+    }
+  }
+};
+
+// The frontend loads libcudnn (and what it needs) when first called: a machine without cuDNN
+// gets an exception here, and the own kernels.
+std::unique_ptr<CudnnAttention> CudnnAttention::Create(void* stream, std::string* why) {
+  auto impl = std::make_unique<Impl>();
+  if (!fe::cudnn_dlhandle) {
+    for (const char* lib : {"libcudnn.so.9", "libcudnn.so"})
+      if (!fe::cudnn_dlhandle) fe::cudnn_dlhandle = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+    if (!fe::cudnn_dlhandle) {
+      const char* error = dlerror();
+      if (why) *why = absl::StrCat("libcudnn.so.9 cannot be loaded: ", error ? error : "not found");
+      return nullptr;
+    }
+  }
+  try {
+    if (cudnnStatus_t st = fe::detail::create_handle(&impl->handle); st != CUDNN_STATUS_SUCCESS) {
+      if (why) *why = absl::StrCat("cudnnCreate: ", fe::detail::get_error_string(st));
+      return nullptr;
+    }
+    if (cudnnStatus_t st = fe::detail::set_stream(impl->handle, static_cast<cudaStream_t>(stream));
+        st != CUDNN_STATUS_SUCCESS) {
+      if (why) *why = absl::StrCat("cudnnSetStream: ", fe::detail::get_error_string(st));
+      fe::detail::destroy_handle(impl->handle);
+      return nullptr;
+    }
+  } catch (const std::exception& e) {
+    if (why) *why = absl::StrCat("cuDNN cannot be loaded: ", e.what());
+    return nullptr;
+  }
+  return std::unique_ptr<CudnnAttention>(new CudnnAttention(std::move(impl)));
+}
+
+CudnnAttention::~CudnnAttention() {
+  if (impl_ && impl_->handle) {
+    impl_->plans.clear();
+    fe::detail::destroy_handle(impl_->handle);
+  }
+}
+
+absl::Status CudnnAttention::Forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* out,
+                                     float* lse, const Scratch& scratch) {
+  ASSIGN_OR_RETURN(const Plan* plan, impl_->PlanFor(s, false));
+  std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)}, {kK, const_cast<void*>(k)},
+                                             {kV, const_cast<void*>(v)}, {kO, out}, {kStats, lse}};
+  return impl_->Execute(*plan, pack, scratch);
+}
+
+absl::Status CudnnAttention::Backward(const SdpaShape& s, const void* dout, const void* q, const void* k,
+                                      const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv,
+                                      const Scratch& scratch) {
+  ASSIGN_OR_RETURN(const Plan* plan, impl_->PlanFor(s, true));
+  std::unordered_map<int64_t, void*> pack = {
+      {kQ, const_cast<void*>(q)},     {kK, const_cast<void*>(k)},         {kV, const_cast<void*>(v)},
+      {kO, const_cast<void*>(out)},   {kDO, const_cast<void*>(dout)},     {kStats, const_cast<float*>(lse)},
+      {kDQ, dq},                      {kDK, dk},                          {kDV, dv}};
+  return impl_->Execute(*plan, pack, scratch);
+}
+
+#else  // built without the cuDNN frontend
+
+struct CudnnAttention::Impl {};
+
+std::unique_ptr<CudnnAttention> CudnnAttention::Create(void*, std::string* why) {
+  if (why) *why = "built without the cuDNN frontend headers (pip install nvidia-cudnn-frontend)";
+  return nullptr;
+}
+
+CudnnAttention::~CudnnAttention() = default;
+
+absl::Status CudnnAttention::Forward(const SdpaShape&, const void*, const void*, const void*, void*, float*,
+                                     const Scratch&) {
+  return absl::UnimplementedError("built without cuDNN attention");
+}
+
+absl::Status CudnnAttention::Backward(const SdpaShape&, const void*, const void*, const void*, const void*,
+                                      const void*, const float*, void*, void*, void*, const Scratch&) {
+  return absl::UnimplementedError("built without cuDNN attention");
+}
+
+#endif
+
+CudnnAttention::CudnnAttention(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+}  // namespace cleave::providers

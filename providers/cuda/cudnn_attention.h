@@ -1,0 +1,58 @@
+// Attention through cuDNN's fused flash attention (providers/cuda/): scaled dot-product
+// attention forward and backward as cuDNN graphs (the cuDNN frontend's sdpa and
+// sdpa_backward), built once per shape and cached, run on the provider's stream with workspace
+// from the kernel's device scratch. Tensor cores do the work.
+//
+// Only what the fused engines take is tried: bf16 or fp16 q, k, v with equal head dims (a
+// multiple of 8, at most 128), causal aligned to the bottom right as the Attention op defines
+// it. Anything else, or a graph cuDNN refuses (an older library, a shape without an engine),
+// is Unimplemented and the caller runs its own kernel; a refusal is remembered per shape. The
+// log-sum-exp it saves is the op's (natural log of the scaled scores' sum of exponentials), so
+// a backward may run on either implementation.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "base/tensor.h"
+
+namespace cleave::providers {
+
+// q [batch, T, D], k [batch, S, D], v [batch, S, Dv] in memory order (batch = every leading dim).
+struct SdpaShape {
+  DataType dtype = DataType::kBFloat16;
+  int64_t batch = 1, T = 0, S = 0, D = 0, Dv = 0;
+  float scale = 1.0f;
+  bool causal = false;
+};
+
+class CudnnAttention {
+ public:
+  // Device scratch of the asked bytes on the provider's stream (null if it cannot be had).
+  using Scratch = std::function<void*(size_t)>;
+
+  // On `stream` (a cudaStream_t); null when cuDNN cannot be loaded or this build has none, with
+  // *why saying which.
+  static std::unique_ptr<CudnnAttention> Create(void* stream, std::string* why);
+  ~CudnnAttention();
+
+  // Whether the fused engines may take the case (before asking cuDNN).
+  static bool Eligible(const SdpaShape& s);
+  // out [batch, T, Dv] and lse [batch, T] (fp32).
+  absl::Status Forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* out, float* lse,
+                       const Scratch& scratch);
+  // dq, dk, dv from dout, the forward's inputs, out and lse.
+  absl::Status Backward(const SdpaShape& s, const void* dout, const void* q, const void* k, const void* v,
+                        const void* out, const float* lse, void* dq, void* dk, void* dv, const Scratch& scratch);
+
+  struct Impl;
+
+ private:
+  explicit CudnnAttention(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cleave::providers
