@@ -77,29 +77,34 @@ case_run dp2pp2tp2_vocab_parallel "$deep" "$tmp/tokens64.bin" 4 dp=2,pp=2,tp=2 -
   --vocab-parallel-loss
 case_run pp2tp2_fused_attention "$deep" "$tmp/tokens64.bin" 4 pp=2,tp=2 --microbatches 2 --fuse-attention
 
-# Gradient reductions overlapping the backward: dp=2 in 20 KB buckets with a profile per rank,
+# Gradient reductions overlapping the backward: dp=2, and dp=2 x pp=2 (1F1B), in 20 KB buckets with a profile per rank,
 # against the same plan with the reductions left in the optimizer step: the same losses bit
 # for bit, and the traces show the reductions on their own track, finished before the
 # optimizer reads them, and in each step some of them handed over while gradients were still
 # being accumulated (the backward still ran).
+for mesh in "dp=2" "dp=2,pp=2 --microbatches 2"; do
+set -- $mesh
 checks=$((checks + 1))
 msg=""
-if "$cleave" partition "$tiny" --mesh dp=2 --batch 4 --seq 16 --clip 1.0 --bucket-mb 0.02 \
+n=$(python3 -c "import math; print(math.prod(int(x.split('=')[1]) for x in '$1'.split(',')))")
+rm -rf "$tmp"/ov_*.jsonl "$tmp"/trace.rank*.json "$tmp/overlap.plan"
+if "$cleave" partition "$tiny" --mesh "$@" --batch 4 --seq 16 --clip 1.0 --bucket-mb 0.02 \
      -o "$tmp/overlap.plan" >/dev/null 2>&1 &&
-   "${mpirun[@]}" -np 2 "$cleave" train "$tmp/overlap.plan" --data "$corpus" "${common[@]}" \
+   "${mpirun[@]}" -np "$n" "$cleave" train "$tmp/overlap.plan" --data "$corpus" "${common[@]}" \
      --metrics "$tmp/ov_on.jsonl" --profile "$tmp/trace.json" --profile-steps 2 >/dev/null 2>&1 &&
-   "${mpirun[@]}" -np 2 "$cleave" train "$tmp/overlap.plan" --data "$corpus" "${common[@]}" \
+   "${mpirun[@]}" -np "$n" "$cleave" train "$tmp/overlap.plan" --data "$corpus" "${common[@]}" \
      --metrics "$tmp/ov_off.jsonl" --no-overlap-grad-reduce >/dev/null 2>&1 &&
-   msg=$(python3 - "$tmp" <<'EOF2'
+   msg=$(python3 - "$tmp" "$n" <<'EOF2'
 import json, sys
-tmp = sys.argv[1]
-on = [json.loads(l) for l in open(f"{tmp}/ov_on.rank0.jsonl")]
-off = [json.loads(l) for l in open(f"{tmp}/ov_off.rank0.jsonl")]
+tmp, n = sys.argv[1], int(sys.argv[2])
+last = n - 1  # the rank that holds the loss
+on = [json.loads(l) for l in open(f"{tmp}/ov_on.rank{last}.jsonl")]
+off = [json.loads(l) for l in open(f"{tmp}/ov_off.rank{last}.jsonl")]
 assert [x["loss"] for x in on] == [x["loss"] for x in off], "losses differ"
 assert [x["grad_norm"] for x in on] == [x["grad_norm"] for x in off], "gradient norms differ"
 assert all("overlapped_comm_ms" in x for x in on)
 counts = []
-for r in range(2):
+for r in range(n):
     t = json.load(open(f"{tmp}/trace.rank{r}.json"))
     names = {e["tid"]: e["args"]["name"] for e in t["traceEvents"] if e["name"] == "thread_name"}
     assert names == {0: "compute", 1: "gradient reduction"}, names
@@ -120,7 +125,8 @@ for r in range(2):
 print(f"losses identical over {len(on)} steps; per rank (reductions per step, handed over in the backward "
       f"over 2 steps): {counts}")
 EOF2
-   ); then echo "ok   overlapped gradient reductions (dp=2): $msg"; else fail "overlapped reductions: $msg"; fi
+   ); then echo "ok   overlapped gradient reductions ($1): $msg"; else fail "overlapped reductions ($1): $msg"; fi
+done
 
 # Mixed precision on a dp=2 x pp=2 x tp=2 plan: bf16, and fp16 with loss scaling (every rank
 # agrees on skipping an overflowing step), within 2% of the fp32 single-rank curve.

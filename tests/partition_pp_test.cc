@@ -164,6 +164,19 @@ TEST_P(Pipeline, TrainingStepEqualsSingleRank) {
           ASSIGN_OR_RETURN(loss[r], s->TrainStep(micro[0]));
         }
         ASSIGN_OR_RETURN(norm[r], s->OptimizerStep());
+        // Under dp every gradient reduction started during the backward (in a pipeline, after
+        // the last backward of the chunks writing its gradients), none after it. (ZeRO-2
+        // reduce-scatters each micro-batch's gradients inside the training graph instead.)
+        const GradientReducer* red = s->gradient_reducer();
+        if (dp > 1 && pc.zero != 2 && (!red || red->reductions().empty()))
+          return absl::InternalError("no overlapped gradient reductions");
+        if (red) {
+          if (red->launched_in_backward() != static_cast<int>(red->reductions().size()) ||
+              red->launched_after_backward() != 0)
+            return absl::InternalError(absl::StrCat(red->launched_in_backward(), " of ", red->reductions().size(),
+                                                    " reductions started in the backward, ",
+                                                    red->launched_after_backward(), " after it"));
+        }
         for (const std::string& p : s->parameter_names()) {
           ASSIGN_OR_RETURN(params[r][p], s->GetState(p));
         }

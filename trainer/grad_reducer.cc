@@ -117,23 +117,29 @@ GradientReducer::GradientReducer(std::vector<Reduction> reductions, std::vector<
       comm_(std::move(comm)) {
   device_ = comm_->device_memory();
   if (device_) comm_->set_deferred(true);
-  // Launch order: by when the last gradient of each reduction is final, then graph order.
-  std::vector<int> key(reductions_.size(), 0);
   of_param_.assign(ready_step.size(), {});
-  for (size_t r = 0; r < reductions_.size(); ++r) {
-    for (int p : reductions_[r].params) {
-      const int at = p < static_cast<int>(ready_step.size()) && ready_step[p] >= 0 ? ready_step[p] : INT_MAX;
-      key[r] = std::max(key[r], at);
+  for (size_t r = 0; r < reductions_.size(); ++r)
+    for (int p : reductions_[r].params)
       if (p < static_cast<int>(of_param_.size())) of_param_[p].push_back(static_cast<int>(r));
-    }
-    order_.push_back(static_cast<int>(r));
-  }
-  std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) {
-    return std::make_pair(key[a], reductions_[a].node_index) < std::make_pair(key[b], reductions_[b].node_index);
-  });
+  SetReadySteps(ready_step);
   waiting_.assign(reductions_.size(), 0);
   queued_us_.assign(reductions_.size(), 0);
   if (!device_) worker_ = std::thread([this] { Work(); });
+}
+
+void GradientReducer::SetReadySteps(const std::vector<int>& ready_step) {
+  // Launch order: by when the last gradient of each reduction is final, then graph order.
+  std::vector<int> key(reductions_.size(), 0);
+  for (size_t r = 0; r < reductions_.size(); ++r)
+    for (int p : reductions_[r].params) {
+      const int at = p < static_cast<int>(ready_step.size()) && ready_step[p] >= 0 ? ready_step[p] : INT_MAX;
+      key[r] = std::max(key[r], at);
+    }
+  order_.clear();
+  for (size_t r = 0; r < reductions_.size(); ++r) order_.push_back(static_cast<int>(r));
+  std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) {
+    return std::make_pair(key[a], reductions_[a].node_index) < std::make_pair(key[b], reductions_[b].node_index);
+  });
 }
 
 GradientReducer::~GradientReducer() {

@@ -66,6 +66,9 @@ class GradientReducer {
   ~GradientReducer();  // waits for reductions in flight
 
   const std::vector<Reduction>& reductions() const { return reductions_; }
+  // Re-derives the launch order from new `ready_step` keys (a pipeline's, once its schedule is
+  // known); only between steps.
+  void SetReadySteps(const std::vector<int>& ready_step);
   const std::vector<Tensor>& results() const { return results_; }
   // Records each reduction on the profiler's "gradient reduction" track (host communicators).
   void set_profiler(runtime::Profiler* p);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -219,7 +220,7 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
 absl::Status TrainingSession::ExtractReductions(graph::Graph& optimizer) {
   const TrainingSessionOptions& o = options_;
   // Device tensors whose collectives run on the host keep them in the graph, which copies.
-  if (!o.communicator || !o.overlap_grad_reduce || pipelined() || (device_ && !o.device_communicator))
+  if (!o.communicator || !o.overlap_grad_reduce || (device_ && !o.device_communicator))
     return absl::OkStatus();
   Communicator* base = device_ ? o.device_communicator : o.communicator;
   absl::StatusOr<std::unique_ptr<Communicator>> dup = base->Duplicate();
@@ -262,20 +263,53 @@ absl::Status TrainingSession::MakeReducer() {
     ASSIGN_OR_RETURN(Tensor result, NewState(DataType::kFloat32, r.result_dims));
     results.push_back(std::move(result));
   }
-  // When each gradient is final: the run-order position of the training graph node writing it.
-  std::map<std::string, int> out_index;
-  for (size_t o = 0; o < train_->outputs().size(); ++o) out_index[train_->outputs()[o].name] = static_cast<int>(o);
-  const std::vector<int> steps = train_->OutputSteps();
+  // Which parameter's gradient each output of the training graph (or of each stage's backward)
+  // makes final, and when: the run-order position of the node writing it. A pipeline's order
+  // also depends on its schedule (OrderPipelineReductions).
+  std::map<std::string, int> param_of;
+  for (size_t i = 0; i < artifacts_.params.size(); ++i) param_of[AccumulationOut(artifacts_.params[i])] = static_cast<int>(i);
+  auto outputs_to_params = [&](const InferenceSession& s) {
+    std::vector<int> params;
+    for (const IoInfo& o : s.outputs()) params.push_back(param_of.count(o.name) ? param_of[o.name] : -1);
+    return params;
+  };
   std::vector<int> ready(artifacts_.params.size(), -1);
-  output_param_.assign(train_->outputs().size(), -1);
-  for (size_t i = 0; i < artifacts_.params.size(); ++i)
-    if (auto it = out_index.find(AccumulationOut(artifacts_.params[i])); it != out_index.end()) {
-      ready[i] = steps[it->second];
-      output_param_[it->second] = static_cast<int>(i);
-    }
+  if (train_) {
+    output_param_ = outputs_to_params(*train_);
+    const std::vector<int> steps = train_->OutputSteps();
+    for (size_t o = 0; o < output_param_.size(); ++o)
+      if (output_param_[o] >= 0) ready[output_param_[o]] = steps[o];
+  }
+  for (const StageSessions& st : stages_) stage_output_param_.push_back(outputs_to_params(*st.backward));
   reducer_ = std::make_unique<GradientReducer>(reductions_, std::move(buffers), std::move(results), ready,
                                                std::move(reduce_comm_));
   return absl::OkStatus();
+}
+
+void TrainingSession::OrderPipelineReductions(const std::vector<PipelineWork>& work) {
+  std::vector<std::tuple<bool, int, int>> key;
+  for (const PipelineWork& w : work) key.emplace_back(w.backward, w.microbatch, w.chunk);
+  if (key != ordered_work_) {
+    ordered_work_ = key;
+    // A gradient is final after the last backward of the last chunk that writes it.
+    last_backward_.assign(stages_.size(), -1);
+    for (size_t i = 0; i < work.size(); ++i)
+      if (work[i].backward && work[i].chunk >= 0 && work[i].chunk < static_cast<int>(stages_.size()))
+        last_backward_[work[i].chunk] = static_cast<int>(i);
+    std::vector<int> ready(artifacts_.params.size(), -1);
+    writers_.assign(artifacts_.params.size(), 0);
+    for (size_t c = 0; c < stages_.size(); ++c) {
+      const std::vector<int> steps = stages_[c].backward->OutputSteps();
+      for (size_t o = 0; o < stage_output_param_[c].size(); ++o) {
+        const int p = stage_output_param_[c][o];
+        if (p < 0 || last_backward_[c] < 0) continue;
+        ++writers_[p];
+        ready[p] = std::max(ready[p], last_backward_[c] * 1000000 + std::min(std::max(steps[o], 0), 999999));
+      }
+    }
+    reducer_->SetReadySteps(ready);
+  }
+  writers_left_ = writers_;
 }
 
 std::vector<std::string> TrainingSession::overlapped_reductions() const {
@@ -365,7 +399,8 @@ bool TrainingSession::holds_loss() const {
 }
 
 absl::Status TrainingSession::RunPart(InferenceSession& s, const Feeds& data, const std::map<std::string, Tensor>& extra,
-                                      std::map<std::string, Tensor>* outputs, uint64_t seed) {
+                                      std::map<std::string, Tensor>* outputs, uint64_t seed,
+                                      std::function<void(int)> output_ready) {
   Feeds feeds;
   for (const IoInfo& in : s.inputs()) {
     if (auto e = extra.find(in.name); e != extra.end()) {
@@ -422,6 +457,7 @@ absl::Status TrainingSession::RunPart(InferenceSession& s, const Feeds& data, co
   run.seed = seed;
   run.profiler = profiler_;
   run.profile_track = compute_track_;
+  run.output_ready = std::move(output_ready);
   RETURN_IF_ERROR(s.RunInto(feeds, outs, run));
   for (size_t i = 0; i < outs.size(); ++i) {
     const std::string& name = s.outputs()[i].name;
@@ -435,6 +471,12 @@ absl::StatusOr<float> TrainingSession::PipelineStep(const std::vector<PipelineWo
                                                     const std::vector<Feeds>& microbatches) {
   if (!pipelined()) return absl::FailedPreconditionError("PipelineStep needs pipeline stage artifacts");
   if (microbatches.empty()) return InvalidArgument("PipelineStep: no micro-batches");
+  // Reductions still reading the gradients finish first; this step's start as their gradients
+  // are final (after the last backward of every chunk that writes them).
+  if (reducer_) {
+    RETURN_IF_ERROR(reducer_->BeginBackward(true));
+    OrderPipelineReductions(work);
+  }
   // A fresh accumulation: the buffers start at zero and every backward adds to them (two
   // stages of one rank may add to the same tied parameter's buffer).
   for (Tensor& g : grads_) RETURN_IF_ERROR(CopyInto(g, Zeros(g)));
@@ -443,7 +485,8 @@ absl::StatusOr<float> TrainingSession::PipelineStep(const std::vector<PipelineWo
   std::map<std::pair<int, int>, std::map<std::string, Tensor>> stash;  // (micro-batch, chunk)
   double loss_sum = 0;
   int losses = 0;
-  for (const PipelineWork& w : work) {
+  for (size_t i = 0; i < work.size(); ++i) {
+    const PipelineWork& w = work[i];
     if (w.chunk < 0 || w.chunk >= static_cast<int>(stages_.size()) || w.microbatch < 0 ||
         w.microbatch >= static_cast<int>(microbatches.size()))
       return InvalidArgument("PipelineStep: work item (micro-batch ", w.microbatch, ", chunk ", w.chunk,
@@ -469,7 +512,14 @@ absl::StatusOr<float> TrainingSession::PipelineStep(const std::vector<PipelineWo
       if (it == stash.end())
         return InvalidArgument("PipelineStep: backward of micro-batch ", w.microbatch, " on chunk ", w.chunk,
                                " before its forward");
-      RETURN_IF_ERROR(RunPart(*stages_[w.chunk].backward, microbatches[w.microbatch], it->second, nullptr, seed));
+      std::function<void(int)> final_grads;
+      if (reducer_ && static_cast<int>(i) == last_backward_[w.chunk])
+        final_grads = [this, chunk = w.chunk](int o) {
+          const int p = stage_output_param_[chunk][o];
+          if (p >= 0 && --writers_left_[p] == 0) reducer_->Ready(p);
+        };
+      RETURN_IF_ERROR(RunPart(*stages_[w.chunk].backward, microbatches[w.microbatch], it->second, nullptr, seed,
+                              std::move(final_grads)));
       for (auto& [name, t] : it->second) free_outputs_[name].push_back(std::move(t));
       stash.erase(it);
     }

@@ -22,9 +22,11 @@
 // the step and the caller's properties (data position, RNG seed, ...).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -68,7 +70,8 @@ struct TrainingSessionOptions {
   // With a communicator: the optimizer graph's gradient reductions (data-parallel AllReduce of
   // gradients or their buckets, ZeRO-1 ReduceScatter) run as soon as each gradient is final in
   // the step's last backward, on a duplicate communicator, overlapping the rest of the backward
-  // (grad_reducer.h). Every rank must agree. Not for pipeline stages.
+  // (grad_reducer.h); in a pipeline, once the last backward of every chunk writing a gradient
+  // has run. Every rank must agree.
   bool overlap_grad_reduce = true;
 };
 
@@ -188,7 +191,8 @@ class TrainingSession {
   // `extra` (stashed values); outputs bound to the gradient buffers where they are
   // accumulation outputs, fresh tensors otherwise.
   absl::Status RunPart(InferenceSession& s, const Feeds& data, const std::map<std::string, Tensor>& extra,
-                       std::map<std::string, Tensor>* outputs, uint64_t seed);
+                       std::map<std::string, Tensor>* outputs, uint64_t seed,
+                       std::function<void(int)> output_ready = {});
   // Stage part outputs (activations, stashes) free for the next micro-batch, by output name.
   std::map<std::string, std::vector<Tensor>> free_outputs_;
   std::vector<Tensor> params_, grads_;
@@ -205,6 +209,12 @@ class TrainingSession {
   // Declared after the gradient buffers it reads, so it stops before they go.
   std::unique_ptr<GradientReducer> reducer_;
   std::vector<int> output_param_;  // per training graph output: its parameter, -1 for the loss
+  // Pipelines: per chunk, each backward output's parameter; per chunk, its last backward in the
+  // schedule; per parameter, the chunks writing its gradient (and those still to, this step).
+  std::vector<std::vector<int>> stage_output_param_;
+  std::vector<int> last_backward_, writers_, writers_left_;
+  std::vector<std::tuple<bool, int, int>> ordered_work_;
+  void OrderPipelineReductions(const std::vector<PipelineWork>& work);
   runtime::Profiler* profiler_ = nullptr;
   int compute_track_ = 0;
   // Takes the gradient reductions out of the optimizer graph when they can overlap the
