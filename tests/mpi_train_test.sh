@@ -79,9 +79,9 @@ case_run pp2tp2_fused_attention "$deep" "$tmp/tokens64.bin" 4 pp=2,tp=2 --microb
 
 # Gradient reductions overlapping the backward: dp=2, and dp=2 x pp=2 (1F1B), in 20 KB
 # buckets with a profile per rank, against the same plan with the reductions left in the
-# optimizer step: the same losses bit for bit, and the traces show the reductions on their own track, finished before the
-# optimizer reads them, and in each step some of them handed over while gradients were still
-# being accumulated (the backward still ran).
+# optimizer step: the same losses bit for bit, and the traces show the reductions on their own
+# track, finished before the optimizer reads them, and in each step some of them handed over
+# while gradients were still being accumulated (the backward still ran).
 for mesh in "dp=2" "dp=2,pp=2 --microbatches 2"; do
 set -- $mesh
 checks=$((checks + 1))
