@@ -15,6 +15,10 @@
 #include "runtime/memory_plan.h"
 #include "runtime/profiler.h"
 
+#if CLEAVE_HAVE_CUDA
+#include <nvtx3/nvToolsExt.h>
+#endif
+
 namespace cleave::runtime {
 
 using graph::Node;
@@ -555,7 +559,16 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
     scratch_used_ = 0;
     Context ctx(*this, step, outputs);
     const auto started = profiler ? Profiler::Clock::now() : Profiler::Clock::time_point();
+#if CLEAVE_HAVE_CUDA
+    // Device nodes are named ranges for Nsight Systems, beside the kernels they launch (and the
+    // NCCL kernels of overlapped reductions on their own stream); a no-op without the tool.
+    const bool named = step.provider && step.provider->device() != providers::DeviceKind::kCpu;
+    if (named) nvtxRangePushA(step.node->name().c_str());
+#endif
     status = step.kernel->Compute(ctx);
+#if CLEAVE_HAVE_CUDA
+    if (named) nvtxRangePop();
+#endif
     if (profiler)
       profiler->Add(step.node->name(), step.node->op_type(), observers->track, started, Profiler::Clock::now(),
                     {{"provider", step.provider ? step.provider->name() : "cpu"}});

@@ -44,6 +44,9 @@ if [ -n "$bundle" ]; then
   bins=("$build/tests/cleave_cuda_tests" "$build/bench/cleave_bench_train" "$build/tools/cleave")
   [ -x "$build/tests/cleave_nccl_tests" ] && bins+=("$build/tests/cleave_nccl_tests")
   cp "${bins[@]}" "$stage/bin/"
+  # tar runs in the stage folder: the bundle's path must not be relative to it.
+  mkdir -p "$(dirname "$bundle")"
+  bundle="$(cd "$(dirname "$bundle")" && pwd)/$(basename "$bundle")"
   # Shared libraries outside the C runtime and the CUDA/driver stack (those come with the GPU
   # machine's own toolkit and driver).
   for b in "${bins[@]}"; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
