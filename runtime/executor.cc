@@ -194,7 +194,14 @@ namespace {
 // backward, and run there every gradient would be final only at the very end. Run early, a
 // gradient is final (and its data-parallel reduction can start) while the rest of the backward
 // runs, and its temporary is released sooner. A node that may write in place over a graph
-// input that other nodes also read (same dtype and shape as one of its outputs) stays put.
+// input that other nodes also read (same dtype and shape as one of its outputs) stays put, and
+// so do messages and collectives: NCCL matches a pair's point-to-point messages by their order.
+bool Communicates(const Node* n) {
+  static const std::set<std::string> ops = {"Send", "Recv", "AllReduce", "AllGather", "ReduceScatter", "AllToAll",
+                                            "Broadcast"};
+  return n->domain() == graph::kCleaveDomain && ops.count(n->op_type());
+}
+
 std::vector<Node*> OutputsEarly(const std::vector<Node*>& order, const graph::Graph& g) {
   std::unordered_set<const graph::Value*> outs(g.outputs().begin(), g.outputs().end());
   std::unordered_map<const Node*, int> pos;
@@ -203,7 +210,7 @@ std::vector<Node*> OutputsEarly(const std::vector<Node*>& order, const graph::Gr
   std::vector<char> moved(order.size(), 0);
   for (size_t i = 0; i < order.size(); ++i) {
     const Node* n = order[i];
-    bool sink = n->num_outputs() > 0;
+    bool sink = n->num_outputs() > 0 && !Communicates(n);
     for (const graph::Value* o : n->outputs()) sink = sink && o && outs.count(o) && o->consumers().empty();
     int last = -1;
     for (const graph::Value* v : n->inputs()) {

@@ -46,14 +46,14 @@ int Profiler::Track(const std::string& name) {
 }
 
 void Profiler::Add(Event e) {
-  if (!enabled_) return;
+  if (!enabled()) return;
   std::lock_guard<std::mutex> lock(mu_);
   events_.push_back(std::move(e));
 }
 
 void Profiler::Add(std::string name, std::string category, int track, Clock::time_point start, Clock::time_point end,
                    std::vector<std::pair<std::string, std::string>> args) {
-  if (!enabled_) return;
+  if (!enabled()) return;
   Event e;
   e.name = std::move(name);
   e.category = std::move(category);

@@ -7,6 +7,7 @@
 // times are on the machine's monotonic clock, so the traces of ranks on one machine align.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -35,8 +36,8 @@ class Profiler {
     return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
   }
   // Events are kept only while enabled (the steps a run profiles).
-  void set_enabled(bool on) { enabled_ = on; }
-  bool enabled() const { return enabled_; }
+  void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
   void Add(Event e);
   void Add(std::string name, std::string category, int track, Clock::time_point start, Clock::time_point end,
            std::vector<std::pair<std::string, std::string>> args = {});
@@ -51,7 +52,7 @@ class Profiler {
  private:
   std::string process_;
   int pid_;
-  bool enabled_ = true;
+  std::atomic<bool> enabled_{true};  // read by threads that add events
   mutable std::mutex mu_;
   std::vector<std::string> tracks_;
   std::vector<Event> events_;

@@ -7,6 +7,7 @@
 
 #include "graph/graph.h"
 #include "graph/op_table.h"
+#include "graph/text_format.h"
 #include "providers/cpu/cpu_provider.h"
 #include "runtime/executor.h"
 #include "gtest/gtest.h"
@@ -30,6 +31,38 @@ TEST(Session, RunsMlp) {
   std::vector<float> want = {1 + 4 + 0.5f, 0.f, 3 + 4, 0.f, 0.f, 0.f};
   Tensor expected = Tensor::FromVector<float>(want, {2, 3});
   EXPECT_EQ(testing::CompareTensors((*out)[0], expected, 1e-6, 0), "");
+}
+
+// A node that only makes a graph output runs as soon as its inputs are ready (a gradient is
+// final early), and each output is reported final right after the step that writes it.
+TEST(Session, OutputsAreMadeAndReportedAsEarlyAsTheirInputsAllow) {
+  auto g = graph::ParseGraph(R"(
+    input x: float32[4]
+    a = Exp(x)
+    b = Exp(a)
+    c = Exp(b)
+    early = Neg(a)
+    output c
+    output early
+  )");
+  ASSERT_TRUE(g.ok()) << g.status();
+  SessionOptions o;
+  o.optimize = false;
+  auto s = InferenceSession::FromGraph(std::move(*g), o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  // In insertion order Neg would run last; it runs right after Exp(x).
+  EXPECT_EQ((*s)->OutputSteps(), std::vector<int>({3, 1}));
+  std::vector<int> reported;
+  std::vector<Tensor> outs(2);
+  RunOptions run;
+  run.output_ready = [&](int i) {
+    reported.push_back(i);
+    // A reported output is already written.
+    if (i == 1) EXPECT_NEAR(outs[1].data<float>()[0], -std::exp(1.0f), 1e-5);
+  };
+  outs = {Tensor(DataType::kFloat32, {4}), Tensor(DataType::kFloat32, {4})};
+  ASSERT_TRUE((*s)->RunInto({{"x", Tensor::FromVector<float>({1, 1, 1, 1}, {4})}}, outs, run).ok());
+  EXPECT_EQ(reported, std::vector<int>({1, 0}));
 }
 
 TEST(Session, RejectsBadFeedsWithNamesAndShapes) {
