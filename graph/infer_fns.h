@@ -72,6 +72,7 @@ absl::Status InferInPlaceAccumulator(InferContext& ctx);  // (buffer, grad, rese
 absl::Status InferSquaredNorm(InferContext& ctx);         // (x...) -> f32 scalar
 absl::Status InferAdamW(InferContext& ctx);               // -> param, exp_avg, exp_avg_sq
 absl::Status InferSGD(InferContext& ctx);                 // -> param[, momentum_buffer]
+absl::Status InferMultiTensorSGD(InferContext& ctx);      // (lr, step, scale, kn tensors) -> (k-1)n
 // Collectives (infer_collective_ops.cc).
 absl::Status InferAllReduce(InferContext& ctx);      // same shape
 absl::Status InferAllGather(InferContext& ctx);      // axis x group size

@@ -88,6 +88,27 @@ absl::Status InferMultiTensorAdamW(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// MultiTensorSGD(lr, step, scale, {param, grad[, momentum_buffer]} x n) -> {param[,
+// momentum_buffer]} x n: the buffers are there when momentum != 0; plus the global gradient
+// norm when compute_norm = 1.
+absl::Status InferMultiTensorSGD(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectStepScalars(ctx));
+  const int k = ctx.node().AttrFloat("momentum", 0.0f) != 0.0f ? 3 : 2;
+  const int n = (ctx.num_inputs() - 3) / k;
+  const int norm = ctx.node().AttrInt("compute_norm", 0) != 0 ? 1 : 0;
+  if (n < 1 || ctx.num_inputs() != 3 + k * n || ctx.num_outputs() != (k - 1) * n + norm)
+    return ctx.Error("expected 3 + ", k, "n inputs and ", k - 1, "n", norm ? " + 1" : "", " outputs, got ",
+                     ctx.num_inputs(), " and ", ctx.num_outputs());
+  for (int g = 0; g < n; ++g) {
+    const int in = 3 + k * g;
+    RETURN_IF_ERROR(ExpectDtype(ctx, in, kFloat));
+    RETURN_IF_ERROR(ExpectSameShapes(ctx, in, k));
+    for (int j = 0; j < k - 1; ++j) ctx.SetOutput((k - 1) * g + j, DataType::kFloat32, ctx.input_shape(in));
+  }
+  if (norm) ctx.SetOutput((k - 1) * n, DataType::kFloat32, Shape::Scalar());
+  return absl::OkStatus();
+}
+
 // SGD(lr, step, scale, param, grad[, momentum_buffer]) -> (param[, momentum_buffer])
 absl::Status InferSGD(InferContext& ctx) {
   RETURN_IF_ERROR(ExpectStepScalars(ctx));

@@ -109,6 +109,7 @@ std::vector<OpDef> BuildTable() {
       {C, "AdamW", {1}, 1, 7, 7, 3, 3, InferAdamW, false},
       {C, "MultiTensorAdamW", {1}, 1, 7, kVar, 3, kVar, InferMultiTensorAdamW, false},
       {C, "SGD", {1}, 1, 5, 6, 1, 2, InferSGD, false},
+      {C, "MultiTensorSGD", {1}, 1, 5, kVar, 1, kVar, InferMultiTensorSGD, false},
       // Collectives of partitioned graphs.
       {C, "AllReduce", {1}, 1, 1, 1, 1, 1, InferAllReduce, false},
       {C, "AllGather", {1}, 1, 1, 1, 1, 1, InferAllGather, false},

@@ -105,12 +105,17 @@ TEST(CudnnAttention, CreateSaysWhyNot) {
 }
 
 // Needs no device: the kernel table covers every node of the tiny GPT's training, eval and
-// optimizer graphs (as the session optimises them), fp32 and bf16, so none falls back.
+// optimizer graphs (as the session optimises them), fp32 and bf16, AdamW and SGD, so none falls
+// back.
 TEST(CudaKernelTable, ClaimsEveryNodeOfTheTinyGptGraphs) {
   auto table = providers::CudaExecutionProvider::ForCapabilityQueries();
-  for (const char* precision : {"fp32", "bf16", "fp32 fused attention"}) {
+  for (const char* precision : {"fp32", "bf16", "fp32 fused attention", "fp32 sgd"}) {
     trainer::TrainingSpec spec;
     spec.optimizer.max_grad_norm = 1.0f;
+    if (std::string(precision).find("sgd") != std::string::npos) {
+      spec.optimizer.kind = trainer::OptimizerConfig::Kind::kSgd;
+      spec.optimizer.momentum = 0.9f;
+    }
     spec.precision = *trainer::ParsePrecision(std::string(precision).substr(0, 4));
     spec.fuse_attention = std::string(precision).find("fused") != std::string::npos;
     auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, spec);
@@ -122,7 +127,7 @@ TEST(CudaKernelTable, ClaimsEveryNodeOfTheTinyGptGraphs) {
       // optimizer graph).
       auto fused = (*s)->graph().Clone();
       graph::SkipLayerNormFusion skip_norm;
-      graph::MultiTensorAdamWFusion multi;
+      graph::MultiTensorFusion multi;
       ASSERT_TRUE(graph::RunPass(skip_norm, fused.get()).ok());
       ASSERT_TRUE(graph::RunPass(multi, fused.get()).ok());
       providers::Capability cap = table->GetCapability(*fused);
@@ -370,47 +375,80 @@ TEST(CudaProvider, OptimizerOps) {
              1e-6, 1e-5, "AdamW");
 }
 
-// Plain, and with compute_norm: the norm output and the update clipped with it (max_grad_norm
-// 1 clips these random gradients) or not, the scale formed on the device.
-TEST(CudaProvider, MultiTensorAdamW) {
+// The optimizers over two parameters: MultiTensorAdamW and MultiTensorSGD (with and without
+// momentum), plain and with compute_norm (the norm output and the update clipped with it, as
+// max_grad_norm 1 clips these random gradients, or not), the scale formed on the device; and
+// SGD alone.
+TEST(CudaProvider, Optimizers) {
   Tensor step(DataType::kInt64, std::vector<int64_t>{});
   step.data<int64_t>()[0] = 4;
-  const Feeds feeds = {{"lr", Tensor::Scalar<float>(3e-3f)}, {"step", step}, {"scale", Tensor::Scalar<float>(0.5f)},
-                       {"p1", Random({1000}, 90)},         {"g1", Random({1000}, 91)}, {"m1", Random({1000}, 92)},
-                       {"v1", Random({1000}, 93, 0.f, 1.f)}, {"p2", Random({7, 3}, 94)}, {"g2", Random({7, 3}, 95)},
-                       {"m2", Random({7, 3}, 96)},         {"v2", Random({7, 3}, 97, 0.f, 1.f)}};
-  std::vector<std::string> texts;
-  for (const char* attrs : {"", ", compute_norm = 1, clip_epsilon = 1e-6, max_grad_norm = 1.0",
-                            ", compute_norm = 1, max_grad_norm = 0.0"}) {
-    const bool norm = *attrs != 0;
-    texts.push_back(absl::StrCat(R"(
-    input lr: float32[]
-    input step: int64[]
-    input scale: float32[]
-    input p1: float32[1000]
-    input g1: float32[1000]
-    input m1: float32[1000]
-    input v1: float32[1000]
-    input p2: float32[7,3]
-    input g2: float32[7,3]
-    input m2: float32[7,3]
-    input v2: float32[7,3]
-    a, b, c, d, e, f)", norm ? ", norm" : "",
-                                 " = ai.cleave.MultiTensorAdamW(lr, step, scale, p1, g1, m1, v1, p2, g2, m2, v2) "
-                                 "{beta1 = 0.9, beta2 = 0.95, epsilon = 1e-8, weight_decay = 0.1",
-                                 attrs, "}\noutput a\noutput b\noutput c\noutput d\noutput e\noutput f\n",
-                                 norm ? "output norm\n" : ""));
+  Feeds feeds = {{"lr", Tensor::Scalar<float>(3e-3f)}, {"step", step}, {"scale", Tensor::Scalar<float>(0.5f)}};
+  const std::vector<int64_t> shapes[2] = {{1000}, {7, 3}};
+  const char* state_names[] = {"g", "m", "v"};  // grad, then the optimizer's state
+  unsigned seed = 90;
+  for (int k = 1; k <= 2; ++k) {
+    feeds.emplace_back(absl::StrCat("p", k), Random(shapes[k - 1], seed++));
+    for (const char* x : state_names)
+      feeds.emplace_back(absl::StrCat(x, k), x[0] == 'v' ? Random(shapes[k - 1], seed++, 0.f, 1.f)
+                                                         : Random(shapes[k - 1], seed++));
+  }
+  const struct {
+    const char* op;
+    int state;  // optimizer state tensors per parameter
+    const char* attrs;
+  } variants[] = {
+      {"MultiTensorAdamW", 2, "beta1 = 0.9, beta2 = 0.95, epsilon = 1e-8, weight_decay = 0.1"},
+      {"MultiTensorAdamW", 2, "weight_decay = 0.1, compute_norm = 1, clip_epsilon = 1e-6, max_grad_norm = 1.0"},
+      {"MultiTensorAdamW", 2, "weight_decay = 0.1, compute_norm = 1, max_grad_norm = 0.0"},
+      {"MultiTensorSGD", 0, "weight_decay = 0.1"},
+      {"MultiTensorSGD", 1, "momentum = 0.9, dampening = 0.1, nesterov = 1, compute_norm = 1, max_grad_norm = 1.0"},
+      {"MultiTensorSGD", 1, "momentum = 0.9, compute_norm = 1, max_grad_norm = 0.0"},
+      {"SGD", 1, "momentum = 0.9, weight_decay = 0.01"}};
+  struct Case {
+    std::string text, op;
+  };
+  std::vector<Case> cases;
+  for (const auto& v : variants) {
+    const bool norm = std::string(v.attrs).find("compute_norm") != std::string::npos;
+    const int groups = std::string(v.op) == "SGD" ? 1 : 2;
+    std::string text = "input lr: float32[]\ninput step: int64[]\ninput scale: float32[]\n";
+    std::vector<std::string> in = {"lr", "step", "scale"}, out;
+    for (int k = 1; k <= groups; ++k) {
+      const std::string dims = absl::StrCat("[", absl::StrJoin(shapes[k - 1], ","), "]");
+      for (int j = -1; j <= v.state; ++j) {
+        const std::string name = j < 0 ? absl::StrCat("p", k) : absl::StrCat(state_names[j], k);
+        absl::StrAppend(&text, "input ", name, ": float32", dims, "\n");
+        in.push_back(name);
+        if (j != 0) out.push_back(absl::StrCat("out_", name));
+      }
+    }
+    if (norm) out.push_back("norm");
+    absl::StrAppend(&text, absl::StrJoin(out, ", "), " = ai.cleave.", v.op, "(", absl::StrJoin(in, ", "), ") {",
+                    v.attrs, "}\n");
+    for (const std::string& o : out) absl::StrAppend(&text, "output ", o, "\n");
     // The graph is well formed and runs on the CPU, on any machine.
     SessionOptions o;
     o.optimize = false;
-    auto cpu = InferenceSession::FromGraph(*graph::ParseGraph(texts.back()), o);
+    auto parsed = graph::ParseGraph(text);
+    ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;
+    auto cpu = InferenceSession::FromGraph(std::move(*parsed), o);
     ASSERT_TRUE(cpu.ok()) << cpu.status();
-    auto out = (*cpu)->Run(feeds);
-    ASSERT_TRUE(out.ok()) << out.status();
-    ASSERT_EQ(out->size(), norm ? 7u : 6u);
+    Feeds mine;
+    for (const std::string& name : in)
+      for (const auto& f : feeds)
+        if (f.first == name) mine.push_back(f);
+    auto got = (*cpu)->Run(mine);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), out.size());
+    cases.push_back({text, v.op});
   }
   REQUIRE_CUDA();
-  for (const std::string& text : texts) ExpectSame(text, feeds, 1e-6, 1e-5, "MultiTensorAdamW");
+  for (const Case& c : cases) {
+    Feeds mine;
+    for (const auto& f : feeds)
+      if (c.text.find("input " + f.first + ":") != std::string::npos) mine.push_back(f);
+    ExpectSame(c.text, mine, 1e-6, 1e-5, c.op);
+  }
 }
 
 TEST(CudaProvider, LayoutAndViews) {

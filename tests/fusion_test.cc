@@ -395,39 +395,51 @@ TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
 }
 
 
-// The optimizer graph's per-parameter AdamW nodes become one MultiTensorAdamW that updates
-// every parameter and moment exactly as they did, and that also forms the global gradient norm
-// and clips with it (max_grad_norm 1, whose clipping the random gradients trigger), or only
-// forms it (no clipping).
-class MultiTensorAdamWFusionTest : public ::testing::TestWithParam<float> {};
+// The optimizer graph's per-parameter AdamW (or SGD) nodes become one MultiTensorAdamW (or
+// MultiTensorSGD) that updates every parameter and its state exactly as they did, and that also
+// forms the global gradient norm and clips with it (max_grad_norm 1, whose clipping the random
+// gradients trigger), or only forms it (no clipping).
+struct MultiTensorCase {
+  const char* name;
+  trainer::OptimizerConfig::Kind kind;
+  float momentum;
+  bool nesterov;
+  float max_norm;
+};
 
-TEST_P(MultiTensorAdamWFusionTest, OneUpdateForAllParametersComputingTheSame) {
+class MultiTensorFusionTest : public ::testing::TestWithParam<MultiTensorCase> {};
+
+TEST_P(MultiTensorFusionTest, OneUpdateForAllParametersComputingTheSame) {
+  const MultiTensorCase& c = GetParam();
   trainer::TrainingSpec spec;
-  spec.optimizer.max_grad_norm = GetParam();
+  spec.optimizer.kind = c.kind;
+  spec.optimizer.momentum = c.momentum;
+  spec.optimizer.nesterov = c.nesterov;
+  spec.optimizer.max_grad_norm = c.max_norm;
   spec.optimizer.weight_decay = 0.1f;
   auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, spec);
   auto fused_graph = a.optimizer->Clone();
-  MultiTensorAdamWFusion fusion;
+  MultiTensorFusion fusion;
   auto changed = RunPass(fusion, fused_graph.get());
   ASSERT_TRUE(changed.ok() && *changed) << changed.status();
-  int adamw = 0, multi = 0, norm_ops = 0;
+  const bool adamw = c.kind == trainer::OptimizerConfig::Kind::kAdamW;
+  int single = 0, multi = 0, norm_ops = 0;
   const Node* fused = nullptr;
   for (const auto& n : fused_graph->nodes()) {
-    adamw += n->op_type() == "AdamW";
-    multi += n->op_type() == "MultiTensorAdamW";
-    if (n->op_type() == "MultiTensorAdamW") fused = n.get();
+    single += n->op_type() == "AdamW" || n->op_type() == "SGD";
+    if (n->op_type() == (adamw ? "MultiTensorAdamW" : "MultiTensorSGD")) ++multi, fused = n.get();
     for (const char* op : {"SquaredNorm", "Sqrt", "Min", "Div"}) norm_ops += n->op_type() == op;
   }
-  EXPECT_EQ(adamw, 0);
+  EXPECT_EQ(single, 0);
   ASSERT_EQ(multi, 1);
   EXPECT_EQ(norm_ops, 0);  // the norm and the clipping moved into the fused op
   EXPECT_EQ(fused->AttrInt("compute_norm", 0), 1);
-  EXPECT_EQ(fused->AttrFloat("max_grad_norm", -1), GetParam());
+  EXPECT_EQ(fused->AttrFloat("max_grad_norm", -1), c.max_norm);
   EXPECT_EQ(fused->output(fused->num_outputs() - 1)->name(), "grad_norm");
   EXPECT_EQ(fused_graph->nodes().size(), 1u);
   Feeds feeds = {{"learning_rate", Tensor::Scalar<float>(3e-3f)}, {"grad_scale", Tensor::Scalar<float>(0.5f)}};
   Tensor step(DataType::kInt64, std::vector<int64_t>{});
-  step.data<int64_t>()[0] = 3;
+  step.data<int64_t>()[0] = 3;  // past SGD's first step, so the momentum buffers are read
   feeds.emplace_back("step", step);
   unsigned seed = 10;
   for (const Value* in : a.optimizer->inputs())
@@ -436,11 +448,18 @@ TEST_P(MultiTensorAdamWFusionTest, OneUpdateForAllParametersComputingTheSame) {
   ExpectGraphsAgree(std::move(fused_graph), a.optimizer->Clone(), feeds, 0, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Clip, MultiTensorAdamWFusionTest, ::testing::Values(1.0f, 0.0f),
-                         [](const auto& info) { return info.param > 0 ? std::string("clip1") : std::string("noclip"); });
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, MultiTensorFusionTest,
+    ::testing::Values(MultiTensorCase{"adamw_clip1", trainer::OptimizerConfig::Kind::kAdamW, 0, false, 1.0f},
+                      MultiTensorCase{"adamw_noclip", trainer::OptimizerConfig::Kind::kAdamW, 0, false, 0.0f},
+                      MultiTensorCase{"sgd_clip1", trainer::OptimizerConfig::Kind::kSgd, 0, false, 1.0f},
+                      MultiTensorCase{"sgd_momentum_nesterov_clip1", trainer::OptimizerConfig::Kind::kSgd, 0.9f,
+                                      true, 1.0f},
+                      MultiTensorCase{"sgd_momentum_noclip", trainer::OptimizerConfig::Kind::kSgd, 0.9f, false, 0.0f}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // A norm something else also reads stays a separate computation.
-TEST(MultiTensorAdamWFusion, KeepsANormThatOthersRead) {
+TEST(MultiTensorFusion, KeepsANormThatOthersRead) {
   trainer::TrainingSpec spec;
   spec.optimizer.max_grad_norm = 1.0f;
   auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, spec);
@@ -448,7 +467,7 @@ TEST(MultiTensorAdamWFusion, KeepsANormThatOthersRead) {
   Value* twice = g->GetOrCreateValue("norm_twice");
   g->AddNode("Add", {g->FindValue("grad_norm"), g->FindValue("grad_norm")}, {twice}, "extra");
   g->AddOutput(twice);
-  MultiTensorAdamWFusion fusion;
+  MultiTensorFusion fusion;
   auto changed = RunPass(fusion, g.get());
   ASSERT_TRUE(changed.ok() && *changed) << changed.status();
   int squared = 0;

@@ -136,7 +136,7 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   RETURN_IF_ERROR(ExtractReductions(*optimizer_graph));
   if (device_) {
     // One multi-tensor update for all parameters instead of a launch per parameter.
-    graph::MultiTensorAdamWFusion multi;
+    graph::MultiTensorFusion multi;
     RETURN_IF_ERROR(graph::RunPass(multi, optimizer_graph.get()).status());
   }
   ASSIGN_OR_RETURN(optimizer_, InferenceSession::FromGraph(std::move(optimizer_graph), plain));

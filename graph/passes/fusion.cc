@@ -4,6 +4,7 @@
 // op. Constants are matched by value with a relative tolerance of 1e-3, since exporters
 // write sqrt(2) and 0.5 as rounded float literals.
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <optional>
 
@@ -680,17 +681,24 @@ std::optional<NormChain> FindNormChain(const Graph& g, const std::vector<Node*>&
 
 }  // namespace
 
-absl::StatusOr<bool> MultiTensorAdamWFusion::Run(Graph* g) {
-  // Groups of AdamW nodes with the same scalar inputs and attributes, in graph order.
+absl::StatusOr<bool> MultiTensorFusion::Run(Graph* g) {
+  // Groups of AdamW (or of SGD) nodes with the same scalar inputs, attributes and arity, in
+  // graph order.
   std::map<std::string, std::vector<Node*>> groups;
   std::vector<std::string> order;
   for (const auto& owned : g->nodes()) {
     Node* n = owned.get();
-    if (n->domain() != kCleaveDomain || n->op_type() != "AdamW" || n->num_inputs() != 7 || n->num_outputs() != 3)
-      continue;
-    std::string key = absl::StrCat(n->input(0)->name(), "|", n->input(1)->name(), "|", n->input(2)->name());
-    for (const char* a : {"beta1", "beta2", "epsilon", "weight_decay"})
-      absl::StrAppend(&key, "|", n->HasAttr(a) ? n->AttrFloat(a, 0.f) : -1.f);
+    const bool adamw = n->op_type() == "AdamW" && n->num_inputs() == 7 && n->num_outputs() == 3;
+    const bool sgd = n->op_type() == "SGD" && n->num_inputs() >= 5 && n->num_outputs() == n->num_inputs() - 4;
+    if (n->domain() != kCleaveDomain || !(adamw || sgd)) continue;
+    std::string key = absl::StrCat(n->op_type(), "/", n->num_inputs(), "|", n->input(0)->name(), "|",
+                                   n->input(1)->name(), "|", n->input(2)->name());
+    // The optimizers' attributes are scalars (ints and floats, compared by their bits).
+    for (const auto& [a, v] : n->attributes()) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &v.f, sizeof(bits));
+      absl::StrAppend(&key, "|", a, "=", v.type == AttrType::kFloat ? bits : v.i);
+    }
     if (!groups.count(key)) order.push_back(key);
     groups[key].push_back(n);
   }
@@ -701,9 +709,10 @@ absl::StatusOr<bool> MultiTensorAdamWFusion::Run(Graph* g) {
     std::vector<Value*> inputs = {nodes[0]->input(0), nodes[0]->input(1), nodes[0]->input(2)};
     std::vector<Value*> outputs;
     for (Node* n : nodes) {
-      for (int i = 3; i < 7; ++i) inputs.push_back(n->input(i));
-      for (int o = 0; o < 3; ++o) outputs.push_back(n->output(o));
+      for (int i = 3; i < n->num_inputs(); ++i) inputs.push_back(n->input(i));
+      for (int o = 0; o < n->num_outputs(); ++o) outputs.push_back(n->output(o));
     }
+    const std::string fused_op = nodes[0]->op_type() == "AdamW" ? "MultiTensorAdamW" : "MultiTensorSGD";
     auto attrs = nodes[0]->attributes();
     auto metadata = nodes[0]->metadata();
     metadata.erase("param");
@@ -720,7 +729,7 @@ absl::StatusOr<bool> MultiTensorAdamWFusion::Run(Graph* g) {
       for (Node* n : chain->nodes) g->RemoveNode(n);
     }
     for (Node* n : nodes) g->RemoveNode(n);
-    Node* fused = g->AddNode("MultiTensorAdamW", inputs, outputs, name, kCleaveDomain);
+    Node* fused = g->AddNode(fused_op, inputs, outputs, name, kCleaveDomain);
     for (auto& [k, v] : attrs) fused->SetAttr(k, v);
     if (chain) {
       fused->SetAttr("compute_norm", Attribute::Int(1));

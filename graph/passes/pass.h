@@ -102,16 +102,16 @@ class SkipLayerNormFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
-// The optimizer graph's AdamW nodes that share their scalar inputs and attributes ->
-// one ai.cleave.MultiTensorAdamW (one launch for all parameters on CUDA). When the graph forms
-// the global gradient norm of exactly those gradients (SquaredNorm, Sqrt, Mul by grad_scale)
-// and clips with it (Add eps, Div, Min 1, Mul), the fused op computes the norm itself
-// (compute_norm = 1, an extra output) and clips with it: no separate norm pass, and on CUDA no
-// host round trip between the norm and the update. Device training sessions run it on their
-// optimizer graph.
-class MultiTensorAdamWFusion : public Pass {
+// The optimizer graph's AdamW (or SGD) nodes that share their scalar inputs and attributes ->
+// one ai.cleave.MultiTensorAdamW (or MultiTensorSGD): one launch for all parameters on CUDA.
+// When the graph forms the global gradient norm of exactly those gradients (SquaredNorm, Sqrt,
+// Mul by grad_scale) and clips with it (Add eps, Div, Min 1, Mul), the fused op computes the
+// norm itself (compute_norm = 1, an extra output) and clips with it: no separate norm pass, and
+// on CUDA no host round trip between the norm and the update. Device training sessions run it
+// on their optimizer graph.
+class MultiTensorFusion : public Pass {
  public:
-  std::string name() const override { return "MultiTensorAdamWFusion"; }
+  std::string name() const override { return "MultiTensorFusion"; }
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 

@@ -110,6 +110,12 @@ int MultiTensorAdamW(int count, const float* const* param, const float* const* g
                      const float* const* v, float* const* param_out, float* const* m_out, float* const* v_out,
                      const int64_t* n, float lr, float beta1, float beta2, float epsilon, float weight_decay,
                      int64_t step, float grad_scale, void* stream, const float* device_scale = nullptr);
+// SGD (weight decay, momentum with dampening, Nesterov; the CPU's SgdStep) over `count`
+// tensors, 32 per launch; buf and buf_out are read only with momentum (step 1 starts them).
+int MultiTensorSgd(int count, const float* const* param, const float* const* grad, const float* const* buf,
+                   float* const* param_out, float* const* buf_out, const int64_t* n, float lr, float momentum,
+                   float dampening, float weight_decay, bool nesterov, int64_t step, float grad_scale, void* stream,
+                   const float* device_scale = nullptr);
 // The global-norm clipping between SquaredNorm and the update, on the device (no host round
 // trip): norm = sqrt(*sumsq) * grad_scale, and *scale_out = grad_scale * min(1, max_norm /
 // (norm + epsilon)) when max_norm > 0, else grad_scale; the float operations of the CPU's.

@@ -1,6 +1,6 @@
-// CUDA optimizer kernels (kernels/cuda/): the AdamW step as the CPU computes it, the sum of
-// squares of many tensors behind global-norm clipping (accumulated in fp64), and the clipping
-// scale formed on the device from it.
+// CUDA optimizer kernels (kernels/cuda/): the AdamW and SGD steps as the CPU computes them,
+// the sum of squares of many tensors behind global-norm clipping (accumulated in fp64), and
+// the clipping scale formed on the device from it.
 #include <cmath>
 
 #include "kernels/cuda/device_util.cuh"
@@ -39,6 +39,35 @@ __global__ void MultiAdamWKernel(AdamWBatch b, float decay, float b1, float b2, 
     b.param_out[t][i] = w + neg_step_size * (m / denom);
     b.m_out[t][i] = m;
     b.v_out[t][i] = v;
+  }
+}
+
+struct SgdBatch {
+  const float* param[kTensorsPerLaunch];
+  const float* grad[kTensorsPerLaunch];
+  const float* buf[kTensorsPerLaunch];
+  float* param_out[kTensorsPerLaunch];
+  float* buf_out[kTensorsPerLaunch];
+  int64_t n[kTensorsPerLaunch];
+};
+
+// The CPU's SgdStep per element: d = g*scale (+ wd*param); with momentum buf = first ? d :
+// momentum*buf + (1-dampening)*d and d = nesterov ? d + momentum*buf : buf; param -= lr*d.
+__global__ void MultiSgdKernel(SgdBatch b, float neg_lr, float wd, float mom, float keep, bool first,
+                               bool use_momentum, bool nesterov, float host_scale, const float* device_scale) {
+  const float scale = device_scale ? *device_scale : host_scale;
+  const int t = blockIdx.y;
+  const int64_t n = b.n[t];
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float d = b.grad[t][i] * scale;
+    if (wd != 0.f) d = d + wd * b.param[t][i];
+    if (use_momentum) {
+      const float m = first ? d : b.buf[t][i] * mom + keep * d;
+      b.buf_out[t][i] = m;
+      d = nesterov ? d + mom * m : m;
+    }
+    b.param_out[t][i] = b.param[t][i] + neg_lr * d;
   }
 }
 
@@ -101,6 +130,31 @@ int MultiTensorAdamW(int count, const float* const* param, const float* const* g
     MultiAdamWKernel<<<dim3(blocks, static_cast<unsigned>(k1 - k0)), kThreads, 0, Stream(stream)>>>(
         b, decay, beta1, beta2, static_cast<float>(1.0 - beta1), static_cast<float>(1.0 - beta2), neg_step_size,
         bc2_sqrt, epsilon, grad_scale, device_scale);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
+  }
+  return 0;
+}
+
+int MultiTensorSgd(int count, const float* const* param, const float* const* grad, const float* const* buf,
+                   float* const* param_out, float* const* buf_out, const int64_t* n, float lr, float momentum,
+                   float dampening, float weight_decay, bool nesterov, int64_t step, float grad_scale, void* stream,
+                   const float* device_scale) {
+  const bool use_momentum = momentum != 0.f;
+  for (int k0 = 0; k0 < count; k0 += kTensorsPerLaunch) {
+    SgdBatch b{};
+    const int k1 = count - k0 < kTensorsPerLaunch ? count : k0 + kTensorsPerLaunch;
+    int64_t largest = 0;
+    for (int k = k0; k < k1; ++k) {
+      const int t = k - k0;
+      b.param[t] = param[k], b.grad[t] = grad[k], b.param_out[t] = param_out[k], b.n[t] = n[k];
+      if (use_momentum) b.buf[t] = buf[k], b.buf_out[t] = buf_out[k];
+      largest = n[k] > largest ? n[k] : largest;
+    }
+    if (largest == 0) continue;
+    const unsigned blocks = Blocks(largest) < 1024 ? Blocks(largest) : 1024;
+    MultiSgdKernel<<<dim3(blocks, static_cast<unsigned>(k1 - k0)), kThreads, 0, Stream(stream)>>>(
+        b, static_cast<float>(-static_cast<double>(lr)), weight_decay, momentum, 1.f - dampening, step <= 1,
+        use_momentum, nesterov, grad_scale, device_scale);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
   }
   return 0;

@@ -39,19 +39,38 @@ class InPlaceAccumulatorKernel : public OpKernel {
   }
 };
 
+// The fused optimizers' global gradient norm (compute_norm = 1), in the float operations and
+// order of the unfused graph (SquaredNorm, Sqrt, Mul, then Add, Div, Min, Mul): norm = sqrt(sum
+// g^2) * grad_scale, written to output `norm_output`; returns the update's scale, grad_scale *
+// min(1, max_norm / (norm + epsilon)) when max_norm > 0, grad_scale otherwise. The gradients are
+// inputs first_grad, first_grad + stride, ...
+struct GlobalNorm {
+  bool enabled = false;
+  float max_norm = 0.0f, epsilon = 1e-6f;
+  explicit GlobalNorm(const graph::Node& n)
+      : enabled(n.AttrInt("compute_norm", 0) != 0),
+        max_norm(n.AttrFloat("max_grad_norm", 0.0f)),
+        epsilon(n.AttrFloat("clip_epsilon", 1e-6f)) {}
+  float UpdateScale(KernelContext& ctx, int first_grad, int stride, int groups, int norm_output,
+                    float grad_scale) const {
+    if (!enabled) return grad_scale;
+    double total = 0.0;  // as SquaredNorm: fp64 over the tensors in order, then rounded
+    for (int k = 0; k < groups; ++k) {
+      const TensorView& g = *ctx.input(first_grad + stride * k);
+      total += kernels::cpu::SquaredNorm(g.as<const float>(), g.numel(), ctx.thread_pool());
+    }
+    const float norm = std::sqrt(static_cast<float>(total)) * grad_scale;
+    if (TensorView* out = ctx.Output(norm_output, std::span<const int64_t>())) *out->as<float>() = norm;
+    return max_norm > 0.0f ? grad_scale * std::min(max_norm / (norm + epsilon), 1.0f) : grad_scale;
+  }
+};
+
 // AdamW and MultiTensorAdamW: the AdamW step of each (param, grad, exp_avg, exp_avg_sq) group
 // after the (lr, step, grad_scale) scalars; AdamW is the one-group case. MultiTensorAdamW with
-// compute_norm = 1 also forms the global gradient norm first and clips with it, in the float
-// operations and order of the unfused graph (SquaredNorm, Sqrt, Mul, then Add, Div, Min, Mul):
-// norm = sqrt(sum g^2) * grad_scale, and the update's scale is grad_scale * min(1, max_grad_norm
-// / (norm + clip_epsilon)) when max_grad_norm > 0, grad_scale otherwise.
+// compute_norm = 1 forms the global norm first and clips with it (GlobalNorm).
 class AdamWKernel : public OpKernel {
  public:
-  AdamWKernel(const graph::Node& n, int)
-      : op_(n.op_type()),
-        compute_norm_(n.AttrInt("compute_norm", 0) != 0),
-        max_norm_(n.AttrFloat("max_grad_norm", 0.0f)),
-        clip_epsilon_(n.AttrFloat("clip_epsilon", 1e-6f)) {
+  AdamWKernel(const graph::Node& n, int) : op_(n.op_type()), norm_(n) {
     p_.beta1 = n.AttrFloat("beta1", 0.9f);
     p_.beta2 = n.AttrFloat("beta2", 0.999f);
     p_.epsilon = n.AttrFloat("epsilon", 1e-8f);
@@ -61,8 +80,7 @@ class AdamWKernel : public OpKernel {
 
  private:
   std::string op_;
-  bool compute_norm_;
-  float max_norm_, clip_epsilon_;
+  GlobalNorm norm_;
   kernels::cpu::AdamWParams p_;
 };
 
@@ -98,9 +116,12 @@ absl::StatusOr<StepScalars> ReadScalars(KernelContext& ctx) {
   return s;
 }
 
+// SGD and MultiTensorSGD: the step of each (param, grad[, momentum_buffer]) group after the
+// (lr, step, grad_scale) scalars (the buffers are there when momentum != 0); SGD is the
+// one-group case. MultiTensorSGD with compute_norm = 1 forms the global norm first.
 class SgdKernel : public OpKernel {
  public:
-  SgdKernel(const graph::Node& n, int) {
+  SgdKernel(const graph::Node& n, int) : multi_(n.op_type() == "MultiTensorSGD"), norm_(n) {
     p_.momentum = n.AttrFloat("momentum", 0.0f);
     p_.dampening = n.AttrFloat("dampening", 0.0f);
     p_.weight_decay = n.AttrFloat("weight_decay", 0.0f);
@@ -108,26 +129,34 @@ class SgdKernel : public OpKernel {
   }
   absl::Status Compute(KernelContext& ctx) const override {
     ASSIGN_OR_RETURN(StepScalars s, ReadScalars(ctx));
-    const TensorView& param = *ctx.input(3);
-    RETURN_IF_ERROR(CheckSameShape(param, *ctx.input(4), "grad"));
-    const TensorView* buffer = ctx.num_inputs() > 5 ? ctx.input(5) : nullptr;
-    if (p_.momentum != 0.0f && !buffer)
-      return InvalidArgument("SGD with momentum ", p_.momentum, " needs a momentum_buffer input");
-    if (buffer) RETURN_IF_ERROR(CheckSameShape(param, *buffer, "momentum_buffer"));
-    TensorView* p_out = ctx.Output(0, param.dim_span());
-    TensorView* b_out = buffer ? ctx.Output(1, param.dim_span()) : nullptr;
-    if (!p_out || (buffer && !b_out)) return InvalidArgument("SGD is missing an output");
+    // Per group: its tensors (k) and outputs (k - 1).
+    const int k = multi_ ? (p_.momentum != 0.0f ? 3 : 2) : ctx.num_inputs() - 3;
+    const int groups = (ctx.num_inputs() - 3) / k;
     kernels::cpu::SgdParams p = p_;
     p.lr = s.lr;
     p.step = s.step;
-    p.grad_scale = s.grad_scale;
-    kernels::cpu::SgdStep(p, param.as<const float>(), ctx.input(4)->as<const float>(),
-                          buffer ? buffer->as<const float>() : nullptr, p_out->as<float>(),
-                          b_out ? b_out->as<float>() : nullptr, param.numel(), ctx.thread_pool());
+    p.grad_scale = norm_.UpdateScale(ctx, 4, k, groups, (k - 1) * groups, s.grad_scale);
+    for (int g = 0; g < groups; ++g) {
+      const int in = 3 + k * g;
+      const TensorView& param = *ctx.input(in);
+      RETURN_IF_ERROR(CheckSameShape(param, *ctx.input(in + 1), "grad"));
+      const TensorView* buffer = k > 2 ? ctx.input(in + 2) : nullptr;
+      if (p_.momentum != 0.0f && !buffer)
+        return InvalidArgument("SGD with momentum ", p_.momentum, " needs a momentum_buffer input");
+      if (buffer) RETURN_IF_ERROR(CheckSameShape(param, *buffer, "momentum_buffer"));
+      TensorView* p_out = ctx.Output((k - 1) * g, param.dim_span());
+      TensorView* b_out = buffer ? ctx.Output((k - 1) * g + 1, param.dim_span()) : nullptr;
+      if (!p_out || (buffer && !b_out)) return InvalidArgument("SGD is missing an output");
+      kernels::cpu::SgdStep(p, param.as<const float>(), ctx.input(in + 1)->as<const float>(),
+                            buffer ? buffer->as<const float>() : nullptr, p_out->as<float>(),
+                            b_out ? b_out->as<float>() : nullptr, param.numel(), ctx.thread_pool());
+    }
     return absl::OkStatus();
   }
 
  private:
+  bool multi_;
+  GlobalNorm norm_;
   kernels::cpu::SgdParams p_;
 };
 
@@ -138,17 +167,7 @@ absl::Status AdamWKernel::Compute(KernelContext& ctx) const {
   p.step = s.step;
   p.grad_scale = s.grad_scale;
   const int n = (ctx.num_inputs() - 3) / 4;
-  if (compute_norm_) {
-    double total = 0.0;  // as SquaredNorm: fp64 over the tensors in order, then rounded
-    for (int k = 0; k < n; ++k) {
-      const TensorView& g = *ctx.input(4 + 4 * k);
-      total += kernels::cpu::SquaredNorm(g.as<const float>(), g.numel(), ctx.thread_pool());
-    }
-    const float norm = std::sqrt(static_cast<float>(total)) * s.grad_scale;
-    TensorView* norm_out = ctx.Output(3 * n, std::span<const int64_t>());
-    if (norm_out) *norm_out->as<float>() = norm;
-    if (max_norm_ > 0.0f) p.grad_scale = s.grad_scale * std::min(max_norm_ / (norm + clip_epsilon_), 1.0f);
-  }
+  p.grad_scale = norm_.UpdateScale(ctx, 4, 4, n, 3 * n, s.grad_scale);
   for (int k = 0; k < n; ++k) {
     const TensorView& param = *ctx.input(3 + 4 * k);
     RETURN_IF_ERROR(CheckSameShape(param, *ctx.input(4 + 4 * k), "grad"));
@@ -177,6 +196,7 @@ void RegisterOptimizerKernels(KernelRegistry& r) {
   r.Register({c, "AdamW", 1, 1, InputTypeIn(3, f32), MakeFactory<AdamWKernel>()});
   r.Register({c, "MultiTensorAdamW", 1, 1, InputTypeIn(3, f32), MakeFactory<AdamWKernel>()});
   r.Register({c, "SGD", 1, 1, InputTypeIn(3, f32), MakeFactory<SgdKernel>()});
+  r.Register({c, "MultiTensorSGD", 1, 1, InputTypeIn(3, f32), MakeFactory<SgdKernel>()});
 }
 
 }  // namespace cleave::providers

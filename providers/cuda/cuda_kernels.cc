@@ -29,10 +29,11 @@ kc::Dt DtOf(DataType t) {
 class CudaKernel : public OpKernel {
  public:
   CudaKernel(const CudaExecutionProvider* p, const graph::Node& n) : p_(p), name_(n.Describe()) {}
+  const std::string& name() const { return name_; }
+  absl::Status Check(int err) const { return CudaStatus(err, name_); }
 
  protected:
   void* stream() const { return p_->stream(); }
-  absl::Status Check(int err) const { return CudaStatus(err, name_); }
   absl::Status Copy(void* dst, const void* src, size_t bytes) const {
     if (bytes == 0 || dst == src) return absl::OkStatus();
     return Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream())));
@@ -759,17 +760,44 @@ class SceGradKernel : public CudaKernel {
 
 // ---- optimizer --------------------------------------------------------------------------
 
+// The fused optimizers' global gradient norm (compute_norm = 1): SquaredNorm of the gradients
+// into the norm output, then the clipping scale on the device (ClipScale), which the update
+// reads there: no host round trip. Returns that device scale, or null without compute_norm.
+class GlobalNorm {
+ public:
+  explicit GlobalNorm(const graph::Node& n)
+      : enabled_(n.AttrInt("compute_norm", 0) != 0), max_norm_(n.AttrFloat("max_grad_norm", 0.f)),
+        epsilon_(n.AttrFloat("clip_epsilon", 1e-6f)) {}
+  absl::StatusOr<const float*> DeviceScale(const CudaKernel& k, const CudaExecutionProvider* p, KernelContext& ctx,
+                                           std::vector<const float*>& grads, std::vector<int64_t>& n,
+                                           int norm_output, float grad_scale) const {
+    if (!enabled_) return nullptr;
+    TensorView* norm = ctx.Output(norm_output, std::vector<int64_t>{});
+    if (!norm) return Unimplemented(k.name(), ": the gradient norm output must be used on CUDA");
+    // The provider's fp64 reduction scratch holds the sum, then (once it is rounded into the
+    // norm output) the clipping scale.
+    double* acc = p->reduction_scratch();
+    float* scale = reinterpret_cast<float*>(acc);
+    RETURN_IF_ERROR(k.Check(kc::SquaredNorm(grads.data(), n.data(), static_cast<int>(grads.size()),
+                                            norm->as<float>(), acc, p->stream())));
+    RETURN_IF_ERROR(k.Check(kc::ClipScale(norm->as<float>(), grad_scale, max_norm_, epsilon_, norm->as<float>(), scale,
+                                          p->stream())));
+    return scale;
+  }
+
+ private:
+  bool enabled_;
+  float max_norm_, epsilon_;
+};
+
 // AdamW and MultiTensorAdamW(lr, step, grad_scale [host], {param, grad, exp_avg, exp_avg_sq} x n)
-// -> 3n, in as few launches as the pointers fit in; AdamW is the one-group case. With
-// compute_norm the global gradient norm is the extra output: SquaredNorm of the gradients, then
-// the clipping scale on the device, which the update reads there (three launches, no host sync).
+// -> 3n [+ the global norm], in as few launches as the pointers fit in; AdamW is the one-group
+// case.
 class AdamWKernel : public CudaKernel {
  public:
   AdamWKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
       : CudaKernel(p, n), beta1_(n.AttrFloat("beta1", 0.9f)), beta2_(n.AttrFloat("beta2", 0.999f)),
-        epsilon_(n.AttrFloat("epsilon", 1e-8f)), weight_decay_(n.AttrFloat("weight_decay", 0.f)),
-        compute_norm_(n.AttrInt("compute_norm", 0) != 0), max_norm_(n.AttrFloat("max_grad_norm", 0.f)),
-        clip_epsilon_(n.AttrFloat("clip_epsilon", 1e-6f)) {}
+        epsilon_(n.AttrFloat("epsilon", 1e-8f)), weight_decay_(n.AttrFloat("weight_decay", 0.f)), norm_(n) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const float lr = *ctx.input(0)->as<float>();
     const int64_t step = *ctx.input(1)->as<int64_t>();
@@ -796,19 +824,7 @@ class AdamWKernel : public CudaKernel {
       po[k] = outs[0]->as<float>(), mo[k] = outs[1]->as<float>(), vo[k] = outs[2]->as<float>();
       n[k] = p.numel();
     }
-    const float* device_scale = nullptr;
-    if (compute_norm_) {
-      TensorView* norm = ctx.Output(3 * count, std::vector<int64_t>{});
-      if (!norm) return Unimplemented(name_, ": the gradient norm output must be used on CUDA");
-      // The provider's fp64 reduction scratch holds the sum, then (once it is rounded into the
-      // norm output) the clipping scale.
-      double* acc = p_->reduction_scratch();
-      float* scale_on_device = reinterpret_cast<float*>(acc);
-      RETURN_IF_ERROR(Check(kc::SquaredNorm(grad.data(), n.data(), count, norm->as<float>(), acc, stream())));
-      RETURN_IF_ERROR(Check(kc::ClipScale(norm->as<float>(), scale, max_norm_, clip_epsilon_, norm->as<float>(),
-                                          scale_on_device, stream())));
-      device_scale = scale_on_device;
-    }
+    ASSIGN_OR_RETURN(const float* device_scale, norm_.DeviceScale(*this, p_, ctx, grad, n, 3 * count, scale));
     return Check(kc::MultiTensorAdamW(count, param.data(), grad.data(), m.data(), v.data(), po.data(), mo.data(),
                                       vo.data(), n.data(), lr, beta1_, beta2_, epsilon_, weight_decay_, step, scale,
                                       stream(), device_scale));
@@ -816,8 +832,56 @@ class AdamWKernel : public CudaKernel {
 
  private:
   float beta1_, beta2_, epsilon_, weight_decay_;
-  bool compute_norm_;
-  float max_norm_, clip_epsilon_;
+  GlobalNorm norm_;
+};
+
+// SGD(lr, step, grad_scale [host], param, grad[, momentum_buffer]) and MultiTensorSGD (those
+// groups x n, the buffers there when momentum != 0 [+ the global norm]).
+class SgdKernel : public CudaKernel {
+ public:
+  SgdKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), multi_(n.op_type() == "MultiTensorSGD"), momentum_(n.AttrFloat("momentum", 0.f)),
+        dampening_(n.AttrFloat("dampening", 0.f)), weight_decay_(n.AttrFloat("weight_decay", 0.f)),
+        nesterov_(n.AttrInt("nesterov", 0) != 0), norm_(n) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const float lr = *ctx.input(0)->as<float>();
+    const int64_t step = *ctx.input(1)->as<int64_t>();
+    const float scale = *ctx.input(2)->as<float>();
+    const int k = multi_ ? (momentum_ != 0.f ? 3 : 2) : ctx.num_inputs() - 3;
+    if (momentum_ != 0.f && k < 3) return InvalidArgument(name_, ": momentum ", momentum_, " needs momentum buffers");
+    const int count = (ctx.num_inputs() - 3) / k;
+    std::vector<const float*> param(count), grad(count), buf(count);
+    std::vector<float*> po(count), bo(count);
+    std::vector<int64_t> n(count);
+    for (int g = 0; g < count; ++g) {
+      const int in = 3 + k * g;
+      const TensorView& p = *ctx.input(in);
+      for (int j = 1; j < k; ++j)
+        if (ctx.input(in + j)->numel() != p.numel())
+          return InvalidArgument(name_, ": parameter ", g, "'s input ", j, " has ", ctx.input(in + j)->numel(),
+                                 " elements, the parameter ", p.numel());
+      TensorView* p_out = ctx.Output((k - 1) * g, p.dim_span());
+      TensorView* b_out = k > 2 ? ctx.Output((k - 1) * g + 1, p.dim_span()) : nullptr;
+      if (!p_out || (k > 2 && !b_out)) return Unimplemented(name_, ": every output must be used on CUDA");
+      param[g] = p.as<float>();
+      grad[g] = ctx.input(in + 1)->as<float>();
+      buf[g] = k > 2 ? ctx.input(in + 2)->as<float>() : nullptr;
+      po[g] = p_out->as<float>();
+      bo[g] = b_out ? b_out->as<float>() : nullptr;
+      n[g] = p.numel();
+    }
+    ASSIGN_OR_RETURN(const float* device_scale,
+                     norm_.DeviceScale(*this, p_, ctx, grad, n, (k - 1) * count, scale));
+    return Check(kc::MultiTensorSgd(count, param.data(), grad.data(), buf.data(), po.data(), bo.data(), n.data(), lr,
+                                    momentum_, dampening_, weight_decay_, nesterov_, step, scale, stream(),
+                                    device_scale));
+  }
+
+ private:
+  bool multi_;
+  float momentum_, dampening_, weight_decay_;
+  bool nesterov_;
+  GlobalNorm norm_;
 };
 
 // InPlaceAccumulator(buffer, grad, reset [host]) -> reset ? grad : buffer + grad.
@@ -918,6 +982,8 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<AdamWKernel>(r, this, C, "AdamW", 1, 1, InputTypeIn(3, {DataType::kFloat32}), {0, 1, 2});
   Add<SquaredNormKernel>(r, this, C, "SquaredNorm", 1, 1, InputTypeIn(0, {DataType::kFloat32}));
   Add<AdamWKernel>(r, this, C, "MultiTensorAdamW", 1, 1, InputTypeIn(3, {DataType::kFloat32}), {0, 1, 2});
+  Add<SgdKernel>(r, this, C, "SGD", 1, 1, InputTypeIn(3, {DataType::kFloat32}), {0, 1, 2});
+  Add<SgdKernel>(r, this, C, "MultiTensorSGD", 1, 1, InputTypeIn(3, {DataType::kFloat32}), {0, 1, 2});
   Add<SoftmaxGradKernel>(r, this, C, "SoftmaxGrad", 1, 1, AllOf({floats, LastAxisOnly}));
   Add<SoftmaxGradKernel>(r, this, C, "LogSoftmaxGrad", 1, 1, AllOf({floats, LastAxisOnly}));
   Add<ReduceKernel>(r, this, "", "ReduceSum", 1, 12, floats);
