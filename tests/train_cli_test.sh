@@ -140,6 +140,30 @@ else
     echo "ok   --device auto without a GPU trains on the CPU with a warning"
   else fail "--device auto: $out"; fi
 fi
+# --profile: a Chrome trace of steps 3-5 (after two warm-up steps), every node on the compute
+# track; a trace that cannot be written is an error naming the path before the first step.
+checks=$((checks + 1))
+if out=$("$cleave" train "$model" --data "$corpus" --batch 2 --seq 32 --steps 6 --plot none \
+           --profile "$tmp/trace.json" 2>&1) &&
+   [[ "$out" == *"profile of steps 3-5: $tmp/trace.json"* ]] &&
+   msg=$(python3 - "$tmp/trace.json" <<'EOF2'
+import json, sys
+t = json.load(open(sys.argv[1]))
+names = {e["tid"]: e["args"]["name"] for e in t["traceEvents"] if e["name"] == "thread_name"}
+assert names == {0: "compute"}, names
+ev = [e for e in t["traceEvents"] if e["ph"] == "X"]
+ops = {e["cat"] for e in ev}
+assert {"InPlaceAccumulator", "AdamW"} <= ops, ops
+assert all(e["dur"] >= 0 for e in ev)
+print(f"{len(ev)} node events, {len(ops)} op types")
+EOF2
+   ); then echo "ok   --profile writes a Chrome trace: $msg"; else fail "--profile: $out $msg"; fi
+checks=$((checks + 1))
+if out=$("$cleave" train "$model" --data "$corpus" --batch 2 --seq 32 --steps 3 --plot none \
+           --profile "$tmp/no/such/dir/t.json" 2>&1); then fail "an unwritable profile trained: $out"
+elif [[ "$out" == *"cannot write the profile '$tmp/no/such/dir/t.json.tmp'"* && "$out" != *"step 1/3"* ]]; then
+  echo "ok   a profile that cannot be written stops the run before its first step"
+else fail "unwritable profile: $out"; fi
 expect_fail "token outside the vocab" "token 300 at position 500 is outside the model's vocabulary of 256" \
   "$cleave" train "$model" --data "$tmp/tok.bin" --batch 2 --seq 32 --steps 1
 expect_fail "divergence" "step 2: the loss is nan; first non-finite tensor" \

@@ -239,7 +239,15 @@ class StepProfile {
     from_ = start + std::min<int64_t>(2, std::max<int64_t>(0, end - start - 1));
     to_ = std::min(end, from_ + std::max<int64_t>(1, c.profile_steps));
     session.set_profiler(profiler_.get());
+    // A trace that cannot be written is an error before the first step, not after the run.
+    const std::string probe = path_ + ".tmp";
+    if (!std::ofstream(probe, std::ios::app)) {
+      status_ = absl::PermissionDeniedError(absl::StrCat("cannot write the profile '", probe, "'"));
+    } else {
+      std::remove(probe.c_str());
+    }
   }
+  const absl::Status& status() const { return status_; }
   void Before(int64_t step) {
     if (profiler_) profiler_->set_enabled(step >= from_ && step < to_);
   }
@@ -255,6 +263,7 @@ class StepProfile {
  private:
   std::unique_ptr<runtime::Profiler> profiler_;
   std::string path_;
+  absl::Status status_;
   int64_t from_ = 0, to_ = 0;
   bool written_ = false;
 };
@@ -363,6 +372,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
   std::vector<std::pair<int64_t, double>> curve, val_curve;
   const double tokens_per_step = static_cast<double>(c.batch * c.seq);
   StepProfile profile(c, 0, 1, start, *session);
+  RETURN_IF_ERROR(profile.status());
   for (int64_t s = start; s < c.steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
     profile.Before(s);
@@ -671,6 +681,8 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
   std::vector<std::pair<int64_t, double>> curve, val_curve;
   const double tokens_per_step = static_cast<double>(batch * seq);
   StepProfile profile(c, rank, world, start, *session);
+  if (!profile.status().ok())
+    return absl::Status(profile.status().code(), absl::StrCat("rank ", rank, ": ", profile.status().message()));
   for (int64_t s = start; s < c.steps; ++s) {
     profile.Before(s);
     if (FaultAt("CLEAVE_FAULT_KILL", rank, s + 1)) std::raise(SIGKILL);
