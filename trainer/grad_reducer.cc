@@ -49,7 +49,8 @@ absl::StatusOr<std::vector<GradientReducer::Reduction>> GradientReducer::Extract
   std::set<int> bucketed;  // a gradient can be a view of one flat buffer only
   for (size_t idx = 0; idx < g.nodes().size(); ++idx) {
     Node* n = g.nodes()[idx].get();
-    if (n->domain() != graph::kCleaveDomain || (n->op_type() != "AllReduce" && n->op_type() != "ReduceScatter")) continue;
+    const bool collective = n->op_type() == "AllReduce" || n->op_type() == "ReduceScatter";
+    if (n->domain() != graph::kCleaveDomain || !collective) continue;
     auto attrs = providers::GroupAttrs::Read(*n);
     if (!attrs.ok() || attrs->op != ReduceOp::kSum || (n->op_type() == "ReduceScatter" && attrs->axis != 0)) continue;
     Value* x = n->input(0);
