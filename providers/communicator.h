@@ -65,6 +65,9 @@ class Communicator {
   // communicators complete each operation before returning, so both are no-ops there).
   virtual void set_deferred(bool deferred) { (void)deferred; }
   virtual absl::Status JoinCompute() { return absl::OkStatus(); }
+  // Blocks the host until every operation queued so far has finished, or fails naming the
+  // rank and the operation once the timeout passes (a dead peer must not hang the caller).
+  virtual absl::Status Synchronize() { return absl::OkStatus(); }
 };
 
 }  // namespace cleave

@@ -52,7 +52,7 @@ class NcclCommunicator : public Communicator {
   absl::Status JoinCompute() override;
 
   // Blocks until every queued operation has finished (or the timeout passes).
-  absl::Status Synchronize();
+  absl::Status Synchronize() override;
 
   struct State;
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -17,7 +18,9 @@
 #include "runtime/inference_session.h"
 #include "onnx_ext/onnx_io.h"
 #include "providers/cpu/cpu_provider.h"
+#include "runtime/simulated_communicator.h"
 #include "tests/op_tester.h"
+#include "tests/partition_test_util.h"
 #include "trainer/training_graph.h"
 #include "trainer/training_session.h"
 
@@ -241,7 +244,7 @@ class CpuKernelDevice : public providers::ExecutionProvider {
     static const std::map<std::string, std::vector<int>> kHostInputs = {
         {"Reshape", {1}}, {"Unsqueeze", {1}}, {"Squeeze", {1}}, {"ReduceSum", {1}}, {"ReduceMean", {1}},
         {"ReduceMax", {1}}, {"Split", {1}}, {"Slice", {1, 2, 3, 4}}, {"Expand", {1}}, {"ConstantOfShape", {0}},
-        {"AdamW", {0, 1, 2}}, {"MultiTensorAdamW", {0, 1, 2}}, {"SGD", {0, 1, 2}}, {"InPlaceAccumulator", {2}}, {"Dropout", {1, 2}},
+        {"AdamW", {0, 1, 2}}, {"MultiTensorAdamW", {0, 1, 2}}, {"SGD", {0, 1, 2}}, {"MultiTensorSGD", {0, 1, 2}}, {"InPlaceAccumulator", {2}}, {"Dropout", {1, 2}},
         {"GatherGrad", {0}}, {"SliceGrad", {1, 2, 3, 4, 5}}, {"Trilu", {1}}};
     for (const providers::KernelDef& cpu : cpu_.registry().defs()) {
       if (host_only.count(cpu.op)) continue;
@@ -345,6 +348,127 @@ TEST(DevicePlacement, TrainingStateStaysOnTheDevice) {
   // A step uploads the token ids and the LayerNorm boundaries, not the parameters.
   EXPECT_GT(uploaded_per_step, 0);
   EXPECT_LT(uploaded_per_step, state_bytes / 4) << "per step " << uploaded_per_step << " of " << state_bytes;
+}
+
+// A simulated rank's communicator seen as a device one (NCCL-like): the stand-in device's memory
+// is host memory underneath, so the simulated world moves it. It counts what the gradient
+// reducer asks of a device communicator.
+class DeviceComm : public Communicator {
+ public:
+  struct Counts {
+    std::atomic<int> deferred{0}, joins{0}, syncs{0}, duplicates{0};
+  };
+  DeviceComm(Communicator* inner, std::shared_ptr<Counts> counts, std::unique_ptr<Communicator> owned = nullptr)
+      : inner_(inner), owned_(std::move(owned)), counts_(std::move(counts)) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  absl::Status AllReduce(const TensorView& in, const TensorView& out, ReduceOp op, std::span<const int> g) override {
+    return inner_->AllReduce(in, out, op, g);
+  }
+  absl::Status AllGather(const TensorView& in, const TensorView& out, std::span<const int> g) override {
+    return inner_->AllGather(in, out, g);
+  }
+  absl::Status ReduceScatter(const TensorView& in, const TensorView& out, ReduceOp op,
+                             std::span<const int> g) override {
+    return inner_->ReduceScatter(in, out, op, g);
+  }
+  absl::Status AllToAll(const TensorView& in, const TensorView& out, std::span<const int> g) override {
+    return inner_->AllToAll(in, out, g);
+  }
+  absl::Status Broadcast(const TensorView& buf, int root, std::span<const int> g) override {
+    return inner_->Broadcast(buf, root, g);
+  }
+  absl::Status Barrier(std::span<const int> g) override { return inner_->Barrier(g); }
+  absl::Status Send(const TensorView& t, int peer, int tag) override { return inner_->Send(t, peer, tag); }
+  absl::Status Recv(const TensorView& t, int peer, int tag) override { return inner_->Recv(t, peer, tag); }
+  bool device_memory() const override { return true; }
+  absl::StatusOr<std::unique_ptr<Communicator>> Duplicate() override {
+    ASSIGN_OR_RETURN(std::unique_ptr<Communicator> dup, inner_->Duplicate());
+    ++counts_->duplicates;
+    Communicator* raw = dup.get();
+    return std::unique_ptr<Communicator>(new DeviceComm(raw, counts_, std::move(dup)));
+  }
+  void set_deferred(bool d) override { counts_->deferred += d; }
+  absl::Status JoinCompute() override {
+    ++counts_->joins;
+    return absl::OkStatus();
+  }
+  absl::Status Synchronize() override {
+    ++counts_->syncs;
+    return absl::OkStatus();
+  }
+
+ private:
+  Communicator* inner_;
+  std::unique_ptr<Communicator> owned_;
+  std::shared_ptr<Counts> counts_;
+};
+
+// Device-resident data-parallel training over a device communicator: the gradient reductions
+// run on its duplicate, deferred, the host synchronising with them before the update and the
+// compute stream joining them; updates bit-identical to the graph's own device collectives.
+TEST(DevicePlacement, GradientReductionsOnADeviceCommunicator) {
+  trainer::TrainingSpec spec;
+  spec.optimizer.max_grad_norm = 1.0f;
+  const trainer::TrainingArtifacts a = testing::BuildArtifacts("tiny_gpt", 4, 16, spec);
+  std::vector<Tensor> params[2][2];  // [overlap][rank]
+  std::shared_ptr<DeviceComm::Counts> counts[2][2];
+  int overlapped[2] = {0, 0}, in_backward[2] = {-1, -1};
+  for (int overlap = 0; overlap < 2; ++overlap) {
+    std::vector<trainer::TrainingArtifacts> mine = testing::DataParallelArtifacts(a, 2, 0, 16 << 10);
+    runtime::SimulatedWorld world(2);
+    std::vector<absl::Status> status(2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        counts[overlap][r] = std::make_shared<DeviceComm::Counts>();
+        DeviceComm comm(world.rank(r), counts[overlap][r]);
+        trainer::TrainingSessionOptions o;
+        o.intra_op_threads = 1;
+        o.device_provider = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
+        o.device_communicator = &comm;
+        o.communicator = world.rank(r);
+        o.overlap_grad_reduce = overlap == 1;
+        auto s = trainer::TrainingSession::Create(std::move(mine[r]), o);
+        if (!s.ok()) {
+          status[r] = s.status();
+          return;
+        }
+        for (int step = 0; step < 2 && status[r].ok(); ++step) {
+          Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
+          for (int64_t i = 0; i < 32; ++i) {
+            ids.data<int64_t>()[i] = (i * 7 + 3 + r * 11 + step) % 256;
+            labels.data<int64_t>()[i] = (i * 5 + 1 + r * 13 + step) % 256;
+          }
+          status[r] = (*s)->TrainStep({{"input_ids", ids}, {"labels", labels}}).status();
+          if (status[r].ok()) status[r] = (*s)->OptimizerStep().status();
+        }
+        if (r == 0 && (*s)->gradient_reducer()) {
+          overlapped[overlap] = static_cast<int>((*s)->gradient_reducer()->reductions().size());
+          in_backward[overlap] = (*s)->gradient_reducer()->launched_in_backward();
+        }
+        for (const std::string& p : (*s)->parameter_names()) params[overlap][r].push_back(*(*s)->GetState(p));
+      });
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < 2; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  }
+  EXPECT_EQ(overlapped[0], 0);
+  ASSERT_GT(overlapped[1], 1);
+  EXPECT_EQ(in_backward[1], overlapped[1]);
+  for (int r = 0; r < 2; ++r) {
+    const DeviceComm::Counts& c = *counts[1][r];
+    EXPECT_EQ(c.duplicates.load(), 1);
+    EXPECT_EQ(c.deferred.load(), 1);
+    // Per step: the next backward waits for the last step's reductions, and the update for
+    // this step's (host synchronisation, then the compute stream joins).
+    EXPECT_GE(c.syncs.load(), 2);
+    EXPECT_EQ(c.joins.load(), c.syncs.load());
+    EXPECT_EQ(counts[0][r]->duplicates.load(), 0);
+    ASSERT_EQ(params[1][r].size(), params[0][r].size());
+    for (size_t i = 0; i < params[1][r].size(); ++i)
+      EXPECT_EQ(std::memcmp(params[1][r][i].raw(), params[0][r][i].raw(), params[0][r][i].nbytes()), 0)
+          << "rank " << r << " parameter " << i;
+  }
 }
 
 }  // namespace

@@ -24,8 +24,6 @@ namespace {
 
 constexpr int64_t kBatch = 4, kSeq = 32;
 constexpr int kDp = 2;
-using partition::Mesh;
-using partition::Sharding;
 
 TrainingArtifacts Artifacts() {
   TrainingSpec spec;
@@ -34,40 +32,8 @@ TrainingArtifacts Artifacts() {
   return testing::BuildArtifacts("tiny_gpt", kBatch, kSeq, spec);
 }
 
-// Each rank's artifacts for dp=2: ZeRO stage `zero`, gradients in buckets of `bucket` bytes.
 std::vector<TrainingArtifacts> PerRank(const TrainingArtifacts& a, int zero, int64_t bucket) {
-  std::vector<TrainingArtifacts> out;
-  auto mesh = *Mesh::Parse("dp=2");
-  Sharding batch = Sharding::Replicated(2);
-  batch.dims[0] = {"dp"};
-  auto train_p = partition::Propagate(*a.training, mesh, {{"input_ids", batch}, {"labels", batch}});
-  EXPECT_TRUE(train_p.ok()) << train_p.status();
-  std::map<std::string, Sharding> grad_seeds, output_wants;
-  if (zero == 1) {
-    auto seeds = partition::PrepareZero1(*a.optimizer, a.params, a.state_suffixes, mesh, &output_wants);
-    EXPECT_TRUE(seeds.ok()) << seeds.status();
-    grad_seeds = *seeds;
-  } else {
-    for (const std::string& p : a.params) {
-      Sharding s = Sharding::Replicated(a.optimizer->FindValue(p)->shape().rank());
-      s.partial = {"dp"};
-      grad_seeds[GradName(p)] = s;
-    }
-  }
-  auto opt_p = partition::Propagate(*a.optimizer, mesh, grad_seeds);
-  EXPECT_TRUE(opt_p.ok()) << opt_p.status();
-  for (int r = 0; r < kDp; ++r) {
-    auto train = partition::LowerForRank(*a.training, mesh, *train_p, r, "loss");
-    auto opt = partition::LowerForRank(*a.optimizer, mesh, *opt_p, r, "", output_wants, bucket);
-    EXPECT_TRUE(train.ok() && opt.ok());
-    TrainingArtifacts mine = testing::CopyArtifacts(a);
-    mine.training = std::move(train->graph);
-    mine.optimizer = std::move(opt->graph);
-    mine.eval = mine.training->Clone();
-    mine.eval->SetOutputs({mine.eval->FindValue("loss")});
-    out.push_back(std::move(mine));
-  }
-  return out;
+  return testing::DataParallelArtifacts(a, kDp, zero, bucket);
 }
 
 Feeds Batch(int rank, int micro, int rows) {

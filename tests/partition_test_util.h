@@ -1,5 +1,6 @@
 // Helpers shared by the partitioned-training tests: training artifacts of a bundled model,
-// deep copies of them (each simulated rank gets its own), and row slices of a batch.
+// deep copies of them (each simulated rank gets its own), each rank's artifacts under plain
+// data parallelism, and row slices of a batch.
 #pragma once
 
 #include <cstdlib>
@@ -8,6 +9,8 @@
 
 #include "gtest/gtest.h"
 #include "onnx_ext/onnx_io.h"
+#include "partition/lower.h"
+#include "trainer/autodiff.h"
 #include "trainer/training_graph.h"
 
 namespace cleave::testing {
@@ -42,6 +45,45 @@ inline trainer::TrainingArtifacts CopyArtifacts(const trainer::TrainingArtifacts
   c.data_inputs = a.data_inputs;
   c.initial = a.initial;
   return c;
+}
+
+// Each rank's artifacts for data parallelism over `dp` ranks (the batch split over dp): ZeRO
+// stage `zero` (0 or 1), data-parallel gradients in buckets of `bucket` bytes (0: one
+// AllReduce per gradient).
+inline std::vector<trainer::TrainingArtifacts> DataParallelArtifacts(const trainer::TrainingArtifacts& a, int dp,
+                                                                     int zero, int64_t bucket) {
+  std::vector<trainer::TrainingArtifacts> out;
+  auto mesh = *partition::Mesh::Parse("dp=" + std::to_string(dp));
+  partition::Sharding batch = partition::Sharding::Replicated(2);
+  batch.dims[0] = {"dp"};
+  auto train_p = partition::Propagate(*a.training, mesh, {{"input_ids", batch}, {"labels", batch}});
+  EXPECT_TRUE(train_p.ok()) << train_p.status();
+  std::map<std::string, partition::Sharding> grad_seeds, output_wants;
+  if (zero == 1) {
+    auto seeds = partition::PrepareZero1(*a.optimizer, a.params, a.state_suffixes, mesh, &output_wants);
+    EXPECT_TRUE(seeds.ok()) << seeds.status();
+    grad_seeds = *seeds;
+  } else {
+    for (const std::string& p : a.params) {
+      partition::Sharding s = partition::Sharding::Replicated(a.optimizer->FindValue(p)->shape().rank());
+      s.partial = {"dp"};
+      grad_seeds[trainer::GradName(p)] = s;
+    }
+  }
+  auto opt_p = partition::Propagate(*a.optimizer, mesh, grad_seeds);
+  EXPECT_TRUE(opt_p.ok()) << opt_p.status();
+  for (int r = 0; r < dp; ++r) {
+    auto train = partition::LowerForRank(*a.training, mesh, *train_p, r, "loss");
+    auto opt = partition::LowerForRank(*a.optimizer, mesh, *opt_p, r, "", output_wants, bucket);
+    EXPECT_TRUE(train.ok() && opt.ok());
+    trainer::TrainingArtifacts mine = CopyArtifacts(a);
+    mine.training = std::move(train->graph);
+    mine.optimizer = std::move(opt->graph);
+    mine.eval = mine.training->Clone();
+    mine.eval->SetOutputs({mine.eval->FindValue("loss")});
+    out.push_back(std::move(mine));
+  }
+  return out;
 }
 
 // Rows [r0, r0 + rows) of a batch-major tensor.

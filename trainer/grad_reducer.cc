@@ -253,7 +253,10 @@ void GradientReducer::Work() {
 absl::Status GradientReducer::WaitIdle() {
   absl::Status s;
   if (device_) {
-    s = comm_->JoinCompute();
+    // The host waits for the reductions with the communicator's timeout (a dead peer ends in an
+    // error, not a compute stream stuck behind them), then the compute stream is ordered after.
+    s = comm_->Synchronize();
+    if (s.ok()) s = comm_->JoinCompute();
     if (!error_.ok()) s = std::exchange(error_, absl::OkStatus());
     return s;
   }

@@ -90,6 +90,26 @@ __global__ void SumSquares(NormBatch b, double* acc) {
   if (threadIdx.x == 0) atomicAdd(acc, static_cast<double>(s));
 }
 
+// `count` tensors in launches of kTensorsPerLaunch: fill(batch, slot, tensor) puts a tensor's
+// pointers in the batch and returns its elements; launch(batch, grid) runs one launch (y: the
+// tensors, x: blocks for the largest).
+template <typename Batch, typename Fill, typename Launch>
+int InLaunches(int count, Fill fill, Launch launch) {
+  for (int k0 = 0; k0 < count; k0 += kTensorsPerLaunch) {
+    Batch b{};
+    const int k1 = count - k0 < kTensorsPerLaunch ? count : k0 + kTensorsPerLaunch;
+    int64_t largest = 0;
+    for (int k = k0; k < k1; ++k) {
+      const int64_t n = fill(b, k - k0, k);
+      largest = n > largest ? n : largest;
+    }
+    if (largest == 0) continue;
+    launch(b, dim3(Blocks(largest) < 1024 ? Blocks(largest) : 1024, static_cast<unsigned>(k1 - k0)));
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
+  }
+  return 0;
+}
+
 __global__ void ToFloatOut(const double* acc, float* out) { out[0] = static_cast<float>(acc[0]); }
 
 // One thread; __fsqrt_rn and __fdiv_rn are IEEE round-to-nearest, as the CPU's sqrt and /.
@@ -114,25 +134,15 @@ int MultiTensorAdamW(int count, const float* const* param, const float* const* g
   const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), st);
   const float neg_step_size = static_cast<float>(-(static_cast<double>(lr) / bc1));
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  for (int k0 = 0; k0 < count; k0 += kTensorsPerLaunch) {
-    AdamWBatch b{};
-    const int k1 = count - k0 < kTensorsPerLaunch ? count : k0 + kTensorsPerLaunch;
-    int64_t largest = 0;
-    for (int k = k0; k < k1; ++k) {
-      const int t = k - k0;
-      b.param[t] = param[k], b.grad[t] = grad[k], b.m[t] = m[k], b.v[t] = v[k];
-      b.param_out[t] = param_out[k], b.m_out[t] = m_out[k], b.v_out[t] = v_out[k];
-      b.n[t] = n[k];
-      largest = n[k] > largest ? n[k] : largest;
-    }
-    if (largest == 0) continue;
-    const unsigned blocks = Blocks(largest) < 1024 ? Blocks(largest) : 1024;
-    MultiAdamWKernel<<<dim3(blocks, static_cast<unsigned>(k1 - k0)), kThreads, 0, Stream(stream)>>>(
-        b, decay, beta1, beta2, static_cast<float>(1.0 - beta1), static_cast<float>(1.0 - beta2), neg_step_size,
-        bc2_sqrt, epsilon, grad_scale, device_scale);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
-  }
-  return 0;
+  return InLaunches<AdamWBatch>(count, [&](AdamWBatch& b, int t, int k) {
+    b.param[t] = param[k], b.grad[t] = grad[k], b.m[t] = m[k], b.v[t] = v[k];
+    b.param_out[t] = param_out[k], b.m_out[t] = m_out[k], b.v_out[t] = v_out[k];
+    return b.n[t] = n[k];
+  }, [&](const AdamWBatch& b, dim3 grid) {
+    MultiAdamWKernel<<<grid, kThreads, 0, Stream(stream)>>>(b, decay, beta1, beta2, static_cast<float>(1.0 - beta1),
+                                                            static_cast<float>(1.0 - beta2), neg_step_size, bc2_sqrt,
+                                                            epsilon, grad_scale, device_scale);
+  });
 }
 
 int MultiTensorSgd(int count, const float* const* param, const float* const* grad, const float* const* buf,
@@ -140,24 +150,15 @@ int MultiTensorSgd(int count, const float* const* param, const float* const* gra
                    float dampening, float weight_decay, bool nesterov, int64_t step, float grad_scale, void* stream,
                    const float* device_scale) {
   const bool use_momentum = momentum != 0.f;
-  for (int k0 = 0; k0 < count; k0 += kTensorsPerLaunch) {
-    SgdBatch b{};
-    const int k1 = count - k0 < kTensorsPerLaunch ? count : k0 + kTensorsPerLaunch;
-    int64_t largest = 0;
-    for (int k = k0; k < k1; ++k) {
-      const int t = k - k0;
-      b.param[t] = param[k], b.grad[t] = grad[k], b.param_out[t] = param_out[k], b.n[t] = n[k];
-      if (use_momentum) b.buf[t] = buf[k], b.buf_out[t] = buf_out[k];
-      largest = n[k] > largest ? n[k] : largest;
-    }
-    if (largest == 0) continue;
-    const unsigned blocks = Blocks(largest) < 1024 ? Blocks(largest) : 1024;
-    MultiSgdKernel<<<dim3(blocks, static_cast<unsigned>(k1 - k0)), kThreads, 0, Stream(stream)>>>(
-        b, static_cast<float>(-static_cast<double>(lr)), weight_decay, momentum, 1.f - dampening, step <= 1,
-        use_momentum, nesterov, grad_scale, device_scale);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
-  }
-  return 0;
+  return InLaunches<SgdBatch>(count, [&](SgdBatch& b, int t, int k) {
+    b.param[t] = param[k], b.grad[t] = grad[k], b.param_out[t] = param_out[k];
+    if (use_momentum) b.buf[t] = buf[k], b.buf_out[t] = buf_out[k];
+    return b.n[t] = n[k];
+  }, [&](const SgdBatch& b, dim3 grid) {
+    MultiSgdKernel<<<grid, kThreads, 0, Stream(stream)>>>(b, static_cast<float>(-static_cast<double>(lr)),
+                                                          weight_decay, momentum, 1.f - dampening, step <= 1,
+                                                          use_momentum, nesterov, grad_scale, device_scale);
+  });
 }
 
 int ClipScale(const float* sumsq, float grad_scale, float max_norm, float epsilon, float* norm_out, float* scale_out,
