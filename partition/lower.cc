@@ -166,15 +166,20 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
       if (!seen.insert({r.value->name(), r.to.ToString()}).second) continue;
       by_axes[r.axes].push_back(&r);
     }
-    for (const auto& [axes, list] : by_axes) {
+    for (const auto& [axes, all] : by_axes) {
       const std::vector<int> group = mesh.Group(rank, axes);
       const std::string axis_name = absl::StrJoin(axes, "*");
+      // As PyTorch DDP packs them: in reverse input order, about the order in which the backward
+      // makes gradients final, the first bucket capped at 1 MiB so that communication starts
+      // early in the backward.
+      const std::vector<const Reshard*> list(all.rbegin(), all.rend());
       size_t i = 0;
       while (i < list.size()) {
-        // One bucket: tensors in input order until it holds about bucket_bytes.
+        // One bucket: tensors until it holds about its cap.
+        const int64_t cap = i == 0 ? std::min<int64_t>(bucket_bytes, int64_t{1} << 20) : bucket_bytes;
         std::vector<const Reshard*> bucket;
         int64_t bytes = 0;
-        while (i < list.size() && (bucket.empty() || bytes + list[i]->bytes <= bucket_bytes)) {
+        while (i < list.size() && (bucket.empty() || bytes + list[i]->bytes <= cap)) {
           bytes += list[i]->bytes;
           bucket.push_back(list[i++]);
         }

@@ -38,8 +38,9 @@ struct LoweredGraph {
 // `output_wants`: shardings some graph outputs must have (a ZeRO optimizer's updated
 // parameters are gathered back whole); the collective is added at the end.
 // `bucket_bytes` > 0: sum-AllReduces of fp32 graph inputs over the same axes (the data-parallel
-// gradients an optimizer graph receives) are packed, in input order, into flat buckets of
-// about that many bytes: one AllReduce per bucket instead of one per tensor.
+// gradients an optimizer graph receives) are packed, in reverse input order as PyTorch DDP packs
+// parameters, into flat buckets of about that many bytes (the first at most 1 MiB): one
+// AllReduce per bucket instead of one per tensor.
 absl::StatusOr<LoweredGraph> LowerForRank(const graph::Graph& g, const Mesh& mesh, const Propagation& p, int rank,
                                           const std::string& loss = "",
                                           const std::map<std::string, Sharding>& output_wants = {},

@@ -103,19 +103,23 @@ TEST_P(DataParallel, StepEqualsSingleRank) {
       // ZeRO-1: a ReduceScatter and an AllGather per parameter, and the norm's scalar.
       size_t want_opt = zero == 1 ? 2 * a.params.size() + 1 : a.params.size();
       if (bucket) {
-        // Greedy buckets in input order, a lone tensor keeping its own AllReduce.
+        // Greedy buckets in reverse input order (the first capped at 1 MiB), a lone tensor
+        // keeping its own AllReduce.
+        std::vector<int64_t> sizes;
+        for (const graph::Value* v : a.optimizer->inputs())
+          if (v->name().size() >= 5 && v->name().substr(v->name().size() - 5) == "_grad")
+            sizes.insert(sizes.begin(), v->shape().NumElements() * 4);
         want_opt = 0;
-        int64_t bytes = 0;
+        int64_t bytes = 0, cap = 0;
         bool open = false;
-        for (const graph::Value* v : a.optimizer->inputs()) {
-          if (v->name().size() < 5 || v->name().substr(v->name().size() - 5) != "_grad") continue;
-          const int64_t b = v->shape().NumElements() * 4;
-          if (open && bytes + b <= bucket) {
-            bytes += b;
+        for (size_t k = 0; k < sizes.size(); ++k) {
+          if (open && bytes + sizes[k] <= cap) {
+            bytes += sizes[k];
           } else {
             ++want_opt;
             open = true;
-            bytes = b;
+            bytes = sizes[k];
+            cap = k == 0 ? std::min<int64_t>(bucket, 1 << 20) : bucket;
           }
         }
       }
