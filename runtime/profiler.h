@@ -44,6 +44,11 @@ class Profiler {
 
   std::vector<Event> events() const;
   std::vector<std::string> tracks() const;
+  // A table of what the events add up to, as torch.profiler's key_averages: per category (the
+  // op type) its calls, total and mean time and share of its track, the `top` busiest; then
+  // each track's busy time and, for the others, how much of it overlapped the first track (the
+  // communication hidden behind compute).
+  std::string Summary(int top = 12) const;
   // The Chrome trace: complete ("X") events plus the process and track names. Written to a
   // temporary file and renamed, so a reader never sees half a trace.
   std::string ToChromeTrace() const;

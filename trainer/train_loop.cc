@@ -256,7 +256,9 @@ class StepProfile {
     profiler_->set_enabled(false);
     written_ = true;
     RETURN_IF_ERROR(profiler_->WriteChromeTrace(path_));
-    if (report) log << "profile of steps " << from_ + 1 << "-" << std::min(to_, step + 1) << ": " << path_ << "\n";
+    if (report)
+      log << "profile of steps " << from_ + 1 << "-" << std::min(to_, step + 1) << ": " << path_ << "\n"
+          << profiler_->Summary();
     return absl::OkStatus();
   }
 

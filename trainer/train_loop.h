@@ -73,7 +73,7 @@ struct TrainConfig {
   int64_t exit_at = 0;  // > 0: stop after this step (checkpointing it), e.g. to split a run into jobs
   // A Chrome trace (chrome://tracing, Perfetto) of `profile_steps` steps after two warm-up
   // steps: every node on the "compute" track, the overlapped gradient reductions on theirs.
-  // One file per rank under mpirun (.rank<r> before the extension).
+  // One file per rank under mpirun (.rank<r> before the extension); rank 0 logs its summary.
   std::string profile;
   int64_t profile_steps = 3;
   // Plans: start the data-parallel gradient reductions during the backward (on a second thread
