@@ -562,7 +562,12 @@ absl::StatusOr<float> TrainingSession::OptimizerStep() {
     // A gradient that overflowed (here or on any rank of the group) skips the update.
     int32_t overflow = 0;
     for (const Tensor& g : grads_) {
-      ASSIGN_OR_RETURN(const Tensor host, ToHost(g));
+      // Host gradients are read where they are; device ones come over first.
+      Tensor copied;
+      if (device_ && device_->allocator()->Owns(g.raw())) {
+        ASSIGN_OR_RETURN(copied, ToHost(g));
+      }
+      const Tensor& host = copied.defined() ? copied : g;
       const float* d = host.data<float>();
       for (int64_t i = 0; i < host.numel() && !overflow; ++i) overflow = !std::isfinite(d[i]);
       if (overflow) break;
