@@ -65,7 +65,7 @@ absl::StatusOr<std::vector<MegatronSeed>> FindMegatronSeeds(const graph::Graph& 
   for (const auto& n : g.nodes()) {
     const bool mm = n->domain().empty() && n->op_type() == "MatMul";
     const bool fused = n->domain() == graph::kCleaveDomain && n->op_type() == "FusedMatMul";
-    if (!(mm || fused) || n->metadata().count("role") && n->metadata().at("role") != "fwd") continue;
+    if (!(mm || fused) || (n->metadata().count("role") && n->metadata().at("role") != "fwd")) continue;
     if (!IsNormalized(n->input(0), pset)) continue;
     bool transposed;
     const Value* w = Weight(n->input(1), pset, &transposed);

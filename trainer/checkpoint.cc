@@ -63,7 +63,7 @@ class Reader {
     return absl::OkStatus();
   }
   absl::Status Str(std::string* s, const char* what) {
-    uint32_t len;
+    uint32_t len = 0;
     RETURN_IF_ERROR(Pod(&len, what));
     if (n_ - off_ < len) return Truncated(what);
     s->assign(p_ + off_, len);
@@ -178,7 +178,7 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
   Reader r(p, size - 4 - sizeof(kEnd), path);
   char magic[8];
   RETURN_IF_ERROR(r.Bytes(magic, 8, "magic"));
-  uint32_t version, nprops, ntensors;
+  uint32_t version = 0, nprops = 0, ntensors = 0;
   RETURN_IF_ERROR(r.Pod(&version, "version"));
   if (version != kVersion)
     return absl::DataLossError(absl::StrCat("checkpoint '", path, "' has format version ", version,
@@ -204,7 +204,7 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
                                               rank, ", at most ", kMaxRank, " is supported"));
     std::vector<int64_t> dims(rank);
     for (auto& d : dims) RETURN_IF_ERROR(r.Pod(&d, "tensor dims"));
-    uint64_t nbytes;
+    uint64_t nbytes = 0;
     RETURN_IF_ERROR(r.Pod(&nbytes, "tensor size"));
     const DataType t = static_cast<DataType>(dtype);
     const size_t esize = ElementSize(t);
