@@ -1,0 +1,64 @@
+// The base of the CUDA provider's kernels (providers/cuda/): a kernel knows its provider (for
+// the stream and scratch) and names its node in errors; Add registers a kernel class. Shared by
+// the kernel table's files (cuda_kernels.cc, cuda_optimizer_kernels.cc); included by those only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/kernels.h"
+#include "providers/cuda/cuda_provider.h"
+#include "providers/kernel.h"
+
+namespace cleave::providers {
+
+namespace kc = kernels::cuda;
+
+inline const std::vector<DataType> kFloats = {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16};
+
+inline kc::Dt DtOf(DataType t) {
+  return t == DataType::kBFloat16 ? kc::Dt::kBf16 : t == DataType::kFloat16 ? kc::Dt::kF16 : kc::Dt::kF32;
+}
+
+// A kernel of the provider: its stream and errors named after the node.
+class CudaKernel : public OpKernel {
+ public:
+  CudaKernel(const CudaExecutionProvider* p, const graph::Node& n) : p_(p), name_(n.Describe()) {}
+  const std::string& name() const { return name_; }
+  absl::Status Check(int err) const { return CudaStatus(err, name_); }
+
+ protected:
+  void* stream() const { return p_->stream(); }
+  absl::Status Copy(void* dst, const void* src, size_t bytes) const {
+    if (bytes == 0 || dst == src) return absl::OkStatus();
+    return Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream())));
+  }
+  const CudaExecutionProvider* p_;
+  std::string name_;
+};
+
+// Registers a kernel class K(const CudaExecutionProvider*, const Node&, int version).
+template <typename K>
+void Add(KernelRegistry& r, CudaExecutionProvider* p, const std::string& domain, const std::string& op, int min_v,
+         int max_v, SupportsFn supports, std::vector<int> host_inputs = {}) {
+  KernelDef d;
+  d.domain = domain;
+  d.op = op;
+  d.min_version = min_v;
+  d.max_version = max_v;
+  d.supports = std::move(supports);
+  d.create = [p](const graph::Node& n, int v) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
+    return std::unique_ptr<OpKernel>(new K(p, n, v));
+  };
+  d.host_inputs = std::move(host_inputs);
+  r.Register(std::move(d));
+}
+
+// Registers the optimizer kernels (cuda_optimizer_kernels.cc): InPlaceAccumulator, SquaredNorm,
+// AdamW, SGD and their multi-tensor forms.
+void RegisterCudaOptimizerKernels(KernelRegistry& r, CudaExecutionProvider* p);
+
+}  // namespace cleave::providers
