@@ -6,16 +6,20 @@
 namespace cleave::kernels::cuda {
 namespace {
 
+// The table row of ids[k] (negative ids count from the end), or -1 when out of range.
+__device__ inline int64_t RowOf(const int64_t* ids, int64_t k, int64_t rows) {
+  const int64_t r = ids[k] < 0 ? ids[k] + rows : ids[k];
+  return r >= 0 && r < rows ? r : -1;
+}
+
 template <typename E>
 __global__ void GatherKernel(const E* table, const int64_t* ids, E* out, int64_t num_ids, int64_t rows,
                              int64_t row_elems) {
   const int64_t total = num_ids * row_elems;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t k = i / row_elems, e = i % row_elems;
-    int64_t r = ids[k];
-    if (r < 0) r += rows;
-    out[i] = (r >= 0 && r < rows) ? table[r * row_elems + e] : E{};
+    const int64_t r = RowOf(ids, i / row_elems, rows);
+    out[i] = r >= 0 ? table[r * row_elems + i % row_elems] : E{};
   }
 }
 
@@ -24,10 +28,8 @@ __global__ void ScatterAdd(const float* dy, const int64_t* ids, float* dtable, i
   const int64_t total = num_ids * row_elems;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t k = i / row_elems, e = i % row_elems;
-    int64_t r = ids[k];
-    if (r < 0) r += rows;
-    if (r >= 0 && r < rows) atomicAdd(dtable + r * row_elems + e, dy[i]);
+    const int64_t r = RowOf(ids, i / row_elems, rows);
+    if (r >= 0) atomicAdd(dtable + r * row_elems + i % row_elems, dy[i]);
   }
 }
 
