@@ -281,8 +281,8 @@ absl::Status TrainingSession::MakeReducer() {
       if (output_param_[o] >= 0) ready[output_param_[o]] = steps[o];
   }
   for (const StageSessions& st : stages_) stage_output_param_.push_back(outputs_to_params(*st.backward));
-  reducer_ = std::make_unique<GradientReducer>(reductions_, std::move(buffers), std::move(results), ready,
-                                               std::move(reduce_comm_));
+  reducer_ = std::make_unique<GradientReducer>(std::move(reductions_), std::move(buffers), std::move(results),
+                                               ready, std::move(reduce_comm_));
   return absl::OkStatus();
 }
 

@@ -221,6 +221,7 @@ class TrainingSession {
   // backward; makes the reducer once the gradient buffers exist (MakeReducer).
   absl::Status ExtractReductions(graph::Graph& optimizer);
   absl::Status MakeReducer();
+  // Between the two: what ExtractReductions found, handed over to the reducer.
   std::vector<GradientReducer::Reduction> reductions_;
   std::unique_ptr<Communicator> reduce_comm_;
   Feeds train_feeds_, optimizer_feeds_;
