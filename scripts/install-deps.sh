@@ -12,6 +12,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libonnx-dev libonnx-testdata libprotobuf-dev protobuf-compiler
   libabsl-dev libopenblas-dev libgtest-dev libgmock-dev zlib1g-dev openmpi-bin libopenmpi-dev libdnnl-dev
+  ocl-icd-opencl-dev
   gnuplot-nox graphviz clang libclang-rt-14-dev
   python3 python3-pip
 )
