@@ -65,6 +65,15 @@ class Communicator {
   // communicators complete each operation before returning, so both are no-ops there).
   virtual void set_deferred(bool deferred) { (void)deferred; }
   virtual absl::Status JoinCompute() { return absl::OkStatus(); }
+  // Device communicators: how many operations have been queued so far, and a join of the
+  // compute stream after only the first `count` of them (the later ones stay deferred). Where
+  // a backend keeps no per-operation marks this joins everything, which is later than needed
+  // but never wrong.
+  virtual int64_t queued_operations() const { return 0; }
+  virtual absl::Status JoinComputeThrough(int64_t count) {
+    (void)count;
+    return JoinCompute();
+  }
   // Blocks the host until every operation queued so far has finished, or fails naming the
   // rank and the operation once the timeout passes (a dead peer must not hang the caller).
   virtual absl::Status Synchronize() { return absl::OkStatus(); }

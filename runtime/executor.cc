@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -12,6 +13,8 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "graph/op_table.h"
+#include "runtime/async_schedule.h"
+#include "runtime/comm_queue.h"
 #include "runtime/memory_plan.h"
 #include "runtime/profiler.h"
 
@@ -29,6 +32,7 @@ struct Executor::Step {
   std::unique_ptr<providers::OpKernel> kernel;
   providers::ExecutionProvider* provider = nullptr;
   std::vector<int> inputs, outputs;  // slots, -1 when omitted
+  int order_pos = 0;                 // position in the run order before constant uploads left it
 };
 
 namespace {
@@ -63,8 +67,12 @@ std::shared_ptr<void> HeapBuffer(size_t bytes) {
 // The KernelContext of one step of one run.
 class Executor::Context : public providers::KernelContext {
  public:
-  Context(Executor& ex, const Step& step, std::vector<Tensor>& outputs)
-      : ex_(ex), step_(step), outputs_(outputs) {}
+  // `area`: the scratch this step uses; `comm`: the communicator it uses instead of its
+  // provider's (an asynchronous collective's queue). An asynchronous step's context lives, and
+  // is used on the queue's thread, until the step is waited for: it touches only its own slots
+  // and keeps its counts until Settle().
+  Context(Executor& ex, const Step& step, std::vector<Tensor>& outputs, ScratchArea& area, Communicator* comm = nullptr)
+      : ex_(ex), step_(step), outputs_(outputs), area_(area), comm_(comm), planned_(ex.planned_) {}
   int num_inputs() const override { return static_cast<int>(step_.inputs.size()); }
   int num_outputs() const override { return static_cast<int>(step_.outputs.size()); }
   const TensorView* input(int i) const override {
@@ -73,7 +81,7 @@ class Executor::Context : public providers::KernelContext {
   }
   ThreadPool* thread_pool() const override { return step_.provider->thread_pool(); }
   uint64_t run_seed() const override { return ex_.run_seed_; }
-  Communicator* communicator() const override { return step_.provider->communicator(); }
+  Communicator* communicator() const override { return comm_ ? comm_ : step_.provider->communicator(); }
 
   TensorView* Output(int i, std::span<const int64_t> dims) override {
     if (i >= static_cast<int>(step_.outputs.size()) || step_.outputs[i] < 0) return nullptr;
@@ -107,16 +115,16 @@ class Executor::Context : public providers::KernelContext {
       });
       p = ex_.slot_heap_[slot].get();
       if (!p) return nullptr;
-    } else if (ex_.planned_ && bytes <= ex_.plan_bytes_[slot]) {
+    } else if (planned_ && bytes <= ex_.plan_bytes_[slot]) {
       p = static_cast<char*>(ex_.arena_.get()) + ex_.plan_offsets_[slot];
     } else {
       ex_.slot_heap_[slot] = HeapBuffer(static_cast<size_t>(bytes));
       p = ex_.slot_heap_[slot].get();
       ex_.recorded_bytes_[slot] = std::max(ex_.recorded_bytes_[slot], bytes);
-      ++ex_.stats_.heap_allocations;
+      ++heap_allocations_;
       // Sizes changed under us: replan after the run (outputs on their way to a device are
       // never planned).
-      if (ex_.planned_ && ex_.output_index_[slot] < 0) ex_.planned_ = false;
+      if (planned_ && ex_.output_index_[slot] < 0) replan_ = true;
     }
     ex_.views_[slot] = TensorView(p, dtype, dims);
     return &ex_.views_[slot];
@@ -130,18 +138,24 @@ class Executor::Context : public providers::KernelContext {
       return device_scratch_.back().get();
     }
     size_t aligned = (bytes + 63) / 64 * 64;
-    if (ex_.scratch_used_ + aligned <= ex_.scratch_.size()) {
-      void* p = ex_.scratch_.data() + ex_.scratch_used_;
-      ex_.scratch_used_ += aligned;
+    if (area_.used + aligned <= area_.bytes.size()) {
+      void* p = area_.bytes.data() + area_.used;
+      area_.used += aligned;
       return p;
     }
     // Does not fit this run: take a heap block and grow the scratch area for the next.
     extra_.push_back(HeapBuffer(aligned));
     extra_bytes_ += aligned;
-    ++ex_.stats_.heap_allocations;
+    ++heap_allocations_;
     return extra_.back().get();
   }
-  size_t wanted_scratch() const { return ex_.scratch_used_ + extra_bytes_; }
+  size_t wanted_scratch() const { return area_.used + extra_bytes_; }
+  // On the run's thread once the step is done: what it counted becomes the executor's.
+  void Settle() {
+    ex_.stats_.heap_allocations += heap_allocations_;
+    heap_allocations_ = 0;
+    if (replan_) ex_.planned_ = false;
+  }
 
   // A buffer from the device's caching allocator, freed back to it; null with the allocation
   // error recorded (naming what() and the allocator's reason) when the device is full.
@@ -162,6 +176,11 @@ class Executor::Context : public providers::KernelContext {
   Executor& ex_;
   const Step& step_;
   std::vector<Tensor>& outputs_;
+  ScratchArea& area_;
+  Communicator* comm_;
+  const bool planned_;  // the plan as it stood when the step began
+  bool replan_ = false;
+  int64_t heap_allocations_ = 0;
   std::vector<std::shared_ptr<void>> extra_;  // scratch that did not fit (first runs only)
   std::vector<std::shared_ptr<void>> device_scratch_;
   absl::Status shape_error_, error_;
@@ -185,7 +204,15 @@ class Executor::Context : public providers::KernelContext {
   size_t extra_bytes_ = 0;
 };
 
-Executor::~Executor() = default;
+// An asynchronous step: its context (alive until the wait), its own scratch, its ticket.
+struct Executor::Pending {
+  std::optional<Context> ctx;
+  ScratchArea area;
+  CommQueue::Ticket ticket = 0;
+  bool in_flight = false;
+};
+
+Executor::~Executor() = default;  // a run waits for everything it launched
 
 namespace {
 
@@ -202,6 +229,24 @@ bool Communicates(const Node* n) {
   return n->domain() == graph::kCleaveDomain && ops.count(n->op_type());
 }
 
+// The collectives that can run asynchronously (Send/Recv pair by order on the rank's own
+// communicator, and a Broadcast is a start-up affair).
+bool IsCollective(const Node* n) {
+  static const std::set<std::string> ops = {"AllReduce", "AllGather", "ReduceScatter", "AllToAll"};
+  return n->domain() == graph::kCleaveDomain && ops.count(n->op_type());
+}
+
+// Whether `n` may write in place over a graph input that other nodes also read (an output of
+// its dtype and shape): such a node must not run ahead of those readers.
+bool MayOverwriteSharedInput(const Node* n) {
+  for (const graph::Value* v : n->inputs()) {
+    if (!v || !v->is_graph_input() || v->consumers().size() <= 1) continue;
+    for (const graph::Value* o : n->outputs())
+      if (o && o->dtype() == v->dtype() && o->shape().ToString() == v->shape().ToString()) return true;
+  }
+  return false;
+}
+
 std::vector<Node*> OutputsEarly(const std::vector<Node*>& order, const graph::Graph& g) {
   std::unordered_set<const graph::Value*> outs(g.outputs().begin(), g.outputs().end());
   std::unordered_map<const Node*, int> pos;
@@ -212,14 +257,10 @@ std::vector<Node*> OutputsEarly(const std::vector<Node*>& order, const graph::Gr
     const Node* n = order[i];
     bool sink = n->num_outputs() > 0 && !Communicates(n);
     for (const graph::Value* o : n->outputs()) sink = sink && o && outs.count(o) && o->consumers().empty();
+    sink = sink && !MayOverwriteSharedInput(n);
     int last = -1;
-    for (const graph::Value* v : n->inputs()) {
-      if (!v) continue;
-      if (v->producer()) last = std::max(last, pos.at(v->producer()));
-      if (v->is_graph_input() && v->consumers().size() > 1)
-        for (const graph::Value* o : n->outputs())
-          sink = sink && !(o->dtype() == v->dtype() && o->shape().ToString() == v->shape().ToString());
-    }
+    for (const graph::Value* v : n->inputs())
+      if (v && v->producer()) last = std::max(last, pos.at(v->producer()));
     if (!sink || last + 1 >= static_cast<int>(i)) continue;
     after[last + 1].push_back(order[i]);
     moved[i] = 1;
@@ -237,10 +278,11 @@ std::vector<Node*> OutputsEarly(const std::vector<Node*>& order, const graph::Gr
 
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
     std::unique_ptr<graph::Graph> graph,
-    std::vector<std::shared_ptr<providers::ExecutionProvider>> providers) {
+    std::vector<std::shared_ptr<providers::ExecutionProvider>> providers, ExecutorOptions options) {
   std::unique_ptr<Executor> ex(new Executor());
   ex->graph_ = std::move(graph);
   ex->providers_ = std::move(providers);
+  ex->options_ = options;
   RETURN_IF_ERROR(ex->Build());
   return ex;
 }
@@ -291,6 +333,8 @@ absl::Status Executor::Build() {
     ASSIGN_OR_RETURN(order, graph_->TopologicalOrder());
   }
   order = OutputsEarly(order, *graph_);
+  std::unordered_map<const Node*, int> wait_before;  // asynchronous node -> position in `order`
+  if (options_.collectives) order = ScheduleCollectives(order, placed, &wait_before);
   for (Node* n : order) ++placement_[placed.at(n)->name()];
 
   std::unordered_map<const Value*, int> slot;
@@ -301,10 +345,12 @@ absl::Status Executor::Build() {
   };
   for (Value* v : graph_->inputs()) input_slots_.push_back(slot_of(v));
   for (Value* v : graph_->Initializers()) slot_of(v);
-  for (Node* n : order) {
+  for (size_t i = 0; i < order.size(); ++i) {
+    Node* n = order[i];
     Step s;
     s.node = n;
     s.provider = placed.at(n);
+    s.order_pos = static_cast<int>(i);
     if (IsCopy(n)) {
       s.kernel = std::make_unique<CopyKernel>(s.provider);
     } else {
@@ -354,14 +400,38 @@ absl::Status Executor::Build() {
     kept.push_back(std::move(st));
   }
   steps_ = std::move(kept);
+  const int num_steps = static_cast<int>(steps_.size());
   for (size_t i = 0; i < output_slots_.size(); ++i)
     if (output_index_[output_slots_[i]] < 0) output_index_[output_slots_[i]] = static_cast<int>(i);
-  for (int st = 0; st < static_cast<int>(steps_.size()); ++st) {
+  for (int st = 0; st < num_steps; ++st) {
     for (int s : steps_[st].inputs)
       if (s >= 0) last_use_[s] = st;
     for (int s : steps_[st].outputs)
       if (s >= 0) def_step_[s] = st, last_use_[s] = std::max(last_use_[s], st);
   }
+  // Asynchronous steps: waited for before the first step at or after their wait position; what
+  // they read and write stays alive until then.
+  async_.assign(num_steps, 0);
+  wait_step_.assign(num_steps, -1);
+  waits_before_.assign(num_steps + 1, {});
+  pending_.resize(num_steps);
+  for (int st = 0; st < num_steps; ++st) {
+    const auto it = wait_before.find(steps_[st].node);
+    if (it == wait_before.end()) continue;
+    const int w = static_cast<int>(
+        std::lower_bound(steps_.begin(), steps_.end(), it->second,
+                         [](const Step& step, int pos) { return step.order_pos < pos; }) - steps_.begin());
+    async_[st] = 1;
+    wait_step_[st] = w;
+    waits_before_[w].push_back(st);
+    pending_[st] = std::make_unique<Pending>();
+    for (const std::vector<int>* slots : {&steps_[st].inputs, &steps_[st].outputs})
+      for (int s : *slots)
+        if (s >= 0) last_use_[s] = std::max(last_use_[s], std::min(w, num_steps - 1));
+  }
+  release_after_.assign(num_steps, {});
+  for (int s = 0; s < num_slots_; ++s)
+    if (last_use_[s] >= 0 && output_index_[s] < 0 && !is_constant_[s]) release_after_[last_use_[s]].push_back(s);
   step_outputs_.assign(steps_.size(), {});
   for (size_t i = 0; i < output_slots_.size(); ++i) {
     const int s = output_slots_[i];
@@ -524,8 +594,69 @@ void Executor::MakePlan() {
 std::vector<int> Executor::OutputSteps() const {
   std::vector<int> at(output_slots_.size(), -1);
   for (size_t st = 0; st < step_outputs_.size(); ++st)
-    for (int oi : step_outputs_[st]) at[oi] = static_cast<int>(st);
+    for (int oi : step_outputs_[st]) at[oi] = async_[st] ? wait_step_[st] : static_cast<int>(st);
   return at;
+}
+
+std::vector<AsyncCollective> Executor::async_collectives() const {
+  std::vector<AsyncCollective> out;
+  for (size_t st = 0; st < steps_.size(); ++st)
+    if (async_[st]) out.push_back({steps_[st].node->name(), static_cast<int>(st), wait_step_[st]});
+  return out;
+}
+
+std::vector<Node*> Executor::ScheduleCollectives(
+    const std::vector<Node*>& order, const std::unordered_map<const Node*, providers::ExecutionProvider*>& placed,
+    std::unordered_map<const Node*, int>* wait_before) const {
+  // A collective runs on the queue when the queue moves the memory its provider keeps tensors in.
+  const bool device_queue = options_.collectives->device();
+  auto is_async = [&](const Node* n) {
+    return IsCollective(n) && (placed.at(n)->device() != providers::DeviceKind::kCpu) == device_queue;
+  };
+  AsyncSchedule s = ScheduleAsync(*graph_, order, is_async, Communicates, MayOverwriteSharedInput,
+                                  {options_.max_in_flight, options_.lookahead});
+  *wait_before = std::move(s.wait_before);
+  return std::move(s.order);
+}
+
+void Executor::Launch(int st, std::vector<Tensor>& outputs, Profiler* profiler) {
+  Pending& p = *pending_[st];
+  CommQueue* queue = options_.collectives;
+  p.area.used = 0;
+  p.ctx.emplace(*this, steps_[st], outputs, p.area, queue->comm());
+  p.in_flight = true;
+  const int track = profiler ? profiler->Track("collectives") : 0;
+  const int64_t queued_us = profiler ? Profiler::Micros(Profiler::Clock::now()) : 0;
+  p.ticket = queue->Submit([this, st, profiler, track, queued_us, device = queue->device()] {
+    const Step& step = steps_[st];
+    const auto start = Profiler::Clock::now();
+    absl::Status s = step.kernel->Compute(*pending_[st]->ctx);
+    if (profiler && !device)  // device work is only queued here
+      profiler->Add(step.node->name(), step.node->op_type(), track, start, Profiler::Clock::now(),
+                    {{"queued_us", absl::StrCat(queued_us)}});
+    if (s.ok()) return s;
+    return absl::Status(s.code(), absl::StrCat(step.node->Describe(), ": ", s.message()));
+  });
+}
+
+absl::Status Executor::Finish(int st, const RunObservers* observers, std::vector<char>& reported) {
+  Pending& p = *pending_[st];
+  p.in_flight = false;
+  absl::Status s = options_.collectives->Wait(p.ticket);  // names its node
+  Context& ctx = *p.ctx;
+  absl::Status mine = !ctx.allocation_error().ok() ? ctx.allocation_error() : ctx.shape_error();
+  ctx.Settle();
+  if (ctx.wanted_scratch() > p.area.bytes.size()) p.area.bytes.resize(ctx.wanted_scratch());
+  p.ctx.reset();
+  if (!mine.ok()) return absl::Status(mine.code(), absl::StrCat(steps_[st].node->Describe(), ": ", mine.message()));
+  if (!s.ok()) return s;
+  if (observers && observers->output_ready)
+    for (int oi : step_outputs_[st])
+      if (!output_to_device_[oi]) {
+        reported[oi] = 1;
+        observers->output_ready(oi);
+      }
+  return absl::OkStatus();
 }
 
 absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Tensor>& outputs,
@@ -555,16 +686,23 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
   BindSymbols(inputs);
   outputs.resize(output_slots_.size());
   BindDeviceResident(outputs);
-  size_t scratch_wanted = scratch_.size();
+  size_t scratch_wanted = scratch_.bytes.size();
   absl::Status status;
   Profiler* profiler = observers && observers->profiler && observers->profiler->enabled() ? observers->profiler : nullptr;
   const bool report = observers && observers->output_ready;
   std::vector<char> reported(report ? outputs.size() : 0, 0);
   for (int st = 0; st < static_cast<int>(steps_.size()) && status.ok(); ++st) {
+    for (int a : waits_before_[st])
+      if (absl::Status s = Finish(a, observers, reported); status.ok()) status = s;
+    if (!status.ok()) break;
     if (skip_[st]) continue;
+    if (async_[st]) {
+      Launch(st, outputs, profiler);
+      continue;
+    }
     Step& step = steps_[st];
-    scratch_used_ = 0;
-    Context ctx(*this, step, outputs);
+    scratch_.used = 0;
+    Context ctx(*this, step, outputs, scratch_);
     const auto started = profiler ? Profiler::Clock::now() : Profiler::Clock::time_point();
 #if CLEAVE_HAVE_CUDA
     // Device nodes are named ranges for Nsight Systems, beside the kernels they launch (and the
@@ -589,12 +727,17 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
     // only matters when the kernel itself succeeded.
     if (!ctx.allocation_error().ok()) status = ctx.allocation_error();
     else if (status.ok()) status = ctx.shape_error();
+    ctx.Settle();
     scratch_wanted = std::max(scratch_wanted, ctx.wanted_scratch());
-    for (int in : step.inputs)  // release recording-run buffers at their last use
-      if (in >= 0 && last_use_[in] == st && output_index_[in] < 0) slot_heap_[in].reset();
+    for (int s : release_after_[st]) slot_heap_[s].reset();  // heap and device buffers at their last use
     if (!status.ok())
       status = absl::Status(status.code(), absl::StrCat(step.node->Describe(), ": ", status.message()));
   }
+  // The collectives waited for at the end of the run, and after an error whatever is still in
+  // flight (its buffers must outlive it).
+  for (size_t st = 0; st < pending_.size(); ++st)
+    if (pending_[st] && pending_[st]->in_flight)
+      if (absl::Status s = Finish(static_cast<int>(st), observers, reported); status.ok()) status = s;
   // Host-made outputs whose tensors are device-resident: copied there now.
   for (size_t oi = 0; oi < output_to_device_.size() && status.ok(); ++oi) {
     if (!output_to_device_[oi]) continue;
@@ -603,7 +746,7 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
   }
   for (auto& buffer : slot_heap_) buffer.reset();
   if (!status.ok()) return status;
-  if (scratch_wanted > scratch_.size()) scratch_.resize(scratch_wanted);
+  if (scratch_wanted > scratch_.bytes.size()) scratch_.bytes.resize(scratch_wanted);
   // Graph outputs that no step writes (inputs or initializers passed straight through).
   for (size_t i = 0; i < output_slots_.size(); ++i) {
     int s = output_slots_[i];

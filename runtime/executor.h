@@ -11,6 +11,12 @@
 // device are copied back under their own names. Device values live in the device
 // provider's allocator (a caching arena), released at their last use; device kernels get
 // device scratch.
+//
+// With a communication queue (ExecutorOptions::collectives), the collectives (AllReduce,
+// AllGather, ReduceScatter, AllToAll) of the provider whose memory that queue moves run
+// asynchronously: each is launched on the queue where the run order puts it and waited for
+// just before the first step that needs its result, the order placing independent work in
+// between (async_schedule.h). Its inputs and outputs stay alive until that wait.
 #pragma once
 
 #include <functional>
@@ -26,10 +32,18 @@
 #include "graph/graph.h"
 #include "providers/execution_provider.h"
 #include "providers/kernel.h"
+#include "runtime/comm_queue.h"
 
 namespace cleave::runtime {
 
 class Profiler;
+
+struct ExecutorOptions {
+  // Runs the collectives asynchronously on this queue (not owned; null: all run in line).
+  CommQueue* collectives = nullptr;
+  int max_in_flight = 2;  // collectives pending at once
+  int lookahead = 64;     // nodes that may run ahead of one that waits for a collective
+};
 
 // What a run reports as it goes: each node's time to a profiler (on `track`), and each graph
 // output to `output_ready` once it is final: after the step that writes it (a device output is
@@ -53,7 +67,7 @@ class Executor {
   // every node no provider can run.
   static absl::StatusOr<std::unique_ptr<Executor>> Create(
       std::unique_ptr<graph::Graph> graph,
-      std::vector<std::shared_ptr<providers::ExecutionProvider>> providers);
+      std::vector<std::shared_ptr<providers::ExecutionProvider>> providers, ExecutorOptions options = {});
   ~Executor();
 
   // inputs: one view per graph input, in graph order (already validated by the caller).
@@ -65,8 +79,12 @@ class Executor {
                    uint64_t run_seed = providers::KernelContext::kNoRunSeed, const RunObservers* observers = nullptr);
 
   // The step (index in run order) that writes each graph output, -1 where none does: the
-  // order in which a run makes its outputs final.
+  // order in which a run makes its outputs final. (An asynchronous collective's output is
+  // final at the step that waits for it.)
   std::vector<int> OutputSteps() const;
+
+  // The collectives that run asynchronously.
+  std::vector<AsyncCollective> async_collectives() const;
 
   const graph::Graph& graph() const { return *graph_; }
   const ExecutorStats& stats() const { return stats_; }
@@ -78,13 +96,25 @@ class Executor {
  private:
   struct Step;
   class Context;
+  struct ScratchArea {
+    std::vector<char> bytes;
+    size_t used = 0;
+  };
+  struct Pending;  // an asynchronous step in flight
   Executor() = default;
   absl::Status Build();
   // Inserts the host/device copies for the nodes' owners; uploads device constants.
   // host_inputs: per device node, the inputs its kernel reads on the host.
   absl::Status PlaceOnDevices(std::unordered_map<const graph::Node*, providers::ExecutionProvider*>& owner,
                               const std::unordered_map<const graph::Node*, std::vector<int>>& host_inputs);
-  absl::Status RunStep(int s, std::vector<Tensor>& outputs);
+  // The run order with the asynchronous collectives placed (async_schedule.h).
+  std::vector<graph::Node*> ScheduleCollectives(
+      const std::vector<graph::Node*>& order,
+      const std::unordered_map<const graph::Node*, providers::ExecutionProvider*>& placed,
+      std::unordered_map<const graph::Node*, int>* wait_before) const;
+  void Launch(int st, std::vector<Tensor>& outputs, Profiler* profiler);
+  // Waits for asynchronous step `st`: its error, if any, names the node.
+  absl::Status Finish(int st, const RunObservers* observers, std::vector<char>& reported);
   void MakePlan();
   // This run's device-resident feeds (read in place) and outputs (written in place).
   void BindDeviceResident(const std::vector<Tensor>& outputs);
@@ -123,8 +153,16 @@ class Executor {
   std::vector<std::shared_ptr<void>> device_constants_;     // initializers uploaded at load
   std::map<std::string, int> placement_;
   std::string fallback_warning_;
-  std::vector<char> scratch_;
-  size_t scratch_used_ = 0;
+  ScratchArea scratch_;
+  // Asynchronous collectives: per step whether it is one, and the step it is waited for
+  // before; per step the asynchronous steps waited for before it (index steps_.size(): at the
+  // end of the run) and the heap buffers released after it; per step the one in flight.
+  ExecutorOptions options_;
+  std::vector<char> async_;
+  std::vector<int> wait_step_;
+  std::vector<std::vector<int>> waits_before_;
+  std::vector<std::vector<int>> release_after_;
+  std::vector<std::unique_ptr<Pending>> pending_;
   ExecutorStats stats_;
   std::mutex run_mu_;
   uint64_t run_seed_ = providers::KernelContext::kNoRunSeed;

@@ -136,7 +136,9 @@ absl::Status InferenceSession::Initialize(std::unique_ptr<graph::Graph> g, Sessi
   for (const IoInfo& in : inputs_) dims += in.shape.has_rank() ? in.shape.rank() : 0;
   symbols_.reserve(dims);
   providers.push_back(std::move(cpu));
-  ASSIGN_OR_RETURN(executor_, runtime::Executor::Create(std::move(g), std::move(providers)));
+  runtime::ExecutorOptions eo;
+  eo.collectives = options.collective_queue;
+  ASSIGN_OR_RETURN(executor_, runtime::Executor::Create(std::move(g), std::move(providers), eo));
   if (!executor_->fallback_warning().empty())
     warning_ = warning_.empty() ? executor_->fallback_warning() : absl::StrCat(warning_, "; ", executor_->fallback_warning());
   if (!warning_.empty()) std::fprintf(stderr, "cleave: warning: %s\n", warning_.c_str());
@@ -228,6 +230,9 @@ absl::StatusOr<std::vector<Tensor>> InferenceSession::Run(
 }
 
 std::vector<int> InferenceSession::OutputSteps() const { return executor_->OutputSteps(); }
+std::vector<runtime::AsyncCollective> InferenceSession::async_collectives() const {
+  return executor_->async_collectives();
+}
 
 absl::Status InferenceSession::RunInto(const Feeds& feeds, std::vector<Tensor>& outputs,
                                        const RunOptions& options) {

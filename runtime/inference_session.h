@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "base/shape.h"
 #include "base/tensor.h"
+#include "runtime/comm_queue.h"
 
 namespace cleave {
 
@@ -59,6 +60,9 @@ struct SessionOptions {
   std::map<std::string, int64_t> free_dimension_overrides;
   // This rank's communicator, for graphs with ai.cleave collectives (not owned).
   Communicator* communicator = nullptr;
+  // Runs the graph's collectives asynchronously, overlapping the compute that does not need
+  // their results (not owned; see runtime/executor.h). Sessions of one rank may share one.
+  runtime::CommQueue* collective_queue = nullptr;
 };
 
 struct IoInfo {
@@ -124,6 +128,9 @@ class InferenceSession {
   // The order in which a run makes its outputs final: per output, the position in the run
   // order of the node that writes it (-1: none, the output is a feed or a constant).
   std::vector<int> OutputSteps() const;
+  // The collectives that run asynchronously (SessionOptions::collective_queue), with the steps
+  // that launch and wait for them.
+  std::vector<runtime::AsyncCollective> async_collectives() const;
 
   // The optimised graph the session executes.
   const graph::Graph& graph() const;

@@ -53,6 +53,11 @@ struct NcclCommunicator::State {
   cudaEvent_t before = nullptr, after = nullptr;
   // Deferred: operations leave the compute stream alone until JoinCompute().
   bool deferred = false;
+  // Deferred operations counted, and an event recorded on comm_stream after each in a ring,
+  // so that the compute stream can join the first k operations without the later ones.
+  static constexpr int64_t kMarks = 64;
+  int64_t ops = 0;
+  std::vector<cudaEvent_t> marks;
   std::map<std::vector<int>, ncclComm_t> comms;
 
   absl::StatusOr<ncclComm_t> CommOf(std::span<const int> group_span, const char* op) {
@@ -80,8 +85,16 @@ struct NcclCommunicator::State {
     RETURN_IF_ERROR(Cuda(cudaEventRecord(before, compute), "cudaEventRecord"));
     RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(comm_stream, before, 0), "cudaStreamWaitEvent"));
     RETURN_IF_ERROR(Nccl(launch(), absl::StrCat("rank ", rank, ": ", what)));
-    if (deferred) return absl::OkStatus();
+    ++ops;
+    if (deferred) return Cuda(cudaEventRecord(marks[ops % kMarks], comm_stream), "cudaEventRecord");
     return Join();
+  }
+  // The compute stream waits for the first `count` operations; all of them once the ring has
+  // moved past that one's event.
+  absl::Status JoinThrough(int64_t count) {
+    if (count <= 0) return absl::OkStatus();
+    if (count > ops || ops - count >= kMarks) return Join();
+    return Cuda(cudaStreamWaitEvent(compute, marks[count % kMarks], 0), "cudaStreamWaitEvent");
   }
   // The compute stream's later work waits for everything queued on comm_stream so far.
   absl::Status Join() {
@@ -111,6 +124,9 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(MpiCo
   RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&s->comm_stream, cudaStreamNonBlocking), "cudaStreamCreate"));
   RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&s->before, cudaEventDisableTiming), "cudaEventCreate"));
   RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&s->after, cudaEventDisableTiming), "cudaEventCreate"));
+  s->marks.assign(State::kMarks, nullptr);
+  for (cudaEvent_t& e : s->marks)
+    RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(s)));
 }
 
@@ -120,6 +136,8 @@ NcclCommunicator::~NcclCommunicator() {
   for (auto& [group, comm] : s_->comms) ncclCommDestroy(comm);
   if (s_->before) cudaEventDestroy(s_->before);
   if (s_->after) cudaEventDestroy(s_->after);
+  for (cudaEvent_t e : s_->marks)
+    if (e) cudaEventDestroy(e);
   if (s_->comm_stream) cudaStreamDestroy(s_->comm_stream);
 }
 
@@ -131,6 +149,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Duplicate() {
 
 void NcclCommunicator::set_deferred(bool deferred) { s_->deferred = deferred; }
 absl::Status NcclCommunicator::JoinCompute() { return s_->Join(); }
+int64_t NcclCommunicator::queued_operations() const { return s_->ops; }
+absl::Status NcclCommunicator::JoinComputeThrough(int64_t count) { return s_->JoinThrough(count); }
 
 int NcclCommunicator::rank() const { return s_->rank; }
 int NcclCommunicator::world_size() const { return s_->world; }

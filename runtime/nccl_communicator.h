@@ -50,6 +50,8 @@ class NcclCommunicator : public Communicator {
   absl::StatusOr<std::unique_ptr<Communicator>> Duplicate() override;
   void set_deferred(bool deferred) override;
   absl::Status JoinCompute() override;
+  int64_t queued_operations() const override;
+  absl::Status JoinComputeThrough(int64_t count) override;
 
   // Blocks until every queued operation has finished (or the timeout passes).
   absl::Status Synchronize() override;

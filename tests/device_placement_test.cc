@@ -21,6 +21,7 @@
 #include "runtime/simulated_communicator.h"
 #include "tests/op_tester.h"
 #include "tests/partition_test_util.h"
+#include "trainer/partition_plan.h"
 #include "trainer/training_graph.h"
 #include "trainer/training_session.h"
 
@@ -356,23 +357,27 @@ TEST(DevicePlacement, TrainingStateStaysOnTheDevice) {
 class DeviceComm : public Communicator {
  public:
   struct Counts {
-    std::atomic<int> deferred{0}, joins{0}, syncs{0}, duplicates{0};
+    std::atomic<int> deferred{0}, joins{0}, partial_joins{0}, syncs{0}, duplicates{0};
   };
   DeviceComm(Communicator* inner, std::shared_ptr<Counts> counts, std::unique_ptr<Communicator> owned = nullptr)
       : inner_(inner), owned_(std::move(owned)), counts_(std::move(counts)) {}
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
   absl::Status AllReduce(const TensorView& in, const TensorView& out, ReduceOp op, std::span<const int> g) override {
+    ++ops_;
     return inner_->AllReduce(in, out, op, g);
   }
   absl::Status AllGather(const TensorView& in, const TensorView& out, std::span<const int> g) override {
+    ++ops_;
     return inner_->AllGather(in, out, g);
   }
   absl::Status ReduceScatter(const TensorView& in, const TensorView& out, ReduceOp op,
                              std::span<const int> g) override {
+    ++ops_;
     return inner_->ReduceScatter(in, out, op, g);
   }
   absl::Status AllToAll(const TensorView& in, const TensorView& out, std::span<const int> g) override {
+    ++ops_;
     return inner_->AllToAll(in, out, g);
   }
   absl::Status Broadcast(const TensorView& buf, int root, std::span<const int> g) override {
@@ -393,6 +398,12 @@ class DeviceComm : public Communicator {
     ++counts_->joins;
     return absl::OkStatus();
   }
+  int64_t queued_operations() const override { return ops_; }
+  absl::Status JoinComputeThrough(int64_t count) override {
+    if (count < 0 || count > ops_) return absl::InternalError(absl::StrCat("joined through ", count, " of ", ops_));
+    ++counts_->partial_joins;
+    return absl::OkStatus();
+  }
   absl::Status Synchronize() override {
     ++counts_->syncs;
     return absl::OkStatus();
@@ -402,6 +413,7 @@ class DeviceComm : public Communicator {
   Communicator* inner_;
   std::unique_ptr<Communicator> owned_;
   std::shared_ptr<Counts> counts_;
+  int64_t ops_ = 0;  // collectives queued on this communicator
 };
 
 // Device-resident data-parallel training over a device communicator: the gradient reductions
@@ -429,6 +441,7 @@ TEST(DevicePlacement, GradientReductionsOnADeviceCommunicator) {
         o.device_communicator = &comm;
         o.communicator = world.rank(r);
         o.overlap_grad_reduce = overlap == 1;
+        o.overlap_collectives = false;  // the graphs have none; this checks the reducer alone
         auto s = trainer::TrainingSession::Create(std::move(mine[r]), o);
         if (!s.ok()) {
           status[r] = s.status();
@@ -460,10 +473,78 @@ TEST(DevicePlacement, GradientReductionsOnADeviceCommunicator) {
     EXPECT_EQ(c.duplicates.load(), 1);
     EXPECT_EQ(c.deferred.load(), 1);
     // Per step: the next backward waits for the last step's reductions, and the update for
-    // this step's (host synchronisation, then the compute stream joins).
+    // this step's (host synchronisation, then the compute stream joins what was queued since).
     EXPECT_GE(c.syncs.load(), 2);
-    EXPECT_EQ(c.joins.load(), c.syncs.load());
+    EXPECT_EQ(c.joins.load() + c.partial_joins.load(), 2);
     EXPECT_EQ(counts[0][r]->duplicates.load(), 0);
+    ASSERT_EQ(params[1][r].size(), params[0][r].size());
+    for (size_t i = 0; i < params[1][r].size(); ++i)
+      EXPECT_EQ(std::memcmp(params[1][r][i].raw(), params[0][r][i].raw(), params[0][r][i].nbytes()), 0)
+          << "rank " << r << " parameter " << i;
+  }
+}
+
+
+// Tensor parallelism on a device: the graphs' collectives run on a deferred duplicate of the
+// device communicator, the compute stream joining each just before the step that needs it
+// (through its own operation, not the later ones); parameters bit-identical to collectives
+// run in line.
+TEST(DevicePlacement, AsynchronousCollectivesOnADeviceCommunicator) {
+  trainer::PlanConfig c;
+  c.model = std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx";
+  c.mesh = "tp=2";
+  c.batch = 2;
+  c.seq = 16;
+  c.spec.optimizer.max_grad_norm = 1.0f;
+  std::vector<Tensor> params[2][2];  // [overlap][rank]
+  std::shared_ptr<DeviceComm::Counts> counts[2][2];
+  size_t launched[2] = {0, 0};
+  for (int overlap = 0; overlap < 2; ++overlap) {
+    auto plan = trainer::BuildPlan(c);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    runtime::SimulatedWorld world(2);
+    std::vector<absl::Status> status(2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        counts[overlap][r] = std::make_shared<DeviceComm::Counts>();
+        DeviceComm comm(world.rank(r), counts[overlap][r]);
+        trainer::TrainingSessionOptions o;
+        o.intra_op_threads = 1;
+        o.device_provider = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
+        o.device_communicator = &comm;
+        o.communicator = world.rank(r);
+        o.overlap_collectives = overlap == 1;
+        auto s = trainer::TrainingSession::Create(std::move(plan->ranks[r].artifacts), o);
+        if (!s.ok()) {
+          status[r] = s.status();
+          return;
+        }
+        for (int step = 0; step < 2 && status[r].ok(); ++step) {
+          Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
+          for (int64_t i = 0; i < 32; ++i) {
+            ids.data<int64_t>()[i] = (i * 7 + 3 + step) % 256;
+            labels.data<int64_t>()[i] = (i * 5 + 1 + step) % 256;
+          }
+          status[r] = (*s)->TrainStep({{"input_ids", ids}, {"labels", labels}}).status();
+          if (status[r].ok()) status[r] = (*s)->OptimizerStep().status();
+        }
+        if (r == 0) launched[overlap] = (*s)->async_collectives().size();
+        for (const std::string& p : (*s)->parameter_names()) params[overlap][r].push_back(*(*s)->GetState(p));
+      });
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < 2; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  }
+  EXPECT_EQ(launched[0], 0u);
+  EXPECT_GT(launched[1], 0u);
+  for (int r = 0; r < 2; ++r) {
+    const DeviceComm::Counts& on = *counts[1][r];
+    // One more duplicate, the collectives' queue, deferred (no dp: no reducer runs deferred).
+    EXPECT_EQ(on.duplicates.load(), counts[0][r]->duplicates.load() + 1);
+    EXPECT_EQ(on.deferred.load(), 1);
+    EXPECT_EQ(counts[0][r]->deferred.load(), 0);
+    EXPECT_GT(on.partial_joins.load(), 0);
+    EXPECT_EQ(counts[0][r]->partial_joins.load(), 0);
     ASSERT_EQ(params[1][r].size(), params[0][r].size());
     for (size_t i = 0; i < params[1][r].size(); ++i)
       EXPECT_EQ(std::memcmp(params[1][r][i].raw(), params[0][r][i].raw(), params[0][r][i].nbytes()), 0)

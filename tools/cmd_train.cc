@@ -193,6 +193,7 @@ int TrainCommand(const Args& args) {
     else if (a == "--profile") c.profile = flags.Value();
     else if (a == "--profile-steps") flags.Number(&c.profile_steps);
     else if (a == "--no-overlap-grad-reduce") c.overlap_grad_reduce = false;
+    else if (a == "--no-async-collectives") c.overlap_collectives = false;
     else if (a == "--log-every") flags.Number(&c.log_every);
     else if (a == "--exit-at") flags.Number(&c.exit_at);
     else if (c.model.empty() && !a.empty() && a[0] != '-') c.model = a;

@@ -115,9 +115,7 @@ GradientReducer::GradientReducer(std::vector<Reduction> reductions, std::vector<
     : reductions_(std::move(reductions)),
       buffers_(std::move(buffers)),
       results_(std::move(results)),
-      comm_(std::move(comm)) {
-  device_ = comm_->device_memory();
-  if (device_) comm_->set_deferred(true);
+      queue_(std::move(comm)) {
   of_param_.assign(ready_step.size(), {});
   for (size_t r = 0; r < reductions_.size(); ++r)
     for (int p : reductions_[r].params)
@@ -125,7 +123,6 @@ GradientReducer::GradientReducer(std::vector<Reduction> reductions, std::vector<
   SetReadySteps(ready_step);
   waiting_.assign(reductions_.size(), 0);
   queued_us_.assign(reductions_.size(), 0);
-  if (!device_) worker_ = std::thread([this] { Work(); });
 }
 
 void GradientReducer::SetReadySteps(const std::vector<int>& ready_step) {
@@ -143,17 +140,7 @@ void GradientReducer::SetReadySteps(const std::vector<int>& ready_step) {
   });
 }
 
-GradientReducer::~GradientReducer() {
-  if (!worker_.joinable()) return;
-  {
-    // Queued reductions are dropped; the one running finishes (or times out) first.
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-    queue_.clear();
-  }
-  cv_.notify_all();
-  worker_.join();
-}
+GradientReducer::~GradientReducer() = default;  // the queue drops what has not started
 
 void GradientReducer::set_profiler(runtime::Profiler* p) {
   profiler_ = p;
@@ -197,17 +184,7 @@ absl::Status GradientReducer::Finish() {
 
 void GradientReducer::Launch(int r) {
   queued_us_[r] = runtime::Profiler::Micros(runtime::Profiler::Clock::now());
-  if (device_) {
-    // Queued on the communicator's stream behind the compute stream's work so far.
-    absl::Status s = Run(r);
-    if (!s.ok() && error_.ok()) error_ = s;
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(r);
-  }
-  cv_.notify_all();
+  queue_.Submit([this, r] { return Run(r); });
 }
 
 absl::Status GradientReducer::Run(int r) {
@@ -215,12 +192,13 @@ absl::Status GradientReducer::Run(int r) {
   const auto start = runtime::Profiler::Clock::now();
   const TensorView in = buffers_[r].view();
   const TensorView out = results_[r].view();
-  absl::Status s = red.op == "AllReduce" ? comm_->AllReduce(in, out, ReduceOp::kSum, red.group)
-                                         : comm_->ReduceScatter(in, out, ReduceOp::kSum, red.group);
+  Communicator* comm = queue_.comm();
+  absl::Status s = red.op == "AllReduce" ? comm->AllReduce(in, out, ReduceOp::kSum, red.group)
+                                         : comm->ReduceScatter(in, out, ReduceOp::kSum, red.group);
   if (!s.ok())
     return absl::Status(s.code(), absl::StrCat("gradient reduction ", red.op, " '", red.label, "' of ",
                                                red.params.size(), " gradient(s): ", s.message()));
-  if (profiler_ && !device_)
+  if (profiler_ && !queue_.device())
     profiler_->Add(absl::StrCat(red.op, " ", red.label), "comm", track_, start, runtime::Profiler::Clock::now(),
                    {{"bytes", absl::StrCat(in.nbytes())},
                     {"queued_us", absl::StrCat(queued_us_[r])},
@@ -229,47 +207,10 @@ absl::Status GradientReducer::Run(int r) {
   return absl::OkStatus();
 }
 
-void GradientReducer::Work() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (stop_) return;
-    const int r = queue_.front();
-    queue_.pop_front();
-    busy_ = 1;
-    const bool skip = !error_.ok();  // after a failure the rest would only wait out their timeouts
-    lock.unlock();
-    const auto start = runtime::Profiler::Clock::now();
-    absl::Status s = skip ? absl::OkStatus() : Run(r);
-    const double seconds = std::chrono::duration<double>(runtime::Profiler::Clock::now() - start).count();
-    lock.lock();
-    time_.busy += seconds;
-    busy_ = 0;
-    if (!s.ok() && error_.ok()) error_ = s;
-    cv_.notify_all();
-  }
-}
-
 absl::Status GradientReducer::WaitIdle() {
-  absl::Status s;
-  if (device_) {
-    // The host waits for the reductions with the communicator's timeout (a dead peer ends in an
-    // error, not a compute stream stuck behind them), then the compute stream is ordered after.
-    s = comm_->Synchronize();
-    if (s.ok()) s = comm_->JoinCompute();
-    if (!error_.ok()) s = std::exchange(error_, absl::OkStatus());
-    return s;
-  }
-  const auto start = runtime::Profiler::Clock::now();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return queue_.empty() && busy_ == 0; });
-  time_.waited += std::chrono::duration<double>(runtime::Profiler::Clock::now() - start).count();
-  return std::exchange(error_, absl::OkStatus());
-}
-
-GradientReducer::Time GradientReducer::time_spent() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return time_;
+  // On a device the host waits with the communicator's timeout (a dead peer ends in an error,
+  // not a compute stream stuck behind the reductions), then the compute stream is ordered after.
+  return queue_.WaitAll();
 }
 
 }  // namespace cleave::trainer

@@ -18,18 +18,15 @@
 // gradients and those of every reduction before it are final.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "base/tensor.h"
 #include "graph/graph.h"
 #include "providers/communicator.h"
+#include "runtime/comm_queue.h"
 
 namespace cleave::runtime {
 class Profiler;
@@ -91,21 +88,16 @@ class GradientReducer {
   // Seconds so far that reductions ran (host communicators; on a device they are queued, not
   // timed) and that the caller was blocked waiting for them: the difference is communication
   // hidden behind compute.
-  struct Time {
-    double busy = 0, waited = 0;
-  };
-  Time time_spent() const;
+  using Time = runtime::CommQueue::Time;
+  Time time_spent() const { return queue_.time_spent(); }
 
  private:
   void Launch(int r);
   absl::Status Run(int r);
-  void Work();
   absl::Status WaitIdle();
 
   std::vector<Reduction> reductions_;
   std::vector<Tensor> buffers_, results_;
-  std::unique_ptr<Communicator> comm_;
-  bool device_ = false;
   std::vector<int> order_;                       // launch order: indices into reductions_
   std::vector<std::vector<int>> of_param_;       // per gradient: the reductions reading it
   std::vector<int> waiting_;                     // per reduction: gradients not yet final
@@ -116,16 +108,8 @@ class GradientReducer {
   std::vector<int64_t> queued_us_;               // per reduction: when it was last launched
   runtime::Profiler* profiler_ = nullptr;
   int track_ = 0;
-
-  // The host worker: reductions queued in launch order, run one at a time.
-  std::thread worker_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<int> queue_;
-  int busy_ = 0;
-  bool stop_ = false;
-  absl::Status error_;
-  Time time_;  // busy: under mu_
+  // The duplicate communicator and its worker; last, so that it stops before what work reads.
+  runtime::CommQueue queue_;
 };
 
 }  // namespace cleave::trainer

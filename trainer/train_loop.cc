@@ -533,6 +533,7 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
   for (int i = 0; i < world; ++i) so.overflow_group.push_back(i);
   so.loss_scaling = r.precision == "fp16";
   so.overlap_grad_reduce = c.overlap_grad_reduce;
+  so.overlap_collectives = c.overlap_collectives;
   ASSIGN_OR_RETURN(auto session, TrainingSession::Create(std::move(r.artifacts), so));
   LrSchedule schedule;
   schedule.kind = c.schedule;
@@ -719,8 +720,9 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
                                                 norm, "; stopped, the last checkpoint is untouched"));
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const Communicator::CommTime after = comm->time_spent();
-    // Communication the step waited for (the graphs' collectives and what it waited for of the
-    // overlapped reductions), and the reductions' time hidden behind the backward.
+    // Communication the step waited for (the graphs' collectives run in line, and what it
+    // waited for of the overlapped reductions and asynchronous collectives), and their time
+    // hidden behind compute.
     const GradientReducer::Time reduce_after = session->reduction_time();
     const double reduce_waited_ms = 1000 * (reduce_after.waited - reduce_before.waited);
     const double comm_ms = 1000 * (after.collective - before.collective) + reduce_waited_ms;

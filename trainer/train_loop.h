@@ -79,6 +79,9 @@ struct TrainConfig {
   // Plans: start the data-parallel gradient reductions during the backward (on a second thread
   // or stream) rather than in the optimizer step (TrainingSessionOptions::overlap_grad_reduce).
   bool overlap_grad_reduce = true;
+  // The graphs' collectives run asynchronously, overlapping the compute that does not need
+  // them (TrainingSessionOptions::overlap_collectives).
+  bool overlap_collectives = true;
   // Distributed: `model` is a plan directory (cleave partition) and this process is rank
   // communicator->rank() of its mesh. batch / seq 0: the plan's. The optimizer's settings
   // other than the learning rate schedule were fixed when the plan was made.

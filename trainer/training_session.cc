@@ -116,6 +116,8 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   so.intra_op_threads = options.intra_op_threads;
   so.optimize = options.optimize;
   so.communicator = options.communicator;
+  RETURN_IF_ERROR(MakeCollectiveQueue());
+  so.collective_queue = collective_queue_.get();
   if (a.stages.empty()) {
     ASSIGN_OR_RETURN(train_, InferenceSession::FromGraph(a.training->Clone(), so));
     ASSIGN_OR_RETURN(eval_, InferenceSession::FromGraph(a.eval->Clone(), so));
@@ -215,6 +217,47 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
     for (size_t r = 0; r < reducer_->reductions().size(); ++r)
       optimizer_feeds_.emplace_back(reducer_->reductions()[r].result, reducer_->results()[r]);
   return absl::OkStatus();
+}
+
+absl::Status TrainingSession::MakeCollectiveQueue() {
+  const TrainingSessionOptions& o = options_;
+  if (!o.communicator || !o.overlap_collectives) return absl::OkStatus();
+  // Device collectives where the device has its own communicator, else host ones (the graphs'
+  // collectives then run on the CPU provider).
+  Communicator* base = device_ && o.device_communicator ? o.device_communicator : o.communicator;
+  absl::StatusOr<std::unique_ptr<Communicator>> dup = base->Duplicate();
+  if (!dup.ok()) {
+    std::fprintf(stderr, "cleave: warning: collectives will run in line, not overlapping compute: %s\n",
+                 std::string(dup.status().message()).c_str());
+    return absl::OkStatus();
+  }
+  collective_queue_ = std::make_unique<runtime::CommQueue>(*std::move(dup));
+  return absl::OkStatus();
+}
+
+runtime::CommQueue::Time TrainingSession::reduction_time() const {
+  runtime::CommQueue::Time t = reducer_ ? reducer_->time_spent() : runtime::CommQueue::Time{};
+  if (collective_queue_) {
+    const runtime::CommQueue::Time c = collective_queue_->time_spent();
+    t.busy += c.busy;
+    t.waited += c.waited;
+  }
+  return t;
+}
+
+std::vector<runtime::AsyncCollective> TrainingSession::async_collectives() const {
+  std::vector<runtime::AsyncCollective> out;
+  auto add = [&](const std::unique_ptr<InferenceSession>& s) {
+    if (!s) return;
+    for (const auto& c : s->async_collectives()) out.push_back(c);
+  };
+  add(train_);
+  for (const StageSessions& st : stages_) {
+    add(st.forward);
+    add(st.backward);
+  }
+  add(optimizer_);
+  return out;
 }
 
 absl::Status TrainingSession::ExtractReductions(graph::Graph& optimizer) {

@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "base/tensor.h"
 #include "providers/execution_provider.h"
+#include "runtime/comm_queue.h"
 #include "runtime/inference_session.h"
 #include "trainer/grad_reducer.h"
 #include "trainer/lr_schedule.h"
@@ -73,6 +74,11 @@ struct TrainingSessionOptions {
   // (grad_reducer.h); in a pipeline, once the last backward of every chunk writing a gradient
   // has run. Every rank must agree.
   bool overlap_grad_reduce = true;
+  // With a communicator: the collectives inside the graphs (tensor parallelism's AllReduces,
+  // ZeRO-2's ReduceScatters of each micro-batch's gradients, sequence parallelism's gathers)
+  // run asynchronously on a duplicate communicator, overlapping the nodes that do not need
+  // their results (runtime/executor.h). Every rank must agree.
+  bool overlap_collectives = true;
 };
 
 class TrainingSession {
@@ -100,8 +106,13 @@ class TrainingSession {
   std::vector<std::string> overlapped_reductions() const;
   // The reducer, while there is one (for its counters).
   const GradientReducer* gradient_reducer() const { return reducer_.get(); }
-  // The overlapped reductions' running and waited-for time so far (zero without a reducer).
-  GradientReducer::Time reduction_time() const { return reducer_ ? reducer_->time_spent() : GradientReducer::Time{}; }
+  // The overlapped communication's running and waited-for time so far: the gradient
+  // reductions' and the asynchronous collectives' (zero without either).
+  runtime::CommQueue::Time reduction_time() const;
+  // The queue the graphs' asynchronous collectives run on (null when they run in line).
+  const runtime::CommQueue* collective_queue() const { return collective_queue_.get(); }
+  // The graphs' asynchronous collectives, each with where it starts and where it is waited for.
+  std::vector<runtime::AsyncCollective> async_collectives() const;
   // Records the nodes of every step (track "compute") and the overlapped reductions (track
   // "gradient reduction") on `p`, which must outlive the session or be reset to null.
   void set_profiler(runtime::Profiler* p);
@@ -182,6 +193,9 @@ class TrainingSession {
 
   std::shared_ptr<providers::ExecutionProvider> device_;
   std::string device_warning_;
+  // The graphs' asynchronous collectives run here; made before the sessions that use it and
+  // declared before them, so that it outlives them.
+  std::unique_ptr<runtime::CommQueue> collective_queue_;
   std::unique_ptr<InferenceSession> train_, eval_, optimizer_;
   struct StageSessions {
     std::unique_ptr<InferenceSession> forward, backward, eval;
@@ -220,6 +234,7 @@ class TrainingSession {
   // Takes the gradient reductions out of the optimizer graph when they can overlap the
   // backward; makes the reducer once the gradient buffers exist (MakeReducer).
   absl::Status ExtractReductions(graph::Graph& optimizer);
+  absl::Status MakeCollectiveQueue();
   absl::Status MakeReducer();
   // Between the two: what ExtractReductions found, handed over to the reducer.
   std::vector<GradientReducer::Reduction> reductions_;

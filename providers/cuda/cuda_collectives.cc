@@ -60,6 +60,9 @@ class CollectiveKernel : public OpKernel {
       if (!tmp) return absl::OkStatus();  // the allocation error is reported
       std::vector<int64_t> flat = {y->numel()};
       RETURN_IF_ERROR(Named(c->AllGather(x, TensorView(tmp, x.dtype, flat), g_.ranks)));
+      // The copies below run on the compute stream: over a deferred communicator (an
+      // asynchronous collective) it must first be ordered after the gather.
+      RETURN_IF_ERROR(Named(c->JoinCompute()));
       const size_t block = static_cast<size_t>(x.dims[axis] * inner) * es;
       for (int64_t r = 0; r < n; ++r)
         RETURN_IF_ERROR(CudaStatus(cudaMemcpy2DAsync(static_cast<char*>(y->data) + r * block, n * block,
