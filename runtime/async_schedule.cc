@@ -99,8 +99,9 @@ AsyncSchedule ScheduleAsync(const graph::Graph& g, const std::vector<Node*>& ord
   };
   while (static_cast<int>(out.order.size()) < n) {
     // The first ready node (in the original order) that needs no pending result, one on the
-    // way to the next collective first; ahead of a node that needs a pending result, only
-    // nodes within its lookahead, and never a pinned node or a message.
+    // way to the next collective first; ahead of a node that needs a pending result (other
+    // than an output-only one), only nodes within its lookahead, and never a message; never a
+    // pinned node ahead of anything.
     int pick = -1, first = -1;
     int64_t limit = INT64_MAX;
     bool behind_blocked = false;
@@ -110,8 +111,11 @@ AsyncSchedule ScheduleAsync(const graph::Graph& g, const std::vector<Node*>& ord
       if (first < 0) first = i;
       if (i >= limit) break;
       if (blocked(i)) {
-        if (!sink[i]) limit = std::min<int64_t>(limit, int64_t{i} + options.lookahead);
-        behind_blocked = true;
+        // An output-only reader holds nothing up; any other bounds what may pass it.
+        if (!sink[i]) {
+          limit = std::min<int64_t>(limit, int64_t{i} + options.lookahead);
+          behind_blocked = true;
+        }
         continue;
       }
       if ((pin[i] && i != lowest) || (line[i] && behind_blocked)) continue;

@@ -8,9 +8,10 @@
 // though autodiff wrote dW first; the rest of the backward while ZeRO-2 reduce-scatters a
 // gradient). Invariants: the collectives keep their relative order, and so do the messages and
 // collectives that stay in line, so every rank of a group still issues the same sequence on
-// each communicator; a node that only writes graph outputs may wait as long as it likes, any
-// other node that needs a pending result pulls at most `lookahead` later nodes ahead of it
-// (bounding the activations kept alive meanwhile); at most `max_in_flight` collectives are
+// each communicator (a message passes no waiting node but one that only writes graph
+// outputs); a node that only writes graph outputs may wait as long as it likes, any other node
+// that needs a pending result lets at most `lookahead` later nodes run ahead of it (bounding
+// the activations kept alive meanwhile); at most `max_in_flight` collectives are
 // pending at once (bounding the buffers they hold, as DeepSpeed's two reduce buckets do).
 #pragma once
 

@@ -26,7 +26,7 @@ namespace cleave::runtime {
 // A collective of a graph that runs on a queue: launched at step `launch` of its run, waited
 // for before step `wait` (the number of steps: at the end of the run).
 struct AsyncCollective {
-  std::string node;
+  std::string node, op;
   int launch = 0, wait = 0;
 };
 

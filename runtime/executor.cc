@@ -229,11 +229,14 @@ bool Communicates(const Node* n) {
   return n->domain() == graph::kCleaveDomain && ops.count(n->op_type());
 }
 
-// The collectives that can run asynchronously (Send/Recv pair by order on the rank's own
-// communicator, and a Broadcast is a start-up affair).
+// The collectives that can run asynchronously (a Broadcast is a start-up affair), and the
+// messages, which can on a device.
 bool IsCollective(const Node* n) {
   static const std::set<std::string> ops = {"AllReduce", "AllGather", "ReduceScatter", "AllToAll"};
   return n->domain() == graph::kCleaveDomain && ops.count(n->op_type());
+}
+bool IsMessage(const Node* n) {
+  return n->domain() == graph::kCleaveDomain && (n->op_type() == "Send" || n->op_type() == "Recv");
 }
 
 // Whether `n` may write in place over a graph input that other nodes also read (an output of
@@ -601,17 +604,23 @@ std::vector<int> Executor::OutputSteps() const {
 std::vector<AsyncCollective> Executor::async_collectives() const {
   std::vector<AsyncCollective> out;
   for (size_t st = 0; st < steps_.size(); ++st)
-    if (async_[st]) out.push_back({steps_[st].node->name(), static_cast<int>(st), wait_step_[st]});
+    if (async_[st])
+      out.push_back({steps_[st].node->name(), steps_[st].node->op_type(), static_cast<int>(st), wait_step_[st]});
   return out;
 }
 
 std::vector<Node*> Executor::ScheduleCollectives(
     const std::vector<Node*>& order, const std::unordered_map<const Node*, providers::ExecutionProvider*>& placed,
     std::unordered_map<const Node*, int>* wait_before) const {
-  // A collective runs on the queue when the queue moves the memory its provider keeps tensors in.
+  // A collective runs on the queue when the queue moves the memory its provider keeps tensors
+  // in. On a device, Send and Recv do too: deferred on the queue's stream behind the
+  // collectives, in their order (every rank moves all its messages there, so pairs still meet
+  // in order), the compute stream goes on while they travel. A host worker would stall every
+  // collective behind a receive, and MPI sends already return at once.
   const bool device_queue = options_.collectives->device();
   auto is_async = [&](const Node* n) {
-    return IsCollective(n) && (placed.at(n)->device() != providers::DeviceKind::kCpu) == device_queue;
+    if ((placed.at(n)->device() != providers::DeviceKind::kCpu) != device_queue) return false;
+    return IsCollective(n) || (device_queue && IsMessage(n));
   };
   AsyncSchedule s = ScheduleAsync(*graph_, order, is_async, Communicates, MayOverwriteSharedInput,
                                   {options_.max_in_flight, options_.lookahead});

@@ -13,10 +13,11 @@
 // device scratch.
 //
 // With a communication queue (ExecutorOptions::collectives), the collectives (AllReduce,
-// AllGather, ReduceScatter, AllToAll) of the provider whose memory that queue moves run
-// asynchronously: each is launched on the queue where the run order puts it and waited for
-// just before the first step that needs its result, the order placing independent work in
-// between (async_schedule.h). Its inputs and outputs stay alive until that wait.
+// AllGather, ReduceScatter, AllToAll) of the provider whose memory that queue moves, and on a
+// device also Send and Recv, run asynchronously: each is launched on the queue where the run
+// order puts it and waited for just before the first step that needs its result, the order
+// placing independent work in between (async_schedule.h). Its inputs and outputs stay alive
+// until that wait.
 #pragma once
 
 #include <functional>

@@ -110,6 +110,26 @@ TEST(AsyncSchedule, IndependentWorkRunsFirstWithinTheLookahead) {
   EXPECT_TRUE(none.wait_before.empty());
 }
 
+// A message waits for nothing that only writes graph outputs (ZeRO-2's accumulation into a
+// gradient shard must not hold up a pipeline's Send).
+TEST(AsyncSchedule, AMessagePassesAWaitingOutputOnlyReader) {
+  auto g = graph::ParseGraph(R"(
+    input a: float32[4]
+    input b: float32[4]
+    g = Relu(a)
+    r = ai.cleave.ReduceScatter(g) {group = [0, 1]}
+    o = Add(r, b)
+    h = Sin(g)
+    done = ai.cleave.Send(h) {peer = 1, tag = 0}
+    output o
+    output done
+  )");
+  ASSERT_TRUE(g.ok()) << g.status();
+  const runtime::AsyncSchedule s = Schedule(**g);
+  EXPECT_EQ(Names(s), (std::vector<std::string>{"g", "r", "h", "done", "o"}));
+  EXPECT_EQ(WaitOf(**g, s, "r"), 4);
+}
+
 // A linear layer's backward as autodiff writes it, dW first: the dX product moves ahead so
 // that its reduction starts at once, and the dW product runs while it is in flight.
 TEST(AsyncSchedule, WorkTowardTheNextCollectiveRunsFirst) {

@@ -485,23 +485,27 @@ TEST(DevicePlacement, GradientReductionsOnADeviceCommunicator) {
 }
 
 
-// Tensor parallelism on a device: the graphs' collectives run on a deferred duplicate of the
-// device communicator, the compute stream joining each just before the step that needs it
-// (through its own operation, not the later ones); parameters bit-identical to collectives
-// run in line.
-TEST(DevicePlacement, AsynchronousCollectivesOnADeviceCommunicator) {
+// Tensor parallelism and a pipeline on a device: the graphs' collectives and messages run on a
+// deferred duplicate of the device communicator, the compute stream joining each just before
+// the step that needs it (through its own operation, not the later ones); parameters
+// bit-identical to collectives and messages run in line.
+class DeviceAsync : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DeviceAsync, CollectivesAndMessagesOnADeviceCommunicator) {
   trainer::PlanConfig c;
   c.model = std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx";
-  c.mesh = "tp=2";
+  c.mesh = GetParam();
   c.batch = 2;
   c.seq = 16;
+  c.microbatches = std::string(GetParam()).find("pp") != std::string::npos ? 2 : 1;
   c.spec.optimizer.max_grad_norm = 1.0f;
   std::vector<Tensor> params[2][2];  // [overlap][rank]
   std::shared_ptr<DeviceComm::Counts> counts[2][2];
-  size_t launched[2] = {0, 0};
+  size_t launched[2] = {0, 0}, messages = 0;
   for (int overlap = 0; overlap < 2; ++overlap) {
     auto plan = trainer::BuildPlan(c);
     ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_EQ(plan->mesh.world_size(), 2);
     runtime::SimulatedWorld world(2);
     std::vector<absl::Status> status(2);
     std::vector<std::thread> ranks;
@@ -515,21 +519,31 @@ TEST(DevicePlacement, AsynchronousCollectivesOnADeviceCommunicator) {
         o.device_communicator = &comm;
         o.communicator = world.rank(r);
         o.overlap_collectives = overlap == 1;
+        const std::vector<trainer::TrainingSession::PipelineWork> work = trainer::PipelineWorkFor(*plan, r);
         auto s = trainer::TrainingSession::Create(std::move(plan->ranks[r].artifacts), o);
         if (!s.ok()) {
           status[r] = s.status();
           return;
         }
         for (int step = 0; step < 2 && status[r].ok(); ++step) {
-          Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
-          for (int64_t i = 0; i < 32; ++i) {
-            ids.data<int64_t>()[i] = (i * 7 + 3 + step) % 256;
-            labels.data<int64_t>()[i] = (i * 5 + 1 + step) % 256;
+          std::vector<Feeds> micro;
+          const int64_t rows = c.batch / c.microbatches;
+          for (int m = 0; m < c.microbatches; ++m) {
+            Tensor ids(DataType::kInt64, {rows, 16}), labels(DataType::kInt64, {rows, 16});
+            for (int64_t i = 0; i < rows * 16; ++i) {
+              ids.data<int64_t>()[i] = (i * 7 + 3 + step + m * 5) % 256;
+              labels.data<int64_t>()[i] = (i * 5 + 1 + step + m * 3) % 256;
+            }
+            micro.push_back({{"input_ids", ids}, {"labels", labels}});
           }
-          status[r] = (*s)->TrainStep({{"input_ids", ids}, {"labels", labels}}).status();
+          status[r] = (*s)->pipelined() ? (*s)->PipelineStep(work, micro).status() : (*s)->TrainStep(micro[0]).status();
           if (status[r].ok()) status[r] = (*s)->OptimizerStep().status();
         }
-        if (r == 0) launched[overlap] = (*s)->async_collectives().size();
+        if (r == 0) {
+          launched[overlap] = (*s)->async_collectives().size();
+          for (const runtime::AsyncCollective& a : (*s)->async_collectives())
+            messages += a.op == "Send" || a.op == "Recv";
+        }
         for (const std::string& p : (*s)->parameter_names()) params[overlap][r].push_back(*(*s)->GetState(p));
       });
     for (auto& t : ranks) t.join();
@@ -539,18 +553,25 @@ TEST(DevicePlacement, AsynchronousCollectivesOnADeviceCommunicator) {
   EXPECT_GT(launched[1], 0u);
   for (int r = 0; r < 2; ++r) {
     const DeviceComm::Counts& on = *counts[1][r];
-    // One more duplicate, the collectives' queue, deferred (no dp: no reducer runs deferred).
-    EXPECT_EQ(on.duplicates.load(), counts[0][r]->duplicates.load() + 1);
-    EXPECT_EQ(on.deferred.load(), 1);
-    EXPECT_EQ(counts[0][r]->deferred.load(), 0);
-    EXPECT_GT(on.partial_joins.load(), 0);
-    EXPECT_EQ(counts[0][r]->partial_joins.load(), 0);
+    // One more duplicate, the collectives' queue, deferred, and joined through its operations
+    // (besides the reducer's, which a pipeline has for its tied embedding).
+    const DeviceComm::Counts& off = *counts[0][r];
+    EXPECT_EQ(on.duplicates.load(), off.duplicates.load() + 1);
+    EXPECT_EQ(on.deferred.load(), off.deferred.load() + 1);
+    EXPECT_GT(on.partial_joins.load(), off.partial_joins.load());
     ASSERT_EQ(params[1][r].size(), params[0][r].size());
     for (size_t i = 0; i < params[1][r].size(); ++i)
       EXPECT_EQ(std::memcmp(params[1][r][i].raw(), params[0][r][i].raw(), params[0][r][i].nbytes()), 0)
           << "rank " << r << " parameter " << i;
   }
+  // A pipeline's messages are among them.
+  if (std::string(GetParam()) == "pp=2") EXPECT_GT(messages, 0u);
+  else EXPECT_EQ(messages, 0u);
 }
+
+INSTANTIATE_TEST_SUITE_P(Meshes, DeviceAsync, ::testing::Values("tp=2", "pp=2"), [](const auto& info) {
+  return std::string(info.param).substr(0, 2);
+});
 
 }  // namespace
 }  // namespace cleave
