@@ -247,6 +247,20 @@ TEST(CudaProvider, Bf16MatMulTracksFp32) {
              "input a: float32[8,256]\ninput b: float32[256,64]\ny = MatMul(a, b)\noutput y\n");
 }
 
+TEST(CudaProvider, LowPrecisionProductsGiveFloat32) {
+  REQUIRE_CUDA();
+  // MatMulBf16 / MatMulF16 (mixed precision's products): low-precision operands, a float32
+  // result; the CPU computes the same exact products of the rounded values in fp32.
+  for (const auto& [op, to] : {std::pair{"MatMulBf16", 16}, std::pair{"MatMulF16", 10}})
+    for (int trans_b : {0, 1})
+      ExpectSame(absl::StrCat("input a: float32[2,8,256]\ninput b: float32", trans_b ? "[64,256]" : "[256,64]",
+                              "\nha = Cast(a) {to = ", to, "}\nhb = Cast(b) {to = ", to, "}\ny = ai.cleave.", op,
+                              "(ha, hb) {transB = ", trans_b, "}\noutput y\n"),
+                 {{"a", Random({2, 8, 256}, 40)},
+                  {"b", Random(trans_b ? std::vector<int64_t>{64, 256} : std::vector<int64_t>{256, 64}, 41)}},
+                 1e-3, 1e-3, op);
+}
+
 TEST(CudaProvider, SoftmaxAndLayerNorm) {
   REQUIRE_CUDA();
   ExpectSame("input x: float32[6,1000]\ny = Softmax(x) {axis = -1}\nz = LogSoftmax(x) {axis = -1}\noutput y\noutput z\n",
@@ -483,6 +497,22 @@ TEST(CudaProvider, ReductionsSelectionConcatSplit) {
     output k
   )",
              {{"x", Random({4, 6, 32}, 50)}}, 1e-5, 1e-5, "ReduceSum");
+  // Long rows (a block per output), a whole tensor to one value, and leading axes (columns).
+  ExpectSame(R"(
+    input x: float32[3,4096]
+    input big: float32[64,512]
+    init one: int64[1] = 1
+    init zero: int64[1] = 0
+    s = ReduceSum(x, one) {keepdims = 0}
+    t = ReduceSum(big) {keepdims = 0}
+    c = ReduceSum(big, zero) {keepdims = 1}
+    k = ReduceMax(x) {axes = [1], keepdims = 0}
+    output s
+    output t
+    output c
+    output k
+  )",
+             {{"x", Random({3, 4096}, 55)}, {"big", Random({64, 512}, 56)}}, 1e-4, 1e-5, "ReduceSum");
   Tensor cond(DataType::kBool, {6, 1});
   for (int i = 0; i < 6; ++i) cond.data<bool>()[i] = i % 2 == 0;
   ExpectSame(R"(

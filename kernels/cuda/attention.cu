@@ -236,8 +236,9 @@ int AttentionBackward(Dt dt, const void* dout, const void* q, const void* k, con
     const int shared_kv = static_cast<int>(sizeof(float) * kTile * (D + Dv + 2));
     cudaFuncSetAttribute(AttnBackwardQ<Tp>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_q);
     cudaFuncSetAttribute(AttnBackwardKV<Tp>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_kv);
-    AttnDelta<Tp><<<static_cast<unsigned>((batch * T + kWarps - 1) / kWarps), kWarps * 32, 0, s>>>(
-        dO, static_cast<const Tp*>(out), delta, batch * T, Dv);
+    if (T > 0)  // no query rows: no deltas (a zero-block launch would be an error)
+      AttnDelta<Tp><<<static_cast<unsigned>((batch * T + kWarps - 1) / kWarps), kWarps * 32, 0, s>>>(
+          dO, static_cast<const Tp*>(out), delta, batch * T, Dv);
     if (T > 0)
       AttnBackwardQ<Tp><<<Grid(T, batch), kWarps * 32, shared_q, s>>>(
           dO, static_cast<const Tp*>(q), static_cast<const Tp*>(k), static_cast<const Tp*>(v), lse, delta,

@@ -11,8 +11,9 @@
 namespace cleave::kernels::cuda {
 
 __global__ void AddF32Kernel(const float* a, const float* b, float* c, int64_t n) {
-  int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) c[i] = a[i] + b[i];
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    c[i] = a[i] + b[i];
 }
 
 void AddF32(const float* a, const float* b, float* c, int64_t n, void* stream) {
@@ -28,14 +29,17 @@ __device__ __forceinline__ float ApplyBinary(BinaryOp op, float a, float b) {
     case BinaryOp::kSub: return a - b;
     case BinaryOp::kMul: return a * b;
     case BinaryOp::kDiv: return a / b;
-    case BinaryOp::kMax: return fmaxf(a, b);
-    case BinaryOp::kMin: return fminf(a, b);
+    // NaN propagates, as on the CPU (fmaxf and fminf would drop it).
+    case BinaryOp::kMax: return a != a || b != b ? a + b : fmaxf(a, b);
+    case BinaryOp::kMin: return a != a || b != b ? a + b : fminf(a, b);
     case BinaryOp::kPow: return powf(a, b);
   }
   return 0.f;
 }
 
-__device__ __forceinline__ float GeluExact(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
+// Phi(x) as 0.5 erfc(-x / sqrt 2): 1 + erf(x / sqrt 2) would cancel for x below about -3.
+__device__ __forceinline__ float Phi(float x) { return 0.5f * erfcf(-x * 0.70710678118654752f); }
+__device__ __forceinline__ float GeluExact(float x) { return x * Phi(x); }
 __device__ __forceinline__ float GeluTanh(float x) {
   const float k = 0.79788456080286536f;  // sqrt(2 / pi)
   return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
@@ -109,7 +113,7 @@ __global__ void GeluGradKernel(const T* dy, const T* x, T* dx, int64_t n, bool t
       d = 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * k * (1.f + 3.f * 0.044715f * v * v);
     } else {
       // d/dx [x * Phi(x)] = Phi(x) + x * phi(x)
-      d = 0.5f * (1.f + erff(v * 0.70710678118654752f)) + v * 0.39894228040143268f * expf(-0.5f * v * v);
+      d = Phi(v) + v * 0.39894228040143268f * expf(-0.5f * v * v);
     }
     dx[i] = FromFloat<T>(ToFloat(dy[i]) * d);
   }

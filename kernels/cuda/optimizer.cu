@@ -78,16 +78,21 @@ struct NormBatch {
   int64_t n[kNormTensors];
 };
 
+// Every square is added in double, as on the CPU; the blocks' sums meet in one double.
 __global__ void SumSquares(NormBatch b, double* acc) {
-  __shared__ float shared[32];
+  __shared__ double shared[32];
   const float* x = b.x[blockIdx.y];
   const int64_t n = b.n[blockIdx.y];
-  float s = 0.f;
+  double s = 0.0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    s += x[i] * x[i];
-  s = BlockSum(s, shared);
-  if (threadIdx.x == 0) atomicAdd(acc, static_cast<double>(s));
+    s += static_cast<double>(x[i]) * x[i];
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = s;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < static_cast<int>((blockDim.x + 31) >> 5); ++w) s += shared[w];
+  atomicAdd(acc, s);
 }
 
 // `count` tensors in launches of kTensorsPerLaunch: fill(batch, slot, tensor) puts a tensor's

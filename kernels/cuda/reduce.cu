@@ -1,5 +1,9 @@
-// CUDA reductions and selection (kernels/cuda/): ReduceSum/Mean/Max over any set of axes (one
-// thread per output element walks its reduced elements) and Where with broadcasting.
+// CUDA reductions and selection (kernels/cuda/): ReduceSum/Mean/Max over any set of axes and
+// Where with broadcasting. Sums accumulate in double, as the CPU kernels do, and a max
+// propagates NaN as the CPU's does. Two layouts get kernels of their own, since a training step
+// is full of them: reducing the leading axes (bias gradients: [rows, C] to [C], each block
+// reading 32 columns coalesced) and reducing the trailing axes (one block or warp per output
+// reading its contiguous row); any other set of axes takes one thread per output.
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -13,6 +17,16 @@ struct ReducePlan {
   int64_t red_count = 1;
 };
 
+__device__ __forceinline__ double Start(ReduceOp op) { return op == ReduceOp::kMax ? -INFINITY : 0.0; }
+__device__ __forceinline__ double Combine(ReduceOp op, double acc, double v) {
+  if (op != ReduceOp::kMax) return acc + v;
+  return v != v ? v : (acc != acc ? acc : fmax(acc, v));
+}
+template <typename T>
+__device__ __forceinline__ T Result(ReduceOp op, double acc, int64_t count) {
+  return FromFloat<T>(static_cast<float>(op == ReduceOp::kMean ? acc / static_cast<double>(count) : acc));
+}
+
 template <typename T>
 __global__ void ReduceKernel(ReduceOp op, const T* x, T* y, int64_t outputs, ReducePlan p) {
   for (int64_t o = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; o < outputs;
@@ -22,18 +36,52 @@ __global__ void ReduceKernel(ReduceOp op, const T* x, T* y, int64_t outputs, Red
       base += (rest % p.kept_dims[d]) * p.kept_strides[d];
       rest /= p.kept_dims[d];
     }
-    float acc = op == ReduceOp::kMax ? -INFINITY : 0.f;
+    double acc = Start(op);
     for (int64_t r = 0; r < p.red_count; ++r) {
       int64_t q = r, off = base;
       for (int d = p.red_rank - 1; d >= 0; --d) {
         off += (q % p.red_dims[d]) * p.red_strides[d];
         q /= p.red_dims[d];
       }
-      const float v = ToFloat(x[off]);
-      acc = op == ReduceOp::kMax ? fmaxf(acc, v) : acc + v;
+      acc = Combine(op, acc, ToFloat(x[off]));
     }
-    if (op == ReduceOp::kMean) acc /= static_cast<float>(p.red_count);
-    y[o] = FromFloat<T>(acc);
+    y[o] = Result<T>(op, acc, p.red_count);
+  }
+}
+
+// x [R, C] -> y [C]: block (32, 8) owns 32 columns; its 8 rows of threads stride down R and
+// their partial results are combined in a fixed order.
+template <typename T>
+__global__ void ReduceColumns(ReduceOp op, const T* x, T* y, int64_t R, int64_t C) {
+  __shared__ double part[8][33];
+  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  double acc = Start(op);
+  if (c < C)
+    for (int64_t r = threadIdx.y; r < R; r += 8) acc = Combine(op, acc, ToFloat(x[r * C + c]));
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  for (int k = 1; k < 8; ++k) acc = Combine(op, acc, part[k][threadIdx.x]);
+  y[c] = Result<T>(op, acc, R);
+}
+
+// x [O, R] -> y [O]: a block of W threads (a warp, or 256 for long rows) per output.
+template <typename T, int W>
+__global__ void ReduceRows(ReduceOp op, const T* x, T* y, int64_t O, int64_t R) {
+  __shared__ double part[W / 32];
+  for (int64_t o = blockIdx.x; o < O; o += gridDim.x) {  // uniform over the block
+    const T* row = x + o * R;
+    double acc = Start(op);
+    for (int64_t r = threadIdx.x; r < R; r += W) acc = Combine(op, acc, ToFloat(row[r]));
+    for (int off = 16; off > 0; off >>= 1) acc = Combine(op, acc, __shfl_down_sync(0xffffffffu, acc, off));
+    if (W > 32) {
+      if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+      __syncthreads();
+      if (threadIdx.x == 0)
+        for (int k = 1; k < W / 32; ++k) acc = Combine(op, acc, part[k]);
+      __syncthreads();  // part is reused by the next output
+    }
+    if (threadIdx.x == 0) y[o] = Result<T>(op, acc, R);
   }
 }
 
@@ -77,9 +125,33 @@ int Reduce(ReduceOp op, Dt dt, const void* x, void* y, int rank, const int64_t* 
     }
   }
   if (outputs == 0) return 0;
+  // Ignoring dims of 1: are the reduced axes all before the kept ones, or all after?
+  bool kept_seen = false, red_seen = false, leading = true, trailing = true;
+  for (int d = 0; d < rank; ++d) {
+    if (x_dims[d] == 1) continue;
+    if (reduce[d]) {
+      leading = leading && !kept_seen;
+      red_seen = true;
+    } else {
+      trailing = trailing && !red_seen;
+      kept_seen = true;
+    }
+  }
+  const int64_t R = p.red_count;
+  cudaStream_t s = Stream(stream);
   DISPATCH_DT(dt, T, {
-    ReduceKernel<T><<<Blocks(outputs), kThreads, 0, Stream(stream)>>>(op, static_cast<const T*>(x),
-                                                                      static_cast<T*>(y), outputs, p);
+    const T* xt = static_cast<const T*>(x);
+    T* yt = static_cast<T*>(y);
+    if (R == 0 || (!leading && !trailing)) {
+      ReduceKernel<T><<<Blocks(outputs), kThreads, 0, s>>>(op, xt, yt, outputs, p);
+    } else if (trailing) {  // also a whole reduction to one value
+      const unsigned grid = static_cast<unsigned>(outputs < (int64_t{1} << 20) ? outputs : (int64_t{1} << 20));
+      if (R >= 2048) ReduceRows<T, 256><<<grid, 256, 0, s>>>(op, xt, yt, outputs, R);
+      else ReduceRows<T, 32><<<grid, 32, 0, s>>>(op, xt, yt, outputs, R);
+    } else {
+      const int64_t column_blocks = (outputs + 31) / 32;
+      ReduceColumns<T><<<static_cast<unsigned>(column_blocks), dim3(32, 8), 0, s>>>(op, xt, yt, R, outputs);
+    }
   });
   return static_cast<int>(cudaGetLastError());
 }

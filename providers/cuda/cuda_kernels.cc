@@ -136,12 +136,15 @@ class DropoutKernel : public CudaKernel {
       return absl::OkStatus();
     }
     if (!(ratio > 0.f && ratio < 1.f)) return InvalidArgument(name_, ": expected ratio in [0, 1), got ", ratio);
-    if (!y) return absl::OkStatus();
+    if (!y && !mask) return absl::OkStatus();
+    // A graph that reads only the mask still gets it drawn (the output goes to scratch).
+    void* out = y ? y->data : ctx.Scratch(x.nbytes());
+    if (!out) return absl::OkStatus();  // the allocation error is reported
     // With a run seed, the CPU's key; without one, a fresh key per run from this node's counter.
     const uint64_t key = ctx.run_seed() != KernelContext::kNoRunSeed
                              ? (ctx.run_seed() * 0xd1342543de82ef95ull ^ salt_)
                              : (salt_ ^ (0x9e3779b97f4a7c15ull * ++runs_));
-    return Check(kc::DropoutKeyed(DtOf(x.dtype), key, ratio, x.data, y->data, mask ? mask->as<bool>() : nullptr,
+    return Check(kc::DropoutKeyed(DtOf(x.dtype), key, ratio, x.data, out, mask ? mask->as<bool>() : nullptr,
                                   x.numel(), stream()));
   }
 
@@ -172,9 +175,11 @@ class MatMulKernel : public CudaKernel {
       return InvalidArgument(name_, ": expected bias of shape [", plan->N, "], got ", DimsToString(bias->shape()));
     TensorView* y = ctx.Output(0, plan->out_shape());
     if (!y) return absl::OkStatus();
-    absl::Status s = CudaMatMul(*p_, *plan, a.dtype, a.data, b.data, y->data, bias ? bias->data : nullptr, gelu_tanh_);
+    // MatMulBf16 and MatMulF16 take low-precision operands and give a float32 result.
+    absl::Status s = CudaMatMul(*p_, *plan, a.dtype, y->dtype, a.data, b.data, y->data, bias ? bias->data : nullptr,
+                                gelu_tanh_);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(name_, ": ", s.message()));
-    if (gelu_) return Check(kc::Unary(kc::UnaryOp::kGelu, DtOf(a.dtype), y->data, y->data, y->numel(), stream()));
+    if (gelu_) return Check(kc::Unary(kc::UnaryOp::kGelu, DtOf(y->dtype), y->data, y->data, y->numel(), stream()));
     return absl::OkStatus();
   }
 
@@ -210,6 +215,12 @@ std::string LastAxisOnly(const graph::Node& n, int) {
   if (!x || !x->shape().has_rank()) return "rank of input 0 unknown";
   const int64_t axis = LastAxis(n.AttrInt("axis", -1), x->shape().rank());
   return axis == x->shape().rank() - 1 ? "" : "only the last axis is supported on CUDA";
+}
+
+// The kernels keep float32 statistics; ONNX's stash_type may ask for another type.
+std::string Fp32Stash(const graph::Node& n, int) {
+  const int64_t stash = n.AttrInt("stash_type", 1);
+  return stash == 1 ? "" : absl::StrCat("stash_type ", stash, " (only float32 statistics on CUDA)");
 }
 
 class LayerNormKernel : public CudaKernel {
@@ -757,8 +768,8 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<MatMulKernel>(r, this, C, "MatMulF16", 1, 1, InputTypeIn(0, {DataType::kFloat16}));
   Add<SoftmaxKernel>(r, this, "", "Softmax", 13, 1 << 30, AllOf({floats, LastAxisOnly}));
   Add<SoftmaxKernel>(r, this, "", "LogSoftmax", 13, 1 << 30, AllOf({floats, LastAxisOnly}));
-  Add<LayerNormKernel>(r, this, "", "LayerNormalization", 17, 1 << 30, AllOf({floats, LastAxisOnly}));
-  Add<LayerNormKernel>(r, this, C, "LayerNormalization", 1, 1, AllOf({floats, LastAxisOnly}));
+  Add<LayerNormKernel>(r, this, "", "LayerNormalization", 17, 1 << 30, AllOf({floats, LastAxisOnly, Fp32Stash}));
+  Add<LayerNormKernel>(r, this, C, "LayerNormalization", 1, 1, AllOf({floats, LastAxisOnly, Fp32Stash}));
   Add<LayerNormGradKernel>(r, this, C, "LayerNormalizationGrad", 1, 1, AllOf({f32, LastAxisOnly}));
   Add<SkipLayerNormKernel>(r, this, C, "SkipLayerNormalization", 1, 1, floats);
   Add<GatherKernel>(r, this, "", "Gather", 1, 1 << 30, AllOf({[](const graph::Node& n, int) -> std::string {

@@ -59,7 +59,7 @@ absl::Status Layout(cublasLtMatrixLayout_t* l, cudaDataType_t t, uint64_t rows, 
 // the launch. Keyed by the handle too, so each provider (device) has its own entries.
 struct GemmKey {
   const void* handle;
-  int dt;
+  int dt, out_dt;  // operands' and result's storage types
   int64_t M, N, K;
   bool trans_a, trans_b;
   int batch;
@@ -67,8 +67,8 @@ struct GemmKey {
   bool bias, gelu_tanh;
   uint32_t align;  // bytes every pointer (and batch step) is aligned to, at most 256
   auto tie() const {
-    return std::tie(handle, dt, M, N, K, trans_a, trans_b, batch, stride_a, stride_b, stride_c, bias, gelu_tanh,
-                    align);
+    return std::tie(handle, dt, out_dt, M, N, K, trans_a, trans_b, batch, stride_a, stride_b, stride_c, bias,
+                    gelu_tanh, align);
   }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
@@ -79,23 +79,24 @@ struct GemmPlan {
   std::mutex mu;  // the bias pointer is set on the shared descriptor for each call
 };
 
-absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey& key, DataType dt);
+absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey& key);
 
-// One (possibly strided-batched) product: D[M, N] = op(A) op(B) (+ bias) (gelu_tanh), row-major.
-absl::Status Gemm(const CudaExecutionProvider& p, DataType dt, const void* a, const void* b, void* c, int64_t M,
-                  int64_t N, int64_t K, bool trans_a, bool trans_b, int batch, int64_t stride_a, int64_t stride_b,
-                  int64_t stride_c, const void* bias, bool gelu_tanh) {
+// One (possibly strided-batched) product: D[M, N] = op(A) op(B) (+ bias) (gelu_tanh), row-major;
+// A and B of type dt, D of type out_dt.
+absl::Status Gemm(const CudaExecutionProvider& p, DataType dt, DataType out_dt, const void* a, const void* b, void* c,
+                  int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int batch, int64_t stride_a,
+                  int64_t stride_b, int64_t stride_c, const void* bias, bool gelu_tanh) {
   // The algorithm must suit the operands' alignment (sub-matrices of a batch may sit at odd
   // offsets): the largest power of two up to 256 dividing every address and batch step.
-  const size_t es = ElementSize(dt);
+  const size_t es = ElementSize(dt), out_es = ElementSize(out_dt);
   uintptr_t bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | reinterpret_cast<uintptr_t>(c) |
                    reinterpret_cast<uintptr_t>(bias) | 256;
   if (batch > 1) bits |= static_cast<uintptr_t>(stride_a * es) | static_cast<uintptr_t>(stride_b * es) |
-                         static_cast<uintptr_t>(stride_c * es) | 256;
+                         static_cast<uintptr_t>(stride_c * out_es) | 256;
   const uint32_t align = static_cast<uint32_t>(bits & (~bits + 1));
-  const GemmKey key{p.cublaslt(), static_cast<int>(dt), M, N, K, trans_a, trans_b, batch,
+  const GemmKey key{p.cublaslt(), static_cast<int>(dt), static_cast<int>(out_dt), M, N, K, trans_a, trans_b, batch,
                     stride_a, stride_b, stride_c, bias != nullptr, gelu_tanh, align};
-  ASSIGN_OR_RETURN(GemmPlan * plan, PlanFor(p, key, dt));
+  ASSIGN_OR_RETURN(GemmPlan * plan, PlanFor(p, key));
   std::lock_guard<std::mutex> lock(plan->mu);
   if (bias)
     RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(plan->ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
@@ -108,7 +109,7 @@ absl::Status Gemm(const CudaExecutionProvider& p, DataType dt, const void* a, co
             "matmul");
 }
 
-absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey& key, DataType dt) {
+absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey& key) {
   static std::mutex cache_mu;
   static auto* cache = new std::map<GemmKey, std::unique_ptr<GemmPlan>>();
   std::lock_guard<std::mutex> lock(cache_mu);
@@ -116,7 +117,7 @@ absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey&
   const int64_t M = key.M, N = key.N, K = key.K;
   const bool trans_a = key.trans_a, trans_b = key.trans_b, gelu_tanh = key.gelu_tanh;
   const int batch = key.batch;
-  const cudaDataType_t t = CudaType(dt);
+  const cudaDataType_t t = CudaType(static_cast<DataType>(key.dt)), out_t = CudaType(static_cast<DataType>(key.out_dt));
   auto plan = std::make_unique<GemmPlan>();
   Descriptors& ds = plan->ds;
   RETURN_IF_ERROR(Lt(cublasLtMatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc"));
@@ -134,7 +135,7 @@ absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey&
                           : Layout(&ds.x, t, N, K, N, batch, key.stride_b));
   RETURN_IF_ERROR(trans_a ? Layout(&ds.y, t, M, K, M, batch, key.stride_a)
                           : Layout(&ds.y, t, K, M, K, batch, key.stride_a));
-  RETURN_IF_ERROR(Layout(&ds.d, t, N, M, N, batch, key.stride_c));
+  RETURN_IF_ERROR(Layout(&ds.d, out_t, N, M, N, batch, key.stride_c));
   RETURN_IF_ERROR(Lt(cublasLtMatmulPreferenceCreate(&ds.pref), "preference"));
   const size_t ws = p.workspace_bytes();
   RETURN_IF_ERROR(Lt(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
@@ -159,15 +160,16 @@ absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey&
 }  // namespace
 
 absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatMulPlan& plan, DataType dt,
-                        const void* a, const void* b, void* c, const void* bias, bool gelu_tanh) {
+                        DataType out_dt, const void* a, const void* b, void* c, const void* bias, bool gelu_tanh) {
   const int64_t M = plan.M, N = plan.N, K = plan.K, batch = plan.batch();
   if (batch == 0 || M == 0 || N == 0) return absl::OkStatus();
-  const size_t es = ElementSize(dt);
+  const size_t es = ElementSize(dt), out_es = ElementSize(out_dt);
   if (K == 0) {
     // An empty sum: zeros (plus the bias epilogue's work, which an empty product skips).
     if (bias || gelu_tanh) return Unimplemented("FusedMatMul with K = 0");
-    return CudaStatus(cudaMemsetAsync(c, 0, static_cast<size_t>(batch * M * N) * es, static_cast<cudaStream_t>(p.stream())),
-                      "MatMul zero fill");
+    return CudaStatus(
+        cudaMemsetAsync(c, 0, static_cast<size_t>(batch * M * N) * out_es, static_cast<cudaStream_t>(p.stream())),
+        "MatMul zero fill");
   }
   // Per flattened batch index, each operand either steps by a whole matrix or stays put.
   bool a_contiguous = true, a_fixed = true, b_contiguous = true, b_fixed = true;
@@ -183,10 +185,10 @@ absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatM
   }
   if (b_fixed && a_contiguous && !plan.trans_a) {
     // The batch folds into M: one product.
-    return Gemm(p, dt, a, b, c, batch * M, N, K, false, plan.trans_b, 1, 0, 0, 0, bias, gelu_tanh);
+    return Gemm(p, dt, out_dt, a, b, c, batch * M, N, K, false, plan.trans_b, 1, 0, 0, 0, bias, gelu_tanh);
   }
   if ((a_contiguous || a_fixed) && (b_contiguous || b_fixed) && batch <= (int64_t{1} << 30))
-    return Gemm(p, dt, a, b, c, M, N, K, plan.trans_a, plan.trans_b, static_cast<int>(batch), a_fixed ? 0 : M * K,
+    return Gemm(p, dt, out_dt, a, b, c, M, N, K, plan.trans_a, plan.trans_b, static_cast<int>(batch), a_fixed ? 0 : M * K,
                 b_fixed ? 0 : K * N, M * N, bias, gelu_tanh);
   // Irregular broadcasting: one product per matrix.
   for (int64_t i = 0; i < batch; ++i) {
@@ -197,8 +199,8 @@ absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatM
       oa += k * plan.a_strides[d];
       ob += k * plan.b_strides[d];
     }
-    RETURN_IF_ERROR(Gemm(p, dt, static_cast<const char*>(a) + oa * es, static_cast<const char*>(b) + ob * es,
-                         static_cast<char*>(c) + i * M * N * es, M, N, K, plan.trans_a, plan.trans_b, 1, 0, 0, 0,
+    RETURN_IF_ERROR(Gemm(p, dt, out_dt, static_cast<const char*>(a) + oa * es, static_cast<const char*>(b) + ob * es,
+                         static_cast<char*>(c) + i * M * N * out_es, M, N, K, plan.trans_a, plan.trans_b, 1, 0, 0, 0,
                          bias, gelu_tanh));
   }
   return absl::OkStatus();

@@ -9,10 +9,11 @@ namespace cleave::providers {
 
 class CudaExecutionProvider;
 
-// C = A op(B) as `plan` describes (shapes from kernels::cpu::PlanMatMul), storage type dt
-// (fp32, bf16 or fp16; accumulation in fp32), on the provider's stream. bias [N] (or null)
-// and a tanh-form GELU are applied in the product's epilogue.
+// C = A op(B) as `plan` describes (shapes from kernels::cpu::PlanMatMul), operands of storage
+// type dt (fp32, bf16 or fp16; accumulation in fp32) and C of out_dt (dt, or fp32 for
+// MatMulBf16 and MatMulF16), on the provider's stream. bias [N] (or null, of type out_dt) and a
+// tanh-form GELU are applied in the product's epilogue.
 absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatMulPlan& plan, DataType dt,
-                        const void* a, const void* b, void* c, const void* bias, bool gelu_tanh);
+                        DataType out_dt, const void* a, const void* b, void* c, const void* bias, bool gelu_tanh);
 
 }  // namespace cleave::providers
