@@ -114,10 +114,23 @@ def run_cleave(args, path, tokens_path):
     cmd = [args.cleave_bin, path, "--device", "cuda", "--precision", args.precision, "--batch", str(args.batch),
            "--seq", str(args.seq), "--warmup", str(args.warmup), "--iters", str(args.iters), "--tokens",
            tokens_path, "--threads", str(min(8, os.cpu_count() or 1)), "--lr", repr(args.lr)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # The C++ binary's own libraries (a bundle's, the CUDA wheels') are for it alone, not for
+    # this process's torch: scripts/gpu-check.sh passes them in CLEAVE_LD_LIBRARY_PATH.
+    env = dict(os.environ)
+    if os.environ.get("CLEAVE_LD_LIBRARY_PATH"):
+        env["LD_LIBRARY_PATH"] = os.environ["CLEAVE_LD_LIBRARY_PATH"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.cleave_timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"{args.cleave_bin} did not finish within {args.cleave_timeout} s"}
+    except OSError as e:
+        return {"error": f"{args.cleave_bin}: {e}"}
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip() or f"exit status {proc.returncode}")[-2000:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"error": f"no result line in the output: {proc.stdout[-500:]!r}"}
 
 
 def main():
@@ -136,6 +149,7 @@ def main():
     p.add_argument("--cache-dir", default="/tmp/cleave-bench-gpu")
     p.add_argument("--cleave-bin", default=os.path.join(REPO, "build", "bench", "cleave_bench_train"))
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile run")
+    p.add_argument("--cleave-timeout", type=int, default=240, help="seconds the cleave run may take")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -201,6 +215,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    if "error" in c:
+        sys.exit(1)  # the comparison is meaningless without cleave's figures
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ struct NcclCommunicator::State {
     ncclUniqueId id;
     if (group.front() == rank) RETURN_IF_ERROR(Nccl(ncclGetUniqueId(&id), "ncclGetUniqueId"));
     const int64_t dims[1] = {static_cast<int64_t>(sizeof(id))};
-    RETURN_IF_ERROR(mpi->Broadcast(TensorView(&id, DataType::kUInt8, dims), group.front(), group));
+    if (mpi) RETURN_IF_ERROR(mpi->Broadcast(TensorView(&id, DataType::kUInt8, dims), group.front(), group));
     ncclComm_t comm;
     RETURN_IF_ERROR(Nccl(ncclCommInitRank(&comm, static_cast<int>(group.size()), id, static_cast<int>(me - group.begin())),
                          absl::StrCat("ncclCommInitRank for ranks [", absl::StrJoin(group, ","), "]")));
@@ -112,11 +112,10 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<State> s) : s_(std::move(s)) 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(MpiCommunicator* bootstrap, int device,
                                                                            void* compute_stream,
                                                                            std::chrono::milliseconds timeout) {
-  if (!bootstrap) return InvalidArgument("the NCCL communicator needs an MPI communicator to bootstrap");
   auto s = std::make_unique<State>();
   s->mpi = bootstrap;
-  s->rank = bootstrap->rank();
-  s->world = bootstrap->world_size();
+  s->rank = bootstrap ? bootstrap->rank() : 0;
+  s->world = bootstrap ? bootstrap->world_size() : 1;
   s->device = device;
   s->timeout = timeout;
   s->compute = static_cast<cudaStream_t>(compute_stream);
@@ -234,7 +233,7 @@ absl::Status NcclCommunicator::Broadcast(const TensorView& buf, int root, std::s
 
 absl::Status NcclCommunicator::Barrier(std::span<const int> group) {
   RETURN_IF_ERROR(Synchronize());
-  return s_->mpi->Barrier(group);
+  return s_->mpi ? s_->mpi->Barrier(group) : absl::OkStatus();
 }
 
 absl::Status NcclCommunicator::Send(const TensorView& t, int peer, int tag) {

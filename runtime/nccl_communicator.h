@@ -25,8 +25,9 @@ class MpiCommunicator;
 
 class NcclCommunicator : public Communicator {
  public:
-  // `bootstrap` shares the NCCL unique ids; `device` is this rank's GPU; `compute_stream` the
-  // CUDA stream (a cudaStream_t) the provider runs kernels on (null: the default stream).
+  // `bootstrap` shares the NCCL unique ids (null: a world of this one process, which needs no
+  // MPI); `device` is this rank's GPU; `compute_stream` the CUDA stream (a cudaStream_t) the
+  // provider runs kernels on (null: the default stream).
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(MpiCommunicator* bootstrap, int device,
                                                                   void* compute_stream,
                                                                   std::chrono::milliseconds timeout);

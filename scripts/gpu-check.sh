@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # The GPU check in one command, for a machine with an NVIDIA GPU (sm_90: H100/H200):
 #   1. configure and build the CUDA provider, its tests and the benchmark for sm_90
-#      (skipped with --prebuilt DIR: a build folder made elsewhere, see --bundle);
-#   2. run every ctest test labelled gpu (the CUDA kernels against the CPU kernels, the
-#      provider's placement, memory and training-trajectory checks, NCCL);
-#   3. run the GPU benchmark (bench/bench_gpu.py: a GPT-2 124M training step in bf16 with MFU,
-#      PyTorch eager and torch.compile on the same step, an attention microbenchmark);
+#      (skipped with --prebuilt BUNDLE: binaries packed elsewhere, see --bundle);
+#   2. run every test labelled gpu, each in its own process (the CUDA kernels against the CPU
+#      kernels, the provider's placement, memory and training-trajectory checks, NCCL), within
+#      GPU_CHECK_TEST_SECONDS (300);
+#   3. run the GPU benchmark within GPU_CHECK_BENCH_SECONDS (280) (bench/bench_gpu.py: a
+#      GPT-2 124M training step in bf16 with MFU, PyTorch eager and torch.compile on the same
+#      step, an attention microbenchmark);
 #   4. write a summary (gpu-check-summary.txt, in $OUT when set, else in the build folder).
-# It aims to finish in under 8 minutes on one H200.
+# It aims to finish in under 8 minutes on one H200. The C++ binaries find the CUDA runtime,
+# cuBLASLt, cuDNN and NCCL in the toolkit or in the nvidia-* Python wheels.
 #
-#   scripts/gpu-check.sh [--build-dir DIR] [--prebuilt DIR] [--skip-bench] [--bench-iters N]
-#   scripts/gpu-check.sh --bundle FILE.tar.xz   # build for sm_90 and pack the binaries and the
-#       non-system shared libraries they need (stripped), for a GPU machine without cleave's
-#       build dependencies; run it there with --prebuilt FILE.tar.xz
+#   scripts/gpu-check.sh [--build-dir DIR] [--prebuilt BUNDLE] [--skip-bench] [--bench-iters N]
+#   scripts/gpu-check.sh --bundle build-gpu/cleave-gpu.tar.xz   # build for sm_90 and pack the
+#       binaries and the non-system shared libraries they need (stripped), for a GPU machine
+#       without cleave's build dependencies; run it there (in the same checkout, the bundle
+#       carried along) with --prebuilt build-gpu/cleave-gpu.tar.xz
 set -uo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,7 +36,7 @@ done
 configure_and_build() {
   cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DCLEAVE_ENABLE_CUDA=ON >/dev/null || return 1
-  local targets=(cleave_cuda_tests cleave_bench_train cleave)
+  local targets=(cleave_cuda_tests cleave_bench_train)
   if grep -q cleave_nccl_tests "$build/build.ninja" 2>/dev/null; then targets+=(cleave_nccl_tests); fi
   cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 }
@@ -41,7 +45,7 @@ if [ -n "$bundle" ]; then
   configure_and_build || { echo "gpu-check: build failed" >&2; exit 1; }
   stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
   mkdir -p "$stage/bin" "$stage/lib"
-  bins=("$build/tests/cleave_cuda_tests" "$build/bench/cleave_bench_train" "$build/tools/cleave")
+  bins=("$build/tests/cleave_cuda_tests" "$build/bench/cleave_bench_train")
   [ -x "$build/tests/cleave_nccl_tests" ] && bins+=("$build/tests/cleave_nccl_tests")
   cp "${bins[@]}" "$stage/bin/"
   # tar runs in the stage folder: the bundle's path must not be relative to it.
@@ -76,72 +80,117 @@ fi
 if [ -n "$prebuilt" ] && [ -f "$prebuilt" ]; then
   unpacked="${TMPDIR:-/tmp}/cleave-gpu-bundle"
   rm -rf "$unpacked"; mkdir -p "$unpacked"
-  tar -C "$unpacked" -xJf "$prebuilt" || { echo "gpu-check: cannot unpack $prebuilt" >&2; exit 1; }
+  tar -C "$unpacked" -xJf "$prebuilt" || { say "gpu-check: cannot unpack $prebuilt"; exit 1; }
   prebuilt="$unpacked"
 fi
 export CLEAVE_SOURCE_DIR="$repo"
+# Libraries for the C++ binaries alone (not for python3's torch): the bundle's, the toolkit's,
+# and the CUDA wheels' (cudart, cublasLt, nvrtc, cuDNN, NCCL: nvidia/*/lib and nvidia/cu13/lib).
+ld=""
+add_ld() { if [ -d "$1" ]; then ld="${ld:+$ld:}$1"; fi; }
 if [ -n "$prebuilt" ]; then
-  bin="$prebuilt/bin"
-  export LD_LIBRARY_PATH="$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if [ ! -d "$prebuilt/bin" ]; then
+    say "build: FAILED: --prebuilt $prebuilt is neither a bundle (made with --bundle) nor its unpacked folder"
+    exit 1
+  fi
+  tests="$prebuilt/bin" bench_bin="$prebuilt/bin/cleave_bench_train"
+  add_ld "$prebuilt/lib"
   say "build: prebuilt ($prebuilt)"
 else
-  bin=""
   if configure_and_build >>"$log" 2>&1; then say "build: ok (sm_90, $(( $(date +%s) - start )) s)"
   else say "build: FAILED (see $log)"; exit 1; fi
+  tests="$build/tests" bench_bin="$build/bench/cleave_bench_train"
 fi
-# NCCL from the Python wheel when the toolkit has none on the loader path.
-nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null || true)
-[ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nccl_dir"
-# cuDNN (loaded at run time by the fused attention) from the Python wheel likewise.
-cudnn_dir=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(os.path.dirname(nvidia.cudnn.__file__), "lib"))' 2>/dev/null || true)
-[ -n "$cudnn_dir" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$cudnn_dir"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do add_ld "$d"; done
+wheel_libs=$(python3 -c '
+import os
+try:
+    import nvidia
+except ImportError:
+    raise SystemExit
+for base in nvidia.__path__:
+    for root, _, files in os.walk(base):
+        if os.path.basename(root) == "lib" and any(".so" in f for f in files):
+            print(root)
+' 2>/dev/null || true)
+for d in $wheel_libs; do add_ld "$d"; done
+if [ -n "${LD_LIBRARY_PATH:-}" ]; then ld="${ld:+$ld:}$LD_LIBRARY_PATH"; fi
+say "loader path: ${ld:-(none)}"
+export CLEAVE_LD_LIBRARY_PATH="$ld"  # bench_gpu.py hands it to cleave_bench_train
+# A library the binaries link and this machine lacks would fail every test at once: say which.
+for b in "$tests/cleave_cuda_tests" "$tests/cleave_nccl_tests" "$bench_bin"; do
+  [ -x "$b" ] || continue
+  missing=$(LD_LIBRARY_PATH="$ld" ldd "$b" 2>&1 | grep 'not found' | awk '{print $1}' | tr '\n' ' ')
+  if [ -n "$missing" ]; then say "$(basename "$b"): missing libraries: $missing"; fi
+done
 
-# 2. The gpu tests (each binary's tests run; a skip means no usable device and fails the check).
+# 2. The gpu tests, each in a process of its own (a crash or a sticky CUDA error then costs one
+# test, not the rest), within a time budget that leaves the benchmark its share. A skip means
+# no usable device and fails the check.
 status=0
+budget_end=$(( start + ${GPU_CHECK_TEST_SECONDS:-300} ))
 run_tests() {
-  local exe="$1"
-  [ -x "$exe" ] || return 0
-  local out
-  out=$(cd "$repo" && timeout 300 "$exe" --gtest_brief=0 2>&1); local rc=$?
-  echo "$out" >>"$log"
-  # gtest's closing counts: "[  PASSED  ] N tests.", "[  SKIPPED ] N tests, listed below:", ...
-  count() { echo "$out" | sed -n "s/^\[  $1 *\] \([0-9]*\) tests\{0,1\}[.,].*/\1/p" | tail -1; }
-  local passed failed skipped
-  passed=$(count PASSED); failed=$(count FAILED); skipped=$(count SKIPPED)
-  passed=${passed:-0}; failed=${failed:-0}; skipped=${skipped:-0}
-  say "$(basename "$exe"): $passed passed, $failed failed, $skipped skipped (exit $rc)"
-  # Which failed, and why the first skip skipped.
-  echo "$out" | grep -E '^\[  FAILED  \] [A-Za-z].*\(' | head -20 | tee -a "$summary" >/dev/null
-  [ "$skipped" -gt 0 ] && echo "$out" | grep -A1 -m1 ': Skipped$' | tail -1 | sed 's/^/  skipped: /' | tee -a "$summary" >/dev/null
-  # Whether attention ran on cuDNN's fused kernels (the bf16 attention test says).
-  echo "$out" | grep -m1 '^cuDNN fused attention:' | tee -a "$summary" >/dev/null
-  if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || [ "$skipped" -ne 0 ] || [ "$passed" -eq 0 ]; then status=1; fi
+  local exe="$1" per_test="$2" optional="${3:-}"
+  if [ ! -x "$exe" ]; then
+    say "$(basename "$exe"): not built${optional:+ ($optional)}"
+    if [ -z "$optional" ]; then status=1; fi
+    return
+  fi
+  local names passed=0 failed=0 skipped=0 unrun=0
+  names=$(cd "$repo" && LD_LIBRARY_PATH="$ld" timeout 60 "$exe" --gtest_list_tests 2>>"$log" |
+          awk '/^[^ ]/ {suite=$1} /^  / {print suite $1}')
+  if [ -z "$names" ]; then
+    say "$(basename "$exe"): cannot list its tests (see $log)"
+    status=1
+    return
+  fi
+  for t in $names; do
+    if [ "$(date +%s)" -ge "$budget_end" ]; then unrun=$((unrun + 1)); continue; fi
+    local out rc why
+    out=$(cd "$repo" && LD_LIBRARY_PATH="$ld" timeout "$per_test" "$exe" --gtest_filter="$t" 2>&1); rc=$?
+    { echo "=== $t (exit $rc)"; echo "$out"; } >>"$log"
+    echo "$out" | grep -m1 '^cuDNN fused attention:' | tee -a "$summary" >/dev/null
+    if [ "$rc" -eq 0 ] && echo "$out" | grep -q '^\[  PASSED  \] 1 test'; then
+      passed=$((passed + 1))
+    elif [ "$rc" -eq 0 ] && echo "$out" | grep -q '^\[  SKIPPED \] 1 test'; then
+      skipped=$((skipped + 1))
+      if [ "$skipped" -eq 1 ]; then
+        echo "$out" | grep -A1 -m1 ': Skipped$' | tail -1 | sed "s/^/  $t skipped: /" | tee -a "$summary" >/dev/null
+      fi
+    else
+      failed=$((failed + 1))
+      why=$(echo "$out" | grep -m1 -E 'Failure|rror|Expected' | cut -c1-200)
+      if [ "$rc" -eq 124 ]; then why="timed out after $per_test s"
+      elif [ "$rc" -ge 128 ]; then why="killed by signal $((rc - 128))${why:+; $why}"; fi
+      say "  FAILED $t: ${why:-exit $rc}"
+    fi
+  done
+  local note=""
+  if [ "$unrun" -gt 0 ]; then note=", $unrun not run (time budget)"; fi
+  say "$(basename "$exe"): $passed passed, $failed failed, $skipped skipped$note"
+  if [ "$failed" -ne 0 ] || [ "$skipped" -ne 0 ] || [ "$unrun" -ne 0 ] || [ "$passed" -eq 0 ]; then status=1; fi
 }
-if [ -n "$bin" ]; then
-  run_tests "$bin/cleave_cuda_tests"
-  run_tests "$bin/cleave_nccl_tests"
-else
-  run_tests "$build/tests/cleave_cuda_tests"
-  run_tests "$build/tests/cleave_nccl_tests"
-fi
+run_tests "$tests/cleave_cuda_tests" 90
+run_tests "$tests/cleave_nccl_tests" 60 "the build found no NCCL"
 
 # 3. The benchmark.
 if [ "$skip_bench" -eq 0 ]; then
-  bench_bin="${bin:-$build/bench}/cleave_bench_train"
   bench_json="$summary_dir/gpu-bench.json"
-  if PYTHONUNBUFFERED=1 timeout 420 python3 "$repo/bench/bench_gpu.py" --cleave-bin "$bench_bin" \
-       --iters "$bench_iters" --json "$bench_json" >>"$log" 2>&1; then
-    say "bench:"
-    python3 - "$bench_json" <<'EOF' | tee -a "$summary"
+  rm -f "$bench_json"
+  bench_ok=1
+  PYTHONUNBUFFERED=1 timeout "${GPU_CHECK_BENCH_SECONDS:-280}" python3 "$repo/bench/bench_gpu.py" \
+    --cleave-bin "$bench_bin" --iters "$bench_iters" --json "$bench_json" >>"$log" 2>&1 || bench_ok=0
+  if [ "$bench_ok" -eq 0 ]; then status=1; fi
+  if [ -f "$bench_json" ]; then
+    say "bench:$([ "$bench_ok" -eq 1 ] || echo " FAILED (see $log)")"
+    python3 -c '
 import json, sys
-r = json.load(open(sys.argv[1]))
-for row in r["rows"]:
+for row in json.load(open(sys.argv[1]))["rows"]:
     print("  " + row)
-EOF
+' "$bench_json" | tee -a "$summary"
   else
     say "bench: FAILED (see $log)"
     tail -20 "$log" | tee -a "$summary" >/dev/null
-    status=1
   fi
 fi
 say "total $(( $(date +%s) - start )) s; $([ $status -eq 0 ] && echo PASS || echo FAIL)"

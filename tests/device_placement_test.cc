@@ -416,6 +416,16 @@ class DeviceComm : public Communicator {
   int64_t ops_ = 0;  // collectives queued on this communicator
 };
 
+// A session of one rank on the stand-in device, its host and device communicators given.
+trainer::TrainingSessionOptions OnStandInDevice(Communicator* host, Communicator* device) {
+  trainer::TrainingSessionOptions o;
+  o.intra_op_threads = 1;
+  o.device_provider = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
+  o.device_communicator = device;
+  o.communicator = host;
+  return o;
+}
+
 // Device-resident data-parallel training over a device communicator: the gradient reductions
 // run on its duplicate, deferred, the host synchronising with them before the update and the
 // compute stream joining them; updates bit-identical to the graph's own device collectives.
@@ -435,13 +445,9 @@ TEST(DevicePlacement, GradientReductionsOnADeviceCommunicator) {
       ranks.emplace_back([&, r] {
         counts[overlap][r] = std::make_shared<DeviceComm::Counts>();
         DeviceComm comm(world.rank(r), counts[overlap][r]);
-        trainer::TrainingSessionOptions o;
-        o.intra_op_threads = 1;
-        o.device_provider = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
-        o.device_communicator = &comm;
-        o.communicator = world.rank(r);
+        trainer::TrainingSessionOptions o = OnStandInDevice(world.rank(r), &comm);
         o.overlap_grad_reduce = overlap == 1;
-        o.overlap_collectives = false;  // the graphs have none; this checks the reducer alone
+        o.overlap_collectives = false;  // this checks the reducer alone
         auto s = trainer::TrainingSession::Create(std::move(mine[r]), o);
         if (!s.ok()) {
           status[r] = s.status();
@@ -513,11 +519,7 @@ TEST_P(DeviceAsync, CollectivesAndMessagesOnADeviceCommunicator) {
       ranks.emplace_back([&, r] {
         counts[overlap][r] = std::make_shared<DeviceComm::Counts>();
         DeviceComm comm(world.rank(r), counts[overlap][r]);
-        trainer::TrainingSessionOptions o;
-        o.intra_op_threads = 1;
-        o.device_provider = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
-        o.device_communicator = &comm;
-        o.communicator = world.rank(r);
+        trainer::TrainingSessionOptions o = OnStandInDevice(world.rank(r), &comm);
         o.overlap_collectives = overlap == 1;
         const std::vector<trainer::TrainingSession::PipelineWork> work = trainer::PipelineWorkFor(*plan, r);
         auto s = trainer::TrainingSession::Create(std::move(plan->ranks[r].artifacts), o);

@@ -1,24 +1,27 @@
-// The NCCL communicator on one process (an MPI singleton): bootstrap, an all-reduce and a
-// gather of device tensors over a group of one, and the stream ordering around them. Labelled
-// gpu; skipped without a device.
+// The NCCL communicator on one process (a world of one, no MPI): an all-reduce and a gather of
+// device tensors over a group of one, the stream ordering around them, and a deferred
+// duplicate (the asynchronous collectives' queue) that the compute stream joins through one
+// operation's event. Labelled gpu; skipped without a device.
 #include <cuda_runtime.h>
 
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "runtime/mpi_communicator.h"
 #include "runtime/nccl_communicator.h"
 
 namespace cleave::runtime {
 namespace {
 
-TEST(NcclCommunicator, SingleRankCollectivesOnTheDevice) {
+bool HaveDevice() {
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) GTEST_SKIP() << "no CUDA device";
-  auto mpi = MpiCommunicator::Create(nullptr, nullptr, std::chrono::seconds(30));
-  ASSERT_TRUE(mpi.ok()) << mpi.status();
-  auto nccl = NcclCommunicator::Create(mpi->get(), 0, nullptr, std::chrono::seconds(30));
+  return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+}
+
+TEST(NcclCommunicator, SingleRankCollectivesOnTheDevice) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  auto nccl = NcclCommunicator::Create(nullptr, 0, nullptr, std::chrono::seconds(30));
   ASSERT_TRUE(nccl.ok()) << nccl.status();
+  EXPECT_EQ((*nccl)->world_size(), 1);
   std::vector<float> host = {1, 2, 3, 4};
   float* dev = nullptr;
   float* gathered = nullptr;
@@ -36,6 +39,53 @@ TEST(NcclCommunicator, SingleRankCollectivesOnTheDevice) {
   EXPECT_EQ(back, host);
   cudaFree(dev);
   cudaFree(gathered);
+}
+
+TEST(NcclCommunicator, DeferredDuplicateJoinsThroughOneOperation) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t compute = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&compute), cudaSuccess);
+  auto nccl = NcclCommunicator::Create(nullptr, 0, compute, std::chrono::seconds(30));
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  auto dup = (*nccl)->Duplicate();
+  ASSERT_TRUE(dup.ok()) << dup.status();
+  Communicator& q = **dup;
+  q.set_deferred(true);
+  constexpr int kN = 1 << 20;
+  std::vector<float> host(kN);
+  for (int i = 0; i < kN; ++i) host[i] = static_cast<float>(i % 1000);
+  float *a = nullptr, *b = nullptr, *copy = nullptr;
+  ASSERT_EQ(cudaMalloc(&a, kN * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&b, kN * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&copy, kN * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(a, host.data(), kN * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  const int64_t dims[1] = {kN};
+  const int group[1] = {0};
+  // Two gathers queued on the duplicate's stream (a group of one copies), then the compute
+  // stream joins through the first only and copies its result.
+  EXPECT_EQ(q.queued_operations(), 0);
+  ASSERT_TRUE(q.AllGather(TensorView(a, DataType::kFloat32, dims), TensorView(b, DataType::kFloat32, dims), group).ok());
+  ASSERT_TRUE(q.AllGather(TensorView(b, DataType::kFloat32, dims), TensorView(a, DataType::kFloat32, dims), group).ok());
+  EXPECT_EQ(q.queued_operations(), 2);
+  ASSERT_TRUE(q.JoinComputeThrough(1).ok());
+  ASSERT_EQ(cudaMemcpyAsync(copy, b, kN * 4, cudaMemcpyDeviceToDevice, compute), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+  ASSERT_TRUE(q.Synchronize().ok());
+  std::vector<float> back(kN);
+  ASSERT_EQ(cudaMemcpy(back.data(), copy, kN * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, host);
+  // Past the ring of marks a join covers everything queued.
+  for (int i = 0; i < 70; ++i)
+    ASSERT_TRUE(q.AllReduce(TensorView(a, DataType::kFloat32, dims), TensorView(a, DataType::kFloat32, dims),
+                            ReduceOp::kSum, group).ok());
+  EXPECT_TRUE(q.JoinComputeThrough(3).ok());
+  EXPECT_TRUE(q.Synchronize().ok());
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(copy);
+  dup->reset();
+  nccl->reset();
+  cudaStreamDestroy(compute);
 }
 
 }  // namespace
