@@ -208,18 +208,26 @@ dim3 Grid(int64_t rows, int64_t batch) {
   return dim3(static_cast<unsigned>((rows + kWarps - 1) / kWarps), static_cast<unsigned>(batch));
 }
 
+// The (batch x head) slices go in gridDim.y, at most 65535 a launch: more are launched in
+// chunks, each kernel seeing its chunk's slices from its base pointers.
+constexpr int64_t kSlicesPerLaunch = 65535;
+
 }  // namespace
 
 int AttentionForward(Dt dt, const void* q, const void* k, const void* v, void* out, float* lse, int64_t batch,
                      int64_t T, int64_t S, int D, int Dv, float scale, bool causal, void* stream) {
-  if (D > 32 * kPerLane || Dv > 32 * kPerLane || batch > 65535) return static_cast<int>(cudaErrorInvalidValue);
+  if (D > 32 * kPerLane || Dv > 32 * kPerLane) return static_cast<int>(cudaErrorInvalidValue);
   if (batch == 0 || T == 0) return 0;
   const size_t shared = sizeof(float) * kTile * (D + Dv);
   DISPATCH_DT(dt, Tp, {
     cudaFuncSetAttribute(AttnForward<Tp>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
-    AttnForward<Tp><<<Grid(T, batch), kWarps * 32, shared, Stream(stream)>>>(
-        static_cast<const Tp*>(q), static_cast<const Tp*>(k), static_cast<const Tp*>(v), static_cast<Tp*>(out), lse, T,
-        S, D, Dv, scale, causal);
+    for (int64_t b0 = 0; b0 < batch; b0 += kSlicesPerLaunch) {
+      const int64_t nb = batch - b0 < kSlicesPerLaunch ? batch - b0 : kSlicesPerLaunch;
+      AttnForward<Tp><<<Grid(T, nb), kWarps * 32, shared, Stream(stream)>>>(
+          static_cast<const Tp*>(q) + b0 * T * D, static_cast<const Tp*>(k) + b0 * S * D,
+          static_cast<const Tp*>(v) + b0 * S * Dv, static_cast<Tp*>(out) + b0 * T * Dv, lse + b0 * T, T, S, D, Dv,
+          scale, causal);
+    }
   });
   return static_cast<int>(cudaGetLastError());
 }
@@ -227,7 +235,7 @@ int AttentionForward(Dt dt, const void* q, const void* k, const void* v, void* o
 int AttentionBackward(Dt dt, const void* dout, const void* q, const void* k, const void* v, const void* out,
                       const float* lse, void* dq, void* dk, void* dv, float* delta, int64_t batch, int64_t T,
                       int64_t S, int D, int Dv, float scale, bool causal, void* stream) {
-  if (D > 32 * kPerLane || Dv > 32 * kPerLane || batch > 65535) return static_cast<int>(cudaErrorInvalidValue);
+  if (D > 32 * kPerLane || Dv > 32 * kPerLane) return static_cast<int>(cudaErrorInvalidValue);
   if (batch == 0 || (T == 0 && S == 0)) return 0;
   cudaStream_t s = Stream(stream);
   DISPATCH_DT(dt, Tp, {
@@ -239,14 +247,20 @@ int AttentionBackward(Dt dt, const void* dout, const void* q, const void* k, con
     if (T > 0)  // no query rows: no deltas (a zero-block launch would be an error)
       AttnDelta<Tp><<<static_cast<unsigned>((batch * T + kWarps - 1) / kWarps), kWarps * 32, 0, s>>>(
           dO, static_cast<const Tp*>(out), delta, batch * T, Dv);
-    if (T > 0)
-      AttnBackwardQ<Tp><<<Grid(T, batch), kWarps * 32, shared_q, s>>>(
-          dO, static_cast<const Tp*>(q), static_cast<const Tp*>(k), static_cast<const Tp*>(v), lse, delta,
-          static_cast<Tp*>(dq), T, S, D, Dv, scale, causal);
-    if (S > 0)
-      AttnBackwardKV<Tp><<<Grid(S, batch), kWarps * 32, shared_kv, s>>>(
-          dO, static_cast<const Tp*>(q), static_cast<const Tp*>(k), static_cast<const Tp*>(v), lse, delta,
-          static_cast<Tp*>(dk), static_cast<Tp*>(dv), T, S, D, Dv, scale, causal);
+    for (int64_t b0 = 0; b0 < batch; b0 += kSlicesPerLaunch) {
+      const int64_t nb = batch - b0 < kSlicesPerLaunch ? batch - b0 : kSlicesPerLaunch;
+      const Tp* qc = static_cast<const Tp*>(q) + b0 * T * D;
+      const Tp* kc = static_cast<const Tp*>(k) + b0 * S * D;
+      const Tp* vc = static_cast<const Tp*>(v) + b0 * S * Dv;
+      if (T > 0)
+        AttnBackwardQ<Tp><<<Grid(T, nb), kWarps * 32, shared_q, s>>>(
+            dO + b0 * T * Dv, qc, kc, vc, lse + b0 * T, delta + b0 * T, static_cast<Tp*>(dq) + b0 * T * D, T, S, D,
+            Dv, scale, causal);
+      if (S > 0)
+        AttnBackwardKV<Tp><<<Grid(S, nb), kWarps * 32, shared_kv, s>>>(
+            dO + b0 * T * Dv, qc, kc, vc, lse + b0 * T, delta + b0 * T, static_cast<Tp*>(dk) + b0 * S * D,
+            static_cast<Tp*>(dv) + b0 * S * Dv, T, S, D, Dv, scale, causal);
+    }
   });
   return static_cast<int>(cudaGetLastError());
 }

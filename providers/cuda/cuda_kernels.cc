@@ -418,6 +418,12 @@ class ConcatSplitKernel : public CudaKernel {
     for (int d = axis + 1; d < rank; ++d) inner *= first.dims[d];
     const size_t es = ElementSize(first.dtype);
     auto stream_ = static_cast<cudaStream_t>(stream());
+    // `rows` blocks of w bytes; one row is a plain copy (as a 2-D copy its pitch, the whole
+    // tensor, could pass the device's pitch limit).
+    auto copy = [&](void* dst, size_t dpitch, const void* src, size_t spitch, size_t w, int64_t rows) {
+      if (rows == 1) return Check(cudaMemcpyAsync(dst, src, w, cudaMemcpyDeviceToDevice, stream_));
+      return Check(cudaMemcpy2DAsync(dst, dpitch, src, spitch, w, rows, cudaMemcpyDeviceToDevice, stream_));
+    };
     if (concat_) {
       int64_t total = 0;
       for (int i = 0; i < ctx.num_inputs(); ++i) total += ctx.input(i)->dims[axis];
@@ -430,8 +436,7 @@ class ConcatSplitKernel : public CudaKernel {
         const TensorView& x = *ctx.input(i);
         const size_t w = static_cast<size_t>(x.dims[axis] * inner) * es;
         if (w && outer)
-          RETURN_IF_ERROR(Check(cudaMemcpy2DAsync(static_cast<char*>(y->data) + at * inner * es, total * inner * es,
-                                                  x.data, w, w, outer, cudaMemcpyDeviceToDevice, stream_)));
+          RETURN_IF_ERROR(copy(static_cast<char*>(y->data) + at * inner * es, total * inner * es, x.data, w, w, outer));
         at += x.dims[axis];
       }
       return absl::OkStatus();
@@ -450,9 +455,8 @@ class ConcatSplitKernel : public CudaKernel {
       TensorView* y = ctx.Output(static_cast<int>(i), out);
       const size_t w = static_cast<size_t>(parts[i] * inner) * es;
       if (y && w && outer)
-        RETURN_IF_ERROR(Check(cudaMemcpy2DAsync(y->data, w, static_cast<const char*>(first.data) + at * inner * es,
-                                                first.dims[axis] * inner * es, w, outer, cudaMemcpyDeviceToDevice,
-                                                stream_)));
+        RETURN_IF_ERROR(copy(y->data, w, static_cast<const char*>(first.data) + at * inner * es,
+                             first.dims[axis] * inner * es, w, outer));
       at += parts[i];
     }
     if (at != first.dims[axis])
