@@ -53,8 +53,6 @@ class CommQueue {
   // Everything submitted so far. On a device the host also waits for the communicator's
   // stream, with its timeout, so that a dead peer is an error rather than a stuck stream.
   absl::Status WaitAll();
-  // The last ticket handed out (0 before the first).
-  Ticket last() const { return submitted_; }
 
   // Seconds the worker ran work (host; device work is queued, not timed) and callers were
   // blocked in Wait/WaitAll: the difference is communication hidden behind compute.

@@ -66,6 +66,9 @@ struct NcclCommunicator::State {
     if (me == group.end())
       return InvalidArgument("rank ", rank, ": ", op, " over ranks [", absl::StrJoin(group, ","), "], which it is not in");
     if (auto it = comms.find(group); it != comms.end()) return it->second;
+    if (!mpi && group.size() > 1)  // a world of one process (no bootstrap) has no peers
+      return InvalidArgument("rank ", rank, ": ", op, " over ranks [", absl::StrJoin(group, ","),
+                             "] without an MPI bootstrap");
     // The group's first member makes the unique id and the MPI bootstrap shares it.
     ncclUniqueId id;
     if (group.front() == rank) RETURN_IF_ERROR(Nccl(ncclGetUniqueId(&id), "ncclGetUniqueId"));

@@ -219,19 +219,21 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   return absl::OkStatus();
 }
 
-absl::Status TrainingSession::MakeCollectiveQueue() {
-  const TrainingSessionOptions& o = options_;
-  if (!o.communicator || !o.overlap_collectives) return absl::OkStatus();
-  // Device collectives where the device has its own communicator, else host ones (the graphs'
-  // collectives then run on the CPU provider).
-  Communicator* base = device_ && o.device_communicator ? o.device_communicator : o.communicator;
+std::unique_ptr<Communicator> TrainingSession::DuplicateCommunicator(const char* otherwise) const {
+  // The device's own communicator where it has one, else the host's (the graphs' collectives
+  // then run on the CPU provider).
+  Communicator* base = device_ && options_.device_communicator ? options_.device_communicator : options_.communicator;
   absl::StatusOr<std::unique_ptr<Communicator>> dup = base->Duplicate();
-  if (!dup.ok()) {
-    std::fprintf(stderr, "cleave: warning: collectives will run in line, not overlapping compute: %s\n",
-                 std::string(dup.status().message()).c_str());
-    return absl::OkStatus();
-  }
-  collective_queue_ = std::make_unique<runtime::CommQueue>(*std::move(dup));
+  if (dup.ok()) return *std::move(dup);
+  std::fprintf(stderr, "cleave: warning: %s: %s\n", otherwise, std::string(dup.status().message()).c_str());
+  return nullptr;
+}
+
+absl::Status TrainingSession::MakeCollectiveQueue() {
+  if (!options_.communicator || !options_.overlap_collectives) return absl::OkStatus();
+  if (std::unique_ptr<Communicator> dup =
+          DuplicateCommunicator("collectives will run in line, not overlapping compute"))
+    collective_queue_ = std::make_unique<runtime::CommQueue>(std::move(dup));
   return absl::OkStatus();
 }
 
@@ -265,14 +267,8 @@ absl::Status TrainingSession::ExtractReductions(graph::Graph& optimizer) {
   // Device tensors whose collectives run on the host keep them in the graph, which copies.
   if (!o.communicator || !o.overlap_grad_reduce || (device_ && !o.device_communicator))
     return absl::OkStatus();
-  Communicator* base = device_ ? o.device_communicator : o.communicator;
-  absl::StatusOr<std::unique_ptr<Communicator>> dup = base->Duplicate();
-  if (!dup.ok()) {
-    std::fprintf(stderr, "cleave: warning: gradient reductions will not overlap the backward: %s\n",
-                 std::string(dup.status().message()).c_str());
-    return absl::OkStatus();
-  }
-  reduce_comm_ = *std::move(dup);
+  reduce_comm_ = DuplicateCommunicator("gradient reductions will not overlap the backward");
+  if (!reduce_comm_) return absl::OkStatus();
   std::vector<std::string> grad_inputs;
   for (const std::string& p : artifacts_.params) grad_inputs.push_back(GradName(p));
   ASSIGN_OR_RETURN(reductions_, GradientReducer::Extract(optimizer, grad_inputs));

@@ -235,6 +235,9 @@ class TrainingSession {
   // backward; makes the reducer once the gradient buffers exist (MakeReducer).
   absl::Status ExtractReductions(graph::Graph& optimizer);
   absl::Status MakeCollectiveQueue();
+  // A duplicate of the rank's communicator for the graphs' tensors (every rank makes the call
+  // at the same point); null after warning that `otherwise` happens instead.
+  std::unique_ptr<Communicator> DuplicateCommunicator(const char* otherwise) const;
   absl::Status MakeReducer();
   // Between the two: what ExtractReductions found, handed over to the reducer.
   std::vector<GradientReducer::Reduction> reductions_;
