@@ -6,14 +6,16 @@
 // Every operation runs on the communicator's own stream: it first waits for the work queued
 // so far on the compute stream (an event), and the compute stream waits for the operation's
 // completion event before its next kernel, so a gradient's reduce-scatter overlaps whatever the
-// host queued on other streams meanwhile. Synchronize() blocks the host until the
-// communication stream is idle, polling NCCL's asynchronous error with the timeout: a dead
-// peer ends in a DeadlineExceeded status naming the rank and the operation, not a hang.
+// host queued on other streams meanwhile. A watchdog thread times every operation (and each
+// communicator's initialisation): a dead peer ends in a DeadlineExceeded status naming the rank
+// and the operation, and the aborted communicators let the streams waiting on them drain, so
+// neither Synchronize() nor a host wait on the compute stream hangs.
 // NCCL orders point-to-point messages between two ranks by their stream order, which the plan's
 // schedule fixes on both ends; the tags only name the messages in errors.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -28,9 +30,15 @@ class NcclCommunicator : public Communicator {
   // `bootstrap` shares the NCCL unique ids (null: a world of this one process, which needs no
   // MPI); `device` is this rank's GPU; `compute_stream` the CUDA stream (a cudaStream_t) the
   // provider runs kernels on (null: the default stream).
+  // `timeout` bounds each operation (runtime/comm_watchdog.h times them on a thread of its
+  // own, and aborts the communicators when one passes it or NCCL reports an error; every later
+  // call returns that failure). `on_stuck` is told when the aborted work does not drain either,
+  // and the process cannot go on (null: the failure is printed).
+  using StuckHandler = std::function<void(const absl::Status&)>;
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(MpiCommunicator* bootstrap, int device,
                                                                   void* compute_stream,
-                                                                  std::chrono::milliseconds timeout);
+                                                                  std::chrono::milliseconds timeout,
+                                                                  StuckHandler on_stuck = nullptr);
   ~NcclCommunicator() override;
 
   int rank() const override;

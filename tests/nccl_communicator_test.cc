@@ -1,9 +1,12 @@
 // The NCCL communicator on one process (a world of one, no MPI): an all-reduce and a gather of
 // device tensors over a group of one, the stream ordering around them, and a deferred
 // duplicate (the asynchronous collectives' queue) that the compute stream joins through one
-// operation's event. Labelled gpu; skipped without a device.
+// operation's event, and a message that never comes timed out by the watchdog. Labelled gpu;
+// skipped without a device.
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <chrono>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -84,6 +87,37 @@ TEST(NcclCommunicator, DeferredDuplicateJoinsThroughOneOperation) {
   cudaFree(b);
   cudaFree(copy);
   dup->reset();
+  nccl->reset();
+  cudaStreamDestroy(compute);
+}
+
+// A receive that no one sends (a world of one receiving from itself) stands for a dead peer:
+// the watchdog times it out naming the message, aborts the communicator, the compute stream
+// that waits on it drains, and every later call returns the same failure.
+TEST(NcclCommunicator, MessageThatNeverComesTimesOutAndTheStreamsDrain) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t compute = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&compute), cudaSuccess);
+  std::atomic<int> stuck{0};
+  auto nccl = NcclCommunicator::Create(nullptr, 0, compute, std::chrono::seconds(1),
+                                       [&](const absl::Status&) { ++stuck; });
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  float* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, 16), cudaSuccess);
+  const int64_t dims[1] = {4};
+  const int group[1] = {0};
+  TensorView v(dev, DataType::kFloat32, dims);
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = (*nccl)->Recv(v, 0, 5);
+  if (s.ok()) s = (*nccl)->Synchronize();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("Recv from rank 0 (tag 5)"), std::string::npos) << s;
+  EXPECT_EQ(cudaStreamSynchronize(compute), cudaSuccess);  // the aborted receive let it go
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  const absl::Status later = (*nccl)->AllReduce(v, v, ReduceOp::kSum, group);
+  EXPECT_EQ(later, s);
+  EXPECT_EQ(stuck, 0);
+  cudaFree(dev);
   nccl->reset();
   cudaStreamDestroy(compute);
 }

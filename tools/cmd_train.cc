@@ -99,8 +99,17 @@ int TrainPlan(trainer::TrainConfig c, bool batch_given, bool seq_given, double c
       c.device_provider = *device;
 #ifdef CLEAVE_HAVE_NCCL
       auto* cuda = static_cast<providers::CudaExecutionProvider*>(device->get());
+      // NCCL work that times out and cannot be aborted leaves this rank stuck for good: the
+      // rank stops with the reason, and mpirun takes the others down.
+      auto stuck = [](const absl::Status& why) {
+        std::fprintf(stderr, "cleave train: %s; the NCCL work could not be aborted, so this rank stops\n",
+                     why.ToString().c_str());
+        std::fflush(stderr);
+        std::_Exit(1);
+      };
       auto made = runtime::NcclCommunicator::Create(comm->get(), local, cuda->stream(),
-                                                    std::chrono::milliseconds(static_cast<int64_t>(comm_timeout * 1000)));
+                                                    std::chrono::milliseconds(static_cast<int64_t>(comm_timeout * 1000)),
+                                                    stuck);
       if (!made.ok()) status = absl::Status(made.status().code(), absl::StrCat("rank ", rank, ": ", made.status().message()));
       else nccl = std::move(*made), c.device_communicator = nccl.get();
 #else
