@@ -2,6 +2,7 @@
 # GPU training benchmark: one training step of a GPT-2 124M-shaped model (12 layers, 768 wide,
 # 12 heads, seq 1024) in bf16 on one GPU, cleave against PyTorch in the same run:
 #   python3 bench/bench_gpu.py [--batch 8] [--iters 10] [--cleave-bin build/bench/cleave_bench_train]
+#       [--profile-dir DIR]
 # Reports ms/step, tokens/s and MFU against the 989 TFLOP/s dense bf16 peak of an H100/H200
 # (model FLOPs per token: 6 N + 12 L d T, N the parameters, as PaLM counts them), the same step
 # in PyTorch eager and with torch.compile (bf16 autocast, fused AdamW), and a causal attention
@@ -114,6 +115,9 @@ def run_cleave(args, path, tokens_path):
     cmd = [args.cleave_bin, path, "--device", "cuda", "--precision", args.precision, "--batch", str(args.batch),
            "--seq", str(args.seq), "--warmup", str(args.warmup), "--iters", str(args.iters), "--tokens",
            tokens_path, "--threads", str(min(8, os.cpu_count() or 1)), "--lr", repr(args.lr)]
+    if args.profile_dir:  # one more step after the timed ones, each node's stream time
+        os.makedirs(args.profile_dir, exist_ok=True)
+        cmd += ["--profile", os.path.join(args.profile_dir, "cleave-profile.json")]
     # The C++ binary's own libraries (a bundle's, the CUDA wheels') are for it alone, not for
     # this process's torch: scripts/gpu-check.sh passes them in CLEAVE_LD_LIBRARY_PATH.
     env = dict(os.environ)
@@ -127,6 +131,9 @@ def run_cleave(args, path, tokens_path):
         return {"error": f"{args.cleave_bin}: {e}"}
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip() or f"exit status {proc.returncode}")[-2000:]}
+    if args.profile_dir:  # the profile's summary table, which cleave_bench_train prints to stderr
+        with open(os.path.join(args.profile_dir, "cleave-profile.txt"), "w") as f:
+            f.write(proc.stderr)
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -151,6 +158,8 @@ def main():
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile run")
     p.add_argument("--cleave-timeout", type=int, default=240, help="seconds the cleave run may take")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--profile-dir", help="profile one more cleave step: cleave-profile.json (a Chrome trace with "
+                                         "the device stream's track) and cleave-profile.txt (its summary) here")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_gpu: torch sees no CUDA device")

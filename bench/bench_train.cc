@@ -2,6 +2,7 @@
 // prints one JSON line, for bench/bench_train.py to set against PyTorch eager in the same run.
 //   cleave_bench_train MODEL --threads T --batch B --seq S --warmup W --iters N
 //       [--tokens FILE] [--seed S] [--lr 3e-4] [--weight-decay 0.1] [--clip 1.0]
+//       [--device cpu|cuda] [--precision fp32|bf16|fp16] [--profile TRACE.json]
 // One step is LazyResetGrad + TrainStep (cross-entropy on the first output) + OptimizerStep
 // (AdamW at a constant rate). Every step trains on the same batch, so the loss must fall.
 #include <sys/resource.h>
@@ -24,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "onnx_ext/onnx_io.h"
+#include "runtime/profiler.h"
 #include "trainer/mixed_precision.h"
 #include "trainer/training_graph.h"
 #include "trainer/training_session.h"
@@ -38,12 +40,13 @@ struct Args {
   std::string tokens_file;  // one (B, T+1) batch of int64 token ids; empty: random ids
   std::string device = "cpu";     // cpu | cuda
   std::string precision = "fp32";  // fp32 | bf16 | fp16
+  std::string profile;             // a Chrome trace of one step after the timed ones
 };
 
 constexpr char kUsage[] =
     "usage: cleave_bench_train MODEL --threads T --batch B --seq S --warmup W --iters N "
     "[--tokens FILE] [--seed S] [--lr 3e-4] [--weight-decay 0.1] [--clip 1.0] [--device cpu|cuda] "
-    "[--precision fp32|bf16|fp16]";
+    "[--precision fp32|bf16|fp16] [--profile TRACE.json]";
 
 absl::Status ParseFlag(const std::string& flag, const std::string& value, Args& a, bool* known) {
   struct IntFlag {
@@ -72,6 +75,10 @@ absl::Status ParseFlag(const std::string& flag, const std::string& value, Args& 
   if (flag == "--tokens") {
     *known = true;
     a.tokens_file = value;
+  }
+  if (flag == "--profile") {
+    *known = true;
+    a.profile = value;
   }
   if (flag == "--device") {
     *known = true;
@@ -257,6 +264,22 @@ absl::StatusOr<StepTimes> RunSteps(const Args& a, Session& s) {
   return t;
 }
 
+// One more step, profiled: every node on the host track and, on a device, each device node's
+// stream time on the stream's track. Writes the trace and prints the summary (per op type, its
+// share of each track) to stderr; the timed steps are untouched.
+absl::Status ProfileStep(const Args& a, Session& s) {
+  runtime::Profiler profiler(absl::StrCat("cleave_bench_train ", a.device, " ", a.precision));
+  s.session->set_profiler(&profiler);
+  s.session->LazyResetGrad();
+  absl::Status status = s.session->TrainStep(s.feeds).status();
+  if (status.ok()) status = s.session->OptimizerStep().status();
+  s.session->set_profiler(nullptr);
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(profiler.WriteChromeTrace(a.profile));
+  std::fprintf(stderr, "profile of one step: %s\n%s", a.profile.c_str(), profiler.Summary(25).c_str());
+  return absl::OkStatus();
+}
+
 std::string JsonList(const std::vector<double>& v) {
   std::vector<std::string> parts;
   for (double x : v) parts.push_back(absl::StrFormat("%.6f", x));
@@ -266,6 +289,7 @@ std::string JsonList(const std::vector<double>& v) {
 absl::Status Bench(const Args& a) {
   ASSIGN_OR_RETURN(Session s, Setup(a));
   ASSIGN_OR_RETURN(StepTimes t, RunSteps(a, s));
+  if (!a.profile.empty()) RETURN_IF_ERROR(ProfileStep(a, s));
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);  // ru_maxrss is in KiB on Linux
   const double median = Percentile(t.step_ms, 0.5);

@@ -49,6 +49,20 @@ struct Capability {
   std::vector<UnsupportedNode> rejected;
 };
 
+// Timing of the work a device provider queues: its kernels run on a stream after Compute has
+// returned, so the host's clock says when they were launched, not how long they ran. A mark is
+// an event on the provider's stream after the work queued so far; the profiler puts each
+// device node between two marks on a track of the stream's own.
+class StreamTimer {
+ public:
+  virtual ~StreamTimer() = default;
+  // Records a mark and returns its index in this round (0, 1, ...).
+  virtual absl::StatusOr<int> Mark() = 0;
+  // Waits for the round's marks and returns each one's time in microseconds after mark 0;
+  // the next Mark starts a new round.
+  virtual absl::StatusOr<std::vector<double>> Collect() = 0;
+};
+
 class ExecutionProvider {
  public:
   virtual ~ExecutionProvider() = default;
@@ -62,6 +76,9 @@ class ExecutionProvider {
   // Copies between this provider's memory and host memory (same-size views).
   virtual absl::Status CopyTensor(const TensorView& src, TensorView& dst) const = 0;
   virtual ThreadPool* thread_pool() const { return nullptr; }
+  // A timer over the provider's stream (null: the provider's kernels finish before Compute
+  // returns, and host time is theirs, as on the CPU).
+  virtual std::unique_ptr<StreamTimer> MakeStreamTimer() const { return nullptr; }
   // The rank's communicator, which collective kernels use (not owned; may be null).
   Communicator* communicator() const { return communicator_; }
   void set_communicator(Communicator* c) { communicator_ = c; }

@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "graph/op_table.h"
@@ -648,6 +649,37 @@ void Executor::Launch(int st, std::vector<Tensor>& outputs, Profiler* profiler) 
   });
 }
 
+Executor::DeviceTimer& Executor::TimerOf(const providers::ExecutionProvider* p) {
+  for (DeviceTimer& t : timers_)
+    if (t.provider == p) return t;
+  timers_.push_back({p, p->MakeStreamTimer()});
+  return timers_.back();
+}
+
+// A timer's round starts at the run's first mark on it, taken as the host time of that mark
+// (the stream is idle then, or nearly: the previous run waited for it).
+absl::Status Executor::AddDeviceSpans(Profiler& profiler, const std::vector<DeviceSpan>& spans) {
+  for (DeviceTimer& t : timers_) {
+    if (!t.timer) continue;
+    ASSIGN_OR_RETURN(std::vector<double> us, t.timer->Collect());
+    const int track = profiler.Track(absl::StrCat(t.provider->name(), " stream"));
+    for (const DeviceSpan& d : spans) {
+      if (d.timer != t.timer.get() || d.end >= static_cast<int>(us.size())) continue;
+      const Step& step = steps_[d.step];
+      const double device_us = us[d.end] - us[d.begin];
+      Profiler::Event e;
+      e.name = step.node->name();
+      e.category = step.node->op_type();
+      e.track = track;
+      e.start_us = t.anchor_us + static_cast<int64_t>(us[d.begin]);
+      e.duration_us = static_cast<int64_t>(device_us);
+      e.args = {{"provider", t.provider->name()}, {"device_us", absl::StrFormat("%.1f", device_us)}};
+      profiler.Add(std::move(e));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Executor::Finish(int st, const RunObservers* observers, std::vector<char>& reported) {
   Pending& p = *pending_[st];
   p.in_flight = false;
@@ -700,6 +732,7 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
   Profiler* profiler = observers && observers->profiler && observers->profiler->enabled() ? observers->profiler : nullptr;
   const bool report = observers && observers->output_ready;
   std::vector<char> reported(report ? outputs.size() : 0, 0);
+  std::vector<DeviceSpan> device_spans;
   for (int st = 0; st < static_cast<int>(steps_.size()) && status.ok(); ++st) {
     for (int a : waits_before_[st])
       if (absl::Status s = Finish(a, observers, reported); status.ok()) status = s;
@@ -710,6 +743,17 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
       continue;
     }
     Step& step = steps_[st];
+    DeviceTimer* timer = profiler && step.provider ? &TimerOf(step.provider) : nullptr;
+    if (timer && !timer->timer) timer = nullptr;
+    int mark = -1;
+    if (timer) {
+      absl::StatusOr<int> m = timer->timer->Mark();
+      if (!m.ok()) {
+        status = m.status();
+        break;
+      }
+      if ((mark = *m) == 0) timer->anchor_us = Profiler::Micros(Profiler::Clock::now());
+    }
     scratch_.used = 0;
     Context ctx(*this, step, outputs, scratch_);
     const auto started = profiler ? Profiler::Clock::now() : Profiler::Clock::time_point();
@@ -726,6 +770,11 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
     if (profiler)
       profiler->Add(step.node->name(), step.node->op_type(), observers->track, started, Profiler::Clock::now(),
                     {{"provider", step.provider ? step.provider->name() : "cpu"}});
+    if (timer && status.ok()) {
+      absl::StatusOr<int> end = timer->timer->Mark();
+      if (end.ok()) device_spans.push_back({st, timer->timer.get(), mark, *end});
+      else status = end.status();
+    }
     if (report && status.ok())
       for (int oi : step_outputs_[st])
         if (!output_to_device_[oi]) {
@@ -754,6 +803,11 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
     status = output_to_device_[oi]->CopyTensor(views_[output_slots_[oi]], dst);
   }
   for (auto& buffer : slot_heap_) buffer.reset();
+  if (profiler && !timers_.empty()) {
+    // Collected even after an error, so that a timer's next round starts afresh.
+    absl::Status timed = AddDeviceSpans(*profiler, device_spans);
+    if (status.ok()) status = timed;
+  }
   if (!status.ok()) return status;
   if (scratch_wanted > scratch_.bytes.size()) scratch_.bytes.resize(scratch_wanted);
   // Graph outputs that no step writes (inputs or initializers passed straight through).

@@ -114,6 +114,20 @@ class Executor {
       const std::unordered_map<const graph::Node*, providers::ExecutionProvider*>& placed,
       std::unordered_map<const graph::Node*, int>* wait_before) const;
   void Launch(int st, std::vector<Tensor>& outputs, Profiler* profiler);
+  // Profiling a device node: stream marks around its kernels, turned into an event on the
+  // stream's track once the run has collected the marks.
+  struct DeviceTimer {
+    const providers::ExecutionProvider* provider;
+    std::unique_ptr<providers::StreamTimer> timer;  // null: the provider's kernels are synchronous
+    int64_t anchor_us = 0;  // host time of this run's first mark
+  };
+  struct DeviceSpan {
+    int step;
+    providers::StreamTimer* timer;
+    int begin, end;
+  };
+  DeviceTimer& TimerOf(const providers::ExecutionProvider* p);
+  absl::Status AddDeviceSpans(Profiler& profiler, const std::vector<DeviceSpan>& spans);
   // Waits for asynchronous step `st`: its error, if any, names the node.
   absl::Status Finish(int st, const RunObservers* observers, std::vector<char>& reported);
   void MakePlan();
@@ -164,6 +178,8 @@ class Executor {
   std::vector<std::vector<int>> waits_before_;
   std::vector<std::vector<int>> release_after_;
   std::vector<std::unique_ptr<Pending>> pending_;
+  // Stream timers of the device providers, made when a run is first profiled.
+  std::vector<DeviceTimer> timers_;
   ExecutorStats stats_;
   std::mutex run_mu_;
   uint64_t run_seed_ = providers::KernelContext::kNoRunSeed;

@@ -125,12 +125,12 @@ std::string Profiler::Summary(int top) const {
   std::sort(sorted.begin(), sorted.end(),
             [](const auto& x, const auto& y) { return x.second.total_us > y.second.total_us; });
   std::string out =
-      absl::StrFormat("%-28s %-20s %8s %11s %10s %7s\n", "op", "track", "calls", "total ms", "mean us", "share");
+      absl::StrFormat("%-28s %-28s %8s %11s %10s %7s\n", "op", "track", "calls", "total ms", "mean us", "share");
   for (int i = 0; i < static_cast<int>(sorted.size()) && i < top; ++i) {
     const auto& [key, r] = sorted[i];
     const double busy = static_cast<double>(std::max<int64_t>(1, track_busy[key.first]));
-    absl::StrAppend(&out, absl::StrFormat("%-28s %-20s %8d %11.3f %10.1f %6.1f%%\n", key.second.substr(0, 28),
-                                          tracks_[key.first].substr(0, 20), r.calls, r.total_us / 1000.0,
+    absl::StrAppend(&out, absl::StrFormat("%-28s %-28s %8d %11.3f %10.1f %6.1f%%\n", key.second.substr(0, 28),
+                                          tracks_[key.first].substr(0, 28), r.calls, r.total_us / 1000.0,
                                           static_cast<double>(r.total_us) / r.calls, 100.0 * r.total_us / busy));
   }
   const auto first = spans.empty() ? std::vector<std::pair<int64_t, int64_t>>{} : Merged(spans[0]);

@@ -8,7 +8,9 @@
 #   3. run the GPU benchmark within GPU_CHECK_BENCH_SECONDS (280) (bench/bench_gpu.py: a
 #      GPT-2 124M training step in bf16 with MFU, PyTorch eager and torch.compile on the same
 #      step, an attention microbenchmark);
-#   4. write a summary (gpu-check-summary.txt, in $OUT when set, else in the build folder).
+#   4. write a summary (gpu-check-summary.txt, in $OUT when set, else in the build folder), with
+#      the busiest op types of one profiled cleave step on the device stream (the trace,
+#      cleave-profile.json, opens in Perfetto).
 # It aims to finish in under 8 minutes on one H200. The C++ binaries find the CUDA runtime,
 # cuBLASLt, cuDNN and NCCL in the toolkit or in the nvidia-* Python wheels.
 #
@@ -179,7 +181,8 @@ if [ "$skip_bench" -eq 0 ]; then
   rm -f "$bench_json"
   bench_ok=1
   PYTHONUNBUFFERED=1 timeout "${GPU_CHECK_BENCH_SECONDS:-280}" python3 "$repo/bench/bench_gpu.py" \
-    --cleave-bin "$bench_bin" --iters "$bench_iters" --json "$bench_json" >>"$log" 2>&1 || bench_ok=0
+    --cleave-bin "$bench_bin" --iters "$bench_iters" --json "$bench_json" --profile-dir "$summary_dir" \
+    >>"$log" 2>&1 || bench_ok=0
   if [ "$bench_ok" -eq 0 ]; then status=1; fi
   if [ -f "$bench_json" ]; then
     say "bench:$([ "$bench_ok" -eq 1 ] || echo " FAILED (see $log)")"
@@ -191,6 +194,12 @@ for row in json.load(open(sys.argv[1]))["rows"]:
   else
     say "bench: FAILED (see $log)"
     tail -20 "$log" | tee -a "$summary" >/dev/null
+  fi
+  # Where the step's device time goes: the busiest op types on the stream, and the tracks.
+  if [ -f "$summary_dir/cleave-profile.txt" ]; then
+    say "profile of one cleave step (cleave-profile.json, cleave-profile.txt), busiest on the device stream:"
+    grep -E ' stream ' "$summary_dir/cleave-profile.txt" | grep -v '^track' | head -15 | sed 's/^/  /' | tee -a "$summary"
+    grep '^track' "$summary_dir/cleave-profile.txt" | sed 's/^/  /' | tee -a "$summary"
   fi
 fi
 say "total $(( $(date +%s) - start )) s; $([ $status -eq 0 ] && echo PASS || echo FAIL)"

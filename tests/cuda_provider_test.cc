@@ -4,6 +4,9 @@
 // usable device (or driver) each test skips and says why.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -19,6 +22,7 @@
 #include "providers/cuda/cuda_provider.h"
 #include "providers/cuda/cudnn_attention.h"
 #include "runtime/inference_session.h"
+#include "runtime/profiler.h"
 #include "tests/op_tester.h"
 #include "tests/partition_test_util.h"
 #include "trainer/mixed_precision.h"
@@ -146,6 +150,49 @@ TEST(CudaKernelTable, ClaimsEveryNodeOfTheTinyGptGraphs) {
   providers::Capability cap = table->GetCapability(**g);
   ASSERT_EQ(cap.rejected.size(), 1u);
   EXPECT_EQ(cap.rejected[0].node->op_type(), "Trilu");
+}
+
+// A profiled run times each device node between two events on the provider's stream: the
+// products show on the stream's track with their device time, which the run's wall time bounds.
+TEST(CudaProvider, ProfiledRunTimesNodesOnTheStream) {
+  REQUIRE_CUDA();
+  SessionOptions o;
+  o.device = DeviceChoice::kCuda;
+  auto s = InferenceSession::FromGraph(*graph::ParseGraph(R"(
+    input a: float32[1024,1024]
+    input b: float32[1024,1024]
+    m = MatMul(a, b)
+    p = MatMul(m, b)
+    y = Relu(p)
+    output y
+  )"), o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const Feeds feeds = {{"a", Random({1024, 1024}, 1)}, {"b", Random({1024, 1024}, 2)}};
+  ASSERT_TRUE((*s)->Run(feeds).ok());  // warm: cuBLASLt's plans, the arena
+  runtime::Profiler profiler("test");
+  RunOptions options;
+  options.profiler = &profiler;
+  options.profile_track = profiler.Track("compute");
+  std::vector<Tensor> outs = {Tensor(DataType::kFloat32, {1024, 1024})};
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*s)->RunInto(feeds, outs, options).ok());
+  const double wall_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  const auto tracks = profiler.tracks();
+  const auto it = std::find(tracks.begin(), tracks.end(), "CUDAExecutionProvider stream");
+  ASSERT_NE(it, tracks.end()) << absl::StrJoin(tracks, ", ");
+  int products = 0;
+  double device_us = 0;
+  for (const auto& e : profiler.events()) {
+    if (e.track != it - tracks.begin()) continue;
+    device_us += static_cast<double>(e.duration_us);
+    if (e.category == "MatMul") {
+      ++products;
+      EXPECT_GT(e.duration_us, 0) << e.name << ": 2 GFLOP take more than a microsecond";
+    }
+  }
+  EXPECT_EQ(products, 2);
+  EXPECT_LE(device_us, wall_us);
+  std::printf("profiled run: %.0f us on the stream of %.0f us wall\n", device_us, wall_us);
 }
 
 TEST(CudaProvider, AddKernelMatchesHost) {

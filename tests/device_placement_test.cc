@@ -4,7 +4,9 @@
 // mixing its ops with ops only the CPU has must compute what the CPU alone computes, with
 // copies exactly at the boundaries, initializers uploaded once, a warning listing the ops that
 // fell back, device memory reused across runs, and out-of-memory reported with the request.
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <set>
@@ -16,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "providers/arena_allocator.h"
 #include "runtime/inference_session.h"
+#include "runtime/profiler.h"
 #include "onnx_ext/onnx_io.h"
 #include "providers/cpu/cpu_provider.h"
 #include "runtime/simulated_communicator.h"
@@ -31,6 +34,26 @@ namespace {
 using providers::ArenaAllocator;
 using providers::KernelContext;
 using providers::OpKernel;
+
+class HostTimer : public providers::StreamTimer {
+ public:
+  explicit HostTimer(std::atomic<int>* marks) : marks_(marks) {}
+  absl::StatusOr<int> Mark() override {
+    ++*marks_;
+    times_.push_back(std::chrono::steady_clock::now());
+    return static_cast<int>(times_.size()) - 1;
+  }
+  absl::StatusOr<std::vector<double>> Collect() override {
+    std::vector<double> us;
+    for (auto t : times_) us.push_back(std::chrono::duration<double, std::micro>(t - times_.front()).count());
+    times_.clear();
+    return us;
+  }
+
+ private:
+  std::atomic<int>* marks_;
+  std::vector<std::chrono::steady_clock::time_point> times_;
+};
 
 class StandInDevice : public providers::ExecutionProvider {
  public:
@@ -60,6 +83,11 @@ class StandInDevice : public providers::ExecutionProvider {
   int device_allocations() const { return device_allocations_; }
   mutable std::atomic<int> uploads{0}, downloads{0};
   std::atomic<int> launches{0};
+  // The stand-in's "stream" is the host: a mark is the host clock, and counted.
+  std::unique_ptr<providers::StreamTimer> MakeStreamTimer() const override {
+    return std::make_unique<HostTimer>(&marks);
+  }
+  mutable std::atomic<int> marks{0};
 
  private:
   class Elementwise : public OpKernel {
@@ -196,6 +224,54 @@ TEST(DevicePlacement, MixedGraphMatchesTheCpuWithCopiesAtTheBoundaries) {
   // Up: only e (x is resident). Down: a, for Erf. Then a's host buffer goes up into its tensor.
   EXPECT_EQ(d->uploads.load() - uploads, 2);
   EXPECT_EQ(d->downloads.load() - downloads, 1);
+}
+
+// A profiled run puts each device node (compute and copies) between two stream marks on the
+// device stream's track, beside its launch on the host track; a run not profiled takes no marks.
+TEST(DevicePlacement, ProfiledRunsPutDeviceNodesOnTheStreamTrack) {
+  auto dev = std::make_unique<StandInDevice>(size_t{64} << 20);
+  StandInDevice* d = dev.get();
+  std::vector<std::shared_ptr<providers::ExecutionProvider>> extra;
+  extra.push_back(std::move(dev));
+  auto s = InferenceSession::FromGraph(*graph::ParseGraph(kMixed), SessionOptions(), std::move(extra));
+  ASSERT_TRUE(s.ok()) << s.status();
+  const Feeds feeds = {{"x", Ramp({4, 8})}};
+  ASSERT_TRUE((*s)->Run(feeds).ok());
+  EXPECT_EQ(d->marks.load(), 0);
+
+  runtime::Profiler profiler("test");
+  RunOptions options;
+  options.profiler = &profiler;
+  options.profile_track = profiler.Track("compute");
+  std::vector<Tensor> outs = {Tensor(DataType::kFloat32, {4, 8}), Tensor(DataType::kFloat32, {4, 8})};
+  for (int run = 0; run < 2; ++run) ASSERT_TRUE((*s)->RunInto(feeds, outs, options).ok());
+  const std::vector<std::string> tracks = profiler.tracks();
+  const auto it = std::find(tracks.begin(), tracks.end(), "StandInDeviceProvider stream");
+  ASSERT_NE(it, tracks.end());
+  const int stream = static_cast<int>(it - tracks.begin());
+  // Per run: Mul, Add, Relu, Add and the four copies that run (x and e up, a and y down).
+  std::map<std::string, int> on_stream;
+  std::map<std::string, std::vector<const runtime::Profiler::Event*>> on_host;
+  const std::vector<runtime::Profiler::Event> events = profiler.events();
+  for (const auto& e : events) {
+    if (e.track == stream) ++on_stream[e.category];
+    else on_host[e.name].push_back(&e);
+  }
+  EXPECT_EQ(on_stream, (std::map<std::string, int>{{"Add", 4}, {"Mul", 2}, {"Relu", 2},
+                                                   {"MemcpyFromHost", 4}, {"MemcpyToHost", 4}}));
+  EXPECT_EQ(d->marks.load(), 2 * 2 * 8);
+  // The stand-in's stream is the host, so each stream event sits where its host event does
+  // (to the clocks' rounding), run after run: a new round starts each run.
+  std::map<std::string, int> seen;
+  for (const auto& e : events) {
+    if (e.track != stream) continue;
+    const auto& host = on_host[e.name];
+    ASSERT_LT(seen[e.name], static_cast<int>(host.size())) << e.name;
+    const runtime::Profiler::Event& h = *host[seen[e.name]++];
+    EXPECT_GE(e.duration_us, 0);
+    EXPECT_NEAR(static_cast<double>(e.start_us), static_cast<double>(h.start_us), 2000.0) << e.name;
+    EXPECT_LE(e.duration_us, h.duration_us + 200) << e.name;
+  }
 }
 
 TEST(DevicePlacement, OutOfDeviceMemoryNamesTheValueAndTheBytes) {

@@ -5,6 +5,9 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "providers/cuda/cudnn_attention.h"
@@ -114,6 +117,54 @@ absl::Status CudaExecutionProvider::CopyTensor(const TensorView& src, TensorView
   // The host side must be complete when the copy returns: a host destination is read next, and
   // a host source (pageable) may be reused by the caller.
   return Synchronize(absl::StrCat("CopyTensor of ", src.nbytes(), " bytes"));
+}
+
+namespace {
+
+// Timing events on the provider's stream, reused from round to round.
+class CudaStreamTimer : public StreamTimer {
+ public:
+  CudaStreamTimer(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  ~CudaStreamTimer() override {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+
+  absl::StatusOr<int> Mark() override {
+    if (used_ == events_.size()) {
+      cudaSetDevice(device_);
+      cudaEvent_t e;
+      RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&e), "cudaEventCreate (profiling)"));
+      events_.push_back(e);
+    }
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(events_[used_], stream_), "cudaEventRecord (profiling)"));
+    return static_cast<int>(used_++);
+  }
+
+  absl::StatusOr<std::vector<double>> Collect() override {
+    std::vector<double> us(used_, 0.0);
+    const size_t n = std::exchange(used_, 0);
+    if (n == 0) return us;
+    RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(events_[n - 1]), "cudaEventSynchronize (profiling)"));
+    for (size_t i = 1; i < n; ++i) {
+      float ms = 0;
+      RETURN_IF_ERROR(CudaStatus(cudaEventElapsedTime(&ms, events_[0], events_[i]), "cudaEventElapsedTime"));
+      us[i] = 1000.0 * ms;
+    }
+    return us;
+  }
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+  std::vector<cudaEvent_t> events_;
+  size_t used_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<StreamTimer> CudaExecutionProvider::MakeStreamTimer() const {
+  if (!stream_) return nullptr;
+  return std::make_unique<CudaStreamTimer>(device_, static_cast<cudaStream_t>(stream_));
 }
 
 CudnnAttention* CudaExecutionProvider::cudnn_attention() const {
