@@ -113,7 +113,7 @@ TEST(CudnnAttention, CreateSaysWhyNot) {
 // back.
 TEST(CudaKernelTable, ClaimsEveryNodeOfTheTinyGptGraphs) {
   auto table = providers::CudaExecutionProvider::ForCapabilityQueries();
-  for (const char* precision : {"fp32", "bf16", "fp32 fused attention", "fp32 sgd"}) {
+  for (const char* precision : {"fp32", "bf16", "fp32 fused attention", "bf16 fused attention", "fp32 sgd"}) {
     trainer::TrainingSpec spec;
     spec.optimizer.max_grad_norm = 1.0f;
     if (std::string(precision).find("sgd") != std::string::npos) {

@@ -1,10 +1,13 @@
 // bf16 mixed precision: the oneDNN bf16 matrix product (ai.cleave MatMulBf16) against a
 // double-precision product of the same bf16 values, and the autocast of a training graph
-// (every product in bf16, master weights and optimizer in fp32) against the fp32 step.
+// (every product in bf16, master weights and optimizer in fp32) against the fp32 step, and the
+// fused attention in bf16.
+#include <algorithm>
 #include <cmath>
 #include <random>
 
 #include "graph/op_table.h"
+#include "graph/text_format.h"
 #include "gtest/gtest.h"
 #include "onnx_ext/onnx_io.h"
 #include "runtime/inference_session.h"
@@ -110,6 +113,123 @@ TEST(MixedPrecision, Bf16TrainingGraphRunsEveryProductInBf16AndTracksFp32) {
   EXPECT_NE(loss[1], loss[0]);  // bf16 rounding does show
   EXPECT_FALSE(ParsePrecision("fp8").ok());
   EXPECT_EQ(*ParsePrecision("fp16"), Precision::kFp16);
+}
+
+// The fused attention under bf16 autocast: q, k and v are cast once for the forward and the
+// gradient, the gradient reads the forward's bf16 output, lse stays fp32; the weights are read
+// through the products' trans flags (no Transpose of a parameter or of a product's result is
+// left), a Reshape of a value already cast reshapes the cast; and the step tracks fp32.
+TEST(MixedPrecision, Bf16FusedAttentionAndWeightLayouts) {
+  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
+  for (int64_t i = 0; i < 32; ++i) {
+    ids.data<int64_t>()[i] = (i * 7 + 3) % 64;
+    labels.data<int64_t>()[i] = (i * 5 + 1) % 64;
+  }
+  std::vector<std::vector<float>> loss(2);
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    TrainingSpec spec;
+    spec.dims = {{"batch", 2}, {"seq", 16}};
+    spec.precision = p;
+    spec.fuse_attention = true;
+    auto a = BuildTrainingArtifacts(**model, spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    const graph::Graph& g = *a->training;
+    int attention = 0, grads = 0;
+    for (const auto& n : g.nodes()) {
+      const std::string& op = n->op_type();
+      if (p == Precision::kFp32) continue;
+      if (op == "Attention") {
+        ++attention;
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(n->input(i)->dtype(), DataType::kBFloat16) << n->name();
+        EXPECT_EQ(n->output(0)->dtype(), DataType::kBFloat16);
+        EXPECT_EQ(n->output(1)->dtype(), DataType::kFloat32) << "lse";
+      }
+      if (op == "AttentionGrad") {
+        ++grads;
+        for (int i = 0; i < 5; ++i) EXPECT_EQ(n->input(i)->dtype(), DataType::kBFloat16) << n->name() << " " << i;
+        EXPECT_EQ(n->input(4)->producer()->op_type(), "Attention") << "reads the forward's bf16 output";
+        for (int i = 1; i < 4; ++i)
+          EXPECT_NE(n->input(i)->consumers().size(), 1u) << "q, k, v: one cast for forward and gradient";
+      }
+      if (op == "Transpose") {
+        const graph::Value* x = n->input(0);
+        EXPECT_FALSE(std::count(a->params.begin(), a->params.end(), x->name())) << n->name() << " transposes a weight";
+        EXPECT_FALSE(x->producer() && x->producer()->op_type() == "MatMulBf16") << n->name();
+      }
+      if (op == "Cast" && n->input(0)->producer() && n->input(0)->producer()->op_type() == "Reshape") {
+        const graph::Value* before = n->input(0)->producer()->input(0);
+        for (const auto& [reader, slot] : before->consumers())
+          EXPECT_NE(reader->op_type(), "Cast") << n->name() << " casts a Reshape of a value cast already";
+      }
+    }
+    if (p == Precision::kBf16) {
+      EXPECT_EQ(attention, 2);
+      EXPECT_EQ(grads, 2);
+    }
+    auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
+    ASSERT_TRUE(s.ok()) << s.status();
+    for (int step = 0; step < 3; ++step) {
+      auto l = (*s)->TrainStep({{"input_ids", ids}, {"labels", labels}});
+      ASSERT_TRUE(l.ok()) << l.status();
+      ASSERT_TRUE((*s)->OptimizerStep().ok());
+      loss[p == Precision::kBf16].push_back(*l);
+    }
+  }
+  for (int step = 0; step < 3; ++step) EXPECT_NEAR(loss[1][step], loss[0][step], 0.01 * loss[0][step]) << step;
+  EXPECT_NE(loss[1], loss[0]);  // bf16 rounding does show
+}
+
+// The CPU's bf16 attention and its gradient compute in float32 from the bf16 values: they
+// equal the float32 kernels on those values, to bf16's rounding of the results.
+TEST(MixedPrecision, Bf16AttentionMatchesFloat32OnTheSameValues) {
+  const std::string text = R"(
+    input q: T[2,3,8,16]
+    input k: T[2,3,8,16]
+    input v: T[2,3,8,16]
+    input dy: T[2,3,8,16]
+    y, lse = ai.cleave.Attention(q, k, v) {scale = 0.25, causal = 1}
+    dq, dk, dv = ai.cleave.AttentionGrad(dy, q, k, v, y, lse) {scale = 0.25, causal = 1}
+    output y
+    output dq
+    output dk
+    output dv
+  )";
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  Feeds f32, bf16;
+  for (const char* name : {"q", "k", "v", "dy"}) {
+    Tensor a(DataType::kFloat32, {2, 3, 8, 16}), b(DataType::kBFloat16, {2, 3, 8, 16});
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      b.data<uint16_t>()[i] = FloatToBFloat16(normal(rng));
+      a.data<float>()[i] = BFloat16ToFloat(b.data<uint16_t>()[i]);
+    }
+    f32.emplace_back(name, std::move(a));
+    bf16.emplace_back(name, std::move(b));
+  }
+  auto run = [&](const char* type, const Feeds& feeds) {
+    std::string t = text;
+    for (size_t at; (at = t.find("T[")) != std::string::npos;) t.replace(at, 1, type);
+    auto g = graph::ParseGraph(t);
+    EXPECT_TRUE(g.ok()) << g.status();
+    auto s = InferenceSession::FromGraph(std::move(*g));
+    EXPECT_TRUE(s.ok()) << s.status();
+    auto out = (*s)->Run(feeds);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return std::move(*out);
+  };
+  const std::vector<Tensor> want = run("float32", f32), got = run("bfloat16", bf16);
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t o = 0; o < got.size(); ++o) {
+    ASSERT_EQ(got[o].dtype(), DataType::kBFloat16);
+    // dq, dk, dv read the bf16-rounded y: a difference of bf16's rounding, propagated.
+    const double tol = o == 0 ? 4e-3 : 3e-2;
+    for (int64_t i = 0; i < got[o].numel(); ++i) {
+      const double w = want[o].data<float>()[i], x = BFloat16ToFloat(got[o].data<uint16_t>()[i]);
+      ASSERT_NEAR(x, w, tol * (1 + std::abs(w))) << "output " << o << " at " << i;
+    }
+  }
 }
 
 }  // namespace

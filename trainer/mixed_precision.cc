@@ -2,6 +2,7 @@
 #include "trainer/mixed_precision.h"
 
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -82,12 +83,38 @@ absl::StatusOr<int> ApplyAutocast(graph::Graph& g, Precision precision) {
     }
     products.push_back(n.get());
   }
+  // The fused attention and its gradient (over fp32 operands of static shapes).
+  std::vector<Node*> attention, attention_grads;
+  for (const auto& n : g.nodes()) {
+    if (n->domain() != graph::kCleaveDomain) continue;
+    const bool fwd = n->op_type() == "Attention", bwd = n->op_type() == "AttentionGrad";
+    if (!fwd && !bwd) continue;
+    bool fits = true;
+    for (int i = 0; i < n->num_inputs(); ++i) {
+      const Value* x = n->input(i);
+      const bool lse = bwd && i == 5;
+      fits &= x && x->shape().is_static() && (lse || x->dtype() == DataType::kFloat32);
+    }
+    for (int i = 0; i < n->num_outputs(); ++i) fits &= n->output(i) != nullptr || fwd;
+    if (fits) (fwd ? attention : attention_grads).push_back(n.get());
+  }
   std::map<const Value*, Value*> casts;  // each value cast to bf16 once
   auto cast = [&](Value* v, const Node* reader) {
     if (auto it = casts.find(v); it != casts.end()) return it->second;
     Value* out = g.CreateUniqueValue(v->name() + suffix);
     out->set_dtype(low);
     out->set_shape(v->shape());
+    // A Reshape of a value already cast (the backward's 2-D view of a forward activation for
+    // dW) reshapes that cast instead of casting again.
+    const Node* r = v->producer();
+    if (r && r->domain().empty() && r->op_type() == "Reshape" && r->num_inputs() == 2 && casts.count(r->input(0))) {
+      Node* c = g.AddNode("Reshape", {casts.at(r->input(0)), r->input(1)}, {out}, g.UniqueName(r->name() + suffix));
+      for (const auto& [key, attr] : r->attributes()) c->SetAttr(key, attr);
+      c->metadata() = reader->metadata();
+      c->metadata().erase("param");
+      casts[v] = out;
+      return out;
+    }
     Node* c = g.AddNode("Cast", {v}, {out}, g.UniqueName(v->name() + "/cast" + suffix));
     c->SetAttr("to", graph::Attribute::Int(static_cast<int64_t>(low)));
     c->metadata() = reader->metadata();
@@ -95,17 +122,30 @@ absl::StatusOr<int> ApplyAutocast(graph::Graph& g, Precision precision) {
     casts[v] = out;
     return out;
   };
+  // A low-precision result `low` that the fp32 value `y` now holds widened.
+  auto widen = [&](Value* low_value, Value* y, const Node* like) {
+    Node* c = g.AddNode("Cast", {low_value}, {y}, g.UniqueName(y->name() + "/cast/fp32"));
+    c->SetAttr("to", graph::Attribute::Int(static_cast<int64_t>(DataType::kFloat32)));
+    c->metadata() = like->metadata();
+  };
+  auto low_twin = [&](const Value* y) {
+    Value* t = g.CreateUniqueValue(y->name() + suffix);
+    t->set_dtype(low);
+    t->set_shape(y->shape());
+    return t;
+  };
   for (Node* n : products) {
     bool ta = n->AttrInt("transA", 0) != 0, tb = n->AttrInt("transB", 0) != 0;
     Value* a = n->input(0);
     Value* b = n->input(1);
-    // A transposed operand is read through the flag instead (the Transpose stays for other readers).
-    if (SwapsLastTwo(a->producer())) {
+    // A transposed operand is read through the flag instead (the Transpose stays for other
+    // readers), through every such Transpose: the backward's dX = dY (W^T)^T reads W itself.
+    while (SwapsLastTwo(a->producer())) {
       a = a->producer()->input(0);
       ta = !ta;
     }
-    if (SwapsLastTwo(b->producer()) && (b->producer()->input(0)->shape().rank() == 2 ||
-                                        b->producer()->input(0)->shape().rank() == a->shape().rank())) {
+    while (SwapsLastTwo(b->producer()) && (b->producer()->input(0)->shape().rank() == 2 ||
+                                           b->producer()->input(0)->shape().rank() == a->shape().rank())) {
       b = b->producer()->input(0);
       tb = !tb;
     }
@@ -115,17 +155,71 @@ absl::StatusOr<int> ApplyAutocast(graph::Graph& g, Precision precision) {
     const std::string name = n->name();
     const auto meta = n->metadata();
     g.RemoveNode(n);
+    // A product read only by a Transpose of its last two axes (the gradient of a weight that
+    // the forward read transposed) writes the transposed result itself: (A B)^T = B^T A^T.
+    Node* t = y->consumers().size() == 1 ? y->consumers()[0].first : nullptr;
+    if (t && !y->is_graph_output() && SwapsLastTwo(t) && ca->shape().rank() == cb->shape().rank()) {
+      y = t->output(0);
+      g.RemoveNode(t);
+      std::swap(ca, cb);
+      std::swap(ta, tb);
+      ta = !ta;
+      tb = !tb;
+    }
     Node* m = g.AddNode(op, {ca, cb}, {y}, name, graph::kCleaveDomain);
     if (ta) m->SetAttr("transA", graph::Attribute::Int(1));
     if (tb) m->SetAttr("transB", graph::Attribute::Int(1));
     m->metadata() = meta;
   }
-  if (!products.empty()) {
+  // Attention in low precision (cuDNN's fused flash attention takes bf16 and fp16, not fp32):
+  // q, k and v cast once for the forward and the gradient alike, the output returned in low
+  // precision for the gradient and widened for everything else; lse stays fp32.
+  std::map<const Value*, Value*> low_out;  // an Attention output -> its low-precision twin
+  for (Node* n : attention) {
+    std::vector<Value*> in = {cast(n->input(0), n), cast(n->input(1), n), cast(n->input(2), n)};
+    Value* y = n->output(0);
+    std::vector<Value*> out;
+    for (int i = 0; i < n->num_outputs(); ++i) out.push_back(n->output(i));
+    Value* y_low = y ? low_twin(y) : nullptr;
+    out[0] = y_low;
+    const std::string name = n->name();
+    const auto attrs = n->attributes();
+    const auto meta = n->metadata();
+    g.RemoveNode(n);
+    Node* m = g.AddNode("Attention", in, out, name, graph::kCleaveDomain);
+    for (const auto& [key, attr] : attrs) m->SetAttr(key, attr);
+    m->metadata() = meta;
+    if (y) {
+      widen(y_low, y, m);
+      low_out[y] = y_low;
+    }
+  }
+  for (Node* n : attention_grads) {
+    Value* o = n->input(4);
+    Value* o_low = low_out.count(o) ? low_out.at(o) : cast(o, n);
+    std::vector<Value*> in = {cast(n->input(0), n), cast(n->input(1), n), cast(n->input(2), n),
+                              cast(n->input(3), n), o_low, n->input(5)};
+    std::vector<Value*> wide, out;
+    for (int i = 0; i < n->num_outputs(); ++i) {
+      wide.push_back(n->output(i));
+      out.push_back(low_twin(n->output(i)));
+    }
+    const std::string name = n->name();
+    const auto attrs = n->attributes();
+    const auto meta = n->metadata();
+    g.RemoveNode(n);
+    Node* m = g.AddNode("AttentionGrad", in, out, name, graph::kCleaveDomain);
+    for (const auto& [key, attr] : attrs) m->SetAttr(key, attr);
+    m->metadata() = meta;
+    for (size_t i = 0; i < out.size(); ++i) widen(out[i], wide[i], m);
+  }
+  const size_t rewritten = products.size() + attention.size() + attention_grads.size();
+  if (rewritten > 0) {
     g.opset_imports()[graph::kCleaveDomain] = 1;
     g.RemoveUnusedValues();
     RETURN_IF_ERROR(g.SortTopologically());
   }
-  return static_cast<int>(products.size());
+  return static_cast<int>(rewritten);
 }
 
 }  // namespace cleave::trainer

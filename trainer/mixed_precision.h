@@ -3,8 +3,10 @@
 // matrix product of the training and eval graphs, forward and backward, takes low-precision
 // operands (each value cast once, a transposed operand read through the product's trans flag)
 // and accumulates and returns fp32 (ai.cleave MatMulBf16, run by oneDNN on the CPU, or
-// MatMulF16). Everything else (normalisations, softmax, the loss, reductions) stays fp32, as
-// PyTorch's autocast keeps them.
+// MatMulF16). The fused attention (ai.cleave Attention, its gradient) runs on low-precision
+// q, k and v, as PyTorch's autocast runs scaled_dot_product_attention, which lets the CUDA
+// provider use cuDNN's flash attention. Everything else (normalisations, the loss,
+// reductions) stays fp32, as PyTorch's autocast keeps them.
 //
 // fp16's narrow range needs loss scaling: the backward's seed becomes the input `loss_scale`
 // (times the seed the graph had, 1/|dp| under data parallelism), so every gradient is scaled by
@@ -24,7 +26,9 @@ absl::StatusOr<Precision> ParsePrecision(const std::string& name);  // fp32 | bf
 const char* PrecisionName(Precision p);
 
 // Rewrites the fp32 MatMul / FusedMatMul nodes (without bias or activation) of `g` into casts
-// and MatMulBf16 (MatMulF16 for kFp16); returns how many. kFp32 changes nothing.
+// and MatMulBf16 (MatMulF16 for kFp16), and the fused ai.cleave Attention / AttentionGrad into
+// the same ops over low-precision q, k, v (and out, dOut), their outputs widened back to fp32
+// (lse stays fp32); returns how many nodes it rewrote. kFp32 changes nothing.
 absl::StatusOr<int> ApplyAutocast(graph::Graph& g, Precision precision);
 
 inline constexpr const char* kLossScale = "loss_scale";

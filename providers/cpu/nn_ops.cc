@@ -134,7 +134,34 @@ class TriluKernel : public OpKernel {
 namespace {
 
 // Attention(q, k, v) {scale, causal} -> out[, lse] and AttentionGrad(dOut, q, k, v, out, lse)
-// -> dq, dk, dv, over [..., T, D] operands whose leading dims are the same.
+// -> dq, dk, dv, over [..., T, D] operands whose leading dims are the same. bf16 and fp16
+// operands (mixed precision) are widened to float32 scratch and the results rounded back, as
+// the CUDA kernels compute them in float32 from low-precision tensors.
+bool LowPrecision(DataType t) { return t == DataType::kBFloat16 || t == DataType::kFloat16; }
+
+const float* Widened(const TensorView& t, KernelContext& ctx) {
+  if (!LowPrecision(t.dtype)) return t.as<float>();
+  float* w = static_cast<float*>(ctx.Scratch(static_cast<size_t>(t.numel()) * sizeof(float)));
+  const uint16_t* x = static_cast<const uint16_t*>(t.data);
+  const bool bf16 = t.dtype == DataType::kBFloat16;
+  for (int64_t i = 0; i < t.numel(); ++i) w[i] = bf16 ? BFloat16ToFloat(x[i]) : HalfToFloat(x[i]);
+  return w;
+}
+
+// Where a kernel writes `t` in float32: `t` itself, or scratch that Narrow rounds into it.
+float* Wide(TensorView* t, KernelContext& ctx) {
+  if (!t) return nullptr;
+  if (!LowPrecision(t->dtype)) return t->as<float>();
+  return static_cast<float*>(ctx.Scratch(static_cast<size_t>(t->numel()) * sizeof(float)));
+}
+
+void Narrow(const float* w, TensorView* t) {
+  if (!t || !LowPrecision(t->dtype)) return;
+  uint16_t* y = static_cast<uint16_t*>(t->data);
+  const bool bf16 = t->dtype == DataType::kBFloat16;
+  for (int64_t i = 0; i < t->numel(); ++i) y[i] = bf16 ? FloatToBFloat16(w[i]) : FloatToHalf(w[i]);
+}
+
 class AttentionKernel : public OpKernel {
  public:
   AttentionKernel(const graph::Node& n, int)
@@ -151,12 +178,15 @@ class AttentionKernel : public OpKernel {
     TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, lse) : nullptr;
     if (!y) return absl::OkStatus();
     float* lp = l ? l->as<float>() : nullptr;
-    if (q.dtype == DataType::kFloat64)
+    if (q.dtype == DataType::kFloat64) {
       kernels::cpu::AttentionForward(p, q.as<double>(), k.as<double>(), v.as<double>(), y->as<double>(), lp,
                                      ctx.thread_pool());
-    else
-      kernels::cpu::AttentionForward(p, q.as<float>(), k.as<float>(), v.as<float>(), y->as<float>(), lp,
-                                     ctx.thread_pool());
+      return absl::OkStatus();
+    }
+    float* out32 = Wide(y, ctx);
+    kernels::cpu::AttentionForward(p, Widened(q, ctx), Widened(k, ctx), Widened(v, ctx), out32, lp,
+                                   ctx.thread_pool());
+    Narrow(out32, y);
     return absl::OkStatus();
   }
 
@@ -184,16 +214,22 @@ class AttentionGradKernel : public OpKernel {
     TensorView* dq = ctx.Output(0, q.dim_span());
     TensorView* dk = ctx.Output(1, k.dim_span());
     TensorView* dv = ctx.Output(2, v.dim_span());
-    if (q.dtype == DataType::kFloat64)
+    if (q.dtype == DataType::kFloat64) {
       kernels::cpu::AttentionBackward(p, dout.as<double>(), q.as<double>(), k.as<double>(), v.as<double>(),
                                       out.as<double>(), lse.as<float>(), dq ? dq->as<double>() : nullptr,
                                       dk ? dk->as<double>() : nullptr, dv ? dv->as<double>() : nullptr,
                                       ctx.thread_pool());
-    else
-      kernels::cpu::AttentionBackward(p, dout.as<float>(), q.as<float>(), k.as<float>(), v.as<float>(),
-                                      out.as<float>(), lse.as<float>(), dq ? dq->as<float>() : nullptr,
-                                      dk ? dk->as<float>() : nullptr, dv ? dv->as<float>() : nullptr,
-                                      ctx.thread_pool());
+      return absl::OkStatus();
+    }
+    if (dout.dtype != q.dtype || out.dtype != q.dtype)
+      return InvalidArgument("expected dOut and out of q's type ", DataTypeName(q.dtype), ", got ",
+                             DataTypeName(dout.dtype), " and ", DataTypeName(out.dtype));
+    float *dq32 = Wide(dq, ctx), *dk32 = Wide(dk, ctx), *dv32 = Wide(dv, ctx);
+    kernels::cpu::AttentionBackward(p, Widened(dout, ctx), Widened(q, ctx), Widened(k, ctx), Widened(v, ctx),
+                                    Widened(out, ctx), lse.as<float>(), dq32, dk32, dv32, ctx.thread_pool());
+    Narrow(dq32, dq);
+    Narrow(dk32, dk);
+    Narrow(dv32, dv);
     return absl::OkStatus();
   }
 
@@ -214,8 +250,9 @@ void RegisterNnKernels(KernelRegistry& r) {
   r.Register({"", "Dropout", 7, 11, InputTypeIn(0, {f32, f64}), MakeFactory<LegacyDropoutKernel>()});
   r.Register({"", "Trilu", 14, 14, InputTypeIn(0, FixedSizeTypes()), MakeFactory<TriluKernel>()});
   const std::string C(graph::kCleaveDomain);
-  r.Register({C, "Attention", 1, 1, InputTypeIn(0, {f32, f64}), MakeFactory<AttentionKernel>()});
-  r.Register({C, "AttentionGrad", 1, 1, InputTypeIn(1, {f32, f64}), MakeFactory<AttentionGradKernel>()});
+  const DataType bf16 = DataType::kBFloat16, f16 = DataType::kFloat16;
+  r.Register({C, "Attention", 1, 1, InputTypeIn(0, {f32, f64, bf16, f16}), MakeFactory<AttentionKernel>()});
+  r.Register({C, "AttentionGrad", 1, 1, InputTypeIn(1, {f32, f64, bf16, f16}), MakeFactory<AttentionGradKernel>()});
 }
 
 }  // namespace cleave::providers
