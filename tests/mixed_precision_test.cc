@@ -116,9 +116,10 @@ TEST(MixedPrecision, Bf16TrainingGraphRunsEveryProductInBf16AndTracksFp32) {
 }
 
 // The fused attention under bf16 autocast: q, k and v are cast once for the forward and the
-// gradient, the gradient reads the forward's bf16 output, lse stays fp32; the weights are read
-// through the products' trans flags (no Transpose of a parameter or of a product's result is
-// left), a Reshape of a value already cast reshapes the cast; and the step tracks fp32.
+// gradient, the gradient reads the forward's bf16 output, lse stays fp32, and the output goes
+// on in bf16; the weights are read through the products' trans flags (no Transpose of a
+// parameter or of a product's result is left), a Reshape of a value already cast reshapes the
+// cast, casts sit above the layout ops that only they read; and the step tracks fp32.
 TEST(MixedPrecision, Bf16FusedAttentionAndWeightLayouts) {
   auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
   ASSERT_TRUE(model.ok()) << model.status();
@@ -145,6 +146,9 @@ TEST(MixedPrecision, Bf16FusedAttentionAndWeightLayouts) {
         for (int i = 0; i < 3; ++i) EXPECT_EQ(n->input(i)->dtype(), DataType::kBFloat16) << n->name();
         EXPECT_EQ(n->output(0)->dtype(), DataType::kBFloat16);
         EXPECT_EQ(n->output(1)->dtype(), DataType::kFloat32) << "lse";
+        // The output goes on to the projection in bf16 (its layout ops too), never widened.
+        for (const auto& [reader, slot] : n->output(0)->consumers())
+          EXPECT_NE(reader->op_type(), "Cast") << reader->name() << " widens the attention output";
       }
       if (op == "AttentionGrad") {
         ++grads;
@@ -158,6 +162,11 @@ TEST(MixedPrecision, Bf16FusedAttentionAndWeightLayouts) {
         EXPECT_FALSE(std::count(a->params.begin(), a->params.end(), x->name())) << n->name() << " transposes a weight";
         EXPECT_FALSE(x->producer() && x->producer()->op_type() == "MatMulBf16") << n->name();
       }
+      if (op == "Cast" && n->input(0)->producer())
+        EXPECT_NE(n->input(0)->producer()->op_type(), "Cast") << n->name() << ": a round trip through another type";
+      if (op == "Transpose" && n->input(0)->dtype() == DataType::kFloat32)
+        for (const auto& [reader, slot] : n->output(0)->consumers())
+          EXPECT_NE(reader->op_type(), "Cast") << n->name() << " moves fp32 only to cast it";
       if (op == "Cast" && n->input(0)->producer() && n->input(0)->producer()->op_type() == "Reshape") {
         const graph::Value* before = n->input(0)->producer()->input(0);
         for (const auto& [reader, slot] : before->consumers())

@@ -101,6 +101,9 @@ absl::StatusOr<int> ApplyAutocast(graph::Graph& g, Precision precision) {
   std::map<const Value*, Value*> casts;  // each value cast to bf16 once
   auto cast = [&](Value* v, const Node* reader) {
     if (auto it = casts.find(v); it != casts.end()) return it->second;
+    // A value widened from this low type narrows back to what it was, exactly.
+    if (const Node* w = v->producer(); w && w->domain().empty() && w->op_type() == "Cast" && w->input(0)->dtype() == low)
+      return w->input(0);
     Value* out = g.CreateUniqueValue(v->name() + suffix);
     out->set_dtype(low);
     out->set_shape(v->shape());
@@ -213,6 +216,65 @@ absl::StatusOr<int> ApplyAutocast(graph::Graph& g, Precision precision) {
     m->metadata() = meta;
     for (size_t i = 0; i < out.size(); ++i) widen(out[i], wide[i], m);
   }
+  // Casts and layout ops that the rewrites above left without readers (the fp32 2-D views of
+  // activations that the dW products read before they read the cast's).
+  auto prune = [&] {
+    for (bool removed = true; removed;) {
+      removed = false;
+      for (const auto& n : g.nodes()) {
+        const std::string& t = n->op_type();
+        if (!n->domain().empty() || (t != "Cast" && t != "Reshape" && t != "Transpose")) continue;
+        if (!n->output(0)->consumers().empty() || n->output(0)->is_graph_output()) continue;
+        for (auto it = casts.begin(); it != casts.end();)
+          it = it->second == n->output(0) || it->first == n->output(0) ? casts.erase(it) : ++it;
+        g.RemoveNode(n.get());
+        removed = true;
+        break;
+      }
+    }
+  };
+  prune();
+  // Casts move above the layout ops that only they read (Reshape, Transpose), which then move
+  // half the bytes, and a cast that reaches a widened low value cancels: the attention output
+  // goes to the projection in low precision, without the round trip through fp32.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const auto& node : g.nodes()) {
+      Node* c = node.get();
+      if (!c->domain().empty() || c->op_type() != "Cast" || c->output(0)->dtype() != low) continue;
+      Value* x = c->input(0);
+      Node* layout = x->producer();
+      if (!layout || !layout->domain().empty() || x->is_graph_output()) continue;
+      // Readers of x other than c may only want its shape, which the cast's output shares.
+      std::vector<Node*> shape_readers;
+      bool only_shapes = true;
+      for (const auto& [r, slot] : x->consumers()) {
+        if (r == c) continue;
+        if (r->domain().empty() && r->op_type() == "Shape") shape_readers.push_back(r);
+        else only_shapes = false;
+      }
+      if (!only_shapes) continue;
+      if (layout->op_type() != "Transpose" && layout->op_type() != "Reshape") continue;
+      std::vector<Value*> in;
+      for (int i = 0; i < layout->num_inputs(); ++i) in.push_back(layout->input(i));
+      in[0] = cast(in[0], c);
+      Value* y = c->output(0);
+      const std::string name = layout->name();
+      const auto attrs = layout->attributes();
+      const auto meta = layout->metadata();
+      const std::string op_type = layout->op_type();
+      for (auto it = casts.begin(); it != casts.end();) it = it->second == y || it->first == x ? casts.erase(it) : ++it;
+      g.RemoveNode(c);
+      g.RemoveNode(layout);
+      Node* moved = g.AddNode(op_type, in, {y}, name);
+      for (const auto& [key, attr] : attrs) moved->SetAttr(key, attr);
+      moved->metadata() = meta;
+      for (Node* r : shape_readers) g.SetNodeInput(r, 0, y);
+      changed = true;
+      break;  // the node list changed
+    }
+  }
+  prune();
   const size_t rewritten = products.size() + attention.size() + attention_grads.size();
   if (rewritten > 0) {
     g.opset_imports()[graph::kCleaveDomain] = 1;
