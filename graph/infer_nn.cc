@@ -139,7 +139,8 @@ absl::Status InferFusedMatMul(InferContext& ctx) {
   return absl::OkStatus();
 }
 
-// MatMulBf16 and MatMulF16: low-precision operands, float32 result.
+// MatMulBf16 and MatMulF16: low-precision operands, float32 result, an optional float32 bias
+// [N] added to every row.
 absl::Status InferMatMulBf16(InferContext& ctx) {
   const DataType low = ctx.node().op_type() == "MatMulF16" ? DataType::kFloat16 : DataType::kBFloat16;
   RETURN_IF_ERROR(ExpectDtype(ctx, 0, {low}));
@@ -151,6 +152,12 @@ absl::Status InferMatMulBf16(InferContext& ctx) {
   if (b.has_rank() && b.rank() != 2 && a.has_rank() && b.rank() != a.rank())
     return ctx.Error("expected B of rank 2 or of A's rank ", a.rank(), ", got ", b.ToString());
   ASSIGN_OR_RETURN(Shape out, MatMulShape(ctx, a, b, n.AttrInt("transB", 0) != 0, n.AttrInt("transA", 0) != 0));
+  if (ctx.has_input(2)) {
+    RETURN_IF_ERROR(ExpectDtype(ctx, 2, {DataType::kFloat32}));
+    const Shape& bias = ctx.input_shape(2);
+    if (bias.has_rank() && (bias.rank() != 1 || (out.has_rank() && DimsConflict(bias[0], out[out.rank() - 1]))))
+      return ctx.Error("expected bias [N] for a result ", out.ToString(), ", got ", bias.ToString());
+  }
   ctx.SetOutput(0, DataType::kFloat32, std::move(out));
   return absl::OkStatus();
 }

@@ -306,6 +306,13 @@ TEST(CudaProvider, LowPrecisionProductsGiveFloat32) {
                  {{"a", Random({2, 8, 256}, 40)},
                   {"b", Random(trans_b ? std::vector<int64_t>{64, 256} : std::vector<int64_t>{256, 64}, 41)}},
                  1e-3, 1e-3, op);
+  // With a layer's float32 bias, applied in cuBLASLt's epilogue.
+  for (const auto& [op, to] : {std::pair{"MatMulBf16", 16}, std::pair{"MatMulF16", 10}})
+    ExpectSame(absl::StrCat("input a: float32[2,8,256]\ninput b: float32[64,256]\ninput c: float32[64]\n",
+                            "ha = Cast(a) {to = ", to, "}\nhb = Cast(b) {to = ", to, "}\ny = ai.cleave.", op,
+                            "(ha, hb, c) {transB = 1}\noutput y\n"),
+               {{"a", Random({2, 8, 256}, 42)}, {"b", Random({64, 256}, 43)}, {"c", Random({64}, 44)}}, 1e-3, 1e-3,
+               op);
 }
 
 TEST(CudaProvider, SoftmaxAndLayerNorm) {

@@ -3,6 +3,7 @@
 // computes what the original computes.
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 
 #include "graph/op_table.h"
@@ -243,6 +244,47 @@ TEST(TransformerFusion, MatMulBiasGeluBecomesOneFusedMatMul) {
   EXPECT_EQ(f->AttrString("activation", ""), "gelu");
   EXPECT_EQ(f->input(2)->name(), "b");
   ExpectSameOutputs(text);
+}
+
+// Mixed precision's products take the layer's bias (a float32 [N] vector, here a graph input
+// as a parameter is in a training graph) as their third input; a bias of the wrong size or an
+// Add whose product has another reader stays an Add.
+TEST(TransformerFusion, LowPrecisionProductTakesTheBias) {
+  for (const auto& [op, to] : {std::pair{"MatMulBf16", 16}, std::pair{"MatMulF16", 10}}) {
+    const std::string text = absl::StrCat(R"(
+      input x: float32[2,3,8]
+      input w: float32[5,8]
+      input b: float32[5]
+      hx = Cast(x) {to = )", to, R"(}
+      hw = Cast(w) {to = )", to, R"(}
+      m = ai.cleave.)", op, R"((hx, hw) {transB = 1}
+      y = Add(m, b)
+      output y
+    )");
+    auto g = ParseGraph(text);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(Fuse(**g), (std::vector<std::string>{"Cast", "Cast", std::string("ai.cleave.") + op})) << op;
+    const Node* f = (*g)->FindValue("y")->producer();
+    ASSERT_EQ(f->num_inputs(), 3);
+    EXPECT_EQ(f->input(2)->name(), "b");
+    EXPECT_EQ(f->AttrInt("transB", 0), 1);
+    ExpectSameOutputs(text, {{"x", Random({2, 3, 8}, 5)}, {"w", Random({5, 8}, 6)}, {"b", Random({5}, 7)}});
+  }
+  for (const auto& [bias, extra] : {std::pair{"float32[3,5]", ""}, std::pair{"float32[5]", "output m"}}) {
+    auto g = ParseGraph(absl::StrCat(R"(
+      input x: float32[2,3,8]
+      input w: float32[8,5]
+      input b: )", bias, R"(
+      hx = Cast(x) {to = 16}
+      hw = Cast(w) {to = 16}
+      m = ai.cleave.MatMulBf16(hx, hw)
+      y = Add(m, b)
+      output y
+      )", extra, "\n"));
+    ASSERT_TRUE(g.ok()) << g.status();
+    Fuse(**g);
+    EXPECT_EQ((*g)->FindValue("y")->producer()->op_type(), "Add") << bias << " " << extra;
+  }
 }
 
 TEST(TransformerFusion, TransposedWeightIsReadInPlace) {

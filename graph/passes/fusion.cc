@@ -431,8 +431,9 @@ bool FoldTransposes(Graph* g, Node* mm) {
   return true;
 }
 
-// FusedMatMul (no bias, no activation) + Add of a [N] vector -> FusedMatMul with that bias.
-// The bias may be any value (a parameter is a graph input in a training graph).
+// FusedMatMul (no bias, no activation) + Add of a [N] vector -> FusedMatMul with that bias;
+// likewise MatMulBf16 / MatMulF16 (mixed precision) + Add of a float32 [N] vector. The bias may
+// be any value (a parameter is a graph input in a training graph).
 bool FuseFusedMatMulBias(Graph* g, Node* fmm) {
   if (fmm->num_inputs() > 2 || fmm->AttrString("activation", "") != "") return false;
   const Shape& y = fmm->output(0)->shape();
@@ -447,10 +448,10 @@ bool FuseFusedMatMulBias(Graph* g, Node* fmm) {
   auto attrs = fmm->attributes();
   auto metadata = fmm->metadata();
   Value* out = add->output(0);
-  const std::string name = fmm->name();
+  const std::string name = fmm->name(), op_type = fmm->op_type();
   g->RemoveNode(add);
   g->RemoveNode(fmm);
-  Node* n = g->AddNode("FusedMatMul", ins, {out}, name, kCleaveDomain);
+  Node* n = g->AddNode(op_type, ins, {out}, name, kCleaveDomain);
   for (auto& [k, v] : attrs) n->SetAttr(k, v);
   n->metadata() = metadata;
   return true;
@@ -570,6 +571,8 @@ bool FuseAt(Graph* g, Node* n, Rules rules) {
   if (Is(n, "Identity")) return ElideIdentity(g, n);
   if (n->domain() == kCleaveDomain && n->op_type() == "FusedMatMul")
     return FuseMatMulGelu(g, n) || FuseFusedMatMulBias(g, n) || FoldTransposes(g, n);
+  if (n->domain() == kCleaveDomain && (n->op_type() == "MatMulBf16" || n->op_type() == "MatMulF16"))
+    return FuseFusedMatMulBias(g, n);
   return false;
 }
 

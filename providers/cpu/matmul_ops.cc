@@ -14,6 +14,7 @@
 // FusedMatMul pack it once at construction and run kernels/cpu/packed_gemm.h instead,
 // which starts each tile from the bias and applies the activation per tile, for products
 // of up to a few hundred rows (PackedGemmPreferred); larger ones still go to OpenBLAS.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -101,7 +102,7 @@ class MatMulKernel : public OpKernel {
 
 // ai.cleave MatMulBf16 (bf16 operands, through oneDNN) and MatMulF16 (fp16 operands, widened
 // to fp32 for OpenBLAS: the products of fp16 values are exact in fp32, so this is the fp16
-// product with fp32 accumulation), both with an fp32 result.
+// product with fp32 accumulation), both with an fp32 result, plus an optional fp32 bias [N].
 class MatMulBf16Kernel : public OpKernel {
  public:
   MatMulBf16Kernel(const graph::Node& n, int)
@@ -137,8 +138,24 @@ class MatMulBf16Kernel : public OpKernel {
                                  DimsToString(b.shape()), " differ");
     out.push_back(p.M);
     out.push_back(p.N);
+    const TensorView* bias = ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
+    if (bias && (bias->rank != 1 || bias->dims[0] != p.N))
+      return InvalidArgument("MatMulBf16: expected bias of shape [", p.N, "], got ", DimsToString(bias->shape()));
     TensorView* y = ctx.Output(0, out);
     if (!y) return absl::OkStatus();
+    RETURN_IF_ERROR(Product(p, a, b, y, ctx));
+    if (bias) {
+      const float* bv = bias->as<float>();
+      float* yv = y->as<float>();
+      for (int64_t r = 0, rows = y->numel() / std::max<int64_t>(p.N, 1); r < rows; ++r)
+        for (int64_t j = 0; j < p.N; ++j) yv[r * p.N + j] += bv[j];
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Product(kernels::cpu::GemmBf16Params p, const TensorView& a, const TensorView& b, TensorView* y,
+                       KernelContext& ctx) const {
     // A shared B and an untransposed A: one product over all rows.
     if (!p.b_batched && !p.trans_a) {
       p.M *= p.batch;
@@ -163,7 +180,6 @@ class MatMulBf16Kernel : public OpKernel {
     return absl::OkStatus();
   }
 
- private:
   bool trans_a_, trans_b_, f16_;
 };
 

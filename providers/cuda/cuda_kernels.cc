@@ -158,7 +158,8 @@ class DropoutKernel : public CudaKernel {
 class MatMulKernel : public CudaKernel {
  public:
   MatMulKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {
-    fused_ = n.op_type() == "FusedMatMul";
+    // FusedMatMul's bias, and the low-precision products' (MatMulBf16 / MatMulF16 + a float32 bias).
+    fused_ = n.op_type() == "FusedMatMul" || n.num_inputs() > 2;
     trans_a_ = n.AttrInt("transA", 0) != 0;
     trans_b_ = n.AttrInt("transB", 0) != 0;
     const std::string act = n.AttrString("activation", "");
@@ -168,7 +169,7 @@ class MatMulKernel : public CudaKernel {
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& a = *ctx.input(0);
     const TensorView& b = *ctx.input(1);
-    const TensorView* bias = fused_ ? ctx.input(2) : nullptr;
+    const TensorView* bias = fused_ && ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
     auto plan = kernels::cpu::PlanMatMul(a.dim_span(), b.dim_span(), trans_b_, trans_a_);
     if (!plan.ok()) return absl::Status(plan.status().code(), absl::StrCat(name_, ": ", plan.status().message()));
     if (bias && (bias->rank != 1 || bias->dims[0] != plan->N))
