@@ -93,6 +93,11 @@ class Executor::Context : public providers::KernelContext {
     for (int64_t d : dims) numel *= d;
     int64_t bytes = numel * static_cast<int64_t>(ElementSize(dtype));
     void* p = nullptr;
+    if (const int in = ex_.view_of_[slot]; in >= 0 && bytes == static_cast<int64_t>(ex_.views_[in].nbytes())) {
+      // A view op's output: the input's bytes under the new dims (kept alive as long as this).
+      ex_.views_[slot] = TensorView(ex_.views_[in].data, dtype, dims);
+      return &ex_.views_[slot];
+    }
     if (void* bound = ex_.bound_[slot]) {
       // A device value the caller bound a device-resident output tensor to.
       if (bytes != ex_.bound_bytes_[slot]) {
@@ -433,6 +438,7 @@ absl::Status Executor::Build() {
       for (int s : *slots)
         if (s >= 0) last_use_[s] = std::max(last_use_[s], std::min(w, num_steps - 1));
   }
+  MakeViews();
   release_after_.assign(num_steps, {});
   for (int s = 0; s < num_slots_; ++s)
     if (last_use_[s] >= 0 && output_index_[s] < 0 && !is_constant_[s]) release_after_[last_use_[s]].push_back(s);
@@ -574,11 +580,39 @@ bool Executor::SymbolMatches(const std::string& symbol, int64_t value) const {
   return true;  // a symbol no input carries (made up by an exporter) constrains nothing
 }
 
+// Reshape, Flatten, Squeeze, Unsqueeze and Identity outputs become views of their input's
+// bytes (ONNX Runtime's Reshape does the same), whose buffer then lives until the view's last
+// use. Not for graph outputs (the caller's tensors), nor over a graph input other than a
+// constant: the caller may bind an input and an output to one tensor that a later step
+// updates in place, while the copy would have kept the values it was made with.
+void Executor::MakeViews() {
+  static const std::set<std::string> view_ops = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"};
+  view_of_.assign(num_slots_, -1);
+  std::vector<int> root(num_slots_);
+  for (int s = 0; s < num_slots_; ++s) root[s] = s;
+  std::vector<char> is_input(num_slots_, 0);
+  for (int s : input_slots_) is_input[s] = 1;
+  for (const Step& st : steps_) {
+    if (!st.node->domain().empty() || !view_ops.count(st.node->op_type()) || st.inputs.empty()) continue;
+    const int in = st.inputs[0], out = st.outputs.empty() ? -1 : st.outputs[0];
+    if (in < 0 || out < 0 || output_index_[out] >= 0) continue;
+    const int r = root[in];
+    if (output_index_[r] >= 0 || (is_input[r] && !is_constant_[r])) continue;
+    if (slot_device_[out] != slot_device_[in] && !is_constant_[in]) continue;
+    view_of_[out] = in;
+    root[out] = r;
+  }
+  // Steps run in order, so a view's root was defined before it: one pass extends each root.
+  for (int s = 0; s < num_slots_; ++s)
+    if (view_of_[s] >= 0) last_use_[root[s]] = std::max(last_use_[root[s]], last_use_[s]);
+}
+
 void Executor::MakePlan() {
   std::vector<BufferRequest> req;
   std::vector<int> req_slot;
   for (int s = 0; s < num_slots_; ++s) {
     if (def_step_[s] < 0 || output_index_[s] >= 0 || is_constant_[s] || slot_device_[s]) continue;
+    if (view_of_[s] >= 0) continue;  // the input's bytes
     req.push_back({recorded_bytes_[s], def_step_[s], last_use_[s]});
     req_slot.push_back(s);
   }

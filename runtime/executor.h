@@ -135,6 +135,7 @@ class Executor {
   void BindDeviceResident(const std::vector<Tensor>& outputs);
   // Symbolic dims of the graph inputs bound to this run's sizes, for the shape checks.
   void BindSymbols(const std::vector<TensorView>& inputs);
+  void MakeViews();
   bool SymbolMatches(const std::string& symbol, int64_t value) const;
 
   std::unique_ptr<graph::Graph> graph_;
@@ -147,6 +148,7 @@ class Executor {
   std::vector<int> output_index_;      // per slot: graph output index or -1
   std::vector<int> last_use_;          // per slot: last step that reads it
   std::vector<int> def_step_;          // per slot: step that writes it, -1 for inputs
+  std::vector<int> view_of_;           // per slot: the slot whose bytes it views (view ops), -1
   std::vector<std::vector<int>> step_outputs_;  // per step: the graph outputs it writes
   // Memory plan for the current input-shape signature.
   std::vector<int64_t> signature_;
