@@ -156,7 +156,15 @@ absl::Status InferSoftmaxCrossEntropyLossGrad(InferContext& ctx) {
   const Shape& dy = ctx.input_shape(0);
   if (reduction != "none" && dy.has_rank() && dy.rank() != 0)
     return ctx.Error("expected a scalar dY for reduction '", reduction, "', got ", dy.ToString());
-  ctx.SetOutput(0, ctx.input_dtype(1), lp);
+  // `to`: the gradient's storage type (mixed precision reads it in bf16 or fp16 next).
+  DataType out = ctx.input_dtype(1);
+  if (ctx.node().HasAttr("to")) {
+    out = DataTypeFromInt(static_cast<int>(ctx.node().AttrInt("to", 0)));
+    if (out != DataType::kFloat32 && out != DataType::kBFloat16 && out != DataType::kFloat16 &&
+        out != DataType::kFloat64)
+      return ctx.Error("expected 'to' a float type, got ", ctx.node().AttrInt("to", 0));
+  }
+  ctx.SetOutput(0, out, lp);
   return absl::OkStatus();
 }
 

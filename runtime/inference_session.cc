@@ -55,8 +55,9 @@ void ApplyDimOverrides(graph::Graph& g, const std::map<std::string, int64_t>& ov
 }
 
 // Folding, then the transformer fusions; with a device provider first the fusions its kernels
-// pay off for: attention (the flash-style kernel never stores the probabilities) and the
-// residual add with its LayerNorm.
+// pay off for: attention (the flash-style kernel never stores the probabilities), the
+// residual add with its LayerNorm, and the cross-entropy gradient from the scores (the forward
+// stores no log_prob).
 absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, bool device) {
   graph::ConstantFolding fold(runtime::MakeConstantEvaluator(g, cpu));
   graph::DeadCodeElimination dce;
@@ -65,7 +66,8 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
   if (device) {
     graph::AttentionFusion attention;
     graph::SkipLayerNormFusion skip_norm;
-    RETURN_IF_ERROR(graph::RunToFixedPoint({&attention, &skip_norm, &dce}, &g));
+    graph::SoftmaxCrossEntropyFusion cross_entropy;
+    RETURN_IF_ERROR(graph::RunToFixedPoint({&attention, &skip_norm, &cross_entropy, &dce}, &g));
   }
   return graph::RunToFixedPoint({&fusion, &dce}, &g);
 }

@@ -127,12 +127,14 @@ TEST(CudaKernelTable, ClaimsEveryNodeOfTheTinyGptGraphs) {
       // The graph as a session runs it: loaded through a CPU session (folding, fusions).
       auto s = InferenceSession::FromGraph(g->Clone());
       ASSERT_TRUE(s.ok()) << s.status();
-      // ... plus the fusions device sessions run (residual norm; multi-tensor AdamW in the
-      // optimizer graph).
+      // ... plus the fusions device sessions run (residual norm, the cross-entropy gradient
+      // from the scores; multi-tensor AdamW in the optimizer graph).
       auto fused = (*s)->graph().Clone();
       graph::SkipLayerNormFusion skip_norm;
+      graph::SoftmaxCrossEntropyFusion cross_entropy;
       graph::MultiTensorFusion multi;
       ASSERT_TRUE(graph::RunPass(skip_norm, fused.get()).ok());
+      ASSERT_TRUE(graph::RunPass(cross_entropy, fused.get()).ok());
       ASSERT_TRUE(graph::RunPass(multi, fused.get()).ok());
       providers::Capability cap = table->GetCapability(*fused);
       std::string rejected;
@@ -411,6 +413,28 @@ TEST(CudaProvider, CrossEntropyForwardAndBackward) {
   )",
              {{"lp", Random({12, 20}, 37, -6.f, -1.f)}, {"labels", labels}}, 1e-6, 1e-5,
              "SoftmaxCrossEntropyLossGrad");
+  // The gradient from the scores (each row's log-sum-exp formed in one online pass over a
+  // GPT-2-sized vocabulary), in float32 and written as bf16 (widened here to compare).
+  Tensor wide_labels = Ids({6}, 50257, 38);
+  wide_labels.data<int64_t>()[2] = -100;
+  const Feeds wide = {{"s", Random({6, 50257}, 39, -8.f, 8.f)}, {"labels", wide_labels}};
+  ExpectSame(R"(
+    input s: float32[6,50257]
+    input labels: int64[6]
+    init dy: float32[] = 1.5
+    d = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, s, labels) {reduction = "mean", ignore_index = -100, from_scores = 1}
+    output d
+  )",
+             wide, 1e-9, 1e-4, "SoftmaxCrossEntropyLossGrad");
+  ExpectSame(R"(
+    input s: float32[6,50257]
+    input labels: int64[6]
+    init dy: float32[] = 1.5
+    h = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, s, labels) {reduction = "sum", ignore_index = -100, from_scores = 1, to = 16}
+    hw = Cast(h) {to = 1}
+    output hw
+  )",
+             wide, 1e-9, 1e-2, "SoftmaxCrossEntropyLossGrad");
 }
 
 TEST(CudaProvider, OptimizerOps) {

@@ -13,6 +13,7 @@
 #include "runtime/inference_session.h"
 #include "tests/op_tester.h"
 #include "tests/partition_test_util.h"
+#include "trainer/mixed_precision.h"
 #include "trainer/training_graph.h"
 
 namespace cleave::graph {
@@ -436,6 +437,54 @@ TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
   ExpectGraphsAgree(std::move(fused_graph), a.training->Clone(), feeds, 0, 0);
 }
 
+// The cross-entropy gradient reads the scores: the forward outputs the loss alone, and under
+// bf16 autocast the gradient is written in bf16 (its Cast gone); the training step computes
+// what it did (the bf16 gradient rounds the same float32 values the Cast rounded).
+TEST(SoftmaxCrossEntropyFusion, TinyGptGradientFromTheScoresComputesTheSame) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    trainer::TrainingSpec spec;
+    spec.precision = *trainer::ParsePrecision(precision);
+    auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, spec);
+    auto fused_graph = a.training->Clone();
+    ASSERT_TRUE(InferShapes(*fused_graph).ok());
+    SoftmaxCrossEntropyFusion fusion;
+    DeadCodeElimination dce;
+    auto changed = RunToFixedPoint({&fusion, &dce}, fused_graph.get());
+    ASSERT_TRUE(changed.ok()) << changed;
+    int grads = 0;
+    for (const auto& n : fused_graph->nodes()) {
+      if (n->op_type() == "SoftmaxCrossEntropyLoss") {
+        EXPECT_EQ(n->num_outputs(), 1) << "no log_prob";
+      }
+      if (n->op_type() != "SoftmaxCrossEntropyLossGrad") continue;
+      ++grads;
+      EXPECT_EQ(n->AttrInt("from_scores", 0), 1);
+      EXPECT_EQ(n->input(1)->shape().ToString(), "[32,256]");
+      const bool bf16 = std::string(precision) == "bf16";
+      EXPECT_EQ(n->output(0)->dtype(), bf16 ? DataType::kBFloat16 : DataType::kFloat32) << precision;
+      for (const auto& [reader, slot] : n->output(0)->consumers()) EXPECT_NE(reader->op_type(), "Cast");
+    }
+    EXPECT_EQ(grads, 1) << precision;
+    Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
+    for (int64_t i = 0; i < 32; ++i) {
+      ids.data<int64_t>()[i] = (i * 7 + 3) % 256;
+      labels.data<int64_t>()[i] = (i * 5 + 1) % 256;
+    }
+    Feeds feeds = {{"input_ids", ids}, {"labels", labels}};
+    for (const std::string& p : a.params) {
+      feeds.emplace_back(p, a.initial.at(p));
+      const Value* buf = a.training->FindValue(trainer::AccumulationBuffer(p));
+      feeds.emplace_back(buf->name(), Tensor(DataType::kFloat32, buf->shape().StaticDims()));
+    }
+    feeds.emplace_back(trainer::kLazyResetGrad, Tensor::Scalar<bool>(true));
+    // The log-softmax formed again may differ from the forward's in the last bit. In bf16 such
+    // a bit can round one gradient element to its neighbour (1 of the 8192 here), and every
+    // later bf16 rounding of the backward can differ from there: bf16's noise, not an error.
+    SCOPED_TRACE(precision);
+    const bool bf16 = std::string(precision) == "bf16";
+    ExpectGraphsAgree(std::move(fused_graph), a.training->Clone(), feeds, bf16 ? 1e-4 : 1e-6, bf16 ? 1e-2 : 1e-5);
+  }
+}
 
 // The optimizer graph's per-parameter AdamW (or SGD) nodes become one MultiTensorAdamW (or
 // MultiTensorSGD) that updates every parameter and its state exactly as they did, and that also

@@ -555,12 +555,62 @@ bool FuseSkipLayerNorm(Graph* g, Node* ln) {
   return true;
 }
 
-enum class Rules { kActivationNorm, kTransformer, kAttention, kSkipLayerNorm };
+// SoftmaxCrossEntropyLoss (loss, log_prob) whose log_prob only SoftmaxCrossEntropyLossGrad
+// nodes read -> the gradients read the scores (from_scores = 1) and the forward outputs the
+// loss alone; a gradient read only by a Cast to bf16 / fp16 takes that Cast's type (to).
+bool FuseSceFromScores(Graph* g, Node* fwd) {
+  if (!Is(fwd, "SoftmaxCrossEntropyLoss") || fwd->num_outputs() != 2) return false;
+  Value* lp = fwd->output(1);
+  Value* scores = fwd->input(0);
+  if (!lp || lp->is_graph_output() || lp->consumers().empty() || !scores) return false;
+  std::vector<Node*> grads;
+  for (const auto& [reader, slot] : lp->consumers()) {
+    const bool grad = reader->domain() == kCleaveDomain && reader->op_type() == "SoftmaxCrossEntropyLossGrad";
+    if (!grad || slot != 1 || reader->HasAttr("class_offset") || reader->HasAttr("num_classes") ||
+        reader->AttrInt("from_scores", 0) != 0)
+      return false;
+    grads.push_back(reader);
+  }
+  auto rebuild = [g](Node* n, std::vector<Value*> ins, std::vector<Value*> outs) {  // copies: n goes first
+    const std::string name = n->name(), domain = n->domain(), op = n->op_type();
+    const auto attrs = n->attributes();
+    const auto meta = n->metadata();
+    g->RemoveNode(n);
+    Node* m = g->AddNode(op, ins, outs, name, domain);
+    for (const auto& [k, v] : attrs) m->SetAttr(k, v);
+    m->metadata() = meta;
+    return m;
+  };
+  for (Node* grad : grads) {
+    std::vector<Value*> ins = grad->inputs();
+    ins[1] = scores;
+    Value* dx = grad->output(0);
+    Node* cast = SoleConsumer(dx);
+    int64_t to = 0;
+    if (Is(cast, "Cast") && dx->dtype() == DataType::kFloat32) {
+      to = cast->AttrInt("to", 0);
+      if (to != static_cast<int64_t>(DataType::kBFloat16) && to != static_cast<int64_t>(DataType::kFloat16)) to = 0;
+    }
+    Value* out = dx;
+    if (to != 0) {
+      out = cast->output(0);
+      g->RemoveNode(cast);
+    }
+    Node* m = rebuild(grad, ins, {out});
+    m->SetAttr("from_scores", Attribute::Int(1));
+    if (to != 0) m->SetAttr("to", Attribute::Int(to));
+  }
+  rebuild(fwd, fwd->inputs(), {fwd->output(0)});
+  return true;
+}
+
+enum class Rules { kActivationNorm, kTransformer, kAttention, kSkipLayerNorm, kSceFromScores };
 
 // One rewrite at node n, if any applies.
 bool FuseAt(Graph* g, Node* n, Rules rules) {
   if (rules == Rules::kAttention) return Is(n, "Softmax") && FuseAttention(g, n);
   if (rules == Rules::kSkipLayerNorm) return FuseSkipLayerNorm(g, n);
+  if (rules == Rules::kSceFromScores) return FuseSceFromScores(g, n);
   const bool matmul_rules = rules == Rules::kTransformer;
   if (Is(n, "Erf")) return FuseErfGelu(g, n);
   if (Is(n, "Tanh")) return FuseTanhGelu(g, n);
@@ -601,6 +651,8 @@ absl::StatusOr<bool> ActivationNormFusion::Run(Graph* g) { return RunFusions(g, 
 absl::StatusOr<bool> AttentionFusion::Run(Graph* g) { return RunFusions(g, Rules::kAttention); }
 
 absl::StatusOr<bool> SkipLayerNormFusion::Run(Graph* g) { return RunFusions(g, Rules::kSkipLayerNorm); }
+
+absl::StatusOr<bool> SoftmaxCrossEntropyFusion::Run(Graph* g) { return RunFusions(g, Rules::kSceFromScores); }
 
 namespace {
 

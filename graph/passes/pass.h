@@ -103,6 +103,18 @@ class SkipLayerNormFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
+// A training graph's SoftmaxCrossEntropyLoss whose log_prob only its gradient reads: the
+// gradient (ai.cleave.SoftmaxCrossEntropyLossGrad, from_scores = 1) reads the scores and forms
+// each row's log-sum-exp itself, so the forward writes no [N, C] log_prob and the backward
+// reads no second [N, C] tensor; a gradient that only a Cast to bf16 / fp16 reads (mixed
+// precision's logits product) is written in that type (to). Not for a vocabulary split over
+// ranks (class_offset), whose log-sum-exp spans them. Sessions with a device provider run it.
+class SoftmaxCrossEntropyFusion : public Pass {
+ public:
+  std::string name() const override { return "SoftmaxCrossEntropyFusion"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
 // The optimizer graph's AdamW (or SGD) nodes that share their scalar inputs and attributes ->
 // one ai.cleave.MultiTensorAdamW (or MultiTensorSGD): one launch for all parameters on CUDA.
 // When the graph forms the global gradient norm of exactly those gradients (SquaredNorm, Sqrt,

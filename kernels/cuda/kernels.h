@@ -59,10 +59,13 @@ int SoftmaxCrossEntropy(const float* scores, const int64_t* labels, float* row_l
                         double* count, int64_t N, int64_t C, int reduction, bool has_ignore, int64_t ignore_index,
                         void* stream);
 // d_scores [N, C] from log_prob and labels, as SoftmaxCrossEntropyLossGrad: dy is a device
-// scalar (mean, sum) or [N] (none); the one-hot term lands at label - class_offset.
-int SoftmaxCrossEntropyGrad(const float* dy, const float* log_prob, const int64_t* labels, float* dx, double* count,
-                            int64_t N, int64_t C, int reduction, bool has_ignore, int64_t ignore_index,
-                            int64_t class_offset, void* stream);
+// scalar (mean, sum) or [N] (none); the one-hot term lands at label - class_offset. With
+// from_scores, `in` holds the scores and each row's log-sum-exp is formed on the way (one
+// block per row, one online max-and-sum pass before the gradient's): the forward stores no
+// log_prob. dx has type out_dt (bf16 / fp16 for a mixed-precision backward).
+int SoftmaxCrossEntropyGrad(const float* dy, const float* in, bool from_scores, const int64_t* labels, void* dx,
+                            Dt out_dt, double* count, int64_t N, int64_t C, int reduction, bool has_ignore,
+                            int64_t ignore_index, int64_t class_offset, void* stream);
 
 // SoftmaxGrad (dx = y * (dy - sum(dy * y))) or LogSoftmaxGrad (dx = dy - exp(y) * sum(dy))
 // over the last axis of [rows, cols].

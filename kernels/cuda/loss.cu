@@ -52,7 +52,12 @@ __global__ void SceReduce(const float* row_loss, const int64_t* labels, float* l
   }
 }
 
-__global__ void SceGradKernel(const float* dy, const float* log_prob, const int64_t* labels, float* dx,
+__device__ __forceinline__ float SceScale(const float* dy, const double* count, int64_t n, int reduction) {
+  return reduction == 2 ? dy[n] : reduction == 1 ? dy[0] : dy[0] / static_cast<float>(count[0]);
+}
+
+template <typename OutT>
+__global__ void SceGradKernel(const float* dy, const float* log_prob, const int64_t* labels, OutT* dx,
                               const double* count, int64_t N, int64_t C, int reduction, bool has_ignore,
                               int64_t ignore_index, int64_t class_offset) {
   const int64_t total = N * C;
@@ -61,12 +66,45 @@ __global__ void SceGradKernel(const float* dy, const float* log_prob, const int6
     const int64_t n = i / C, c = i % C;
     const int64_t l = labels[n];
     if (Ignored(l, has_ignore, ignore_index)) {
-      dx[i] = 0.f;
+      dx[i] = FromFloat<OutT>(0.f);
       continue;
     }
-    const float g = reduction == 2 ? dy[n] : reduction == 1 ? dy[0] : dy[0] / static_cast<float>(count[0]);
-    dx[i] = g * (expf(log_prob[i]) - (c + class_offset == l ? 1.f : 0.f));
+    const float g = SceScale(dy, count, n, reduction);
+    dx[i] = FromFloat<OutT>(g * (expf(log_prob[i]) - (c + class_offset == l ? 1.f : 0.f)));
   }
+}
+
+// One block per row of scores: the row's max and sum of exponentials in one online pass (each
+// thread rescales its sum when its max grows), then the gradient softmax - onehot.
+template <typename OutT>
+__global__ void SceGradFromScores(const float* dy, const float* scores, const int64_t* labels, OutT* dx,
+                                  const double* count, int64_t C, int reduction, bool has_ignore,
+                                  int64_t ignore_index, int64_t class_offset) {
+  __shared__ float shared[32];
+  const int64_t n = blockIdx.x;
+  const float* s = scores + n * C;
+  OutT* out = dx + n * C;
+  const int64_t l = labels[n];
+  if (Ignored(l, has_ignore, ignore_index)) {  // the same for the whole block
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[c] = FromFloat<OutT>(0.f);
+    return;
+  }
+  float m = -INFINITY, e = 0.f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const float x = s[c];
+    if (x > m) {
+      e = e * expf(m - x) + 1.f;
+      m = x;
+    } else {
+      e += expf(x - m);
+    }
+  }
+  const float row_max = BlockMax(m, shared);
+  const float sum = BlockSum(m == -INFINITY ? 0.f : e * expf(m - row_max), shared);
+  const float lse = row_max + logf(sum);
+  const float g = SceScale(dy, count, n, reduction);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+    out[c] = FromFloat<OutT>(g * (expf(s[c] - lse) - (c + class_offset == l ? 1.f : 0.f)));
 }
 
 }  // namespace
@@ -83,15 +121,21 @@ int SoftmaxCrossEntropy(const float* scores, const int64_t* labels, float* row_l
   return static_cast<int>(cudaGetLastError());
 }
 
-int SoftmaxCrossEntropyGrad(const float* dy, const float* log_prob, const int64_t* labels, float* dx, double* count,
-                            int64_t N, int64_t C, int reduction, bool has_ignore, int64_t ignore_index,
-                            int64_t class_offset, void* stream) {
+int SoftmaxCrossEntropyGrad(const float* dy, const float* in, bool from_scores, const int64_t* labels, void* dx,
+                            Dt out_dt, double* count, int64_t N, int64_t C, int reduction, bool has_ignore,
+                            int64_t ignore_index, int64_t class_offset, void* stream) {
   if (N == 0) return 0;
   cudaStream_t s = Stream(stream);
   if (reduction == 0)
     SceReduce<<<1, 1024, 0, s>>>(nullptr, labels, nullptr, count, N, reduction, has_ignore, ignore_index);
-  SceGradKernel<<<Blocks(N * C), kThreads, 0, s>>>(dy, log_prob, labels, dx, count, N, C, reduction, has_ignore,
-                                                   ignore_index, class_offset);
+  DISPATCH_DT(out_dt, T, {
+    if (from_scores)
+      SceGradFromScores<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
+          dy, in, labels, static_cast<T*>(dx), count, C, reduction, has_ignore, ignore_index, class_offset);
+    else
+      SceGradKernel<T><<<Blocks(N * C), kThreads, 0, s>>>(dy, in, labels, static_cast<T*>(dx), count, N, C,
+                                                          reduction, has_ignore, ignore_index, class_offset);
+  });
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -85,7 +85,9 @@ class SliceGradKernel : public OpKernel {
 };
 
 // SoftmaxCrossEntropyLossGrad(dY, log_prob, labels[, weights]) {reduction, ignore_index,
-// class_offset, num_classes}.
+// class_offset, num_classes, from_scores, to}. With from_scores = 1 input 1 holds the scores,
+// whose log-softmax along the class axis is the log_prob (the forward then need not store it);
+// `to` makes the gradient bf16 or fp16, rounded from the float32 result.
 class SceGradKernel : public OpKernel {
  public:
   static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
@@ -95,6 +97,7 @@ class SceGradKernel : public OpKernel {
     k->ignore_index_ = attrs.ignore_index;
     k->class_offset_ = n.AttrInt("class_offset", 0);
     k->num_classes_ = n.AttrInt("num_classes", 0);
+    k->from_scores_ = n.AttrInt("from_scores", 0) != 0;
     if (k->class_offset_ < 0 || k->num_classes_ < 0)
       return InvalidArgument(n.Describe(), ": class_offset ", k->class_offset_, " and num_classes ", k->num_classes_,
                              " must be >= 0");
@@ -103,10 +106,24 @@ class SceGradKernel : public OpKernel {
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& dy = *ctx.input(0);
-    const TensorView& lp = *ctx.input(1);
+    const TensorView& in = *ctx.input(1);
     const TensorView& labels = *ctx.input(2);
     const TensorView* weights = ctx.input(3);
-    RETURN_IF_ERROR(CheckShapes(dy, lp, labels, weights));
+    RETURN_IF_ERROR(CheckShapes(dy, in, labels, weights));
+    // The log_prob: input 1, or the log-softmax of the scores there, in scratch.
+    TensorView lp = in;
+    if (from_scores_) {
+      lp.data = ctx.Scratch(in.nbytes());
+      kernels::cpu::SoftmaxParams sp;
+      sp.log = true;
+      sp.outer = in.dims[0];
+      sp.axis = in.dims[1];
+      for (int k = 2; k < in.rank; ++k) sp.inner *= in.dims[k];
+      if (in.dtype == DataType::kFloat64)
+        kernels::cpu::Softmax(sp, in.as<double>(), static_cast<double*>(lp.data), ctx.thread_pool());
+      else
+        kernels::cpu::Softmax(sp, in.as<float>(), static_cast<float*>(lp.data), ctx.thread_pool());
+    }
     kernels::cpu::SceParams p;
     p.N = lp.dims[0];
     p.C = lp.dims[1];
@@ -118,13 +135,30 @@ class SceGradKernel : public OpKernel {
     if (num_classes_ > 0 && class_offset_ + p.C > num_classes_)
       return InvalidArgument("log_prob holds classes [", class_offset_, ", ", class_offset_ + p.C,
                              ") of num_classes ", num_classes_);
-    TensorView* dx = ctx.Output(0, lp.dim_span());
-    if (!dx) return absl::OkStatus();
+    TensorView* out = ctx.Output(0, lp.dim_span());
+    if (!out) return absl::OkStatus();
+    // A bf16 / fp16 gradient is computed in float32 scratch and rounded.
+    const bool narrow = out->dtype != lp.dtype;
+    if (narrow && (lp.dtype != DataType::kFloat32 || (out->dtype != DataType::kBFloat16 && out->dtype != DataType::kFloat16)))
+      return InvalidArgument("a ", DataTypeName(out->dtype), " gradient of ", DataTypeName(lp.dtype), " scores");
+    TensorView wide = *out;
+    if (narrow) {
+      wide.data = ctx.Scratch(static_cast<size_t>(out->numel()) * sizeof(float));
+      wide.dtype = DataType::kFloat32;
+    }
+    TensorView& dx = wide;
     const bool f64 = lp.dtype == DataType::kFloat64, l64 = labels.dtype == DataType::kInt64;
-    if (f64 && l64) return Run<double, int64_t>(p, dy, lp, labels, weights, *dx, ctx);
-    if (f64) return Run<double, int32_t>(p, dy, lp, labels, weights, *dx, ctx);
-    if (l64) return Run<float, int64_t>(p, dy, lp, labels, weights, *dx, ctx);
-    return Run<float, int32_t>(p, dy, lp, labels, weights, *dx, ctx);
+    absl::Status s;
+    if (f64 && l64) s = Run<double, int64_t>(p, dy, lp, labels, weights, dx, ctx);
+    else if (f64) s = Run<double, int32_t>(p, dy, lp, labels, weights, dx, ctx);
+    else if (l64) s = Run<float, int64_t>(p, dy, lp, labels, weights, dx, ctx);
+    else s = Run<float, int32_t>(p, dy, lp, labels, weights, dx, ctx);
+    if (!s.ok() || !narrow) return s;
+    const float* w = wide.as<float>();
+    uint16_t* y = static_cast<uint16_t*>(out->data);
+    const bool bf16 = out->dtype == DataType::kBFloat16;
+    for (int64_t i = 0; i < out->numel(); ++i) y[i] = bf16 ? FloatToBFloat16(w[i]) : FloatToHalf(w[i]);
+    return absl::OkStatus();
   }
 
  private:
@@ -160,6 +194,7 @@ class SceGradKernel : public OpKernel {
   LossReduction reduction_ = LossReduction::kMean;
   std::optional<int64_t> ignore_index_;
   int64_t class_offset_ = 0, num_classes_ = 0;
+  bool from_scores_ = false;
 };
 
 absl::Status ExpectSameDims(const TensorView& dy, const TensorView& t, const char* what) {

@@ -715,25 +715,26 @@ class SceGradKernel : public CudaKernel {
   SceGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
       : CudaKernel(p, n), reduction_(ReductionCode(n.AttrString("reduction", "mean"))),
         has_ignore_(n.HasAttr("ignore_index")), ignore_(n.AttrInt("ignore_index", 0)),
-        class_offset_(n.AttrInt("class_offset", 0)) {}
+        class_offset_(n.AttrInt("class_offset", 0)), from_scores_(n.AttrInt("from_scores", 0) != 0) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& dy = *ctx.input(0);
-    const TensorView& lp = *ctx.input(1);
+    const TensorView& in = *ctx.input(1);  // log_prob, or the scores (from_scores)
     const TensorView& labels = *ctx.input(2);
-    if (lp.rank != 2 || labels.rank != 1 || labels.dims[0] != lp.dims[0])
-      return InvalidArgument(name_, ": expected log_prob [N, C] and labels [N], got ", DimsToString(lp.shape()),
-                             " and ", DimsToString(labels.shape()));
-    TensorView* dx = ctx.Output(0, lp.dim_span());
+    if (in.rank != 2 || labels.rank != 1 || labels.dims[0] != in.dims[0])
+      return InvalidArgument(name_, ": expected ", from_scores_ ? "scores" : "log_prob", " [N, C] and labels [N], got ",
+                             DimsToString(in.shape()), " and ", DimsToString(labels.shape()));
+    TensorView* dx = ctx.Output(0, in.dim_span());
     if (!dx) return absl::OkStatus();
-    return Check(kc::SoftmaxCrossEntropyGrad(dy.as<float>(), lp.as<float>(), labels.as<int64_t>(), dx->as<float>(),
-                                             p_->reduction_scratch(), lp.dims[0], lp.dims[1], reduction_, has_ignore_,
-                                             ignore_, class_offset_, stream()));
+    return Check(kc::SoftmaxCrossEntropyGrad(dy.as<float>(), in.as<float>(), from_scores_, labels.as<int64_t>(),
+                                             dx->data, DtOf(dx->dtype), p_->reduction_scratch(), in.dims[0], in.dims[1],
+                                             reduction_, has_ignore_, ignore_, class_offset_, stream()));
   }
 
  private:
   int reduction_;
   bool has_ignore_;
   int64_t ignore_, class_offset_;
+  bool from_scores_;
 };
 
 std::string Int64Input(const graph::Node& n, int i) {
@@ -747,6 +748,11 @@ std::string TwoDimScores(const graph::Node& n, int) {
   if (!s || s->dtype() != DataType::kFloat32) return "scores are not float32";
   if (!s->shape().has_rank() || s->shape().rank() != 2) return "only [N, C] scores are supported on CUDA";
   if (n.num_inputs() > (fwd ? 2 : 3) && n.input(fwd ? 2 : 3)) return "class weights are not supported on CUDA";
+  if (!fwd && n.output(0)) {
+    const DataType t = n.output(0)->dtype();
+    if (t != DataType::kFloat32 && t != DataType::kBFloat16 && t != DataType::kFloat16)
+      return absl::StrCat("a ", DataTypeName(t), " gradient is not supported on CUDA");
+  }
   return Int64Input(n, fwd ? 1 : 2);
 }
 
