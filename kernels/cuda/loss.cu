@@ -1,5 +1,7 @@
-// CUDA softmax cross-entropy (kernels/cuda/): one block per row computes the log-sum-exp and
-// the label's score without storing probabilities; a second single-block pass reduces the rows.
+// CUDA softmax cross-entropy (kernels/cuda/): one block per row computes the log-sum-exp (one
+// online pass over the row) and the label's score without storing probabilities; a second
+// single-block pass reduces the rows. The gradient from the scores forms the log-sum-exp the
+// same way, then writes softmax - onehot.
 // A label outside [0, C) that is not ignore_index makes its row's loss NaN, so it shows in the
 // loss instead of passing silently.
 #include "kernels/cuda/device_util.cuh"
@@ -12,18 +14,30 @@ __device__ __forceinline__ bool Ignored(int64_t label, bool has_ignore, int64_t 
   return has_ignore && label == ignore_index;
 }
 
+// log(sum(exp(s[0..C)))) over the block, in one online pass: each thread keeps its running max
+// and its sum of exponentials relative to it, rescaling the sum when the max grows.
+__device__ float RowLogSumExp(const float* s, int64_t C, float* shared) {
+  float m = -INFINITY, e = 0.f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const float x = s[c];
+    if (x > m) {
+      e = e * expf(m - x) + 1.f;
+      m = x;
+    } else {
+      e += expf(x - m);
+    }
+  }
+  const float row_max = BlockMax(m, shared);
+  const float sum = BlockSum(m == -INFINITY ? 0.f : e * expf(m - row_max), shared);
+  return row_max + logf(sum);
+}
+
 __global__ void SceRows(const float* scores, const int64_t* labels, float* row_loss, float* log_prob, int64_t C,
                         bool has_ignore, int64_t ignore_index) {
   __shared__ float shared[32];
   const int64_t n = blockIdx.x;
   const float* s = scores + n * C;
-  float m = -INFINITY;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = fmaxf(m, s[c]);
-  m = BlockMax(m, shared);
-  float e = 0.f;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) e += expf(s[c] - m);
-  e = BlockSum(e, shared);
-  const float lse = m + logf(e);
+  const float lse = RowLogSumExp(s, C, shared);
   if (log_prob)
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) log_prob[n * C + c] = s[c] - lse;
   if (threadIdx.x == 0) {
@@ -74,8 +88,7 @@ __global__ void SceGradKernel(const float* dy, const float* log_prob, const int6
   }
 }
 
-// One block per row of scores: the row's max and sum of exponentials in one online pass (each
-// thread rescales its sum when its max grows), then the gradient softmax - onehot.
+// One block per row of scores: the row's log-sum-exp, then the gradient softmax - onehot.
 template <typename OutT>
 __global__ void SceGradFromScores(const float* dy, const float* scores, const int64_t* labels, OutT* dx,
                                   const double* count, int64_t C, int reduction, bool has_ignore,
@@ -89,19 +102,7 @@ __global__ void SceGradFromScores(const float* dy, const float* scores, const in
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[c] = FromFloat<OutT>(0.f);
     return;
   }
-  float m = -INFINITY, e = 0.f;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const float x = s[c];
-    if (x > m) {
-      e = e * expf(m - x) + 1.f;
-      m = x;
-    } else {
-      e += expf(x - m);
-    }
-  }
-  const float row_max = BlockMax(m, shared);
-  const float sum = BlockSum(m == -INFINITY ? 0.f : e * expf(m - row_max), shared);
-  const float lse = row_max + logf(sum);
+  const float lse = RowLogSumExp(s, C, shared);
   const float g = SceScale(dy, count, n, reduction);
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
     out[c] = FromFloat<OutT>(g * (expf(s[c] - lse) - (c + class_offset == l ? 1.f : 0.f)));
