@@ -146,6 +146,17 @@ void Graph::SetNodeOutput(Node* n, int i, Value* v) {
   }
 }
 
+Node* Graph::RebuildNode(Node* n, std::vector<Value*> inputs, std::vector<Value*> outputs) {
+  const std::string name = n->name(), domain = n->domain(), op = n->op_type();
+  const auto attrs = n->attributes();
+  const auto metadata = n->metadata();
+  RemoveNode(n);
+  Node* m = AddNode(op, inputs, outputs, name, domain);
+  for (const auto& [key, attr] : attrs) m->SetAttr(key, attr);
+  m->metadata() = metadata;
+  return m;
+}
+
 void Graph::RemoveNode(Node* n) {
   for (int i = 0; i < n->num_inputs(); ++i) SetNodeInput(n, i, nullptr);
   for (Value* o : n->outputs_) {

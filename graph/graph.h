@@ -145,6 +145,9 @@ class Graph {
                 const std::vector<Value*>& outputs, const std::string& name = "",
                 const std::string& domain = "");
   void RemoveNode(Node* n);  // unlinks it from its values; the values stay
+  // Replaces `n` by a node of its op, domain, name, attributes and metadata over other inputs
+  // and outputs (an output's old producer, if any, loses it); `n` is gone afterwards.
+  Node* RebuildNode(Node* n, std::vector<Value*> inputs, std::vector<Value*> outputs);
   void SetNodeInput(Node* n, int i, Value* v);
   // Makes `v` (which no node produces) output i of `n`, padding omitted optional outputs
   // before it with nullptr; a previous output i loses its producer.

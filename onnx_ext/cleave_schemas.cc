@@ -41,6 +41,7 @@ OpSchema MatMulLowpSchema(const char* name, const char* type) {
       .SetDoc("Y = A @ B with low-precision A and B and float32 accumulation and output; see docs/ops.md.")
       .Input(0, "A", "[..., M, K], or [..., K, M] with transA", type)
       .Input(1, "B", "[K, N] or [..., K, N]; [N, K] with transB", type)
+      .Input(2, "bias", "[N], added to every row", "tensor(float)", OpSchema::Optional)
       .Output(0, "Y", "[..., M, N]", "tensor(float)")
       .Attr("transA", "A's last two axes are stored transposed", AttributeProto::INT, static_cast<int64_t>(0))
       .Attr("transB", "B's last two axes are stored transposed", AttributeProto::INT, static_cast<int64_t>(0));
@@ -114,10 +115,10 @@ OpSchema SoftmaxCrossEntropyLossGradSchema() {
   s.SetName("SoftmaxCrossEntropyLossGrad").SetDomain("ai.cleave").SinceVersion(1)
       .SetDoc("Gradient of SoftmaxCrossEntropyLoss with respect to the scores; see docs/ops.md.")
       .Input(0, "dY", "gradient of the loss", "T")
-      .Input(1, "log_prob", "the forward log_prob [N, C, ...]", "T")
+      .Input(1, "log_prob", "the forward log_prob [N, C, ...], or the scores with from_scores", "T")
       .Input(2, "label", "labels [N, ...]", "Tind")
       .Input(3, "weight", "class weights [C]", "T", OpSchema::Optional)
-      .Output(0, "d_scores", "gradient of the scores", "T")
+      .Output(0, "d_scores", "gradient of the scores (of type T, or `to`)", "TOut")
       .Attr("reduction", "'none', 'sum' or 'mean'", AttributeProto::STRING, std::string("mean"))
       .Attr("ignore_index", "label whose positions get no gradient", AttributeProto::INT,
             false)
@@ -125,7 +126,12 @@ OpSchema SoftmaxCrossEntropyLossGradSchema() {
             static_cast<int64_t>(0))
       .Attr("num_classes", "all classes, when log_prob holds a slice of them (0: C)", AttributeProto::INT,
             static_cast<int64_t>(0))
+      .Attr("from_scores", "input 1 holds the scores, whose log-softmax is log_prob", AttributeProto::INT,
+            static_cast<int64_t>(0))
+      .Attr("to", "the gradient's type (bfloat16 or float16); T when absent", AttributeProto::INT, false)
       .TypeConstraint("T", kGradTypes, "float tensors")
+      .TypeConstraint("TOut", {"tensor(float)", "tensor(double)", "tensor(bfloat16)", "tensor(float16)"},
+                      "the gradient's type")
       .TypeConstraint("Tind", kIndexTypes, "label tensors");
   return s;
 }

@@ -12,28 +12,43 @@ namespace cleave::runtime {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+}  // namespace
 
 // An abort runs on a thread of its own: ncclCommAbort itself can hang, and the watchdog must
 // still be able to give up.
-struct AbortCall {
+struct CommWatchdog::AbortCall {
   enum State { kRunning, kDone, kRefused };
   std::atomic<int> state{kRunning};
 };
-}  // namespace
 
 CommWatchdog::CommWatchdog(std::string who, CommWatchdogOptions options, CommWatchdogHooks hooks)
     : who_(std::move(who)), options_(options), hooks_(std::move(hooks)) {
   thread_ = std::thread([this] { Run(); });
 }
 
-CommWatchdog::~CommWatchdog() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+bool CommWatchdog::Stop(std::chrono::milliseconds wait) {
+  if (!stopped_) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    stopped_ = true;
   }
-  cv_.notify_all();
-  thread_.join();
+  if (!abort_thread_.joinable()) return true;
+  const auto deadline = Clock::now() + wait;
+  while (abort_->state == AbortCall::kRunning && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (abort_->state == AbortCall::kRunning) {
+    abort_thread_.detach();  // stuck in the backend: left behind with what it holds
+    return false;
+  }
+  abort_thread_.join();
+  return true;
 }
+
+CommWatchdog::~CommWatchdog() { Stop(options_.grace); }
 
 void CommWatchdog::Track(std::string what, std::function<bool()> done, std::function<void()> retire) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -68,8 +83,8 @@ void CommWatchdog::Fail(absl::Status s) {
 
 void CommWatchdog::Run() {
   if (hooks_.on_thread_start) hooks_.on_thread_start();
-  std::shared_ptr<AbortCall> abort;
-  std::thread abort_thread;
+  std::shared_ptr<AbortCall>& abort = abort_;
+  std::thread& abort_thread = abort_thread_;
   Clock::time_point failed_at;
   bool gave_up = false;
   std::unique_lock<std::mutex> lock(mu_);
@@ -118,13 +133,7 @@ void CommWatchdog::Run() {
   for (Op& op : ops_)
     if (op.retire) op.retire();
   ops_.clear();
-  lock.unlock();
-  // An abort that never returned is left behind: the process is stuck in it, and `stuck` has
-  // been told (or the owner is going away regardless).
-  if (abort_thread.joinable()) {
-    if (abort->state != AbortCall::kRunning) abort_thread.join();
-    else abort_thread.detach();
-  }
+  // An abort still under way is Stop's to wait for.
 }
 
 }  // namespace cleave::runtime

@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -46,8 +47,11 @@ class CommWatchdog {
  public:
   // `who` prefixes every message ("rank 3").
   CommWatchdog(std::string who, CommWatchdogOptions options, CommWatchdogHooks hooks);
-  // Stops the thread; operations still pending are no longer timed.
-  ~CommWatchdog();
+  // Stops the thread (operations still pending are no longer timed) and waits up to `wait` for
+  // an abort under way. False when that abort is still running: its hook may still use what it
+  // was given, which the owner must then keep (the process is stuck in it regardless).
+  bool Stop(std::chrono::milliseconds wait);
+  ~CommWatchdog();  // Stop(grace) unless stopped
   CommWatchdog(const CommWatchdog&) = delete;
   CommWatchdog& operator=(const CommWatchdog&) = delete;
 
@@ -84,6 +88,11 @@ class CommWatchdog {
   absl::Status failure_;
   bool stop_ = false;
   std::thread thread_;
+  // The abort in flight (its own thread: ncclCommAbort itself can hang).
+  struct AbortCall;
+  std::shared_ptr<AbortCall> abort_;
+  std::thread abort_thread_;
+  bool stopped_ = false;
 };
 
 }  // namespace cleave::runtime

@@ -93,8 +93,10 @@ class Executor::Context : public providers::KernelContext {
     for (int64_t d : dims) numel *= d;
     int64_t bytes = numel * static_cast<int64_t>(ElementSize(dtype));
     void* p = nullptr;
-    if (const int in = ex_.view_of_[slot]; in >= 0 && bytes == static_cast<int64_t>(ex_.views_[in].nbytes())) {
-      // A view op's output: the input's bytes under the new dims (kept alive as long as this).
+    if (const int in = ex_.view_of_[slot];
+        in >= 0 && !ex_.bound_[slot] && bytes == static_cast<int64_t>(ex_.views_[in].nbytes())) {
+      // A view op's output: the input's bytes under the new dims (kept alive as long as this);
+      // one the caller bound a device tensor to is written there instead (the kernel copies).
       ex_.views_[slot] = TensorView(ex_.views_[in].data, dtype, dims);
       return &ex_.views_[slot];
     }
@@ -593,12 +595,17 @@ void Executor::MakeViews() {
   std::vector<char> is_input(num_slots_, 0);
   for (int s : input_slots_) is_input[s] = 1;
   for (const Step& st : steps_) {
+    // A graph input's device copy may be the caller's device tensor itself (a device-resident
+    // feed skips the copy), so it counts as that input.
+    if (IsCopy(st.node) && st.node->op_type() == "MemcpyFromHost" && st.inputs[0] >= 0 && st.outputs[0] >= 0 &&
+        is_input[st.inputs[0]] && !is_constant_[st.inputs[0]])
+      is_input[st.outputs[0]] = 1;
     if (!st.node->domain().empty() || !view_ops.count(st.node->op_type()) || st.inputs.empty()) continue;
     const int in = st.inputs[0], out = st.outputs.empty() ? -1 : st.outputs[0];
     if (in < 0 || out < 0 || output_index_[out] >= 0) continue;
     const int r = root[in];
     if (output_index_[r] >= 0 || (is_input[r] && !is_constant_[r])) continue;
-    if (slot_device_[out] != slot_device_[in] && !is_constant_[in]) continue;
+    if (slot_device_[out] != slot_device_[in]) continue;
     view_of_[out] = in;
     root[out] = r;
   }
@@ -693,9 +700,15 @@ Executor::DeviceTimer& Executor::TimerOf(const providers::ExecutionProvider* p) 
 // A timer's round starts at the run's first mark on it, taken as the host time of that mark
 // (the stream is idle then, or nearly: the previous run waited for it).
 absl::Status Executor::AddDeviceSpans(Profiler& profiler, const std::vector<DeviceSpan>& spans) {
+  absl::Status first;
   for (DeviceTimer& t : timers_) {
     if (!t.timer) continue;
-    ASSIGN_OR_RETURN(std::vector<double> us, t.timer->Collect());
+    absl::StatusOr<std::vector<double>> collected = t.timer->Collect();  // every timer's round ends
+    if (!collected.ok()) {
+      if (first.ok()) first = collected.status();
+      continue;
+    }
+    const std::vector<double>& us = *collected;
     const int track = profiler.Track(absl::StrCat(t.provider->name(), " stream"));
     for (const DeviceSpan& d : spans) {
       if (d.timer != t.timer.get() || d.end >= static_cast<int>(us.size())) continue;
@@ -711,7 +724,7 @@ absl::Status Executor::AddDeviceSpans(Profiler& profiler, const std::vector<Devi
       profiler.Add(std::move(e));
     }
   }
-  return absl::OkStatus();
+  return first;
 }
 
 absl::Status Executor::Finish(int st, const RunObservers* observers, std::vector<char>& reported) {

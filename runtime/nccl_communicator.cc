@@ -106,6 +106,7 @@ struct NcclCommunicator::State {
   bool Abort() {
     std::unique_lock<std::mutex> call(call_mu, std::try_to_lock);
     if (!call.owns_lock()) return false;
+    cudaSetDevice(device);
     std::lock_guard<std::mutex> lock(comms_mu);
     for (auto& [group, comm] : comms) ncclCommAbort(comm);
     comms.clear();
@@ -162,11 +163,15 @@ struct NcclCommunicator::State {
   // work, and the compute stream's later work after it; the watchdog times it to its end event.
   template <typename Fn>
   absl::Status Ordered(const std::string& what, Fn launch) {
+    ASSIGN_OR_RETURN(cudaEvent_t end, TakeEvent());  // before the launch: nothing to undo after it
     RETURN_IF_ERROR(Cuda(cudaEventRecord(before, compute), "cudaEventRecord"));
     RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(comm_stream, before, 0), "cudaStreamWaitEvent"));
-    RETURN_IF_ERROR(Nccl(launch(), absl::StrCat("rank ", rank, ": ", what)));
+    absl::Status launched = Nccl(launch(), absl::StrCat("rank ", rank, ": ", what));
+    if (!launched.ok()) {
+      GiveEvent(end);
+      return launched;
+    }
     ++ops;
-    ASSIGN_OR_RETURN(cudaEvent_t end, TakeEvent());
     RETURN_IF_ERROR(Cuda(cudaEventRecord(end, comm_stream), "cudaEventRecord"));
     watchdog->Track(
         what, [end] { return cudaEventQuery(end) != cudaErrorNotReady; }, [this, end] { GiveEvent(end); });
@@ -222,7 +227,14 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(MpiCo
 NcclCommunicator::~NcclCommunicator() {
   // Work that failed or never finishes is aborted: destroying its communicator would wait for it.
   const bool finished = s_->watchdog && Synchronize().ok();
+  if (s_->watchdog && !s_->watchdog->Stop(std::chrono::seconds(30))) {
+    // The watchdog's abort is stuck inside NCCL and still uses this state: it is left to it.
+    (void)s_.release();
+    return;
+  }
   s_->watchdog.reset();
+  std::lock_guard<std::mutex> call(s_->call_mu);
+  std::lock_guard<std::mutex> lock(s_->comms_mu);
   for (auto& [group, comm] : s_->comms) finished ? ncclCommDestroy(comm) : ncclCommAbort(comm);
   if (s_->before) cudaEventDestroy(s_->before);
   if (s_->after) cudaEventDestroy(s_->after);
@@ -248,13 +260,26 @@ int NcclCommunicator::world_size() const { return s_->world; }
 
 absl::Status NcclCommunicator::Synchronize() {
   // The watchdog times each operation and aborts on a timeout or an NCCL error, after which the
-  // stream drains; the deadline here is only a backstop (one timeout and the longest grace).
-  const auto deadline = std::chrono::steady_clock::now() + s_->timeout + std::chrono::seconds(30);
+  // stream drains; the deadline here is only a backstop (one timeout and the longest grace since
+  // the last operation the watchdog saw finish).
+  const auto backstop = s_->timeout + std::chrono::seconds(30);
+  auto deadline = std::chrono::steady_clock::now() + backstop;
+  size_t pending = s_->watchdog->pending();
   while (true) {
     RETURN_IF_ERROR(s_->Failed());
     const cudaError_t q = cudaStreamQuery(s_->comm_stream);
-    if (q == cudaSuccess) return s_->Failed();
+    if (q == cudaSuccess) {
+      RETURN_IF_ERROR(s_->Failed());
+      // An error NCCL raised that the watchdog has not polled yet.
+      if (absl::Status h = s_->Health(); !h.ok())
+        return absl::Status(h.code(), absl::StrCat("rank ", s_->rank, ": ", h.message()));
+      return absl::OkStatus();
+    }
     if (q != cudaErrorNotReady) return Cuda(q, "the NCCL stream");
+    if (const size_t now_pending = s_->watchdog->pending(); now_pending < pending) {
+      pending = now_pending;
+      deadline = std::chrono::steady_clock::now() + backstop;
+    }
     if (std::chrono::steady_clock::now() > deadline)
       return absl::DeadlineExceededError(absl::StrCat("rank ", s_->rank, ": NCCL work did not complete within ",
                                                       s_->timeout.count() / 1000.0,

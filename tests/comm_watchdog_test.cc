@@ -150,6 +150,28 @@ TEST(CommWatchdog, AbortedWorkThatDoesNotDrainReachesTheLastResort) {
   EXPECT_EQ(p.stuck, 1);  // once
 }
 
+// An abort that hangs (ncclCommAbort can): the last resort comes after the grace period, and
+// Stop says the abort is still running, so its owner keeps what the abort uses.
+TEST(CommWatchdog, AbortThatHangsIsLeftRunningAndSaidSo) {
+  Probe p;
+  std::atomic<bool> release{false}, returned{false};
+  CommWatchdogHooks h = p.Hooks();
+  h.abort = [&] {
+    while (!release) std::this_thread::sleep_for(milliseconds(2));
+    returned = true;
+    return true;
+  };
+  {
+    CommWatchdog w("rank 0", Options(50, 150), h);
+    w.Track("AllGather over ranks [0,1]", [&] { return p.done.load(); });
+    ASSERT_TRUE(Eventually([&] { return p.stuck == 1; }));
+    EXPECT_FALSE(w.Stop(milliseconds(50)));
+    release = true;  // let the left-behind abort finish before what it captured goes away
+    ASSERT_TRUE(Eventually([&] { return returned.load(); }));
+  }
+  std::this_thread::sleep_for(milliseconds(20));
+}
+
 // Stopping with work pending retires it without failing.
 TEST(CommWatchdog, StopsPromptlyWithWorkPending) {
   Probe p;

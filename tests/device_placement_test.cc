@@ -375,6 +375,43 @@ class CpuKernelDevice : public providers::ExecutionProvider {
   mutable ArenaAllocator arena_;
 };
 
+// View ops on a device: a Reshape that makes a graph output writes into the device tensor the
+// caller bound to it (not a view of the product), and one over a device-resident feed reads it.
+TEST(DevicePlacement, DeviceViewsWriteBoundOutputs) {
+  auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
+  std::vector<std::shared_ptr<providers::ExecutionProvider>> extra = {device};
+  auto s = InferenceSession::FromGraph(*graph::ParseGraph(R"(
+    input x: float32[4,8]
+    init shape: int64[2] = 8 4
+    m = Mul(x, x)
+    y = Reshape(m, shape)
+    r = Reshape(x, shape)
+    z = Relu(r)
+    output y
+    output z
+  )"), SessionOptions{}, std::move(extra));
+  ASSERT_TRUE(s.ok()) << s.status();
+  providers::Allocator* a = device->allocator();
+  auto on_device = [&](const Tensor& like) {
+    void* p = a->Allocate(like.nbytes());
+    Tensor t(like.dtype(), like.dims(), std::shared_ptr<void>(p, [a](void* q) { a->Free(q); }), p);
+    std::memcpy(p, like.raw(), like.nbytes());
+    return t;
+  };
+  const Tensor x = Ramp({4, 8});
+  Tensor zero(DataType::kFloat32, {8, 4});
+  std::memset(zero.raw(), 0, zero.nbytes());
+  for (int run = 0; run < 2; ++run) {
+    std::vector<Tensor> outs = {on_device(zero), on_device(zero)};
+    ASSERT_TRUE((*s)->RunInto({{"x", on_device(x)}}, outs).ok());
+    for (int i = 0; i < 32; ++i) {
+      const float v = x.data<float>()[i];
+      ASSERT_EQ(outs[0].data<float>()[i], v * v) << "run " << run << " y at " << i;
+      ASSERT_EQ(outs[1].data<float>()[i], std::max(v, 0.f)) << "run " << run << " z at " << i;
+    }
+  }
+}
+
 // With a device provider, a TrainingSession keeps parameters, gradient buffers and optimizer
 // state in device memory: steps move only the data, the loss and the boundaries of the one op
 // left on the host (Erf's GELU), the trajectory is the CPU's, and the state reads back through

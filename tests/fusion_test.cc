@@ -410,18 +410,9 @@ TEST(SkipLayerNormFusion, ResidualAddAndLayerNormBecomeOneOpComputingTheSame) {
 
 // In a training graph (after autodiff) every pre-LN residual add fuses and the step computes
 // the same loss and gradients, bit for bit.
-TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
-  auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, trainer::TrainingSpec{});
-  auto fused_graph = a.training->Clone();
-  ASSERT_TRUE(InferShapes(*fused_graph).ok());
-  SkipLayerNormFusion fusion;
-  DeadCodeElimination dce;
-  ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, fused_graph.get()).ok());
-  int fused = 0;
-  for (const auto& n : fused_graph->nodes()) fused += n->op_type() == "SkipLayerNormalization";
-  // ln2 of both layers and ln1 of the second, and ln_f: the residual adds (ln1 of layer 0 reads
-  // the embeddings' sum, which is an add too).
-  EXPECT_GE(fused, 4);
+// One step's feeds of the tiny GPT's training graph (batch 2, seq 16): tokens, labels, the
+// initial parameters, zero gradient buffers and a reset.
+Feeds TinyGptTrainingFeeds(const trainer::TrainingArtifacts& a) {
   Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
   for (int64_t i = 0; i < 32; ++i) {
     ids.data<int64_t>()[i] = (i * 7 + 3) % 256;
@@ -434,7 +425,22 @@ TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
     feeds.emplace_back(buf->name(), Tensor(DataType::kFloat32, buf->shape().StaticDims()));
   }
   feeds.emplace_back(trainer::kLazyResetGrad, Tensor::Scalar<bool>(true));
-  ExpectGraphsAgree(std::move(fused_graph), a.training->Clone(), feeds, 0, 0);
+  return feeds;
+}
+
+TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
+  auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, trainer::TrainingSpec{});
+  auto fused_graph = a.training->Clone();
+  ASSERT_TRUE(InferShapes(*fused_graph).ok());
+  SkipLayerNormFusion fusion;
+  DeadCodeElimination dce;
+  ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, fused_graph.get()).ok());
+  int fused = 0;
+  for (const auto& n : fused_graph->nodes()) fused += n->op_type() == "SkipLayerNormalization";
+  // ln2 of both layers and ln1 of the second, and ln_f: the residual adds (ln1 of layer 0 reads
+  // the embeddings' sum, which is an add too).
+  EXPECT_GE(fused, 4);
+  ExpectGraphsAgree(std::move(fused_graph), a.training->Clone(), TinyGptTrainingFeeds(a), 0, 0);
 }
 
 // The cross-entropy gradient reads the scores: the forward outputs the loss alone, and under
@@ -465,18 +471,7 @@ TEST(SoftmaxCrossEntropyFusion, TinyGptGradientFromTheScoresComputesTheSame) {
       for (const auto& [reader, slot] : n->output(0)->consumers()) EXPECT_NE(reader->op_type(), "Cast");
     }
     EXPECT_EQ(grads, 1) << precision;
-    Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
-    for (int64_t i = 0; i < 32; ++i) {
-      ids.data<int64_t>()[i] = (i * 7 + 3) % 256;
-      labels.data<int64_t>()[i] = (i * 5 + 1) % 256;
-    }
-    Feeds feeds = {{"input_ids", ids}, {"labels", labels}};
-    for (const std::string& p : a.params) {
-      feeds.emplace_back(p, a.initial.at(p));
-      const Value* buf = a.training->FindValue(trainer::AccumulationBuffer(p));
-      feeds.emplace_back(buf->name(), Tensor(DataType::kFloat32, buf->shape().StaticDims()));
-    }
-    feeds.emplace_back(trainer::kLazyResetGrad, Tensor::Scalar<bool>(true));
+    const Feeds feeds = TinyGptTrainingFeeds(a);
     // The log-softmax formed again may differ from the forward's in the last bit. In bf16 such
     // a bit can round one gradient element to its neighbour (1 of the 8192 here), and every
     // later bf16 rounding of the backward can differ from there: bf16's noise, not an error.

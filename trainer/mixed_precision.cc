@@ -102,7 +102,8 @@ absl::StatusOr<int> ApplyAutocast(graph::Graph& g, Precision precision) {
   auto cast = [&](Value* v, const Node* reader) {
     if (auto it = casts.find(v); it != casts.end()) return it->second;
     // A value widened from this low type narrows back to what it was, exactly.
-    if (const Node* w = v->producer(); w && w->domain().empty() && w->op_type() == "Cast" && w->input(0)->dtype() == low)
+    if (const Node* w = v->producer(); w && w->domain().empty() && w->op_type() == "Cast" &&
+                                        v->dtype() == DataType::kFloat32 && w->input(0)->dtype() == low)
       return w->input(0);
     Value* out = g.CreateUniqueValue(v->name() + suffix);
     out->set_dtype(low);
@@ -185,13 +186,7 @@ absl::StatusOr<int> ApplyAutocast(graph::Graph& g, Precision precision) {
     for (int i = 0; i < n->num_outputs(); ++i) out.push_back(n->output(i));
     Value* y_low = y ? low_twin(y) : nullptr;
     out[0] = y_low;
-    const std::string name = n->name();
-    const auto attrs = n->attributes();
-    const auto meta = n->metadata();
-    g.RemoveNode(n);
-    Node* m = g.AddNode("Attention", in, out, name, graph::kCleaveDomain);
-    for (const auto& [key, attr] : attrs) m->SetAttr(key, attr);
-    m->metadata() = meta;
+    Node* m = g.RebuildNode(n, in, out);
     if (y) {
       widen(y_low, y, m);
       low_out[y] = y_low;
@@ -207,13 +202,7 @@ absl::StatusOr<int> ApplyAutocast(graph::Graph& g, Precision precision) {
       wide.push_back(n->output(i));
       out.push_back(low_twin(n->output(i)));
     }
-    const std::string name = n->name();
-    const auto attrs = n->attributes();
-    const auto meta = n->metadata();
-    g.RemoveNode(n);
-    Node* m = g.AddNode("AttentionGrad", in, out, name, graph::kCleaveDomain);
-    for (const auto& [key, attr] : attrs) m->SetAttr(key, attr);
-    m->metadata() = meta;
+    Node* m = g.RebuildNode(n, in, out);
     for (size_t i = 0; i < out.size(); ++i) widen(out[i], wide[i], m);
   }
   // Casts and layout ops that the rewrites above left without readers (the fp32 2-D views of
@@ -259,16 +248,9 @@ absl::StatusOr<int> ApplyAutocast(graph::Graph& g, Precision precision) {
       for (int i = 0; i < layout->num_inputs(); ++i) in.push_back(layout->input(i));
       in[0] = cast(in[0], c);
       Value* y = c->output(0);
-      const std::string name = layout->name();
-      const auto attrs = layout->attributes();
-      const auto meta = layout->metadata();
-      const std::string op_type = layout->op_type();
       for (auto it = casts.begin(); it != casts.end();) it = it->second == y || it->first == x ? casts.erase(it) : ++it;
       g.RemoveNode(c);
-      g.RemoveNode(layout);
-      Node* moved = g.AddNode(op_type, in, {y}, name);
-      for (const auto& [key, attr] : attrs) moved->SetAttr(key, attr);
-      moved->metadata() = meta;
+      g.RebuildNode(layout, in, {y});
       for (Node* r : shape_readers) g.SetNodeInput(r, 0, y);
       changed = true;
       break;  // the node list changed

@@ -571,16 +571,6 @@ bool FuseSceFromScores(Graph* g, Node* fwd) {
       return false;
     grads.push_back(reader);
   }
-  auto rebuild = [g](Node* n, std::vector<Value*> ins, std::vector<Value*> outs) {  // copies: n goes first
-    const std::string name = n->name(), domain = n->domain(), op = n->op_type();
-    const auto attrs = n->attributes();
-    const auto meta = n->metadata();
-    g->RemoveNode(n);
-    Node* m = g->AddNode(op, ins, outs, name, domain);
-    for (const auto& [k, v] : attrs) m->SetAttr(k, v);
-    m->metadata() = meta;
-    return m;
-  };
   for (Node* grad : grads) {
     std::vector<Value*> ins = grad->inputs();
     ins[1] = scores;
@@ -596,11 +586,11 @@ bool FuseSceFromScores(Graph* g, Node* fwd) {
       out = cast->output(0);
       g->RemoveNode(cast);
     }
-    Node* m = rebuild(grad, ins, {out});
+    Node* m = g->RebuildNode(grad, ins, {out});
     m->SetAttr("from_scores", Attribute::Int(1));
     if (to != 0) m->SetAttr("to", Attribute::Int(to));
   }
-  rebuild(fwd, fwd->inputs(), {fwd->output(0)});
+  g->RebuildNode(fwd, fwd->inputs(), {fwd->output(0)});
   return true;
 }
 

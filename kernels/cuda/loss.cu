@@ -23,12 +23,12 @@ __device__ float RowLogSumExp(const float* s, int64_t C, float* shared) {
     if (x > m) {
       e = e * expf(m - x) + 1.f;
       m = x;
-    } else {
+    } else if (x != -INFINITY) {  // a -inf score adds nothing (exp(-inf - -inf) would be NaN); a NaN spreads
       e += expf(x - m);
     }
   }
   const float row_max = BlockMax(m, shared);
-  const float sum = BlockSum(m == -INFINITY ? 0.f : e * expf(m - row_max), shared);
+  const float sum = BlockSum(e == 0.f ? 0.f : e * expf(m - row_max), shared);
   return row_max + logf(sum);
 }
 
