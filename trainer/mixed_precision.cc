@@ -256,6 +256,51 @@ absl::StatusOr<int> ApplyAutocast(graph::Graph& g, Precision precision) {
       break;  // the node list changed
     }
   }
+  // Widening casts move below the Reshapes, Transposes and Concats that only they feed, and a
+  // cast back to the low type cancels: the gradient of attention's q, k and v is laid out and
+  // concatenated in low precision, widened once for the bias gradient, and reaches the qkv
+  // products without a round trip.
+  auto widened_from = [&](const Value* v) -> Value* {  // the low value that v widens, or null
+    const Node* w = v ? v->producer() : nullptr;
+    if (!w || !w->domain().empty() || w->op_type() != "Cast" || v->dtype() != DataType::kFloat32) return nullptr;
+    return w->input(0)->dtype() == low ? w->input(0) : nullptr;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const auto& node : g.nodes()) {
+      Node* layout = node.get();
+      const std::string& t = layout->op_type();
+      if (!layout->domain().empty() || (t != "Transpose" && t != "Reshape" && t != "Concat")) continue;
+      std::vector<Value*> in = layout->inputs();
+      const int data_inputs = t == "Concat" ? layout->num_inputs() : 1;
+      bool widened = data_inputs > 0;
+      for (int i = 0; i < data_inputs && widened; ++i) {
+        Value* x = layout->input(i);
+        widened = x && x->consumers().size() == 1 && !x->is_graph_output() && widened_from(x);
+        if (widened) in[i] = widened_from(x);
+      }
+      if (!widened) continue;
+      Value* y = layout->output(0);
+      Value* y_low = low_twin(y);
+      Node* moved = g.RebuildNode(layout, in, {y_low});
+      widen(y_low, y, moved);
+      changed = true;
+      break;  // the node list changed
+    }
+  }
+  std::vector<Node*> round_trips;
+  for (const auto& n : g.nodes())
+    if (n->domain().empty() && n->op_type() == "Cast" && n->output(0)->dtype() == low &&
+        !n->output(0)->is_graph_output() && widened_from(n->input(0)))
+      round_trips.push_back(n.get());
+  for (Node* c : round_trips) {
+    Value* y = c->output(0);
+    Value* src = widened_from(c->input(0));
+    for (auto& [from, to] : casts)
+      if (to == y) to = src;
+    g.RemoveNode(c);
+    g.ReplaceAllUsesWith(y, src);
+  }
   prune();
   const size_t rewritten = products.size() + attention.size() + attention_grads.size();
   if (rewritten > 0) {
