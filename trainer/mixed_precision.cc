@@ -199,17 +199,8 @@ class Autocast {
     const std::string name = n->name();
     const auto meta = n->metadata();
     g_.RemoveNode(n);
-    // A product read only by a Transpose of its last two axes (the gradient of a weight that
-    // the forward read transposed) writes the transposed result itself: (A B)^T = B^T A^T.
-    Node* t = y->consumers().size() == 1 ? y->consumers()[0].first : nullptr;
-    if (t && !y->is_graph_output() && SwapsLastTwo(t) && ca->shape().rank() == cb->shape().rank()) {
-      y = t->output(0);
-      g_.RemoveNode(t);
-      std::swap(ca, cb);
-      std::swap(ta, tb);
-      ta = !ta;
-      tb = !tb;
-    }
+    // (A product read only by a Transpose, a weight gradient, is swapped by the sessions'
+    // TransformerFusion, as for fp32.)
     Node* m = g_.AddNode(op_, {ca, cb}, {y}, name, graph::kCleaveDomain);
     if (ta) m->SetAttr("transA", graph::Attribute::Int(1));
     if (tb) m->SetAttr("transB", graph::Attribute::Int(1));

@@ -457,28 +457,34 @@ bool FuseFusedMatMulBias(Graph* g, Node* fmm) {
   return true;
 }
 
-// Transpose(last two axes) of a plain (Fused)MatMul's output read by nothing else:
+// Transpose(last two axes) of a plain (Fused)MatMul's or MatMulBf16/F16's output read by nothing else:
 // (op(A) op(B))^T = op(B)^T op(A)^T, so swap the operands and flip both transposes.
 bool FoldTransposeOfMatMul(Graph* g, Node* t) {
   if (!SwapsLastTwo(t)) return false;
   Node* mm = t->input(0)->producer();
   if (!mm || !SoleUse(t->input(0))) return false;
-  const bool fused = mm->domain() == kCleaveDomain && mm->op_type() == "FusedMatMul";
-  if (!fused && !Is(mm, "MatMul")) return false;
+  const bool cleave = mm->domain() == kCleaveDomain;
+  const bool fused = cleave && mm->op_type() == "FusedMatMul";
+  // Mixed precision's products (a weight gradient the forward read transposed).
+  const bool low = cleave && (mm->op_type() == "MatMulBf16" || mm->op_type() == "MatMulF16");
+  if (!fused && !low && !Is(mm, "MatMul")) return false;
   if (mm->num_inputs() > 2 || (fused && mm->AttrString("activation", "") != "")) return false;
   Value* a = mm->input(0);
   Value* b = mm->input(1);
-  if (!a->shape().has_rank() || !b->shape().has_rank() || a->shape().rank() < 2 || b->shape().rank() < 2 ||
-      (a->dtype() != DataType::kFloat32 && a->dtype() != DataType::kFloat64))
+  if (!a->shape().has_rank() || !b->shape().has_rank() || a->shape().rank() < 2 || b->shape().rank() < 2)
     return false;
-  const bool trans_a = fused && mm->AttrInt("transA", 0) != 0;
-  const bool trans_b = fused && mm->AttrInt("transB", 0) != 0;
+  // A low-precision product's B is 2-D or of A's rank, so the swap needs equal ranks.
+  if (low ? a->shape().rank() != b->shape().rank()
+          : a->dtype() != DataType::kFloat32 && a->dtype() != DataType::kFloat64)
+    return false;
+  const bool trans_a = cleave && mm->AttrInt("transA", 0) != 0;
+  const bool trans_b = cleave && mm->AttrInt("transB", 0) != 0;
   auto metadata = mm->metadata();
   Value* out = t->output(0);
-  const std::string name = mm->name();
+  const std::string name = mm->name(), op = low ? mm->op_type() : "FusedMatMul";
   g->RemoveNode(t);
   g->RemoveNode(mm);
-  Node* n = g->AddNode("FusedMatMul", {b, a}, {out}, name, kCleaveDomain);
+  Node* n = g->AddNode(op, {b, a}, {out}, name, kCleaveDomain);
   n->SetAttr("transA", Attribute::Int(trans_b ? 0 : 1));
   n->SetAttr("transB", Attribute::Int(trans_a ? 0 : 1));
   n->metadata() = metadata;
