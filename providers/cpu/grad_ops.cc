@@ -10,6 +10,7 @@
 
 #include "base/status.h"
 #include "graph/op_table.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/grad.h"
 #include "providers/cpu/cpu_provider.h"
 #include "providers/cpu/nn_ops.h"
@@ -153,12 +154,8 @@ class SceGradKernel : public OpKernel {
     else if (f64) s = Run<double, int32_t>(p, dy, lp, labels, weights, dx, ctx);
     else if (l64) s = Run<float, int64_t>(p, dy, lp, labels, weights, dx, ctx);
     else s = Run<float, int32_t>(p, dy, lp, labels, weights, dx, ctx);
-    if (!s.ok() || !narrow) return s;
-    const float* w = wide.as<float>();
-    uint16_t* y = static_cast<uint16_t*>(out->data);
-    const bool bf16 = out->dtype == DataType::kBFloat16;
-    for (int64_t i = 0; i < out->numel(); ++i) y[i] = bf16 ? FloatToBFloat16(w[i]) : FloatToHalf(w[i]);
-    return absl::OkStatus();
+    if (s.ok() && narrow) kernels::cpu::Cast(wide, *out, ctx.thread_pool());
+    return s;
   }
 
  private:

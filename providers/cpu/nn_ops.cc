@@ -14,6 +14,7 @@
 #include "base/status.h"
 #include "graph/op_table.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/nn.h"
 #include "kernels/cpu/shape.h"
 #include "providers/cpu/cpu_provider.h"
@@ -142,9 +143,7 @@ bool LowPrecision(DataType t) { return t == DataType::kBFloat16 || t == DataType
 const float* Widened(const TensorView& t, KernelContext& ctx) {
   if (!LowPrecision(t.dtype)) return t.as<float>();
   float* w = static_cast<float*>(ctx.Scratch(static_cast<size_t>(t.numel()) * sizeof(float)));
-  const uint16_t* x = static_cast<const uint16_t*>(t.data);
-  const bool bf16 = t.dtype == DataType::kBFloat16;
-  for (int64_t i = 0; i < t.numel(); ++i) w[i] = bf16 ? BFloat16ToFloat(x[i]) : HalfToFloat(x[i]);
+  kernels::cpu::Cast(t, TensorView(w, DataType::kFloat32, t.dim_span()), ctx.thread_pool());
   return w;
 }
 
@@ -155,11 +154,9 @@ float* Wide(TensorView* t, KernelContext& ctx) {
   return static_cast<float*>(ctx.Scratch(static_cast<size_t>(t->numel()) * sizeof(float)));
 }
 
-void Narrow(const float* w, TensorView* t) {
+void Narrow(float* w, TensorView* t, ThreadPool* pool) {
   if (!t || !LowPrecision(t->dtype)) return;
-  uint16_t* y = static_cast<uint16_t*>(t->data);
-  const bool bf16 = t->dtype == DataType::kBFloat16;
-  for (int64_t i = 0; i < t->numel(); ++i) y[i] = bf16 ? FloatToBFloat16(w[i]) : FloatToHalf(w[i]);
+  kernels::cpu::Cast(TensorView(w, DataType::kFloat32, t->dim_span()), *t, pool);
 }
 
 class AttentionKernel : public OpKernel {
@@ -186,7 +183,7 @@ class AttentionKernel : public OpKernel {
     float* out32 = Wide(y, ctx);
     kernels::cpu::AttentionForward(p, Widened(q, ctx), Widened(k, ctx), Widened(v, ctx), out32, lp,
                                    ctx.thread_pool());
-    Narrow(out32, y);
+    Narrow(out32, y, ctx.thread_pool());
     return absl::OkStatus();
   }
 
@@ -227,9 +224,9 @@ class AttentionGradKernel : public OpKernel {
     float *dq32 = Wide(dq, ctx), *dk32 = Wide(dk, ctx), *dv32 = Wide(dv, ctx);
     kernels::cpu::AttentionBackward(p, Widened(dout, ctx), Widened(q, ctx), Widened(k, ctx), Widened(v, ctx),
                                     Widened(out, ctx), lse.as<float>(), dq32, dk32, dv32, ctx.thread_pool());
-    Narrow(dq32, dq);
-    Narrow(dk32, dk);
-    Narrow(dv32, dv);
+    Narrow(dq32, dq, ctx.thread_pool());
+    Narrow(dk32, dk, ctx.thread_pool());
+    Narrow(dv32, dv, ctx.thread_pool());
     return absl::OkStatus();
   }
 
