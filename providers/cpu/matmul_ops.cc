@@ -14,7 +14,6 @@
 // FusedMatMul pack it once at construction and run kernels/cpu/packed_gemm.h instead,
 // which starts each tile from the bias and applies the activation per tile, for products
 // of up to a few hundred rows (PackedGemmPreferred); larger ones still go to OpenBLAS.
-#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -144,12 +143,9 @@ class MatMulBf16Kernel : public OpKernel {
     TensorView* y = ctx.Output(0, out);
     if (!y) return absl::OkStatus();
     RETURN_IF_ERROR(Product(p, a, b, y, ctx));
-    if (bias) {
-      const float* bv = bias->as<float>();
-      float* yv = y->as<float>();
-      for (int64_t r = 0, rows = y->numel() / std::max<int64_t>(p.N, 1); r < rows; ++r)
-        for (int64_t j = 0; j < p.N; ++j) yv[r * p.N + j] += bv[j];
-    }
+    if (bias && p.N > 0)
+      kernels::cpu::BiasActivation(y->as<float>(), bias->as<float>(), y->numel() / p.N, p.N,
+                                   kernels::cpu::Activation::kNone, ctx.thread_pool());
     return absl::OkStatus();
   }
 
