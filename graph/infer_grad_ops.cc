@@ -179,7 +179,13 @@ absl::Status InferGeluGrad(InferContext& ctx) {
   const std::string approximate = ctx.node().AttrString("approximate", "none");
   if (approximate != "none" && approximate != "tanh")
     return ctx.Error("expected approximate 'none' or 'tanh', got '", approximate, "'");
-  return InferGradLike(ctx, 1);
+  // Like Gelu, in bf16 and fp16 too (a mixed-precision graph's MLP).
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16, DataType::kFloat16}));
+  RETURN_IF_ERROR(ExpectDtypeOf(ctx, 1, 0));
+  RETURN_IF_ERROR(ExpectGradShape(ctx, 1));
+  const Shape& x = ctx.input_shape(1);
+  ctx.SetOutput(0, ctx.input_dtype(0), x.has_rank() ? x : ctx.input_shape(0));
+  return absl::OkStatus();
 }
 
 absl::Status InferLayerNormGrad(InferContext& ctx) {

@@ -139,10 +139,16 @@ absl::Status InferFusedMatMul(InferContext& ctx) {
   return absl::OkStatus();
 }
 
-// MatMulBf16 and MatMulF16: low-precision operands, float32 result, an optional float32 bias
-// [N] added to every row.
+// MatMulBf16 and MatMulF16: low-precision operands, a float32 result (or, with `to`, one of the
+// operands' type, rounded from the float32 accumulation), an optional bias [N] of the result's
+// type added to every row.
 absl::Status InferMatMulBf16(InferContext& ctx) {
   const DataType low = ctx.node().op_type() == "MatMulF16" ? DataType::kFloat16 : DataType::kBFloat16;
+  const int64_t to = ctx.node().AttrInt("to", static_cast<int64_t>(DataType::kFloat32));
+  if (to != static_cast<int64_t>(DataType::kFloat32) && to != static_cast<int64_t>(low))
+    return ctx.Error("attribute to = ", to, ": expected ", static_cast<int>(DataType::kFloat32), " (float32) or ",
+                     static_cast<int>(low), " (", DataTypeName(low), ")");
+  const DataType result = static_cast<DataType>(to);
   RETURN_IF_ERROR(ExpectDtype(ctx, 0, {low}));
   RETURN_IF_ERROR(ExpectDtype(ctx, 1, {low}));
   const Node& n = ctx.node();
@@ -153,12 +159,12 @@ absl::Status InferMatMulBf16(InferContext& ctx) {
     return ctx.Error("expected B of rank 2 or of A's rank ", a.rank(), ", got ", b.ToString());
   ASSIGN_OR_RETURN(Shape out, MatMulShape(ctx, a, b, n.AttrInt("transB", 0) != 0, n.AttrInt("transA", 0) != 0));
   if (ctx.has_input(2)) {
-    RETURN_IF_ERROR(ExpectDtype(ctx, 2, {DataType::kFloat32}));
+    RETURN_IF_ERROR(ExpectDtype(ctx, 2, {result}));
     const Shape& bias = ctx.input_shape(2);
     if (bias.has_rank() && (bias.rank() != 1 || (out.has_rank() && DimsConflict(bias[0], out[out.rank() - 1]))))
       return ctx.Error("expected bias [N] for a result ", out.ToString(), ", got ", bias.ToString());
   }
-  ctx.SetOutput(0, DataType::kFloat32, std::move(out));
+  ctx.SetOutput(0, result, std::move(out));
   return absl::OkStatus();
 }
 

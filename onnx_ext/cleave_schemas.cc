@@ -38,13 +38,16 @@ OpSchema FusedMatMulSchema() {
 OpSchema MatMulLowpSchema(const char* name, const char* type) {
   OpSchema s;
   s.SetName(name).SetDomain("ai.cleave").SinceVersion(1)
-      .SetDoc("Y = A @ B with low-precision A and B and float32 accumulation and output; see docs/ops.md.")
+      .SetDoc("Y = A @ B with low-precision A and B and float32 accumulation; Y in float32, or rounded to A's "
+              "type with `to`; see docs/ops.md.")
       .Input(0, "A", "[..., M, K], or [..., K, M] with transA", type)
       .Input(1, "B", "[K, N] or [..., K, N]; [N, K] with transB", type)
-      .Input(2, "bias", "[N], added to every row", "tensor(float)", OpSchema::Optional)
-      .Output(0, "Y", "[..., M, N]", "tensor(float)")
+      .Input(2, "bias", "[N] of Y's type, added to every row", "Y", OpSchema::Optional)
+      .Output(0, "Y", "[..., M, N]", "Y")
       .Attr("transA", "A's last two axes are stored transposed", AttributeProto::INT, static_cast<int64_t>(0))
-      .Attr("transB", "B's last two axes are stored transposed", AttributeProto::INT, static_cast<int64_t>(0));
+      .Attr("transB", "B's last two axes are stored transposed", AttributeProto::INT, static_cast<int64_t>(0))
+      .Attr("to", "Y's type: 1 (float32) or A's type", AttributeProto::INT, static_cast<int64_t>(1))
+      .TypeConstraint("Y", {"tensor(float)", type}, "float32, or A's type");
   return s;
 }
 
@@ -177,7 +180,7 @@ OpSchema GeluGradSchema() {
       .Input(1, "X", "Gelu's input", "T")
       .Output(0, "dX", "gradient of Gelu's input", "T")
       .Attr("approximate", "'none' or 'tanh'", AttributeProto::STRING, std::string("none"))
-      .TypeConstraint("T", kGradTypes, "float tensors");
+      .TypeConstraint("T", kFloatTypes, "float tensors");
   return s;
 }
 

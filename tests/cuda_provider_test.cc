@@ -315,6 +315,49 @@ TEST(CudaProvider, LowPrecisionProductsGiveFloat32) {
                             "(ha, hb, c) {transB = 1}\noutput y\n"),
                {{"a", Random({2, 8, 256}, 42)}, {"b", Random({64, 256}, 43)}, {"c", Random({64}, 44)}}, 1e-3, 1e-3,
                op);
+  // With `to`: the result in the operands' type, the bias of that type added before the one
+  // rounding (mixed precision's activations); the two may differ by that rounding.
+  for (const auto& [op, to] : {std::pair{"MatMulBf16", 16}, std::pair{"MatMulF16", 10}})
+    ExpectSame(absl::StrCat("input a: float32[2,8,256]\ninput b: float32[64,256]\ninput c: float32[64]\n",
+                            "ha = Cast(a) {to = ", to, "}\nhb = Cast(b) {to = ", to, "}\nhc = Cast(c) {to = ", to,
+                            "}\nhy = ai.cleave.", op, "(ha, hb, hc) {transB = 1, to = ", to,
+                            "}\ny = Cast(hy) {to = 1}\noutput y\n"),
+               {{"a", Random({2, 8, 256}, 45)}, {"b", Random({64, 256}, 46)}, {"c", Random({64}, 47)}}, 1e-2,
+               to == 16 ? 8e-3 : 1e-3, op);
+}
+
+// The ops a mixed-precision graph runs in bf16 and fp16 between its products (the bias Add,
+// GELU, its gradient, the bias gradient's sum) against the CPU's widening kernels, which compute
+// them in float32 and round once, as the CUDA kernels do.
+TEST(CudaProvider, LowPrecisionActivationOps) {
+  REQUIRE_CUDA();
+  for (int to : {16, 10})
+    ExpectSame(absl::StrCat(R"(
+      input x: float32[64,8,768]
+      input dy: float32[64,8,768]
+      input b: float32[768]
+      init axes: int64[2] = 0 1
+      init sizes: int64[3] = 256 256 256
+      hx = Cast(x) {to = )", to, R"(}
+      hdy = Cast(dy) {to = )", to, R"(}
+      hb = Cast(b) {to = )", to, R"(}
+      s = Add(hx, hb)
+      g = ai.cleave.Gelu(s)
+      dx = ai.cleave.GeluGrad(hdy, s)
+      db = ReduceSum(dx, axes) {keepdims = 0}
+      sp0, sp1, sp2 = Split(s, sizes) {axis = 2}
+      wg = Cast(g) {to = 1}
+      wdx = Cast(dx) {to = 1}
+      wdb = Cast(db) {to = 1}
+      wsp = Cast(sp1) {to = 1}
+      output wg
+      output wdx
+      output wdb
+      output wsp
+    )"),
+               {{"x", Random({64, 8, 768}, 48)}, {"dy", Random({64, 8, 768}, 49)}, {"b", Random({768}, 50)}},
+               // One rounding of the result apart where the two compute in different orders.
+               to == 16 ? 2e-2 : 2e-3, to == 16 ? 8e-3 : 1e-3, "GeluGrad");
 }
 
 TEST(CudaProvider, SoftmaxAndLayerNorm) {

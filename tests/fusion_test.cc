@@ -288,6 +288,45 @@ TEST(TransformerFusion, LowPrecisionProductTakesTheBias) {
   }
 }
 
+// A product that writes the low type itself (`to`, mixed precision's activations) takes a bias of
+// that type, and swapped for a Transpose of its result it still writes the low type.
+TEST(TransformerFusion, LowPrecisionResultTakesItsBiasAndSurvivesTheTransposeSwap) {
+  for (const auto& [op, to] : {std::pair{"MatMulBf16", 16}, std::pair{"MatMulF16", 10}}) {
+    const std::string text = absl::StrCat(R"(
+      input x: float32[2,3,8]
+      input w: float32[5,8]
+      input b: float32[5]
+      hx = Cast(x) {to = )", to, R"(}
+      hw = Cast(w) {to = )", to, R"(}
+      hb = Cast(b) {to = )", to, R"(}
+      m = ai.cleave.)", op, R"((hx, hw) {transB = 1, to = )", to, R"(}
+      y = Add(m, hb)
+      p = ai.cleave.)", op, R"((hx, hx) {transB = 1, to = )", to, R"(}
+      t = Transpose(p) {perm = [0, 2, 1]}
+      wy = Cast(y) {to = 1}
+      wt = Cast(t) {to = 1}
+      output wy
+      output wt
+    )");
+    auto g = ParseGraph(text);
+    ASSERT_TRUE(g.ok()) << g.status();
+    std::unique_ptr<Graph> fused = (*g)->Clone();
+    Fuse(*fused);
+    const Node* f = fused->FindValue("y")->producer();
+    ASSERT_EQ(f->op_type(), op);
+    ASSERT_EQ(f->num_inputs(), 3);
+    EXPECT_EQ(f->input(2)->name(), "hb");
+    EXPECT_EQ(f->AttrInt("to", 1), to);
+    const Node* swapped = fused->FindValue("t")->producer();
+    ASSERT_EQ(swapped->op_type(), op) << "the Transpose folds into the product";
+    EXPECT_EQ(swapped->AttrInt("to", 1), to) << "and it still writes the low type";
+    EXPECT_EQ(fused->FindValue("t")->dtype(), to == 16 ? DataType::kBFloat16 : DataType::kFloat16);
+    // The bias is added before the one rounding instead of after a first: a rounding apart.
+    ExpectGraphsAgree(std::move(fused), std::move(*g),
+                      {{"x", Random({2, 3, 8}, 8)}, {"w", Random({5, 8}, 9)}, {"b", Random({5}, 10)}}, 1e-2, 1e-2);
+  }
+}
+
 TEST(TransformerFusion, TransposedWeightIsReadInPlace) {
   constexpr char kText[] = R"(
     input x: float32[2,3,8]

@@ -5,11 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <tuple>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "graph/op_table.h"
 #include "graph/passes/pass.h"
 #include "graph/text_format.h"
 #include "gtest/gtest.h"
+#include "onnx_ext/cleave_schemas.h"
 #include "onnx_ext/onnx_io.h"
 #include "runtime/inference_session.h"
 #include "tests/op_tester.h"
@@ -69,6 +73,155 @@ TEST(MatMulBf16, MatchesADoubleProductOfTheBf16Values) {
           EXPECT_NEAR(got.data<float>()[(bt * M + i) * N + j], want, 1e-5 * (1 + std::abs(want)))
               << DimsToString(c.a) << " x " << DimsToString(c.b) << " at " << bt << "," << i << "," << j;
         }
+  }
+}
+
+// Runs a text graph (every "T[" spelled `type`) on the CPU and returns its outputs.
+std::vector<Tensor> RunText(std::string text, const char* type, const Feeds& feeds) {
+  for (size_t at; (at = text.find("T[")) != std::string::npos;) text.replace(at, 1, type);
+  auto g = graph::ParseGraph(text);
+  EXPECT_TRUE(g.ok()) << g.status();
+  if (!g.ok()) return {};
+  SessionOptions so;
+  so.intra_op_threads = 1;
+  so.optimize = false;
+  auto s = InferenceSession::FromGraph(std::move(*g), so);
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return {};
+  auto out = (*s)->Run(feeds);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? std::move(*out) : std::vector<Tensor>{};
+}
+
+// A random tensor of `low` (bf16 or fp16) and the same values in float32.
+std::pair<Tensor, Tensor> RandomLow(DataType low, const std::vector<int64_t>& dims, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  Tensor l(low, dims), f(DataType::kFloat32, dims);
+  for (int64_t i = 0; i < l.numel(); ++i) {
+    const float x = normal(rng);
+    l.data<uint16_t>()[i] = low == DataType::kBFloat16 ? FloatToBFloat16(x) : FloatToHalf(x);
+    f.data<float>()[i] = low == DataType::kBFloat16 ? BFloat16ToFloat(l.data<uint16_t>()[i])
+                                                    : HalfToFloat(l.data<uint16_t>()[i]);
+  }
+  return {std::move(l), std::move(f)};
+}
+
+uint16_t RoundTo(DataType low, float x) { return low == DataType::kBFloat16 ? FloatToBFloat16(x) : FloatToHalf(x); }
+
+// With `to`, MatMulBf16 / MatMulF16 write their own type: the float32 result, bias included (a
+// bias of that type), rounded once, bit for bit.
+TEST(MatMulBf16, LowPrecisionResultIsTheFloat32ResultRoundedOnce) {
+  for (const auto& [op, low] : {std::pair{"MatMulBf16", DataType::kBFloat16}, std::pair{"MatMulF16", DataType::kFloat16}}) {
+    const char* type = DataTypeName(low);
+    const int to = static_cast<int>(low);
+    auto [a, a32] = RandomLow(low, {2, 5, 24}, 1);
+    auto [b, b32] = RandomLow(low, {7, 24}, 2);
+    auto [c, c32] = RandomLow(low, {7}, 3);
+    const std::vector<Tensor> low_out =
+        RunText(absl::StrCat("input a: T[2,5,24]\ninput b: T[7,24]\ninput c: T[7]\n",
+                             "y = ai.cleave.", op, "(a, b, c) {transB = 1, to = ", to, "}\noutput y\n"),
+                type, {{"a", a}, {"b", b}, {"c", c}});
+    const std::vector<Tensor> wide_out =
+        RunText(absl::StrCat("input a: T[2,5,24]\ninput b: T[7,24]\ninput c: float32[7]\n",
+                             "y = ai.cleave.", op, "(a, b, c) {transB = 1}\noutput y\n"),
+                type, {{"a", a}, {"b", b}, {"c", c32}});
+    ASSERT_EQ(low_out.size(), 1u);
+    ASSERT_EQ(wide_out.size(), 1u);
+    ASSERT_EQ(low_out[0].dtype(), low);
+    ASSERT_EQ(low_out[0].numel(), wide_out[0].numel());
+    for (int64_t i = 0; i < low_out[0].numel(); ++i)
+      ASSERT_EQ(low_out[0].data<uint16_t>()[i], RoundTo(low, wide_out[0].data<float>()[i])) << op << " at " << i;
+  }
+  // A `to` other than float32 or the operands' type, and a bias of the other type, are errors
+  // naming the node and what it expected.
+  for (const auto& [attrs, bias, want] :
+       {std::tuple{"to = 10", "bfloat16", "attribute to = 10: expected 1 (float32) or 16 (bfloat16)"},
+        std::tuple{"to = 16", "float32", "has dtype float32, expected one of bfloat16"}}) {
+    auto g = graph::ParseGraph(absl::StrCat("input a: bfloat16[2,4]\ninput b: bfloat16[4,3]\ninput c: ", bias,
+                                            "[3]\ny = ai.cleave.MatMulBf16(a, b, c) {", attrs, "}\noutput y\n"));
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto s = InferenceSession::FromGraph(std::move(*g));
+    ASSERT_FALSE(s.ok()) << attrs;
+    EXPECT_NE(s.status().message().find(want), std::string::npos) << s.status();
+    EXPECT_NE(s.status().message().find("MatMulBf16"), std::string::npos) << s.status();
+  }
+}
+
+// The CPU runs the bias Add, Gelu, GeluGrad and the bias gradient's ReduceSum in bf16 and fp16
+// by widening to float32 and rounding each result once: bit for bit the float32 kernel on the
+// widened values, rounded.
+TEST(MixedPrecision, LowPrecisionKernelsAreTheFloat32KernelsRoundedOnce) {
+  const std::string text = R"(
+    opset 20
+    input x: T[4,6,32]
+    input dy: T[4,6,32]
+    input bias: T[32]
+    init axes: int64[2] = 0 1
+    s = Add(x, bias)
+    g = ai.cleave.Gelu(s)
+    gt = ai.cleave.Gelu(x) {approximate = "tanh"}
+    g20 = Gelu(x)
+    dx = ai.cleave.GeluGrad(dy, s)
+    dxt = ai.cleave.GeluGrad(dy, x) {approximate = "tanh"}
+    db = ReduceSum(dx, axes) {keepdims = 0}
+    output s
+    output g
+    output gt
+    output g20
+    output dx
+    output dxt
+    output db
+  )";
+  for (DataType low : {DataType::kBFloat16, DataType::kFloat16}) {
+    auto [x, x32] = RandomLow(low, {4, 6, 32}, 11);
+    auto [dy, dy32] = RandomLow(low, {4, 6, 32}, 12);
+    auto [bias, bias32] = RandomLow(low, {32}, 13);
+    // The float32 reference of each op reads the rounded result of the op before it, as the low
+    // graph does: run the float32 graph op by op on the low graph's own intermediate values.
+    const std::vector<Tensor> got = RunText(text, DataTypeName(low), {{"x", x}, {"dy", dy}, {"bias", bias}});
+    ASSERT_EQ(got.size(), 7u);
+    auto widen = [&](const Tensor& t) {
+      Tensor f(DataType::kFloat32, t.dims());
+      for (int64_t i = 0; i < t.numel(); ++i)
+        f.data<float>()[i] = low == DataType::kBFloat16 ? BFloat16ToFloat(t.data<uint16_t>()[i])
+                                                        : HalfToFloat(t.data<uint16_t>()[i]);
+      return f;
+    };
+    const Tensor s32 = widen(got[0]), dx32 = widen(got[4]);
+    const std::vector<Tensor> ref =
+        RunText(R"(
+          opset 20
+          input x: float32[4,6,32]
+          input dy: float32[4,6,32]
+          input bias: float32[32]
+          input s: float32[4,6,32]
+          input dx: float32[4,6,32]
+          init axes: int64[2] = 0 1
+          s_ref = Add(x, bias)
+          g = ai.cleave.Gelu(s)
+          gt = ai.cleave.Gelu(x) {approximate = "tanh"}
+          g20 = Gelu(x)
+          dx_ref = ai.cleave.GeluGrad(dy, s)
+          dxt = ai.cleave.GeluGrad(dy, x) {approximate = "tanh"}
+          db = ReduceSum(dx, axes) {keepdims = 0}
+          output s_ref
+          output g
+          output gt
+          output g20
+          output dx_ref
+          output dxt
+          output db
+        )",
+                "float32", {{"x", x32}, {"dy", dy32}, {"bias", bias32}, {"s", s32}, {"dx", dx32}});
+    ASSERT_EQ(ref.size(), 7u);
+    for (size_t o = 0; o < got.size(); ++o) {
+      ASSERT_EQ(got[o].dtype(), low) << o;
+      ASSERT_EQ(got[o].numel(), ref[o].numel()) << o;
+      for (int64_t i = 0; i < got[o].numel(); ++i)
+        ASSERT_EQ(got[o].data<uint16_t>()[i], RoundTo(low, ref[o].data<float>()[i]))
+            << DataTypeName(low) << " output " << o << " at " << i;
+    }
   }
 }
 
@@ -197,6 +350,82 @@ TEST(MixedPrecision, Bf16FusedAttentionAndWeightLayouts) {
   }
   for (int step = 0; step < 3; ++step) EXPECT_NEAR(loss[1][step], loss[0][step], 0.01 * loss[0][step]) << step;
   EXPECT_NE(loss[1], loss[0]);  // bf16 rounding does show
+}
+
+// Between the products, a layer's activations stay in the low type, as PyTorch's autocast keeps
+// them: the products that only casts read write the low type (the MLP's first product with its
+// bias and GELU, the q/k/v product with its bias and Split, the gradients into GELU and into
+// attention), GeluGrad runs low, and the bias gradients sum low values. Casts to the low type
+// are left only after the LayerNorms, the residual stream's gradient and the loss gradient,
+// which stay float32.
+TEST(MixedPrecision, ActivationsBetweenProductsStayLowPrecision) {
+  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  for (Precision p : {Precision::kBf16, Precision::kFp16}) {
+    const DataType low = p == Precision::kBf16 ? DataType::kBFloat16 : DataType::kFloat16;
+    const std::string product = p == Precision::kBf16 ? "MatMulBf16" : "MatMulF16";
+    TrainingSpec spec;
+    spec.dims = {{"batch", 2}, {"seq", 16}};
+    spec.precision = p;
+    spec.fuse_attention = true;
+    auto a = BuildTrainingArtifacts(**model, spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    std::unique_ptr<graph::Graph> g = a->training->Clone();
+    graph::TransformerFusion fusion;
+    graph::DeadCodeElimination dce;
+    ASSERT_TRUE(graph::InferShapes(*g).ok());
+    ASSERT_TRUE(graph::RunToFixedPoint({&fusion, &dce}, g.get()).ok());
+    int low_products = 0, low_biased = 0, gelus = 0, gelu_grads = 0, splits = 0, low_sums = 0;
+    for (const auto& n : g->nodes()) {
+      const std::string& op = n->op_type();
+      const graph::Value* y = n->num_outputs() ? n->output(0) : nullptr;
+      if (op == product && n->AttrInt("to", 1) == static_cast<int64_t>(low)) {
+        ++low_products;
+        EXPECT_EQ(y->dtype(), low);
+        if (n->num_inputs() == 3) {
+          ++low_biased;
+          EXPECT_EQ(n->input(2)->dtype(), low) << n->name();
+        }
+      }
+      if (op == "Gelu") {
+        ++gelus;
+        EXPECT_EQ(n->input(0)->dtype(), low) << n->name();
+      }
+      if (op == "GeluGrad") {
+        ++gelu_grads;
+        for (int i = 0; i < 2; ++i) EXPECT_EQ(n->input(i)->dtype(), low) << n->name();
+      }
+      if (op == "Split") {
+        ++splits;
+        EXPECT_EQ(n->input(0)->dtype(), low) << n->name();
+      }
+      if (op == "ReduceSum" && n->input(0)->dtype() == low) ++low_sums;
+      // What a cast to the low type may still read.
+      if (op == "Cast" && y->dtype() == low && n->input(0)->producer()) {
+        const std::string& from = n->input(0)->producer()->op_type();
+        // (The loss gradient's cast folds into the loss gradient in device sessions: its `to`.)
+        EXPECT_TRUE(from == "LayerNormalization" || from == "LayerNormalizationGrad" || from == "Add" ||
+                    from == "SoftmaxCrossEntropyLossGrad")
+            << n->name() << " narrows a " << from;
+        if (from == "Add") {
+          // The residual stream's gradient (a sum of two float32 gradients), not a bias Add.
+          for (const graph::Value* x : n->input(0)->producer()->inputs())
+            EXPECT_EQ(x->shape().rank(), 3) << n->name() << " narrows a bias Add";
+        }
+      }
+    }
+    // Per layer of the two: the MLP's first product and the q/k/v product, with their biases,
+    // and the gradients into GELU and into the attention's layout.
+    EXPECT_EQ(low_biased, 4) << PrecisionName(p);
+    EXPECT_EQ(low_products, 8) << PrecisionName(p);
+    EXPECT_EQ(gelus, 2);
+    EXPECT_EQ(gelu_grads, 2);
+    EXPECT_EQ(splits, 2);
+    EXPECT_EQ(low_sums, 4) << "the MLP's first bias and the q/k/v bias, per layer";
+    // Still a valid ONNX model for the checker (as --save-artifacts writes it).
+    absl::Status checked = onnx_ext::CheckModel(*a->training);
+    EXPECT_TRUE(checked.ok()) << checked;
+  }
 }
 
 // The CPU's bf16 attention and its gradient compute in float32 from the bf16 values: they

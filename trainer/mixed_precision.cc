@@ -80,11 +80,10 @@ class Autocast {
     FindAttention(&attention, &grads);
     for (Node* n : products) RewriteProduct(n);
     RewriteAttention(attention, grads);
-    Prune();
-    while (HoistNarrowing()) {}
-    while (SinkWidening()) {}
-    CancelRoundTrips();
-    Prune();
+    // Between the products, narrowing casts move up (to the products, which then write the low
+    // type) and widening casts down, until none moves.
+    for (Prune(); HoistNarrowing() || LowGeluGrad() || NarrowProduct() || SinkWidening() || CancelRoundTrips();)
+      Prune();
     const size_t rewritten = products.size() + attention.size() + grads.size();
     if (rewritten > 0) {
       g_.opset_imports()[graph::kCleaveDomain] = 1;
@@ -253,46 +252,154 @@ class Autocast {
     }
   }
 
-  // One narrowing cast moved above the Reshape or Transpose that only it reads (readers of
-  // its shape follow it), which then moves half the bytes; its cast of a widened value cancels.
-  // The attention output goes to the projection in low precision this way. False: none left.
+  // Whether v has a low-precision twin already (a cast, or the value it was widened from).
+  bool HasLow(const Value* v) const { return casts_.count(v) || WidenedFrom(v); }
+
+  // Whether v is the result of a float32-result product that only `reader` reads (a cast of it
+  // for that reader folds into the product: NarrowProduct).
+  bool ProductFor(const Value* v, const Node* reader) const {
+    const Node* p = v->producer();
+    return p && p->domain() == graph::kCleaveDomain && p->op_type() == op_ && !p->FindAttr("to") &&
+           p->num_inputs() == 2 && !v->is_graph_output() && v->consumers().size() == 1 &&
+           v->consumers()[0].first == reader;
+  }
+
+  // The inputs of f that move to the low type with its outputs, or empty if f does not move:
+  // the layout ops and Split move their data, Gelu its input, and an Add both operands where
+  // one is cheap to narrow (a bias, broadcast; a product; a value narrowed already) so that the
+  // casts it needs move fewer bytes than the one they replace.
+  std::vector<int> MovingInputs(const Node* f) const {
+    const std::string& t = f->op_type();
+    const bool onnx = f->domain().empty(), cleave = f->domain() == graph::kCleaveDomain;
+    if (onnx && (t == "Transpose" || t == "Reshape" || t == "Split")) return {0};
+    if ((onnx || cleave) && t == "Gelu") return {0};
+    if (!onnx || t != "Add" || f->num_inputs() != 2) return {};
+    const Value* y = f->output(0);
+    if (!y->shape().is_static()) return {};
+    for (int i = 0; i < 2; ++i) {
+      const Value* x = f->input(i);
+      if (!x || x->dtype() != DataType::kFloat32 || !x->shape().is_static()) return {};
+    }
+    for (int i = 0; i < 2; ++i) {
+      const Value* x = f->input(i);
+      if (x->shape().NumElements() < y->shape().NumElements() || HasLow(x) || ProductFor(x, f)) return {0, 1};
+    }
+    return {};
+  }
+
+  // One op whose every output only narrowing casts (and Shape) read rebuilt in
+  // the low type over casts of its inputs: it then moves half the bytes, and its casts of
+  // products fold into them. Attention's output goes to the projection in low precision this
+  // way, and a layer's product + bias + GELU, or + bias + the q/k/v Split, write low precision
+  // throughout. False: none left.
   bool HoistNarrowing() {
     for (const auto& node : g_.nodes()) {
-      Node* c = node.get();
-      if (!IsCast(c) || c->output(0)->dtype() != low_) continue;
-      Value* x = c->input(0);
-      Node* layout = x->producer();
-      if (!layout || !layout->domain().empty() || x->is_graph_output()) continue;
-      if (layout->op_type() != "Transpose" && layout->op_type() != "Reshape") continue;
-      std::vector<Node*> shape_readers;
-      bool only_shapes = true;
-      for (const auto& [r, slot] : x->consumers()) {
-        if (r == c) continue;
-        if (r->domain().empty() && r->op_type() == "Shape") shape_readers.push_back(r);
-        else only_shapes = false;
+      Node* f = node.get();
+      const std::vector<int> moving = MovingInputs(f);
+      if (moving.empty() || f->num_outputs() == 0) continue;
+      std::vector<Value*> out;
+      std::vector<Node*> casts;
+      std::vector<std::pair<Node*, int>> shape_readers;  // and the output each reads
+      bool narrowed = true;
+      for (int i = 0; narrowed && i < f->num_outputs(); ++i) {
+        Value* x = f->output(i);
+        narrowed = x && !x->is_graph_output() && x->dtype() == DataType::kFloat32;
+        Value* twin = nullptr;
+        for (const auto& [r, slot] : narrowed ? x->consumers() : std::vector<std::pair<Node*, int>>{}) {
+          if (IsCast(r) && r->output(0)->dtype() == low_ && !r->output(0)->is_graph_output()) {
+            if (!twin) twin = r->output(0);
+            casts.push_back(r);
+          } else if (r->domain().empty() && r->op_type() == "Shape") {
+            shape_readers.emplace_back(r, i);
+          } else {
+            narrowed = false;
+          }
+        }
+        narrowed = narrowed && twin;
+        out.push_back(twin);
       }
-      if (!only_shapes) continue;
-      std::vector<Value*> in = layout->inputs();
-      in[0] = Cast(in[0], c);
-      Value* y = c->output(0);
-      Forget(x);
-      Forget(y);
-      g_.RemoveNode(c);
-      g_.RebuildNode(layout, in, {y});
-      for (Node* r : shape_readers) g_.SetNodeInput(r, 0, y);
+      if (!narrowed) continue;
+      std::vector<Value*> in = f->inputs();
+      for (int i : moving) in[i] = Cast(in[i], casts[0]);
+      std::vector<std::pair<Value*, Value*>> same;  // a second cast of one output -> the twin
+      for (Node* c : casts) {
+        Value* y = c->output(0);
+        Value* twin = out[c->input(0)->producer_output()];
+        Forget(c->input(0));
+        Forget(y);
+        g_.RemoveNode(c);
+        if (y != twin) same.emplace_back(y, twin);
+      }
+      g_.RebuildNode(f, in, out);
+      for (auto [y, twin] : same) g_.ReplaceAllUsesWith(y, twin);
+      for (auto [r, i] : shape_readers) g_.SetNodeInput(r, 0, out[i]);
       return true;
     }
     return false;
   }
 
-  // One widening cast moved below the Reshape, Transpose or Concat that only widened values
-  // feed: the gradient of attention's q, k and v is laid out and concatenated in low precision
-  // and widened once, for the bias gradient. False: none left.
+  // A GeluGrad whose forward input has a low twin (its Gelu moved) computes in the low type too,
+  // from a gradient cheap to narrow, and its result is widened for readers that keep fp32 (the
+  // casts for the products cancel with it, and the bias gradient's sum sinks it). False: none.
+  bool LowGeluGrad() {
+    for (const auto& node : g_.nodes()) {
+      Node* gg = node.get();
+      if (gg->domain() != graph::kCleaveDomain || gg->op_type() != "GeluGrad" || gg->num_inputs() != 2) continue;
+      Value* dy = gg->input(0);
+      Value* h = gg->input(1);
+      Value* dx = gg->output(0);
+      if (!dy || !h || !dx || dy->dtype() != DataType::kFloat32 || h->dtype() != DataType::kFloat32 ||
+          dx->is_graph_output() || !HasLow(h) || !(HasLow(dy) || ProductFor(dy, gg)))
+        continue;
+      std::vector<Value*> in = {Cast(dy, gg), Cast(h, gg)};
+      Value* dx_low = LowTwin(dx);
+      Node* m = g_.RebuildNode(gg, in, {dx_low});
+      Widen(dx_low, dx, m);
+      return true;
+    }
+    return false;
+  }
+
+  // A float32-result product that only narrowing casts read writes the low type itself (`to`),
+  // rounded once from its float32 accumulation. False: none left.
+  bool NarrowProduct() {
+    for (const auto& node : g_.nodes()) {
+      Node* m = node.get();
+      if (m->domain() != graph::kCleaveDomain || m->op_type() != op_ || m->FindAttr("to") || m->num_inputs() != 2)
+        continue;
+      Value* y = m->output(0);
+      if (!y || y->is_graph_output() || y->consumers().empty()) continue;
+      bool narrowed = true;
+      for (const auto& [r, slot] : y->consumers())
+        narrowed &= IsCast(r) && r->output(0)->dtype() == low_ && !r->output(0)->is_graph_output();
+      if (!narrowed) continue;
+      std::vector<Node*> casts;
+      for (const auto& [r, slot] : y->consumers()) casts.push_back(r);
+      Value* low = casts[0]->output(0);
+      Forget(y);
+      std::vector<Value*> same;
+      for (Node* c : casts) {
+        if (c->output(0) != low) same.push_back(c->output(0));
+        g_.RemoveNode(c);
+      }
+      Node* n = g_.RebuildNode(m, m->inputs(), {low});
+      n->SetAttr("to", graph::Attribute::Int(static_cast<int64_t>(low_)));
+      for (Value* v : same) g_.ReplaceAllUsesWith(v, low);
+      return true;
+    }
+    return false;
+  }
+
+  // One widening cast moved below the Reshape, Transpose, Concat or ReduceSum that only widened
+  // values feed: the gradient of attention's q, k and v is laid out and concatenated in low
+  // precision, and the bias gradients sum low-precision gradients (accumulating in fp32, rounding
+  // the [N] result once) and are widened. False: none left.
   bool SinkWidening() {
     for (const auto& node : g_.nodes()) {
       Node* layout = node.get();
       const std::string& t = layout->op_type();
-      if (!layout->domain().empty() || (t != "Transpose" && t != "Reshape" && t != "Concat")) continue;
+      if (!layout->domain().empty() || (t != "Transpose" && t != "Reshape" && t != "Concat" && t != "ReduceSum"))
+        continue;
       std::vector<Value*> in = layout->inputs();
       const int data_inputs = t == "Concat" ? layout->num_inputs() : 1;
       bool widened = data_inputs > 0;
@@ -311,8 +418,8 @@ class Autocast {
     return false;
   }
 
-  // A cast to the low type of a value widened from it reads the low value itself.
-  void CancelRoundTrips() {
+  // A cast to the low type of a value widened from it reads the low value itself. False: none.
+  bool CancelRoundTrips() {
     std::vector<Node*> round_trips;
     for (const auto& n : g_.nodes())
       if (IsCast(n.get()) && n->output(0)->dtype() == low_ && !n->output(0)->is_graph_output() &&
@@ -326,6 +433,7 @@ class Autocast {
       g_.RemoveNode(c);
       g_.ReplaceAllUsesWith(y, src);
     }
+    return !round_trips.empty();
   }
 
   graph::Graph& g_;

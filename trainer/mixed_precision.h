@@ -5,8 +5,13 @@
 // and accumulates and returns fp32 (ai.cleave MatMulBf16, run by oneDNN on the CPU, or
 // MatMulF16). The fused attention (ai.cleave Attention, its gradient) runs on low-precision
 // q, k and v, as PyTorch's autocast runs scaled_dot_product_attention, which lets the CUDA
-// provider use cuDNN's flash attention. Everything else (normalisations, the loss,
-// reductions) stays fp32, as PyTorch's autocast keeps them.
+// provider use cuDNN's flash attention. Between the products, the activations that were only
+// cast to the low type anyway move to it, as PyTorch's autocast keeps a linear layer's output:
+// a product that only casts read writes the low type itself (MatMulBf16 `to`), and the bias
+// Add, GELU and its gradient, the q/k/v Split and the layout ops between products run on it;
+// the bias gradients sum low-precision gradients (fp32 accumulation, the [N] sum rounded).
+// The normalisations, the residual stream and its gradient, and the loss stay fp32, as PyTorch's
+// autocast keeps them.
 //
 // fp16's narrow range needs loss scaling: the backward's seed becomes the input `loss_scale`
 // (times the seed the graph had, 1/|dp| under data parallelism), so every gradient is scaled by
@@ -28,7 +33,8 @@ const char* PrecisionName(Precision p);
 // Rewrites the fp32 MatMul / FusedMatMul nodes (without bias or activation) of `g` into casts
 // and MatMulBf16 (MatMulF16 for kFp16), and the fused ai.cleave Attention / AttentionGrad into
 // the same ops over low-precision q, k, v (and out, dOut), their outputs widened back to fp32
-// (lse stays fp32); returns how many nodes it rewrote. kFp32 changes nothing.
+// (lse stays fp32), then moves casts between the products as above; returns how many products
+// and attention nodes it rewrote. kFp32 changes nothing.
 absl::StatusOr<int> ApplyAutocast(graph::Graph& g, Precision precision);
 
 inline constexpr const char* kLossScale = "loss_scale";

@@ -432,7 +432,7 @@ bool FoldTransposes(Graph* g, Node* mm) {
 }
 
 // FusedMatMul (no bias, no activation) + Add of a [N] vector -> FusedMatMul with that bias;
-// likewise MatMulBf16 / MatMulF16 (mixed precision) + Add of a float32 [N] vector. The bias may
+// likewise MatMulBf16 / MatMulF16 (mixed precision) + Add of an [N] vector of the result's type. The bias may
 // be any value (a parameter is a graph input in a training graph).
 bool FuseFusedMatMulBias(Graph* g, Node* fmm) {
   if (fmm->num_inputs() > 2 || fmm->AttrString("activation", "") != "") return false;
@@ -480,6 +480,9 @@ bool FoldTransposeOfMatMul(Graph* g, Node* t) {
   const bool trans_a = cleave && mm->AttrInt("transA", 0) != 0;
   const bool trans_b = cleave && mm->AttrInt("transB", 0) != 0;
   auto metadata = mm->metadata();
+  const Attribute* to_attr = mm->FindAttr("to");  // a low-precision result stays one
+  std::optional<Attribute> to;
+  if (to_attr) to = *to_attr;
   Value* out = t->output(0);
   const std::string name = mm->name(), op = low ? mm->op_type() : "FusedMatMul";
   g->RemoveNode(t);
@@ -487,6 +490,7 @@ bool FoldTransposeOfMatMul(Graph* g, Node* t) {
   Node* n = g->AddNode(op, {b, a}, {out}, name, kCleaveDomain);
   n->SetAttr("transA", Attribute::Int(trans_b ? 0 : 1));
   n->SetAttr("transB", Attribute::Int(trans_a ? 0 : 1));
+  if (to) n->SetAttr("to", *to);
   n->metadata() = metadata;
   return true;
 }

@@ -30,6 +30,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterGradKernels(registry_);
   RegisterOptimizerKernels(registry_);
   RegisterCollectiveKernels(registry_);
+  RegisterLowPrecisionKernels(registry_);
 }
 
 CpuExecutionProvider::~CpuExecutionProvider() = default;

@@ -21,6 +21,7 @@
 #include "base/status.h"
 #include "graph/op_table.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/nn.h"
 #include "kernels/cpu/packed_gemm.h"
@@ -142,10 +143,25 @@ class MatMulBf16Kernel : public OpKernel {
       return InvalidArgument("MatMulBf16: expected bias of shape [", p.N, "], got ", DimsToString(bias->shape()));
     TensorView* y = ctx.Output(0, out);
     if (!y) return absl::OkStatus();
-    RETURN_IF_ERROR(Product(p, a, b, y, ctx));
-    if (bias && p.N > 0)
-      kernels::cpu::BiasActivation(y->as<float>(), bias->as<float>(), y->numel() / p.N, p.N,
+    // A low-precision result (`to`): the float32 result, bias included, rounded once.
+    const bool low_out = y->dtype != DataType::kFloat32;
+    TensorView y32 = *y;
+    if (low_out) {
+      y32.dtype = DataType::kFloat32;
+      y32.data = ctx.Scratch(y32.nbytes());
+    }
+    RETURN_IF_ERROR(Product(p, a, b, &y32, ctx));
+    if (bias && p.N > 0) {
+      TensorView bias32 = *bias;
+      if (bias->dtype != DataType::kFloat32) {
+        bias32.dtype = DataType::kFloat32;
+        bias32.data = ctx.Scratch(bias32.nbytes());
+        kernels::cpu::Cast(*bias, bias32, ctx.thread_pool());
+      }
+      kernels::cpu::BiasActivation(y32.as<float>(), bias32.as<float>(), y32.numel() / p.N, p.N,
                                    kernels::cpu::Activation::kNone, ctx.thread_pool());
+    }
+    if (low_out) kernels::cpu::Cast(y32, *y, ctx.thread_pool());
     return absl::OkStatus();
   }
 

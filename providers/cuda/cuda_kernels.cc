@@ -158,7 +158,7 @@ class DropoutKernel : public CudaKernel {
 class MatMulKernel : public CudaKernel {
  public:
   MatMulKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {
-    // FusedMatMul's bias, and the low-precision products' (MatMulBf16 / MatMulF16 + a float32 bias).
+    // FusedMatMul's bias, and the low-precision products' (MatMulBf16 / MatMulF16 + a bias of the result's type).
     fused_ = n.op_type() == "FusedMatMul" || n.num_inputs() > 2;
     trans_a_ = n.AttrInt("transA", 0) != 0;
     trans_b_ = n.AttrInt("transB", 0) != 0;
@@ -176,7 +176,8 @@ class MatMulKernel : public CudaKernel {
       return InvalidArgument(name_, ": expected bias of shape [", plan->N, "], got ", DimsToString(bias->shape()));
     TensorView* y = ctx.Output(0, plan->out_shape());
     if (!y) return absl::OkStatus();
-    // MatMulBf16 and MatMulF16 take low-precision operands and give a float32 result.
+    // MatMulBf16 and MatMulF16 take low-precision operands and give a float32 result, or (`to`) one of
+    // their own type, which the epilogue rounds to once.
     absl::Status s = CudaMatMul(*p_, *plan, a.dtype, y->dtype, a.data, b.data, y->data, bias ? bias->data : nullptr,
                                 gelu_tanh_);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(name_, ": ", s.message()));
