@@ -422,7 +422,15 @@ absl::Status InferSkipLayerNorm(InferContext& ctx) {
   const Shape& skip = ctx.input_shape(1);
   if (x.has_rank() && skip.has_rank() && x.is_static() && skip.is_static() && x != skip)
     return ctx.Error("x ", x.ToString(), " and skip ", skip.ToString(), " differ");
-  ctx.SetOutput(0, t, x);
+  // y in x's type, or with `to` in bf16/fp16 (the next product's operand, rounded once).
+  DataType y = t;
+  if (const Attribute* to = ctx.node().FindAttr("to")) {
+    y = static_cast<DataType>(to->i);
+    if (y != t && y != DataType::kBFloat16 && y != DataType::kFloat16)
+      return ctx.Error("attribute to = ", to->i, ": expected x's type ", static_cast<int>(t), " (", DataTypeName(t),
+                       "), 16 (bfloat16) or 10 (float16)");
+  }
+  ctx.SetOutput(0, y, x);
   Shape stat;
   if (x.has_rank() && x.rank() > 0) {
     std::vector<Dim> d = x.dims();

@@ -223,12 +223,14 @@ OpSchema SkipLayerNormSchema() {
       .Input(1, "skip", "like x", "T")
       .Input(2, "scale", "[C]", "T")
       .Input(3, "bias", "[C]", "T", OpSchema::Optional)
-      .Output(0, "y", "like x", "T")
+      .Output(0, "y", "like x, in x's type or the type `to` names", "V")
       .Output(1, "mean", "[..., 1]", "tensor(float)", OpSchema::Optional)
       .Output(2, "inv_std_dev", "[..., 1]", "tensor(float)", OpSchema::Optional)
       .Output(3, "sum", "x + skip", "T", OpSchema::Optional)
       .Attr("epsilon", "added to the variance", AttributeProto::FLOAT, 1e-5f)
-      .TypeConstraint("T", kFloatTypes, "float tensors");
+      .Attr("to", "y's type when not x's: 16 (bfloat16) or 10 (float16)", AttributeProto::INT, onnx::OPTIONAL_VALUE)
+      .TypeConstraint("T", kFloatTypes, "float tensors")
+      .TypeConstraint("V", kFloatTypes, "float tensors");
   return s;
 }
 

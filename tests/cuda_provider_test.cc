@@ -393,6 +393,24 @@ TEST(CudaProvider, SkipLayerNorm) {
              {{"x", Random({3, 5, 768}, 80)}, {"r", Random({3, 5, 768}, 81)}, {"g", Random({768}, 82)},
               {"b", Random({768}, 83)}},
              1e-5, 1e-4, "SkipLayerNormalization");
+  // y written in bf16 / fp16 (`to`, mixed precision's next operand): one rounding of the float32
+  // value, which may fall either side of a rounding boundary on the two devices.
+  for (int to : {16, 10})
+    ExpectSame(absl::StrCat(R"(
+      input x: float32[3,5,768]
+      input r: float32[3,5,768]
+      input g: float32[768]
+      input b: float32[768]
+      hy, mean, inv, sum = ai.cleave.SkipLayerNormalization(x, r, g, b) {epsilon = 1e-5, to = )", to, R"(}
+      y = Cast(hy) {to = 1}
+      output y
+      output mean
+      output inv
+      output sum
+    )"),
+               {{"x", Random({3, 5, 768}, 84)}, {"r", Random({3, 5, 768}, 85)}, {"g", Random({768}, 86)},
+                {"b", Random({768}, 87)}},
+               to == 16 ? 1e-2 : 1e-3, to == 16 ? 8e-3 : 1e-3, "SkipLayerNormalization");
 }
 
 TEST(CudaProvider, GradientOps) {

@@ -467,19 +467,35 @@ Feeds TinyGptTrainingFeeds(const trainer::TrainingArtifacts& a) {
   return feeds;
 }
 
+// Under mixed precision the normalisation also writes the next product's bf16 / fp16 operand
+// itself (`to`): the same float32 values rounded once, so still bit for bit.
 TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
-  auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, trainer::TrainingSpec{});
-  auto fused_graph = a.training->Clone();
-  ASSERT_TRUE(InferShapes(*fused_graph).ok());
-  SkipLayerNormFusion fusion;
-  DeadCodeElimination dce;
-  ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, fused_graph.get()).ok());
-  int fused = 0;
-  for (const auto& n : fused_graph->nodes()) fused += n->op_type() == "SkipLayerNormalization";
-  // ln2 of both layers and ln1 of the second, and ln_f: the residual adds (ln1 of layer 0 reads
-  // the embeddings' sum, which is an add too).
-  EXPECT_GE(fused, 4);
-  ExpectGraphsAgree(std::move(fused_graph), a.training->Clone(), TinyGptTrainingFeeds(a), 0, 0);
+  for (const char* precision : {"fp32", "bf16", "fp16"}) {
+    trainer::TrainingSpec spec;
+    spec.precision = *trainer::ParsePrecision(precision);
+    auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, spec);
+    auto fused_graph = a.training->Clone();
+    ASSERT_TRUE(InferShapes(*fused_graph).ok());
+    SkipLayerNormFusion fusion;
+    DeadCodeElimination dce;
+    ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, fused_graph.get()).ok());
+    int fused = 0, low = 0;
+    for (const auto& n : fused_graph->nodes()) {
+      if (n->op_type() != "SkipLayerNormalization") continue;
+      ++fused;
+      if (n->HasAttr("to")) {
+        ++low;
+        EXPECT_EQ(n->output(0)->dtype(), std::string(precision) == "bf16" ? DataType::kBFloat16 : DataType::kFloat16);
+      }
+      EXPECT_EQ(n->output(3)->dtype(), DataType::kFloat32) << "the residual stream stays float32";
+    }
+    // ln2 of both layers and ln1 of the second, and ln_f: the residual adds (ln1 of layer 0 reads
+    // the embeddings' sum, which is an add too).
+    EXPECT_GE(fused, 4) << precision;
+    EXPECT_EQ(low, std::string(precision) == "fp32" ? 0 : fused) << precision;
+    if (std::string(precision) == "fp16") continue;  // fp16 training graphs take a loss scale
+    ExpectGraphsAgree(std::move(fused_graph), a.training->Clone(), TinyGptTrainingFeeds(a), 0, 0);
+  }
 }
 
 // The cross-entropy gradient reads the scores: the forward outputs the loss alone, and under

@@ -148,6 +148,45 @@ TEST(MatMulBf16, LowPrecisionResultIsTheFloat32ResultRoundedOnce) {
   }
 }
 
+// SkipLayerNormalization with `to` writes y in bf16 / fp16: the float32 y rounded once; a `to`
+// that is neither x's type nor a low one is an error naming the node and what it expected.
+TEST(MixedPrecision, SkipLayerNormWritesTheLowTypeRoundedOnce) {
+  const std::string text = R"(
+    input x: float32[3,40]
+    input r: float32[3,40]
+    input g: float32[40]
+    y, mean, inv, sum = ai.cleave.SkipLayerNormalization(x, r, g) {epsilon = 1e-5TO}
+    output y
+    output sum
+  )";
+  auto with = [&](const std::string& attr) {
+    std::string t = text;
+    t.replace(t.find("TO"), 2, attr);
+    return t;
+  };
+  Feeds feeds = {{"x", RandomLow(DataType::kBFloat16, {3, 40}, 21).second},
+                 {"r", RandomLow(DataType::kBFloat16, {3, 40}, 22).second},
+                 {"g", RandomLow(DataType::kBFloat16, {40}, 23).second}};
+  const std::vector<Tensor> wide = RunText(with(""), "float32", feeds);
+  ASSERT_EQ(wide.size(), 2u);
+  for (DataType low : {DataType::kBFloat16, DataType::kFloat16}) {
+    const std::vector<Tensor> got = RunText(with(absl::StrCat(", to = ", static_cast<int>(low))), "float32", feeds);
+    ASSERT_EQ(got.size(), 2u);
+    ASSERT_EQ(got[0].dtype(), low);
+    EXPECT_EQ(got[1].dtype(), DataType::kFloat32) << "the sum stays x's type";
+    for (int64_t i = 0; i < got[0].numel(); ++i)
+      ASSERT_EQ(got[0].data<uint16_t>()[i], RoundTo(low, wide[0].data<float>()[i])) << i;
+  }
+  auto g = graph::ParseGraph(with(", to = 7"));
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto s = InferenceSession::FromGraph(std::move(*g));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("SkipLayerNormalization"), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("attribute to = 7: expected x's type 1 (float32), 16 (bfloat16) or 10 (float16)"),
+            std::string::npos)
+      << s.status();
+}
+
 // The CPU runs the bias Add, Gelu, GeluGrad and the bias gradient's ReduceSum in bf16 and fp16
 // by widening to float32 and rounding each result once: bit for bit the float32 kernel on the
 // widened values, rounded.

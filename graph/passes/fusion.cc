@@ -565,6 +565,26 @@ bool FuseSkipLayerNorm(Graph* g, Node* ln) {
   return true;
 }
 
+// SkipLayerNormalization (float32) whose y only a Cast to bf16 / fp16 reads (the next product's
+// operand under mixed precision) -> it writes y in that type itself (to): one rounding of the
+// same float32 value, and the float32 y is never stored.
+bool FoldSkipLayerNormCast(Graph* g, Node* n) {
+  if (n->domain() != kCleaveDomain || n->op_type() != "SkipLayerNormalization" || n->HasAttr("to")) return false;
+  Value* y = n->output(0);
+  if (!y || y->dtype() != DataType::kFloat32 || y->is_graph_output()) return false;
+  Node* cast = SoleConsumer(y);
+  if (!Is(cast, "Cast")) return false;
+  const int64_t to = cast->AttrInt("to", 0);
+  if (to != static_cast<int64_t>(DataType::kBFloat16) && to != static_cast<int64_t>(DataType::kFloat16)) return false;
+  Value* low = cast->output(0);
+  std::vector<Value*> outputs = n->outputs();
+  outputs[0] = low;
+  g->RemoveNode(cast);
+  Node* m = g->RebuildNode(n, n->inputs(), outputs);
+  m->SetAttr("to", Attribute::Int(to));
+  return true;
+}
+
 // SoftmaxCrossEntropyLoss (loss, log_prob) whose log_prob only SoftmaxCrossEntropyLossGrad
 // nodes read -> the gradients read the scores (from_scores = 1) and the forward outputs the
 // loss alone; a gradient read only by a Cast to bf16 / fp16 takes that Cast's type (to).
@@ -609,7 +629,7 @@ enum class Rules { kActivationNorm, kTransformer, kAttention, kSkipLayerNorm, kS
 // One rewrite at node n, if any applies.
 bool FuseAt(Graph* g, Node* n, Rules rules) {
   if (rules == Rules::kAttention) return Is(n, "Softmax") && FuseAttention(g, n);
-  if (rules == Rules::kSkipLayerNorm) return FuseSkipLayerNorm(g, n);
+  if (rules == Rules::kSkipLayerNorm) return FuseSkipLayerNorm(g, n) || FoldSkipLayerNormCast(g, n);
   if (rules == Rules::kSceFromScores) return FuseSceFromScores(g, n);
   const bool matmul_rules = rules == Rules::kTransformer;
   if (Is(n, "Erf")) return FuseErfGelu(g, n);

@@ -42,8 +42,8 @@ int GeluGrad(Dt dt, const void* dy, const void* x, void* dx, int64_t n, bool tan
 int LayerNorm(Dt dt, const void* x, const void* gamma, const void* beta, void* y, float* mean, float* inv_std,
               int64_t rows, int64_t cols, float epsilon, void* stream);
 // The same over sum = x + skip, written to `sum` (may be null) as well.
-int SkipLayerNorm(Dt dt, const void* x, const void* skip, const void* gamma, const void* beta, void* y, float* mean,
-                  float* inv_std, void* sum, int64_t rows, int64_t cols, float epsilon, void* stream);
+int SkipLayerNorm(Dt dt, Dt y_dt, const void* x, const void* skip, const void* gamma, const void* beta, void* y,
+                  float* mean, float* inv_std, void* sum, int64_t rows, int64_t cols, float epsilon, void* stream);
 // dx [rows, cols]; dgamma, dbeta [cols] fp32 sums over rows (either may be null).
 int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const float* mean, const float* inv_std,
                   void* dx, float* dgamma, float* dbeta, int64_t rows, int64_t cols, void* stream);

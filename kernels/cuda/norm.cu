@@ -35,15 +35,15 @@ __global__ void LayerNormKernel(const T* x, const T* gamma, const T* beta, T* y,
 }
 
 // LayerNorm of x + skip: the sum is re-formed in each pass over the row rather than stored (and
-// written once to `sum` when asked).
-template <typename T>
-__global__ void SkipLayerNormKernel(const T* x, const T* skip, const T* gamma, const T* beta, T* y, float* mean_out,
+// written once to `sum` when asked). y is of x's type, or (mixed precision) of a lower one Y.
+template <typename T, typename Y>
+__global__ void SkipLayerNormKernel(const T* x, const T* skip, const T* gamma, const T* beta, Y* y, float* mean_out,
                                     float* inv_out, T* sum, int64_t cols, float eps) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * cols;
   const T* sr = skip + row * cols;
-  T* yr = y + row * cols;
+  Y* yr = y + row * cols;
   // The sum rounded to the storage type, as Add would store it.
   auto at = [&](int64_t c) { return ToFloat(FromFloat<T>(ToFloat(xr[c]) + ToFloat(sr[c]))); };
   float s = 0.f;
@@ -62,7 +62,7 @@ __global__ void SkipLayerNormKernel(const T* x, const T* skip, const T* gamma, c
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     float v = (at(c) - mean) * inv * ToFloat(gamma[c]);
     if (beta) v += ToFloat(beta[c]);
-    yr[c] = FromFloat<T>(v);
+    yr[c] = FromFloat<Y>(v);
   }
   if (threadIdx.x == 0) {
     if (mean_out) mean_out[row] = mean;
@@ -142,13 +142,15 @@ int LayerNorm(Dt dt, const void* x, const void* gamma, const void* beta, void* y
   return static_cast<int>(cudaGetLastError());
 }
 
-int SkipLayerNorm(Dt dt, const void* x, const void* skip, const void* gamma, const void* beta, void* y, float* mean,
-                  float* inv_std, void* sum, int64_t rows, int64_t cols, float epsilon, void* stream) {
+int SkipLayerNorm(Dt dt, Dt y_dt, const void* x, const void* skip, const void* gamma, const void* beta, void* y,
+                  float* mean, float* inv_std, void* sum, int64_t rows, int64_t cols, float epsilon, void* stream) {
   if (rows == 0) return 0;
   DISPATCH_DT(dt, T, {
-    SkipLayerNormKernel<T><<<Rows(rows), kThreads, 0, Stream(stream)>>>(
-        static_cast<const T*>(x), static_cast<const T*>(skip), static_cast<const T*>(gamma),
-        static_cast<const T*>(beta), static_cast<T*>(y), mean, inv_std, static_cast<T*>(sum), cols, epsilon);
+    DISPATCH_DT(y_dt, Y, {
+      SkipLayerNormKernel<T, Y><<<Rows(rows), kThreads, 0, Stream(stream)>>>(
+          static_cast<const T*>(x), static_cast<const T*>(skip), static_cast<const T*>(gamma),
+          static_cast<const T*>(beta), static_cast<Y*>(y), mean, inv_std, static_cast<T*>(sum), cols, epsilon);
+    });
   });
   return static_cast<int>(cudaGetLastError());
 }

@@ -5,6 +5,7 @@
 
 #include "base/status.h"
 #include "graph/op_table.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/nn.h"
 #include "kernels/cpu/shape.h"
 #include "providers/cpu/cpu_provider.h"
@@ -172,9 +173,16 @@ class SkipLayerNormKernel : public OpKernel {
       for (int64_t i = i0; i < i1; ++i) s[i] = a[i] + b[i];
     });
     if (!y) return absl::OkStatus();
-    kernels::cpu::LayerNorm<float, float>(p, s, scale.as<float>(), bias ? bias->as<float>() : nullptr, y->as<float>(),
+    // A low-precision y (`to`): the float32 result rounded once.
+    TensorView y32 = *y;
+    if (y->dtype != DataType::kFloat32) {
+      y32.dtype = DataType::kFloat32;
+      y32.data = ctx.Scratch(y32.nbytes());
+    }
+    kernels::cpu::LayerNorm<float, float>(p, s, scale.as<float>(), bias ? bias->as<float>() : nullptr, y32.as<float>(),
                                           mean ? mean->as<float>() : nullptr,
                                           inv_std ? inv_std->as<float>() : nullptr, ctx.thread_pool());
+    if (y->dtype != DataType::kFloat32) kernels::cpu::Cast(y32, *y, ctx.thread_pool());
     return absl::OkStatus();
   }
 

@@ -275,7 +275,9 @@ class SkipLayerNormKernel : public CudaKernel {
     TensorView* inv = ctx.Output(2, stat);
     TensorView* sum = ctx.Output(3, x.dim_span());
     if (!y) return absl::OkStatus();
-    return Check(kc::SkipLayerNorm(DtOf(x.dtype), x.data, skip.data, gamma.data, beta ? beta->data : nullptr, y->data,
+    // y in x's type, or (`to`) the low type mixed precision's next product reads.
+    return Check(kc::SkipLayerNorm(DtOf(x.dtype), DtOf(y->dtype), x.data, skip.data, gamma.data,
+                                   beta ? beta->data : nullptr, y->data,
                                    mean ? mean->as<float>() : nullptr, inv ? inv->as<float>() : nullptr,
                                    sum ? sum->data : nullptr, cols ? x.numel() / cols : 0, cols, epsilon_, stream()));
   }
