@@ -187,9 +187,9 @@ TEST(MixedPrecision, SkipLayerNormWritesTheLowTypeRoundedOnce) {
       << s.status();
 }
 
-// The CPU runs the bias Add, Gelu, GeluGrad and the bias gradient's ReduceSum in bf16 and fp16
-// by widening to float32 and rounding each result once: bit for bit the float32 kernel on the
-// widened values, rounded.
+// The CPU runs the bias Add, Gelu, GeluGrad and the bias gradient's ReduceSum (ReduceMean and
+// ReduceMax too) in bf16 and fp16 by widening to float32 and rounding each result once: bit for
+// bit the float32 kernel on the widened values, rounded.
 TEST(MixedPrecision, LowPrecisionKernelsAreTheFloat32KernelsRoundedOnce) {
   const std::string text = R"(
     opset 20
@@ -204,6 +204,8 @@ TEST(MixedPrecision, LowPrecisionKernelsAreTheFloat32KernelsRoundedOnce) {
     dx = ai.cleave.GeluGrad(dy, s)
     dxt = ai.cleave.GeluGrad(dy, x) {approximate = "tanh"}
     db = ReduceSum(dx, axes) {keepdims = 0}
+    dm = ReduceMean(dx, axes) {keepdims = 0}
+    dmax = ReduceMax(dx, axes) {keepdims = 1}
     output s
     output g
     output gt
@@ -211,6 +213,8 @@ TEST(MixedPrecision, LowPrecisionKernelsAreTheFloat32KernelsRoundedOnce) {
     output dx
     output dxt
     output db
+    output dm
+    output dmax
   )";
   for (DataType low : {DataType::kBFloat16, DataType::kFloat16}) {
     auto [x, x32] = RandomLow(low, {4, 6, 32}, 11);
@@ -219,7 +223,7 @@ TEST(MixedPrecision, LowPrecisionKernelsAreTheFloat32KernelsRoundedOnce) {
     // The float32 reference of each op reads the rounded result of the op before it, as the low
     // graph does: run the float32 graph op by op on the low graph's own intermediate values.
     const std::vector<Tensor> got = RunText(text, DataTypeName(low), {{"x", x}, {"dy", dy}, {"bias", bias}});
-    ASSERT_EQ(got.size(), 7u);
+    ASSERT_EQ(got.size(), 9u);
     auto widen = [&](const Tensor& t) {
       Tensor f(DataType::kFloat32, t.dims());
       for (int64_t i = 0; i < t.numel(); ++i)
@@ -244,6 +248,8 @@ TEST(MixedPrecision, LowPrecisionKernelsAreTheFloat32KernelsRoundedOnce) {
           dx_ref = ai.cleave.GeluGrad(dy, s)
           dxt = ai.cleave.GeluGrad(dy, x) {approximate = "tanh"}
           db = ReduceSum(dx, axes) {keepdims = 0}
+          dm = ReduceMean(dx, axes) {keepdims = 0}
+          dmax = ReduceMax(dx, axes) {keepdims = 1}
           output s_ref
           output g
           output gt
@@ -251,9 +257,11 @@ TEST(MixedPrecision, LowPrecisionKernelsAreTheFloat32KernelsRoundedOnce) {
           output dx_ref
           output dxt
           output db
+          output dm
+          output dmax
         )",
                 "float32", {{"x", x32}, {"dy", dy32}, {"bias", bias32}, {"s", s32}, {"dx", dx32}});
-    ASSERT_EQ(ref.size(), 7u);
+    ASSERT_EQ(ref.size(), 9u);
     for (size_t o = 0; o < got.size(); ++o) {
       ASSERT_EQ(got[o].dtype(), low) << o;
       ASSERT_EQ(got[o].numel(), ref[o].numel()) << o;

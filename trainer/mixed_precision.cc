@@ -82,10 +82,12 @@ class Autocast {
     RewriteAttention(attention, grads);
     // Between the products, narrowing casts move up (to the products, which then write the low
     // type) and widening casts down, until none moves.
-    for (Prune(); HoistNarrowing() || LowGeluGrad() || NarrowProduct() || SinkWidening() || CancelRoundTrips();)
+    for (Prune(); HoistNarrowing() || LowGeluGrad() || NarrowProduct() || SinkWidening() || CancelRoundTrips();) {
+      moved_ = true;
       Prune();
+    }
     const size_t rewritten = products.size() + attention.size() + grads.size();
-    if (rewritten > 0) {
+    if (rewritten > 0 || moved_) {
       g_.opset_imports()[graph::kCleaveDomain] = 1;
       g_.RemoveUnusedValues();
       RETURN_IF_ERROR(g_.SortTopologically());
@@ -266,8 +268,9 @@ class Autocast {
 
   // The inputs of f that move to the low type with its outputs, or empty if f does not move:
   // the layout ops and Split move their data, Gelu its input, and an Add both operands where
-  // one is cheap to narrow (a bias, broadcast; a product; a value narrowed already) so that the
-  // casts it needs move fewer bytes than the one they replace.
+  // one is cheap to narrow (a bias, broadcast; a product, whose cast folds into it; a value
+  // narrowed already). The casts it adds then move fewer bytes in all than the fp32 Add and the
+  // cast of its result did, even when the other operand is a full-size fp32 value.
   std::vector<int> MovingInputs(const Node* f) const {
     const std::string& t = f->op_type();
     const bool onnx = f->domain().empty(), cleave = f->domain() == graph::kCleaveDomain;
@@ -390,6 +393,18 @@ class Autocast {
     return false;
   }
 
+  // Whether a ReduceSum is a bias gradient: a backward node summing every axis but the last
+  // (PyTorch sums those in the low type too); other sums (forward ones, a loss, a norm) stay fp32.
+  static bool BiasGradientSum(const Node* n) {
+    auto role = n->metadata().find("role");
+    if (role == n->metadata().end() || role->second != "bwd") return false;
+    const Value* x = n->input(0);
+    const Value* y = n->output(0);
+    if (!x || !y || !x->shape().is_static() || !y->shape().is_static() || x->shape().rank() < 2) return false;
+    const int64_t last = x->shape()[x->shape().rank() - 1].value;
+    return last > 1 && y->shape().NumElements() == last;
+  }
+
   // One widening cast moved below the Reshape, Transpose, Concat or ReduceSum that only widened
   // values feed: the gradient of attention's q, k and v is laid out and concatenated in low
   // precision, and the bias gradients sum low-precision gradients (accumulating in fp32, rounding
@@ -400,6 +415,7 @@ class Autocast {
       const std::string& t = layout->op_type();
       if (!layout->domain().empty() || (t != "Transpose" && t != "Reshape" && t != "Concat" && t != "ReduceSum"))
         continue;
+      if (t == "ReduceSum" && !BiasGradientSum(layout)) continue;
       std::vector<Value*> in = layout->inputs();
       const int data_inputs = t == "Concat" ? layout->num_inputs() : 1;
       bool widened = data_inputs > 0;
@@ -441,6 +457,7 @@ class Autocast {
   const char* op_;
   const char* suffix_;
   std::map<const Value*, Value*> casts_;
+  bool moved_ = false;  // a cast moved (around casts the graph had, too)
 };
 
 }  // namespace

@@ -62,8 +62,8 @@ class ConstantFolding : public Pass {
 // Transformer fusions for the CPU provider (fusion.cc): MatMul+Add -> FusedMatMul with bias,
 // MatMul(A, Transpose(W)) -> FusedMatMul(transB = 1), and generally any last-two-axes
 // Transpose read by a (Fused)MatMul -> transA / transB on that reader,
-// FusedMatMul+Gelu -> FusedMatMul(activation=gelu), MatMulBf16 / MatMulF16 + Add of a float32
-// [N] vector -> the same product with that bias, decomposed GELU (Erf and tanh forms) -> Gelu,
+// FusedMatMul+Gelu -> FusedMatMul(activation=gelu), MatMulBf16 / MatMulF16 + Add of an [N]
+// vector of the result's type -> the same product with that bias, decomposed GELU (Erf and tanh forms) -> Gelu,
 // decomposed LayerNorm (ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add) ->
 // LayerNormalization, all in the ai.cleave domain.
 class TransformerFusion : public Pass {

@@ -44,9 +44,12 @@ int LayerNorm(Dt dt, const void* x, const void* gamma, const void* beta, void* y
 // The same over sum = x + skip, written to `sum` (may be null) as well.
 int SkipLayerNorm(Dt dt, Dt y_dt, const void* x, const void* skip, const void* gamma, const void* beta, void* y,
                   float* mean, float* inv_std, void* sum, int64_t rows, int64_t cols, float epsilon, void* stream);
-// dx [rows, cols]; dgamma, dbeta [cols] fp32 sums over rows (either may be null).
+// dx [rows, cols]; dgamma, dbeta [cols] fp32 sums over rows (either may be null). The sums
+// split the rows over blocks and add their partial sums in a second pass, in a fixed order:
+// `scratch` is device memory of LayerNormGradScratch(rows, cols) floats.
+int64_t LayerNormGradScratch(int64_t rows, int64_t cols);
 int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const float* mean, const float* inv_std,
-                  void* dx, float* dgamma, float* dbeta, int64_t rows, int64_t cols, void* stream);
+                  void* dx, float* dgamma, float* dbeta, float* scratch, int64_t rows, int64_t cols, void* stream);
 // Softmax or LogSoftmax over the last axis of [rows, cols].
 int Softmax(Dt dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, void* stream);
 
@@ -73,9 +76,12 @@ int SoftmaxGrad(Dt dt, const void* dy, const void* y, void* dx, int64_t rows, in
 
 enum class ReduceOp : int { kSum, kMean, kMax };
 // Reduces x over the dims flagged in `reduce` (x_dims of rank `rank`); y holds the kept dims in
-// order. Accumulates in fp32.
+// order. Accumulates in double. Reducing leading axes into few columns (a bias gradient) splits
+// the rows over blocks and combines their partial results in a second pass, in a fixed order:
+// `scratch` is device memory of ReduceScratch(rank, x_dims, reduce) doubles (null when 0).
+int64_t ReduceScratch(int rank, const int64_t* x_dims, const bool* reduce);
 int Reduce(ReduceOp op, Dt dt, const void* x, void* y, int rank, const int64_t* x_dims, const bool* reduce,
-           void* stream);
+           double* scratch, void* stream);
 // y = cond ? a : b with broadcasting (strides per output dim for each operand; elem_bytes of a).
 struct Broadcast3 {
   int rank = 0;

@@ -93,19 +93,58 @@ __global__ void LayerNormGradRows(const T* dy, const T* x, const T* gamma, const
   }
 }
 
+// dgamma and dbeta over a chunk of the rows: block (bx, by) sums rows [by * chunk, (by + 1) *
+// chunk) of its 32 columns into part_g / part_b [by][c]; LayerNormGradParts adds each column's
+// parts in order. (One thread per column over every row would leave the device idle: a
+// 768-wide LayerNorm is 3 blocks.)
 template <typename T>
-__global__ void LayerNormGradColumns(const T* dy, const T* x, const float* mean, const float* inv, float* dgamma,
-                                     float* dbeta, int64_t rows, int64_t cols) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= cols) return;
+__global__ void LayerNormGradColumns(const T* dy, const T* x, const float* mean, const float* inv, float* part_g,
+                                     float* part_b, int64_t rows, int64_t cols, int64_t chunk) {
+  __shared__ float sg[8][33], sb[8][33];
+  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  const int64_t r0 = blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
   float g = 0.f, b = 0.f;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float d = ToFloat(dy[r * cols + c]);
-    g += d * (ToFloat(x[r * cols + c]) - mean[r]) * inv[r];
-    b += d;
+  if (c < cols)
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+      const float d = ToFloat(dy[r * cols + c]);
+      g += d * (ToFloat(x[r * cols + c]) - mean[r]) * inv[r];
+      b += d;
+    }
+  sg[threadIdx.y][threadIdx.x] = g;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  for (int k = 1; k < 8; ++k) {
+    g += sg[k][threadIdx.x];
+    b += sb[k][threadIdx.x];
   }
-  if (dgamma) dgamma[c] = g;
-  if (dbeta) dbeta[c] = b;
+  part_g[blockIdx.y * cols + c] = g;
+  part_b[blockIdx.y * cols + c] = b;
+}
+
+__global__ void LayerNormGradParts(const float* part_g, const float* part_b, float* dgamma, float* dbeta,
+                                   int64_t parts, int64_t cols) {
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < cols;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float g = 0.f, b = 0.f;
+    for (int64_t k = 0; k < parts; ++k) {
+      g += part_g[k * cols + c];
+      b += part_b[k * cols + c];
+    }
+    if (dgamma) dgamma[c] = g;
+    if (dbeta) dbeta[c] = b;
+  }
+}
+
+// Row chunks of the dgamma / dbeta sums: enough blocks to fill the device (about 1024), each
+// over 64 rows or more.
+int64_t ColumnChunks(int64_t rows, int64_t cols, int64_t* chunk) {
+  const int64_t column_blocks = cols > 0 ? (cols + 31) / 32 : 1;
+  const int64_t want = (1024 + column_blocks - 1) / column_blocks, most = (rows + 63) / 64;
+  int64_t chunks = want < most ? want : most;
+  if (chunks < 1) chunks = 1;
+  *chunk = (rows + chunks - 1) / chunks;
+  return *chunk > 0 ? (rows + *chunk - 1) / *chunk : 1;
 }
 
 template <typename T>
@@ -155,18 +194,32 @@ int SkipLayerNorm(Dt dt, Dt y_dt, const void* x, const void* skip, const void* g
   return static_cast<int>(cudaGetLastError());
 }
 
+int64_t LayerNormGradScratch(int64_t rows, int64_t cols) {
+  if (rows == 0 || cols == 0) return 0;
+  int64_t chunk = 0;
+  return 2 * ColumnChunks(rows, cols, &chunk) * cols;
+}
+
 int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const float* mean, const float* inv_std,
-                  void* dx, float* dgamma, float* dbeta, int64_t rows, int64_t cols, void* stream) {
+                  void* dx, float* dgamma, float* dbeta, float* scratch, int64_t rows, int64_t cols, void* stream) {
   if (rows == 0) return 0;
+  if ((dgamma || dbeta) && cols > 0 && !scratch) return static_cast<int>(cudaErrorInvalidValue);
   cudaStream_t s = Stream(stream);
   DISPATCH_DT(dt, T, {
     if (dx)
       LayerNormGradRows<T><<<Rows(rows), kThreads, 0, s>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
                                                            static_cast<const T*>(gamma), mean, inv_std,
                                                            static_cast<T*>(dx), cols);
-    if (dgamma || dbeta)
-      LayerNormGradColumns<T><<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(
-          static_cast<const T*>(dy), static_cast<const T*>(x), mean, inv_std, dgamma, dbeta, rows, cols);
+    if ((dgamma || dbeta) && cols > 0) {
+      int64_t chunk = 0;
+      const int64_t chunks = ColumnChunks(rows, cols, &chunk);
+      float* part_g = scratch;
+      float* part_b = scratch + chunks * cols;
+      const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
+      LayerNormGradColumns<T><<<grid, dim3(32, 8), 0, s>>>(static_cast<const T*>(dy), static_cast<const T*>(x), mean,
+                                                           inv_std, part_g, part_b, rows, cols, chunk);
+      LayerNormGradParts<<<Blocks(cols), kThreads, 0, s>>>(part_g, part_b, dgamma, dbeta, chunks, cols);
+    }
   });
   return static_cast<int>(cudaGetLastError());
 }

@@ -2,8 +2,9 @@
 // Where with broadcasting. Sums accumulate in double, as the CPU kernels do, and a max
 // propagates NaN as the CPU's does. Two layouts get kernels of their own, since a training step
 // is full of them: reducing the leading axes (bias gradients: [rows, C] to [C], each block
-// reading 32 columns coalesced) and reducing the trailing axes (one block or warp per output
-// reading its contiguous row); any other set of axes takes one thread per output.
+// reading 32 columns coalesced over a chunk of the rows, the chunks' results combined in a
+// second pass) and reducing the trailing axes (one block or warp per output reading its
+// contiguous row); any other set of axes takes one thread per output.
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -65,6 +66,34 @@ __global__ void ReduceColumns(ReduceOp op, const T* x, T* y, int64_t R, int64_t 
   y[c] = Result<T>(op, acc, R);
 }
 
+// The same over many rows: block (bx, by) reduces rows [by * chunk, (by + 1) * chunk) of its 32
+// columns into part[by][c]; ReduceColumnParts then combines each column's parts in order. A
+// bias gradient has few columns (C / 32 blocks would leave most of the device idle).
+template <typename T>
+__global__ void ReduceColumnChunks(ReduceOp op, const T* x, double* part, int64_t R, int64_t C, int64_t chunk) {
+  __shared__ double sh[8][33];
+  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  const int64_t r0 = blockIdx.y * chunk, r1 = r0 + chunk < R ? r0 + chunk : R;
+  double acc = Start(op);
+  if (c < C)
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) acc = Combine(op, acc, ToFloat(x[r * C + c]));
+  sh[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  for (int k = 1; k < 8; ++k) acc = Combine(op, acc, sh[k][threadIdx.x]);
+  part[blockIdx.y * C + c] = acc;
+}
+
+template <typename T>
+__global__ void ReduceColumnParts(ReduceOp op, const double* part, T* y, int64_t parts, int64_t C, int64_t R) {
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < C;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double acc = Start(op);
+    for (int64_t k = 0; k < parts; ++k) acc = Combine(op, acc, part[k * C + c]);
+    y[c] = Result<T>(op, acc, R);
+  }
+}
+
 // x [O, R] -> y [O]: a block of W threads (a warp, or 256 for long rows) per output.
 template <typename T, int W>
 __global__ void ReduceRows(ReduceOp op, const T* x, T* y, int64_t O, int64_t R) {
@@ -103,11 +132,21 @@ __global__ void WhereKernel(const bool* cond, const E* a, const E* b, E* y, int6
 
 }  // namespace
 
-int Reduce(ReduceOp op, Dt dt, const void* x, void* y, int rank, const int64_t* x_dims, const bool* reduce,
-           void* stream) {
-  if (rank > kMaxRank) return static_cast<int>(cudaErrorInvalidValue);
+namespace {
+
+// How a reduction runs: its plan, the layout, and for leading axes into columns, how many row
+// chunks (1: one pass).
+struct ReduceLayout {
   ReducePlan p;
-  int64_t stride = 1, outputs = 1;
+  int64_t outputs = 1;
+  bool leading = true, trailing = true;
+  int64_t chunks = 1, chunk = 0;
+};
+
+ReduceLayout PlanReduce(int rank, const int64_t* x_dims, const bool* reduce) {
+  ReduceLayout l;
+  ReducePlan& p = l.p;
+  int64_t stride = 1;
   int64_t strides[kMaxRank];
   for (int d = rank - 1; d >= 0; --d) {
     strides[d] = stride;
@@ -121,33 +160,64 @@ int Reduce(ReduceOp op, Dt dt, const void* x, void* y, int rank, const int64_t* 
     } else {
       p.kept_dims[p.kept_rank] = x_dims[d];
       p.kept_strides[p.kept_rank++] = strides[d];
-      outputs *= x_dims[d];
+      l.outputs *= x_dims[d];
     }
   }
-  if (outputs == 0) return 0;
   // Ignoring dims of 1: are the reduced axes all before the kept ones, or all after?
-  bool kept_seen = false, red_seen = false, leading = true, trailing = true;
+  bool kept_seen = false, red_seen = false;
   for (int d = 0; d < rank; ++d) {
     if (x_dims[d] == 1) continue;
     if (reduce[d]) {
-      leading = leading && !kept_seen;
+      l.leading = l.leading && !kept_seen;
       red_seen = true;
     } else {
-      trailing = trailing && !red_seen;
+      l.trailing = l.trailing && !red_seen;
       kept_seen = true;
     }
   }
+  const int64_t R = p.red_count;
+  if (l.outputs > 0 && R > 0 && l.leading && !l.trailing) {
+    // Enough blocks to fill the device (about 1024 of 256 threads), each over 64 rows or more.
+    const int64_t column_blocks = (l.outputs + 31) / 32;
+    const int64_t want = (1024 + column_blocks - 1) / column_blocks, most = (R + 63) / 64;
+    l.chunks = want < most ? want : most;
+    if (l.chunks < 1) l.chunks = 1;
+    l.chunk = (R + l.chunks - 1) / l.chunks;
+    l.chunks = (R + l.chunk - 1) / l.chunk;
+  }
+  return l;
+}
+
+}  // namespace
+
+int64_t ReduceScratch(int rank, const int64_t* x_dims, const bool* reduce) {
+  if (rank > kMaxRank) return 0;
+  const ReduceLayout l = PlanReduce(rank, x_dims, reduce);
+  return l.chunks > 1 ? l.chunks * l.outputs : 0;
+}
+
+int Reduce(ReduceOp op, Dt dt, const void* x, void* y, int rank, const int64_t* x_dims, const bool* reduce,
+           double* scratch, void* stream) {
+  if (rank > kMaxRank) return static_cast<int>(cudaErrorInvalidValue);
+  const ReduceLayout l = PlanReduce(rank, x_dims, reduce);
+  const ReducePlan& p = l.p;
+  const int64_t outputs = l.outputs;
+  if (outputs == 0) return 0;
   const int64_t R = p.red_count;
   cudaStream_t s = Stream(stream);
   DISPATCH_DT(dt, T, {
     const T* xt = static_cast<const T*>(x);
     T* yt = static_cast<T*>(y);
-    if (R == 0 || (!leading && !trailing)) {
+    if (R == 0 || (!l.leading && !l.trailing)) {
       ReduceKernel<T><<<Blocks(outputs), kThreads, 0, s>>>(op, xt, yt, outputs, p);
-    } else if (trailing) {  // also a whole reduction to one value
+    } else if (l.trailing) {  // also a whole reduction to one value
       const unsigned grid = static_cast<unsigned>(outputs < (int64_t{1} << 20) ? outputs : (int64_t{1} << 20));
       if (R >= 2048) ReduceRows<T, 256><<<grid, 256, 0, s>>>(op, xt, yt, outputs, R);
       else ReduceRows<T, 32><<<grid, 32, 0, s>>>(op, xt, yt, outputs, R);
+    } else if (l.chunks > 1 && scratch) {
+      const dim3 grid(static_cast<unsigned>((outputs + 31) / 32), static_cast<unsigned>(l.chunks));
+      ReduceColumnChunks<T><<<grid, dim3(32, 8), 0, s>>>(op, xt, scratch, R, outputs, l.chunk);
+      ReduceColumnParts<T><<<Blocks(outputs), kThreads, 0, s>>>(op, scratch, yt, l.chunks, outputs, R);
     } else {
       const int64_t column_blocks = (outputs + 31) / 32;
       ReduceColumns<T><<<static_cast<unsigned>(column_blocks), dim3(32, 8), 0, s>>>(op, xt, yt, R, outputs);

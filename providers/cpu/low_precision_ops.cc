@@ -1,9 +1,9 @@
 // bf16 and fp16 forms of the CPU's float32 kernels for the ops a mixed-precision training graph
 // runs in low precision between its products (providers/cpu/): the bias Add, Gelu, GeluGrad and
-// the bias gradient's ReduceSum. Each widens its low-precision inputs to float32, runs the
-// float32 kernel and rounds each result once, as the CUDA kernels compute (in float32 registers
-// from low-precision storage). The CPU gains no speed from these; they make it the reference
-// for the graphs the CUDA provider runs.
+// the bias gradient's ReduceSum (ReduceMean and ReduceMax with it). Each widens its
+// low-precision inputs to float32, runs the float32 kernel and rounds each result once, as the
+// CUDA kernels compute (in float32 registers from low-precision storage). The CPU gains no speed
+// from these; they make it the reference for the graphs the CUDA provider runs.
 #include <memory>
 #include <string>
 #include <utility>
@@ -82,21 +82,23 @@ class WideningKernel : public OpKernel {
   std::unique_ptr<OpKernel> inner_;
 };
 
-// Input 0 in bf16 or fp16 and every other float input (and output) of that same type.
+// Input 0 in bf16 or fp16 and every other input and output of that same type, but a reduction's
+// int64 axes.
 std::string LowPrecisionOperands(const graph::Node& n, int) {
   const graph::Value* x = n.input(0);
   if (!x || !IsLowType(x->dtype()))
     return absl::StrCat("input 0 '", x ? x->name() : "", "' has dtype ", x ? DataTypeName(x->dtype()) : "none",
                         "; the widening kernel takes bfloat16, float16");
-  auto same = [&](const graph::Value* v, const char* kind, int i) -> std::string {
-    if (!v || !IsFloatType(v->dtype()) || v->dtype() == x->dtype()) return "";
+  const bool axes = n.op_type().rfind("Reduce", 0) == 0;
+  auto same = [&](const graph::Value* v, const char* kind, int i, bool int64_ok) -> std::string {
+    if (!v || v->dtype() == x->dtype() || (int64_ok && v->dtype() == DataType::kInt64)) return "";
     return absl::StrCat(kind, " ", i, " '", v->name(), "' has dtype ", DataTypeName(v->dtype()), " where input 0 has ",
                         DataTypeName(x->dtype()));
   };
   for (int i = 1; i < n.num_inputs(); ++i)
-    if (std::string r = same(n.input(i), "input", i); !r.empty()) return r;
+    if (std::string r = same(n.input(i), "input", i, axes && i == 1); !r.empty()) return r;
   for (int i = 0; i < n.num_outputs(); ++i)
-    if (std::string r = same(n.output(i), "output", i); !r.empty()) return r;
+    if (std::string r = same(n.output(i), "output", i, false); !r.empty()) return r;
   return "";
 }
 
@@ -115,11 +117,18 @@ void RegisterLowPrecisionKernels(KernelRegistry& r) {
   };
   std::vector<KernelDef> twins;
   for (const Op& o : {Op{"", "Add", false}, Op{"", "Gelu", true}, Op{graph::kCleaveDomain, "Gelu", true},
-                      Op{graph::kCleaveDomain, "GeluGrad", true}, Op{"", "ReduceSum", false}}) {
+                      Op{graph::kCleaveDomain, "GeluGrad", true}, Op{"", "ReduceSum", false},
+                      Op{"", "ReduceMean", false}, Op{"", "ReduceMax", false}}) {
     for (const KernelDef& d : r.defs()) {
       if (d.domain != o.domain || d.op != o.op) continue;
       KernelDef twin = d;
-      twin.supports = o.gelu ? AllOf({LowPrecisionOperands, GeluForm}) : SupportsFn(LowPrecisionOperands);
+      // A node not in bf16 / fp16 gets the float32 kernel's reason, which names what that takes.
+      SupportsFn low = o.gelu ? AllOf({LowPrecisionOperands, GeluForm}) : SupportsFn(LowPrecisionOperands);
+      twin.supports = [low, fp32 = d.supports](const graph::Node& n, int v) -> std::string {
+        const graph::Value* x = n.input(0);
+        if (fp32 && (!x || !IsLowType(x->dtype()))) return fp32(n, v);
+        return low(n, v);
+      };
       KernelFactory inner = d.create;
       twin.create = [inner](const graph::Node& n, int v) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
         ASSIGN_OR_RETURN(std::unique_ptr<OpKernel> k, inner(n, v));

@@ -304,9 +304,12 @@ class LayerNormGradKernel : public CudaKernel {
     TensorView* dx = ctx.Output(0, x.dim_span());
     TensorView* dg = ctx.Output(1, gamma.dim_span());
     TensorView* db = ctx.Output(2, gamma.dim_span());
+    // The parameter gradients' partial sums over chunks of the rows.
+    const int64_t parts = dg || db ? kc::LayerNormGradScratch(rows, cols) : 0;
+    float* scratch = parts ? static_cast<float*>(ctx.Scratch(static_cast<size_t>(parts) * sizeof(float))) : nullptr;
     return Check(kc::LayerNormGrad(DtOf(x.dtype), dy.data, x.data, gamma.data, mean.as<float>(), inv.as<float>(),
                                    dx ? dx->data : nullptr, dg ? dg->as<float>() : nullptr,
-                                   db ? db->as<float>() : nullptr, rows, cols, stream()));
+                                   db ? db->as<float>() : nullptr, scratch, rows, cols, stream()));
   }
 };
 
@@ -361,7 +364,10 @@ class ReduceKernel : public CudaKernel {
       else if (keepdims_) out.push_back(1);
     TensorView* y = ctx.Output(0, out);
     if (!y) return absl::OkStatus();
-    return Check(kc::Reduce(op_, DtOf(x.dtype), x.data, y->data, x.rank, x.dims, reduce, stream()));
+    // Partial results of a bias gradient's chunks of rows.
+    const int64_t parts = kc::ReduceScratch(x.rank, x.dims, reduce);
+    double* scratch = parts ? static_cast<double*>(ctx.Scratch(static_cast<size_t>(parts) * sizeof(double))) : nullptr;
+    return Check(kc::Reduce(op_, DtOf(x.dtype), x.data, y->data, x.rank, x.dims, reduce, scratch, stream()));
   }
 
  private:
