@@ -639,6 +639,35 @@ TEST(CudaProvider, LayoutAndViews) {
     output f
   )",
              {{"x", Random({2, 3, 4, 5}, 42)}}, 0, 0, "Transpose");
+  // Attention's layouts in bf16 (runs of 64 moved as 16-byte words), a transpose whose inner
+  // runs are 8 and 4 bytes, one with dims of 1 and neighbours that merge, a plain copy, and one
+  // that moves the innermost dim (element by element); all exact.
+  ExpectSame(R"(
+    input q: float32[8,1024,12,64]
+    input a: float32[6,10,4]
+    input b: float32[2,1,3,5,7]
+    hq = Cast(q) {to = 16}
+    ha = Cast(a) {to = 16}
+    t1 = Transpose(hq) {perm = [0, 2, 1, 3]}
+    t2 = Transpose(t1) {perm = [0, 2, 1, 3]}
+    t3 = Transpose(ha) {perm = [1, 0, 2]}
+    t4 = Transpose(a) {perm = [1, 0, 2]}
+    t5 = Transpose(b) {perm = [1, 0, 3, 4, 2]}
+    t6 = Transpose(b) {perm = [1, 0, 2, 3, 4]}
+    t7 = Transpose(b) {perm = [4, 2, 3, 1, 0]}
+    w1 = Cast(t1) {to = 1}
+    w2 = Cast(t2) {to = 1}
+    w3 = Cast(t3) {to = 1}
+    output w1
+    output w2
+    output w3
+    output t4
+    output t5
+    output t6
+    output t7
+  )",
+             {{"q", Random({8, 1024, 12, 64}, 43)}, {"a", Random({6, 10, 4}, 44)}, {"b", Random({2, 1, 3, 5, 7}, 45)}},
+             0, 0, "*");
 }
 
 TEST(CudaProvider, ReductionsSelectionConcatSplit) {

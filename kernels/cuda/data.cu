@@ -39,14 +39,21 @@ struct Perm {
   int64_t in_strides[kMaxRank];  // the input stride of each output dim
 };
 
-template <typename E>
-__global__ void TransposeKernel(const E* x, E* y, int64_t n, Perm p) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t rest = i, src = 0;
+// One thread per output element, its source found by index arithmetic in I (32-bit where the
+// tensor allows: 64-bit division costs several times the copy itself).
+template <typename E, typename I>
+__global__ void TransposeKernel(const E* x, E* y, I n, Perm p) {
+  I out_dims[kMaxRank], in_strides[kMaxRank];
+  for (int d = 0; d < p.rank; ++d) {
+    out_dims[d] = static_cast<I>(p.out_dims[d]);
+    in_strides[d] = static_cast<I>(p.in_strides[d]);
+  }
+  for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < n; i += static_cast<I>(gridDim.x) * blockDim.x) {
+    I rest = i, src = 0;
     for (int d = p.rank - 1; d >= 0; --d) {
-      src += (rest % p.out_dims[d]) * p.in_strides[d];
-      rest /= p.out_dims[d];
+      const I q = rest / out_dims[d];
+      src += (rest - q * out_dims[d]) * in_strides[d];
+      rest = q;
     }
     y[i] = x[src];
   }
@@ -62,7 +69,11 @@ int LaunchGather(const void* table, const int64_t* ids, void* out, int64_t num_i
 
 template <typename E>
 int LaunchTranspose(const void* x, void* y, int64_t n, const Perm& p, cudaStream_t s) {
-  TransposeKernel<E><<<Blocks(n), kThreads, 0, s>>>(static_cast<const E*>(x), static_cast<E*>(y), n, p);
+  if (n < (int64_t{1} << 31))
+    TransposeKernel<E, uint32_t><<<Blocks(n), kThreads, 0, s>>>(static_cast<const E*>(x), static_cast<E*>(y),
+                                                                static_cast<uint32_t>(n), p);
+  else
+    TransposeKernel<E, int64_t><<<Blocks(n), kThreads, 0, s>>>(static_cast<const E*>(x), static_cast<E*>(y), n, p);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -101,12 +112,45 @@ int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x
     strides[d] = n;
     n *= x_dims[d];
   }
-  for (int d = 0; d < rank; ++d) {
-    p.out_dims[d] = x_dims[perm[d]];
-    p.in_strides[d] = strides[perm[d]];
-  }
   if (n == 0) return 0;
+  // Output dims of 1 dropped, and neighbours that are neighbours in x too merged: attention's
+  // [B, T, H, D] -> [B, H, T, D] stays rank 4, a batched 2-D transpose loses its batch dims.
+  p.rank = 0;
+  for (int d = 0; d < rank; ++d) {
+    const int64_t size = x_dims[perm[d]], stride = strides[perm[d]];
+    if (size == 1) continue;
+    if (p.rank > 0 && p.in_strides[p.rank - 1] == stride * size) {
+      p.out_dims[p.rank - 1] *= size;
+      p.in_strides[p.rank - 1] = stride;
+      continue;
+    }
+    p.out_dims[p.rank] = size;
+    p.in_strides[p.rank++] = stride;
+  }
   cudaStream_t s = Stream(stream);
+  if (p.rank <= 1) {  // a copy
+    const cudaError_t e = cudaMemcpyAsync(y, x, static_cast<size_t>(n) * elem_bytes, cudaMemcpyDeviceToDevice, s);
+    return static_cast<int>(e);
+  }
+  // Where the innermost dim stays innermost, whole runs of it move as 16-, 8- or 4-byte words.
+  if (p.in_strides[p.rank - 1] == 1) {
+    const int64_t run = p.out_dims[p.rank - 1] * elem_bytes;
+    const uintptr_t at = reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y);
+    for (int w : {16, 8, 4}) {
+      if (w <= elem_bytes || run % w != 0 || at % w != 0) continue;
+      const int64_t vec = w / elem_bytes;
+      bool whole = true;
+      for (int d = 0; d + 1 < p.rank; ++d) whole = whole && p.in_strides[d] % vec == 0;
+      if (!whole) continue;
+      Perm v = p;
+      v.out_dims[v.rank - 1] /= vec;
+      for (int d = 0; d + 1 < v.rank; ++d) v.in_strides[d] /= vec;
+      const int64_t words = n / vec;
+      if (w == 16) return LaunchTranspose<uint4>(x, y, words, v, s);
+      if (w == 8) return LaunchTranspose<uint2>(x, y, words, v, s);
+      return LaunchTranspose<uint32_t>(x, y, words, v, s);
+    }
+  }
   switch (elem_bytes) {
     case 1: return LaunchTranspose<uint8_t>(x, y, n, p, s);
     case 2: return LaunchTranspose<uint16_t>(x, y, n, p, s);
