@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -417,36 +418,23 @@ TEST(CudaProvider, SkipLayerNorm) {
 
 TEST(CudaProvider, GradientOps) {
   REQUIRE_CUDA();
-  ExpectSame(R"(
-    input dy: float32[5,64]
-    input x: float32[5,64]
-    input g: float32[64]
-    input b: float32[64]
-    y, mean, inv = LayerNormalization(x, g, b) {axis = -1}
-    dx, dg, db = ai.cleave.LayerNormalizationGrad(dy, x, g, mean, inv) {axis = -1}
-    output dx
-    output dg
-    output db
-  )",
-             {{"dy", Random({5, 64}, 26)}, {"x", Random({5, 64}, 27)}, {"g", Random({64}, 28)},
-              {"b", Random({64}, 29)}},
-             1e-5, 1e-4, "LayerNormalizationGrad");
-  // A training step's shape: the scale and bias gradients sum 4096 rows in chunks whose partial
-  // sums are added in a second pass (sums of 4096 terms: float32 rounding of either order).
-  ExpectSame(R"(
-    input dy: float32[4096,768]
-    input x: float32[4096,768]
-    input g: float32[768]
-    input b: float32[768]
-    y, mean, inv = LayerNormalization(x, g, b) {axis = -1}
-    dx, dg, db = ai.cleave.LayerNormalizationGrad(dy, x, g, mean, inv) {axis = -1}
-    output dx
-    output dg
-    output db
-  )",
-             {{"dy", Random({4096, 768}, 32)}, {"x", Random({4096, 768}, 33)}, {"g", Random({768}, 34)},
-              {"b", Random({768}, 35)}},
-             2e-3, 1e-4, "LayerNormalizationGrad");
+  // A small LayerNorm, and a training step's shape, whose scale and bias gradients sum 4096 rows
+  // in chunks and add the chunks' partial sums in a second pass (sums of 4096 terms: float32
+  // rounding of either order).
+  for (const auto& [rows, cols, atol] : {std::tuple{5, 64, 1e-5}, std::tuple{4096, 768, 2e-3}}) {
+    const std::string dims = absl::StrCat("[", rows, ",", cols, "]"), vec = absl::StrCat("[", cols, "]");
+    ExpectSame(absl::StrCat("input dy: float32", dims, "\ninput x: float32", dims, "\ninput g: float32", vec,
+                            "\ninput b: float32", vec, R"(
+      y, mean, inv = LayerNormalization(x, g, b) {axis = -1}
+      dx, dg, db = ai.cleave.LayerNormalizationGrad(dy, x, g, mean, inv) {axis = -1}
+      output dx
+      output dg
+      output db
+    )"),
+               {{"dy", Random({rows, cols}, 26)}, {"x", Random({rows, cols}, 27)}, {"g", Random({cols}, 28)},
+                {"b", Random({cols}, 29)}},
+               atol, 1e-4, "LayerNormalizationGrad");
+  }
   for (const char* approx : {"none", "tanh"})
     ExpectSame(absl::StrCat("input dy: float32[4,300]\ninput x: float32[4,300]\ndx = ai.cleave.GeluGrad(dy, x) "
                             "{approximate = \"", approx, "\"}\noutput dx\n"),

@@ -191,21 +191,24 @@ TEST(MixedPrecision, SkipLayerNormWritesTheLowTypeRoundedOnce) {
 // ReduceMax too) in bf16 and fp16 by widening to float32 and rounding each result once: bit for
 // bit the float32 kernel on the widened values, rounded.
 TEST(MixedPrecision, LowPrecisionKernelsAreTheFloat32KernelsRoundedOnce) {
+  // S and DX: what Gelu / GeluGrad and the reductions read. The float32 reference reads the low
+  // graph's own rounded s and dx (inputs), so each op is compared on the same values.
   const std::string text = R"(
     opset 20
     input x: T[4,6,32]
     input dy: T[4,6,32]
     input bias: T[32]
+    INPUTS
     init axes: int64[2] = 0 1
     s = Add(x, bias)
-    g = ai.cleave.Gelu(s)
+    g = ai.cleave.Gelu(S)
     gt = ai.cleave.Gelu(x) {approximate = "tanh"}
     g20 = Gelu(x)
-    dx = ai.cleave.GeluGrad(dy, s)
+    dx = ai.cleave.GeluGrad(dy, S)
     dxt = ai.cleave.GeluGrad(dy, x) {approximate = "tanh"}
-    db = ReduceSum(dx, axes) {keepdims = 0}
-    dm = ReduceMean(dx, axes) {keepdims = 0}
-    dmax = ReduceMax(dx, axes) {keepdims = 1}
+    db = ReduceSum(DX, axes) {keepdims = 0}
+    dm = ReduceMean(DX, axes) {keepdims = 0}
+    dmax = ReduceMax(DX, axes) {keepdims = 1}
     output s
     output g
     output gt
@@ -216,13 +219,20 @@ TEST(MixedPrecision, LowPrecisionKernelsAreTheFloat32KernelsRoundedOnce) {
     output dm
     output dmax
   )";
+  auto form = [&](const std::string& inputs, const std::string& s_name, const std::string& dx_name) {
+    std::string t = text;
+    t.replace(t.find("INPUTS"), 6, inputs);
+    for (size_t at; (at = t.find("(S)")) != std::string::npos;) t.replace(at + 1, 1, s_name);
+    for (size_t at; (at = t.find(", S)")) != std::string::npos;) t.replace(at + 2, 1, s_name);
+    for (size_t at; (at = t.find("(DX,")) != std::string::npos;) t.replace(at + 1, 2, dx_name);
+    return t;
+  };
   for (DataType low : {DataType::kBFloat16, DataType::kFloat16}) {
     auto [x, x32] = RandomLow(low, {4, 6, 32}, 11);
     auto [dy, dy32] = RandomLow(low, {4, 6, 32}, 12);
     auto [bias, bias32] = RandomLow(low, {32}, 13);
-    // The float32 reference of each op reads the rounded result of the op before it, as the low
-    // graph does: run the float32 graph op by op on the low graph's own intermediate values.
-    const std::vector<Tensor> got = RunText(text, DataTypeName(low), {{"x", x}, {"dy", dy}, {"bias", bias}});
+    const std::vector<Tensor> got =
+        RunText(form("", "s", "dx"), DataTypeName(low), {{"x", x}, {"dy", dy}, {"bias", bias}});
     ASSERT_EQ(got.size(), 9u);
     auto widen = [&](const Tensor& t) {
       Tensor f(DataType::kFloat32, t.dims());
@@ -231,36 +241,9 @@ TEST(MixedPrecision, LowPrecisionKernelsAreTheFloat32KernelsRoundedOnce) {
                                                         : HalfToFloat(t.data<uint16_t>()[i]);
       return f;
     };
-    const Tensor s32 = widen(got[0]), dx32 = widen(got[4]);
     const std::vector<Tensor> ref =
-        RunText(R"(
-          opset 20
-          input x: float32[4,6,32]
-          input dy: float32[4,6,32]
-          input bias: float32[32]
-          input s: float32[4,6,32]
-          input dx: float32[4,6,32]
-          init axes: int64[2] = 0 1
-          s_ref = Add(x, bias)
-          g = ai.cleave.Gelu(s)
-          gt = ai.cleave.Gelu(x) {approximate = "tanh"}
-          g20 = Gelu(x)
-          dx_ref = ai.cleave.GeluGrad(dy, s)
-          dxt = ai.cleave.GeluGrad(dy, x) {approximate = "tanh"}
-          db = ReduceSum(dx, axes) {keepdims = 0}
-          dm = ReduceMean(dx, axes) {keepdims = 0}
-          dmax = ReduceMax(dx, axes) {keepdims = 1}
-          output s_ref
-          output g
-          output gt
-          output g20
-          output dx_ref
-          output dxt
-          output db
-          output dm
-          output dmax
-        )",
-                "float32", {{"x", x32}, {"dy", dy32}, {"bias", bias32}, {"s", s32}, {"dx", dx32}});
+        RunText(form("input s_in: T[4,6,32]\n    input dx_in: T[4,6,32]", "s_in", "dx_in"), "float32",
+                {{"x", x32}, {"dy", dy32}, {"bias", bias32}, {"s_in", widen(got[0])}, {"dx_in", widen(got[4])}});
     ASSERT_EQ(ref.size(), 9u);
     for (size_t o = 0; o < got.size(); ++o) {
       ASSERT_EQ(got[o].dtype(), low) << o;
