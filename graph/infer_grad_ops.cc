@@ -165,6 +165,13 @@ absl::Status InferSoftmaxCrossEntropyLossGrad(InferContext& ctx) {
       return ctx.Error("expected 'to' a float type, got ", ctx.node().AttrInt("to", 0));
   }
   ctx.SetOutput(0, out, lp);
+  // The optional loss: the forward's output, from the scores (the forward folded in).
+  if (ctx.num_outputs() > 1 && ctx.node().output(1)) {
+    if (ctx.node().AttrInt("from_scores", 0) == 0 || ctx.node().AttrInt("class_offset", 0) != 0 ||
+        ctx.node().AttrInt("num_classes", 0) != 0 || ctx.has_input(3))
+      return ctx.Error("output 1 (the loss) needs from_scores = 1 and no class_offset, num_classes or weights");
+    ctx.SetOutput(1, ctx.input_dtype(1), reduction == "none" ? labels : Shape::Scalar());
+  }
   return absl::OkStatus();
 }
 

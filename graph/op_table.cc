@@ -94,7 +94,7 @@ std::vector<OpDef> BuildTable() {
       // LogSoftmax, LayerNormalization, Gelu).
       {C, "GatherGrad", {1}, 1, 3, 3, 1, 1, InferGatherGrad, false},
       {C, "SliceGrad", {1}, 1, 4, 6, 1, 1, InferSliceGrad, false},
-      {C, "SoftmaxCrossEntropyLossGrad", {1}, 1, 3, 4, 1, 1, InferSoftmaxCrossEntropyLossGrad,
+      {C, "SoftmaxCrossEntropyLossGrad", {1}, 1, 3, 4, 1, 2, InferSoftmaxCrossEntropyLossGrad,
        false},
       {C, "SoftmaxGrad", {1}, 1, 2, 2, 1, 1, InferSoftmaxGrad, false},
       {C, "LogSoftmaxGrad", {1}, 1, 2, 2, 1, 1, InferSoftmaxGrad, false},

@@ -122,6 +122,7 @@ OpSchema SoftmaxCrossEntropyLossGradSchema() {
       .Input(2, "label", "labels [N, ...]", "Tind")
       .Input(3, "weight", "class weights [C]", "T", OpSchema::Optional)
       .Output(0, "d_scores", "gradient of the scores (of type T, or `to`)", "TOut")
+      .Output(1, "loss", "with from_scores: the forward's loss, computed on the way", "T", OpSchema::Optional)
       .Attr("reduction", "'none', 'sum' or 'mean'", AttributeProto::STRING, std::string("mean"))
       .Attr("ignore_index", "label whose positions get no gradient", AttributeProto::INT,
             false)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -502,6 +503,19 @@ TEST(CudaProvider, CrossEntropyForwardAndBackward) {
     output hw
   )",
              wide, 1e-9, 1e-2, "SoftmaxCrossEntropyLossGrad");
+  // The forward folded into the gradient: its loss output, for each reduction, against the
+  // CPU's (which forms it with the forward's kernel).
+  for (const char* reduction : {"mean", "sum", "none"})
+    ExpectSame(absl::StrCat(R"(
+      input s: float32[6,50257]
+      input labels: int64[6]
+      init dy: float32)", std::string(reduction) == "none" ? "[6] = 1 2 3 4 5 6" : "[] = 1.5", R"(
+      d, loss = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, s, labels) {reduction = ")", reduction,
+                            R"(", ignore_index = -100, from_scores = 1}
+      output d
+      output loss
+    )"),
+               wide, 1e-6, 1e-4, "SoftmaxCrossEntropyLossGrad");
 }
 
 TEST(CudaProvider, OptimizerOps) {
@@ -627,15 +641,19 @@ TEST(CudaProvider, LayoutAndViews) {
     output f
   )",
              {{"x", Random({2, 3, 4, 5}, 42)}}, 0, 0, "Transpose");
-  // Attention's layouts in bf16 (runs of 64 moved as 16-byte words), a transpose whose inner
-  // runs are 8 and 4 bytes, one with dims of 1 and neighbours that merge, a plain copy, and one
-  // that moves the innermost dim (element by element); all exact.
+  // Attention's layouts in bf16 (runs of 64 moved as 16-byte words); inner runs of 8 bytes (bf16
+  // and int64 elements: 8-byte words), 4 bytes (bf16 pairs: 4-byte words) and 16 (float32); one
+  // with dims of 1 and neighbours that merge, a plain copy, and one that moves the innermost dim
+  // (element by element); all exact.
   ExpectSame(R"(
     input q: float32[8,1024,12,64]
     input a: float32[6,10,4]
+    input c: float32[6,10,2]
     input b: float32[2,1,3,5,7]
+    init ids: int64[2,3,2] = 1 2 3 4 5 6 7 8 9 10 11 12
     hq = Cast(q) {to = 16}
     ha = Cast(a) {to = 16}
+    hc = Cast(c) {to = 16}
     t1 = Transpose(hq) {perm = [0, 2, 1, 3]}
     t2 = Transpose(t1) {perm = [0, 2, 1, 3]}
     t3 = Transpose(ha) {perm = [1, 0, 2]}
@@ -643,9 +661,12 @@ TEST(CudaProvider, LayoutAndViews) {
     t5 = Transpose(b) {perm = [1, 0, 3, 4, 2]}
     t6 = Transpose(b) {perm = [1, 0, 2, 3, 4]}
     t7 = Transpose(b) {perm = [4, 2, 3, 1, 0]}
+    t8 = Transpose(hc) {perm = [1, 0, 2]}
+    t9 = Transpose(ids) {perm = [1, 0, 2]}
     w1 = Cast(t1) {to = 1}
     w2 = Cast(t2) {to = 1}
     w3 = Cast(t3) {to = 1}
+    w8 = Cast(t8) {to = 1}
     output w1
     output w2
     output w3
@@ -653,8 +674,11 @@ TEST(CudaProvider, LayoutAndViews) {
     output t5
     output t6
     output t7
+    output w8
+    output t9
   )",
-             {{"q", Random({8, 1024, 12, 64}, 43)}, {"a", Random({6, 10, 4}, 44)}, {"b", Random({2, 1, 3, 5, 7}, 45)}},
+             {{"q", Random({8, 1024, 12, 64}, 43)}, {"a", Random({6, 10, 4}, 44)}, {"c", Random({6, 10, 2}, 46)},
+              {"b", Random({2, 1, 3, 5, 7}, 45)}},
              0, 0, "*");
 }
 
@@ -696,12 +720,27 @@ TEST(CudaProvider, ReductionsSelectionConcatSplit) {
       hx = Cast(x) {to = )", std::string(type) == "float32" ? 1 : 16, R"(}
       s = ReduceSum(hx, axes) {keepdims = 1}
       m = ReduceMean(hx) {axes = [0, 1], keepdims = 0}
+      k = ReduceMax(hx) {axes = [0, 1], keepdims = 0}
       ws = Cast(s) {to = 1}
       wm = Cast(m) {to = 1}
+      wk = Cast(k) {to = 1}
       output ws
       output wm
+      output wk
     )"),
                {{"x", Random({8, 1024, 2304}, 57)}}, 1e-3, std::string(type) == "float32" ? 1e-5 : 8e-3, "*");
+  // A NaN in one row reaches its column's max and sum through both passes, and only its column.
+  Tensor with_nan = Random({4096, 40}, 58);
+  with_nan.data<float>()[3000 * 40 + 7] = std::nanf("");
+  ExpectSame(R"(
+    input x: float32[4096,40]
+    init zero: int64[1] = 0
+    s = ReduceSum(x, zero) {keepdims = 0}
+    k = ReduceMax(x) {axes = [0], keepdims = 0}
+    output s
+    output k
+  )",
+             {{"x", with_nan}}, 1e-3, 1e-5, "*");
   Tensor cond(DataType::kBool, {6, 1});
   for (int i = 0; i < 6; ++i) cond.data<bool>()[i] = i % 2 == 0;
   ExpectSame(R"(

@@ -498,6 +498,78 @@ TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
   }
 }
 
+// The forward loss folds into the gradient only where they agree (reduction, ignore_index, no
+// weights) and the gradient's dY does not depend on the loss; the step computes the same for
+// each reduction.
+TEST(SoftmaxCrossEntropyFusion, ForwardLossFoldsIntoTheGradientWhereItMay) {
+  for (const char* reduction : {"mean", "sum", "none"}) {
+    const bool none = std::string(reduction) == "none";
+    const std::string text = absl::StrCat(R"(
+      input s: float32[6,10]
+      input t: int64[6]
+      input dy: float32)", none ? "[6]" : "[]", R"(
+      loss, lp = SoftmaxCrossEntropyLoss(s, t) {reduction = ")", reduction, R"(", ignore_index = 3}
+      ds = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, lp, t) {reduction = ")", reduction, R"(", ignore_index = 3}
+      output loss
+      output ds
+    )");
+    auto g = ParseGraph(text);
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(InferShapes(**g).ok());
+    SoftmaxCrossEntropyFusion fusion;
+    DeadCodeElimination dce;
+    ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, g->get()).ok());
+    ASSERT_EQ((*g)->nodes().size(), 1u) << reduction;
+    EXPECT_EQ((*g)->FindValue("loss")->producer()->op_type(), "SoftmaxCrossEntropyLossGrad");
+    Tensor labels = Tensor::FromVector<int64_t>({1, 3, 9, 0, 3, 4}, {6});
+    Tensor dy = none ? Random({6}, 12) : Tensor::Scalar<float>(0.5f);
+    // (The gradient's log-softmax formed from the scores may differ in the last bit, as with
+    // from_scores alone; the loss is formed as the forward forms it.)
+    ExpectGraphsAgree(std::move(*g), *ParseGraph(text), {{"s", Random({6, 10}, 11)}, {"t", labels}, {"dy", dy}},
+                      1e-7, 1e-5);
+  }
+  // Not folded: another reduction or ignore_index, class weights, or a dY formed from the loss.
+  for (const char* grad_attrs : {"reduction = \"sum\"", "ignore_index = 2", ""}) {
+    const std::string text = absl::StrCat(R"(
+      input s: float32[6,10]
+      input t: int64[6]
+      input w: float32[10]
+      init k: float32[] = 2
+      loss, lp = SoftmaxCrossEntropyLoss(s, t)", std::string(grad_attrs).empty() ? ", w" : "", R"()
+      dy = Mul(loss, k)
+      ds = ai.cleave.SoftmaxCrossEntropyLossGrad()", std::string(grad_attrs).empty() ? "dy" : "k", R"(, lp, t)", 
+      std::string(grad_attrs).empty() ? ", w" : "", R"() {)", grad_attrs, R"(}
+      output loss
+      output ds
+    )");
+    auto g = ParseGraph(text);
+    ASSERT_TRUE(g.ok()) << g.status() << text;
+    ASSERT_TRUE(InferShapes(**g).ok());
+    SoftmaxCrossEntropyFusion fusion;
+    DeadCodeElimination dce;
+    ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, g->get()).ok());
+    EXPECT_EQ((*g)->FindValue("loss")->producer()->op_type(), "SoftmaxCrossEntropyLoss") << grad_attrs;
+  }
+  // A dY that depends on the loss, without weights: everything else agrees.
+  const std::string cyclic = R"(
+    input s: float32[6,10]
+    input t: int64[6]
+    loss, lp = SoftmaxCrossEntropyLoss(s, t)
+    dy = Neg(loss)
+    ds = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, lp, t)
+    output loss
+    output ds
+  )";
+  auto g = ParseGraph(cyclic);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(InferShapes(**g).ok());
+  SoftmaxCrossEntropyFusion fusion;
+  DeadCodeElimination dce;
+  ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, g->get()).ok());
+  EXPECT_EQ((*g)->FindValue("loss")->producer()->op_type(), "SoftmaxCrossEntropyLoss");
+  EXPECT_EQ((*g)->FindValue("ds")->producer()->AttrInt("from_scores", 0), 1) << "the scores are still read";
+}
+
 // The cross-entropy gradient reads the scores: the forward outputs the loss alone, and under
 // bf16 autocast the gradient is written in bf16 (its Cast gone); the training step computes
 // what it did (the bf16 gradient rounds the same float32 values the Cast rounded).
@@ -514,9 +586,8 @@ TEST(SoftmaxCrossEntropyFusion, TinyGptGradientFromTheScoresComputesTheSame) {
     ASSERT_TRUE(changed.ok()) << changed;
     int grads = 0;
     for (const auto& n : fused_graph->nodes()) {
-      if (n->op_type() == "SoftmaxCrossEntropyLoss") {
-        EXPECT_EQ(n->num_outputs(), 1) << "no log_prob";
-      }
+      // The forward folds into the gradient, which outputs the loss (no log_prob anywhere).
+      EXPECT_NE(n->op_type(), "SoftmaxCrossEntropyLoss") << "the forward is left";
       if (n->op_type() != "SoftmaxCrossEntropyLossGrad") continue;
       ++grads;
       EXPECT_EQ(n->AttrInt("from_scores", 0), 1);
@@ -524,6 +595,9 @@ TEST(SoftmaxCrossEntropyFusion, TinyGptGradientFromTheScoresComputesTheSame) {
       const bool bf16 = std::string(precision) == "bf16";
       EXPECT_EQ(n->output(0)->dtype(), bf16 ? DataType::kBFloat16 : DataType::kFloat32) << precision;
       for (const auto& [reader, slot] : n->output(0)->consumers()) EXPECT_NE(reader->op_type(), "Cast");
+      ASSERT_EQ(n->num_outputs(), 2);
+      EXPECT_TRUE(n->output(1)->is_graph_output()) << "the loss";
+      EXPECT_EQ(n->output(1)->shape().rank(), 0);
     }
     EXPECT_EQ(grads, 1) << precision;
     const Feeds feeds = TinyGptTrainingFeeds(a);

@@ -1,7 +1,9 @@
 // Mixed precision (trainer/): see mixed_precision.h.
 #include "trainer/mixed_precision.h"
 
+#include <algorithm>
 #include <map>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -401,8 +403,19 @@ class Autocast {
     const Value* x = n->input(0);
     const Value* y = n->output(0);
     if (!x || !y || !x->shape().is_static() || !y->shape().is_static() || x->shape().rank() < 2) return false;
-    const int64_t last = x->shape()[x->shape().rank() - 1].value;
-    return last > 1 && y->shape().NumElements() == last;
+    const int r = x->shape().rank();
+    // The axes (an input from version 13, else the attribute): exactly 0 .. r-2.
+    std::vector<int64_t> axes = n->AttrInts("axes");
+    if (n->num_inputs() > 1 && n->input(1)) {
+      const Tensor* t = graph::ConstantInput(*n, 1);
+      if (!t || t->dtype() != DataType::kInt64) return false;
+      axes.assign(t->data<int64_t>(), t->data<int64_t>() + t->numel());
+    }
+    for (int64_t& a : axes) a = a < 0 ? a + r : a;
+    std::sort(axes.begin(), axes.end());
+    std::vector<int64_t> leading(r - 1);
+    std::iota(leading.begin(), leading.end(), 0);
+    return axes == leading && y->shape().NumElements() == x->shape()[r - 1].value;
   }
 
   // One widening cast moved below the Reshape, Transpose, Concat or ReduceSum that only widened

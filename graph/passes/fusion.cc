@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -624,13 +625,56 @@ bool FuseSceFromScores(Graph* g, Node* fwd) {
   return true;
 }
 
+// Whether `target` is among the nodes whose outputs v depends on.
+bool DependsOn(const Value* v, const Node* target) {
+  std::vector<const Node*> stack;
+  std::set<const Node*> seen;
+  if (v && v->producer()) stack.push_back(v->producer());
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    if (n == target) return true;
+    if (!seen.insert(n).second) continue;
+    for (const Value* in : n->inputs())
+      if (in && in->producer()) stack.push_back(in->producer());
+  }
+  return false;
+}
+
+// A from-scores SoftmaxCrossEntropyLossGrad and the forward SoftmaxCrossEntropyLoss (loss only)
+// over the same scores and labels, reduction and ignore_index, without weights -> the gradient
+// also outputs the loss: both form each row's log-sum-exp, so the forward's pass over the
+// [N, C] scores goes. Not where the gradient's dY depends on the loss.
+bool FoldSceLossIntoGrad(Graph* g, Node* grad) {
+  if (grad->domain() != kCleaveDomain || grad->op_type() != "SoftmaxCrossEntropyLossGrad") return false;
+  if (grad->AttrInt("from_scores", 0) == 0 || grad->HasAttr("class_offset") || grad->HasAttr("num_classes") ||
+      (grad->num_inputs() > 3 && grad->input(3)) || (grad->num_outputs() > 1 && grad->output(1)))
+    return false;
+  Value* scores = grad->input(1);
+  Value* labels = grad->input(2);
+  Node* fwd = nullptr;
+  for (const auto& [reader, slot] : scores->consumers())
+    if (Is(reader, "SoftmaxCrossEntropyLoss") && slot == 0 && reader->input(1) == labels) fwd = reader;
+  if (!fwd || (fwd->num_inputs() > 2 && fwd->input(2)) || (fwd->num_outputs() > 1 && fwd->output(1))) return false;
+  if (fwd->AttrString("reduction", "mean") != grad->AttrString("reduction", "mean") ||
+      fwd->HasAttr("ignore_index") != grad->HasAttr("ignore_index") ||
+      fwd->AttrInt("ignore_index", 0) != grad->AttrInt("ignore_index", 0))
+    return false;
+  if (DependsOn(grad->input(0), fwd)) return false;
+  Value* loss = fwd->output(0);
+  Value* dx = grad->output(0);
+  g->RemoveNode(fwd);
+  g->RebuildNode(grad, grad->inputs(), {dx, loss});
+  return true;
+}
+
 enum class Rules { kActivationNorm, kTransformer, kAttention, kSkipLayerNorm, kSceFromScores };
 
 // One rewrite at node n, if any applies.
 bool FuseAt(Graph* g, Node* n, Rules rules) {
   if (rules == Rules::kAttention) return Is(n, "Softmax") && FuseAttention(g, n);
   if (rules == Rules::kSkipLayerNorm) return FuseSkipLayerNorm(g, n) || FoldSkipLayerNormCast(g, n);
-  if (rules == Rules::kSceFromScores) return FuseSceFromScores(g, n);
+  if (rules == Rules::kSceFromScores) return FuseSceFromScores(g, n) || FoldSceLossIntoGrad(g, n);
   const bool matmul_rules = rules == Rules::kTransformer;
   if (Is(n, "Erf")) return FuseErfGelu(g, n);
   if (Is(n, "Tanh")) return FuseTanhGelu(g, n);

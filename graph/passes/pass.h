@@ -108,7 +108,9 @@ class SkipLayerNormFusion : public Pass {
 // each row's log-sum-exp itself, so the forward writes no [N, C] log_prob and the backward
 // reads no second [N, C] tensor; a gradient that only a Cast to bf16 / fp16 reads (mixed
 // precision's logits product) is written in that type (to). Not for a vocabulary split over
-// ranks (class_offset), whose log-sum-exp spans them. Sessions with a device provider run it.
+// ranks (class_offset), whose log-sum-exp spans them. The forward loss over the same scores then
+// folds into the gradient (its optional loss output), which forms the same log-sum-exps: the
+// scores are read once less. Sessions with a device provider run it.
 class SoftmaxCrossEntropyFusion : public Pass {
  public:
   std::string name() const override { return "SoftmaxCrossEntropyFusion"; }

@@ -41,18 +41,16 @@ struct Perm {
 
 // One thread per output element, its source found by index arithmetic in I (32-bit where the
 // tensor allows: 64-bit division costs several times the copy itself).
+// (The dims are read from the parameter space as they are needed: a local copy indexed by d
+// would live in local memory.)
 template <typename E, typename I>
 __global__ void TransposeKernel(const E* x, E* y, I n, Perm p) {
-  I out_dims[kMaxRank], in_strides[kMaxRank];
-  for (int d = 0; d < p.rank; ++d) {
-    out_dims[d] = static_cast<I>(p.out_dims[d]);
-    in_strides[d] = static_cast<I>(p.in_strides[d]);
-  }
   for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < n; i += static_cast<I>(gridDim.x) * blockDim.x) {
     I rest = i, src = 0;
     for (int d = p.rank - 1; d >= 0; --d) {
-      const I q = rest / out_dims[d];
-      src += (rest - q * out_dims[d]) * in_strides[d];
+      const I size = static_cast<I>(p.out_dims[d]);
+      const I q = rest / size;
+      src += (rest - q * size) * static_cast<I>(p.in_strides[d]);
       rest = q;
     }
     y[i] = x[src];

@@ -65,10 +65,13 @@ int SoftmaxCrossEntropy(const float* scores, const int64_t* labels, float* row_l
 // scalar (mean, sum) or [N] (none); the one-hot term lands at label - class_offset. With
 // from_scores, `in` holds the scores and each row's log-sum-exp is formed on the way (one
 // block per row, one online max-and-sum pass before the gradient's): the forward stores no
-// log_prob. dx has type out_dt (bf16 / fp16 for a mixed-precision backward).
+// log_prob. dx has type out_dt (bf16 / fp16 for a mixed-precision backward). With from_scores
+// and row_loss [N] (device), also the forward's loss: row_loss as SoftmaxCrossEntropy forms it,
+// and `loss` its sum or mean (reduction 1, 0; row_loss is the loss for 2).
 int SoftmaxCrossEntropyGrad(const float* dy, const float* in, bool from_scores, const int64_t* labels, void* dx,
                             Dt out_dt, double* count, int64_t N, int64_t C, int reduction, bool has_ignore,
-                            int64_t ignore_index, int64_t class_offset, void* stream);
+                            int64_t ignore_index, int64_t class_offset, float* row_loss, float* loss,
+                            void* stream);
 
 // SoftmaxGrad (dx = y * (dy - sum(dy * y))) or LogSoftmaxGrad (dx = dy - exp(y) * sum(dy))
 // over the last axis of [rows, cols].

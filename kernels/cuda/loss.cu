@@ -1,7 +1,7 @@
 // CUDA softmax cross-entropy (kernels/cuda/): one block per row computes the log-sum-exp (one
 // online pass over the row) and the label's score without storing probabilities; a second
 // single-block pass reduces the rows. The gradient from the scores forms the log-sum-exp the
-// same way, then writes softmax - onehot.
+// same way, then writes softmax - onehot (and, the forward folded in, the loss).
 // A label outside [0, C) that is not ignore_index makes its row's loss NaN, so it shows in the
 // loss instead of passing silently.
 #include "kernels/cuda/device_util.cuh"
@@ -88,11 +88,12 @@ __global__ void SceGradKernel(const float* dy, const float* log_prob, const int6
   }
 }
 
-// One block per row of scores: the row's log-sum-exp, then the gradient softmax - onehot.
+// One block per row of scores: the row's log-sum-exp, then the gradient softmax - onehot; with
+// row_loss, also the row's loss as SceRows forms it (the forward folded in).
 template <typename OutT>
 __global__ void SceGradFromScores(const float* dy, const float* scores, const int64_t* labels, OutT* dx,
                                   const double* count, int64_t C, int reduction, bool has_ignore,
-                                  int64_t ignore_index, int64_t class_offset) {
+                                  int64_t ignore_index, int64_t class_offset, float* row_loss) {
   __shared__ float shared[32];
   const int64_t n = blockIdx.x;
   const float* s = scores + n * C;
@@ -100,9 +101,11 @@ __global__ void SceGradFromScores(const float* dy, const float* scores, const in
   const int64_t l = labels[n];
   if (Ignored(l, has_ignore, ignore_index)) {  // the same for the whole block
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[c] = FromFloat<OutT>(0.f);
+    if (row_loss && threadIdx.x == 0) row_loss[n] = 0.f;
     return;
   }
   const float lse = RowLogSumExp(s, C, shared);
+  if (row_loss && threadIdx.x == 0) row_loss[n] = l < 0 || l >= C ? NAN : lse - s[l];
   const float g = SceScale(dy, count, n, reduction);
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
     out[c] = FromFloat<OutT>(g * (expf(s[c] - lse) - (c + class_offset == l ? 1.f : 0.f)));
@@ -124,19 +127,24 @@ int SoftmaxCrossEntropy(const float* scores, const int64_t* labels, float* row_l
 
 int SoftmaxCrossEntropyGrad(const float* dy, const float* in, bool from_scores, const int64_t* labels, void* dx,
                             Dt out_dt, double* count, int64_t N, int64_t C, int reduction, bool has_ignore,
-                            int64_t ignore_index, int64_t class_offset, void* stream) {
+                            int64_t ignore_index, int64_t class_offset, float* row_loss, float* loss,
+                            void* stream) {
   if (N == 0) return 0;
+  if (row_loss && !from_scores) return static_cast<int>(cudaErrorInvalidValue);
   cudaStream_t s = Stream(stream);
   if (reduction == 0)
     SceReduce<<<1, 1024, 0, s>>>(nullptr, labels, nullptr, count, N, reduction, has_ignore, ignore_index);
   DISPATCH_DT(out_dt, T, {
     if (from_scores)
       SceGradFromScores<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
-          dy, in, labels, static_cast<T*>(dx), count, C, reduction, has_ignore, ignore_index, class_offset);
+          dy, in, labels, static_cast<T*>(dx), count, C, reduction, has_ignore, ignore_index, class_offset, row_loss);
     else
       SceGradKernel<T><<<Blocks(N * C), kThreads, 0, s>>>(dy, in, labels, static_cast<T*>(dx), count, N, C,
                                                           reduction, has_ignore, ignore_index, class_offset);
   });
+  // The rows' losses reduced as the forward reduces them (count is the same either way).
+  if (row_loss && loss && reduction != 2)
+    SceReduce<<<1, 1024, 0, s>>>(row_loss, labels, loss, count, N, reduction, has_ignore, ignore_index);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -202,7 +202,14 @@ int64_t LayerNormGradScratch(int64_t rows, int64_t cols) {
 
 int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const float* mean, const float* inv_std,
                   void* dx, float* dgamma, float* dbeta, float* scratch, int64_t rows, int64_t cols, void* stream) {
-  if (rows == 0) return 0;
+  if (rows == 0) {  // sums over no rows
+    cudaStream_t s = Stream(stream);
+    for (float* sum : {dgamma, dbeta})
+      if (sum && cols > 0)
+        if (cudaError_t e = cudaMemsetAsync(sum, 0, static_cast<size_t>(cols) * sizeof(float), s); e != cudaSuccess)
+          return static_cast<int>(e);
+    return 0;
+  }
   if ((dgamma || dbeta) && cols > 0 && !scratch) return static_cast<int>(cudaErrorInvalidValue);
   cudaStream_t s = Stream(stream);
   DISPATCH_DT(dt, T, {

@@ -155,11 +155,39 @@ class SceGradKernel : public OpKernel {
     else if (l64) s = Run<float, int64_t>(p, dy, lp, labels, weights, dx, ctx);
     else s = Run<float, int32_t>(p, dy, lp, labels, weights, dx, ctx);
     if (s.ok() && narrow) kernels::cpu::Cast(wide, *out, ctx.thread_pool());
-    return s;
+    RETURN_IF_ERROR(s);
+    // The forward's loss of these scores (output 1), as SoftmaxCrossEntropyLoss computes it.
+    if (ctx.num_outputs() > 1) RETURN_IF_ERROR(Loss(p, in, labels, ctx));
+    return absl::OkStatus();
   }
 
  private:
   SceGradKernel() = default;
+
+  absl::Status Loss(kernels::cpu::SceParams p, const TensorView& scores, const TensorView& labels,
+                    KernelContext& ctx) const {
+    const bool none = reduction_ == LossReduction::kNone;
+    TensorView* loss = none ? ctx.Output(1, labels.dim_span()) : ctx.Output(1, {});
+    if (!loss) return absl::OkStatus();
+    if (!from_scores_ || class_offset_ != 0 || num_classes_ != 0 || ctx.input(3))
+      return InvalidArgument("the loss output needs from_scores = 1 and no class_offset, num_classes or weights");
+    p.class_offset = 0;
+    p.num_classes = 0;
+    double* scratch = none ? nullptr : static_cast<double*>(ctx.Scratch(2 * p.N * p.D * sizeof(double) + 8));
+    const bool f64 = scores.dtype == DataType::kFloat64, l64 = labels.dtype == DataType::kInt64;
+    ThreadPool* pool = ctx.thread_pool();
+    if (f64 && l64)
+      return kernels::cpu::SoftmaxCrossEntropy<double, int64_t>(p, scores.as<double>(), labels.as<int64_t>(), nullptr,
+                                                                loss->as<double>(), nullptr, scratch, pool);
+    if (f64)
+      return kernels::cpu::SoftmaxCrossEntropy<double, int32_t>(p, scores.as<double>(), labels.as<int32_t>(), nullptr,
+                                                                loss->as<double>(), nullptr, scratch, pool);
+    if (l64)
+      return kernels::cpu::SoftmaxCrossEntropy<float, int64_t>(p, scores.as<float>(), labels.as<int64_t>(), nullptr,
+                                                               loss->as<float>(), nullptr, scratch, pool);
+    return kernels::cpu::SoftmaxCrossEntropy<float, int32_t>(p, scores.as<float>(), labels.as<int32_t>(), nullptr,
+                                                             loss->as<float>(), nullptr, scratch, pool);
+  }
 
   absl::Status CheckShapes(const TensorView& dy, const TensorView& lp, const TensorView& labels,
                            const TensorView* weights) const {

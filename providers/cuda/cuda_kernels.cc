@@ -734,9 +734,17 @@ class SceGradKernel : public CudaKernel {
                              DimsToString(in.shape()), " and ", DimsToString(labels.shape()));
     TensorView* dx = ctx.Output(0, in.dim_span());
     if (!dx) return absl::OkStatus();
+    // The forward's loss folded in (output 1): the rows' losses on the way, then their reduction.
+    TensorView* loss = ctx.num_outputs() > 1 ? (reduction_ == 2 ? ctx.Output(1, labels.dim_span()) : ctx.Output(1, {}))
+                                             : nullptr;
+    if (loss && !from_scores_) return InvalidArgument(name_, ": the loss output needs from_scores = 1");
+    float* rows = !loss ? nullptr
+                  : reduction_ == 2 ? loss->as<float>()
+                                    : static_cast<float*>(ctx.Scratch(static_cast<size_t>(in.dims[0]) * sizeof(float)));
     return Check(kc::SoftmaxCrossEntropyGrad(dy.as<float>(), in.as<float>(), from_scores_, labels.as<int64_t>(),
                                              dx->data, DtOf(dx->dtype), p_->reduction_scratch(), in.dims[0], in.dims[1],
-                                             reduction_, has_ignore_, ignore_, class_offset_, stream()));
+                                             reduction_, has_ignore_, ignore_, class_offset_, rows,
+                                             loss ? loss->as<float>() : nullptr, stream()));
   }
 
  private:
