@@ -201,6 +201,26 @@ for row in json.load(open(sys.argv[1]))["rows"]:
     grep -E ' stream ' "$summary_dir/cleave-profile.txt" | grep -v '^track' | head -15 | sed 's/^/  /' | tee -a "$summary"
     grep '^track' "$summary_dir/cleave-profile.txt" | sed 's/^/  /' | tee -a "$summary"
   fi
+  # The slowest single nodes on the device stream (the vocabulary's products, attention, the loss).
+  if [ -f "$summary_dir/cleave-profile.json" ]; then
+    say "slowest nodes on the device stream:"
+    python3 - "$summary_dir/cleave-profile.json" <<'PY' 2>>"$log" | tee -a "$summary"
+import collections, json, sys
+trace = json.load(open(sys.argv[1]))
+events = trace["traceEvents"] if isinstance(trace, dict) else trace
+streams = {e["tid"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"
+           and "stream" in e.get("args", {}).get("name", "")}
+total = collections.defaultdict(float)
+op = {}
+for e in events:
+    if e.get("ph") == "X" and e.get("tid") in streams:
+        total[e["name"]] += e.get("dur", 0)
+        op[e["name"]] = e.get("cat", "")
+busy = sum(total.values()) or 1
+for name, us in sorted(total.items(), key=lambda kv: -kv[1])[:12]:
+    print(f"  {us / 1000:8.3f} ms {100 * us / busy:5.1f}%  {op[name]:<28} {name}")
+PY
+  fi
 fi
 say "total $(( $(date +%s) - start )) s; $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status
