@@ -209,7 +209,8 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
         ar->SetAttr("group", Attribute::Ints(ToInts(group)));
         ar->SetAttr("mesh_axis", Attribute::String(axis_name));
         ar->metadata()["role"] = "opt";
-        out.collectives.push_back({"AllReduce", base, absl::StrCat(bucket.size(), " tensors"), axis_name, group, bytes});
+        out.collectives.push_back(
+            {"AllReduce", base, absl::StrCat(bucket.size(), " tensors"), axis_name, group, bytes, ar->name()});
         Value* split_sizes = lg.AddInitializer(lg.UniqueName(base + ".sizes"),
                                                Tensor::FromVector<int64_t>(sizes, {static_cast<int64_t>(sizes.size())}));
         std::vector<Value*> parts;
@@ -251,7 +252,8 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
         c->SetAttr("group", Attribute::Ints(ToInts(members)));
         c->SetAttr("mesh_axis", Attribute::String(name));
         c->metadata()["role"] = reader->metadata().count("role") ? reader->metadata().at("role") : "fwd";
-        out.collectives.push_back({op, r.value->name(), r.node->name(), name, members, bytes < 0 ? r.bytes : bytes});
+        out.collectives.push_back(
+            {op, r.value->name(), r.node->name(), name, members, bytes < 0 ? r.bytes : bytes, c->name()});
         return std::make_pair(c, v);
       };
       // Replicated here, sharded there: keep this rank's block of `in` with a Slice.
@@ -560,7 +562,7 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
       m->SetAttr("group", Attribute::Ints(ToInts(group)));
       m->SetAttr("mesh_axis", Attribute::String(axis_name));
       if (std::string(how) == "max") m->SetAttr("reduction", Attribute::String("max"));
-      out.collectives.push_back({"AllReduce", x->name(), on->name(), axis_name, group, elements * 4});
+      out.collectives.push_back({"AllReduce", x->name(), on->name(), axis_name, group, elements * 4, m->name()});
       return m->output(0);
     };
     Value* row_max = all_reduce(reduce("ReduceMax", s_in, 1, true, ".local_max"), "max", rows);
@@ -750,7 +752,7 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
       ar->SetAttr("group", Attribute::Ints(ToInts(group)));
       ar->SetAttr("mesh_axis", Attribute::String(absl::StrJoin(axes, "*")));
       ar->metadata()["role"] = "fwd";
-      out.collectives.push_back({"AllReduce", loss, "(loss report)", absl::StrJoin(axes, "*"), group, 4});
+      out.collectives.push_back({"AllReduce", loss, "(loss report)", absl::StrJoin(axes, "*"), group, 4, ar->name()});
       Value* scale = lg.AddInitializer(lg.UniqueName(loss + ".mean_scale"), Tensor::Scalar<float>(inv));
       Node* m = lg.AddNode("Mul", {sum, scale}, {global}, global->name() + ".mean");
       m->metadata()["role"] = "fwd";
@@ -796,7 +798,7 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
       ag->SetAttr("mesh_axis", Attribute::String(axis));
       ag->SetAttr("axis", Attribute::Int(dim));
       ag->metadata() = producer->metadata();
-      out.collectives.push_back({"AllGather", name, producer->name(), axis, group, bytes / parts});
+      out.collectives.push_back({"AllGather", name, producer->name(), axis, group, bytes / parts, ag->name()});
       cur_s.dims[dim].pop_back();
       cur = next;
     }

@@ -27,6 +27,7 @@ struct CollectiveRecord {
   std::string mesh_axis;      // the axes it spans, "*"-joined
   std::vector<int> group;
   int64_t bytes = 0;          // this rank's input bytes
+  std::string node;           // the collective's node in the lowered graph ("" when not kept)
 };
 
 struct LoweredGraph {

@@ -18,6 +18,7 @@
 #include "runtime/inference_session.h"
 #include "tests/op_tester.h"
 #include "trainer/mixed_precision.h"
+#include "trainer/partition_plan.h"
 #include "trainer/training_session.h"
 
 namespace cleave::trainer {
@@ -456,6 +457,48 @@ TEST(MixedPrecision, ActivationsBetweenProductsStayLowPrecision) {
     absl::Status checked = onnx_ext::CheckModel(*a->training);
     EXPECT_TRUE(checked.ok()) << checked;
   }
+}
+
+// Under tensor and sequence parallelism the gathers of the products' operands (the
+// sequence-split LayerNorm outputs, attention's layouts, weight shards) move bf16 (half the
+// bytes, as Megatron gathers them), and the plan's records count the bytes they now move.
+TEST(MixedPrecision, SequenceParallelGathersMoveTheLowType) {
+  PlanConfig c;
+  c.model = std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx";
+  c.mesh = "tp=2";
+  c.batch = 4;
+  c.seq = 16;
+  c.sp = true;
+  int64_t fp32_gathered = 0, bf16_gathered = 0;
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    c.spec.precision = p;
+    auto plan = BuildPlan(c);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const RankPlan& r0 = plan->ranks[0];
+    const graph::Graph& g = *r0.artifacts.training;
+    int low = 0, wide = 0;
+    for (const auto& n : g.nodes()) {
+      if (n->op_type() != "AllGather") continue;
+      const graph::Value* x = n->input(0);
+      if (x->dtype() == DataType::kBFloat16) ++low;
+      if (x->dtype() != DataType::kFloat32) continue;
+      ++wide;
+      for (const auto& [reader, slot] : n->output(0)->consumers())
+        EXPECT_FALSE(p == Precision::kBf16 && reader->op_type() == "Cast") << n->name() << " gathers fp32 to narrow it";
+    }
+    if (p == Precision::kBf16) {
+      EXPECT_GE(low, 20);
+      EXPECT_LE(wide, 1) << "the loss's scores";
+    } else {
+      EXPECT_EQ(low, 0);
+    }
+    int64_t& gathered = p == Precision::kBf16 ? bf16_gathered : fp32_gathered;
+    for (const auto& [part, rec] : r0.collectives)
+      if (part == "training" && rec.kind == "AllGather") gathered += rec.bytes;
+  }
+  // Every gather but the scores' halves.
+  EXPECT_LT(bf16_gathered, fp32_gathered * 6 / 10) << fp32_gathered << " -> " << bf16_gathered;
+  EXPECT_GT(bf16_gathered, fp32_gathered * 4 / 10);
 }
 
 // The CPU's bf16 attention and its gradient compute in float32 from the bf16 values: they

@@ -172,13 +172,16 @@ EOF2
    ); then echo "ok   asynchronous collectives ($*): $msg"; else fail "asynchronous collectives ($*): $msg"; fi
 done
 
-# Mixed precision on a dp=2 x pp=2 x tp=2 plan: bf16, and fp16 with loss scaling (every rank
-# agrees on skipping an overflowing step), within 2% of the fp32 single-rank curve.
+# Mixed precision on a dp=2 x pp=2 x tp=2 plan: bf16 with sequence parallelism (its gathers of
+# the products' operands move bf16), and fp16 with loss scaling (every rank agrees on skipping an
+# overflowing step), within 2% of the fp32 single-rank curve.
 for prec in bf16 fp16; do
   checks=$((checks + 1))
   msg=""
+  sp=()
+  if [ "$prec" = bf16 ]; then sp=(--sp); fi
   if "$cleave" partition "$tiny" --mesh dp=2,pp=2,tp=2 --batch 4 --seq 16 --microbatches 2 --clip 1.0 \
-       --precision "$prec" -o "$tmp/$prec.plan" >/dev/null 2>&1 &&
+       --precision "$prec" "${sp[@]}" -o "$tmp/$prec.plan" >/dev/null 2>&1 &&
      "${mpirun[@]}" -np 8 "$cleave" train "$tmp/$prec.plan" --data "$corpus" "${common[@]}" \
        --metrics "$tmp/$prec.jsonl" >/dev/null 2>&1 &&
      msg=$(python3 - "$tmp/$prec.rank0.jsonl" "$tmp/tp2.single.jsonl" <<'EOF2'

@@ -269,7 +269,7 @@ class Autocast {
   }
 
   // The inputs of f that move to the low type with its outputs, or empty if f does not move:
-  // the layout ops and Split move their data, Gelu its input, and an Add both operands where
+  // the layout ops, Split and AllGather move their data, Gelu its input, and an Add both operands where
   // one is cheap to narrow (a bias, broadcast; a product, whose cast folds into it; a value
   // narrowed already). The casts it adds then move fewer bytes in all than the fp32 Add and the
   // cast of its result did, even when the other operand is a full-size fp32 value.
@@ -278,6 +278,9 @@ class Autocast {
     const bool onnx = f->domain().empty(), cleave = f->domain() == graph::kCleaveDomain;
     if (onnx && (t == "Transpose" || t == "Reshape" || t == "Split")) return {0};
     if ((onnx || cleave) && t == "Gelu") return {0};
+    // A tensor (or sequence) parallel gather of a product's operand gathers it in the low type:
+    // half the bytes on the wire, as Megatron gathers in bf16.
+    if (cleave && t == "AllGather") return {0};
     if (!onnx || t != "Add" || f->num_inputs() != 2) return {};
     const Value* y = f->output(0);
     if (!y->shape().is_static()) return {};

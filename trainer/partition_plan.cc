@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <regex>
+#include <map>
 #include <optional>
 #include <fstream>
 #include <set>
@@ -65,6 +66,22 @@ std::string Json(const std::string& s) {
 }
 
 std::string MiB(int64_t bytes) { return absl::StrFormat("%.3f MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+// After autocast a collective may move the bf16 / fp16 cast of the value lowering recorded (a
+// gather of a product's operand): the record names what it now moves and the bytes that now
+// cross the wire.
+void RecordCollectivesAfterAutocast(const graph::Graph& g, std::vector<partition::CollectiveRecord>& records) {
+  std::map<std::string, const graph::Node*> by_name;
+  for (const auto& n : g.nodes()) by_name[n->name()] = n.get();
+  for (partition::CollectiveRecord& rec : records) {
+    auto it = by_name.find(rec.node);
+    if (rec.node.empty() || it == by_name.end() || !it->second->input(0)) continue;
+    const graph::Value* moved = it->second->input(0);
+    if (moved->dtype() != DataType::kBFloat16 && moved->dtype() != DataType::kFloat16) continue;
+    rec.value = moved->name();
+    rec.bytes = Bytes(moved);
+  }
+}
 
 }  // namespace
 
@@ -276,6 +293,8 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
     ASSIGN_OR_RETURN(partition::LoweredGraph eval, partition::LowerForRank(*a.eval, mesh, eval_p, r, kLoss));
     RETURN_IF_ERROR(ApplyAutocast(*train.graph, c.spec.precision).status());
     RETURN_IF_ERROR(ApplyAutocast(*eval.graph, c.spec.precision).status());
+    RecordCollectivesAfterAutocast(*train.graph, train.collectives);
+    RecordCollectivesAfterAutocast(*eval.graph, eval.collectives);
     if (c.spec.precision == Precision::kFp16) RETURN_IF_ERROR(AddLossScaleInput(*train.graph, kLoss));
     ASSIGN_OR_RETURN(partition::LoweredGraph opt,
                      partition::LowerForRank(*so.graph, mesh, so.prop, r, "", so.output_wants, c.bucket_bytes));
@@ -289,12 +308,12 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
           tied[p + "_grad"] = std::vector<int>(ranks.begin(), ranks.end());
           rp.collectives.emplace_back("optimizer", partition::CollectiveRecord{
               "AllReduce", p + "_grad", "(tied parameter)", "pp", tied[p + "_grad"],
-              Bytes(opt.graph->FindValue(p + "_grad"))});
+              Bytes(opt.graph->FindValue(p + "_grad")), ""});
         }
       RETURN_IF_ERROR(partition::AddPipelineReductions(*opt.graph, tied, pp_group));
       rp.collectives.emplace_back("optimizer",
                                   partition::CollectiveRecord{"AllReduce", "grad_norm/squared", "(gradient norm)", "pp",
-                                                              pp_group, 4});
+                                                              pp_group, 4, ""});
       std::set<std::string> present;  // values this rank's stage parts hold
       int64_t stash_bytes = 0;
       for (int chunk = 0; chunk < virt; ++chunk) {

@@ -195,7 +195,10 @@ void RegisterCollectiveKernels(KernelRegistry& r) {
   const char* const c = graph::kCleaveDomain;
   const std::vector<DataType> numeric = {DataType::kFloat32, DataType::kFloat64, DataType::kInt64, DataType::kInt32};
   r.Register({c, "AllReduce", 1, 1, InputTypeIn(0, numeric), MakeCheckedFactory<AllReduceKernel>()});
-  r.Register({c, "AllGather", 1, 1, InputTypeIn(0, numeric), MakeCheckedFactory<AllGatherKernel>()});
+  // Gathering moves bytes: bf16 / fp16 too (mixed precision gathers the next product's operands).
+  std::vector<DataType> any_float = numeric;
+  any_float.insert(any_float.end(), {DataType::kBFloat16, DataType::kFloat16});
+  r.Register({c, "AllGather", 1, 1, InputTypeIn(0, any_float), MakeCheckedFactory<AllGatherKernel>()});
   r.Register({c, "ReduceScatter", 1, 1, InputTypeIn(0, numeric), MakeCheckedFactory<ReduceScatterKernel>()});
   r.Register({c, "AllToAll", 1, 1, InputTypeIn(0, numeric), MakeCheckedFactory<AllToAllKernel>()});
   r.Register({c, "Send", 1, 1, InputTypeIn(0, {DataType::kFloat32, DataType::kFloat64, DataType::kInt64, DataType::kInt32,
