@@ -464,6 +464,59 @@ TEST(DevicePlacement, TrainingStateStaysOnTheDevice) {
   EXPECT_LT(uploaded_per_step, state_bytes / 4) << "per step " << uploaded_per_step << " of " << state_bytes;
 }
 
+// A bf16 step on a device session, with the fusions device sessions run (attention, the
+// residual add with its LayerNorm writing bf16, the cross-entropy gradient from the scores with
+// the loss folded in), tracks the CPU session's step; the CPU kernels compute both.
+TEST(DevicePlacement, Bf16TrainingWithTheDeviceFusionsTracksTheCpu) {
+  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  trainer::TrainingSpec spec;
+  spec.dims = {{"batch", 2}, {"seq", 16}};
+  spec.precision = trainer::Precision::kBf16;
+  spec.fuse_attention = true;
+  spec.optimizer.max_grad_norm = 1.0f;
+  Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
+  for (int64_t i = 0; i < 32; ++i) {
+    ids.data<int64_t>()[i] = (i * 7 + 3) % 256;
+    labels.data<int64_t>()[i] = (i * 5 + 1) % 256;
+  }
+  const Feeds feeds = {{"input_ids", ids}, {"labels", labels}};
+  std::vector<float> losses[2];
+  auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
+  for (int on_device = 0; on_device < 2; ++on_device) {
+    auto a = trainer::BuildTrainingArtifacts(**model, spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    trainer::TrainingSessionOptions o;
+    o.intra_op_threads = 1;
+    if (on_device) o.device_provider = device;
+    auto s = trainer::TrainingSession::Create(std::move(*a), o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    if (on_device) {
+      const graph::Graph* g = (*s)->training_graph();
+      ASSERT_NE(g, nullptr);
+      int skip_low = 0, loss_in_grad = 0, forward_loss = 0;
+      for (const auto& n : g->nodes()) {
+        skip_low += n->op_type() == "SkipLayerNormalization" && n->output(0)->dtype() == DataType::kBFloat16;
+        loss_in_grad += n->op_type() == "SoftmaxCrossEntropyLossGrad" && n->num_outputs() == 2 && n->output(1);
+        forward_loss += n->op_type() == "SoftmaxCrossEntropyLoss";
+      }
+      EXPECT_EQ(skip_low, 4) << "ln2 of both layers, ln1 of the second, ln_f";
+      EXPECT_EQ(loss_in_grad, 1);
+      EXPECT_EQ(forward_loss, 0);
+    }
+    for (int step = 0; step < 4; ++step) {
+      auto loss = (*s)->TrainStep(feeds);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      ASSERT_TRUE((*s)->OptimizerStep().ok());
+      losses[on_device].push_back(*loss);
+    }
+  }
+  // The first step's loss is the same computation; later ones carry bf16's rounding of the
+  // gradient formed from the scores instead of the stored log_prob.
+  EXPECT_EQ(losses[1][0], losses[0][0]);
+  for (int step = 1; step < 4; ++step) EXPECT_NEAR(losses[1][step], losses[0][step], 2e-3 * losses[0][step]) << step;
+}
+
 // A simulated rank's communicator seen as a device one (NCCL-like): the stand-in device's memory
 // is host memory underneath, so the simulated world moves it. It counts what the gradient
 // reducer asks of a device communicator.

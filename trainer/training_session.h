@@ -171,6 +171,10 @@ class TrainingSession {
   // The forward model with the current parameters as initializers.
   absl::Status ExportModelForInferencing(const std::string& path) const;
 
+  // The training graph as the session runs it (after its fusions and placement), or null under
+  // pipeline parallelism (whose stages have parts of their own).
+  const graph::Graph* training_graph() const { return train_ ? &train_->graph() : nullptr; }
+
   // Diagnostics for a non-finite loss: reruns the training graph on `feeds` and names the
   // first node (in run order) whose output holds a NaN or Inf.
   absl::StatusOr<std::string> FirstNonFinite(const Feeds& feeds) const;
