@@ -187,7 +187,8 @@ absl::Status InferGeluGrad(InferContext& ctx) {
   if (approximate != "none" && approximate != "tanh")
     return ctx.Error("expected approximate 'none' or 'tanh', got '", approximate, "'");
   // Like Gelu, in bf16 and fp16 too (a mixed-precision graph's MLP).
-  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16, DataType::kFloat16}));
+  RETURN_IF_ERROR(
+      ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16, DataType::kFloat16}));
   RETURN_IF_ERROR(ExpectDtypeOf(ctx, 1, 0));
   RETURN_IF_ERROR(ExpectGradShape(ctx, 1));
   const Shape& x = ctx.input_shape(1);

@@ -433,8 +433,8 @@ bool FoldTransposes(Graph* g, Node* mm) {
 }
 
 // FusedMatMul (no bias, no activation) + Add of a [N] vector -> FusedMatMul with that bias;
-// likewise MatMulBf16 / MatMulF16 (mixed precision) + Add of an [N] vector of the result's type. The bias may
-// be any value (a parameter is a graph input in a training graph).
+// likewise MatMulBf16 / MatMulF16 (mixed precision) + Add of an [N] vector of the result's type.
+// The bias may be any value (a parameter is a graph input in a training graph).
 bool FuseFusedMatMulBias(Graph* g, Node* fmm) {
   if (fmm->num_inputs() > 2 || fmm->AttrString("activation", "") != "") return false;
   const Shape& y = fmm->output(0)->shape();

@@ -45,7 +45,8 @@ struct Perm {
 // would live in local memory.)
 template <typename E, typename I>
 __global__ void TransposeKernel(const E* x, E* y, I n, Perm p) {
-  for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < n; i += static_cast<I>(gridDim.x) * blockDim.x) {
+  const I step = static_cast<I>(gridDim.x) * blockDim.x;
+  for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < n; i += step) {
     I rest = i, src = 0;
     for (int d = p.rank - 1; d >= 0; --d) {
       const I size = static_cast<I>(p.out_dims[d]);
