@@ -208,6 +208,13 @@ absl::Status InferLayerNormGrad(InferContext& ctx) {
     RETURN_IF_ERROR(ExpectStatisticsShape(ctx, 3, axis));
     RETURN_IF_ERROR(ExpectStatisticsShape(ctx, 4, axis));
   }
+  // dX_add (optional): a gradient of X's shape and type added to dX (the residual stream's).
+  if (ctx.has_input(5)) {
+    RETURN_IF_ERROR(ExpectDtypeOf(ctx, 5, 0));
+    const Shape& add = ctx.input_shape(5);
+    if (x.has_rank() && add.has_rank() && x.is_static() && add.is_static() && add != x)
+      return ctx.Error("expected dX_add of X's shape ", x.ToString(), ", got ", add.ToString());
+  }
   // dScale and dBias: scale's shape (the sums also run over axes along which scale broadcasts).
   ctx.SetOutput(1, ctx.input_dtype(2), ctx.input_shape(2));
   ctx.SetOutput(2, ctx.input_dtype(2), ctx.input_shape(2));

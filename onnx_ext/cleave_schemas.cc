@@ -163,6 +163,7 @@ OpSchema LayerNormGradSchema() {
       .Input(2, "scale", "the forward Scale", "T")
       .Input(3, "mean", "the forward Mean output", "U")
       .Input(4, "inv_std_dev", "the forward InvStdDev output", "U")
+      .Input(5, "dX_add", "a gradient of X added to dX (the residual stream's)", "T", OpSchema::Optional)
       .Output(0, "dX", "gradient of X", "T")
       .Output(1, "dScale", "gradient of Scale", "T", OpSchema::Optional)
       .Output(2, "dBias", "gradient of B (of Scale's shape)", "T", OpSchema::Optional)

@@ -436,6 +436,22 @@ TEST(CudaProvider, GradientOps) {
                 {"b", Random({cols}, 29)}},
                atol, 1e-4, "LayerNormalizationGrad");
   }
+  // With the residual stream's gradient folded in (dX_add): dX + r, written once.
+  ExpectSame(R"(
+    input dy: float32[64,768]
+    input x: float32[64,768]
+    input r: float32[64,768]
+    input g: float32[768]
+    input b: float32[768]
+    y, mean, inv = LayerNormalization(x, g, b) {axis = -1}
+    dx, dg, db = ai.cleave.LayerNormalizationGrad(dy, x, g, mean, inv, r) {axis = -1}
+    output dx
+    output dg
+    output db
+  )",
+             {{"dy", Random({64, 768}, 36)}, {"x", Random({64, 768}, 37)}, {"r", Random({64, 768}, 38)},
+              {"g", Random({768}, 39)}, {"b", Random({768}, 40)}},
+             1e-5, 1e-4, "LayerNormalizationGrad");
   for (const char* approx : {"none", "tanh"})
     ExpectSame(absl::StrCat("input dy: float32[4,300]\ninput x: float32[4,300]\ndx = ai.cleave.GeluGrad(dy, x) "
                             "{approximate = \"", approx, "\"}\noutput dx\n"),

@@ -468,7 +468,8 @@ Feeds TinyGptTrainingFeeds(const trainer::TrainingArtifacts& a) {
 }
 
 // Under mixed precision the normalisation also writes the next product's bf16 / fp16 operand
-// itself (`to`): the same float32 values rounded once, so still bit for bit.
+// itself (`to`): the same float32 values rounded once; and the backward's residual sums fold into
+// the LayerNorm gradients (dX_add), added as the Add added them: still bit for bit.
 TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
   for (const char* precision : {"fp32", "bf16", "fp16"}) {
     trainer::TrainingSpec spec;
@@ -479,8 +480,9 @@ TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
     SkipLayerNormFusion fusion;
     DeadCodeElimination dce;
     ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, fused_graph.get()).ok());
-    int fused = 0, low = 0;
+    int fused = 0, low = 0, residual_grads = 0;
     for (const auto& n : fused_graph->nodes()) {
+      residual_grads += n->op_type() == "LayerNormalizationGrad" && n->num_inputs() == 6;
       if (n->op_type() != "SkipLayerNormalization") continue;
       ++fused;
       if (n->HasAttr("to")) {
@@ -493,6 +495,9 @@ TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
     // the embeddings' sum, which is an add too).
     EXPECT_GE(fused, 4) << precision;
     EXPECT_EQ(low, std::string(precision) == "fp32" ? 0 : fused) << precision;
+    // The backward's residual sums: every LayerNorm's but the first (the embeddings' sum has no
+    // gradient coming down the stream before it).
+    EXPECT_GE(residual_grads, 4) << precision;
     if (std::string(precision) == "fp16") continue;  // fp16 training graphs take a loss scale
     ExpectGraphsAgree(std::move(fused_graph), a.training->Clone(), TinyGptTrainingFeeds(a), 0, 0);
   }

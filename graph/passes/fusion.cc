@@ -586,6 +586,35 @@ bool FoldSkipLayerNormCast(Graph* g, Node* n) {
   return true;
 }
 
+bool DependsOn(const Value* v, const Node* target);
+
+// Add(dX of a LayerNormalizationGrad that nothing else reads, another gradient of X's shape and
+// type) -> the LayerNormalizationGrad with that gradient as dX_add: the residual stream's
+// gradient is summed as dX is written, in one pass instead of three tensors more.
+bool FoldResidualGradIntoLayerNormGrad(Graph* g, Node* add) {
+  if (!Is(add, "Add") || add->num_inputs() != 2) return false;
+  for (int i = 0; i < 2; ++i) {
+    Value* dx = add->input(i);
+    Value* other = add->input(1 - i);
+    Node* lng = dx ? dx->producer() : nullptr;
+    if (!lng || lng->domain() != kCleaveDomain || lng->op_type() != "LayerNormalizationGrad" ||
+        lng->num_inputs() != 5 || lng->output(0) != dx || !SoleUse(dx) || !other || other == dx)
+      continue;
+    if (dx->dtype() != other->dtype() || !dx->shape().is_static() || dx->shape() != other->shape() ||
+        add->output(0)->shape() != dx->shape())
+      continue;
+    if (DependsOn(other, lng)) continue;  // (its dScale or dBias) would make a cycle
+    std::vector<Value*> ins = lng->inputs();
+    ins.push_back(other);
+    std::vector<Value*> outs = lng->outputs();
+    outs[0] = add->output(0);
+    g->RemoveNode(add);
+    g->RebuildNode(lng, ins, outs);
+    return true;
+  }
+  return false;
+}
+
 // SoftmaxCrossEntropyLoss (loss, log_prob) whose log_prob only SoftmaxCrossEntropyLossGrad
 // nodes read -> the gradients read the scores (from_scores = 1) and the forward outputs the
 // loss alone; a gradient read only by a Cast to bf16 / fp16 takes that Cast's type (to).
@@ -673,7 +702,8 @@ enum class Rules { kActivationNorm, kTransformer, kAttention, kSkipLayerNorm, kS
 // One rewrite at node n, if any applies.
 bool FuseAt(Graph* g, Node* n, Rules rules) {
   if (rules == Rules::kAttention) return Is(n, "Softmax") && FuseAttention(g, n);
-  if (rules == Rules::kSkipLayerNorm) return FuseSkipLayerNorm(g, n) || FoldSkipLayerNormCast(g, n);
+  if (rules == Rules::kSkipLayerNorm)
+    return FuseSkipLayerNorm(g, n) || FoldSkipLayerNormCast(g, n) || FoldResidualGradIntoLayerNormGrad(g, n);
   if (rules == Rules::kSceFromScores) return FuseSceFromScores(g, n) || FoldSceLossIntoGrad(g, n);
   const bool matmul_rules = rules == Rules::kTransformer;
   if (Is(n, "Erf")) return FuseErfGelu(g, n);

@@ -96,7 +96,10 @@ class AttentionFusion : public Pass {
 
 // The residual add feeding a LayerNormalization -> ai.cleave.SkipLayerNormalization, which
 // also outputs the sum for the residual stream's other readers (forward and backward graphs
-// alike). Sessions with a device provider run it; the CUDA kernel makes one pass over the row.
+// alike); a Cast to bf16 / fp16 that alone reads its y folds into it (to); and in the backward,
+// the Add of a LayerNormalizationGrad's dX and the residual stream's gradient folds into the
+// gradient (dX_add). Sessions with a device provider run it; the CUDA kernel makes one pass over
+// the row.
 class SkipLayerNormFusion : public Pass {
  public:
   std::string name() const override { return "SkipLayerNormFusion"; }

@@ -44,12 +44,14 @@ int LayerNorm(Dt dt, const void* x, const void* gamma, const void* beta, void* y
 // The same over sum = x + skip, written to `sum` (may be null) as well.
 int SkipLayerNorm(Dt dt, Dt y_dt, const void* x, const void* skip, const void* gamma, const void* beta, void* y,
                   float* mean, float* inv_std, void* sum, int64_t rows, int64_t cols, float epsilon, void* stream);
-// dx [rows, cols]; dgamma, dbeta [cols] fp32 sums over rows (either may be null). The sums
+// dx [rows, cols] (plus dx_add [rows, cols] when it is not null); dgamma, dbeta [cols] fp32 sums
+// over rows (either may be null). The sums
 // split the rows over blocks and add their partial sums in a second pass, in a fixed order:
 // `scratch` is device memory of LayerNormGradScratch(rows, cols) floats.
 int64_t LayerNormGradScratch(int64_t rows, int64_t cols);
 int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const float* mean, const float* inv_std,
-                  void* dx, float* dgamma, float* dbeta, float* scratch, int64_t rows, int64_t cols, void* stream);
+                  const void* dx_add, void* dx, float* dgamma, float* dbeta, float* scratch, int64_t rows, int64_t cols,
+                  void* stream);
 // Softmax or LogSoftmax over the last axis of [rows, cols].
 int Softmax(Dt dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, void* stream);
 

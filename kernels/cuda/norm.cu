@@ -72,7 +72,7 @@ __global__ void SkipLayerNormKernel(const T* x, const T* skip, const T* gamma, c
 
 template <typename T>
 __global__ void LayerNormGradRows(const T* dy, const T* x, const T* gamma, const float* mean, const float* inv,
-                                  T* dx, int64_t cols) {
+                                  const T* add, T* dx, int64_t cols) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const T* dyr = dy + row * cols;
@@ -89,7 +89,9 @@ __global__ void LayerNormGradRows(const T* dy, const T* x, const T* gamma, const
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float xhat = (ToFloat(xr[c]) - mu) * is;
     const float gd = ToFloat(gamma[c]) * ToFloat(dyr[c]);
-    dx[row * cols + c] = FromFloat<T>(is * (gd - mean_gd - xhat * mean_gdx));
+    float v = is * (gd - mean_gd - xhat * mean_gdx);
+    if (add) v = ToFloat(FromFloat<T>(v)) + ToFloat(add[row * cols + c]);  // as a separate Add
+    dx[row * cols + c] = FromFloat<T>(v);
   }
 }
 
@@ -201,7 +203,8 @@ int64_t LayerNormGradScratch(int64_t rows, int64_t cols) {
 }
 
 int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const float* mean, const float* inv_std,
-                  void* dx, float* dgamma, float* dbeta, float* scratch, int64_t rows, int64_t cols, void* stream) {
+                  const void* dx_add, void* dx, float* dgamma, float* dbeta, float* scratch, int64_t rows, int64_t cols,
+                  void* stream) {
   if (rows == 0) {  // sums over no rows
     cudaStream_t s = Stream(stream);
     for (float* sum : {dgamma, dbeta})
@@ -216,7 +219,7 @@ int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const
     if (dx)
       LayerNormGradRows<T><<<Rows(rows), kThreads, 0, s>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
                                                            static_cast<const T*>(gamma), mean, inv_std,
-                                                           static_cast<T*>(dx), cols);
+                                                           static_cast<const T*>(dx_add), static_cast<T*>(dx), cols);
     if ((dgamma || dbeta) && cols > 0) {
       int64_t chunk = 0;
       const int64_t chunks = ColumnChunks(rows, cols, &chunk);

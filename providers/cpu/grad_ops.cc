@@ -316,6 +316,9 @@ class LayerNormGradKernel : public OpKernel {
     const TensorView& mean = *ctx.input(3);
     const TensorView& inv_std = *ctx.input(4);
     RETURN_IF_ERROR(ExpectSameDims(dy, x, "X"));
+    if (const TensorView* add = ctx.num_inputs() > 5 ? ctx.input(5) : nullptr; add && add->shape() != x.shape())
+      return InvalidArgument("expected dX_add of X's shape ", DimsToString(x.shape()), ", got ",
+                             DimsToString(add->shape()));
     ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, x));
     kernels::cpu::LayerNormGradParams p;
     p.rows = DimProduct(x, 0, axis);
@@ -373,6 +376,15 @@ class LayerNormGradKernel : public OpKernel {
                                       ctx.input(3)->as<const U>(), ctx.input(4)->as<const U>(),
                                       dx ? dx->as<T>() : buffer(x.numel()), ds, db, workspace,
                                       ctx.thread_pool());
+    // dX_add: added to dX after it is formed, as a separate Add would add it.
+    const TensorView* add = ctx.num_inputs() > 5 ? ctx.input(5) : nullptr;
+    if (dx && add) {
+      T* d = dx->as<T>();
+      const T* a = add->as<const T>();
+      ParallelFor(ctx.thread_pool(), x.numel(), 1 << 14, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) d[i] = d[i] + a[i];
+      });
+    }
     if (!broadcast) return;
     int axes[kMaxRank];
     int num_axes = 0;

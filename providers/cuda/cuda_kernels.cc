@@ -307,8 +307,12 @@ class LayerNormGradKernel : public CudaKernel {
     // The parameter gradients' partial sums over chunks of the rows.
     const int64_t parts = dg || db ? kc::LayerNormGradScratch(rows, cols) : 0;
     float* scratch = parts ? static_cast<float*>(ctx.Scratch(static_cast<size_t>(parts) * sizeof(float))) : nullptr;
+    const TensorView* add = ctx.num_inputs() > 5 ? ctx.input(5) : nullptr;  // the residual stream's gradient
+    if (add && add->shape() != x.shape())
+      return InvalidArgument(name_, ": expected dX_add of X's shape ", DimsToString(x.shape()), ", got ",
+                             DimsToString(add->shape()));
     return Check(kc::LayerNormGrad(DtOf(x.dtype), dy.data, x.data, gamma.data, mean.as<float>(), inv.as<float>(),
-                                   dx ? dx->data : nullptr, dg ? dg->as<float>() : nullptr,
+                                   add ? add->data : nullptr, dx ? dx->data : nullptr, dg ? dg->as<float>() : nullptr,
                                    db ? db->as<float>() : nullptr, scratch, rows, cols, stream()));
   }
 };
