@@ -1,0 +1,739 @@
+// CUDA kernel tests (label gpu): every CUDA kernel against the CPU kernel on the same graph, in
+// fp32, bf16 and fp16 where they apply, forward and gradient ops, attention and dropout. Without
+// a usable device (or driver) each test skips and says why.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "graph/op_table.h"
+#include "graph/text_format.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/elementwise.h"
+#include "providers/cuda/cuda_provider.h"
+#include "runtime/inference_session.h"
+#include "tests/cuda_test_util.h"
+#include "tests/op_tester.h"
+#include "trainer/mixed_precision.h"
+
+namespace cleave {
+namespace {
+
+using namespace cuda_testing;
+
+TEST(CudaProvider, AddKernelMatchesHost) {
+  REQUIRE_CUDA();
+  const int64_t n = 1 << 20;
+  std::vector<float> a(n), b(n), c(n);
+  for (int64_t i = 0; i < n; ++i) a[i] = 0.5f * i, b[i] = 1.0f - i;
+  float *da, *db, *dc;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&da), n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&db), n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dc), n * 4), cudaSuccess);
+  cudaMemcpy(da, a.data(), n * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(db, b.data(), n * 4, cudaMemcpyHostToDevice);
+  kernels::cuda::AddF32(da, db, dc, n, nullptr);
+  ASSERT_EQ(cudaMemcpy(c.data(), dc, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(c[i], a[i] + b[i]) << i;
+  cudaFree(da), cudaFree(db), cudaFree(dc);
+}
+
+TEST(CudaProvider, BinaryOpsWithBroadcasting) {
+  REQUIRE_CUDA();
+  for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min"}) {
+    const std::string text = absl::StrCat("input a: float32[2,3,64]\ninput b: float32[3,1]\ny = ", op,
+                                          "(a, b)\noutput y\n");
+    ExpectSame(text, {{"a", Random({2, 3, 64}, 1)}, {"b", Random({3, 1}, 2, 0.5f, 2.f)}}, 1e-6, 1e-6, op);
+  }
+  ExpectSame("input a: float32[4,8]\ninput b: float32[4,8]\ny = Pow(a, b)\noutput y\n",
+             {{"a", Random({4, 8}, 3, 0.1f, 2.f)}, {"b", Random({4, 8}, 4)}}, 1e-5, 1e-5, "Pow");
+}
+
+TEST(CudaProvider, UnaryOps) {
+  REQUIRE_CUDA();
+  for (const char* op : {"Relu", "Tanh", "Exp", "Neg", "Sigmoid", "Erf", "Abs"})
+    ExpectSame(absl::StrCat("input x: float32[3,1000]\ny = ", op, "(x)\noutput y\n"), {{"x", Random({3, 1000}, 5)}},
+               1e-6, 1e-5, op);
+  ExpectSame("input x: float32[3,1000]\ny = Sqrt(x)\nz = Log(x)\nw = Reciprocal(x)\noutput y\noutput z\noutput w\n",
+             {{"x", Random({3, 1000}, 6, 0.1f, 3.f)}}, 1e-6, 1e-5, "Sqrt");
+  for (const char* approx : {"none", "tanh"})
+    ExpectSame(absl::StrCat("input x: float32[3,1000]\ny = ai.cleave.Gelu(x) {approximate = \"", approx,
+                            "\"}\noutput y\n"),
+               {{"x", Random({3, 1000}, 7)}}, 1e-6, 1e-5, "Gelu");
+}
+
+TEST(CudaProvider, CastThroughBf16AndFp16) {
+  REQUIRE_CUDA();
+  ExpectSame(R"(
+    input x: float32[4,100]
+    h = Cast(x) {to = 16}
+    y = Cast(h) {to = 1}
+    g = Cast(x) {to = 10}
+    z = Cast(g) {to = 1}
+    output y
+    output z
+  )",
+             {{"x", Random({4, 100}, 8)}}, 0, 0, "Cast");
+}
+
+TEST(CudaProvider, MatMulShapes) {
+  REQUIRE_CUDA();
+  // Batch folded into M; strided batches; a broadcast batch; a 1-D operand.
+  ExpectSame("input a: float32[2,3,64]\ninput b: float32[64,40]\ny = MatMul(a, b)\noutput y\n",
+             {{"a", Random({2, 3, 64}, 9)}, {"b", Random({64, 40}, 10)}}, 1e-4, 1e-5, "MatMul");
+  ExpectSame("input a: float32[2,3,64]\ninput b: float32[2,64,40]\ny = MatMul(a, b)\noutput y\n",
+             {{"a", Random({2, 3, 64}, 11)}, {"b", Random({2, 64, 40}, 12)}}, 1e-4, 1e-5, "MatMul");
+  ExpectSame("input a: float32[2,1,3,16]\ninput b: float32[4,16,8]\ny = MatMul(a, b)\noutput y\n",
+             {{"a", Random({2, 1, 3, 16}, 13)}, {"b", Random({4, 16, 8}, 14)}}, 1e-4, 1e-5, "MatMul");
+  ExpectSame("input a: float32[5,16]\ninput b: float32[16]\ny = MatMul(a, b)\noutput y\n",
+             {{"a", Random({5, 16}, 15)}, {"b", Random({16}, 16)}}, 1e-4, 1e-5, "MatMul");
+}
+
+TEST(CudaProvider, FusedMatMulEpilogues) {
+  REQUIRE_CUDA();
+  for (const char* act : {"", "gelu", "gelu_tanh"})
+    for (int trans_b : {0, 1}) {
+      const std::string b_dims = trans_b ? "[48,32]" : "[32,48]";
+      ExpectSame(absl::StrCat("input a: float32[4,6,32]\ninput b: float32", b_dims,
+                              "\ninput bias: float32[48]\ny = ai.cleave.FusedMatMul(a, b, bias) {transB = ", trans_b,
+                              ", activation = \"", act, "\"}\noutput y\n"),
+                 {{"a", Random({4, 6, 32}, 17)}, {"b", Random(trans_b ? std::vector<int64_t>{48, 32}
+                                                                      : std::vector<int64_t>{32, 48}, 18)},
+                  {"bias", Random({48}, 19)}},
+                 1e-4, 1e-4, "FusedMatMul");
+    }
+}
+
+TEST(CudaProvider, Bf16MatMulTracksFp32) {
+  REQUIRE_CUDA();
+  // bf16 storage, fp32 accumulation: within bf16 rounding of the fp32 product.
+  ExpectSame(R"(
+    input a: float32[8,256]
+    input b: float32[256,64]
+    ha = Cast(a) {to = 16}
+    hb = Cast(b) {to = 16}
+    h = MatMul(ha, hb)
+    y = Cast(h) {to = 1}
+    output y
+  )",
+             {{"a", Random({8, 256}, 20)}, {"b", Random({256, 64}, 21)}}, 0.5, 2e-2, "MatMul",
+             "input a: float32[8,256]\ninput b: float32[256,64]\ny = MatMul(a, b)\noutput y\n");
+}
+
+TEST(CudaProvider, LowPrecisionProductsGiveFloat32) {
+  REQUIRE_CUDA();
+  // MatMulBf16 / MatMulF16 (mixed precision's products): low-precision operands, a float32
+  // result; the CPU computes the same exact products of the rounded values in fp32.
+  for (const auto& [op, to] : {std::pair{"MatMulBf16", 16}, std::pair{"MatMulF16", 10}})
+    for (int trans_b : {0, 1})
+      ExpectSame(absl::StrCat("input a: float32[2,8,256]\ninput b: float32", trans_b ? "[64,256]" : "[256,64]",
+                              "\nha = Cast(a) {to = ", to, "}\nhb = Cast(b) {to = ", to, "}\ny = ai.cleave.", op,
+                              "(ha, hb) {transB = ", trans_b, "}\noutput y\n"),
+                 {{"a", Random({2, 8, 256}, 40)},
+                  {"b", Random(trans_b ? std::vector<int64_t>{64, 256} : std::vector<int64_t>{256, 64}, 41)}},
+                 1e-3, 1e-3, op);
+  // With a layer's float32 bias, applied in cuBLASLt's epilogue.
+  for (const auto& [op, to] : {std::pair{"MatMulBf16", 16}, std::pair{"MatMulF16", 10}})
+    ExpectSame(absl::StrCat("input a: float32[2,8,256]\ninput b: float32[64,256]\ninput c: float32[64]\n",
+                            "ha = Cast(a) {to = ", to, "}\nhb = Cast(b) {to = ", to, "}\ny = ai.cleave.", op,
+                            "(ha, hb, c) {transB = 1}\noutput y\n"),
+               {{"a", Random({2, 8, 256}, 42)}, {"b", Random({64, 256}, 43)}, {"c", Random({64}, 44)}}, 1e-3, 1e-3,
+               op);
+  // With `to`: the result in the operands' type, the bias of that type added before the one
+  // rounding (mixed precision's activations); the two may differ by that rounding.
+  for (const auto& [op, to] : {std::pair{"MatMulBf16", 16}, std::pair{"MatMulF16", 10}})
+    ExpectSame(absl::StrCat("input a: float32[2,8,256]\ninput b: float32[64,256]\ninput c: float32[64]\n",
+                            "ha = Cast(a) {to = ", to, "}\nhb = Cast(b) {to = ", to, "}\nhc = Cast(c) {to = ", to,
+                            "}\nhy = ai.cleave.", op, "(ha, hb, hc) {transB = 1, to = ", to,
+                            "}\ny = Cast(hy) {to = 1}\noutput y\n"),
+               {{"a", Random({2, 8, 256}, 45)}, {"b", Random({64, 256}, 46)}, {"c", Random({64}, 47)}}, 1e-2,
+               to == 16 ? 8e-3 : 1e-3, op);
+}
+
+// The ops a mixed-precision graph runs in bf16 and fp16 between its products (the bias Add,
+// GELU, its gradient, the bias gradient's sum) against the CPU's widening kernels, which compute
+// them in float32 and round once, as the CUDA kernels do.
+TEST(CudaProvider, LowPrecisionActivationOps) {
+  REQUIRE_CUDA();
+  for (int to : {16, 10})
+    ExpectSame(absl::StrCat(R"(
+      input x: float32[64,8,768]
+      input dy: float32[64,8,768]
+      input b: float32[768]
+      init axes: int64[2] = 0 1
+      init sizes: int64[3] = 256 256 256
+      hx = Cast(x) {to = )", to, R"(}
+      hdy = Cast(dy) {to = )", to, R"(}
+      hb = Cast(b) {to = )", to, R"(}
+      s = Add(hx, hb)
+      g = ai.cleave.Gelu(s)
+      dx = ai.cleave.GeluGrad(hdy, s)
+      db = ReduceSum(dx, axes) {keepdims = 0}
+      sp0, sp1, sp2 = Split(s, sizes) {axis = 2}
+      wg = Cast(g) {to = 1}
+      wdx = Cast(dx) {to = 1}
+      wdb = Cast(db) {to = 1}
+      wsp = Cast(sp1) {to = 1}
+      output wg
+      output wdx
+      output wdb
+      output wsp
+    )"),
+               {{"x", Random({64, 8, 768}, 48)}, {"dy", Random({64, 8, 768}, 49)}, {"b", Random({768}, 50)}},
+               // One rounding of the result apart where the two compute in different orders.
+               to == 16 ? 2e-2 : 2e-3, to == 16 ? 8e-3 : 1e-3, "*");
+}
+
+TEST(CudaProvider, SoftmaxAndLayerNorm) {
+  REQUIRE_CUDA();
+  ExpectSame("input x: float32[6,1000]\ny = Softmax(x) {axis = -1}\nz = LogSoftmax(x) {axis = -1}\noutput y\noutput z\n",
+             {{"x", Random({6, 1000}, 22, -30.f, 30.f)}}, 1e-6, 1e-5, "Softmax");
+  ExpectSame(R"(
+    input x: float32[2,3,768]
+    input g: float32[768]
+    input b: float32[768]
+    y, mean, inv = LayerNormalization(x, g, b) {axis = -1, epsilon = 1e-5}
+    output y
+    output mean
+    output inv
+  )",
+             {{"x", Random({2, 3, 768}, 23)}, {"g", Random({768}, 24)}, {"b", Random({768}, 25)}}, 1e-5, 1e-4,
+             "LayerNormalization");
+}
+
+TEST(CudaProvider, SkipLayerNorm) {
+  REQUIRE_CUDA();
+  ExpectSame(R"(
+    input x: float32[3,5,768]
+    input r: float32[3,5,768]
+    input g: float32[768]
+    input b: float32[768]
+    y, mean, inv, sum = ai.cleave.SkipLayerNormalization(x, r, g, b) {epsilon = 1e-5}
+    output y
+    output mean
+    output inv
+    output sum
+  )",
+             {{"x", Random({3, 5, 768}, 80)}, {"r", Random({3, 5, 768}, 81)}, {"g", Random({768}, 82)},
+              {"b", Random({768}, 83)}},
+             1e-5, 1e-4, "SkipLayerNormalization");
+  // y written in bf16 / fp16 (`to`, mixed precision's next operand): one rounding of the float32
+  // value, which may fall either side of a rounding boundary on the two devices.
+  for (int to : {16, 10})
+    ExpectSame(absl::StrCat(R"(
+      input x: float32[3,5,768]
+      input r: float32[3,5,768]
+      input g: float32[768]
+      input b: float32[768]
+      hy, mean, inv, sum = ai.cleave.SkipLayerNormalization(x, r, g, b) {epsilon = 1e-5, to = )", to, R"(}
+      y = Cast(hy) {to = 1}
+      output y
+      output mean
+      output inv
+      output sum
+    )"),
+               {{"x", Random({3, 5, 768}, 84)}, {"r", Random({3, 5, 768}, 85)}, {"g", Random({768}, 86)},
+                {"b", Random({768}, 87)}},
+               to == 16 ? 1e-2 : 1e-3, to == 16 ? 8e-3 : 1e-3, "SkipLayerNormalization");
+}
+
+TEST(CudaProvider, GradientOps) {
+  REQUIRE_CUDA();
+  // A small LayerNorm, and a training step's shape, whose scale and bias gradients sum 4096 rows
+  // in chunks and add the chunks' partial sums in a second pass (sums of 4096 terms: float32
+  // rounding of either order).
+  for (const auto& [rows, cols, atol] : {std::tuple{5, 64, 1e-5}, std::tuple{4096, 768, 2e-3}}) {
+    const std::string dims = absl::StrCat("[", rows, ",", cols, "]"), vec = absl::StrCat("[", cols, "]");
+    ExpectSame(absl::StrCat("input dy: float32", dims, "\ninput x: float32", dims, "\ninput g: float32", vec,
+                            "\ninput b: float32", vec, R"(
+      y, mean, inv = LayerNormalization(x, g, b) {axis = -1}
+      dx, dg, db = ai.cleave.LayerNormalizationGrad(dy, x, g, mean, inv) {axis = -1}
+      output dx
+      output dg
+      output db
+    )"),
+               {{"dy", Random({rows, cols}, 26)}, {"x", Random({rows, cols}, 27)}, {"g", Random({cols}, 28)},
+                {"b", Random({cols}, 29)}},
+               atol, 1e-4, "LayerNormalizationGrad");
+  }
+  // With the residual stream's gradient folded in (dX_add): dX + r, written once.
+  ExpectSame(R"(
+    input dy: float32[64,768]
+    input x: float32[64,768]
+    input r: float32[64,768]
+    input g: float32[768]
+    input b: float32[768]
+    y, mean, inv = LayerNormalization(x, g, b) {axis = -1}
+    dx, dg, db = ai.cleave.LayerNormalizationGrad(dy, x, g, mean, inv, r) {axis = -1}
+    output dx
+    output dg
+    output db
+  )",
+             {{"dy", Random({64, 768}, 36)}, {"x", Random({64, 768}, 37)}, {"r", Random({64, 768}, 38)},
+              {"g", Random({768}, 39)}, {"b", Random({768}, 40)}},
+             1e-5, 1e-4, "LayerNormalizationGrad");
+  for (const char* approx : {"none", "tanh"})
+    ExpectSame(absl::StrCat("input dy: float32[4,300]\ninput x: float32[4,300]\ndx = ai.cleave.GeluGrad(dy, x) "
+                            "{approximate = \"", approx, "\"}\noutput dx\n"),
+               {{"dy", Random({4, 300}, 30)}, {"x", Random({4, 300}, 31)}}, 1e-6, 1e-5, "GeluGrad");
+  // Embedding lookup and its scatter-add gradient (repeated ids accumulate).
+  ExpectSame(R"(
+    input table: float32[50,16]
+    input ids: int64[4,7]
+    input dy: float32[4,7,16]
+    init shape: int64[2] = 50 16
+    e = Gather(table, ids) {axis = 0}
+    dt = ai.cleave.GatherGrad(shape, ids, dy) {axis = 0}
+    output e
+    output dt
+  )",
+             {{"table", Random({50, 16}, 32)}, {"ids", Ids({4, 7}, 10, 33)}, {"dy", Random({4, 7, 16}, 34)}}, 1e-5,
+             1e-5, "GatherGrad");
+}
+
+TEST(CudaProvider, CrossEntropyForwardAndBackward) {
+  REQUIRE_CUDA();
+  Tensor labels = Ids({12}, 40, 35);
+  labels.data<int64_t>()[3] = -100;  // ignored
+  for (const char* red : {"mean", "sum"})
+    ExpectSame(absl::StrCat(R"(
+      input s: float32[12,40]
+      input labels: int64[12]
+      init dy: float32[] = 1.5
+      loss, lp = SoftmaxCrossEntropyLoss(s, labels) {reduction = ")", red, R"(", ignore_index = -100}
+      d = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, lp, labels) {reduction = ")", red, R"(", ignore_index = -100}
+      output loss
+      output lp
+      output d
+    )"),
+               {{"s", Random({12, 40}, 36, -5.f, 5.f)}, {"labels", labels}}, 1e-5, 1e-5, "SoftmaxCrossEntropyLoss");
+  // One rank's columns [20, 40) of a vocabulary-parallel loss.
+  ExpectSame(R"(
+    input lp: float32[12,20]
+    input labels: int64[12]
+    init dy: float32[] = 1
+    d = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, lp, labels) {reduction = "mean", ignore_index = -100, class_offset = 20, num_classes = 40}
+    output d
+  )",
+             {{"lp", Random({12, 20}, 37, -6.f, -1.f)}, {"labels", labels}}, 1e-6, 1e-5,
+             "SoftmaxCrossEntropyLossGrad");
+  // The gradient from the scores (each row's log-sum-exp formed in one online pass over a
+  // GPT-2-sized vocabulary), in float32 and written as bf16 (widened here to compare).
+  Tensor wide_labels = Ids({6}, 50257, 38);
+  wide_labels.data<int64_t>()[2] = -100;
+  const Feeds wide = {{"s", Random({6, 50257}, 39, -8.f, 8.f)}, {"labels", wide_labels}};
+  ExpectSame(R"(
+    input s: float32[6,50257]
+    input labels: int64[6]
+    init dy: float32[] = 1.5
+    d = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, s, labels) {reduction = "mean", ignore_index = -100, from_scores = 1}
+    output d
+  )",
+             wide, 1e-9, 1e-4, "SoftmaxCrossEntropyLossGrad");
+  ExpectSame(R"(
+    input s: float32[6,50257]
+    input labels: int64[6]
+    init dy: float32[] = 1.5
+    h = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, s, labels) {reduction = "sum", ignore_index = -100, from_scores = 1, to = 16}
+    hw = Cast(h) {to = 1}
+    output hw
+  )",
+             wide, 1e-9, 1e-2, "SoftmaxCrossEntropyLossGrad");
+  // The forward folded into the gradient: its loss output, for each reduction, against the
+  // CPU's (which forms it with the forward's kernel).
+  for (const char* reduction : {"mean", "sum", "none"})
+    ExpectSame(absl::StrCat(R"(
+      input s: float32[6,50257]
+      input labels: int64[6]
+      init dy: float32)", std::string(reduction) == "none" ? "[6] = 1 2 3 4 5 6" : "[] = 1.5", R"(
+      d, loss = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, s, labels) {reduction = ")", reduction,
+                            R"(", ignore_index = -100, from_scores = 1}
+      output d
+      output loss
+    )"),
+               wide, 1e-6, 1e-4, "SoftmaxCrossEntropyLossGrad");
+}
+
+TEST(CudaProvider, OptimizerOps) {
+  REQUIRE_CUDA();
+  Tensor step(DataType::kInt64, std::vector<int64_t>{});
+  step.data<int64_t>()[0] = 7;
+  Tensor reset(DataType::kBool, std::vector<int64_t>{});
+  reset.data<bool>()[0] = false;
+  ExpectSame(R"(
+    input lr: float32[]
+    input step: int64[]
+    input scale: float32[]
+    input p: float32[1000]
+    input g: float32[1000]
+    input m: float32[1000]
+    input v: float32[1000]
+    input reset: bool[]
+    po, mo, vo = ai.cleave.AdamW(lr, step, scale, p, g, m, v) {beta1 = 0.9, beta2 = 0.95, epsilon = 1e-8, weight_decay = 0.1}
+    n = ai.cleave.SquaredNorm(g, p, m)
+    acc = ai.cleave.InPlaceAccumulator(m, g, reset)
+    output po
+    output mo
+    output vo
+    output n
+    output acc
+  )",
+             {{"lr", Tensor::Scalar<float>(3e-3f)}, {"step", step}, {"scale", Tensor::Scalar<float>(0.5f)},
+              {"p", Random({1000}, 38)}, {"g", Random({1000}, 39)}, {"m", Random({1000}, 40)},
+              {"v", Random({1000}, 41, 0.f, 1.f)}, {"reset", reset}},
+             1e-6, 1e-5, "AdamW");
+}
+
+// The optimizers over two parameters: MultiTensorAdamW and MultiTensorSGD (with and without
+// momentum), plain and with compute_norm (the norm output and the update clipped with it, as
+// max_grad_norm 1 clips these random gradients, or not), the scale formed on the device; and
+// SGD alone.
+TEST(CudaProvider, Optimizers) {
+  Tensor step(DataType::kInt64, std::vector<int64_t>{});
+  step.data<int64_t>()[0] = 4;
+  Feeds feeds = {{"lr", Tensor::Scalar<float>(3e-3f)}, {"step", step}, {"scale", Tensor::Scalar<float>(0.5f)}};
+  const std::vector<int64_t> shapes[2] = {{1000}, {7, 3}};
+  const char* state_names[] = {"g", "m", "v"};  // grad, then the optimizer's state
+  unsigned seed = 90;
+  for (int k = 1; k <= 2; ++k) {
+    feeds.emplace_back(absl::StrCat("p", k), Random(shapes[k - 1], seed++));
+    for (const char* x : state_names)
+      feeds.emplace_back(absl::StrCat(x, k), x[0] == 'v' ? Random(shapes[k - 1], seed++, 0.f, 1.f)
+                                                         : Random(shapes[k - 1], seed++));
+  }
+  const struct {
+    const char* op;
+    int state;  // optimizer state tensors per parameter
+    const char* attrs;
+  } variants[] = {
+      {"MultiTensorAdamW", 2, "beta1 = 0.9, beta2 = 0.95, epsilon = 1e-8, weight_decay = 0.1"},
+      {"MultiTensorAdamW", 2, "weight_decay = 0.1, compute_norm = 1, clip_epsilon = 1e-6, max_grad_norm = 1.0"},
+      {"MultiTensorAdamW", 2, "weight_decay = 0.1, compute_norm = 1, max_grad_norm = 0.0"},
+      {"MultiTensorSGD", 0, "weight_decay = 0.1"},
+      {"MultiTensorSGD", 1, "momentum = 0.9, dampening = 0.1, nesterov = 1, compute_norm = 1, max_grad_norm = 1.0"},
+      {"MultiTensorSGD", 1, "momentum = 0.9, compute_norm = 1, max_grad_norm = 0.0"},
+      {"SGD", 1, "momentum = 0.9, weight_decay = 0.01"}};
+  struct Case {
+    std::string text, op;
+  };
+  std::vector<Case> cases;
+  for (const auto& v : variants) {
+    const bool norm = std::string(v.attrs).find("compute_norm") != std::string::npos;
+    const int groups = std::string(v.op) == "SGD" ? 1 : 2;
+    std::string text = "input lr: float32[]\ninput step: int64[]\ninput scale: float32[]\n";
+    std::vector<std::string> in = {"lr", "step", "scale"}, out;
+    for (int k = 1; k <= groups; ++k) {
+      const std::string dims = absl::StrCat("[", absl::StrJoin(shapes[k - 1], ","), "]");
+      for (int j = -1; j <= v.state; ++j) {
+        const std::string name = j < 0 ? absl::StrCat("p", k) : absl::StrCat(state_names[j], k);
+        absl::StrAppend(&text, "input ", name, ": float32", dims, "\n");
+        in.push_back(name);
+        if (j != 0) out.push_back(absl::StrCat("out_", name));
+      }
+    }
+    if (norm) out.push_back("norm");
+    absl::StrAppend(&text, absl::StrJoin(out, ", "), " = ai.cleave.", v.op, "(", absl::StrJoin(in, ", "), ") {",
+                    v.attrs, "}\n");
+    for (const std::string& o : out) absl::StrAppend(&text, "output ", o, "\n");
+    // The graph is well formed and runs on the CPU, on any machine.
+    SessionOptions o;
+    o.optimize = false;
+    auto parsed = graph::ParseGraph(text);
+    ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;
+    auto cpu = InferenceSession::FromGraph(std::move(*parsed), o);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    Feeds mine;
+    for (const std::string& name : in)
+      for (const auto& f : feeds)
+        if (f.first == name) mine.push_back(f);
+    auto got = (*cpu)->Run(mine);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), out.size());
+    cases.push_back({text, v.op});
+  }
+  REQUIRE_CUDA();
+  for (const Case& c : cases) {
+    Feeds mine;
+    for (const auto& f : feeds)
+      if (c.text.find("input " + f.first + ":") != std::string::npos) mine.push_back(f);
+    ExpectSame(c.text, mine, 1e-6, 1e-5, c.op);
+  }
+}
+
+TEST(CudaProvider, LayoutAndViews) {
+  REQUIRE_CUDA();
+  ExpectSame(R"(
+    input x: float32[2,3,4,5]
+    init shape: int64[3] = 6 -1 5
+    init axes: int64[1] = 1
+    t = Transpose(x) {perm = [2, 0, 3, 1]}
+    r = Reshape(x, shape)
+    u = Unsqueeze(r, axes)
+    s = Squeeze(u, axes)
+    f = Flatten(x) {axis = 2}
+    output t
+    output u
+    output s
+    output f
+  )",
+             {{"x", Random({2, 3, 4, 5}, 42)}}, 0, 0, "Transpose");
+  // Attention's layouts in bf16 (runs of 64 moved as 16-byte words); inner runs of 8 bytes (bf16
+  // and int64 elements: 8-byte words), 4 bytes (bf16 pairs: 4-byte words) and 16 (float32); one
+  // with dims of 1 and neighbours that merge, a plain copy, and one that moves the innermost dim
+  // (element by element); all exact.
+  ExpectSame(R"(
+    input q: float32[8,1024,12,64]
+    input a: float32[6,10,4]
+    input c: float32[6,10,2]
+    input b: float32[2,1,3,5,7]
+    init ids: int64[2,3,2] = 1 2 3 4 5 6 7 8 9 10 11 12
+    hq = Cast(q) {to = 16}
+    ha = Cast(a) {to = 16}
+    hc = Cast(c) {to = 16}
+    t1 = Transpose(hq) {perm = [0, 2, 1, 3]}
+    t2 = Transpose(t1) {perm = [0, 2, 1, 3]}
+    t3 = Transpose(ha) {perm = [1, 0, 2]}
+    t4 = Transpose(a) {perm = [1, 0, 2]}
+    t5 = Transpose(b) {perm = [1, 0, 3, 4, 2]}
+    t6 = Transpose(b) {perm = [1, 0, 2, 3, 4]}
+    t7 = Transpose(b) {perm = [4, 2, 3, 1, 0]}
+    t8 = Transpose(hc) {perm = [1, 0, 2]}
+    t9 = Transpose(ids) {perm = [1, 0, 2]}
+    w1 = Cast(t1) {to = 1}
+    w2 = Cast(t2) {to = 1}
+    w3 = Cast(t3) {to = 1}
+    w8 = Cast(t8) {to = 1}
+    output w1
+    output w2
+    output w3
+    output t4
+    output t5
+    output t6
+    output t7
+    output w8
+    output t9
+  )",
+             {{"q", Random({8, 1024, 12, 64}, 43)}, {"a", Random({6, 10, 4}, 44)}, {"c", Random({6, 10, 2}, 46)},
+              {"b", Random({2, 1, 3, 5, 7}, 45)}},
+             0, 0, "*");
+}
+
+TEST(CudaProvider, ReductionsSelectionConcatSplit) {
+  REQUIRE_CUDA();
+  ExpectSame(R"(
+    input x: float32[4,6,32]
+    init axes: int64[2] = 0 1
+    s = ReduceSum(x, axes) {keepdims = 0}
+    m = ReduceMean(x) {axes = [-1], keepdims = 1}
+    k = ReduceMax(x) {axes = [1], keepdims = 0}
+    output s
+    output m
+    output k
+  )",
+             {{"x", Random({4, 6, 32}, 50)}}, 1e-5, 1e-5, "ReduceSum");
+  // Long rows (a block per output), a whole tensor to one value, and leading axes (columns).
+  ExpectSame(R"(
+    input x: float32[3,4096]
+    input big: float32[64,512]
+    init one: int64[1] = 1
+    init zero: int64[1] = 0
+    s = ReduceSum(x, one) {keepdims = 0}
+    t = ReduceSum(big) {keepdims = 0}
+    c = ReduceSum(big, zero) {keepdims = 1}
+    k = ReduceMax(x) {axes = [1], keepdims = 0}
+    output s
+    output t
+    output c
+    output k
+  )",
+             {{"x", Random({3, 4096}, 55)}, {"big", Random({64, 512}, 56)}}, 1e-4, 1e-5, "ReduceSum");
+  // A bias gradient of a training step ([8, 1024, 768] to [768], and 2304 columns in bf16): the
+  // rows are split into chunks, and the chunks' partial sums combined in a fixed order.
+  for (const char* type : {"float32", "bfloat16"})
+    ExpectSame(absl::StrCat(R"(
+      input x: float32[8,1024,2304]
+      init axes: int64[2] = 0 1
+      hx = Cast(x) {to = )", std::string(type) == "float32" ? 1 : 16, R"(}
+      s = ReduceSum(hx, axes) {keepdims = 1}
+      m = ReduceMean(hx) {axes = [0, 1], keepdims = 0}
+      k = ReduceMax(hx) {axes = [0, 1], keepdims = 0}
+      ws = Cast(s) {to = 1}
+      wm = Cast(m) {to = 1}
+      wk = Cast(k) {to = 1}
+      output ws
+      output wm
+      output wk
+    )"),
+               {{"x", Random({8, 1024, 2304}, 57)}}, 1e-3, std::string(type) == "float32" ? 1e-5 : 8e-3, "*");
+  // A NaN in one row reaches its column's max and sum through both passes, and only its column.
+  Tensor with_nan = Random({4096, 40}, 58);
+  with_nan.data<float>()[3000 * 40 + 7] = std::nanf("");
+  ExpectSame(R"(
+    input x: float32[4096,40]
+    init zero: int64[1] = 0
+    s = ReduceSum(x, zero) {keepdims = 0}
+    k = ReduceMax(x) {axes = [0], keepdims = 0}
+    output s
+    output k
+  )",
+             {{"x", with_nan}}, 1e-3, 1e-5, "*");
+  Tensor cond(DataType::kBool, {6, 1});
+  for (int i = 0; i < 6; ++i) cond.data<bool>()[i] = i % 2 == 0;
+  ExpectSame(R"(
+    input c: bool[6,1]
+    input a: float32[2,6,32]
+    init b: float32[] = -10000
+    y = Where(c, a, b)
+    output y
+  )",
+             {{"c", cond}, {"a", Random({2, 6, 32}, 51)}}, 0, 0, "Where");
+  ExpectSame(R"(
+    input x: float32[2,5,24]
+    init split: int64[3] = 8 8 8
+    q, k, v = Split(x, split) {axis = 2}
+    c = Concat(v, q, k) {axis = 1}
+    output c
+    output k
+  )",
+             {{"x", Random({2, 5, 24}, 52)}}, 0, 0, "Split");
+  ExpectSame(R"(
+    input dy: float32[3,7,50]
+    input x: float32[3,7,50]
+    y = Softmax(x) {axis = -1}
+    l = LogSoftmax(x) {axis = -1}
+    dx = ai.cleave.SoftmaxGrad(dy, y) {axis = -1}
+    dl = ai.cleave.LogSoftmaxGrad(dy, l) {axis = -1}
+    output dx
+    output dl
+  )",
+             {{"dy", Random({3, 7, 50}, 53)}, {"x", Random({3, 7, 50}, 54)}}, 1e-6, 1e-5, "SoftmaxGrad");
+}
+
+TEST(CudaProvider, FusedAttentionForwardAndBackward) {
+  REQUIRE_CUDA();
+  // Causal with T = S, causal with fewer queries than keys, and full attention with a value
+  // width unlike the key width; head dims of 64 and 80 (not a multiple of 32).
+  const struct {
+    std::vector<int64_t> q, k, v;
+    int causal;
+  } cases[] = {{{2, 3, 70, 64}, {2, 3, 70, 64}, {2, 3, 70, 64}, 1},
+               {{1, 2, 33, 80}, {1, 2, 50, 80}, {1, 2, 50, 80}, 1},
+               {{2, 2, 40, 64}, {2, 2, 45, 64}, {2, 2, 45, 48}, 0}};
+  for (const auto& c : cases) {
+    auto dims = [](const std::vector<int64_t>& d) { return absl::StrCat("[", absl::StrJoin(d, ","), "]"); };
+    std::vector<int64_t> out = c.q;
+    out.back() = c.v.back();
+    const std::string text = absl::StrCat(
+        "input q: float32", dims(c.q), "\ninput k: float32", dims(c.k), "\ninput v: float32", dims(c.v),
+        "\ninput dy: float32", dims(out), "\ny, lse = ai.cleave.Attention(q, k, v) {scale = 0.125, causal = ", c.causal,
+        "}\ndq, dk, dv = ai.cleave.AttentionGrad(dy, q, k, v, y, lse) {scale = 0.125, causal = ", c.causal,
+        "}\noutput y\noutput lse\noutput dq\noutput dk\noutput dv\n");
+    ExpectSame(text, {{"q", Random(c.q, 60)}, {"k", Random(c.k, 61)}, {"v", Random(c.v, 62)}, {"dy", Random(out, 63)}},
+               1e-5, 1e-4, "Attention");
+  }
+}
+
+// bf16 attention, forward and backward: cuDNN's fused attention where it takes the shape (head
+// dims 64 and 80, causal with T = S and T < S aligned to the bottom right), the own kernel
+// where it does not (a value width unlike the key width), against the CPU in fp32 on the
+// bf16-rounded inputs, with the outputs rounded to bf16 as well.
+TEST(CudaProvider, Bf16AttentionForwardAndBackward) {
+  const struct {
+    std::vector<int64_t> q, k, v;
+    int causal;
+  } cases[] = {{{2, 4, 128, 64}, {2, 4, 128, 64}, {2, 4, 128, 64}, 1},
+               {{1, 2, 48, 80}, {1, 2, 96, 80}, {1, 2, 96, 80}, 1},
+               {{2, 2, 40, 64}, {2, 2, 45, 64}, {2, 2, 45, 64}, 0},
+               {{1, 2, 40, 64}, {1, 2, 45, 64}, {1, 2, 45, 32}, 0}};
+  struct Case {
+    std::string cuda, cpu;
+    Feeds feeds;
+  };
+  std::vector<Case> graphs;
+  for (const auto& c : cases) {
+    auto dims = [](const std::vector<int64_t>& d) { return absl::StrCat("[", absl::StrJoin(d, ","), "]"); };
+    std::vector<int64_t> out = c.q;
+    out.back() = c.v.back();
+    const std::string inputs = absl::StrCat("input q: float32", dims(c.q), "\ninput k: float32", dims(c.k),
+                                            "\ninput v: float32", dims(c.v), "\ninput dy: float32", dims(out), "\n");
+    const std::string attrs = absl::StrCat("{scale = 0.125, causal = ", c.causal, "}");
+    // Both graphs round the inputs to bf16; CUDA computes in bf16, the CPU in fp32 on the
+    // rounded values, and both outputs go through bf16.
+    Case g{inputs, inputs, {{"q", Random(c.q, 70)}, {"k", Random(c.k, 71)}, {"v", Random(c.v, 72)}, {"dy", Random(out, 73)}}};
+    for (const char* x : {"q", "k", "v", "dy"}) {
+      absl::StrAppend(&g.cuda, x, "b = Cast(", x, ") {to = 16}\n");
+      absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "b = Cast(", x, "h) {to = 1}\n");
+    }
+    const std::string body = absl::StrCat("y, lse = ai.cleave.Attention(qb, kb, vb) ", attrs,
+                                          "\ndq, dk, dv = ai.cleave.AttentionGrad(dyb, qb, kb, vb, y, lse) ", attrs, "\n");
+    absl::StrAppend(&g.cuda, body);
+    absl::StrAppend(&g.cpu, body);
+    for (const char* x : {"y", "dq", "dk", "dv"}) {
+      absl::StrAppend(&g.cuda, x, "f = Cast(", x, ") {to = 1}\noutput ", x, "f\n");
+      absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "f = Cast(", x, "h) {to = 1}\noutput ", x, "f\n");
+    }
+    absl::StrAppend(&g.cuda, "output lse\n");
+    absl::StrAppend(&g.cpu, "output lse\n");
+    // Both graphs are well formed, and the reference runs, on any machine.
+    auto parsed = graph::ParseGraph(g.cuda);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    ASSERT_TRUE(graph::InferShapes(**parsed).ok());
+    SessionOptions o;
+    o.optimize = false;
+    auto cpu = InferenceSession::FromGraph(*graph::ParseGraph(g.cpu), o);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    ASSERT_TRUE((*cpu)->Run(g.feeds).ok());
+    graphs.push_back(std::move(g));
+  }
+  REQUIRE_CUDA();
+  {
+    auto p = providers::CudaExecutionProvider::Create(0);
+    ASSERT_TRUE(p.ok()) << p.status();
+    auto* cuda = static_cast<providers::CudaExecutionProvider*>(p->get());
+    std::printf("cuDNN fused attention: %s\n",
+                cuda->cudnn_attention() ? "available" : cuda->cudnn_attention_unavailable().c_str());
+  }
+  for (const Case& g : graphs) ExpectSame(g.cuda, g.feeds, 3e-2, 3e-2, "Attention", g.cpu);
+}
+
+// Training-mode Dropout under a run seed draws the CPU's mask bit for bit.
+TEST(CudaProvider, DropoutDrawsTheCpuMaskForTheSameSeed) {
+  REQUIRE_CUDA();
+  const char* text = R"(
+    input x: float32[8,1000]
+    init ratio: float32[] = 0.3
+    init training: bool[] = 1
+    y, mask = Dropout(x, ratio, training)
+    output y
+    output mask
+  )";
+  std::vector<Tensor> got[2];
+  for (int dev = 0; dev < 2; ++dev) {
+    SessionOptions o;
+    o.optimize = false;
+    o.device = dev ? DeviceChoice::kCuda : DeviceChoice::kCpu;
+    auto s = InferenceSession::FromGraph(*graph::ParseGraph(text), o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    if (dev) {
+      EXPECT_EQ((*s)->warning(), "");
+    }
+    got[dev] = {Tensor(DataType::kFloat32, {8, 1000}), Tensor(DataType::kBool, {8, 1000})};
+    RunOptions ro;
+    ro.seed = 7;
+    ASSERT_TRUE((*s)->RunInto({{"x", Random({8, 1000}, 70)}}, got[dev], ro).ok());
+  }
+  EXPECT_EQ(testing::CompareTensors(got[1][0], got[0][0], 0, 1e-6), "");
+  EXPECT_EQ(std::memcmp(got[1][1].raw(), got[0][1].raw(), 8000), 0);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < 8000; ++i) kept += got[0][1].data<bool>()[i];
+  EXPECT_NEAR(kept / 8000.0, 0.7, 0.03);
+}
+
+}  // namespace
+}  // namespace cleave
