@@ -422,12 +422,7 @@ TEST(DevicePlacement, TrainingStateStaysOnTheDevice) {
   trainer::TrainingSpec spec;
   spec.dims = {{"batch", 2}, {"seq", 16}};
   spec.optimizer.max_grad_norm = 1.0f;
-  Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
-  for (int64_t i = 0; i < 32; ++i) {
-    ids.data<int64_t>()[i] = (i * 7 + 3) % 256;
-    labels.data<int64_t>()[i] = (i * 5 + 1) % 256;
-  }
-  const Feeds feeds = {{"input_ids", ids}, {"labels", labels}};
+  const Feeds feeds = testing::TokenBatch(16, 256);
   std::vector<float> losses[2];
   auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{"LayerNormalization"});
   int64_t state_bytes = 0, uploaded_per_step = 0;
@@ -475,12 +470,7 @@ TEST(DevicePlacement, Bf16TrainingWithTheDeviceFusionsTracksTheCpu) {
   spec.precision = trainer::Precision::kBf16;
   spec.fuse_attention = true;
   spec.optimizer.max_grad_norm = 1.0f;
-  Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
-  for (int64_t i = 0; i < 32; ++i) {
-    ids.data<int64_t>()[i] = (i * 7 + 3) % 256;
-    labels.data<int64_t>()[i] = (i * 5 + 1) % 256;
-  }
-  const Feeds feeds = {{"input_ids", ids}, {"labels", labels}};
+  const Feeds feeds = testing::TokenBatch(16, 256);
   std::vector<float> losses[2];
   auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
   for (int on_device = 0; on_device < 2; ++on_device) {

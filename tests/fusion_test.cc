@@ -452,12 +452,7 @@ TEST(SkipLayerNormFusion, ResidualAddAndLayerNormBecomeOneOpComputingTheSame) {
 // One step's feeds of the tiny GPT's training graph (batch 2, seq 16): tokens, labels, the
 // initial parameters, zero gradient buffers and a reset.
 Feeds TinyGptTrainingFeeds(const trainer::TrainingArtifacts& a) {
-  Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
-  for (int64_t i = 0; i < 32; ++i) {
-    ids.data<int64_t>()[i] = (i * 7 + 3) % 256;
-    labels.data<int64_t>()[i] = (i * 5 + 1) % 256;
-  }
-  Feeds feeds = {{"input_ids", ids}, {"labels", labels}};
+  Feeds feeds = testing::TokenBatch(16, 256);
   for (const std::string& p : a.params) {
     feeds.emplace_back(p, a.initial.at(p));
     const Value* buf = a.training->FindValue(trainer::AccumulationBuffer(p));

@@ -17,6 +17,7 @@
 #include "onnx_ext/onnx_io.h"
 #include "runtime/inference_session.h"
 #include "tests/op_tester.h"
+#include "tests/partition_test_util.h"
 #include "trainer/mixed_precision.h"
 #include "trainer/partition_plan.h"
 #include "trainer/training_session.h"
@@ -259,11 +260,7 @@ TEST(MixedPrecision, LowPrecisionKernelsAreTheFloat32KernelsRoundedOnce) {
 TEST(MixedPrecision, Bf16TrainingGraphRunsEveryProductInBf16AndTracksFp32) {
   auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/train_variants/llama/model.onnx");
   ASSERT_TRUE(model.ok()) << model.status();
-  Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
-  for (int64_t i = 0; i < 32; ++i) {
-    ids.data<int64_t>()[i] = (i * 7 + 3) % 64;
-    labels.data<int64_t>()[i] = (i * 5 + 1) % 64;
-  }
+  const Feeds batch = testing::TokenBatch(16, 64);
   std::vector<float> loss, norm;
   for (Precision p : {Precision::kFp32, Precision::kBf16}) {
     TrainingSpec spec;
@@ -286,7 +283,7 @@ TEST(MixedPrecision, Bf16TrainingGraphRunsEveryProductInBf16AndTracksFp32) {
     }
     auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
     ASSERT_TRUE(s.ok()) << s.status();
-    auto l = (*s)->TrainStep({{"input_ids", ids}, {"labels", labels}});
+    auto l = (*s)->TrainStep(batch);
     ASSERT_TRUE(l.ok()) << l.status();
     loss.push_back(*l);
     auto g = (*s)->OptimizerStep();
@@ -300,6 +297,22 @@ TEST(MixedPrecision, Bf16TrainingGraphRunsEveryProductInBf16AndTracksFp32) {
   EXPECT_EQ(*ParsePrecision("fp16"), Precision::kFp16);
 }
 
+// The tiny GPT's training artifacts (batch 2, seq 16, attention fused) in precision p, and its
+// training graph as sessions run it: their transformer fusions also swap a product that only a
+// Transpose reads (a weight gradient) and fold the biases into the products.
+std::pair<TrainingArtifacts, std::unique_ptr<graph::Graph>> TinyGptAsSessionsRunIt(Precision p) {
+  TrainingSpec spec;
+  spec.precision = p;
+  spec.fuse_attention = true;
+  TrainingArtifacts a = testing::BuildArtifacts("tiny_gpt", 2, 16, spec);
+  std::unique_ptr<graph::Graph> g = a.training->Clone();
+  graph::TransformerFusion fusion;
+  graph::DeadCodeElimination dce;
+  EXPECT_TRUE(graph::InferShapes(*g).ok());
+  EXPECT_TRUE(graph::RunToFixedPoint({&fusion, &dce}, g.get()).ok());
+  return {std::move(a), std::move(g)};
+}
+
 // The fused attention under bf16 autocast: q, k and v are cast once for the forward and the
 // gradient, the gradient reads the forward's bf16 output, lse stays fp32, and the output goes
 // on in bf16; the weights are read through the products' trans flags (no Transpose of a
@@ -307,28 +320,10 @@ TEST(MixedPrecision, Bf16TrainingGraphRunsEveryProductInBf16AndTracksFp32) {
 // cast, narrowing casts sit above and widening ones below the layout ops (and Concats) between
 // them, so no value makes a round trip; and the step tracks fp32.
 TEST(MixedPrecision, Bf16FusedAttentionAndWeightLayouts) {
-  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
-  ASSERT_TRUE(model.ok()) << model.status();
-  Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
-  for (int64_t i = 0; i < 32; ++i) {
-    ids.data<int64_t>()[i] = (i * 7 + 3) % 64;
-    labels.data<int64_t>()[i] = (i * 5 + 1) % 64;
-  }
+  const Feeds batch = testing::TokenBatch(16, 64);
   std::vector<std::vector<float>> loss(2);
   for (Precision p : {Precision::kFp32, Precision::kBf16}) {
-    TrainingSpec spec;
-    spec.dims = {{"batch", 2}, {"seq", 16}};
-    spec.precision = p;
-    spec.fuse_attention = true;
-    auto a = BuildTrainingArtifacts(**model, spec);
-    ASSERT_TRUE(a.ok()) << a.status();
-    // The graph as sessions run it: their transformer fusions also swap a product that only a
-    // Transpose reads (a weight gradient), for bf16 as for fp32.
-    std::unique_ptr<graph::Graph> fused = a->training->Clone();
-    graph::TransformerFusion fusion;
-    graph::DeadCodeElimination dce;
-    ASSERT_TRUE(graph::InferShapes(*fused).ok());
-    ASSERT_TRUE(graph::RunToFixedPoint({&fusion, &dce}, fused.get()).ok());
+    auto [a, fused] = TinyGptAsSessionsRunIt(p);
     const graph::Graph& g = *fused;
     int attention = 0, grads = 0;
     for (const auto& n : g.nodes()) {
@@ -352,7 +347,7 @@ TEST(MixedPrecision, Bf16FusedAttentionAndWeightLayouts) {
       }
       if (op == "Transpose") {
         const graph::Value* x = n->input(0);
-        EXPECT_FALSE(std::count(a->params.begin(), a->params.end(), x->name())) << n->name() << " transposes a weight";
+        EXPECT_FALSE(std::count(a.params.begin(), a.params.end(), x->name())) << n->name() << " transposes a weight";
         EXPECT_FALSE(x->producer() && x->producer()->op_type() == "MatMulBf16") << n->name();
       }
       if (op == "Cast" && n->input(0)->producer())
@@ -370,10 +365,10 @@ TEST(MixedPrecision, Bf16FusedAttentionAndWeightLayouts) {
       EXPECT_EQ(attention, 2);
       EXPECT_EQ(grads, 2);
     }
-    auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
+    auto s = TrainingSession::Create(std::move(a), {.intra_op_threads = 1});
     ASSERT_TRUE(s.ok()) << s.status();
     for (int step = 0; step < 3; ++step) {
-      auto l = (*s)->TrainStep({{"input_ids", ids}, {"labels", labels}});
+      auto l = (*s)->TrainStep(batch);
       ASSERT_TRUE(l.ok()) << l.status();
       ASSERT_TRUE((*s)->OptimizerStep().ok());
       loss[p == Precision::kBf16].push_back(*l);
@@ -390,22 +385,10 @@ TEST(MixedPrecision, Bf16FusedAttentionAndWeightLayouts) {
 // are left only after the LayerNorms, the residual stream's gradient and the loss gradient,
 // which stay float32.
 TEST(MixedPrecision, ActivationsBetweenProductsStayLowPrecision) {
-  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
-  ASSERT_TRUE(model.ok()) << model.status();
   for (Precision p : {Precision::kBf16, Precision::kFp16}) {
     const DataType low = p == Precision::kBf16 ? DataType::kBFloat16 : DataType::kFloat16;
     const std::string product = p == Precision::kBf16 ? "MatMulBf16" : "MatMulF16";
-    TrainingSpec spec;
-    spec.dims = {{"batch", 2}, {"seq", 16}};
-    spec.precision = p;
-    spec.fuse_attention = true;
-    auto a = BuildTrainingArtifacts(**model, spec);
-    ASSERT_TRUE(a.ok()) << a.status();
-    std::unique_ptr<graph::Graph> g = a->training->Clone();
-    graph::TransformerFusion fusion;
-    graph::DeadCodeElimination dce;
-    ASSERT_TRUE(graph::InferShapes(*g).ok());
-    ASSERT_TRUE(graph::RunToFixedPoint({&fusion, &dce}, g.get()).ok());
+    auto [a, g] = TinyGptAsSessionsRunIt(p);
     int low_products = 0, low_biased = 0, gelus = 0, gelu_grads = 0, splits = 0, low_sums = 0;
     for (const auto& n : g->nodes()) {
       const std::string& op = n->op_type();
@@ -454,7 +437,7 @@ TEST(MixedPrecision, ActivationsBetweenProductsStayLowPrecision) {
     EXPECT_EQ(splits, 2);
     EXPECT_EQ(low_sums, 4) << "the MLP's first bias and the q/k/v bias, per layer";
     // Still a valid ONNX model for the checker (as --save-artifacts writes it).
-    absl::Status checked = onnx_ext::CheckModel(*a->training);
+    absl::Status checked = onnx_ext::CheckModel(*a.training);
     EXPECT_TRUE(checked.ok()) << checked;
   }
 }
@@ -576,15 +559,11 @@ TEST(MixedPrecision, Fp16LossScalingSkipsOverflowingStepsAndGrows) {
   ASSERT_TRUE(s.ok()) << s.status();
   TrainingSession& t = **s;
   ASSERT_TRUE(t.loss_scaling());
-  Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
-  for (int64_t i = 0; i < 32; ++i) {
-    ids.data<int64_t>()[i] = (i * 7 + 3) % 64;
-    labels.data<int64_t>()[i] = (i * 5 + 1) % 64;
-  }
+  const Feeds batch = testing::TokenBatch(16, 64);
   const Tensor before = *t.GetState(p0);
   int skipped = 0;
   while (true) {
-    ASSERT_TRUE(t.TrainStep({{"input_ids", ids}, {"labels", labels}}).ok());
+    ASSERT_TRUE(t.TrainStep(batch).ok());
     const double scale = t.loss_scale();
     auto norm = t.OptimizerStep();
     ASSERT_TRUE(norm.ok()) << norm.status();
@@ -601,7 +580,7 @@ TEST(MixedPrecision, Fp16LossScalingSkipsOverflowingStepsAndGrows) {
   EXPECT_GT(skipped, 0);
   EXPECT_NE(testing::CompareTensors(*t.GetState(p0), before, 0, 0), "");  // the clean step updated
   const double scale = t.loss_scale();
-  ASSERT_TRUE(t.TrainStep({{"input_ids", ids}, {"labels", labels}}).ok());
+  ASSERT_TRUE(t.TrainStep(batch).ok());
   ASSERT_TRUE(t.OptimizerStep().ok());
   EXPECT_FALSE(t.last_step_skipped());
   EXPECT_EQ(t.loss_scale(), 2 * scale);  // two clean steps in a row: the window of 2

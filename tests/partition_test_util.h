@@ -1,11 +1,13 @@
-// Helpers shared by the partitioned-training tests: training artifacts of a bundled model,
-// deep copies of them (each simulated rank gets its own), each rank's artifacts under plain
-// data parallelism, and row slices of a batch.
+// Helpers shared by the training tests: training artifacts of a bundled model, a batch of its
+// tokens, deep copies of artifacts (each simulated rank gets its own), each rank's artifacts
+// under plain data parallelism, and row slices of a batch.
 #pragma once
 
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "onnx_ext/onnx_io.h"
@@ -31,6 +33,17 @@ inline trainer::TrainingArtifacts BuildArtifacts(const std::string& model_dir, i
   auto a = trainer::BuildTrainingArtifacts(**model, spec);
   EXPECT_TRUE(a.ok()) << a.status();
   return std::move(*a);
+}
+
+// A [2, seq] batch for the bundled language models: input_ids (7 i + 3) % vocab and labels
+// (5 i + 1) % vocab over the flat positions i.
+inline std::vector<std::pair<std::string, Tensor>> TokenBatch(int64_t seq, int64_t vocab) {
+  Tensor ids(DataType::kInt64, {2, seq}), labels(DataType::kInt64, {2, seq});
+  for (int64_t i = 0; i < 2 * seq; ++i) {
+    ids.data<int64_t>()[i] = (i * 7 + 3) % vocab;
+    labels.data<int64_t>()[i] = (i * 5 + 1) % vocab;
+  }
+  return {{"input_ids", std::move(ids)}, {"labels", std::move(labels)}};
 }
 
 inline trainer::TrainingArtifacts CopyArtifacts(const trainer::TrainingArtifacts& a) {

@@ -18,6 +18,7 @@
 #include "onnx_ext/cleave_schemas.h"
 #include "onnx_ext/onnx_io.h"
 #include "tests/op_tester.h"
+#include "tests/partition_test_util.h"
 #include "trainer/autodiff.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train_loop.h"
@@ -813,11 +814,7 @@ namespace {
 TEST(Recompute, SameStepWithLessSavedActivations) {
   auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/train_variants/llama/model.onnx");
   ASSERT_TRUE(model.ok()) << model.status();
-  Tensor ids(DataType::kInt64, {2, 16}), labels(DataType::kInt64, {2, 16});
-  for (int64_t i = 0; i < 32; ++i) {
-    ids.data<int64_t>()[i] = (i * 7 + 3) % 64;
-    labels.data<int64_t>()[i] = (i * 5 + 1) % 64;
-  }
+  const Feeds batch = testing::TokenBatch(16, 64);
   std::vector<int64_t> saved;
   std::vector<float> losses;
   std::vector<std::map<std::string, Tensor>> grads;
@@ -834,7 +831,7 @@ TEST(Recompute, SameStepWithLessSavedActivations) {
     std::vector<std::string> params = a->params;
     auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
     ASSERT_TRUE(s.ok()) << s.status();
-    auto loss = (*s)->TrainStep({{"input_ids", ids}, {"labels", labels}});
+    auto loss = (*s)->TrainStep(batch);
     ASSERT_TRUE(loss.ok()) << loss.status();
     losses.push_back(*loss);
     grads.emplace_back();
@@ -861,11 +858,7 @@ TEST(FusedAttention, TrainsAsUnfused) {
     const int64_t seq = std::string(dir) == "tiny_gpt" ? 64 : 32;  // the LLaMA variant's rotary table has 32 rows
     auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/" + dir + "/model.onnx");
     ASSERT_TRUE(model.ok()) << model.status();
-    Tensor ids(DataType::kInt64, {2, seq}), labels(DataType::kInt64, {2, seq});
-    for (int64_t i = 0; i < 2 * seq; ++i) {
-      ids.data<int64_t>()[i] = (i * 7 + 3) % 64;
-      labels.data<int64_t>()[i] = (i * 5 + 1) % 64;
-    }
+    const Feeds batch = testing::TokenBatch(seq, 64);
     std::vector<float> losses[2];
     int64_t saved[2];
     for (int fused = 0; fused < 2; ++fused) {
@@ -888,7 +881,7 @@ TEST(FusedAttention, TrainsAsUnfused) {
       auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
       ASSERT_TRUE(s.ok()) << s.status();
       for (int step = 0; step < 5; ++step) {
-        auto loss = (*s)->TrainStep({{"input_ids", ids}, {"labels", labels}});
+        auto loss = (*s)->TrainStep(batch);
         ASSERT_TRUE(loss.ok()) << loss.status();
         ASSERT_TRUE((*s)->OptimizerStep().ok());
         losses[fused].push_back(*loss);
