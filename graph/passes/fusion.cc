@@ -566,17 +566,26 @@ bool FuseSkipLayerNorm(Graph* g, Node* ln) {
   return true;
 }
 
+// The Cast to bf16 / fp16 that alone reads the float32 value v (mixed precision's next product
+// reads it so), or null: a producer can write that type itself (its `to`).
+Node* SoleNarrowingCast(const Value* v) {
+  Node* cast = v && v->dtype() == DataType::kFloat32 ? SoleConsumer(v) : nullptr;
+  if (!Is(cast, "Cast")) return nullptr;
+  const int64_t to = cast->AttrInt("to", 0);
+  return to == static_cast<int64_t>(DataType::kBFloat16) || to == static_cast<int64_t>(DataType::kFloat16) ? cast
+                                                                                                          : nullptr;
+}
+
 // SkipLayerNormalization (float32) whose y only a Cast to bf16 / fp16 reads (the next product's
 // operand under mixed precision) -> it writes y in that type itself (to): one rounding of the
 // same float32 value, and the float32 y is never stored.
 bool FoldSkipLayerNormCast(Graph* g, Node* n) {
   if (n->domain() != kCleaveDomain || n->op_type() != "SkipLayerNormalization" || n->HasAttr("to")) return false;
   Value* y = n->output(0);
-  if (!y || y->dtype() != DataType::kFloat32 || y->is_graph_output()) return false;
-  Node* cast = SoleConsumer(y);
-  if (!Is(cast, "Cast")) return false;
+  if (!y || y->is_graph_output()) return false;
+  Node* cast = SoleNarrowingCast(y);
+  if (!cast) return false;
   const int64_t to = cast->AttrInt("to", 0);
-  if (to != static_cast<int64_t>(DataType::kBFloat16) && to != static_cast<int64_t>(DataType::kFloat16)) return false;
   Value* low = cast->output(0);
   std::vector<Value*> outputs = n->outputs();
   outputs[0] = low;
@@ -635,12 +644,8 @@ bool FuseSceFromScores(Graph* g, Node* fwd) {
     std::vector<Value*> ins = grad->inputs();
     ins[1] = scores;
     Value* dx = grad->output(0);
-    Node* cast = SoleConsumer(dx);
-    int64_t to = 0;
-    if (Is(cast, "Cast") && dx->dtype() == DataType::kFloat32) {
-      to = cast->AttrInt("to", 0);
-      if (to != static_cast<int64_t>(DataType::kBFloat16) && to != static_cast<int64_t>(DataType::kFloat16)) to = 0;
-    }
+    Node* cast = SoleNarrowingCast(dx);
+    const int64_t to = cast ? cast->AttrInt("to", 0) : 0;
     Value* out = dx;
     if (to != 0) {
       out = cast->output(0);
