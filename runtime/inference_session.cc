@@ -57,7 +57,8 @@ void ApplyDimOverrides(graph::Graph& g, const std::map<std::string, int64_t>& ov
 // Folding, then the transformer fusions; with a device provider first the fusions its kernels
 // pay off for: attention (the flash-style kernel never stores the probabilities), the
 // residual add with its LayerNorm, and the cross-entropy gradient from the scores (the forward
-// stores no log_prob).
+// stores no log_prob); and last, once the products are final, the padding of a vocabulary
+// whose rows would not be 16-byte aligned.
 absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, bool device) {
   graph::ConstantFolding fold(runtime::MakeConstantEvaluator(g, cpu));
   graph::DeadCodeElimination dce;
@@ -69,7 +70,10 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
     graph::SoftmaxCrossEntropyFusion cross_entropy;
     RETURN_IF_ERROR(graph::RunToFixedPoint({&attention, &skip_norm, &cross_entropy, &dce}, &g));
   }
-  return graph::RunToFixedPoint({&fusion, &dce}, &g);
+  RETURN_IF_ERROR(graph::RunToFixedPoint({&fusion, &dce}, &g));
+  if (!device) return absl::OkStatus();
+  graph::ClassPadding padding;
+  return graph::RunToFixedPoint({&padding, &dce}, &g);
 }
 
 }  // namespace

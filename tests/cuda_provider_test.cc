@@ -155,6 +155,56 @@ TEST(CudaProvider, TinyGptTrainingGraphRunsWhollyOnCuda) {
   EXPECT_EQ((*s)->placement().count("CPUExecutionProvider"), 0u);
 }
 
+// GPT-2's 50257-class head under bf16, which a CUDA session pads to 50304 classes (ClassPadding:
+// rows of the scores and their gradient 16-byte aligned for cuBLASLt): the loss and both
+// gradient products against the CPU's unpadded graph, with labels at both ends of the
+// vocabulary, and nothing falls back.
+TEST(CudaProvider, PaddedVocabularyHeadMatchesTheCpu) {
+  REQUIRE_CUDA();
+  const char* text = R"(
+    opset 17
+    input hf: float32[12,64]
+    input wf: float32[50257,64]
+    input t: int64[12]
+    init dy: float32[] = 1
+    h = Cast(hf) {to = 16}
+    w = Cast(wf) {to = 16}
+    y = ai.cleave.MatMulBf16(h, w) {transB = 1}
+    ds, loss = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, y, t) {from_scores = 1, to = 16}
+    dh = ai.cleave.MatMulBf16(ds, w)
+    dw = ai.cleave.MatMulBf16(ds, h) {transA = 1}
+    output loss
+    output dh
+    output dw
+  )";
+  Tensor labels = Ids({12}, 50257, 60);
+  labels.data<int64_t>()[0] = 50256;
+  labels.data<int64_t>()[1] = 0;
+  const Feeds feeds = {{"hf", Random({12, 64}, 61, -0.5f, 0.5f)}, {"wf", Random({50257, 64}, 62, -0.5f, 0.5f)},
+                       {"t", labels}};
+  SessionOptions cpu_opts, cuda_opts;
+  cpu_opts.optimize = false;
+  cuda_opts.device = DeviceChoice::kCuda;
+  auto cpu = InferenceSession::FromGraph(*graph::ParseGraph(text), cpu_opts);
+  auto cuda = InferenceSession::FromGraph(*graph::ParseGraph(text), cuda_opts);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  EXPECT_EQ((*cuda)->warning(), "") << "fell back";
+  int splits = 0;
+  for (const auto& n : (*cuda)->graph().nodes()) splits += n->op_type() == "Split";
+  EXPECT_EQ(splits, 1) << "the weight gradient's padded rows dropped";
+  EXPECT_EQ((*cuda)->graph().FindValue("y")->shape()[1].value, 50304);
+  auto want = (*cpu)->Run(feeds);
+  auto got = (*cuda)->Run(feeds);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  // The bf16 gradient may round differently by an ulp where the two log-sum-exps differ in
+  // the last bit; the products sum those.
+  EXPECT_EQ(testing::CompareTensors((*got)[0], (*want)[0], 1e-6, 1e-5), "") << "loss";
+  EXPECT_EQ(testing::CompareTensors((*got)[1], (*want)[1], 1e-4, 2e-2), "") << "dh";
+  EXPECT_EQ(testing::CompareTensors((*got)[2], (*want)[2], 1e-4, 2e-2), "") << "dw";
+}
+
 TEST(CudaProvider, OpsWithoutAKernelFallBackWithAWarning) {
   REQUIRE_CUDA();
   SessionOptions o;

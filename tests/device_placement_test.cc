@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
@@ -505,6 +506,108 @@ TEST(DevicePlacement, Bf16TrainingWithTheDeviceFusionsTracksTheCpu) {
   // gradient formed from the scores instead of the stored log_prob.
   EXPECT_EQ(losses[1][0], losses[0][0]);
   for (int step = 1; step < 4; ++step) EXPECT_NEAR(losses[1][step], losses[0][step], 2e-3 * losses[0][step]) << step;
+}
+
+// A small language model whose tied head has `vocab` classes, with seeded random weights: an
+// embedding, a tanh layer and a LayerNorm, and the head h · wteᵀ.
+std::unique_ptr<graph::Graph> TiedHeadLm(int64_t vocab) {
+  const std::string text = absl::StrCat(R"(
+    opset 17
+    input input_ids: int64[batch,seq]
+    init wte: float32[)", vocab, R"(,16] = fill 0
+    init fc.w: float32[16,16] = fill 0
+    init ln.w: float32[16] = fill 1
+    init ln.b: float32[16] = fill 0
+    x = Gather(wte, input_ids)
+    h0 = MatMul(x, fc.w)
+    h1 = Tanh(h0)
+    h = LayerNormalization(h1, ln.w, ln.b) {axis = -1}
+    wt = Transpose(wte) {perm = [1, 0]}
+    logits = MatMul(h, wt)
+    output logits
+  )");
+  auto g = graph::ParseGraph(text);
+  EXPECT_TRUE(g.ok()) << g.status();
+  uint32_t state = 12345;
+  for (const char* name : {"wte", "fc.w"}) {
+    graph::Value* v = (*g)->FindValue(name);
+    Tensor t(DataType::kFloat32, v->initializer()->dims());
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      state = state * 1664525u + 1013904223u;
+      t.data<float>()[i] = (static_cast<float>(state >> 8) / 16777216.f - 0.5f) * 0.5f;
+    }
+    (*g)->SetInitializer(v, std::move(t));
+  }
+  return std::move(*g);
+}
+
+// Under bf16, GPT-2's 50257 classes (and 1027) give the head's [N, V] scores rows that are not
+// 16-byte aligned; a device session pads them (ClassPadding) to 50304 (and 1032): the padded
+// weight, the -inf mask, the padded gradient products and the Split of the weight gradient.
+// The steps train as the CPU session does, labels at both ends of the vocabulary included.
+TEST(DevicePlacement, Bf16VocabularyPaddedToAlignedRowsTrainsAsTheCpu) {
+  for (const auto& [vocab, padded] : std::vector<std::pair<int64_t, int64_t>>{{1027, 1032}, {50257, 50304}}) {
+    SCOPED_TRACE(vocab);
+    trainer::TrainingSpec spec;
+    spec.dims = {{"batch", 2}, {"seq", 8}};
+    spec.precision = trainer::Precision::kBf16;
+    spec.optimizer.max_grad_norm = 1.0f;
+    Tensor ids(DataType::kInt64, {2, 8}), labels(DataType::kInt64, {2, 8});
+    for (int64_t i = 0; i < 16; ++i) {
+      ids.data<int64_t>()[i] = (i * 977 + 5) % vocab;
+      labels.data<int64_t>()[i] = i == 0 ? vocab - 1 : i == 1 ? 0 : (i * 613 + 11) % vocab;
+    }
+    const Feeds feeds = {{"input_ids", ids}, {"labels", labels}};
+    auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
+    std::vector<float> losses[2];
+    for (int on_device = 0; on_device < 2; ++on_device) {
+      auto a = trainer::BuildTrainingArtifacts(*TiedHeadLm(vocab), spec);
+      ASSERT_TRUE(a.ok()) << a.status();
+      trainer::TrainingSessionOptions o;
+      o.intra_op_threads = 1;
+      if (on_device) o.device_provider = device;
+      auto s = trainer::TrainingSession::Create(std::move(*a), o);
+      ASSERT_TRUE(s.ok()) << s.status();
+      if (on_device) {
+        const graph::Graph& g = *(*s)->training_graph();
+        int padded_products = 0, splits = 0, short_rows = 0;
+        for (const auto& n : g.nodes()) {
+          const bool product = n->op_type() == "MatMulBf16";
+          for (const graph::Value* v : n->inputs())
+            short_rows += product && v && v->shape().rank() >= 1 && v->shape()[v->shape().rank() - 1].value == vocab;
+          if (product && n->output(0)->shape().is_static()) {
+            const Shape& y = n->output(0)->shape();
+            padded_products += y[y.rank() - 1].value == padded || y[0].value == padded;
+            short_rows += y[y.rank() - 1].value == vocab;
+          }
+          if (n->op_type() == "Split" && n->input(0)->shape()[0].value == padded) {
+            ++splits;
+            EXPECT_EQ(n->output(0)->shape()[0].value, vocab);
+          }
+          if (n->op_type() == "SoftmaxCrossEntropyLossGrad") {
+            EXPECT_EQ(n->input(1)->shape()[1].value, padded) << n->name();
+          }
+        }
+        EXPECT_EQ(padded_products, 2) << "the logits and dW = dyᵀ · h";
+        EXPECT_EQ(splits, 1);
+        EXPECT_EQ(short_rows, 0) << "a bf16 product still reads or writes rows of " << vocab;
+      }
+      for (int step = 0; step < 4; ++step) {
+        auto loss = (*s)->TrainStep(feeds);
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        ASSERT_TRUE((*s)->OptimizerStep().ok());
+        losses[on_device].push_back(*loss);
+      }
+    }
+    // The padded classes add exact zeros to each row's sum of exponentials and to the products'
+    // sums (bit for bit here); a finite score for them would move the loss by 7e-5 (50257) to
+    // 6e-4 (1027) of itself.
+    for (int step = 0; step < 4; ++step) {
+      EXPECT_TRUE(std::isfinite(losses[1][step]));
+      EXPECT_NEAR(losses[1][step], losses[0][step], 1e-5 * losses[0][step]) << step;
+    }
+    EXPECT_LT(losses[0][3], losses[0][0]) << "the steps train";
+  }
 }
 
 // A simulated rank's communicator seen as a device one (NCCL-like): the stand-in device's memory

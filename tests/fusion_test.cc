@@ -1,6 +1,7 @@
 // Each transformer fusion on a graph written as text: the pattern becomes one ai.cleave op,
 // a pattern whose intermediate has another reader is left alone, and the fused graph
 // computes what the original computes.
+#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -568,6 +569,105 @@ TEST(SoftmaxCrossEntropyFusion, ForwardLossFoldsIntoTheGradientWhereItMay) {
   ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, g->get()).ok());
   EXPECT_EQ((*g)->FindValue("loss")->producer()->op_type(), "SoftmaxCrossEntropyLoss");
   EXPECT_EQ((*g)->FindValue("ds")->producer()->AttrInt("from_scores", 0), 1) << "the scores are still read";
+}
+
+// The bf16 head of a tied language model over `vocab` classes as mixed precision and the
+// device fusions leave it: the scores' product, the from-scores gradient with the loss, and the
+// two gradient products; `extra` adds statements (another reader, a bias).
+std::string BfloatHead(int64_t vocab, const std::string& extra = "", const char* bias = "", int opset = 17) {
+  return absl::StrCat("opset ", opset, R"(
+    input h: bfloat16[3,4,16]
+    input w: bfloat16[)", vocab, R"(,16]
+    input b: float32[)", vocab, R"(]
+    input t: int64[12]
+    init dy: float32[] = 1
+    init sshape: int64[2] = -1 )", vocab, R"(
+    init gshape: int64[3] = 3 4 )", vocab, R"(
+    init g2shape: int64[2] = 12 -1
+    init hshape: int64[2] = 12 16
+    init keep: int64[3] = 0 0 0
+    y0 = ai.cleave.MatMulBf16(h, w)", bias, R"() {transB = 1}
+    y = Reshape(y0, keep)
+    s = Reshape(y, sshape)
+    ds, loss = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, s, t) {from_scores = 1, to = 16}
+    ds3 = Reshape(ds, gshape)
+    dh = ai.cleave.MatMulBf16(ds3, w)
+    ds2 = Reshape(ds3, g2shape)
+    h2 = Reshape(h, hshape)
+    dw = ai.cleave.MatMulBf16(ds2, h2) {transA = 1}
+    output loss
+    output dh
+    output dw
+  )", extra);
+}
+
+// Random values in [-2 scale, 2 scale), rounded to bf16.
+Tensor RandomBf16(std::vector<int64_t> dims, unsigned seed, float scale) {
+  Tensor f = Random(dims, seed);
+  Tensor t(DataType::kBFloat16, std::move(dims));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<uint16_t>()[i] = FloatToBFloat16(scale * f.data<float>()[i]);
+  return t;
+}
+
+// Counts the nodes of each op type.
+std::map<std::string, int> OpCounts(const Graph& g) {
+  std::map<std::string, int> ops;
+  for (const auto& n : g.nodes()) ++ops[n->op_type()];
+  return ops;
+}
+
+// A vocabulary whose rows are not 16-byte aligned is padded to a multiple of 8 (1027 -> 1032)
+// or of 128 where that adds at most 1% (50257 -> 50304), with or without the product's own
+// bias, and the loss and both gradients are what they were, labels at both ends included; a
+// head whose scores anything else reads, a vocabulary already aligned or small, and an opset
+// before Split took its sizes as input are left alone.
+TEST(ClassPadding, PadsTheHeadToAlignedRowsAndComputesTheSame) {
+  for (const auto& [vocab, padded] : std::vector<std::pair<int64_t, int64_t>>{{1027, 1032}, {50257, 50304}}) {
+    for (const char* bias : {"", ", b"}) {
+      SCOPED_TRACE(absl::StrCat(vocab, bias));
+      auto g = ParseGraph(BfloatHead(vocab, "", bias));
+      ASSERT_TRUE(g.ok()) << g.status();
+      {
+        absl::Status inferred = InferShapes(**g);
+        ASSERT_TRUE(inferred.ok()) << inferred;
+      }
+      ClassPadding padding;
+      DeadCodeElimination dce;
+      ASSERT_TRUE(RunToFixedPoint({&padding, &dce}, g->get()).ok());
+      const Graph& p = **g;
+      std::map<std::string, int> ops = OpCounts(p);
+      EXPECT_EQ(ops["Concat"], bias[0] ? 2 : 1) << "the weight's zero rows (and the bias's -inf tail)";
+      EXPECT_EQ(ops["Split"], 1);
+      EXPECT_EQ(p.FindValue("y")->shape(), Shape::FromDims({3, 4, padded}));
+      EXPECT_EQ(p.FindValue("ds")->shape(), Shape::FromDims({12, padded}));
+      EXPECT_EQ(p.FindValue("dw")->shape(), Shape::FromDims({vocab, 16}));
+      EXPECT_EQ(p.FindValue("dw")->producer()->op_type(), "Split");
+      Tensor labels(DataType::kInt64, {12});
+      for (int64_t i = 0; i < 12; ++i) labels.data<int64_t>()[i] = i == 0 ? vocab - 1 : (i * 389 + 2) % vocab;
+      // Scores near 0, as at initialisation, so that a padded class given any finite score
+      // would move the log-sum-exp well past the tolerance.
+      const Feeds feeds = {{"h", RandomBf16({3, 4, 16}, 1, 0.25f)}, {"w", RandomBf16({vocab, 16}, 2, 0.25f)},
+                           {"b", Random({vocab}, 3)}, {"t", labels}};
+      ExpectGraphsAgree(std::move(*g), *ParseGraph(BfloatHead(vocab, "", bias)), feeds, 1e-6, 1e-5);
+    }
+  }
+  const std::pair<std::string, std::string> left_alone[] = {
+      {BfloatHead(1027, "output y"), "the scores are an output"},
+      {BfloatHead(1027, "p = Softmax(s)\noutput p"), "another reader of the scores"},
+      {BfloatHead(1027, "e = Exp(ds)\noutput e"), "another reader of the gradient"},
+      {BfloatHead(1024), "aligned already"},
+      {BfloatHead(1001), "fewer than 1024 classes"},
+      {BfloatHead(1027, "", "", 12), "opset 12"},
+  };
+  for (const auto& [text, why] : left_alone) {
+    auto g = ParseGraph(text);
+    ASSERT_TRUE(g.ok()) << g.status() << why;
+    ASSERT_TRUE(InferShapes(**g).ok()) << why;
+    ClassPadding padding;
+    auto changed = padding.Run(g->get());
+    ASSERT_TRUE(changed.ok()) << changed.status();
+    EXPECT_FALSE(*changed) << why;
+  }
 }
 
 // The cross-entropy gradient reads the scores: the forward outputs the loss alone, and under

@@ -120,6 +120,27 @@ class SoftmaxCrossEntropyFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
+// Mixed precision's logits product y = h · Wᵀ (MatMulBf16 / MatMulF16, transB = 1) over a
+// vocabulary of V >= 1024 classes that is not a multiple of 8 (GPT-2's 50257): its [N, V]
+// scores and their gradient have a row pitch that is not 16-byte aligned, which keeps
+// cuBLASLt off its fastest (TMA) kernels for the product and for the two gradient products
+// that read the scores' gradient, about a third of a GPT-2 step's FLOPs. The classes are
+// padded to Vp (a multiple of 128 where that adds at most 1%, else of 8; 50304 for GPT-2): W
+// gains zero rows (Concat), and the product a bias of 0 for the real classes and -inf for the
+// padding, so the cross-entropy's softmax gives the padding probability 0. The loss and the
+// gradients are those of the unpadded graph: the padded gradient columns are 0, and the
+// weight gradient drops its padded rows (Split). It applies only where the scores reach
+// nothing but the cross-entropy (the forward loss, no log_prob read, and the from-scores
+// gradient, without class weights or a split vocabulary) through Reshapes that keep the
+// classes last, and their gradient nothing but the products dh = dy · W and dW = dyᵀ · h; the
+// graph's default-domain opset must be 13 or later. A label in the padding then gives an
+// infinite loss instead of a NaN one. Sessions with a device provider run it last.
+class ClassPadding : public Pass {
+ public:
+  std::string name() const override { return "ClassPadding"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
 // The optimizer graph's AdamW (or SGD) nodes that share their scalar inputs and attributes ->
 // one ai.cleave.MultiTensorAdamW (or MultiTensorSGD): one launch for all parameters on CUDA.
 // When the graph forms the global gradient norm of exactly those gradients (SquaredNorm, Sqrt,
