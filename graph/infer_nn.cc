@@ -362,8 +362,22 @@ absl::Status InferTrilu(InferContext& ctx) {
 
 namespace cleave::graph {
 
+namespace {
+
+// The Attention ops' layout attribute: "bhsd" (the default: [..., T, D], heads among the
+// leading dims) or "bshd" ([B, T, H, D], as the q/k/v products lay heads out).
+absl::StatusOr<bool> AttentionLayoutIsBshd(const InferContext& ctx) {
+  const std::string layout = ctx.node().AttrString("layout", "bhsd");
+  if (layout != "bhsd" && layout != "bshd")
+    return ctx.Error("layout \"", layout, "\": expected \"bhsd\" or \"bshd\"");
+  return layout == "bshd";
+}
+
+}  // namespace
+
 // Attention(q [..., T, D], k [..., S, D], v [..., S, Dv]) {scale, causal} -> out [..., T, Dv],
-// lse [..., T] (float).
+// lse [..., T] (float); with layout "bshd": q [B, T, H, D], k [B, S, H, D], v [B, S, H, Dv] ->
+// out [B, T, H, Dv], lse [B, H, T].
 absl::Status InferAttention(InferContext& ctx) {
   const DataType t = ctx.input_dtype(0);
   if (t != DataType::kFloat32 && t != DataType::kFloat64 && t != DataType::kBFloat16 && t != DataType::kFloat16)
@@ -371,6 +385,7 @@ absl::Status InferAttention(InferContext& ctx) {
   for (int i = 1; i < 3; ++i)
     if (ctx.input_dtype(i) != t)
       return ctx.Error("input ", i, " is ", DataTypeName(ctx.input_dtype(i)), ", q is ", DataTypeName(t));
+  ASSIGN_OR_RETURN(const bool bshd, AttentionLayoutIsBshd(ctx));
   const Shape& q = ctx.input_shape(0);
   const Shape& k = ctx.input_shape(1);
   const Shape& v = ctx.input_shape(2);
@@ -381,18 +396,22 @@ absl::Status InferAttention(InferContext& ctx) {
   }
   if (q.rank() < 2 || k.rank() != q.rank() || v.rank() != q.rank())
     return ctx.Error("expected q, k and v of one rank >= 2, got ", q.ToString(), ", ", k.ToString(), ", ", v.ToString());
+  if (bshd && q.rank() != 4)
+    return ctx.Error("layout \"bshd\": expected q, k and v of rank 4 [B, T, H, D], got ", q.ToString());
   const int r = q.rank();
+  // The sequence axis: r - 2, or 1 under "bshd" (whose heads axis 2 is a batch axis).
+  const int seq = bshd ? 1 : r - 2;
   auto differ = [](const Dim& a, const Dim& b) { return a.is_static() && b.is_static() && a.value != b.value; };
-  for (int d = 0; d < r - 2; ++d)
-    if (differ(q[d], k[d]) || differ(q[d], v[d]))
+  for (int d = 0; d < r - 1; ++d)
+    if (d != seq && (differ(q[d], k[d]) || differ(q[d], v[d])))
       return ctx.Error("batch dims of q ", q.ToString(), ", k ", k.ToString(), " and v ", v.ToString(), " differ");
   if (differ(q[r - 1], k[r - 1])) return ctx.Error("q ", q.ToString(), " and k ", k.ToString(), " differ in D");
-  if (differ(k[r - 2], v[r - 2])) return ctx.Error("k ", k.ToString(), " and v ", v.ToString(), " differ in S");
+  if (differ(k[seq], v[seq])) return ctx.Error("k ", k.ToString(), " and v ", v.ToString(), " differ in S");
   std::vector<Dim> out = q.dims();
   out[r - 1] = v[r - 1];
   ctx.SetOutput(0, t, Shape(out));
   if (ctx.num_outputs() > 1) {
-    std::vector<Dim> lse(q.dims().begin(), q.dims().end() - 1);
+    std::vector<Dim> lse = bshd ? std::vector<Dim>{q[0], q[2], q[1]} : std::vector<Dim>(q.dims().begin(), q.dims().end() - 1);
     ctx.SetOutput(1, DataType::kFloat32, Shape(lse));
   }
   return absl::OkStatus();
@@ -400,6 +419,7 @@ absl::Status InferAttention(InferContext& ctx) {
 
 // AttentionGrad(dOut, q, k, v, out, lse) -> dq, dk, dv like q, k, v.
 absl::Status InferAttentionGrad(InferContext& ctx) {
+  RETURN_IF_ERROR(AttentionLayoutIsBshd(ctx).status());
   for (int i = 0; i < 3 && i < ctx.num_outputs(); ++i)
     ctx.SetOutput(i, ctx.input_dtype(1 + i), ctx.input_shape(1 + i));
   return absl::OkStatus();

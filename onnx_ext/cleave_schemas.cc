@@ -213,6 +213,8 @@ OpSchema AttentionSchema() {
       .Output(1, "lse", "log-sum-exp of each row of scaled scores [..., T]", "tensor(float)", OpSchema::Optional)
       .Attr("scale", "multiplies q k^T", AttributeProto::FLOAT, 1.0f)
       .Attr("causal", "1: query i sees keys j <= i + S - T", AttributeProto::INT, static_cast<int64_t>(0))
+      .Attr("layout", "\"bhsd\": [..., T, D]; \"bshd\": [B, T, H, D] operands and output, lse [B, H, T]",
+            AttributeProto::STRING, std::string("bhsd"))
       .TypeConstraint("T", kFloatTypes, "float tensors");
   return s;
 }
@@ -251,6 +253,7 @@ OpSchema AttentionGradSchema() {
       .Output(2, "dv", "like v", "T")
       .Attr("scale", "as the forward", AttributeProto::FLOAT, 1.0f)
       .Attr("causal", "as the forward", AttributeProto::INT, static_cast<int64_t>(0))
+      .Attr("layout", "as the forward", AttributeProto::STRING, std::string("bhsd"))
       .TypeConstraint("T", kFloatTypes, "float tensors");
   return s;
 }

@@ -702,6 +702,69 @@ TEST(CudaProvider, Bf16AttentionForwardAndBackward) {
   for (const Case& g : graphs) ExpectSame(g.cuda, g.feeds, 3e-2, 3e-2, "Attention", g.cpu);
 }
 
+// Attention in the q/k/v products' own layout (layout "bshd": [B, T, H, D], as
+// AttentionLayoutFusion leaves a device session's attention), forward and backward: in fp32
+// through the own kernels (on [B, H, T, D] copies), and in bf16 through cuDNN's strides (head
+// dim 64, causal with T = S and T < S) against the CPU in fp32 on the bf16-rounded inputs.
+TEST(CudaProvider, AttentionInTheProductsLayout) {
+  const struct {
+    std::vector<int64_t> q, k;
+    int causal;
+  } cases[] = {{{2, 128, 4, 64}, {2, 128, 4, 64}, 1}, {{1, 48, 3, 64}, {1, 96, 3, 64}, 1}, {{2, 40, 2, 64}, {2, 45, 2, 64}, 0}};
+  struct Case {
+    std::string cuda, cpu;
+    Feeds feeds;
+    double tol;
+  };
+  std::vector<Case> graphs;
+  for (const auto& c : cases) {
+    for (bool low : {false, true}) {
+      auto dims = [](const std::vector<int64_t>& d) { return absl::StrCat("[", absl::StrJoin(d, ","), "]"); };
+      const std::string inputs = absl::StrCat("input q: float32", dims(c.q), "\ninput k: float32", dims(c.k),
+                                              "\ninput v: float32", dims(c.k), "\ninput dy: float32", dims(c.q), "\n");
+      const std::string attrs = absl::StrCat("{scale = 0.125, causal = ", c.causal, ", layout = \"bshd\"}");
+      Case g{inputs, inputs, {{"q", Random(c.q, 80)}, {"k", Random(c.k, 81)}, {"v", Random(c.k, 82)}, {"dy", Random(c.q, 83)}},
+             low ? 3e-2 : 1e-4};
+      for (const char* x : {"q", "k", "v", "dy"}) {
+        if (low) {
+          absl::StrAppend(&g.cuda, x, "b = Cast(", x, ") {to = 16}\n");
+          absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "b = Cast(", x, "h) {to = 1}\n");
+        } else {
+          absl::StrAppend(&g.cuda, x, "b = Identity(", x, ")\n");
+          absl::StrAppend(&g.cpu, x, "b = Identity(", x, ")\n");
+        }
+      }
+      const std::string body = absl::StrCat("y, lse = ai.cleave.Attention(qb, kb, vb) ", attrs,
+                                            "\ndq, dk, dv = ai.cleave.AttentionGrad(dyb, qb, kb, vb, y, lse) ", attrs, "\n");
+      absl::StrAppend(&g.cuda, body);
+      absl::StrAppend(&g.cpu, body);
+      for (const char* x : {"y", "dq", "dk", "dv"}) {
+        if (low) {
+          absl::StrAppend(&g.cuda, x, "f = Cast(", x, ") {to = 1}\noutput ", x, "f\n");
+          absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "f = Cast(", x, "h) {to = 1}\noutput ", x,
+                          "f\n");
+        } else {
+          absl::StrAppend(&g.cuda, "output ", x, "\n");
+          absl::StrAppend(&g.cpu, "output ", x, "\n");
+        }
+      }
+      absl::StrAppend(&g.cuda, "output lse\n");
+      absl::StrAppend(&g.cpu, "output lse\n");
+      auto parsed = graph::ParseGraph(g.cuda);
+      ASSERT_TRUE(parsed.ok()) << parsed.status();
+      ASSERT_TRUE(graph::InferShapes(**parsed).ok());
+      SessionOptions o;
+      o.optimize = false;
+      auto cpu = InferenceSession::FromGraph(*graph::ParseGraph(g.cpu), o);
+      ASSERT_TRUE(cpu.ok()) << cpu.status();
+      ASSERT_TRUE((*cpu)->Run(g.feeds).ok());
+      graphs.push_back(std::move(g));
+    }
+  }
+  REQUIRE_CUDA();
+  for (const Case& g : graphs) ExpectSame(g.cuda, g.feeds, g.tol, g.tol, "Attention", g.cpu);
+}
+
 // Training-mode Dropout under a run seed draws the CPU's mask bit for bit.
 TEST(CudaProvider, DropoutDrawsTheCpuMaskForTheSameSeed) {
   REQUIRE_CUDA();

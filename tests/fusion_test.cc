@@ -670,6 +670,85 @@ TEST(ClassPadding, PadsTheHeadToAlignedRowsAndComputesTheSame) {
   }
 }
 
+// Attention and its gradient over [B, T, H, D] values that Transposes swap into [B, H, T, D]
+// (and back), as attention over the q/k/v products comes out of export and autodiff, in `type`;
+// `extra` adds statements.
+std::string SwappedAttention(const char* type, const std::string& extra = "") {
+  return absl::StrCat(R"(
+    input qs: )", type, R"([2,5,3,8]
+    input ks: )", type, R"([2,7,3,8]
+    input vs: )", type, R"([2,7,3,8]
+    input gs: )", type, R"([2,5,3,8]
+    q = Transpose(qs) {perm = [0, 2, 1, 3]}
+    k = Transpose(ks) {perm = [0, 2, 1, 3]}
+    v = Transpose(vs) {perm = [0, 2, 1, 3]}
+    o, lse = ai.cleave.Attention(q, k, v) {scale = 0.35, causal = 1}
+    y = Transpose(o) {perm = [0, 2, 1, 3]}
+    g = Transpose(gs) {perm = [0, 2, 1, 3]}
+    dq, dk, dv = ai.cleave.AttentionGrad(g, q, k, v, o, lse) {scale = 0.35, causal = 1}
+    dqs = Transpose(dq) {perm = [0, 2, 1, 3]}
+    dks = Transpose(dk) {perm = [0, 2, 1, 3]}
+    dvs = Transpose(dv) {perm = [0, 2, 1, 3]}
+    output y
+    output lse
+    output dqs
+    output dks
+    output dvs
+  )", extra);
+}
+
+// The eight layout transposes around attention fold into the ops (layout "bshd"), forward and
+// backward, causal with fewer queries than keys, in float32 and bf16, and every output is the
+// same (the CPU kernels run on the same values); a swapped value that something else reads
+// keeps its Transposes.
+TEST(AttentionLayoutFusion, TransposesFoldIntoTheOpsAndComputeTheSame) {
+  for (const char* type : {"float32", "bfloat16"}) {
+    SCOPED_TRACE(type);
+    auto g = ParseGraph(SwappedAttention(type));
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(InferShapes(**g).ok());
+    AttentionLayoutFusion fusion;
+    DeadCodeElimination dce;
+    ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, g->get()).ok());
+    std::map<std::string, int> ops = OpCounts(**g);
+    EXPECT_EQ(ops["Transpose"], 0);
+    for (const auto& n : (*g)->nodes()) EXPECT_EQ(n->AttrString("layout", ""), "bshd") << n->name();
+    EXPECT_EQ((*g)->FindValue("lse")->shape(), Shape::FromDims({2, 3, 5}));
+    EXPECT_EQ((*g)->FindValue("y")->shape(), Shape::FromDims({2, 5, 3, 8}));
+    const bool low = std::string(type) == "bfloat16";
+    auto feed = [&](std::vector<int64_t> dims, unsigned seed) {
+      return low ? RandomBf16(dims, seed, 1.f) : Random(dims, seed);
+    };
+    const Feeds feeds = {{"qs", feed({2, 5, 3, 8}, 1)}, {"ks", feed({2, 7, 3, 8}, 2)}, {"vs", feed({2, 7, 3, 8}, 3)},
+                         {"gs", feed({2, 5, 3, 8}, 4)}};
+    ExpectGraphsAgree(std::move(*g), *ParseGraph(SwappedAttention(type)), feeds, 0, 0);
+  }
+  auto g = ParseGraph(SwappedAttention("float32", "z = Neg(k)\noutput z"));
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(InferShapes(**g).ok());
+  AttentionLayoutFusion fusion;
+  auto changed = fusion.Run(g->get());
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_FALSE(*changed) << "k has another reader";
+  // The layout is checked: rank 4 only, and a known name.
+  auto bad = ParseGraph(R"(
+    input q: float32[2,5,8]
+    o = ai.cleave.Attention(q, q, q) {layout = "bshd"}
+    output o
+  )");
+  ASSERT_TRUE(bad.ok());
+  absl::Status s = InferShapes(**bad);
+  EXPECT_NE(std::string(s.message()).find("rank 4 [B, T, H, D]"), std::string::npos) << s;
+  auto unknown = ParseGraph(R"(
+    input q: float32[2,5,3,8]
+    o = ai.cleave.Attention(q, q, q) {layout = "sbhd"}
+    output o
+  )");
+  ASSERT_TRUE(unknown.ok());
+  s = InferShapes(**unknown);
+  EXPECT_NE(std::string(s.message()).find("expected \"bhsd\" or \"bshd\""), std::string::npos) << s;
+}
+
 // The cross-entropy gradient reads the scores: the forward outputs the loss alone, and under
 // bf16 autocast the gradient is written in bf16 (its Cast gone); the training step computes
 // what it did (the bf16 gradient rounds the same float32 values the Cast rounded).

@@ -3,6 +3,8 @@
 // other readers (so nothing observable changes), and replaces the pattern by one ai.cleave
 // op. Constants are matched by value with a relative tolerance of 1e-3, since exporters
 // write sqrt(2) and 0.5 as rounded float literals.
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -702,11 +704,102 @@ bool FoldSceLossIntoGrad(Graph* g, Node* grad) {
   return true;
 }
 
-enum class Rules { kActivationNorm, kTransformer, kAttention, kSkipLayerNorm, kSceFromScores };
+// The [B, T, H, D] value that Transpose(perm = [0, 2, 1, 3]) of v swaps into [B, H, T, D], or
+// null where v is not such a Transpose.
+Value* SeqMajorSource(const Value* v) {
+  Node* t = v ? v->producer() : nullptr;
+  if (!Is(t, "Transpose") || t->AttrInts("perm") != std::vector<int64_t>{0, 2, 1, 3}) return nullptr;
+  return t->input(0);
+}
+
+// The one reader of v, a Transpose(perm = [0, 2, 1, 3]), or null.
+Node* SoleSeqMajorTranspose(const Value* v) {
+  Node* t = SoleConsumer(v);
+  return Is(t, "Transpose") && t->AttrInts("perm") == std::vector<int64_t>{0, 2, 1, 3} ? t : nullptr;
+}
+
+bool IsCleaveOp(const Node* n, const char* op) { return n && n->domain() == kCleaveDomain && n->op_type() == op; }
+
+// Attention over q, k, v that Transposes swap from [B, T, H, D] (the q/k/v products' layout)
+// into [B, H, T, D], whose output a Transpose swaps back, and its AttentionGrads (whose dOut is
+// such a swap and whose dq, dk, dv are each swapped back) -> the same ops with layout "bshd",
+// reading and writing [B, T, H, D] themselves: cuDNN takes the strides, and the eight
+// transposes of a layer's attention (forward and backward) go. Only where those Transposes
+// have no other readers.
+bool FoldAttentionLayout(Graph* g, Node* f) {
+  if (!IsCleaveOp(f, "Attention") || f->HasAttr("layout") || f->num_inputs() != 3) return false;
+  Value* out = f->output(0);
+  Value* lse = f->output(1);
+  if (!out || out->is_graph_output() || !out->shape().has_rank() || out->shape().rank() != 4) return false;
+  Value* src[3];
+  for (int i = 0; i < 3; ++i)
+    if (!(src[i] = SeqMajorSource(f->input(i)))) return false;
+  Node* out_swap = nullptr;
+  std::vector<Node*> grads;
+  for (const auto& [reader, slot] : out->consumers()) {
+    if (IsCleaveOp(reader, "AttentionGrad") && slot == 4) {
+      grads.push_back(reader);
+    } else if (!out_swap && Is(reader, "Transpose") && reader->AttrInts("perm") == std::vector<int64_t>{0, 2, 1, 3}) {
+      out_swap = reader;
+    } else {
+      return false;
+    }
+  }
+  if (!out_swap) return false;
+  // Each grad: the forward's inputs and lse, a swapped dOut, and dq, dk, dv each swapped back.
+  std::vector<Value*> grad_dout;
+  std::vector<std::array<Node*, 3>> grad_swaps;
+  for (Node* grad : grads) {
+    if (grad->num_inputs() != 6 || grad->num_outputs() != 3 || !lse || grad->input(5) != lse ||
+        grad->AttrFloat("scale", 1.f) != f->AttrFloat("scale", 1.f) ||
+        grad->AttrInt("causal", 0) != f->AttrInt("causal", 0) || grad->HasAttr("layout"))
+      return false;
+    for (int i = 0; i < 3; ++i)
+      if (grad->input(1 + i) != f->input(i)) return false;
+    Value* dout = SeqMajorSource(grad->input(0));
+    if (!dout || !SoleUse(grad->input(0))) return false;
+    std::array<Node*, 3> swaps;
+    for (int i = 0; i < 3; ++i) {
+      Value* d = grad->output(i);
+      if (!d || !(swaps[i] = SoleSeqMajorTranspose(d))) return false;
+    }
+    grad_dout.push_back(dout);
+    grad_swaps.push_back(swaps);
+  }
+  // The swapped q, k, v: read only by f and its grads.
+  for (int i = 0; i < 3; ++i) {
+    const Value* swapped = f->input(i);
+    if (swapped->is_graph_output()) return false;
+    for (const auto& [reader, slot] : swapped->consumers())
+      if (reader != f && std::find(grads.begin(), grads.end(), reader) == grads.end()) return false;
+  }
+
+  const Attribute bshd = Attribute::String("bshd");
+  // The op writes the swapped-back value itself (its name stays, a graph output's too).
+  Value* swapped_back = out_swap->output(0);
+  g->RemoveNode(out_swap);
+  std::vector<Value*> outputs = f->outputs();
+  outputs[0] = swapped_back;
+  Node* nf = g->RebuildNode(f, {src[0], src[1], src[2]}, outputs);
+  nf->SetAttr("layout", bshd);
+  for (size_t j = 0; j < grads.size(); ++j) {
+    std::vector<Value*> outs;
+    for (Node* swap : grad_swaps[j]) {
+      outs.push_back(swap->output(0));
+      g->RemoveNode(swap);
+    }
+    Node* ng = g->RebuildNode(grads[j], {grad_dout[j], src[0], src[1], src[2], swapped_back, lse}, outs);
+    ng->SetAttr("layout", bshd);
+  }
+  return true;
+}
+
+enum class Rules { kActivationNorm, kTransformer, kAttention, kAttentionLayout, kSkipLayerNorm, kSceFromScores };
 
 // One rewrite at node n, if any applies.
 bool FuseAt(Graph* g, Node* n, Rules rules) {
   if (rules == Rules::kAttention) return Is(n, "Softmax") && FuseAttention(g, n);
+  if (rules == Rules::kAttentionLayout) return FoldAttentionLayout(g, n);
   if (rules == Rules::kSkipLayerNorm)
     return FuseSkipLayerNorm(g, n) || FoldSkipLayerNormCast(g, n) || FoldResidualGradIntoLayerNormGrad(g, n);
   if (rules == Rules::kSceFromScores) return FuseSceFromScores(g, n) || FoldSceLossIntoGrad(g, n);
@@ -748,6 +841,8 @@ absl::StatusOr<bool> TransformerFusion::Run(Graph* g) { return RunFusions(g, Rul
 absl::StatusOr<bool> ActivationNormFusion::Run(Graph* g) { return RunFusions(g, Rules::kActivationNorm); }
 
 absl::StatusOr<bool> AttentionFusion::Run(Graph* g) { return RunFusions(g, Rules::kAttention); }
+
+absl::StatusOr<bool> AttentionLayoutFusion::Run(Graph* g) { return RunFusions(g, Rules::kAttentionLayout); }
 
 absl::StatusOr<bool> SkipLayerNormFusion::Run(Graph* g) { return RunFusions(g, Rules::kSkipLayerNorm); }
 

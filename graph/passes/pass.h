@@ -94,6 +94,18 @@ class AttentionFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
+// ai.cleave.Attention over q, k, v swapped from [B, T, H, D] (as a q/k/v product lays heads
+// out) into [B, H, T, D] by Transposes, with its output swapped back, and its AttentionGrads
+// likewise -> the same ops with layout "bshd" over the unswapped values: the CUDA provider's
+// cuDNN attention reads and writes that layout through its strides, so a layer's eight
+// transposes (q, k, v and the output forward; dOut, dq, dk, dv backward) go. Sessions with a
+// device provider run it.
+class AttentionLayoutFusion : public Pass {
+ public:
+  std::string name() const override { return "AttentionLayoutFusion"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
 // The residual add feeding a LayerNormalization -> ai.cleave.SkipLayerNormalization, which
 // also outputs the sum for the residual stream's other readers (forward and backward graphs
 // alike); a Cast to bf16 / fp16 that alone reads its y folds into it (to); and in the backward,

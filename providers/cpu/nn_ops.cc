@@ -159,20 +159,78 @@ void Narrow(float* w, TensorView* t, ThreadPool* pool) {
   kernels::cpu::Cast(TensorView(w, DataType::kFloat32, t->dim_span()), *t, pool);
 }
 
+// Layout "bshd": the operands are [B, T, H, D]; the kernels run on [B, H, T, D] copies in
+// scratch (swapping axes 1 and 2), and write their outputs through such copies.
+constexpr int kSwapSeqHeads[4] = {0, 2, 1, 3};
+
+bool BshdLayout(const graph::Node& n) { return n.AttrString("layout", "bhsd") == "bshd"; }
+
+absl::Status ExpectRank4(const TensorView& t, const char* what) {
+  if (t.rank == 4) return absl::OkStatus();
+  return InvalidArgument("layout \"bshd\": expected ", what, " of rank 4 [B, T, H, D], got rank ", t.rank);
+}
+
+std::vector<int64_t> SwappedDims(const TensorView& t) { return {t.dims[0], t.dims[2], t.dims[1], t.dims[3]}; }
+
+// A [B, H, T, D] copy of the [B, T, H, D] t in scratch.
+TensorView HeadsMajor(const TensorView& t, KernelContext& ctx) {
+  const std::vector<int64_t> dims = SwappedDims(t);
+  TensorView c(ctx.Scratch(t.nbytes()), t.dtype, dims);
+  kernels::cpu::Transpose(t, kSwapSeqHeads, c, ctx.thread_pool());
+  return c;
+}
+
+// Where a kernel writes the [B, H, T, D] form of the [B, T, H, D] output y: scratch, which
+// SeqMajor then moves into y.
+TensorView* HeadsMajorOutput(TensorView* y, KernelContext& ctx, TensorView& storage) {
+  if (!y) return nullptr;
+  storage = TensorView(ctx.Scratch(y->nbytes()), y->dtype, SwappedDims(*y));
+  return &storage;
+}
+
+void SeqMajor(const TensorView* heads_major, TensorView* y, ThreadPool* pool) {
+  if (y) kernels::cpu::Transpose(*heads_major, kSwapSeqHeads, *y, pool);
+}
+
 class AttentionKernel : public OpKernel {
  public:
   AttentionKernel(const graph::Node& n, int)
-      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0) {}
+      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0), bshd_(BshdLayout(n)) {}
   absl::Status Compute(KernelContext& ctx) const override {
-    const TensorView& q = *ctx.input(0);
-    const TensorView& k = *ctx.input(1);
-    const TensorView& v = *ctx.input(2);
-    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p,
-                     kernels::cpu::PlanAttention(q.dim_span(), k.dim_span(), v.dim_span(), scale_, causal_));
-    std::vector<int64_t> out(q.dims, q.dims + q.rank), lse(q.dims, q.dims + q.rank - 1);
-    out.back() = p.Dv;
+    if (!bshd_) {
+      const TensorView& q = *ctx.input(0);
+      ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p, Plan(q, *ctx.input(1), *ctx.input(2)));
+      std::vector<int64_t> out(q.dims, q.dims + q.rank), lse(q.dims, q.dims + q.rank - 1);
+      out.back() = p.Dv;
+      TensorView* y = ctx.Output(0, out);
+      TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, lse) : nullptr;
+      return Run(ctx, p, q, *ctx.input(1), *ctx.input(2), y, l);
+    }
+    for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(ExpectRank4(*ctx.input(i), i == 0 ? "q" : i == 1 ? "k" : "v"));
+    const TensorView q = HeadsMajor(*ctx.input(0), ctx), k = HeadsMajor(*ctx.input(1), ctx),
+                     v = HeadsMajor(*ctx.input(2), ctx);
+    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p, Plan(q, k, v));
+    const TensorView& q_in = *ctx.input(0);
+    const std::vector<int64_t> out = {q_in.dims[0], q_in.dims[1], q_in.dims[2], p.Dv},
+                               lse = {q.dims[0], q.dims[1], q.dims[2]};
     TensorView* y = ctx.Output(0, out);
     TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, lse) : nullptr;
+    TensorView y_store;
+    TensorView* y_h = HeadsMajorOutput(y, ctx, y_store);
+    RETURN_IF_ERROR(Run(ctx, p, q, k, v, y_h, l));
+    SeqMajor(y_h, y, ctx.thread_pool());
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::StatusOr<kernels::cpu::AttentionParams> Plan(const TensorView& q, const TensorView& k,
+                                                     const TensorView& v) const {
+    return kernels::cpu::PlanAttention(q.dim_span(), k.dim_span(), v.dim_span(), scale_, causal_);
+  }
+
+  // Over [..., T, D] operands.
+  absl::Status Run(KernelContext& ctx, const kernels::cpu::AttentionParams& p, const TensorView& q,
+                   const TensorView& k, const TensorView& v, TensorView* y, TensorView* l) const {
     if (!y) return absl::OkStatus();
     float* lp = l ? l->as<float>() : nullptr;
     if (q.dtype == DataType::kFloat64) {
@@ -187,30 +245,48 @@ class AttentionKernel : public OpKernel {
     return absl::OkStatus();
   }
 
- private:
   float scale_;
   bool causal_;
+  bool bshd_;
 };
 
 class AttentionGradKernel : public OpKernel {
  public:
   AttentionGradKernel(const graph::Node& n, int)
-      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0) {}
+      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0), bshd_(BshdLayout(n)) {}
   absl::Status Compute(KernelContext& ctx) const override {
-    const TensorView& dout = *ctx.input(0);
-    const TensorView& q = *ctx.input(1);
-    const TensorView& k = *ctx.input(2);
-    const TensorView& v = *ctx.input(3);
-    const TensorView& out = *ctx.input(4);
     const TensorView& lse = *ctx.input(5);
+    if (!bshd_) {
+      const TensorView &q = *ctx.input(1), &k = *ctx.input(2), &v = *ctx.input(3);
+      return Run(ctx, *ctx.input(0), q, k, v, *ctx.input(4), lse, ctx.Output(0, q.dim_span()),
+                 ctx.Output(1, k.dim_span()), ctx.Output(2, v.dim_span()));
+    }
+    static const char* kNames[] = {"dOut", "q", "k", "v", "out"};
+    for (int i = 0; i < 5; ++i) RETURN_IF_ERROR(ExpectRank4(*ctx.input(i), kNames[i]));
+    TensorView in[5];
+    for (int i = 0; i < 5; ++i) in[i] = HeadsMajor(*ctx.input(i), ctx);
+    TensorView* d[3];
+    TensorView store[3];
+    TensorView* d_h[3];
+    for (int i = 0; i < 3; ++i) {
+      d[i] = ctx.Output(i, ctx.input(1 + i)->dim_span());
+      d_h[i] = HeadsMajorOutput(d[i], ctx, store[i]);
+    }
+    RETURN_IF_ERROR(Run(ctx, in[0], in[1], in[2], in[3], in[4], lse, d_h[0], d_h[1], d_h[2]));
+    for (int i = 0; i < 3; ++i) SeqMajor(d_h[i], d[i], ctx.thread_pool());
+    return absl::OkStatus();
+  }
+
+ private:
+  // Over [..., T, D] operands.
+  absl::Status Run(KernelContext& ctx, const TensorView& dout, const TensorView& q, const TensorView& k,
+                   const TensorView& v, const TensorView& out, const TensorView& lse, TensorView* dq, TensorView* dk,
+                   TensorView* dv) const {
     ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p,
                      kernels::cpu::PlanAttention(q.dim_span(), k.dim_span(), v.dim_span(), scale_, causal_));
     if (dout.numel() != p.batch * p.T * p.Dv || out.numel() != dout.numel() || lse.numel() != p.batch * p.T)
       return InvalidArgument("expected dOut and out of ", p.batch * p.T * p.Dv, " elements and lse of ", p.batch * p.T,
                              ", got ", dout.numel(), ", ", out.numel(), " and ", lse.numel());
-    TensorView* dq = ctx.Output(0, q.dim_span());
-    TensorView* dk = ctx.Output(1, k.dim_span());
-    TensorView* dv = ctx.Output(2, v.dim_span());
     if (q.dtype == DataType::kFloat64) {
       kernels::cpu::AttentionBackward(p, dout.as<double>(), q.as<double>(), k.as<double>(), v.as<double>(),
                                       out.as<double>(), lse.as<float>(), dq ? dq->as<double>() : nullptr,
@@ -230,9 +306,9 @@ class AttentionGradKernel : public OpKernel {
     return absl::OkStatus();
   }
 
- private:
   float scale_;
   bool causal_;
+  bool bshd_;
 };
 
 }  // namespace

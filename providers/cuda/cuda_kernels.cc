@@ -498,59 +498,119 @@ absl::StatusOr<kernels::cpu::AttentionParams> AttentionShape(const std::string& 
   return p;
 }
 
-class AttentionKernel : public CudaKernel {
+// Layout "bshd": [B, T, H, D] operands. cuDNN reads and writes them through their strides; the
+// own kernels run on [B, H, T, D] copies in scratch (swapping axes 1 and 2).
+bool BshdLayout(const graph::Node& n) { return n.AttrString("layout", "bhsd") == "bshd"; }
+
+// The [B, H, T, D] view (dims only) of the [B, T, H, D] t.
+TensorView HeadsMajorDims(const TensorView& t) {
+  const int64_t dims[4] = {t.dims[0], t.dims[2], t.dims[1], t.dims[3]};
+  return TensorView(t.data, t.dtype, dims);
+}
+
+const int64_t kSwapSeqHeads[4] = {0, 2, 1, 3};
+
+// The attention kernels' moves between the layouts for their own kernels.
+class AttentionLayoutKernel : public CudaKernel {
+ protected:
+  using CudaKernel::CudaKernel;
+  // A [B, H, T, D] copy in scratch of the [B, T, H, D] device tensor t.
+  absl::StatusOr<const void*> HeadsMajorCopy(KernelContext& ctx, const TensorView& t) const {
+    void* c = ctx.Scratch(t.nbytes());
+    if (!c && t.nbytes() > 0) return absl::ResourceExhaustedError(absl::StrCat(name_, ": no device scratch"));
+    RETURN_IF_ERROR(Check(kc::Transpose(static_cast<int>(ElementSize(t.dtype)), t.data, c, 4, t.dims, kSwapSeqHeads,
+                                        stream())));
+    return static_cast<const void*>(c);
+  }
+  // Moves the [B, H, T, D] result in heads_major into the [B, T, H, D] output y.
+  absl::Status SeqMajorCopy(const void* heads_major, const TensorView& y) const {
+    const TensorView h = HeadsMajorDims(y);
+    return Check(kc::Transpose(static_cast<int>(ElementSize(y.dtype)), heads_major, y.data, 4, h.dims,
+                               kSwapSeqHeads, stream()));
+  }
+};
+
+class AttentionKernel : public AttentionLayoutKernel {
  public:
   AttentionKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0) {}
+      : AttentionLayoutKernel(p, n), scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0),
+        bshd_(BshdLayout(n)) {}
   absl::Status Compute(KernelContext& ctx) const override {
-    const TensorView& q = *ctx.input(0);
-    const TensorView& k = *ctx.input(1);
-    const TensorView& v = *ctx.input(2);
-    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams a, AttentionShape(name_, q, k, v, scale_, causal_));
-    std::vector<int64_t> out(q.dims, q.dims + q.rank), lse(q.dims, q.dims + q.rank - 1);
+    const TensorView& q_in = *ctx.input(0);
+    const TensorView& k_in = *ctx.input(1);
+    const TensorView& v_in = *ctx.input(2);
+    if (bshd_ && (q_in.rank != 4 || k_in.rank != 4 || v_in.rank != 4))
+      return InvalidArgument(name_, ": layout \"bshd\" takes q, k and v of rank 4 [B, T, H, D]");
+    // The sizes, as over [B, H, T, D] operands.
+    const TensorView q = bshd_ ? HeadsMajorDims(q_in) : q_in;
+    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams a,
+                     AttentionShape(name_, q, bshd_ ? HeadsMajorDims(k_in) : k_in, bshd_ ? HeadsMajorDims(v_in) : v_in,
+                                    scale_, causal_));
+    std::vector<int64_t> out(q_in.dims, q_in.dims + q_in.rank), lse(q.dims, q.dims + q.rank - 1);
     out.back() = a.Dv;
     TensorView* y = ctx.Output(0, out);
     TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, lse) : nullptr;
     if (!y) return absl::OkStatus();
     // bf16/fp16: cuDNN's fused flash attention (tensor cores) when it takes the shape.
-    const SdpaShape s{q.dtype, a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_};
+    const SdpaShape s{q.dtype, a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_, bshd_ ? q_in.dims[2] : 0};
     if (CudnnAttention* cudnn = CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
       float* stats = l ? l->as<float>() : static_cast<float*>(ctx.Scratch(static_cast<size_t>(a.batch * a.T) * 4));
-      absl::Status st = stats ? cudnn->Forward(s, q.data, k.data, v.data, y->data, stats,
+      absl::Status st = stats ? cudnn->Forward(s, q_in.data, k_in.data, v_in.data, y->data, stats,
                                                [&ctx](size_t n) { return ctx.Scratch(n); })
                               : absl::OkStatus();  // the allocation error is reported
       if (st.code() != absl::StatusCode::kUnimplemented)
         return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name_, ": ", st.message()));
     }
-    return Check(kc::AttentionForward(DtOf(q.dtype), q.data, k.data, v.data, y->data, l ? l->as<float>() : nullptr,
-                                      a.batch, a.T, a.S, static_cast<int>(a.D), static_cast<int>(a.Dv), scale_,
-                                      causal_, stream()));
+    const void *qd = q_in.data, *kd = k_in.data, *vd = v_in.data;
+    void* yd = y->data;
+    if (bshd_) {
+      ASSIGN_OR_RETURN(qd, HeadsMajorCopy(ctx, q_in));
+      ASSIGN_OR_RETURN(kd, HeadsMajorCopy(ctx, k_in));
+      ASSIGN_OR_RETURN(vd, HeadsMajorCopy(ctx, v_in));
+      yd = ctx.Scratch(y->nbytes());
+      if (!yd) return absl::OkStatus();  // the allocation error is reported
+    }
+    RETURN_IF_ERROR(Check(kc::AttentionForward(DtOf(q.dtype), qd, kd, vd, yd, l ? l->as<float>() : nullptr, a.batch,
+                                               a.T, a.S, static_cast<int>(a.D), static_cast<int>(a.Dv), scale_,
+                                               causal_, stream())));
+    if (!bshd_) return absl::OkStatus();
+    return SeqMajorCopy(yd, *y);
   }
 
  private:
   float scale_;
   bool causal_;
+  bool bshd_;
 };
 
-class AttentionGradKernel : public CudaKernel {
+class AttentionGradKernel : public AttentionLayoutKernel {
  public:
   AttentionGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0) {}
+      : AttentionLayoutKernel(p, n), scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0),
+        bshd_(BshdLayout(n)) {}
   absl::Status Compute(KernelContext& ctx) const override {
-    const TensorView& dout = *ctx.input(0);
-    const TensorView& q = *ctx.input(1);
-    const TensorView& k = *ctx.input(2);
-    const TensorView& v = *ctx.input(3);
-    const TensorView& out = *ctx.input(4);
+    const TensorView* in[5];
+    for (int i = 0; i < 5; ++i) {
+      in[i] = ctx.input(i);
+      if (bshd_ && in[i]->rank != 4)
+        return InvalidArgument(name_, ": layout \"bshd\" takes dOut, q, k, v and out of rank 4 [B, T, H, D]");
+    }
+    const TensorView& dout = *in[0];
+    const TensorView& q = *in[1];
+    const TensorView& k = *in[2];
+    const TensorView& v = *in[3];
+    const TensorView& out = *in[4];
     const TensorView& lse = *ctx.input(5);
-    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams a, AttentionShape(name_, q, k, v, scale_, causal_));
+    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams a,
+                     AttentionShape(name_, bshd_ ? HeadsMajorDims(q) : q, bshd_ ? HeadsMajorDims(k) : k,
+                                    bshd_ ? HeadsMajorDims(v) : v, scale_, causal_));
     if (dout.numel() != a.batch * a.T * a.Dv || out.numel() != dout.numel() || lse.numel() != a.batch * a.T)
       return InvalidArgument(name_, ": dOut, out or lse do not match q and v");
     TensorView* dq = ctx.Output(0, q.dim_span());
     TensorView* dk = ctx.Output(1, k.dim_span());
     TensorView* dv = ctx.Output(2, v.dim_span());
     if (!dq || !dk || !dv) return Unimplemented(name_, ": every AttentionGrad output must be used on CUDA");
-    const SdpaShape s{q.dtype, a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_};
+    const SdpaShape s{q.dtype, a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_, bshd_ ? q.dims[2] : 0};
     if (CudnnAttention* cudnn = CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
       absl::Status st = cudnn->Backward(s, dout.data, q.data, k.data, v.data, out.data, lse.as<float>(), dq->data,
                                         dk->data, dv->data, [&ctx](size_t n) { return ctx.Scratch(n); });
@@ -559,14 +619,30 @@ class AttentionGradKernel : public CudaKernel {
     }
     float* delta = static_cast<float*>(ctx.Scratch(static_cast<size_t>(a.batch * a.T) * sizeof(float)));
     if (!delta && a.batch * a.T > 0) return absl::OkStatus();  // the allocation error is reported
-    return Check(kc::AttentionBackward(DtOf(q.dtype), dout.data, q.data, k.data, v.data, out.data, lse.as<float>(),
-                                       dq->data, dk->data, dv->data, delta, a.batch, a.T, a.S, static_cast<int>(a.D),
-                                       static_cast<int>(a.Dv), scale_, causal_, stream()));
+    const void* src[5] = {dout.data, q.data, k.data, v.data, out.data};
+    void* dst[3] = {dq->data, dk->data, dv->data};
+    if (bshd_) {
+      for (int i = 0; i < 5; ++i) {
+        ASSIGN_OR_RETURN(src[i], HeadsMajorCopy(ctx, *in[i]));
+      }
+      const TensorView* grads[3] = {dq, dk, dv};
+      for (int i = 0; i < 3; ++i)
+        if (!(dst[i] = ctx.Scratch(grads[i]->nbytes()))) return absl::OkStatus();  // the error is reported
+    }
+    RETURN_IF_ERROR(Check(kc::AttentionBackward(DtOf(q.dtype), src[0], src[1], src[2], src[3], src[4],
+                                                lse.as<float>(), dst[0], dst[1], dst[2], delta, a.batch, a.T, a.S,
+                                                static_cast<int>(a.D), static_cast<int>(a.Dv), scale_, causal_,
+                                                stream())));
+    if (!bshd_) return absl::OkStatus();
+    RETURN_IF_ERROR(SeqMajorCopy(dst[0], *dq));
+    RETURN_IF_ERROR(SeqMajorCopy(dst[1], *dk));
+    return SeqMajorCopy(dst[2], *dv);
   }
 
  private:
   float scale_;
   bool causal_;
+  bool bshd_;
 };
 
 // ---- lookups and layout ----------------------------------------------------------------

@@ -21,12 +21,16 @@
 
 namespace cleave::providers {
 
-// q [batch, T, D], k [batch, S, D], v [batch, S, Dv] in memory order (batch = every leading dim).
+// q [batch, T, D], k [batch, S, D], v [batch, S, Dv] in memory order (batch = every leading dim);
+// with heads > 0 (the Attention ops' layout "bshd"), q [batch / heads, T, heads, D] and likewise
+// k, v, out and the gradients, read and written through their strides (lse stays
+// [batch, T]).
 struct SdpaShape {
   DataType dtype = DataType::kBFloat16;
   int64_t batch = 1, T = 0, S = 0, D = 0, Dv = 0;
   float scale = 1.0f;
   bool causal = false;
+  int64_t heads = 0;
 };
 
 class CudnnAttention {
