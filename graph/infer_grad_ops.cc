@@ -135,11 +135,22 @@ absl::Status InferSliceGrad(InferContext& ctx) {
 
 absl::Status InferSoftmaxCrossEntropyLossGrad(InferContext& ctx) {
   RETURN_IF_ERROR(ExpectDtype(ctx, 0, kGradFloat));
-  RETURN_IF_ERROR(ExpectDtype(ctx, 1, kGradFloat));
   RETURN_IF_ERROR(ExpectDtype(ctx, 2, {DataType::kInt32, DataType::kInt64}));
-  if (ctx.input_dtype(0) != ctx.input_dtype(1))
-    return ctx.Error("expected dY and log_prob of one dtype, got ", DataTypeName(ctx.input_dtype(0)),
-                     " and ", DataTypeName(ctx.input_dtype(1)));
+  // From the scores, bf16 / fp16 scores (a mixed-precision logits product) are read as float32
+  // with a float32 dY, and the loss is float32.
+  const bool from_scores = ctx.node().AttrInt("from_scores", 0) != 0;
+  const DataType scores = ctx.input_dtype(1);
+  const bool low_scores = from_scores && (scores == DataType::kBFloat16 || scores == DataType::kFloat16);
+  if (low_scores) {
+    if (ctx.input_dtype(0) != DataType::kFloat32 || ctx.has_input(3))
+      return ctx.Error("expected a float32 dY and no weights with ", DataTypeName(scores), " scores, got dY ",
+                       DataTypeName(ctx.input_dtype(0)));
+  } else {
+    RETURN_IF_ERROR(ExpectDtype(ctx, 1, kGradFloat));
+    if (ctx.input_dtype(0) != ctx.input_dtype(1))
+      return ctx.Error("expected dY and log_prob of one dtype, got ", DataTypeName(ctx.input_dtype(0)),
+                       " and ", DataTypeName(ctx.input_dtype(1)));
+  }
   if (ctx.has_input(3) && ctx.input_dtype(3) != ctx.input_dtype(1))
     return ctx.Error("expected weights of log_prob's dtype ", DataTypeName(ctx.input_dtype(1)),
                      ", got ", DataTypeName(ctx.input_dtype(3)));
@@ -170,7 +181,7 @@ absl::Status InferSoftmaxCrossEntropyLossGrad(InferContext& ctx) {
     if (ctx.node().AttrInt("from_scores", 0) == 0 || ctx.node().AttrInt("class_offset", 0) != 0 ||
         ctx.node().AttrInt("num_classes", 0) != 0 || ctx.has_input(3))
       return ctx.Error("output 1 (the loss) needs from_scores = 1 and no class_offset, num_classes or weights");
-    ctx.SetOutput(1, ctx.input_dtype(1), reduction == "none" ? labels : Shape::Scalar());
+    ctx.SetOutput(1, ctx.input_dtype(0), reduction == "none" ? labels : Shape::Scalar());
   }
   return absl::OkStatus();
 }

@@ -56,10 +56,10 @@ void ApplyDimOverrides(graph::Graph& g, const std::map<std::string, int64_t>& ov
 
 // Folding, then the transformer fusions; with a device provider first the fusions its kernels
 // pay off for: attention (the flash-style kernel never stores the probabilities) over the
-// q/k/v products' own [B, T, H, D] layout, the
-// residual add with its LayerNorm, and the cross-entropy gradient from the scores (the forward
-// stores no log_prob); and last, once the products are final, the padding of a vocabulary
-// whose rows would not be 16-byte aligned.
+// q/k/v products' own [B, T, H, D] layout, the residual add with its LayerNorm, and the
+// cross-entropy gradient from the scores (the forward stores no log_prob), then bf16 logits
+// for it; and last, once the products are final, the padding of a vocabulary whose rows would
+// not be 16-byte aligned.
 absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, bool device) {
   graph::ConstantFolding fold(runtime::MakeConstantEvaluator(g, cpu));
   graph::DeadCodeElimination dce;
@@ -72,6 +72,8 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
     graph::SoftmaxCrossEntropyFusion cross_entropy;
     RETURN_IF_ERROR(
         graph::RunToFixedPoint({&attention, &attention_layout, &skip_norm, &cross_entropy, &dce}, &g));
+    graph::LowPrecisionScores low_scores;
+    RETURN_IF_ERROR(graph::RunToFixedPoint({&low_scores}, &g));
   }
   RETURN_IF_ERROR(graph::RunToFixedPoint({&fusion, &dce}, &g));
   if (!device) return absl::OkStatus();

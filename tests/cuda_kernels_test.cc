@@ -345,6 +345,19 @@ TEST(CudaProvider, CrossEntropyForwardAndBackward) {
     output hw
   )",
              wide, 1e-9, 1e-2, "SoftmaxCrossEntropyLossGrad");
+  // bf16 scores (LowPrecisionScores: the logits product writes bf16), read as float32 by both,
+  // with the loss folded in.
+  ExpectSame(R"(
+    input s: float32[6,50257]
+    input labels: int64[6]
+    init dy: float32[] = 1.5
+    sb = Cast(s) {to = 16}
+    h, loss = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, sb, labels) {reduction = "mean", ignore_index = -100, from_scores = 1, to = 16}
+    hw = Cast(h) {to = 1}
+    output hw
+    output loss
+  )",
+             wide, 1e-9, 1e-2, "SoftmaxCrossEntropyLossGrad");
   // The forward folded into the gradient: its loss output, for each reduction, against the
   // CPU's (which forms it with the forward's kernel).
   for (const char* reduction : {"mean", "sum", "none"})

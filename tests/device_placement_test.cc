@@ -491,6 +491,8 @@ TEST(DevicePlacement, Bf16TrainingWithTheDeviceFusionsTracksTheCpu) {
         loss_in_grad += n->op_type() == "SoftmaxCrossEntropyLossGrad" && n->num_outputs() == 2 && n->output(1);
         forward_loss += n->op_type() == "SoftmaxCrossEntropyLoss";
         transposes += n->op_type() == "Transpose";
+        if (n->op_type() == "SoftmaxCrossEntropyLossGrad")
+          EXPECT_EQ(n->input(1)->dtype(), DataType::kBFloat16) << "the logits product writes bf16";
         bshd += (n->op_type() == "Attention" || n->op_type() == "AttentionGrad") &&
                 n->AttrString("layout", "") == "bshd";
       }
@@ -507,9 +509,10 @@ TEST(DevicePlacement, Bf16TrainingWithTheDeviceFusionsTracksTheCpu) {
       losses[on_device].push_back(*loss);
     }
   }
-  // The first step's loss is the same computation; later ones carry bf16's rounding of the
-  // gradient formed from the scores instead of the stored log_prob.
-  EXPECT_EQ(losses[1][0], losses[0][0]);
+  // The first step's loss differs by the logits' bf16 rounding alone; later ones also carry
+  // bf16's rounding of the gradient formed from the scores instead of the stored log_prob.
+  EXPECT_NEAR(losses[1][0], losses[0][0], 1e-4 * losses[0][0]);
+  EXPECT_NE(losses[1][0], losses[0][0]) << "the device session's logits are bf16";
   for (int step = 1; step < 4; ++step) EXPECT_NEAR(losses[1][step], losses[0][step], 2e-3 * losses[0][step]) << step;
 }
 
@@ -591,6 +594,7 @@ TEST(DevicePlacement, Bf16VocabularyPaddedToAlignedRowsTrainsAsTheCpu) {
           }
           if (n->op_type() == "SoftmaxCrossEntropyLossGrad") {
             EXPECT_EQ(n->input(1)->shape()[1].value, padded) << n->name();
+            EXPECT_EQ(n->input(1)->dtype(), DataType::kBFloat16) << n->name();
           }
         }
         EXPECT_EQ(padded_products, 2) << "the logits and dW = dyᵀ · h";
@@ -604,12 +608,12 @@ TEST(DevicePlacement, Bf16VocabularyPaddedToAlignedRowsTrainsAsTheCpu) {
         losses[on_device].push_back(*loss);
       }
     }
-    // The padded classes add exact zeros to each row's sum of exponentials and to the products'
-    // sums (bit for bit here); a finite score for them would move the loss by 7e-5 (50257) to
-    // 6e-4 (1027) of itself.
+    // The device session's scores are bf16 (LowPrecisionScores), which moves the loss by up to
+    // 8e-5 of itself here; that the padding itself changes nothing is checked exactly by
+    // ClassPadding.PadsTheHeadToAlignedRowsAndComputesTheSame.
     for (int step = 0; step < 4; ++step) {
       EXPECT_TRUE(std::isfinite(losses[1][step]));
-      EXPECT_NEAR(losses[1][step], losses[0][step], 1e-5 * losses[0][step]) << step;
+      EXPECT_NEAR(losses[1][step], losses[0][step], 3e-4 * losses[0][step]) << step;
     }
     EXPECT_LT(losses[0][3], losses[0][0]) << "the steps train";
   }

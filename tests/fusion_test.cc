@@ -574,7 +574,8 @@ TEST(SoftmaxCrossEntropyFusion, ForwardLossFoldsIntoTheGradientWhereItMay) {
 // The bf16 head of a tied language model over `vocab` classes as mixed precision and the
 // device fusions leave it: the scores' product, the from-scores gradient with the loss, and the
 // two gradient products; `extra` adds statements (another reader, a bias).
-std::string BfloatHead(int64_t vocab, const std::string& extra = "", const char* bias = "", int opset = 17) {
+std::string BfloatHead(int64_t vocab, const std::string& extra = "", const char* bias = "", int opset = 17,
+                       const char* to = "") {
   return absl::StrCat("opset ", opset, R"(
     input h: bfloat16[3,4,16]
     input w: bfloat16[)", vocab, R"(,16]
@@ -586,7 +587,7 @@ std::string BfloatHead(int64_t vocab, const std::string& extra = "", const char*
     init g2shape: int64[2] = 12 -1
     init hshape: int64[2] = 12 16
     init keep: int64[3] = 0 0 0
-    y0 = ai.cleave.MatMulBf16(h, w)", bias, R"() {transB = 1}
+    y0 = ai.cleave.MatMulBf16(h, w)", bias, R"() {transB = 1)", to, R"(}
     y = Reshape(y0, keep)
     s = Reshape(y, sshape)
     ds, loss = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, s, t) {from_scores = 1, to = 16}
@@ -623,9 +624,11 @@ std::map<std::string, int> OpCounts(const Graph& g) {
 // before Split took its sizes as input are left alone.
 TEST(ClassPadding, PadsTheHeadToAlignedRowsAndComputesTheSame) {
   for (const auto& [vocab, padded] : std::vector<std::pair<int64_t, int64_t>>{{1027, 1032}, {50257, 50304}}) {
-    for (const char* bias : {"", ", b"}) {
-      SCOPED_TRACE(absl::StrCat(vocab, bias));
-      auto g = ParseGraph(BfloatHead(vocab, "", bias));
+    // Without a bias, with the product's float32 bias, and with bf16 scores (LowPrecisionScores'
+    // `to`: a bf16 mask).
+    for (const auto& [bias, to] : {std::pair{"", ""}, std::pair{", b", ""}, std::pair{"", ", to = 16"}}) {
+      SCOPED_TRACE(absl::StrCat(vocab, bias, to));
+      auto g = ParseGraph(BfloatHead(vocab, "", bias, 17, to));
       ASSERT_TRUE(g.ok()) << g.status();
       {
         absl::Status inferred = InferShapes(**g);
@@ -648,7 +651,7 @@ TEST(ClassPadding, PadsTheHeadToAlignedRowsAndComputesTheSame) {
       // would move the log-sum-exp well past the tolerance.
       const Feeds feeds = {{"h", RandomBf16({3, 4, 16}, 1, 0.25f)}, {"w", RandomBf16({vocab, 16}, 2, 0.25f)},
                            {"b", Random({vocab}, 3)}, {"t", labels}};
-      ExpectGraphsAgree(std::move(*g), *ParseGraph(BfloatHead(vocab, "", bias)), feeds, 1e-6, 1e-5);
+      ExpectGraphsAgree(std::move(*g), *ParseGraph(BfloatHead(vocab, "", bias, 17, to)), feeds, 1e-6, 1e-5);
     }
   }
   const std::pair<std::string, std::string> left_alone[] = {
@@ -665,6 +668,42 @@ TEST(ClassPadding, PadsTheHeadToAlignedRowsAndComputesTheSame) {
     ASSERT_TRUE(InferShapes(**g).ok()) << why;
     ClassPadding padding;
     auto changed = padding.Run(g->get());
+    ASSERT_TRUE(changed.ok()) << changed.status();
+    EXPECT_FALSE(*changed) << why;
+  }
+}
+
+// The logits product writes bf16 scores when only from-scores gradients read them; the
+// gradient reads bf16 scores as float32, so it computes exactly what it computes from the same
+// rounded values in float32, and its loss stays float32. A product with a bias, scores another
+// op reads, or scores that are a graph output stay float32.
+TEST(LowPrecisionScores, TheLogitsProductWritesBf16ForTheGradientFromTheScores) {
+  auto g = ParseGraph(BfloatHead(1024));
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(InferShapes(**g).ok());
+  LowPrecisionScores low;
+  ASSERT_TRUE(RunToFixedPoint({&low}, g->get()).ok());
+  EXPECT_EQ((*g)->FindValue("y0")->producer()->AttrInt("to", 0), 16);
+  EXPECT_EQ((*g)->FindValue("s")->dtype(), DataType::kBFloat16);
+  EXPECT_EQ((*g)->FindValue("loss")->dtype(), DataType::kFloat32);
+  EXPECT_EQ((*g)->FindValue("ds")->dtype(), DataType::kBFloat16);
+  Tensor labels(DataType::kInt64, {12});
+  for (int64_t i = 0; i < 12; ++i) labels.data<int64_t>()[i] = (i * 389 + 2) % 1024;
+  const Feeds feeds = {{"h", RandomBf16({3, 4, 16}, 1, 0.25f)}, {"w", RandomBf16({1024, 16}, 2, 0.25f)},
+                       {"b", Random({1024}, 3)}, {"t", labels}};
+  // Against the same graph whose product rounds its result to bf16 and widens it again.
+  const std::string rounded = absl::StrReplaceAll(
+      BfloatHead(1024), {{"y0 = ai.cleave.MatMulBf16(h, w) {transB = 1}",
+                          "y1 = ai.cleave.MatMulBf16(h, w) {transB = 1, to = 16}\n    y0 = Cast(y1) {to = 1}"}});
+  ExpectGraphsAgree(std::move(*g), *ParseGraph(rounded), feeds, 0, 0);
+  for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{
+           {BfloatHead(1024, "", ", b"), "a float32 bias"},
+           {BfloatHead(1024, "p = Softmax(s)\noutput p"), "another reader"},
+           {BfloatHead(1024, "output y"), "a graph output"}}) {
+    auto other = ParseGraph(text);
+    ASSERT_TRUE(other.ok()) << other.status();
+    ASSERT_TRUE(InferShapes(**other).ok());
+    auto changed = low.Run(other->get());
     ASSERT_TRUE(changed.ok()) << changed.status();
     EXPECT_FALSE(*changed) << why;
   }

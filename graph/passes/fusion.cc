@@ -704,6 +704,39 @@ bool FoldSceLossIntoGrad(Graph* g, Node* grad) {
   return true;
 }
 
+// Whether every reader of v, through Reshapes, is a from-scores SoftmaxCrossEntropyLossGrad
+// reading it as its scores (without weights or a split vocabulary).
+bool OnlyGradientsFromScoresRead(const Value* v) {
+  if (v->is_graph_output() || v->consumers().empty()) return false;
+  for (const auto& [reader, slot] : v->consumers()) {
+    if (Is(reader, "Reshape") && slot == 0) {
+      if (!OnlyGradientsFromScoresRead(reader->output(0))) return false;
+      continue;
+    }
+    if (reader->domain() != kCleaveDomain || reader->op_type() != "SoftmaxCrossEntropyLossGrad" || slot != 1 ||
+        reader->AttrInt("from_scores", 0) == 0 || reader->HasAttr("class_offset") || reader->HasAttr("num_classes") ||
+        (reader->num_inputs() > 3 && reader->input(3)))
+      return false;
+  }
+  return true;
+}
+
+// Mixed precision's logits product (MatMulBf16 / MatMulF16 with float32 result and no bias)
+// whose scores only from-scores cross-entropy gradients read (the forward loss folded into
+// them) -> the product writes its operands' type (`to`), which the gradients read as float32,
+// as PyTorch's autocast hands bf16 logits to the float32 cross-entropy: the [N, vocab] scores
+// are written and read in half the bytes.
+bool NarrowScores(Graph*, Node* p) {
+  if (!p || p->domain() != kCleaveDomain || (p->op_type() != "MatMulBf16" && p->op_type() != "MatMulF16") ||
+      p->HasAttr("to") || (p->num_inputs() > 2 && p->input(2)))
+    return false;
+  Value* y = p->output(0);
+  if (!y || y->dtype() != DataType::kFloat32 || !OnlyGradientsFromScoresRead(y)) return false;
+  const DataType low = p->op_type() == "MatMulBf16" ? DataType::kBFloat16 : DataType::kFloat16;
+  p->SetAttr("to", Attribute::Int(static_cast<int64_t>(low)));
+  return true;
+}
+
 // The [B, T, H, D] value that Transpose(perm = [0, 2, 1, 3]) of v swaps into [B, H, T, D], or
 // null where v is not such a Transpose.
 Value* SeqMajorSource(const Value* v) {
@@ -794,7 +827,15 @@ bool FoldAttentionLayout(Graph* g, Node* f) {
   return true;
 }
 
-enum class Rules { kActivationNorm, kTransformer, kAttention, kAttentionLayout, kSkipLayerNorm, kSceFromScores };
+enum class Rules {
+  kActivationNorm,
+  kTransformer,
+  kAttention,
+  kAttentionLayout,
+  kSkipLayerNorm,
+  kSceFromScores,
+  kLowPrecisionScores
+};
 
 // One rewrite at node n, if any applies.
 bool FuseAt(Graph* g, Node* n, Rules rules) {
@@ -803,6 +844,7 @@ bool FuseAt(Graph* g, Node* n, Rules rules) {
   if (rules == Rules::kSkipLayerNorm)
     return FuseSkipLayerNorm(g, n) || FoldSkipLayerNormCast(g, n) || FoldResidualGradIntoLayerNormGrad(g, n);
   if (rules == Rules::kSceFromScores) return FuseSceFromScores(g, n) || FoldSceLossIntoGrad(g, n);
+  if (rules == Rules::kLowPrecisionScores) return NarrowScores(g, n);
   const bool matmul_rules = rules == Rules::kTransformer;
   if (Is(n, "Erf")) return FuseErfGelu(g, n);
   if (Is(n, "Tanh")) return FuseTanhGelu(g, n);
@@ -847,6 +889,8 @@ absl::StatusOr<bool> AttentionLayoutFusion::Run(Graph* g) { return RunFusions(g,
 absl::StatusOr<bool> SkipLayerNormFusion::Run(Graph* g) { return RunFusions(g, Rules::kSkipLayerNorm); }
 
 absl::StatusOr<bool> SoftmaxCrossEntropyFusion::Run(Graph* g) { return RunFusions(g, Rules::kSceFromScores); }
+
+absl::StatusOr<bool> LowPrecisionScores::Run(Graph* g) { return RunFusions(g, Rules::kLowPrecisionScores); }
 
 namespace {
 

@@ -132,6 +132,18 @@ class SoftmaxCrossEntropyFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
+// A mixed-precision logits product (MatMulBf16 / MatMulF16 with a float32 result and no bias)
+// whose scores, through Reshapes, only from-scores SoftmaxCrossEntropyLossGrads read (the
+// forward loss folded into them) -> the product writes them in its operands' type (`to`), and
+// the gradients read them as float32, as PyTorch's autocast hands bf16 logits to a float32
+// cross-entropy: GPT-2's [tokens, vocab] scores are written and read in half the bytes.
+// Sessions with a device provider run it after SoftmaxCrossEntropyFusion.
+class LowPrecisionScores : public Pass {
+ public:
+  std::string name() const override { return "LowPrecisionScores"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
 // Mixed precision's logits product y = h · Wᵀ (MatMulBf16 / MatMulF16, transB = 1) over a
 // vocabulary of V >= 1024 classes that is not a multiple of 8 (GPT-2's 50257): its [N, V]
 // scores and their gradient have a row pitch that is not 16-byte aligned, which keeps

@@ -70,8 +70,9 @@ int SoftmaxCrossEntropy(const float* scores, const int64_t* labels, float* row_l
 // log_prob. dx has type out_dt (bf16 / fp16 for a mixed-precision backward). With from_scores
 // and row_loss [N] (device), also the forward's loss: row_loss as SoftmaxCrossEntropy forms it,
 // and `loss` its sum or mean (reduction 1, 0; row_loss is the loss for 2).
-int SoftmaxCrossEntropyGrad(const float* dy, const float* in, bool from_scores, const int64_t* labels, void* dx,
-                            Dt out_dt, double* count, int64_t N, int64_t C, int reduction, bool has_ignore,
+// in has type in_dt: float32, or with from_scores also bf16 / fp16 scores (read as float32).
+int SoftmaxCrossEntropyGrad(const float* dy, const void* in, Dt in_dt, bool from_scores, const int64_t* labels,
+                            void* dx, Dt out_dt, double* count, int64_t N, int64_t C, int reduction, bool has_ignore,
                             int64_t ignore_index, int64_t class_offset, float* row_loss, float* loss,
                             void* stream);
 

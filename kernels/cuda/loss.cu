@@ -16,10 +16,11 @@ __device__ __forceinline__ bool Ignored(int64_t label, bool has_ignore, int64_t 
 
 // log(sum(exp(s[0..C)))) over the block, in one online pass: each thread keeps its running max
 // and its sum of exponentials relative to it, rescaling the sum when the max grows.
-__device__ float RowLogSumExp(const float* s, int64_t C, float* shared) {
+template <typename S>
+__device__ float RowLogSumExp(const S* s, int64_t C, float* shared) {
   float m = -INFINITY, e = 0.f;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const float x = s[c];
+    const float x = ToFloat(s[c]);
     if (x > m) {
       e = e * expf(m - x) + 1.f;
       m = x;
@@ -88,15 +89,16 @@ __global__ void SceGradKernel(const float* dy, const float* log_prob, const int6
   }
 }
 
-// One block per row of scores: the row's log-sum-exp, then the gradient softmax - onehot; with
-// row_loss, also the row's loss as SceRows forms it (the forward folded in).
-template <typename OutT>
-__global__ void SceGradFromScores(const float* dy, const float* scores, const int64_t* labels, OutT* dx,
+// One block per row of scores (of type S, read as float32): the row's log-sum-exp, then the
+// gradient softmax - onehot; with row_loss, also the row's loss as SceRows forms it (the forward
+// folded in).
+template <typename S, typename OutT>
+__global__ void SceGradFromScores(const float* dy, const S* scores, const int64_t* labels, OutT* dx,
                                   const double* count, int64_t C, int reduction, bool has_ignore,
                                   int64_t ignore_index, int64_t class_offset, float* row_loss) {
   __shared__ float shared[32];
   const int64_t n = blockIdx.x;
-  const float* s = scores + n * C;
+  const S* s = scores + n * C;
   OutT* out = dx + n * C;
   const int64_t l = labels[n];
   if (Ignored(l, has_ignore, ignore_index)) {  // the same for the whole block
@@ -105,10 +107,10 @@ __global__ void SceGradFromScores(const float* dy, const float* scores, const in
     return;
   }
   const float lse = RowLogSumExp(s, C, shared);
-  if (row_loss && threadIdx.x == 0) row_loss[n] = l < 0 || l >= C ? NAN : lse - s[l];
+  if (row_loss && threadIdx.x == 0) row_loss[n] = l < 0 || l >= C ? NAN : lse - ToFloat(s[l]);
   const float g = SceScale(dy, count, n, reduction);
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-    out[c] = FromFloat<OutT>(g * (expf(s[c] - lse) - (c + class_offset == l ? 1.f : 0.f)));
+    out[c] = FromFloat<OutT>(g * (expf(ToFloat(s[c]) - lse) - (c + class_offset == l ? 1.f : 0.f)));
 }
 
 }  // namespace
@@ -125,23 +127,30 @@ int SoftmaxCrossEntropy(const float* scores, const int64_t* labels, float* row_l
   return static_cast<int>(cudaGetLastError());
 }
 
-int SoftmaxCrossEntropyGrad(const float* dy, const float* in, bool from_scores, const int64_t* labels, void* dx,
-                            Dt out_dt, double* count, int64_t N, int64_t C, int reduction, bool has_ignore,
+int SoftmaxCrossEntropyGrad(const float* dy, const void* in, Dt in_dt, bool from_scores, const int64_t* labels,
+                            void* dx, Dt out_dt, double* count, int64_t N, int64_t C, int reduction, bool has_ignore,
                             int64_t ignore_index, int64_t class_offset, float* row_loss, float* loss,
                             void* stream) {
   if (N == 0) return 0;
-  if (row_loss && !from_scores) return static_cast<int>(cudaErrorInvalidValue);
+  if ((row_loss || in_dt != Dt::kF32) && !from_scores) return static_cast<int>(cudaErrorInvalidValue);
   cudaStream_t s = Stream(stream);
   if (reduction == 0)
     SceReduce<<<1, 1024, 0, s>>>(nullptr, labels, nullptr, count, N, reduction, has_ignore, ignore_index);
-  DISPATCH_DT(out_dt, T, {
-    if (from_scores)
-      SceGradFromScores<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
-          dy, in, labels, static_cast<T*>(dx), count, C, reduction, has_ignore, ignore_index, class_offset, row_loss);
-    else
-      SceGradKernel<T><<<Blocks(N * C), kThreads, 0, s>>>(dy, in, labels, static_cast<T*>(dx), count, N, C,
-                                                          reduction, has_ignore, ignore_index, class_offset);
-  });
+  if (from_scores) {
+    DISPATCH_DT(in_dt, S, {
+      DISPATCH_DT(out_dt, T, {
+        SceGradFromScores<S, T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
+            dy, static_cast<const S*>(in), labels, static_cast<T*>(dx), count, C, reduction, has_ignore, ignore_index,
+            class_offset, row_loss);
+      });
+    });
+  } else {
+    DISPATCH_DT(out_dt, T, {
+      SceGradKernel<T><<<Blocks(N * C), kThreads, 0, s>>>(dy, static_cast<const float*>(in), labels,
+                                                          static_cast<T*>(dx), count, N, C, reduction, has_ignore,
+                                                          ignore_index, class_offset);
+    });
+  }
   // The rows' losses reduced as the forward reduces them (count is the same either way).
   if (row_loss && loss && reduction != 2)
     SceReduce<<<1, 1024, 0, s>>>(row_loss, labels, loss, count, N, reduction, has_ignore, ignore_index);

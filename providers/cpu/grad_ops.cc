@@ -107,10 +107,18 @@ class SceGradKernel : public OpKernel {
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& dy = *ctx.input(0);
-    const TensorView& in = *ctx.input(1);
+    TensorView in = *ctx.input(1);
     const TensorView& labels = *ctx.input(2);
     const TensorView* weights = ctx.input(3);
     RETURN_IF_ERROR(CheckShapes(dy, in, labels, weights));
+    // bf16 / fp16 scores: read as float32 (widened into scratch), as the CUDA kernel reads them.
+    if (from_scores_ && (in.dtype == DataType::kBFloat16 || in.dtype == DataType::kFloat16)) {
+      if (dy.dtype != DataType::kFloat32 || weights)
+        return InvalidArgument("expected a float32 dY and no weights with ", DataTypeName(in.dtype), " scores");
+      TensorView wide(ctx.Scratch(static_cast<size_t>(in.numel()) * sizeof(float)), DataType::kFloat32, in.dim_span());
+      kernels::cpu::Cast(in, wide, ctx.thread_pool());
+      in = wide;
+    }
     // The log_prob: input 1, or the log-softmax of the scores there, in scratch.
     TensorView lp = in;
     if (from_scores_) {
@@ -411,8 +419,11 @@ void RegisterGradKernels(KernelRegistry& r) {
               MakeFactory<GatherGradKernel>()});
   r.Register({c, "SliceGrad", 1, 1, AllOf({InputTypeIn(0, floats), InputTypeIn(1, {DataType::kInt64})}),
               MakeFactory<SliceGradKernel>()});
+  // Input 1 may be bf16 / fp16 scores (from_scores; the kernel checks).
   r.Register({c, "SoftmaxCrossEntropyLossGrad", 1, 1,
-              AllOf({InputTypeIn(0, floats), InputTypeIn(1, floats), InputTypeIn(2, ints)}),
+              AllOf({InputTypeIn(0, floats),
+                     InputTypeIn(1, {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16, DataType::kFloat16}),
+                     InputTypeIn(2, ints)}),
               MakeCheckedFactory<SceGradKernel>()});
   for (const char* op : {"SoftmaxGrad", "LogSoftmaxGrad"})
     r.Register({c, op, 1, 1, AllOf({InputTypeIn(0, floats), InputTypeIn(1, floats)}),

@@ -821,7 +821,7 @@ class SceGradKernel : public CudaKernel {
     float* rows = !loss ? nullptr
                   : reduction_ == 2 ? loss->as<float>()
                                     : static_cast<float*>(ctx.Scratch(static_cast<size_t>(in.dims[0]) * sizeof(float)));
-    return Check(kc::SoftmaxCrossEntropyGrad(dy.as<float>(), in.as<float>(), from_scores_, labels.as<int64_t>(),
+    return Check(kc::SoftmaxCrossEntropyGrad(dy.as<float>(), in.data, DtOf(in.dtype), from_scores_, labels.as<int64_t>(),
                                              dx->data, DtOf(dx->dtype), p_->reduction_scratch(), in.dims[0], in.dims[1],
                                              reduction_, has_ignore_, ignore_, class_offset_, rows,
                                              loss ? loss->as<float>() : nullptr, stream()));
@@ -842,7 +842,11 @@ std::string Int64Input(const graph::Node& n, int i) {
 std::string TwoDimScores(const graph::Node& n, int) {
   const bool fwd = n.op_type() == "SoftmaxCrossEntropyLoss";
   const graph::Value* s = n.input(fwd ? 0 : 1);
-  if (!s || s->dtype() != DataType::kFloat32) return "scores are not float32";
+  // The gradient from the scores also reads bf16 / fp16 scores (as float32).
+  const bool low_ok = !fwd && n.AttrInt("from_scores", 0) != 0;
+  if (!s || (s->dtype() != DataType::kFloat32 &&
+             !(low_ok && (s->dtype() == DataType::kBFloat16 || s->dtype() == DataType::kFloat16))))
+    return low_ok ? "scores are not float32, bf16 or fp16" : "scores are not float32";
   if (!s->shape().has_rank() || s->shape().rank() != 2) return "only [N, C] scores are supported on CUDA";
   if (n.num_inputs() > (fwd ? 2 : 3) && n.input(fwd ? 2 : 3)) return "class weights are not supported on CUDA";
   if (!fwd && n.output(0)) {
