@@ -365,13 +365,27 @@ namespace cleave::graph {
 namespace {
 
 // The Attention ops' layout attribute: "bhsd" (the default: [..., T, D], heads among the
-// leading dims) or "bshd" ([B, T, H, D], as the q/k/v products lay heads out).
-absl::StatusOr<bool> AttentionLayoutIsBshd(const InferContext& ctx) {
+// leading dims), "bshd" ([B, T, H, D], as the q/k/v products lay heads out) or "bs3hd" (q, k
+// and v packed in input `packed` as [B, T, 3, H, D], the q/k/v product itself; k and v
+// omitted).
+enum class AttentionLayout { kBhsd, kBshd, kBs3hd };
+
+absl::StatusOr<AttentionLayout> GetAttentionLayout(const InferContext& ctx, int packed) {
   const std::string layout = ctx.node().AttrString("layout", "bhsd");
-  if (layout != "bhsd" && layout != "bshd")
-    return ctx.Error("layout \"", layout, "\": expected \"bhsd\" or \"bshd\"");
-  return layout == "bshd";
+  if (layout == "bhsd" || layout == "bshd") {
+    if (!ctx.has_input(packed + 1) || !ctx.has_input(packed + 2))
+      return ctx.Error("layout \"", layout, "\": expected q, k and v");
+    return layout == "bshd" ? AttentionLayout::kBshd : AttentionLayout::kBhsd;
+  }
+  if (layout != "bs3hd") return ctx.Error("layout \"", layout, "\": expected \"bhsd\", \"bshd\" or \"bs3hd\"");
+  if (ctx.has_input(packed + 1) || ctx.has_input(packed + 2))
+    return ctx.Error("layout \"bs3hd\": q, k and v are packed in input ", packed, "; expected k and v omitted");
+  const Shape& qkv = ctx.input_shape(packed);
+  if (qkv.has_rank() && (qkv.rank() != 5 || (qkv[2].is_static() && qkv[2].value != 3)))
+    return ctx.Error("layout \"bs3hd\": expected q, k and v packed [B, T, 3, H, D], got ", qkv.ToString());
+  return AttentionLayout::kBs3hd;
 }
+
 
 }  // namespace
 
@@ -383,9 +397,21 @@ absl::Status InferAttention(InferContext& ctx) {
   if (t != DataType::kFloat32 && t != DataType::kFloat64 && t != DataType::kBFloat16 && t != DataType::kFloat16)
     return ctx.Error("expected float q, got ", DataTypeName(t));
   for (int i = 1; i < 3; ++i)
-    if (ctx.input_dtype(i) != t)
+    if (ctx.has_input(i) && ctx.input_dtype(i) != t)
       return ctx.Error("input ", i, " is ", DataTypeName(ctx.input_dtype(i)), ", q is ", DataTypeName(t));
-  ASSIGN_OR_RETURN(const bool bshd, AttentionLayoutIsBshd(ctx));
+  ASSIGN_OR_RETURN(const AttentionLayout layout, GetAttentionLayout(ctx, 0));
+  if (layout == AttentionLayout::kBs3hd) {
+    const Shape& qkv = ctx.input_shape(0);
+    if (!qkv.has_rank()) {
+      ctx.SetOutput(0, t, Shape());
+      if (ctx.num_outputs() > 1) ctx.SetOutput(1, DataType::kFloat32, Shape());
+      return absl::OkStatus();
+    }
+    ctx.SetOutput(0, t, Shape({qkv[0], qkv[1], qkv[3], qkv[4]}));
+    if (ctx.num_outputs() > 1) ctx.SetOutput(1, DataType::kFloat32, Shape({qkv[0], qkv[3], qkv[1]}));
+    return absl::OkStatus();
+  }
+  const bool bshd = layout == AttentionLayout::kBshd;
   const Shape& q = ctx.input_shape(0);
   const Shape& k = ctx.input_shape(1);
   const Shape& v = ctx.input_shape(2);
@@ -417,9 +443,16 @@ absl::Status InferAttention(InferContext& ctx) {
   return absl::OkStatus();
 }
 
-// AttentionGrad(dOut, q, k, v, out, lse) -> dq, dk, dv like q, k, v.
+// AttentionGrad(dOut, q, k, v, out, lse) -> dq, dk, dv like q, k, v (bs3hd: dOut, qkv, _, _,
+// out, lse -> dqkv like qkv).
 absl::Status InferAttentionGrad(InferContext& ctx) {
-  RETURN_IF_ERROR(AttentionLayoutIsBshd(ctx).status());
+  ASSIGN_OR_RETURN(const AttentionLayout layout, GetAttentionLayout(ctx, 1));
+  if (layout == AttentionLayout::kBs3hd) {
+    if (ctx.num_outputs() > 1 && (ctx.node().output(1) || (ctx.num_outputs() > 2 && ctx.node().output(2))))
+      return ctx.Error("layout \"bs3hd\": one packed gradient, expected dk and dv omitted");
+    ctx.SetOutput(0, ctx.input_dtype(1), ctx.input_shape(1));
+    return absl::OkStatus();
+  }
   for (int i = 0; i < 3 && i < ctx.num_outputs(); ++i)
     ctx.SetOutput(i, ctx.input_dtype(1 + i), ctx.input_shape(1 + i));
   return absl::OkStatus();

@@ -206,14 +206,16 @@ OpSchema AttentionSchema() {
   OpSchema s;
   s.SetName("Attention").SetDomain("ai.cleave").SinceVersion(1)
       .SetDoc("out = softmax(scale * q k^T (+ causal mask)) v over the last two axes; see docs/ops.md.")
-      .Input(0, "q", "queries [..., T, D]", "T")
-      .Input(1, "k", "keys [..., S, D]", "T")
-      .Input(2, "v", "values [..., S, Dv]", "T")
+      .Input(0, "q", "queries [..., T, D] (layout bs3hd: q, k and v packed [B, T, 3, H, D])", "T")
+      .Input(1, "k", "keys [..., S, D] (omitted under bs3hd)", "T", OpSchema::Optional)
+      .Input(2, "v", "values [..., S, Dv] (omitted under bs3hd)", "T", OpSchema::Optional)
       .Output(0, "out", "[..., T, Dv]", "T")
       .Output(1, "lse", "log-sum-exp of each row of scaled scores [..., T]", "tensor(float)", OpSchema::Optional)
       .Attr("scale", "multiplies q k^T", AttributeProto::FLOAT, 1.0f)
       .Attr("causal", "1: query i sees keys j <= i + S - T", AttributeProto::INT, static_cast<int64_t>(0))
-      .Attr("layout", "\"bhsd\": [..., T, D]; \"bshd\": [B, T, H, D] operands and output, lse [B, H, T]",
+      .Attr("layout",
+            "\"bhsd\": [..., T, D]; \"bshd\": [B, T, H, D] operands and output, lse [B, H, T]; \"bs3hd\": "
+            "input 0 packs q, k and v [B, T, 3, H, D], output as bshd",
             AttributeProto::STRING, std::string("bhsd"))
       .TypeConstraint("T", kFloatTypes, "float tensors");
   return s;
@@ -243,14 +245,14 @@ OpSchema AttentionGradSchema() {
   s.SetName("AttentionGrad").SetDomain("ai.cleave").SinceVersion(1)
       .SetDoc("Gradients of Attention with respect to q, k and v; see docs/ops.md.")
       .Input(0, "dOut", "gradient of out", "T")
-      .Input(1, "q", "queries", "T")
-      .Input(2, "k", "keys", "T")
-      .Input(3, "v", "values", "T")
+      .Input(1, "q", "queries (bs3hd: the packed q, k, v)", "T")
+      .Input(2, "k", "keys (omitted under bs3hd)", "T", OpSchema::Optional)
+      .Input(3, "v", "values (omitted under bs3hd)", "T", OpSchema::Optional)
       .Input(4, "out", "the forward output", "T")
       .Input(5, "lse", "the forward log-sum-exp", "tensor(float)")
-      .Output(0, "dq", "like q", "T")
-      .Output(1, "dk", "like k", "T")
-      .Output(2, "dv", "like v", "T")
+      .Output(0, "dq", "like q (bs3hd: the packed dq, dk, dv)", "T")
+      .Output(1, "dk", "like k (omitted under bs3hd)", "T", OpSchema::Optional)
+      .Output(2, "dv", "like v (omitted under bs3hd)", "T", OpSchema::Optional)
       .Attr("scale", "as the forward", AttributeProto::FLOAT, 1.0f)
       .Attr("causal", "as the forward", AttributeProto::INT, static_cast<int64_t>(0))
       .Attr("layout", "as the forward", AttributeProto::STRING, std::string("bhsd"))

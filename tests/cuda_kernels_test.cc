@@ -715,8 +715,9 @@ TEST(CudaProvider, Bf16AttentionForwardAndBackward) {
   for (const Case& g : graphs) ExpectSame(g.cuda, g.feeds, 3e-2, 3e-2, "Attention", g.cpu);
 }
 
-// Attention in the q/k/v products' own layout (layout "bshd": [B, T, H, D], as
-// AttentionLayoutFusion leaves a device session's attention), forward and backward: in fp32
+// Attention in the q/k/v products' own layout (layout "bshd": [B, T, H, D], and "bs3hd": the
+// product itself, as AttentionLayoutFusion leaves a device session's attention), forward and
+// backward: in fp32
 // through the own kernels (on [B, H, T, D] copies), and in bf16 through cuDNN's strides (head
 // dim 64, causal with T = S and T < S) against the CPU in fp32 on the bf16-rounded inputs.
 TEST(CudaProvider, AttentionInTheProductsLayout) {
@@ -752,6 +753,52 @@ TEST(CudaProvider, AttentionInTheProductsLayout) {
       absl::StrAppend(&g.cuda, body);
       absl::StrAppend(&g.cpu, body);
       for (const char* x : {"y", "dq", "dk", "dv"}) {
+        if (low) {
+          absl::StrAppend(&g.cuda, x, "f = Cast(", x, ") {to = 1}\noutput ", x, "f\n");
+          absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "f = Cast(", x, "h) {to = 1}\noutput ", x,
+                          "f\n");
+        } else {
+          absl::StrAppend(&g.cuda, "output ", x, "\n");
+          absl::StrAppend(&g.cpu, "output ", x, "\n");
+        }
+      }
+      absl::StrAppend(&g.cuda, "output lse\n");
+      absl::StrAppend(&g.cpu, "output lse\n");
+      auto parsed = graph::ParseGraph(g.cuda);
+      ASSERT_TRUE(parsed.ok()) << parsed.status();
+      ASSERT_TRUE(graph::InferShapes(**parsed).ok());
+      SessionOptions o;
+      o.optimize = false;
+      auto cpu = InferenceSession::FromGraph(*graph::ParseGraph(g.cpu), o);
+      ASSERT_TRUE(cpu.ok()) << cpu.status();
+      ASSERT_TRUE((*cpu)->Run(g.feeds).ok());
+      graphs.push_back(std::move(g));
+    }
+  }
+  // Layout "bs3hd": q, k and v packed [B, T, 3, H, D] (the q/k/v product itself), cuDNN reading
+  // them and writing dq, dk, dv through the packed strides.
+  for (const auto& [qkv, causal] : {std::pair{std::vector<int64_t>{2, 128, 3, 4, 64}, 1},
+                                    std::pair{std::vector<int64_t>{2, 40, 3, 2, 64}, 0}}) {
+    for (bool low : {false, true}) {
+      auto dims = [](const std::vector<int64_t>& d) { return absl::StrCat("[", absl::StrJoin(d, ","), "]"); };
+      const std::vector<int64_t> out = {qkv[0], qkv[1], qkv[3], qkv[4]};
+      const std::string inputs = absl::StrCat("input qkv: float32", dims(qkv), "\ninput dy: float32", dims(out), "\n");
+      const std::string attrs = absl::StrCat("{scale = 0.125, causal = ", causal, ", layout = \"bs3hd\"}");
+      Case g{inputs, inputs, {{"qkv", Random(qkv, 84)}, {"dy", Random(out, 85)}}, low ? 3e-2 : 1e-4};
+      for (const char* x : {"qkv", "dy"}) {
+        if (low) {
+          absl::StrAppend(&g.cuda, x, "b = Cast(", x, ") {to = 16}\n");
+          absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "b = Cast(", x, "h) {to = 1}\n");
+        } else {
+          absl::StrAppend(&g.cuda, x, "b = Identity(", x, ")\n");
+          absl::StrAppend(&g.cpu, x, "b = Identity(", x, ")\n");
+        }
+      }
+      const std::string body = absl::StrCat("y, lse = ai.cleave.Attention(qkvb) ", attrs,
+                                            "\ndqkv = ai.cleave.AttentionGrad(dyb, qkvb, _, _, y, lse) ", attrs, "\n");
+      absl::StrAppend(&g.cuda, body);
+      absl::StrAppend(&g.cpu, body);
+      for (const char* x : {"y", "dqkv"}) {
         if (low) {
           absl::StrAppend(&g.cuda, x, "f = Cast(", x, ") {to = 1}\noutput ", x, "f\n");
           absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "f = Cast(", x, "h) {to = 1}\noutput ", x,

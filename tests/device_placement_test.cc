@@ -485,7 +485,7 @@ TEST(DevicePlacement, Bf16TrainingWithTheDeviceFusionsTracksTheCpu) {
     if (on_device) {
       const graph::Graph* g = (*s)->training_graph();
       ASSERT_NE(g, nullptr);
-      int skip_low = 0, loss_in_grad = 0, forward_loss = 0, transposes = 0, bshd = 0;
+      int skip_low = 0, loss_in_grad = 0, forward_loss = 0, transposes = 0, packed = 0, splits = 0;
       for (const auto& n : g->nodes()) {
         skip_low += n->op_type() == "SkipLayerNormalization" && n->output(0)->dtype() == DataType::kBFloat16;
         loss_in_grad += n->op_type() == "SoftmaxCrossEntropyLossGrad" && n->num_outputs() == 2 && n->output(1);
@@ -493,14 +493,16 @@ TEST(DevicePlacement, Bf16TrainingWithTheDeviceFusionsTracksTheCpu) {
         transposes += n->op_type() == "Transpose";
         if (n->op_type() == "SoftmaxCrossEntropyLossGrad")
           EXPECT_EQ(n->input(1)->dtype(), DataType::kBFloat16) << "the logits product writes bf16";
-        bshd += (n->op_type() == "Attention" || n->op_type() == "AttentionGrad") &&
-                n->AttrString("layout", "") == "bshd";
+        packed += (n->op_type() == "Attention" || n->op_type() == "AttentionGrad") &&
+                  n->AttrString("layout", "") == "bs3hd";
+        splits += n->op_type() == "Split" || n->op_type() == "Concat";
       }
       EXPECT_EQ(skip_low, 4) << "ln2 of both layers, ln1 of the second, ln_f";
       EXPECT_EQ(loss_in_grad, 1);
       EXPECT_EQ(forward_loss, 0);
-      EXPECT_EQ(bshd, 4) << "both layers' Attention and AttentionGrad read the products' [B, T, H, D]";
+      EXPECT_EQ(packed, 4) << "both layers' Attention and AttentionGrad read the q/k/v product itself";
       EXPECT_EQ(transposes, 0) << "the attention layouts' 16 transposes are gone";
+      EXPECT_EQ(splits, 0) << "the q/k/v Splits and the Concats of their gradients are gone";
     }
     for (int step = 0; step < 4; ++step) {
       auto loss = (*s)->TrainStep(feeds);

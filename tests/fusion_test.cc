@@ -785,7 +785,78 @@ TEST(AttentionLayoutFusion, TransposesFoldIntoTheOpsAndComputeTheSame) {
   )");
   ASSERT_TRUE(unknown.ok());
   s = InferShapes(**unknown);
-  EXPECT_NE(std::string(s.message()).find("expected \"bhsd\" or \"bshd\""), std::string::npos) << s;
+  EXPECT_NE(std::string(s.message()).find("expected \"bhsd\", \"bshd\" or \"bs3hd\""), std::string::npos) << s;
+}
+
+// Attention over the q/k/v product [B, T, 3 C] as a GPT exports it: a Split into q, k, v, their
+// Reshapes to [B, T, H, D] and Transposes, and in the backward the gradients swapped back,
+// reshaped and concatenated. The fusion leaves one Reshape of the product to [B, T, 3, H, D]
+// (layout "bs3hd") and one of the packed gradient back: no Split, Concat or Transpose, and the
+// same outputs.
+std::string PackedQkvAttention(const char* type) {
+  return absl::StrCat(R"(
+    input qkv: )", type, R"([2,6,72]
+    input gs: )", type, R"([2,6,24]
+    init sizes: int64[3] = 24 24 24
+    init heads: int64[4] = 2 6 3 8
+    init flat: int64[3] = 2 6 24
+    q3, k3, v3 = Split(qkv, sizes) {axis = 2}
+    q4 = Reshape(q3, heads)
+    k4 = Reshape(k3, heads)
+    v4 = Reshape(v3, heads)
+    q = Transpose(q4) {perm = [0, 2, 1, 3]}
+    k = Transpose(k4) {perm = [0, 2, 1, 3]}
+    v = Transpose(v4) {perm = [0, 2, 1, 3]}
+    o, lse = ai.cleave.Attention(q, k, v) {scale = 0.35, causal = 1}
+    o4 = Transpose(o) {perm = [0, 2, 1, 3]}
+    y = Reshape(o4, flat)
+    g4 = Reshape(gs, heads)
+    g = Transpose(g4) {perm = [0, 2, 1, 3]}
+    dq, dk, dv = ai.cleave.AttentionGrad(g, q, k, v, o, lse) {scale = 0.35, causal = 1}
+    dq4 = Transpose(dq) {perm = [0, 2, 1, 3]}
+    dk4 = Transpose(dk) {perm = [0, 2, 1, 3]}
+    dv4 = Transpose(dv) {perm = [0, 2, 1, 3]}
+    dq3 = Reshape(dq4, flat)
+    dk3 = Reshape(dk4, flat)
+    dv3 = Reshape(dv4, flat)
+    dqkv = Concat(dq3, dk3, dv3) {axis = 2}
+    output y
+    output lse
+    output dqkv
+  )");
+}
+
+TEST(AttentionLayoutFusion, PackedQkvProductFeedsAttentionWhole) {
+  for (const char* type : {"float32", "bfloat16"}) {
+    SCOPED_TRACE(type);
+    auto g = ParseGraph(PackedQkvAttention(type));
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(InferShapes(**g).ok());
+    AttentionLayoutFusion fusion;
+    DeadCodeElimination dce;
+    ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, g->get()).ok());
+    std::map<std::string, int> ops = OpCounts(**g);
+    EXPECT_EQ(ops["Transpose"] + ops["Split"] + ops["Concat"], 0);
+    int packed = 0;
+    for (const auto& n : (*g)->nodes()) packed += n->AttrString("layout", "") == "bs3hd";
+    EXPECT_EQ(packed, 2);
+    EXPECT_EQ((*g)->FindValue("dqkv")->shape(), Shape::FromDims({2, 6, 72}));
+    const bool low = std::string(type) == "bfloat16";
+    auto feed = [&](std::vector<int64_t> dims, unsigned seed) {
+      return low ? RandomBf16(dims, seed, 1.f) : Random(dims, seed);
+    };
+    ExpectGraphsAgree(std::move(*g), *ParseGraph(PackedQkvAttention(type)),
+                      {{"qkv", feed({2, 6, 72}, 5)}, {"gs", feed({2, 6, 24}, 6)}}, 0, 0);
+  }
+  // A q/k/v Split whose parts something else reads stays (the layout fold still applies).
+  auto g = ParseGraph(absl::StrReplaceAll(PackedQkvAttention("float32"), {{"output dqkv", "output dqkv\n    output k3"}}));
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(InferShapes(**g).ok());
+  AttentionLayoutFusion fusion;
+  DeadCodeElimination dce;
+  ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, g->get()).ok());
+  EXPECT_EQ(OpCounts(**g)["Split"], 1);
+  EXPECT_EQ(OpCounts(**g)["Transpose"], 0);
 }
 
 // The cross-entropy gradient reads the scores: the forward outputs the loss alone, and under

@@ -827,6 +827,92 @@ bool FoldAttentionLayout(Graph* g, Node* f) {
   return true;
 }
 
+// Whether axis (of a rank-3 value) is its last.
+bool IsLastOfThree(int64_t axis) { return axis == 2 || axis == -1; }
+
+// An int64 shape constant.
+Value* ShapeConstant(Graph* g, const std::string& hint, const std::vector<int64_t>& dims) {
+  return g->AddInitializer(g->UniqueName(hint),
+                           Tensor::FromVector<int64_t>(dims, {static_cast<int64_t>(dims.size())}));
+}
+
+// Attention {layout "bshd"} over q, k, v that are Reshapes to [B, T, H, D] of the three equal
+// parts of one Split of the q/k/v product [B, T, 3 C] along its last axis, and its AttentionGrads
+// whose dq, dk, dv are each reshaped back to [B, T, C] and concatenated (in that order) along the
+// last axis -> layout "bs3hd" over the product reshaped to [B, T, 3, H, D]: cuDNN reads q, k and
+// v out of it through their strides and writes dq, dk and dv into one packed gradient, so the
+// Split and the Concat (a [B, T, 3 C] copy each way) go.
+bool FoldPackedQkv(Graph* g, Node* f) {
+  if (!IsCleaveOp(f, "Attention") || f->AttrString("layout", "") != "bshd" || f->num_inputs() != 3) return false;
+  Node* split = nullptr;
+  std::vector<int64_t> qkv_dims;
+  for (int i = 0; i < 3; ++i) {
+    Node* r = f->input(i)->producer();
+    if (!Is(r, "Reshape") || !SoleUse(r->input(0))) return false;
+    Node* sp = r->input(0)->producer();
+    if (!Is(sp, "Split") || sp->num_outputs() != 3 || r->input(0) != sp->output(i)) return false;
+    if (split && sp != split) return false;
+    split = sp;
+  }
+  Value* qkv = split->input(0);
+  const Shape& qs = f->input(0)->shape();
+  if (!qkv->shape().is_static() || qkv->shape().rank() != 3 || !qs.is_static() || qs.rank() != 4 ||
+      !IsLastOfThree(split->AttrInt("axis", 0)))
+    return false;
+  const int64_t B = qs[0].value, T = qs[1].value, H = qs[2].value, D = qs[3].value;
+  if (qkv->shape().StaticDims() != std::vector<int64_t>{B, T, 3 * H * D}) return false;
+  for (int i = 0; i < 3; ++i)
+    if (f->input(i)->shape() != qs || split->output(i)->shape() != Shape::FromDims({B, T, H * D})) return false;
+  // The grads: the forward's q, k, v, their gradients reshaped back and concatenated in order.
+  std::vector<Node*> grads, concats;
+  for (const auto& [reader, slot] : f->output(0)->consumers()) {
+    if (!IsCleaveOp(reader, "AttentionGrad") || slot != 4) continue;
+    if (reader->AttrString("layout", "") != "bshd" || reader->num_outputs() != 3) return false;
+    Node* cat = nullptr;
+    for (int i = 0; i < 3; ++i) {
+      if (reader->input(1 + i) != f->input(i)) return false;
+      Node* back = SoleConsumer(reader->output(i));
+      if (!Is(back, "Reshape") || back->output(0)->shape() != Shape::FromDims({B, T, H * D})) return false;
+      Node* c = SoleConsumer(back->output(0));
+      if (!Is(c, "Concat") || c->num_inputs() != 3 || c->input(i) != back->output(0) ||
+          !IsLastOfThree(c->AttrInt("axis", 0)) || (cat && c != cat))
+        return false;
+      cat = c;
+    }
+    grads.push_back(reader);
+    concats.push_back(cat);
+  }
+  for (int i = 0; i < 3; ++i)
+    for (const auto& [reader, slot] : f->input(i)->consumers())
+      if (reader != f && std::find(grads.begin(), grads.end(), reader) == grads.end()) return false;
+
+  const Attribute packed = Attribute::String("bs3hd");
+  Value* qkv5 = g->CreateUniqueValue(qkv->name() + "/packed");
+  Node* r5 = g->AddNode("Reshape", {qkv, ShapeConstant(g, qkv->name() + "/packed_shape", {B, T, 3, H, D})}, {qkv5},
+                        g->UniqueName(qkv->name() + "/packed"));
+  r5->metadata() = f->metadata();
+  Node* nf = g->RebuildNode(f, {qkv5, nullptr, nullptr}, f->outputs());
+  nf->SetAttr("layout", packed);
+  for (size_t j = 0; j < grads.size(); ++j) {
+    Node* grad = grads[j];
+    Value* dqkv = concats[j]->output(0);
+    std::vector<Value*> ins = {grad->input(0), qkv5, nullptr, nullptr, grad->input(4), grad->input(5)};
+    auto metadata = grad->metadata();
+    const std::string name = grad->name();
+    // dq, dk, dv's Reshapes and the Concat go; the grad writes the packed [B, T, 3, H, D].
+    std::vector<Node*> dead = {concats[j]};
+    for (int i = 0; i < 3; ++i) dead.push_back(SoleConsumer(grad->output(i)));
+    for (Node* n : dead) g->RemoveNode(n);
+    Value* dqkv5 = g->CreateUniqueValue(dqkv->name() + "/packed");
+    Node* ng = g->RebuildNode(grad, ins, {dqkv5});
+    ng->SetAttr("layout", packed);
+    Node* back = g->AddNode("Reshape", {dqkv5, ShapeConstant(g, dqkv->name() + "/shape", {B, T, 3 * H * D})},
+                            {dqkv}, g->UniqueName(name + "/packed_grad"));
+    back->metadata() = metadata;
+  }
+  return true;
+}
+
 enum class Rules {
   kActivationNorm,
   kTransformer,
@@ -840,7 +926,7 @@ enum class Rules {
 // One rewrite at node n, if any applies.
 bool FuseAt(Graph* g, Node* n, Rules rules) {
   if (rules == Rules::kAttention) return Is(n, "Softmax") && FuseAttention(g, n);
-  if (rules == Rules::kAttentionLayout) return FoldAttentionLayout(g, n);
+  if (rules == Rules::kAttentionLayout) return FoldAttentionLayout(g, n) || FoldPackedQkv(g, n);
   if (rules == Rules::kSkipLayerNorm)
     return FuseSkipLayerNorm(g, n) || FoldSkipLayerNormCast(g, n) || FoldResidualGradIntoLayerNormGrad(g, n);
   if (rules == Rules::kSceFromScores) return FuseSceFromScores(g, n) || FoldSceLossIntoGrad(g, n);

@@ -98,8 +98,10 @@ class AttentionFusion : public Pass {
 // out) into [B, H, T, D] by Transposes, with its output swapped back, and its AttentionGrads
 // likewise -> the same ops with layout "bshd" over the unswapped values: the CUDA provider's
 // cuDNN attention reads and writes that layout through its strides, so a layer's eight
-// transposes (q, k, v and the output forward; dOut, dq, dk, dv backward) go. Sessions with a
-// device provider run it.
+// transposes (q, k, v and the output forward; dOut, dq, dk, dv backward) go. Then, where q, k
+// and v are the reshaped parts of one Split of the q/k/v product and the gradients' reshapes
+// meet in one Concat, layout "bs3hd" over the product reshaped to [B, T, 3, H, D], with one
+// packed gradient: the Split and the Concat go too. Sessions with a device provider run it.
 class AttentionLayoutFusion : public Pass {
  public:
   std::string name() const override { return "AttentionLayoutFusion"; }

@@ -6,6 +6,7 @@
 // training-mode run, so a seeded model replays the same sequence of masks run after run
 // (numpy's sequence, as the ONNX backend tests expect).
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -165,6 +166,29 @@ constexpr int kSwapSeqHeads[4] = {0, 2, 1, 3};
 
 bool BshdLayout(const graph::Node& n) { return n.AttrString("layout", "bhsd") == "bshd"; }
 
+// Layout "bs3hd": q, k and v packed [B, T, 3, H, D] in one input (the q/k/v product itself); the
+// kernels run on an unpacked [3, B, H, T, D] copy, and AttentionGrad packs dq, dk, dv so.
+bool PackedLayout(const graph::Node& n) { return n.AttrString("layout", "bhsd") == "bs3hd"; }
+constexpr int kUnpackQkv[5] = {2, 0, 3, 1, 4};  // [B, T, 3, H, D] -> [3, B, H, T, D]
+constexpr int kPackQkv[5] = {1, 3, 0, 2, 4};    // [3, B, H, T, D] -> [B, T, 3, H, D]
+
+absl::Status ExpectPacked(const TensorView& t) {
+  if (t.rank == 5 && t.dims[2] == 3) return absl::OkStatus();
+  return InvalidArgument("layout \"bs3hd\": expected q, k and v packed [B, T, 3, H, D], got ", DimsToString(t.shape()));
+}
+
+// q, k and v ([B, H, T, D] each) of the packed [B, T, 3, H, D] qkv, unpacked into scratch.
+std::array<TensorView, 3> Unpacked(const TensorView& qkv, KernelContext& ctx) {
+  const std::vector<int64_t> all = {3, qkv.dims[0], qkv.dims[3], qkv.dims[1], qkv.dims[4]};
+  TensorView c(ctx.Scratch(qkv.nbytes()), qkv.dtype, all);
+  kernels::cpu::Transpose(qkv, kUnpackQkv, c, ctx.thread_pool());
+  const std::vector<int64_t> one(all.begin() + 1, all.end());
+  const size_t bytes = qkv.nbytes() / 3;
+  std::array<TensorView, 3> out;
+  for (int i = 0; i < 3; ++i) out[i] = TensorView(static_cast<char*>(c.data) + i * bytes, qkv.dtype, one);
+  return out;
+}
+
 absl::Status ExpectRank4(const TensorView& t, const char* what) {
   if (t.rank == 4) return absl::OkStatus();
   return InvalidArgument("layout \"bshd\": expected ", what, " of rank 4 [B, T, H, D], got rank ", t.rank);
@@ -195,8 +219,23 @@ void SeqMajor(const TensorView* heads_major, TensorView* y, ThreadPool* pool) {
 class AttentionKernel : public OpKernel {
  public:
   AttentionKernel(const graph::Node& n, int)
-      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0), bshd_(BshdLayout(n)) {}
+      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0), bshd_(BshdLayout(n)),
+        packed_(PackedLayout(n)) {}
   absl::Status Compute(KernelContext& ctx) const override {
+    if (packed_) {
+      const TensorView& qkv = *ctx.input(0);
+      RETURN_IF_ERROR(ExpectPacked(qkv));
+      const std::array<TensorView, 3> u = Unpacked(qkv, ctx);
+      ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p, Plan(u[0], u[1], u[2]));
+      TensorView* y = ctx.Output(0, std::vector<int64_t>{qkv.dims[0], qkv.dims[1], qkv.dims[3], p.Dv});
+      TensorView* l =
+          ctx.num_outputs() > 1 ? ctx.Output(1, std::vector<int64_t>{qkv.dims[0], qkv.dims[3], qkv.dims[1]}) : nullptr;
+      TensorView y_store;
+      TensorView* y_h = HeadsMajorOutput(y, ctx, y_store);
+      RETURN_IF_ERROR(Run(ctx, p, u[0], u[1], u[2], y_h, l));
+      SeqMajor(y_h, y, ctx.thread_pool());
+      return absl::OkStatus();
+    }
     if (!bshd_) {
       const TensorView& q = *ctx.input(0);
       ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p, Plan(q, *ctx.input(1), *ctx.input(2)));
@@ -247,15 +286,34 @@ class AttentionKernel : public OpKernel {
 
   float scale_;
   bool causal_;
-  bool bshd_;
+  bool bshd_, packed_;
 };
 
 class AttentionGradKernel : public OpKernel {
  public:
   AttentionGradKernel(const graph::Node& n, int)
-      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0), bshd_(BshdLayout(n)) {}
+      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0), bshd_(BshdLayout(n)),
+        packed_(PackedLayout(n)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& lse = *ctx.input(5);
+    if (packed_) {
+      const TensorView& qkv = *ctx.input(1);
+      RETURN_IF_ERROR(ExpectPacked(qkv));
+      RETURN_IF_ERROR(ExpectRank4(*ctx.input(0), "dOut"));
+      RETURN_IF_ERROR(ExpectRank4(*ctx.input(4), "out"));
+      const std::array<TensorView, 3> u = Unpacked(qkv, ctx);
+      const TensorView dout = HeadsMajor(*ctx.input(0), ctx), out = HeadsMajor(*ctx.input(4), ctx);
+      TensorView* dqkv = ctx.Output(0, qkv.dim_span());
+      if (!dqkv) return absl::OkStatus();
+      const std::vector<int64_t> all = {3, qkv.dims[0], qkv.dims[3], qkv.dims[1], qkv.dims[4]};
+      TensorView grads(ctx.Scratch(qkv.nbytes()), qkv.dtype, all);
+      std::array<TensorView, 3> d;
+      for (int i = 0; i < 3; ++i)
+        d[i] = TensorView(static_cast<char*>(grads.data) + i * (qkv.nbytes() / 3), qkv.dtype, u[i].dim_span());
+      RETURN_IF_ERROR(Run(ctx, dout, u[0], u[1], u[2], out, lse, &d[0], &d[1], &d[2]));
+      kernels::cpu::Transpose(grads, kPackQkv, *dqkv, ctx.thread_pool());
+      return absl::OkStatus();
+    }
     if (!bshd_) {
       const TensorView &q = *ctx.input(1), &k = *ctx.input(2), &v = *ctx.input(3);
       return Run(ctx, *ctx.input(0), q, k, v, *ctx.input(4), lse, ctx.Output(0, q.dim_span()),
@@ -308,7 +366,7 @@ class AttentionGradKernel : public OpKernel {
 
   float scale_;
   bool causal_;
-  bool bshd_;
+  bool bshd_, packed_;
 };
 
 }  // namespace

@@ -510,6 +510,19 @@ TensorView HeadsMajorDims(const TensorView& t) {
 
 const int64_t kSwapSeqHeads[4] = {0, 2, 1, 3};
 
+// Layout "bs3hd": q, k and v packed [B, T, 3, H, D] in one tensor (the q/k/v product). cuDNN
+// reads them (and writes dq, dk, dv) in place; the own kernels run on an unpacked [3, B, H, T,
+// D] copy.
+bool PackedLayout(const graph::Node& n) { return n.AttrString("layout", "bhsd") == "bs3hd"; }
+const int64_t kUnpackQkv[5] = {2, 0, 3, 1, 4};  // [B, T, 3, H, D] -> [3, B, H, T, D]
+const int64_t kPackQkv[5] = {1, 3, 0, 2, 4};    // [3, B, H, T, D] -> [B, T, 3, H, D]
+
+// The [B, H, T, D] dims (no data) of one of the packed [B, T, 3, H, D] q, k, v.
+TensorView OneOfPacked(const TensorView& qkv) {
+  const int64_t dims[4] = {qkv.dims[0], qkv.dims[3], qkv.dims[1], qkv.dims[4]};
+  return TensorView(nullptr, qkv.dtype, dims);
+}
+
 // The attention kernels' moves between the layouts for their own kernels.
 class AttentionLayoutKernel : public CudaKernel {
  protected:
@@ -521,6 +534,19 @@ class AttentionLayoutKernel : public CudaKernel {
     RETURN_IF_ERROR(Check(kc::Transpose(static_cast<int>(ElementSize(t.dtype)), t.data, c, 4, t.dims, kSwapSeqHeads,
                                         stream())));
     return static_cast<const void*>(c);
+  }
+  // The packed [B, T, 3, H, D] qkv unpacked into a [3, B, H, T, D] copy in scratch.
+  absl::StatusOr<const char*> UnpackedCopy(KernelContext& ctx, const TensorView& qkv) const {
+    void* c = ctx.Scratch(qkv.nbytes());
+    if (!c && qkv.nbytes() > 0) return absl::ResourceExhaustedError(absl::StrCat(name_, ": no device scratch"));
+    RETURN_IF_ERROR(Check(kc::Transpose(static_cast<int>(ElementSize(qkv.dtype)), qkv.data, c, 5, qkv.dims, kUnpackQkv,
+                                        stream())));
+    return static_cast<const char*>(c);
+  }
+  absl::Status ExpectPacked(const TensorView& t) const {
+    if (t.rank == 5 && t.dims[2] == 3) return absl::OkStatus();
+    return InvalidArgument(name_, ": layout \"bs3hd\" takes q, k and v packed [B, T, 3, H, D], got ",
+                           DimsToString(t.shape()));
   }
   // Moves the [B, H, T, D] result in heads_major into the [B, T, H, D] output y.
   absl::Status SeqMajorCopy(const void* heads_major, const TensorView& y) const {
@@ -534,8 +560,9 @@ class AttentionKernel : public AttentionLayoutKernel {
  public:
   AttentionKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
       : AttentionLayoutKernel(p, n), scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0),
-        bshd_(BshdLayout(n)) {}
+        bshd_(BshdLayout(n)), packed_(PackedLayout(n)) {}
   absl::Status Compute(KernelContext& ctx) const override {
+    if (packed_) return ComputePacked(ctx);
     const TensorView& q_in = *ctx.input(0);
     const TensorView& k_in = *ctx.input(1);
     const TensorView& v_in = *ctx.input(2);
@@ -578,17 +605,49 @@ class AttentionKernel : public AttentionLayoutKernel {
   }
 
  private:
+  absl::Status ComputePacked(KernelContext& ctx) const {
+    const TensorView& qkv = *ctx.input(0);
+    RETURN_IF_ERROR(ExpectPacked(qkv));
+    const TensorView one = OneOfPacked(qkv);
+    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams a, AttentionShape(name_, one, one, one, scale_, causal_));
+    TensorView* y = ctx.Output(0, std::vector<int64_t>{qkv.dims[0], qkv.dims[1], qkv.dims[3], qkv.dims[4]});
+    TensorView* l =
+        ctx.num_outputs() > 1 ? ctx.Output(1, std::vector<int64_t>{qkv.dims[0], qkv.dims[3], qkv.dims[1]}) : nullptr;
+    if (!y) return absl::OkStatus();
+    const size_t part = qkv.nbytes() / 3 / static_cast<size_t>(qkv.dims[0] * qkv.dims[1]);  // H * D elements' bytes
+    const char* base = static_cast<const char*>(qkv.data);
+    const SdpaShape s{qkv.dtype, a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_, qkv.dims[3], true};
+    if (CudnnAttention* cudnn = CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
+      float* stats = l ? l->as<float>() : static_cast<float*>(ctx.Scratch(static_cast<size_t>(a.batch * a.T) * 4));
+      absl::Status st = stats ? cudnn->Forward(s, base, base + part, base + 2 * part, y->data, stats,
+                                               [&ctx](size_t n) { return ctx.Scratch(n); })
+                              : absl::OkStatus();  // the allocation error is reported
+      if (st.code() != absl::StatusCode::kUnimplemented)
+        return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name_, ": ", st.message()));
+    }
+    ASSIGN_OR_RETURN(const char* u, UnpackedCopy(ctx, qkv));
+    const size_t third = qkv.nbytes() / 3;
+    void* yd = ctx.Scratch(y->nbytes());
+    if (!yd) return absl::OkStatus();  // the allocation error is reported
+    RETURN_IF_ERROR(Check(kc::AttentionForward(DtOf(qkv.dtype), u, u + third, u + 2 * third, yd,
+                                               l ? l->as<float>() : nullptr, a.batch, a.T, a.S, static_cast<int>(a.D),
+                                               static_cast<int>(a.Dv), scale_, causal_, stream())));
+    return SeqMajorCopy(yd, *y);
+  }
+
   float scale_;
   bool causal_;
   bool bshd_;
+  bool packed_;
 };
 
 class AttentionGradKernel : public AttentionLayoutKernel {
  public:
   AttentionGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
       : AttentionLayoutKernel(p, n), scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0),
-        bshd_(BshdLayout(n)) {}
+        bshd_(BshdLayout(n)), packed_(PackedLayout(n)) {}
   absl::Status Compute(KernelContext& ctx) const override {
+    if (packed_) return ComputePacked(ctx);
     const TensorView* in[5];
     for (int i = 0; i < 5; ++i) {
       in[i] = ctx.input(i);
@@ -640,9 +699,52 @@ class AttentionGradKernel : public AttentionLayoutKernel {
   }
 
  private:
+  // AttentionGrad(dOut, qkv, _, _, out, lse) -> dqkv, all but lse packed or [B, T, H, D].
+  absl::Status ComputePacked(KernelContext& ctx) const {
+    const TensorView& dout = *ctx.input(0);
+    const TensorView& qkv = *ctx.input(1);
+    const TensorView& out = *ctx.input(4);
+    const TensorView& lse = *ctx.input(5);
+    RETURN_IF_ERROR(ExpectPacked(qkv));
+    if (dout.rank != 4 || out.rank != 4)
+      return InvalidArgument(name_, ": layout \"bs3hd\" takes dOut and out of rank 4 [B, T, H, D]");
+    const TensorView one = OneOfPacked(qkv);
+    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams a, AttentionShape(name_, one, one, one, scale_, causal_));
+    if (dout.numel() != a.batch * a.T * a.Dv || out.numel() != dout.numel() || lse.numel() != a.batch * a.T)
+      return InvalidArgument(name_, ": dOut, out or lse do not match qkv");
+    TensorView* dqkv = ctx.Output(0, qkv.dim_span());
+    if (!dqkv) return absl::OkStatus();
+    const size_t part = qkv.nbytes() / 3 / static_cast<size_t>(qkv.dims[0] * qkv.dims[1]);
+    const char* base = static_cast<const char*>(qkv.data);
+    char* dbase = static_cast<char*>(dqkv->data);
+    const SdpaShape s{qkv.dtype, a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_, qkv.dims[3], true};
+    if (CudnnAttention* cudnn = CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
+      absl::Status st = cudnn->Backward(s, dout.data, base, base + part, base + 2 * part, out.data, lse.as<float>(),
+                                        dbase, dbase + part, dbase + 2 * part,
+                                        [&ctx](size_t n) { return ctx.Scratch(n); });
+      if (st.code() != absl::StatusCode::kUnimplemented)
+        return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name_, ": ", st.message()));
+    }
+    float* delta = static_cast<float*>(ctx.Scratch(static_cast<size_t>(a.batch * a.T) * sizeof(float)));
+    char* grads = static_cast<char*>(ctx.Scratch(qkv.nbytes()));
+    if ((!delta && a.batch * a.T > 0) || (!grads && qkv.nbytes() > 0)) return absl::OkStatus();  // reported
+    ASSIGN_OR_RETURN(const char* u, UnpackedCopy(ctx, qkv));
+    ASSIGN_OR_RETURN(const void* dout_h, HeadsMajorCopy(ctx, dout));
+    ASSIGN_OR_RETURN(const void* out_h, HeadsMajorCopy(ctx, out));
+    const size_t third = qkv.nbytes() / 3;
+    RETURN_IF_ERROR(Check(kc::AttentionBackward(DtOf(qkv.dtype), dout_h, u, u + third, u + 2 * third, out_h,
+                                                lse.as<float>(), grads, grads + third, grads + 2 * third, delta,
+                                                a.batch, a.T, a.S, static_cast<int>(a.D), static_cast<int>(a.Dv),
+                                                scale_, causal_, stream())));
+    const int64_t unpacked[5] = {3, qkv.dims[0], qkv.dims[3], qkv.dims[1], qkv.dims[4]};
+    return Check(kc::Transpose(static_cast<int>(ElementSize(qkv.dtype)), grads, dqkv->data, 5, unpacked, kPackQkv,
+                               stream()));
+  }
+
   float scale_;
   bool causal_;
   bool bshd_;
+  bool packed_;
 };
 
 // ---- lookups and layout ----------------------------------------------------------------

@@ -25,7 +25,8 @@ namespace cleave::providers {
 
 bool CudnnAttention::Eligible(const SdpaShape& s) {
   return (s.dtype == DataType::kBFloat16 || s.dtype == DataType::kFloat16) && s.D == s.Dv && s.D % 8 == 0 &&
-         s.D <= 128 && s.T > 0 && s.S > 0 && s.batch > 0 && (s.heads == 0 || s.batch % s.heads == 0);
+         s.D <= 128 && s.T > 0 && s.S > 0 && s.batch > 0 && (s.heads == 0 || s.batch % s.heads == 0) &&
+         (!s.packed || (s.heads > 0 && s.T == s.S));
 }
 
 #if CLEAVE_HAVE_CUDNN_SDPA
@@ -37,12 +38,12 @@ namespace {
 // Tensor ids in the graphs' variant packs.
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 
-using Key = std::tuple<bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int64_t>;
+using Key = std::tuple<bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int64_t, bool>;
 
 Key KeyOf(const SdpaShape& s, bool backward) {
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
-  return {backward, static_cast<int>(s.dtype), s.batch, s.T, s.S, s.D, s.Dv, scale_bits, s.causal, s.heads};
+  return {backward, static_cast<int>(s.dtype), s.batch, s.T, s.S, s.D, s.Dv, scale_bits, s.causal, s.heads, s.packed};
 }
 
 absl::Status Check(fe::error_t e, const char* what) {
@@ -52,28 +53,29 @@ absl::Status Check(fe::error_t e, const char* what) {
 
 // cuDNN's [b, h, rows, d] view of a q/k/v-like tensor: [1, batch, rows, d] over memory laid out
 // [batch, rows, d] (the heads among the batch), or with s.heads > 0 [batch / heads, heads, rows,
-// d] over memory laid out [batch / heads, rows, heads, d].
-void SetBhsd(fe::graph::Tensor_attributes& t, const SdpaShape& s, int64_t rows, int64_t d) {
+// d] over memory laid out [batch / heads, rows, heads, d], whose rows are 3 heads d apart for q,
+// k, v and their gradients when s.packed (`qkv`).
+void SetBhsd(fe::graph::Tensor_attributes& t, const SdpaShape& s, int64_t rows, int64_t d, bool qkv) {
   if (s.heads > 0) {
-    const int64_t h = s.heads;
-    t.set_dim({s.batch / h, h, rows, d}).set_stride({rows * h * d, d, h * d, 1});
+    const int64_t h = s.heads, row = (s.packed && qkv ? 3 : 1) * h * d;
+    t.set_dim({s.batch / h, h, rows, d}).set_stride({rows * row, d, row, 1});
   } else {
     t.set_dim({1, s.batch, rows, d}).set_stride({s.batch * rows * d, rows * d, d, 1});
   }
 }
 
 std::shared_ptr<fe::graph::Tensor_attributes> Bhsd(fe::graph::Graph& g, const char* name, int64_t uid,
-                                                   const SdpaShape& s, int64_t rows, int64_t d) {
+                                                   const SdpaShape& s, int64_t rows, int64_t d, bool qkv) {
   fe::graph::Tensor_attributes t;
   t.set_name(name).set_uid(uid);
-  SetBhsd(t, s, rows, d);
+  SetBhsd(t, s, rows, d, qkv);
   return g.tensor(t);
 }
 
 void AsBhsd(const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t uid, const SdpaShape& s, int64_t rows,
-            int64_t d) {
+            int64_t d, bool qkv) {
   t->set_output(true).set_uid(uid);
-  SetBhsd(*t, s, rows, d);
+  SetBhsd(*t, s, rows, d, qkv);
 }
 
 // The saved log-sum-exp, [batch, T] in memory, as cuDNN's [b, h, T, 1].
@@ -93,19 +95,19 @@ absl::Status BuildGraph(cudnnHandle_t handle, const SdpaShape& s, bool backward,
   g->set_io_data_type(s.dtype == DataType::kBFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = Bhsd(*g, "q", kQ, s, s.T, s.D);
-  auto k = Bhsd(*g, "k", kK, s, s.S, s.D);
-  auto v = Bhsd(*g, "v", kV, s, s.S, s.Dv);
+  auto q = Bhsd(*g, "q", kQ, s, s.T, s.D, true);
+  auto k = Bhsd(*g, "k", kK, s, s.S, s.D, true);
+  auto v = Bhsd(*g, "v", kV, s, s.S, s.Dv, true);
   if (!backward) {
     auto options = fe::graph::SDPA_attributes().set_name("attention").set_generate_stats(true).set_attn_scale(s.scale);
     if (s.causal) options.set_causal_mask_bottom_right(true);
     auto [o, stats] = g->sdpa(q, k, v, options);
-    AsBhsd(o, kO, s, s.T, s.Dv);
+    AsBhsd(o, kO, s, s.T, s.Dv, false);
     stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
     SetStats(*stats, s);
   } else {
-    auto o = Bhsd(*g, "o", kO, s, s.T, s.Dv);
-    auto dout = Bhsd(*g, "dout", kDO, s, s.T, s.Dv);
+    auto o = Bhsd(*g, "o", kO, s, s.T, s.Dv, false);
+    auto dout = Bhsd(*g, "dout", kDO, s, s.T, s.Dv, false);
     fe::graph::Tensor_attributes stats_attrs;
     stats_attrs.set_name("stats").set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
     SetStats(stats_attrs, s);
@@ -113,9 +115,9 @@ absl::Status BuildGraph(cudnnHandle_t handle, const SdpaShape& s, bool backward,
     auto options = fe::graph::SDPA_backward_attributes().set_name("attention_grad").set_attn_scale(s.scale);
     if (s.causal) options.set_causal_mask_bottom_right(true);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, options);
-    AsBhsd(dq, kDQ, s, s.T, s.D);
-    AsBhsd(dk, kDK, s, s.S, s.D);
-    AsBhsd(dv, kDV, s, s.S, s.Dv);
+    AsBhsd(dq, kDQ, s, s.T, s.D, true);
+    AsBhsd(dk, kDK, s, s.S, s.D, true);
+    AsBhsd(dv, kDV, s, s.S, s.Dv, true);
   }
   RETURN_IF_ERROR(Check(g->validate(), "validate"));
   RETURN_IF_ERROR(Check(g->build_operation_graph(handle), "operation graph"));

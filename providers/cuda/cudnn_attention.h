@@ -24,13 +24,16 @@ namespace cleave::providers {
 // q [batch, T, D], k [batch, S, D], v [batch, S, Dv] in memory order (batch = every leading dim);
 // with heads > 0 (the Attention ops' layout "bshd"), q [batch / heads, T, heads, D] and likewise
 // k, v, out and the gradients, read and written through their strides (lse stays
-// [batch, T]).
+// [batch, T]); with packed as well (layout "bs3hd"), q, k and v lie in one [batch / heads, T,
+// 3, heads, D] tensor (q, k and v start 0, heads * D and 2 heads * D elements in; T = S), and
+// dq, dk and dv likewise.
 struct SdpaShape {
   DataType dtype = DataType::kBFloat16;
   int64_t batch = 1, T = 0, S = 0, D = 0, Dv = 0;
   float scale = 1.0f;
   bool causal = false;
   int64_t heads = 0;
+  bool packed = false;
 };
 
 class CudnnAttention {
