@@ -167,8 +167,9 @@ absl::Status InferSoftmaxCrossEntropyLossGrad(InferContext& ctx) {
   const Shape& dy = ctx.input_shape(0);
   if (reduction != "none" && dy.has_rank() && dy.rank() != 0)
     return ctx.Error("expected a scalar dY for reduction '", reduction, "', got ", dy.ToString());
-  // `to`: the gradient's storage type (mixed precision reads it in bf16 or fp16 next).
-  DataType out = ctx.input_dtype(1);
+  // `to`: the gradient's storage type (mixed precision reads it in bf16 or fp16 next); else
+  // that of the scores (log_prob), or float32 for bf16 / fp16 scores.
+  DataType out = low_scores ? ctx.input_dtype(0) : ctx.input_dtype(1);
   if (ctx.node().HasAttr("to")) {
     out = DataTypeFromInt(static_cast<int>(ctx.node().AttrInt("to", 0)));
     if (out != DataType::kFloat32 && out != DataType::kBFloat16 && out != DataType::kFloat16 &&

@@ -463,6 +463,10 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
     // grad takes (dOut, q, k, v, out, lse) and gives (dq, dk, dv). The leading dims (batch,
     // heads) shard freely; T, S, D and Dv stay whole (the softmax runs along S over all of D).
     const bool grad = op == "AttentionGrad";
+    // The other layouts are device sessions' own, made after partitioning.
+    if (n.AttrString("layout", "bhsd") != "bhsd")
+      return Unimplemented(n.Describe(), ": layout \"", n.AttrString("layout", ""),
+                           "\" is not partitioned (it is made after partitioning, by device sessions)");
     ASSIGN_OR_RETURN(std::vector<int64_t> qd, Dims(n, n.input(grad ? 1 : 0)));
     ASSIGN_OR_RETURN(std::vector<int64_t> kd, Dims(n, n.input(grad ? 2 : 1)));
     ASSIGN_OR_RETURN(std::vector<int64_t> vd, Dims(n, n.input(grad ? 3 : 2)));

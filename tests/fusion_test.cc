@@ -696,6 +696,30 @@ TEST(LowPrecisionScores, TheLogitsProductWritesBf16ForTheGradientFromTheScores) 
       BfloatHead(1024), {{"y0 = ai.cleave.MatMulBf16(h, w) {transB = 1}",
                           "y1 = ai.cleave.MatMulBf16(h, w) {transB = 1, to = 16}\n    y0 = Cast(y1) {to = 1}"}});
   ExpectGraphsAgree(std::move(*g), *ParseGraph(rounded), feeds, 0, 0);
+  // A gradient without `to` stays float32 (it reads bf16 scores, it does not write them).
+  const std::string fp32_grad = R"(
+    input h: bfloat16[12,16]
+    input w: bfloat16[40,16]
+    input t: int64[12]
+    init dy: float32[] = 1
+    y = ai.cleave.MatMulBf16(h, w) {transB = 1}
+    ds, loss = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, y, t) {from_scores = 1}
+    output ds
+    output loss
+  )";
+  auto plain = ParseGraph(fp32_grad);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(InferShapes(**plain).ok());
+  ASSERT_TRUE(RunToFixedPoint({&low}, plain->get()).ok());
+  EXPECT_EQ((*plain)->FindValue("y")->dtype(), DataType::kBFloat16);
+  EXPECT_EQ((*plain)->FindValue("ds")->dtype(), DataType::kFloat32);
+  Tensor few(DataType::kInt64, {12});
+  for (int64_t i = 0; i < 12; ++i) few.data<int64_t>()[i] = (i * 7) % 40;
+  ExpectGraphsAgree(std::move(*plain),
+                    *ParseGraph(absl::StrReplaceAll(fp32_grad, {{"y = ai.cleave.MatMulBf16(h, w) {transB = 1}",
+                                                                 "y16 = ai.cleave.MatMulBf16(h, w) {transB = 1, to = 16}\n"
+                                                                 "    y = Cast(y16) {to = 1}"}})),
+                    {{"h", RandomBf16({12, 16}, 7, 0.5f)}, {"w", RandomBf16({40, 16}, 8, 0.5f)}, {"t", few}}, 0, 0);
   for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{
            {BfloatHead(1024, "", ", b"), "a float32 bias"},
            {BfloatHead(1024, "p = Softmax(s)\noutput p"), "another reader"},

@@ -72,6 +72,9 @@ bool OutputRead(const Node* n, int i) {
 // The cross-entropy over the scores: the forward loss (no weights, no log_prob read) or the
 // from-scores gradient over one vocabulary (no weights, no class_offset / num_classes).
 bool IsPlainCrossEntropy(const Node* n, int slot) {
+  // [N, C] scores: the classes are their last axis (a spatial loss has them on axis 1).
+  const Value* scores = n->input(slot);
+  if (!scores || !scores->shape().has_rank() || scores->shape().rank() != 2) return false;
   if (IsOnnx(n, "SoftmaxCrossEntropyLoss")) return slot == 0 && !HasInput(n, 2) && !OutputRead(n, 1);
   return IsCleave(n, "SoftmaxCrossEntropyLossGrad") && slot == 1 && n->AttrInt("from_scores", 0) == 1 &&
          !n->HasAttr("class_offset") && !n->HasAttr("num_classes") && !HasInput(n, 3);

@@ -595,7 +595,7 @@ class AttentionKernel : public AttentionLayoutKernel {
       ASSIGN_OR_RETURN(kd, HeadsMajorCopy(ctx, k_in));
       ASSIGN_OR_RETURN(vd, HeadsMajorCopy(ctx, v_in));
       yd = ctx.Scratch(y->nbytes());
-      if (!yd) return absl::OkStatus();  // the allocation error is reported
+      if (!yd && y->nbytes() > 0) return absl::OkStatus();  // the allocation error is reported
     }
     RETURN_IF_ERROR(Check(kc::AttentionForward(DtOf(q.dtype), qd, kd, vd, yd, l ? l->as<float>() : nullptr, a.batch,
                                                a.T, a.S, static_cast<int>(a.D), static_cast<int>(a.Dv), scale_,
@@ -614,7 +614,7 @@ class AttentionKernel : public AttentionLayoutKernel {
     TensorView* l =
         ctx.num_outputs() > 1 ? ctx.Output(1, std::vector<int64_t>{qkv.dims[0], qkv.dims[3], qkv.dims[1]}) : nullptr;
     if (!y) return absl::OkStatus();
-    const size_t part = qkv.nbytes() / 3 / static_cast<size_t>(qkv.dims[0] * qkv.dims[1]);  // H * D elements' bytes
+    const size_t part = static_cast<size_t>(qkv.dims[3] * qkv.dims[4]) * ElementSize(qkv.dtype);  // H * D elements
     const char* base = static_cast<const char*>(qkv.data);
     const SdpaShape s{qkv.dtype, a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_, qkv.dims[3], true};
     if (CudnnAttention* cudnn = CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
@@ -628,7 +628,7 @@ class AttentionKernel : public AttentionLayoutKernel {
     ASSIGN_OR_RETURN(const char* u, UnpackedCopy(ctx, qkv));
     const size_t third = qkv.nbytes() / 3;
     void* yd = ctx.Scratch(y->nbytes());
-    if (!yd) return absl::OkStatus();  // the allocation error is reported
+    if (!yd && y->nbytes() > 0) return absl::OkStatus();  // the allocation error is reported
     RETURN_IF_ERROR(Check(kc::AttentionForward(DtOf(qkv.dtype), u, u + third, u + 2 * third, yd,
                                                l ? l->as<float>() : nullptr, a.batch, a.T, a.S, static_cast<int>(a.D),
                                                static_cast<int>(a.Dv), scale_, causal_, stream())));
@@ -686,7 +686,8 @@ class AttentionGradKernel : public AttentionLayoutKernel {
       }
       const TensorView* grads[3] = {dq, dk, dv};
       for (int i = 0; i < 3; ++i)
-        if (!(dst[i] = ctx.Scratch(grads[i]->nbytes()))) return absl::OkStatus();  // the error is reported
+        if (!(dst[i] = ctx.Scratch(grads[i]->nbytes())) && grads[i]->nbytes() > 0)
+          return absl::OkStatus();  // the allocation error is reported
     }
     RETURN_IF_ERROR(Check(kc::AttentionBackward(DtOf(q.dtype), src[0], src[1], src[2], src[3], src[4],
                                                 lse.as<float>(), dst[0], dst[1], dst[2], delta, a.batch, a.T, a.S,
@@ -714,7 +715,7 @@ class AttentionGradKernel : public AttentionLayoutKernel {
       return InvalidArgument(name_, ": dOut, out or lse do not match qkv");
     TensorView* dqkv = ctx.Output(0, qkv.dim_span());
     if (!dqkv) return absl::OkStatus();
-    const size_t part = qkv.nbytes() / 3 / static_cast<size_t>(qkv.dims[0] * qkv.dims[1]);
+    const size_t part = static_cast<size_t>(qkv.dims[3] * qkv.dims[4]) * ElementSize(qkv.dtype);
     const char* base = static_cast<const char*>(qkv.data);
     char* dbase = static_cast<char*>(dqkv->data);
     const SdpaShape s{qkv.dtype, a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_, qkv.dims[3], true};
