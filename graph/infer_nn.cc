@@ -164,6 +164,20 @@ absl::Status InferMatMulBf16(InferContext& ctx) {
     if (bias.has_rank() && (bias.rank() != 1 || (out.has_rank() && DimsConflict(bias[0], out[out.rank() - 1]))))
       return ctx.Error("expected bias [N] for a result ", out.ToString(), ", got ", bias.ToString());
   }
+  // An accumulation buffer (float32, the result's shape) and its bool reset flag: the result is
+  // the product plus the buffer, or the product alone when reset.
+  if (ctx.has_input(3) != ctx.has_input(4))
+    return ctx.Error("expected the accumulation buffer (input 3) and its reset flag (input 4) together");
+  if (ctx.has_input(3)) {
+    if (result != DataType::kFloat32 || ctx.has_input(2))
+      return ctx.Error("accumulating into a buffer needs a float32 result and no bias");
+    RETURN_IF_ERROR(ExpectDtype(ctx, 3, {DataType::kFloat32}));
+    RETURN_IF_ERROR(ExpectDtype(ctx, 4, {DataType::kBool}));
+    const Shape& acc = ctx.input_shape(3);
+    if (acc.is_static() && out.is_static() && acc != out)
+      return ctx.Error("expected an accumulation buffer of the result's shape ", out.ToString(), ", got ",
+                       acc.ToString());
+  }
   ctx.SetOutput(0, result, std::move(out));
   return absl::OkStatus();
 }

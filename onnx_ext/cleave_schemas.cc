@@ -43,6 +43,9 @@ OpSchema MatMulLowpSchema(const char* name, const char* type) {
       .Input(0, "A", "[..., M, K], or [..., K, M] with transA", type)
       .Input(1, "B", "[K, N] or [..., K, N]; [N, K] with transB", type)
       .Input(2, "bias", "[N] of Y's type, added to every row", "Y", OpSchema::Optional)
+      .Input(3, "accumulate", "float32 buffer of Y's shape that Y adds (a gradient accumulation)", "tensor(float)",
+             OpSchema::Optional)
+      .Input(4, "reset", "bool scalar: Y is the product alone", "tensor(bool)", OpSchema::Optional)
       .Output(0, "Y", "[..., M, N]", "Y")
       .Attr("transA", "A's last two axes are stored transposed", AttributeProto::INT, static_cast<int64_t>(0))
       .Attr("transB", "B's last two axes are stored transposed", AttributeProto::INT, static_cast<int64_t>(0))

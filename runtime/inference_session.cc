@@ -59,7 +59,7 @@ void ApplyDimOverrides(graph::Graph& g, const std::map<std::string, int64_t>& ov
 // q/k/v products' own [B, T, H, D] layout, the residual add with its LayerNorm, and the
 // cross-entropy gradient from the scores (the forward stores no log_prob), then bf16 logits
 // for it; and last, once the products are final, the padding of a vocabulary whose rows would
-// not be 16-byte aligned.
+// not be 16-byte aligned and the weight gradients' accumulation in their products.
 absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, bool device) {
   graph::ConstantFolding fold(runtime::MakeConstantEvaluator(g, cpu));
   graph::DeadCodeElimination dce;
@@ -78,7 +78,8 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
   RETURN_IF_ERROR(graph::RunToFixedPoint({&fusion, &dce}, &g));
   if (!device) return absl::OkStatus();
   graph::ClassPadding padding;
-  return graph::RunToFixedPoint({&padding, &dce}, &g);
+  graph::GradientAccumulationFusion accumulation;
+  return graph::RunToFixedPoint({&padding, &accumulation, &dce}, &g);
 }
 
 }  // namespace

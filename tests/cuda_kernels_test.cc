@@ -156,6 +156,36 @@ TEST(CudaProvider, LowPrecisionProductsGiveFloat32) {
                to == 16 ? 8e-3 : 1e-3, op);
 }
 
+// A weight gradient accumulated in its product (GradientAccumulationFusion): the buffer added
+// in cuBLASLt's epilogue (beta = 1), or the product alone on reset.
+TEST(CudaProvider, LowPrecisionProductAccumulatesIntoItsBuffer) {
+  const char* text = R"(
+    input a: float32[64,96]
+    input b: float32[64,80]
+    input acc: float32[96,80]
+    input reset: bool[]
+    ha = Cast(a) {to = 16}
+    hb = Cast(b) {to = 16}
+    y = ai.cleave.MatMulBf16(ha, hb, _, acc, reset) {transA = 1}
+    output y
+  )";
+  // The reference runs on any machine.
+  for (bool reset : {false, true}) {
+    Tensor flag(DataType::kBool, {});
+    flag.data<bool>()[0] = reset;
+    const Feeds feeds = {{"a", Random({64, 96}, 90)}, {"b", Random({64, 80}, 91)}, {"acc", Random({96, 80}, 92)},
+                         {"reset", flag}};
+    SessionOptions o;
+    o.optimize = false;
+    auto cpu = InferenceSession::FromGraph(*graph::ParseGraph(text), o);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    ASSERT_TRUE((*cpu)->Run(feeds).ok());
+    if (!CudaUnusable().empty()) continue;
+    ExpectSame(text, feeds, 1e-3, 1e-3, "MatMulBf16");
+  }
+  REQUIRE_CUDA();
+}
+
 // The ops a mixed-precision graph runs in bf16 and fp16 between its products (the bias Add,
 // GELU, its gradient, the bias gradient's sum) against the CPU's widening kernels, which compute
 // them in float32 and round once, as the CUDA kernels do.

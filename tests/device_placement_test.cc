@@ -5,6 +5,7 @@
 // copies exactly at the boundaries, initializers uploaded once, a warning listing the ops that
 // fell back, device memory reused across runs, and out-of-memory reported with the request.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -516,6 +517,59 @@ TEST(DevicePlacement, Bf16TrainingWithTheDeviceFusionsTracksTheCpu) {
   EXPECT_NEAR(losses[1][0], losses[0][0], 1e-4 * losses[0][0]);
   EXPECT_NE(losses[1][0], losses[0][0]) << "the device session's logits are bf16";
   for (int step = 1; step < 4; ++step) EXPECT_NEAR(losses[1][step], losses[0][step], 2e-3 * losses[0][step]) << step;
+}
+
+// The weight gradients' products accumulate into their buffers themselves
+// (GradientAccumulationFusion): 4 per layer, the bias-free bf16 weight products. Two micro-batches
+// per optimizer step, so the second adds to the first (the product's beta = 1), and the steps
+// track the CPU session's.
+TEST(DevicePlacement, WeightGradientsAccumulateInTheirProducts) {
+  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  trainer::TrainingSpec spec;
+  spec.dims = {{"batch", 2}, {"seq", 16}};
+  spec.precision = trainer::Precision::kBf16;
+  spec.fuse_attention = true;
+  const Feeds first = testing::TokenBatch(16, 256);
+  Feeds second;
+  for (const auto& [name, t] : first) {
+    Tensor c = t.Clone();
+    for (int64_t i = 0; i < c.numel(); ++i) c.data<int64_t>()[i] = (c.data<int64_t>()[i] * 3 + 11) % 256;
+    second.emplace_back(name, std::move(c));
+  }
+  auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
+  std::vector<float> losses[2];
+  for (int on_device = 0; on_device < 2; ++on_device) {
+    auto a = trainer::BuildTrainingArtifacts(**model, spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    trainer::TrainingSessionOptions o;
+    o.intra_op_threads = 1;
+    if (on_device) o.device_provider = device;
+    auto s = trainer::TrainingSession::Create(std::move(*a), o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    if (on_device) {
+      int fused = 0, accumulators = 0;
+      for (const auto& n : (*s)->training_graph()->nodes()) {
+        fused += n->op_type() == "MatMulBf16" && n->num_inputs() == 5 && n->input(3);
+        accumulators += n->op_type() == "InPlaceAccumulator";
+      }
+      EXPECT_EQ(fused, 8) << "qkv, proj, fc and proj weights of both layers";
+      EXPECT_EQ(accumulators, 20) << "the other parameters' gradients";
+    }
+    for (int step = 0; step < 3; ++step) {
+      for (const Feeds* micro : std::array<const Feeds*, 2>{&first, &second}) {
+        auto loss = (*s)->TrainStep(*micro);
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        losses[on_device].push_back(*loss);
+      }
+      ASSERT_TRUE((*s)->OptimizerStep().ok());
+    }
+  }
+  ASSERT_EQ(losses[0].size(), 6u);
+  // Within 6e-5 here (bf16 logits and rounding); a second micro-batch that overwrote the first's
+  // weight gradients would move the later losses by 2% to 8%.
+  for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 5e-4 * losses[0][i]) << i;
+  EXPECT_LT(losses[0][4], losses[0][0]) << "the steps train";
 }
 
 // A small language model whose tied head has `vocab` classes, with seeded random weights: an

@@ -913,6 +913,28 @@ bool FoldPackedQkv(Graph* g, Node* f) {
   return true;
 }
 
+// InPlaceAccumulator(buffer, dW, reset) whose dW is a float32 MatMulBf16 / MatMulF16 product
+// (no bias) that nothing else reads -> the product accumulates into the buffer itself (its
+// inputs 3 and 4; cuBLASLt's epilogue adds the buffer with beta = 1), as Megatron's gradient
+// accumulation fusion does: the float32 [out, in] gradient is never stored apart.
+bool FoldGradientAccumulation(Graph* g, Node* acc) {
+  if (acc->domain() != kCleaveDomain || acc->op_type() != "InPlaceAccumulator" || acc->num_inputs() != 3) return false;
+  Value* grad = acc->input(1);
+  Node* p = grad->producer();
+  if (!p || p->domain() != kCleaveDomain || (p->op_type() != "MatMulBf16" && p->op_type() != "MatMulF16") ||
+      p->HasAttr("to") || p->num_inputs() > 2 || !SoleUse(grad) || grad->dtype() != DataType::kFloat32)
+    return false;
+  Value* buffer = acc->input(0);
+  if (!buffer->shape().is_static() || buffer->shape() != grad->shape() || grad->shape().rank() != 2 ||
+      p->input(0)->shape().rank() != 2 || p->input(1)->shape().rank() != 2)
+    return false;
+  Value* out = acc->output(0);
+  Value* reset = acc->input(2);
+  g->RemoveNode(acc);
+  g->RebuildNode(p, {p->input(0), p->input(1), nullptr, buffer, reset}, {out});
+  return true;
+}
+
 enum class Rules {
   kActivationNorm,
   kTransformer,
@@ -920,7 +942,8 @@ enum class Rules {
   kAttentionLayout,
   kSkipLayerNorm,
   kSceFromScores,
-  kLowPrecisionScores
+  kLowPrecisionScores,
+  kGradientAccumulation
 };
 
 // One rewrite at node n, if any applies.
@@ -931,6 +954,7 @@ bool FuseAt(Graph* g, Node* n, Rules rules) {
     return FuseSkipLayerNorm(g, n) || FoldSkipLayerNormCast(g, n) || FoldResidualGradIntoLayerNormGrad(g, n);
   if (rules == Rules::kSceFromScores) return FuseSceFromScores(g, n) || FoldSceLossIntoGrad(g, n);
   if (rules == Rules::kLowPrecisionScores) return NarrowScores(g, n);
+  if (rules == Rules::kGradientAccumulation) return FoldGradientAccumulation(g, n);
   const bool matmul_rules = rules == Rules::kTransformer;
   if (Is(n, "Erf")) return FuseErfGelu(g, n);
   if (Is(n, "Tanh")) return FuseTanhGelu(g, n);
@@ -977,6 +1001,10 @@ absl::StatusOr<bool> SkipLayerNormFusion::Run(Graph* g) { return RunFusions(g, R
 absl::StatusOr<bool> SoftmaxCrossEntropyFusion::Run(Graph* g) { return RunFusions(g, Rules::kSceFromScores); }
 
 absl::StatusOr<bool> LowPrecisionScores::Run(Graph* g) { return RunFusions(g, Rules::kLowPrecisionScores); }
+
+absl::StatusOr<bool> GradientAccumulationFusion::Run(Graph* g) {
+  return RunFusions(g, Rules::kGradientAccumulation);
+}
 
 namespace {
 

@@ -146,6 +146,18 @@ class LowPrecisionScores : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
+// A training graph's InPlaceAccumulator(buffer, dW, reset) whose dW is a float32 MatMulBf16 /
+// MatMulF16 weight-gradient product (2-D, no bias) that nothing else reads -> the product takes
+// the buffer and the flag itself (inputs 3 and 4) and writes the accumulation: the CUDA kernel
+// adds the buffer in cuBLASLt's epilogue (beta = 1, or 0 on reset), as Megatron-LM's gradient
+// accumulation fusion does, so the float32 gradient is never stored apart and copied. Sessions
+// with a device provider run it.
+class GradientAccumulationFusion : public Pass {
+ public:
+  std::string name() const override { return "GradientAccumulationFusion"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
 // Mixed precision's logits product y = h · Wᵀ (MatMulBf16 / MatMulF16, transB = 1) over a
 // vocabulary of V >= 1024 classes that is not a multiple of 8 (GPT-2's 50257): its [N, V]
 // scores and their gradient have a row pitch that is not 16-byte aligned, which keeps

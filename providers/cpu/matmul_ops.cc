@@ -24,6 +24,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/nn.h"
+#include "kernels/cpu/optimizer.h"
 #include "kernels/cpu/packed_gemm.h"
 #include "providers/cpu/cpu_provider.h"
 #include "providers/cpu/nn_ops.h"
@@ -143,10 +144,17 @@ class MatMulBf16Kernel : public OpKernel {
       return InvalidArgument("MatMulBf16: expected bias of shape [", p.N, "], got ", DimsToString(bias->shape()));
     TensorView* y = ctx.Output(0, out);
     if (!y) return absl::OkStatus();
+    // An accumulation buffer (input 3) and its reset flag (input 4): y = the product (+ the
+    // buffer unless reset), as InPlaceAccumulator adds a gradient.
+    const TensorView* acc = ctx.num_inputs() > 3 ? ctx.input(3) : nullptr;
+    if (acc && (acc->shape() != y->shape() || acc->dtype != DataType::kFloat32 || y->dtype != DataType::kFloat32 ||
+                ctx.num_inputs() < 5 || !ctx.input(4)))
+      return InvalidArgument("MatMulBf16: expected a float32 accumulation buffer of the float32 result's shape ",
+                             DimsToString(y->shape()), " and its reset flag");
     // A low-precision result (`to`): the float32 result, bias included, rounded once.
     const bool low_out = y->dtype != DataType::kFloat32;
     TensorView y32 = *y;
-    if (low_out) {
+    if (low_out || acc) {
       y32.dtype = DataType::kFloat32;
       y32.data = ctx.Scratch(y32.nbytes());
     }
@@ -162,6 +170,9 @@ class MatMulBf16Kernel : public OpKernel {
                                    kernels::cpu::Activation::kNone, ctx.thread_pool());
     }
     if (low_out) kernels::cpu::Cast(y32, *y, ctx.thread_pool());
+    if (acc)
+      kernels::cpu::AccumulateGrad(acc->as<const float>(), y32.as<const float>(), *ctx.input(4)->as<const bool>(),
+                                   y->as<float>(), y->numel(), ctx.thread_pool());
     return absl::OkStatus();
   }
 

@@ -170,16 +170,21 @@ class MatMulKernel : public CudaKernel {
     const TensorView& a = *ctx.input(0);
     const TensorView& b = *ctx.input(1);
     const TensorView* bias = fused_ && ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
+    // MatMulBf16 / MatMulF16's accumulation buffer (input 3) and its reset flag (input 4, host).
+    const TensorView* acc = ctx.num_inputs() > 3 ? ctx.input(3) : nullptr;
     auto plan = kernels::cpu::PlanMatMul(a.dim_span(), b.dim_span(), trans_b_, trans_a_);
     if (!plan.ok()) return absl::Status(plan.status().code(), absl::StrCat(name_, ": ", plan.status().message()));
     if (bias && (bias->rank != 1 || bias->dims[0] != plan->N))
       return InvalidArgument(name_, ": expected bias of shape [", plan->N, "], got ", DimsToString(bias->shape()));
     TensorView* y = ctx.Output(0, plan->out_shape());
     if (!y) return absl::OkStatus();
+    if (acc && (acc->shape() != y->shape() || acc->dtype != DataType::kFloat32 || ctx.num_inputs() < 5 || !ctx.input(4)))
+      return InvalidArgument(name_, ": expected a float32 accumulation buffer of the result's shape ",
+                             DimsToString(y->shape()), " and its reset flag");
     // MatMulBf16 and MatMulF16 take low-precision operands and give a float32 result, or (`to`) one of
     // their own type, which the epilogue rounds to once.
     absl::Status s = CudaMatMul(*p_, *plan, a.dtype, y->dtype, a.data, b.data, y->data, bias ? bias->data : nullptr,
-                                gelu_tanh_);
+                                gelu_tanh_, acc ? acc->as<float>() : nullptr, acc && *ctx.input(4)->as<bool>());
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(name_, ": ", s.message()));
     if (gelu_) return Check(kc::Unary(kc::UnaryOp::kGelu, DtOf(y->dtype), y->data, y->data, y->numel(), stream()));
     return absl::OkStatus();
@@ -981,8 +986,8 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<CastKernel>(r, this, "", "Cast", 6, 1 << 30, AllOf({floats, InputTypeIn(-1, kFloats)}));
   Add<MatMulKernel>(r, this, "", "MatMul", 1, 1 << 30, floats);
   Add<MatMulKernel>(r, this, C, "FusedMatMul", 1, 1, floats);
-  Add<MatMulKernel>(r, this, C, "MatMulBf16", 1, 1, InputTypeIn(0, {DataType::kBFloat16}));
-  Add<MatMulKernel>(r, this, C, "MatMulF16", 1, 1, InputTypeIn(0, {DataType::kFloat16}));
+  Add<MatMulKernel>(r, this, C, "MatMulBf16", 1, 1, InputTypeIn(0, {DataType::kBFloat16}), {4});
+  Add<MatMulKernel>(r, this, C, "MatMulF16", 1, 1, InputTypeIn(0, {DataType::kFloat16}), {4});
   Add<SoftmaxKernel>(r, this, "", "Softmax", 13, 1 << 30, AllOf({floats, LastAxisOnly}));
   Add<SoftmaxKernel>(r, this, "", "LogSoftmax", 13, 1 << 30, AllOf({floats, LastAxisOnly}));
   Add<LayerNormKernel>(r, this, "", "LayerNormalization", 17, 1 << 30, AllOf({floats, LastAxisOnly, Fp32Stash}));

@@ -83,14 +83,16 @@ absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey&
 
 // One (possibly strided-batched) product: D[M, N] = op(A) op(B) (+ bias) (gelu_tanh), row-major;
 // A and B of type dt, D of type out_dt.
+// With c_in, D = op(A) op(B) + beta c_in (c_in of D's type and layout; it may be c itself).
 absl::Status Gemm(const CudaExecutionProvider& p, DataType dt, DataType out_dt, const void* a, const void* b, void* c,
                   int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int batch, int64_t stride_a,
-                  int64_t stride_b, int64_t stride_c, const void* bias, bool gelu_tanh) {
+                  int64_t stride_b, int64_t stride_c, const void* bias, bool gelu_tanh, const void* c_in = nullptr,
+                  float beta = 0.f) {
   // The algorithm must suit the operands' alignment (sub-matrices of a batch may sit at odd
   // offsets): the largest power of two up to 256 dividing every address and batch step.
   const size_t es = ElementSize(dt), out_es = ElementSize(out_dt);
   uintptr_t bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | reinterpret_cast<uintptr_t>(c) |
-                   reinterpret_cast<uintptr_t>(bias) | 256;
+                   reinterpret_cast<uintptr_t>(bias) | reinterpret_cast<uintptr_t>(c_in) | 256;
   if (batch > 1) bits |= static_cast<uintptr_t>(stride_a * es) | static_cast<uintptr_t>(stride_b * es) |
                          static_cast<uintptr_t>(stride_c * out_es) | 256;
   const uint32_t align = static_cast<uint32_t>(bits & (~bits + 1));
@@ -102,9 +104,10 @@ absl::Status Gemm(const CudaExecutionProvider& p, DataType dt, DataType out_dt, 
     RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(plan->ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                       sizeof(bias)),
                        "bias pointer"));
-  const float alpha = 1.f, beta = 0.f;
+  const float alpha = 1.f;
+  if (!c_in) beta = 0.f;
   return Lt(cublasLtMatmul(static_cast<cublasLtHandle_t>(p.cublaslt()), plan->ds.op, &alpha, b, plan->ds.x, a,
-                           plan->ds.y, &beta, c, plan->ds.d, c, plan->ds.d, &plan->algo, p.workspace(),
+                           plan->ds.y, &beta, c_in ? c_in : c, plan->ds.d, c, plan->ds.d, &plan->algo, p.workspace(),
                            p.workspace_bytes(), static_cast<cudaStream_t>(p.stream())),
             "matmul");
 }
@@ -160,10 +163,26 @@ absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey&
 }  // namespace
 
 absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatMulPlan& plan, DataType dt,
-                        DataType out_dt, const void* a, const void* b, void* c, const void* bias, bool gelu_tanh) {
+                        DataType out_dt, const void* a, const void* b, void* c, const void* bias, bool gelu_tanh,
+                        const float* accumulate, bool reset) {
   const int64_t M = plan.M, N = plan.N, K = plan.K, batch = plan.batch();
   if (batch == 0 || M == 0 || N == 0) return absl::OkStatus();
   const size_t es = ElementSize(dt), out_es = ElementSize(out_dt);
+  if (accumulate) {
+    // A gradient added to its accumulation buffer in the epilogue (beta = 1), or written over it.
+    if (batch != 1 || out_dt != DataType::kFloat32 || bias || gelu_tanh)
+      return Unimplemented("accumulating into a buffer: one float32 product without bias or activation");
+    if (K == 0) {
+      if (reset)
+        return CudaStatus(cudaMemsetAsync(c, 0, static_cast<size_t>(M * N) * out_es, static_cast<cudaStream_t>(p.stream())),
+                          "MatMul zero fill");
+      return CudaStatus(cudaMemcpyAsync(c, accumulate, static_cast<size_t>(M * N) * out_es, cudaMemcpyDeviceToDevice,
+                                        static_cast<cudaStream_t>(p.stream())),
+                        "MatMul accumulation copy");
+    }
+    return Gemm(p, dt, out_dt, a, b, c, M, N, K, plan.trans_a, plan.trans_b, 1, 0, 0, 0, nullptr, false,
+                reset ? nullptr : accumulate, reset ? 0.f : 1.f);
+  }
   if (K == 0) {
     // An empty sum: zeros (plus the bias epilogue's work, which an empty product skips).
     if (bias || gelu_tanh) return Unimplemented("FusedMatMul with K = 0");
