@@ -682,6 +682,58 @@ TEST(CudaProvider, FusedAttentionForwardAndBackward) {
   }
 }
 
+// One graph as CUDA and the CPU run it: the float32 inputs `ins` (declared in `inputs`) are read
+// as `<x>b` by `body`, whose outputs `outs` and lse are the graph's. With `low`, CUDA casts the
+// inputs to bf16 and computes in bf16, while the CPU computes in float32 on the bf16-rounded
+// values, and both round the outputs to bf16; without, both read the inputs as they are.
+struct CudaCpuGraphs {
+  std::string cuda, cpu;
+  Feeds feeds;
+  double tol = 0;
+};
+
+CudaCpuGraphs RoundedAlike(const std::string& inputs, const std::vector<const char*>& ins, const std::string& body,
+                           const std::vector<const char*>& outs, bool low, Feeds feeds) {
+  CudaCpuGraphs g{inputs, inputs, std::move(feeds), low ? 3e-2 : 1e-4};
+  for (const char* x : ins) {
+    if (low) {
+      absl::StrAppend(&g.cuda, x, "b = Cast(", x, ") {to = 16}\n");
+      absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "b = Cast(", x, "h) {to = 1}\n");
+    } else {
+      absl::StrAppend(&g.cuda, x, "b = Identity(", x, ")\n");
+      absl::StrAppend(&g.cpu, x, "b = Identity(", x, ")\n");
+    }
+  }
+  absl::StrAppend(&g.cuda, body);
+  absl::StrAppend(&g.cpu, body);
+  for (const char* x : outs) {
+    if (low) {
+      absl::StrAppend(&g.cuda, x, "f = Cast(", x, ") {to = 1}\noutput ", x, "f\n");
+      absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "f = Cast(", x, "h) {to = 1}\noutput ", x, "f\n");
+    } else {
+      absl::StrAppend(&g.cuda, "output ", x, "\n");
+      absl::StrAppend(&g.cpu, "output ", x, "\n");
+    }
+  }
+  absl::StrAppend(&g.cuda, "output lse\n");
+  absl::StrAppend(&g.cpu, "output lse\n");
+  return g;
+}
+
+// Both graphs are well formed, and the CPU's runs, on any machine.
+void ExpectReferenceRuns(const CudaCpuGraphs& g) {
+  auto parsed = graph::ParseGraph(g.cuda);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_TRUE(graph::InferShapes(**parsed).ok());
+  SessionOptions o;
+  o.optimize = false;
+  auto cpu = InferenceSession::FromGraph(*graph::ParseGraph(g.cpu), o);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_TRUE((*cpu)->Run(g.feeds).ok());
+}
+
+std::string DimsText(const std::vector<int64_t>& d) { return absl::StrCat("[", absl::StrJoin(d, ","), "]"); }
+
 // bf16 attention, forward and backward: cuDNN's fused attention where it takes the shape (head
 // dims 64 and 80, causal with T = S and T < S aligned to the bottom right), the own kernel
 // where it does not (a value width unlike the key width), against the CPU in fp32 on the
@@ -694,45 +746,20 @@ TEST(CudaProvider, Bf16AttentionForwardAndBackward) {
                {{1, 2, 48, 80}, {1, 2, 96, 80}, {1, 2, 96, 80}, 1},
                {{2, 2, 40, 64}, {2, 2, 45, 64}, {2, 2, 45, 64}, 0},
                {{1, 2, 40, 64}, {1, 2, 45, 64}, {1, 2, 45, 32}, 0}};
-  struct Case {
-    std::string cuda, cpu;
-    Feeds feeds;
-  };
-  std::vector<Case> graphs;
+  std::vector<CudaCpuGraphs> graphs;
   for (const auto& c : cases) {
-    auto dims = [](const std::vector<int64_t>& d) { return absl::StrCat("[", absl::StrJoin(d, ","), "]"); };
     std::vector<int64_t> out = c.q;
     out.back() = c.v.back();
-    const std::string inputs = absl::StrCat("input q: float32", dims(c.q), "\ninput k: float32", dims(c.k),
-                                            "\ninput v: float32", dims(c.v), "\ninput dy: float32", dims(out), "\n");
     const std::string attrs = absl::StrCat("{scale = 0.125, causal = ", c.causal, "}");
-    // Both graphs round the inputs to bf16; CUDA computes in bf16, the CPU in fp32 on the
-    // rounded values, and both outputs go through bf16.
-    Case g{inputs, inputs, {{"q", Random(c.q, 70)}, {"k", Random(c.k, 71)}, {"v", Random(c.v, 72)}, {"dy", Random(out, 73)}}};
-    for (const char* x : {"q", "k", "v", "dy"}) {
-      absl::StrAppend(&g.cuda, x, "b = Cast(", x, ") {to = 16}\n");
-      absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "b = Cast(", x, "h) {to = 1}\n");
-    }
-    const std::string body = absl::StrCat("y, lse = ai.cleave.Attention(qb, kb, vb) ", attrs,
-                                          "\ndq, dk, dv = ai.cleave.AttentionGrad(dyb, qb, kb, vb, y, lse) ", attrs, "\n");
-    absl::StrAppend(&g.cuda, body);
-    absl::StrAppend(&g.cpu, body);
-    for (const char* x : {"y", "dq", "dk", "dv"}) {
-      absl::StrAppend(&g.cuda, x, "f = Cast(", x, ") {to = 1}\noutput ", x, "f\n");
-      absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "f = Cast(", x, "h) {to = 1}\noutput ", x, "f\n");
-    }
-    absl::StrAppend(&g.cuda, "output lse\n");
-    absl::StrAppend(&g.cpu, "output lse\n");
-    // Both graphs are well formed, and the reference runs, on any machine.
-    auto parsed = graph::ParseGraph(g.cuda);
-    ASSERT_TRUE(parsed.ok()) << parsed.status();
-    ASSERT_TRUE(graph::InferShapes(**parsed).ok());
-    SessionOptions o;
-    o.optimize = false;
-    auto cpu = InferenceSession::FromGraph(*graph::ParseGraph(g.cpu), o);
-    ASSERT_TRUE(cpu.ok()) << cpu.status();
-    ASSERT_TRUE((*cpu)->Run(g.feeds).ok());
-    graphs.push_back(std::move(g));
+    graphs.push_back(RoundedAlike(
+        absl::StrCat("input q: float32", DimsText(c.q), "\ninput k: float32", DimsText(c.k), "\ninput v: float32",
+                     DimsText(c.v), "\ninput dy: float32", DimsText(out), "\n"),
+        {"q", "k", "v", "dy"},
+        absl::StrCat("y, lse = ai.cleave.Attention(qb, kb, vb) ", attrs,
+                     "\ndq, dk, dv = ai.cleave.AttentionGrad(dyb, qb, kb, vb, y, lse) ", attrs, "\n"),
+        {"y", "dq", "dk", "dv"}, true,
+        {{"q", Random(c.q, 70)}, {"k", Random(c.k, 71)}, {"v", Random(c.v, 72)}, {"dy", Random(out, 73)}}));
+    ExpectReferenceRuns(graphs.back());
   }
   REQUIRE_CUDA();
   {
@@ -742,67 +769,32 @@ TEST(CudaProvider, Bf16AttentionForwardAndBackward) {
     std::printf("cuDNN fused attention: %s\n",
                 cuda->cudnn_attention() ? "available" : cuda->cudnn_attention_unavailable().c_str());
   }
-  for (const Case& g : graphs) ExpectSame(g.cuda, g.feeds, 3e-2, 3e-2, "Attention", g.cpu);
+  for (const CudaCpuGraphs& g : graphs) ExpectSame(g.cuda, g.feeds, g.tol, g.tol, "Attention", g.cpu);
 }
 
 // Attention in the q/k/v products' own layout (layout "bshd": [B, T, H, D], and "bs3hd": the
 // product itself, as AttentionLayoutFusion leaves a device session's attention), forward and
-// backward: in fp32
-// through the own kernels (on [B, H, T, D] copies), and in bf16 through cuDNN's strides (head
-// dim 64, causal with T = S and T < S) against the CPU in fp32 on the bf16-rounded inputs.
+// backward: in fp32 through the own kernels (on [B, H, T, D] copies), and in bf16 through cuDNN's
+// strides (head dim 64, causal with T = S and T < S) against the CPU in fp32 on the bf16-rounded
+// inputs.
 TEST(CudaProvider, AttentionInTheProductsLayout) {
   const struct {
     std::vector<int64_t> q, k;
     int causal;
   } cases[] = {{{2, 128, 4, 64}, {2, 128, 4, 64}, 1}, {{1, 48, 3, 64}, {1, 96, 3, 64}, 1}, {{2, 40, 2, 64}, {2, 45, 2, 64}, 0}};
-  struct Case {
-    std::string cuda, cpu;
-    Feeds feeds;
-    double tol;
-  };
-  std::vector<Case> graphs;
+  std::vector<CudaCpuGraphs> graphs;
   for (const auto& c : cases) {
     for (bool low : {false, true}) {
-      auto dims = [](const std::vector<int64_t>& d) { return absl::StrCat("[", absl::StrJoin(d, ","), "]"); };
-      const std::string inputs = absl::StrCat("input q: float32", dims(c.q), "\ninput k: float32", dims(c.k),
-                                              "\ninput v: float32", dims(c.k), "\ninput dy: float32", dims(c.q), "\n");
       const std::string attrs = absl::StrCat("{scale = 0.125, causal = ", c.causal, ", layout = \"bshd\"}");
-      Case g{inputs, inputs, {{"q", Random(c.q, 80)}, {"k", Random(c.k, 81)}, {"v", Random(c.k, 82)}, {"dy", Random(c.q, 83)}},
-             low ? 3e-2 : 1e-4};
-      for (const char* x : {"q", "k", "v", "dy"}) {
-        if (low) {
-          absl::StrAppend(&g.cuda, x, "b = Cast(", x, ") {to = 16}\n");
-          absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "b = Cast(", x, "h) {to = 1}\n");
-        } else {
-          absl::StrAppend(&g.cuda, x, "b = Identity(", x, ")\n");
-          absl::StrAppend(&g.cpu, x, "b = Identity(", x, ")\n");
-        }
-      }
-      const std::string body = absl::StrCat("y, lse = ai.cleave.Attention(qb, kb, vb) ", attrs,
-                                            "\ndq, dk, dv = ai.cleave.AttentionGrad(dyb, qb, kb, vb, y, lse) ", attrs, "\n");
-      absl::StrAppend(&g.cuda, body);
-      absl::StrAppend(&g.cpu, body);
-      for (const char* x : {"y", "dq", "dk", "dv"}) {
-        if (low) {
-          absl::StrAppend(&g.cuda, x, "f = Cast(", x, ") {to = 1}\noutput ", x, "f\n");
-          absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "f = Cast(", x, "h) {to = 1}\noutput ", x,
-                          "f\n");
-        } else {
-          absl::StrAppend(&g.cuda, "output ", x, "\n");
-          absl::StrAppend(&g.cpu, "output ", x, "\n");
-        }
-      }
-      absl::StrAppend(&g.cuda, "output lse\n");
-      absl::StrAppend(&g.cpu, "output lse\n");
-      auto parsed = graph::ParseGraph(g.cuda);
-      ASSERT_TRUE(parsed.ok()) << parsed.status();
-      ASSERT_TRUE(graph::InferShapes(**parsed).ok());
-      SessionOptions o;
-      o.optimize = false;
-      auto cpu = InferenceSession::FromGraph(*graph::ParseGraph(g.cpu), o);
-      ASSERT_TRUE(cpu.ok()) << cpu.status();
-      ASSERT_TRUE((*cpu)->Run(g.feeds).ok());
-      graphs.push_back(std::move(g));
+      graphs.push_back(RoundedAlike(
+          absl::StrCat("input q: float32", DimsText(c.q), "\ninput k: float32", DimsText(c.k), "\ninput v: float32",
+                       DimsText(c.k), "\ninput dy: float32", DimsText(c.q), "\n"),
+          {"q", "k", "v", "dy"},
+          absl::StrCat("y, lse = ai.cleave.Attention(qb, kb, vb) ", attrs,
+                       "\ndq, dk, dv = ai.cleave.AttentionGrad(dyb, qb, kb, vb, y, lse) ", attrs, "\n"),
+          {"y", "dq", "dk", "dv"}, low,
+          {{"q", Random(c.q, 80)}, {"k", Random(c.k, 81)}, {"v", Random(c.k, 82)}, {"dy", Random(c.q, 83)}}));
+      ExpectReferenceRuns(graphs.back());
     }
   }
   // Layout "bs3hd": q, k and v packed [B, T, 3, H, D] (the q/k/v product itself), cuDNN reading
@@ -810,49 +802,18 @@ TEST(CudaProvider, AttentionInTheProductsLayout) {
   for (const auto& [qkv, causal] : {std::pair{std::vector<int64_t>{2, 128, 3, 4, 64}, 1},
                                     std::pair{std::vector<int64_t>{2, 40, 3, 2, 64}, 0}}) {
     for (bool low : {false, true}) {
-      auto dims = [](const std::vector<int64_t>& d) { return absl::StrCat("[", absl::StrJoin(d, ","), "]"); };
       const std::vector<int64_t> out = {qkv[0], qkv[1], qkv[3], qkv[4]};
-      const std::string inputs = absl::StrCat("input qkv: float32", dims(qkv), "\ninput dy: float32", dims(out), "\n");
       const std::string attrs = absl::StrCat("{scale = 0.125, causal = ", causal, ", layout = \"bs3hd\"}");
-      Case g{inputs, inputs, {{"qkv", Random(qkv, 84)}, {"dy", Random(out, 85)}}, low ? 3e-2 : 1e-4};
-      for (const char* x : {"qkv", "dy"}) {
-        if (low) {
-          absl::StrAppend(&g.cuda, x, "b = Cast(", x, ") {to = 16}\n");
-          absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "b = Cast(", x, "h) {to = 1}\n");
-        } else {
-          absl::StrAppend(&g.cuda, x, "b = Identity(", x, ")\n");
-          absl::StrAppend(&g.cpu, x, "b = Identity(", x, ")\n");
-        }
-      }
-      const std::string body = absl::StrCat("y, lse = ai.cleave.Attention(qkvb) ", attrs,
-                                            "\ndqkv = ai.cleave.AttentionGrad(dyb, qkvb, _, _, y, lse) ", attrs, "\n");
-      absl::StrAppend(&g.cuda, body);
-      absl::StrAppend(&g.cpu, body);
-      for (const char* x : {"y", "dqkv"}) {
-        if (low) {
-          absl::StrAppend(&g.cuda, x, "f = Cast(", x, ") {to = 1}\noutput ", x, "f\n");
-          absl::StrAppend(&g.cpu, x, "h = Cast(", x, ") {to = 16}\n", x, "f = Cast(", x, "h) {to = 1}\noutput ", x,
-                          "f\n");
-        } else {
-          absl::StrAppend(&g.cuda, "output ", x, "\n");
-          absl::StrAppend(&g.cpu, "output ", x, "\n");
-        }
-      }
-      absl::StrAppend(&g.cuda, "output lse\n");
-      absl::StrAppend(&g.cpu, "output lse\n");
-      auto parsed = graph::ParseGraph(g.cuda);
-      ASSERT_TRUE(parsed.ok()) << parsed.status();
-      ASSERT_TRUE(graph::InferShapes(**parsed).ok());
-      SessionOptions o;
-      o.optimize = false;
-      auto cpu = InferenceSession::FromGraph(*graph::ParseGraph(g.cpu), o);
-      ASSERT_TRUE(cpu.ok()) << cpu.status();
-      ASSERT_TRUE((*cpu)->Run(g.feeds).ok());
-      graphs.push_back(std::move(g));
+      graphs.push_back(RoundedAlike(
+          absl::StrCat("input qkv: float32", DimsText(qkv), "\ninput dy: float32", DimsText(out), "\n"), {"qkv", "dy"},
+          absl::StrCat("y, lse = ai.cleave.Attention(qkvb) ", attrs,
+                       "\ndqkv = ai.cleave.AttentionGrad(dyb, qkvb, _, _, y, lse) ", attrs, "\n"),
+          {"y", "dqkv"}, low, {{"qkv", Random(qkv, 84)}, {"dy", Random(out, 85)}}));
+      ExpectReferenceRuns(graphs.back());
     }
   }
   REQUIRE_CUDA();
-  for (const Case& g : graphs) ExpectSame(g.cuda, g.feeds, g.tol, g.tol, "Attention", g.cpu);
+  for (const CudaCpuGraphs& g : graphs) ExpectSame(g.cuda, g.feeds, g.tol, g.tol, "Attention", g.cpu);
 }
 
 // Training-mode Dropout under a run seed draws the CPU's mask bit for bit.

@@ -461,6 +461,20 @@ TEST(DevicePlacement, TrainingStateStaysOnTheDevice) {
   EXPECT_LT(uploaded_per_step, state_bytes / 4) << "per step " << uploaded_per_step << " of " << state_bytes;
 }
 
+// A bf16 training session of `model` (attention fused, as CUDA training runs it) on the CPU, or
+// with `device` on the stand-in device, where the device sessions' fusions run.
+absl::StatusOr<std::unique_ptr<trainer::TrainingSession>> Bf16Session(const graph::Graph& model,
+                                                                      trainer::TrainingSpec spec,
+                                                                      std::shared_ptr<CpuKernelDevice> device) {
+  spec.precision = trainer::Precision::kBf16;
+  spec.fuse_attention = true;
+  ASSIGN_OR_RETURN(trainer::TrainingArtifacts a, trainer::BuildTrainingArtifacts(model, spec));
+  trainer::TrainingSessionOptions o;
+  o.intra_op_threads = 1;
+  o.device_provider = std::move(device);
+  return trainer::TrainingSession::Create(std::move(a), o);
+}
+
 // A bf16 step on a device session, with the fusions device sessions run (attention, the
 // residual add with its LayerNorm writing bf16, the cross-entropy gradient from the scores with
 // the loss folded in), tracks the CPU session's step; the CPU kernels compute both.
@@ -469,19 +483,12 @@ TEST(DevicePlacement, Bf16TrainingWithTheDeviceFusionsTracksTheCpu) {
   ASSERT_TRUE(model.ok()) << model.status();
   trainer::TrainingSpec spec;
   spec.dims = {{"batch", 2}, {"seq", 16}};
-  spec.precision = trainer::Precision::kBf16;
-  spec.fuse_attention = true;
   spec.optimizer.max_grad_norm = 1.0f;
   const Feeds feeds = testing::TokenBatch(16, 256);
   std::vector<float> losses[2];
   auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
   for (int on_device = 0; on_device < 2; ++on_device) {
-    auto a = trainer::BuildTrainingArtifacts(**model, spec);
-    ASSERT_TRUE(a.ok()) << a.status();
-    trainer::TrainingSessionOptions o;
-    o.intra_op_threads = 1;
-    if (on_device) o.device_provider = device;
-    auto s = trainer::TrainingSession::Create(std::move(*a), o);
+    auto s = Bf16Session(**model, spec, on_device ? device : nullptr);
     ASSERT_TRUE(s.ok()) << s.status();
     if (on_device) {
       const graph::Graph* g = (*s)->training_graph();
@@ -528,8 +535,6 @@ TEST(DevicePlacement, WeightGradientsAccumulateInTheirProducts) {
   ASSERT_TRUE(model.ok()) << model.status();
   trainer::TrainingSpec spec;
   spec.dims = {{"batch", 2}, {"seq", 16}};
-  spec.precision = trainer::Precision::kBf16;
-  spec.fuse_attention = true;
   const Feeds first = testing::TokenBatch(16, 256);
   Feeds second;
   for (const auto& [name, t] : first) {
@@ -540,12 +545,7 @@ TEST(DevicePlacement, WeightGradientsAccumulateInTheirProducts) {
   auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
   std::vector<float> losses[2];
   for (int on_device = 0; on_device < 2; ++on_device) {
-    auto a = trainer::BuildTrainingArtifacts(**model, spec);
-    ASSERT_TRUE(a.ok()) << a.status();
-    trainer::TrainingSessionOptions o;
-    o.intra_op_threads = 1;
-    if (on_device) o.device_provider = device;
-    auto s = trainer::TrainingSession::Create(std::move(*a), o);
+    auto s = Bf16Session(**model, spec, on_device ? device : nullptr);
     ASSERT_TRUE(s.ok()) << s.status();
     if (on_device) {
       int fused = 0, accumulators = 0;
@@ -614,7 +614,6 @@ TEST(DevicePlacement, Bf16VocabularyPaddedToAlignedRowsTrainsAsTheCpu) {
     SCOPED_TRACE(vocab);
     trainer::TrainingSpec spec;
     spec.dims = {{"batch", 2}, {"seq", 8}};
-    spec.precision = trainer::Precision::kBf16;
     spec.optimizer.max_grad_norm = 1.0f;
     Tensor ids(DataType::kInt64, {2, 8}), labels(DataType::kInt64, {2, 8});
     for (int64_t i = 0; i < 16; ++i) {
@@ -625,12 +624,7 @@ TEST(DevicePlacement, Bf16VocabularyPaddedToAlignedRowsTrainsAsTheCpu) {
     auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
     std::vector<float> losses[2];
     for (int on_device = 0; on_device < 2; ++on_device) {
-      auto a = trainer::BuildTrainingArtifacts(*TiedHeadLm(vocab), spec);
-      ASSERT_TRUE(a.ok()) << a.status();
-      trainer::TrainingSessionOptions o;
-      o.intra_op_threads = 1;
-      if (on_device) o.device_provider = device;
-      auto s = trainer::TrainingSession::Create(std::move(*a), o);
+      auto s = Bf16Session(*TiedHeadLm(vocab), spec, on_device ? device : nullptr);
       ASSERT_TRUE(s.ok()) << s.status();
       if (on_device) {
         const graph::Graph& g = *(*s)->training_graph();

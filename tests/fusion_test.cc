@@ -571,6 +571,29 @@ TEST(SoftmaxCrossEntropyFusion, ForwardLossFoldsIntoTheGradientWhereItMay) {
   EXPECT_EQ((*g)->FindValue("ds")->producer()->AttrInt("from_scores", 0), 1) << "the scores are still read";
 }
 
+// `text` parsed, its shapes inferred, and `pass` (with DCE) run to a fixed point; null (and a
+// test failure) where any of it fails.
+std::unique_ptr<Graph> Rewritten(const std::string& text, Pass& pass) {
+  auto g = ParseGraph(text);
+  EXPECT_TRUE(g.ok()) << g.status();
+  if (!g.ok()) return nullptr;
+  absl::Status s = InferShapes(**g);
+  DeadCodeElimination dce;
+  if (s.ok()) s = RunToFixedPoint({&pass, &dce}, g->get());
+  EXPECT_TRUE(s.ok()) << s;
+  return s.ok() ? std::move(*g) : nullptr;
+}
+
+// Whether one run of `pass` changes `text` (parsed, shapes inferred); a failure fails the test.
+bool Changes(Pass& pass, const std::string& text) {
+  auto g = ParseGraph(text);
+  EXPECT_TRUE(g.ok()) << g.status();
+  if (!g.ok() || !InferShapes(**g).ok()) return true;
+  auto changed = pass.Run(g->get());
+  EXPECT_TRUE(changed.ok()) << changed.status();
+  return !changed.ok() || *changed;
+}
+
 // The bf16 head of a tied language model over `vocab` classes as mixed precision and the
 // device fusions leave it: the scores' product, the from-scores gradient with the loss, and the
 // two gradient products; `extra` adds statements (another reader, a bias).
@@ -628,16 +651,10 @@ TEST(ClassPadding, PadsTheHeadToAlignedRowsAndComputesTheSame) {
     // `to`: a bf16 mask).
     for (const auto& [bias, to] : {std::pair{"", ""}, std::pair{", b", ""}, std::pair{"", ", to = 16"}}) {
       SCOPED_TRACE(absl::StrCat(vocab, bias, to));
-      auto g = ParseGraph(BfloatHead(vocab, "", bias, 17, to));
-      ASSERT_TRUE(g.ok()) << g.status();
-      {
-        absl::Status inferred = InferShapes(**g);
-        ASSERT_TRUE(inferred.ok()) << inferred;
-      }
       ClassPadding padding;
-      DeadCodeElimination dce;
-      ASSERT_TRUE(RunToFixedPoint({&padding, &dce}, g->get()).ok());
-      const Graph& p = **g;
+      std::unique_ptr<Graph> g = Rewritten(BfloatHead(vocab, "", bias, 17, to), padding);
+      ASSERT_TRUE(g);
+      const Graph& p = *g;
       std::map<std::string, int> ops = OpCounts(p);
       EXPECT_EQ(ops["Concat"], bias[0] ? 2 : 1) << "the weight's zero rows (and the bias's -inf tail)";
       EXPECT_EQ(ops["Split"], 1);
@@ -651,7 +668,7 @@ TEST(ClassPadding, PadsTheHeadToAlignedRowsAndComputesTheSame) {
       // would move the log-sum-exp well past the tolerance.
       const Feeds feeds = {{"h", RandomBf16({3, 4, 16}, 1, 0.25f)}, {"w", RandomBf16({vocab, 16}, 2, 0.25f)},
                            {"b", Random({vocab}, 3)}, {"t", labels}};
-      ExpectGraphsAgree(std::move(*g), *ParseGraph(BfloatHead(vocab, "", bias, 17, to)), feeds, 1e-6, 1e-5);
+      ExpectGraphsAgree(std::move(g), *ParseGraph(BfloatHead(vocab, "", bias, 17, to)), feeds, 1e-6, 1e-5);
     }
   }
   const std::pair<std::string, std::string> left_alone[] = {
@@ -663,13 +680,8 @@ TEST(ClassPadding, PadsTheHeadToAlignedRowsAndComputesTheSame) {
       {BfloatHead(1027, "", "", 12), "opset 12"},
   };
   for (const auto& [text, why] : left_alone) {
-    auto g = ParseGraph(text);
-    ASSERT_TRUE(g.ok()) << g.status() << why;
-    ASSERT_TRUE(InferShapes(**g).ok()) << why;
     ClassPadding padding;
-    auto changed = padding.Run(g->get());
-    ASSERT_TRUE(changed.ok()) << changed.status();
-    EXPECT_FALSE(*changed) << why;
+    EXPECT_FALSE(Changes(padding, text)) << why;
   }
 }
 
@@ -678,15 +690,13 @@ TEST(ClassPadding, PadsTheHeadToAlignedRowsAndComputesTheSame) {
 // rounded values in float32, and its loss stays float32. A product with a bias, scores another
 // op reads, or scores that are a graph output stay float32.
 TEST(LowPrecisionScores, TheLogitsProductWritesBf16ForTheGradientFromTheScores) {
-  auto g = ParseGraph(BfloatHead(1024));
-  ASSERT_TRUE(g.ok()) << g.status();
-  ASSERT_TRUE(InferShapes(**g).ok());
   LowPrecisionScores low;
-  ASSERT_TRUE(RunToFixedPoint({&low}, g->get()).ok());
-  EXPECT_EQ((*g)->FindValue("y0")->producer()->AttrInt("to", 0), 16);
-  EXPECT_EQ((*g)->FindValue("s")->dtype(), DataType::kBFloat16);
-  EXPECT_EQ((*g)->FindValue("loss")->dtype(), DataType::kFloat32);
-  EXPECT_EQ((*g)->FindValue("ds")->dtype(), DataType::kBFloat16);
+  std::unique_ptr<Graph> g = Rewritten(BfloatHead(1024), low);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->FindValue("y0")->producer()->AttrInt("to", 0), 16);
+  EXPECT_EQ(g->FindValue("s")->dtype(), DataType::kBFloat16);
+  EXPECT_EQ(g->FindValue("loss")->dtype(), DataType::kFloat32);
+  EXPECT_EQ(g->FindValue("ds")->dtype(), DataType::kBFloat16);
   Tensor labels(DataType::kInt64, {12});
   for (int64_t i = 0; i < 12; ++i) labels.data<int64_t>()[i] = (i * 389 + 2) % 1024;
   const Feeds feeds = {{"h", RandomBf16({3, 4, 16}, 1, 0.25f)}, {"w", RandomBf16({1024, 16}, 2, 0.25f)},
@@ -695,7 +705,7 @@ TEST(LowPrecisionScores, TheLogitsProductWritesBf16ForTheGradientFromTheScores) 
   const std::string rounded = absl::StrReplaceAll(
       BfloatHead(1024), {{"y0 = ai.cleave.MatMulBf16(h, w) {transB = 1}",
                           "y1 = ai.cleave.MatMulBf16(h, w) {transB = 1, to = 16}\n    y0 = Cast(y1) {to = 1}"}});
-  ExpectGraphsAgree(std::move(*g), *ParseGraph(rounded), feeds, 0, 0);
+  ExpectGraphsAgree(std::move(g), *ParseGraph(rounded), feeds, 0, 0);
   // A gradient without `to` stays float32 (it reads bf16 scores, it does not write them).
   const std::string fp32_grad = R"(
     input h: bfloat16[12,16]
@@ -707,15 +717,13 @@ TEST(LowPrecisionScores, TheLogitsProductWritesBf16ForTheGradientFromTheScores) 
     output ds
     output loss
   )";
-  auto plain = ParseGraph(fp32_grad);
-  ASSERT_TRUE(plain.ok()) << plain.status();
-  ASSERT_TRUE(InferShapes(**plain).ok());
-  ASSERT_TRUE(RunToFixedPoint({&low}, plain->get()).ok());
-  EXPECT_EQ((*plain)->FindValue("y")->dtype(), DataType::kBFloat16);
-  EXPECT_EQ((*plain)->FindValue("ds")->dtype(), DataType::kFloat32);
+  std::unique_ptr<Graph> plain = Rewritten(fp32_grad, low);
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->FindValue("y")->dtype(), DataType::kBFloat16);
+  EXPECT_EQ(plain->FindValue("ds")->dtype(), DataType::kFloat32);
   Tensor few(DataType::kInt64, {12});
   for (int64_t i = 0; i < 12; ++i) few.data<int64_t>()[i] = (i * 7) % 40;
-  ExpectGraphsAgree(std::move(*plain),
+  ExpectGraphsAgree(std::move(plain),
                     *ParseGraph(absl::StrReplaceAll(fp32_grad, {{"y = ai.cleave.MatMulBf16(h, w) {transB = 1}",
                                                                  "y16 = ai.cleave.MatMulBf16(h, w) {transB = 1, to = 16}\n"
                                                                  "    y = Cast(y16) {to = 1}"}})),
@@ -723,14 +731,8 @@ TEST(LowPrecisionScores, TheLogitsProductWritesBf16ForTheGradientFromTheScores) 
   for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{
            {BfloatHead(1024, "", ", b"), "a float32 bias"},
            {BfloatHead(1024, "p = Softmax(s)\noutput p"), "another reader"},
-           {BfloatHead(1024, "output y"), "a graph output"}}) {
-    auto other = ParseGraph(text);
-    ASSERT_TRUE(other.ok()) << other.status();
-    ASSERT_TRUE(InferShapes(**other).ok());
-    auto changed = low.Run(other->get());
-    ASSERT_TRUE(changed.ok()) << changed.status();
-    EXPECT_FALSE(*changed) << why;
-  }
+           {BfloatHead(1024, "output y"), "a graph output"}})
+    EXPECT_FALSE(Changes(low, text)) << why;
 }
 
 // Attention and its gradient over [B, T, H, D] values that Transposes swap into [B, H, T, D]
@@ -767,32 +769,23 @@ std::string SwappedAttention(const char* type, const std::string& extra = "") {
 TEST(AttentionLayoutFusion, TransposesFoldIntoTheOpsAndComputeTheSame) {
   for (const char* type : {"float32", "bfloat16"}) {
     SCOPED_TRACE(type);
-    auto g = ParseGraph(SwappedAttention(type));
-    ASSERT_TRUE(g.ok()) << g.status();
-    ASSERT_TRUE(InferShapes(**g).ok());
     AttentionLayoutFusion fusion;
-    DeadCodeElimination dce;
-    ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, g->get()).ok());
-    std::map<std::string, int> ops = OpCounts(**g);
-    EXPECT_EQ(ops["Transpose"], 0);
-    for (const auto& n : (*g)->nodes()) EXPECT_EQ(n->AttrString("layout", ""), "bshd") << n->name();
-    EXPECT_EQ((*g)->FindValue("lse")->shape(), Shape::FromDims({2, 3, 5}));
-    EXPECT_EQ((*g)->FindValue("y")->shape(), Shape::FromDims({2, 5, 3, 8}));
+    std::unique_ptr<Graph> g = Rewritten(SwappedAttention(type), fusion);
+    ASSERT_TRUE(g);
+    EXPECT_EQ(OpCounts(*g)["Transpose"], 0);
+    for (const auto& n : g->nodes()) EXPECT_EQ(n->AttrString("layout", ""), "bshd") << n->name();
+    EXPECT_EQ(g->FindValue("lse")->shape(), Shape::FromDims({2, 3, 5}));
+    EXPECT_EQ(g->FindValue("y")->shape(), Shape::FromDims({2, 5, 3, 8}));
     const bool low = std::string(type) == "bfloat16";
     auto feed = [&](std::vector<int64_t> dims, unsigned seed) {
       return low ? RandomBf16(dims, seed, 1.f) : Random(dims, seed);
     };
     const Feeds feeds = {{"qs", feed({2, 5, 3, 8}, 1)}, {"ks", feed({2, 7, 3, 8}, 2)}, {"vs", feed({2, 7, 3, 8}, 3)},
                          {"gs", feed({2, 5, 3, 8}, 4)}};
-    ExpectGraphsAgree(std::move(*g), *ParseGraph(SwappedAttention(type)), feeds, 0, 0);
+    ExpectGraphsAgree(std::move(g), *ParseGraph(SwappedAttention(type)), feeds, 0, 0);
   }
-  auto g = ParseGraph(SwappedAttention("float32", "z = Neg(k)\noutput z"));
-  ASSERT_TRUE(g.ok()) << g.status();
-  ASSERT_TRUE(InferShapes(**g).ok());
   AttentionLayoutFusion fusion;
-  auto changed = fusion.Run(g->get());
-  ASSERT_TRUE(changed.ok()) << changed.status();
-  EXPECT_FALSE(*changed) << "k has another reader";
+  EXPECT_FALSE(Changes(fusion, SwappedAttention("float32", "z = Neg(k)\noutput z"))) << "k has another reader";
   // The layout is checked: rank 4 only, and a known name.
   auto bad = ParseGraph(R"(
     input q: float32[2,5,8]
@@ -853,34 +846,29 @@ std::string PackedQkvAttention(const char* type) {
 TEST(AttentionLayoutFusion, PackedQkvProductFeedsAttentionWhole) {
   for (const char* type : {"float32", "bfloat16"}) {
     SCOPED_TRACE(type);
-    auto g = ParseGraph(PackedQkvAttention(type));
-    ASSERT_TRUE(g.ok()) << g.status();
-    ASSERT_TRUE(InferShapes(**g).ok());
     AttentionLayoutFusion fusion;
-    DeadCodeElimination dce;
-    ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, g->get()).ok());
-    std::map<std::string, int> ops = OpCounts(**g);
+    std::unique_ptr<Graph> g = Rewritten(PackedQkvAttention(type), fusion);
+    ASSERT_TRUE(g);
+    std::map<std::string, int> ops = OpCounts(*g);
     EXPECT_EQ(ops["Transpose"] + ops["Split"] + ops["Concat"], 0);
     int packed = 0;
-    for (const auto& n : (*g)->nodes()) packed += n->AttrString("layout", "") == "bs3hd";
+    for (const auto& n : g->nodes()) packed += n->AttrString("layout", "") == "bs3hd";
     EXPECT_EQ(packed, 2);
-    EXPECT_EQ((*g)->FindValue("dqkv")->shape(), Shape::FromDims({2, 6, 72}));
+    EXPECT_EQ(g->FindValue("dqkv")->shape(), Shape::FromDims({2, 6, 72}));
     const bool low = std::string(type) == "bfloat16";
     auto feed = [&](std::vector<int64_t> dims, unsigned seed) {
       return low ? RandomBf16(dims, seed, 1.f) : Random(dims, seed);
     };
-    ExpectGraphsAgree(std::move(*g), *ParseGraph(PackedQkvAttention(type)),
+    ExpectGraphsAgree(std::move(g), *ParseGraph(PackedQkvAttention(type)),
                       {{"qkv", feed({2, 6, 72}, 5)}, {"gs", feed({2, 6, 24}, 6)}}, 0, 0);
   }
   // A q/k/v Split whose parts something else reads stays (the layout fold still applies).
-  auto g = ParseGraph(absl::StrReplaceAll(PackedQkvAttention("float32"), {{"output dqkv", "output dqkv\n    output k3"}}));
-  ASSERT_TRUE(g.ok()) << g.status();
-  ASSERT_TRUE(InferShapes(**g).ok());
   AttentionLayoutFusion fusion;
-  DeadCodeElimination dce;
-  ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, g->get()).ok());
-  EXPECT_EQ(OpCounts(**g)["Split"], 1);
-  EXPECT_EQ(OpCounts(**g)["Transpose"], 0);
+  std::unique_ptr<Graph> g =
+      Rewritten(absl::StrReplaceAll(PackedQkvAttention("float32"), {{"output dqkv", "output dqkv\n    output k3"}}), fusion);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(OpCounts(*g)["Split"], 1);
+  EXPECT_EQ(OpCounts(*g)["Transpose"], 0);
 }
 
 // The cross-entropy gradient reads the scores: the forward outputs the loss alone, and under
