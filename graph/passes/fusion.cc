@@ -845,7 +845,6 @@ Value* ShapeConstant(Graph* g, const std::string& hint, const std::vector<int64_
 bool FoldPackedQkv(Graph* g, Node* f) {
   if (!IsCleaveOp(f, "Attention") || f->AttrString("layout", "") != "bshd" || f->num_inputs() != 3) return false;
   Node* split = nullptr;
-  std::vector<int64_t> qkv_dims;
   for (int i = 0; i < 3; ++i) {
     Node* r = f->input(i)->producer();
     if (!Is(r, "Reshape") || !SoleUse(r->input(0))) return false;
