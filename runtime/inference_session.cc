@@ -1,10 +1,15 @@
 // InferenceSession: load-time validation and optimisation, run-time feed checks (runtime/).
 #include "runtime/inference_session.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "base/status.h"
 #include "graph/graph.h"
 #include "graph/op_table.h"
@@ -60,26 +65,45 @@ void ApplyDimOverrides(graph::Graph& g, const std::map<std::string, int64_t>& ov
 // cross-entropy gradient from the scores (the forward stores no log_prob), then bf16 logits
 // for it; and last, once the products are final, the padding of a vocabulary whose rows would
 // not be 16-byte aligned and the weight gradients' accumulation in their products.
-absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, bool device) {
+absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, bool device,
+                      std::set<std::string> disabled) {
+  if (const char* env = std::getenv("CLEAVE_DISABLED_OPTIMIZERS"))
+    for (absl::string_view name : absl::StrSplit(env, ',', absl::SkipWhitespace()))
+      disabled.insert(std::string(absl::StripAsciiWhitespace(name)));
   graph::ConstantFolding fold(runtime::MakeConstantEvaluator(g, cpu));
   graph::DeadCodeElimination dce;
   graph::TransformerFusion fusion;
-  RETURN_IF_ERROR(graph::RunToFixedPoint({&fold, &dce}, &g));
-  if (device) {
-    graph::AttentionFusion attention;
-    graph::AttentionLayoutFusion attention_layout;
-    graph::SkipLayerNormFusion skip_norm;
-    graph::SoftmaxCrossEntropyFusion cross_entropy;
-    RETURN_IF_ERROR(
-        graph::RunToFixedPoint({&attention, &attention_layout, &skip_norm, &cross_entropy, &dce}, &g));
-    graph::LowPrecisionScores low_scores;
-    RETURN_IF_ERROR(graph::RunToFixedPoint({&low_scores}, &g));
-  }
-  RETURN_IF_ERROR(graph::RunToFixedPoint({&fusion, &dce}, &g));
-  if (!device) return absl::OkStatus();
+  graph::AttentionFusion attention;
+  graph::AttentionLayoutFusion attention_layout;
+  graph::SkipLayerNormFusion skip_norm;
+  graph::SoftmaxCrossEntropyFusion cross_entropy;
+  graph::LowPrecisionScores low_scores;
   graph::ClassPadding padding;
   graph::GradientAccumulationFusion accumulation;
-  return graph::RunToFixedPoint({&padding, &accumulation, &dce}, &g);
+  std::vector<std::string> known;
+  for (graph::Pass* p : std::initializer_list<graph::Pass*>{&fold, &fusion, &attention, &attention_layout, &skip_norm,
+                                                            &cross_entropy, &low_scores, &padding, &accumulation})
+    known.push_back(p->name());
+  for (const std::string& name : disabled)
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      return InvalidArgument("disabled optimizer '", name, "': no such pass; expected one of ",
+                             absl::StrJoin(known, ", "));
+  // The passes of `list` that are not disabled (DCE always runs).
+  auto enabled = [&](std::vector<graph::Pass*> list) {
+    std::vector<graph::Pass*> out;
+    for (graph::Pass* p : list)
+      if (p == &dce || !disabled.count(p->name())) out.push_back(p);
+    return out;
+  };
+  RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&fold, &dce}), &g));
+  if (device) {
+    RETURN_IF_ERROR(
+        graph::RunToFixedPoint(enabled({&attention, &attention_layout, &skip_norm, &cross_entropy, &dce}), &g));
+    RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&low_scores}), &g));
+  }
+  RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&fusion, &dce}), &g));
+  if (!device) return absl::OkStatus();
+  return graph::RunToFixedPoint(enabled({&padding, &accumulation, &dce}), &g);
 }
 
 }  // namespace
@@ -138,7 +162,7 @@ absl::Status InferenceSession::Initialize(std::unique_ptr<graph::Graph> g, Sessi
   RETURN_IF_ERROR(graph::InferShapes(*g));
   auto cpu = std::make_unique<providers::CpuExecutionProvider>(options.intra_op_threads);
   cpu->set_communicator(options.communicator);
-  if (options.optimize) RETURN_IF_ERROR(Optimize(*g, *cpu, !providers.empty()));
+  if (options.optimize) RETURN_IF_ERROR(Optimize(*g, *cpu, !providers.empty(), options.disabled_optimizers));
   RETURN_IF_ERROR(graph::Verify(*g, /*require_types=*/true));
   for (const graph::Value* v : g->inputs()) inputs_.push_back({v->name(), v->dtype(), v->shape()});
   for (const graph::Value* v : g->outputs()) outputs_.push_back({v->name(), v->dtype(), v->shape()});

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,6 +57,10 @@ struct SessionOptions {
   std::shared_ptr<providers::ExecutionProvider> device_provider;
   int intra_op_threads = 0;  // 0: CLEAVE_NUM_THREADS or every core
   bool optimize = true;      // constant folding, shape folding, fusions
+  // Passes to skip, by name (graph::Pass::name(): "AttentionLayoutFusion", "ClassPadding", ...),
+  // as ONNX Runtime's sessions take disabled_optimizers. The environment variable
+  // CLEAVE_DISABLED_OPTIMIZERS (comma-separated names) adds to them. An unknown name is an error.
+  std::set<std::string> disabled_optimizers;
   // Fixes named symbolic dims (e.g. {"batch", 1}) so shape arithmetic folds at load.
   std::map<std::string, int64_t> free_dimension_overrides;
   // This rank's communicator, for graphs with ai.cleave collectives (not owned).

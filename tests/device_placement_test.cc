@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -465,13 +466,15 @@ TEST(DevicePlacement, TrainingStateStaysOnTheDevice) {
 // with `device` on the stand-in device, where the device sessions' fusions run.
 absl::StatusOr<std::unique_ptr<trainer::TrainingSession>> Bf16Session(const graph::Graph& model,
                                                                       trainer::TrainingSpec spec,
-                                                                      std::shared_ptr<CpuKernelDevice> device) {
+                                                                      std::shared_ptr<CpuKernelDevice> device,
+                                                                      std::set<std::string> disabled = {}) {
   spec.precision = trainer::Precision::kBf16;
   spec.fuse_attention = true;
   ASSIGN_OR_RETURN(trainer::TrainingArtifacts a, trainer::BuildTrainingArtifacts(model, spec));
   trainer::TrainingSessionOptions o;
   o.intra_op_threads = 1;
   o.device_provider = std::move(device);
+  o.disabled_optimizers = std::move(disabled);
   return trainer::TrainingSession::Create(std::move(a), o);
 }
 
@@ -570,6 +573,42 @@ TEST(DevicePlacement, WeightGradientsAccumulateInTheirProducts) {
   // weight gradients would move the later losses by 2% to 8%.
   for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 5e-4 * losses[0][i]) << i;
   EXPECT_LT(losses[0][4], losses[0][0]) << "the steps train";
+}
+
+// Passes can be turned off by name (SessionOptions::disabled_optimizers, as ONNX Runtime's
+// disabled_optimizers), and through CLEAVE_DISABLED_OPTIMIZERS; an unknown name is an error
+// that lists the passes. Without the layout fusion the attention transposes stay, and the
+// session still trains.
+TEST(DevicePlacement, DisabledOptimizersAreSkipped) {
+  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  trainer::TrainingSpec spec;
+  spec.dims = {{"batch", 2}, {"seq", 16}};
+  auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
+  auto count = [](const trainer::TrainingSession& s, const char* op) {
+    int n = 0;
+    for (const auto& node : s.training_graph()->nodes()) n += node->op_type() == op;
+    return n;
+  };
+  auto off = Bf16Session(**model, spec, device, {"AttentionLayoutFusion", "GradientAccumulationFusion"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(count(**off, "Transpose"), 16);
+  EXPECT_EQ(count(**off, "InPlaceAccumulator"), 28);
+  auto loss = (*off)->TrainStep(testing::TokenBatch(16, 256));
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_TRUE(std::isfinite(*loss));
+  ASSERT_EQ(setenv("CLEAVE_DISABLED_OPTIMIZERS", "AttentionLayoutFusion", 1), 0);
+  auto env = Bf16Session(**model, spec, device);
+  unsetenv("CLEAVE_DISABLED_OPTIMIZERS");
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(count(**env, "Transpose"), 16);
+  EXPECT_EQ(count(**env, "InPlaceAccumulator"), 20);
+  auto bad = Bf16Session(**model, spec, device, {"AttentionLayout"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("disabled optimizer 'AttentionLayout': no such pass"),
+            std::string::npos)
+      << bad.status();
+  EXPECT_NE(std::string(bad.status().message()).find("AttentionLayoutFusion"), std::string::npos) << bad.status();
 }
 
 // A small language model whose tied head has `vocab` classes, with seeded random weights: an

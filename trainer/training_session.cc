@@ -115,6 +115,7 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   so.device_provider = device_;
   so.intra_op_threads = options.intra_op_threads;
   so.optimize = options.optimize;
+  so.disabled_optimizers = options.disabled_optimizers;
   so.communicator = options.communicator;
   RETURN_IF_ERROR(MakeCollectiveQueue());
   so.collective_queue = collective_queue_.get();

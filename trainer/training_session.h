@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -54,6 +55,8 @@ struct TrainingSessionOptions {
   Communicator* device_communicator = nullptr;
   int intra_op_threads = 0;  // 0: CLEAVE_NUM_THREADS or every core
   bool optimize = true;      // constant folding and fusions on the training and eval graphs
+  // Passes to skip on them, by name (see SessionOptions::disabled_optimizers).
+  std::set<std::string> disabled_optimizers;
   // Training-mode Dropout masks are a function of (seed, step, micro-batch, node), so runs are
   // reproducible and a resumed run draws the masks an uninterrupted one would.
   uint64_t seed = 0;
