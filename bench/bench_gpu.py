@@ -2,11 +2,12 @@
 # GPU training benchmark: one training step of a GPT-2 124M-shaped model (12 layers, 768 wide,
 # 12 heads, seq 1024) in bf16 on one GPU, cleave against PyTorch in the same run:
 #   python3 bench/bench_gpu.py [--batch 8] [--iters 10] [--cleave-bin build/bench/cleave_bench_train]
-#       [--profile-dir DIR]
+#       [--profile-dir DIR] [--ablate PASS,PASS...]
 # Reports ms/step, tokens/s and MFU against the 989 TFLOP/s dense bf16 peak of an H100/H200
 # (model FLOPs per token: 6 N + 12 L d T, N the parameters, as PaLM counts them), the same step
 # in PyTorch eager and with torch.compile (bf16 autocast, fused AdamW), and a causal attention
-# microbenchmark (PyTorch's scaled_dot_product_attention on the cuDNN backend) in TFLOP/s.
+# microbenchmark (PyTorch's scaled_dot_product_attention on the cuDNN backend) in TFLOP/s; with
+# --ablate, the cleave step once more with those graph passes off.
 import argparse
 import inspect
 import json
@@ -111,11 +112,14 @@ def attention_tflops(args):
     return out
 
 
-def run_cleave(args, path, tokens_path):
+def run_cleave(args, path, tokens_path, disabled=None):
+    """One cleave_bench_train run; `disabled`: passes to skip (CLEAVE_DISABLED_OPTIMIZERS), for the
+    ablation run, which is not profiled."""
     cmd = [args.cleave_bin, path, "--device", "cuda", "--precision", args.precision, "--batch", str(args.batch),
            "--seq", str(args.seq), "--warmup", str(args.warmup), "--iters", str(args.iters), "--tokens",
            tokens_path, "--threads", str(min(8, os.cpu_count() or 1)), "--lr", repr(args.lr)]
-    if args.profile_dir:  # one more step after the timed ones, each node's stream time
+    profile = args.profile_dir and not disabled
+    if profile:  # one more step after the timed ones, each node's stream time
         os.makedirs(args.profile_dir, exist_ok=True)
         cmd += ["--profile", os.path.join(args.profile_dir, "cleave-profile.json")]
     # The C++ binary's own libraries (a bundle's, the CUDA wheels') are for it alone, not for
@@ -123,6 +127,8 @@ def run_cleave(args, path, tokens_path):
     env = dict(os.environ)
     if os.environ.get("CLEAVE_LD_LIBRARY_PATH"):
         env["LD_LIBRARY_PATH"] = os.environ["CLEAVE_LD_LIBRARY_PATH"]
+    if disabled:
+        env["CLEAVE_DISABLED_OPTIMIZERS"] = ",".join(x for x in [env.get("CLEAVE_DISABLED_OPTIMIZERS"), disabled] if x)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.cleave_timeout)
     except subprocess.TimeoutExpired:
@@ -131,7 +137,7 @@ def run_cleave(args, path, tokens_path):
         return {"error": f"{args.cleave_bin}: {e}"}
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip() or f"exit status {proc.returncode}")[-2000:]}
-    if args.profile_dir:  # the profile's summary table, which cleave_bench_train prints to stderr
+    if profile:  # the profile's summary table, which cleave_bench_train prints to stderr
         with open(os.path.join(args.profile_dir, "cleave-profile.txt"), "w") as f:
             f.write(proc.stderr)
     try:
@@ -160,6 +166,8 @@ def main():
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--profile-dir", help="profile one more cleave step: cleave-profile.json (a Chrome trace with "
                                          "the device stream's track) and cleave-profile.txt (its summary) here")
+    p.add_argument("--ablate", help="comma-separated pass names: after the others, time cleave once more with "
+                                    "these passes off (CLEAVE_DISABLED_OPTIMIZERS), to see what they give")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_gpu: torch sees no CUDA device")
@@ -184,6 +192,13 @@ def main():
     rows = [f"{result['device']}: GPT {args.layers}x{args.width}x{args.heads}, {params / 1e6:.1f}M parameters, "
             f"batch {args.batch} x seq {args.seq}, {args.precision}"]
 
+    def save():  # after every phase, so that a run stopped at its time limit keeps what it measured
+        result["rows"] = rows
+        if args.json:
+            with open(args.json + ".tmp", "w") as f:
+                json.dump(result, f, indent=1)
+            os.replace(args.json + ".tmp", args.json)
+
     def describe(name, ms):
         tps = tokens_per_step / (ms / 1e3)
         mfu = fpt * tps / PEAK_BF16
@@ -197,6 +212,7 @@ def main():
         _, c_mfu, text = describe("cleave", c["median_ms"])
         result["cleave_mfu"] = c_mfu
         rows.append(text + f" (loss {c['first_loss']:.3f} -> {c['last_loss']:.3f})")
+    save()
     for compiled in ([False] if args.no_compile else [False, True]):
         name = "torch.compile" if compiled else "torch eager"
         try:
@@ -209,6 +225,7 @@ def main():
         except Exception as e:
             result[name] = {"error": str(e)[:500]}
             rows.append(f"{name}: FAILED: {str(e).splitlines()[0][:200]}")
+        save()
     att = attention_tflops(args)
     result["attention"] = att
     for name, r in att.items():
@@ -218,12 +235,21 @@ def main():
             rows.append(f"attention ({name}, torch SDPA, causal, B{args.batch} H{args.heads} T{args.seq} "
                         f"D{args.width // args.heads}): fwd {r['fwd_tflops']:.0f} TFLOP/s, "
                         f"fwd+bwd {r['fwd_bwd_tflops']:.0f} TFLOP/s")
-    result["rows"] = rows
+    save()
+    if args.ablate:
+        torch.cuda.empty_cache()  # the device memory PyTorch's allocator still holds, for cleave's run
+        a = run_cleave(args, path, tokens_path, disabled=args.ablate)
+        result["cleave_ablated"] = dict(a, disabled=args.ablate)
+        if "error" in a:
+            rows.append(f"cleave without {args.ablate}: FAILED: {a['error'].splitlines()[-1] if a['error'] else ''}")
+        else:
+            _, a_mfu, text = describe(f"cleave without {args.ablate}", a["median_ms"])
+            if "median_ms" in c:
+                text += f"; with them {a['median_ms'] / c['median_ms']:.2f}x faster"
+            rows.append(text)
+        save()
     for r in rows:
         print(r, flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
     if "error" in c:
         sys.exit(1)  # the comparison is meaningless without cleave's figures
 
