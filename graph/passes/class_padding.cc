@@ -7,6 +7,7 @@
 #include "base/status.h"
 #include "graph/op_table.h"
 #include "graph/passes/pass.h"
+#include "graph/passes/rewrite.h"
 
 namespace cleave::graph {
 
@@ -17,9 +18,7 @@ constexpr int64_t kAlign = 8;
 // Smaller class counts are left alone: their products are small, and padding them adds more.
 constexpr int64_t kMinClasses = 1024;
 
-bool IsCleave(const Node* n, const char* op) { return n && n->domain() == kCleaveDomain && n->op_type() == op; }
-bool IsOnnx(const Node* n, const char* op) { return n && n->domain().empty() && n->op_type() == op; }
-bool IsLowProduct(const Node* n) { return IsCleave(n, "MatMulBf16") || IsCleave(n, "MatMulF16"); }
+bool IsLowProduct(const Node* n) { return IsCleaveOp(n, "MatMulBf16") || IsCleaveOp(n, "MatMulF16"); }
 
 int64_t StaticLastDim(const Value* v) {
   if (!v || !v->shape().is_static() || v->shape().rank() < 1) return -1;
@@ -52,7 +51,7 @@ bool ReadersThroughReshapes(Value* v, int64_t classes, std::vector<Node*>& resha
                             std::vector<std::pair<Node*, int>>& readers) {
   if (v->is_graph_output()) return false;
   for (const auto& [reader, slot] : v->consumers()) {
-    if (IsOnnx(reader, "Reshape") && slot == 0) {
+    if (IsOnnxOp(reader, "Reshape") && slot == 0) {
       if (!KeepsClassAxis(reader, classes)) return false;
       reshapes.push_back(reader);
       if (!ReadersThroughReshapes(reader->output(0), classes, reshapes, readers)) return false;
@@ -75,8 +74,8 @@ bool IsPlainCrossEntropy(const Node* n, int slot) {
   // [N, C] scores: the classes are their last axis (a spatial loss has them on axis 1).
   const Value* scores = n->input(slot);
   if (!scores || !scores->shape().has_rank() || scores->shape().rank() != 2) return false;
-  if (IsOnnx(n, "SoftmaxCrossEntropyLoss")) return slot == 0 && !HasInput(n, 2) && !OutputRead(n, 1);
-  return IsCleave(n, "SoftmaxCrossEntropyLossGrad") && slot == 1 && n->AttrInt("from_scores", 0) == 1 &&
+  if (IsOnnxOp(n, "SoftmaxCrossEntropyLoss")) return slot == 0 && !HasInput(n, 2) && !OutputRead(n, 1);
+  return IsCleaveOp(n, "SoftmaxCrossEntropyLossGrad") && slot == 1 && n->AttrInt("from_scores", 0) == 1 &&
          !n->HasAttr("class_offset") && !n->HasAttr("num_classes") && !HasInput(n, 3);
 }
 
@@ -94,7 +93,9 @@ Tensor Filled(DataType dtype, std::vector<int64_t> dims, float value) {
   return t;
 }
 
-Value* Constant(Graph* g, const std::string& hint, Tensor t) { return g->AddInitializer(g->UniqueName(hint), std::move(t)); }
+Value* Constant(Graph* g, const std::string& hint, Tensor t) {
+  return g->AddInitializer(g->UniqueName(hint), std::move(t));
+}
 
 // A new value of `dtype` and static `dims`.
 Value* NewValue(Graph* g, const std::string& hint, DataType dtype, const std::vector<int64_t>& dims) {
@@ -136,14 +137,15 @@ bool PadClasses(Graph* g, Node* p) {
   std::vector<Node*> input_grads, weight_grads;
   for (const auto& [reader, slot] : readers) {
     if (!IsPlainCrossEntropy(reader, slot)) return false;
-    if (!IsCleave(reader, "SoftmaxCrossEntropyLossGrad") || !reader->output(0)) continue;
+    if (!IsCleaveOp(reader, "SoftmaxCrossEntropyLossGrad") || !reader->output(0)) continue;
     std::vector<std::pair<Node*, int>> grad_readers;
     if (!ReadersThroughReshapes(reader->output(0), classes, reshapes, grad_readers)) return false;
     for (const auto& [q, qslot] : grad_readers) {
       if (!IsLowProduct(q) || qslot != 0 || q->AttrInt("transB", 0) != 0 || HasInput(q, 2)) return false;
       if (q->AttrInt("transA", 0) == 0 && q->input(1) == w) {
         input_grads.push_back(q);  // dh = dy · W: the classes are the reduction
-      } else if (q->AttrInt("transA", 0) == 1 && q->input(0)->shape().rank() == 2 && q->output(0)->shape().is_static() &&
+      } else if (q->AttrInt("transA", 0) == 1 && q->input(0)->shape().rank() == 2 &&
+                 q->output(0)->shape().is_static() &&
                  q->output(0)->shape().rank() == 2 && q->output(0)->shape()[0].value == classes) {
         weight_grads.push_back(q);  // dW = dyᵀ · h: one row per class
       } else {
@@ -184,7 +186,8 @@ bool PadClasses(Graph* g, Node* p) {
     g->SetNodeOutput(q, 0, dw_padded);
     Value* sizes = Constant(g, dw->name() + "/class_split", Tensor::FromVector<int64_t>({classes, extra}, {2}));
     Value* dropped = NewValue(g, dw->name() + "/padded_rows", dw->dtype(), {extra, cols});
-    Node* split = g->AddNode("Split", {dw_padded, sizes}, {dw, dropped}, g->UniqueName(dw->name() + "/class_split"), "");
+    Node* split =
+        g->AddNode("Split", {dw_padded, sizes}, {dw, dropped}, g->UniqueName(dw->name() + "/class_split"), "");
     split->SetAttr("axis", Attribute::Int(0));
     split->metadata() = q->metadata();
   }
@@ -193,19 +196,6 @@ bool PadClasses(Graph* g, Node* p) {
 
 }  // namespace
 
-absl::StatusOr<bool> ClassPadding::Run(Graph* g) {
-  bool changed = false;
-  for (bool again = true; again;) {
-    again = false;
-    for (const auto& owned : g->nodes()) {
-      if (PadClasses(g, owned.get())) {
-        changed = again = true;
-        break;
-      }
-    }
-  }
-  if (changed) RETURN_IF_ERROR(g->SortTopologically());
-  return changed;
-}
+absl::StatusOr<bool> ClassPadding::Run(Graph* g) { return RewriteToFixedPoint(g, PadClasses); }
 
 }  // namespace cleave::graph

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "graph/op_table.h"
+#include "graph/passes/rewrite.h"
 #include "graph/verifier.h"
 
 namespace cleave::graph {
@@ -16,6 +17,21 @@ absl::StatusOr<bool> RunPass(Pass& pass, Graph* g) {
     if (!s.ok()) return Internal("after pass ", pass.name(), ": ", s.message());
   }
 #endif
+  return changed;
+}
+
+absl::StatusOr<bool> RewriteToFixedPoint(Graph* g, const std::function<bool(Graph*, Node*)>& rewrite) {
+  bool changed = false;
+  for (bool again = true; again;) {
+    again = false;
+    for (const auto& owned : g->nodes()) {
+      if (rewrite(g, owned.get())) {
+        changed = again = true;
+        break;
+      }
+    }
+  }
+  if (changed) RETURN_IF_ERROR(g->SortTopologically());
   return changed;
 }
 

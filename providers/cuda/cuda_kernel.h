@@ -1,6 +1,7 @@
 // The base of the CUDA provider's kernels (providers/cuda/): a kernel knows its provider (for
 // the stream and scratch) and names its node in errors; Add registers a kernel class. Shared by
-// the kernel table's files (cuda_kernels.cc, cuda_optimizer_kernels.cc); included by those only.
+// the kernel table's files (cuda_kernels.cc, cuda_attention_kernels.cc, cuda_optimizer_kernels.cc);
+// included by those only.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -60,5 +61,8 @@ void Add(KernelRegistry& r, CudaExecutionProvider* p, const std::string& domain,
 // Registers the optimizer kernels (cuda_optimizer_kernels.cc): InPlaceAccumulator, SquaredNorm,
 // AdamW, SGD and their multi-tensor forms.
 void RegisterCudaOptimizerKernels(KernelRegistry& r, CudaExecutionProvider* p);
+
+// Registers the attention kernels (cuda_attention_kernels.cc): Attention and AttentionGrad.
+void RegisterCudaAttentionKernels(KernelRegistry& r, CudaExecutionProvider* p);
 
 }  // namespace cleave::providers
