@@ -4,13 +4,14 @@
 // rounding on every machine; the gpu-labelled tests check the same kernels on a device, with
 // libdevice's math and FMA contraction, and the cuBLASLt and cuDNN paths these cannot reach.
 //
-// Every test runs under three orders of the threads (ascending, descending, shuffled): a result
-// that depends on the order is a race. The arrays stand in for device memory and end at an
+// Every test runs under four orders of the threads (ascending, descending, shuffled, and warps
+// running ahead of each other): a result that depends on the order is a race. The arrays stand in for device memory and end at an
 // inaccessible page, so a kernel reading or writing past one faults.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -52,7 +53,13 @@ class DeviceMemory {
     mprotect(base_ + span_ - page, page, PROT_NONE);
     data_ = base_ + span_ - page - rounded;
   }
-  ~DeviceMemory() { munmap(base_, span_); }
+  ~DeviceMemory() {
+    if (base_) munmap(base_, span_);
+  }
+  DeviceMemory(DeviceMemory&& o) noexcept : base_(o.base_), data_(o.data_), span_(o.span_) {
+    o.base_ = o.data_ = nullptr;
+    o.span_ = 0;
+  }
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
   void* data() const { return data_; }
@@ -74,6 +81,7 @@ class Array {
     int64_t i = 0;
     for (const T& x : v) data()[i++] = x;
   }
+  Array(Array&&) = default;
   T* data() const { return static_cast<T*>(mem_.data()); }
   T& operator[](int64_t i) const { return data()[i]; }
   int64_t size() const { return n_; }
@@ -197,7 +205,7 @@ TEST_P(CudaEmu, BarriersPublishSharedMemoryAndShufflesExchangeLanes) {
 }
 
 // Reading a neighbour's shared-memory slot without a barrier gives what the order gives: the
-// three orders disagree, which is how a missing __syncthreads shows in these tests.
+// orders disagree, which is how a missing __syncthreads shows in these tests.
 TEST(CudaEmuOrders, AMissingBarrierReadsDifferentlyUnderAnotherOrder) {
   auto racy = [](emu::Order order) {
     emu::SetOrder(order, 7);
@@ -557,12 +565,485 @@ TEST_P(CudaEmu, SoftmaxLogSoftmaxAndTheirGradients) {
     }
 }
 
+// ---- Softmax cross-entropy -----------------------------------------------------------------
+
+constexpr int64_t kIgnore = -100;
+
+// Labels over [0, C) with every fifth row ignored.
+Array<int64_t> Labels(int64_t N, int64_t C, uint32_t seed) {
+  Array<int64_t> l(N);
+  std::mt19937 gen(seed);
+  for (int64_t n = 0; n < N; ++n) l[n] = n % 5 == 3 ? kIgnore : static_cast<int64_t>(gen() % C);
+  return l;
+}
+
+std::vector<double> RowLse(const Values& s, int64_t N, int64_t C) {
+  std::vector<double> lse;
+  for (int64_t n = 0; n < N; ++n) {
+    double m = -INFINITY, e = 0;
+    for (int64_t c = 0; c < C; ++c) m = std::max(m, static_cast<double>(s[n * C + c]));
+    for (int64_t c = 0; c < C; ++c) e += std::exp(s[n * C + c] - m);
+    lse.push_back(m + std::log(e));
+  }
+  return lse;
+}
+
+TEST_P(CudaEmu, SoftmaxCrossEntropyForwardEveryReductionAndABadLabel) {
+  const int64_t N = 29, C = 1000;
+  Values scores(Dt::kF32, Uniform(N * C, -6.f, 6.f, 20));
+  for (int64_t c = 0; c < C; c += 7) scores.Set(2 * C + c, -kInf);  // masked classes add nothing
+  Array<int64_t> labels = Labels(N, C, 21);
+  const std::vector<double> lse = RowLse(scores, N, C);
+  std::vector<double> rows, log_prob;
+  double sum = 0;
+  int counted = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    const bool ignored = labels[n] == kIgnore;
+    rows.push_back(ignored ? 0.0 : lse[static_cast<size_t>(n)] - scores[n * C + labels[n]]);
+    sum += rows.back();
+    counted += !ignored;
+    for (int64_t c = 0; c < C; ++c) log_prob.push_back(scores[n * C + c] - lse[static_cast<size_t>(n)]);
+  }
+  for (int reduction : {0, 1, 2}) {
+    SCOPED_TRACE("reduction " + std::to_string(reduction));
+    Array<float> row_loss(N, kNaN), loss(1, kNaN), lp(N * C, kNaN);
+    Array<double> count(1, NAN);
+    ASSERT_TRUE(Ok(ck::SoftmaxCrossEntropy(static_cast<const float*>(scores.data()), labels.data(), row_loss.data(), lp.data(), loss.data(),
+                                           count.data(), N, C, reduction, true, kIgnore, nullptr)));
+    EXPECT_TRUE(Near(row_loss, Dt::kF32, rows, 1e-6, 1e-6));
+    EXPECT_TRUE(Near(lp, Dt::kF32, log_prob, 1e-6, 1e-6));
+    if (reduction != 2) {
+      EXPECT_EQ(count[0], counted);
+      EXPECT_NEAR(loss[0], reduction == 0 ? sum / counted : sum, 1e-5 * sum);
+    }
+  }
+  // A label outside [0, C) that is not ignore_index makes the row's loss, and the mean, NaN.
+  labels[4] = C;
+  Array<float> row_loss(N, 0.f), loss(1, 0.f);
+  Array<double> count(1);
+  ASSERT_TRUE(Ok(ck::SoftmaxCrossEntropy(static_cast<const float*>(scores.data()), labels.data(), row_loss.data(), nullptr, loss.data(),
+                                         count.data(), N, C, 0, true, kIgnore, nullptr)));
+  EXPECT_TRUE(std::isnan(row_loss[4]));
+  EXPECT_FALSE(std::isnan(row_loss[5]));
+  EXPECT_TRUE(std::isnan(loss[0]));
+}
+
+TEST_P(CudaEmu, SoftmaxCrossEntropyGradientFromLogProbAndFromScores) {
+  const int64_t N = 23, C = 700;
+  Array<int64_t> labels = Labels(N, C, 22);
+  for (Dt in_dt : {Dt::kF32, Dt::kBf16})
+    for (Dt out_dt : {Dt::kF32, Dt::kBf16})
+      for (int reduction : {0, 1, 2})
+        for (bool from_scores : {false, true}) {
+          if (in_dt != Dt::kF32 && !from_scores) continue;  // log_prob is float32
+          SCOPED_TRACE(std::string(Name(in_dt)) + " in, " + Name(out_dt) + " out, reduction " +
+                       std::to_string(reduction) + (from_scores ? ", from scores" : ", from log_prob"));
+          Values scores(in_dt, Uniform(N * C, -5.f, 5.f, 23));
+          const std::vector<double> lse = RowLse(scores, N, C);
+          Array<float> log_prob(N * C);
+          for (int64_t i = 0; i < N * C; ++i)
+            log_prob[i] = static_cast<float>(scores[i] - lse[static_cast<size_t>(i / C)]);
+          // From log_prob, a slice of the classes (a vocabulary-parallel loss): labels are global
+          // classes and this slice starts at class 100.
+          const int64_t offset = from_scores ? 0 : 100;
+          Array<float> dy(reduction == 2 ? N : 1);
+          for (int64_t n = 0; n < dy.size(); ++n) dy[n] = 0.5f + 0.25f * static_cast<float>(n % 3);
+          Values dx(out_dt, N * C);
+          Array<double> count(1, NAN);
+          Array<float> row_loss(N, kNaN), loss(1, kNaN);
+          const bool with_loss = from_scores;
+          ASSERT_TRUE(Ok(ck::SoftmaxCrossEntropyGrad(
+              dy.data(), from_scores ? scores.data() : static_cast<const void*>(log_prob.data()), in_dt, from_scores,
+              labels.data(), dx.data(), out_dt, count.data(), N, C, reduction, true, kIgnore, offset,
+              with_loss ? row_loss.data() : nullptr, with_loss ? loss.data() : nullptr, nullptr)));
+          int counted = 0;
+          for (int64_t n = 0; n < N; ++n) counted += labels[n] != kIgnore;
+          std::vector<double> want, want_rows;
+          double sum = 0;
+          for (int64_t n = 0; n < N; ++n) {
+            const bool ignored = labels[n] == kIgnore;
+            const double g = reduction == 2 ? dy[n] : reduction == 1 ? dy[0] : dy[0] / counted;
+            for (int64_t c = 0; c < C; ++c)
+              want.push_back(ignored ? 0.0
+                                     : g * (std::exp(scores[n * C + c] - lse[static_cast<size_t>(n)]) -
+                                            (c + offset == labels[n] ? 1.0 : 0.0)));
+            want_rows.push_back(ignored ? 0.0 : lse[static_cast<size_t>(n)] - scores[n * C + labels[n]]);
+            sum += want_rows.back();
+          }
+          EXPECT_TRUE(Near(dx, out_dt, want, 1e-5, 1e-8));
+          if (with_loss) {
+            EXPECT_TRUE(Near(row_loss, Dt::kF32, want_rows, 1e-6, 1e-6));
+            if (reduction != 2) EXPECT_NEAR(loss[0], reduction == 0 ? sum / counted : sum, 1e-5 * sum);
+          }
+        }
+}
+
+// ---- Reductions and Where ------------------------------------------------------------------
+
+struct ReduceCase {
+  std::vector<int64_t> dims;
+  std::vector<bool> reduce;
+  bool scratch;
+};
+
+TEST_P(CudaEmu, ReduceSumMeanMaxOverEveryLayout) {
+  const ReduceCase cases[] = {
+      {{300, 70}, {true, false}, true},               // leading axes in row chunks, combined in a second pass
+      {{300, 70}, {true, false}, false},              // the same in one pass
+      {{1, 40, 1, 3}, {true, true, false, false}, false},  // dims of 1 ignored
+      {{5, 3000}, {false, true}, false},              // trailing, long rows: 256 threads per output
+      {{7, 50}, {false, true}, false},                // trailing, short rows: a warp per output
+      {{6, 50}, {true, true}, false},                 // everything
+      {{4, 6, 5}, {false, true, false}, false},       // the middle axis: a thread per output
+      {{3, 0, 4}, {false, true, false}, false},       // nothing to reduce
+  };
+  const ck::ReduceOp ops[] = {ck::ReduceOp::kSum, ck::ReduceOp::kMean, ck::ReduceOp::kMax};
+  for (Dt dt : kDts)
+    for (const ReduceCase& rc : cases)
+      for (ck::ReduceOp op : ops) {
+        const int rank = static_cast<int>(rc.dims.size());
+        int64_t n = 1;
+        for (int64_t d : rc.dims) n *= d;
+        std::string shape;
+        for (int64_t d : rc.dims) shape += std::to_string(d) + " ";
+        SCOPED_TRACE(std::string(Name(dt)) + " dims " + shape + "op " + std::to_string(static_cast<int>(op)));
+        std::vector<float> xv = Uniform(n, -3.f, 3.f, 24);
+        if (op == ck::ReduceOp::kMax && n > 100) xv[77] = kNaN;  // a max propagates NaN
+        Values x(dt, xv);
+        bool reduce[ck::kMaxRank];
+        for (int d = 0; d < rank; ++d) reduce[d] = rc.reduce[static_cast<size_t>(d)];
+        int64_t outputs = 1, R = 1;
+        for (int d = 0; d < rank; ++d) (reduce[d] ? R : outputs) *= rc.dims[static_cast<size_t>(d)];
+        Values y(dt, outputs);
+        const int64_t scratch_n = ck::ReduceScratch(rank, rc.dims.data(), reduce);
+        if (rc.scratch) EXPECT_GT(scratch_n, 0);
+        Array<double> scratch(std::max<int64_t>(scratch_n, 1), NAN);
+        ASSERT_TRUE(Ok(ck::Reduce(op, dt, x.data(), y.data(), rank, rc.dims.data(), reduce,
+                                  rc.scratch ? scratch.data() : nullptr, nullptr)));
+        // The reference: walk x in order, each element to its output.
+        std::vector<double> want(static_cast<size_t>(outputs), op == ck::ReduceOp::kMax ? -INFINITY : 0.0);
+        for (int64_t i = 0; i < n; ++i) {
+          int64_t rest = i, o = 0, scale = 1;
+          for (int d = rank - 1; d >= 0; --d) {
+            const int64_t size = rc.dims[static_cast<size_t>(d)], c = rest % size;
+            rest /= size;
+            if (!reduce[d]) o += c * scale, scale *= size;
+          }
+          double& w = want[static_cast<size_t>(o)];
+          const double v = x[i];
+          w = op == ck::ReduceOp::kMax ? (std::isnan(v) || std::isnan(w) ? NAN : std::max(w, v)) : w + v;
+        }
+        for (double& w : want) {
+          if (op == ck::ReduceOp::kMean) w /= static_cast<double>(R);
+          w = Round(dt, static_cast<float>(w));
+        }
+        EXPECT_TRUE(Near(y, dt, want, 1e-6, 1e-6));
+      }
+}
+
+TEST_P(CudaEmu, WhereBroadcastsItsThreeOperands) {
+  // cond [4, 1], a [4, 5], b [1, 5] -> y [4, 5], for 2-, 4- and 8-byte elements.
+  Array<bool> cond{true, false, false, true};
+  ck::Broadcast3 bc;
+  bc.rank = 2;
+  bc.out_dims[0] = 4, bc.out_dims[1] = 5;
+  const int64_t strides[3][2] = {{1, 0}, {5, 1}, {0, 1}};
+  for (int k = 0; k < 3; ++k) bc.strides[k][0] = strides[k][0], bc.strides[k][1] = strides[k][1];
+  auto run = [&](auto zero) {
+    using E = decltype(zero);
+    Array<E> a(20), b(5), y(20, E{99});
+    for (int i = 0; i < 20; ++i) a[i] = static_cast<E>(i + 1);
+    for (int i = 0; i < 5; ++i) b[i] = static_cast<E>(-i - 1);
+    ASSERT_TRUE(Ok(ck::Where(sizeof(E), cond.data(), a.data(), b.data(), y.data(), 20, bc, nullptr)));
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < 5; ++c) EXPECT_EQ(y[r * 5 + c], cond[r] ? a[r * 5 + c] : b[c]) << r << ", " << c;
+  };
+  run(int16_t{});
+  run(float{});
+  run(int64_t{});
+}
+
+// ---- Gather, its gradient, Transpose -------------------------------------------------------
+
+TEST_P(CudaEmu, GatherRowsAndScatterAddTheirGradient) {
+  const int64_t rows = 10, width = 7;
+  Array<int64_t> ids{3, -1, 0, 10, -11, 9, 3, 2, 3};  // 10 and -11 are out of range: zero rows
+  const int64_t k = ids.size();
+  auto row_of = [&](int64_t i) { return ids[i] < -rows || ids[i] >= rows ? -1 : (ids[i] + rows) % rows; };
+  auto run = [&](auto zero) {
+    using E = decltype(zero);
+    Array<E> table(rows * width), out(k * width, E{77});
+    for (int64_t i = 0; i < rows * width; ++i) table[i] = static_cast<E>(i + 1);
+    ASSERT_TRUE(Ok(ck::Gather(sizeof(E), table.data(), ids.data(), out.data(), k, rows, width, nullptr)));
+    for (int64_t i = 0; i < k; ++i)
+      for (int64_t c = 0; c < width; ++c)
+        EXPECT_EQ(out[i * width + c], row_of(i) < 0 ? E{} : table[row_of(i) * width + c]) << i << ", " << c;
+  };
+  run(uint8_t{});
+  run(int16_t{});
+  run(float{});
+  run(double{});
+  // Small integers, so the sums are exact whatever order the additions take.
+  Array<float> dy(k * width), dtable(rows * width, kNaN);
+  for (int64_t i = 0; i < k * width; ++i) dy[i] = static_cast<float>(i % 11 - 5);
+  ASSERT_TRUE(Ok(ck::GatherGrad(dy.data(), ids.data(), dtable.data(), k, rows, width, nullptr)));
+  std::vector<double> want(static_cast<size_t>(rows * width), 0.0);
+  for (int64_t i = 0; i < k; ++i)
+    if (row_of(i) >= 0)
+      for (int64_t c = 0; c < width; ++c) want[static_cast<size_t>(row_of(i) * width + c)] += dy[i * width + c];
+  EXPECT_TRUE(Near(dtable, Dt::kF32, want, 0, 0));
+}
+
+TEST_P(CudaEmu, TransposeEveryPermutationAndTheWideWordPaths) {
+  auto check = [](std::vector<int64_t> dims, std::vector<int64_t> perm, size_t elem, int64_t offset) {
+    const int rank = static_cast<int>(dims.size());
+    int64_t n = 1;
+    for (int64_t d : dims) n *= d;
+    std::string text;
+    for (int64_t p : perm) text += std::to_string(p);
+    SCOPED_TRACE("perm " + text + ", " + std::to_string(elem) + "-byte elements, offset " + std::to_string(offset));
+    Array<uint8_t> x(static_cast<int64_t>(n * elem) + offset), y(static_cast<int64_t>(n * elem) + offset, 0xee);
+    for (int64_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint8_t>(i * 7 + i / 251);
+    ASSERT_TRUE(Ok(ck::Transpose(static_cast<int>(elem), x.data() + offset, y.data() + offset, rank, dims.data(),
+                                 perm.data(), nullptr)));
+    std::vector<int64_t> strides(dims.size());
+    int64_t st = 1;
+    for (int d = rank - 1; d >= 0; --d) strides[static_cast<size_t>(d)] = st, st *= dims[static_cast<size_t>(d)];
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t rest = i, src = 0;
+      for (int d = rank - 1; d >= 0; --d) {
+        const int64_t size = dims[static_cast<size_t>(perm[static_cast<size_t>(d)])];
+        src += (rest % size) * strides[static_cast<size_t>(perm[static_cast<size_t>(d)])];
+        rest /= size;
+      }
+      ASSERT_EQ(std::memcmp(y.data() + offset + i * elem, x.data() + offset + src * elem, elem), 0) << "element " << i;
+    }
+  };
+  std::vector<int64_t> perm = {0, 1, 2, 3};
+  do {
+    for (size_t elem : {1, 2, 4, 8}) check({2, 3, 4, 5}, perm, elem, 0);
+  } while (std::next_permutation(perm.begin(), perm.end()));
+  // Attention's [B, T, H, D] -> [B, H, T, D]: rows of D move as 16-, 8- or 4-byte words where the
+  // run and the pointers allow, element by element where they do not.
+  for (int64_t d : {8, 4, 2, 3})
+    for (int64_t offset : {0, 2}) check({2, 5, 3, d}, {0, 2, 1, 3}, 2, offset);
+  check({3, 1, 4}, {1, 2, 0}, 4, 0);   // a dim of 1 dropped
+  check({6, 7}, {0, 1}, 4, 0);         // the identity is a copy
+  check({1, 1, 9}, {2, 0, 1}, 8, 0);
+}
+
+// ---- Attention -----------------------------------------------------------------------------
+
+struct AttnCase {
+  int64_t batch, T, S;
+  int D, Dv;
+  bool causal;
+};
+
+TEST_P(CudaEmu, AttentionForwardAndBackwardAgainstTheDefinition) {
+  const AttnCase cases[] = {
+      {3, 37, 45, 40, 24, true},  // T < S: query i sees keys j <= i + 8
+      {2, 20, 20, 128, 128, false},
+      {2, 9, 5, 16, 16, true},    // T > S: the first four queries see no key
+      {1, 33, 70, 256, 8, false},
+  };
+  for (Dt dt : kDts)
+    for (const AttnCase& a : cases) {
+      SCOPED_TRACE(std::string(Name(dt)) + " T " + std::to_string(a.T) + " S " + std::to_string(a.S) + " D " +
+                   std::to_string(a.D) + (a.causal ? " causal" : ""));
+      const int64_t B = a.batch, T = a.T, S = a.S, D = a.D, Dv = a.Dv;
+      const float scale = 1.f / std::sqrt(static_cast<float>(D));
+      Values q(dt, Uniform(B * T * D, -1.f, 1.f, 25)), k(dt, Uniform(B * S * D, -1.f, 1.f, 26));
+      Values v(dt, Uniform(B * S * Dv, -1.f, 1.f, 27)), dout(dt, Uniform(B * T * Dv, -1.f, 1.f, 28));
+      Values out(dt, B * T * Dv), dq(dt, B * T * D), dk(dt, B * S * D), dv(dt, B * S * Dv);
+      Array<float> lse(B * T, kNaN), delta(B * T, kNaN);
+      ASSERT_TRUE(Ok(ck::AttentionForward(dt, q.data(), k.data(), v.data(), out.data(), lse.data(), B, T, S, a.D,
+                                          a.Dv, scale, a.causal, nullptr)));
+      ASSERT_TRUE(Ok(ck::AttentionBackward(dt, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
+                                           dq.data(), dk.data(), dv.data(), delta.data(), B, T, S, a.D, a.Dv, scale,
+                                           a.causal, nullptr)));
+      std::vector<double> want_out(static_cast<size_t>(B * T * Dv), 0.0), want_lse;
+      std::vector<double> want_dq(static_cast<size_t>(B * T * D), 0.0), want_dk(static_cast<size_t>(B * S * D), 0.0),
+          want_dv(static_cast<size_t>(B * S * Dv), 0.0);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < T; ++i) {
+          const int64_t visible = a.causal ? std::clamp<int64_t>(i + 1 + S - T, 0, S) : S;
+          std::vector<double> p(static_cast<size_t>(S), 0.0);
+          double m = -INFINITY, l = 0;
+          for (int64_t j = 0; j < visible; ++j) {
+            double dot = 0;
+            for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(q[(b * T + i) * D + d]) * k[(b * S + j) * D + d];
+            p[static_cast<size_t>(j)] = dot * scale;
+            m = std::max(m, p[static_cast<size_t>(j)]);
+          }
+          for (int64_t j = 0; j < visible; ++j) l += std::exp(p[static_cast<size_t>(j)] - m);
+          for (int64_t j = 0; j < visible; ++j) p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - m) / l;
+          want_lse.push_back(visible ? m + std::log(l) : -INFINITY);
+          for (int64_t j = 0; j < visible; ++j)
+            for (int64_t d = 0; d < Dv; ++d)
+              want_out[static_cast<size_t>((b * T + i) * Dv + d)] += p[static_cast<size_t>(j)] * v[(b * S + j) * Dv + d];
+          // The backward, from the kernel's own forward output (as the provider runs it).
+          double di = 0;
+          for (int64_t d = 0; d < Dv; ++d) di += static_cast<double>(dout[(b * T + i) * Dv + d]) * out[(b * T + i) * Dv + d];
+          for (int64_t j = 0; j < visible; ++j) {
+            const double pij = p[static_cast<size_t>(j)];
+            double dp = 0;
+            for (int64_t d = 0; d < Dv; ++d) {
+              dp += static_cast<double>(dout[(b * T + i) * Dv + d]) * v[(b * S + j) * Dv + d];
+              want_dv[static_cast<size_t>((b * S + j) * Dv + d)] += pij * dout[(b * T + i) * Dv + d];
+            }
+            const double ds = pij * (dp - di);
+            for (int64_t d = 0; d < D; ++d) {
+              want_dq[static_cast<size_t>((b * T + i) * D + d)] += scale * ds * k[(b * S + j) * D + d];
+              want_dk[static_cast<size_t>((b * S + j) * D + d)] += scale * ds * q[(b * T + i) * D + d];
+            }
+          }
+        }
+      const double rtol = 1e-5, atol = dt == Dt::kF32 ? 1e-5 : 2e-3;
+      EXPECT_TRUE(Near(out, dt, want_out, rtol, atol));
+      EXPECT_TRUE(Near(lse, Dt::kF32, want_lse, 1e-6, 1e-5));
+      EXPECT_TRUE(Near(dq, dt, want_dq, rtol, atol));
+      EXPECT_TRUE(Near(dk, dt, want_dk, rtol, atol));
+      EXPECT_TRUE(Near(dv, dt, want_dv, rtol, atol));
+    }
+}
+
+TEST_P(CudaEmu, AttentionRefusesHeadsWiderThan256) {
+  Values q(Dt::kF32, 300), out(Dt::kF32, 300);
+  EXPECT_EQ(ck::AttentionForward(Dt::kF32, q.data(), q.data(), q.data(), out.data(), nullptr, 1, 1, 1, 300, 300, 1.f,
+                                 false, nullptr),
+            cudaErrorInvalidValue);
+}
+
+// ---- Optimizers ----------------------------------------------------------------------------
+
+// `count` tensors of assorted sizes (some empty) with their float arrays.
+struct TensorSet {
+  std::vector<std::unique_ptr<Array<float>>> arrays;
+  std::vector<const float*> in;
+  std::vector<float*> out;
+  std::vector<int64_t> n;
+  TensorSet(const std::vector<int64_t>& sizes, float lo, float hi, uint32_t seed) {
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      arrays.push_back(std::make_unique<Array<float>>(sizes[t]));
+      const std::vector<float> v = Uniform(sizes[t], lo, hi, seed + static_cast<uint32_t>(t));
+      for (int64_t i = 0; i < sizes[t]; ++i) (*arrays.back())[i] = v[static_cast<size_t>(i)];
+      in.push_back(arrays.back()->data());
+      out.push_back(arrays.back()->data());
+      n.push_back(sizes[t]);
+    }
+  }
+};
+
+std::vector<int64_t> Sizes(int count, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int64_t> s;
+  for (int t = 0; t < count; ++t) s.push_back(t % 9 == 4 ? 0 : static_cast<int64_t>(gen() % 2500 + 1));
+  return s;
+}
+
+::testing::AssertionResult SameAs(const TensorSet& got, const std::vector<std::vector<float>>& want, const char* what) {
+  for (size_t t = 0; t < want.size(); ++t)
+    for (size_t i = 0; i < want[t].size(); ++i) {
+      const float g = (*got.arrays[t])[static_cast<int64_t>(i)];
+      if (g != want[t][i])
+        return ::testing::AssertionFailure() << what << " tensor " << t << " [" << i << "] " << Text(g) << " want "
+                                             << Text(want[t][i]);
+    }
+  return ::testing::AssertionSuccess();
+}
+
+TEST_P(CudaEmu, MultiTensorAdamWIsTheCpuStepOverManyLaunches) {
+  const std::vector<int64_t> sizes = Sizes(70, 29);  // 32 tensors a launch: three launches
+  for (bool on_device_scale : {false, true}) {
+    SCOPED_TRACE(on_device_scale ? "scale on the device" : "scale from the host");
+    TensorSet p(sizes, -1.f, 1.f, 100), g(sizes, -2.f, 2.f, 200), m(sizes, -0.1f, 0.1f, 300), v(sizes, 0.f, 0.1f, 400);
+    kernels::cpu::AdamWParams ap;
+    ap.lr = static_cast<float>(3e-4), ap.step = 7,  // the learning rate is a float32 input on either side ap.grad_scale = 0.625f, ap.beta1 = 0.9f, ap.beta2 = 0.95f, ap.epsilon = 1e-8f;
+    ap.weight_decay = 0.1f;
+    std::vector<std::vector<float>> wp, wm, wv;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      const size_t k = static_cast<size_t>(sizes[t]);
+      wp.emplace_back(k), wm.emplace_back(k), wv.emplace_back(k);
+      kernels::cpu::AdamWStep(ap, p.in[t], g.in[t], m.in[t], v.in[t], wp[t].data(), wm[t].data(), wv[t].data(),
+                              sizes[t], nullptr);
+    }
+    Array<float> device_scale(1, ap.grad_scale);
+    // In place, as the training session updates its state.
+    ASSERT_TRUE(Ok(ck::MultiTensorAdamW(static_cast<int>(sizes.size()), p.in.data(), g.in.data(), m.in.data(),
+                                        v.in.data(), p.out.data(), m.out.data(), v.out.data(), p.n.data(),
+                                        static_cast<float>(ap.lr), ap.beta1, ap.beta2, ap.epsilon, ap.weight_decay,
+                                        ap.step, on_device_scale ? 99.f : ap.grad_scale, nullptr,
+                                        on_device_scale ? device_scale.data() : nullptr)));
+    EXPECT_TRUE(SameAs(p, wp, "param"));
+    EXPECT_TRUE(SameAs(m, wm, "exp_avg"));
+    EXPECT_TRUE(SameAs(v, wv, "exp_avg_sq"));
+  }
+}
+
+TEST_P(CudaEmu, MultiTensorSgdIsTheCpuStepWithAndWithoutMomentum) {
+  const std::vector<int64_t> sizes = Sizes(35, 31);
+  struct Case {
+    float momentum, dampening;
+    bool nesterov;
+    int64_t step;
+  };
+  for (const Case& c : {Case{0.f, 0.f, false, 1}, Case{0.9f, 0.1f, false, 1}, Case{0.9f, 0.1f, false, 2},
+                        Case{0.9f, 0.f, true, 3}}) {
+    SCOPED_TRACE("momentum " + std::to_string(c.momentum) + " step " + std::to_string(c.step) +
+                 (c.nesterov ? " nesterov" : ""));
+    TensorSet p(sizes, -1.f, 1.f, 500), g(sizes, -2.f, 2.f, 600), buf(sizes, -0.5f, 0.5f, 700);
+    kernels::cpu::SgdParams sp;
+    sp.lr = static_cast<float>(0.05), sp.step = c.step, sp.grad_scale = 0.5f, sp.momentum = c.momentum, sp.dampening = c.dampening;
+    sp.weight_decay = 0.01f, sp.nesterov = c.nesterov;
+    std::vector<std::vector<float>> wp, wb;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      const size_t k = static_cast<size_t>(sizes[t]);
+      wp.emplace_back(k), wb.emplace_back(buf.in[t], buf.in[t] + k);
+      kernels::cpu::SgdStep(sp, p.in[t], g.in[t], c.momentum != 0.f ? buf.in[t] : nullptr, wp[t].data(),
+                            c.momentum != 0.f ? wb[t].data() : nullptr, sizes[t], nullptr);
+    }
+    ASSERT_TRUE(Ok(ck::MultiTensorSgd(static_cast<int>(sizes.size()), p.in.data(), g.in.data(), buf.in.data(),
+                                      p.out.data(), buf.out.data(), p.n.data(), static_cast<float>(sp.lr), c.momentum,
+                                      c.dampening, sp.weight_decay, c.nesterov, c.step, sp.grad_scale, nullptr)));
+    EXPECT_TRUE(SameAs(p, wp, "param"));
+    EXPECT_TRUE(SameAs(buf, wb, "momentum buffer"));
+  }
+}
+
+TEST_P(CudaEmu, SquaredNormOfManyTensorsAndTheClippingScale) {
+  const std::vector<int64_t> sizes = Sizes(130, 37);  // 128 tensors a launch: two launches
+  TensorSet x(sizes, -1.f, 1.f, 800);
+  double want = 0;
+  for (size_t t = 0; t < sizes.size(); ++t) want += kernels::cpu::SquaredNorm(x.in[t], sizes[t], nullptr);
+  Array<float> sumsq(1, kNaN);
+  Array<double> acc(1, NAN);
+  ASSERT_TRUE(Ok(ck::SquaredNorm(x.in.data(), x.n.data(), static_cast<int>(sizes.size()), sumsq.data(), acc.data(),
+                                 nullptr)));
+  EXPECT_NEAR(sumsq[0], want, 1e-6 * want);
+  // The CPU's clipping, in its float operations.
+  for (float max_norm : {0.f, 1.f, 1e6f}) {
+    SCOPED_TRACE("max_norm " + std::to_string(max_norm));
+    Array<float> norm(1, kNaN), scale(1, kNaN);
+    const float grad_scale = 0.25f, eps = 1e-6f;
+    ASSERT_TRUE(Ok(ck::ClipScale(sumsq.data(), grad_scale, max_norm, eps, norm.data(), scale.data(), nullptr)));
+    const float want_norm = std::sqrt(sumsq[0]) * grad_scale;
+    EXPECT_EQ(norm[0], want_norm);
+    EXPECT_EQ(scale[0], max_norm > 0.f ? grad_scale * std::min(max_norm / (want_norm + eps), 1.f) : grad_scale);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Orders, CudaEmu,
-                         ::testing::Values(emu::Order::kAscending, emu::Order::kDescending, emu::Order::kShuffled),
+                         ::testing::Values(emu::Order::kAscending, emu::Order::kDescending, emu::Order::kShuffled,
+                                           emu::Order::kWarpsAhead),
                          [](const ::testing::TestParamInfo<emu::Order>& info) {
-                           return info.param == emu::Order::kAscending    ? std::string("Ascending")
-                                  : info.param == emu::Order::kDescending ? std::string("Descending")
-                                                                          : std::string("Shuffled");
+                           switch (info.param) {
+                             case emu::Order::kAscending: return std::string("Ascending");
+                             case emu::Order::kDescending: return std::string("Descending");
+                             case emu::Order::kShuffled: return std::string("Shuffled");
+                             case emu::Order::kWarpsAhead: return std::string("WarpsAhead");
+                           }
+                           return std::string("Unknown");
                          });
 
 }  // namespace

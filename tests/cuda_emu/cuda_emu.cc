@@ -201,6 +201,11 @@ void MakeOrder(State& s, unsigned n) {
   s.order.resize(n);
   std::iota(s.order.begin(), s.order.end(), 0u);
   if (s.order_kind == Order::kDescending) std::reverse(s.order.begin(), s.order.end());
+  if (s.order_kind == Order::kWarpsAhead) {  // the last warp first, its lanes in order
+    s.order.clear();
+    for (unsigned w = (n + 31) / 32; w-- > 0;)
+      for (unsigned t = 32 * w; t < std::min(n, 32 * w + 32); ++t) s.order.push_back(t);
+  }
   if (s.order_kind == Order::kShuffled) {
     uint64_t z = s.seed;
     for (unsigned i = n; i > 1; --i) {  // Fisher-Yates over SplitMix64
@@ -245,16 +250,27 @@ bool RunBlock(State& s, unsigned threads, const dim3& block) {
     f.tid = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
     Prepare(&f.ctx, s.stacks[t], FiberMain);
   }
+  // A pass resumes each runnable fiber once; with warps running ahead, each warp in turn is
+  // resumed until none of its fibers can run.
+  const bool ahead = s.order_kind == Order::kWarpsAhead;
+  const size_t group = ahead ? 32 : s.order.size();
   while (s.live > 0) {
     bool ran = false;
-    for (unsigned t : s.order) {
-      Fiber& f = s.fibers[t];
-      if (!Runnable(f)) continue;
-      s.current = &f;
-      g_coords.thread_idx = f.tid;
-      Switch(&s.scheduler, &f.ctx);
-      ran = true;
-      if (s.aborted) return false;
+    for (size_t g0 = 0; g0 < s.order.size(); g0 += group) {
+      const size_t g1 = std::min(s.order.size(), g0 + group);
+      for (bool again = true; again;) {
+        again = false;
+        for (size_t i = g0; i < g1; ++i) {
+          Fiber& f = s.fibers[s.order[i]];
+          if (!Runnable(f)) continue;
+          s.current = &f;
+          g_coords.thread_idx = f.tid;
+          Switch(&s.scheduler, &f.ctx);
+          ran = again = true;
+          if (s.aborted) return false;
+        }
+        again = again && ahead;
+      }
     }
     if (!ran) {
       if (s.fault.empty()) s.fault = std::string("kernel ") + s.kernel + ", " + BlockText() + ": " + DeadlockText(s);

@@ -119,8 +119,10 @@ uint64_t WarpExchange(unsigned mask, uint64_t value, int src_lane);
 int LaneId();
 void* DynamicSharedMemory();
 
-// Kind of the fibers' order: ascending thread index, descending, or a seeded shuffle.
-enum class Order { kAscending, kDescending, kShuffled };
+// The fibers' order: ascending thread index, descending, a seeded shuffle, or warps running
+// ahead (the last warp first, each resumed until it waits on another: a warp then overwrites
+// shared memory other warps have not read yet where a barrier is missing).
+enum class Order { kAscending, kDescending, kShuffled, kWarpsAhead };
 void SetOrder(Order order, uint64_t seed = 0);
 
 // Runs `body` once per thread of every block. Launch errors are kept for cudaGetLastError.
