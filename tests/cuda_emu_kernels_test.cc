@@ -430,6 +430,60 @@ TEST_P(CudaEmu, DropoutDrawsTheCpusMask) {
     }
 }
 
+// The same-shape maps move 16 bytes per access where every pointer is aligned to it, and go
+// element by element where one is not; both cover the tail past the last whole vector.
+TEST_P(CudaEmu, SameShapeMapsInWholeVectorsAndElementByElement) {
+  for (Dt dt : kDts)
+    for (int64_t n : {1000, 777, 5})
+      for (int64_t off : {0, 1}) {
+        SCOPED_TRACE(std::string(Name(dt)) + " n " + std::to_string(n) + " offset " + std::to_string(off));
+        const bool whole = off == 0;
+        Values a(dt, Uniform(n + off, -3.f, 3.f, 40)), b(dt, Uniform(n + off, -3.f, 3.f, 41));
+        auto at = [&](const Values& v) { return static_cast<char*>(v.data()) + off * Bytes(v.dt()); };
+        {  // Unary
+          Values y(dt, n + off);
+          ASSERT_TRUE(Ok(ck::Unary(ck::UnaryOp::kGelu, dt, at(a), at(y), n, nullptr)));
+          EXPECT_STREQ(emu::LastKernel(), whole ? "Map1<P>" : "Map1<1>");
+          std::vector<double> want;
+          for (int64_t i = 0; i < n + off; ++i)
+            want.push_back(i < off ? NAN : Round(dt, static_cast<float>(RefUnary(ck::UnaryOp::kGelu, a[i]))));
+          EXPECT_TRUE(Near(y, dt, want, 1e-6, 1e-7));
+        }
+        {  // Binary, and in place (y = a)
+          Values y(dt, n + off);
+          ASSERT_TRUE(Ok(ck::Binary(ck::BinaryOp::kMul, dt, at(a), at(b), at(y), n, nullptr, nullptr)));
+          EXPECT_STREQ(emu::LastKernel(), whole ? "Map2<P>" : "Map2<1>");
+          std::vector<double> want;
+          for (int64_t i = 0; i < n + off; ++i) want.push_back(i < off ? NAN : Round(dt, a[i] * b[i]));
+          EXPECT_TRUE(Near(y, dt, want, 0, 0));
+          ASSERT_TRUE(Ok(ck::Binary(ck::BinaryOp::kMul, dt, at(y), at(b), at(y), n, nullptr, nullptr)));
+          for (int64_t i = off; i < n + off; ++i) want[static_cast<size_t>(i)] = Round(dt, Round(dt, a[i] * b[i]) * b[i]);
+          EXPECT_TRUE(Near(y, dt, want, 0, 0));
+        }
+        {  // GeluGrad
+          Values dx(dt, n + off);
+          ASSERT_TRUE(Ok(ck::GeluGrad(dt, at(b), at(a), at(dx), n, false, nullptr)));
+          EXPECT_STREQ(emu::LastKernel(), whole ? "Map2<P>" : "Map2<1>");
+          std::vector<double> want;
+          for (int64_t i = 0; i < n + off; ++i) {
+            const double v = a[i];
+            want.push_back(i < off ? NAN
+                                   : Round(dt, static_cast<float>(b[i] * (Phi(v) + v * std::exp(-0.5 * v * v) /
+                                                                                     std::sqrt(2 * M_PI)))));
+          }
+          EXPECT_TRUE(Near(dx, dt, want, 1e-5, 1e-6));
+        }
+        for (Dt to : kDts) {  // Cast: 4 elements an access between float32 and a 16-bit type
+          Values y(to, n + off);
+          ASSERT_TRUE(Ok(ck::Cast(dt, to, at(a), at(y), n, nullptr)));
+          EXPECT_STREQ(emu::LastKernel(), whole ? "Map1<P>" : "Map1<1>");
+          std::vector<float> want;
+          for (int64_t i = 0; i < n + off; ++i) want.push_back(i < off ? kNaN : Round(to, a[i]));
+          EXPECT_TRUE(Exact(y, want));
+        }
+      }
+}
+
 // ---- Row kernels: LayerNorm, Softmax -------------------------------------------------------
 
 struct RowStats {
@@ -673,7 +727,9 @@ TEST_P(CudaEmu, SoftmaxCrossEntropyGradientFromLogProbAndFromScores) {
           EXPECT_TRUE(Near(dx, out_dt, want, 1e-5, 1e-8));
           if (with_loss) {
             EXPECT_TRUE(Near(row_loss, Dt::kF32, want_rows, 1e-6, 1e-6));
-            if (reduction != 2) EXPECT_NEAR(loss[0], reduction == 0 ? sum / counted : sum, 1e-5 * sum);
+            if (reduction != 2) {
+              EXPECT_NEAR(loss[0], reduction == 0 ? sum / counted : sum, 1e-5 * sum);
+            }
           }
         }
 }
@@ -716,7 +772,9 @@ TEST_P(CudaEmu, ReduceSumMeanMaxOverEveryLayout) {
         for (int d = 0; d < rank; ++d) (reduce[d] ? R : outputs) *= rc.dims[static_cast<size_t>(d)];
         Values y(dt, outputs);
         const int64_t scratch_n = ck::ReduceScratch(rank, rc.dims.data(), reduce);
-        if (rc.scratch) EXPECT_GT(scratch_n, 0);
+        if (rc.scratch) {
+          EXPECT_GT(scratch_n, 0);
+        }
         Array<double> scratch(std::max<int64_t>(scratch_n, 1), NAN);
         ASSERT_TRUE(Ok(ck::Reduce(op, dt, x.data(), y.data(), rank, rc.dims.data(), reduce,
                                   rc.scratch ? scratch.data() : nullptr, nullptr)));

@@ -64,6 +64,17 @@ __device__ __forceinline__ float BlockMax(float v, float* shared) {
   return WarpMax(v);
 }
 
+// P consecutive elements of T moved as one access (16 bytes at most: 4 float32 or 8 bf16 values).
+template <typename T, int P>
+struct alignas(sizeof(T) * P) Vec {
+  T v[P];
+};
+
+// Elements per access of a kernel over types of these sizes: one 16-byte access of the widest.
+constexpr int VecWidth(size_t a, size_t b) { return static_cast<int>(16 / (a > b ? a : b)); }
+
+inline bool AlignedTo(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 // Runs the body (the trailing arguments) with T the storage type of dt.
 #define DISPATCH_DT(dt, T, ...)                 \
   switch (dt) {                                  \

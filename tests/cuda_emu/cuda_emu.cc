@@ -399,6 +399,7 @@ void LaunchErased(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes
 }
 
 int64_t LaunchCount() { return S().launches; }
+const char* LastKernel() { return S().kernel; }
 const char* LastFault() { return S().fault.c_str(); }
 void ClearFault() { S().fault.clear(); }
 

@@ -133,8 +133,10 @@ void Launch(const char* kernel, F&& body, dim3 grid, dim3 block, size_t shared_b
   LaunchErased(kernel, grid, block, shared_bytes, [](void* f) { (*static_cast<Body*>(f))(); }, &body);
 }
 
-// Launches so far; the message of the first launch error since ClearFault ("" when none).
+// Launches so far, and the last one's kernel as its source names it ("Map1<P>");
+// the message of the first launch error since ClearFault ("" when none).
 int64_t LaunchCount();
+const char* LastKernel();
 const char* LastFault();
 void ClearFault();
 
