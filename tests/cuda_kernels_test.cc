@@ -93,6 +93,13 @@ TEST(CudaProvider, MatMulShapes) {
              {{"a", Random({2, 1, 3, 16}, 13)}, {"b", Random({4, 16, 8}, 14)}}, 1e-4, 1e-5, "MatMul");
   ExpectSame("input a: float32[5,16]\ninput b: float32[16]\ny = MatMul(a, b)\noutput y\n",
              {{"a", Random({5, 16}, 15)}, {"b", Random({16}, 16)}}, 1e-4, 1e-5, "MatMul");
+  // A transposed batch with one B: each A^T is its own product (the batch cannot fold into M).
+  for (int trans_b : {0, 1})
+    ExpectSame(absl::StrCat("input a: float32[2,64,3]\ninput b: float32", trans_b ? "[40,64]" : "[64,40]",
+                            "\ny = ai.cleave.FusedMatMul(a, b) {transA = 1, transB = ", trans_b, "}\noutput y\n"),
+               {{"a", Random({2, 64, 3}, 57)},
+                {"b", Random(trans_b ? std::vector<int64_t>{40, 64} : std::vector<int64_t>{64, 40}, 58)}},
+               1e-4, 1e-5, "FusedMatMul");
 }
 
 TEST(CudaProvider, FusedMatMulEpilogues) {

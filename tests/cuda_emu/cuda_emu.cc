@@ -99,9 +99,11 @@ struct Fiber {
   uint64_t wait_generation = 0;
 };
 
+// A shuffle's values go to the half of `slot` its barrier generation picks: a lane can be one
+// shuffle ahead of another (writing the other half) but not two, so one barrier suffices.
 struct Warp {
-  Barrier in, out;  // values written; values read
-  uint64_t slot[32] = {};
+  Barrier in;
+  uint64_t slot[2][32] = {};
   int lanes = 0, live = 0;
 };
 
@@ -126,10 +128,8 @@ struct State {
   uint64_t seed = 0;
 };
 
-State& S() {
-  static State* s = new State;  // never destroyed: fibers may still point into it at exit
-  return *s;
-}
+State* const g_state = new State;  // never destroyed: fibers may still point into it at exit
+inline State& S() { return *g_state; }
 
 char* NewStack() {
   void* p = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -192,7 +192,7 @@ bool Runnable(const Fiber& f) { return !f.done && (!f.waiting || f.waiting->gene
   ++s.exited;
   --w.live;
   if (s.block_barrier.arrived > 0) SyncFault(s.exited);
-  if (w.in.arrived > 0 || w.out.arrived > 0) ShuffleFault(w);
+  if (w.in.arrived > 0) ShuffleFault(w);
   Switch(&f->ctx, &s.scheduler);
   __builtin_unreachable();
 }
@@ -240,7 +240,7 @@ bool RunBlock(State& s, unsigned threads, const dim3& block) {
     const int lanes = static_cast<int>(std::min(32u, threads - 32 * w));
     warp = Warp{};
     warp.lanes = warp.live = lanes;
-    warp.in.expected = warp.out.expected = lanes;
+    warp.in.expected = lanes;
   }
   std::fill(s.shared.begin(), s.shared.end(), 0xff);  // NaN floats: uninitialised reads show
   for (unsigned t = 0; t < threads; ++t) {
@@ -248,7 +248,9 @@ bool RunBlock(State& s, unsigned threads, const dim3& block) {
     f = Fiber{};
     f.linear = t;
     f.tid = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-    Prepare(&f.ctx, s.stacks[t], FiberMain);
+    // Tops staggered by cache lines: stacks a multiple of the page size apart would all put
+    // their hot lines in the same cache sets.
+    Prepare(&f.ctx, s.stacks[t] - (t % 61) * 64, FiberMain);
   }
   // A pass resumes each runnable fiber once; with warps running ahead, each warp in turn is
   // resumed until none of its fibers can run.
@@ -349,11 +351,10 @@ uint64_t WarpExchange(unsigned mask, uint64_t value, int src_lane) {
   if (mask != 0xffffffffu) FaultInKernel("a shuffle with a partial mask (only full warps are emulated)");
   if (w.lanes != 32) FaultInKernel("a full-mask shuffle in a warp of " + std::to_string(w.lanes) + " threads");
   if (w.live != 32) ShuffleFault(w);
-  w.slot[f->linear % 32] = value;
+  const int half = static_cast<int>(w.in.generation & 1);
+  w.slot[half][f->linear % 32] = value;
   Wait(&w.in);
-  const uint64_t got = w.slot[src_lane];
-  Wait(&w.out);
-  return got;
+  return w.slot[half][src_lane];
 }
 
 void* DynamicSharedMemory() { return S().shared.data(); }
@@ -400,6 +401,9 @@ void LaunchErased(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes
 
 int64_t LaunchCount() { return S().launches; }
 const char* LastKernel() { return S().kernel; }
+void SetLastError(cudaError_t e) {
+  if (S().last_error == cudaSuccess) S().last_error = e;
+}
 const char* LastFault() { return S().fault.c_str(); }
 void ClearFault() { S().fault.clear(); }
 

@@ -42,13 +42,23 @@ struct dim3 {
 struct CUstream_st;
 typedef CUstream_st* cudaStream_t;
 
+struct CUevent_st;
+typedef CUevent_st* cudaEvent_t;
+
 enum cudaError {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
   cudaErrorLaunchFailure = 719,
 };
 typedef cudaError cudaError_t;
+
+constexpr unsigned int cudaStreamNonBlocking = 0x01;
+constexpr unsigned int cudaEventDisableTiming = 0x02;
 
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -137,6 +147,8 @@ void Launch(const char* kernel, F&& body, dim3 grid, dim3 block, size_t shared_b
 // the message of the first launch error since ClearFault ("" when none).
 int64_t LaunchCount();
 const char* LastKernel();
+// Sets what cudaGetLastError returns next, unless an error is pending already.
+void SetLastError(cudaError_t e);
 const char* LastFault();
 void ClearFault();
 
@@ -192,7 +204,40 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float a) { return sqrtf(a); }
 
 // ---- Runtime functions --------------------------------------------------------------------
+// The device is the host: one device of kEmulatedDeviceBytes, allocations are host memory
+// (256-byte aligned, filled with 0xff bytes, so a read before a write shows as NaN), every
+// stream runs its work at once on the calling thread, and events are always complete.
+inline constexpr size_t kEmulatedDeviceBytes = size_t{16} << 30;
 cudaError_t cudaGetLastError();
+const char* cudaGetErrorName(cudaError_t e);
+const char* cudaGetErrorString(cudaError_t e);
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaDriverGetVersion(int* version);
+cudaError_t cudaRuntimeGetVersion(int* version);
+cudaError_t cudaMalloc(void** p, size_t bytes);
+template <typename T>
+cudaError_t cudaMalloc(T** p, size_t bytes) {
+  return cudaMalloc(reinterpret_cast<void**>(p), bytes);
+}
+cudaError_t cudaFree(void* p);
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t stream = nullptr);
+cudaError_t cudaStreamCreate(cudaStream_t* s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags = 0);
+cudaError_t cudaEventCreate(cudaEvent_t* e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
   if (bytes) std::memset(p, value, bytes);
   return cudaSuccess;

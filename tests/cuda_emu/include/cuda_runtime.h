@@ -1,3 +1,3 @@
-// Stands in for the CUDA header of this name when kernels/cuda/*.cu compile for cuda_emu.
+// Stands in for the CUDA header of this name over the emulated device (cuda_emu.h).
 #pragma once
 #include "../cuda_emu.h"
