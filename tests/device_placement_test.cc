@@ -25,6 +25,7 @@
 #include "onnx_ext/onnx_io.h"
 #include "providers/cpu/cpu_provider.h"
 #include "runtime/simulated_communicator.h"
+#include "tests/device_comm.h"
 #include "tests/op_tester.h"
 #include "tests/partition_test_util.h"
 #include "trainer/partition_plan.h"
@@ -35,6 +36,7 @@ namespace cleave {
 namespace {
 
 using providers::ArenaAllocator;
+using testing::DeviceComm;
 using providers::KernelContext;
 using providers::OpKernel;
 
@@ -707,71 +709,6 @@ TEST(DevicePlacement, Bf16VocabularyPaddedToAlignedRowsTrainsAsTheCpu) {
     EXPECT_LT(losses[0][3], losses[0][0]) << "the steps train";
   }
 }
-
-// A simulated rank's communicator seen as a device one (NCCL-like): the stand-in device's memory
-// is host memory underneath, so the simulated world moves it. It counts what the gradient
-// reducer asks of a device communicator.
-class DeviceComm : public Communicator {
- public:
-  struct Counts {
-    std::atomic<int> deferred{0}, joins{0}, partial_joins{0}, syncs{0}, duplicates{0};
-  };
-  DeviceComm(Communicator* inner, std::shared_ptr<Counts> counts, std::unique_ptr<Communicator> owned = nullptr)
-      : inner_(inner), owned_(std::move(owned)), counts_(std::move(counts)) {}
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  absl::Status AllReduce(const TensorView& in, const TensorView& out, ReduceOp op, std::span<const int> g) override {
-    ++ops_;
-    return inner_->AllReduce(in, out, op, g);
-  }
-  absl::Status AllGather(const TensorView& in, const TensorView& out, std::span<const int> g) override {
-    ++ops_;
-    return inner_->AllGather(in, out, g);
-  }
-  absl::Status ReduceScatter(const TensorView& in, const TensorView& out, ReduceOp op,
-                             std::span<const int> g) override {
-    ++ops_;
-    return inner_->ReduceScatter(in, out, op, g);
-  }
-  absl::Status AllToAll(const TensorView& in, const TensorView& out, std::span<const int> g) override {
-    ++ops_;
-    return inner_->AllToAll(in, out, g);
-  }
-  absl::Status Broadcast(const TensorView& buf, int root, std::span<const int> g) override {
-    return inner_->Broadcast(buf, root, g);
-  }
-  absl::Status Barrier(std::span<const int> g) override { return inner_->Barrier(g); }
-  absl::Status Send(const TensorView& t, int peer, int tag) override { return inner_->Send(t, peer, tag); }
-  absl::Status Recv(const TensorView& t, int peer, int tag) override { return inner_->Recv(t, peer, tag); }
-  bool device_memory() const override { return true; }
-  absl::StatusOr<std::unique_ptr<Communicator>> Duplicate() override {
-    ASSIGN_OR_RETURN(std::unique_ptr<Communicator> dup, inner_->Duplicate());
-    ++counts_->duplicates;
-    Communicator* raw = dup.get();
-    return std::unique_ptr<Communicator>(new DeviceComm(raw, counts_, std::move(dup)));
-  }
-  void set_deferred(bool d) override { counts_->deferred += d; }
-  absl::Status JoinCompute() override {
-    ++counts_->joins;
-    return absl::OkStatus();
-  }
-  int64_t queued_operations() const override { return ops_; }
-  absl::Status JoinComputeThrough(int64_t count) override {
-    if (count < 0 || count > ops_) return absl::InternalError(absl::StrCat("joined through ", count, " of ", ops_));
-    ++counts_->partial_joins;
-    return absl::OkStatus();
-  }
-  absl::Status Synchronize() override {
-    ++counts_->syncs;
-    return absl::OkStatus();
-  }
-
- private:
-  Communicator* inner_;
-  std::unique_ptr<Communicator> owned_;
-  std::shared_ptr<Counts> counts_;
-  int64_t ops_ = 0;  // collectives queued on this communicator
-};
 
 // A session of one rank on the stand-in device, its host and device communicators given.
 trainer::TrainingSessionOptions OnStandInDevice(Communicator* host, Communicator* device) {

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -366,10 +367,19 @@ void SetOrder(Order order, uint64_t seed) {
 
 void LaunchErased(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes, void (*run)(void*), void* body) {
   State& s = S();
-  if (s.current) {
+  thread_local bool launching = false;
+  if (launching) {
     std::fprintf(stderr, "cuda_emu: a launch inside kernel %s\n", s.kernel);
     std::abort();
   }
+  // One launch at a time, whichever host thread enqueues it (the device has one queue here).
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  launching = true;
+  struct Done {
+    bool& flag;
+    ~Done() { flag = false; }
+  } done{launching};
   InstallFaultReport();
   ++s.launches;
   s.kernel = kernel;

@@ -1,0 +1,143 @@
+// Partitioned training on CUDA providers over the emulated device (built with
+// CLEAVE_CUDA_EMULATION only): two ranks in one process, each a training session on its own
+// CUDA provider, with a device communicator over the simulated world (the emulated device's
+// memory is host memory, so the simulated world can move it, as NCCL moves device memory).
+// The provider's collective and message kernels (providers/cuda/cuda_collectives.cc), the
+// gradient reducer and the asynchronous collectives run as they would over NCCL; after two
+// steps every rank's parameters equal the same plan's on the CPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/simulated_communicator.h"
+#include "tests/device_comm.h"
+#include "trainer/partition_plan.h"
+#include "trainer/training_session.h"
+
+namespace cleave {
+namespace {
+
+struct TrainedRanks {
+  std::vector<std::vector<Tensor>> params;  // [rank]
+  std::vector<std::vector<float>> losses;   // [rank][step]
+  size_t async_collectives = 0;              // rank 0's
+  std::string warnings;                      // rank 0's session's
+};
+
+TrainedRanks Train(const trainer::PlanConfig& c, DeviceChoice device) {
+  TrainedRanks out;
+  auto plan = trainer::BuildPlan(c);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return out;
+  const int world_size = plan->mesh.world_size();
+  const int64_t data_parallel = c.mesh.find("dp=2") != std::string::npos ? 2 : 1;  // the batch is split over dp
+  out.params.resize(static_cast<size_t>(world_size));
+  out.losses.resize(static_cast<size_t>(world_size));
+  runtime::SimulatedWorld world(world_size);
+  std::vector<absl::Status> status(static_cast<size_t>(world_size));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world_size; ++r)
+    ranks.emplace_back([&, r] {
+      auto counts = std::make_shared<testing::DeviceComm::Counts>();
+      testing::DeviceComm comm(world.rank(r), counts);
+      trainer::TrainingSessionOptions o;
+      o.intra_op_threads = 1;
+      o.device = device;
+      o.communicator = world.rank(r);
+      if (device == DeviceChoice::kCuda) o.device_communicator = &comm;
+      const std::vector<trainer::TrainingSession::PipelineWork> work = trainer::PipelineWorkFor(*plan, r);
+      auto s = trainer::TrainingSession::Create(std::move(plan->ranks[static_cast<size_t>(r)].artifacts), o);
+      absl::Status& st = status[static_cast<size_t>(r)];
+      if (!s.ok()) {
+        st = s.status();
+        return;
+      }
+      if (r == 0) out.warnings = (*s)->warnings();
+      for (int step = 0; step < 2 && st.ok(); ++step) {
+        std::vector<Feeds> micro;
+        const int64_t rows = c.batch / c.microbatches / data_parallel;
+        for (int m = 0; m < c.microbatches; ++m) {
+          Tensor ids(DataType::kInt64, {rows, c.seq}), labels(DataType::kInt64, {rows, c.seq});
+          for (int64_t i = 0; i < rows * c.seq; ++i) {
+            ids.data<int64_t>()[i] = (i * 7 + 3 + step + m * 5 + r * 11) % 256;
+            labels.data<int64_t>()[i] = (i * 5 + 1 + step + m * 3 + r * 13) % 256;
+          }
+          micro.push_back({{"input_ids", ids}, {"labels", labels}});
+        }
+        auto loss = (*s)->pipelined() ? (*s)->PipelineStep(work, micro) : (*s)->TrainStep(micro[0]);
+        if (!loss.ok()) {
+          st = loss.status();
+          break;
+        }
+        out.losses[static_cast<size_t>(r)].push_back(*loss);
+        st = (*s)->OptimizerStep().status();
+      }
+      if (r == 0) out.async_collectives = (*s)->async_collectives().size();
+      for (const std::string& p : (*s)->parameter_names())
+        out.params[static_cast<size_t>(r)].push_back(*(*s)->GetState(p));
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < world_size; ++r)
+    EXPECT_TRUE(status[static_cast<size_t>(r)].ok()) << "rank " << r << ": " << status[static_cast<size_t>(r)];
+  return out;
+}
+
+class CudaEmulatedRanks : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaEmulatedRanks, PartitionedTrainingOnCudaProvidersEqualsTheCpu) {
+  trainer::PlanConfig c;
+  c.model = std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx";
+  c.mesh = GetParam();
+  c.batch = 2;
+  c.seq = 16;
+  c.microbatches = std::string(GetParam()).find("pp") != std::string::npos ? 2 : 1;
+  c.spec.optimizer.max_grad_norm = 1.0f;
+  const TrainedRanks cpu = Train(c, DeviceChoice::kCpu);
+  const TrainedRanks cuda = Train(c, DeviceChoice::kCuda);
+  ASSERT_EQ(cuda.params.size(), cpu.params.size());
+  ASSERT_EQ(cpu.params.size(), 2u);
+  EXPECT_GT(cuda.async_collectives, 0u) << "the collectives or messages ran asynchronously on the device";
+  double worst = 0;
+  for (size_t r = 0; r < cpu.params.size(); ++r) {
+    ASSERT_EQ(cuda.params[r].size(), cpu.params[r].size()) << "rank " << r;
+    ASSERT_FALSE(cpu.params[r].empty());
+    for (size_t i = 0; i < cpu.params[r].size(); ++i) {
+      const Tensor& a = cuda.params[r][i];
+      const Tensor& b = cpu.params[r][i];
+      ASSERT_EQ(a.dims(), b.dims()) << "rank " << r << " parameter " << i;
+      ASSERT_EQ(a.dtype(), DataType::kFloat32);
+      for (int64_t k = 0; k < b.numel(); ++k) {
+        const double d = std::abs(static_cast<double>(a.data<float>()[k]) - b.data<float>()[k]);
+        worst = std::max(worst, d);
+        // AdamW moves a weight by about lr (1e-3) whatever the gradient's size, so a weight whose
+        // gradient is near zero takes rounding differences into its update: 1e-4 is a tenth of a step.
+        ASSERT_LE(d, 1e-4 + 1e-4 * std::abs(b.data<float>()[k])) << "rank " << r << " parameter " << i << " [" << k
+                                                                  << "]";
+      }
+    }
+    ASSERT_EQ(cuda.losses[r].size(), 2u);
+    for (size_t step = 0; step < 2; ++step) {
+      if (std::isnan(cpu.losses[r][step])) {  // a first pipeline stage has no loss
+        EXPECT_TRUE(std::isnan(cuda.losses[r][step])) << "rank " << r << " step " << step;
+        continue;
+      }
+      EXPECT_NEAR(cuda.losses[r][step], cpu.losses[r][step], 1e-4 * std::abs(cpu.losses[r][step]))
+          << "rank " << r << " step " << step;
+    }
+  }
+  std::printf("%s: largest parameter difference from the CPU after 2 steps: %.2e\n", GetParam(), worst);
+  if (!cuda.warnings.empty()) std::printf("%s: %s\n", GetParam(), cuda.warnings.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, CudaEmulatedRanks, ::testing::Values("dp=2", "tp=2", "pp=2"),
+                         [](const auto& info) { return std::string(info.param).substr(0, 2); });
+
+}  // namespace
+}  // namespace cleave
