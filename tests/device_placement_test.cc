@@ -504,8 +504,9 @@ TEST(DevicePlacement, Bf16TrainingWithTheDeviceFusionsTracksTheCpu) {
         loss_in_grad += n->op_type() == "SoftmaxCrossEntropyLossGrad" && n->num_outputs() == 2 && n->output(1);
         forward_loss += n->op_type() == "SoftmaxCrossEntropyLoss";
         transposes += n->op_type() == "Transpose";
-        if (n->op_type() == "SoftmaxCrossEntropyLossGrad")
+        if (n->op_type() == "SoftmaxCrossEntropyLossGrad") {
           EXPECT_EQ(n->input(1)->dtype(), DataType::kBFloat16) << "the logits product writes bf16";
+        }
         packed += (n->op_type() == "Attention" || n->op_type() == "AttentionGrad") &&
                   n->AttrString("layout", "") == "bs3hd";
         splits += n->op_type() == "Split" || n->op_type() == "Concat";
