@@ -3,6 +3,7 @@
 // a usable device (or driver) each test skips and says why.
 #include <cuda_runtime_api.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -100,6 +101,78 @@ TEST(CudaProvider, MatMulShapes) {
                {{"a", Random({2, 64, 3}, 57)},
                 {"b", Random(trans_b ? std::vector<int64_t>{40, 64} : std::vector<int64_t>{64, 40}, 58)}},
                1e-4, 1e-5, "FusedMatMul");
+}
+
+// Integer arithmetic, comparisons and logic (the vocabulary-parallel embedding's masks: ids
+// against a shard's range, shifted into it), with broadcasting, and Slice. Nothing falls back.
+TEST(CudaProvider, ComparisonsLogicIntegersAndSlice) {
+  REQUIRE_CUDA();
+  Tensor a(DataType::kInt64, {4, 5}), b(DataType::kInt64, {5});
+  for (int64_t i = 0; i < 20; ++i) a.data<int64_t>()[i] = i % 7 - 3 + (i == 19 ? INT64_MIN + 3 : 0);
+  const int64_t bv[5] = {2, -1, 0, 3, -3};  // a zero and a -1 divisor
+  for (int i = 0; i < 5; ++i) b.data<int64_t>()[i] = bv[i];
+  Tensor x = Random({4, 5}, 60), y = Random({4, 1}, 61);
+  x.data<float>()[3] = NAN;  // compares false
+  ExpectSame(R"(
+    input a: int64[4,5]
+    input b: int64[5]
+    input x: float32[4,5]
+    input y: float32[4,1]
+    add = Add(a, b)
+    sub = Sub(a, b)
+    mul = Mul(a, b)
+    div = Div(a, b)
+    mx = Max(a, b)
+    mn = Min(a, b)
+    ge = GreaterOrEqual(a, b)
+    lt = Less(a, b)
+    eq = Equal(a, b)
+    gt = Greater(x, y)
+    le = LessOrEqual(x, y)
+    both = And(ge, gt)
+    either = Or(lt, le)
+    one = Equal(ge, le)
+    none = Not(eq)
+    same = Equal(both, either)
+    output add
+    output sub
+    output mul
+    output div
+    output mx
+    output mn
+    output ge
+    output lt
+    output eq
+    output gt
+    output le
+    output both
+    output either
+    output one
+    output none
+    output same
+  )",
+             {{"a", a}, {"b", b}, {"x", x}, {"y", y}}, 0, 0, "*");
+  // Slice: steps of 1, 2 and -1, negative starts and ends, axes given and omitted, int32 and
+  // bf16 data.
+  Tensor starts = Tensor::FromVector<int64_t>({1, -1, 0}, {3}), ends = Tensor::FromVector<int64_t>({3, -7, 6}, {3});
+  Tensor axes = Tensor::FromVector<int64_t>({0, 2, 1}, {3}), steps = Tensor::FromVector<int64_t>({1, -2, 2}, {3});
+  ExpectSame(R"(
+    input x: float32[4,6,9]
+    input starts: int64[3]
+    input ends: int64[3]
+    input axes: int64[3]
+    input steps: int64[3]
+    y = Slice(x, starts, ends, axes, steps)
+    h = Cast(x) {to = 16}
+    hs = Slice(h, starts, ends, axes, steps)
+    z = Cast(hs) {to = 1}
+    s2 = Slice(x, starts, ends)
+    output y
+    output z
+    output s2
+  )",
+             {{"x", Random({4, 6, 9}, 62)}, {"starts", starts}, {"ends", ends}, {"axes", axes}, {"steps", steps}}, 0,
+             0, "*");
 }
 
 TEST(CudaProvider, FusedMatMulEpilogues) {

@@ -100,6 +100,44 @@ int GatherGrad(const float* dy, const int64_t* ids, float* dtable, int64_t num_i
   return static_cast<int>(cudaGetLastError());
 }
 
+int StridedCopy(int elem_bytes, const void* x, void* y, int rank, const int64_t* out_dims, const int64_t* in_strides,
+                void* stream) {
+  if (rank > kMaxRank) return static_cast<int>(cudaErrorInvalidValue);
+  Perm p{};
+  int64_t n = 1, reach = 0;  // output elements; the farthest input offset
+  bool backwards = false;    // a negative step: offsets below x, signed arithmetic
+  for (int d = 0; d < rank; ++d) {
+    if (out_dims[d] == 1) continue;
+    p.out_dims[p.rank] = out_dims[d];
+    p.in_strides[p.rank++] = in_strides[d];
+    n *= out_dims[d];
+    backwards = backwards || in_strides[d] < 0;
+    reach += (out_dims[d] - 1) * (in_strides[d] < 0 ? -in_strides[d] : in_strides[d]);
+  }
+  for (int d = 0; d < rank; ++d)
+    if (out_dims[d] == 0) return 0;
+  cudaStream_t s = Stream(stream);
+  // 32-bit index arithmetic where every offset is forward and both the output count and the
+  // input reach fit.
+  const bool narrow = !backwards && n < (int64_t{1} << 31) && reach < (int64_t{1} << 31);
+  auto launch = [&](auto zero) {
+    using E = decltype(zero);
+    if (narrow)
+      TransposeKernel<E, uint32_t><<<Blocks(n), kThreads, 0, s>>>(static_cast<const E*>(x), static_cast<E*>(y),
+                                                                  static_cast<uint32_t>(n), p);
+    else
+      TransposeKernel<E, int64_t><<<Blocks(n), kThreads, 0, s>>>(static_cast<const E*>(x), static_cast<E*>(y), n, p);
+    return static_cast<int>(cudaGetLastError());
+  };
+  switch (elem_bytes) {
+    case 1: return launch(uint8_t{});
+    case 2: return launch(uint16_t{});
+    case 4: return launch(uint32_t{});
+    case 8: return launch(uint64_t{});
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
 int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* perm,
               void* stream) {
   if (rank > kMaxRank) return static_cast<int>(cudaErrorInvalidValue);

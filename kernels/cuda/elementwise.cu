@@ -180,6 +180,82 @@ __global__ void DropoutKernel(uint64_t key, double ratio, float scale, const T* 
   }
 }
 
+// A comparison's operand as it is compared: float storage types as float32, integers and bool
+// as themselves.
+__device__ __forceinline__ float Num(float x) { return x; }
+__device__ __forceinline__ float Num(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float Num(__half x) { return __half2float(x); }
+__device__ __forceinline__ int64_t Num(int64_t x) { return x; }
+__device__ __forceinline__ int32_t Num(int32_t x) { return x; }
+__device__ __forceinline__ bool Num(bool x) { return x; }
+
+template <typename T>
+struct CompareFn {
+  CompareOp op;
+  __device__ bool operator()(T a, T b) const {
+    const auto u = Num(a), w = Num(b);
+    switch (op) {
+      case CompareOp::kEqual: return u == w;
+      case CompareOp::kLess: return u < w;
+      case CompareOp::kGreater: return u > w;
+      case CompareOp::kLessOrEqual: return u <= w;
+      case CompareOp::kGreaterOrEqual: return u >= w;
+      case CompareOp::kAnd: return u && w;
+      case CompareOp::kOr: return u || w;
+    }
+    return false;
+  }
+};
+
+// Integer arithmetic in the unsigned type (wrapping, as the CPU's WrapAdd and friends).
+template <typename T, typename U>
+struct IntBinaryFn {
+  BinaryOp op;
+  __device__ T operator()(T a, T b) const {
+    switch (op) {
+      case BinaryOp::kAdd: return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+      case BinaryOp::kSub: return static_cast<T>(static_cast<U>(a) - static_cast<U>(b));
+      case BinaryOp::kMul: return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+      case BinaryOp::kDiv:
+        if (b == 0) return 0;
+        if (b == -1) return static_cast<T>(U{0} - static_cast<U>(a));  // the most negative value wraps
+        return a / b;
+      case BinaryOp::kMax: return a > b ? a : b;
+      case BinaryOp::kMin: return a < b ? a : b;
+      case BinaryOp::kPow: return 0;  // not offered (the launcher refuses it)
+    }
+    return 0;
+  }
+};
+
+struct NotFn {
+  __device__ bool operator()(bool x) const { return !x; }
+};
+
+// y[i] = f(a[ia], b[ib]) with broadcasting.
+template <typename X, typename Y, typename F>
+__global__ void Map2Broadcast(F f, const X* a, const X* b, Y* y, int64_t n, Broadcast bc) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t rest = i, ia = 0, ib = 0;
+    for (int d = bc.rank - 1; d >= 0; --d) {
+      const int64_t c = rest % bc.out_dims[d];
+      rest /= bc.out_dims[d];
+      ia += c * bc.a_strides[d];
+      ib += c * bc.b_strides[d];
+    }
+    y[i] = f(a[ia], b[ib]);
+  }
+}
+
+template <typename X, typename Y, typename F>
+int LaunchMap2Any(F f, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc, cudaStream_t s) {
+  if (!bc) return LaunchMap2<X, Y>(f, a, b, y, n, s);
+  Map2Broadcast<X, Y><<<Blocks(n), kThreads, 0, s>>>(f, static_cast<const X*>(a), static_cast<const X*>(b),
+                                                      static_cast<Y*>(y), n, *bc);
+  return static_cast<int>(cudaGetLastError());
+}
+
 template <typename To>
 int CastFrom(Dt from, const void* x, void* y, int64_t n, cudaStream_t s) {
   switch (from) {
@@ -201,6 +277,37 @@ int Binary(BinaryOp op, Dt dt, const void* a, const void* b, void* y, int64_t n,
                                                       static_cast<T*>(y), n, *bc);
   });
   return static_cast<int>(cudaGetLastError());
+}
+
+int Compare(CompareOp op, Elem t, const void* a, const void* b, bool* y, int64_t n, const Broadcast* bc, void* stream) {
+  if (n == 0) return 0;
+  const bool logical = op == CompareOp::kAnd || op == CompareOp::kOr;
+  if (logical && t != Elem::kBool) return static_cast<int>(cudaErrorInvalidValue);
+  cudaStream_t s = Stream(stream);
+  switch (t) {
+    case Elem::kF32: return LaunchMap2Any<float, bool>(CompareFn<float>{op}, a, b, y, n, bc, s);
+    case Elem::kBf16: return LaunchMap2Any<__nv_bfloat16, bool>(CompareFn<__nv_bfloat16>{op}, a, b, y, n, bc, s);
+    case Elem::kF16: return LaunchMap2Any<__half, bool>(CompareFn<__half>{op}, a, b, y, n, bc, s);
+    case Elem::kI64: return LaunchMap2Any<int64_t, bool>(CompareFn<int64_t>{op}, a, b, y, n, bc, s);
+    case Elem::kI32: return LaunchMap2Any<int32_t, bool>(CompareFn<int32_t>{op}, a, b, y, n, bc, s);
+    case Elem::kBool: return LaunchMap2Any<bool, bool>(CompareFn<bool>{op}, a, b, y, n, bc, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int IntBinary(BinaryOp op, Elem t, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc,
+              void* stream) {
+  if (op == BinaryOp::kPow) return static_cast<int>(cudaErrorInvalidValue);
+  if (n == 0) return 0;
+  cudaStream_t s = Stream(stream);
+  if (t == Elem::kI64) return LaunchMap2Any<int64_t, int64_t>(IntBinaryFn<int64_t, uint64_t>{op}, a, b, y, n, bc, s);
+  if (t == Elem::kI32) return LaunchMap2Any<int32_t, int32_t>(IntBinaryFn<int32_t, uint32_t>{op}, a, b, y, n, bc, s);
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int Not(const bool* x, bool* y, int64_t n, void* stream) {
+  if (n == 0) return 0;
+  return LaunchMap1<bool, bool>(NotFn{}, x, y, n, Stream(stream));
 }
 
 int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream) {

@@ -28,6 +28,19 @@ enum class UnaryOp : int { kIdentity, kRelu, kGelu, kGeluTanh, kTanh, kExp, kLog
 
 // y = a op b; bc null when a, b and y have the same n elements.
 int Binary(BinaryOp op, Dt dt, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc, void* stream);
+
+// Element types of the comparison and integer kernels: the float storage types, int64, int32, bool.
+enum class Elem : int { kF32, kBf16, kF16, kI64, kI32, kBool };
+enum class CompareOp : int { kEqual, kLess, kGreater, kLessOrEqual, kGreaterOrEqual, kAnd, kOr };
+// y (bool) = a op b, with broadcasting as Binary: comparisons over any Elem (floats compared as
+// float32, so NaN compares false; bool only for Equal), And and Or over bool alone.
+int Compare(CompareOp op, Elem t, const void* a, const void* b, bool* y, int64_t n, const Broadcast* bc, void* stream);
+// y = a op b over int64 or int32, with broadcasting as Binary: Add, Sub and Mul wrap around; Div
+// truncates toward zero and x / 0 is 0 (the CPU's); Max, Min. (No Pow.)
+int IntBinary(BinaryOp op, Elem t, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc,
+              void* stream);
+// y = !x over bool.
+int Not(const bool* x, bool* y, int64_t n, void* stream);
 int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream);
 int Cast(Dt from, Dt to, const void* x, void* y, int64_t n, void* stream);
 // Training-mode dropout with the CPU's counter-based mask (kernels/cpu/nn.h DropoutKeyed):
@@ -114,6 +127,10 @@ int Gather(int elem_bytes, const void* table, const int64_t* ids, void* out, int
 // dtable [rows, row_elems] = scatter-add of dy rows at ids (dtable is zeroed first).
 int GatherGrad(const float* dy, const int64_t* ids, float* dtable, int64_t num_ids, int64_t rows, int64_t row_elems,
                void* stream);
+// y [out_dims] = the elements of x at sum_d k_d * in_strides[d] (element strides of either sign,
+// from x as given): a Slice, its start already added to x.
+int StridedCopy(int elem_bytes, const void* x, void* y, int rank, const int64_t* out_dims, const int64_t* in_strides,
+                void* stream);
 // y = x with axes permuted (y dim k = x dim perm[k]).
 int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* perm,
               void* stream);

@@ -10,6 +10,7 @@
 #include "base/status.h"
 #include "graph/op_table.h"
 #include "kernels/cpu/nn.h"
+#include "kernels/cpu/shape.h"
 #include "kernels/cuda/kernels.h"
 #include "providers/cuda/cuda_kernel.h"
 #include "providers/cuda/cuda_matmul.h"
@@ -20,44 +21,101 @@ namespace {
 
 // ---- elementwise ----------------------------------------------------------------------
 
+// The output dims of a and b broadcast together, and their strides per output dim.
+absl::Status BroadcastTwo(const std::string& name, const TensorView& a, const TensorView& b, kc::Broadcast* bc,
+                          std::vector<int64_t>* out) {
+  const int rank = std::max(a.rank, b.rank);
+  if (rank > kc::kMaxRank) return Unimplemented(name, ": rank ", rank, " over ", kc::kMaxRank);
+  bc->rank = rank;
+  out->assign(rank, 0);
+  int64_t sa = 1, sb = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    const int ia = d - (rank - a.rank), ib = d - (rank - b.rank);
+    const int64_t da = ia >= 0 ? a.dims[ia] : 1, db = ib >= 0 ? b.dims[ib] : 1;
+    if (da != db && da != 1 && db != 1)
+      return InvalidArgument(name, ": dims ", DimsToString(a.shape()), " and ", DimsToString(b.shape()),
+                             " do not broadcast");
+    (*out)[d] = da == 1 ? db : da;
+    bc->out_dims[d] = (*out)[d];
+    bc->a_strides[d] = da == 1 ? 0 : sa;
+    bc->b_strides[d] = db == 1 ? 0 : sb;
+    sa *= da;
+    sb *= db;
+  }
+  return absl::OkStatus();
+}
+
+kc::BinaryOp BinaryOpOf(const std::string& o) {
+  return o == "Add" ? kc::BinaryOp::kAdd : o == "Sub" ? kc::BinaryOp::kSub : o == "Mul" ? kc::BinaryOp::kMul
+       : o == "Div" ? kc::BinaryOp::kDiv : o == "Max" ? kc::BinaryOp::kMax : o == "Min" ? kc::BinaryOp::kMin
+                                                                        : kc::BinaryOp::kPow;
+}
+
+kc::Elem ElemOf(DataType t) {
+  switch (t) {
+    case DataType::kBFloat16: return kc::Elem::kBf16;
+    case DataType::kFloat16: return kc::Elem::kF16;
+    case DataType::kInt64: return kc::Elem::kI64;
+    case DataType::kInt32: return kc::Elem::kI32;
+    case DataType::kBool: return kc::Elem::kBool;
+    default: return kc::Elem::kF32;
+  }
+}
+
+// Add, Sub, Mul, Div, Max, Min, Pow over float types; all but Pow over int64 and int32 too.
 class BinaryKernel : public CudaKernel {
  public:
-  BinaryKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {
-    const std::string& o = n.op_type();
-    op_ = o == "Add" ? kc::BinaryOp::kAdd : o == "Sub" ? kc::BinaryOp::kSub : o == "Mul" ? kc::BinaryOp::kMul
-        : o == "Div" ? kc::BinaryOp::kDiv : o == "Max" ? kc::BinaryOp::kMax : o == "Min" ? kc::BinaryOp::kMin
-                                                                                 : kc::BinaryOp::kPow;
-  }
+  BinaryKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n), op_(BinaryOpOf(n.op_type())) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& a = *ctx.input(0);
     const TensorView& b = *ctx.input(1);
-    const int rank = std::max(a.rank, b.rank);
-    if (rank > kc::kMaxRank) return Unimplemented(name_, ": rank ", rank, " over ", kc::kMaxRank);
     kc::Broadcast bc;
-    bc.rank = rank;
-    std::vector<int64_t> out(rank);
-    int64_t sa = 1, sb = 1;
-    for (int d = rank - 1; d >= 0; --d) {
-      const int ia = d - (rank - a.rank), ib = d - (rank - b.rank);
-      const int64_t da = ia >= 0 ? a.dims[ia] : 1, db = ib >= 0 ? b.dims[ib] : 1;
-      if (da != db && da != 1 && db != 1)
-        return InvalidArgument(name_, ": dims ", DimsToString(a.shape()), " and ", DimsToString(b.shape()),
-                               " do not broadcast");
-      out[d] = da == 1 ? db : da;
-      bc.out_dims[d] = out[d];
-      bc.a_strides[d] = da == 1 ? 0 : sa;
-      bc.b_strides[d] = db == 1 ? 0 : sb;
-      sa *= da;
-      sb *= db;
-    }
+    std::vector<int64_t> out;
+    RETURN_IF_ERROR(BroadcastTwo(name_, a, b, &bc, &out));
     TensorView* y = ctx.Output(0, out);
     if (!y) return absl::OkStatus();
     const bool same = a.numel() == y->numel() && b.numel() == y->numel();
+    if (a.dtype == DataType::kInt64 || a.dtype == DataType::kInt32)
+      return Check(kc::IntBinary(op_, ElemOf(a.dtype), a.data, b.data, y->data, y->numel(), same ? nullptr : &bc,
+                                 stream()));
     return Check(kc::Binary(op_, DtOf(a.dtype), a.data, b.data, y->data, y->numel(), same ? nullptr : &bc, stream()));
   }
 
  private:
   kc::BinaryOp op_;
+};
+
+// Equal, Less, Greater, LessOrEqual, GreaterOrEqual (bool out), And, Or; Not.
+class CompareKernel : public CudaKernel {
+ public:
+  CompareKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {
+    const std::string& o = n.op_type();
+    not_ = o == "Not";
+    op_ = o == "Equal" ? kc::CompareOp::kEqual : o == "Less" ? kc::CompareOp::kLess
+        : o == "Greater" ? kc::CompareOp::kGreater : o == "LessOrEqual" ? kc::CompareOp::kLessOrEqual
+        : o == "GreaterOrEqual" ? kc::CompareOp::kGreaterOrEqual : o == "And" ? kc::CompareOp::kAnd
+                                : kc::CompareOp::kOr;
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& a = *ctx.input(0);
+    if (not_) {
+      TensorView* y = ctx.Output(0, a.dim_span());
+      return y ? Check(kc::Not(a.as<bool>(), y->as<bool>(), a.numel(), stream())) : absl::OkStatus();
+    }
+    const TensorView& b = *ctx.input(1);
+    kc::Broadcast bc;
+    std::vector<int64_t> out;
+    RETURN_IF_ERROR(BroadcastTwo(name_, a, b, &bc, &out));
+    TensorView* y = ctx.Output(0, out);
+    if (!y) return absl::OkStatus();
+    const bool same = a.numel() == y->numel() && b.numel() == y->numel();
+    return Check(kc::Compare(op_, ElemOf(a.dtype), a.data, b.data, y->as<bool>(), y->numel(), same ? nullptr : &bc,
+                             stream()));
+  }
+
+ private:
+  kc::CompareOp op_;
+  bool not_ = false;
 };
 
 class UnaryKernel : public CudaKernel {
@@ -550,6 +608,40 @@ class TransposeKernel : public CudaKernel {
   std::vector<int64_t> perm_;
 };
 
+// Slice (opset 10 on: starts, ends, axes and steps are inputs, read on the host): a strided
+// copy from the first selected element.
+class SliceKernel : public CudaKernel {
+ public:
+  SliceKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    auto ints = [&](int i) {
+      const TensorView* t = ctx.num_inputs() > i ? ctx.input(i) : nullptr;
+      std::vector<int64_t> v;
+      if (!t) return v;
+      for (int64_t k = 0; k < t->numel(); ++k)
+        v.push_back(t->dtype == DataType::kInt32 ? t->as<int32_t>()[k] : t->as<int64_t>()[k]);
+      return v;
+    };
+    const std::vector<int64_t> starts = ints(1), ends = ints(2), axes = ints(3), steps = ints(4);
+    auto p = kernels::cpu::ResolveSlice(x.dim_span(), starts, ends, axes, steps);
+    if (!p.ok()) return absl::Status(p.status().code(), absl::StrCat(name_, ": ", p.status().message()));
+    std::vector<int64_t> out(p->out_dims.begin(), p->out_dims.end());
+    TensorView* y = ctx.Output(0, out);
+    if (!y || y->numel() == 0) return absl::OkStatus();
+    int64_t stride = 1, first = 0;
+    std::vector<int64_t> strides(x.rank);
+    for (int d = x.rank - 1; d >= 0; --d) {
+      first += p->starts[d] * stride;
+      strides[d] = p->steps[d] * stride;
+      stride *= x.dims[d];
+    }
+    const size_t es = ElementSize(x.dtype);
+    return Check(kc::StridedCopy(static_cast<int>(es), static_cast<const char*>(x.data) + first * es, y->data, x.rank,
+                                 out.data(), strides.data(), stream()));
+  }
+};
+
 // Reshape, Flatten, Squeeze, Unsqueeze, Identity: a device copy into the output's dims
 // (shape and axes inputs are read on the host), or nothing when the executor made the output
 // a view of the input.
@@ -708,12 +800,27 @@ void CudaExecutionProvider::RegisterKernels() {
   const std::string C(graph::kCleaveDomain);
   auto floats = InputTypeIn(0, kFloats);
   auto f32 = InputTypeIn(0, {DataType::kFloat32});
-  for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"})
-    Add<BinaryKernel>(r, this, "", op, 7, 1 << 30,
-                      AllOf({floats, InputTypeIn(1, kFloats), [](const graph::Node& n, int) -> std::string {
-                               if (n.num_inputs() != 2) return "only two inputs are supported on CUDA";
-                               return n.input(0)->dtype() == n.input(1)->dtype() ? "" : "mixed dtypes";
-                             }}));
+  auto two_alike = [](const graph::Node& n, int) -> std::string {
+    if (n.num_inputs() != 2) return "only two inputs are supported on CUDA";
+    return n.input(0)->dtype() == n.input(1)->dtype() ? "" : "mixed dtypes";
+  };
+  const std::vector<DataType> ints = {DataType::kInt64, DataType::kInt32};
+  std::vector<DataType> numbers = kFloats;
+  numbers.insert(numbers.end(), ints.begin(), ints.end());
+  for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"}) {
+    const std::vector<DataType>& types = std::string(op) == "Pow" ? kFloats : numbers;
+    Add<BinaryKernel>(r, this, "", op, 7, 1 << 30, AllOf({InputTypeIn(0, types), two_alike}));
+  }
+  for (const char* op : {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"}) {
+    std::vector<DataType> types = numbers;
+    if (std::string(op) == "Equal") types.push_back(DataType::kBool);
+    Add<CompareKernel>(r, this, "", op, 7, 1 << 30, AllOf({InputTypeIn(0, types), two_alike}));
+  }
+  for (const char* op : {"And", "Or"})
+    Add<CompareKernel>(r, this, "", op, 7, 1 << 30, AllOf({InputTypeIn(0, {DataType::kBool}), two_alike}));
+  Add<CompareKernel>(r, this, "", "Not", 1, 1 << 30, InputTypeIn(0, {DataType::kBool}));
+  Add<SliceKernel>(r, this, "", "Slice", 10, 1 << 30, [](const graph::Node&, int) { return std::string(); },
+                   {1, 2, 3, 4});
   for (const char* op : {"Relu", "Tanh", "Exp", "Log", "Neg", "Sqrt", "Sigmoid", "Erf", "Reciprocal", "Abs"})
     Add<UnaryKernel>(r, this, "", op, 6, 1 << 30, floats);
   Add<UnaryKernel>(r, this, "", "Gelu", 20, 20, floats);
