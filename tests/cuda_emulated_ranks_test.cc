@@ -1,13 +1,15 @@
 // Partitioned training on CUDA providers over the emulated device (built with
-// CLEAVE_CUDA_EMULATION only): two ranks in one process, each a training session on its own
-// CUDA provider, with a device communicator over the simulated world (the emulated device's
-// memory is host memory, so the simulated world can move it, as NCCL moves device memory).
+// CLEAVE_CUDA_EMULATION only): two or four ranks in one process, each a training session on
+// its own CUDA provider, with a device communicator over the simulated world (the emulated
+// device's memory is host memory, so the simulated world can move it, as NCCL moves device
+// memory).
 // The provider's collective and message kernels (providers/cuda/cuda_collectives.cc), the
 // gradient reducer and the asynchronous collectives run as they would over NCCL; after two
 // steps every rank's parameters equal the same plan's on the CPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -102,7 +104,7 @@ TEST_P(CudaEmulatedRanks, PartitionedTrainingOnCudaProvidersEqualsTheCpu) {
   const TrainedRanks cpu = Train(c, DeviceChoice::kCpu);
   const TrainedRanks cuda = Train(c, DeviceChoice::kCuda);
   ASSERT_EQ(cuda.params.size(), cpu.params.size());
-  ASSERT_EQ(cpu.params.size(), 2u);
+  ASSERT_GE(cpu.params.size(), 2u);
   EXPECT_GT(cuda.async_collectives, 0u) << "the collectives or messages ran asynchronously on the device";
   double worst = 0;
   for (size_t r = 0; r < cpu.params.size(); ++r) {
@@ -136,8 +138,13 @@ TEST_P(CudaEmulatedRanks, PartitionedTrainingOnCudaProvidersEqualsTheCpu) {
   EXPECT_EQ(cuda.warnings, "") << "every node runs on the device";
 }
 
-INSTANTIATE_TEST_SUITE_P(Meshes, CudaEmulatedRanks, ::testing::Values("dp=2", "tp=2", "pp=2"),
-                         [](const auto& info) { return std::string(info.param).substr(0, 2); });
+INSTANTIATE_TEST_SUITE_P(Meshes, CudaEmulatedRanks, ::testing::Values("dp=2", "tp=2", "pp=2", "dp=2,tp=2", "tp=2,pp=2"),
+                         [](const auto& info) {
+                           std::string name;
+                           for (char ch : std::string(info.param))
+                             if (std::isalnum(static_cast<unsigned char>(ch))) name += ch;
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace cleave
