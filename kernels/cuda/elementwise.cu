@@ -152,21 +152,6 @@ int LaunchMap2(F f, const void* a, const void* b, void* y, int64_t n, cudaStream
 }
 
 template <typename T>
-__global__ void BinaryBroadcast(BinaryOp op, const T* a, const T* b, T* y, int64_t n, Broadcast bc) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t rest = i, ia = 0, ib = 0;
-    for (int d = bc.rank - 1; d >= 0; --d) {
-      const int64_t c = rest % bc.out_dims[d];
-      rest /= bc.out_dims[d];
-      ia += c * bc.a_strides[d];
-      ib += c * bc.b_strides[d];
-    }
-    y[i] = FromFloat<T>(ApplyBinary(op, ToFloat(a[ia]), ToFloat(b[ib])));
-  }
-}
-
-template <typename T>
 __global__ void DropoutKernel(uint64_t key, double ratio, float scale, const T* x, T* y, bool* mask, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -271,12 +256,8 @@ int CastFrom(Dt from, const void* x, void* y, int64_t n, cudaStream_t s) {
 int Binary(BinaryOp op, Dt dt, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc, void* stream) {
   if (n == 0) return 0;
   cudaStream_t s = Stream(stream);
-  DISPATCH_DT(dt, T, {
-    if (!bc) return LaunchMap2<T, T>(BinaryFn<T>{op}, a, b, y, n, s);
-    BinaryBroadcast<T><<<Blocks(n), kThreads, 0, s>>>(op, static_cast<const T*>(a), static_cast<const T*>(b),
-                                                      static_cast<T*>(y), n, *bc);
-  });
-  return static_cast<int>(cudaGetLastError());
+  DISPATCH_DT(dt, T, { return LaunchMap2Any<T, T>(BinaryFn<T>{op}, a, b, y, n, bc, s); });
+  return static_cast<int>(cudaErrorInvalidValue);
 }
 
 int Compare(CompareOp op, Elem t, const void* a, const void* b, bool* y, int64_t n, const Broadcast* bc, void* stream) {

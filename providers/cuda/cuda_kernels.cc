@@ -21,13 +21,17 @@ namespace {
 
 // ---- elementwise ----------------------------------------------------------------------
 
-// The output dims of a and b broadcast together, and their strides per output dim.
-absl::Status BroadcastTwo(const std::string& name, const TensorView& a, const TensorView& b, kc::Broadcast* bc,
-                          std::vector<int64_t>* out) {
+// The output of a two-operand node, a and b broadcast together: its strides per output dim in
+// bc, and whether a and b are both whole (no broadcasting). *y is null when there is nothing
+// to write.
+absl::Status BroadcastOutput(const std::string& name, KernelContext& ctx, kc::Broadcast* bc, TensorView** y,
+                             bool* same) {
+  const TensorView& a = *ctx.input(0);
+  const TensorView& b = *ctx.input(1);
   const int rank = std::max(a.rank, b.rank);
   if (rank > kc::kMaxRank) return Unimplemented(name, ": rank ", rank, " over ", kc::kMaxRank);
   bc->rank = rank;
-  out->assign(rank, 0);
+  std::vector<int64_t> out(rank);
   int64_t sa = 1, sb = 1;
   for (int d = rank - 1; d >= 0; --d) {
     const int ia = d - (rank - a.rank), ib = d - (rank - b.rank);
@@ -35,13 +39,15 @@ absl::Status BroadcastTwo(const std::string& name, const TensorView& a, const Te
     if (da != db && da != 1 && db != 1)
       return InvalidArgument(name, ": dims ", DimsToString(a.shape()), " and ", DimsToString(b.shape()),
                              " do not broadcast");
-    (*out)[d] = da == 1 ? db : da;
-    bc->out_dims[d] = (*out)[d];
+    out[d] = da == 1 ? db : da;
+    bc->out_dims[d] = out[d];
     bc->a_strides[d] = da == 1 ? 0 : sa;
     bc->b_strides[d] = db == 1 ? 0 : sb;
     sa *= da;
     sb *= db;
   }
+  *y = ctx.Output(0, out);
+  *same = *y && a.numel() == (*y)->numel() && b.numel() == (*y)->numel();
   return absl::OkStatus();
 }
 
@@ -65,16 +71,16 @@ kc::Elem ElemOf(DataType t) {
 // Add, Sub, Mul, Div, Max, Min, Pow over float types; all but Pow over int64 and int32 too.
 class BinaryKernel : public CudaKernel {
  public:
-  BinaryKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n), op_(BinaryOpOf(n.op_type())) {}
+  BinaryKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), op_(BinaryOpOf(n.op_type())) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& a = *ctx.input(0);
     const TensorView& b = *ctx.input(1);
     kc::Broadcast bc;
-    std::vector<int64_t> out;
-    RETURN_IF_ERROR(BroadcastTwo(name_, a, b, &bc, &out));
-    TensorView* y = ctx.Output(0, out);
+    TensorView* y = nullptr;
+    bool same = false;
+    RETURN_IF_ERROR(BroadcastOutput(name_, ctx, &bc, &y, &same));
     if (!y) return absl::OkStatus();
-    const bool same = a.numel() == y->numel() && b.numel() == y->numel();
     if (a.dtype == DataType::kInt64 || a.dtype == DataType::kInt32)
       return Check(kc::IntBinary(op_, ElemOf(a.dtype), a.data, b.data, y->data, y->numel(), same ? nullptr : &bc,
                                  stream()));
@@ -104,11 +110,10 @@ class CompareKernel : public CudaKernel {
     }
     const TensorView& b = *ctx.input(1);
     kc::Broadcast bc;
-    std::vector<int64_t> out;
-    RETURN_IF_ERROR(BroadcastTwo(name_, a, b, &bc, &out));
-    TensorView* y = ctx.Output(0, out);
+    TensorView* y = nullptr;
+    bool same = false;
+    RETURN_IF_ERROR(BroadcastOutput(name_, ctx, &bc, &y, &same));
     if (!y) return absl::OkStatus();
-    const bool same = a.numel() == y->numel() && b.numel() == y->numel();
     return Check(kc::Compare(op_, ElemOf(a.dtype), a.data, b.data, y->as<bool>(), y->numel(), same ? nullptr : &bc,
                              stream()));
   }
