@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/simulated_communicator.h"
 #include "tests/device_comm.h"
+#include "tests/partition_test_util.h"
 #include "trainer/partition_plan.h"
 #include "trainer/training_session.h"
 
@@ -63,16 +64,8 @@ TrainedRanks Train(const trainer::PlanConfig& c, DeviceChoice device) {
       }
       if (r == 0) out.warnings = (*s)->warnings();
       for (int step = 0; step < 2 && st.ok(); ++step) {
-        std::vector<Feeds> micro;
-        const int64_t rows = c.batch / c.microbatches / data_parallel;
-        for (int m = 0; m < c.microbatches; ++m) {
-          Tensor ids(DataType::kInt64, {rows, c.seq}), labels(DataType::kInt64, {rows, c.seq});
-          for (int64_t i = 0; i < rows * c.seq; ++i) {
-            ids.data<int64_t>()[i] = (i * 7 + 3 + step + m * 5 + r * 11) % 256;
-            labels.data<int64_t>()[i] = (i * 5 + 1 + step + m * 3 + r * 13) % 256;
-          }
-          micro.push_back({{"input_ids", ids}, {"labels", labels}});
-        }
+        const std::vector<Feeds> micro =
+            testing::MicroBatches(c.microbatches, c.batch / c.microbatches / data_parallel, c.seq, step, r);
         auto loss = (*s)->pipelined() ? (*s)->PipelineStep(work, micro) : (*s)->TrainStep(micro[0]);
         if (!loss.ok()) {
           st = loss.status();
@@ -94,13 +87,7 @@ TrainedRanks Train(const trainer::PlanConfig& c, DeviceChoice device) {
 class CudaEmulatedRanks : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaEmulatedRanks, PartitionedTrainingOnCudaProvidersEqualsTheCpu) {
-  trainer::PlanConfig c;
-  c.model = std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx";
-  c.mesh = GetParam();
-  c.batch = 2;
-  c.seq = 16;
-  c.microbatches = std::string(GetParam()).find("pp") != std::string::npos ? 2 : 1;
-  c.spec.optimizer.max_grad_norm = 1.0f;
+  const trainer::PlanConfig c = testing::TinyGptPlanConfig(GetParam());
   const TrainedRanks cpu = Train(c, DeviceChoice::kCpu);
   const TrainedRanks cuda = Train(c, DeviceChoice::kCuda);
   ASSERT_EQ(cuda.params.size(), cpu.params.size());

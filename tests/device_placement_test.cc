@@ -793,13 +793,7 @@ TEST(DevicePlacement, GradientReductionsOnADeviceCommunicator) {
 class DeviceAsync : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(DeviceAsync, CollectivesAndMessagesOnADeviceCommunicator) {
-  trainer::PlanConfig c;
-  c.model = std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx";
-  c.mesh = GetParam();
-  c.batch = 2;
-  c.seq = 16;
-  c.microbatches = std::string(GetParam()).find("pp") != std::string::npos ? 2 : 1;
-  c.spec.optimizer.max_grad_norm = 1.0f;
+  const trainer::PlanConfig c = testing::TinyGptPlanConfig(GetParam());
   std::vector<Tensor> params[2][2];  // [overlap][rank]
   std::shared_ptr<DeviceComm::Counts> counts[2][2];
   size_t launched[2] = {0, 0}, messages = 0;
@@ -823,16 +817,8 @@ TEST_P(DeviceAsync, CollectivesAndMessagesOnADeviceCommunicator) {
           return;
         }
         for (int step = 0; step < 2 && status[r].ok(); ++step) {
-          std::vector<Feeds> micro;
-          const int64_t rows = c.batch / c.microbatches;
-          for (int m = 0; m < c.microbatches; ++m) {
-            Tensor ids(DataType::kInt64, {rows, 16}), labels(DataType::kInt64, {rows, 16});
-            for (int64_t i = 0; i < rows * 16; ++i) {
-              ids.data<int64_t>()[i] = (i * 7 + 3 + step + m * 5) % 256;
-              labels.data<int64_t>()[i] = (i * 5 + 1 + step + m * 3) % 256;
-            }
-            micro.push_back({{"input_ids", ids}, {"labels", labels}});
-          }
+          const std::vector<Feeds> micro =
+              testing::MicroBatches(c.microbatches, c.batch / c.microbatches, c.seq, step, /*salt=*/0);
           status[r] = (*s)->pipelined() ? (*s)->PipelineStep(work, micro).status() : (*s)->TrainStep(micro[0]).status();
           if (status[r].ok()) status[r] = (*s)->OptimizerStep().status();
         }

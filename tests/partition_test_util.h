@@ -12,6 +12,8 @@
 #include "gtest/gtest.h"
 #include "onnx_ext/onnx_io.h"
 #include "partition/lower.h"
+#include "runtime/inference_session.h"
+#include "trainer/partition_plan.h"
 #include "trainer/autodiff.h"
 #include "trainer/training_graph.h"
 
@@ -107,6 +109,34 @@ inline Tensor Rows(const Tensor& t, int64_t r0, int64_t rows) {
   const size_t row = t.nbytes() / t.dims()[0];
   std::memcpy(out.data<char>(), t.data<char>() + r0 * row, rows * row);
   return out;
+}
+
+// The tiny GPT planned for `mesh` at batch 2 x seq 16 with global-norm clipping, in two
+// micro-batches where the mesh has a pipeline.
+inline trainer::PlanConfig TinyGptPlanConfig(const std::string& mesh) {
+  trainer::PlanConfig c;
+  c.model = SourceDir() + "/models/tiny_gpt/model.onnx";
+  c.mesh = mesh;
+  c.batch = 2;
+  c.seq = 16;
+  c.microbatches = mesh.find("pp") != std::string::npos ? 2 : 1;
+  c.spec.optimizer.max_grad_norm = 1.0f;
+  return c;
+}
+
+// One training step's `count` micro-batches of [rows, seq] language-model tokens, varying with
+// the step, the micro-batch and `salt` (a rank's own data; 0 gives every rank the same).
+inline std::vector<Feeds> MicroBatches(int64_t count, int64_t rows, int64_t seq, int step, int salt) {
+  std::vector<Feeds> micro;
+  for (int64_t m = 0; m < count; ++m) {
+    Tensor ids(DataType::kInt64, {rows, seq}), labels(DataType::kInt64, {rows, seq});
+    for (int64_t i = 0; i < rows * seq; ++i) {
+      ids.data<int64_t>()[i] = (i * 7 + 3 + step + m * 5 + salt * 11) % 256;
+      labels.data<int64_t>()[i] = (i * 5 + 1 + step + m * 3 + salt * 13) % 256;
+    }
+    micro.push_back({{"input_ids", ids}, {"labels", labels}});
+  }
+  return micro;
 }
 
 }  // namespace cleave::testing
