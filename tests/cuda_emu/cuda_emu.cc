@@ -124,7 +124,6 @@ struct State {
   bool aborted = false;
   std::string fault;  // the first fault since ClearFault
   cudaError_t last_error = cudaSuccess;
-  int64_t launches = 0;
   Order order_kind = Order::kAscending;
   uint64_t seed = 0;
 };
@@ -381,11 +380,10 @@ void LaunchErased(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes
     ~Done() { flag = false; }
   } done{launching};
   InstallFaultReport();
-  ++s.launches;
   s.kernel = kernel;
   s.aborted = false;
   if (cudaError_t e = CheckConfig(s, grid, block, shared_bytes); e != cudaSuccess) {
-    s.last_error = e;
+    SetLastError(e);
     return;
   }
   const unsigned threads = block.x * block.y * block.z;
@@ -406,14 +404,11 @@ void LaunchErased(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes
         ok = RunBlock(s, threads, block);
       }
   s.current = nullptr;
-  if (!ok) s.last_error = cudaErrorLaunchFailure;
+  if (!ok) SetLastError(cudaErrorLaunchFailure);
 }
 
-int64_t LaunchCount() { return S().launches; }
 const char* LastKernel() { return S().kernel; }
-void SetLastError(cudaError_t e) {
-  if (S().last_error == cudaSuccess) S().last_error = e;
-}
+void SetLastError(cudaError_t e) { S().last_error = e; }
 const char* LastFault() { return S().fault.c_str(); }
 void ClearFault() { S().fault.clear(); }
 

@@ -143,14 +143,13 @@ void Launch(const char* kernel, F&& body, dim3 grid, dim3 block, size_t shared_b
   LaunchErased(kernel, grid, block, shared_bytes, [](void* f) { (*static_cast<Body*>(f))(); }, &body);
 }
 
-// Launches so far, and the last one's kernel as its source names it ("Map1<P>");
-// the message of the first launch error since ClearFault ("" when none).
-int64_t LaunchCount();
+// The last launch's kernel as its source names it ("Map1<P>"); the message of the first launch
+// error since ClearFault ("" when none).
 const char* LastKernel();
-// Sets what cudaGetLastError returns next, unless an error is pending already.
-void SetLastError(cudaError_t e);
 const char* LastFault();
 void ClearFault();
+// Sets what cudaGetLastError returns next (the last error, as the runtime keeps it).
+void SetLastError(cudaError_t e);
 
 template <typename T>
 T* DynamicShared() {

@@ -81,12 +81,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   Memory& m = Mem();
   std::lock_guard<std::mutex> lock(m.mu);
   const size_t rounded = (bytes + 255) / 256 * 256;
-  if (rounded > kEmulatedDeviceBytes - m.used) {
-    *p = nullptr;
-    cleave::cuda_emu::SetLastError(cudaErrorMemoryAllocation);
-    return cudaErrorMemoryAllocation;
-  }
-  void* q = std::aligned_alloc(256, rounded > 0 ? rounded : 256);
+  void* q = rounded <= kEmulatedDeviceBytes - m.used ? std::aligned_alloc(256, rounded > 0 ? rounded : 256) : nullptr;
   if (!q) {
     *p = nullptr;
     cleave::cuda_emu::SetLastError(cudaErrorMemoryAllocation);
