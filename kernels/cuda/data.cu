@@ -66,14 +66,26 @@ int LaunchGather(const void* table, const int64_t* ids, void* out, int64_t num_i
   return static_cast<int>(cudaGetLastError());
 }
 
+// The permuted copy of n elements of E, in 32-bit index arithmetic where `narrow` (every
+// offset forward and under 2^31), else in 64-bit signed.
 template <typename E>
-int LaunchTranspose(const void* x, void* y, int64_t n, const Perm& p, cudaStream_t s) {
-  if (n < (int64_t{1} << 31))
+int LaunchTranspose(const void* x, void* y, int64_t n, const Perm& p, cudaStream_t s, bool narrow) {
+  if (narrow)
     TransposeKernel<E, uint32_t><<<Blocks(n), kThreads, 0, s>>>(static_cast<const E*>(x), static_cast<E*>(y),
                                                                 static_cast<uint32_t>(n), p);
   else
     TransposeKernel<E, int64_t><<<Blocks(n), kThreads, 0, s>>>(static_cast<const E*>(x), static_cast<E*>(y), n, p);
   return static_cast<int>(cudaGetLastError());
+}
+
+int LaunchTransposeOf(int elem_bytes, const void* x, void* y, int64_t n, const Perm& p, cudaStream_t s, bool narrow) {
+  switch (elem_bytes) {
+    case 1: return LaunchTranspose<uint8_t>(x, y, n, p, s, narrow);
+    case 2: return LaunchTranspose<uint16_t>(x, y, n, p, s, narrow);
+    case 4: return LaunchTranspose<uint32_t>(x, y, n, p, s, narrow);
+    case 8: return LaunchTranspose<uint64_t>(x, y, n, p, s, narrow);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
 }
 
 }  // namespace
@@ -114,28 +126,9 @@ int StridedCopy(int elem_bytes, const void* x, void* y, int rank, const int64_t*
     backwards = backwards || in_strides[d] < 0;
     reach += (out_dims[d] - 1) * (in_strides[d] < 0 ? -in_strides[d] : in_strides[d]);
   }
-  for (int d = 0; d < rank; ++d)
-    if (out_dims[d] == 0) return 0;
-  cudaStream_t s = Stream(stream);
-  // 32-bit index arithmetic where every offset is forward and both the output count and the
-  // input reach fit.
+  if (n == 0) return 0;
   const bool narrow = !backwards && n < (int64_t{1} << 31) && reach < (int64_t{1} << 31);
-  auto launch = [&](auto zero) {
-    using E = decltype(zero);
-    if (narrow)
-      TransposeKernel<E, uint32_t><<<Blocks(n), kThreads, 0, s>>>(static_cast<const E*>(x), static_cast<E*>(y),
-                                                                  static_cast<uint32_t>(n), p);
-    else
-      TransposeKernel<E, int64_t><<<Blocks(n), kThreads, 0, s>>>(static_cast<const E*>(x), static_cast<E*>(y), n, p);
-    return static_cast<int>(cudaGetLastError());
-  };
-  switch (elem_bytes) {
-    case 1: return launch(uint8_t{});
-    case 2: return launch(uint16_t{});
-    case 4: return launch(uint32_t{});
-    case 8: return launch(uint64_t{});
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return LaunchTransposeOf(elem_bytes, x, y, n, p, Stream(stream), narrow);
 }
 
 int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* perm,
@@ -183,18 +176,13 @@ int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x
       v.out_dims[v.rank - 1] /= vec;
       for (int d = 0; d + 1 < v.rank; ++d) v.in_strides[d] /= vec;
       const int64_t words = n / vec;
-      if (w == 16) return LaunchTranspose<uint4>(x, y, words, v, s);
-      if (w == 8) return LaunchTranspose<uint2>(x, y, words, v, s);
-      return LaunchTranspose<uint32_t>(x, y, words, v, s);
+      const bool narrow = words < (int64_t{1} << 31);  // a permutation reaches no farther than its count
+      if (w == 16) return LaunchTranspose<uint4>(x, y, words, v, s, narrow);
+      if (w == 8) return LaunchTranspose<uint2>(x, y, words, v, s, narrow);
+      return LaunchTranspose<uint32_t>(x, y, words, v, s, narrow);
     }
   }
-  switch (elem_bytes) {
-    case 1: return LaunchTranspose<uint8_t>(x, y, n, p, s);
-    case 2: return LaunchTranspose<uint16_t>(x, y, n, p, s);
-    case 4: return LaunchTranspose<uint32_t>(x, y, n, p, s);
-    case 8: return LaunchTranspose<uint64_t>(x, y, n, p, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return LaunchTransposeOf(elem_bytes, x, y, n, p, s, n < (int64_t{1} << 31));
 }
 
 }  // namespace cleave::kernels::cuda
