@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <map>
 #include <mutex>
-#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -16,7 +16,6 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "runtime/comm_watchdog.h"
-#include "runtime/mpi_communicator.h"
 
 namespace cleave::runtime {
 
@@ -48,17 +47,62 @@ absl::StatusOr<ncclDataType_t> NcclType(DataType t) {
 
 }  // namespace
 
+// A stream the communicator queues NCCL work on, and the numbers of the operations queued there
+// lately (the marks of those still in the ring).
+struct Lane {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t after = nullptr;  // the compute stream's join of everything queued on it
+  int64_t count = 0;            // operations queued on it
+  std::deque<int64_t> recent;   // the latest of their numbers, ascending
+  // This rank's sends to another: the compute stream never waits for them (they send staged
+  // copies), since a stage whose compute waited for its sends to be received could not go on
+  // to the receive its peer's send waits for.
+  bool sends = false;
+};
+
+// A copy of a message being sent (device memory of the communicator's), free again once its
+// send has finished.
+struct Staged {
+  void* data = nullptr;
+  size_t bytes = 0;
+  cudaEvent_t sent = nullptr;
+};
+
+// The message channels of a rank, shared by its communicator and every duplicate of it. The
+// messages from one rank to another go through their own NCCL communicator (the pair, the
+// sender first) and stream, whichever duplicate sends them, so the two ends match them in the
+// order each issued them, and a stage's sends wait for their receives without holding up its
+// receives from the other direction (one stream for both would deadlock a 1F1B schedule: stage
+// 0's second forward send waits on stage 1, whose backward send waits on the receive stage 0
+// queued behind it).
+struct Channels {
+  struct Channel {
+    ncclComm_t comm = nullptr;  // null once aborted
+    cudaStream_t stream = nullptr;
+  };
+  std::mutex mu;  // held around each launch on, and the abort of, a channel's communicator
+  std::map<std::pair<int, int>, Channel> by_ends;  // (sender, receiver)
+  bool failed = false;  // a rank's communicator ended with work unfinished: abort, not destroy
+  ~Channels() {
+    for (auto& [ends, c] : by_ends) {
+      if (c.comm) failed ? ncclCommAbort(c.comm) : ncclCommDestroy(c.comm);
+      if (c.stream) cudaStreamDestroy(c.stream);
+    }
+  }
+};
+
 struct NcclCommunicator::State {
-  MpiCommunicator* mpi = nullptr;
+  Communicator* bootstrap = nullptr;  // shares the unique ids (MPI in a launched job)
   int rank = 0, world = 1, device = 0;
   std::chrono::milliseconds timeout{60000};
   StuckHandler on_stuck;
-  cudaStream_t compute = nullptr, comm_stream = nullptr;
-  cudaEvent_t before = nullptr, after = nullptr;
+  cudaStream_t compute = nullptr;
+  Lane collectives;  // the collectives' stream (its own, shared by every group)
+  cudaEvent_t before = nullptr;
   // Deferred: operations leave the compute stream alone until JoinCompute().
   bool deferred = false;
-  // Deferred operations counted, and an event recorded on comm_stream after each in a ring,
-  // so that the compute stream can join the first k operations without the later ones.
+  // Deferred operations counted, and an event recorded on each one's stream after it in a
+  // ring, so that the compute stream can join the first k operations without the later ones.
   static constexpr int64_t kMarks = 64;
   int64_t ops = 0;
   std::vector<cudaEvent_t> marks;
@@ -68,6 +112,41 @@ struct NcclCommunicator::State {
   // The communicators by group (the watchdog polls their asynchronous errors).
   std::mutex comms_mu;
   std::map<std::vector<int>, ncclComm_t> comms;
+  // The rank's message channels, and this communicator's lanes on those it has used.
+  std::shared_ptr<Channels> channels;
+  std::map<std::pair<int, int>, Lane> message_lanes;
+  // The staged copies of messages: in flight (or done, not yet reclaimed) and free.
+  std::vector<Staged> staged_busy, staged_free;
+
+  // A staged buffer of at least `bytes`, reclaiming those whose sends have finished; new device
+  // memory only when none fits (a pipeline's steady state reuses its first steps' buffers).
+  absl::StatusOr<Staged> Stage(size_t bytes, int peer) {
+    for (size_t i = 0; i < staged_busy.size();) {
+      if (cudaEventQuery(staged_busy[i].sent) == cudaSuccess) {
+        staged_free.push_back(staged_busy[i]);
+        staged_busy.erase(staged_busy.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+    auto best = staged_free.end();
+    for (auto it = staged_free.begin(); it != staged_free.end(); ++it)
+      if (it->bytes >= bytes && (best == staged_free.end() || it->bytes < best->bytes)) best = it;
+    if (best != staged_free.end()) {
+      Staged st = *best;
+      staged_free.erase(best);
+      return st;
+    }
+    Staged st;
+    st.bytes = (bytes + 255) / 256 * 256;
+    if (cudaMalloc(&st.data, st.bytes) != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(absl::StrCat("rank ", rank, ": no device memory for the staged copy of a ",
+                                                       bytes, "-byte message to rank ", peer));
+    }
+    RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&st.sent, cudaEventDisableTiming), "cudaEventCreate"));
+    return st;
+  }
   // Events that mark each operation's end for the watchdog, reused once it has seen them.
   std::mutex pool_mu;
   std::vector<cudaEvent_t> pool, events;
@@ -92,15 +171,22 @@ struct NcclCommunicator::State {
     pool.push_back(e);
   }
 
+  static absl::Status AsyncError(ncclComm_t comm, const std::string& what) {
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &async) != ncclSuccess) return absl::OkStatus();
+    return async == ncclSuccess || async == ncclInProgress ? absl::OkStatus() : Nccl(async, what);
+  }
   // The watchdog's view: NCCL's asynchronous errors, and an abort of every communicator.
   absl::Status Health() {
     std::lock_guard<std::mutex> lock(comms_mu);
-    for (auto& [group, comm] : comms) {
-      ncclResult_t async = ncclSuccess;
-      if (ncclCommGetAsyncError(comm, &async) != ncclSuccess) continue;
-      if (async != ncclSuccess && async != ncclInProgress)
-        return Nccl(async, Describe("communication", group));
-    }
+    for (auto& [group, comm] : comms)
+      if (absl::Status s = AsyncError(comm, Describe("communication", group)); !s.ok()) return s;
+    std::lock_guard<std::mutex> channel_lock(channels->mu);
+    for (auto& [ends, lane] : message_lanes)
+      if (ncclComm_t comm = channels->by_ends[ends].comm)
+        if (absl::Status s = AsyncError(comm, absl::StrCat("messages from rank ", ends.first, " to rank ", ends.second));
+            !s.ok())
+          return s;
     return absl::OkStatus();
   }
   bool Abort() {
@@ -110,6 +196,12 @@ struct NcclCommunicator::State {
     std::lock_guard<std::mutex> lock(comms_mu);
     for (auto& [group, comm] : comms) ncclCommAbort(comm);
     comms.clear();
+    std::lock_guard<std::mutex> channel_lock(channels->mu);
+    for (auto& [ends, lane] : message_lanes) {
+      Channels::Channel& c = channels->by_ends[ends];
+      if (c.comm) ncclCommAbort(c.comm);
+      c.comm = nullptr;  // its stream stays until the last duplicate is gone
+    }
     return true;
   }
   CommWatchdogHooks Hooks() {
@@ -138,57 +230,150 @@ struct NcclCommunicator::State {
       std::lock_guard<std::mutex> lock(comms_mu);
       if (auto it = comms.find(group); it != comms.end()) return it->second;
     }
-    if (!mpi && group.size() > 1)  // a world of one process (no bootstrap) has no peers
-      return InvalidArgument("rank ", rank, ": ", op, " over ranks [", absl::StrJoin(group, ","),
-                             "] without an MPI bootstrap");
-    // The group's first member makes the unique id and the MPI bootstrap shares it.
-    ncclUniqueId id;
-    if (group.front() == rank) RETURN_IF_ERROR(Nccl(ncclGetUniqueId(&id), "ncclGetUniqueId"));
-    const int64_t dims[1] = {static_cast<int64_t>(sizeof(id))};
-    if (mpi) RETURN_IF_ERROR(mpi->Broadcast(TensorView(&id, DataType::kUInt8, dims), group.front(), group));
-    // The initialisation waits for every member; the watchdog times it like an operation.
-    const std::string what = absl::StrCat("ncclCommInitRank for ranks [", absl::StrJoin(group, ","), "]");
-    auto initialised = std::make_shared<std::atomic<bool>>(false);
-    watchdog->Track(what, [initialised] { return initialised->load(); });
-    ncclComm_t comm;
-    const ncclResult_t r = ncclCommInitRank(&comm, static_cast<int>(group.size()), id, static_cast<int>(me - group.begin()));
-    *initialised = true;
-    RETURN_IF_ERROR(Nccl(r, absl::StrCat("rank ", rank, ": ", what)));
+    ASSIGN_OR_RETURN(ncclComm_t comm, Init(group, group, op, absl::StrCat("ranks [", absl::StrJoin(group, ","), "]")));
     std::lock_guard<std::mutex> lock(comms_mu);
     comms[group] = comm;
     return comm;
   }
 
-  // Orders `launch` (which enqueues NCCL work on comm_stream) after the compute stream's queued
-  // work, and the compute stream's later work after it; the watchdog times it to its end event.
+  // A communicator over `members` (in their NCCL order: the first makes the unique id), which
+  // the bootstrap shares over `group` (the same ranks, as the bootstrap names groups).
+  absl::StatusOr<ncclComm_t> Init(const std::vector<int>& members, const std::vector<int>& group, const char* op,
+                                  const std::string& what) {
+    if (!bootstrap && members.size() > 1)  // a world of one process (no bootstrap) has no peers
+      return InvalidArgument("rank ", rank, ": ", op, " over ", what, " without a bootstrap communicator");
+    ncclUniqueId id;
+    if (members.front() == rank) RETURN_IF_ERROR(Nccl(ncclGetUniqueId(&id), "ncclGetUniqueId"));
+    const int64_t dims[1] = {static_cast<int64_t>(sizeof(id))};
+    if (bootstrap)
+      RETURN_IF_ERROR(bootstrap->Broadcast(TensorView(&id, DataType::kUInt8, dims), members.front(), group));
+    // The initialisation waits for every member; the watchdog times it like an operation.
+    const std::string init = absl::StrCat("ncclCommInitRank for ", what);
+    auto initialised = std::make_shared<std::atomic<bool>>(false);
+    watchdog->Track(init, [initialised] { return initialised->load(); });
+    ncclComm_t comm;
+    const int me = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+    const ncclResult_t r = ncclCommInitRank(&comm, static_cast<int>(members.size()), id, me);
+    *initialised = true;
+    RETURN_IF_ERROR(Nccl(r, absl::StrCat("rank ", rank, ": ", init)));
+    return comm;
+  }
+
+  // Takes `call`, fails if the watchdog has, and finds or makes this communicator's lane on the
+  // channel of the messages from `from` to `to`. A pair's two channels are made together, the
+  // lower rank's first, at the pair's first message either way, so that both ranks make them in
+  // the same order.
+  absl::StatusOr<Lane*> EnterChannel(std::unique_lock<std::mutex>& call, int from, int to, const char* op) {
+    call = std::unique_lock<std::mutex>(call_mu);
+    RETURN_IF_ERROR(Failed());
+    const int peer = from == rank ? to : from;
+    if (peer < 0 || peer >= world)
+      return InvalidArgument("rank ", rank, ": ", op, " with rank ", peer, " of a world of ", world);
+    if (auto it = message_lanes.find({from, to}); it != message_lanes.end()) return &it->second;
+    const int lo = std::min(rank, peer), hi = std::max(rank, peer);
+    std::vector<std::pair<int, int>> pair = {{lo, hi}};
+    if (lo != hi) pair.emplace_back(hi, lo);  // messages to itself have one channel
+    bool made;
+    {
+      std::lock_guard<std::mutex> lock(channels->mu);
+      made = channels->by_ends.count({from, to}) > 0;
+    }
+    if (!made) {
+      const std::vector<int> group = lo == hi ? std::vector<int>{lo} : std::vector<int>{lo, hi};
+      for (auto [a, b] : pair) {
+        Channels::Channel c;
+        RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+        const std::vector<int> members = a == b ? std::vector<int>{a} : std::vector<int>{a, b};
+        absl::StatusOr<ncclComm_t> comm = Init(members, group, op, absl::StrCat("messages from rank ", a, " to rank ", b));
+        if (comm.ok()) c.comm = *comm;
+        {
+          std::lock_guard<std::mutex> lock(channels->mu);
+          channels->by_ends[{a, b}] = c;  // the stream is the channels' to destroy from here
+        }
+        RETURN_IF_ERROR(comm.status());
+      }
+    }
+    for (auto [a, b] : pair) {
+      Lane lane;
+      {
+        std::lock_guard<std::mutex> lock(channels->mu);
+        const Channels::Channel& c = channels->by_ends[{a, b}];
+        if (!c.comm)
+          return absl::FailedPreconditionError(absl::StrCat("rank ", rank, ": ", op, ": the communicator of messages from rank ",
+                                                            a, " to rank ", b, " was not made or was aborted"));
+        lane.stream = c.stream;
+      }
+      lane.sends = a == rank && b != rank;
+      RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&lane.after, cudaEventDisableTiming), "cudaEventCreate"));
+      std::lock_guard<std::mutex> lock(comms_mu);
+      message_lanes[{a, b}] = lane;
+    }
+    return &message_lanes.at({from, to});
+  }
+  // Launches `fn(comm)` on the channel's communicator (under the channels' lock: another
+  // duplicate's watchdog may abort it).
   template <typename Fn>
-  absl::Status Ordered(const std::string& what, Fn launch) {
+  ncclResult_t OnChannel(int from, int to, Fn fn) {
+    std::lock_guard<std::mutex> lock(channels->mu);
+    ncclComm_t comm = channels->by_ends[{from, to}].comm;
+    return comm ? fn(comm) : ncclInvalidUsage;
+  }
+
+  // Orders `launch` (which enqueues NCCL work on `lane`'s stream) after the compute stream's
+  // queued work, and the compute stream's later work after it; the watchdog times it to its
+  // end event.
+  template <typename Fn>
+  absl::Status Ordered(Lane& lane, const std::string& what, Fn launch) {
     ASSIGN_OR_RETURN(cudaEvent_t end, TakeEvent());  // before the launch: nothing to undo after it
     RETURN_IF_ERROR(Cuda(cudaEventRecord(before, compute), "cudaEventRecord"));
-    RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(comm_stream, before, 0), "cudaStreamWaitEvent"));
-    absl::Status launched = Nccl(launch(), absl::StrCat("rank ", rank, ": ", what));
+    RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(lane.stream, before, 0), "cudaStreamWaitEvent"));
+    absl::Status launched = Nccl(launch(lane.stream), absl::StrCat("rank ", rank, ": ", what));
     if (!launched.ok()) {
       GiveEvent(end);
       return launched;
     }
     ++ops;
-    RETURN_IF_ERROR(Cuda(cudaEventRecord(end, comm_stream), "cudaEventRecord"));
+    ++lane.count;
+    lane.recent.push_back(ops);
+    if (static_cast<int64_t>(lane.recent.size()) > kMarks) lane.recent.pop_front();
+    RETURN_IF_ERROR(Cuda(cudaEventRecord(end, lane.stream), "cudaEventRecord"));
     watchdog->Track(
         what, [end] { return cudaEventQuery(end) != cudaErrorNotReady; }, [this, end] { GiveEvent(end); });
-    if (deferred) return Cuda(cudaEventRecord(marks[ops % kMarks], comm_stream), "cudaEventRecord");
-    return Join();
+    if (deferred) return Cuda(cudaEventRecord(marks[ops % kMarks], lane.stream), "cudaEventRecord");
+    return lane.sends ? absl::OkStatus() : JoinLane(lane);
   }
-  // The compute stream waits for the first `count` operations; all of them once the ring has
-  // moved past that one's event.
+  // Every lane: the collectives' and each channel's.
+  template <typename Fn>
+  absl::Status ForEachLane(Fn fn) {
+    RETURN_IF_ERROR(fn(collectives));
+    std::lock_guard<std::mutex> lock(comms_mu);
+    for (auto& [ends, lane] : message_lanes) RETURN_IF_ERROR(fn(lane));
+    return absl::OkStatus();
+  }
+  // The compute stream waits for the first `count` operations (sends aside): on each lane, for
+  // the last of them queued there (its mark; everything on the lane once the ring has moved
+  // past it).
   absl::Status JoinThrough(int64_t count) {
     if (count <= 0) return absl::OkStatus();
-    if (count > ops || ops - count >= kMarks) return Join();
-    return Cuda(cudaStreamWaitEvent(compute, marks[count % kMarks], 0), "cudaStreamWaitEvent");
+    if (count > ops) return Join();
+    return ForEachLane([&](Lane& lane) -> absl::Status {
+      if (lane.sends) return absl::OkStatus();
+      auto it = std::upper_bound(lane.recent.begin(), lane.recent.end(), count);
+      if (it == lane.recent.begin()) {  // none of the recent ones: perhaps older ones
+        return lane.count > static_cast<int64_t>(lane.recent.size()) ? JoinLane(lane) : absl::OkStatus();
+      }
+      const int64_t last = *std::prev(it);
+      if (ops - last >= kMarks) return JoinLane(lane);
+      return Cuda(cudaStreamWaitEvent(compute, marks[last % kMarks], 0), "cudaStreamWaitEvent");
+    });
   }
-  // The compute stream's later work waits for everything queued on comm_stream so far.
+  // The compute stream's later work waits for everything queued so far (sends aside).
   absl::Status Join() {
-    RETURN_IF_ERROR(Cuda(cudaEventRecord(after, comm_stream), "cudaEventRecord"));
-    return Cuda(cudaStreamWaitEvent(compute, after, 0), "cudaStreamWaitEvent");
+    return ForEachLane([&](Lane& lane) { return lane.count > 0 && !lane.sends ? JoinLane(lane) : absl::OkStatus(); });
+  }
+  absl::Status JoinLane(Lane& lane) {
+    RETURN_IF_ERROR(Cuda(cudaEventRecord(lane.after, lane.stream), "cudaEventRecord"));
+    return Cuda(cudaStreamWaitEvent(compute, lane.after, 0), "cudaStreamWaitEvent");
   }
 
   std::string Describe(const char* op, std::span<const int> group) const {
@@ -198,12 +383,13 @@ struct NcclCommunicator::State {
 
 NcclCommunicator::NcclCommunicator(std::unique_ptr<State> s) : s_(std::move(s)) {}
 
-absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(MpiCommunicator* bootstrap, int device,
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(Communicator* bootstrap, int device,
                                                                            void* compute_stream,
                                                                            std::chrono::milliseconds timeout,
                                                                            StuckHandler on_stuck) {
   auto s = std::make_unique<State>();
-  s->mpi = bootstrap;
+  s->bootstrap = bootstrap;
+  s->channels = std::make_shared<Channels>();
   s->on_stuck = std::move(on_stuck);
   s->rank = bootstrap ? bootstrap->rank() : 0;
   s->world = bootstrap ? bootstrap->world_size() : 1;
@@ -211,9 +397,10 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(MpiCo
   s->timeout = timeout;
   s->compute = static_cast<cudaStream_t>(compute_stream);
   RETURN_IF_ERROR(Cuda(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")").c_str()));
-  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&s->comm_stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  RETURN_IF_ERROR(
+      Cuda(cudaStreamCreateWithFlags(&s->collectives.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
   RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&s->before, cudaEventDisableTiming), "cudaEventCreate"));
-  RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&s->after, cudaEventDisableTiming), "cudaEventCreate"));
+  RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&s->collectives.after, cudaEventDisableTiming), "cudaEventCreate"));
   s->marks.assign(State::kMarks, nullptr);
   for (cudaEvent_t& e : s->marks)
     RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
@@ -236,17 +423,31 @@ NcclCommunicator::~NcclCommunicator() {
   std::lock_guard<std::mutex> call(s_->call_mu);
   std::lock_guard<std::mutex> lock(s_->comms_mu);
   for (auto& [group, comm] : s_->comms) finished ? ncclCommDestroy(comm) : ncclCommAbort(comm);
+  auto release = [](Lane& lane) {
+    if (lane.after) cudaEventDestroy(lane.after);
+    if (lane.stream) cudaStreamDestroy(lane.stream);
+  };
+  for (auto& [ends, lane] : s_->message_lanes) cudaEventDestroy(lane.after);  // the channels own the streams
+  for (auto* staged : {&s_->staged_busy, &s_->staged_free})
+    for (Staged& st : *staged) {
+      if (finished) cudaFree(st.data);  // an unfinished send may still read it: left
+      cudaEventDestroy(st.sent);
+    }
+  if (!finished) {
+    std::lock_guard<std::mutex> channel_lock(s_->channels->mu);
+    s_->channels->failed = true;
+  }
+  release(s_->collectives);
   if (s_->before) cudaEventDestroy(s_->before);
-  if (s_->after) cudaEventDestroy(s_->after);
   for (cudaEvent_t e : s_->marks)
     if (e) cudaEventDestroy(e);
   for (cudaEvent_t e : s_->events) cudaEventDestroy(e);
-  if (s_->comm_stream) cudaStreamDestroy(s_->comm_stream);
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Duplicate() {
   ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> dup,
-                   Create(s_->mpi, s_->device, s_->compute, s_->timeout, s_->on_stuck));
+                   Create(s_->bootstrap, s_->device, s_->compute, s_->timeout, s_->on_stuck));
+  dup->s_->channels = s_->channels;  // the rank's messages share their channels
   return std::unique_ptr<Communicator>(std::move(dup));
 }
 
@@ -267,7 +468,11 @@ absl::Status NcclCommunicator::Synchronize() {
   size_t pending = s_->watchdog->pending();
   while (true) {
     RETURN_IF_ERROR(s_->Failed());
-    const cudaError_t q = cudaStreamQuery(s_->comm_stream);
+    cudaError_t q = cudaSuccess;
+    (void)s_->ForEachLane([&](Lane& lane) {
+      if (q == cudaSuccess) q = cudaStreamQuery(lane.stream);
+      return absl::OkStatus();
+    });
     if (q == cudaSuccess) {
       RETURN_IF_ERROR(s_->Failed());
       // An error NCCL raised that the watchdog has not polled yet.
@@ -275,7 +480,7 @@ absl::Status NcclCommunicator::Synchronize() {
         return absl::Status(h.code(), absl::StrCat("rank ", s_->rank, ": ", h.message()));
       return absl::OkStatus();
     }
-    if (q != cudaErrorNotReady) return Cuda(q, "the NCCL stream");
+    if (q != cudaErrorNotReady) return Cuda(q, "the NCCL streams");
     if (const size_t now_pending = s_->watchdog->pending(); now_pending < pending) {
       pending = now_pending;
       deadline = std::chrono::steady_clock::now() + backstop;
@@ -293,17 +498,17 @@ absl::Status NcclCommunicator::AllReduce(const TensorView& in, const TensorView&
   std::unique_lock<std::mutex> call;
   ASSIGN_OR_RETURN(ncclComm_t comm, s_->Enter(call, group, "AllReduce"));
   ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(in.dtype));
-  return s_->Ordered(s_->Describe("AllReduce", group), [&] {
+  return s_->Ordered(s_->collectives, s_->Describe("AllReduce", group), [&](cudaStream_t stream) {
     return ncclAllReduce(in.data, out.data, static_cast<size_t>(in.numel()), t, op == ReduceOp::kSum ? ncclSum : ncclMax,
-                         comm, s_->comm_stream);
+                         comm, stream);
   });
 }
 
 absl::Status NcclCommunicator::AllGather(const TensorView& in, const TensorView& out, std::span<const int> group) {
   std::unique_lock<std::mutex> call;
   ASSIGN_OR_RETURN(ncclComm_t comm, s_->Enter(call, group, "AllGather"));
-  return s_->Ordered(s_->Describe("AllGather", group), [&] {
-    return ncclAllGather(in.data, out.data, in.nbytes(), ncclUint8, comm, s_->comm_stream);
+  return s_->Ordered(s_->collectives, s_->Describe("AllGather", group), [&](cudaStream_t stream) {
+    return ncclAllGather(in.data, out.data, in.nbytes(), ncclUint8, comm, stream);
   });
 }
 
@@ -312,9 +517,9 @@ absl::Status NcclCommunicator::ReduceScatter(const TensorView& in, const TensorV
   std::unique_lock<std::mutex> call;
   ASSIGN_OR_RETURN(ncclComm_t comm, s_->Enter(call, group, "ReduceScatter"));
   ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(in.dtype));
-  return s_->Ordered(s_->Describe("ReduceScatter", group), [&] {
+  return s_->Ordered(s_->collectives, s_->Describe("ReduceScatter", group), [&](cudaStream_t stream) {
     return ncclReduceScatter(in.data, out.data, static_cast<size_t>(out.numel()), t,
-                             op == ReduceOp::kSum ? ncclSum : ncclMax, comm, s_->comm_stream);
+                             op == ReduceOp::kSum ? ncclSum : ncclMax, comm, stream);
   });
 }
 
@@ -322,14 +527,14 @@ absl::Status NcclCommunicator::AllToAll(const TensorView& in, const TensorView& 
   std::unique_lock<std::mutex> call;
   ASSIGN_OR_RETURN(ncclComm_t comm, s_->Enter(call, group, "AllToAll"));
   const size_t chunk = in.nbytes() / group.size();
-  return s_->Ordered(s_->Describe("AllToAll", group), [&]() -> ncclResult_t {
+  return s_->Ordered(s_->collectives, s_->Describe("AllToAll", group), [&](cudaStream_t stream) -> ncclResult_t {
     ncclResult_t r = ncclGroupStart();
     for (size_t j = 0; j < group.size() && r == ncclSuccess; ++j) {
       r = ncclSend(static_cast<const char*>(in.data) + j * chunk, chunk, ncclUint8, static_cast<int>(j), comm,
-                   s_->comm_stream);
+                   stream);
       if (r == ncclSuccess)
         r = ncclRecv(static_cast<char*>(out.data) + j * chunk, chunk, ncclUint8, static_cast<int>(j), comm,
-                     s_->comm_stream);
+                     stream);
     }
     const ncclResult_t end = ncclGroupEnd();
     return r != ncclSuccess ? r : end;
@@ -341,33 +546,53 @@ absl::Status NcclCommunicator::Broadcast(const TensorView& buf, int root, std::s
   ASSIGN_OR_RETURN(ncclComm_t comm, s_->Enter(call, group, "Broadcast"));
   const auto it = std::find(group.begin(), group.end(), root);
   if (it == group.end()) return InvalidArgument("Broadcast: root ", root, " is not in the group");
-  return s_->Ordered(s_->Describe("Broadcast", group), [&] {
+  return s_->Ordered(s_->collectives, s_->Describe("Broadcast", group), [&](cudaStream_t stream) {
     return ncclBroadcast(buf.data, buf.data, buf.nbytes(), ncclUint8, static_cast<int>(it - group.begin()), comm,
-                         s_->comm_stream);
+                         stream);
   });
 }
 
 absl::Status NcclCommunicator::Barrier(std::span<const int> group) {
   RETURN_IF_ERROR(Synchronize());
-  return s_->mpi ? s_->mpi->Barrier(group) : absl::OkStatus();
+  return s_->bootstrap ? s_->bootstrap->Barrier(group) : absl::OkStatus();
 }
 
+// The message is copied on the compute stream, in its order, and the copy sent: the compute
+// stream may reuse the tensor's memory at once, and never waits for the send.
 absl::Status NcclCommunicator::Send(const TensorView& t, int peer, int tag) {
-  std::vector<int> all(s_->world);
-  std::iota(all.begin(), all.end(), 0);
   std::unique_lock<std::mutex> call;
-  ASSIGN_OR_RETURN(ncclComm_t comm, s_->Enter(call, all, "Send"));
-  return s_->Ordered(absl::StrCat("Send to rank ", peer, " (tag ", tag, ")"),
-                     [&] { return ncclSend(t.data, t.nbytes(), ncclUint8, peer, comm, s_->comm_stream); });
+  ASSIGN_OR_RETURN(Lane * lane, s_->EnterChannel(call, s_->rank, peer, "Send"));
+  const int to = peer == s_->rank ? 0 : 1;  // the receiver's place in the channel
+  const size_t bytes = t.nbytes();
+  Staged st;
+  if (lane->sends && bytes > 0) {
+    ASSIGN_OR_RETURN(st, s_->Stage(bytes, peer));
+    absl::Status copied = Cuda(cudaMemcpyAsync(st.data, t.data, bytes, cudaMemcpyDeviceToDevice, s_->compute),
+                               "cudaMemcpyAsync (a message's staged copy)");
+    if (!copied.ok()) {
+      s_->staged_free.push_back(st);
+      return copied;
+    }
+  }
+  const void* data = st.data ? st.data : t.data;
+  absl::Status sent = s_->Ordered(*lane, absl::StrCat("Send to rank ", peer, " (tag ", tag, ")"), [&](cudaStream_t stream) {
+    const ncclResult_t r =
+        s_->OnChannel(s_->rank, peer, [&](ncclComm_t comm) { return ncclSend(data, bytes, ncclUint8, to, comm, stream); });
+    if (r == ncclSuccess && st.data && cudaEventRecord(st.sent, stream) != cudaSuccess) return ncclUnhandledCudaError;
+    return r;
+  });
+  if (st.data) (sent.ok() ? s_->staged_busy : s_->staged_free).push_back(st);
+  return sent;
 }
 
 absl::Status NcclCommunicator::Recv(const TensorView& t, int peer, int tag) {
-  std::vector<int> all(s_->world);
-  std::iota(all.begin(), all.end(), 0);
   std::unique_lock<std::mutex> call;
-  ASSIGN_OR_RETURN(ncclComm_t comm, s_->Enter(call, all, "Recv"));
-  return s_->Ordered(absl::StrCat("Recv from rank ", peer, " (tag ", tag, ")"),
-                     [&] { return ncclRecv(t.data, t.nbytes(), ncclUint8, peer, comm, s_->comm_stream); });
+  ASSIGN_OR_RETURN(Lane * lane, s_->EnterChannel(call, peer, s_->rank, "Recv"));
+  return s_->Ordered(*lane, absl::StrCat("Recv from rank ", peer, " (tag ", tag, ")"), [&](cudaStream_t stream) {
+    return s_->OnChannel(peer, s_->rank, [&](ncclComm_t comm) {
+      return ncclRecv(t.data, t.nbytes(), ncclUint8, /*the sender's place*/ 0, comm, stream);
+    });
+  });
 }
 
 }  // namespace cleave::runtime

@@ -1,6 +1,6 @@
 // The NCCL communicator (runtime/): collectives and point-to-point messages between GPU ranks
-// for CUDA tensors, bootstrapped over MPI (the unique id of each group travels through the
-// MPI communicator). Built whenever the CUDA toolkit with NCCL is found; it needs a device to
+// for CUDA tensors, bootstrapped over a host communicator (the unique id of each group travels
+// through it: MPI in a launched job). Built whenever the CUDA toolkit with NCCL is found; it needs a device to
 // run.
 //
 // Every operation runs on the communicator's own stream: it first waits for the work queued
@@ -23,19 +23,17 @@
 
 namespace cleave::runtime {
 
-class MpiCommunicator;
-
 class NcclCommunicator : public Communicator {
  public:
-  // `bootstrap` shares the NCCL unique ids (null: a world of this one process, which needs no
-  // MPI); `device` is this rank's GPU; `compute_stream` the CUDA stream (a cudaStream_t) the
+  // `bootstrap` shares the NCCL unique ids and is this world's ranks (the MPI communicator of
+  // a launched job; null: a world of this one process); `device` is this rank's GPU; `compute_stream` the CUDA stream (a cudaStream_t) the
   // provider runs kernels on (null: the default stream).
   // `timeout` bounds each operation (runtime/comm_watchdog.h times them on a thread of its
   // own, and aborts the communicators when one passes it or NCCL reports an error; every later
   // call returns that failure). `on_stuck` is told when the aborted work does not drain either,
   // and the process cannot go on (null: the failure is printed).
   using StuckHandler = std::function<void(const absl::Status&)>;
-  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(MpiCommunicator* bootstrap, int device,
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(Communicator* bootstrap, int device,
                                                                   void* compute_stream,
                                                                   std::chrono::milliseconds timeout,
                                                                   StuckHandler on_stuck = nullptr);

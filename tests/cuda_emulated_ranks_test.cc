@@ -1,14 +1,15 @@
 // Partitioned training on CUDA providers over the emulated device (built with
 // CLEAVE_CUDA_EMULATION only): two or four ranks in one process, each a training session on
-// its own CUDA provider, with a device communicator over the simulated world (the emulated
-// device's memory is host memory, so the simulated world can move it, as NCCL moves device
-// memory).
-// The provider's collective and message kernels (providers/cuda/cuda_collectives.cc), the
-// gradient reducer and the asynchronous collectives run as they would over NCCL; after two
-// steps every rank's parameters equal the same plan's on the CPU.
+// its own CUDA provider with the NCCL communicator on its stream, as `cleave train --device
+// cuda` sets them up. NCCL is the emulation's (tests/cuda_emu/nccl.cc): the ranks' collectives
+// and messages meet when their streams reach them, and every stream runs apart from the host
+// and from the others, so what the provider, the NCCL communicator's events and the
+// asynchronous collectives leave unordered races here as on GPUs.
+// After two steps every rank's parameters equal the same plan's on the CPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -19,7 +20,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/simulated_communicator.h"
-#include "tests/device_comm.h"
+#include "providers/cuda/cuda_provider.h"
+#include "runtime/inference_session.h"
+#include "runtime/nccl_communicator.h"
 #include "tests/partition_test_util.h"
 #include "trainer/partition_plan.h"
 #include "trainer/training_session.h"
@@ -48,16 +51,34 @@ TrainedRanks Train(const trainer::PlanConfig& c, DeviceChoice device) {
   std::vector<std::thread> ranks;
   for (int r = 0; r < world_size; ++r)
     ranks.emplace_back([&, r] {
-      auto counts = std::make_shared<testing::DeviceComm::Counts>();
-      testing::DeviceComm comm(world.rank(r), counts);
+      absl::Status& st = status[static_cast<size_t>(r)];
       trainer::TrainingSessionOptions o;
       o.intra_op_threads = 1;
       o.device = device;
       o.communicator = world.rank(r);
-      if (device == DeviceChoice::kCuda) o.device_communicator = &comm;
+      std::unique_ptr<runtime::NcclCommunicator> nccl;
+      if (device == DeviceChoice::kCuda) {
+        // As `cleave train --device cuda`: the rank's provider, and NCCL on its stream,
+        // bootstrapped over the host communicator.
+        std::string warning;
+        auto provider = InferenceSession::MakeDeviceProvider(device, 0, &warning);
+        if (!provider.ok() || !*provider) {
+          st = provider.ok() ? absl::InternalError("no CUDA provider: " + warning) : provider.status();
+          return;
+        }
+        o.device_provider = *provider;
+        auto made = runtime::NcclCommunicator::Create(
+            world.rank(r), 0, static_cast<providers::CudaExecutionProvider*>(provider->get())->stream(),
+            std::chrono::seconds(60));
+        if (!made.ok()) {
+          st = made.status();
+          return;
+        }
+        nccl = std::move(*made);
+        o.device_communicator = nccl.get();
+      }
       const std::vector<trainer::TrainingSession::PipelineWork> work = trainer::PipelineWorkFor(*plan, r);
       auto s = trainer::TrainingSession::Create(std::move(plan->ranks[static_cast<size_t>(r)].artifacts), o);
-      absl::Status& st = status[static_cast<size_t>(r)];
       if (!s.ok()) {
         st = s.status();
         return;

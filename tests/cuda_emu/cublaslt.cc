@@ -2,7 +2,8 @@
 // beta C, column-major, then the epilogue's bias (one value per row of D) and tanh-GELU, each
 // element summed in double and rounded once to D's type. Attribute sizes, dimensions, the
 // epilogue's bias pointer and each pointer's alignment against the one the algorithm was
-// chosen for are checked as the library checks them: a mismatch is CUBLAS_STATUS_INVALID_VALUE.
+// chosen for are checked as the library checks them, at the call: a mismatch is
+// CUBLAS_STATUS_INVALID_VALUE. The product itself runs on the call's stream.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -178,7 +179,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void* alpha, const void* A,
                               cublasLtMatrixLayout_t a, const void* B, cublasLtMatrixLayout_t b, const void* beta,
                               const void* C, cublasLtMatrixLayout_t c, void* D, cublasLtMatrixLayout_t d,
-                              const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t) {
+                              const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t stream) {
   Shape s;
   if (!h || !op || !algo || algo->data[0] != kAlgoTag || !Dims(*op, *a, *b, *c, *d, &s))
     return CUBLAS_STATUS_INVALID_VALUE;
@@ -195,24 +196,30 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                                          static_cast<int64_t>(need) != 0)
       return CUBLAS_STATUS_INVALID_VALUE;
   }
-  const bool ta = op->trans_a == CUBLAS_OP_T, tb = op->trans_b == CUBLAS_OP_T;
-  std::vector<double> acc(static_cast<size_t>(s.m));
-  for (int32_t bi = 0; bi < d->batch; ++bi) {
-    const int64_t oa = bi * a->stride, ob = bi * b->stride, oc = bi * c->stride, od = bi * d->stride;
-    for (int64_t j = 0; j < s.n; ++j) {
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t p = 0; p < s.k; ++p) {
-        const double bv = Load(b->type, B, ob + (tb ? j + p * b->ld : p + j * b->ld));
-        for (int64_t i = 0; i < s.m; ++i) acc[static_cast<size_t>(i)] += Load(a->type, A, oa + (ta ? p + i * a->ld : i + p * a->ld)) * bv;
-      }
-      for (int64_t i = 0; i < s.m; ++i) {
-        double v = al * acc[static_cast<size_t>(i)];
-        if (be != 0.0) v += be * Load(c->type, C, oc + i + j * c->ld);  // C is not read when beta is 0
-        if (with_bias) v += Load(d->type, op->bias, i);
-        if (gelu) v = 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
-        Store(d->type, D, od + i + j * d->ld, v);
+  // The product runs on the stream, with the descriptors as they are now (the library reads
+  // them at the call) and alpha and beta read now (host pointers).
+  cleave::cuda_emu::Enqueue(stream, [o = *op, la = *a, lb = *b, lc = *c, ld = *d, s, al, be, with_bias, gelu, A, B, C, D] {
+    const cublasLtMatmulDescOpaque* op = &o;
+    const cublasLtMatrixLayoutOpaque *a = &la, *b = &lb, *c = &lc, *d = &ld;
+    const bool ta = op->trans_a == CUBLAS_OP_T, tb = op->trans_b == CUBLAS_OP_T;
+    std::vector<double> acc(static_cast<size_t>(s.m));
+    for (int32_t bi = 0; bi < d->batch; ++bi) {
+      const int64_t oa = bi * a->stride, ob = bi * b->stride, oc = bi * c->stride, od = bi * d->stride;
+      for (int64_t j = 0; j < s.n; ++j) {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t p = 0; p < s.k; ++p) {
+          const double bv = Load(b->type, B, ob + (tb ? j + p * b->ld : p + j * b->ld));
+          for (int64_t i = 0; i < s.m; ++i) acc[static_cast<size_t>(i)] += Load(a->type, A, oa + (ta ? p + i * a->ld : i + p * a->ld)) * bv;
+        }
+        for (int64_t i = 0; i < s.m; ++i) {
+          double v = al * acc[static_cast<size_t>(i)];
+          if (be != 0.0) v += be * Load(c->type, C, oc + i + j * c->ld);  // C is not read when beta is 0
+          if (with_bias) v += Load(d->type, op->bias, i);
+          if (gelu) v = 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+          Store(d->type, D, od + i + j * d->ld, v);
+        }
       }
     }
-  }
+  });
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <numeric>
@@ -123,7 +124,7 @@ struct State {
   int live = 0, exited = 0;
   bool aborted = false;
   std::string fault;  // the first fault since ClearFault
-  cudaError_t last_error = cudaSuccess;
+  std::atomic<cudaError_t> last_error{cudaSuccess};
   Order order_kind = Order::kAscending;
   uint64_t seed = 0;
 };
@@ -317,21 +318,39 @@ cudaError_t Refuse(State& s, cudaError_t e, const std::string& what) {
   return e;
 }
 
-cudaError_t CheckConfig(State& s, const dim3& grid, const dim3& block, size_t shared_bytes) {
+// One launch at a time, whichever thread runs it (the device has one queue here).
+std::mutex& LaunchMutex() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
+
+// What the device refuses in a launch configuration (`what` says why), or cudaSuccess.
+cudaError_t ConfigError(const dim3& grid, const dim3& block, size_t shared_bytes, std::string* what) {
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0)
-    return Refuse(s, cudaErrorInvalidConfiguration, "a launch of no blocks");
-  if (threads == 0 || threads > kMaxThreadsPerBlock || block.z > 64)
-    return Refuse(s, cudaErrorInvalidConfiguration,
-                  "a block of " + std::to_string(threads) + " threads (at most 1024, z at most 64)");
-  if (grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535)
-    return Refuse(s, cudaErrorInvalidConfiguration,
-                  "a grid of (" + std::to_string(grid.x) + ", " + std::to_string(grid.y) + ", " +
-                      std::to_string(grid.z) + ") blocks (y and z at most 65535)");
-  if (shared_bytes > kMaxDynamicShared)
-    return Refuse(s, cudaErrorInvalidValue,
-                  std::to_string(shared_bytes) + " bytes of dynamic shared memory (at most 232448)");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) {
+    *what = "a launch of no blocks";
+    return cudaErrorInvalidConfiguration;
+  }
+  if (threads == 0 || threads > kMaxThreadsPerBlock || block.z > 64) {
+    *what = "a block of " + std::to_string(threads) + " threads (at most 1024, z at most 64)";
+    return cudaErrorInvalidConfiguration;
+  }
+  if (grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+    *what = "a grid of (" + std::to_string(grid.x) + ", " + std::to_string(grid.y) + ", " + std::to_string(grid.z) +
+            ") blocks (y and z at most 65535)";
+    return cudaErrorInvalidConfiguration;
+  }
+  if (shared_bytes > kMaxDynamicShared) {
+    *what = std::to_string(shared_bytes) + " bytes of dynamic shared memory (at most 232448)";
+    return cudaErrorInvalidValue;
+  }
   return cudaSuccess;
+}
+
+cudaError_t CheckConfig(State& s, const dim3& grid, const dim3& block, size_t shared_bytes) {
+  std::string what;
+  const cudaError_t e = ConfigError(grid, block, shared_bytes, &what);
+  return e == cudaSuccess ? e : Refuse(s, e, what);
 }
 
 }  // namespace
@@ -371,9 +390,7 @@ void LaunchErased(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes
     std::fprintf(stderr, "cuda_emu: a launch inside kernel %s\n", s.kernel);
     std::abort();
   }
-  // One launch at a time, whichever host thread enqueues it (the device has one queue here).
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(LaunchMutex());
   launching = true;
   struct Done {
     bool& flag;
@@ -407,6 +424,18 @@ void LaunchErased(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes
   if (!ok) SetLastError(cudaErrorLaunchFailure);
 }
 
+cudaError_t CheckLaunch(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes) {
+  std::string what;
+  const cudaError_t e = ConfigError(grid, block, shared_bytes, &what);
+  if (e == cudaSuccess) return e;  // without the launch lock: the host runs ahead of the streams
+  std::lock_guard<std::mutex> lock(LaunchMutex());
+  State& s = S();
+  s.kernel = kernel;
+  Refuse(s, e, what);
+  SetLastError(e);
+  return e;
+}
+
 const char* LastKernel() { return S().kernel; }
 void SetLastError(cudaError_t e) { S().last_error = e; }
 const char* LastFault() { return S().fault.c_str(); }
@@ -415,8 +444,5 @@ void ClearFault() { S().fault.clear(); }
 }  // namespace cleave::cuda_emu
 
 cudaError_t cudaGetLastError() {
-  auto& s = cleave::cuda_emu::S();
-  const cudaError_t e = s.last_error;
-  s.last_error = cudaSuccess;
-  return e;
+  return cleave::cuda_emu::S().last_error.exchange(cudaSuccess);
 }

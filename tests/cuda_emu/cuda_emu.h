@@ -4,8 +4,8 @@
 // (translate.cc) turns each `kernel<<<grid, block, shared, stream>>>(args)` into a call of
 // Launch and each `extern __shared__` array into the launch's dynamic shared memory.
 //
-// A launch runs its blocks one after another. The threads of a block are fibers on the calling
-// thread, switched only at __syncthreads and at warp shuffles, in an order the test chooses
+// A launch runs its blocks one after another. The threads of a block are fibers on the thread
+// that runs the launch, switched only at __syncthreads and at warp shuffles, in an order the test chooses
 // (SetOrder): a kernel whose result depends on that order has a race. The emulator also
 // reports, as a launch error, what the hardware would leave undefined or reject: a barrier not
 // every thread reaches (a deadlock here), a full-mask shuffle over a warp with lanes missing,
@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <initializer_list>  // the real headers bring it; data.cu loops over a braced list
 #include <type_traits>
 
@@ -135,12 +136,39 @@ void* DynamicSharedMemory();
 enum class Order { kAscending, kDescending, kShuffled, kWarpsAhead };
 void SetOrder(Order order, uint64_t seed = 0);
 
-// Runs `body` once per thread of every block. Launch errors are kept for cudaGetLastError.
+// Runs `body` once per thread of every block, now, on the calling thread. Launch errors are
+// kept for cudaGetLastError.
 void LaunchErased(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes, void (*run)(void*), void* body);
+// The launch configuration's error as the device would refuse it at the launch (recorded as
+// the launch's fault and kept for cudaGetLastError); cudaSuccess when it is accepted.
+cudaError_t CheckLaunch(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes);
+// Queues `work` on `stream`, whose own thread runs its work in order (cudart.cc); the default
+// stream runs it now, once the calling thread's blocking streams have drained.
+void Enqueue(cudaStream_t stream, std::function<void()> work);
+
+// A launch on a stream is queued with copies of its arguments, taken now (translate.cc makes
+// `body` own them), as the device takes a kernel's parameters by value at the launch; its
+// configuration is checked now. One on the default stream runs at once.
+template <typename K, typename... A>
+auto Bind(K kernel, A... args) {
+  return [kernel, args...] { kernel(args...); };
+}
+template <typename Body>
+void RunBody(void* body) {
+  (*static_cast<Body*>(body))();
+}
 template <typename F>
-void Launch(const char* kernel, F&& body, dim3 grid, dim3 block, size_t shared_bytes = 0, cudaStream_t = nullptr) {
-  using Body = std::remove_reference_t<F>;
-  LaunchErased(kernel, grid, block, shared_bytes, [](void* f) { (*static_cast<Body*>(f))(); }, &body);
+void Launch(const char* kernel, F&& body, dim3 grid, dim3 block, size_t shared_bytes = 0,
+            cudaStream_t stream = nullptr) {
+  using Body = std::remove_cvref_t<F>;
+  if (!stream) {
+    LaunchErased(kernel, grid, block, shared_bytes, &RunBody<Body>, &body);
+    return;
+  }
+  if (CheckLaunch(kernel, grid, block, shared_bytes) != cudaSuccess) return;
+  Enqueue(stream, [kernel, grid, block, shared_bytes, owned = Body(std::forward<F>(body))]() mutable {
+    LaunchErased(kernel, grid, block, shared_bytes, &RunBody<Body>, &owned);
+  });
 }
 
 // The last launch's kernel as its source names it ("Map1<P>"); the message of the first launch
@@ -204,8 +232,12 @@ inline float __fsqrt_rn(float a) { return sqrtf(a); }
 
 // ---- Runtime functions --------------------------------------------------------------------
 // The device is the host: one device of kEmulatedDeviceBytes, allocations are host memory
-// (256-byte aligned, filled with 0xff bytes, so a read before a write shows as NaN), every
-// stream runs its work at once on the calling thread, and events are always complete.
+// (256-byte aligned, filled with 0xff bytes, so a read before a write shows as NaN). Each
+// stream is a thread that runs its work in order, apart from the host and from other streams,
+// as the device's streams are: what is not ordered by events and synchronisation races here
+// too. Events complete when their stream reaches them. Each host thread is its own device
+// context: the default stream and cudaFree synchronise with the streams that thread made (the
+// ranks of one process stand for processes, each with its own GPU).
 inline constexpr size_t kEmulatedDeviceBytes = size_t{16} << 30;
 cudaError_t cudaGetLastError();
 const char* cudaGetErrorName(cudaError_t e);
@@ -237,14 +269,10 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
-inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
-  if (bytes) std::memset(p, value, bytes);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t = nullptr) {
-  if (bytes) std::memmove(dst, src, bytes);
-  return cudaSuccess;
-}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream = nullptr);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
+cudaError_t cudaDeviceSynchronize();
 template <typename F>
 cudaError_t cudaFuncSetAttribute(F*, cudaFuncAttribute, int value) {
   return value >= 0 ? cudaSuccess : cudaErrorInvalidValue;

@@ -1,6 +1,8 @@
 // Turns a CUDA source into C++ for cuda_emu.h: usage `translate IN.cu OUT.cc`.
 //   kernel<<<grid, block[, shared[, stream]]>>>(args)
-//     -> ::cleave::cuda_emu::Launch("kernel", [&] { kernel(args); }, grid, block[, ...])
+//     -> ::cleave::cuda_emu::Launch("kernel", Bind([](auto... a) { kernel(a...); }, args),
+//                                   grid, block[, ...])
+//        (Bind copies the arguments now, as a launch passes them by value)
 //   extern __shared__ T name[];
 //     -> T* name = ::cleave::cuda_emu::DynamicShared<T>();
 // Line breaks are kept, and a #line directive names the source, so compiler messages and
@@ -66,8 +68,11 @@ bool Translate(const std::string& in, std::string* out, std::string* error) {
     std::string kernel = s.substr(start, at - start);
     while (!kernel.empty() && std::isspace(static_cast<unsigned char>(kernel.back()))) kernel.pop_back();
     r += s.substr(done, start - done);
-    r += "::cleave::cuda_emu::Launch(\"" + kernel + "\", [&] { " + kernel + s.substr(open, end + 1 - open) + "; }, " +
-         s.substr(at + 3, close - at - 3) + ")";
+    // An empty argument list binds none.
+    const std::string args = s.substr(open + 1, end - open - 1);
+    const bool none = args.find_first_not_of(" \t\r\n") == std::string::npos;
+    r += "::cleave::cuda_emu::Launch(\"" + kernel + "\", ::cleave::cuda_emu::Bind([](auto... a) { " + kernel +
+         "(a...); }" + (none ? "" : ", ") + args + "), " + s.substr(at + 3, close - at - 3) + ")";
     done = end + 1;
   }
   r += s.substr(done);
