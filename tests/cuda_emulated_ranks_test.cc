@@ -6,6 +6,7 @@
 // and from the others, so what the provider, the NCCL communicator's events and the
 // asynchronous collectives leave unordered races here as on GPUs.
 // After two steps every rank's parameters equal the same plan's on the CPU.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -67,6 +68,9 @@ TrainedRanks Train(const trainer::PlanConfig& c, DeviceChoice device) {
           return;
         }
         o.device_provider = *provider;
+        // The communicator's streams (its collectives' and its message channels') fall behind
+        // the compute stream and the host: what their events do not order reads stale data.
+        cuda_emu::SetNewStreamLag(std::chrono::microseconds(300));
         auto made = runtime::NcclCommunicator::Create(
             world.rank(r), 0, static_cast<providers::CudaExecutionProvider*>(provider->get())->stream(),
             std::chrono::seconds(60));
@@ -153,6 +157,110 @@ INSTANTIATE_TEST_SUITE_P(Meshes, CudaEmulatedRanks, ::testing::Values("dp=2", "t
                              if (std::isalnum(static_cast<unsigned char>(ch))) name += ch;
                            return name;
                          });
+
+// The NCCL communicator's messages between two ranks in a 1F1B order (stage 0 sends two
+// activations before it receives the first gradient; stage 1 sends that gradient before it
+// receives the second activation), each rank's compute stream writing the next message over
+// the last one's memory at once. Over one blocking stream per rank this deadlocks: stage 0's
+// second send waits for a receive stage 1 queues behind its own send. Every message arrives
+// intact, and nothing times out.
+TEST(CudaEmulatedRanks, OneFOneBMessagesNeitherDeadlockNorReadReusedMemory) {
+  constexpr int kN = 1024;
+  runtime::SimulatedWorld world(2);
+  std::vector<absl::Status> status(2);
+  std::vector<std::vector<float>> received(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      absl::Status& st = status[static_cast<size_t>(r)];
+      cudaStream_t compute = nullptr;
+      cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
+      cuda_emu::SetNewStreamLag(std::chrono::microseconds(2000));  // the channels fall behind
+      auto nccl = runtime::NcclCommunicator::Create(world.rank(r), 0, compute, std::chrono::seconds(10));
+      if (!nccl.ok()) {
+        st = nccl.status();
+        return;
+      }
+      float *buf = nullptr, *in = nullptr;
+      cudaMalloc(&buf, kN * 4);
+      cudaMalloc(&in, 2 * kN * 4);
+      const int64_t dims[1] = {kN};
+      auto message = [&](float v) {  // the compute stream fills `buf` with v
+        std::vector<float> h(kN, v);
+        cudaMemcpyAsync(buf, h.data(), kN * 4, cudaMemcpyHostToDevice, compute);
+        return TensorView(buf, DataType::kFloat32, dims);
+      };
+      auto into = [&](int i) { return TensorView(in + i * kN, DataType::kFloat32, dims); };
+      Communicator& c = **nccl;
+      if (r == 0) {  // F0 F1 B0 B1
+        st.Update(c.Send(message(1), 1, 0));
+        st.Update(c.Send(message(2), 1, 1));
+        st.Update(c.Recv(into(0), 1, 2));
+        st.Update(c.Recv(into(1), 1, 3));
+      } else {  // F0 B0 F1 B1
+        st.Update(c.Recv(into(0), 0, 0));
+        st.Update(c.Send(message(10), 0, 2));
+        st.Update(c.Recv(into(1), 0, 1));
+        st.Update(c.Send(message(20), 0, 3));
+      }
+      st.Update(c.Synchronize());
+      std::vector<float>& back = received[static_cast<size_t>(r)];
+      back.resize(2 * kN);
+      cudaStreamSynchronize(compute);
+      cudaMemcpy(back.data(), in, 2 * kN * 4, cudaMemcpyDeviceToHost);
+      nccl->reset();
+      cudaFree(buf);
+      cudaFree(in);
+      cudaStreamDestroy(compute);
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(status[static_cast<size_t>(r)].ok()) << "rank " << r << ": " << status[r];
+  const float expect[2][2] = {{10, 20}, {1, 2}};
+  for (int r = 0; r < 2; ++r)
+    for (int i = 0; i < 2; ++i)
+      for (int k = 0; k < kN; ++k)
+        ASSERT_EQ(received[static_cast<size_t>(r)][static_cast<size_t>(i * kN + k)], expect[r][i])
+            << "rank " << r << " message " << i << " [" << k << "]";
+}
+
+// A peer that stops taking part (it leaves after the first all-reduce, as a dead process
+// does): the other rank's next all-reduce ends with an error naming the rank and the operation
+// within the timeout, and the compute stream that waited on it drains.
+TEST(CudaEmulatedRanks, DeadPeerEndsTheCollectiveWithAnError) {
+  runtime::SimulatedWorld world(2);
+  absl::Status survivor;
+  std::vector<std::thread> ranks;
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      cudaStream_t compute = nullptr;
+      cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
+      auto nccl = runtime::NcclCommunicator::Create(world.rank(r), 0, compute, std::chrono::seconds(2));
+      ASSERT_TRUE(nccl.ok()) << nccl.status();
+      float* buf = nullptr;
+      cudaMalloc(&buf, 64);
+      const int64_t dims[1] = {16};
+      const int group[2] = {0, 1};
+      TensorView v(buf, DataType::kFloat32, dims);
+      absl::Status first = (*nccl)->AllReduce(v, v, ReduceOp::kSum, group);  // both: the communicator is made
+      if (first.ok()) first = (*nccl)->Synchronize();
+      ASSERT_TRUE(first.ok()) << first;
+      if (r == 0) {
+        absl::Status s = (*nccl)->AllReduce(v, v, ReduceOp::kSum, group);
+        if (s.ok()) s = (*nccl)->Synchronize();
+        survivor = s;
+        EXPECT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+      }
+      nccl->reset();  // rank 1 never joins the second all-reduce: its communicator ends unfinished
+      cudaFree(buf);
+      cudaStreamDestroy(compute);
+    });
+  for (auto& t : ranks) t.join();
+  EXPECT_FALSE(survivor.ok());
+  EXPECT_NE(survivor.message().find("rank 0"), std::string::npos) << survivor;
+  EXPECT_NE(survivor.message().find("ranks [0,1]"), std::string::npos) << survivor;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
 
 }  // namespace
 }  // namespace cleave

@@ -1,7 +1,8 @@
 // The NCCL communicator on one process (a world of one, no MPI): an all-reduce and a gather of
 // device tensors over a group of one, the stream ordering around them, and a deferred
 // duplicate (the asynchronous collectives' queue) that the compute stream joins through one
-// operation's event, and a message that never comes timed out by the watchdog. Labelled gpu;
+// operation's event, the compute stream's wait for each operation that is not deferred, and a
+// message that never comes timed out by the watchdog. Labelled gpu;
 // skipped without a device.
 #include <cuda_runtime.h>
 
@@ -42,6 +43,50 @@ TEST(NcclCommunicator, SingleRankCollectivesOnTheDevice) {
   EXPECT_EQ(back, host);
   cudaFree(dev);
   cudaFree(gathered);
+}
+
+// Without deferral each operation orders the compute stream's later work after it: a copy
+// queued on the compute stream right after an all-reduce reads the all-reduce's result. (Over
+// the emulated device the communicator's stream lags behind, so a missing wait reads the
+// output unwritten.)
+TEST(NcclCommunicator, ComputeStreamWaitsForEachOperation) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t compute = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), cudaSuccess);
+#ifdef CLEAVE_CUDA_EMULATED_DEVICE
+  cuda_emu::SetNewStreamLag(std::chrono::milliseconds(20));
+#endif
+  auto nccl = NcclCommunicator::Create(nullptr, 0, compute, std::chrono::seconds(30));
+#ifdef CLEAVE_CUDA_EMULATED_DEVICE
+  cuda_emu::SetNewStreamLag(std::chrono::microseconds(0));
+#endif
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  constexpr int kN = 4096;
+  std::vector<float> host(kN);
+  for (int i = 0; i < kN; ++i) host[i] = static_cast<float>(i % 97);
+  float *a = nullptr, *b = nullptr, *copy = nullptr;
+  ASSERT_EQ(cudaMalloc(&a, kN * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&b, kN * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&copy, kN * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(a, host.data(), kN * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  const int64_t dims[1] = {kN};
+  const int group[1] = {0};
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(cudaMemsetAsync(b, 0xff, kN * 4, compute), cudaSuccess);  // NaN until the all-reduce writes it
+    ASSERT_TRUE((*nccl)->AllReduce(TensorView(a, DataType::kFloat32, dims), TensorView(b, DataType::kFloat32, dims),
+                                   ReduceOp::kSum, group).ok());
+    ASSERT_EQ(cudaMemcpyAsync(copy, b, kN * 4, cudaMemcpyDeviceToDevice, compute), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+    std::vector<float> back(kN);
+    ASSERT_EQ(cudaMemcpy(back.data(), copy, kN * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(back, host) << "round " << round;
+  }
+  EXPECT_TRUE((*nccl)->Synchronize().ok());
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(copy);
+  nccl->reset();
+  cudaStreamDestroy(compute);
 }
 
 TEST(NcclCommunicator, DeferredDuplicateJoinsThroughOneOperation) {

@@ -16,8 +16,11 @@
 // contracted into FMAs, so results match the GPU's to rounding, not bit for bit.
 #pragma once
 
+#define CLEAVE_CUDA_EMULATED_DEVICE 1  // for tests that steer the emulation
+
 #include <math.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -145,6 +148,11 @@ cudaError_t CheckLaunch(const char* kernel, dim3 grid, dim3 block, size_t shared
 // Queues `work` on `stream`, whose own thread runs its work in order (cudart.cc); the default
 // stream runs it now, once the calling thread's blocking streams have drained.
 void Enqueue(cudaStream_t stream, std::function<void()> work);
+
+// Streams the calling thread makes from now on wait `lag` before each piece of their work (0:
+// none), so that a test makes some streams fall behind others and the host: work that is not
+// ordered after theirs by an event or a synchronisation then reads what they have not written.
+void SetNewStreamLag(std::chrono::microseconds lag);
 
 // A launch on a stream is queued with copies of its arguments, taken now (translate.cc makes
 // `body` own them), as the device takes a kernel's parameters by value at the launch; its

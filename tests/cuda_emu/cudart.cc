@@ -44,6 +44,7 @@ bool OnDevice(const void* p) {
 struct CUstream_st {
   unsigned int flags = 0;
   std::thread::id owner;  // the host thread (device context) that made it
+  std::chrono::microseconds lag{0};  // waited before each piece of work (SetNewStreamLag)
   std::mutex mu;
   std::condition_variable cv;  // work queued, work done, or the stream stopping
   std::deque<std::function<void()>> queue;
@@ -59,6 +60,7 @@ struct CUstream_st {
       queue.pop_front();
       running = true;
       lock.unlock();
+      if (lag.count() > 0) std::this_thread::sleep_for(lag);
       w();
       w = nullptr;
       lock.lock();
@@ -122,7 +124,11 @@ void DrainOwn(bool blocking_only) {
 
 }  // namespace
 
+static thread_local std::chrono::microseconds g_new_stream_lag{0};
+
 namespace cleave::cuda_emu {
+
+void SetNewStreamLag(std::chrono::microseconds lag) { g_new_stream_lag = lag; }
 
 void Enqueue(cudaStream_t stream, std::function<void()> work) {
   if (stream) {
@@ -261,6 +267,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   auto* st = new CUstream_st;
   st->flags = flags;
   st->owner = std::this_thread::get_id();
+  st->lag = g_new_stream_lag;
   st->worker = std::thread([st] { st->Work(); });
   Streams& all = AllStreams();
   std::lock_guard<std::mutex> lock(all.mu);
