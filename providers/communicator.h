@@ -8,9 +8,11 @@
 // sequence of calls on it with matching sizes and dtypes.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "base/tensor.h"
@@ -77,6 +79,29 @@ class Communicator {
   // Blocks the host until every operation queued so far has finished, or fails naming the
   // rank and the operation once the timeout passes (a dead peer must not hang the caller).
   virtual absl::Status Synchronize() { return absl::OkStatus(); }
+
+  // Makes now whatever the collectives over `groups` will need (NCCL: their communicators),
+  // rather than at each group's first collective, where the host of a rank would wait for
+  // peers that reach that collective at another point of their step (a pipeline's stages meet
+  // their tied embedding's reduction at opposite ends of the backward). Every member of a
+  // group prepares it, at start-up; groups this rank is not in are skipped.
+  virtual absl::Status Prepare(std::span<const std::vector<int>> groups) {
+    (void)groups;
+    return absl::OkStatus();
+  }
+
+  // Device communicators, for profiles: with timing on, each operation is timed where it runs
+  // (events on its stream); TakeTimedOperations waits for the ones timed so far and returns
+  // them in the order they were queued, each with its start and end on the host's steady clock.
+  // Host communicators time nothing: their callers' clocks see the work.
+  struct TimedOperation {
+    std::string what;
+    std::chrono::steady_clock::time_point start, end;
+  };
+  virtual void set_timing(bool on) { (void)on; }
+  virtual absl::StatusOr<std::vector<TimedOperation>> TakeTimedOperations() {
+    return std::vector<TimedOperation>{};
+  }
 };
 
 }  // namespace cleave

@@ -529,6 +529,7 @@ absl::Status Executor::PlaceOnDevices(std::unordered_map<const Node*, providers:
 void Executor::BindDeviceResident(const std::vector<Tensor>& outputs) {
   if (!has_device_) return;  // nothing can be device-resident
   std::fill(output_to_device_.begin(), output_to_device_.end(), nullptr);
+  bound_reports_.assign(steps_.size(), {});
   for (int st : device_copy_steps_) {
     skip_[st] = 0;
     bound_[steps_[st].inputs[0]] = nullptr;
@@ -564,6 +565,7 @@ void Executor::BindDeviceResident(const std::vector<Tensor>& outputs) {
     bound_bytes_[in] = static_cast<int64_t>(outputs[oi].nbytes());
     output_to_device_[oi] = nullptr;
     skip_[st] = 1;
+    if (def_step_[in] >= 0) bound_reports_[def_step_[in]].push_back(oi);
   }
 }
 
@@ -727,6 +729,21 @@ absl::Status Executor::AddDeviceSpans(Profiler& profiler, const std::vector<Devi
   return first;
 }
 
+// The graph outputs step `st` has made: those it writes (unless a host step makes them, to be
+// copied to the caller's device tensor after the run), and those whose copy to the caller's
+// device tensor it made unnecessary.
+void Executor::Report(int st, const RunObservers* observers, std::vector<char>& reported) const {
+  auto report = [&](int oi) {
+    if (reported[oi]) return;
+    reported[oi] = 1;
+    observers->output_ready(oi);
+  };
+  for (int oi : step_outputs_[st])
+    if (!output_to_device_[oi]) report(oi);
+  if (static_cast<size_t>(st) < bound_reports_.size())
+    for (int oi : bound_reports_[st]) report(oi);
+}
+
 absl::Status Executor::Finish(int st, const RunObservers* observers, std::vector<char>& reported) {
   Pending& p = *pending_[st];
   p.in_flight = false;
@@ -738,12 +755,7 @@ absl::Status Executor::Finish(int st, const RunObservers* observers, std::vector
   p.ctx.reset();
   if (!mine.ok()) return absl::Status(mine.code(), absl::StrCat(steps_[st].node->Describe(), ": ", mine.message()));
   if (!s.ok()) return s;
-  if (observers && observers->output_ready)
-    for (int oi : step_outputs_[st])
-      if (!output_to_device_[oi]) {
-        reported[oi] = 1;
-        observers->output_ready(oi);
-      }
+  if (observers && observers->output_ready) Report(st, observers, reported);
   return absl::OkStatus();
 }
 
@@ -822,12 +834,7 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
       if (end.ok()) device_spans.push_back({st, timer->timer.get(), mark, *end});
       else status = end.status();
     }
-    if (report && status.ok())
-      for (int oi : step_outputs_[st])
-        if (!output_to_device_[oi]) {
-          reported[oi] = 1;
-          observers->output_ready(oi);
-        }
+    if (report && status.ok()) Report(st, observers, reported);
     // A failed allocation explains whatever the kernel then reported; a shape disagreement
     // only matters when the kernel itself succeeded.
     if (!ctx.allocation_error().ok()) status = ctx.allocation_error();

@@ -129,6 +129,7 @@ class Executor {
   DeviceTimer& TimerOf(const providers::ExecutionProvider* p);
   absl::Status AddDeviceSpans(Profiler& profiler, const std::vector<DeviceSpan>& spans);
   // Waits for asynchronous step `st`: its error, if any, names the node.
+  void Report(int st, const RunObservers* observers, std::vector<char>& reported) const;
   absl::Status Finish(int st, const RunObservers* observers, std::vector<char>& reported);
   void MakePlan();
   // This run's device-resident feeds (read in place) and outputs (written in place).
@@ -162,6 +163,9 @@ class Executor {
   std::vector<char> skip_;
   std::vector<void*> bound_;
   std::vector<int64_t> bound_bytes_;
+  // Per step, this run: the graph outputs it writes straight into a caller's device tensor
+  // (their copy step skipped), reported ready once the step has run rather than at the end.
+  std::vector<std::vector<int>> bound_reports_;
   // Per graph output, this run: the device provider whose memory the caller's tensor is in,
   // when a host step makes the output (it is made on the host, then copied there).
   std::vector<providers::ExecutionProvider*> output_to_device_;

@@ -5,6 +5,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <deque>
 #include <map>
@@ -47,6 +48,8 @@ absl::StatusOr<ncclDataType_t> NcclType(DataType t) {
 
 }  // namespace
 
+namespace {
+
 // A stream the communicator queues NCCL work on, and the numbers of the operations queued there
 // lately (the marks of those still in the ring).
 struct Lane {
@@ -68,7 +71,8 @@ struct Staged {
   cudaEvent_t sent = nullptr;
 };
 
-// The message channels of a rank, shared by its communicator and every duplicate of it. The
+// What a rank's communicator and every duplicate of it share: the message channels, and the
+// numbering of the collective communicators over each set of ranks. The
 // messages from one rank to another go through their own NCCL communicator (the pair, the
 // sender first) and stream, whichever duplicate sends them, so the two ends match them in the
 // order each issued them, and a stage's sends wait for their receives without holding up its
@@ -83,6 +87,11 @@ struct Channels {
   std::mutex mu;  // held around each launch on, and the abort of, a channel's communicator
   std::map<std::pair<int, int>, Channel> by_ends;  // (sender, receiver)
   bool failed = false;  // a rank's communicator ended with work unfinished: abort, not destroy
+  // Collective communicators made so far over each set of ranks, by any of the rank's
+  // communicators: the next one's number there (its unique id's bootstrap tag). Ranks that
+  // share a set run the same collectives over it in the same order, whichever of their
+  // communicators runs them, so the numbers agree.
+  std::map<std::vector<int>, uint64_t> made_over;
   ~Channels() {
     for (auto& [ends, c] : by_ends) {
       if (c.comm) failed ? ncclCommAbort(c.comm) : ncclCommDestroy(c.comm);
@@ -90,6 +99,17 @@ struct Channels {
     }
   }
 };
+
+// The bootstrap tags of the unique ids: above the tags a plan's messages use (OpenMPI allows
+// tags up to 2^31 - 1).
+int BootstrapTag(uint64_t number, const std::vector<int>& members) {
+  uint64_t h = 1469598103934665603ull ^ (number * 0x9e3779b97f4a7c15ull);
+  for (int m : members) h = (h ^ static_cast<uint64_t>(m)) * 1099511628211ull;
+  return (1 << 24) + static_cast<int>(h & 0xfffff);
+}
+constexpr uint64_t kChannelNumber = ~uint64_t{0};  // the rank's message channels
+
+}  // namespace
 
 struct NcclCommunicator::State {
   Communicator* bootstrap = nullptr;  // shares the unique ids (MPI in a launched job)
@@ -147,6 +167,37 @@ struct NcclCommunicator::State {
     RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&st.sent, cudaEventDisableTiming), "cudaEventCreate"));
     return st;
   }
+  // Timing (set_timing): each operation's start and end events, read against `reference`,
+  // recorded on the idle `clock` stream at `reference_host`.
+  struct Timed {
+    std::string what;
+    cudaEvent_t start = nullptr, end = nullptr;
+  };
+  bool timing = false;
+  cudaStream_t clock = nullptr;
+  cudaEvent_t reference = nullptr;
+  std::chrono::steady_clock::time_point reference_host;
+  std::vector<Timed> timed;
+  std::vector<cudaEvent_t> timing_pool, timing_events;
+
+  absl::StatusOr<cudaEvent_t> TimingEvent() {
+    if (!timing_pool.empty()) {
+      cudaEvent_t e = timing_pool.back();
+      timing_pool.pop_back();
+      return e;
+    }
+    cudaEvent_t e;
+    RETURN_IF_ERROR(Cuda(cudaEventCreate(&e), "cudaEventCreate (timing)"));
+    timing_events.push_back(e);
+    return e;
+  }
+  absl::Status Anchor() {
+    RETURN_IF_ERROR(Cuda(cudaEventRecord(reference, clock), "cudaEventRecord (timing)"));
+    RETURN_IF_ERROR(Cuda(cudaEventSynchronize(reference), "cudaEventSynchronize (timing)"));
+    reference_host = std::chrono::steady_clock::now();
+    return absl::OkStatus();
+  }
+
   // Events that mark each operation's end for the watchdog, reused once it has seen them.
   std::mutex pool_mu;
   std::vector<cudaEvent_t> pool, events;
@@ -230,23 +281,40 @@ struct NcclCommunicator::State {
       std::lock_guard<std::mutex> lock(comms_mu);
       if (auto it = comms.find(group); it != comms.end()) return it->second;
     }
-    ASSIGN_OR_RETURN(ncclComm_t comm, Init(group, group, op, absl::StrCat("ranks [", absl::StrJoin(group, ","), "]")));
+    uint64_t number;
+    {
+      std::lock_guard<std::mutex> lock(channels->mu);
+      number = channels->made_over[group]++;
+    }
+    ASSIGN_OR_RETURN(ncclComm_t comm, Init(group, number, op, absl::StrCat("ranks [", absl::StrJoin(group, ","), "]")));
     std::lock_guard<std::mutex> lock(comms_mu);
     comms[group] = comm;
     return comm;
   }
 
-  // A communicator over `members` (in their NCCL order: the first makes the unique id), which
-  // the bootstrap shares over `group` (the same ranks, as the bootstrap names groups).
-  absl::StatusOr<ncclComm_t> Init(const std::vector<int>& members, const std::vector<int>& group, const char* op,
+  // A communicator over `members` (in their NCCL order): the first makes the unique id and
+  // sends it to the others over the bootstrap, tagged with the members and `number` (which
+  // communicator over them it is, kChannelNumber for a message channel), so that ranks which
+  // make their communicators in different orders (a pipeline's stages meet their tied
+  // embedding's reduction and their messages at different points) still pair each id with its
+  // communicator.
+  absl::StatusOr<ncclComm_t> Init(const std::vector<int>& members, uint64_t number, const char* op,
                                   const std::string& what) {
     if (!bootstrap && members.size() > 1)  // a world of one process (no bootstrap) has no peers
       return InvalidArgument("rank ", rank, ": ", op, " over ", what, " without a bootstrap communicator");
     ncclUniqueId id;
     if (members.front() == rank) RETURN_IF_ERROR(Nccl(ncclGetUniqueId(&id), "ncclGetUniqueId"));
     const int64_t dims[1] = {static_cast<int64_t>(sizeof(id))};
-    if (bootstrap)
-      RETURN_IF_ERROR(bootstrap->Broadcast(TensorView(&id, DataType::kUInt8, dims), members.front(), group));
+    const TensorView view(&id, DataType::kUInt8, dims);
+    if (members.size() > 1) {
+      const int tag = BootstrapTag(number, members);
+      if (members.front() == rank) {
+        for (int m : members)
+          if (m != rank) RETURN_IF_ERROR(bootstrap->Send(view, m, tag));
+      } else {
+        RETURN_IF_ERROR(bootstrap->Recv(view, members.front(), tag));
+      }
+    }
     // The initialisation waits for every member; the watchdog times it like an operation.
     const std::string init = absl::StrCat("ncclCommInitRank for ", what);
     auto initialised = std::make_shared<std::atomic<bool>>(false);
@@ -279,12 +347,12 @@ struct NcclCommunicator::State {
       made = channels->by_ends.count({from, to}) > 0;
     }
     if (!made) {
-      const std::vector<int> group = lo == hi ? std::vector<int>{lo} : std::vector<int>{lo, hi};
       for (auto [a, b] : pair) {
         Channels::Channel c;
         RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
         const std::vector<int> members = a == b ? std::vector<int>{a} : std::vector<int>{a, b};
-        absl::StatusOr<ncclComm_t> comm = Init(members, group, op, absl::StrCat("messages from rank ", a, " to rank ", b));
+        absl::StatusOr<ncclComm_t> comm =
+            Init(members, kChannelNumber, op, absl::StrCat("messages from rank ", a, " to rank ", b));
         if (comm.ok()) c.comm = *comm;
         {
           std::lock_guard<std::mutex> lock(channels->mu);
@@ -327,10 +395,22 @@ struct NcclCommunicator::State {
     ASSIGN_OR_RETURN(cudaEvent_t end, TakeEvent());  // before the launch: nothing to undo after it
     RETURN_IF_ERROR(Cuda(cudaEventRecord(before, compute), "cudaEventRecord"));
     RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(lane.stream, before, 0), "cudaStreamWaitEvent"));
+    Timed t;
+    if (timing) {
+      ASSIGN_OR_RETURN(t.start, TimingEvent());
+      ASSIGN_OR_RETURN(t.end, TimingEvent());
+      RETURN_IF_ERROR(Cuda(cudaEventRecord(t.start, lane.stream), "cudaEventRecord (timing)"));
+    }
     absl::Status launched = Nccl(launch(lane.stream), absl::StrCat("rank ", rank, ": ", what));
     if (!launched.ok()) {
       GiveEvent(end);
+      if (timing) timing_pool.insert(timing_pool.end(), {t.start, t.end});
       return launched;
+    }
+    if (timing) {
+      RETURN_IF_ERROR(Cuda(cudaEventRecord(t.end, lane.stream), "cudaEventRecord (timing)"));
+      t.what = what;
+      timed.push_back(std::move(t));
     }
     ++ops;
     ++lane.count;
@@ -438,6 +518,9 @@ NcclCommunicator::~NcclCommunicator() {
     s_->channels->failed = true;
   }
   release(s_->collectives);
+  for (cudaEvent_t e : s_->timing_events) cudaEventDestroy(e);
+  if (s_->reference) cudaEventDestroy(s_->reference);
+  if (s_->clock) cudaStreamDestroy(s_->clock);
   if (s_->before) cudaEventDestroy(s_->before);
   for (cudaEvent_t e : s_->marks)
     if (e) cudaEventDestroy(e);
@@ -491,6 +574,53 @@ absl::Status NcclCommunicator::Synchronize() {
                                                       " s (--comm-timeout): a peer has died or hangs"));
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+}
+
+absl::Status NcclCommunicator::Prepare(std::span<const std::vector<int>> groups) {
+  std::vector<std::vector<int>> mine;
+  for (const std::vector<int>& g : groups)
+    if (std::find(g.begin(), g.end(), s_->rank) != g.end()) mine.push_back(g);
+  std::sort(mine.begin(), mine.end());
+  mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+  for (const std::vector<int>& g : mine) {
+    std::unique_lock<std::mutex> call;
+    RETURN_IF_ERROR(s_->Enter(call, g, "Prepare").status());
+  }
+  return absl::OkStatus();
+}
+
+void NcclCommunicator::set_timing(bool on) {
+  std::lock_guard<std::mutex> call(s_->call_mu);
+  if (on && !s_->reference) {
+    if (!Cuda(cudaStreamCreateWithFlags(&s_->clock, cudaStreamNonBlocking), "cudaStreamCreate").ok() ||
+        !Cuda(cudaEventCreate(&s_->reference), "cudaEventCreate (timing)").ok() || !s_->Anchor().ok()) {
+      std::fprintf(stderr, "cleave: warning: rank %d: NCCL operations cannot be timed on the device\n", s_->rank);
+      return;
+    }
+  }
+  s_->timing = on && s_->reference;
+}
+
+absl::StatusOr<std::vector<Communicator::TimedOperation>> NcclCommunicator::TakeTimedOperations() {
+  RETURN_IF_ERROR(Synchronize());  // with the watchdog's timeout: a dead peer is an error here
+  std::lock_guard<std::mutex> call(s_->call_mu);
+  std::vector<TimedOperation> out;
+  auto at = [&](cudaEvent_t e) -> absl::StatusOr<std::chrono::steady_clock::time_point> {
+    float ms = 0;
+    RETURN_IF_ERROR(Cuda(cudaEventElapsedTime(&ms, s_->reference, e), "cudaEventElapsedTime (timing)"));
+    return s_->reference_host + std::chrono::microseconds(static_cast<int64_t>(1000.0 * ms));
+  };
+  for (State::Timed& t : s_->timed) {
+    TimedOperation op;
+    op.what = std::move(t.what);
+    ASSIGN_OR_RETURN(op.start, at(t.start));
+    ASSIGN_OR_RETURN(op.end, at(t.end));
+    out.push_back(std::move(op));
+    s_->timing_pool.insert(s_->timing_pool.end(), {t.start, t.end});
+  }
+  s_->timed.clear();
+  if (s_->reference) RETURN_IF_ERROR(s_->Anchor());  // a near reference keeps float milliseconds exact
+  return out;
 }
 
 absl::Status NcclCommunicator::AllReduce(const TensorView& in, const TensorView& out, ReduceOp op,

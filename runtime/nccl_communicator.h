@@ -60,8 +60,18 @@ class NcclCommunicator : public Communicator {
   int64_t queued_operations() const override;
   absl::Status JoinComputeThrough(int64_t count) override;
 
+  // The groups' communicators, in one order on every rank (the groups sorted), so that ranks
+  // preparing overlapping sets never wait on each other in a cycle.
+  absl::Status Prepare(std::span<const std::vector<int>> groups) override;
+
   // Blocks until every queued operation has finished (or the timeout passes).
   absl::Status Synchronize() override;
+
+  // Each operation between a timing event where its stream starts it and one after it; their
+  // times are read against a reference event recorded on an idle stream of the communicator's
+  // own at a known host time (set again at each take).
+  void set_timing(bool on) override;
+  absl::StatusOr<std::vector<TimedOperation>> TakeTimedOperations() override;
 
   struct State;
 

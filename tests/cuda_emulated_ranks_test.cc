@@ -24,6 +24,7 @@
 #include "providers/cuda/cuda_provider.h"
 #include "runtime/inference_session.h"
 #include "runtime/nccl_communicator.h"
+#include "runtime/profiler.h"
 #include "tests/partition_test_util.h"
 #include "trainer/partition_plan.h"
 #include "trainer/training_session.h"
@@ -36,6 +37,9 @@ struct TrainedRanks {
   std::vector<std::vector<float>> losses;   // [rank][step]
   size_t async_collectives = 0;              // rank 0's
   std::string warnings;                      // rank 0's session's (nodes that fell back)
+  // Rank 0's profile (CUDA: every rank profiles its steps, communication timed on the device).
+  std::vector<runtime::Profiler::Event> events;
+  std::vector<std::string> tracks;
 };
 
 TrainedRanks Train(const trainer::PlanConfig& c, DeviceChoice device) {
@@ -88,6 +92,8 @@ TrainedRanks Train(const trainer::PlanConfig& c, DeviceChoice device) {
         return;
       }
       if (r == 0) out.warnings = (*s)->warnings();
+      runtime::Profiler profiler(absl::StrCat("rank ", r), r);
+      if (device == DeviceChoice::kCuda) (*s)->set_profiler(&profiler);
       for (int step = 0; step < 2 && st.ok(); ++step) {
         const std::vector<Feeds> micro =
             testing::MicroBatches(c.microbatches, c.batch / c.microbatches / data_parallel, c.seq, step, r);
@@ -99,7 +105,12 @@ TrainedRanks Train(const trainer::PlanConfig& c, DeviceChoice device) {
         out.losses[static_cast<size_t>(r)].push_back(*loss);
         st = (*s)->OptimizerStep().status();
       }
-      if (r == 0) out.async_collectives = (*s)->async_collectives().size();
+      if (r == 0) {
+        out.async_collectives = (*s)->async_collectives().size();
+        out.events = profiler.events();
+        out.tracks = profiler.tracks();
+      }
+      (*s)->set_profiler(nullptr);
       for (const std::string& p : (*s)->parameter_names())
         out.params[static_cast<size_t>(r)].push_back(*(*s)->GetState(p));
     });
@@ -112,7 +123,8 @@ TrainedRanks Train(const trainer::PlanConfig& c, DeviceChoice device) {
 class CudaEmulatedRanks : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaEmulatedRanks, PartitionedTrainingOnCudaProvidersEqualsTheCpu) {
-  const trainer::PlanConfig c = testing::TinyGptPlanConfig(GetParam());
+  trainer::PlanConfig c = testing::TinyGptPlanConfig(GetParam());
+  c.bucket_bytes = 16 << 10;  // several buckets: the first reduce while the backward goes on
   const TrainedRanks cpu = Train(c, DeviceChoice::kCpu);
   const TrainedRanks cuda = Train(c, DeviceChoice::kCuda);
   ASSERT_EQ(cuda.params.size(), cpu.params.size());
@@ -147,6 +159,34 @@ TEST_P(CudaEmulatedRanks, PartitionedTrainingOnCudaProvidersEqualsTheCpu) {
     }
   }
   std::printf("%s: largest parameter difference from the CPU after 2 steps: %.2e\n", GetParam(), worst);
+  // The communication is on the profile with its time on the device: data parallelism's
+  // gradient reductions, tensor parallelism's collectives, the pipeline's messages, each
+  // beside the CUDA stream's kernels, and (dp) some of them while the stream computes.
+  auto track = [&](const std::string& name) {
+    return static_cast<int>(std::find(cuda.tracks.begin(), cuda.tracks.end(), name) - cuda.tracks.begin());
+  };
+  const int stream = track("CUDAExecutionProvider stream");
+  const std::string mesh = GetParam();
+  const int comm = track(mesh == "dp=2" ? "gradient reduction" : "collectives");
+  std::vector<const runtime::Profiler::Event*> comm_events, kernels;
+  for (const auto& e : cuda.events) {
+    if (e.track == comm) comm_events.push_back(&e);
+    if (e.track == stream) kernels.push_back(&e);
+  }
+  ASSERT_FALSE(kernels.empty()) << "kernels timed on the stream";
+  ASSERT_FALSE(comm_events.empty()) << "communication on the profile";
+  int64_t overlap_us = 0;
+  for (const auto* e : comm_events) {
+    EXPECT_NE(std::find(e->args.begin(), e->args.end(), std::make_pair(std::string("timed"), std::string("on the device"))),
+              e->args.end())
+        << e->name;
+    for (const auto* k : kernels)
+      overlap_us += std::max<int64_t>(0, std::min(e->start_us + e->duration_us, k->start_us + k->duration_us) -
+                                             std::max(e->start_us, k->start_us));
+  }
+  std::printf("%s: %zu communication events on the profile, %lld us of them beside kernels\n", GetParam(),
+              comm_events.size(), static_cast<long long>(overlap_us));
+  if (mesh == "dp=2") EXPECT_GT(overlap_us, 0) << "a gradient reduction overlapped the backward's kernels";
   EXPECT_EQ(cuda.warnings, "") << "every node runs on the device";
 }
 

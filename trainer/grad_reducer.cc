@@ -145,6 +145,25 @@ GradientReducer::~GradientReducer() = default;  // the queue drops what has not 
 void GradientReducer::set_profiler(runtime::Profiler* p) {
   profiler_ = p;
   if (p) track_ = p->Track("gradient reduction");
+  if (queue_.device()) queue_.comm()->set_timing(p != nullptr);
+}
+
+absl::Status GradientReducer::AddDeviceTimes() {
+  if (!profiler_ || !queue_.device()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<Communicator::TimedOperation> ops, queue_.comm()->TakeTimedOperations());
+  std::vector<int> timed = std::exchange(timed_, {});
+  if (ops.size() != timed.size())
+    return Internal("gradient reductions: ", ops.size(), " timed on the device for ", timed.size(), " queued");
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Reduction& red = reductions_[timed[i]];
+    profiler_->Add(absl::StrCat(red.op, " ", red.label), "comm", track_, ops[i].start, ops[i].end,
+                   {{"bytes", absl::StrCat(buffers_[timed[i]].nbytes())},
+                    {"queued_us", absl::StrCat(queued_us_[timed[i]])},
+                    {"gradients", absl::StrCat(red.params.size())},
+                    {"group", absl::StrCat("[", absl::StrJoin(red.group, ","), "]")},
+                    {"timed", "on the device"}});
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GradientReducer::BeginBackward(bool final) {
@@ -198,6 +217,7 @@ absl::Status GradientReducer::Run(int r) {
   if (!s.ok())
     return absl::Status(s.code(), absl::StrCat("gradient reduction ", red.op, " '", red.label, "' of ",
                                                red.params.size(), " gradient(s): ", s.message()));
+  if (profiler_ && queue_.device()) timed_.push_back(r);
   if (profiler_ && !queue_.device())
     profiler_->Add(absl::StrCat(red.op, " ", red.label), "comm", track_, start, runtime::Profiler::Clock::now(),
                    {{"bytes", absl::StrCat(in.nbytes())},

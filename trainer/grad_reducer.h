@@ -67,8 +67,11 @@ class GradientReducer {
   // known); only between steps.
   void SetReadySteps(const std::vector<int>& ready_step);
   const std::vector<Tensor>& results() const { return results_; }
-  // Records each reduction on the profiler's "gradient reduction" track (host communicators).
+  // Records each reduction on the profiler's "gradient reduction" track: as it runs (host
+  // communicators), or timed on the device and added by AddDeviceTimes (device communicators).
   void set_profiler(runtime::Profiler* p);
+  // Device communicators: adds the reductions timed since the last call (waits for them).
+  absl::Status AddDeviceTimes();
 
   // Before a run that writes the gradients: waits for reductions still reading them. `final`:
   // that run is the step's last backward, so its gradients start reductions as they become
@@ -106,6 +109,7 @@ class GradientReducer {
   bool current_ = false;                         // every launched result matches the gradients
   int launched_in_backward_ = 0, launched_after_ = 0;
   std::vector<int64_t> queued_us_;               // per reduction: when it was last launched
+  std::vector<int> timed_;                       // device: the reductions queued since AddDeviceTimes
   runtime::Profiler* profiler_ = nullptr;
   int track_ = 0;
   // The duplicate communicator and its worker; last, so that it stops before what work reads.

@@ -321,6 +321,10 @@ absl::Status TrainingSession::MakeReducer() {
       if (output_param_[o] >= 0) ready[output_param_[o]] = steps[o];
   }
   for (const StageSessions& st : stages_) stage_output_param_.push_back(outputs_to_params(*st.backward));
+  // The reductions' communicators are made now, on every rank at start-up.
+  std::vector<std::vector<int>> groups;
+  for (const GradientReducer::Reduction& r : reductions_) groups.push_back(r.group);
+  RETURN_IF_ERROR(reduce_comm_->Prepare(groups));
   reducer_ = std::make_unique<GradientReducer>(std::move(reductions_), std::move(buffers), std::move(results),
                                                ready, std::move(reduce_comm_));
   return absl::OkStatus();
@@ -364,6 +368,33 @@ void TrainingSession::set_profiler(runtime::Profiler* p) {
   profiler_ = p;
   compute_track_ = p ? p->Track("compute") : 0;
   if (reducer_) reducer_->set_profiler(p);
+  for (Communicator* c : DeviceCommunicators()) c->set_timing(p != nullptr);
+}
+
+// The device communicators the graphs' collectives and messages run on (the gradient
+// reducer's is its own).
+std::vector<Communicator*> TrainingSession::DeviceCommunicators() const {
+  std::vector<Communicator*> out;
+  if (!device_ || !options_.device_communicator) return out;
+  out.push_back(options_.device_communicator);
+  if (collective_queue_ && collective_queue_->device()) out.push_back(collective_queue_->comm());
+  return out;
+}
+
+// What the device communicators ran since the last step, timed on the device, on the
+// profile's "gradient reduction" and "collectives" tracks (the host only queued it).
+absl::Status TrainingSession::AddDeviceCommunication() {
+  if (!profiler_) return absl::OkStatus();
+  if (reducer_) RETURN_IF_ERROR(reducer_->AddDeviceTimes());
+  const std::vector<Communicator*> comms = DeviceCommunicators();
+  if (comms.empty()) return absl::OkStatus();
+  const int track = profiler_->Track("collectives");
+  for (Communicator* c : comms) {
+    ASSIGN_OR_RETURN(std::vector<Communicator::TimedOperation> ops, c->TakeTimedOperations());
+    for (const Communicator::TimedOperation& op : ops)
+      profiler_->Add(op.what, "comm", track, op.start, op.end, {{"timed", "on the device"}});
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Tensor> TrainingSession::GetState(const std::string& name) const {
@@ -635,6 +666,7 @@ absl::StatusOr<float> TrainingSession::OptimizerStep() {
   run.profiler = profiler_;
   run.profile_track = compute_track_;
   RETURN_IF_ERROR(optimizer_->RunInto(optimizer_feeds_, optimizer_outputs_, run));
+  RETURN_IF_ERROR(AddDeviceCommunication());
   ++step_;
   ++updates_;
   if (loss_scaling_ && ++clean_steps_ >= options_.loss_scale_growth_interval) {

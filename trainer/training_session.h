@@ -238,6 +238,8 @@ class TrainingSession {
   void OrderPipelineReductions(const std::vector<PipelineWork>& work);
   runtime::Profiler* profiler_ = nullptr;
   int compute_track_ = 0;
+  std::vector<Communicator*> DeviceCommunicators() const;
+  absl::Status AddDeviceCommunication();
   // Takes the gradient reductions out of the optimizer graph when they can overlap the
   // backward; makes the reducer once the gradient buffers exist (MakeReducer).
   absl::Status ExtractReductions(graph::Graph& optimizer);

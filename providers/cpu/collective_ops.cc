@@ -85,6 +85,9 @@ class AllGatherKernel : public OpKernel {
     char* tmp = static_cast<char*>(ctx.Scratch(y->nbytes()));
     std::vector<int64_t> flat = {y->numel()};
     RETURN_IF_ERROR(c->AllGather(x, TensorView(tmp, x.dtype, flat), g_.ranks));
+    // A device communicator may still be gathering (host ones have finished): the blocks
+    // are read only after it.
+    RETURN_IF_ERROR(c->JoinCompute());
     const size_t block = static_cast<size_t>(s.mid) * s.inner_bytes;
     for (int64_t r = 0; r < n; ++r)
       for (int64_t o = 0; o < s.outer; ++o)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -284,6 +285,8 @@ ncclResult_t QueueCollective(ncclComm* comm, const Call& call, cudaStream_t stre
   return ncclSuccess;
 }
 
+constexpr std::chrono::seconds kJoinTimeout{30};
+
 struct Registry {
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Clique>> forming;  // by unique id, until every rank joined
@@ -326,7 +329,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   return ncclSuccess;
 }
 
-// Blocks until all `nranks` have joined, as NCCL's does.
+// Blocks until all `nranks` have joined, as NCCL's does (kJoinTimeout at most).
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
   int64_t pid;
   std::memcpy(&pid, id.internal, sizeof pid);
@@ -351,8 +354,15 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
     if (++clique->joined == nranks) r.forming.erase(std::string(id.internal, sizeof id.internal));
     clique->cv.notify_all();
   }
+  // A rank that never comes (its process died) ends the wait with an error, as NCCL's
+  // bootstrap gives up on a peer that does not connect.
   std::unique_lock<std::mutex> lock(clique->mu);
-  clique->cv.wait(lock, [&] { return clique->joined == clique->n; });
+  if (!clique->cv.wait_for(lock, kJoinTimeout, [&] { return clique->joined == clique->n; })) {
+    clique->comms[static_cast<size_t>(rank)] = nullptr;
+    clique->broken = true;
+    delete made;
+    return ncclRemoteError;
+  }
   *comm = made;
   return ncclSuccess;
 }

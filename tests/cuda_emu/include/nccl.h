@@ -4,7 +4,8 @@
 // a collective waits for every rank's matching call (the ranks' n-th collectives on a
 // communicator match, as NCCL requires; a mismatch of operation, count, type or root is an
 // asynchronous ncclInvalidUsage), a send waits for its receive. An aborted communicator's
-// waiting work ends without its result, and the clique's other ranks see ncclRemoteError.
+// waiting work ends without its result, and the clique's other ranks see ncclRemoteError; a
+// rank that never joins its clique fails the others' ncclCommInitRank after 30 s.
 #pragma once
 
 #include <cstddef>
