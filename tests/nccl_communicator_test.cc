@@ -21,6 +21,23 @@ bool HaveDevice() {
   return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
 }
 
+// Three device arrays of n floats: `a` holds `host` (i % period), `b` and `copy` are for the
+// results. The caller frees them.
+struct Buffers {
+  std::vector<float> host;
+  float *a = nullptr, *b = nullptr, *copy = nullptr;
+};
+::testing::AssertionResult MakeBuffers(int n, int period, Buffers* out) {
+  out->host.resize(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) out->host[static_cast<size_t>(i)] = static_cast<float>(i % period);
+  const size_t bytes = static_cast<size_t>(n) * 4;
+  for (float** p : {&out->a, &out->b, &out->copy})
+    if (cudaMalloc(p, bytes) != cudaSuccess) return ::testing::AssertionFailure() << "cudaMalloc of " << bytes;
+  if (cudaMemcpy(out->a, out->host.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+    return ::testing::AssertionFailure() << "cudaMemcpy";
+  return ::testing::AssertionSuccess();
+}
+
 TEST(NcclCommunicator, SingleRankCollectivesOnTheDevice) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   auto nccl = NcclCommunicator::Create(nullptr, 0, nullptr, std::chrono::seconds(30));
@@ -62,13 +79,9 @@ TEST(NcclCommunicator, ComputeStreamWaitsForEachOperation) {
 #endif
   ASSERT_TRUE(nccl.ok()) << nccl.status();
   constexpr int kN = 4096;
-  std::vector<float> host(kN);
-  for (int i = 0; i < kN; ++i) host[i] = static_cast<float>(i % 97);
-  float *a = nullptr, *b = nullptr, *copy = nullptr;
-  ASSERT_EQ(cudaMalloc(&a, kN * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&b, kN * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&copy, kN * 4), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(a, host.data(), kN * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  Buffers bufs;
+  ASSERT_TRUE(MakeBuffers(kN, 97, &bufs));
+  auto& [host, a, b, copy] = bufs;
   const int64_t dims[1] = {kN};
   const int group[1] = {0};
   for (int round = 0; round < 3; ++round) {
@@ -100,13 +113,9 @@ TEST(NcclCommunicator, DeferredDuplicateJoinsThroughOneOperation) {
   Communicator& q = **dup;
   q.set_deferred(true);
   constexpr int kN = 1 << 20;
-  std::vector<float> host(kN);
-  for (int i = 0; i < kN; ++i) host[i] = static_cast<float>(i % 1000);
-  float *a = nullptr, *b = nullptr, *copy = nullptr;
-  ASSERT_EQ(cudaMalloc(&a, kN * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&b, kN * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&copy, kN * 4), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(a, host.data(), kN * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  Buffers bufs;
+  ASSERT_TRUE(MakeBuffers(kN, 1000, &bufs));
+  auto& [host, a, b, copy] = bufs;
   const int64_t dims[1] = {kN};
   const int group[1] = {0};
   // Two gathers queued on the duplicate's stream (a group of one copies), then the compute
