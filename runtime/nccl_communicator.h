@@ -1,17 +1,21 @@
 // The NCCL communicator (runtime/): collectives and point-to-point messages between GPU ranks
 // for CUDA tensors, bootstrapped over a host communicator (the unique id of each group travels
-// through it: MPI in a launched job). Built whenever the CUDA toolkit with NCCL is found; it needs a device to
-// run.
+// through it, tagged by the group: MPI in a launched job). Built whenever the CUDA toolkit with
+// NCCL is found (and over the emulated device's NCCL for the tests); it needs a device to run.
 //
-// Every operation runs on the communicator's own stream: it first waits for the work queued
-// so far on the compute stream (an event), and the compute stream waits for the operation's
-// completion event before its next kernel, so a gradient's reduce-scatter overlaps whatever the
-// host queued on other streams meanwhile. A watchdog thread times every operation (and each
-// communicator's initialisation): a dead peer ends in a DeadlineExceeded status naming the rank
-// and the operation, and the aborted communicators let the streams waiting on them drain, so
-// neither Synchronize() nor a host wait on the compute stream hangs.
-// NCCL orders point-to-point messages between two ranks by their stream order, which the plan's
-// schedule fixes on both ends; the tags only name the messages in errors.
+// The collectives run on the communicator's own stream: each first waits for the work queued
+// so far on the compute stream (an event), and the compute stream waits for its completion
+// event before its next kernel (deferred: only where it joins), so a gradient's reduce-scatter
+// overlaps whatever the host queued on other streams meanwhile. Messages from one rank to
+// another run on a channel of their own (an NCCL communicator and a stream per direction,
+// shared by the rank's duplicates); a send sends a copy taken in compute order, and the compute
+// stream never waits for it, so a stage's receives are never held up behind its sends. A
+// watchdog thread times every operation (and each communicator's initialisation): a dead peer
+// ends in a DeadlineExceeded status naming the rank and the operation, and the aborted
+// communicators let the streams waiting on them drain, so neither Synchronize() nor a host
+// wait on the compute stream hangs.
+// NCCL orders the messages of a channel by their stream order, which the plan's schedule fixes
+// on both ends; the tags only name the messages in errors.
 #pragma once
 
 #include <chrono>
