@@ -154,15 +154,7 @@ absl::Status GradientReducer::AddDeviceTimes() {
   std::vector<int> timed = std::exchange(timed_, {});
   if (ops.size() != timed.size())
     return Internal("gradient reductions: ", ops.size(), " timed on the device for ", timed.size(), " queued");
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const Reduction& red = reductions_[timed[i]];
-    profiler_->Add(absl::StrCat(red.op, " ", red.label), "comm", track_, ops[i].start, ops[i].end,
-                   {{"bytes", absl::StrCat(buffers_[timed[i]].nbytes())},
-                    {"queued_us", absl::StrCat(queued_us_[timed[i]])},
-                    {"gradients", absl::StrCat(red.params.size())},
-                    {"group", absl::StrCat("[", absl::StrJoin(red.group, ","), "]")},
-                    {"timed", "on the device"}});
-  }
+  for (size_t i = 0; i < ops.size(); ++i) Profile(timed[i], ops[i].start, ops[i].end, "on the device");
   return absl::OkStatus();
 }
 
@@ -218,13 +210,20 @@ absl::Status GradientReducer::Run(int r) {
     return absl::Status(s.code(), absl::StrCat("gradient reduction ", red.op, " '", red.label, "' of ",
                                                red.params.size(), " gradient(s): ", s.message()));
   if (profiler_ && queue_.device()) timed_.push_back(r);
-  if (profiler_ && !queue_.device())
-    profiler_->Add(absl::StrCat(red.op, " ", red.label), "comm", track_, start, runtime::Profiler::Clock::now(),
-                   {{"bytes", absl::StrCat(in.nbytes())},
-                    {"queued_us", absl::StrCat(queued_us_[r])},
-                    {"gradients", absl::StrCat(red.params.size())},
-                    {"group", absl::StrCat("[", absl::StrJoin(red.group, ","), "]")}});
+  if (profiler_ && !queue_.device()) Profile(r, start, runtime::Profiler::Clock::now(), nullptr);
   return absl::OkStatus();
+}
+
+void GradientReducer::Profile(int r, std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end,
+                              const char* timed) {
+  const Reduction& red = reductions_[r];
+  std::vector<std::pair<std::string, std::string>> args = {
+      {"bytes", absl::StrCat(buffers_[r].nbytes())},
+      {"queued_us", absl::StrCat(queued_us_[r])},
+      {"gradients", absl::StrCat(red.params.size())},
+      {"group", absl::StrCat("[", absl::StrJoin(red.group, ","), "]")}};
+  if (timed) args.emplace_back("timed", timed);
+  profiler_->Add(absl::StrCat(red.op, " ", red.label), "comm", track_, start, end, std::move(args));
 }
 
 absl::Status GradientReducer::WaitIdle() {

@@ -18,6 +18,7 @@
 // gradients and those of every reduction before it are final.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -98,6 +99,10 @@ class GradientReducer {
   void Launch(int r);
   absl::Status Run(int r);
   absl::Status WaitIdle();
+  // Reduction `r` on the profile's track, from `start` to `end` (`timed`: where, when on the
+  // device; null on the host).
+  void Profile(int r, std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end,
+               const char* timed);
 
   std::vector<Reduction> reductions_;
   std::vector<Tensor> buffers_, results_;
