@@ -989,7 +989,9 @@ TEST(MultiTensorFusion, KeepsANormThatOthersRead) {
   int squared = 0;
   for (const auto& n : g->nodes()) {
     squared += n->op_type() == "SquaredNorm";
-    if (n->op_type() == "MultiTensorAdamW") EXPECT_EQ(n->AttrInt("compute_norm", 0), 0);
+    if (n->op_type() == "MultiTensorAdamW") {
+      EXPECT_EQ(n->AttrInt("compute_norm", 0), 0);
+    }
   }
   EXPECT_EQ(squared, 1);
 }

@@ -350,11 +350,13 @@ TEST(MixedPrecision, Bf16FusedAttentionAndWeightLayouts) {
         EXPECT_FALSE(std::count(a.params.begin(), a.params.end(), x->name())) << n->name() << " transposes a weight";
         EXPECT_FALSE(x->producer() && x->producer()->op_type() == "MatMulBf16") << n->name();
       }
-      if (op == "Cast" && n->input(0)->producer())
+      if (op == "Cast" && n->input(0)->producer()) {
         EXPECT_NE(n->input(0)->producer()->op_type(), "Cast") << n->name() << ": a round trip through another type";
+      }
       // Attention's layout, forward and backward, and the q, k, v gradients' Concat move bf16.
-      if (op == "Transpose" || op == "Concat")
+      if (op == "Transpose" || op == "Concat") {
         EXPECT_EQ(n->input(0)->dtype(), DataType::kBFloat16) << n->name();
+      }
       if (op == "Cast" && n->input(0)->producer() && n->input(0)->producer()->op_type() == "Reshape") {
         const graph::Value* before = n->input(0)->producer()->input(0);
         for (const auto& [reader, slot] : before->consumers())

@@ -61,7 +61,7 @@ TEST_P(DataParallel, StepEqualsSingleRank) {
     labels.data<int64_t>()[i] = (i * 53 + 7) % 256;
   }
   // The reference: one rank, the whole batch.
-  auto single = trainer::TrainingSession::Create(CopyArtifacts(a), {.intra_op_threads = 1});
+  auto single = trainer::TrainingSession::Create(CopyArtifacts(a), testing::OneThread());
   ASSERT_TRUE(single.ok()) << single.status();
   StepResult want = Step(**single, {{"input_ids", ids}, {"labels", labels}});
   ASSERT_TRUE(want.status.ok()) << want.status;
@@ -136,7 +136,7 @@ TEST_P(DataParallel, StepEqualsSingleRank) {
       mine.optimizer = std::move(opt->graph);
       mine.eval = mine.training->Clone();  // unused here
       mine.eval->SetOutputs({mine.eval->FindValue("loss")});
-      auto s = trainer::TrainingSession::Create(std::move(mine), {.intra_op_threads = 1, .communicator = world.rank(r)});
+      auto s = trainer::TrainingSession::Create(std::move(mine), testing::OneThread(world.rank(r)));
       if (!s.ok()) {
         got[r].status = s.status();
         return;

@@ -130,7 +130,9 @@ TEST_P(Pipeline, TrainingStepEqualsSingleRank) {
     EXPECT_EQ(fwd_sends, want_fwd) << "rank " << rp.rank;
     EXPECT_EQ(bwd_sends, want_bwd) << "rank " << rp.rank;
     // ZeRO-2: each rank accumulates only its dp shard of the gradients it holds.
-    if (pc.zero == 2) EXPECT_LE(rp.memory.gradients * dp, rp.memory.parameters * 101 / 100) << "rank " << rp.rank;
+    if (pc.zero == 2) {
+      EXPECT_LE(rp.memory.gradients * dp, rp.memory.parameters * 101 / 100) << "rank " << rp.rank;
+    }
     held.insert(rp.artifacts.params.begin(), rp.artifacts.params.end());
     EXPECT_EQ(static_cast<int>(rp.artifacts.stages.size()), pp > 1 ? pc.virtual_stages : 0);
   }
@@ -249,8 +251,9 @@ TEST(Pipeline, LayersAreFoundByStructureAndAutoCutsBalance) {
     if (n->metadata().count("role") && n->metadata().at("role") != "fwd") continue;
     ASSERT_TRUE(two->node_stage.count(n->name())) << n->Describe();
     for (const graph::Value* in : n->inputs())
-      if (in && in->producer() && two->node_stage.count(in->producer()->name()))
+      if (in && in->producer() && two->node_stage.count(in->producer()->name())) {
         EXPECT_LE(two->node_stage.at(in->producer()->name()), two->node_stage.at(n->name())) << n->Describe();
+      }
   }
 }
 
@@ -344,8 +347,11 @@ TEST(Megatron, GptLayersNeedTwoAllReducesEachWay) {
     EXPECT_EQ(fwd, 2 * layers + 1) << model << "\n" << all;
     EXPECT_EQ(bwd, 2 * layers + 1) << model << "\n" << all;
     for (const auto& [p, s] : plan->param_shardings)
-      if (p.find("attn.qkv.weight.part") != std::string::npos) EXPECT_EQ(s.ToString(), "[tp,-]") << p;
-      else if (p.find("attn.proj.weight") != std::string::npos) EXPECT_EQ(s.ToString(), "[-,tp]") << p;
+      if (p.find("attn.qkv.weight.part") != std::string::npos) {
+        EXPECT_EQ(s.ToString(), "[tp,-]") << p;
+      } else if (p.find("attn.proj.weight") != std::string::npos) {
+        EXPECT_EQ(s.ToString(), "[-,tp]") << p;
+      }
     EXPECT_EQ(plan->weight_parts.count("blocks.0.attn.qkv.weight.part1"), 1u);
   }
 }

@@ -16,6 +16,7 @@
 #include "trainer/partition_plan.h"
 #include "trainer/autodiff.h"
 #include "trainer/training_graph.h"
+#include "trainer/training_session.h"
 
 namespace cleave::testing {
 
@@ -24,6 +25,15 @@ namespace cleave::testing {
 inline std::string SourceDir() {
   const char* env = std::getenv("CLEAVE_SOURCE_DIR");
   return env && *env ? env : CLEAVE_SOURCE_DIR;
+}
+
+// Session options of one intra-op thread (the reference runs and each simulated rank), over
+// `communicator` when there is one.
+inline trainer::TrainingSessionOptions OneThread(Communicator* communicator = nullptr) {
+  trainer::TrainingSessionOptions o;
+  o.intra_op_threads = 1;
+  o.communicator = communicator;
+  return o;
 }
 
 // models/<model_dir>/model.onnx built for training at batch x seq with `spec`.

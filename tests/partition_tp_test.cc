@@ -67,7 +67,7 @@ TEST_P(Megatron, TrainingStepEqualsSingleRank) {
     labels.data<int64_t>()[i] = i % kSeq == 3 || i % kSeq == 10 ? -100 : (i * 11 + 3) % 64;
   }
   const Feeds feeds = {{"input_ids", ids}, {"labels", labels}};
-  auto single = trainer::TrainingSession::Create(CopyArtifacts(a), {.intra_op_threads = 1});
+  auto single = trainer::TrainingSession::Create(CopyArtifacts(a), testing::OneThread());
   ASSERT_TRUE(single.ok()) << single.status();
   auto want_loss = (*single)->TrainStep(feeds);
   ASSERT_TRUE(want_loss.ok()) << want_loss.status();
@@ -201,7 +201,7 @@ TEST_P(Megatron, TrainingStepEqualsSingleRank) {
           ASSIGN_OR_RETURN(mine.initial[p], ShardTensor(a.initial.at(p), mesh, param_sharding.at(p), r, p));
         }
         ASSIGN_OR_RETURN(auto s, trainer::TrainingSession::Create(std::move(mine),
-                                                                  {.intra_op_threads = 1, .communicator = sim.rank(r)}));
+                                                                  testing::OneThread(sim.rank(r))));
         const int64_t rows = kBatch / dp, row0 = mesh.Coord(r, "dp") * rows;
         ASSIGN_OR_RETURN(loss[r], s->TrainStep({{"input_ids", Rows(feeds[0].second, row0, rows)},
                                                {"labels", Rows(feeds[1].second, row0, rows)}}));

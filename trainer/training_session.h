@@ -49,14 +49,14 @@ struct TrainingSessionOptions {
   // A device provider to use instead of making one for `device`. With a device provider the
   // session's parameters, gradient buffers and optimizer state live in its memory: steps read
   // and update them in place, and only data, the loss and scalars cross to the host.
-  std::shared_ptr<providers::ExecutionProvider> device_provider;
+  std::shared_ptr<providers::ExecutionProvider> device_provider = nullptr;
   // This rank's communicator for device memory (NCCL), which the device provider's collective
   // and Send/Recv kernels use; without one they run on the host over `communicator`.
   Communicator* device_communicator = nullptr;
   int intra_op_threads = 0;  // 0: CLEAVE_NUM_THREADS or every core
   bool optimize = true;      // constant folding and fusions on the training and eval graphs
   // Passes to skip on them, by name (see SessionOptions::disabled_optimizers).
-  std::set<std::string> disabled_optimizers;
+  std::set<std::string> disabled_optimizers = {};
   // Training-mode Dropout masks are a function of (seed, step, micro-batch, node), so runs are
   // reproducible and a resumed run draws the masks an uninterrupted one would.
   uint64_t seed = 0;
@@ -70,7 +70,7 @@ struct TrainingSessionOptions {
   // last: its gradients arrive scaled from the stage that seeds the backward).
   bool loss_scaling = false;
   int64_t loss_scale_growth_interval = 2000;
-  std::vector<int> overflow_group;
+  std::vector<int> overflow_group = {};
   // With a communicator: the optimizer graph's gradient reductions (data-parallel AllReduce of
   // gradients or their buckets, ZeRO-1 ReduceScatter) run as soon as each gradient is final in
   // the step's last backward, on a duplicate communicator, overlapping the rest of the backward
@@ -204,6 +204,12 @@ class TrainingSession {
   // declared before them, so that it outlives them.
   std::unique_ptr<runtime::CommQueue> collective_queue_;
   std::unique_ptr<InferenceSession> train_, eval_, optimizer_;
+  // With loss scaling: IsAllFinite over the gradient buffers, run where they are (on a device
+  // one pass and a one-byte read, not every gradient brought to the host) before each update.
+  std::unique_ptr<InferenceSession> overflow_check_;
+  Feeds overflow_feeds_;
+  std::vector<Tensor> overflow_outputs_;  // the bool
+  absl::Status MakeOverflowCheck(const SessionOptions& options);
   struct StageSessions {
     std::unique_ptr<InferenceSession> forward, backward, eval;
   };
