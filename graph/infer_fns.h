@@ -70,6 +70,7 @@ absl::Status InferGeluGrad(InferContext& ctx);     // (dY, X) {approximate} -> X
 // Training ops (infer_train_ops.cc).
 absl::Status InferInPlaceAccumulator(InferContext& ctx);  // (buffer, grad, reset) -> buffer
 absl::Status InferSquaredNorm(InferContext& ctx);         // (x...) -> f32 scalar
+absl::Status InferIsAllFinite(InferContext& ctx);         // (x...) -> bool scalar
 absl::Status InferAdamW(InferContext& ctx);               // -> param, exp_avg, exp_avg_sq
 absl::Status InferSGD(InferContext& ctx);                 // -> param[, momentum_buffer]
 absl::Status InferMultiTensorSGD(InferContext& ctx);      // (lr, step, scale, kn tensors) -> (k-1)n

@@ -59,6 +59,12 @@ absl::Status InferSquaredNorm(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+absl::Status InferIsAllFinite(InferContext& ctx) {
+  for (int i = 0; i < ctx.num_inputs(); ++i) RETURN_IF_ERROR(ExpectDtype(ctx, i, kFloat));
+  ctx.SetOutput(0, DataType::kBool, Shape::Scalar());
+  return absl::OkStatus();
+}
+
 // AdamW(lr, step, scale, param, grad, exp_avg, exp_avg_sq) -> (param, exp_avg, exp_avg_sq)
 absl::Status InferAdamW(InferContext& ctx) {
   RETURN_IF_ERROR(ExpectStepScalars(ctx));

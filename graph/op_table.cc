@@ -106,6 +106,7 @@ std::vector<OpDef> BuildTable() {
       // Training ops: gradient accumulation and the optimizer graph.
       {C, "InPlaceAccumulator", {1}, 1, 3, 3, 1, 1, InferInPlaceAccumulator, false},
       {C, "SquaredNorm", {1}, 1, 1, kVar, 1, 1, InferSquaredNorm, false},
+      {C, "IsAllFinite", {1}, 1, 1, kVar, 1, 1, InferIsAllFinite, false},
       {C, "AdamW", {1}, 1, 7, 7, 3, 3, InferAdamW, false},
       {C, "MultiTensorAdamW", {1}, 1, 7, kVar, 3, kVar, InferMultiTensorAdamW, false},
       {C, "SGD", {1}, 1, 5, 6, 1, 2, InferSGD, false},

@@ -283,6 +283,15 @@ OpSchema SquaredNormSchema() {
   return s;
 }
 
+OpSchema IsAllFiniteSchema() {
+  OpSchema s;
+  s.SetName("IsAllFinite").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("True when no element of any input is infinite or NaN (the loss scaler's overflow test).")
+      .Input(0, "x", "tensors", "tensor(float)", OpSchema::Variadic)
+      .Output(0, "y", "bool scalar", "tensor(bool)");
+  return s;
+}
+
 OpSchema AdamWSchema() {
   OpSchema s;
   s.SetName("AdamW").SetDomain("ai.cleave").SinceVersion(1)
@@ -397,6 +406,7 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(MultiTensorAdamWSchema());
     onnx::RegisterSchema(InPlaceAccumulatorSchema());
     onnx::RegisterSchema(SquaredNormSchema());
+    onnx::RegisterSchema(IsAllFiniteSchema());
     onnx::RegisterSchema(AdamWSchema());
     onnx::RegisterSchema(SGDSchema());
     onnx::RegisterSchema(CollectiveSchema("AllReduce", "Every member gets the reduction of all members' inputs.", true, false));

@@ -2,6 +2,7 @@
 // cuda_emu_kernels_test.cc): attention against its definition in double precision, AdamW and
 // SGD bit for bit against the CPU's steps, the squared norm and the clipping scale.
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -212,6 +213,36 @@ TEST_P(CudaEmu, SquaredNormOfManyTensorsAndTheClippingScale) {
     const float want_norm = std::sqrt(sumsq[0]) * grad_scale;
     EXPECT_EQ(norm[0], want_norm);
     EXPECT_EQ(scale[0], max_norm > 0.f ? grad_scale * std::min(max_norm / (want_norm + eps), 1.f) : grad_scale);
+  }
+}
+
+// The loss scaler's test over 130 tensors (two launches): true for finite values up to the
+// largest float, false for one infinite or NaN element anywhere, as the CPU says.
+TEST_P(CudaEmu, AllFiniteOfManyTensors) {
+  const std::vector<int64_t> sizes = Sizes(130, 41);
+  TensorSet x(sizes, -1.f, 1.f, 900);
+  const float kInf = std::numeric_limits<float>::infinity();
+  auto check = [&](const char* what) {
+    SCOPED_TRACE(what);
+    bool want = true;
+    for (size_t t = 0; t < sizes.size(); ++t) want = want && kernels::cpu::AllFinite(x.in[t], sizes[t], nullptr);
+    Array<bool> finite(1, !want);
+    EXPECT_TRUE(Ok(ck::AllFinite(x.in.data(), x.n.data(), static_cast<int>(sizes.size()), finite.data(), nullptr)));
+    EXPECT_EQ(finite[0], want);
+    return want;
+  };
+  EXPECT_TRUE(check("random values"));
+  x.out[7][0] = std::numeric_limits<float>::max();
+  x.out[8][sizes[8] - 1] = -std::numeric_limits<float>::max();
+  EXPECT_TRUE(check("the largest floats"));
+  for (float bad : {kInf, -kInf, kNaN}) {
+    for (size_t t : {size_t{2}, sizes.size() - 1}) {  // in the first launch, and in the second
+      const int64_t i = sizes[t] - 1;
+      const float kept = x.out[t][i];
+      x.out[t][i] = bad;
+      EXPECT_FALSE(check((std::to_string(bad) + " in tensor " + std::to_string(t)).c_str()));
+      x.out[t][i] = kept;
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -511,6 +512,24 @@ TEST(CudaProvider, OptimizerOps) {
               {"p", Random({1000}, 38)}, {"g", Random({1000}, 39)}, {"m", Random({1000}, 40)},
               {"v", Random({1000}, 41, 0.f, 1.f)}, {"reset", reset}},
              1e-6, 1e-5, "AdamW");
+}
+
+// The loss scaler's test on the device against the CPU's: true over finite gradients, false
+// with one infinite or NaN element in any of them.
+TEST(CudaProvider, IsAllFinite) {
+  REQUIRE_CUDA();
+  const char* text = R"(
+    input a: float32[1000]
+    input b: float32[7,3]
+    y = ai.cleave.IsAllFinite(a, b)
+    output y
+  )";
+  ExpectSame(text, {{"a", Random({1000}, 42)}, {"b", Random({7, 3}, 43)}}, 0, 0, "IsAllFinite");
+  for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    Tensor b = Random({7, 3}, 44);
+    b.data<float>()[20] = bad;
+    ExpectSame(text, {{"a", Random({1000}, 42)}, {"b", b}}, 0, 0, "IsAllFinite");
+  }
 }
 
 // The optimizers over two parameters: MultiTensorAdamW and MultiTensorSGD (with and without

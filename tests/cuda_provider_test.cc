@@ -336,5 +336,83 @@ TEST(CudaProvider, TinyGptTrainingTrajectoryMatchesTheCpu) {
               worst[0], worst[1], worst[2], cpu.front(), cpu.back());
 }
 
+#ifdef CLEAVE_CUDA_EMULATED_DEVICE
+// Copies to the device return without waiting for it (a step's token ids do not wait for the
+// step before), and their source may be reused at once: each goes through a page-locked buffer
+// that is not taken again before the device has read it. The provider's stream lags here, so a
+// buffer taken back too early is read overwritten. (The emulated device counts the waits.)
+TEST(CudaProvider, CopiesToTheDeviceDoNotWaitAndKeepTheirData) {
+  cuda_emu::SetNewStreamLag(std::chrono::milliseconds(5));
+  auto made = providers::CudaExecutionProvider::Create(0);
+  cuda_emu::SetNewStreamLag(std::chrono::microseconds(0));
+  ASSERT_TRUE(made.ok()) << made.status();
+  providers::ExecutionProvider& p = **made;
+  constexpr int kCopies = 10, kN = 1024;
+  const int64_t dims[1] = {kN};
+  std::vector<void*> device;
+  for (int c = 0; c < kCopies; ++c) device.push_back(p.allocator()->Allocate(kN * sizeof(float)));
+  std::vector<float> host(kN);
+  std::vector<int64_t> waits_after;
+  cuda_emu::ThisThreadCalls() = {};
+  for (int c = 0; c < kCopies; ++c) {
+    for (int i = 0; i < kN; ++i) host[i] = static_cast<float>(c * kN + i);  // the source, reused
+    TensorView dst(device[c], DataType::kFloat32, dims);
+    ASSERT_TRUE(p.CopyTensor(TensorView(host.data(), DataType::kFloat32, dims), dst).ok());
+    waits_after.push_back(cuda_emu::ThisThreadCalls().waits());
+  }
+  // The first copies, one per buffer, waited for nothing; later ones wait for their buffer.
+  EXPECT_EQ(waits_after[3], 0) << "copies to the device waited for the device";
+  for (int c = 0; c < kCopies; ++c) {
+    std::vector<float> back(kN, -1.f);
+    TensorView dst(back.data(), DataType::kFloat32, dims);
+    ASSERT_TRUE(p.CopyTensor(TensorView(device[c], DataType::kFloat32, dims), dst).ok());
+    for (int i = 0; i < kN; ++i) ASSERT_EQ(back[i], static_cast<float>(c * kN + i)) << "copy " << c << " [" << i << "]";
+  }
+  for (void* d : device) p.allocator()->Free(d);
+}
+
+// A steady-state training step on CUDA queues its work and waits for the device only to read
+// back what it returns: TrainStep the loss, OptimizerStep the gradient norm and, with fp16 loss
+// scaling, the one flag that says the gradients are finite (not the gradients themselves). No
+// cudaMalloc and no other synchronisation, so the host runs ahead of a GPU, as it must to keep
+// it busy.
+TEST(CudaProvider, SteadyTrainingStepsWaitOnlyForWhatTheyReturn) {
+  Tensor ids = Ids({4, 32}, 256, 46), labels = Ids({4, 32}, 256, 47);
+  const Feeds feeds = {{"input_ids", ids}, {"labels", labels}};
+  for (const char* precision : {"fp32", "bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    trainer::TrainingSpec spec;
+    spec.optimizer.max_grad_norm = 1.0f;
+    spec.fuse_attention = true;
+    spec.precision = *trainer::ParsePrecision(precision);
+    trainer::TrainingSessionOptions o;
+    o.device = DeviceChoice::kCuda;
+    auto s = trainer::TrainingSession::Create(testing::BuildArtifacts("tiny_gpt", 4, 32, spec), o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    const bool fp16 = std::string(precision) == "fp16";
+    for (int step = 0; step < 4; ++step) {
+      cuda_emu::HostCalls& calls = cuda_emu::ThisThreadCalls();
+      calls = {};
+      (*s)->LazyResetGrad();
+      ASSERT_TRUE((*s)->TrainStep(feeds).ok());
+      const cuda_emu::HostCalls train = calls;
+      calls = {};
+      ASSERT_TRUE((*s)->OptimizerStep().ok());
+      const cuda_emu::HostCalls update = calls;
+      if (step < 2) continue;  // the first steps make the arena's regions
+      for (int part = 0; part < 2; ++part) {
+        const cuda_emu::HostCalls& c = part == 0 ? train : update;
+        SCOPED_TRACE(part == 0 ? "TrainStep" : "OptimizerStep");
+        EXPECT_GT(c.launches, 0);
+        EXPECT_EQ(c.mallocs, 0);
+        EXPECT_EQ(c.copies_to_host, part == 1 && fp16 ? 2 : 1);
+        EXPECT_EQ(c.stream_syncs, c.copies_to_host);  // each read's own
+        EXPECT_EQ(c.event_syncs + c.device_syncs + c.frees, 0);
+      }
+    }
+  }
+}
+#endif
+
 }  // namespace
 }  // namespace cleave

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -144,6 +145,31 @@ TEST(OptimizerKernels, AccumulateAndSquaredNorm) {
   EXPECT_NEAR(a, want, 1e-9 * want);
 }
 
+// The loss scaler's overflow test: false for one infinite or NaN element anywhere in any
+// input (here past the first of the parallel blocks, in the second input), true for finite
+// values up to the largest float.
+TEST(OptimizerKernels, IsAllFinite) {
+  std::vector<float> big(100000, 1.f);
+  big[99999] = std::numeric_limits<float>::max();
+  big[123] = -std::numeric_limits<float>::max();
+  ThreadPool two(2);
+  EXPECT_TRUE(kernels::cpu::AllFinite(big.data(), static_cast<int64_t>(big.size()), &two));
+  const std::vector<float> small = {1.f, -2.f, 3.f};
+  auto run = [&](float bad_value) {
+    std::vector<float> bad = big;
+    bad[70001] = bad_value;
+    return testing::OpTester("IsAllFinite", 1, "ai.cleave")
+        .Input<float>("a", {3}, small)
+        .Input<float>("b", {100000}, bad)
+        .Output<bool>("y", {}, {std::isfinite(bad_value)})
+        .Run();
+  };
+  run(0.5f);
+  run(std::numeric_limits<float>::infinity());
+  run(-std::numeric_limits<float>::infinity());
+  run(std::numeric_limits<float>::quiet_NaN());
+}
+
 TEST(DropoutKeyed, MaskIsAPureFunctionOfTheKeyWithTheRightRate) {
   const int64_t n = 100000;
   std::vector<float> x(n, 1.0f), y1(n), y2(n), y3(n);
@@ -241,7 +267,10 @@ TEST(TrainingArtifacts, FollowOrtLayoutAndRoleMetadataAndPassTheOnnxChecker) {
 // opset 17 (LayerNorm) and 20 (Gelu) write them; `loss_lines` are appended before the output.
 std::string DecomposedGeluLayerNorm(const std::string& loss_lines, const std::string& out) {
   std::string w;
-  for (int i = 0; i < 64; ++i) w += " " + std::to_string(((i * 37) % 17 - 8) / 16.0);
+  for (int i = 0; i < 64; ++i) {
+    w += ' ';
+    w += std::to_string(((i * 37) % 17 - 8) / 16.0);
+  }
   return "opset 13\ninput x: float32[4,8]\ninit w: float32[8,8] =" + w + R"(
     init gamma: float32[8] = 1 2 3 4 5 6 7 8
     init beta: float32[8] = 0.5 -0.5 0.25 -0.25 0 0.125 1 -1

@@ -14,6 +14,7 @@
 #include "graph/passes/pass.h"
 #include "base/status.h"
 #include "graph/graph.h"
+#include "graph/op_table.h"
 #include "onnx_ext/onnx_io.h"
 #include "providers/communicator.h"
 #include "runtime/profiler.h"
@@ -202,6 +203,7 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
     if (const graph::Value* v = st.backward->FindValue(kLossScale); v && v->is_graph_input()) loss_scaling_ = true;
   train_outputs_.push_back(loss_);
   for (const Tensor& g : grads_) train_outputs_.push_back(g);
+  if (loss_scaling_) RETURN_IF_ERROR(MakeOverflowCheck(plain));
 
   optimizer_feeds_ = {{"learning_rate", lr_tensor_}, {"step", step_tensor_}, {"grad_scale", scale_tensor_}};
   optimizer_outputs_.push_back(grad_norm_);
@@ -217,6 +219,25 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   if (reducer_)
     for (size_t r = 0; r < reducer_->reductions().size(); ++r)
       optimizer_feeds_.emplace_back(reducer_->reductions()[r].result, reducer_->results()[r]);
+  return absl::OkStatus();
+}
+
+absl::Status TrainingSession::MakeOverflowCheck(const SessionOptions& options) {
+  auto g = std::make_unique<graph::Graph>();
+  g->opset_imports()[""] = 17;
+  g->opset_imports()[graph::kCleaveDomain] = 1;
+  g->info().graph_name = "overflow check";
+  std::vector<graph::Value*> grads;
+  for (size_t i = 0; i < grads_.size(); ++i) {
+    const std::string name = GradName(artifacts_.params[i]);
+    grads.push_back(g->AddInput(name, DataType::kFloat32, Shape::FromDims(grads_[i].dims())));
+    overflow_feeds_.emplace_back(name, grads_[i]);
+  }
+  graph::Value* finite = g->GetOrCreateValue("grads_finite");
+  g->AddNode("IsAllFinite", grads, {finite}, "grads_finite", graph::kCleaveDomain);
+  g->SetOutputs({finite});
+  ASSIGN_OR_RETURN(overflow_check_, InferenceSession::FromGraph(std::move(g), options));
+  overflow_outputs_.push_back(Tensor(DataType::kBool, {}));
   return absl::OkStatus();
 }
 
@@ -631,18 +652,11 @@ absl::StatusOr<float> TrainingSession::OptimizerStep() {
   last_skipped_ = false;
   if (loss_scaling_) {
     // A gradient that overflowed (here or on any rank of the group) skips the update.
-    int32_t overflow = 0;
-    for (const Tensor& g : grads_) {
-      // Host gradients are read where they are; device ones come over first.
-      Tensor copied;
-      if (device_ && device_->allocator()->Owns(g.raw())) {
-        ASSIGN_OR_RETURN(copied, ToHost(g));
-      }
-      const Tensor& host = copied.defined() ? copied : g;
-      const float* d = host.data<float>();
-      for (int64_t i = 0; i < host.numel() && !overflow; ++i) overflow = !std::isfinite(d[i]);
-      if (overflow) break;
-    }
+    RunOptions check;
+    check.profiler = profiler_;
+    check.profile_track = compute_track_;
+    RETURN_IF_ERROR(overflow_check_->RunInto(overflow_feeds_, overflow_outputs_, check));
+    int32_t overflow = *overflow_outputs_[0].data<bool>() ? 0 : 1;
     if (options_.communicator && !options_.overflow_group.empty()) {
       Tensor flag = Tensor::Scalar<int32_t>(overflow);
       RETURN_IF_ERROR(options_.communicator->AllReduce(flag.view(), flag.view(), ReduceOp::kMax, options_.overflow_group));

@@ -39,6 +39,22 @@ double SquaredNorm(const float* x, int64_t n, ThreadPool* pool) {
   return total;
 }
 
+bool AllFinite(const float* x, int64_t n, ThreadPool* pool) {
+  const int64_t blocks = (n + kGrain - 1) / kGrain;
+  std::vector<char> bad(static_cast<size_t>(blocks), 0);
+  ParallelFor(pool, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t e = std::min(n, (b + 1) * kGrain);
+      bool any = false;
+      for (int64_t i = b * kGrain; i < e; ++i) any |= !std::isfinite(x[i]);
+      bad[b] = any;
+    }
+  });
+  for (char b : bad)
+    if (b) return false;
+  return true;
+}
+
 void AdamWStep(const AdamWParams& p, const float* param, const float* grad, const float* exp_avg,
                const float* exp_avg_sq, float* param_out, float* exp_avg_out,
                float* exp_avg_sq_out, int64_t n, ThreadPool* pool) {

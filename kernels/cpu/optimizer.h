@@ -18,6 +18,9 @@ void AccumulateGrad(const float* buffer, const float* grad, bool reset, float* o
 // the thread count.
 double SquaredNorm(const float* x, int64_t n, ThreadPool* pool);
 
+// Whether every x[i] is finite (neither infinite nor NaN): the loss scaler's overflow test.
+bool AllFinite(const float* x, int64_t n, ThreadPool* pool);
+
 struct AdamWParams {
   double lr = 1e-3;
   int64_t step = 1;  // 1-based, after this update

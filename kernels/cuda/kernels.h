@@ -157,5 +157,8 @@ int ClipScale(const float* sumsq, float grad_scale, float max_norm, float epsilo
 // out = sum of squares of every element of the `count` tensors (128 per launch); `acc` is
 // device scratch of one double. xs and ns are host arrays.
 int SquaredNorm(const float* const* xs, const int64_t* ns, int count, float* out, double* acc, void* stream);
+// *out = no element of the `count` tensors is infinite or NaN (128 per launch; `out` is one
+// device bool). xs and ns are host arrays.
+int AllFinite(const float* const* xs, const int64_t* ns, int count, bool* out, void* stream);
 
 }  // namespace cleave::kernels::cuda

@@ -1,6 +1,6 @@
 // CUDA optimizer kernels (kernels/cuda/): the AdamW and SGD steps as the CPU computes them,
-// the sum of squares of many tensors behind global-norm clipping (accumulated in fp64), and
-// the clipping scale formed on the device from it.
+// the sum of squares of many tensors behind global-norm clipping (accumulated in fp64), the
+// clipping scale formed on the device from it, and the loss scaler's finiteness test.
 #include <cmath>
 
 #include "kernels/cuda/device_util.cuh"
@@ -117,6 +117,38 @@ int InLaunches(int count, Fill fill, Launch launch) {
 
 __global__ void ToFloatOut(const double* acc, float* out) { out[0] = static_cast<float>(acc[0]); }
 
+// Clears *finite where an element is infinite or NaN (NaN fails every comparison, so the test
+// is that |x| is at most the largest float).
+__global__ void ClearIfNonFinite(NormBatch b, bool* finite) {
+  const float* x = b.x[blockIdx.y];
+  const int64_t n = b.n[blockIdx.y];
+  bool bad = false;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    bad |= !(fabsf(x[i]) <= 3.402823466e38f);
+  if (bad) *finite = false;
+}
+
+// `count` tensors read kNormTensors per launch of up to 256 blocks per tensor:
+// launch(batch, grid, stream) runs one.
+template <typename Launch>
+int InNormLaunches(const float* const* xs, const int64_t* ns, int count, cudaStream_t s, Launch launch) {
+  for (int k0 = 0; k0 < count; k0 += kNormTensors) {
+    NormBatch b{};
+    const int k1 = count - k0 < kNormTensors ? count : k0 + kNormTensors;
+    int64_t largest = 0;
+    for (int k = k0; k < k1; ++k) {
+      b.x[k - k0] = xs[k];
+      b.n[k - k0] = ns[k];
+      largest = ns[k] > largest ? ns[k] : largest;
+    }
+    if (largest == 0) continue;
+    const unsigned blocks = Blocks(largest) < 256 ? Blocks(largest) : 256;
+    launch(b, dim3(blocks, static_cast<unsigned>(k1 - k0)), s);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
 // One thread; __fsqrt_rn and __fdiv_rn are IEEE round-to-nearest, as the CPU's sqrt and /.
 __global__ void ClipScaleKernel(const float* sumsq, float grad_scale, float max_norm, float epsilon, float* norm_out,
                                 float* scale_out) {
@@ -176,21 +208,21 @@ int SquaredNorm(const float* const* xs, const int64_t* ns, int count, float* out
   cudaStream_t s = Stream(stream);
   cudaError_t e = cudaMemsetAsync(acc, 0, sizeof(double), s);
   if (e != cudaSuccess) return static_cast<int>(e);
-  for (int k0 = 0; k0 < count; k0 += kNormTensors) {
-    NormBatch b{};
-    const int k1 = count - k0 < kNormTensors ? count : k0 + kNormTensors;
-    int64_t largest = 0;
-    for (int k = k0; k < k1; ++k) {
-      b.x[k - k0] = xs[k];
-      b.n[k - k0] = ns[k];
-      largest = ns[k] > largest ? ns[k] : largest;
-    }
-    if (largest == 0) continue;
-    const unsigned blocks = Blocks(largest) < 256 ? Blocks(largest) : 256;
-    SumSquares<<<dim3(blocks, static_cast<unsigned>(k1 - k0)), kThreads, 0, s>>>(b, acc);
-  }
+  if (int r = InNormLaunches(xs, ns, count, s, [acc](const NormBatch& b, dim3 grid, cudaStream_t st) {
+        SumSquares<<<grid, kThreads, 0, st>>>(b, acc);
+      }))
+    return r;
   ToFloatOut<<<1, 1, 0, s>>>(acc, out);
   return static_cast<int>(cudaGetLastError());
+}
+
+int AllFinite(const float* const* xs, const int64_t* ns, int count, bool* out, void* stream) {
+  cudaStream_t s = Stream(stream);
+  cudaError_t e = cudaMemsetAsync(out, 1, sizeof(bool), s);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  return InNormLaunches(xs, ns, count, s, [out](const NormBatch& b, dim3 grid, cudaStream_t st) {
+    ClearIfNonFinite<<<grid, kThreads, 0, st>>>(b, out);
+  });
 }
 
 }  // namespace cleave::kernels::cuda

@@ -84,6 +84,22 @@ class AdamWKernel : public OpKernel {
   kernels::cpu::AdamWParams p_;
 };
 
+// IsAllFinite(x...) -> bool scalar: no input has an infinite or NaN element.
+class IsAllFiniteKernel : public OpKernel {
+ public:
+  IsAllFiniteKernel(const graph::Node&, int) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    bool finite = true;
+    for (int i = 0; i < ctx.num_inputs() && finite; ++i) {
+      const TensorView& x = *ctx.input(i);
+      finite = kernels::cpu::AllFinite(x.as<const float>(), x.numel(), ctx.thread_pool());
+    }
+    TensorView* y = ctx.Output(0, std::span<const int64_t>());
+    if (y) *y->as<bool>() = finite;
+    return absl::OkStatus();
+  }
+};
+
 class SquaredNormKernel : public OpKernel {
  public:
   SquaredNormKernel(const graph::Node&, int) {}
@@ -193,6 +209,7 @@ void RegisterOptimizerKernels(KernelRegistry& r) {
   r.Register({c, "InPlaceAccumulator", 1, 1, InputTypeIn(0, f32),
               MakeFactory<InPlaceAccumulatorKernel>()});
   r.Register({c, "SquaredNorm", 1, 1, InputTypeIn(0, f32), MakeFactory<SquaredNormKernel>()});
+  r.Register({c, "IsAllFinite", 1, 1, InputTypeIn(0, f32), MakeFactory<IsAllFiniteKernel>()});
   r.Register({c, "AdamW", 1, 1, InputTypeIn(3, f32), MakeFactory<AdamWKernel>()});
   r.Register({c, "MultiTensorAdamW", 1, 1, InputTypeIn(3, f32), MakeFactory<AdamWKernel>()});
   r.Register({c, "SGD", 1, 1, InputTypeIn(3, f32), MakeFactory<SgdKernel>()});

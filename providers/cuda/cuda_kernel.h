@@ -59,7 +59,7 @@ void Add(KernelRegistry& r, CudaExecutionProvider* p, const std::string& domain,
 }
 
 // Registers the optimizer kernels (cuda_optimizer_kernels.cc): InPlaceAccumulator, SquaredNorm,
-// AdamW, SGD and their multi-tensor forms.
+// IsAllFinite, AdamW, SGD and their multi-tensor forms.
 void RegisterCudaOptimizerKernels(KernelRegistry& r, CudaExecutionProvider* p);
 
 // Registers the attention kernels (cuda_attention_kernels.cc): Attention and AttentionGrad.

@@ -1,6 +1,6 @@
 // The CUDA provider's optimizer kernels (providers/cuda/): gradient accumulation, the sum of
-// squares behind global-norm clipping, and the AdamW and SGD updates (one tensor or many per
-// launch), as the CPU computes them.
+// squares behind global-norm clipping, the loss scaler's finiteness test, and the AdamW and
+// SGD updates (one tensor or many per launch), as the CPU computes them.
 #include <vector>
 
 #include "base/status.h"
@@ -155,20 +155,39 @@ class AccumulatorKernel : public CudaKernel {
   }
 };
 
+// Every input's data and element count, for the reductions over many tensors.
+void EachInput(KernelContext& ctx, std::vector<const float*>* xs, std::vector<int64_t>* ns) {
+  for (int i = 0; i < ctx.num_inputs(); ++i) {
+    xs->push_back(ctx.input(i)->as<float>());
+    ns->push_back(ctx.input(i)->numel());
+  }
+}
+
 class SquaredNormKernel : public CudaKernel {
  public:
   SquaredNormKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
   absl::Status Compute(KernelContext& ctx) const override {
     std::vector<const float*> xs;
     std::vector<int64_t> ns;
-    for (int i = 0; i < ctx.num_inputs(); ++i) {
-      xs.push_back(ctx.input(i)->as<float>());
-      ns.push_back(ctx.input(i)->numel());
-    }
+    EachInput(ctx, &xs, &ns);
     TensorView* y = ctx.Output(0, std::vector<int64_t>{});
     if (!y) return absl::OkStatus();
     return Check(kc::SquaredNorm(xs.data(), ns.data(), static_cast<int>(xs.size()), y->as<float>(),
                                  p_->reduction_scratch(), stream()));
+  }
+};
+
+// IsAllFinite(x...) -> bool scalar on the device, which the loss scaler reads (one byte).
+class IsAllFiniteKernel : public CudaKernel {
+ public:
+  IsAllFiniteKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    std::vector<const float*> xs;
+    std::vector<int64_t> ns;
+    EachInput(ctx, &xs, &ns);
+    TensorView* y = ctx.Output(0, std::vector<int64_t>{});
+    if (!y) return absl::OkStatus();
+    return Check(kc::AllFinite(xs.data(), ns.data(), static_cast<int>(xs.size()), y->as<bool>(), stream()));
   }
 };
 
@@ -179,6 +198,7 @@ void RegisterCudaOptimizerKernels(KernelRegistry& r, CudaExecutionProvider* p) {
   const auto f32 = [](int i) { return InputTypeIn(i, {DataType::kFloat32}); };
   Add<AccumulatorKernel>(r, p, C, "InPlaceAccumulator", 1, 1, f32(0), {2});
   Add<SquaredNormKernel>(r, p, C, "SquaredNorm", 1, 1, f32(0));
+  Add<IsAllFiniteKernel>(r, p, C, "IsAllFinite", 1, 1, f32(0));
   Add<AdamWKernel>(r, p, C, "AdamW", 1, 1, f32(3), {0, 1, 2});
   Add<AdamWKernel>(r, p, C, "MultiTensorAdamW", 1, 1, f32(3), {0, 1, 2});
   Add<SgdKernel>(r, p, C, "SGD", 1, 1, f32(3), {0, 1, 2});

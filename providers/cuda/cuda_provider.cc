@@ -5,6 +5,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <cstring>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -38,6 +40,73 @@ absl::StatusOr<int> CudaDeviceCount() {
   if (n == 0) return absl::UnavailableError("CUDA unavailable: no device");
   return n;
 }
+
+// Host-to-device copies through page-locked buffers, so that they are asynchronous: the source
+// is copied into a buffer at the call (its caller may reuse it at once), the device reads the
+// buffer in stream order, and an event recorded after that read must have completed before the
+// buffer takes the next copy. The buffers are used in turn; by the time one comes round again
+// its copy has long run (a step ends with a read of the loss), so the host rarely waits.
+class PinnedUploads {
+ public:
+  // Copies above this size (initializer uploads at set-up) are left to the synchronous path,
+  // to keep page-locked memory small.
+  static constexpr size_t kMaxBytes = size_t{8} << 20;
+
+  explicit PinnedUploads(int device) : device_(device) {}
+  ~PinnedUploads() {
+    cudaSetDevice(device_);
+    for (Buffer& b : buffers_) {
+      if (b.done) {
+        cudaEventSynchronize(b.done);
+        cudaEventDestroy(b.done);
+      }
+      if (b.host) cudaFreeHost(b.host);
+    }
+  }
+
+  // Queues the copy of `bytes` from host `src` to device `dst` on `stream`; false when it is
+  // not taken (too large, or no page-locked memory to be had), and the caller copies it itself.
+  absl::StatusOr<bool> Upload(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+    if (bytes > kMaxBytes) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    Buffer& b = buffers_[next_];
+    if (b.done && cudaEventQuery(b.done) != cudaSuccess)
+      RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(b.done), "waiting for an earlier copy to the device"));
+    if (b.bytes < bytes) {
+      if (b.host) RETURN_IF_ERROR(CudaStatus(cudaFreeHost(b.host), "cudaFreeHost (upload buffer)"));
+      b.host = nullptr;
+      b.bytes = 0;
+      size_t want = 4096;
+      while (want < bytes) want *= 2;
+      if (cudaMallocHost(&b.host, want) != cudaSuccess) {
+        cudaGetLastError();
+        b.host = nullptr;
+        return false;
+      }
+      b.bytes = want;
+    }
+    if (!b.done)
+      RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming), "cudaEventCreate (upload)"));
+    std::memcpy(b.host, src, bytes);
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst, b.host, bytes, cudaMemcpyHostToDevice, stream),
+                               absl::StrCat("copy of ", bytes, " bytes to the device")));
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(b.done, stream), "cudaEventRecord (upload)"));
+    next_ = (next_ + 1) % kBuffers;
+    return true;
+  }
+
+ private:
+  static constexpr int kBuffers = 4;
+  struct Buffer {
+    void* host = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;  // recorded after the buffer's latest copy
+  };
+  int device_;
+  std::mutex mu_;
+  Buffer buffers_[kBuffers];
+  int next_ = 0;
+};
 
 absl::StatusOr<std::unique_ptr<ExecutionProvider>> CudaExecutionProvider::Create(int device,
                                                                                  CudaProviderOptions options) {
@@ -98,6 +167,7 @@ std::unique_ptr<CudaExecutionProvider> CudaExecutionProvider::ForCapabilityQueri
 
 CudaExecutionProvider::~CudaExecutionProvider() {
   if (stream_) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  uploads_.reset();
   cudnn_.reset();
   if (arena_) {
     if (workspace_) arena_->Free(workspace_);
@@ -112,6 +182,11 @@ absl::Status CudaExecutionProvider::CopyTensor(const TensorView& src, TensorView
     return Internal("CopyTensor: size mismatch ", src.nbytes(), " vs ", dst.nbytes());
   if (src.nbytes() == 0) return absl::OkStatus();
   cudaStream_t s = static_cast<cudaStream_t>(stream_);
+  if (arena_->Owns(dst.data) && !arena_->Owns(src.data)) {  // host to device
+    std::call_once(uploads_once_, [this] { uploads_ = std::make_unique<PinnedUploads>(device_); });
+    ASSIGN_OR_RETURN(bool queued, uploads_->Upload(dst.data, src.data, src.nbytes(), s));
+    if (queued) return absl::OkStatus();
+  }
   RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDefault, s),
                              absl::StrCat("CopyTensor of ", src.nbytes(), " bytes")));
   // The host side must be complete when the copy returns: a host destination is read next, and

@@ -3,15 +3,18 @@
 // One provider per device. It owns a stream (every kernel and copy of the provider is
 // enqueued on it, so device buffers can be reused in stream order), a cuBLASLt handle with its
 // workspace, and a caching arena (providers/arena_allocator.h) over cudaMalloc, so steady-state
-// steps make no cudaMalloc. CopyTensor moves tensors between host and device on the stream and
-// waits for a copy to the host. The kernel table claims fp32/bf16/fp16 elementwise ops with
-// broadcasting, MatMul and FusedMatMul (cuBLASLt, bias and GELU epilogues), Softmax and
-// LogSoftmax, LayerNormalization and its gradient, Gelu and GeluGrad, Cast, Gather and
-// GatherGrad, Transpose, the shape ops (Reshape, Flatten, Squeeze, Unsqueeze, Identity),
-// SoftmaxCrossEntropyLoss and its gradient, AdamW and SquaredNorm, the reductions, Where,
-// Concat and Split, and fused Attention with its gradient (cuDNN's fused flash attention for
-// the bf16/fp16 shapes it takes, own flash-style kernels otherwise); other nodes fall back to
-// the CPU provider with copies at the boundaries.
+// steps make no cudaMalloc. CopyTensor moves tensors between host and device on the stream: a
+// copy to the device (a step's token ids) goes through a page-locked buffer and returns without
+// waiting for the device, a copy to the host waits for it.
+//
+// The kernel table claims fp32/bf16/fp16 elementwise ops with broadcasting, MatMul and
+// FusedMatMul (cuBLASLt, bias and GELU epilogues), Softmax and LogSoftmax, LayerNormalization
+// and its gradient, Gelu and GeluGrad, Cast, Gather and GatherGrad, Transpose, the shape ops
+// (Reshape, Flatten, Squeeze, Unsqueeze, Identity), SoftmaxCrossEntropyLoss and its gradient,
+// AdamW, SquaredNorm and IsAllFinite, the reductions, Where, Concat and Split, and fused
+// Attention with its gradient (cuDNN's fused flash attention for the bf16/fp16 shapes it takes,
+// own flash-style kernels otherwise); other nodes fall back to the CPU provider with copies at
+// the boundaries.
 //
 // Errors are Status values naming the kernel (node) and the CUDA error.
 #pragma once
@@ -82,6 +85,8 @@ class CudaExecutionProvider : public ExecutionProvider {
   mutable std::once_flag cudnn_once_;
   mutable std::unique_ptr<class CudnnAttention> cudnn_;
   mutable std::string cudnn_why_;
+  mutable std::once_flag uploads_once_;
+  mutable std::unique_ptr<class PinnedUploads> uploads_;  // host-to-device copies that do not wait
 };
 
 // Registers the collective and Send/Recv kernels (cuda_collectives.cc); they claim nodes only

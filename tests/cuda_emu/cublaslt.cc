@@ -196,6 +196,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                                          static_cast<int64_t>(need) != 0)
       return CUBLAS_STATUS_INVALID_VALUE;
   }
+  ++cleave::cuda_emu::ThisThreadCalls().launches;
   // The product runs on the stream, with the descriptors as they are now (the library reads
   // them at the call) and alpha and beta read now (host pointers).
   cleave::cuda_emu::Enqueue(stream, [o = *op, la = *a, lb = *b, lc = *c, ld = *d, s, al, be, with_bias, gelu, A, B, C, D] {

@@ -149,6 +149,19 @@ cudaError_t CheckLaunch(const char* kernel, dim3 grid, dim3 block, size_t shared
 // stream runs it now, once the calling thread's blocking streams have drained.
 void Enqueue(cudaStream_t stream, std::function<void()> work);
 
+// What the calling host thread has asked of the emulated device: what a test counts to show
+// that a step queues its work and runs ahead of the device, as it must to keep a GPU busy.
+struct HostCalls {
+  int64_t launches = 0;  // kernels (and cuBLASLt products) queued or run
+  int64_t mallocs = 0;   // cudaMalloc calls
+  // Calls that return only once device work has finished: stream, device and event
+  // synchronisations, copies into host memory, and cudaFree and cudaFreeHost (which
+  // synchronise).
+  int64_t stream_syncs = 0, device_syncs = 0, event_syncs = 0, copies_to_host = 0, frees = 0;
+  int64_t waits() const { return stream_syncs + device_syncs + event_syncs + copies_to_host + frees; }
+};
+HostCalls& ThisThreadCalls();
+
 // Streams the calling thread makes from now on wait `lag` before each piece of their work (0:
 // none), so that a test makes some streams fall behind others and the host: work that is not
 // ordered after theirs by an event or a synchronisation then reads what they have not written.
@@ -169,6 +182,7 @@ template <typename F>
 void Launch(const char* kernel, F&& body, dim3 grid, dim3 block, size_t shared_bytes = 0,
             cudaStream_t stream = nullptr) {
   using Body = std::remove_cvref_t<F>;
+  ++ThisThreadCalls().launches;
   if (!stream) {
     LaunchErased(kernel, grid, block, shared_bytes, &RunBody<Body>, &body);
     return;
@@ -260,6 +274,10 @@ cudaError_t cudaMalloc(T** p, size_t bytes) {
   return cudaMalloc(reinterpret_cast<void**>(p), bytes);
 }
 cudaError_t cudaFree(void* p);
+// Page-locked host memory: a copy from it is not staged, so the copy reads it when its stream
+// reaches the copy, as the device's DMA does. cudaFreeHost synchronises, as cudaFree does.
+cudaError_t cudaMallocHost(void** p, size_t bytes);
+cudaError_t cudaFreeHost(void* p);
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,

@@ -27,17 +27,22 @@ Memory& Mem() {
   static Memory* m = new Memory;
   return *m;
 }
+Memory& Pinned() {  // cudaMallocHost's blocks (`used` unused)
+  static Memory* m = new Memory;
+  return *m;
+}
 
-// Whether `p` is in an allocation of the emulated device (otherwise it is pageable host
-// memory, which the copies treat as the runtime does).
-bool OnDevice(const void* p) {
-  Memory& m = Mem();
+bool In(Memory& m, const void* p) {
   std::lock_guard<std::mutex> lock(m.mu);
   auto it = m.blocks.upper_bound(static_cast<const char*>(p));
   if (it == m.blocks.begin()) return false;
   --it;
   return static_cast<const char*>(p) < it->first + it->second;
 }
+// Whether `p` is in an allocation of the emulated device (otherwise it is host memory,
+// page-locked when cudaMallocHost made it, which the copies treat as the runtime does).
+bool OnDevice(const void* p) { return In(Mem(), p); }
+bool IsPinned(const void* p) { return In(Pinned(), p); }
 
 }  // namespace
 
@@ -128,6 +133,11 @@ static thread_local std::chrono::microseconds g_new_stream_lag{0};
 
 namespace cleave::cuda_emu {
 
+HostCalls& ThisThreadCalls() {
+  static thread_local HostCalls calls;
+  return calls;
+}
+
 void SetNewStreamLag(std::chrono::microseconds lag) { g_new_stream_lag = lag; }
 
 void Enqueue(cudaStream_t stream, std::function<void()> work) {
@@ -187,6 +197,7 @@ cudaError_t cudaRuntimeGetVersion(int* version) {
 }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  ++cleave::cuda_emu::ThisThreadCalls().mallocs;
   Memory& m = Mem();
   std::lock_guard<std::mutex> lock(m.mu);
   const size_t rounded = (bytes + 255) / 256 * 256;
@@ -206,6 +217,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 // As the runtime's, a synchronisation: the calling thread's streams finish first.
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
+  ++cleave::cuda_emu::ThisThreadCalls().frees;
   DrainOwn(/*blocking_only=*/false);
   Memory& m = Mem();
   std::lock_guard<std::mutex> lock(m.mu);
@@ -213,6 +225,28 @@ cudaError_t cudaFree(void* p) {
   if (it == m.blocks.end()) return cudaErrorInvalidValue;
   m.used -= it->second;
   m.blocks.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  const size_t rounded = (bytes + 255) / 256 * 256;
+  void* q = std::aligned_alloc(256, rounded > 0 ? rounded : 256);
+  *p = q;
+  if (!q) return cudaErrorMemoryAllocation;
+  Memory& m = Pinned();
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.blocks[static_cast<const char*>(q)] = rounded;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* p) {
+  if (!p) return cudaSuccess;
+  ++cleave::cuda_emu::ThisThreadCalls().frees;
+  DrainOwn(/*blocking_only=*/false);
+  Memory& m = Pinned();
+  std::lock_guard<std::mutex> lock(m.mu);
+  if (!m.blocks.erase(static_cast<const char*>(p))) return cudaErrorInvalidValue;
   std::free(p);
   return cudaSuccess;
 }
@@ -229,18 +263,26 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
 }
 
-// As the runtime copies pageable host memory: from it, the source is staged before the call
-// returns; into it, the call returns once the copy (and the stream's work before it) is done.
+// As the runtime copies host memory: from pageable memory, the source is staged before the
+// call returns; from page-locked memory, the stream reads it when it reaches the copy; into
+// pageable memory, the call returns once the copy (and the stream's work before it) is done,
+// and into page-locked memory on a stream, at once.
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t stream) {
   if (!bytes) return cudaSuccess;
   const bool to_device = OnDevice(dst), from_device = OnDevice(src);
-  if (to_device && !from_device) {
+  if (to_device && !from_device && !IsPinned(src)) {
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
     cleave::cuda_emu::Enqueue(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
     return cudaSuccess;
   }
   cleave::cuda_emu::Enqueue(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); });
-  return to_device ? cudaSuccess : cudaStreamSynchronize(stream);
+  if (to_device || (stream && IsPinned(dst))) return cudaSuccess;
+  ++cleave::cuda_emu::ThisThreadCalls().copies_to_host;
+  if (stream)
+    stream->Drain();
+  else
+    DrainOwn(/*blocking_only=*/true);
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
@@ -293,6 +335,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  ++cleave::cuda_emu::ThisThreadCalls().stream_syncs;
   if (s)
     s->Drain();
   else
@@ -301,6 +344,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) { return !s || s->Idle() ? cudaSuccess : cudaErrorNotReady; }
 cudaError_t cudaDeviceSynchronize() {
+  ++cleave::cuda_emu::ThisThreadCalls().device_syncs;
   DrainOwn(/*blocking_only=*/false);
   return cudaSuccess;
 }
@@ -350,6 +394,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (!e) return cudaErrorInvalidResourceHandle;
+  ++cleave::cuda_emu::ThisThreadCalls().event_syncs;
   EventState& st = *e->state;
   std::unique_lock<std::mutex> lock(st.mu);
   const uint64_t target = st.recorded;
