@@ -2,9 +2,17 @@
 // kernel table has a row for (op, version, dtypes) (providers/).
 #include "providers/execution_provider.h"
 
+#include <vector>
+
 #include "graph/op_table.h"
 
 namespace cleave::providers {
+
+absl::Status ExecutionProvider::Zero(TensorView& dst) const {
+  std::vector<char> zeros(dst.nbytes(), 0);
+  TensorView src(zeros.data(), dst.dtype, dst.dim_span());
+  return CopyTensor(src, dst);
+}
 
 Capability ExecutionProvider::GetCapability(const graph::Graph& graph) const {
   Capability cap;

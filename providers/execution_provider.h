@@ -75,6 +75,9 @@ class ExecutionProvider {
   virtual Allocator* allocator() = 0;
   // Copies between this provider's memory and host memory (same-size views).
   virtual absl::Status CopyTensor(const TensorView& src, TensorView& dst) const = 0;
+  // Sets a tensor in this provider's memory to zero bytes, in the order of the provider's work
+  // (the default copies zeros from the host; a device sets them where they are).
+  virtual absl::Status Zero(TensorView& dst) const;
   virtual ThreadPool* thread_pool() const { return nullptr; }
   // A timer over the provider's stream (null: the provider's kernels finish before Compute
   // returns, and host time is theirs, as on the CPU).

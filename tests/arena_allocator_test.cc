@@ -20,7 +20,7 @@ struct CountingDevice {
   int64_t capacity;
   int64_t used = 0;
   int allocs = 0, releases = 0;
-  std::map<void*, size_t> live;
+  std::map<void*, size_t> live = {};
 
   ArenaBackend Backend() {
     ArenaBackend b;

@@ -40,6 +40,8 @@ struct TrainedRanks {
   // Rank 0's profile (CUDA: every rank profiles its steps, communication timed on the device).
   std::vector<runtime::Profiler::Event> events;
   std::vector<std::string> tracks;
+  // Per rank, what its second step's TrainStep or PipelineStep asked of the device (CUDA).
+  std::vector<cuda_emu::HostCalls> step_calls;
 };
 
 TrainedRanks Train(const trainer::PlanConfig& c, DeviceChoice device) {
@@ -51,6 +53,7 @@ TrainedRanks Train(const trainer::PlanConfig& c, DeviceChoice device) {
   const int64_t data_parallel = c.mesh.find("dp=2") != std::string::npos ? 2 : 1;  // the batch is split over dp
   out.params.resize(static_cast<size_t>(world_size));
   out.losses.resize(static_cast<size_t>(world_size));
+  out.step_calls.resize(static_cast<size_t>(world_size));
   runtime::SimulatedWorld world(world_size);
   std::vector<absl::Status> status(static_cast<size_t>(world_size));
   std::vector<std::thread> ranks;
@@ -97,7 +100,9 @@ TrainedRanks Train(const trainer::PlanConfig& c, DeviceChoice device) {
       for (int step = 0; step < 2 && st.ok(); ++step) {
         const std::vector<Feeds> micro =
             testing::MicroBatches(c.microbatches, c.batch / c.microbatches / data_parallel, c.seq, step, r);
+        cuda_emu::ThisThreadCalls() = {};
         auto loss = (*s)->pipelined() ? (*s)->PipelineStep(work, micro) : (*s)->TrainStep(micro[0]);
+        out.step_calls[static_cast<size_t>(r)] = cuda_emu::ThisThreadCalls();
         if (!loss.ok()) {
           st = loss.status();
           break;
@@ -148,6 +153,12 @@ TEST_P(CudaEmulatedRanks, PartitionedTrainingOnCudaProvidersEqualsTheCpu) {
                                                                   << "]";
       }
     }
+    // The step's work stays on the device (activations a pipeline stage keeps for its backward
+    // among it): the host reads back at most each micro-batch's loss, and the arena's memory is
+    // reused.
+    EXPECT_LE(cuda.step_calls[r].copies_to_host, std::max<int64_t>(c.microbatches, 1))
+        << "rank " << r << " brought tensors to the host";
+    EXPECT_EQ(cuda.step_calls[r].mallocs, 0) << "rank " << r;
     ASSERT_EQ(cuda.losses[r].size(), 2u);
     for (size_t step = 0; step < 2; ++step) {
       if (std::isnan(cpu.losses[r][step])) {  // a first pipeline stage has no loss

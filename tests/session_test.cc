@@ -58,7 +58,9 @@ TEST(Session, OutputsAreMadeAndReportedAsEarlyAsTheirInputsAllow) {
   run.output_ready = [&](int i) {
     reported.push_back(i);
     // A reported output is already written.
-    if (i == 1) EXPECT_NEAR(outs[1].data<float>()[0], -std::exp(1.0f), 1e-5);
+    if (i == 1) {
+      EXPECT_NEAR(outs[1].data<float>()[0], -std::exp(1.0f), 1e-5);
+    }
   };
   outs = {Tensor(DataType::kFloat32, {4}), Tensor(DataType::kFloat32, {4})};
   ASSERT_TRUE((*s)->RunInto({{"x", Tensor::FromVector<float>({1, 1, 1, 1}, {4})}}, outs, run).ok());

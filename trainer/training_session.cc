@@ -49,16 +49,21 @@ absl::StatusOr<Tensor> TrainingSession::NewState(DataType dtype, const std::vect
   return StateFrom(host);
 }
 
-absl::StatusOr<Tensor> TrainingSession::StateFrom(const Tensor& host) const {
-  if (!device_) return CopyToTensor(host.view());
+absl::StatusOr<Tensor> TrainingSession::OnDevice(DataType dtype, const std::vector<int64_t>& dims) const {
   providers::Allocator* a = device_->allocator();
-  void* p = a->Allocate(std::max<size_t>(host.nbytes(), 1));
+  const size_t bytes = static_cast<size_t>(Shape::FromDims(dims).NumElements()) * ElementSize(dtype);
+  void* p = a->Allocate(std::max<size_t>(bytes, 1));
   if (!p)
-    return absl::ResourceExhaustedError(absl::StrCat("training state of ", host.nbytes(), " bytes on ", device_->name(),
+    return absl::ResourceExhaustedError(absl::StrCat("training state of ", bytes, " bytes on ", device_->name(),
                                                      ": ", a->last_error()));
   // The deleter holds the provider, so its memory outlives every tensor in it.
   std::shared_ptr<void> storage(p, [device = device_](void* q) { device->allocator()->Free(q); });
-  Tensor t(host.dtype(), host.dims(), std::move(storage), p);
+  return Tensor(dtype, dims, std::move(storage), p);
+}
+
+absl::StatusOr<Tensor> TrainingSession::StateFrom(const Tensor& host) const {
+  if (!device_) return CopyToTensor(host.view());
+  ASSIGN_OR_RETURN(Tensor t, OnDevice(host.dtype(), host.dims()));
   RETURN_IF_ERROR(CopyInto(t, host));
   return t;
 }
@@ -539,6 +544,10 @@ absl::Status TrainingSession::RunPart(InferenceSession& s, const Feeds& data, co
       if (!free.empty() && free.back().dtype() == o.dtype && free.back().dims() == o.shape.StaticDims()) {
         t = std::move(free.back());
         free.pop_back();
+      } else if (device_ && o.name != kLoss) {
+        // Activations stashed for the backward and sent ones stay on the device; only the loss,
+        // which the host reads, comes back.
+        ASSIGN_OR_RETURN(t, OnDevice(o.dtype, o.shape.StaticDims()));
       } else {
         t = Tensor::Uninitialized(o.dtype, o.shape.StaticDims());  // the run writes it whole
       }
@@ -571,7 +580,14 @@ absl::StatusOr<float> TrainingSession::PipelineStep(const std::vector<PipelineWo
   }
   // A fresh accumulation: the buffers start at zero and every backward adds to them (two
   // stages of one rank may add to the same tied parameter's buffer).
-  for (Tensor& g : grads_) RETURN_IF_ERROR(CopyInto(g, Zeros(g)));
+  for (Tensor& g : grads_) {
+    if (device_ && device_->allocator()->Owns(g.raw())) {
+      TensorView v = g.view();
+      RETURN_IF_ERROR(device_->Zero(v));
+    } else if (g.nbytes()) {
+      std::memset(g.raw(), 0, g.nbytes());
+    }
+  }
   *reset_.data<bool>() = false;
   *loss_scale_tensor_.data<float>() = static_cast<float>(loss_scale_);
   std::map<std::pair<int, int>, std::map<std::string, Tensor>> stash;  // (micro-batch, chunk)

@@ -195,6 +195,8 @@ class TrainingSession {
   // State tensors in the device's memory when there is a device provider, else on the host.
   absl::StatusOr<Tensor> NewState(DataType dtype, const std::vector<int64_t>& dims) const;  // zeros
   absl::StatusOr<Tensor> StateFrom(const Tensor& host) const;
+  // An uninitialized tensor in the device provider's memory.
+  absl::StatusOr<Tensor> OnDevice(DataType dtype, const std::vector<int64_t>& dims) const;
   absl::StatusOr<Tensor> ToHost(const Tensor& state) const;
   absl::Status CopyInto(Tensor& state, const Tensor& host) const;
 

@@ -42,4 +42,9 @@ absl::Status CpuExecutionProvider::CopyTensor(const TensorView& src, TensorView&
   return absl::OkStatus();
 }
 
+absl::Status CpuExecutionProvider::Zero(TensorView& dst) const {
+  if (dst.nbytes()) std::memset(dst.data, 0, dst.nbytes());
+  return absl::OkStatus();
+}
+
 }  // namespace cleave::providers

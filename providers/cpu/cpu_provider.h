@@ -34,6 +34,7 @@ class CpuExecutionProvider : public ExecutionProvider {
   DeviceKind device() const override { return DeviceKind::kCpu; }
   Allocator* allocator() override { return &allocator_; }
   absl::Status CopyTensor(const TensorView& src, TensorView& dst) const override;
+  absl::Status Zero(TensorView& dst) const override;
   ThreadPool* thread_pool() const override { return pool_; }
 
  private:

@@ -20,7 +20,6 @@ namespace cleave::providers {
 namespace {
 
 bool IsLowType(DataType t) { return t == DataType::kBFloat16 || t == DataType::kFloat16; }
-bool IsFloatType(DataType t) { return t == DataType::kFloat32 || t == DataType::kFloat64 || IsLowType(t); }
 
 // The inner kernel's view of a run: low-precision inputs widened into scratch, and float32
 // scratch handed out for low-precision outputs, rounded into them by Finish.

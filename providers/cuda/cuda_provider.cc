@@ -177,6 +177,12 @@ CudaExecutionProvider::~CudaExecutionProvider() {
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
+absl::Status CudaExecutionProvider::Zero(TensorView& dst) const {
+  if (dst.nbytes() == 0) return absl::OkStatus();
+  return CudaStatus(cudaMemsetAsync(dst.data, 0, dst.nbytes(), static_cast<cudaStream_t>(stream_)),
+                    absl::StrCat("zeroing ", dst.nbytes(), " bytes"));
+}
+
 absl::Status CudaExecutionProvider::CopyTensor(const TensorView& src, TensorView& dst) const {
   if (src.nbytes() != dst.nbytes())
     return Internal("CopyTensor: size mismatch ", src.nbytes(), " vs ", dst.nbytes());

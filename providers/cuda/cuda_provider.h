@@ -53,6 +53,8 @@ class CudaExecutionProvider : public ExecutionProvider {
   DeviceKind device() const override { return DeviceKind::kCuda; }
   Allocator* allocator() override { return arena_.get(); }
   absl::Status CopyTensor(const TensorView& src, TensorView& dst) const override;
+  // cudaMemsetAsync on the stream: no host buffer, no wait.
+  absl::Status Zero(TensorView& dst) const override;
   // CUDA events on the stream (timing enabled), for the profiler's device track.
   std::unique_ptr<StreamTimer> MakeStreamTimer() const override;
 
