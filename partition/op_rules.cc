@@ -306,7 +306,7 @@ int MarkVocabParallelLoss(graph::Graph& g) {
     const bool fwd = n->domain().empty() && n->op_type() == "SoftmaxCrossEntropyLoss";
     const bool bwd = n->domain() == graph::kCleaveDomain && n->op_type() == "SoftmaxCrossEntropyLossGrad";
     if (!fwd && !bwd) continue;
-    n->metadata()[kVocabParallel] = "1";
+    n->metadata()[kVocabParallel] = std::string("1");  // (a const char* assignment trips GCC 12's -Wrestrict)
     ++marked;
   }
   return marked;

@@ -247,7 +247,9 @@ TEST(Autodiff, MarksRolesAndGradOf) {
     const std::string& role = n->metadata().at("role");
     fwd += role == "fwd";
     bwd += role == "bwd";
-    if (role == "bwd") EXPECT_FALSE(n->metadata().at("grad_of").empty()) << n->Describe();
+    if (role == "bwd") {
+      EXPECT_FALSE(n->metadata().at("grad_of").empty()) << n->Describe();
+    }
   }
   EXPECT_EQ(fwd, 2);
   EXPECT_GT(bwd, 0);

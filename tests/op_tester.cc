@@ -92,9 +92,10 @@ std::vector<Tensor> OpTester::Run() {
       session.ok() ? (*session)->Run(feeds) : absl::StatusOr<std::vector<Tensor>>(session.status());
   if (expect_failure_) {
     EXPECT_FALSE(result.ok()) << op_ << ": expected failure containing '" << *expect_failure_ << "'";
-    if (!result.ok())
+    if (!result.ok()) {
       EXPECT_NE(std::string(result.status().message()).find(*expect_failure_), std::string::npos)
           << op_ << ": error '" << result.status().message() << "' lacks '" << *expect_failure_ << "'";
+    }
     return {};
   }
   EXPECT_TRUE(result.ok()) << op_ << ": " << result.status().message();

@@ -228,6 +228,7 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
 }
 
 absl::Status TrainingSession::MakeOverflowCheck(const SessionOptions& options) {
+  if (grads_.empty()) return absl::OkStatus();  // nothing can overflow here
   auto g = std::make_unique<graph::Graph>();
   g->opset_imports()[""] = 17;
   g->opset_imports()[graph::kCleaveDomain] = 1;
@@ -671,8 +672,11 @@ absl::StatusOr<float> TrainingSession::OptimizerStep() {
     RunOptions check;
     check.profiler = profiler_;
     check.profile_track = compute_track_;
-    RETURN_IF_ERROR(overflow_check_->RunInto(overflow_feeds_, overflow_outputs_, check));
-    int32_t overflow = *overflow_outputs_[0].data<bool>() ? 0 : 1;
+    int32_t overflow = 0;
+    if (overflow_check_) {
+      RETURN_IF_ERROR(overflow_check_->RunInto(overflow_feeds_, overflow_outputs_, check));
+      overflow = *overflow_outputs_[0].data<bool>() ? 0 : 1;
+    }
     if (options_.communicator && !options_.overflow_group.empty()) {
       Tensor flag = Tensor::Scalar<int32_t>(overflow);
       RETURN_IF_ERROR(options_.communicator->AllReduce(flag.view(), flag.view(), ReduceOp::kMax, options_.overflow_group));

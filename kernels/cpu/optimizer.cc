@@ -3,6 +3,7 @@
 // (bias corrections, step size, decay factor) in double and rounded once to fp32.
 #include "kernels/cpu/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -23,35 +24,40 @@ void AccumulateGrad(const float* buffer, const float* grad, bool reset, float* o
   });
 }
 
-double SquaredNorm(const float* x, int64_t n, ThreadPool* pool) {
+namespace {
+
+// f(i0, i1) over fixed blocks of kGrain elements, in parallel; the results in block order, so
+// that what is made of them does not depend on the thread count.
+template <typename R, typename F>
+std::vector<R> PerBlock(int64_t n, ThreadPool* pool, F f) {
   const int64_t blocks = (n + kGrain - 1) / kGrain;
-  std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
+  std::vector<R> out(static_cast<size_t>(blocks));
   ParallelFor(pool, blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t e = std::min(n, (b + 1) * kGrain);
-      double s = 0.0;
-      for (int64_t i = b * kGrain; i < e; ++i) s += static_cast<double>(x[i]) * x[i];
-      partial[b] = s;
-    }
+    for (int64_t b = b0; b < b1; ++b) out[static_cast<size_t>(b)] = f(b * kGrain, std::min(n, (b + 1) * kGrain));
   });
+  return out;
+}
+
+}  // namespace
+
+double SquaredNorm(const float* x, int64_t n, ThreadPool* pool) {
   double total = 0.0;
-  for (double s : partial) total += s;
+  for (double s : PerBlock<double>(n, pool, [x](int64_t i0, int64_t i1) {
+         double s = 0.0;
+         for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
+         return s;
+       }))
+    total += s;
   return total;
 }
 
 bool AllFinite(const float* x, int64_t n, ThreadPool* pool) {
-  const int64_t blocks = (n + kGrain - 1) / kGrain;
-  std::vector<char> bad(static_cast<size_t>(blocks), 0);
-  ParallelFor(pool, blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t e = std::min(n, (b + 1) * kGrain);
-      bool any = false;
-      for (int64_t i = b * kGrain; i < e; ++i) any |= !std::isfinite(x[i]);
-      bad[b] = any;
-    }
-  });
-  for (char b : bad)
-    if (b) return false;
+  for (char bad : PerBlock<char>(n, pool, [x](int64_t i0, int64_t i1) {
+         bool any = false;
+         for (int64_t i = i0; i < i1; ++i) any |= !std::isfinite(x[i]);
+         return static_cast<char>(any);
+       }))
+    if (bad) return false;
   return true;
 }
 

@@ -155,40 +155,28 @@ class AccumulatorKernel : public CudaKernel {
   }
 };
 
-// Every input's data and element count, for the reductions over many tensors.
-void EachInput(KernelContext& ctx, std::vector<const float*>* xs, std::vector<int64_t>* ns) {
-  for (int i = 0; i < ctx.num_inputs(); ++i) {
-    xs->push_back(ctx.input(i)->as<float>());
-    ns->push_back(ctx.input(i)->numel());
-  }
-}
-
-class SquaredNormKernel : public CudaKernel {
+// SquaredNorm(x...) -> float scalar and IsAllFinite(x...) -> bool scalar: a reduction over
+// every element of many tensors, on the device (the loss scaler reads IsAllFinite's one byte).
+class ManyTensorReductionKernel : public CudaKernel {
  public:
-  SquaredNormKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  ManyTensorReductionKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), all_finite_(n.op_type() == "IsAllFinite") {}
   absl::Status Compute(KernelContext& ctx) const override {
     std::vector<const float*> xs;
     std::vector<int64_t> ns;
-    EachInput(ctx, &xs, &ns);
+    for (int i = 0; i < ctx.num_inputs(); ++i) {
+      xs.push_back(ctx.input(i)->as<float>());
+      ns.push_back(ctx.input(i)->numel());
+    }
     TensorView* y = ctx.Output(0, std::vector<int64_t>{});
     if (!y) return absl::OkStatus();
-    return Check(kc::SquaredNorm(xs.data(), ns.data(), static_cast<int>(xs.size()), y->as<float>(),
-                                 p_->reduction_scratch(), stream()));
+    const int count = static_cast<int>(xs.size());
+    if (all_finite_) return Check(kc::AllFinite(xs.data(), ns.data(), count, y->as<bool>(), stream()));
+    return Check(kc::SquaredNorm(xs.data(), ns.data(), count, y->as<float>(), p_->reduction_scratch(), stream()));
   }
-};
 
-// IsAllFinite(x...) -> bool scalar on the device, which the loss scaler reads (one byte).
-class IsAllFiniteKernel : public CudaKernel {
- public:
-  IsAllFiniteKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
-  absl::Status Compute(KernelContext& ctx) const override {
-    std::vector<const float*> xs;
-    std::vector<int64_t> ns;
-    EachInput(ctx, &xs, &ns);
-    TensorView* y = ctx.Output(0, std::vector<int64_t>{});
-    if (!y) return absl::OkStatus();
-    return Check(kc::AllFinite(xs.data(), ns.data(), static_cast<int>(xs.size()), y->as<bool>(), stream()));
-  }
+ private:
+  bool all_finite_;
 };
 
 }  // namespace
@@ -197,8 +185,8 @@ void RegisterCudaOptimizerKernels(KernelRegistry& r, CudaExecutionProvider* p) {
   const std::string C(graph::kCleaveDomain);
   const auto f32 = [](int i) { return InputTypeIn(i, {DataType::kFloat32}); };
   Add<AccumulatorKernel>(r, p, C, "InPlaceAccumulator", 1, 1, f32(0), {2});
-  Add<SquaredNormKernel>(r, p, C, "SquaredNorm", 1, 1, f32(0));
-  Add<IsAllFiniteKernel>(r, p, C, "IsAllFinite", 1, 1, f32(0));
+  Add<ManyTensorReductionKernel>(r, p, C, "SquaredNorm", 1, 1, f32(0));
+  Add<ManyTensorReductionKernel>(r, p, C, "IsAllFinite", 1, 1, f32(0));
   Add<AdamWKernel>(r, p, C, "AdamW", 1, 1, f32(3), {0, 1, 2});
   Add<AdamWKernel>(r, p, C, "MultiTensorAdamW", 1, 1, f32(3), {0, 1, 2});
   Add<SgdKernel>(r, p, C, "SGD", 1, 1, f32(3), {0, 1, 2});
