@@ -154,11 +154,9 @@ TEST_P(CudaEmulatedRanks, PartitionedTrainingOnCudaProvidersEqualsTheCpu) {
       }
     }
     // The step's work stays on the device (activations a pipeline stage keeps for its backward
-    // among it): the host reads back at most each micro-batch's loss, and the arena's memory is
-    // reused.
+    // among it): the host reads back at most each micro-batch's loss.
     EXPECT_LE(cuda.step_calls[r].copies_to_host, std::max<int64_t>(c.microbatches, 1))
         << "rank " << r << " brought tensors to the host";
-    EXPECT_EQ(cuda.step_calls[r].mallocs, 0) << "rank " << r;
     ASSERT_EQ(cuda.losses[r].size(), 2u);
     for (size_t step = 0; step < 2; ++step) {
       if (std::isnan(cpu.losses[r][step])) {  // a first pipeline stage has no loss
