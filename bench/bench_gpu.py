@@ -27,6 +27,7 @@ import torch.nn.functional as F  # noqa: E402
 from gpt import GPT, GPTConfig, parameter_count  # noqa: E402
 
 PEAK_BF16 = 989e12
+PEAK_BYTES = 4.8e12  # the H200's HBM3e bandwidth
 
 
 def build_model(args):
@@ -121,7 +122,8 @@ def run_cleave(args, path, tokens_path, disabled=None):
     profile = args.profile_dir and not disabled
     if profile:  # one more step after the timed ones, each node's stream time
         os.makedirs(args.profile_dir, exist_ok=True)
-        cmd += ["--profile", os.path.join(args.profile_dir, "cleave-profile.json")]
+        cmd += ["--profile", os.path.join(args.profile_dir, "cleave-profile.json"),
+                "--traffic", os.path.join(args.profile_dir, "cleave-traffic.txt")]
     # The C++ binary's own libraries (a bundle's, the CUDA wheels') are for it alone, not for
     # this process's torch: scripts/gpu-check.sh passes them in CLEAVE_LD_LIBRARY_PATH.
     env = dict(os.environ)
@@ -212,6 +214,13 @@ def main():
         _, c_mfu, text = describe("cleave", c["median_ms"])
         result["cleave_mfu"] = c_mfu
         rows.append(text + f" (loss {c['first_loss']:.3f} -> {c['last_loss']:.3f})")
+        if "graph_mb" in c:  # the training graph's arithmetic (cleave-traffic.txt): a floor, not a target
+            mb = c["graph_product_mb"]
+            floor_ms = 1e3 * (c["graph_product_gflop"] * 1e9 / PEAK_BF16 + (c["graph_mb"] - mb) * 1e6 / PEAK_BYTES)
+            rows.append(f"cleave forward + backward floor: {c['graph_product_gflop'] / 1e3:.2f} TFLOP of products at "
+                        f"{PEAK_BF16 / 1e12:.0f} TFLOP/s + {(c['graph_mb'] - mb) / 1e3:.1f} GB of other traffic at "
+                        f"{PEAK_BYTES / 1e12:.1f} TB/s = {floor_ms:.1f} ms (TrainStep measured "
+                        f"{c['train_step_ms']:.1f} ms; attention FLOPs and the optimizer not in it)")
     save()
     for compiled in ([False] if args.no_compile else [False, True]):
         name = "torch.compile" if compiled else "torch eager"

@@ -3,8 +3,13 @@
 //   cleave_bench_train MODEL --threads T --batch B --seq S --warmup W --iters N
 //       [--tokens FILE] [--seed S] [--lr 3e-4] [--weight-decay 0.1] [--clip 1.0]
 //       [--device cpu|cuda] [--precision fp32|bf16|fp16] [--profile TRACE.json]
+//       [--traffic TABLE.txt]
 // One step is LazyResetGrad + TrainStep (cross-entropy on the first output) + OptimizerStep
 // (AdamW at a constant rate). Every step trains on the same batch, so the loss must fall.
+// --traffic writes, per op type of the training graph as the session runs it (after its fusions
+// and placement), the bytes its nodes read and write and the products' FLOPs: the arithmetic
+// that bounds a step from below on a device of known bandwidth and peak. With --iters 0 it
+// does only that (no step runs, so it also serves for a device the machine only emulates).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -12,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -24,6 +30,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "graph/graph.h"
+#include "graph/op_table.h"
 #include "onnx_ext/onnx_io.h"
 #include "runtime/profiler.h"
 #include "trainer/mixed_precision.h"
@@ -41,12 +49,13 @@ struct Args {
   std::string device = "cpu";     // cpu | cuda
   std::string precision = "fp32";  // fp32 | bf16 | fp16
   std::string profile;             // a Chrome trace of one step after the timed ones
+  std::string traffic;             // the training graph's bytes and FLOPs per op type
 };
 
 constexpr char kUsage[] =
     "usage: cleave_bench_train MODEL --threads T --batch B --seq S --warmup W --iters N "
     "[--tokens FILE] [--seed S] [--lr 3e-4] [--weight-decay 0.1] [--clip 1.0] [--device cpu|cuda] "
-    "[--precision fp32|bf16|fp16] [--profile TRACE.json]";
+    "[--precision fp32|bf16|fp16] [--profile TRACE.json] [--traffic TABLE.txt]";
 
 absl::Status ParseFlag(const std::string& flag, const std::string& value, Args& a, bool* known) {
   struct IntFlag {
@@ -56,7 +65,7 @@ absl::Status ParseFlag(const std::string& flag, const std::string& value, Args& 
   };
   const IntFlag int_flags[] = {{"--threads", &a.threads, 1}, {"--batch", &a.batch, 1},
                                {"--seq", &a.seq, 1},         {"--warmup", &a.warmup, 0},
-                               {"--iters", &a.iters, 1},     {"--seed", &a.seed, 0}};
+                               {"--iters", &a.iters, 0},     {"--seed", &a.seed, 0}};
   const std::pair<const char*, double*> float_flags[] = {
       {"--lr", &a.lr}, {"--weight-decay", &a.weight_decay}, {"--clip", &a.clip}};
   for (const IntFlag& f : int_flags) {
@@ -79,6 +88,10 @@ absl::Status ParseFlag(const std::string& flag, const std::string& value, Args& 
   if (flag == "--profile") {
     *known = true;
     a.profile = value;
+  }
+  if (flag == "--traffic") {
+    *known = true;
+    a.traffic = value;
   }
   if (flag == "--device") {
     *known = true;
@@ -110,6 +123,7 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
   }
   if (a.model.empty()) return InvalidArgument("expected a MODEL path\n", kUsage);
   if (a.lr <= 0) return InvalidArgument("expected --lr > 0, got ", a.lr);
+  if (a.iters == 0 && a.traffic.empty()) return InvalidArgument("expected --iters >= 1 (0 only with --traffic)");
   return a;
 }
 
@@ -280,6 +294,90 @@ absl::Status ProfileStep(const Args& a, Session& s) {
   return absl::OkStatus();
 }
 
+// The --traffic table: per op type of the training graph as the session runs it, its nodes,
+// the bytes they read and write (each input and output once) and the products' FLOPs
+// (2 x the result's elements x K). Left out: Reshape and its kin (the executor makes their
+// result a view of their input where it can, and then they move nothing), and the copies of
+// graph inputs and outputs across the device boundary (the session keeps parameters, gradients
+// and optimizer state in device memory, and the executor skips those copies). A Gather counts
+// the rows it reads, not its whole table. Attention's own FLOPs are not counted here (see the
+// model FLOPs of bench_gpu.py).
+struct Traffic {
+  int64_t nodes = 0;
+  double bytes = 0, product_bytes = 0, product_flops = 0;
+};
+
+absl::StatusOr<Traffic> WriteTraffic(const Args& a, const trainer::TrainingSession& session) {
+  const graph::Graph* g = session.training_graph();
+  if (!g) return InvalidArgument("--traffic: this session has no single training graph");
+  auto bytes_of = [](const graph::Value* v) {
+    return v && v->shape().is_static() ? static_cast<double>(v->shape().NumElements()) * ElementSize(v->dtype()) : 0.0;
+  };
+  auto is_io = [g](const graph::Value* v) {
+    return v && (v->is_graph_input() || std::find(g->outputs().begin(), g->outputs().end(), v) != g->outputs().end());
+  };
+  struct Row {
+    int64_t nodes = 0;
+    double bytes = 0, flops = 0;
+  };
+  std::map<std::string, Row> rows;
+  Traffic total;
+  int64_t views = 0, boundary = 0;
+  for (const auto& owned : g->nodes()) {
+    const graph::Node& n = *owned;
+    const std::string& op = n.op_type();
+    if (n.domain().empty() && (op == "Reshape" || op == "Squeeze" || op == "Unsqueeze" || op == "Flatten" ||
+                               op == "Identity")) {
+      ++views;
+      continue;
+    }
+    if (n.domain() == graph::kCleaveDomain && (op == "MemcpyFromHost" || op == "MemcpyToHost") &&
+        (is_io(n.input(0)) || is_io(n.output(0)))) {
+      ++boundary;
+      continue;
+    }
+    double bytes = 0, flops = 0;
+    for (int i = 0; i < n.num_inputs(); ++i) {
+      const graph::Value* v = n.input(i);
+      // A Gather reads the rows it gathers: its result's elements of the table.
+      if (i == 0 && op == "Gather" && n.domain().empty() && n.num_outputs() > 0) bytes += bytes_of(n.output(0));
+      else bytes += bytes_of(v);
+    }
+    for (int i = 0; i < n.num_outputs(); ++i) bytes += bytes_of(n.output(i));
+    const bool product = op == "MatMul" || op == "Gemm" || op == "FusedMatMul" || op == "MatMulBf16" || op == "MatMulF16";
+    if (product && n.num_inputs() >= 2 && n.num_outputs() > 0 && n.input(0) && n.output(0) &&
+        n.input(0)->shape().is_static() && n.output(0)->shape().is_static() && n.input(0)->shape().rank() >= 1) {
+      const std::vector<int64_t> x = n.input(0)->shape().StaticDims();
+      const bool trans_a = n.AttrInt("transA", 0) != 0 && x.size() >= 2;
+      const int64_t k = trans_a ? x[x.size() - 2] : x.back();
+      flops = 2.0 * static_cast<double>(n.output(0)->shape().NumElements()) * static_cast<double>(k);
+      total.product_bytes += bytes;
+    }
+    Row& r = rows[n.domain().empty() ? op : absl::StrCat(n.domain(), ".", op)];
+    ++r.nodes;
+    r.bytes += bytes;
+    r.flops += flops;
+    ++total.nodes;
+    total.bytes += bytes;
+    total.product_flops += flops;
+  }
+  std::vector<std::pair<std::string, Row>> sorted(rows.begin(), rows.end());
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.second.bytes > y.second.bytes; });
+  std::string out = absl::StrFormat(
+      "training graph of %s (batch %d, seq %d, %s, %s): %d nodes counted; %d views and %d copies of graph inputs "
+      "and outputs left out\n%-40s %6s %12s %10s\n",
+      a.model, a.batch, a.seq, a.device, a.precision, total.nodes, views, boundary, "op type", "nodes", "MB moved",
+      "GFLOP");
+  for (const auto& [op, r] : sorted)
+    out += absl::StrFormat("%-40s %6d %12.2f %10.3f\n", op, r.nodes, r.bytes / 1e6, r.flops / 1e9);
+  out += absl::StrFormat("%-40s %6d %12.2f %10.3f\n", "total", total.nodes, total.bytes / 1e6,
+                         total.product_flops / 1e9);
+  std::ofstream f(a.traffic);
+  f << out;
+  if (!f.flush()) return InvalidArgument("--traffic: cannot write ", a.traffic);
+  return total;
+}
+
 std::string JsonList(const std::vector<double>& v) {
   std::vector<std::string> parts;
   for (double x : v) parts.push_back(absl::StrFormat("%.6f", x));
@@ -288,6 +386,23 @@ std::string JsonList(const std::vector<double>& v) {
 
 absl::Status Bench(const Args& a) {
   ASSIGN_OR_RETURN(Session s, Setup(a));
+  Traffic traffic;
+  if (!a.traffic.empty()) {
+    ASSIGN_OR_RETURN(traffic, WriteTraffic(a, *s.session));
+  }
+  const std::string traffic_json =
+      a.traffic.empty() ? ""
+                        : absl::StrFormat(", \"graph_nodes\": %d, \"graph_mb\": %.1f, \"graph_product_mb\": %.1f, "
+                                          "\"graph_product_gflop\": %.6f",
+                                          traffic.nodes, traffic.bytes / 1e6, traffic.product_bytes / 1e6,
+                                          traffic.product_flops / 1e9);
+  if (a.iters == 0) {  // --traffic alone
+    std::printf("%s\n", absl::StrFormat("{\"params\": %d, \"batch\": %d, \"seq\": %d, \"device\": \"%s\", "
+                                         "\"precision\": \"%s\"%s}",
+                                         s.params, a.batch, a.seq, a.device, a.precision, traffic_json)
+                           .c_str());
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(StepTimes t, RunSteps(a, s));
   if (!a.profile.empty()) RETURN_IF_ERROR(ProfileStep(a, s));
   struct rusage usage {};
@@ -299,12 +414,12 @@ absl::Status Bench(const Args& a) {
       "\"last_loss\": %.6f, \"build_ms\": %.1f, \"create_ms\": %.1f, \"peak_rss_mib\": %.1f, "
       "\"minor_faults_per_step\": %.0f, "
       "\"params\": %d, \"threads\": %d, \"batch\": %d, \"seq\": %d, \"warmup\": %d, "
-      "\"iters\": %d, \"losses\": %s, \"grad_norms\": %s, \"device\": \"%s\", \"precision\": \"%s\"}",
+      "\"iters\": %d, \"losses\": %s, \"grad_norms\": %s, \"device\": \"%s\", \"precision\": \"%s\"%s}",
       median, Percentile(t.step_ms, 0.1), Percentile(t.step_ms, 0.9), Percentile(t.train_ms, 0.5),
       Percentile(t.optimizer_ms, 0.5), static_cast<double>(a.batch * a.seq) / (median / 1000.0),
       t.losses.front(), t.losses.back(), s.build_ms, s.create_ms,
       static_cast<double>(usage.ru_maxrss) / 1024.0, t.minor_faults, s.params, a.threads, a.batch,
-      a.seq, a.warmup, a.iters, JsonList(t.losses), JsonList(t.grad_norms), a.device, a.precision);
+      a.seq, a.warmup, a.iters, JsonList(t.losses), JsonList(t.grad_norms), a.device, a.precision, traffic_json);
   std::printf("%s\n", json.c_str());
   return absl::OkStatus();
 }
