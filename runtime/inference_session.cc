@@ -167,6 +167,8 @@ absl::Status InferenceSession::Initialize(std::unique_ptr<graph::Graph> g, Sessi
   for (const graph::Value* v : g->inputs()) inputs_.push_back({v->name(), v->dtype(), v->shape()});
   for (const graph::Value* v : g->outputs()) outputs_.push_back({v->name(), v->dtype(), v->shape()});
   feed_views_.reserve(inputs_.size());
+  for (size_t i = 0; i < inputs_.size(); ++i) input_index_.emplace(inputs_[i].name, static_cast<int>(i));
+  fed_.assign(inputs_.size(), nullptr);
   output_ptrs_.reserve(outputs_.size());
   size_t dims = 0;
   for (const IoInfo& in : inputs_) dims += in.shape.has_rank() ? in.shape.rank() : 0;
@@ -191,23 +193,23 @@ RunStats InferenceSession::stats() const {
 }
 
 absl::Status InferenceSession::BindFeeds(const Feeds& feeds) {
+  std::fill(fed_.begin(), fed_.end(), nullptr);
   for (const auto& [name, t] : feeds) {
-    bool known = false;
-    for (const IoInfo& in : inputs_) known |= in.name == name;
-    if (!known) {
+    auto it = input_index_.find(name);
+    if (it == input_index_.end()) {
       std::vector<std::string> names;
       for (const IoInfo& in : inputs_) names.push_back(in.name);
       return InvalidArgument("unknown input '", name, "'; the model's inputs are: ",
                              absl::StrJoin(names, ", "));
     }
+    fed_[it->second] = &t;  // a name fed twice: the last one
   }
   // Buffers are members, sized at load, so binding allocates nothing.
   feed_views_.clear();
   symbols_.clear();
-  for (const IoInfo& in : inputs_) {
-    const Tensor* found = nullptr;
-    for (const auto& [name, t] : feeds)
-      if (name == in.name) found = &t;
+  for (size_t k = 0; k < inputs_.size(); ++k) {
+    const IoInfo& in = inputs_[k];
+    const Tensor* found = fed_[k];
     if (!found) return InvalidArgument("input '", in.name, "' was not fed");
     const Tensor& t = *found;
     if (t.dtype() != in.dtype)

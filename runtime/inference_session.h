@@ -19,6 +19,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -157,6 +158,11 @@ class InferenceSession {
   std::unique_ptr<runtime::Executor> executor_;
   std::mutex bind_mu_;  // guards the binding buffers below
   std::vector<TensorView> feed_views_;
+  // Each input's position by name, made at load, and the feed found for each in a binding: a
+  // training step's optimizer binds four feeds per parameter, so matching them pairwise would
+  // cost more host time than the step's kernel launches.
+  std::unordered_map<std::string, int> input_index_;
+  std::vector<const Tensor*> fed_;
   std::vector<std::pair<const std::string*, int64_t>> symbols_;
   std::vector<void*> output_ptrs_;
   std::string warning_;

@@ -104,6 +104,39 @@ TEST(Session, ListsEveryUnsupportedNodeAtOnce) {
   EXPECT_NE(m.find("Hardmax 'second'"), std::string::npos) << m;
 }
 
+// Feeds bind by name, in any order: here 600 inputs (an optimizer graph's four per parameter)
+// fed backwards, one of them twice (the last one counts), then one missing and one unknown.
+TEST(Session, BindsManyFeedsByNameInAnyOrder) {
+  const int n = 600;
+  auto name = [](int i) { return absl::StrCat("blocks.", i / 12, ".mlp.fc.weight.exp_avg_", i % 12); };
+  auto g = std::make_unique<graph::Graph>();
+  g->opset_imports()[""] = 17;
+  std::vector<graph::Value*> ins;
+  for (int i = 0; i < n; ++i) ins.push_back(g->AddInput(name(i), DataType::kFloat32, Shape::FromDims({1})));
+  auto* y = g->GetOrCreateValue("y");
+  g->AddNode("Concat", ins, {y}, "cat")->SetAttr("axis", graph::Attribute::Int(0));
+  g->AddOutput(y);
+  auto s = InferenceSession::FromGraph(std::move(g));
+  ASSERT_TRUE(s.ok()) << s.status();
+  Feeds feeds;
+  for (int i = n - 1; i >= 0; --i) feeds.emplace_back(name(i), Tensor::FromVector<float>({float(i)}, {1}));
+  feeds.emplace_back(name(7), Tensor::FromVector<float>({-7.f}, {1}));
+  std::vector<Tensor> outs = {Tensor(DataType::kFloat32, {n})};
+  for (int run = 0; run < 2; ++run) {  // the second binding starts afresh
+    ASSERT_TRUE((*s)->RunInto(feeds, outs).ok());
+    for (int i = 0; i < n; ++i) ASSERT_EQ(outs[0].data<float>()[i], i == 7 ? -7.f : float(i)) << i;
+  }
+  Feeds missing(feeds.begin() + 1, feeds.end() - 1);  // without the last input
+  auto m = (*s)->RunInto(missing, outs);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(Message(m).find("input '" + name(n - 1) + "' was not fed"), std::string::npos) << m;
+  Feeds unknown = feeds;
+  unknown.emplace_back("blocks.0.mlp.fc.weight.exp_avg", Tensor::FromVector<float>({0.f}, {1}));
+  auto u = (*s)->RunInto(unknown, outs);
+  ASSERT_FALSE(u.ok());
+  EXPECT_NE(Message(u).find("unknown input 'blocks.0.mlp.fc.weight.exp_avg'"), std::string::npos) << u;
+}
+
 TEST(Session, PlansMemoryOncePerShapeAndThenAllocatesNothing) {
   auto s = InferenceSession::FromGraph(testing::MakeMlp());
   ASSERT_TRUE(s.ok());
