@@ -7,7 +7,9 @@
 # (model FLOPs per token: 6 N + 12 L d T, N the parameters, as PaLM counts them), the same step
 # in PyTorch eager and with torch.compile (bf16 autocast, fused AdamW), and a causal attention
 # microbenchmark (PyTorch's scaled_dot_product_attention on the cuDNN backend) in TFLOP/s; with
-# --ablate, the cleave step once more with those graph passes off.
+# --ablate, the cleave step once more with those graph passes off. With --profile-dir, also the
+# floor of cleave's forward + backward: its graph's products at that peak plus its other bytes at
+# 4.8 TB/s (cleave_bench_train --traffic), beside the measured TrainStep.
 import argparse
 import inspect
 import json
@@ -167,7 +169,8 @@ def main():
     p.add_argument("--cleave-timeout", type=int, default=240, help="seconds the cleave run may take")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--profile-dir", help="profile one more cleave step: cleave-profile.json (a Chrome trace with "
-                                         "the device stream's track) and cleave-profile.txt (its summary) here")
+                                         "the device stream's track), cleave-profile.txt (its summary) and cleave-traffic.txt "
+                                         "(the training graph's bytes and FLOPs per op type, and the floor they imply) here")
     p.add_argument("--ablate", help="comma-separated pass names: after the others, time cleave once more with "
                                     "these passes off (CLEAVE_DISABLED_OPTIMIZERS), to see what they give")
     args = p.parse_args()
