@@ -31,8 +31,8 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "graph/graph.h"
-#include "graph/op_table.h"
 #include "onnx_ext/onnx_io.h"
+#include "runtime/executor.h"
 #include "runtime/profiler.h"
 #include "trainer/mixed_precision.h"
 #include "trainer/training_graph.h"
@@ -313,26 +313,18 @@ absl::StatusOr<Traffic> WriteTraffic(const Args& a, const trainer::TrainingSessi
   auto bytes_of = [](const graph::Value* v) {
     return v && v->shape().is_static() ? static_cast<double>(v->shape().NumElements()) * ElementSize(v->dtype()) : 0.0;
   };
-  auto is_io = [g](const graph::Value* v) {
-    return v && (v->is_graph_input() || std::find(g->outputs().begin(), g->outputs().end(), v) != g->outputs().end());
-  };
-  struct Row {
-    int64_t nodes = 0;
-    double bytes = 0, flops = 0;
-  };
-  std::map<std::string, Row> rows;
+  auto is_io = [](const graph::Value* v) { return v && (v->is_graph_input() || v->is_graph_output()); };
+  std::map<std::string, Traffic> rows;  // per op type
   Traffic total;
   int64_t views = 0, boundary = 0;
   for (const auto& owned : g->nodes()) {
     const graph::Node& n = *owned;
     const std::string& op = n.op_type();
-    if (n.domain().empty() && (op == "Reshape" || op == "Squeeze" || op == "Unsqueeze" || op == "Flatten" ||
-                               op == "Identity")) {
+    if (runtime::IsViewOp(n)) {
       ++views;
       continue;
     }
-    if (n.domain() == graph::kCleaveDomain && (op == "MemcpyFromHost" || op == "MemcpyToHost") &&
-        (is_io(n.input(0)) || is_io(n.output(0)))) {
+    if (runtime::IsBoundaryCopy(n) && (is_io(n.input(0)) || is_io(n.output(0)))) {
       ++boundary;
       continue;
     }
@@ -351,17 +343,15 @@ absl::StatusOr<Traffic> WriteTraffic(const Args& a, const trainer::TrainingSessi
       const bool trans_a = n.AttrInt("transA", 0) != 0 && x.size() >= 2;
       const int64_t k = trans_a ? x[x.size() - 2] : x.back();
       flops = 2.0 * static_cast<double>(n.output(0)->shape().NumElements()) * static_cast<double>(k);
-      total.product_bytes += bytes;
     }
-    Row& r = rows[n.domain().empty() ? op : absl::StrCat(n.domain(), ".", op)];
-    ++r.nodes;
-    r.bytes += bytes;
-    r.flops += flops;
-    ++total.nodes;
-    total.bytes += bytes;
-    total.product_flops += flops;
+    for (Traffic* t : {&rows[n.domain().empty() ? op : absl::StrCat(n.domain(), ".", op)], &total}) {
+      ++t->nodes;
+      t->bytes += bytes;
+      t->product_flops += flops;
+      if (product) t->product_bytes += bytes;
+    }
   }
-  std::vector<std::pair<std::string, Row>> sorted(rows.begin(), rows.end());
+  std::vector<std::pair<std::string, Traffic>> sorted(rows.begin(), rows.end());
   std::stable_sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.second.bytes > y.second.bytes; });
   std::string out = absl::StrFormat(
       "training graph of %s (batch %d, seq %d, %s, %s): %d nodes counted; %d views and %d copies of graph inputs "
@@ -369,7 +359,7 @@ absl::StatusOr<Traffic> WriteTraffic(const Args& a, const trainer::TrainingSessi
       a.model, a.batch, a.seq, a.device, a.precision, total.nodes, views, boundary, "op type", "nodes", "MB moved",
       "GFLOP");
   for (const auto& [op, r] : sorted)
-    out += absl::StrFormat("%-40s %6d %12.2f %10.3f\n", op, r.nodes, r.bytes / 1e6, r.flops / 1e9);
+    out += absl::StrFormat("%-40s %6d %12.2f %10.3f\n", op, r.nodes, r.bytes / 1e6, r.product_flops / 1e9);
   out += absl::StrFormat("%-40s %6d %12.2f %10.3f\n", "total", total.nodes, total.bytes / 1e6,
                          total.product_flops / 1e9);
   std::ofstream f(a.traffic);

@@ -55,7 +55,7 @@ class Mesh {
 struct Sharding {
   std::vector<std::vector<std::string>> dims;  // per tensor dim, the mesh axes splitting it
   std::set<std::string> partial;               // axes over which values are partial sums
-  std::set<std::string> partial_avg = {};         // axes over which values are partial means
+  std::set<std::string> partial_avg = {};      // axes over which values are partial means
 
   static Sharding Replicated(int rank) { return Sharding{std::vector<std::vector<std::string>>(rank), {}, {}}; }
   // Parses the dims part of ToString's form: "[tp,-]", "[dp*tp,-,-]", "[]" (no partial).

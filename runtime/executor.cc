@@ -36,6 +36,15 @@ struct Executor::Step {
   int order_pos = 0;                 // position in the run order before constant uploads left it
 };
 
+bool IsBoundaryCopy(const graph::Node& n) {
+  return n.domain() == graph::kCleaveDomain && (n.op_type() == "MemcpyFromHost" || n.op_type() == "MemcpyToHost");
+}
+
+bool IsViewOp(const graph::Node& n) {
+  static const std::set<std::string> view_ops = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"};
+  return n.domain().empty() && view_ops.count(n.op_type()) > 0;
+}
+
 namespace {
 // ai.cleave.MemcpyFromHost / MemcpyToHost, inserted at host/device boundaries: the device
 // provider's CopyTensor in either direction.
@@ -52,10 +61,6 @@ class CopyKernel : public providers::OpKernel {
  private:
   const providers::ExecutionProvider* device_;
 };
-
-bool IsCopy(const Node* n) {
-  return n->domain() == graph::kCleaveDomain && (n->op_type() == "MemcpyFromHost" || n->op_type() == "MemcpyToHost");
-}
 
 std::shared_ptr<void> HeapBuffer(size_t bytes) {
   size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
@@ -362,7 +367,7 @@ absl::Status Executor::Build() {
     s.node = n;
     s.provider = placed.at(n);
     s.order_pos = static_cast<int>(i);
-    if (IsCopy(n)) {
+    if (IsBoundaryCopy(*n)) {
       s.kernel = std::make_unique<CopyKernel>(s.provider);
     } else {
       ASSIGN_OR_RETURN(s.kernel, s.provider->CreateKernel(owner.at(n).second));
@@ -393,7 +398,8 @@ absl::Status Executor::Build() {
   // Initializers a device reads are uploaded once, here, instead of copied every run.
   std::vector<Step> kept;
   for (Step& st : steps_) {
-    if (IsCopy(st.node) && st.node->op_type() == "MemcpyFromHost" && is_constant_[st.inputs[0]] && st.outputs[0] >= 0) {
+    if (IsBoundaryCopy(*st.node) && st.node->op_type() == "MemcpyFromHost" && is_constant_[st.inputs[0]] &&
+        st.outputs[0] >= 0) {
       const TensorView& src = views_[st.inputs[0]];
       providers::Allocator* a = st.provider->allocator();
       void* q = a->Allocate(std::max<size_t>(src.nbytes(), 1));
@@ -456,7 +462,7 @@ absl::Status Executor::Build() {
   bound_bytes_.assign(num_slots_, 0);
   output_to_device_.assign(output_slots_.size(), nullptr);
   for (int st = 0; st < static_cast<int>(steps_.size()); ++st)
-    if (IsCopy(steps_[st].node)) device_copy_steps_.push_back(st);
+    if (IsBoundaryCopy(*steps_[st].node)) device_copy_steps_.push_back(st);
   size_t symbol_dims = 0;
   for (Value* v : graph_->inputs()) symbol_dims += v->shape().has_rank() ? v->shape().rank() : 0;
   symbol_values_.reserve(symbol_dims);
@@ -590,7 +596,6 @@ bool Executor::SymbolMatches(const std::string& symbol, int64_t value) const {
 // constant: the caller may bind an input and an output to one tensor that a later step
 // updates in place, while the copy would have kept the values it was made with.
 void Executor::MakeViews() {
-  static const std::set<std::string> view_ops = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"};
   view_of_.assign(num_slots_, -1);
   std::vector<int> root(num_slots_);
   for (int s = 0; s < num_slots_; ++s) root[s] = s;
@@ -599,10 +604,10 @@ void Executor::MakeViews() {
   for (const Step& st : steps_) {
     // A graph input's device copy may be the caller's device tensor itself (a device-resident
     // feed skips the copy), so it counts as that input.
-    if (IsCopy(st.node) && st.node->op_type() == "MemcpyFromHost" && st.inputs[0] >= 0 && st.outputs[0] >= 0 &&
+    if (IsBoundaryCopy(*st.node) && st.node->op_type() == "MemcpyFromHost" && st.inputs[0] >= 0 && st.outputs[0] >= 0 &&
         is_input[st.inputs[0]] && !is_constant_[st.inputs[0]])
       is_input[st.outputs[0]] = 1;
-    if (!st.node->domain().empty() || !view_ops.count(st.node->op_type()) || st.inputs.empty()) continue;
+    if (!IsViewOp(*st.node) || st.inputs.empty()) continue;
     const int in = st.inputs[0], out = st.outputs.empty() ? -1 : st.outputs[0];
     if (in < 0 || out < 0 || output_index_[out] >= 0) continue;
     const int r = root[in];

@@ -39,6 +39,14 @@ namespace cleave::runtime {
 
 class Profiler;
 
+// ai.cleave.MemcpyFromHost / MemcpyToHost, inserted at host/device boundaries. The executor
+// skips such a copy of a feed already in the device's memory, or into a device tensor the
+// caller bound to an output.
+bool IsBoundaryCopy(const graph::Node& n);
+// Reshape, Flatten, Squeeze, Unsqueeze and Identity: the executor makes their result a view of
+// their input's bytes where it can (see MakeViews).
+bool IsViewOp(const graph::Node& n);
+
 struct ExecutorOptions {
   // Runs the collectives asynchronously on this queue (not owned; null: all run in line).
   CommQueue* collectives = nullptr;
