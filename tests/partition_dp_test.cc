@@ -151,8 +151,14 @@ TEST_P(DataParallel, StepEqualsSingleRank) {
     ASSERT_TRUE(got[r].status.ok()) << "rank " << r << ": " << got[r].status;
     EXPECT_NEAR(got[r].loss, want.loss, 1e-5 * want.loss) << "rank " << r;
     EXPECT_NEAR(got[r].norm, want.norm, 1e-5 * want.norm) << "rank " << r;
+    // AdamW's first step moves each element by lr g / (|g| + eps): lr (1e-3) times its gradient's
+    // sign, except where |g| is so small that its rounding shows in the step. Two ranks' sums
+    // round such a gradient differently from one rank's (one element of blocks.0.attn.proj.weight
+    // stepped 3e-6 apart on an AMD EPYC's OpenBLAS); so within 1e-5, a hundredth of a step, which
+    // a flipped sign (2e-3) or a missed update (1e-3) still exceeds. The loss and the global norm
+    // above check the gradients themselves.
     for (const auto& [name, t] : want.params)
-      EXPECT_EQ(testing::CompareTensors(got[r].params.at(name), t, 1e-6, 1e-5), "") << "rank " << r << " " << name;
+      EXPECT_EQ(testing::CompareTensors(got[r].params.at(name), t, 1e-5, 1e-5), "") << "rank " << r << " " << name;
     // Optimizer state: all of it per rank without ZeRO, 1/dp of it with ZeRO-1.
     int64_t psi = 0;
     for (const auto& [name, t] : want.params) psi += t.numel();
