@@ -178,6 +178,22 @@ absl::Status InferMatMulBf16(InferContext& ctx) {
       return ctx.Error("expected an accumulation buffer of the result's shape ", out.ToString(), ", got ",
                        acc.ToString());
   }
+  // dbias (output 1): the float32 sums over K of A [K, M] (dbias_operand 0, with transA) or of
+  // B [K, N] (1, without transB), 2-D operands and a float32 result: a weight gradient's product
+  // that also forms its layer's bias gradient.
+  if (ctx.num_outputs() > 1 && ctx.has_output(1)) {
+    const int64_t of = n.AttrInt("dbias_operand", 1);
+    if (of != 0 && of != 1) return ctx.Error("attribute dbias_operand = ", of, ": expected 0 (A) or 1 (B)");
+    if (result != DataType::kFloat32) return ctx.Error("dbias needs a float32 result");
+    if ((a.has_rank() && a.rank() != 2) || (b.has_rank() && b.rank() != 2))
+      return ctx.Error("dbias needs 2-D A and B, got ", a.ToString(), " and ", b.ToString());
+    const bool stored_k_first = of == 0 ? n.AttrInt("transA", 0) != 0 : n.AttrInt("transB", 0) == 0;
+    if (!stored_k_first)
+      return ctx.Error("dbias sums ", of == 0 ? "A" : "B", " over K, stored first: expected ",
+                       of == 0 ? "transA = 1" : "transB = 0");
+    const Shape& summed = of == 0 ? a : b;
+    ctx.SetOutput(1, DataType::kFloat32, summed.has_rank() ? Shape({summed[1]}) : Shape());
+  }
   ctx.SetOutput(0, result, std::move(out));
   return absl::OkStatus();
 }

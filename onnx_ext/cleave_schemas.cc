@@ -47,9 +47,13 @@ OpSchema MatMulLowpSchema(const char* name, const char* type) {
              OpSchema::Optional)
       .Input(4, "reset", "bool scalar: Y is the product alone", "tensor(bool)", OpSchema::Optional)
       .Output(0, "Y", "[..., M, N]", "Y")
+      .Output(1, "dbias", "float32 sums over K of the operand dbias_operand names (a bias gradient)",
+              "tensor(float)", OpSchema::Optional)
       .Attr("transA", "A's last two axes are stored transposed", AttributeProto::INT, static_cast<int64_t>(0))
       .Attr("transB", "B's last two axes are stored transposed", AttributeProto::INT, static_cast<int64_t>(0))
       .Attr("to", "Y's type: 1 (float32) or A's type", AttributeProto::INT, static_cast<int64_t>(1))
+      .Attr("dbias_operand", "0: dbias [M] sums A [K, M] (transA) over K; 1: dbias [N] sums B [K, N] over K",
+            AttributeProto::INT, static_cast<int64_t>(1))
       .TypeConstraint("Y", {"tensor(float)", type}, "float32, or A's type");
   return s;
 }

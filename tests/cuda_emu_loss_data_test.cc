@@ -191,6 +191,27 @@ TEST_P(CudaEmu, ReduceSumMeanMaxOverEveryLayout) {
       }
 }
 
+// A bias gradient's column sums into float32, where cuBLASLt's epilogue cannot form them: bf16
+// and fp16 values (and float32) summed in double over chunks of rows, combined in order, and
+// rounded once; no rows give zeros.
+TEST_P(CudaEmu, ColumnSumsIntoFloat32) {
+  for (Dt dt : kDts)
+    for (const auto& [R, C] : {std::pair<int64_t, int64_t>{300, 70}, {5, 33}, {0, 9}}) {
+      SCOPED_TRACE(std::string(Name(dt)) + " " + std::to_string(R) + " x " + std::to_string(C));
+      Values x(dt, Uniform(R * C, -3.f, 3.f, 25));
+      Values y(Dt::kF32, std::vector<float>(static_cast<size_t>(C), kNaN));
+      const int64_t parts = ck::ColumnSumsScratch(R, C);
+      EXPECT_EQ(parts > C, R > 64) << "more than one chunk of rows";
+      Array<double> scratch(std::max<int64_t>(parts, 1), NAN);
+      ASSERT_TRUE(Ok(ck::ColumnSums(dt, x.data(), reinterpret_cast<float*>(y.data()), R, C, scratch.data(), nullptr)));
+      std::vector<double> want(static_cast<size_t>(C), 0.0);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c) want[static_cast<size_t>(c)] += x[r * C + c];
+      for (double& w : want) w = static_cast<float>(w);
+      EXPECT_TRUE(Near(y, Dt::kF32, want, 1e-6, 1e-6));
+    }
+}
+
 TEST_P(CudaEmu, WhereBroadcastsItsThreeOperands) {
   // cond [4, 1], a [4, 5], b [1, 5] -> y [4, 5], for 2-, 4- and 8-byte elements.
   Array<bool> cond{true, false, false, true};

@@ -18,6 +18,7 @@
 #include "graph/text_format.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/elementwise.h"
+#include "providers/cuda/cuda_matmul.h"
 #include "providers/cuda/cuda_provider.h"
 #include "runtime/inference_session.h"
 #include "tests/cuda_test_util.h"
@@ -265,6 +266,57 @@ TEST(CudaProvider, LowPrecisionProductAccumulatesIntoItsBuffer) {
     ExpectSame(text, feeds, 1e-3, 1e-3, "MatMulBf16");
   }
   REQUIRE_CUDA();
+}
+
+// A weight gradient's product that also forms its layer's bias gradient (BiasGradientFusion's
+// dbias), summing A [K, M] (transA; cuBLASLt's BGRADB) or B [K, N] (BGRADA), with and without
+// the accumulation buffer; the CPU sums the same bf16 values in float32.
+TEST(CudaProvider, LowPrecisionProductFormsTheBiasGradient) {
+  REQUIRE_CUDA();
+  auto run = [](int64_t K) {
+    for (bool accumulate : {false, true}) {
+      const std::string a_side = absl::StrCat(R"(
+        input g: float32[)", K, R"(,96]
+        input x: float32[)", K, R"(,80]
+        input acc: float32[96,80]
+        input reset: bool[]
+        hg = Cast(g) {to = 16}
+        hx = Cast(x) {to = 16}
+        y, db = ai.cleave.MatMulBf16(hg, hx)", accumulate ? ", _, acc, reset" : "", R"() {transA = 1, dbias_operand = 0}
+        output y
+        output db
+      )");
+      const std::string b_side = absl::StrCat(R"(
+        input g: float32[)", K, R"(,96]
+        input x: float32[)", K, R"(,80]
+        hg = Cast(g) {to = 16}
+        hx = Cast(x) {to = 16}
+        y, db = ai.cleave.MatMulBf16(hx, hg) {transA = 1}
+        output y
+        output db
+      )");
+      Tensor flag(DataType::kBool, {});
+      flag.data<bool>()[0] = false;
+      const Feeds feeds = {{"g", Random({K, 96}, 93)}, {"x", Random({K, 80}, 94)}, {"acc", Random({96, 80}, 95)},
+                           {"reset", flag}};
+      ExpectSame(a_side, feeds, 1e-3, 1e-3, "MatMulBf16");
+      if (!accumulate) ExpectSame(b_side, {feeds[0], feeds[1]}, 1e-3, 1e-3, "MatMulBf16");
+    }
+  };
+  run(300);
+  // For gpu-check's summary: whether this library formed them in the epilogue.
+  const int64_t refused = providers::RefusedBiasGradientEpilogues();
+  std::printf("cuBLASLt bias-gradient epilogue: %s\n",
+              refused == 0 ? "formed in the weight-gradient products"
+                           : absl::StrCat("refused for ", refused, " product shapes (summed by the provider)").c_str());
+#ifdef CLEAVE_CUDA_EMULATED_DEVICE
+  // A library without the epilogue for the shape: the product alone, then the provider's column
+  // sums (another K, so that no plan of the first run is reused).
+  cuda_emu::SetBiasGradientEpiloguesRefused(true);
+  run(200);
+  cuda_emu::SetBiasGradientEpiloguesRefused(false);
+  EXPECT_GT(providers::RefusedBiasGradientEpilogues(), refused) << "the refusal was seen and remembered";
+#endif
 }
 
 // The ops a mixed-precision graph runs in bf16 and fp16 between its products (the bias Add,

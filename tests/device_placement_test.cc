@@ -578,6 +578,90 @@ TEST(DevicePlacement, WeightGradientsAccumulateInTheirProducts) {
   EXPECT_LT(losses[0][4], losses[0][0]) << "the steps train";
 }
 
+// Each linear layer's bias gradient is formed by its weight gradient's product
+// (BiasGradientFusion): 4 per layer, the ReduceSums of the unfused graph gone but the position
+// embedding's. Over two micro-batches the bias gradients accumulate to the unfused session's
+// within bf16 rounding (the fused sums stay float32; the unfused ones round the fc and qkv sums
+// to bf16, while the fused proj sums read the residual gradient's bf16 rounding the product
+// reads), the weight gradients are the same bits, and the steps track the CPU session's.
+TEST(DevicePlacement, BiasGradientsFormInTheWeightGradientProducts) {
+  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  trainer::TrainingSpec spec;
+  spec.dims = {{"batch", 2}, {"seq", 16}};
+  const Feeds first = testing::TokenBatch(16, 256);
+  Feeds second;
+  for (const auto& [name, t] : first) {
+    Tensor c = t.Clone();
+    for (int64_t i = 0; i < c.numel(); ++i) c.data<int64_t>()[i] = (c.data<int64_t>()[i] * 5 + 7) % 256;
+    second.emplace_back(name, std::move(c));
+  }
+  auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
+  auto fused = Bf16Session(**model, spec, device);
+  auto unfused = Bf16Session(**model, spec, device, {"BiasGradientFusion"});
+  auto cpu = Bf16Session(**model, spec, nullptr);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  ASSERT_TRUE(unfused.ok()) << unfused.status();
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto count = [](const trainer::TrainingSession& s, int* with_dbias, int* sums) {
+    *with_dbias = *sums = 0;
+    for (const auto& n : s.training_graph()->nodes()) {
+      if (n->op_type() == "MatMulBf16" && n->num_outputs() > 1 && n->output(1)) {
+        ++*with_dbias;
+        EXPECT_EQ(n->AttrInt("dbias_operand", -1), 0) << "dW = dz^T x reads dz as A";
+        EXPECT_EQ(n->output(1)->dtype(), DataType::kFloat32);
+      }
+      *sums += n->op_type() == "ReduceSum";
+    }
+  };
+  int with_dbias = 0, sums = 0;
+  count(**fused, &with_dbias, &sums);
+  EXPECT_EQ(with_dbias, 8) << "qkv, proj, fc and proj of both layers";
+  EXPECT_EQ(sums, 1) << "the position embedding's gradient still sums the batch";
+  count(**unfused, &with_dbias, &sums);
+  EXPECT_EQ(with_dbias, 0);
+  EXPECT_EQ(sums, 9);
+
+  std::vector<float> losses[2];
+  for (int step = 0; step < 3; ++step) {
+    for (const Feeds* micro : std::array<const Feeds*, 2>{&first, &second})
+      for (auto* s : {&fused, &unfused, &cpu}) {
+        auto loss = (**s)->TrainStep(*micro);
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        if (s != &unfused) losses[s == &fused].push_back(*loss);
+      }
+    if (step == 0) {
+      int biases = 0;
+      for (const std::string& p : (*fused)->parameter_names()) {
+        auto f = (*fused)->GetGradient(p);
+        auto u = (*unfused)->GetGradient(p);
+        ASSERT_TRUE(f.ok() && u.ok()) << p;
+        ASSERT_EQ(f->dims(), u->dims()) << p;
+        const bool linear_bias = p.find(".bias") != std::string::npos && p.find("ln") == std::string::npos;
+        if (!linear_bias) {
+          if (p.find(".weight") != std::string::npos && p.find("ln") == std::string::npos && f->dims().size() == 2 &&
+              p.find("wte") == std::string::npos && p.find("wpe") == std::string::npos)
+            EXPECT_EQ(std::memcmp(f->data<float>(), u->data<float>(), f->nbytes()), 0) << p << ": same product";
+          continue;
+        }
+        ++biases;
+        double diff = 0, norm = 0;
+        for (int64_t i = 0; i < f->numel(); ++i) {
+          diff += std::pow(double(f->data<float>()[i]) - u->data<float>()[i], 2);
+          norm += std::pow(double(u->data<float>()[i]), 2);
+        }
+        EXPECT_GT(norm, 0) << p;
+        EXPECT_LT(std::sqrt(diff), 1e-2 * std::sqrt(norm)) << p << ": both micro-batches' bias gradient";
+      }
+      EXPECT_EQ(biases, 8);
+    }
+    for (auto* s : {&fused, &unfused, &cpu}) ASSERT_TRUE((**s)->OptimizerStep().ok());
+  }
+  ASSERT_EQ(losses[0].size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 5e-4 * losses[0][i]) << i;
+  EXPECT_LT(losses[0][4], losses[0][0]) << "the steps train";
+}
+
 // Passes can be turned off by name (SessionOptions::disabled_optimizers, as ONNX Runtime's
 // disabled_optimizers), and through CLEAVE_DISABLED_OPTIMIZERS; an unknown name is an error
 // that lists the passes. Without the layout fusion the attention transposes stay, and the

@@ -689,6 +689,106 @@ TEST(ClassPadding, PadsTheHeadToAlignedRowsAndComputesTheSame) {
 // gradient reads bf16 scores as float32, so it computes exactly what it computes from the same
 // rounded values in float32, and its loss stays float32. A product with a bias, scores another
 // op reads, or scores that are a graph output stay float32.
+// A weight-gradient product reading the gradient dz [K, C] first (B without transB, or A with
+// transA) takes the bias gradient that sums dz over its leading axes: a bf16 dz's low-type sum
+// with its Reshape and widening Cast, or the float32 sum of the value dz rounds. The fused
+// graph computes the same within bf16 rounding (its sums stay float32); the product that
+// reads dz as [K, C] with K its columns (dX = dz W), a sum with another reader and a sum over
+// other axes are left alone.
+TEST(BiasGradientFusion, TheWeightGradientProductFormsTheBiasGradient) {
+  const std::string header = R"(
+    opset 17
+    input g: float32[2,3,5]
+    input x: float32[2,3,4]
+    init s65: int64[2] = 6 5
+    init s64: int64[2] = 6 4
+    init s5: int64[1] = 5
+    init lead: int64[2] = 0 1
+    hg = Cast(g) {to = 16}
+    hx = Cast(x) {to = 16}
+    g2 = Reshape(hg, s65)
+    x2 = Reshape(hx, s64)
+  )";
+  const std::string low_sum = header + R"(
+    dw = ai.cleave.MatMulBf16(x2, g2) {transA = 1}
+    s = ReduceSum(hg, lead) {keepdims = 1}
+    r = Reshape(s, s5)
+    db = Cast(r) {to = 1}
+    output dw
+    output db
+  )";
+  const std::string wide_sum = header + R"(
+    dw = ai.cleave.MatMulBf16(g2, x2) {transA = 1}
+    db = ReduceSum(g, lead) {keepdims = 0}
+    output dw
+    output db
+  )";
+  const Feeds feeds = {{"g", Random({2, 3, 5}, 11)}, {"x", Random({2, 3, 4}, 12)}};
+  for (const auto& [text, side] : {std::pair{low_sum, 1}, std::pair{wide_sum, 0}}) {
+    BiasGradientFusion fusion;
+    std::unique_ptr<Graph> g = Rewritten(text, fusion);
+    ASSERT_TRUE(g);
+    const Node* p = g->FindValue("db")->producer();
+    ASSERT_TRUE(p && p->op_type() == "MatMulBf16") << side;
+    EXPECT_EQ(p->output(0)->name(), "dw");
+    EXPECT_EQ(p->AttrInt("dbias_operand", -1), side);
+    int sums = 0, casts = 0;
+    for (const auto& n : g->nodes()) {
+      sums += n->op_type() == "ReduceSum";
+      casts += n->op_type() == "Cast";
+    }
+    EXPECT_EQ(sums, 0) << side;
+    EXPECT_EQ(casts, 2) << "the operands' casts alone";
+    EXPECT_EQ(g->FindValue("db")->dtype(), DataType::kFloat32);
+    auto original = ParseGraph(text);
+    ASSERT_TRUE(original.ok());
+    ExpectGraphsAgree(std::move(g), std::move(*original), feeds, 2e-2, 1e-2);
+  }
+  BiasGradientFusion fusion;
+  // dX = dz W reads dz with K = C: its sum over the rows is no bias gradient of it.
+  EXPECT_FALSE(Changes(fusion, header + R"(
+    input w: bfloat16[5,4]
+    dx = ai.cleave.MatMulBf16(g2, w)
+    db = ReduceSum(g, lead) {keepdims = 0}
+    output dx
+    output db
+  )"));
+  // The sum's intermediate is read elsewhere.
+  EXPECT_FALSE(Changes(fusion, absl::StrReplaceAll(low_sum, {{"output db", "output db\n    output s"}})));
+  // A sum over the last axis.
+  EXPECT_FALSE(Changes(fusion, header + R"(
+    init last: int64[1] = 2
+    dw = ai.cleave.MatMulBf16(x2, g2) {transA = 1}
+    db = ReduceSum(g, last) {keepdims = 0}
+    output dw
+    output db
+  )"));
+}
+
+// A dbias output must sum K of a 2-D operand stored K first, into a float32 [C]; anything else
+// is an error naming what was expected.
+TEST(BiasGradientFusion, DbiasThatSumsNoKIsRefused) {
+  struct Case {
+    const char *a, *b, *attrs, *want;
+  };
+  for (const Case& c : {Case{"6,4", "6,5", "transA = 1, dbias_operand = 2", "expected 0 (A) or 1 (B)"},
+                        Case{"4,6", "6,5", "dbias_operand = 0", "expected transA = 1"},
+                        Case{"4,6", "5,6", "transB = 1", "expected transB = 0"},
+                        Case{"6,4", "6,5", "transA = 1, to = 16", "dbias needs a float32 result"},
+                        Case{"2,6,4", "2,6,5", "transA = 1", "dbias needs 2-D A and B"}}) {
+    auto g = ParseGraph(absl::StrCat("input a: bfloat16[", c.a, "]\ninput b: bfloat16[", c.b,
+                                     "]\ny, db = ai.cleave.MatMulBf16(a, b) {", c.attrs, "}\noutput db\n"));
+    ASSERT_TRUE(g.ok()) << g.status();
+    absl::Status st = InferShapes(**g);
+    EXPECT_FALSE(st.ok()) << c.attrs;
+    EXPECT_NE(std::string(st.message()).find(c.want), std::string::npos) << st;
+  }
+  auto g = ParseGraph("input a: bfloat16[6,4]\ninput b: bfloat16[6,5]\n"
+                      "y, db = ai.cleave.MatMulBf16(a, b) {transA = 1, dbias_operand = 0}\noutput db\n");
+  ASSERT_TRUE(g.ok() && InferShapes(**g).ok());
+  EXPECT_EQ((*g)->FindValue("db")->shape().ToString(), "[4]");
+}
+
 TEST(LowPrecisionScores, TheLogitsProductWritesBf16ForTheGradientFromTheScores) {
   LowPrecisionScores low;
   std::unique_ptr<Graph> g = Rewritten(BfloatHead(1024), low);

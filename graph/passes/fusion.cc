@@ -3,9 +3,11 @@
 // other readers (so nothing observable changes), and replaces the pattern by one ai.cleave
 // op. Constants are matched by value with a relative tolerance of 1e-3, since exporters
 // write sqrt(2) and 0.5 as rounded float literals.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <set>
 
@@ -750,8 +752,100 @@ bool FoldGradientAccumulation(Graph* g, Node* acc) {
   Value* out = acc->output(0);
   Value* reset = acc->input(2);
   g->RemoveNode(acc);
-  g->RebuildNode(p, {p->input(0), p->input(1), nullptr, buffer, reset}, {out});
+  std::vector<Value*> outs = p->outputs();  // a dbias output (BiasGradientFusion) stays
+  outs[0] = out;
+  g->RebuildNode(p, {p->input(0), p->input(1), nullptr, buffer, reset}, outs);
   return true;
+}
+
+// The axes a ReduceSum sums (from its input from version 13, else the attribute), normalised
+// and sorted; nullopt when they are not constant.
+std::optional<std::vector<int64_t>> SummedAxes(const Node* n, int rank) {
+  std::vector<int64_t> axes = n->AttrInts("axes");
+  if (n->num_inputs() > 1 && n->input(1)) {
+    const Tensor* t = ConstantInput(*n, 1);
+    if (!t || t->dtype() != DataType::kInt64) return std::nullopt;
+    axes.assign(t->data<int64_t>(), t->data<int64_t>() + t->numel());
+  }
+  for (int64_t& a : axes) a = a < 0 ? a + rank : a;
+  std::sort(axes.begin(), axes.end());
+  return axes;
+}
+
+// The float32 [C] bias gradient that ReduceSum `sum` of x [..., C] over every axis but the last
+// becomes, through Reshapes and at most one Cast to float32 that alone read each step; null
+// when `sum` is not such a sum. `chain` gets the nodes from `sum` on.
+Value* BiasGradientOf(Node* sum, const Value* x, std::vector<Node*>& chain) {
+  if (!Is(sum, "ReduceSum") || sum->input(0) != x || !x->shape().is_static() || x->shape().rank() < 2) return nullptr;
+  const int r = x->shape().rank();
+  const int64_t C = x->shape()[r - 1].value;
+  auto axes = SummedAxes(sum, r);
+  std::vector<int64_t> leading(r - 1);
+  std::iota(leading.begin(), leading.end(), 0);
+  if (!axes || *axes != leading) return nullptr;
+  chain = {sum};
+  Value* v = sum->output(0);
+  bool widened = false;
+  while (v->dtype() != DataType::kFloat32 || !v->shape().is_static() || v->shape().rank() != 1) {
+    Node* next = SoleConsumer(v);
+    if (Is(next, "Reshape")) {
+      if (next->input(0) != v) return nullptr;
+    } else if (Is(next, "Cast") && !widened && next->AttrInt("to", 0) == static_cast<int64_t>(DataType::kFloat32)) {
+      widened = true;
+    } else {
+      return nullptr;
+    }
+    chain.push_back(next);
+    v = next->output(0);
+  }
+  return v->shape() == Shape({Dim(C)}) ? v : nullptr;
+}
+
+
+// MatMulBf16 / MatMulF16 dW = dzᵀ X (transA) or Xᵀ dz (dz as B), 2-D with a float32 result and
+// no dbias yet, whose dz [K, C] is a Reshape of a value some ReduceSum sums into a bias
+// gradient (that value, or the float32 value it rounds) -> the product also writes that bias
+// gradient (dbias_operand names dz's side); the sum's chain goes.
+bool FoldBiasGradient(Graph* g, Node* p) {
+  if ((!IsCleaveOp(p, "MatMulBf16") && !IsCleaveOp(p, "MatMulF16")) || p->HasAttr("to") ||
+      (p->num_outputs() > 1 && p->output(1)) || (p->num_inputs() > 2 && p->input(2)))
+    return false;
+  const Value* a = p->input(0);
+  const Value* b = p->input(1);
+  if (!a || !b || a->shape().rank() != 2 || b->shape().rank() != 2 || !a->shape().is_static() ||
+      !b->shape().is_static() || p->output(0)->dtype() != DataType::kFloat32)
+    return false;
+  for (int side : {0, 1}) {
+    const bool k_first = side == 0 ? p->AttrInt("transA", 0) != 0 : p->AttrInt("transB", 0) == 0;
+    if (!k_first) continue;
+    const Value* operand = side == 0 ? a : b;
+    const int64_t C = operand->shape()[1].value;
+    // dz as the product reads it and each value it reshapes, and the float32 value the first
+    // of those rounds (a residual stream's gradient).
+    std::vector<const Value*> sources = {operand};
+    while (Is(sources.back()->producer(), "Reshape")) sources.push_back(sources.back()->producer()->input(0));
+    if (const Node* c = sources.back()->producer(); Is(c, "Cast") && c->input(0)->dtype() == DataType::kFloat32)
+      sources.push_back(c->input(0));
+    for (const Value* x : sources) {
+      if (!x->shape().is_static() || x->shape().NumElements() != operand->shape().NumElements() ||
+          x->shape()[x->shape().rank() - 1].value != C)
+        continue;
+      for (const auto& [consumer, slot] : x->consumers()) {
+        std::vector<Node*> chain;
+        Value* dbias = BiasGradientOf(consumer, x, chain);
+        if (!dbias || dbias->is_graph_input()) continue;
+        bool cycle = false;  // the product must not read what the sum feeds
+        for (const Value* in : {a, b})
+          for (Node* n : chain) cycle = cycle || DependsOn(in, n);
+        if (cycle) continue;
+        for (auto it = chain.rbegin(); it != chain.rend(); ++it) g->RemoveNode(*it);
+        Node* fused = g->RebuildNode(p, p->inputs(), {p->output(0), dbias});
+        fused->SetAttr("dbias_operand", Attribute::Int(side));
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 enum class Rules {
@@ -761,7 +855,8 @@ enum class Rules {
   kSkipLayerNorm,
   kSceFromScores,
   kLowPrecisionScores,
-  kGradientAccumulation
+  kGradientAccumulation,
+  kBiasGradient
 };
 
 // One rewrite at node n, if any applies.
@@ -772,6 +867,7 @@ bool FuseAt(Graph* g, Node* n, Rules rules) {
   if (rules == Rules::kSceFromScores) return FuseSceFromScores(g, n) || FoldSceLossIntoGrad(g, n);
   if (rules == Rules::kLowPrecisionScores) return NarrowScores(g, n);
   if (rules == Rules::kGradientAccumulation) return FoldGradientAccumulation(g, n);
+  if (rules == Rules::kBiasGradient) return FoldBiasGradient(g, n);
   const bool matmul_rules = rules == Rules::kTransformer;
   if (Is(n, "Erf")) return FuseErfGelu(g, n);
   if (Is(n, "Tanh")) return FuseTanhGelu(g, n);
@@ -808,6 +904,8 @@ absl::StatusOr<bool> LowPrecisionScores::Run(Graph* g) { return RunFusions(g, Ru
 absl::StatusOr<bool> GradientAccumulationFusion::Run(Graph* g) {
   return RunFusions(g, Rules::kGradientAccumulation);
 }
+
+absl::StatusOr<bool> BiasGradientFusion::Run(Graph* g) { return RunFusions(g, Rules::kBiasGradient); }
 
 namespace {
 

@@ -158,6 +158,19 @@ class GradientAccumulationFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
+// A layer's bias gradient, ReduceSum(dz) over every axis but the last (then Reshapes to [C] and
+// mixed precision's widening Cast, or none), where dz or its rounding to bf16 / fp16 is, through
+// Reshapes, the [K, C] operand of a 2-D float32 weight-gradient product (MatMulBf16 / MatMulF16:
+// A with transA, or B without transB) -> that product's dbias output: the CUDA kernel forms the
+// sums in cuBLASLt's bias-gradient epilogue while it reads the operand (as Transformer Engine's
+// wgrad does), so dz is read once, not twice, and the sums stay float32. Sessions with a device
+// provider run it.
+class BiasGradientFusion : public Pass {
+ public:
+  std::string name() const override { return "BiasGradientFusion"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
 // Mixed precision's logits product y = h · Wᵀ (MatMulBf16 / MatMulF16, transB = 1) over a
 // vocabulary of V >= 1024 classes that is not a multiple of 8 (GPT-2's 50257): its [N, V]
 // scores and their gradient have a row pitch that is not 16-byte aligned, which keeps

@@ -101,6 +101,12 @@ enum class ReduceOp : int { kSum, kMean, kMax };
 int64_t ReduceScratch(int rank, const int64_t* x_dims, const bool* reduce);
 int Reduce(ReduceOp op, Dt dt, const void* x, void* y, int rank, const int64_t* x_dims, const bool* reduce,
            double* scratch, void* stream);
+// y [C] (float32) = the column sums of x [R, C] (a bias gradient from its low-precision
+// gradient, where cuBLASLt's epilogue cannot form it): R split over chunks of rows, as Reduce
+// does, their partial sums (double) combined in order; `scratch` is device memory of
+// ColumnSumsScratch(R, C) doubles.
+int64_t ColumnSumsScratch(int64_t R, int64_t C);
+int ColumnSums(Dt dt, const void* x, float* y, int64_t R, int64_t C, double* scratch, void* stream);
 // y = cond ? a : b with broadcasting (strides per output dim for each operand; elem_bytes of a).
 struct Broadcast3 {
   int rank = 0;

@@ -226,6 +226,37 @@ int Reduce(ReduceOp op, Dt dt, const void* x, void* y, int rank, const int64_t* 
   return static_cast<int>(cudaGetLastError());
 }
 
+namespace {
+// Rows per chunk (R > 0): chunks of at least 64 rows, enough blocks of 32 columns to fill the
+// device (as PlanReduce).
+int64_t ColumnChunk(int64_t R, int64_t C) {
+  const int64_t column_blocks = (C + 31) / 32;
+  const int64_t want = (1024 + column_blocks - 1) / column_blocks, most = (R + 63) / 64;
+  const int64_t chunks = want < most ? want : most;
+  return (R + chunks - 1) / chunks;
+}
+}  // namespace
+
+int64_t ColumnSumsScratch(int64_t R, int64_t C) {
+  if (R <= 0) return 0;
+  const int64_t chunk = ColumnChunk(R, C);
+  return C * ((R + chunk - 1) / chunk);
+}
+
+int ColumnSums(Dt dt, const void* x, float* y, int64_t R, int64_t C, double* scratch, void* stream) {
+  if (C == 0) return 0;
+  cudaStream_t s = Stream(stream);
+  if (R == 0) return static_cast<int>(cudaMemsetAsync(y, 0, static_cast<size_t>(C) * sizeof(float), s));
+  if (!scratch) return static_cast<int>(cudaErrorInvalidValue);
+  const int64_t chunk = ColumnChunk(R, C), chunks = (R + chunk - 1) / chunk;
+  DISPATCH_DT(dt, T, {
+    const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(chunks));
+    ReduceColumnChunks<T><<<grid, dim3(32, 8), 0, s>>>(ReduceOp::kSum, static_cast<const T*>(x), scratch, R, C, chunk);
+  });
+  ReduceColumnParts<float><<<Blocks(C), kThreads, 0, s>>>(ReduceOp::kSum, scratch, y, chunks, C, R);
+  return static_cast<int>(cudaGetLastError());
+}
+
 int Where(int elem_bytes, const bool* cond, const void* a, const void* b, void* y, int64_t n, const Broadcast3& bc,
           void* stream) {
   if (n == 0) return 0;

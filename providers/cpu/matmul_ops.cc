@@ -14,6 +14,7 @@
 // FusedMatMul pack it once at construction and run kernels/cpu/packed_gemm.h instead,
 // which starts each tile from the bias and applies the activation per tile, for products
 // of up to a few hundred rows (PackedGemmPreferred); larger ones still go to OpenBLAS.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -109,11 +110,13 @@ class MatMulBf16Kernel : public OpKernel {
   MatMulBf16Kernel(const graph::Node& n, int)
       : trans_a_(n.AttrInt("transA", 0) != 0),
         trans_b_(n.AttrInt("transB", 0) != 0),
-        f16_(n.op_type() == "MatMulF16") {}
+        f16_(n.op_type() == "MatMulF16"),
+        dbias_of_a_(n.AttrInt("dbias_operand", 1) == 0) {}
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& a = *ctx.input(0);
     const TensorView& b = *ctx.input(1);
+    RETURN_IF_ERROR(BiasGradient(ctx));
     if (a.rank < 2 || (b.rank != 2 && b.rank != a.rank))
       return InvalidArgument("MatMulBf16: A ", DimsToString(a.shape()), " and B ", DimsToString(b.shape()),
                              " (B must be 2-D or have A's rank)");
@@ -203,7 +206,31 @@ class MatMulBf16Kernel : public OpKernel {
     return absl::OkStatus();
   }
 
-  bool trans_a_, trans_b_, f16_;
+  // dbias (output 1): the float32 column sums of A [K, M] (transA) or B [K, N] (not transB),
+  // each column's low-precision values summed in float32 in row order.
+  absl::Status BiasGradient(KernelContext& ctx) const {
+    if (ctx.num_outputs() < 2) return absl::OkStatus();
+    const TensorView& x = *ctx.input(dbias_of_a_ ? 0 : 1);
+    if (x.rank != 2 || (dbias_of_a_ ? !trans_a_ : trans_b_))
+      return InvalidArgument("MatMulBf16: dbias sums a 2-D ", dbias_of_a_ ? "A with transA" : "B without transB",
+                             ", got ", DimsToString(x.shape()));
+    const int64_t rows = x.dims[0], cols = x.dims[1];
+    TensorView* db = ctx.Output(1, {cols});
+    if (!db) return absl::OkStatus();
+    const auto* src = static_cast<const uint16_t*>(x.data);
+    float* out = db->as<float>();
+    const bool f16 = f16_;
+    ParallelFor(ctx.thread_pool(), cols, 64, [&](int64_t c0, int64_t c1) {
+      std::fill(out + c0, out + c1, 0.f);
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint16_t* row = src + r * cols;
+        for (int64_t c = c0; c < c1; ++c) out[c] += f16 ? HalfToFloat(row[c]) : BFloat16ToFloat(row[c]);
+      }
+    });
+    return absl::OkStatus();
+  }
+
+  bool trans_a_, trans_b_, f16_, dbias_of_a_;
 };
 
 class GemmKernel : public OpKernel {

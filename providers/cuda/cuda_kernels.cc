@@ -224,6 +224,7 @@ class MatMulKernel : public CudaKernel {
     fused_ = n.op_type() == "FusedMatMul" || n.num_inputs() > 2;
     trans_a_ = n.AttrInt("transA", 0) != 0;
     trans_b_ = n.AttrInt("transB", 0) != 0;
+    dbias_of_a_ = n.AttrInt("dbias_operand", 1) == 0;
     const std::string act = n.AttrString("activation", "");
     gelu_ = act == "gelu";
     gelu_tanh_ = act == "gelu_tanh";
@@ -245,15 +246,33 @@ class MatMulKernel : public CudaKernel {
                              DimsToString(y->shape()), " and its reset flag");
     // MatMulBf16 and MatMulF16 take low-precision operands and give a float32 result, or (`to`) one of
     // their own type, which the epilogue rounds to once.
+    // MatMulBf16 / MatMulF16's dbias (output 1): the bias gradient of the operand read as [K, C].
+    const TensorView& summed = dbias_of_a_ ? a : b;
+    TensorView* db = nullptr;
+    if (ctx.num_outputs() > 1) {
+      if (summed.rank != 2 || (dbias_of_a_ ? !trans_a_ : trans_b_))
+        return InvalidArgument(name_, ": dbias sums a 2-D ", dbias_of_a_ ? "A with transA" : "B without transB",
+                               ", got ", DimsToString(summed.shape()));
+      db = ctx.Output(1, {summed.dims[1]});
+    }
+    bool formed = false;
     absl::Status s = CudaMatMul(*p_, *plan, a.dtype, y->dtype, a.data, b.data, y->data, bias ? bias->data : nullptr,
-                                gelu_tanh_, acc ? acc->as<float>() : nullptr, acc && *ctx.input(4)->as<bool>());
+                                gelu_tanh_, acc ? acc->as<float>() : nullptr, acc && *ctx.input(4)->as<bool>(),
+                                {db ? db->as<float>() : nullptr, dbias_of_a_, &formed});
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(name_, ": ", s.message()));
+    if (db && !formed) {  // no epilogue kernel for this shape: the sums on their own
+      const int64_t rows = summed.dims[0], cols = summed.dims[1];
+      const int64_t parts = kc::ColumnSumsScratch(rows, cols);
+      double* scratch = parts ? static_cast<double*>(ctx.Scratch(static_cast<size_t>(parts) * sizeof(double))) : nullptr;
+      RETURN_IF_ERROR(Check(kc::ColumnSums(DtOf(summed.dtype), summed.data, db->as<float>(), rows, cols, scratch,
+                                           stream())));
+    }
     if (gelu_) return Check(kc::Unary(kc::UnaryOp::kGelu, DtOf(y->dtype), y->data, y->data, y->numel(), stream()));
     return absl::OkStatus();
   }
 
  private:
-  bool fused_ = false, trans_a_ = false, trans_b_ = false, gelu_ = false, gelu_tanh_ = false;
+  bool fused_ = false, trans_a_ = false, trans_b_ = false, gelu_ = false, gelu_tanh_ = false, dbias_of_a_ = false;
 };
 
 // ---- rows: softmax, layer norm ----------------------------------------------------------

@@ -1,8 +1,9 @@
 // MatMul through cuBLASLt (providers/cuda/): row-major products as the column-major
 // product of the transposes, batches as one strided-batched call where the strides allow,
-// bias and tanh-GELU as epilogues.
+// bias, tanh-GELU and the bias gradient as epilogues.
 #include "providers/cuda/cuda_matmul.h"
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -65,10 +66,11 @@ struct GemmKey {
   int batch;
   int64_t stride_a, stride_b, stride_c;
   bool bias, gelu_tanh;
+  int bgrad;       // the bias gradient of: 0 none, 1 A (the call's B: BGRADB), 2 B (the call's A: BGRADA)
   uint32_t align;  // bytes every pointer (and batch step) is aligned to, at most 256
   auto tie() const {
     return std::tie(handle, dt, out_dt, M, N, K, trans_a, trans_b, batch, stride_a, stride_b, stride_c, bias,
-                    gelu_tanh, align);
+                    gelu_tanh, bgrad, align);
   }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
@@ -76,52 +78,64 @@ struct GemmKey {
 struct GemmPlan {
   Descriptors ds;
   cublasLtMatmulAlgo_t algo;
+  std::atomic<bool> refused{false};  // a bias-gradient epilogue the library cannot run (remembered)
   std::mutex mu;  // the bias pointer is set on the shared descriptor for each call
 };
+
+std::atomic<int64_t> g_refused_bias_gradients{0};
+
+// What Gemm answers (its only Unimplemented) for a bias-gradient epilogue the library refuses:
+// the caller runs the plain product and sums the operand itself.
+absl::Status EpilogueRefused() { return Unimplemented("cuBLASLt has no bias-gradient epilogue for this product"); }
 
 absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey& key);
 
 // One (possibly strided-batched) product: D[M, N] = op(A) op(B) (+ bias) (gelu_tanh), row-major;
 // A and B of type dt, D of type out_dt.
 // With c_in, D = op(A) op(B) + beta c_in (c_in of D's type and layout; it may be c itself).
+// With dbias (bgrad 1: the sums over K of op(A), [M]; 2: of op(B), [N]; D's type), the
+// epilogue writes the bias gradient, or EpilogueRefused() has the caller do it.
 absl::Status Gemm(const CudaExecutionProvider& p, DataType dt, DataType out_dt, const void* a, const void* b, void* c,
                   int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int batch, int64_t stride_a,
                   int64_t stride_b, int64_t stride_c, const void* bias, bool gelu_tanh, const void* c_in = nullptr,
-                  float beta = 0.f) {
+                  float beta = 0.f, void* dbias = nullptr, int bgrad = 0) {
   // The algorithm must suit the operands' alignment (sub-matrices of a batch may sit at odd
   // offsets): the largest power of two up to 256 dividing every address and batch step.
   const size_t es = ElementSize(dt), out_es = ElementSize(out_dt);
   uintptr_t bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | reinterpret_cast<uintptr_t>(c) |
-                   reinterpret_cast<uintptr_t>(bias) | reinterpret_cast<uintptr_t>(c_in) | 256;
+                   reinterpret_cast<uintptr_t>(bias) | reinterpret_cast<uintptr_t>(c_in) |
+                   reinterpret_cast<uintptr_t>(dbias) | 256;
   if (batch > 1) bits |= static_cast<uintptr_t>(stride_a * es) | static_cast<uintptr_t>(stride_b * es) |
                          static_cast<uintptr_t>(stride_c * out_es) | 256;
   const uint32_t align = static_cast<uint32_t>(bits & (~bits + 1));
   const GemmKey key{p.cublaslt(), static_cast<int>(dt), static_cast<int>(out_dt), M, N, K, trans_a, trans_b, batch,
-                    stride_a, stride_b, stride_c, bias != nullptr, gelu_tanh, align};
+                    stride_a, stride_b, stride_c, bias != nullptr, gelu_tanh, dbias ? bgrad : 0, align};
   ASSIGN_OR_RETURN(GemmPlan * plan, PlanFor(p, key));
+  if (plan->refused) return EpilogueRefused();
   std::lock_guard<std::mutex> lock(plan->mu);
-  if (bias)
-    RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(plan->ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                      sizeof(bias)),
+  if (const void* vec = bias ? bias : dbias)
+    RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(plan->ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec,
+                                                      sizeof(vec)),
                        "bias pointer"));
   const float alpha = 1.f;
   if (!c_in) beta = 0.f;
-  return Lt(cublasLtMatmul(static_cast<cublasLtHandle_t>(p.cublaslt()), plan->ds.op, &alpha, b, plan->ds.x, a,
+  const cublasStatus_t st = cublasLtMatmul(static_cast<cublasLtHandle_t>(p.cublaslt()), plan->ds.op, &alpha, b, plan->ds.x, a,
                            plan->ds.y, &beta, c_in ? c_in : c, plan->ds.d, c, plan->ds.d, &plan->algo, p.workspace(),
-                           p.workspace_bytes(), static_cast<cudaStream_t>(p.stream())),
-            "matmul");
+                           p.workspace_bytes(), static_cast<cudaStream_t>(p.stream()));
+  if (st != CUBLAS_STATUS_SUCCESS && bgrad && dbias && !plan->refused.exchange(true)) {
+    // Refused at the call rather than by the heuristic: nothing ran; the shape falls back from now on.
+    g_refused_bias_gradients.fetch_add(1);
+    return EpilogueRefused();
+  }
+  return Lt(st, "matmul");
 }
 
-absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey& key) {
-  static std::mutex cache_mu;
-  static auto* cache = new std::map<GemmKey, std::unique_ptr<GemmPlan>>();
-  std::lock_guard<std::mutex> lock(cache_mu);
-  if (auto it = cache->find(key); it != cache->end()) return it->second.get();
+// The descriptors of `key` and the algorithm the heuristic picks for them, into *plan.
+absl::Status Describe(const CudaExecutionProvider& p, const GemmKey& key, GemmPlan* plan) {
   const int64_t M = key.M, N = key.N, K = key.K;
   const bool trans_a = key.trans_a, trans_b = key.trans_b, gelu_tanh = key.gelu_tanh;
   const int batch = key.batch;
   const cudaDataType_t t = CudaType(static_cast<DataType>(key.dt)), out_t = CudaType(static_cast<DataType>(key.out_dt));
-  auto plan = std::make_unique<GemmPlan>();
   Descriptors& ds = plan->ds;
   RETURN_IF_ERROR(Lt(cublasLtMatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc"));
   // Column-major: D^T [N, M] = op(B)^T [N, K] * op(A)^T [K, M]; the first operand is B.
@@ -129,9 +143,13 @@ absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey&
   const cublasOperation_t op_y = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_x, sizeof(op_x)), "transa"));
   RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_y, sizeof(op_y)), "transb"));
-  if (key.bias || gelu_tanh) {
-    const cublasLtEpilogue_t e = key.bias ? (gelu_tanh ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
-                                          : CUBLASLT_EPILOGUE_GELU;
+  if (key.bias || gelu_tanh || key.bgrad) {
+    // Our A is the call's B: its sums over K are BGRADB's (one per column of D^T); our B's are BGRADA's.
+    const cublasLtEpilogue_t e =
+        key.bgrad == 1 ? CUBLASLT_EPILOGUE_BGRADB
+        : key.bgrad == 2 ? CUBLASLT_EPILOGUE_BGRADA
+        : key.bias ? (gelu_tanh ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                   : CUBLASLT_EPILOGUE_GELU;
     RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)), "epilogue"));
   }
   RETURN_IF_ERROR(trans_b ? Layout(&ds.x, t, K, N, K, batch, key.stride_b)
@@ -155,6 +173,22 @@ absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey&
                      "heuristic"));
   if (found == 0) return Internal("cuBLASLt found no algorithm for [", M, ",", K, "] x [", K, ",", N, "]");
   plan->algo = best.algo;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey& key) {
+  static std::mutex cache_mu;
+  static auto* cache = new std::map<GemmKey, std::unique_ptr<GemmPlan>>();
+  std::lock_guard<std::mutex> lock(cache_mu);
+  if (auto it = cache->find(key); it != cache->end()) return it->second.get();
+  auto plan = std::make_unique<GemmPlan>();
+  if (absl::Status s = Describe(p, key, plan.get()); !s.ok()) {
+    if (!key.bgrad) return s;
+    // A library (or layout) without the bias-gradient epilogue: remembered, so the shape is asked
+    // once and its products run plain, the caller summing the operand.
+    plan->refused = true;
+    g_refused_bias_gradients.fetch_add(1);
+  }
   GemmPlan* made = plan.get();
   (*cache)[key] = std::move(plan);
   return made;
@@ -162,10 +196,38 @@ absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey&
 
 }  // namespace
 
+int64_t RefusedBiasGradientEpilogues() { return g_refused_bias_gradients.load(); }
+
 absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatMulPlan& plan, DataType dt,
                         DataType out_dt, const void* a, const void* b, void* c, const void* bias, bool gelu_tanh,
-                        const float* accumulate, bool reset) {
+                        const float* accumulate, bool reset, const DbiasRequest& dbias) {
   const int64_t M = plan.M, N = plan.N, K = plan.K, batch = plan.batch();
+  if (dbias.dbias) {
+    // One product whose epilogue forms a float32 bias gradient of A [K, M] or B [K, N].
+    *dbias.formed = false;
+    if (batch != 1 || plan.batch_rank != 0 || out_dt != DataType::kFloat32 || bias || gelu_tanh ||
+        (dbias.of_a ? !plan.trans_a : plan.trans_b))
+      return Unimplemented("a bias gradient in the epilogue: one 2-D float32 product without bias or activation, "
+                           "summing A [K, M] (transA) or B [K, N]");
+    const int64_t n = dbias.of_a ? M : N;
+    if (K == 0 && n > 0) {
+      RETURN_IF_ERROR(CudaStatus(
+          cudaMemsetAsync(dbias.dbias, 0, static_cast<size_t>(n) * sizeof(float), static_cast<cudaStream_t>(p.stream())),
+          "MatMul dbias zero fill"));
+      *dbias.formed = true;
+    }
+    if (K > 0 && M > 0 && N > 0) {
+      const float* acc = reset ? nullptr : accumulate;
+      absl::Status s = Gemm(p, dt, out_dt, a, b, c, M, N, K, plan.trans_a, plan.trans_b, 1, 0, 0, 0, nullptr, false,
+                            acc, acc ? 1.f : 0.f, dbias.dbias, dbias.of_a ? 1 : 2);
+      if (s.ok()) {
+        *dbias.formed = true;
+        return s;
+      }
+      if (!absl::IsUnimplemented(s)) return s;  // Unimplemented: the epilogue was refused
+    }
+    // The product alone; the caller sums the operand.
+  }
   if (batch == 0 || M == 0 || N == 0) return absl::OkStatus();
   const size_t es = ElementSize(dt), out_es = ElementSize(out_dt);
   if (accumulate) {

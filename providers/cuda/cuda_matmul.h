@@ -15,8 +15,24 @@ class CudaExecutionProvider;
 // tanh-form GELU are applied in the product's epilogue. With `accumulate` (a float32 buffer of
 // C's shape, which may be C itself; one product, no bias or activation), C = the product plus
 // the buffer, or with `reset` the product alone.
+//
+// With `dbias` (one 2-D product with a float32 C, no bias or activation), the float32 sums over
+// K of A [K, M] (of_a, with transA: [M]) or of B [K, N] (without transB: [N]) are formed in
+// cuBLASLt's bias-gradient epilogue while it reads that operand (BGRADB, BGRADA: the operands
+// swap in the column-major call); where the library has no such kernel for the shape (its
+// heuristic or the call refuses it; remembered per shape), *formed is false, the product runs
+// plain and the caller sums the operand itself (kernels::cuda::ColumnSums).
+struct DbiasRequest {
+  float* dbias = nullptr;
+  bool of_a = false;
+  bool* formed = nullptr;
+};
 absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatMulPlan& plan, DataType dt,
                         DataType out_dt, const void* a, const void* b, void* c, const void* bias, bool gelu_tanh,
-                        const float* accumulate = nullptr, bool reset = false);
+                        const float* accumulate = nullptr, bool reset = false, const DbiasRequest& dbias = {});
+
+// How many product shapes the library has refused the bias-gradient epilogue for so far (in
+// this process): what a report says of the fallback.
+int64_t RefusedBiasGradientEpilogues();
 
 }  // namespace cleave::providers

@@ -1,6 +1,8 @@
 // cuBLASLt's matmul over the emulated device (include/cublasLt.h): D = alpha op(A) op(B) +
 // beta C, column-major, then the epilogue's bias (one value per row of D) and tanh-GELU, each
-// element summed in double and rounded once to D's type. Attribute sizes, dimensions, the
+// element summed in double and rounded once to D's type. The bias-gradient epilogues write the
+// sums over k of op(A) (BGRADA: one per row of D) or of op(B) (BGRADB: one per column) to the
+// bias pointer, in D's type. Attribute sizes, dimensions, the
 // epilogue's bias pointer and each pointer's alignment against the one the algorithm was
 // chosen for are checked as the library checks them, at the call: a mismatch is
 // CUBLAS_STATUS_INVALID_VALUE. The product itself runs on the call's stream.
@@ -32,6 +34,10 @@ struct cublasLtMatmulPreferenceOpaque {
 };
 
 namespace {
+
+bool g_bias_gradients_refused = false;
+
+bool IsBiasGradient(cublasLtEpilogue_t e) { return e == CUBLASLT_EPILOGUE_BGRADA || e == CUBLASLT_EPILOGUE_BGRADB; }
 
 constexpr uint64_t kAlgoTag = 0x636c65617665ull;
 
@@ -78,6 +84,10 @@ bool Dims(const cublasLtMatmulDescOpaque& op, const cublasLtMatrixLayoutOpaque& 
 bool Aligned(const void* p, uint64_t bytes) { return bytes == 0 || reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
+
+namespace cleave::cuda_emu {
+void SetBiasGradientEpiloguesRefused(bool refused) { g_bias_gradients_refused = refused; }
+}  // namespace cleave::cuda_emu
 
 const char* cublasLtGetStatusName(cublasStatus_t s) {
   switch (s) {
@@ -168,6 +178,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
                                               int requested, cublasLtMatmulHeuristicResult_t* results, int* found) {
   Shape s;
   if (!h || !op || !pref || requested < 1 || !Dims(*op, *a, *b, *c, *d, &s)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (IsBiasGradient(op->epilogue) && (g_bias_gradients_refused || d->batch > 1)) return CUBLAS_STATUS_NOT_SUPPORTED;
   results[0] = cublasLtMatmulHeuristicResult_t{};
   results[0].algo.data[0] = kAlgoTag;
   for (int i = 0; i < 4; ++i) results[0].algo.data[1 + i] = pref->align[i];
@@ -185,7 +196,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     return CUBLAS_STATUS_INVALID_VALUE;
   const bool with_bias = op->epilogue == CUBLASLT_EPILOGUE_BIAS || op->epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
   const bool gelu = op->epilogue == CUBLASLT_EPILOGUE_GELU || op->epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
-  if (with_bias && !op->bias) return CUBLAS_STATUS_INVALID_VALUE;
+  const bool grad_a = op->epilogue == CUBLASLT_EPILOGUE_BGRADA, grad_b = op->epilogue == CUBLASLT_EPILOGUE_BGRADB;
+  if ((with_bias || grad_a || grad_b) && !op->bias) return CUBLAS_STATUS_INVALID_VALUE;
+  if ((grad_a || grad_b) && (g_bias_gradients_refused || d->batch > 1)) return CUBLAS_STATUS_NOT_SUPPORTED;
   const double al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   const void* ptrs[4] = {A, B, C, D};
   const cublasLtMatrixLayoutOpaque* layouts[4] = {a, b, c, d};
@@ -199,10 +212,24 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   ++cleave::cuda_emu::ThisThreadCalls().launches;
   // The product runs on the stream, with the descriptors as they are now (the library reads
   // them at the call) and alpha and beta read now (host pointers).
-  cleave::cuda_emu::Enqueue(stream, [o = *op, la = *a, lb = *b, lc = *c, ld = *d, s, al, be, with_bias, gelu, A, B, C, D] {
+  cleave::cuda_emu::Enqueue(stream, [o = *op, la = *a, lb = *b, lc = *c, ld = *d, s, al, be, with_bias, gelu, grad_a,
+                                     grad_b, A, B, C, D] {
     const cublasLtMatmulDescOpaque* op = &o;
     const cublasLtMatrixLayoutOpaque *a = &la, *b = &lb, *c = &lc, *d = &ld;
     const bool ta = op->trans_a == CUBLAS_OP_T, tb = op->trans_b == CUBLAS_OP_T;
+    // The bias gradient (one matrix: the heuristic refuses batches): sums over k, in D's type.
+    if (grad_a)
+      for (int64_t i = 0; i < s.m; ++i) {
+        double sum = 0;
+        for (int64_t p = 0; p < s.k; ++p) sum += Load(a->type, A, ta ? p + i * a->ld : i + p * a->ld);
+        Store(d->type, const_cast<void*>(op->bias), i, sum);
+      }
+    if (grad_b)
+      for (int64_t j = 0; j < s.n; ++j) {
+        double sum = 0;
+        for (int64_t p = 0; p < s.k; ++p) sum += Load(b->type, B, tb ? j + p * b->ld : p + j * b->ld);
+        Store(d->type, const_cast<void*>(op->bias), j, sum);
+      }
     std::vector<double> acc(static_cast<size_t>(s.m));
     for (int32_t bi = 0; bi < d->batch; ++bi) {
       const int64_t oa = bi * a->stride, ob = bi * b->stride, oc = bi * c->stride, od = bi * d->stride;

@@ -1,7 +1,7 @@
 // Stands in for cuBLASLt's header when the CUDA provider builds over the emulated device
 // (CLEAVE_CUDA_EMULATION): the types, enums and calls the provider uses, with cuBLASLt's
-// semantics (column-major layouts, op(A) [m, k] x op(B) [k, n], strided batches, bias and
-// tanh-GELU epilogues, alpha and beta in float32) computed on the host by cublaslt.cc.
+// semantics (column-major layouts, op(A) [m, k] x op(B) [k, n], strided batches, bias,
+// tanh-GELU and bias-gradient epilogues, alpha and beta in float32) computed on the host by cublaslt.cc.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +26,8 @@ typedef enum cublasLtEpilogue_t {
   CUBLASLT_EPILOGUE_BIAS = 4,
   CUBLASLT_EPILOGUE_GELU = 32,
   CUBLASLT_EPILOGUE_GELU_BIAS = 36,
+  CUBLASLT_EPILOGUE_BGRADA = 256,
+  CUBLASLT_EPILOGUE_BGRADB = 512,
 } cublasLtEpilogue_t;
 
 typedef enum cublasLtMatmulDescAttributes_t {
