@@ -230,6 +230,16 @@ absl::Status InferLayerNormGrad(InferContext& ctx) {
   // dScale and dBias: scale's shape (the sums also run over axes along which scale broadcasts).
   ctx.SetOutput(1, ctx.input_dtype(2), ctx.input_shape(2));
   ctx.SetOutput(2, ctx.input_dtype(2), ctx.input_shape(2));
+  // dX_low (optional): a float32 dX also written rounded to bf16 / fp16, for the products that
+  // read the residual stream's gradient in that type.
+  if (ctx.num_outputs() > 3 && ctx.has_output(3)) {
+    const int64_t low = ctx.node().AttrInt("low_to", static_cast<int64_t>(DataType::kBFloat16));
+    if (low != static_cast<int64_t>(DataType::kBFloat16) && low != static_cast<int64_t>(DataType::kFloat16))
+      return ctx.Error("attribute low_to = ", low, ": expected 16 (bfloat16) or 10 (float16)");
+    if (ctx.input_dtype(1) != DataType::kFloat32)
+      return ctx.Error("dX_low rounds a float32 dX, got X of ", DataTypeName(ctx.input_dtype(1)));
+    ctx.SetOutput(3, static_cast<DataType>(low), ctx.input_shape(1));
+  }
   return absl::OkStatus();
 }
 

@@ -98,7 +98,7 @@ std::vector<OpDef> BuildTable() {
        false},
       {C, "SoftmaxGrad", {1}, 1, 2, 2, 1, 1, InferSoftmaxGrad, false},
       {C, "LogSoftmaxGrad", {1}, 1, 2, 2, 1, 1, InferSoftmaxGrad, false},
-      {C, "LayerNormalizationGrad", {1}, 1, 5, 6, 1, 3, InferLayerNormGrad, false},
+      {C, "LayerNormalizationGrad", {1}, 1, 5, 6, 1, 4, InferLayerNormGrad, false},
       {C, "GeluGrad", {1}, 1, 2, 2, 1, 1, InferGeluGrad, false},
       {C, "Attention", {1}, 1, 1, 3, 1, 2, InferAttention, true},
       {C, "SkipLayerNormalization", {1}, 1, 3, 4, 1, 4, InferSkipLayerNorm, false},

@@ -174,10 +174,14 @@ OpSchema LayerNormGradSchema() {
       .Output(0, "dX", "gradient of X", "T")
       .Output(1, "dScale", "gradient of Scale", "T", OpSchema::Optional)
       .Output(2, "dBias", "gradient of B (of Scale's shape)", "T", OpSchema::Optional)
+      .Output(3, "dX_low", "dX (float32) rounded to the type low_to names, as a Cast of it would be", "L",
+              OpSchema::Optional)
       .Attr("axis", "the forward's first normalised axis", AttributeProto::INT,
             static_cast<int64_t>(-1))
+      .Attr("low_to", "dX_low's type: 16 (bfloat16) or 10 (float16)", AttributeProto::INT, static_cast<int64_t>(16))
       .TypeConstraint("T", kGradTypes, "float tensors")
-      .TypeConstraint("U", kGradTypes, "statistics type");
+      .TypeConstraint("U", kGradTypes, "statistics type")
+      .TypeConstraint("L", {"tensor(bfloat16)", "tensor(float16)"}, "dX_low's type");
   return s;
 }
 

@@ -388,7 +388,7 @@ TEST_P(CudaEmu, LayerNormGradientWithTheResidualAndParameterSums) {
       Array<float> scratch(std::max<int64_t>(1, ck::LayerNormGradScratch(rows, cols)), kNaN);
       ASSERT_TRUE(Ok(ck::LayerNormGrad(dt, dy.data(), x.data(), gamma.data(), mean.data(), inv.data(),
                                        with_add ? add.data() : nullptr, dx.data(), dgamma.data(), dbeta.data(),
-                                       scratch.data(), rows, cols, nullptr)));
+                                       scratch.data(), rows, cols, nullptr, Dt::kBf16, nullptr)));
       std::vector<double> want_dx, want_g(static_cast<size_t>(cols), 0.0), want_b(static_cast<size_t>(cols), 0.0);
       for (int64_t r = 0; r < rows; ++r) {
         double a = 0, b = 0;
@@ -409,6 +409,18 @@ TEST_P(CudaEmu, LayerNormGradientWithTheResidualAndParameterSums) {
       EXPECT_TRUE(Near(dx, dt, want_dx, 1e-5, 1e-5));
       EXPECT_TRUE(Near(dgamma, Dt::kF32, want_g, 1e-5, 1e-5));
       EXPECT_TRUE(Near(dbeta, Dt::kF32, want_b, 1e-5, 1e-5));
+      if (dt != Dt::kF32) continue;
+      // A float32 dx also written in bf16 / fp16: the same dx, and its rounding exactly (as a Cast).
+      for (Dt low_dt : {Dt::kBf16, Dt::kF16}) {
+        Values dx2(dt, n), low(low_dt, n);
+        ASSERT_TRUE(Ok(ck::LayerNormGrad(dt, dy.data(), x.data(), gamma.data(), mean.data(), inv.data(),
+                                         with_add ? add.data() : nullptr, dx2.data(), nullptr, nullptr, nullptr, rows,
+                                         cols, low.data(), low_dt, nullptr)));
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(dx2[i], dx[i]) << Name(low_dt) << " " << i;
+          ASSERT_EQ(low[i], Round(low_dt, static_cast<float>(dx[i]))) << Name(low_dt) << " " << i;
+        }
+      }
     }
 }
 

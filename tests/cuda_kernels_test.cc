@@ -441,6 +441,24 @@ TEST(CudaProvider, GradientOps) {
              {{"dy", Random({64, 768}, 36)}, {"x", Random({64, 768}, 37)}, {"r", Random({64, 768}, 38)},
               {"g", Random({768}, 39)}, {"b", Random({768}, 40)}},
              1e-5, 1e-4, "LayerNormalizationGrad");
+  // And its rounding to bf16 / fp16 written too (dX_low, LayerNormGradCastFusion): within one
+  // rounding of the low type where the float32 dX differs in its last bits.
+  for (int to : {16, 10})
+    ExpectSame(absl::StrCat(R"(
+      input dy: float32[64,768]
+      input x: float32[64,768]
+      input r: float32[64,768]
+      input g: float32[768]
+      input b: float32[768]
+      y, mean, inv = LayerNormalization(x, g, b) {axis = -1}
+      dx, dg, db, dl = ai.cleave.LayerNormalizationGrad(dy, x, g, mean, inv, r) {axis = -1, low_to = )", to, R"(}
+      w = Cast(dl) {to = 1}
+      output dx
+      output w
+    )"),
+               {{"dy", Random({64, 768}, 36)}, {"x", Random({64, 768}, 37)}, {"r", Random({64, 768}, 38)},
+                {"g", Random({768}, 39)}, {"b", Random({768}, 40)}},
+               1e-5, to == 16 ? 8e-3 : 1e-3, "LayerNormalizationGrad");
   for (const char* approx : {"none", "tanh"})
     ExpectSame(absl::StrCat("input dy: float32[4,300]\ninput x: float32[4,300]\ndx = ai.cleave.GeluGrad(dy, x) "
                             "{approximate = \"", approx, "\"}\noutput dx\n"),

@@ -614,6 +614,14 @@ TEST(DevicePlacement, BiasGradientsFormInTheWeightGradientProducts) {
       *sums += n->op_type() == "ReduceSum";
     }
   };
+  // The residual gradients' bf16 roundings, written by the LayerNorm gradients that form them.
+  auto low_outputs = [](const trainer::TrainingSession& s) {
+    int n = 0;
+    for (const auto& node : s.training_graph()->nodes())
+      n += node->op_type() == "LayerNormalizationGrad" && node->num_outputs() > 3 && node->output(3);
+    return n;
+  };
+  EXPECT_EQ(low_outputs(**fused), 4) << "ln_f's and three of the four block LayerNorms' (ln1 of block 0 has none)";
   int with_dbias = 0, sums = 0;
   count(**fused, &with_dbias, &sums);
   EXPECT_EQ(with_dbias, 8) << "qkv, proj, fc and proj of both layers";
@@ -660,6 +668,40 @@ TEST(DevicePlacement, BiasGradientsFormInTheWeightGradientProducts) {
   ASSERT_EQ(losses[0].size(), 6u);
   for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 5e-4 * losses[0][i]) << i;
   EXPECT_LT(losses[0][4], losses[0][0]) << "the steps train";
+}
+
+// The residual gradients' bf16 roundings written by their LayerNorm gradients
+// (LayerNormGradCastFusion) are the Casts' bits: the steps and the parameters they reach are
+// the same as with the pass off, where the Casts stay.
+TEST(DevicePlacement, LayerNormGradientsWriteTheResidualGradientsRoundingExactly) {
+  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  trainer::TrainingSpec spec;
+  spec.dims = {{"batch", 2}, {"seq", 16}};
+  auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
+  auto on = Bf16Session(**model, spec, device);
+  auto off = Bf16Session(**model, spec, device, {"LayerNormGradCastFusion"});
+  ASSERT_TRUE(on.ok() && off.ok()) << on.status() << off.status();
+  auto casts = [](const trainer::TrainingSession& s) {
+    int n = 0;
+    for (const auto& node : s.training_graph()->nodes()) n += node->op_type() == "Cast";
+    return n;
+  };
+  EXPECT_EQ(casts(**off) - casts(**on), 4);
+  const Feeds feeds = testing::TokenBatch(16, 256);
+  for (int step = 0; step < 3; ++step) {
+    auto a = (*on)->TrainStep(feeds);
+    auto b = (*off)->TrainStep(feeds);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    EXPECT_EQ(*a, *b) << step;
+    ASSERT_TRUE((*on)->OptimizerStep().ok() && (*off)->OptimizerStep().ok());
+  }
+  for (const std::string& p : (*on)->parameter_names()) {
+    auto a = (*on)->GetState(p);
+    auto b = (*off)->GetState(p);
+    ASSERT_TRUE(a.ok() && b.ok()) << p;
+    EXPECT_EQ(std::memcmp(a->data<float>(), b->data<float>(), a->nbytes()), 0) << p;
+  }
 }
 
 // Passes can be turned off by name (SessionOptions::disabled_optimizers, as ONNX Runtime's

@@ -789,6 +789,55 @@ TEST(BiasGradientFusion, DbiasThatSumsNoKIsRefused) {
   EXPECT_EQ((*g)->FindValue("db")->shape().ToString(), "[4]");
 }
 
+// The residual gradient's Cast to bf16 / fp16 folds into the LayerNorm gradient that forms it
+// (dX_low): the same bits as the Cast, dX still there for its float32 readers. A Cast of
+// another output, or to float64, is left alone.
+TEST(LayerNormGradCastFusion, TheGradientWritesItsOwnRounding) {
+  for (int to : {16, 10}) {
+    const std::string text = absl::StrCat(R"(
+      input dy: float32[6,8]
+      input x: float32[6,8]
+      input add: float32[6,8]
+      input g: float32[8]
+      input mean: float32[6,1]
+      input inv: float32[6,1]
+      dx, dg, db = ai.cleave.LayerNormalizationGrad(dy, x, g, mean, inv, add)
+      low = Cast(dx) {to = )", to, R"(}
+      wide = Cast(low) {to = 1}
+      twice = Add(dx, dx)
+      output wide
+      output twice
+      output dg
+    )");
+    LayerNormGradCastFusion fusion;
+    std::unique_ptr<Graph> g = Rewritten(text, fusion);
+    ASSERT_TRUE(g);
+    const Node* n = g->FindValue("low")->producer();
+    ASSERT_TRUE(n && n->op_type() == "LayerNormalizationGrad") << to;
+    EXPECT_EQ(n->output(3)->name(), "low");
+    EXPECT_EQ(n->output(0)->name(), "dx");
+    EXPECT_EQ(n->AttrInt("low_to", 0), to);
+    EXPECT_EQ(g->FindValue("low")->dtype(), to == 16 ? DataType::kBFloat16 : DataType::kFloat16);
+    auto original = ParseGraph(text);
+    ASSERT_TRUE(original.ok());
+    ExpectGraphsAgree(std::move(g), std::move(*original),
+                      {{"dy", Random({6, 8}, 31)}, {"x", Random({6, 8}, 32)}, {"add", Random({6, 8}, 33)},
+                       {"g", Random({8}, 34)}, {"mean", Random({6, 1}, 35)}, {"inv", Random({6, 1}, 36)}},
+                      0, 0);
+  }
+  LayerNormGradCastFusion fusion;
+  const std::string head = R"(
+    input dy: float32[6,8]
+    input x: float32[6,8]
+    input g: float32[8]
+    input mean: float32[6,1]
+    input inv: float32[6,1]
+    dx, dg, db = ai.cleave.LayerNormalizationGrad(dy, x, g, mean, inv)
+  )";
+  EXPECT_FALSE(Changes(fusion, head + "c = Cast(dg) {to = 16}\noutput c\noutput dx\n"));
+  EXPECT_FALSE(Changes(fusion, head + "c = Cast(dx) {to = 11}\noutput c\n"));
+}
+
 TEST(LowPrecisionScores, TheLogitsProductWritesBf16ForTheGradientFromTheScores) {
   LowPrecisionScores low;
   std::unique_ptr<Graph> g = Rewritten(BfloatHead(1024), low);

@@ -848,6 +848,29 @@ bool FoldBiasGradient(Graph* g, Node* p) {
   return false;
 }
 
+// Cast to bf16 / fp16 of a float32 LayerNormalizationGrad's dX (the residual stream's gradient,
+// read in the low type by the next products and in float32 by the next LayerNorm's gradient)
+// -> the gradient also writes dX_low (low_to): the Cast's one rounding of the same float32
+// values, without reading dX back.
+bool FoldCastIntoLayerNormGrad(Graph* g, Node* cast) {
+  if (!Is(cast, "Cast")) return false;
+  Value* dx = cast->input(0);
+  Node* grad = dx ? dx->producer() : nullptr;
+  const int64_t to = cast->AttrInt("to", 0);
+  if (!IsCleaveOp(grad, "LayerNormalizationGrad") || grad->output(0) != dx || dx->dtype() != DataType::kFloat32 ||
+      (grad->num_outputs() > 3 && grad->output(3)) ||
+      (to != static_cast<int64_t>(DataType::kBFloat16) && to != static_cast<int64_t>(DataType::kFloat16)))
+    return false;
+  Value* low = cast->output(0);
+  g->RemoveNode(cast);
+  std::vector<Value*> outs = grad->outputs();
+  outs.resize(4, nullptr);
+  outs[3] = low;
+  Node* fused = g->RebuildNode(grad, grad->inputs(), outs);
+  fused->SetAttr("low_to", Attribute::Int(to));
+  return true;
+}
+
 enum class Rules {
   kActivationNorm,
   kTransformer,
@@ -856,7 +879,8 @@ enum class Rules {
   kSceFromScores,
   kLowPrecisionScores,
   kGradientAccumulation,
-  kBiasGradient
+  kBiasGradient,
+  kLayerNormGradCast
 };
 
 // One rewrite at node n, if any applies.
@@ -868,6 +892,7 @@ bool FuseAt(Graph* g, Node* n, Rules rules) {
   if (rules == Rules::kLowPrecisionScores) return NarrowScores(g, n);
   if (rules == Rules::kGradientAccumulation) return FoldGradientAccumulation(g, n);
   if (rules == Rules::kBiasGradient) return FoldBiasGradient(g, n);
+  if (rules == Rules::kLayerNormGradCast) return FoldCastIntoLayerNormGrad(g, n);
   const bool matmul_rules = rules == Rules::kTransformer;
   if (Is(n, "Erf")) return FuseErfGelu(g, n);
   if (Is(n, "Tanh")) return FuseTanhGelu(g, n);
@@ -906,6 +931,8 @@ absl::StatusOr<bool> GradientAccumulationFusion::Run(Graph* g) {
 }
 
 absl::StatusOr<bool> BiasGradientFusion::Run(Graph* g) { return RunFusions(g, Rules::kBiasGradient); }
+
+absl::StatusOr<bool> LayerNormGradCastFusion::Run(Graph* g) { return RunFusions(g, Rules::kLayerNormGradCast); }
 
 namespace {
 

@@ -171,6 +171,17 @@ class BiasGradientFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
+// The Cast to bf16 / fp16 of a float32 LayerNormalizationGrad's dX (the residual stream's
+// gradient, which the next products read in the low type and the next LayerNorm's gradient in
+// float32) -> the gradient writes that rounding too (dX_low), so dX is not read back for it.
+// Sessions with a device provider run it, after BiasGradientFusion (which finds the float32
+// gradient through that Cast).
+class LayerNormGradCastFusion : public Pass {
+ public:
+  std::string name() const override { return "LayerNormGradCastFusion"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
 // Mixed precision's logits product y = h · Wᵀ (MatMulBf16 / MatMulF16, transB = 1) over a
 // vocabulary of V >= 1024 classes that is not a multiple of 8 (GPT-2's 50257): its [N, V]
 // scores and their gradient have a row pitch that is not 16-byte aligned, which keeps

@@ -62,9 +62,11 @@ int SkipLayerNorm(Dt dt, Dt y_dt, const void* x, const void* skip, const void* g
 // split the rows over blocks and add their partial sums in a second pass, in a fixed order:
 // `scratch` is device memory of LayerNormGradScratch(rows, cols) floats.
 int64_t LayerNormGradScratch(int64_t rows, int64_t cols);
+// With dx_low (dt float32 only), dx is also written rounded to low_dt (bf16 or fp16), as a Cast
+// of it would round it; dx may then be null.
 int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const float* mean, const float* inv_std,
                   const void* dx_add, void* dx, float* dgamma, float* dbeta, float* scratch, int64_t rows, int64_t cols,
-                  void* stream);
+                  void* dx_low, Dt low_dt, void* stream);
 // Softmax or LogSoftmax over the last axis of [rows, cols].
 int Softmax(Dt dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, void* stream);
 

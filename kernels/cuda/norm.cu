@@ -70,9 +70,10 @@ __global__ void SkipLayerNormKernel(const T* x, const T* skip, const T* gamma, c
   }
 }
 
-template <typename T>
+// dx (when not null) and its rounding to L (dx_low, when not null).
+template <typename T, typename L>
 __global__ void LayerNormGradRows(const T* dy, const T* x, const T* gamma, const float* mean, const float* inv,
-                                  const T* add, T* dx, int64_t cols) {
+                                  const T* add, T* dx, L* dx_low, int64_t cols) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const T* dyr = dy + row * cols;
@@ -91,7 +92,9 @@ __global__ void LayerNormGradRows(const T* dy, const T* x, const T* gamma, const
     const float gd = ToFloat(gamma[c]) * ToFloat(dyr[c]);
     float v = is * (gd - mean_gd - xhat * mean_gdx);
     if (add) v = ToFloat(FromFloat<T>(v)) + ToFloat(add[row * cols + c]);  // as a separate Add
-    dx[row * cols + c] = FromFloat<T>(v);
+    const T stored = FromFloat<T>(v);
+    if (dx) dx[row * cols + c] = stored;
+    if (dx_low) dx_low[row * cols + c] = FromFloat<L>(ToFloat(stored));  // as a Cast of dx
   }
 }
 
@@ -204,7 +207,7 @@ int64_t LayerNormGradScratch(int64_t rows, int64_t cols) {
 
 int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const float* mean, const float* inv_std,
                   const void* dx_add, void* dx, float* dgamma, float* dbeta, float* scratch, int64_t rows, int64_t cols,
-                  void* stream) {
+                  void* dx_low, Dt low_dt, void* stream) {
   if (rows == 0) {  // sums over no rows
     cudaStream_t s = Stream(stream);
     for (float* sum : {dgamma, dbeta})
@@ -214,12 +217,25 @@ int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const
     return 0;
   }
   if ((dgamma || dbeta) && cols > 0 && !scratch) return static_cast<int>(cudaErrorInvalidValue);
+  if (dx_low && (dt != Dt::kF32 || low_dt == Dt::kF32)) return static_cast<int>(cudaErrorInvalidValue);
   cudaStream_t s = Stream(stream);
+  if (dx_low) {  // float32 dx, also rounded
+    const float *dy32 = static_cast<const float*>(dy), *x32 = static_cast<const float*>(x);
+    const float *g32 = static_cast<const float*>(gamma), *add32 = static_cast<const float*>(dx_add);
+    float* dx32 = static_cast<float*>(dx);
+    if (low_dt == Dt::kBf16)
+      LayerNormGradRows<float, __nv_bfloat16><<<Rows(rows), kThreads, 0, s>>>(
+          dy32, x32, g32, mean, inv_std, add32, dx32, static_cast<__nv_bfloat16*>(dx_low), cols);
+    else
+      LayerNormGradRows<float, __half><<<Rows(rows), kThreads, 0, s>>>(dy32, x32, g32, mean, inv_std, add32, dx32,
+                                                                      static_cast<__half*>(dx_low), cols);
+  }
   DISPATCH_DT(dt, T, {
-    if (dx)
-      LayerNormGradRows<T><<<Rows(rows), kThreads, 0, s>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
-                                                           static_cast<const T*>(gamma), mean, inv_std,
-                                                           static_cast<const T*>(dx_add), static_cast<T*>(dx), cols);
+    if (dx && !dx_low)
+      LayerNormGradRows<T, T><<<Rows(rows), kThreads, 0, s>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                                              static_cast<const T*>(gamma), mean, inv_std,
+                                                              static_cast<const T*>(dx_add), static_cast<T*>(dx),
+                                                              static_cast<T*>(nullptr), cols);
     if ((dgamma || dbeta) && cols > 0) {
       int64_t chunk = 0;
       const int64_t chunks = ColumnChunks(rows, cols, &chunk);

@@ -339,6 +339,8 @@ class LayerNormGradKernel : public OpKernel {
                                "), got ", DimsToString(mean.shape()), " and ",
                                DimsToString(inv_std.shape()));
     const bool f64 = x.dtype == DataType::kFloat64, u64 = mean.dtype == DataType::kFloat64;
+    if (ctx.num_outputs() > 3 && x.dtype != DataType::kFloat32)
+      return InvalidArgument("dX_low rounds a float32 dX, got X of ", DataTypeName(x.dtype));
     if (f64 && u64) Run<double, double>(p, axis, ctx);
     else if (f64) Run<double, float>(p, axis, ctx);
     else if (u64) Run<float, double>(p, axis, ctx);
@@ -380,19 +382,21 @@ class LayerNormGradKernel : public OpKernel {
     T* db = dbias ? (broadcast ? buffer(p.cols) : dbias->as<T>()) : nullptr;
     double* workspace = (ds || db) ? static_cast<double*>(ctx.Scratch(
         kernels::cpu::LayerNormGradWorkspace(p) * sizeof(double))) : nullptr;
+    // dX_low (float32 X only, checked above): dX rounded to bf16 / fp16 as a Cast of it would be.
+    TensorView* low = ctx.num_outputs() > 3 ? ctx.Output(3, x.dim_span()) : nullptr;
+    T* d = dx ? dx->as<T>() : buffer(x.numel());
     kernels::cpu::LayerNormGrad<T, U>(p, ctx.input(0)->as<const T>(), x.as<const T>(), s,
-                                      ctx.input(3)->as<const U>(), ctx.input(4)->as<const U>(),
-                                      dx ? dx->as<T>() : buffer(x.numel()), ds, db, workspace,
+                                      ctx.input(3)->as<const U>(), ctx.input(4)->as<const U>(), d, ds, db, workspace,
                                       ctx.thread_pool());
     // dX_add: added to dX after it is formed, as a separate Add would add it.
     const TensorView* add = ctx.num_inputs() > 5 ? ctx.input(5) : nullptr;
-    if (dx && add) {
-      T* d = dx->as<T>();
+    if ((dx || low) && add) {
       const T* a = add->as<const T>();
       ParallelFor(ctx.thread_pool(), x.numel(), 1 << 14, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) d[i] = d[i] + a[i];
       });
     }
+    if (low) kernels::cpu::Cast(TensorView(d, x.dtype, x.dim_span()), *low, ctx.thread_pool());
     if (!broadcast) return;
     int axes[kMaxRank];
     int num_axes = 0;

@@ -372,7 +372,7 @@ class SkipLayerNormKernel : public CudaKernel {
   float epsilon_;
 };
 
-// LayerNormalizationGrad(dY, X, scale, mean, inv_std_dev) -> dX, dScale, dBias.
+// LayerNormalizationGrad(dY, X, scale, mean, inv_std_dev[, dX_add]) -> dX, dScale, dBias[, dX_low].
 class LayerNormGradKernel : public CudaKernel {
  public:
   LayerNormGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
@@ -390,6 +390,9 @@ class LayerNormGradKernel : public CudaKernel {
     TensorView* dx = ctx.Output(0, x.dim_span());
     TensorView* dg = ctx.Output(1, gamma.dim_span());
     TensorView* db = ctx.Output(2, gamma.dim_span());
+    TensorView* low = ctx.num_outputs() > 3 ? ctx.Output(3, x.dim_span()) : nullptr;  // dX rounded (dX_low)
+    if (low && x.dtype != DataType::kFloat32)
+      return InvalidArgument(name_, ": dX_low rounds a float32 dX, got X of ", DataTypeName(x.dtype));
     // The parameter gradients' partial sums over chunks of the rows.
     const int64_t parts = dg || db ? kc::LayerNormGradScratch(rows, cols) : 0;
     float* scratch = parts ? static_cast<float*>(ctx.Scratch(static_cast<size_t>(parts) * sizeof(float))) : nullptr;
@@ -399,7 +402,8 @@ class LayerNormGradKernel : public CudaKernel {
                              DimsToString(add->shape()));
     return Check(kc::LayerNormGrad(DtOf(x.dtype), dy.data, x.data, gamma.data, mean.as<float>(), inv.as<float>(),
                                    add ? add->data : nullptr, dx ? dx->data : nullptr, dg ? dg->as<float>() : nullptr,
-                                   db ? db->as<float>() : nullptr, scratch, rows, cols, stream()));
+                                   db ? db->as<float>() : nullptr, scratch, rows, cols, low ? low->data : nullptr,
+                                   low ? DtOf(low->dtype) : kc::Dt::kBf16, stream()));
   }
 };
 
