@@ -209,8 +209,16 @@ absl::Status InferGeluGrad(InferContext& ctx) {
 }
 
 absl::Status InferLayerNormGrad(InferContext& ctx) {
-  RETURN_IF_ERROR(InferGradLike(ctx, 1));
-  RETURN_IF_ERROR(ExpectDtypeOf(ctx, 2, 0));
+  // dY in X's type, or bf16 / fp16 with a float32 X (a low-precision product's result, read
+  // as float32).
+  const DataType dy = ctx.input_dtype(0);
+  if ((dy == DataType::kBFloat16 || dy == DataType::kFloat16) && ctx.input_dtype(1) == DataType::kFloat32) {
+    RETURN_IF_ERROR(ExpectGradShape(ctx, 1));
+    ctx.SetOutput(0, DataType::kFloat32, ctx.input_shape(1).has_rank() ? ctx.input_shape(1) : ctx.input_shape(0));
+  } else {
+    RETURN_IF_ERROR(InferGradLike(ctx, 1));
+  }
+  RETURN_IF_ERROR(ExpectDtypeOf(ctx, 2, 1));
   RETURN_IF_ERROR(ExpectDtype(ctx, 3, kGradFloat));
   RETURN_IF_ERROR(ExpectDtypeOf(ctx, 4, 3));
   const Shape& x = ctx.input_shape(1);
@@ -222,7 +230,7 @@ absl::Status InferLayerNormGrad(InferContext& ctx) {
   }
   // dX_add (optional): a gradient of X's shape and type added to dX (the residual stream's).
   if (ctx.has_input(5)) {
-    RETURN_IF_ERROR(ExpectDtypeOf(ctx, 5, 0));
+    RETURN_IF_ERROR(ExpectDtypeOf(ctx, 5, 1));
     const Shape& add = ctx.input_shape(5);
     if (x.has_rank() && add.has_rank() && x.is_static() && add.is_static() && add != x)
       return ctx.Error("expected dX_add of X's shape ", x.ToString(), ", got ", add.ToString());

@@ -498,8 +498,13 @@ absl::Status InferSkipLayerNorm(InferContext& ctx) {
   const DataType t = ctx.input_dtype(0);
   if (t != DataType::kFloat32 && t != DataType::kBFloat16 && t != DataType::kFloat16)
     return ctx.Error("expected float x, got ", DataTypeName(t));
+  // skip (input 1) may be bf16 / fp16 with a float32 x: a low-precision product's result, added
+  // as float32.
+  const DataType skip_t = ctx.input_dtype(1);
+  const bool low_skip =
+      t == DataType::kFloat32 && (skip_t == DataType::kBFloat16 || skip_t == DataType::kFloat16);
   for (int i = 1; i < ctx.num_inputs(); ++i)
-    if (ctx.has_input(i) && ctx.input_dtype(i) != t)
+    if (ctx.has_input(i) && ctx.input_dtype(i) != t && !(i == 1 && low_skip))
       return ctx.Error("input ", i, " is ", DataTypeName(ctx.input_dtype(i)), ", x is ", DataTypeName(t));
   const Shape& x = ctx.input_shape(0);
   const Shape& skip = ctx.input_shape(1);

@@ -165,7 +165,7 @@ OpSchema LayerNormGradSchema() {
   OpSchema s;
   s.SetName("LayerNormalizationGrad").SetDomain("ai.cleave").SinceVersion(1)
       .SetDoc("Gradients of LayerNormalization from its saved Mean and InvStdDev; see docs/ops.md.")
-      .Input(0, "dY", "gradient of Y", "T")
+      .Input(0, "dY", "gradient of Y; or bf16 / fp16 with a float32 X", "D")
       .Input(1, "X", "the forward input", "T")
       .Input(2, "scale", "the forward Scale", "T")
       .Input(3, "mean", "the forward Mean output", "U")
@@ -180,6 +180,8 @@ OpSchema LayerNormGradSchema() {
             static_cast<int64_t>(-1))
       .Attr("low_to", "dX_low's type: 16 (bfloat16) or 10 (float16)", AttributeProto::INT, static_cast<int64_t>(16))
       .TypeConstraint("T", kGradTypes, "float tensors")
+      .TypeConstraint("D", {"tensor(float)", "tensor(double)", "tensor(bfloat16)", "tensor(float16)"},
+                      "X's type, or bf16 / fp16 with a float32 X")
       .TypeConstraint("U", kGradTypes, "statistics type")
       .TypeConstraint("L", {"tensor(bfloat16)", "tensor(float16)"}, "dX_low's type");
   return s;
@@ -237,7 +239,7 @@ OpSchema SkipLayerNormSchema() {
   s.SetName("SkipLayerNormalization").SetDomain("ai.cleave").SinceVersion(1)
       .SetDoc("y = LayerNormalization(x + skip) over the last axis, and the sum; see docs/ops.md.")
       .Input(0, "x", "[..., C]", "T")
-      .Input(1, "skip", "like x", "T")
+      .Input(1, "skip", "like x; or bf16 / fp16 with a float32 x", "S")
       .Input(2, "scale", "[C]", "T")
       .Input(3, "bias", "[C]", "T", OpSchema::Optional)
       .Output(0, "y", "like x, in x's type or the type `to` names", "V")
@@ -247,6 +249,7 @@ OpSchema SkipLayerNormSchema() {
       .Attr("epsilon", "added to the variance", AttributeProto::FLOAT, 1e-5f)
       .Attr("to", "y's type when not x's: 16 (bfloat16) or 10 (float16)", AttributeProto::INT, onnx::OPTIONAL_VALUE)
       .TypeConstraint("T", kFloatTypes, "float tensors")
+      .TypeConstraint("S", kFloatTypes, "x's type, or bf16 / fp16 with a float32 x")
       .TypeConstraint("V", kFloatTypes, "float tensors");
   return s;
 }

@@ -65,8 +65,9 @@ void ApplyDimOverrides(graph::Graph& g, const std::map<std::string, int64_t>& ov
 // cross-entropy gradient from the scores (the forward stores no log_prob), then bf16 logits
 // for it; and last, once the products are final, the padding of a vocabulary whose rows would
 // not be 16-byte aligned, the weight gradients' products taking on their accumulation and
-// their layers' bias gradients, and the residual gradients' rounding to bf16 written by the
-// LayerNorm gradients that form them.
+// their layers' bias gradients, the residual gradients' rounding to bf16 written by the
+// LayerNorm gradients that form them, and the products read by the LayerNorms and their
+// gradients writing bf16.
 absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, bool device,
                       std::set<std::string> disabled) {
   if (const char* env = std::getenv("CLEAVE_DISABLED_OPTIMIZERS"))
@@ -84,10 +85,11 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
   graph::GradientAccumulationFusion accumulation;
   graph::BiasGradientFusion bias_gradient;
   graph::LayerNormGradCastFusion norm_grad_cast;
+  graph::LowPrecisionNormInputs low_norm_inputs;
   std::vector<std::string> known;
   for (graph::Pass* p : std::initializer_list<graph::Pass*>{&fold, &fusion, &attention, &attention_layout, &skip_norm,
                                                             &cross_entropy, &low_scores, &padding, &accumulation,
-                                                            &bias_gradient, &norm_grad_cast})
+                                                            &bias_gradient, &norm_grad_cast, &low_norm_inputs})
     known.push_back(p->name());
   for (const std::string& name : disabled)
     if (std::find(known.begin(), known.end(), name) == known.end())
@@ -111,7 +113,7 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
   RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&padding, &accumulation, &bias_gradient, &dce}), &g));
   // Then the residual gradient's rounding into its LayerNorm gradient (the bias gradients above
   // find that gradient through its Cast).
-  return graph::RunToFixedPoint(enabled({&norm_grad_cast, &dce}), &g);
+  return graph::RunToFixedPoint(enabled({&norm_grad_cast, &low_norm_inputs, &dce}), &g);
 }
 
 }  // namespace

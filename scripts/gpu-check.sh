@@ -9,8 +9,9 @@
 #      GPT-2 124M training step in bf16 with MFU, PyTorch eager and torch.compile on the same
 #      step, an attention microbenchmark, and the cleave step again with the passes named in
 #      GPU_CHECK_ABLATE off: the attention layouts, the vocabulary padding, the bf16 logits,
-#      the accumulation and bias gradients in the products and the residual gradients' bf16
-#      copies by default; GPU_CHECK_ABLATE= skips that run);
+#      the accumulation and bias gradients in the products, the residual gradients' bf16
+#      copies and the bf16 products the LayerNorms read by default; GPU_CHECK_ABLATE= skips
+#      that run);
 #   4. write a summary (gpu-check-summary.txt, in $OUT when set, else in the build folder), with
 #      the busiest op types of one profiled cleave step on the device stream (the trace,
 #      cleave-profile.json, opens in Perfetto).
@@ -185,7 +186,7 @@ if [ "$skip_bench" -eq 0 ]; then
   bench_ok=1
   PYTHONUNBUFFERED=1 timeout "${GPU_CHECK_BENCH_SECONDS:-280}" python3 "$repo/bench/bench_gpu.py" \
     --cleave-bin "$bench_bin" --iters "$bench_iters" --json "$bench_json" --profile-dir "$summary_dir" \
-    --ablate "${GPU_CHECK_ABLATE-AttentionLayoutFusion,ClassPadding,LowPrecisionScores,GradientAccumulationFusion,BiasGradientFusion,LayerNormGradCastFusion}" \
+    --ablate "${GPU_CHECK_ABLATE-AttentionLayoutFusion,ClassPadding,LowPrecisionScores,GradientAccumulationFusion,BiasGradientFusion,LayerNormGradCastFusion,LowPrecisionNormInputs}" \
     >>"$log" 2>&1 || bench_ok=0
   if [ "$bench_ok" -eq 0 ]; then status=1; fi
   if [ -f "$bench_json" ]; then

@@ -360,13 +360,26 @@ TEST_P(CudaEmu, LayerNormAndSkipLayerNorm) {
       // x + skip, the sum stored in x's type; y in x's type, and bf16 from float32.
       for (Dt y_dt : {dt, Dt::kBf16}) {
         Values sy(y_dt, n), sum(dt, n);
-        ASSERT_TRUE(Ok(ck::SkipLayerNorm(dt, y_dt, x.data(), skip.data(), gamma.data(),
+        ASSERT_TRUE(Ok(ck::SkipLayerNorm(dt, dt, y_dt, x.data(), skip.data(), gamma.data(),
                                          with_beta ? beta.data() : nullptr, sy.data(), mean.data(), inv.data(),
                                          sum.data(), rows, cols, eps, nullptr)));
         std::vector<float> want_sum;
         for (int64_t i = 0; i < n; ++i) want_sum.push_back(Round(dt, x[i] + skip[i]));
         EXPECT_TRUE(Exact(sum, want_sum));
         expect(sum.Wide(), sy, "SkipLayerNorm");
+      }
+      if (dt != Dt::kF32) continue;
+      // A bf16 / fp16 skip (a low-precision product's result) added to the float32 x as float32.
+      for (Dt skip_dt : {Dt::kBf16, Dt::kF16}) {
+        SCOPED_TRACE(Name(skip_dt));
+        Values low_skip(skip_dt, Uniform(n, -1.f, 1.f, 11)), sy(Dt::kBf16, n), sum(dt, n);
+        ASSERT_TRUE(Ok(ck::SkipLayerNorm(dt, skip_dt, Dt::kBf16, x.data(), low_skip.data(), gamma.data(),
+                                         with_beta ? beta.data() : nullptr, sy.data(), mean.data(), inv.data(),
+                                         sum.data(), rows, cols, eps, nullptr)));
+        std::vector<float> want_sum;
+        for (int64_t i = 0; i < n; ++i) want_sum.push_back(static_cast<float>(x[i]) + static_cast<float>(low_skip[i]));
+        EXPECT_TRUE(Exact(sum, want_sum));
+        expect(sum.Wide(), sy, "SkipLayerNorm, low skip");
       }
     }
 }
@@ -388,7 +401,7 @@ TEST_P(CudaEmu, LayerNormGradientWithTheResidualAndParameterSums) {
       Array<float> scratch(std::max<int64_t>(1, ck::LayerNormGradScratch(rows, cols)), kNaN);
       ASSERT_TRUE(Ok(ck::LayerNormGrad(dt, dy.data(), x.data(), gamma.data(), mean.data(), inv.data(),
                                        with_add ? add.data() : nullptr, dx.data(), dgamma.data(), dbeta.data(),
-                                       scratch.data(), rows, cols, nullptr, Dt::kBf16, nullptr)));
+                                       scratch.data(), rows, cols, nullptr, Dt::kBf16, dt, nullptr)));
       std::vector<double> want_dx, want_g(static_cast<size_t>(cols), 0.0), want_b(static_cast<size_t>(cols), 0.0);
       for (int64_t r = 0; r < rows; ++r) {
         double a = 0, b = 0;
@@ -415,10 +428,32 @@ TEST_P(CudaEmu, LayerNormGradientWithTheResidualAndParameterSums) {
         Values dx2(dt, n), low(low_dt, n);
         ASSERT_TRUE(Ok(ck::LayerNormGrad(dt, dy.data(), x.data(), gamma.data(), mean.data(), inv.data(),
                                          with_add ? add.data() : nullptr, dx2.data(), nullptr, nullptr, nullptr, rows,
-                                         cols, low.data(), low_dt, nullptr)));
+                                         cols, low.data(), low_dt, dt, nullptr)));
         for (int64_t i = 0; i < n; ++i) {
           ASSERT_EQ(dx2[i], dx[i]) << Name(low_dt) << " " << i;
           ASSERT_EQ(low[i], Round(low_dt, static_cast<float>(dx[i]))) << Name(low_dt) << " " << i;
+        }
+      }
+      // A bf16 / fp16 dy (a low-precision product's result) read as float32: the same as a
+      // float32 dy of its values, dx and the parameter sums alike.
+      for (Dt dy_dt : {Dt::kBf16, Dt::kF16}) {
+        SCOPED_TRACE(Name(dy_dt));
+        Values low_dy(dy_dt, Uniform(n, -1.f, 1.f, 15));
+        std::vector<float> widened;
+        for (int64_t i = 0; i < n; ++i) widened.push_back(static_cast<float>(low_dy[i]));
+        Values wide_dy(dt, widened), dx_low_in(dt, n), dx_wide_in(dt, n);
+        Array<float> g1(cols, kNaN), b1(cols, kNaN), g2(cols, kNaN), b2(cols, kNaN);
+        Array<float> scratch2(std::max<int64_t>(1, ck::LayerNormGradScratch(rows, cols)), kNaN);
+        ASSERT_TRUE(Ok(ck::LayerNormGrad(dt, low_dy.data(), x.data(), gamma.data(), mean.data(), inv.data(),
+                                         with_add ? add.data() : nullptr, dx_low_in.data(), g1.data(), b1.data(),
+                                         scratch2.data(), rows, cols, nullptr, Dt::kBf16, dy_dt, nullptr)));
+        ASSERT_TRUE(Ok(ck::LayerNormGrad(dt, wide_dy.data(), x.data(), gamma.data(), mean.data(), inv.data(),
+                                         with_add ? add.data() : nullptr, dx_wide_in.data(), g2.data(), b2.data(),
+                                         scratch2.data(), rows, cols, nullptr, Dt::kBf16, dt, nullptr)));
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(dx_low_in[i], dx_wide_in[i]) << i;
+        for (int64_t c = 0; c < cols; ++c) {
+          ASSERT_EQ(g1[c], g2[c]) << c;
+          ASSERT_EQ(b1[c], b2[c]) << c;
         }
       }
     }

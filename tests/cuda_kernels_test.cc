@@ -404,6 +404,24 @@ TEST(CudaProvider, SkipLayerNorm) {
                {{"x", Random({3, 5, 768}, 84)}, {"r", Random({3, 5, 768}, 85)}, {"g", Random({768}, 86)},
                 {"b", Random({768}, 87)}},
                to == 16 ? 1e-2 : 1e-3, to == 16 ? 8e-3 : 1e-3, "SkipLayerNormalization");
+  // A bf16 / fp16 skip (LowPrecisionNormInputs: the residual branch's product) added to the
+  // float32 x as float32.
+  for (int to : {16, 10})
+    ExpectSame(absl::StrCat(R"(
+      input x: float32[3,5,768]
+      input r: float32[3,5,768]
+      input g: float32[768]
+      input b: float32[768]
+      hr = Cast(r) {to = )", to, R"(}
+      y, mean, inv, sum = ai.cleave.SkipLayerNormalization(x, hr, g, b) {epsilon = 1e-5}
+      output y
+      output mean
+      output inv
+      output sum
+    )"),
+               {{"x", Random({3, 5, 768}, 88)}, {"r", Random({3, 5, 768}, 89)}, {"g", Random({768}, 90)},
+                {"b", Random({768}, 91)}},
+               1e-5, 1e-4, "SkipLayerNormalization");
 }
 
 TEST(CudaProvider, GradientOps) {
@@ -441,6 +459,24 @@ TEST(CudaProvider, GradientOps) {
              {{"dy", Random({64, 768}, 36)}, {"x", Random({64, 768}, 37)}, {"r", Random({64, 768}, 38)},
               {"g", Random({768}, 39)}, {"b", Random({768}, 40)}},
              1e-5, 1e-4, "LayerNormalizationGrad");
+  // With a bf16 / fp16 dY (LowPrecisionNormInputs: the product forming it) read as float32.
+  for (int to : {16, 10})
+    ExpectSame(absl::StrCat(R"(
+      input dy: float32[64,768]
+      input x: float32[64,768]
+      input r: float32[64,768]
+      input g: float32[768]
+      input b: float32[768]
+      y, mean, inv = LayerNormalization(x, g, b) {axis = -1}
+      hdy = Cast(dy) {to = )", to, R"(}
+      dx, dg, db = ai.cleave.LayerNormalizationGrad(hdy, x, g, mean, inv, r) {axis = -1}
+      output dx
+      output dg
+      output db
+    )"),
+               {{"dy", Random({64, 768}, 36)}, {"x", Random({64, 768}, 37)}, {"r", Random({64, 768}, 38)},
+                {"g", Random({768}, 39)}, {"b", Random({768}, 40)}},
+               1e-5, 1e-4, "LayerNormalizationGrad");
   // And its rounding to bf16 / fp16 written too (dX_low, LayerNormGradCastFusion): within one
   // rounding of the low type where the float32 dX differs in its last bits.
   for (int to : {16, 10})

@@ -704,6 +704,52 @@ TEST(DevicePlacement, LayerNormGradientsWriteTheResidualGradientsRoundingExactly
   }
 }
 
+// The products the LayerNorms and their gradients read write bf16 (LowPrecisionNormInputs): the
+// residual branches' last products (the skip of 4 SkipLayerNormalizations) and the products
+// forming 5 LayerNorm gradients' dY, as PyTorch's autocast hands them on. The steps still track
+// the CPU session's (which keeps them float32) within bf16 rounding, and those of the session
+// without the pass.
+TEST(DevicePlacement, ProductsTheLayerNormsReadWriteBf16) {
+  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  trainer::TrainingSpec spec;
+  spec.dims = {{"batch", 2}, {"seq", 16}};
+  auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
+  auto on = Bf16Session(**model, spec, device);
+  auto off = Bf16Session(**model, spec, device, {"LowPrecisionNormInputs"});
+  auto cpu = Bf16Session(**model, spec, nullptr);
+  ASSERT_TRUE(on.ok() && off.ok() && cpu.ok()) << on.status() << off.status() << cpu.status();
+  auto low_inputs = [](const trainer::TrainingSession& s, int* skips, int* dys) {
+    *skips = *dys = 0;
+    for (const auto& n : s.training_graph()->nodes()) {
+      *skips += n->op_type() == "SkipLayerNormalization" && n->input(1)->dtype() == DataType::kBFloat16;
+      *dys += n->op_type() == "LayerNormalizationGrad" && n->input(0)->dtype() == DataType::kBFloat16;
+    }
+  };
+  int skips = 0, dys = 0;
+  low_inputs(**on, &skips, &dys);
+  EXPECT_EQ(skips, 4);
+  EXPECT_EQ(dys, 5) << "ln_f, both ln2 and both ln1";
+  low_inputs(**off, &skips, &dys);
+  EXPECT_EQ(skips + dys, 0);
+  const Feeds feeds = testing::TokenBatch(16, 256);
+  std::vector<float> losses[3];
+  for (int step = 0; step < 4; ++step)
+    for (int k = 0; k < 3; ++k) {
+      trainer::TrainingSession& s = ***(k == 0 ? &on : k == 1 ? &off : &cpu);
+      auto loss = s.TrainStep(feeds);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      ASSERT_TRUE(s.OptimizerStep().ok());
+      losses[k].push_back(*loss);
+    }
+  EXPECT_NE(losses[0][0], losses[1][0]) << "the proj outputs are rounded to bf16 in the first forward";
+  for (int step = 0; step < 4; ++step) {
+    EXPECT_NEAR(losses[0][step], losses[1][step], 2e-3 * losses[1][step]) << step;
+    EXPECT_NEAR(losses[0][step], losses[2][step], 2e-3 * losses[2][step]) << step;
+  }
+  EXPECT_LT(losses[0][3], losses[0][0]) << "the steps train";
+}
+
 // Passes can be turned off by name (SessionOptions::disabled_optimizers, as ONNX Runtime's
 // disabled_optimizers), and through CLEAVE_DISABLED_OPTIMIZERS; an unknown name is an error
 // that lists the passes. Without the layout fusion the attention transposes stay, and the

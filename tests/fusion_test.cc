@@ -838,6 +838,75 @@ TEST(LayerNormGradCastFusion, TheGradientWritesItsOwnRounding) {
   EXPECT_FALSE(Changes(fusion, head + "c = Cast(dx) {to = 11}\noutput c\n"));
 }
 
+// A float32 low-precision product read only as a SkipLayerNormalization's skip or a
+// LayerNormalizationGrad's dY writes bf16 (its bias cast to bf16), which they widen: exactly
+// what the same graph computes with that rounding spelled out as Casts. A product with another
+// reader, or read as the SkipLayerNormalization's x, is left alone.
+TEST(LowPrecisionNormInputs, ProductsTheNormsReadWriteBf16) {
+  const std::string inputs = R"(
+    input a: float32[6,16]
+    input w: float32[16,8]
+    input b: float32[8]
+    input r: float32[6,8]
+    input g: float32[8]
+    input beta: float32[8]
+    input mean: float32[6,1]
+    input inv: float32[6,1]
+    ha = Cast(a) {to = 16}
+    hw = Cast(w) {to = 16}
+  )";
+  const std::string fused = inputs + R"(
+    p = ai.cleave.MatMulBf16(ha, hw, b)
+    y, m, i, sum = ai.cleave.SkipLayerNormalization(r, p, g, beta)
+    q = ai.cleave.MatMulBf16(ha, hw)
+    dx, dg, db = ai.cleave.LayerNormalizationGrad(q, r, g, mean, inv)
+    output y
+    output sum
+    output dx
+    output dg
+  )";
+  const std::string spelled_out = inputs + R"(
+    hb = Cast(b) {to = 16}
+    hp = ai.cleave.MatMulBf16(ha, hw, hb) {to = 16}
+    p = Cast(hp) {to = 1}
+    y, m, i, sum = ai.cleave.SkipLayerNormalization(r, p, g, beta)
+    hq = ai.cleave.MatMulBf16(ha, hw) {to = 16}
+    q = Cast(hq) {to = 1}
+    dx, dg, db = ai.cleave.LayerNormalizationGrad(q, r, g, mean, inv)
+    output y
+    output sum
+    output dx
+    output dg
+  )";
+  LowPrecisionNormInputs pass;
+  std::unique_ptr<Graph> g = Rewritten(fused, pass);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->FindValue("p")->dtype(), DataType::kBFloat16);
+  EXPECT_EQ(g->FindValue("q")->dtype(), DataType::kBFloat16);
+  const Node* p = g->FindValue("p")->producer();
+  ASSERT_EQ(p->num_inputs(), 3);
+  EXPECT_EQ(p->input(2)->dtype(), DataType::kBFloat16) << "the bias in the result's type";
+  EXPECT_EQ(p->input(2)->producer()->op_type(), "Cast");
+  auto reference = ParseGraph(spelled_out);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ExpectGraphsAgree(std::move(g), std::move(*reference),
+                    {{"a", Random({6, 16}, 41)}, {"w", Random({16, 8}, 42)}, {"b", Random({8}, 43)},
+                     {"r", Random({6, 8}, 44)}, {"g", Random({8}, 45)}, {"beta", Random({8}, 46)},
+                     {"mean", Random({6, 1}, 47)}, {"inv", Random({6, 1}, 48)}},
+                    0, 0);
+  EXPECT_FALSE(Changes(pass, inputs + R"(
+    p = ai.cleave.MatMulBf16(ha, hw, b)
+    y, m, i, sum = ai.cleave.SkipLayerNormalization(r, p, g, beta)
+    output y
+    output p
+  )"));
+  EXPECT_FALSE(Changes(pass, inputs + R"(
+    p = ai.cleave.MatMulBf16(ha, hw, b)
+    y, m, i, sum = ai.cleave.SkipLayerNormalization(p, r, g, beta)
+    output y
+  )"));
+}
+
 TEST(LowPrecisionScores, TheLogitsProductWritesBf16ForTheGradientFromTheScores) {
   LowPrecisionScores low;
   std::unique_ptr<Graph> g = Rewritten(BfloatHead(1024), low);

@@ -871,6 +871,41 @@ bool FoldCastIntoLayerNormGrad(Graph* g, Node* cast) {
   return true;
 }
 
+// A float32 MatMulBf16 / MatMulF16 result (no accumulation, no dbias) that only a
+// SkipLayerNormalization reads as its skip (a residual branch's last product, beside the float32
+// residual) or only a LayerNormalizationGrad reads as its dY (beside a float32 X) -> the product
+// writes the operands' type (`to`), its float32 bias rounded to that type by a Cast, and the
+// reader takes it as float32: PyTorch's autocast returns a linear layer's output (bias
+// included) in bf16 too, and the [tokens, width] result is written and read in half the bytes.
+bool NarrowProductIntoNorm(Graph* g, Node* p) {
+  if ((!IsCleaveOp(p, "MatMulBf16") && !IsCleaveOp(p, "MatMulF16")) || p->HasAttr("to") || p->num_inputs() > 3 ||
+      (p->num_outputs() > 1 && p->output(1)))
+    return false;
+  Value* y = p->output(0);
+  if (!SoleUse(y) || y->dtype() != DataType::kFloat32) return false;
+  const auto [reader, slot] = y->consumers()[0];
+  const bool skip = IsCleaveOp(reader, "SkipLayerNormalization") && slot == 1 &&
+                    reader->input(0)->dtype() == DataType::kFloat32;
+  const bool dy = IsCleaveOp(reader, "LayerNormalizationGrad") && slot == 0 &&
+                  reader->input(1)->dtype() == DataType::kFloat32;
+  if (!skip && !dy) return false;
+  const DataType low = p->op_type() == "MatMulBf16" ? DataType::kBFloat16 : DataType::kFloat16;
+  Value* bias = p->num_inputs() > 2 ? p->input(2) : nullptr;
+  if (bias) {
+    if (bias->dtype() != DataType::kFloat32 || !bias->shape().is_static()) return false;
+    Value* narrow = g->CreateUniqueValue(bias->name() + "/" + DataTypeName(low));
+    narrow->set_dtype(low);
+    narrow->set_shape(bias->shape());
+    Node* cast = g->AddNode("Cast", {bias}, {narrow}, g->UniqueName(narrow->name()), "");
+    cast->SetAttr("to", Attribute::Int(static_cast<int64_t>(low)));
+    cast->metadata() = p->metadata();
+    g->SetNodeInput(p, 2, narrow);
+  }
+  p->SetAttr("to", Attribute::Int(static_cast<int64_t>(low)));
+  y->set_dtype(low);
+  return true;
+}
+
 enum class Rules {
   kActivationNorm,
   kTransformer,
@@ -880,7 +915,8 @@ enum class Rules {
   kLowPrecisionScores,
   kGradientAccumulation,
   kBiasGradient,
-  kLayerNormGradCast
+  kLayerNormGradCast,
+  kLowPrecisionNormInputs
 };
 
 // One rewrite at node n, if any applies.
@@ -893,6 +929,7 @@ bool FuseAt(Graph* g, Node* n, Rules rules) {
   if (rules == Rules::kGradientAccumulation) return FoldGradientAccumulation(g, n);
   if (rules == Rules::kBiasGradient) return FoldBiasGradient(g, n);
   if (rules == Rules::kLayerNormGradCast) return FoldCastIntoLayerNormGrad(g, n);
+  if (rules == Rules::kLowPrecisionNormInputs) return NarrowProductIntoNorm(g, n);
   const bool matmul_rules = rules == Rules::kTransformer;
   if (Is(n, "Erf")) return FuseErfGelu(g, n);
   if (Is(n, "Tanh")) return FuseTanhGelu(g, n);
@@ -933,6 +970,8 @@ absl::StatusOr<bool> GradientAccumulationFusion::Run(Graph* g) {
 absl::StatusOr<bool> BiasGradientFusion::Run(Graph* g) { return RunFusions(g, Rules::kBiasGradient); }
 
 absl::StatusOr<bool> LayerNormGradCastFusion::Run(Graph* g) { return RunFusions(g, Rules::kLayerNormGradCast); }
+
+absl::StatusOr<bool> LowPrecisionNormInputs::Run(Graph* g) { return RunFusions(g, Rules::kLowPrecisionNormInputs); }
 
 namespace {
 

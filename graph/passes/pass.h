@@ -182,6 +182,18 @@ class LayerNormGradCastFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
+// A float32 MatMulBf16 / MatMulF16 result read only as a SkipLayerNormalization's skip (the
+// residual branch's last product) or as a LayerNormalizationGrad's dY (a layer's input
+// gradient) -> the product writes bf16 / fp16 (`to`, its bias cast to that type), which the
+// reader widens as it reads it, as PyTorch's autocast hands a linear layer's bf16 output to the
+// float32 residual add and LayerNorm backward: those [tokens, width] tensors move in half the
+// bytes. Sessions with a device provider run it, once the products are final.
+class LowPrecisionNormInputs : public Pass {
+ public:
+  std::string name() const override { return "LowPrecisionNormInputs"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
 // Mixed precision's logits product y = h · Wᵀ (MatMulBf16 / MatMulF16, transB = 1) over a
 // vocabulary of V >= 1024 classes that is not a multiple of 8 (GPT-2's 50257): its [N, V]
 // scores and their gradient have a row pitch that is not 16-byte aligned, which keeps

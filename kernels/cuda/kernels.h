@@ -54,19 +54,22 @@ int GeluGrad(Dt dt, const void* dy, const void* x, void* dx, int64_t n, bool tan
 // mean and inv_std [rows] fp32 (may be null).
 int LayerNorm(Dt dt, const void* x, const void* gamma, const void* beta, void* y, float* mean, float* inv_std,
               int64_t rows, int64_t cols, float epsilon, void* stream);
-// The same over sum = x + skip, written to `sum` (may be null) as well.
-int SkipLayerNorm(Dt dt, Dt y_dt, const void* x, const void* skip, const void* gamma, const void* beta, void* y,
-                  float* mean, float* inv_std, void* sum, int64_t rows, int64_t cols, float epsilon, void* stream);
+// The same over sum = x + skip, written to `sum` (may be null) as well; skip of x's type dt, or
+// (dt float32) of skip_dt bf16 / fp16, added as float32.
+int SkipLayerNorm(Dt dt, Dt skip_dt, Dt y_dt, const void* x, const void* skip, const void* gamma, const void* beta,
+                  void* y, float* mean, float* inv_std, void* sum, int64_t rows, int64_t cols, float epsilon,
+                  void* stream);
 // dx [rows, cols] (plus dx_add [rows, cols] when it is not null); dgamma, dbeta [cols] fp32 sums
 // over rows (either may be null). The sums
 // split the rows over blocks and add their partial sums in a second pass, in a fixed order:
 // `scratch` is device memory of LayerNormGradScratch(rows, cols) floats.
 int64_t LayerNormGradScratch(int64_t rows, int64_t cols);
 // With dx_low (dt float32 only), dx is also written rounded to low_dt (bf16 or fp16), as a Cast
-// of it would round it; dx may then be null.
+// of it would round it; dx may then be null. dy is of x's type dt, or (dt float32) of dy_dt
+// bf16 / fp16, read as float32.
 int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const float* mean, const float* inv_std,
                   const void* dx_add, void* dx, float* dgamma, float* dbeta, float* scratch, int64_t rows, int64_t cols,
-                  void* dx_low, Dt low_dt, void* stream);
+                  void* dx_low, Dt low_dt, Dt dy_dt, void* stream);
 // Softmax or LogSoftmax over the last axis of [rows, cols].
 int Softmax(Dt dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, void* stream);
 

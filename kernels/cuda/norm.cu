@@ -35,14 +35,15 @@ __global__ void LayerNormKernel(const T* x, const T* gamma, const T* beta, T* y,
 }
 
 // LayerNorm of x + skip: the sum is re-formed in each pass over the row rather than stored (and
-// written once to `sum` when asked). y is of x's type, or (mixed precision) of a lower one Y.
-template <typename T, typename Y>
-__global__ void SkipLayerNormKernel(const T* x, const T* skip, const T* gamma, const T* beta, Y* y, float* mean_out,
+// written once to `sum` when asked). y is of x's type, or (mixed precision) of a lower one Y;
+// skip is of x's type, or (a low-precision product's result) of a lower one S.
+template <typename T, typename S, typename Y>
+__global__ void SkipLayerNormKernel(const T* x, const S* skip, const T* gamma, const T* beta, Y* y, float* mean_out,
                                     float* inv_out, T* sum, int64_t cols, float eps) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * cols;
-  const T* sr = skip + row * cols;
+  const S* sr = skip + row * cols;
   Y* yr = y + row * cols;
   // The sum rounded to the storage type, as Add would store it.
   auto at = [&](int64_t c) { return ToFloat(FromFloat<T>(ToFloat(xr[c]) + ToFloat(sr[c]))); };
@@ -71,12 +72,13 @@ __global__ void SkipLayerNormKernel(const T* x, const T* skip, const T* gamma, c
 }
 
 // dx (when not null) and its rounding to L (dx_low, when not null).
-template <typename T, typename L>
-__global__ void LayerNormGradRows(const T* dy, const T* x, const T* gamma, const float* mean, const float* inv,
+// dy is of x's type T, or (a low-precision product's result) of a lower one D.
+template <typename T, typename D, typename L>
+__global__ void LayerNormGradRows(const D* dy, const T* x, const T* gamma, const float* mean, const float* inv,
                                   const T* add, T* dx, L* dx_low, int64_t cols) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
-  const T* dyr = dy + row * cols;
+  const D* dyr = dy + row * cols;
   const T* xr = x + row * cols;
   const float mu = mean[row], is = inv[row];
   float a = 0.f, b = 0.f;  // sums of g*dy and g*dy*xhat
@@ -102,8 +104,8 @@ __global__ void LayerNormGradRows(const T* dy, const T* x, const T* gamma, const
 // chunk) of its 32 columns into part_g / part_b [by][c]; LayerNormGradParts adds each column's
 // parts in order. (One thread per column over every row would leave the device idle: a
 // 768-wide LayerNorm is 3 blocks.)
-template <typename T>
-__global__ void LayerNormGradColumns(const T* dy, const T* x, const float* mean, const float* inv, float* part_g,
+template <typename T, typename D>
+__global__ void LayerNormGradColumns(const D* dy, const T* x, const float* mean, const float* inv, float* part_g,
                                      float* part_b, int64_t rows, int64_t cols, int64_t chunk) {
   __shared__ float sg[8][33], sb[8][33];
   const int64_t c = blockIdx.x * 32 + threadIdx.x;
@@ -186,14 +188,18 @@ int LayerNorm(Dt dt, const void* x, const void* gamma, const void* beta, void* y
   return static_cast<int>(cudaGetLastError());
 }
 
-int SkipLayerNorm(Dt dt, Dt y_dt, const void* x, const void* skip, const void* gamma, const void* beta, void* y,
-                  float* mean, float* inv_std, void* sum, int64_t rows, int64_t cols, float epsilon, void* stream) {
+int SkipLayerNorm(Dt dt, Dt skip_dt, Dt y_dt, const void* x, const void* skip, const void* gamma, const void* beta,
+                  void* y, float* mean, float* inv_std, void* sum, int64_t rows, int64_t cols, float epsilon,
+                  void* stream) {
   if (rows == 0) return 0;
+  if (skip_dt != dt && dt != Dt::kF32) return static_cast<int>(cudaErrorInvalidValue);
   DISPATCH_DT(dt, T, {
-    DISPATCH_DT(y_dt, Y, {
-      SkipLayerNormKernel<T, Y><<<Rows(rows), kThreads, 0, Stream(stream)>>>(
-          static_cast<const T*>(x), static_cast<const T*>(skip), static_cast<const T*>(gamma),
-          static_cast<const T*>(beta), static_cast<Y*>(y), mean, inv_std, static_cast<T*>(sum), cols, epsilon);
+    DISPATCH_DT(skip_dt, S, {
+      DISPATCH_DT(y_dt, Y, {
+        SkipLayerNormKernel<T, S, Y><<<Rows(rows), kThreads, 0, Stream(stream)>>>(
+            static_cast<const T*>(x), static_cast<const S*>(skip), static_cast<const T*>(gamma),
+            static_cast<const T*>(beta), static_cast<Y*>(y), mean, inv_std, static_cast<T*>(sum), cols, epsilon);
+      });
     });
   });
   return static_cast<int>(cudaGetLastError());
@@ -205,9 +211,29 @@ int64_t LayerNormGradScratch(int64_t rows, int64_t cols) {
   return 2 * ColumnChunks(rows, cols, &chunk) * cols;
 }
 
+namespace {
+// The rows' dx (and its rounding to L) and the chunked dgamma / dbeta sums, for dy of type D.
+template <typename T, typename D, typename L>
+void LaunchLayerNormGrad(const D* dy, const T* x, const T* gamma, const float* mean, const float* inv_std, const T* add,
+                         T* dx, L* dx_low, float* dgamma, float* dbeta, float* scratch, int64_t rows, int64_t cols,
+                         cudaStream_t s) {
+  if (dx || dx_low)
+    LayerNormGradRows<T, D, L><<<Rows(rows), kThreads, 0, s>>>(dy, x, gamma, mean, inv_std, add, dx, dx_low, cols);
+  if ((dgamma || dbeta) && cols > 0) {
+    int64_t chunk = 0;
+    const int64_t chunks = ColumnChunks(rows, cols, &chunk);
+    float* part_g = scratch;
+    float* part_b = scratch + chunks * cols;
+    const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
+    LayerNormGradColumns<T, D><<<grid, dim3(32, 8), 0, s>>>(dy, x, mean, inv_std, part_g, part_b, rows, cols, chunk);
+    LayerNormGradParts<<<Blocks(cols), kThreads, 0, s>>>(part_g, part_b, dgamma, dbeta, chunks, cols);
+  }
+}
+}  // namespace
+
 int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const float* mean, const float* inv_std,
                   const void* dx_add, void* dx, float* dgamma, float* dbeta, float* scratch, int64_t rows, int64_t cols,
-                  void* dx_low, Dt low_dt, void* stream) {
+                  void* dx_low, Dt low_dt, Dt dy_dt, void* stream) {
   if (rows == 0) {  // sums over no rows
     cudaStream_t s = Stream(stream);
     for (float* sum : {dgamma, dbeta})
@@ -217,36 +243,34 @@ int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const
     return 0;
   }
   if ((dgamma || dbeta) && cols > 0 && !scratch) return static_cast<int>(cudaErrorInvalidValue);
-  if (dx_low && (dt != Dt::kF32 || low_dt == Dt::kF32)) return static_cast<int>(cudaErrorInvalidValue);
+  // A lower dy and the rounded dx_low only with a float32 x.
+  if ((dx_low && (dt != Dt::kF32 || low_dt == Dt::kF32)) || (dy_dt != dt && dt != Dt::kF32))
+    return static_cast<int>(cudaErrorInvalidValue);
   cudaStream_t s = Stream(stream);
-  if (dx_low) {  // float32 dx, also rounded
-    const float *dy32 = static_cast<const float*>(dy), *x32 = static_cast<const float*>(x);
-    const float *g32 = static_cast<const float*>(gamma), *add32 = static_cast<const float*>(dx_add);
+  if (dt == Dt::kF32) {
+    const float *x32 = static_cast<const float*>(x), *g32 = static_cast<const float*>(gamma);
+    const float* add32 = static_cast<const float*>(dx_add);
     float* dx32 = static_cast<float*>(dx);
-    if (low_dt == Dt::kBf16)
-      LayerNormGradRows<float, __nv_bfloat16><<<Rows(rows), kThreads, 0, s>>>(
-          dy32, x32, g32, mean, inv_std, add32, dx32, static_cast<__nv_bfloat16*>(dx_low), cols);
-    else
-      LayerNormGradRows<float, __half><<<Rows(rows), kThreads, 0, s>>>(dy32, x32, g32, mean, inv_std, add32, dx32,
-                                                                      static_cast<__half*>(dx_low), cols);
+    DISPATCH_DT(dy_dt, D, {
+      const D* dyd = static_cast<const D*>(dy);
+      if (!dx_low)
+        LaunchLayerNormGrad<float, D, float>(dyd, x32, g32, mean, inv_std, add32, dx32, nullptr, dgamma, dbeta,
+                                             scratch, rows, cols, s);
+      else if (low_dt == Dt::kBf16)
+        LaunchLayerNormGrad<float, D, __nv_bfloat16>(dyd, x32, g32, mean, inv_std, add32, dx32,
+                                                     static_cast<__nv_bfloat16*>(dx_low), dgamma, dbeta, scratch, rows,
+                                                     cols, s);
+      else
+        LaunchLayerNormGrad<float, D, __half>(dyd, x32, g32, mean, inv_std, add32, dx32, static_cast<__half*>(dx_low),
+                                              dgamma, dbeta, scratch, rows, cols, s);
+    });
+  } else {
+    DISPATCH_DT(dt, T, {
+      LaunchLayerNormGrad<T, T, T>(static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(gamma),
+                                   mean, inv_std, static_cast<const T*>(dx_add), static_cast<T*>(dx), nullptr, dgamma,
+                                   dbeta, scratch, rows, cols, s);
+    });
   }
-  DISPATCH_DT(dt, T, {
-    if (dx && !dx_low)
-      LayerNormGradRows<T, T><<<Rows(rows), kThreads, 0, s>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
-                                                              static_cast<const T*>(gamma), mean, inv_std,
-                                                              static_cast<const T*>(dx_add), static_cast<T*>(dx),
-                                                              static_cast<T*>(nullptr), cols);
-    if ((dgamma || dbeta) && cols > 0) {
-      int64_t chunk = 0;
-      const int64_t chunks = ColumnChunks(rows, cols, &chunk);
-      float* part_g = scratch;
-      float* part_b = scratch + chunks * cols;
-      const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
-      LayerNormGradColumns<T><<<grid, dim3(32, 8), 0, s>>>(static_cast<const T*>(dy), static_cast<const T*>(x), mean,
-                                                           inv_std, part_g, part_b, rows, cols, chunk);
-      LayerNormGradParts<<<Blocks(cols), kThreads, 0, s>>>(part_g, part_b, dgamma, dbeta, chunks, cols);
-    }
-  });
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -324,6 +324,10 @@ class LayerNormGradKernel : public OpKernel {
     const TensorView& mean = *ctx.input(3);
     const TensorView& inv_std = *ctx.input(4);
     RETURN_IF_ERROR(ExpectSameDims(dy, x, "X"));
+    if (dy.dtype != x.dtype &&
+        !(x.dtype == DataType::kFloat32 && (dy.dtype == DataType::kBFloat16 || dy.dtype == DataType::kFloat16)))
+      return InvalidArgument("expected dY of X's type, or bf16 / fp16 with a float32 X, got ", DataTypeName(dy.dtype),
+                             " and ", DataTypeName(x.dtype));
     if (const TensorView* add = ctx.num_inputs() > 5 ? ctx.input(5) : nullptr; add && add->shape() != x.shape())
       return InvalidArgument("expected dX_add of X's shape ", DimsToString(x.shape()), ", got ",
                              DimsToString(add->shape()));
@@ -385,7 +389,14 @@ class LayerNormGradKernel : public OpKernel {
     // dX_low (float32 X only, checked above): dX rounded to bf16 / fp16 as a Cast of it would be.
     TensorView* low = ctx.num_outputs() > 3 ? ctx.Output(3, x.dim_span()) : nullptr;
     T* d = dx ? dx->as<T>() : buffer(x.numel());
-    kernels::cpu::LayerNormGrad<T, U>(p, ctx.input(0)->as<const T>(), x.as<const T>(), s,
+    // A bf16 / fp16 dY (a low-precision product's result) is read as float32.
+    const T* dy = ctx.input(0)->as<const T>();
+    if (ctx.input(0)->dtype != x.dtype) {
+      T* wide = buffer(x.numel());
+      kernels::cpu::Cast(*ctx.input(0), TensorView(wide, x.dtype, x.dim_span()), ctx.thread_pool());
+      dy = wide;
+    }
+    kernels::cpu::LayerNormGrad<T, U>(p, dy, x.as<const T>(), s,
                                       ctx.input(3)->as<const U>(), ctx.input(4)->as<const U>(), d, ds, db, workspace,
                                       ctx.thread_pool());
     // dX_add: added to dX after it is formed, as a separate Add would add it.
@@ -435,7 +446,8 @@ void RegisterGradKernels(KernelRegistry& r) {
   r.Register({c, "GeluGrad", 1, 1, AllOf({InputTypeIn(0, floats), InputTypeIn(1, floats), GeluGradSupported}),
               MakeFactory<GeluGradKernel>()});
   r.Register({c, "LayerNormalizationGrad", 1, 1,
-              AllOf({InputTypeIn(0, floats), InputTypeIn(1, floats), InputTypeIn(3, floats)}),
+              AllOf({InputTypeIn(0, {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16, DataType::kFloat16}),
+                     InputTypeIn(1, floats), InputTypeIn(3, floats)}),
               MakeFactory<LayerNormGradKernel>()});
 }
 

@@ -168,7 +168,15 @@ class SkipLayerNormKernel : public OpKernel {
     TensorView* sum = ctx.Output(3, x.dim_span());
     float* s = sum ? sum->as<float>() : static_cast<float*>(ctx.Scratch(x.nbytes()));
     const float* a = x.as<float>();
+    // A bf16 / fp16 skip (a low-precision product's result) is added as float32.
     const float* b = skip.as<float>();
+    if (skip.dtype != DataType::kFloat32) {
+      if (skip.dtype != DataType::kBFloat16 && skip.dtype != DataType::kFloat16)
+        return InvalidArgument("expected a float32, bf16 or fp16 skip, got ", DataTypeName(skip.dtype));
+      float* wide = static_cast<float*>(ctx.Scratch(x.nbytes()));
+      kernels::cpu::Cast(skip, TensorView(wide, DataType::kFloat32, skip.dim_span()), ctx.thread_pool());
+      b = wide;
+    }
     ParallelFor(ctx.thread_pool(), x.numel(), 1 << 14, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) s[i] = a[i] + b[i];
     });

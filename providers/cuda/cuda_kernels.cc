@@ -362,7 +362,10 @@ class SkipLayerNormKernel : public CudaKernel {
     TensorView* sum = ctx.Output(3, x.dim_span());
     if (!y) return absl::OkStatus();
     // y in x's type, or (`to`) the low type mixed precision's next product reads.
-    return Check(kc::SkipLayerNorm(DtOf(x.dtype), DtOf(y->dtype), x.data, skip.data, gamma.data,
+    // skip in x's type, or a low-precision product's bf16 / fp16 result with a float32 x.
+    if (skip.dtype != x.dtype && x.dtype != DataType::kFloat32)
+      return InvalidArgument(name_, ": skip of ", DataTypeName(skip.dtype), " with x of ", DataTypeName(x.dtype));
+    return Check(kc::SkipLayerNorm(DtOf(x.dtype), DtOf(skip.dtype), DtOf(y->dtype), x.data, skip.data, gamma.data,
                                    beta ? beta->data : nullptr, y->data,
                                    mean ? mean->as<float>() : nullptr, inv ? inv->as<float>() : nullptr,
                                    sum ? sum->data : nullptr, cols ? x.numel() / cols : 0, cols, epsilon_, stream()));
@@ -403,7 +406,7 @@ class LayerNormGradKernel : public CudaKernel {
     return Check(kc::LayerNormGrad(DtOf(x.dtype), dy.data, x.data, gamma.data, mean.as<float>(), inv.as<float>(),
                                    add ? add->data : nullptr, dx ? dx->data : nullptr, dg ? dg->as<float>() : nullptr,
                                    db ? db->as<float>() : nullptr, scratch, rows, cols, low ? low->data : nullptr,
-                                   low ? DtOf(low->dtype) : kc::Dt::kBf16, stream()));
+                                   low ? DtOf(low->dtype) : kc::Dt::kBf16, DtOf(dy.dtype), stream()));
   }
 };
 
@@ -863,7 +866,9 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<SoftmaxKernel>(r, this, "", "LogSoftmax", 13, 1 << 30, AllOf({floats, LastAxisOnly}));
   Add<LayerNormKernel>(r, this, "", "LayerNormalization", 17, 1 << 30, AllOf({floats, LastAxisOnly, Fp32Stash}));
   Add<LayerNormKernel>(r, this, C, "LayerNormalization", 1, 1, AllOf({floats, LastAxisOnly, Fp32Stash}));
-  Add<LayerNormGradKernel>(r, this, C, "LayerNormalizationGrad", 1, 1, AllOf({f32, LastAxisOnly}));
+  // dY float32, or bf16 / fp16 (a low-precision product's result) with the float32 X.
+  Add<LayerNormGradKernel>(r, this, C, "LayerNormalizationGrad", 1, 1,
+                           AllOf({InputTypeIn(1, {DataType::kFloat32}), LastAxisOnly}));
   Add<SkipLayerNormKernel>(r, this, C, "SkipLayerNormalization", 1, 1, floats);
   Add<GatherKernel>(r, this, "", "Gather", 1, 1 << 30, AllOf({[](const graph::Node& n, int) -> std::string {
                       return n.AttrInt("axis", 0) == 0 ? "" : "only axis 0 is supported on CUDA";
