@@ -444,57 +444,42 @@ TEST(CudaProvider, GradientOps) {
                atol, 1e-4, "LayerNormalizationGrad");
   }
   // With the residual stream's gradient folded in (dX_add): dX + r, written once.
-  ExpectSame(R"(
+  const std::string ln_inputs = R"(
     input dy: float32[64,768]
     input x: float32[64,768]
     input r: float32[64,768]
     input g: float32[768]
     input b: float32[768]
     y, mean, inv = LayerNormalization(x, g, b) {axis = -1}
+  )";
+  const Feeds ln_feeds = {{"dy", Random({64, 768}, 36)}, {"x", Random({64, 768}, 37)}, {"r", Random({64, 768}, 38)},
+                          {"g", Random({768}, 39)}, {"b", Random({768}, 40)}};
+  ExpectSame(ln_inputs + R"(
     dx, dg, db = ai.cleave.LayerNormalizationGrad(dy, x, g, mean, inv, r) {axis = -1}
     output dx
     output dg
     output db
   )",
-             {{"dy", Random({64, 768}, 36)}, {"x", Random({64, 768}, 37)}, {"r", Random({64, 768}, 38)},
-              {"g", Random({768}, 39)}, {"b", Random({768}, 40)}},
-             1e-5, 1e-4, "LayerNormalizationGrad");
-  // With a bf16 / fp16 dY (LowPrecisionNormInputs: the product forming it) read as float32.
-  for (int to : {16, 10})
-    ExpectSame(absl::StrCat(R"(
-      input dy: float32[64,768]
-      input x: float32[64,768]
-      input r: float32[64,768]
-      input g: float32[768]
-      input b: float32[768]
-      y, mean, inv = LayerNormalization(x, g, b) {axis = -1}
-      hdy = Cast(dy) {to = )", to, R"(}
+             ln_feeds, 1e-5, 1e-4, "LayerNormalizationGrad");
+  for (int to : {16, 10}) {
+    // With a bf16 / fp16 dY (LowPrecisionNormInputs: the product forming it) read as float32.
+    ExpectSame(absl::StrCat(ln_inputs, "hdy = Cast(dy) {to = ", to, R"(}
       dx, dg, db = ai.cleave.LayerNormalizationGrad(hdy, x, g, mean, inv, r) {axis = -1}
       output dx
       output dg
       output db
     )"),
-               {{"dy", Random({64, 768}, 36)}, {"x", Random({64, 768}, 37)}, {"r", Random({64, 768}, 38)},
-                {"g", Random({768}, 39)}, {"b", Random({768}, 40)}},
-               1e-5, 1e-4, "LayerNormalizationGrad");
-  // And its rounding to bf16 / fp16 written too (dX_low, LayerNormGradCastFusion): within one
-  // rounding of the low type where the float32 dX differs in its last bits.
-  for (int to : {16, 10})
-    ExpectSame(absl::StrCat(R"(
-      input dy: float32[64,768]
-      input x: float32[64,768]
-      input r: float32[64,768]
-      input g: float32[768]
-      input b: float32[768]
-      y, mean, inv = LayerNormalization(x, g, b) {axis = -1}
-      dx, dg, db, dl = ai.cleave.LayerNormalizationGrad(dy, x, g, mean, inv, r) {axis = -1, low_to = )", to, R"(}
+               ln_feeds, 1e-5, 1e-4, "LayerNormalizationGrad");
+    // And dX's rounding to bf16 / fp16 written too (dX_low, LayerNormGradCastFusion): within one
+    // rounding of the low type where the float32 dX differs in its last bits.
+    ExpectSame(absl::StrCat(ln_inputs, "dx, dg, db, dl = ai.cleave.LayerNormalizationGrad(dy, x, g, mean, inv, r) ",
+                            "{axis = -1, low_to = ", to, R"(}
       w = Cast(dl) {to = 1}
       output dx
       output w
     )"),
-               {{"dy", Random({64, 768}, 36)}, {"x", Random({64, 768}, 37)}, {"r", Random({64, 768}, 38)},
-                {"g", Random({768}, 39)}, {"b", Random({768}, 40)}},
-               1e-5, to == 16 ? 8e-3 : 1e-3, "LayerNormalizationGrad");
+               ln_feeds, 1e-5, to == 16 ? 8e-3 : 1e-3, "LayerNormalizationGrad");
+  }
   for (const char* approx : {"none", "tanh"})
     ExpectSame(absl::StrCat("input dy: float32[4,300]\ninput x: float32[4,300]\ndx = ai.cleave.GeluGrad(dy, x) "
                             "{approximate = \"", approx, "\"}\noutput dx\n"),

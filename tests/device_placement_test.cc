@@ -532,6 +532,17 @@ TEST(DevicePlacement, Bf16TrainingWithTheDeviceFusionsTracksTheCpu) {
   for (int step = 1; step < 4; ++step) EXPECT_NEAR(losses[1][step], losses[0][step], 2e-3 * losses[0][step]) << step;
 }
 
+// A second micro-batch: each token id t of `first` as (t * mul + add) % 256.
+Feeds RemappedTokens(const Feeds& first, int64_t mul, int64_t add) {
+  Feeds second;
+  for (const auto& [name, t] : first) {
+    Tensor c = t.Clone();
+    for (int64_t i = 0; i < c.numel(); ++i) c.data<int64_t>()[i] = (c.data<int64_t>()[i] * mul + add) % 256;
+    second.emplace_back(name, std::move(c));
+  }
+  return second;
+}
+
 // The weight gradients' products accumulate into their buffers themselves
 // (GradientAccumulationFusion): 4 per layer, the bias-free bf16 weight products. Two micro-batches
 // per optimizer step, so the second adds to the first (the product's beta = 1), and the steps
@@ -542,12 +553,7 @@ TEST(DevicePlacement, WeightGradientsAccumulateInTheirProducts) {
   trainer::TrainingSpec spec;
   spec.dims = {{"batch", 2}, {"seq", 16}};
   const Feeds first = testing::TokenBatch(16, 256);
-  Feeds second;
-  for (const auto& [name, t] : first) {
-    Tensor c = t.Clone();
-    for (int64_t i = 0; i < c.numel(); ++i) c.data<int64_t>()[i] = (c.data<int64_t>()[i] * 3 + 11) % 256;
-    second.emplace_back(name, std::move(c));
-  }
+  const Feeds second = RemappedTokens(first, 3, 11);
   auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
   std::vector<float> losses[2];
   for (int on_device = 0; on_device < 2; ++on_device) {
@@ -590,12 +596,7 @@ TEST(DevicePlacement, BiasGradientsFormInTheWeightGradientProducts) {
   trainer::TrainingSpec spec;
   spec.dims = {{"batch", 2}, {"seq", 16}};
   const Feeds first = testing::TokenBatch(16, 256);
-  Feeds second;
-  for (const auto& [name, t] : first) {
-    Tensor c = t.Clone();
-    for (int64_t i = 0; i < c.numel(); ++i) c.data<int64_t>()[i] = (c.data<int64_t>()[i] * 5 + 7) % 256;
-    second.emplace_back(name, std::move(c));
-  }
+  const Feeds second = RemappedTokens(first, 5, 7);
   auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
   auto fused = Bf16Session(**model, spec, device);
   auto unfused = Bf16Session(**model, spec, device, {"BiasGradientFusion"});
