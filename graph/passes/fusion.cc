@@ -801,7 +801,6 @@ Value* BiasGradientOf(Node* sum, const Value* x, std::vector<Node*>& chain) {
   return v->shape() == Shape({Dim(C)}) ? v : nullptr;
 }
 
-
 // MatMulBf16 / MatMulF16 dW = dzᵀ X (transA) or Xᵀ dz (dz as B), 2-D with a float32 result and
 // no dbias yet, whose dz [K, C] is a Reshape of a value some ReduceSum sums into a bias
 // gradient (that value, or the float32 value it rounds) -> the product also writes that bias
