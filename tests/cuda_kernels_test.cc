@@ -310,12 +310,18 @@ TEST(CudaProvider, LowPrecisionProductFormsTheBiasGradient) {
               refused == 0 ? "formed in the weight-gradient products"
                            : absl::StrCat("refused for ", refused, " product shapes (summed by the provider)").c_str());
 #ifdef CLEAVE_CUDA_EMULATED_DEVICE
-  // A library without the epilogue for the shape: the product alone, then the provider's column
-  // sums (another K, so that no plan of the first run is reused).
-  cuda_emu::SetBiasGradientEpiloguesRefused(true);
-  run(200);
-  cuda_emu::SetBiasGradientEpiloguesRefused(false);
-  EXPECT_GT(providers::RefusedBiasGradientEpilogues(), refused) << "the refusal was seen and remembered";
+  // A library without the epilogue for the shape, refusing it at the heuristic or only at the
+  // call: the product alone, then the provider's column sums (another K each time, so that no
+  // plan of an earlier run is reused).
+  int64_t before = refused;
+  for (const auto& [refusal, K] : {std::pair{cuda_emu::EpilogueRefusal::kAtHeuristic, 200},
+                                   std::pair{cuda_emu::EpilogueRefusal::kAtCall, 250}}) {
+    cuda_emu::SetBiasGradientEpilogueRefusal(refusal);
+    run(K);
+    cuda_emu::SetBiasGradientEpilogueRefusal(cuda_emu::EpilogueRefusal::kNone);
+    EXPECT_GT(providers::RefusedBiasGradientEpilogues(), before) << K << ": the refusal was seen and remembered";
+    before = providers::RefusedBiasGradientEpilogues();
+  }
 #endif
 }
 

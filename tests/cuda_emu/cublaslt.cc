@@ -35,7 +35,7 @@ struct cublasLtMatmulPreferenceOpaque {
 
 namespace {
 
-bool g_bias_gradients_refused = false;
+cleave::cuda_emu::EpilogueRefusal g_bias_gradient_refusal = cleave::cuda_emu::EpilogueRefusal::kNone;
 
 bool IsBiasGradient(cublasLtEpilogue_t e) { return e == CUBLASLT_EPILOGUE_BGRADA || e == CUBLASLT_EPILOGUE_BGRADB; }
 
@@ -86,7 +86,7 @@ bool Aligned(const void* p, uint64_t bytes) { return bytes == 0 || reinterpret_c
 }  // namespace
 
 namespace cleave::cuda_emu {
-void SetBiasGradientEpiloguesRefused(bool refused) { g_bias_gradients_refused = refused; }
+void SetBiasGradientEpilogueRefusal(EpilogueRefusal refusal) { g_bias_gradient_refusal = refusal; }
 }  // namespace cleave::cuda_emu
 
 const char* cublasLtGetStatusName(cublasStatus_t s) {
@@ -178,7 +178,9 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
                                               int requested, cublasLtMatmulHeuristicResult_t* results, int* found) {
   Shape s;
   if (!h || !op || !pref || requested < 1 || !Dims(*op, *a, *b, *c, *d, &s)) return CUBLAS_STATUS_INVALID_VALUE;
-  if (IsBiasGradient(op->epilogue) && (g_bias_gradients_refused || d->batch > 1)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (IsBiasGradient(op->epilogue) &&
+      (g_bias_gradient_refusal == cleave::cuda_emu::EpilogueRefusal::kAtHeuristic || d->batch > 1))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   results[0] = cublasLtMatmulHeuristicResult_t{};
   results[0].algo.data[0] = kAlgoTag;
   for (int i = 0; i < 4; ++i) results[0].algo.data[1 + i] = pref->align[i];
@@ -198,7 +200,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   const bool gelu = op->epilogue == CUBLASLT_EPILOGUE_GELU || op->epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
   const bool grad_a = op->epilogue == CUBLASLT_EPILOGUE_BGRADA, grad_b = op->epilogue == CUBLASLT_EPILOGUE_BGRADB;
   if ((with_bias || grad_a || grad_b) && !op->bias) return CUBLAS_STATUS_INVALID_VALUE;
-  if ((grad_a || grad_b) && (g_bias_gradients_refused || d->batch > 1)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if ((grad_a || grad_b) && (g_bias_gradient_refusal != cleave::cuda_emu::EpilogueRefusal::kNone || d->batch > 1))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   const double al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   const void* ptrs[4] = {A, B, C, D};
   const cublasLtMatrixLayoutOpaque* layouts[4] = {a, b, c, d};

@@ -149,10 +149,11 @@ cudaError_t CheckLaunch(const char* kernel, dim3 grid, dim3 block, size_t shared
 // stream runs it now, once the calling thread's blocking streams have drained.
 void Enqueue(cudaStream_t stream, std::function<void()> work);
 
-// Whether cuBLASLt's heuristic refuses the bias-gradient epilogues (BGRADA, BGRADB) as
-// CUBLAS_STATUS_NOT_SUPPORTED, as a library or a layout without such kernels does (off by
-// default): for tests of the caller's fallback.
-void SetBiasGradientEpiloguesRefused(bool refused);
+// Whether cuBLASLt refuses the bias-gradient epilogues (BGRADA, BGRADB) with
+// CUBLAS_STATUS_NOT_SUPPORTED, as a library or a layout without such kernels does: at the
+// heuristic, or only at the matmul call (neither by default). For tests of the caller's fallback.
+enum class EpilogueRefusal { kNone, kAtHeuristic, kAtCall };
+void SetBiasGradientEpilogueRefusal(EpilogueRefusal refusal);
 
 // What the calling host thread has asked of the emulated device: what a test counts to show
 // that a step queues its work and runs ahead of the device, as it must to keep a GPU busy.
