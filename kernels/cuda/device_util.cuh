@@ -20,6 +20,18 @@ inline unsigned Blocks(int64_t n) {
 
 inline cudaStream_t Stream(void* s) { return static_cast<cudaStream_t>(s); }
 
+// How a sum over the rows of [rows, cols] into [cols] splits its rows (blocks of 32 columns,
+// each over a chunk of rows, partial sums combined in a second pass): enough blocks to fill the
+// device (about 1024), each over 64 rows or more. Returns the number of chunks, *chunk their rows.
+inline int64_t ColumnChunks(int64_t rows, int64_t cols, int64_t* chunk) {
+  const int64_t column_blocks = cols > 0 ? (cols + 31) / 32 : 1;
+  const int64_t want = (1024 + column_blocks - 1) / column_blocks, most = (rows + 63) / 64;
+  int64_t chunks = want < most ? want : most;
+  if (chunks < 1) chunks = 1;
+  *chunk = (rows + chunks - 1) / chunks;
+  return *chunk > 0 ? (rows + *chunk - 1) / *chunk : 1;
+}
+
 __device__ __forceinline__ float ToFloat(float x) { return x; }
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }

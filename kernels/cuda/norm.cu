@@ -143,17 +143,6 @@ __global__ void LayerNormGradParts(const float* part_g, const float* part_b, flo
   }
 }
 
-// Row chunks of the dgamma / dbeta sums: enough blocks to fill the device (about 1024), each
-// over 64 rows or more.
-int64_t ColumnChunks(int64_t rows, int64_t cols, int64_t* chunk) {
-  const int64_t column_blocks = cols > 0 ? (cols + 31) / 32 : 1;
-  const int64_t want = (1024 + column_blocks - 1) / column_blocks, most = (rows + 63) / 64;
-  int64_t chunks = want < most ? want : most;
-  if (chunks < 1) chunks = 1;
-  *chunk = (rows + chunks - 1) / chunks;
-  return *chunk > 0 ? (rows + *chunk - 1) / *chunk : 1;
-}
-
 template <typename T>
 __global__ void SoftmaxKernel(const T* x, T* y, int64_t cols, bool log) {
   __shared__ float shared[32];

@@ -176,15 +176,7 @@ ReduceLayout PlanReduce(int rank, const int64_t* x_dims, const bool* reduce) {
     }
   }
   const int64_t R = p.red_count;
-  if (l.outputs > 0 && R > 0 && l.leading && !l.trailing) {
-    // Enough blocks to fill the device (about 1024 of 256 threads), each over 64 rows or more.
-    const int64_t column_blocks = (l.outputs + 31) / 32;
-    const int64_t want = (1024 + column_blocks - 1) / column_blocks, most = (R + 63) / 64;
-    l.chunks = want < most ? want : most;
-    if (l.chunks < 1) l.chunks = 1;
-    l.chunk = (R + l.chunks - 1) / l.chunks;
-    l.chunks = (R + l.chunk - 1) / l.chunk;
-  }
+  if (l.outputs > 0 && R > 0 && l.leading && !l.trailing) l.chunks = ColumnChunks(R, l.outputs, &l.chunk);
   return l;
 }
 
@@ -226,21 +218,10 @@ int Reduce(ReduceOp op, Dt dt, const void* x, void* y, int rank, const int64_t* 
   return static_cast<int>(cudaGetLastError());
 }
 
-namespace {
-// Rows per chunk (R > 0): chunks of at least 64 rows, enough blocks of 32 columns to fill the
-// device (as PlanReduce).
-int64_t ColumnChunk(int64_t R, int64_t C) {
-  const int64_t column_blocks = (C + 31) / 32;
-  const int64_t want = (1024 + column_blocks - 1) / column_blocks, most = (R + 63) / 64;
-  const int64_t chunks = want < most ? want : most;
-  return (R + chunks - 1) / chunks;
-}
-}  // namespace
-
 int64_t ColumnSumsScratch(int64_t R, int64_t C) {
   if (R <= 0) return 0;
-  const int64_t chunk = ColumnChunk(R, C);
-  return C * ((R + chunk - 1) / chunk);
+  int64_t chunk = 0;
+  return C * ColumnChunks(R, C, &chunk);
 }
 
 int ColumnSums(Dt dt, const void* x, float* y, int64_t R, int64_t C, double* scratch, void* stream) {
@@ -248,7 +229,8 @@ int ColumnSums(Dt dt, const void* x, float* y, int64_t R, int64_t C, double* scr
   cudaStream_t s = Stream(stream);
   if (R == 0) return static_cast<int>(cudaMemsetAsync(y, 0, static_cast<size_t>(C) * sizeof(float), s));
   if (!scratch) return static_cast<int>(cudaErrorInvalidValue);
-  const int64_t chunk = ColumnChunk(R, C), chunks = (R + chunk - 1) / chunk;
+  int64_t chunk = 0;
+  const int64_t chunks = ColumnChunks(R, C, &chunk);
   DISPATCH_DT(dt, T, {
     const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(chunks));
     ReduceColumnChunks<T><<<grid, dim3(32, 8), 0, s>>>(ReduceOp::kSum, static_cast<const T*>(x), scratch, R, C, chunk);
