@@ -300,8 +300,10 @@ absl::Status ProfileStep(const Args& a, Session& s) {
 // result a view of their input where it can, and then they move nothing), and the copies of
 // graph inputs and outputs across the device boundary (the session keeps parameters, gradients
 // and optimizer state in device memory, and the executor skips those copies). A Gather counts
-// the rows it reads, not its whole table. Attention's own FLOPs are not counted here (see the
-// model FLOPs of bench_gpu.py).
+// the rows it reads, not its whole table, and a GatherGrad onto a base (an accumulated
+// gradient, which the session's bound accumulation buffer holds and the executor writes where
+// the result lies) the rows it reads and writes back, not the whole table twice. Attention's
+// own FLOPs are not counted here (see the model FLOPs of bench_gpu.py).
 struct Traffic {
   int64_t nodes = 0;
   double bytes = 0, product_bytes = 0, product_flops = 0;
@@ -314,7 +316,7 @@ absl::StatusOr<Traffic> WriteTraffic(const Args& a, const trainer::TrainingSessi
     return v && v->shape().is_static() ? static_cast<double>(v->shape().NumElements()) * ElementSize(v->dtype()) : 0.0;
   };
   auto is_io = [](const graph::Value* v) { return v && (v->is_graph_input() || v->is_graph_output()); };
-  std::map<std::string, Traffic> rows;  // per op type
+  std::map<std::string, Traffic> rows_of;  // per op type
   Traffic total;
   int64_t views = 0, boundary = 0;
   for (const auto& owned : g->nodes()) {
@@ -329,6 +331,16 @@ absl::StatusOr<Traffic> WriteTraffic(const Args& a, const trainer::TrainingSessi
       continue;
     }
     double bytes = 0, flops = 0;
+    if (op == "GatherGrad" && n.num_inputs() > 3 && n.input(3) && n.num_outputs() > 0) {
+      // dY and the indices read; the rows they add to (dY's size: the table has dY's type) read
+      // and written.
+      bytes = bytes_of(n.input(1)) + 3 * bytes_of(n.input(2));
+      for (Traffic* t : {&rows_of[absl::StrCat(n.domain(), ".", op)], &total}) {
+        ++t->nodes;
+        t->bytes += bytes;
+      }
+      continue;
+    }
     for (int i = 0; i < n.num_inputs(); ++i) {
       const graph::Value* v = n.input(i);
       // A Gather reads the rows it gathers: its result's elements of the table.
@@ -344,14 +356,14 @@ absl::StatusOr<Traffic> WriteTraffic(const Args& a, const trainer::TrainingSessi
       const int64_t k = trans_a ? x[x.size() - 2] : x.back();
       flops = 2.0 * static_cast<double>(n.output(0)->shape().NumElements()) * static_cast<double>(k);
     }
-    for (Traffic* t : {&rows[n.domain().empty() ? op : absl::StrCat(n.domain(), ".", op)], &total}) {
+    for (Traffic* t : {&rows_of[n.domain().empty() ? op : absl::StrCat(n.domain(), ".", op)], &total}) {
       ++t->nodes;
       t->bytes += bytes;
       t->product_flops += flops;
       if (product) t->product_bytes += bytes;
     }
   }
-  std::vector<std::pair<std::string, Traffic>> sorted(rows.begin(), rows.end());
+  std::vector<std::pair<std::string, Traffic>> sorted(rows_of.begin(), rows_of.end());
   std::stable_sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.second.bytes > y.second.bytes; });
   std::string out = absl::StrFormat(
       "training graph of %s (batch %d, seq %d, %s, %s): %d nodes counted; %d views and %d copies of graph inputs "

@@ -117,6 +117,18 @@ absl::Status InferGatherGrad(InferContext& ctx) {
       return ctx.Error("expected dY of rank ", out.rank() - 1 + indices.rank(),
                        " (shape rank - 1 + indices rank), got ", dy.ToString());
   }
+  // A base (dY's type, the table's shape) that dX starts from instead of zeros, and its reset
+  // flag (base ignored when set): an accumulated gradient the scatter adds to.
+  if (ctx.num_inputs() > 4 && ctx.has_input(4) && !ctx.has_input(3))
+    return ctx.Error("expected a base (input 3) with the reset flag (input 4)");
+  if (ctx.num_inputs() > 3 && ctx.has_input(3)) {
+    RETURN_IF_ERROR(ExpectDtype(ctx, 3, {ctx.input_dtype(2)}));
+    const Shape& base = ctx.input_shape(3);
+    if (base.is_static() && out.is_static() && base != out)
+      return ctx.Error("expected a base of the table's shape ", out.ToString(), ", got ", base.ToString());
+    if (!out.has_rank()) out = base;
+  }
+  if (ctx.num_inputs() > 4 && ctx.has_input(4)) RETURN_IF_ERROR(ExpectDtype(ctx, 4, {DataType::kBool}));
   ctx.SetOutput(0, ctx.input_dtype(2), std::move(out));
   return absl::OkStatus();
 }

@@ -158,6 +158,15 @@ absl::Status InferMatMulBf16(InferContext& ctx) {
   if (b.has_rank() && b.rank() != 2 && a.has_rank() && b.rank() != a.rank())
     return ctx.Error("expected B of rank 2 or of A's rank ", a.rank(), ", got ", b.ToString());
   ASSIGN_OR_RETURN(Shape out, MatMulShape(ctx, a, b, n.AttrInt("transB", 0) != 0, n.AttrInt("transA", 0) != 0));
+  // `rows`: only op(A)'s first rows rows (2-D A): a padded operand's product that leaves out
+  // its padding.
+  if (n.HasAttr("rows")) {
+    const int64_t rows = n.AttrInt("rows", 0);
+    if (a.has_rank() && a.rank() != 2) return ctx.Error("rows = ", rows, " needs a 2-D A, got ", a.ToString());
+    if (rows < 0 || (out.has_rank() && out[0].is_static() && rows > out[0].value))
+      return ctx.Error("rows = ", rows, ": expected 0 to op(A)'s ", out[0].value, " rows");
+    if (out.has_rank()) out = Shape({Dim(rows), out[1]});
+  }
   if (ctx.has_input(2)) {
     RETURN_IF_ERROR(ExpectDtype(ctx, 2, {result}));
     const Shape& bias = ctx.input_shape(2);
@@ -187,6 +196,7 @@ absl::Status InferMatMulBf16(InferContext& ctx) {
     if (result != DataType::kFloat32) return ctx.Error("dbias needs a float32 result");
     if ((a.has_rank() && a.rank() != 2) || (b.has_rank() && b.rank() != 2))
       return ctx.Error("dbias needs 2-D A and B, got ", a.ToString(), " and ", b.ToString());
+    if (of == 0 && n.HasAttr("rows")) return ctx.Error("dbias of A with rows");
     const bool stored_k_first = of == 0 ? n.AttrInt("transA", 0) != 0 : n.AttrInt("transB", 0) == 0;
     if (!stored_k_first)
       return ctx.Error("dbias sums ", of == 0 ? "A" : "B", " over K, stored first: expected ",

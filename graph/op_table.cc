@@ -92,7 +92,7 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "Constant", {1, 9, 11, 12, 13, 19, 21}, 1, 0, 0, 1, 1, InferConstant, false},
       // Gradient ops that the backward graph emits (Gather, Slice, the loss, Softmax,
       // LogSoftmax, LayerNormalization, Gelu).
-      {C, "GatherGrad", {1}, 1, 3, 3, 1, 1, InferGatherGrad, false},
+      {C, "GatherGrad", {1}, 1, 3, 5, 1, 1, InferGatherGrad, false},
       {C, "SliceGrad", {1}, 1, 4, 6, 1, 1, InferSliceGrad, false},
       {C, "SoftmaxCrossEntropyLossGrad", {1}, 1, 3, 4, 1, 2, InferSoftmaxCrossEntropyLossGrad,
        false},

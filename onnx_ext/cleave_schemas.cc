@@ -54,6 +54,8 @@ OpSchema MatMulLowpSchema(const char* name, const char* type) {
       .Attr("to", "Y's type: 1 (float32) or A's type", AttributeProto::INT, static_cast<int64_t>(1))
       .Attr("dbias_operand", "0: dbias [M] sums A [K, M] (transA) over K; 1: dbias [N] sums B [K, N] over K",
             AttributeProto::INT, static_cast<int64_t>(1))
+      .Attr("rows", "Y keeps only op(A)'s first `rows` rows (2-D A; all of them when absent)", AttributeProto::INT,
+            onnx::OPTIONAL_VALUE)
       .TypeConstraint("Y", {"tensor(float)", type}, "float32, or A's type");
   return s;
 }
@@ -93,10 +95,13 @@ const std::vector<std::string> kGradTypes = {"tensor(float)", "tensor(double)"};
 OpSchema GatherGradSchema() {
   OpSchema s;
   s.SetName("GatherGrad").SetDomain("ai.cleave").SinceVersion(1)
-      .SetDoc("dX = zeros(shape) with dY scatter-added at indices along axis; see docs/ops.md.")
+      .SetDoc("dX = zeros(shape) (or base) with dY scatter-added at indices along axis; see docs/ops.md.")
       .Input(0, "shape", "the shape of Gather's data", "tensor(int64)")
       .Input(1, "indices", "Gather's indices", "Tind")
       .Input(2, "dY", "gradient of Gather's output", "T")
+      .Input(3, "base", "of dX's shape: what dX starts from instead of zeros (an accumulated gradient)", "T",
+             OpSchema::Optional)
+      .Input(4, "reset", "bool scalar: dX starts from zeros after all", "tensor(bool)", OpSchema::Optional)
       .Output(0, "dX", "gradient of Gather's data", "T")
       .Attr("axis", "Gather's axis", AttributeProto::INT, static_cast<int64_t>(0))
       .TypeConstraint("T", kGradTypes, "float tensors")

@@ -98,6 +98,22 @@ class Executor::Context : public providers::KernelContext {
     for (int64_t d : dims) numel *= d;
     int64_t bytes = numel * static_cast<int64_t>(ElementSize(dtype));
     void* p = nullptr;
+    if (const int o = ex_.write_into_[slot]; o >= 0) {
+      // A base that the step reading it updates in place into an output whose memory is
+      // already fixed: written there now, so that the update touches only what it changes.
+      void* q = ex_.FixedOutputMemory(o, dtype, dims, outputs_);
+      const char* lo = static_cast<const char*>(q);
+      for (int s : ex_.late_inputs_[slot]) {
+        const TensorView& in = ex_.views_[s];
+        const char* at = static_cast<const char*>(in.data);
+        if (q && at && at < lo + bytes && lo < at + in.nbytes()) q = nullptr;  // read later: not overwritten
+      }
+      if (q) {
+        ex_.views_[slot] = TensorView(q, dtype, dims);
+        ++ex_.stats_.bases_in_place;
+        return &ex_.views_[slot];
+      }
+    }
     if (const int in = ex_.view_of_[slot];
         in >= 0 && !ex_.bound_[slot] && bytes == static_cast<int64_t>(ex_.views_[in].nbytes())) {
       // A view op's output: the input's bytes under the new dims (kept alive as long as this);
@@ -447,6 +463,7 @@ absl::Status Executor::Build() {
         if (s >= 0) last_use_[s] = std::max(last_use_[s], std::min(w, num_steps - 1));
   }
   MakeViews();
+  MakeBasesInPlace();
   release_after_.assign(num_steps, {});
   for (int s = 0; s < num_slots_; ++s)
     if (last_use_[s] >= 0 && output_index_[s] < 0 && !is_constant_[s]) release_after_[last_use_[s]].push_back(s);
@@ -619,6 +636,73 @@ void Executor::MakeViews() {
   // Steps run in order, so a view's root was defined before it: one pass extends each root.
   for (int s = 0; s < num_slots_; ++s)
     if (view_of_[s] >= 0) last_use_[root[s]] = std::max(last_use_[root[s]], last_use_[s]);
+}
+
+// A GatherGrad's base (input 3; an accumulated gradient the scatter adds rows to) is written
+// where the scatter's result will lie when that result is a graph output (or bound to a
+// caller's device tensor through its copy to the host): the scatter then updates it in place
+// and touches only the rows it adds to, instead of copying the whole table first. Only for a
+// base that the scatter alone reads, made on the result's device by a step that is neither
+// asynchronous nor a copy. Writing the base early must overwrite nothing still to be read:
+// the graph inputs (and their device copies, which may be the caller's tensors themselves)
+// that a step reads after the base's producer, the scatter aside, are kept per base, and a run
+// writes the base in place only where none of them lies in the result's memory.
+void Executor::MakeBasesInPlace() {
+  write_into_.assign(num_slots_, -1);
+  late_inputs_.assign(num_slots_, {});
+  std::vector<char> is_input(num_slots_, 0);
+  for (int s : input_slots_) is_input[s] = !is_constant_[s];
+  std::vector<std::vector<int>> readers(num_slots_);
+  for (int st = 0; st < static_cast<int>(steps_.size()); ++st) {
+    const Step& step = steps_[st];
+    if (IsBoundaryCopy(*step.node) && step.node->op_type() == "MemcpyFromHost" && step.inputs[0] >= 0 &&
+        step.outputs[0] >= 0 && is_input[step.inputs[0]])
+      is_input[step.outputs[0]] = 1;  // a feed's device copy may be the caller's tensor itself
+    for (int s : step.inputs)
+      if (s >= 0) readers[s].push_back(st);
+  }
+  for (int st = 0; st < static_cast<int>(steps_.size()); ++st) {
+    const Step& step = steps_[st];
+    const Node* n = step.node;
+    if (n->domain() != graph::kCleaveDomain || n->op_type() != "GatherGrad" || step.inputs.size() < 4 ||
+        step.outputs.empty())
+      continue;
+    const int b = step.inputs[3], o = step.outputs[0];
+    if (b < 0 || o < 0 || readers[b].size() != 1 || def_step_[b] < 0 || async_[def_step_[b]] || async_[st] ||
+        IsBoundaryCopy(*steps_[def_step_[b]].node) || output_index_[b] >= 0 || is_constant_[b] || view_of_[b] >= 0 ||
+        slot_device_[b] != slot_device_[o])
+      continue;
+    const graph::Value* bv = n->input(3);
+    const graph::Value* ov = n->output(0);
+    if (bv->dtype() != ov->dtype() || !bv->shape().is_static() || bv->shape() != ov->shape()) continue;
+    bool possible = true;
+    std::vector<int> late;
+    for (int s = 0; s < num_slots_ && possible; ++s) {
+      if (!is_input[s]) continue;
+      bool read_late = false;
+      for (int r : readers[s]) {
+        possible = possible && !async_[r];  // an asynchronous reader's timing is not the step order's
+        read_late = read_late || (r > def_step_[b] && r != st);
+      }
+      if (read_late) late.push_back(s);
+    }
+    if (!possible) continue;
+    write_into_[b] = o;
+    late_inputs_[b] = std::move(late);
+  }
+}
+
+void* Executor::FixedOutputMemory(int o, DataType dtype, std::span<const int64_t> dims, std::vector<Tensor>& outputs) {
+  int64_t numel = 1;
+  for (int64_t d : dims) numel *= d;
+  const int64_t bytes = numel * static_cast<int64_t>(ElementSize(dtype));
+  if (void* bound = bound_[o]) return bytes == bound_bytes_[o] ? bound : nullptr;
+  const int oi = output_index_[o];
+  if (oi < 0 || output_to_device_[oi] || slot_device_[o]) return nullptr;
+  Tensor& t = outputs[oi];
+  if (!t.defined() || t.dtype() != dtype || !std::equal(t.dims().begin(), t.dims().end(), dims.begin(), dims.end()))
+    t = Tensor::Uninitialized(dtype, std::vector<int64_t>(dims.begin(), dims.end()));
+  return t.raw();
 }
 
 void Executor::MakePlan() {

@@ -68,6 +68,7 @@ struct ExecutorStats {
   int64_t plans = 0;
   int64_t arena_bytes = 0;
   int64_t heap_allocations = 0;
+  int64_t bases_in_place = 0;  // values written where the output that updates them lies
 };
 
 class Executor {
@@ -145,6 +146,10 @@ class Executor {
   // Symbolic dims of the graph inputs bound to this run's sizes, for the shape checks.
   void BindSymbols(const std::vector<TensorView>& inputs);
   void MakeViews();
+  void MakeBasesInPlace();
+  // The memory output slot `o` is written in this run when it is fixed before its step runs (a
+  // caller's device tensor bound to it, or the caller's host output tensor), else null.
+  void* FixedOutputMemory(int o, DataType dtype, std::span<const int64_t> dims, std::vector<Tensor>& outputs);
   bool SymbolMatches(const std::string& symbol, int64_t value) const;
 
   std::unique_ptr<graph::Graph> graph_;
@@ -158,6 +163,12 @@ class Executor {
   std::vector<int> last_use_;          // per slot: last step that reads it
   std::vector<int> def_step_;          // per slot: step that writes it, -1 for inputs
   std::vector<int> view_of_;           // per slot: the slot whose bytes it views (view ops), -1
+  // Per slot: the output slot in whose memory it is written where that memory is fixed (a
+  // scatter's base that its result then updates in place), -1.
+  std::vector<int> write_into_;
+  // Per such slot: the graph inputs (and feeds' device copies) read after it is made, which
+  // must not lie in that output's memory for it to be written there.
+  std::vector<std::vector<int>> late_inputs_;
   std::vector<std::vector<int>> step_outputs_;  // per step: the graph outputs it writes
   // Memory plan for the current input-shape signature.
   std::vector<int64_t> signature_;

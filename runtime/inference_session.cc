@@ -64,10 +64,10 @@ void ApplyDimOverrides(graph::Graph& g, const std::map<std::string, int64_t>& ov
 // q/k/v products' own [B, T, H, D] layout, the residual add with its LayerNorm, and the
 // cross-entropy gradient from the scores (the forward stores no log_prob), then bf16 logits
 // for it; and last, once the products are final, the padding of a vocabulary whose rows would
-// not be 16-byte aligned, the weight gradients' products taking on their accumulation and
-// their layers' bias gradients, the residual gradients' rounding to bf16 written by the
-// LayerNorm gradients that form them, and the products read by the LayerNorms and their
-// gradients writing bf16.
+// not be 16-byte aligned, the embeddings' gradients scattered into their accumulation, the
+// weight gradients' products taking on their accumulation and their layers' bias gradients,
+// the residual gradients' rounding to bf16 written by the LayerNorm gradients that form them,
+// and the products read by the LayerNorms and their gradients writing bf16.
 absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, bool device,
                       std::set<std::string> disabled) {
   if (const char* env = std::getenv("CLEAVE_DISABLED_OPTIMIZERS"))
@@ -83,13 +83,15 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
   graph::LowPrecisionScores low_scores;
   graph::ClassPadding padding;
   graph::GradientAccumulationFusion accumulation;
+  graph::EmbeddingGradientAccumulation embedding_gradient;
   graph::BiasGradientFusion bias_gradient;
   graph::LayerNormGradCastFusion norm_grad_cast;
   graph::LowPrecisionNormInputs low_norm_inputs;
   std::vector<std::string> known;
   for (graph::Pass* p : std::initializer_list<graph::Pass*>{&fold, &fusion, &attention, &attention_layout, &skip_norm,
                                                             &cross_entropy, &low_scores, &padding, &accumulation,
-                                                            &bias_gradient, &norm_grad_cast, &low_norm_inputs})
+                                                            &embedding_gradient, &bias_gradient, &norm_grad_cast,
+                                                            &low_norm_inputs})
     known.push_back(p->name());
   for (const std::string& name : disabled)
     if (std::find(known.begin(), known.end(), name) == known.end())
@@ -110,7 +112,8 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
   }
   RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&fusion, &dce}), &g));
   if (!device) return absl::OkStatus();
-  RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&padding, &accumulation, &bias_gradient, &dce}), &g));
+  RETURN_IF_ERROR(
+      graph::RunToFixedPoint(enabled({&padding, &embedding_gradient, &accumulation, &bias_gradient, &dce}), &g));
   // Then the residual gradient's rounding into its LayerNorm gradient (the bias gradients above
   // find that gradient through its Cast).
   return graph::RunToFixedPoint(enabled({&norm_grad_cast, &low_norm_inputs, &dce}), &g);
@@ -199,7 +202,7 @@ const graph::Graph& InferenceSession::graph() const { return executor_->graph();
 
 RunStats InferenceSession::stats() const {
   const auto& s = executor_->stats();
-  return {s.runs, s.plans, s.arena_bytes, s.heap_allocations};
+  return {s.runs, s.plans, s.arena_bytes, s.heap_allocations, s.bases_in_place};
 }
 
 absl::Status InferenceSession::BindFeeds(const Feeds& feeds) {

@@ -82,6 +82,7 @@ struct RunStats {
   int64_t plans = 0;             // memory plans made (one per new input-shape signature)
   int64_t arena_bytes = 0;       // size of the current activation arena
   int64_t heap_allocations = 0;  // buffers allocated outside the arena, all runs
+  int64_t bases_in_place = 0;    // scatter bases written where their result lies, all runs
 };
 
 using Feeds = std::vector<std::pair<std::string, Tensor>>;

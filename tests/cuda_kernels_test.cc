@@ -335,6 +335,23 @@ TEST(CudaProvider, GradientOps) {
   )",
              {{"table", Random({50, 16}, 32)}, {"ids", Ids({4, 7}, 10, 33)}, {"dy", Random({4, 7, 16}, 34)}}, 1e-5,
              1e-5, "GatherGrad");
+  // Onto a base (an accumulated gradient), or onto zeros after all on reset.
+  for (bool reset : {false, true}) {
+    Tensor flag(DataType::kBool, {});
+    flag.data<bool>()[0] = reset;
+    ExpectSame(R"(
+      input base: float32[50,16]
+      input ids: int64[4,7]
+      input dy: float32[4,7,16]
+      input reset: bool[]
+      init shape: int64[2] = 50 16
+      dt = ai.cleave.GatherGrad(shape, ids, dy, base, reset)
+      output dt
+    )",
+               {{"base", Random({50, 16}, 36)}, {"ids", Ids({4, 7}, 10, 37)}, {"dy", Random({4, 7, 16}, 38)},
+                {"reset", flag}},
+               1e-5, 1e-5, "GatherGrad");
+  }
 }
 
 TEST(CudaProvider, CrossEntropyForwardAndBackward) {

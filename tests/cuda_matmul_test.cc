@@ -132,6 +132,40 @@ TEST(CudaProvider, LowPrecisionProductAccumulatesIntoItsBuffer) {
   REQUIRE_CUDA();
 }
 
+// The padded head's weight gradient (ClassPadding): a product that forms only op(A)'s first
+// rows, with transA reading A's first columns where they lie (the padded scores' gradient, whose
+// row pitch is wider than the rows kept), accumulating into its buffer or not; without transA, a
+// prefix of A's rows.
+TEST(CudaProvider, LowPrecisionProductFormsOnlyTheFirstRows) {
+  REQUIRE_CUDA();
+  for (bool accumulate : {false, true}) {
+    const std::string cols = absl::StrCat(R"(
+      input g: float32[96,136]
+      input x: float32[96,80]
+      input acc: float32[129,80]
+      input reset: bool[]
+      hg = Cast(g) {to = 16}
+      hx = Cast(x) {to = 16}
+      y = ai.cleave.MatMulBf16(hg, hx)", accumulate ? ", _, acc, reset" : "", R"() {transA = 1, rows = 129}
+      output y
+    )");
+    Tensor flag(DataType::kBool, {});
+    flag.data<bool>()[0] = false;
+    ExpectSame(cols, {{"g", Random({96, 136}, 96)}, {"x", Random({96, 80}, 97)}, {"acc", Random({129, 80}, 98)},
+                      {"reset", flag}},
+               1e-3, 1e-3, "MatMulBf16");
+  }
+  const char* prefix = R"(
+    input a: float32[136,96]
+    input b: float32[96,80]
+    ha = Cast(a) {to = 16}
+    hb = Cast(b) {to = 16}
+    y = ai.cleave.MatMulBf16(ha, hb) {rows = 129}
+    output y
+  )";
+  ExpectSame(prefix, {{"a", Random({136, 96}, 99)}, {"b", Random({96, 80}, 100)}}, 1e-3, 1e-3, "MatMulBf16");
+}
+
 // A weight gradient's product that also forms its layer's bias gradient (BiasGradientFusion's
 // dbias), summing A [K, M] (transA; cuBLASLt's BGRADB) or B [K, N] (BGRADA), with and without
 // the accumulation buffer; the CPU sums the same bf16 values in float32.

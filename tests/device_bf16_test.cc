@@ -92,9 +92,11 @@ Feeds RemappedTokens(const Feeds& first, int64_t mul, int64_t add) {
 }
 
 // The weight gradients' products accumulate into their buffers themselves
-// (GradientAccumulationFusion): 4 per layer, the bias-free bf16 weight products. Two micro-batches
-// per optimizer step, so the second adds to the first (the product's beta = 1), and the steps
-// track the CPU session's.
+// (GradientAccumulationFusion): 4 per layer, the bias-free bf16 weight products, and the tied
+// head's; the embeddings' rows scatter into theirs (EmbeddingGradientAccumulation: the position
+// table's buffer, and the token table's after the head's product). Two micro-batches per
+// optimizer step, so the second adds to the first (the product's beta = 1, the scatter's base),
+// and the steps track the CPU session's.
 TEST(DevicePlacement, WeightGradientsAccumulateInTheirProducts) {
   auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
   ASSERT_TRUE(model.ok()) << model.status();
@@ -108,14 +110,17 @@ TEST(DevicePlacement, WeightGradientsAccumulateInTheirProducts) {
     auto s = Bf16Session(**model, spec, on_device ? device : nullptr);
     ASSERT_TRUE(s.ok()) << s.status();
     if (on_device) {
-      int fused = 0, accumulators = 0;
+      int fused = 0, accumulators = 0, scatters = 0;
       for (const auto& n : (*s)->training_graph()->nodes()) {
         fused += n->op_type() == "MatMulBf16" && n->num_inputs() == 5 && n->input(3);
         accumulators += n->op_type() == "InPlaceAccumulator";
+        scatters += n->op_type() == "GatherGrad" && n->num_inputs() >= 4 && n->input(3);
       }
-      EXPECT_EQ(fused, 8) << "qkv, proj, fc and proj weights of both layers";
-      EXPECT_EQ(accumulators, 20) << "the other parameters' gradients";
+      EXPECT_EQ(fused, 9) << "qkv, proj, fc and proj weights of both layers, and the tied head";
+      EXPECT_EQ(scatters, 2) << "the token and position embeddings";
+      EXPECT_EQ(accumulators, 18) << "the other parameters' gradients";
     }
+    const int64_t in_place_before = (*s)->training_stats().bases_in_place;
     for (int step = 0; step < 3; ++step) {
       for (const Feeds* micro : std::array<const Feeds*, 2>{&first, &second}) {
         auto loss = (*s)->TrainStep(*micro);
@@ -124,6 +129,9 @@ TEST(DevicePlacement, WeightGradientsAccumulateInTheirProducts) {
       }
       ASSERT_TRUE((*s)->OptimizerStep().ok());
     }
+    // On the device the token table's base (the head's accumulated gradient) is written in the
+    // bound accumulation buffer, where the scatter then adds the rows: once per micro-batch.
+    EXPECT_EQ((*s)->training_stats().bases_in_place - in_place_before, on_device ? 6 : 0);
   }
   ASSERT_EQ(losses[0].size(), 6u);
   // Within 6e-5 here (bf16 logits and rounding); a second micro-batch that overwrote the first's
@@ -320,7 +328,7 @@ TEST(DevicePlacement, DisabledOptimizersAreSkipped) {
   auto off = Bf16Session(**model, spec, device, {"AttentionLayoutFusion", "GradientAccumulationFusion"});
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_EQ(count(**off, "Transpose"), 16);
-  EXPECT_EQ(count(**off, "InPlaceAccumulator"), 28);
+  EXPECT_EQ(count(**off, "InPlaceAccumulator"), 27) << "one per parameter but the position embedding's";
   auto loss = (*off)->TrainStep(testing::TokenBatch(16, 256));
   ASSERT_TRUE(loss.ok()) << loss.status();
   EXPECT_TRUE(std::isfinite(*loss));
@@ -329,7 +337,7 @@ TEST(DevicePlacement, DisabledOptimizersAreSkipped) {
   unsetenv("CLEAVE_DISABLED_OPTIMIZERS");
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_EQ(count(**env, "Transpose"), 16);
-  EXPECT_EQ(count(**env, "InPlaceAccumulator"), 20);
+  EXPECT_EQ(count(**env, "InPlaceAccumulator"), 18);
   auto bad = Bf16Session(**model, spec, device, {"AttentionLayout"});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("disabled optimizer 'AttentionLayout': no such pass"),
@@ -373,7 +381,8 @@ std::unique_ptr<graph::Graph> TiedHeadLm(int64_t vocab) {
 
 // Under bf16, GPT-2's 50257 classes (and 1027) give the head's [N, V] scores rows that are not
 // 16-byte aligned; a device session pads them (ClassPadding) to 50304 (and 1032): the padded
-// weight, the -inf mask, the padded gradient products and the Split of the weight gradient.
+// weight, the -inf mask, and the gradient products over the padded scores' gradient, the weight
+// gradient's forming only the real classes' rows.
 // The steps train as the CPU session does, labels at both ends of the vocabulary included.
 TEST(DevicePlacement, Bf16VocabularyPaddedToAlignedRowsTrainsAsTheCpu) {
   for (const auto& [vocab, padded] : std::vector<std::pair<int64_t, int64_t>>{{1027, 1032}, {50257, 50304}}) {
@@ -394,7 +403,7 @@ TEST(DevicePlacement, Bf16VocabularyPaddedToAlignedRowsTrainsAsTheCpu) {
       ASSERT_TRUE(s.ok()) << s.status();
       if (on_device) {
         const graph::Graph& g = *(*s)->training_graph();
-        int padded_products = 0, splits = 0, short_rows = 0;
+        int padded_products = 0, real_rows = 0, short_rows = 0;
         for (const auto& n : g.nodes()) {
           const bool product = n->op_type() == "MatMulBf16";
           for (const graph::Value* v : n->inputs())
@@ -403,18 +412,22 @@ TEST(DevicePlacement, Bf16VocabularyPaddedToAlignedRowsTrainsAsTheCpu) {
             const Shape& y = n->output(0)->shape();
             padded_products += y[y.rank() - 1].value == padded || y[0].value == padded;
             short_rows += y[y.rank() - 1].value == vocab;
+            if (n->AttrInt("rows", -1) == vocab) {
+              ++real_rows;
+              EXPECT_EQ(n->input(0)->shape()[1].value, padded) << "dW reads the padded gradient";
+              EXPECT_EQ(y[0].value, vocab);
+            }
           }
-          if (n->op_type() == "Split" && n->input(0)->shape()[0].value == padded) {
-            ++splits;
-            EXPECT_EQ(n->output(0)->shape()[0].value, vocab);
+          if (n->op_type() == "Split") {
+            EXPECT_NE(n->input(0)->shape()[0].value, padded) << n->name();
           }
           if (n->op_type() == "SoftmaxCrossEntropyLossGrad") {
             EXPECT_EQ(n->input(1)->shape()[1].value, padded) << n->name();
             EXPECT_EQ(n->input(1)->dtype(), DataType::kBFloat16) << n->name();
           }
         }
-        EXPECT_EQ(padded_products, 2) << "the logits and dW = dyᵀ · h";
-        EXPECT_EQ(splits, 1);
+        EXPECT_EQ(padded_products, 1) << "the logits";
+        EXPECT_EQ(real_rows, 1) << "dW = dyᵀ · h over the real classes";
         EXPECT_EQ(short_rows, 0) << "a bf16 product still reads or writes rows of " << vocab;
       }
       for (int step = 0; step < 4; ++step) {

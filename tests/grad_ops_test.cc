@@ -41,6 +41,39 @@ TEST(GradOps, GatherGradMatrixIndices) {
       .Output<float>("dX", {4}, {4, 4, 0, 2}).Run();
 }
 
+TEST(GradOps, GatherGradOntoABase) {
+  // The same scatter as GatherGradAxis0RepeatedAndNegativeIndices onto a base: dX = base +
+  // {6, 8, 0, 0, 3, 4}; with reset the base is ignored.
+  for (bool reset : {false, true}) {
+    Op("GatherGrad").Input<int64_t>("shape", {2}, {3, 2}).Input<int64_t>("indices", {3}, {0, -1, 0})
+        .Input<float>("dY", {3, 2}, {1, 2, 3, 4, 5, 6}).Input<float>("base", {3, 2}, {10, 20, 30, 40, 50, 60})
+        .Input<bool>("reset", {}, {reset})
+        .Output<float>("dX", {3, 2}, reset ? std::vector<float>{6, 8, 0, 0, 3, 4}
+                                           : std::vector<float>{16, 28, 30, 40, 53, 64})
+        .Run();
+  }
+  Op("GatherGrad").Input<int64_t>("shape", {1}, {4}).Input<int64_t>("indices", {2}, {3, 3})
+      .Input<double>("dY", {2}, {1, 2}).Input<double>("base", {4}, {1, 1, 1, 1})
+      .Output<double>("dX", {4}, {1, 1, 1, 4}).Run();
+  // A base of another shape is an error naming both.
+  Op("GatherGrad").Input<int64_t>("shape", {2}, {3, 2}).Input<int64_t>("indices", {1}, {0})
+      .Input<float>("dY", {1, 2}, {1, 2}).Input<float>("base", {2, 3}, {0, 0, 0, 0, 0, 0})
+      .Output<float>("dX", {3, 2}, {0, 0, 0, 0, 0, 0}).ExpectFailure("expected a base of the table's shape [3,2]")
+      .Run();
+}
+
+// In place (the base is dX itself, as a training session's accumulation buffer is): only the
+// rows at the indices change.
+TEST(GradOps, GatherGradInPlaceTouchesOnlyTheIndexedRows) {
+  Tensor table = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2});
+  Tensor dy = Tensor::FromVector<float>({1, 1, 2, 2, 4, 4}, {3, 2});
+  Tensor ids = Tensor::FromVector<int64_t>({2, 0, 2}, {3});
+  TensorView dx = table.view();
+  ASSERT_TRUE(kernels::cpu::GatherGrad(dy.view(), ids.view(), 0, dx, nullptr, table.raw()).ok());
+  const std::vector<float> want = {3, 4, 3, 4, 10, 11, 7, 8};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(table.data<float>()[i], want[i]) << i;
+}
+
 TEST(GradOps, GatherGradErrors) {
   Op("GatherGrad").Input<int64_t>("shape", {1}, {3}).Input<int64_t>("indices", {1}, {3})
       .Input<float>("dY", {1}, {1}).Output<float>("dX", {3}, {0, 0, 0})

@@ -150,6 +150,60 @@ TEST(MatMulBf16, LowPrecisionResultIsTheFloat32ResultRoundedOnce) {
   }
 }
 
+// With `rows`, MatMulBf16 / MatMulF16 form only op(A)'s first rows rows: A's first columns
+// read where they lie with transA (a padded operand's product), or A's first rows without; the
+// rows are those of the whole product, with and without an accumulation buffer. A `rows` past
+// op(A)'s rows, a 3-D A, and a dbias of A with rows are errors naming the node.
+TEST(MatMulBf16, RowsFormsOnlyTheFirstRowsOfTheProduct) {
+  for (const auto& [op, low] : {std::pair{"MatMulBf16", DataType::kBFloat16}, std::pair{"MatMulF16", DataType::kFloat16}}) {
+    const char* type = DataTypeName(low);
+    for (const bool trans_a : {true, false}) {
+      for (const bool accumulate : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(op, trans_a ? " transA" : "", accumulate ? " accumulating" : ""));
+        // op(A) is [40, 24]: A [24, 40] with transA, else [40, 24]; 37 rows kept.
+        auto [a, a32] = RandomLow(low, trans_a ? std::vector<int64_t>{24, 40} : std::vector<int64_t>{40, 24}, 4);
+        auto [b, b32] = RandomLow(low, {24, 9}, 5);
+        Tensor acc = RandomLow(low, {37, 9}, 6).second, reset(DataType::kBool, {});
+        reset.data<bool>()[0] = false;
+        const std::string a_dims = trans_a ? "[24,40]" : "[40,24]";
+        const std::string attrs = trans_a ? "transA = 1, " : "";
+        const std::vector<Tensor> part =
+            RunText(absl::StrCat("input a: T", a_dims, "\ninput b: T[24,9]\ninput acc: float32[37,9]\n",
+                                 "input reset: bool[]\ny = ai.cleave.", op, "(a, b",
+                                 accumulate ? ", _, acc, reset" : "", ") {", attrs, "rows = 37}\noutput y\n"),
+                    type, {{"a", a}, {"b", b}, {"acc", acc}, {"reset", reset}});
+        const std::vector<Tensor> whole = RunText(
+            absl::StrCat("input a: T", a_dims, "\ninput b: T[24,9]\ny = ai.cleave.", op, "(a, b) {",
+                         trans_a ? "transA = 1" : "", "}\noutput y\n"),
+            type, {{"a", a}, {"b", b}});
+        ASSERT_EQ(part.size(), 1u);
+        ASSERT_EQ(whole.size(), 1u);
+        ASSERT_EQ(part[0].dims(), (std::vector<int64_t>{37, 9}));
+        ASSERT_EQ(whole[0].dims(), (std::vector<int64_t>{40, 9}));
+        for (int64_t i = 0; i < 37 * 9; ++i) {
+          const float want = whole[0].data<float>()[i] + (accumulate ? acc.data<float>()[i] : 0.f);
+          ASSERT_NEAR(part[0].data<float>()[i], want, 1e-5f * (1 + std::abs(want))) << i;
+        }
+      }
+    }
+  }
+  for (const auto& [text, want] : {
+           std::pair{"input a: bfloat16[4,6]\ninput b: bfloat16[4,3]\ny = ai.cleave.MatMulBf16(a, b) {transA = 1, rows = 7}",
+                     "rows = 7: expected 0 to op(A)'s 6 rows"},
+           std::pair{"input a: bfloat16[2,4,6]\ninput b: bfloat16[6,3]\ny = ai.cleave.MatMulBf16(a, b) {rows = 2}",
+                     "rows = 2 needs a 2-D A, got [2,4,6]"},
+           std::pair{"input a: bfloat16[4,6]\ninput b: bfloat16[4,3]\ny, db = ai.cleave.MatMulBf16(a, b) "
+                     "{transA = 1, rows = 5, dbias_operand = 0}",
+                     "dbias of A with rows"}}) {
+    auto g = graph::ParseGraph(absl::StrCat(text, "\noutput y\n"));
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto s = InferenceSession::FromGraph(std::move(*g));
+    ASSERT_FALSE(s.ok()) << text;
+    EXPECT_NE(s.status().message().find(want), std::string::npos) << s.status();
+    EXPECT_NE(s.status().message().find("MatMulBf16"), std::string::npos) << s.status();
+  }
+}
+
 // SkipLayerNormalization with `to` writes y in bf16 / fp16: the float32 y rounded once; a `to`
 // that is neither x's type nor a low one is an error naming the node and what it expected.
 TEST(MixedPrecision, SkipLayerNormWritesTheLowTypeRoundedOnce) {

@@ -153,6 +153,69 @@ TEST(Session, PlansMemoryOncePerShapeAndThenAllocatesNothing) {
   EXPECT_EQ((*s)->stats().plans, 2);
 }
 
+// A scatter's base (an accumulated gradient, GatherGrad's input 3) is written where the
+// scatter's result lies when that is the caller's output tensor, here the accumulation buffer
+// fed as an input too, as a training session binds it: the scatter then adds only its rows.
+// The result is the same as through a separate base. Where another step reads, after the
+// base is made, an input the caller gave the result's memory, the base gets its own buffer.
+TEST(Session, AScattersBaseIsWrittenWhereItsResultLies) {
+  const std::string text = R"(
+    input buf: float32[10,4]
+    input g: float32[10,4]
+    input dy: float32[6,4]
+    input ids: int64[6]
+    init shape: int64[2] = 10 4
+    head = Add(buf, g)
+    acc = ai.cleave.GatherGrad(shape, ids, dy, head)
+    output acc
+  )";
+  const Tensor ids = Tensor::FromVector<int64_t>({3, 0, 9, 3, 5, 3}, {6});
+  std::vector<float> b(40), gv(40), d(24);
+  for (int i = 0; i < 40; ++i) b[i] = 0.5f * i, gv[i] = 1.f - 0.25f * i;
+  for (int i = 0; i < 24; ++i) d[i] = 0.125f * (i + 1);
+  std::vector<float> want(40);
+  for (int i = 0; i < 40; ++i) want[i] = b[i] + gv[i];
+  for (int j = 0; j < 6; ++j)
+    for (int c = 0; c < 4; ++c) want[ids.data<int64_t>()[j] * 4 + c] += d[j * 4 + c];
+  const Tensor g = Tensor::FromVector<float>(gv, {10, 4}), dy = Tensor::FromVector<float>(d, {6, 4});
+  {
+    auto s = InferenceSession::FromGraph(*graph::ParseGraph(text));
+    ASSERT_TRUE(s.ok()) << s.status();
+    Tensor buf = Tensor::FromVector<float>(b, {10, 4});
+    std::vector<Tensor> outs = {buf};  // the same memory as the feed
+    ASSERT_TRUE((*s)->RunInto({{"buf", buf}, {"g", g}, {"dy", dy}, {"ids", ids}}, outs).ok());
+    EXPECT_EQ(outs[0].raw(), buf.raw());
+    for (int i = 0; i < 40; ++i) EXPECT_EQ(buf.data<float>()[i], want[i]) << i;
+    EXPECT_EQ((*s)->stats().bases_in_place, 1);
+    auto fresh = (*s)->Run({{"buf", Tensor::FromVector<float>(b, {10, 4})}, {"g", g}, {"dy", dy}, {"ids", ids}});
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    for (int i = 0; i < 40; ++i) EXPECT_EQ((*fresh)[0].data<float>()[i], want[i]) << i;
+    EXPECT_EQ((*s)->stats().bases_in_place, 2);
+  }
+  // A step reads `other` after the base is made: where the caller gave `other` the result's
+  // memory, the base gets its own buffer (writing it there early would overwrite `other`);
+  // elsewhere it is written in place.
+  const std::string late = text + R"(
+    input other: float32[10,4]
+    sum = Add(acc, other)
+    output sum
+  )";
+  auto s = InferenceSession::FromGraph(*graph::ParseGraph(late));
+  ASSERT_TRUE(s.ok()) << s.status();
+  for (bool shared : {true, false}) {
+    SCOPED_TRACE(shared ? "other in the result's memory" : "other apart");
+    const int64_t before = (*s)->stats().bases_in_place;
+    Tensor other(DataType::kFloat32, {10, 4});
+    std::vector<Tensor> outs = {shared ? other : Tensor(DataType::kFloat32, {10, 4}), Tensor(DataType::kFloat32, {10, 4})};
+    ASSERT_TRUE((*s)->RunInto({{"buf", Tensor::FromVector<float>(b, {10, 4})}, {"g", g}, {"dy", dy}, {"ids", ids},
+                               {"other", other}},
+                              outs)
+                    .ok());
+    for (int i = 0; i < 40; ++i) EXPECT_EQ(outs[0].data<float>()[i], want[i]) << i;
+    EXPECT_EQ((*s)->stats().bases_in_place - before, shared ? 0 : 1);
+  }
+}
+
 // Reshape(x, Concat(Gather(Shape(x), 0), [-1])): the exporter idiom for flattening. With
 // the batch dim fixed, the shape arithmetic folds away and only Reshape remains.
 TEST(Session, FoldsShapeArithmeticOnceShapesAreFixed) {

@@ -96,6 +96,93 @@ TEST(BiasGradientFusion, TheWeightGradientProductFormsTheBiasGradient) {
   )"));
 }
 
+// An embedding's gradient accumulated as the training graph builds it, over a [10, 4] table
+// with a repeated id: GatherGrad alone (`tied` false) or summed with a language-model head's
+// bf16 weight-gradient product (tied, the Add's operands in either order).
+std::string EmbeddingGradient(bool tied, bool head_first = true, const std::string& extra = "") {
+  std::string head = tied ? R"(
+    input h: float32[6,4]
+    input ds: float32[6,10]
+    hh = Cast(h) {to = 16}
+    hds = Cast(ds) {to = 16}
+    dwh = ai.cleave.MatMulBf16(hds, hh) {transA = 1}
+  )" : "";
+  const std::string sum = !tied ? "" : head_first ? "grad = Add(dwh, gw)" : "grad = Add(gw, dwh)";
+  return absl::StrCat(R"(
+    opset 17
+    input dy: float32[6,4]
+    input ids: int64[6]
+    input buf: float32[10,4]
+    input reset: bool[]
+    init shape: int64[2] = 10 4
+  )", head, R"(
+    gw = ai.cleave.GatherGrad(shape, ids, dy)
+  )", sum, R"(
+    acc = ai.cleave.InPlaceAccumulator(buf, )", tied ? "grad" : "gw", R"(, reset)
+    output acc
+  )", extra);
+}
+
+// The untied embedding's rows scatter into the accumulation buffer (GatherGrad's base and
+// reset); the tied one's head gradient is accumulated in its product (with
+// GradientAccumulationFusion) and the rows scatter onto that: no Add, no InPlaceAccumulator,
+// no table of zeros. Both compute what the unfused graphs compute, reset or not. A scatter
+// something else reads, a sum that broadcasts, and a scatter with a base already are left alone.
+TEST(EmbeddingGradientAccumulation, TheRowsScatterIntoTheAccumulation) {
+  Tensor ids(DataType::kInt64, {6});
+  for (int64_t i = 0; i < 6; ++i) ids.data<int64_t>()[i] = std::vector<int64_t>{3, 0, 9, 3, 5, 3}[i];
+  for (const auto& [tied, head_first] : {std::pair{false, true}, std::pair{true, true}, std::pair{true, false}}) {
+    SCOPED_TRACE(tied ? (head_first ? "tied" : "tied, the scatter first") : "untied");
+    const std::string text = EmbeddingGradient(tied, head_first);
+    auto g = ParseGraph(text);
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(InferShapes(**g).ok());
+    EmbeddingGradientAccumulation embedding;
+    GradientAccumulationFusion accumulation;
+    DeadCodeElimination dce;
+    ASSERT_TRUE(RunToFixedPoint({&embedding, &accumulation, &dce}, g->get()).ok());
+    const Node* scatter = (*g)->FindValue("acc")->producer();
+    ASSERT_TRUE(scatter && scatter->op_type() == "GatherGrad");
+    ASSERT_GE(scatter->num_inputs(), 4);
+    if (tied) {
+      const Node* head = scatter->input(3)->producer();
+      ASSERT_TRUE(head && head->op_type() == "MatMulBf16") << "the head's product accumulates";
+      ASSERT_EQ(head->num_inputs(), 5);
+      EXPECT_EQ(head->input(3)->name(), "buf");
+      EXPECT_EQ(head->input(4)->name(), "reset");
+      EXPECT_TRUE(scatter->num_inputs() < 5 || !scatter->input(4)) << "the head's accumulation already reset";
+    } else {
+      EXPECT_EQ(scatter->input(3)->name(), "buf");
+      ASSERT_EQ(scatter->num_inputs(), 5);
+      EXPECT_EQ(scatter->input(4)->name(), "reset");
+    }
+    for (const auto& n : (*g)->nodes()) {
+      EXPECT_NE(n->op_type(), "Add");
+      EXPECT_NE(n->op_type(), "InPlaceAccumulator");
+    }
+    for (bool reset : {false, true}) {
+      Tensor flag(DataType::kBool, {});
+      flag.data<bool>()[0] = reset;
+      Feeds feeds = {{"dy", Random({6, 4}, 21)}, {"ids", ids}, {"buf", Random({10, 4}, 22)}, {"reset", flag}};
+      if (tied) {
+        feeds.push_back({"h", Random({6, 4}, 23)});
+        feeds.push_back({"ds", Random({6, 10}, 24)});
+      }
+      ExpectGraphsAgree((*g)->Clone(), *ParseGraph(text), feeds, 1e-5, 1e-6);
+    }
+  }
+  EmbeddingGradientAccumulation embedding;
+  EXPECT_FALSE(Changes(embedding, EmbeddingGradient(false, true, "output gw"))) << "the scatter is read elsewhere";
+  EXPECT_FALSE(Changes(embedding, EmbeddingGradient(true, true, "output gw"))) << "the scatter is read elsewhere";
+  EXPECT_FALSE(Changes(embedding, absl::StrReplaceAll(EmbeddingGradient(true),
+                                                      {{"grad = Add(dwh, gw)", "grad = Add(gw, row)"},
+                                                       {"input reset: bool[]", "input reset: bool[]\n    input row: float32[4]"}})))
+      << "a sum that broadcasts";
+  EXPECT_FALSE(Changes(embedding, absl::StrReplaceAll(EmbeddingGradient(false),
+                                                      {{"GatherGrad(shape, ids, dy)", "GatherGrad(shape, ids, dy, buf)"}})))
+      << "a scatter onto a base already";
+}
+
 // A dbias output must sum K of a 2-D operand stored K first, into a float32 [C]; anything else
 // is an error naming what was expected.
 TEST(BiasGradientFusion, DbiasThatSumsNoKIsRefused) {

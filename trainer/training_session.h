@@ -177,6 +177,8 @@ class TrainingSession {
   // The training graph as the session runs it (after its fusions and placement), or null under
   // pipeline parallelism (whose stages have parts of their own).
   const graph::Graph* training_graph() const { return train_ ? &train_->graph() : nullptr; }
+  // The training graph's run statistics (zeros under pipeline parallelism).
+  RunStats training_stats() const { return train_ ? train_->stats() : RunStats{}; }
 
   // Diagnostics for a non-finite loss: reruns the training graph on `feeds` and names the
   // first node (in run order) whose output holds a NaN or Inf.

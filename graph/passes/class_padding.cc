@@ -128,8 +128,6 @@ bool PadClasses(Graph* g, Node* p) {
   if (classes < kMinClasses || classes % kAlign == 0) return false;
   if (StaticLastDim(p->output(0)) != classes) return false;
   if (HasInput(p, 2) && !p->input(2)->shape().is_static()) return false;
-  auto opset = g->opset_imports().find("");
-  if (opset == g->opset_imports().end() || opset->second < 13) return false;  // Split with its sizes as input
 
   std::vector<Node*> reshapes;
   std::vector<std::pair<Node*, int>> readers;
@@ -144,7 +142,7 @@ bool PadClasses(Graph* g, Node* p) {
       if (!IsLowProduct(q) || qslot != 0 || q->AttrInt("transB", 0) != 0 || HasInput(q, 2)) return false;
       if (q->AttrInt("transA", 0) == 0 && q->input(1) == w) {
         input_grads.push_back(q);  // dh = dy · W: the classes are the reduction
-      } else if (q->AttrInt("transA", 0) == 1 && q->input(0)->shape().rank() == 2 &&
+      } else if (q->AttrInt("transA", 0) == 1 && q->input(0)->shape().rank() == 2 && !q->HasAttr("rows") &&
                  q->output(0)->shape().is_static() &&
                  q->output(0)->shape().rank() == 2 && q->output(0)->shape()[0].value == classes) {
         weight_grads.push_back(q);  // dW = dyᵀ · h: one row per class
@@ -179,18 +177,9 @@ bool PadClasses(Graph* g, Node* p) {
     g->SetNodeInput(r, 1, Constant(g, r->input(1)->name() + "/padded", std::move(s)));
   }
   for (Node* q : input_grads) g->SetNodeInput(q, 1, w_padded);
-  for (Node* q : weight_grads) {
-    Value* dw = q->output(0);
-    const int64_t cols = dw->shape()[1].value;
-    Value* dw_padded = NewValue(g, dw->name() + "/padded", dw->dtype(), {padded, cols});
-    g->SetNodeOutput(q, 0, dw_padded);
-    Value* sizes = Constant(g, dw->name() + "/class_split", Tensor::FromVector<int64_t>({classes, extra}, {2}));
-    Value* dropped = NewValue(g, dw->name() + "/padded_rows", dw->dtype(), {extra, cols});
-    Node* split =
-        g->AddNode("Split", {dw_padded, sizes}, {dw, dropped}, g->UniqueName(dw->name() + "/class_split"), "");
-    split->SetAttr("axis", Attribute::Int(0));
-    split->metadata() = q->metadata();
-  }
+  // dW = dyᵀ · h reads the padded dy [N, Vp] but forms only the V real classes' rows: the
+  // padding's rows (0) are never written, and dW keeps its [V, C] shape.
+  for (Node* q : weight_grads) q->SetAttr("rows", Attribute::Int(classes));
   return true;
 }
 

@@ -158,6 +158,21 @@ class GradientAccumulationFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
+// A training graph's embedding gradient scattered into its accumulation:
+// InPlaceAccumulator(buffer, GatherGrad(shape, ids, dY), reset) -> GatherGrad(shape, ids, dY,
+// buffer, reset), so the [V, C] table of zeros the lookup's rows were added to, and the sum
+// with the buffer, go. A tied embedding's InPlaceAccumulator(buffer, Add(dW, GatherGrad(...)),
+// reset), dW the language-model head's part -> InPlaceAccumulator(buffer, dW, reset) (which
+// GradientAccumulationFusion folds into dW's product) and GatherGrad(..., base = its result):
+// the [V, C] sum and its operands' copies go, and the rows are added to the accumulated head
+// gradient, as llm.c's encoder backward adds into the head's weight gradient. Sessions with a
+// device provider run it.
+class EmbeddingGradientAccumulation : public Pass {
+ public:
+  std::string name() const override { return "EmbeddingGradientAccumulation"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
 // A layer's bias gradient, ReduceSum(dz) over every axis but the last (then Reshapes to [C] and
 // mixed precision's widening Cast, or none), where dz or its rounding to bf16 / fp16 is, through
 // Reshapes, the [K, C] operand of a 2-D float32 weight-gradient product (MatMulBf16 / MatMulF16:
@@ -203,12 +218,13 @@ class LowPrecisionNormInputs : public Pass {
 // gains zero rows (Concat), and the product a bias of 0 for the real classes and -inf for the
 // padding, so the cross-entropy's softmax gives the padding probability 0. The loss and the
 // gradients are those of the unpadded graph: the padded gradient columns are 0, and the
-// weight gradient drops its padded rows (Split). It applies only where the scores reach
-// nothing but the cross-entropy (the forward loss, no log_prob read, and the from-scores
-// gradient, without class weights or a split vocabulary) through Reshapes that keep the
-// classes last, and their gradient nothing but the products dh = dy · W and dW = dyᵀ · h; the
-// graph's default-domain opset must be 13 or later. A label in the padding then gives an
-// infinite loss instead of a NaN one. Sessions with a device provider run it last.
+// weight gradient's product forms only the real classes' rows (its `rows`, reading the padded
+// gradient's first V columns), so dW keeps its [V, C] shape and is never copied. It applies
+// only where the scores reach nothing but the cross-entropy (the forward loss, no log_prob
+// read, and the from-scores gradient, without class weights or a split vocabulary) through
+// Reshapes that keep the classes last, and their gradient nothing but the products
+// dh = dy · W and dW = dyᵀ · h. A label in the padding then gives an infinite loss instead of
+// a NaN one. Sessions with a device provider run it last.
 class ClassPadding : public Pass {
  public:
   std::string name() const override { return "ClassPadding"; }

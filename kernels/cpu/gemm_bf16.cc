@@ -12,7 +12,7 @@ namespace cleave::kernels::cpu {
 
 namespace {
 
-using Key = std::tuple<int64_t, bool, int64_t, int64_t, int64_t, bool, bool>;
+using Key = std::tuple<int64_t, bool, int64_t, int64_t, int64_t, bool, bool, int64_t>;
 
 struct Cache {
   std::mutex mu;
@@ -32,7 +32,11 @@ absl::Status GemmBf16(const GemmBf16Params& p, const uint16_t* A, const uint16_t
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
   Cache& cache = GetCache();
-  const Key key{p.batch, p.b_batched, p.M, p.N, p.K, p.trans_a, p.trans_b};
+  const int64_t lda = p.lda > 0 ? p.lda : p.trans_a ? p.M : p.K;
+  if (lda < (p.trans_a ? p.M : p.K))
+    return absl::InvalidArgumentError(absl::StrCat("oneDNN bf16 matmul: A's row length ", lda, " is under ",
+                                                   p.trans_a ? "M " : "K ", p.trans_a ? p.M : p.K));
+  const Key key{p.batch, p.b_batched, p.M, p.N, p.K, p.trans_a, p.trans_b, lda};
   dnnl::matmul prim;
   dnnl::matmul::primitive_desc pd;
   try {
@@ -41,8 +45,9 @@ absl::Status GemmBf16(const GemmBf16Params& p, const uint16_t* A, const uint16_t
     if (it == cache.primitives.end()) {
       const int64_t bb = p.b_batched ? p.batch : 1;
       // Strides describe the stored layout; a transposed operand swaps its last two strides.
+      const int64_t a_rows = p.trans_a ? p.K : p.M;  // A's stored rows of `lda` elements
       const dnnl::memory::desc a_md(dims{p.batch, p.M, p.K}, dt::bf16,
-                                    p.trans_a ? dims{p.M * p.K, 1, p.M} : dims{p.M * p.K, p.K, 1});
+                                    p.trans_a ? dims{a_rows * lda, 1, lda} : dims{a_rows * lda, lda, 1});
       const dnnl::memory::desc b_md(dims{bb, p.K, p.N}, dt::bf16,
                                     p.trans_b ? dims{p.K * p.N, 1, p.K} : dims{p.K * p.N, p.N, 1});
       const dnnl::memory::desc c_md(dims{p.batch, p.M, p.N}, dt::f32, dims{p.M * p.N, p.N, 1});

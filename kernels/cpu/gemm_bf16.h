@@ -15,6 +15,7 @@ struct GemmBf16Params {
   int64_t M = 0, N = 0, K = 0;
   bool trans_a = false;  // A stored [.., K, M]
   bool trans_b = false;  // B stored [.., N, K]
+  int64_t lda = 0;        // A's stored row length (M with trans_a, else K) where larger; 0: dense
 };
 
 // C[b] = op(A[b]) @ op(B[b or 0]); A and B hold bf16 bits, C is fp32 [batch, M, N].

@@ -46,7 +46,7 @@ void ScatterAdd(const T* dy, const TensorView& indices, int64_t outer, int64_t d
 }  // namespace
 
 absl::Status GatherGrad(const TensorView& dy, const TensorView& indices, int axis, TensorView& dx,
-                        ThreadPool* pool) {
+                        ThreadPool* pool, const void* base) {
   int64_t outer = 1, inner = 1;
   for (int k = 0; k < axis; ++k) outer *= dx.dims[k];
   for (int k = axis + 1; k < dx.rank; ++k) inner *= dx.dims[k];
@@ -57,7 +57,15 @@ absl::Status GatherGrad(const TensorView& dy, const TensorView& indices, int axi
       return InvalidArgument("index ", k, " at position ", j, " is out of range for axis ", axis,
                              " of size ", d, ": expected [", -d, ", ", d - 1, "]");
   }
-  std::memset(dx.data, 0, dx.nbytes());
+  if (!base) {
+    std::memset(dx.data, 0, dx.nbytes());
+  } else if (base != dx.data) {
+    const char* src = static_cast<const char*>(base);
+    char* dst = static_cast<char*>(dx.data);
+    ParallelFor(pool, static_cast<int64_t>(dx.nbytes()), int64_t{1} << 20, [&](int64_t b0, int64_t b1) {
+      std::memcpy(dst + b0, src + b0, static_cast<size_t>(b1 - b0));
+    });
+  }
   if (dx.dtype == DataType::kFloat64)
     ScatterAdd(dy.as<const double>(), indices, outer, d, inner, dx.as<double>(), pool);
   else

@@ -17,13 +17,15 @@
 
 namespace cleave::kernels::cpu {
 
-// dx = zeros, then dx[..., indices[j], ...] += dy[..., j, ...] along `axis` (normalised):
-// the gradient of Gather. dy.dims = dx.dims[:axis] + indices.dims + dx.dims[axis+1:].
-// Negative indices count from the end; repeated indices accumulate in index order (so the
-// sum is the same for any thread count). An index outside [-d, d) is InvalidArgument and
-// is reported before anything is written. dx/dy float32 or float64, indices int32/int64.
+// dx = zeros (or `base`, dx's dims and type, which may be dx itself), then
+// dx[..., indices[j], ...] += dy[..., j, ...] along `axis` (normalised): the gradient of
+// Gather, or that gradient added to an accumulated one. dy.dims = dx.dims[:axis] +
+// indices.dims + dx.dims[axis+1:]. Negative indices count from the end; repeated indices
+// accumulate in index order (so the sum is the same for any thread count). An index outside
+// [-d, d) is InvalidArgument and is reported before anything is written. dx/dy float32 or
+// float64, indices int32/int64.
 absl::Status GatherGrad(const TensorView& dy, const TensorView& indices, int axis, TensorView& dx,
-                        ThreadPool* pool);
+                        ThreadPool* pool, const void* base = nullptr);
 
 // dx = zeros, with dy written into the positions Slice with `p` reads from a tensor of
 // dx's dims (p resolved by ResolveSlice against dx.dims; p.out_dims == dy.dims). Any

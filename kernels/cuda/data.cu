@@ -104,9 +104,12 @@ int Gather(int elem_bytes, const void* table, const int64_t* ids, void* out, int
 }
 
 int GatherGrad(const float* dy, const int64_t* ids, float* dtable, int64_t num_ids, int64_t rows, int64_t row_elems,
-               void* stream) {
+               void* stream, const float* base) {
   cudaStream_t s = Stream(stream);
-  cudaError_t e = cudaMemsetAsync(dtable, 0, static_cast<size_t>(rows * row_elems) * sizeof(float), s);
+  const size_t bytes = static_cast<size_t>(rows * row_elems) * sizeof(float);
+  cudaError_t e = !base            ? cudaMemsetAsync(dtable, 0, bytes, s)
+                  : base != dtable ? cudaMemcpyAsync(dtable, base, bytes, cudaMemcpyDeviceToDevice, s)
+                                   : cudaSuccess;
   if (e != cudaSuccess || num_ids * row_elems == 0) return static_cast<int>(e);
   ScatterAdd<<<Blocks(num_ids * row_elems), kThreads, 0, s>>>(dy, ids, dtable, num_ids, rows, row_elems);
   return static_cast<int>(cudaGetLastError());

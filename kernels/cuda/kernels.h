@@ -135,9 +135,10 @@ int AttentionBackward(Dt dt, const void* dout, const void* q, const void* k, con
 // of range give zero rows).
 int Gather(int elem_bytes, const void* table, const int64_t* ids, void* out, int64_t num_ids, int64_t rows,
            int64_t row_elems, void* stream);
-// dtable [rows, row_elems] = scatter-add of dy rows at ids (dtable is zeroed first).
+// dtable [rows, row_elems] = scatter-add of dy rows at ids, onto zeros or onto `base` (of
+// dtable's size; it may be dtable itself: then only the rows at ids are touched).
 int GatherGrad(const float* dy, const int64_t* ids, float* dtable, int64_t num_ids, int64_t rows, int64_t row_elems,
-               void* stream);
+               void* stream, const float* base = nullptr);
 // y [out_dims] = the elements of x at sum_d k_d * in_strides[d] (element strides of either sign,
 // from x as given): a Slice, its start already added to x.
 int StridedCopy(int elem_bytes, const void* x, void* y, int rank, const int64_t* out_dims, const int64_t* in_strides,

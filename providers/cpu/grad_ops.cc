@@ -48,9 +48,18 @@ class GatherGradKernel : public OpKernel {
       return InvalidArgument("dY ", DimsToString(dy.shape()), " does not match shape ",
                              DimsToString(shape.data(), r), " with indices ",
                              DimsToString(indices.shape()), " along axis ", axis);
+    // A base (input 3) that dX starts from, unless reset (input 4) is set.
+    const TensorView* base = ctx.num_inputs() > 3 ? ctx.input(3) : nullptr;
+    const TensorView* reset = ctx.num_inputs() > 4 ? ctx.input(4) : nullptr;
+    if (base && (base->dtype != dy.dtype || !std::equal(shape.begin(), shape.end(), base->dims, base->dims + base->rank) ||
+                 base->rank != r))
+      return InvalidArgument("expected a base of the table's shape ", DimsToString(shape.data(), r), " and dY's type ",
+                             DataTypeName(dy.dtype), ", got ", DimsToString(base->shape()), " ",
+                             DataTypeName(base->dtype));
+    if (reset && *reset->as<const bool>()) base = nullptr;
     TensorView* dx = ctx.Output(0, std::span<const int64_t>(shape.data(), shape.size()));
     if (!dx) return absl::OkStatus();
-    return kernels::cpu::GatherGrad(dy, indices, axis, *dx, ctx.thread_pool());
+    return kernels::cpu::GatherGrad(dy, indices, axis, *dx, ctx.thread_pool(), base ? base->data : nullptr);
   }
 
  private:

@@ -111,7 +111,8 @@ class MatMulBf16Kernel : public OpKernel {
       : trans_a_(n.AttrInt("transA", 0) != 0),
         trans_b_(n.AttrInt("transB", 0) != 0),
         f16_(n.op_type() == "MatMulF16"),
-        dbias_of_a_(n.AttrInt("dbias_operand", 1) == 0) {}
+        dbias_of_a_(n.AttrInt("dbias_operand", 1) == 0),
+        rows_(n.AttrInt("rows", -1)) {}
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& a = *ctx.input(0);
@@ -130,6 +131,14 @@ class MatMulBf16Kernel : public OpKernel {
     if (kb != p.K)
       return InvalidArgument("MatMulBf16: A ", DimsToString(a.shape()), " and B ", DimsToString(b.shape()),
                              " disagree on K (", p.K, " vs ", kb, ")");
+    if (rows_ >= 0) {
+      // Only op(A)'s first `rows` rows: a prefix of A's rows, or with transA of its columns.
+      if (a.rank != 2 || rows_ > p.M)
+        return InvalidArgument("MatMulBf16: rows = ", rows_, " needs a 2-D A with at least that many rows of op(A), got ",
+                               DimsToString(a.shape()), trans_a_ ? " (transA)" : "");
+      p.lda = trans_a_ ? p.M : p.K;
+      p.M = rows_;
+    }
     const std::vector<int64_t> a_dims = a.shape();
     std::vector<int64_t> out(a_dims.begin(), a_dims.end() - 2);
     p.batch = 1;
@@ -199,6 +208,7 @@ class MatMulBf16Kernel : public OpKernel {
     g.K = p.K;
     g.trans_a = p.trans_a;
     g.trans_b = p.trans_b;
+    g.lda = p.lda;  // A is 2-D (one batch) where it is set
     float* yd = static_cast<float*>(y->data);
     for (int64_t i = 0; i < p.batch; ++i)
       kernels::cpu::Sgemm(g, fa.data() + i * p.M * p.K, fb.data() + (p.b_batched ? i * p.K * p.N : 0),
@@ -214,6 +224,7 @@ class MatMulBf16Kernel : public OpKernel {
     if (x.rank != 2 || (dbias_of_a_ ? !trans_a_ : trans_b_))
       return InvalidArgument("MatMulBf16: dbias sums a 2-D ", dbias_of_a_ ? "A with transA" : "B without transB",
                              ", got ", DimsToString(x.shape()));
+    if (dbias_of_a_ && rows_ >= 0) return InvalidArgument("MatMulBf16: dbias of A with `rows`");
     const int64_t rows = x.dims[0], cols = x.dims[1];
     TensorView* db = ctx.Output(1, {cols});
     if (!db) return absl::OkStatus();
@@ -231,6 +242,7 @@ class MatMulBf16Kernel : public OpKernel {
   }
 
   bool trans_a_, trans_b_, f16_, dbias_of_a_;
+  int64_t rows_;  // -1: every row of op(A)
 };
 
 class GemmKernel : public OpKernel {

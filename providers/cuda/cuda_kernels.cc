@@ -225,6 +225,7 @@ class MatMulKernel : public CudaKernel {
     trans_a_ = n.AttrInt("transA", 0) != 0;
     trans_b_ = n.AttrInt("transB", 0) != 0;
     dbias_of_a_ = n.AttrInt("dbias_operand", 1) == 0;
+    rows_ = n.AttrInt("rows", -1);
     const std::string act = n.AttrString("activation", "");
     gelu_ = act == "gelu";
     gelu_tanh_ = act == "gelu_tanh";
@@ -237,6 +238,15 @@ class MatMulKernel : public CudaKernel {
     const TensorView* acc = ctx.num_inputs() > 3 ? ctx.input(3) : nullptr;
     auto plan = kernels::cpu::PlanMatMul(a.dim_span(), b.dim_span(), trans_b_, trans_a_);
     if (!plan.ok()) return absl::Status(plan.status().code(), absl::StrCat(name_, ": ", plan.status().message()));
+    int64_t lda = 0;
+    if (rows_ >= 0) {
+      // Only op(A)'s first `rows` rows: a prefix of A's rows, or with transA of its columns.
+      if (a.rank != 2 || rows_ > plan->M || (dbias_of_a_ && ctx.num_outputs() > 1))
+        return InvalidArgument(name_, ": rows = ", rows_, " needs a 2-D A with at least that many rows of op(A) ",
+                               "(and no dbias of A), got ", DimsToString(a.shape()), trans_a_ ? " (transA)" : "");
+      lda = trans_a_ ? plan->M : plan->K;
+      plan->M = plan->out_dims[0] = rows_;
+    }
     if (bias && (bias->rank != 1 || bias->dims[0] != plan->N))
       return InvalidArgument(name_, ": expected bias of shape [", plan->N, "], got ", DimsToString(bias->shape()));
     TensorView* y = ctx.Output(0, plan->out_shape());
@@ -258,7 +268,7 @@ class MatMulKernel : public CudaKernel {
     bool formed = false;
     absl::Status s = CudaMatMul(*p_, *plan, a.dtype, y->dtype, a.data, b.data, y->data, bias ? bias->data : nullptr,
                                 gelu_tanh_, acc ? acc->as<float>() : nullptr, acc && *ctx.input(4)->as<bool>(),
-                                {db ? db->as<float>() : nullptr, dbias_of_a_, &formed});
+                                {db ? db->as<float>() : nullptr, dbias_of_a_, &formed}, lda);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(name_, ": ", s.message()));
     if (db && !formed) {  // no epilogue kernel for this shape: the sums on their own
       const int64_t rows = summed.dims[0], cols = summed.dims[1];
@@ -273,6 +283,7 @@ class MatMulKernel : public CudaKernel {
 
  private:
   bool fused_ = false, trans_a_ = false, trans_b_ = false, gelu_ = false, gelu_tanh_ = false, dbias_of_a_ = false;
+  int64_t rows_ = -1;  // -1: every row of op(A)
 };
 
 // ---- rows: softmax, layer norm ----------------------------------------------------------
@@ -596,7 +607,7 @@ class GatherKernel : public CudaKernel {
   }
 };
 
-// GatherGrad(shape [host], indices, dY) -> dX of `shape` (axis 0).
+// GatherGrad(shape [host], indices, dY[, base, reset [host]]) -> dX of `shape` (axis 0).
 class GatherGradKernel : public CudaKernel {
  public:
   GatherGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
@@ -610,10 +621,17 @@ class GatherGradKernel : public CudaKernel {
     for (size_t d = 1; d < dims.size(); ++d) row_elems *= dims[d];
     if (dy.numel() != ids.numel() * row_elems)
       return InvalidArgument(name_, ": dY has ", dy.numel(), " elements, expected ", ids.numel(), " x ", row_elems);
+    // A base (input 3) that dX starts from, unless reset (input 4, host) is set.
+    const TensorView* base = ctx.num_inputs() > 3 ? ctx.input(3) : nullptr;
+    const TensorView* reset = ctx.num_inputs() > 4 ? ctx.input(4) : nullptr;
+    if (base && (base->dtype != DataType::kFloat32 || base->shape() != dims))
+      return InvalidArgument(name_, ": expected a base of the table's shape ", DimsToString(dims), " and float32, got ",
+                             DimsToString(base->shape()), " ", DataTypeName(base->dtype));
+    if (reset && *reset->as<bool>()) base = nullptr;
     TensorView* dx = ctx.Output(0, dims);
     if (!dx) return absl::OkStatus();
     return Check(kc::GatherGrad(dy.as<float>(), ids.as<int64_t>(), dx->as<float>(), ids.numel(), dims[0], row_elems,
-                                stream()));
+                                stream(), base ? base->as<float>() : nullptr));
   }
 };
 
@@ -876,7 +894,7 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<GatherGradKernel>(r, this, C, "GatherGrad", 1, 1, AllOf({InputTypeIn(2, {DataType::kFloat32}),
                         [](const graph::Node& n, int) -> std::string {
                           return n.AttrInt("axis", 0) == 0 ? Int64Input(n, 1) : "only axis 0 is supported on CUDA";
-                        }}), {0});
+                        }}), {0, 4});
   Add<TransposeKernel>(r, this, "", "Transpose", 1, 1 << 30, [](const graph::Node&, int) { return std::string(); });
   auto any = [](const graph::Node&, int) { return std::string(); };
   Add<ViewKernel>(r, this, "", "Reshape", 5, 1 << 30, any, {1});

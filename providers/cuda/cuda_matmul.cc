@@ -62,6 +62,7 @@ struct GemmKey {
   const void* handle;
   int dt, out_dt;  // operands' and result's storage types
   int64_t M, N, K;
+  int64_t lda;  // A's stored row length: M with trans_a, else K, or more for a slice of a wider A
   bool trans_a, trans_b;
   int batch;
   int64_t stride_a, stride_b, stride_c;
@@ -69,7 +70,7 @@ struct GemmKey {
   int bgrad;       // the bias gradient of: 0 none, 1 A (the call's B: BGRADB), 2 B (the call's A: BGRADA)
   uint32_t align;  // bytes every pointer (and batch step) is aligned to, at most 256
   auto tie() const {
-    return std::tie(handle, dt, out_dt, M, N, K, trans_a, trans_b, batch, stride_a, stride_b, stride_c, bias,
+    return std::tie(handle, dt, out_dt, M, N, K, lda, trans_a, trans_b, batch, stride_a, stride_b, stride_c, bias,
                     gelu_tanh, bgrad, align);
   }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
@@ -94,11 +95,12 @@ absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey&
 // A and B of type dt, D of type out_dt.
 // With c_in, D = op(A) op(B) + beta c_in (c_in of D's type and layout; it may be c itself).
 // With dbias (bgrad 1: the sums over K of op(A), [M]; 2: of op(B), [N]; D's type), the
-// epilogue writes the bias gradient, or EpilogueRefused() has the caller do it.
+// epilogue writes the bias gradient, or EpilogueRefused() has the caller do it. lda > 0: A's
+// stored row length where it is wider than op(A) needs (one matrix).
 absl::Status Gemm(const CudaExecutionProvider& p, DataType dt, DataType out_dt, const void* a, const void* b, void* c,
                   int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int batch, int64_t stride_a,
                   int64_t stride_b, int64_t stride_c, const void* bias, bool gelu_tanh, const void* c_in = nullptr,
-                  float beta = 0.f, void* dbias = nullptr, int bgrad = 0) {
+                  float beta = 0.f, void* dbias = nullptr, int bgrad = 0, int64_t lda = 0) {
   // The algorithm must suit the operands' alignment (sub-matrices of a batch may sit at odd
   // offsets): the largest power of two up to 256 dividing every address and batch step.
   const size_t es = ElementSize(dt), out_es = ElementSize(out_dt);
@@ -108,7 +110,8 @@ absl::Status Gemm(const CudaExecutionProvider& p, DataType dt, DataType out_dt, 
   if (batch > 1) bits |= static_cast<uintptr_t>(stride_a * es) | static_cast<uintptr_t>(stride_b * es) |
                          static_cast<uintptr_t>(stride_c * out_es) | 256;
   const uint32_t align = static_cast<uint32_t>(bits & (~bits + 1));
-  const GemmKey key{p.cublaslt(), static_cast<int>(dt), static_cast<int>(out_dt), M, N, K, trans_a, trans_b, batch,
+  if (lda <= 0) lda = trans_a ? M : K;
+  const GemmKey key{p.cublaslt(), static_cast<int>(dt), static_cast<int>(out_dt), M, N, K, lda, trans_a, trans_b, batch,
                     stride_a, stride_b, stride_c, bias != nullptr, gelu_tanh, dbias ? bgrad : 0, align};
   ASSIGN_OR_RETURN(GemmPlan * plan, PlanFor(p, key));
   if (plan->refused) return EpilogueRefused();
@@ -154,8 +157,8 @@ absl::Status Describe(const CudaExecutionProvider& p, const GemmKey& key, GemmPl
   }
   RETURN_IF_ERROR(trans_b ? Layout(&ds.x, t, K, N, K, batch, key.stride_b)
                           : Layout(&ds.x, t, N, K, N, batch, key.stride_b));
-  RETURN_IF_ERROR(trans_a ? Layout(&ds.y, t, M, K, M, batch, key.stride_a)
-                          : Layout(&ds.y, t, K, M, K, batch, key.stride_a));
+  RETURN_IF_ERROR(trans_a ? Layout(&ds.y, t, M, K, key.lda, batch, key.stride_a)
+                          : Layout(&ds.y, t, K, M, key.lda, batch, key.stride_a));
   RETURN_IF_ERROR(Layout(&ds.d, out_t, N, M, N, batch, key.stride_c));
   RETURN_IF_ERROR(Lt(cublasLtMatmulPreferenceCreate(&ds.pref), "preference"));
   const size_t ws = p.workspace_bytes();
@@ -200,8 +203,11 @@ int64_t RefusedBiasGradientEpilogues() { return g_refused_bias_gradients.load();
 
 absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatMulPlan& plan, DataType dt,
                         DataType out_dt, const void* a, const void* b, void* c, const void* bias, bool gelu_tanh,
-                        const float* accumulate, bool reset, const DbiasRequest& dbias) {
+                        const float* accumulate, bool reset, const DbiasRequest& dbias, int64_t lda) {
   const int64_t M = plan.M, N = plan.N, K = plan.K, batch = plan.batch();
+  if (lda > 0 && (batch != 1 || plan.batch_rank != 0 || lda < (plan.trans_a ? M : K)))
+    return InvalidArgument("a row length of A (", lda, ") for one 2-D product with rows of at least ",
+                           plan.trans_a ? M : K);
   if (dbias.dbias) {
     // One product whose epilogue forms a float32 bias gradient of A [K, M] or B [K, N].
     *dbias.formed = false;
@@ -219,7 +225,7 @@ absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatM
     if (K > 0 && M > 0 && N > 0) {
       const float* acc = reset ? nullptr : accumulate;
       absl::Status s = Gemm(p, dt, out_dt, a, b, c, M, N, K, plan.trans_a, plan.trans_b, 1, 0, 0, 0, nullptr, false,
-                            acc, acc ? 1.f : 0.f, dbias.dbias, dbias.of_a ? 1 : 2);
+                            acc, acc ? 1.f : 0.f, dbias.dbias, dbias.of_a ? 1 : 2, lda);
       if (s.ok()) {
         *dbias.formed = true;
         return s;
@@ -243,7 +249,7 @@ absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatM
                         "MatMul accumulation copy");
     }
     return Gemm(p, dt, out_dt, a, b, c, M, N, K, plan.trans_a, plan.trans_b, 1, 0, 0, 0, nullptr, false,
-                reset ? nullptr : accumulate, reset ? 0.f : 1.f);
+                reset ? nullptr : accumulate, reset ? 0.f : 1.f, nullptr, 0, lda);
   }
   if (K == 0) {
     // An empty sum: zeros (plus the bias epilogue's work, which an empty product skips).
@@ -266,8 +272,12 @@ absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatM
   }
   if (b_fixed && a_contiguous && !plan.trans_a) {
     // The batch folds into M: one product.
-    return Gemm(p, dt, out_dt, a, b, c, batch * M, N, K, false, plan.trans_b, 1, 0, 0, 0, bias, gelu_tanh);
+    return Gemm(p, dt, out_dt, a, b, c, batch * M, N, K, false, plan.trans_b, 1, 0, 0, 0, bias, gelu_tanh, nullptr, 0.f,
+                nullptr, 0, lda);
   }
+  if (lda > 0)  // one 2-D product (checked above)
+    return Gemm(p, dt, out_dt, a, b, c, M, N, K, plan.trans_a, plan.trans_b, 1, 0, 0, 0, bias, gelu_tanh, nullptr, 0.f,
+                nullptr, 0, lda);
   if ((a_contiguous || a_fixed) && (b_contiguous || b_fixed) && batch <= (int64_t{1} << 30))
     return Gemm(p, dt, out_dt, a, b, c, M, N, K, plan.trans_a, plan.trans_b, static_cast<int>(batch), a_fixed ? 0 : M * K,
                 b_fixed ? 0 : K * N, M * N, bias, gelu_tanh);

@@ -22,6 +22,10 @@ class CudaExecutionProvider;
 // swap in the column-major call); where the library has no such kernel for the shape (its
 // heuristic or the call refuses it; remembered per shape), *formed is false, the product runs
 // plain and the caller sums the operand itself (kernels::cuda::ColumnSums).
+//
+// lda > 0 (one 2-D product): A's stored row length where it is wider than op(A) needs (M with
+// transA, else K), so that the product reads the first M columns of a wider [K, lda] A (a
+// padded operand's product that leaves out its padding).
 struct DbiasRequest {
   float* dbias = nullptr;
   bool of_a = false;
@@ -29,7 +33,8 @@ struct DbiasRequest {
 };
 absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatMulPlan& plan, DataType dt,
                         DataType out_dt, const void* a, const void* b, void* c, const void* bias, bool gelu_tanh,
-                        const float* accumulate = nullptr, bool reset = false, const DbiasRequest& dbias = {});
+                        const float* accumulate = nullptr, bool reset = false, const DbiasRequest& dbias = {},
+                        int64_t lda = 0);
 
 // How many product shapes the library has refused the bias-gradient epilogue for so far (in
 // this process): what a report says of the fallback.
