@@ -540,6 +540,9 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   }
   if (cleave && op == "GatherGrad") {
     // (shape, indices, dY) -> dX of shape: the index dims are summed away (scatter-add).
+    if (n.num_inputs() > 3 && n.input(3))
+      return InvalidArgument(n.Describe(), ": a GatherGrad onto a base (a device session's fused accumulation) ",
+                             "is not partitioned; expected the training graph's (shape, indices, dY)");
     FactorRule r;
     ASSIGN_OR_RETURN(LookupFactors lf, Lookup(n, n.output(0), n.input(1), &r));
     r.no_shard[lf.table_axis_factor] = 1;

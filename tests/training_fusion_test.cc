@@ -11,6 +11,7 @@
 #include "graph/op_table.h"
 #include "graph/passes/pass.h"
 #include "graph/text_format.h"
+#include "partition/op_rules.h"
 #include "gtest/gtest.h"
 #include "tests/fusion_test_util.h"
 #include "tests/op_tester.h"
@@ -181,6 +182,33 @@ TEST(EmbeddingGradientAccumulation, TheRowsScatterIntoTheAccumulation) {
   EXPECT_FALSE(Changes(embedding, absl::StrReplaceAll(EmbeddingGradient(false),
                                                       {{"GatherGrad(shape, ids, dy)", "GatherGrad(shape, ids, dy, buf)"}})))
       << "a scatter onto a base already";
+}
+
+// The partitioner has a rule for the training graph's GatherGrad, not for the device session's
+// fused one onto a base: that is an error naming the node, not a wrong sharding.
+TEST(EmbeddingGradientAccumulation, TheFusedScatterIsNotPartitioned) {
+  for (bool fused : {false, true}) {
+    auto g = ParseGraph(EmbeddingGradient(false));
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(InferShapes(**g).ok());
+    if (fused) {
+      EmbeddingGradientAccumulation embedding;
+      DeadCodeElimination dce;
+      ASSERT_TRUE(RunToFixedPoint({&embedding, &dce}, g->get()).ok());
+    }
+    const Node* scatter = nullptr;
+    for (const auto& n : (*g)->nodes())
+      if (n->op_type() == "GatherGrad") scatter = n.get();
+    ASSERT_TRUE(scatter);
+    auto rule = partition::RuleFor(**g, *scatter);
+    if (!fused) {
+      EXPECT_TRUE(rule.ok()) << rule.status();
+      continue;
+    }
+    ASSERT_FALSE(rule.ok());
+    EXPECT_NE(rule.status().message().find("GatherGrad onto a base"), std::string::npos) << rule.status();
+    EXPECT_NE(rule.status().message().find(scatter->name()), std::string::npos) << rule.status();
+  }
 }
 
 // A dbias output must sum K of a 2-D operand stored K first, into a float32 [C]; anything else
