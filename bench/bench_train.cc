@@ -302,8 +302,12 @@ absl::Status ProfileStep(const Args& a, Session& s) {
 // and optimizer state in device memory, and the executor skips those copies). A Gather counts
 // the rows it reads, not its whole table, and a GatherGrad onto a base (an accumulated
 // gradient, which the session's bound accumulation buffer holds and the executor writes where
-// the result lies) the rows it reads and writes back, not the whole table twice. Attention's
-// own FLOPs are not counted here (see the model FLOPs of bench_gpu.py).
+// the result lies) the rows it reads and writes back, not the whole table twice. Each step
+// here is one micro-batch, so the gradient accumulation buffers are reset on every one: a
+// product or InPlaceAccumulator that the reset flag gates writes its buffer without reading it
+// (a product's beta is 0), and a scatter onto a gated base starts from zeros (its whole table
+// written, then its rows). Attention's own FLOPs are not counted here (see the model FLOPs of
+// bench_gpu.py).
 struct Traffic {
   int64_t nodes = 0;
   double bytes = 0, product_bytes = 0, product_flops = 0;
@@ -316,6 +320,10 @@ absl::StatusOr<Traffic> WriteTraffic(const Args& a, const trainer::TrainingSessi
     return v && v->shape().is_static() ? static_cast<double>(v->shape().NumElements()) * ElementSize(v->dtype()) : 0.0;
   };
   auto is_io = [](const graph::Value* v) { return v && (v->is_graph_input() || v->is_graph_output()); };
+  auto gated = [](const graph::Node& n, int reset) {
+    const graph::Value* v = reset < n.num_inputs() ? n.input(reset) : nullptr;
+    return v && v->is_graph_input() && v->name() == trainer::kLazyResetGrad;
+  };
   std::map<std::string, Traffic> rows_of;  // per op type
   Traffic total;
   int64_t views = 0, boundary = 0;
@@ -331,10 +339,12 @@ absl::StatusOr<Traffic> WriteTraffic(const Args& a, const trainer::TrainingSessi
       continue;
     }
     double bytes = 0, flops = 0;
+    const bool low_product = op == "MatMulBf16" || op == "MatMulF16";
+    const bool product = low_product || op == "MatMul" || op == "Gemm" || op == "FusedMatMul";
     if (op == "GatherGrad" && n.num_inputs() > 3 && n.input(3) && n.num_outputs() > 0) {
       // dY and the indices read; the rows they add to (dY's size: the table has dY's type) read
       // and written.
-      bytes = bytes_of(n.input(1)) + 3 * bytes_of(n.input(2));
+      bytes = bytes_of(n.input(1)) + 3 * bytes_of(n.input(2)) + (gated(n, 4) ? bytes_of(n.output(0)) : 0.0);
       for (Traffic* t : {&rows_of[absl::StrCat(n.domain(), ".", op)], &total}) {
         ++t->nodes;
         t->bytes += bytes;
@@ -345,10 +355,10 @@ absl::StatusOr<Traffic> WriteTraffic(const Args& a, const trainer::TrainingSessi
       const graph::Value* v = n.input(i);
       // A Gather reads the rows it gathers: its result's elements of the table.
       if (i == 0 && op == "Gather" && n.domain().empty() && n.num_outputs() > 0) bytes += bytes_of(n.output(0));
-      else bytes += bytes_of(v);
+      else if (!(i == 3 && low_product && gated(n, 4)) && !(i == 0 && op == "InPlaceAccumulator" && gated(n, 2)))
+        bytes += bytes_of(v);  // (an accumulation buffer the reset step does not read)
     }
     for (int i = 0; i < n.num_outputs(); ++i) bytes += bytes_of(n.output(i));
-    const bool product = op == "MatMul" || op == "Gemm" || op == "FusedMatMul" || op == "MatMulBf16" || op == "MatMulF16";
     if (product && n.num_inputs() >= 2 && n.num_outputs() > 0 && n.input(0) && n.output(0) &&
         n.input(0)->shape().is_static() && n.output(0)->shape().is_static() && n.input(0)->shape().rank() >= 1) {
       const std::vector<int64_t> x = n.input(0)->shape().StaticDims();

@@ -68,6 +68,14 @@ std::shared_ptr<void> HeapBuffer(size_t bytes) {
   CLEAVE_CHECK(p != nullptr);
   return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
 }
+
+// The memory of a host graph output: the caller's tensor when it already has this dtype and
+// these dims (no allocation), else a new one in its place.
+void* HostOutputMemory(Tensor& t, DataType dtype, std::span<const int64_t> dims) {
+  if (!t.defined() || t.dtype() != dtype || !std::equal(t.dims().begin(), t.dims().end(), dims.begin(), dims.end()))
+    t = Tensor::Uninitialized(dtype, std::vector<int64_t>(dims.begin(), dims.end()));
+  return t.raw();
+}
 }  // namespace
 
 // The KernelContext of one step of one run.
@@ -131,12 +139,7 @@ class Executor::Context : public providers::KernelContext {
       }
       p = bound;
     } else if (int oi = ex_.output_index_[slot]; oi >= 0 && !ex_.output_to_device_[oi]) {
-      Tensor& t = outputs_[oi];
-      // Compare in place: a caller's output already of the right shape costs no allocation.
-      if (!t.defined() || t.dtype() != dtype ||
-          !std::equal(t.dims().begin(), t.dims().end(), dims.begin(), dims.end()))
-        t = Tensor::Uninitialized(dtype, std::vector<int64_t>(dims.begin(), dims.end()));
-      p = t.raw();
+      p = HostOutputMemory(outputs_[oi], dtype, dims);
     } else if (providers::ExecutionProvider* dev = ex_.slot_device_[slot]) {
       // A device value: back to the device's caching allocator at its last use.
       ex_.slot_heap_[slot] = DeviceBuffer(*dev, static_cast<size_t>(bytes), [&] {
@@ -607,6 +610,19 @@ bool Executor::SymbolMatches(const std::string& symbol, int64_t value) const {
   return true;  // a symbol no input carries (made up by an exporter) constrains nothing
 }
 
+std::vector<char> Executor::FeedSlots() const {
+  std::vector<char> feed(num_slots_, 0);
+  for (int s : input_slots_) feed[s] = !is_constant_[s];
+  // A feed's device copy may be the caller's device tensor itself (a device-resident feed
+  // skips the copy), so it counts as that feed. Steps run in order: a copy's source is marked
+  // before it.
+  for (const Step& st : steps_)
+    if (IsBoundaryCopy(*st.node) && st.node->op_type() == "MemcpyFromHost" && st.inputs[0] >= 0 && st.outputs[0] >= 0 &&
+        feed[st.inputs[0]])
+      feed[st.outputs[0]] = 1;
+  return feed;
+}
+
 // Reshape, Flatten, Squeeze, Unsqueeze and Identity outputs become views of their input's
 // bytes (ONNX Runtime's Reshape does the same), whose buffer then lives until the view's last
 // use. Not for graph outputs (the caller's tensors), nor over a graph input other than a
@@ -616,19 +632,13 @@ void Executor::MakeViews() {
   view_of_.assign(num_slots_, -1);
   std::vector<int> root(num_slots_);
   for (int s = 0; s < num_slots_; ++s) root[s] = s;
-  std::vector<char> is_input(num_slots_, 0);
-  for (int s : input_slots_) is_input[s] = 1;
+  const std::vector<char> is_feed = FeedSlots();
   for (const Step& st : steps_) {
-    // A graph input's device copy may be the caller's device tensor itself (a device-resident
-    // feed skips the copy), so it counts as that input.
-    if (IsBoundaryCopy(*st.node) && st.node->op_type() == "MemcpyFromHost" && st.inputs[0] >= 0 && st.outputs[0] >= 0 &&
-        is_input[st.inputs[0]] && !is_constant_[st.inputs[0]])
-      is_input[st.outputs[0]] = 1;
     if (!IsViewOp(*st.node) || st.inputs.empty()) continue;
     const int in = st.inputs[0], out = st.outputs.empty() ? -1 : st.outputs[0];
     if (in < 0 || out < 0 || output_index_[out] >= 0) continue;
     const int r = root[in];
-    if (output_index_[r] >= 0 || (is_input[r] && !is_constant_[r])) continue;
+    if (output_index_[r] >= 0 || is_feed[r]) continue;
     if (slot_device_[out] != slot_device_[in]) continue;
     view_of_[out] = in;
     root[out] = r;
@@ -650,17 +660,11 @@ void Executor::MakeViews() {
 void Executor::MakeBasesInPlace() {
   write_into_.assign(num_slots_, -1);
   late_inputs_.assign(num_slots_, {});
-  std::vector<char> is_input(num_slots_, 0);
-  for (int s : input_slots_) is_input[s] = !is_constant_[s];
+  const std::vector<char> is_input = FeedSlots();
   std::vector<std::vector<int>> readers(num_slots_);
-  for (int st = 0; st < static_cast<int>(steps_.size()); ++st) {
-    const Step& step = steps_[st];
-    if (IsBoundaryCopy(*step.node) && step.node->op_type() == "MemcpyFromHost" && step.inputs[0] >= 0 &&
-        step.outputs[0] >= 0 && is_input[step.inputs[0]])
-      is_input[step.outputs[0]] = 1;  // a feed's device copy may be the caller's tensor itself
-    for (int s : step.inputs)
+  for (int st = 0; st < static_cast<int>(steps_.size()); ++st)
+    for (int s : steps_[st].inputs)
       if (s >= 0) readers[s].push_back(st);
-  }
   for (int st = 0; st < static_cast<int>(steps_.size()); ++st) {
     const Step& step = steps_[st];
     const Node* n = step.node;
@@ -699,10 +703,7 @@ void* Executor::FixedOutputMemory(int o, DataType dtype, std::span<const int64_t
   if (void* bound = bound_[o]) return bytes == bound_bytes_[o] ? bound : nullptr;
   const int oi = output_index_[o];
   if (oi < 0 || output_to_device_[oi] || slot_device_[o]) return nullptr;
-  Tensor& t = outputs[oi];
-  if (!t.defined() || t.dtype() != dtype || !std::equal(t.dims().begin(), t.dims().end(), dims.begin(), dims.end()))
-    t = Tensor::Uninitialized(dtype, std::vector<int64_t>(dims.begin(), dims.end()));
-  return t.raw();
+  return HostOutputMemory(outputs[oi], dtype, dims);
 }
 
 void Executor::MakePlan() {

@@ -145,6 +145,8 @@ class Executor {
   void BindDeviceResident(const std::vector<Tensor>& outputs);
   // Symbolic dims of the graph inputs bound to this run's sizes, for the shape checks.
   void BindSymbols(const std::vector<TensorView>& inputs);
+  // Per slot: a graph input other than a constant, or its copy to a device.
+  std::vector<char> FeedSlots() const;
   void MakeViews();
   void MakeBasesInPlace();
   // The memory output slot `o` is written in this run when it is fixed before its step runs (a

@@ -3,7 +3,8 @@
 the products' FLOPs of its training graph on the CPU (attention unfused, so every score product
 counts in full) are exactly 6 N + 12 L d T per token (ANCHORS.md), N the weights that enter
 products (the blocks' 12 d^2 each and the tied LM head's V d); the table's rows add up to its
-total; and bad flags fail with a message."""
+total; the gradient accumulators, reset on each one-micro-batch step, move 8 bytes per parameter;
+and bad flags fail with a message."""
 import json
 import os
 import subprocess
@@ -48,6 +49,12 @@ with tempfile.TemporaryDirectory() as tmp:
                   total[0])
             check("products move less than the whole graph", 0 < result["graph_product_mb"] < result["graph_mb"],
                   result)
+            # One micro-batch per step resets every accumulation buffer: each parameter's
+            # accumulator reads its float32 gradient and writes its buffer, never reading it.
+            acc = [r for r in body if r[0] == "ai.cleave.InPlaceAccumulator"]
+            acc_mb = 8 * result["params"] / 1e6
+            check(f"the accumulators move 8 bytes per parameter ({acc_mb:.3f} MB)",
+                  len(acc) == 1 and abs(float(acc[0][-2]) - acc_mb) < 0.006, acc)
     bad = subprocess.run([bench, model, "--iters", "0"], capture_output=True, text=True, timeout=60)
     check("--iters 0 without --traffic fails, naming the flag",
           bad.returncode != 0 and "--iters" in bad.stderr, bad.stderr)

@@ -28,20 +28,29 @@ namespace {
 using testing::Bf16Session;
 using testing::CpuKernelDevice;
 
+// The bundled tiny GPT, trained at batch 2 x seq 16, on the stand-in device or the CPU.
+class TinyGptBf16 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+    spec_.dims = {{"batch", 2}, {"seq", 16}};
+  }
+  std::unique_ptr<graph::Graph> model_;
+  trainer::TrainingSpec spec_;
+  std::shared_ptr<CpuKernelDevice> device_ = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
+};
+
 // A bf16 step on a device session, with the fusions device sessions run (attention, the
 // residual add with its LayerNorm writing bf16, the cross-entropy gradient from the scores with
 // the loss folded in), tracks the CPU session's step; the CPU kernels compute both.
-TEST(DevicePlacement, Bf16TrainingWithTheDeviceFusionsTracksTheCpu) {
-  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
-  ASSERT_TRUE(model.ok()) << model.status();
-  trainer::TrainingSpec spec;
-  spec.dims = {{"batch", 2}, {"seq", 16}};
-  spec.optimizer.max_grad_norm = 1.0f;
+TEST_F(TinyGptBf16, Bf16TrainingWithTheDeviceFusionsTracksTheCpu) {
+  spec_.optimizer.max_grad_norm = 1.0f;
   const Feeds feeds = testing::TokenBatch(16, 256);
   std::vector<float> losses[2];
-  auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
   for (int on_device = 0; on_device < 2; ++on_device) {
-    auto s = Bf16Session(**model, spec, on_device ? device : nullptr);
+    auto s = Bf16Session(*model_, spec_, on_device ? device_ : nullptr);
     ASSERT_TRUE(s.ok()) << s.status();
     if (on_device) {
       const graph::Graph* g = (*s)->training_graph();
@@ -97,17 +106,12 @@ Feeds RemappedTokens(const Feeds& first, int64_t mul, int64_t add) {
 // table's buffer, and the token table's after the head's product). Two micro-batches per
 // optimizer step, so the second adds to the first (the product's beta = 1, the scatter's base),
 // and the steps track the CPU session's.
-TEST(DevicePlacement, WeightGradientsAccumulateInTheirProducts) {
-  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
-  ASSERT_TRUE(model.ok()) << model.status();
-  trainer::TrainingSpec spec;
-  spec.dims = {{"batch", 2}, {"seq", 16}};
+TEST_F(TinyGptBf16, WeightGradientsAccumulateInTheirProducts) {
   const Feeds first = testing::TokenBatch(16, 256);
   const Feeds second = RemappedTokens(first, 3, 11);
-  auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
   std::vector<float> losses[2];
   for (int on_device = 0; on_device < 2; ++on_device) {
-    auto s = Bf16Session(**model, spec, on_device ? device : nullptr);
+    auto s = Bf16Session(*model_, spec_, on_device ? device_ : nullptr);
     ASSERT_TRUE(s.ok()) << s.status();
     if (on_device) {
       int fused = 0, accumulators = 0, scatters = 0;
@@ -146,17 +150,12 @@ TEST(DevicePlacement, WeightGradientsAccumulateInTheirProducts) {
 // within bf16 rounding (the fused sums stay float32; the unfused ones round the fc and qkv sums
 // to bf16, while the fused proj sums read the residual gradient's bf16 rounding the product
 // reads), the weight gradients are the same bits, and the steps track the CPU session's.
-TEST(DevicePlacement, BiasGradientsFormInTheWeightGradientProducts) {
-  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
-  ASSERT_TRUE(model.ok()) << model.status();
-  trainer::TrainingSpec spec;
-  spec.dims = {{"batch", 2}, {"seq", 16}};
+TEST_F(TinyGptBf16, BiasGradientsFormInTheWeightGradientProducts) {
   const Feeds first = testing::TokenBatch(16, 256);
   const Feeds second = RemappedTokens(first, 5, 7);
-  auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
-  auto fused = Bf16Session(**model, spec, device);
-  auto unfused = Bf16Session(**model, spec, device, {"BiasGradientFusion"});
-  auto cpu = Bf16Session(**model, spec, nullptr);
+  auto fused = Bf16Session(*model_, spec_, device_);
+  auto unfused = Bf16Session(*model_, spec_, device_, {"BiasGradientFusion"});
+  auto cpu = Bf16Session(*model_, spec_, nullptr);
   ASSERT_TRUE(fused.ok()) << fused.status();
   ASSERT_TRUE(unfused.ok()) << unfused.status();
   ASSERT_TRUE(cpu.ok()) << cpu.status();
@@ -233,14 +232,9 @@ TEST(DevicePlacement, BiasGradientsFormInTheWeightGradientProducts) {
 // The residual gradients' bf16 roundings written by their LayerNorm gradients
 // (LayerNormGradCastFusion) are the Casts' bits: the steps and the parameters they reach are
 // the same as with the pass off, where the Casts stay.
-TEST(DevicePlacement, LayerNormGradientsWriteTheResidualGradientsRoundingExactly) {
-  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
-  ASSERT_TRUE(model.ok()) << model.status();
-  trainer::TrainingSpec spec;
-  spec.dims = {{"batch", 2}, {"seq", 16}};
-  auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
-  auto on = Bf16Session(**model, spec, device);
-  auto off = Bf16Session(**model, spec, device, {"LayerNormGradCastFusion"});
+TEST_F(TinyGptBf16, LayerNormGradientsWriteTheResidualGradientsRoundingExactly) {
+  auto on = Bf16Session(*model_, spec_, device_);
+  auto off = Bf16Session(*model_, spec_, device_, {"LayerNormGradCastFusion"});
   ASSERT_TRUE(on.ok() && off.ok()) << on.status() << off.status();
   auto casts = [](const trainer::TrainingSession& s) {
     int n = 0;
@@ -269,15 +263,10 @@ TEST(DevicePlacement, LayerNormGradientsWriteTheResidualGradientsRoundingExactly
 // forming 5 LayerNorm gradients' dY, as PyTorch's autocast hands them on. The steps still track
 // the CPU session's (which keeps them float32) within bf16 rounding, and those of the session
 // without the pass.
-TEST(DevicePlacement, ProductsTheLayerNormsReadWriteBf16) {
-  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
-  ASSERT_TRUE(model.ok()) << model.status();
-  trainer::TrainingSpec spec;
-  spec.dims = {{"batch", 2}, {"seq", 16}};
-  auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
-  auto on = Bf16Session(**model, spec, device);
-  auto off = Bf16Session(**model, spec, device, {"LowPrecisionNormInputs"});
-  auto cpu = Bf16Session(**model, spec, nullptr);
+TEST_F(TinyGptBf16, ProductsTheLayerNormsReadWriteBf16) {
+  auto on = Bf16Session(*model_, spec_, device_);
+  auto off = Bf16Session(*model_, spec_, device_, {"LowPrecisionNormInputs"});
+  auto cpu = Bf16Session(*model_, spec_, nullptr);
   ASSERT_TRUE(on.ok() && off.ok() && cpu.ok()) << on.status() << off.status() << cpu.status();
   auto low_inputs = [](const trainer::TrainingSession& s, int* skips, int* dys) {
     *skips = *dys = 0;
@@ -314,18 +303,13 @@ TEST(DevicePlacement, ProductsTheLayerNormsReadWriteBf16) {
 // disabled_optimizers), and through CLEAVE_DISABLED_OPTIMIZERS; an unknown name is an error
 // that lists the passes. Without the layout fusion the attention transposes stay, and the
 // session still trains.
-TEST(DevicePlacement, DisabledOptimizersAreSkipped) {
-  auto model = onnx_ext::LoadModel(std::string(CLEAVE_SOURCE_DIR) + "/models/tiny_gpt/model.onnx");
-  ASSERT_TRUE(model.ok()) << model.status();
-  trainer::TrainingSpec spec;
-  spec.dims = {{"batch", 2}, {"seq", 16}};
-  auto device = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
+TEST_F(TinyGptBf16, DisabledOptimizersAreSkipped) {
   auto count = [](const trainer::TrainingSession& s, const char* op) {
     int n = 0;
     for (const auto& node : s.training_graph()->nodes()) n += node->op_type() == op;
     return n;
   };
-  auto off = Bf16Session(**model, spec, device, {"AttentionLayoutFusion", "GradientAccumulationFusion"});
+  auto off = Bf16Session(*model_, spec_, device_, {"AttentionLayoutFusion", "GradientAccumulationFusion"});
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_EQ(count(**off, "Transpose"), 16);
   EXPECT_EQ(count(**off, "InPlaceAccumulator"), 27) << "one per parameter but the position embedding's";
@@ -333,12 +317,12 @@ TEST(DevicePlacement, DisabledOptimizersAreSkipped) {
   ASSERT_TRUE(loss.ok()) << loss.status();
   EXPECT_TRUE(std::isfinite(*loss));
   ASSERT_EQ(setenv("CLEAVE_DISABLED_OPTIMIZERS", "AttentionLayoutFusion", 1), 0);
-  auto env = Bf16Session(**model, spec, device);
+  auto env = Bf16Session(*model_, spec_, device_);
   unsetenv("CLEAVE_DISABLED_OPTIMIZERS");
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_EQ(count(**env, "Transpose"), 16);
   EXPECT_EQ(count(**env, "InPlaceAccumulator"), 18);
-  auto bad = Bf16Session(**model, spec, device, {"AttentionLayout"});
+  auto bad = Bf16Session(*model_, spec_, device_, {"AttentionLayout"});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("disabled optimizer 'AttentionLayout': no such pass"),
             std::string::npos)
