@@ -341,9 +341,9 @@ TEST(CudaProvider, TinyGptTrainingTrajectoryMatchesTheCpu) {
 }
 
 #ifdef CLEAVE_CUDA_EMULATED_DEVICE
-// Copies to the device return without waiting for it (a step's token ids do not wait for the
-// step before), and their source may be reused at once: each goes through a page-locked buffer
-// that is not taken again before the device has read it. The provider's stream lags here, so a
+// Copies to the device, and within it, return without waiting for it (a step's token ids do not
+// wait for the step before), and a host source may be reused at once: each goes through a
+// page-locked buffer that is not taken again before the device has read it. The provider's stream lags here, so a
 // buffer taken back too early is read overwritten. (The emulated device counts the waits.)
 TEST(CudaProvider, CopiesToTheDeviceDoNotWaitAndKeepTheirData) {
   cuda_emu::SetNewStreamLag(std::chrono::milliseconds(5));
@@ -366,11 +366,17 @@ TEST(CudaProvider, CopiesToTheDeviceDoNotWaitAndKeepTheirData) {
   }
   // The first copies, one per buffer, waited for nothing; later ones wait for their buffer.
   EXPECT_EQ(waits_after[3], 0) << "copies to the device waited for the device";
+  // A copy within the device's memory is ordered by the stream alone: it waits for nothing.
+  cuda_emu::ThisThreadCalls() = {};
+  TensorView second(device[1], DataType::kFloat32, dims);
+  ASSERT_TRUE(p.CopyTensor(TensorView(device[0], DataType::kFloat32, dims), second).ok());
+  EXPECT_EQ(cuda_emu::ThisThreadCalls().waits(), 0) << "a copy on the device waited for the device";
   for (int c = 0; c < kCopies; ++c) {
     std::vector<float> back(kN, -1.f);
     TensorView dst(back.data(), DataType::kFloat32, dims);
     ASSERT_TRUE(p.CopyTensor(TensorView(device[c], DataType::kFloat32, dims), dst).ok());
-    for (int i = 0; i < kN; ++i) ASSERT_EQ(back[i], static_cast<float>(c * kN + i)) << "copy " << c << " [" << i << "]";
+    const int from = c == 1 ? 0 : c;  // the second buffer holds the first's copy
+    for (int i = 0; i < kN; ++i) ASSERT_EQ(back[i], static_cast<float>(from * kN + i)) << "copy " << c << " [" << i << "]";
   }
   for (void* d : device) p.allocator()->Free(d);
 }
