@@ -660,7 +660,7 @@ void Executor::MakeViews() {
 void Executor::MakeBasesInPlace() {
   write_into_.assign(num_slots_, -1);
   late_inputs_.assign(num_slots_, {});
-  const std::vector<char> is_input = FeedSlots();
+  const std::vector<char> is_feed = FeedSlots();
   std::vector<std::vector<int>> readers(num_slots_);
   for (int st = 0; st < static_cast<int>(steps_.size()); ++st)
     for (int s : steps_[st].inputs)
@@ -682,7 +682,7 @@ void Executor::MakeBasesInPlace() {
     bool possible = true;
     std::vector<int> late;
     for (int s = 0; s < num_slots_ && possible; ++s) {
-      if (!is_input[s]) continue;
+      if (!is_feed[s]) continue;
       bool read_late = false;
       for (int r : readers[s]) {
         possible = possible && !async_[r];  // an asynchronous reader's timing is not the step order's

@@ -343,8 +343,9 @@ TEST(CudaProvider, TinyGptTrainingTrajectoryMatchesTheCpu) {
 #ifdef CLEAVE_CUDA_EMULATED_DEVICE
 // Copies to the device, and within it, return without waiting for it (a step's token ids do not
 // wait for the step before), and a host source may be reused at once: each goes through a
-// page-locked buffer that is not taken again before the device has read it. The provider's stream lags here, so a
-// buffer taken back too early is read overwritten. (The emulated device counts the waits.)
+// page-locked buffer that is not taken again before the device has read it. The provider's
+// stream lags here, so a buffer taken back too early is read overwritten. (The emulated device
+// counts the waits.)
 TEST(CudaProvider, CopiesToTheDeviceDoNotWaitAndKeepTheirData) {
   cuda_emu::SetNewStreamLag(std::chrono::milliseconds(5));
   auto made = providers::CudaExecutionProvider::Create(0);

@@ -188,7 +188,8 @@ absl::Status CudaExecutionProvider::CopyTensor(const TensorView& src, TensorView
     return Internal("CopyTensor: size mismatch ", src.nbytes(), " vs ", dst.nbytes());
   if (src.nbytes() == 0) return absl::OkStatus();
   cudaStream_t s = static_cast<cudaStream_t>(stream_);
-  if (arena_->Owns(dst.data) && !arena_->Owns(src.data)) {  // host to device
+  const bool to_device = arena_->Owns(dst.data), from_device = arena_->Owns(src.data);
+  if (to_device && !from_device) {  // host to device
     std::call_once(uploads_once_, [this] { uploads_ = std::make_unique<PinnedUploads>(device_); });
     ASSIGN_OR_RETURN(bool queued, uploads_->Upload(dst.data, src.data, src.nbytes(), s));
     if (queued) return absl::OkStatus();
@@ -196,7 +197,7 @@ absl::Status CudaExecutionProvider::CopyTensor(const TensorView& src, TensorView
   RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDefault, s),
                              absl::StrCat("CopyTensor of ", src.nbytes(), " bytes")));
   // Within this device's memory the stream orders the copy before whatever reads it next.
-  if (arena_->Owns(dst.data) && arena_->Owns(src.data)) return absl::OkStatus();
+  if (to_device && from_device) return absl::OkStatus();
   // The host side must be complete when the copy returns: a host destination is read next, and
   // a host source (pageable) may be reused by the caller.
   return Synchronize(absl::StrCat("CopyTensor of ", src.nbytes(), " bytes"));
