@@ -789,8 +789,8 @@ Executor::DeviceTimer& Executor::TimerOf(const providers::ExecutionProvider* p) 
   return timers_.back();
 }
 
-// A timer's round starts at the run's first mark on it, taken as the host time of that mark
-// (the stream is idle then, or nearly: the previous run waited for it).
+// A timer's round starts at the run's first mark on it, taken as the host time just before that
+// mark (the stream is idle then, or nearly: the previous run waited for it).
 absl::Status Executor::AddDeviceSpans(Profiler& profiler, const std::vector<DeviceSpan>& spans) {
   absl::Status first;
   for (DeviceTimer& t : timers_) {
@@ -894,6 +894,11 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
     Step& step = steps_[st];
     DeviceTimer* timer = profiler && step.provider ? &TimerOf(step.provider) : nullptr;
     if (timer && !timer->timer) timer = nullptr;
+    scratch_.used = 0;
+    Context ctx(*this, step, outputs, scratch_);
+    // The node's host event spans its stream marks, so that a stream span is never longer
+    // than the launch that made it when the stream keeps up with the host.
+    const auto started = profiler ? Profiler::Clock::now() : Profiler::Clock::time_point();
     int mark = -1;
     if (timer) {
       absl::StatusOr<int> m = timer->timer->Mark();
@@ -901,11 +906,8 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
         status = m.status();
         break;
       }
-      if ((mark = *m) == 0) timer->anchor_us = Profiler::Micros(Profiler::Clock::now());
+      if ((mark = *m) == 0) timer->anchor_us = Profiler::Micros(started);
     }
-    scratch_.used = 0;
-    Context ctx(*this, step, outputs, scratch_);
-    const auto started = profiler ? Profiler::Clock::now() : Profiler::Clock::time_point();
 #if CLEAVE_HAVE_CUDA
     // Device nodes are named ranges for Nsight Systems, beside the kernels they launch (and the
     // NCCL kernels of overlapped reductions on their own stream); a no-op without the tool.
@@ -916,14 +918,14 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
 #if CLEAVE_HAVE_CUDA
     if (named) nvtxRangePop();
 #endif
-    if (profiler)
-      profiler->Add(step.node->name(), step.node->op_type(), observers->track, started, Profiler::Clock::now(),
-                    {{"provider", step.provider ? step.provider->name() : "cpu"}});
     if (timer && status.ok()) {
       absl::StatusOr<int> end = timer->timer->Mark();
       if (end.ok()) device_spans.push_back({st, timer->timer.get(), mark, *end});
       else status = end.status();
     }
+    if (profiler)
+      profiler->Add(step.node->name(), step.node->op_type(), observers->track, started, Profiler::Clock::now(),
+                    {{"provider", step.provider ? step.provider->name() : "cpu"}});
     if (report && status.ok()) Report(st, observers, reported);
     // A failed allocation explains whatever the kernel then reported; a shape disagreement
     // only matters when the kernel itself succeeded.

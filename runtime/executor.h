@@ -128,7 +128,7 @@ class Executor {
   struct DeviceTimer {
     const providers::ExecutionProvider* provider;
     std::unique_ptr<providers::StreamTimer> timer;  // null: the provider's kernels are synchronous
-    int64_t anchor_us = 0;  // host time of this run's first mark
+    int64_t anchor_us = 0;  // host time just before this run's first mark
   };
   struct DeviceSpan {
     int step;
