@@ -66,9 +66,8 @@ absl::StatusOr<Value*> Sum(Graph& g, const std::vector<Value*>& parts, const std
   for (size_t i = 1; i < parts.size(); ++i) {
     Value* out = g.CreateUniqueValue(absl::StrCat(of, "_grad/sum"));
     Node* n = g.AddNode("Add", {total, parts[i]}, {out}, out->name());
-    n->metadata()["role"] = "bwd";
-    n->metadata()["grad_of"] = of;
-    n->metadata()["grad_sum"] = "1";  // adds contributions; runs where they meet (pipeline stages)
+    // grad_sum: adds contributions; runs where they meet (pipeline stages).
+    n->metadata() = {{"role", "bwd"}, {"grad_of", of}, {"grad_sum", "1"}};
     RETURN_IF_ERROR(graph::InferNode(g, *n));
     total = out;
   }

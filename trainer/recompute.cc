@@ -125,10 +125,11 @@ absl::StatusOr<int> ApplyRecompute(graph::Graph& g, RecomputeMode mode, const st
     }
     Node* n = g.AddNode(p->op_type(), ins, outs, g.UniqueName(p->name() + "/recompute"), p->domain());
     for (const auto& [k, attr] : p->attributes()) n->SetAttr(k, attr);
-    n->metadata() = p->metadata();
-    n->metadata()["role"] = "bwd";
-    n->metadata()["recompute"] = "1";
-    if (p->output(0)) n->metadata()["grad_of"] = p->output(0)->name();
+    // The original's metadata, but for what marks a recomputation (insert keeps these keys).
+    std::map<std::string, std::string> meta = {{"role", "bwd"}, {"recompute", "1"}};
+    if (p->output(0)) meta.emplace("grad_of", p->output(0)->name());
+    meta.insert(p->metadata().begin(), p->metadata().end());
+    n->metadata() = std::move(meta);
     ++cloned;
     return copies.at(v);
   };
