@@ -5,19 +5,13 @@
 #include "graph/graph.h"
 #include "gtest/gtest.h"
 #include "onnx_ext/onnx_io.h"
+#include "tests/scoped_temp_dir.h"
 #include "tests/test_graphs.h"
 
 namespace cleave::onnx_ext {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string TempDir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("cleave_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
@@ -26,7 +20,8 @@ TEST(OnnxIo, RoundTripKeepsNamesInitializersOpsetsAndMetadata) {
   g->opset_imports()["ai.cleave"] = 1;
   g->info().producer_name = "unit-test";
   g->info().metadata_props.emplace_back("author", "cleave");
-  std::string dir = TempDir("roundtrip");
+  const testing::ScopedTempDir tmp("roundtrip");
+  const std::string& dir = tmp.path();
   ASSERT_TRUE(SaveModel(*g, dir + "/m.onnx").ok());
   auto back = LoadModel(dir + "/m.onnx");
   ASSERT_TRUE(back.ok()) << back.status();
@@ -47,7 +42,8 @@ TEST(OnnxIo, RoundTripKeepsNamesInitializersOpsetsAndMetadata) {
 
 TEST(OnnxIo, ExternalDataRoundTrip) {
   auto g = testing::MakeMlp();
-  std::string dir = TempDir("external");
+  const testing::ScopedTempDir tmp("external");
+  const std::string& dir = tmp.path();
   SaveOptions opts;
   opts.external_data = true;
   opts.external_threshold = 16;
@@ -66,7 +62,8 @@ TEST(OnnxIo, ExternalDataRoundTrip) {
 
 TEST(OnnxIo, TruncatedAndForeignFilesFailClearly) {
   auto g = testing::MakeMlp();
-  std::string dir = TempDir("truncated");
+  const testing::ScopedTempDir tmp("truncated");
+  const std::string& dir = tmp.path();
   ASSERT_TRUE(SaveModel(*g, dir + "/m.onnx").ok());
   std::ifstream in(dir + "/m.onnx", std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -90,7 +87,8 @@ TEST(OnnxIo, NodeInputThatDoesNotExistIsNamed) {
   auto* y = g.GetOrCreateValue("y");
   g.AddNode("Add", {x, ghost}, {y}, "adder");
   g.AddOutput(y);
-  std::string dir = TempDir("ghost");
+  const testing::ScopedTempDir tmp("ghost");
+  const std::string& dir = tmp.path();
   ASSERT_TRUE(SaveModel(g, dir + "/m.onnx").ok());
   auto back = LoadModel(dir + "/m.onnx");
   ASSERT_FALSE(back.ok());
@@ -100,7 +98,8 @@ TEST(OnnxIo, NodeInputThatDoesNotExistIsNamed) {
 }
 
 TEST(OnnxIo, TensorFileRoundTrip) {
-  std::string dir = TempDir("tensor");
+  const testing::ScopedTempDir tmp("tensor");
+  const std::string& dir = tmp.path();
   Tensor t = Tensor::FromVector<int64_t>({1, -2, 3}, {3});
   ASSERT_TRUE(SaveTensorFile(dir + "/t.pb", "ids", t).ok());
   auto back = LoadTensorFile(dir + "/t.pb");
@@ -122,7 +121,8 @@ TEST(OnnxIo, ModelOver2GBUsesExternalData) {
   auto* y = g.GetOrCreateValue("y");
   g.AddNode("Identity", {w}, {y}, "id");
   g.AddOutput(y);
-  std::string dir = TempDir("large");
+  const testing::ScopedTempDir tmp("large");
+  const std::string& dir = tmp.path();
   ASSERT_TRUE(SaveModel(g, dir + "/big.onnx").ok());
   EXPECT_GT(fs::file_size(dir + "/big.onnx.data"), static_cast<uintmax_t>(n) - 1);
   EXPECT_LT(fs::file_size(dir + "/big.onnx"), 1u << 20);
@@ -131,7 +131,6 @@ TEST(OnnxIo, ModelOver2GBUsesExternalData) {
   const Tensor* t = (*back)->FindValue("big")->initializer();
   ASSERT_EQ(t->numel(), n);
   EXPECT_EQ(t->data<uint8_t>()[n - 1], 42);
-  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "onnx_ext/cleave_schemas.h"
 #include "onnx_ext/onnx_io.h"
 #include "tests/op_tester.h"
+#include "tests/scoped_temp_dir.h"
 #include "tests/test_graphs.h"
 
 namespace cleave {
@@ -307,7 +308,8 @@ TEST(TinyGpt, OptimisedGraphSavesAsCheckedOnnx) {
   ASSERT_TRUE(s.ok());
   absl::Status checked = onnx_ext::CheckModel((*s)->graph());
   EXPECT_TRUE(checked.ok()) << checked;
-  std::string path = std::filesystem::temp_directory_path() / "cleave_tiny_gpt_optimised.onnx";
+  const testing::ScopedTempDir tmp("tiny_gpt_optimised");
+  const std::string path = tmp.path() + "/model.onnx";
   ASSERT_TRUE(onnx_ext::SaveModel((*s)->graph(), path).ok());
   auto reloaded = InferenceSession::Load(path);
   ASSERT_TRUE(reloaded.ok()) << reloaded.status();
@@ -316,7 +318,6 @@ TEST(TinyGpt, OptimisedGraphSavesAsCheckedOnnx) {
   auto b = (*reloaded)->Run({{"input_ids", in->second}});
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(testing::CompareTensors((*a)[0], (*b)[0], 0, 0), "");
-  std::filesystem::remove(path);
 }
 
 // The executor checks every kernel's output dims against shape inference's static dims.

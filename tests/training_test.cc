@@ -20,6 +20,7 @@
 #include "onnx_ext/onnx_io.h"
 #include "tests/op_tester.h"
 #include "tests/partition_test_util.h"
+#include "tests/scoped_temp_dir.h"
 #include "trainer/autodiff.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train_loop.h"
@@ -31,13 +32,6 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string Src(const std::string& rel) { return std::string(CLEAVE_SOURCE_DIR) + "/" + rel; }
-
-std::string TempDir(const std::string& name) {
-  std::string d = (fs::temp_directory_path() / ("cleave_training_test_" + name + "_" + std::to_string(::getpid()))).string();
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 Tensor LoadPb(const std::string& path) {
   auto t = onnx_ext::LoadTensorFile(path);
@@ -253,14 +247,14 @@ TEST(TrainingArtifacts, FollowOrtLayoutAndRoleMetadataAndPassTheOnnxChecker) {
     }
   }
   EXPECT_EQ(updates, 28);
-  std::string dir = TempDir("artifacts");
+  const testing::ScopedTempDir tmp("training_test_artifacts");
+  const std::string& dir = tmp.path();
   ASSERT_TRUE(SaveArtifacts(*a, dir).ok());
   for (const char* f : {"training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"}) {
     auto g = onnx_ext::LoadModel(dir + "/" + f);
     ASSERT_TRUE(g.ok()) << f << ": " << g.status();
     EXPECT_TRUE(onnx_ext::CheckModel(**g).ok()) << f << ": " << onnx_ext::CheckModel(**g);
   }
-  fs::remove_all(dir);
 }
 
 // An MLP layer whose GELU and LayerNorm are spelled out in small ops, as exports before
@@ -442,7 +436,8 @@ TEST(TrainingSession, NonFiniteLossNamesTheFirstNonFiniteTensor) {
 }
 
 TEST(TrainingSession, CheckpointRoundTripAndEveryBrokenCheckpointIsRefusedWithoutChanges) {
-  std::string dir = TempDir("ckpt");
+  const testing::ScopedTempDir tmp("training_test_ckpt");
+  const std::string& dir = tmp.path();
   auto s = TinySession();
   ASSERT_TRUE(s->TrainStep(GoldenFeeds()).ok());
   ASSERT_TRUE(s->OptimizerStep().ok());
@@ -492,11 +487,11 @@ TEST(TrainingSession, CheckpointRoundTripAndEveryBrokenCheckpointIsRefusedWithou
   EXPECT_NE(r.status().message().find("missing 'blocks.1.attn.qkv.weight'"), std::string::npos) << r.status();
   // The good file was never touched by any of this.
   EXPECT_EQ(ReadFile(path), good);
-  fs::remove_all(dir);
 }
 
 TEST(TrainingSession, ExportedModelRunsWithTheTrainedWeights) {
-  std::string dir = TempDir("export");
+  const testing::ScopedTempDir tmp("training_test_export");
+  const std::string& dir = tmp.path();
   auto s = TinySession();
   ASSERT_TRUE(s->TrainStep(GoldenFeeds()).ok());
   ASSERT_TRUE(s->OptimizerStep().ok());
@@ -506,7 +501,6 @@ TEST(TrainingSession, ExportedModelRunsWithTheTrainedWeights) {
   EXPECT_EQ((*g)->inputs()[0]->shape().ToString(), "[batch,seq]");  // dynamic dims kept
   const std::string p = "blocks.0.mlp.fc.weight";
   EXPECT_EQ(testing::CompareTensors(*(*g)->FindValue(p)->initializer(), *s->GetState(p), 0, 0), "");
-  fs::remove_all(dir);
 }
 
 // Architectures the trainer was not written against (models/train_variants): an untied GPT,
@@ -668,7 +662,8 @@ TEST(TrainLoop, ReproducesThePyTorchAdamWTrajectoryOfTheTinyGpt) {
   const std::string traj = ReadFile(golden + "trajectory.json");
   const std::vector<double> losses = JsonNumbers(traj, "loss"), norms = JsonNumbers(traj, "grad_norm");
   ASSERT_EQ(losses.size(), 20u);
-  std::string dir = TempDir("golden");
+  const testing::ScopedTempDir tmp("training_test_golden");
+  const std::string& dir = tmp.path();
   TrainConfig c = GoldenConfig();
   c.save_model = dir + "/trained.onnx";
   std::ostringstream log;
@@ -693,7 +688,6 @@ TEST(TrainLoop, ReproducesThePyTorchAdamWTrajectoryOfTheTinyGpt) {
   }
   EXPECT_EQ(checked, 28);
   EXPECT_NE(log.str().find("step 20/20 | loss "), std::string::npos) << log.str();
-  fs::remove_all(dir);
 }
 
 Checkpoint ReadOk(const std::string& path) {
@@ -711,13 +705,15 @@ TEST(TrainLoop, ResumeIsBitExact) {
   c.val_fraction = 0.2;
   c.checkpoint_every = 2;
   std::ostringstream log;
-  c.checkpoint_dir = TempDir("straight");
+  const testing::ScopedTempDir straight_dir("training_test_straight");
+  c.checkpoint_dir = straight_dir.path();
   auto straight = RunTraining(c, log);
   ASSERT_TRUE(straight.ok()) << straight.status();
   EXPECT_EQ(ListCheckpoints(c.checkpoint_dir).size(), 3u);  // steps 2, 4, 6 (keep 3)
 
   TrainConfig first = c;
-  first.checkpoint_dir = TempDir("split");
+  const testing::ScopedTempDir split_dir("training_test_split");
+  first.checkpoint_dir = split_dir.path();
   first.exit_at = 3;
   auto a = RunTraining(first, log);
   ASSERT_TRUE(a.ok()) << a.status();
@@ -744,8 +740,6 @@ TEST(TrainLoop, ResumeIsBitExact) {
   auto refused = RunTraining(changed, log);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("seed=7"), std::string::npos) << refused.status();
-  fs::remove_all(c.checkpoint_dir);
-  fs::remove_all(first.checkpoint_dir);
 }
 
 TEST(TrainLoop, GradientAccumulationMatchesTheFullBatch) {
@@ -755,7 +749,8 @@ TEST(TrainLoop, GradientAccumulationMatchesTheFullBatch) {
   c.optimizer.momentum = 0.9f;
   c.lr = 0.05;
   std::ostringstream log;
-  std::string dir = TempDir("accum");
+  const testing::ScopedTempDir tmp("training_test_accum");
+  const std::string& dir = tmp.path();
   c.save_model = dir + "/full.onnx";
   auto full = RunTraining(c, log);
   ASSERT_TRUE(full.ok()) << full.status();
@@ -772,11 +767,11 @@ TEST(TrainLoop, GradientAccumulationMatchesTheFullBatch) {
   for (const graph::Value* v : (*g1)->Initializers())
     EXPECT_EQ(testing::CompareTensors(*v->initializer(), *(*g2)->FindValue(v->name())->initializer(), 1e-5, 0), "")
         << v->name();
-  fs::remove_all(dir);
 }
 
 TEST(TrainLoop, BadDataIsReportedWithWhereAndWhat) {
-  std::string dir = TempDir("baddata");
+  const testing::ScopedTempDir tmp("training_test_baddata");
+  const std::string& dir = tmp.path();
   std::ostringstream log;
   TrainConfig c = GoldenConfig();
   c.steps = 1;
@@ -809,11 +804,11 @@ TEST(TrainLoop, BadDataIsReportedWithWhereAndWhat) {
   c = GoldenConfig();
   c.grad_accum = 3;  // 4 rows do not split into 3 micro-batches
   EXPECT_FALSE(RunTraining(c, log).ok());
-  fs::remove_all(dir);
 }
 
 TEST(TrainLoop, DivergenceStopsWithTheStepAndTheFirstNonFiniteTensor) {
-  std::string dir = TempDir("diverge");
+  const testing::ScopedTempDir tmp("training_test_diverge");
+  const std::string& dir = tmp.path();
   TrainConfig c = GoldenConfig();
   c.steps = 5;
   c.optimizer.kind = OptimizerConfig::Kind::kSgd;
@@ -828,7 +823,6 @@ TEST(TrainLoop, DivergenceStopsWithTheStepAndTheFirstNonFiniteTensor) {
   EXPECT_NE(r.status().message().find("step 2: the loss is"), std::string::npos) << r.status();
   EXPECT_NE(r.status().message().find("first non-finite tensor: '"), std::string::npos) << r.status();
   EXPECT_TRUE(ListCheckpoints(dir).empty()) << r.status();  // nothing diverged was saved
-  fs::remove_all(dir);
 }
 
 }  // namespace
