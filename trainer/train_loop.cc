@@ -11,6 +11,7 @@
 #include <ostream>
 #include <thread>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/numbers.h"
@@ -169,6 +170,58 @@ std::string WritePlot(const std::string& png, const std::vector<std::pair<int64_
   }
   return png;
 }
+
+// What both training loops keep of a finished step and write about it: its loss and gradient
+// norm (in the result and the loss curve), the validation loss when one is due, and the parts
+// of the progress line and the metrics object that every run shares.
+class StepRecorder {
+ public:
+  StepRecorder(const TrainConfig& c, TrainResult& result) : c_(c), result_(result) {}
+
+  // Records step `step` (1-based) and evaluates when a validation split exists and it is due;
+  // returns the validation loss, or -1 when none was taken.
+  absl::StatusOr<double> Record(int64_t step, double loss, float norm, bool last, bool has_val,
+                                absl::FunctionRef<absl::StatusOr<double>()> evaluate) {
+    result_.losses.push_back(loss);
+    result_.grad_norms.push_back(norm);
+    curve_.emplace_back(step, loss);
+    if (!has_val || !EvalDue(c_, step, last)) return -1.0;
+    ASSIGN_OR_RETURN(const double val, evaluate());
+    result_.val_loss = val;
+    val_curve_.emplace_back(step, val);
+    return val;
+  }
+
+  // Whether step `step` prints a progress line (every log_every steps, the last, and those
+  // that evaluated).
+  bool Logs(int64_t step, bool last, double val) const {
+    return c_.log_every > 0 && (step % c_.log_every == 0 || last || val >= 0);
+  }
+  std::string ProgressHead(int64_t step, double loss, double lr, float norm, double ms, double tps) const {
+    return absl::StrFormat("step %*d/%d | loss %.4f | lr %.3e | grad norm %.3f | %.1f ms/step | %.0f tok/s",
+                           static_cast<int>(std::to_string(c_.steps).size()), step, c_.steps, loss, lr, norm, ms, tps);
+  }
+  static std::string ProgressTail(const TrainingSession& s, double scale_used, bool skipped, double val) {
+    return absl::StrCat(LossScaleText(s, scale_used, skipped), val >= 0 ? absl::StrFormat(" | val loss %.4f", val) : "",
+                        "\n");
+  }
+  static std::string MetricsTail(const TrainingSession& s, double scale_used, bool skipped, double val) {
+    return absl::StrCat(LossScaleJson(s, scale_used, skipped),
+                        val >= 0 ? absl::StrFormat(", \"val_loss\": %.9g", val) : "", "}\n");
+  }
+
+  // Draws the loss curve, when there is one and plotting is on.
+  void Plot(std::ostream& log) {
+    if (curve_.empty() || c_.plot == "none") return;
+    result_.plot = WritePlot(DefaultPlotPath(c_), curve_, val_curve_, log);
+    if (!result_.plot.empty()) log << "loss curve: " << result_.plot << "\n";
+  }
+
+ private:
+  const TrainConfig& c_;
+  TrainResult& result_;
+  std::vector<std::pair<int64_t, double>> curve_, val_curve_;
+};
 
 }  // namespace
 
@@ -371,7 +424,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
     return absl::OkStatus();
   };
 
-  std::vector<std::pair<int64_t, double>> curve, val_curve;
+  StepRecorder recorder(c, result);
   const double tokens_per_step = static_cast<double>(c.batch * c.seq);
   StepProfile profile(c, 0, 1, start, *session);
   RETURN_IF_ERROR(profile.status());
@@ -401,31 +454,17 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
                                                 "; stopped; the last checkpoint is untouched"));
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const double loss = loss_sum / static_cast<double>(c.grad_accum);
-    result.losses.push_back(loss);
-    result.grad_norms.push_back(norm);
-    curve.emplace_back(s + 1, loss);
-    double val = -1;
     const bool last = s + 1 == c.steps || s + 1 == c.exit_at;
-    if (!data.val.empty() && EvalDue(c, s + 1, last)) {
-      ASSIGN_OR_RETURN(val, evaluate());
-      result.val_loss = val;
-      val_curve.emplace_back(s + 1, val);
-    }
+    ASSIGN_OR_RETURN(const double val, recorder.Record(s + 1, loss, norm, last, !data.val.empty(), evaluate));
     const double tps = tokens_per_step / (ms / 1000.0);
-    if (c.log_every > 0 && ((s + 1) % c.log_every == 0 || last || val >= 0)) {
-      log << absl::StrFormat("step %*d/%d | loss %.4f | lr %.3e | grad norm %.3f | %.1f ms/step | %.0f tok/s",
-                             static_cast<int>(std::to_string(c.steps).size()), s + 1, c.steps, loss, lr, norm, ms, tps);
-      log << LossScaleText(*session, scale_used, skipped);
-      if (val >= 0) log << absl::StrFormat(" | val loss %.4f", val);
-      log << "\n" << std::flush;
-    }
+    if (recorder.Logs(s + 1, last, val))
+      log << recorder.ProgressHead(s + 1, loss, lr, norm, ms, tps)
+          << StepRecorder::ProgressTail(*session, scale_used, skipped, val) << std::flush;
     if (metrics.is_open()) {
       metrics << absl::StrFormat("{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
                                  "\"tokens_per_s\": %.1f",
-                                 s + 1, loss, lr, std::isfinite(norm) ? norm : -1.0f, ms, tps);
-      metrics << LossScaleJson(*session, scale_used, skipped);
-      if (val >= 0) metrics << absl::StrFormat(", \"val_loss\": %.9g", val);
-      metrics << "}\n" << std::flush;
+                                 s + 1, loss, lr, std::isfinite(norm) ? norm : -1.0f, ms, tps)
+              << StepRecorder::MetricsTail(*session, scale_used, skipped, val) << std::flush;
     }
     RETURN_IF_ERROR(profile.After(s, last, true, log));
     if (!c.checkpoint_dir.empty() && (last || (c.checkpoint_every > 0 && (s + 1) % c.checkpoint_every == 0)))
@@ -436,10 +475,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
     RETURN_IF_ERROR(session->ExportModelForInferencing(c.save_model));
     log << "saved the trained model to " << c.save_model << "\n";
   }
-  if (!curve.empty() && c.plot != "none") {
-    result.plot = WritePlot(DefaultPlotPath(c), curve, val_curve, log);
-    if (!result.plot.empty()) log << "loss curve: " << result.plot << "\n";
-  }
+  recorder.Plot(log);
   return result;
 }
 
@@ -681,7 +717,7 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
     return sum / static_cast<double>(c.eval_batches);
   };
 
-  std::vector<std::pair<int64_t, double>> curve, val_curve;
+  StepRecorder recorder(c, result);
   const double tokens_per_step = static_cast<double>(batch * seq);
   StepProfile profile(c, rank, world, start, *session);
   if (!profile.status().ok())
@@ -730,26 +766,14 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
         std::max(0.0, 1000 * (reduce_after.busy - reduce_before.busy) - reduce_waited_ms);
     const double idle_ms = 1000 * (after.recv_wait - before.recv_wait);
     const double compute_ms = std::max(0.0, ms - comm_ms - idle_ms);
-    result.losses.push_back(loss);
-    result.grad_norms.push_back(norm);
-    curve.emplace_back(s + 1, loss);
-    double val = -1;
     const bool last = s + 1 == c.steps || s + 1 == c.exit_at;
-    if (!data.val.empty() && EvalDue(c, s + 1, last)) {
-      ASSIGN_OR_RETURN(val, evaluate());
-      result.val_loss = val;
-      val_curve.emplace_back(s + 1, val);
-    }
+    ASSIGN_OR_RETURN(const double val, recorder.Record(s + 1, loss, norm, last, !data.val.empty(), evaluate));
     const double tps = tokens_per_step / (ms / 1000.0);
-    if (rank == 0 && c.log_every > 0 && ((s + 1) % c.log_every == 0 || last || val >= 0)) {
-      log << absl::StrFormat("step %*d/%d | loss %.4f | lr %.3e | grad norm %.3f | %.1f ms/step | %.0f tok/s | "
-                             "compute %.1f ms, comm %.1f ms, idle %.1f ms",
-                             static_cast<int>(std::to_string(c.steps).size()), s + 1, c.steps, loss, lr, norm, ms, tps,
-                             compute_ms, comm_ms, idle_ms);
+    if (rank == 0 && recorder.Logs(s + 1, last, val)) {
+      log << recorder.ProgressHead(s + 1, loss, lr, norm, ms, tps)
+          << absl::StrFormat(" | compute %.1f ms, comm %.1f ms, idle %.1f ms", compute_ms, comm_ms, idle_ms);
       if (overlapped_ms > 0) log << absl::StrFormat(" (+%.1f ms comm overlapped)", overlapped_ms);
-      log << LossScaleText(*session, scale_used, skipped);
-      if (val >= 0) log << absl::StrFormat(" | val loss %.4f", val);
-      log << "\n" << std::flush;
+      log << StepRecorder::ProgressTail(*session, scale_used, skipped, val) << std::flush;
     }
     if (metrics.is_open()) {
       metrics << absl::StrFormat("{\"step\": %d, \"rank\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
@@ -757,10 +781,8 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
                                  "\"idle_ms\": %.3f, \"pipeline_ms\": %.3f, \"pipeline_start_us\": %d, "
                                  "\"pipeline_end_us\": %d, \"overlapped_comm_ms\": %.3f",
                                  s + 1, rank, loss, lr, std::isfinite(norm) ? norm : -1.0f, ms, tps, compute_ms,
-                                 comm_ms, idle_ms, pipeline_ms, since(p0), since(p1), overlapped_ms);
-      metrics << LossScaleJson(*session, scale_used, skipped);
-      if (val >= 0) metrics << absl::StrFormat(", \"val_loss\": %.9g", val);
-      metrics << "}\n" << std::flush;
+                                 comm_ms, idle_ms, pipeline_ms, since(p0), since(p1), overlapped_ms)
+              << StepRecorder::MetricsTail(*session, scale_used, skipped, val) << std::flush;
     }
     RETURN_IF_ERROR(profile.After(s, last, rank == 0, log));
     if (!my_dir.empty() && (last || (c.checkpoint_every > 0 && (s + 1) % c.checkpoint_every == 0))) {
@@ -786,10 +808,7 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
     }
     if (s + 1 == c.exit_at) break;
   }
-  if (rank == 0 && !curve.empty() && c.plot != "none") {
-    result.plot = WritePlot(DefaultPlotPath(c), curve, val_curve, log);
-    if (!result.plot.empty()) log << "loss curve: " << result.plot << "\n";
-  }
+  if (rank == 0) recorder.Plot(log);
   return result;
 }
 
