@@ -44,6 +44,28 @@ expect_ok "fixed dims fold the shape arithmetic" "OK" "$cleave" run "$model" --d
 expect_fail "fixed dim that contradicts the feed" "dim 1 expected 32, got 64" "$cleave" run "$model" \
   --dim seq=32 --input "input_ids=$data/input_0.pb"
 
+# A profiled run: the trace holds every node of every profiled run, and the table counts the
+# tiny GPT's 8 fused products per run.
+expect_ok "profile writes a trace" "profile of 2 run(s) written" "$cleave" run "$model" \
+  --input "input_ids=$data/input_0.pb" --profile "$tmp/profile.json" --profile-runs 2
+checks=$((checks + 1))
+if python3 - "$tmp/profile.json" <<'PY'
+import json, sys
+events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+fused = [e for e in events if e["cat"] == "FusedMatMul"]
+assert len(fused) == 16, len(fused)
+assert all(e["dur"] >= 0 and e["args"]["provider"] == "CPUExecutionProvider" for e in events)
+PY
+then echo "ok   the trace has 8 FusedMatMul events per run"
+else echo "FAIL the trace's FusedMatMul events"; fails=$((fails + 1)); fi
+checks=$((checks + 1))
+if grep -Eq "^FusedMatMul +compute +16 " <<<"$out"; then echo "ok   the table counts 16 FusedMatMul calls"
+else echo "FAIL the table's FusedMatMul row:"; echo "$out" | head -4; fails=$((fails + 1)); fi
+expect_fail "profile into a missing folder" "cannot write the profile '$tmp/no/dir/p.json.tmp'" "$cleave" run \
+  "$model" --input "input_ids=$data/input_0.pb" --profile "$tmp/no/dir/p.json"
+expect_fail "profile runs must be positive" "--profile-runs expects a positive integer" "$cleave" run "$model" \
+  --input "input_ids=$data/input_0.pb" --profile "$tmp/p.json" --profile-runs 0
+
 head -c 3000 "$model" > "$tmp/truncated.onnx"
 expect_fail "truncated model" "truncated.onnx" "$cleave" run "$tmp/truncated.onnx"
 echo "this is not protobuf at all" > "$tmp/text.onnx"

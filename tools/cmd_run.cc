@@ -1,6 +1,7 @@
 // `cleave run`: feed TensorProto files to a model, write its outputs as TensorProto files
 // named output_<i>.pb (the layout of ONNX backend test data), optionally checking them
-// against a folder of expected outputs (tools/).
+// against a folder of expected outputs, and optionally profiling repeated runs per node
+// (a Chrome trace and a per-op-type table).
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -10,6 +11,7 @@
 #include "base/tensor_compare.h"
 #include "onnx_ext/onnx_io.h"
 #include "runtime/inference_session.h"
+#include "runtime/profiler.h"
 #include "tools/commands.h"
 
 namespace cleave::tools {
@@ -24,7 +26,8 @@ int Fail(const std::string& msg) {
 }  // namespace
 
 int RunCommand(const Args& args) {
-  std::string model, out_dir, check_dir, save_optimized;
+  std::string model, out_dir, check_dir, save_optimized, profile;
+  int profile_runs = 3;
   std::vector<std::pair<std::string, std::string>> inputs;  // (name or "", path)
   double atol = 1e-4;
   SessionOptions opts;
@@ -59,6 +62,12 @@ int RunCommand(const Args& args) {
       if (eq == std::string::npos || !absl::SimpleAtoi(v.substr(eq + 1), &value))
         return Fail(absl::StrCat("--dim expects NAME=VALUE, got '", v, "'"));
       opts.free_dimension_overrides[v.substr(0, eq)] = value;
+    } else if (a == "--profile") {
+      profile = next();
+      if (profile.empty()) return Fail("--profile expects a trace file (TRACE.json)");
+    } else if (a == "--profile-runs") {
+      if (!absl::SimpleAtoi(next(), &profile_runs) || profile_runs < 1)
+        return Fail("--profile-runs expects a positive integer");
     } else if (a == "--no-optimize") {
       opts.optimize = false;
     } else if (model.empty() && a[0] != '-') {
@@ -86,6 +95,22 @@ int RunCommand(const Args& args) {
   }
   auto outputs = (*session)->Run(feeds);
   if (!outputs.ok()) return Fail(std::string(outputs.status().message()));
+  if (!profile.empty()) {
+    // The first run planned memory and warmed the caches; the profiled runs repeat it into
+    // outputs of the same shapes, as an application's steady state would.
+    runtime::Profiler profiler("cleave run");
+    RunOptions options;
+    options.profiler = &profiler;
+    options.profile_track = profiler.Track("compute");
+    std::vector<Tensor> again;
+    for (const Tensor& t : *outputs) again.emplace_back(t.dtype(), t.dims());
+    for (int r = 0; r < profile_runs; ++r)
+      if (absl::Status s = (*session)->RunInto(feeds, again, options); !s.ok())
+        return Fail(absl::StrCat("profiled run ", r + 1, ": ", s.message()));
+    if (absl::Status s = profiler.WriteChromeTrace(profile); !s.ok()) return Fail(std::string(s.message()));
+    std::printf("profile of %d run(s) written to %s (open it in Perfetto or chrome://tracing)\n%s", profile_runs,
+                profile.c_str(), profiler.Summary().c_str());
+  }
   if (!out_dir.empty()) std::filesystem::create_directories(out_dir);
   int status = 0;
   for (size_t k = 0; k < outputs->size(); ++k) {
