@@ -2,9 +2,40 @@
 #include "base/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace cleave {
+
+namespace {
+
+// How long an idle worker, or a caller waiting for its workers, polls before it sleeps.
+constexpr std::chrono::microseconds kSpin{50};
+
+void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Polls `done` for up to kSpin; whether it held.
+template <typename Done>
+bool SpinUntil(Done done) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  for (int i = 1;; ++i) {
+    if (done()) return true;
+    CpuRelax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return done();
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
   for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
@@ -13,7 +44,7 @@ ThreadPool::ThreadPool(int num_threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   work_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -38,14 +69,16 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     task_ = &fn;
     task_n_ = n;
     task_blocks_ = blocks;
-    pending_ = blocks - 1;
-    ++generation_;
+    pending_.store(blocks - 1);
+    generation_.fetch_add(1);
   }
-  work_cv_.notify_all();
+  work_cv_.notify_all();  // no system call when every worker is still spinning
   RunBlock(fn, n, blocks, 0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [this] { return pending_ == 0; });
-  task_ = nullptr;
+  auto done = [this] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (!SpinUntil(done)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, done);
+  }
 }
 
 void ThreadPool::WorkerLoop(int index) {
@@ -54,11 +87,13 @@ void ThreadPool::WorkerLoop(int index) {
     const RangeFn* task;
     int64_t n;
     int blocks;
+    auto posted = [&] { return stop_.load(std::memory_order_relaxed) || generation_.load() != seen; };
+    SpinUntil(posted);
     {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      work_cv_.wait(lock, posted);  // returns at once when the spin saw the task
       if (stop_) return;
-      seen = generation_;
+      seen = generation_.load();
       task = task_;
       n = task_n_;
       blocks = task_blocks_;
@@ -66,7 +101,7 @@ void ThreadPool::WorkerLoop(int index) {
     if (index < blocks) {
       RunBlock(*task, n, blocks, index);
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      if (pending_.fetch_sub(1) == 1) done_cv_.notify_one();
     }
   }
 }

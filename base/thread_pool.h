@@ -2,8 +2,12 @@
 // thread takes a share of the work, so a pool of N threads keeps N+1 cores busy only
 // when asked for N+1. Work is split into contiguous blocks so results do not depend on
 // scheduling: every index is computed by exactly one thread with the same arithmetic.
+// Idle workers, and a caller waiting for them, spin for a few tens of microseconds before
+// they sleep: a model's nodes post their loops microseconds apart, and waking a sleeping
+// thread costs more than a small node's whole loop.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -38,14 +42,16 @@ class ThreadPool {
   void WorkerLoop(int index);
 
   std::vector<std::thread> workers_;
+  // The task's fields and `generation_`'s increments are written under `mu_`; the atomics
+  // let waiters spin on them without it.
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
   const RangeFn* task_ = nullptr;
   int64_t task_n_ = 0;
   int task_blocks_ = 0;
-  int64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::atomic<int64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
 };
 
 // ParallelFor on a possibly-null pool (null runs inline).
