@@ -27,10 +27,11 @@ void CpuRelax() {
 // Polls `done` for up to kSpin; whether it held.
 template <typename Done>
 bool SpinUntil(Done done) {
+  if (done()) return true;  // often so: then the clock is not read
   const auto until = std::chrono::steady_clock::now() + kSpin;
   for (int i = 1;; ++i) {
-    if (done()) return true;
     CpuRelax();
+    if (done()) return true;
     if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return done();
   }
 }
