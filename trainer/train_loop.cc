@@ -176,16 +176,17 @@ std::string WritePlot(const std::string& png, const std::vector<std::pair<int64_
 // of the progress line and the metrics object that every run shares.
 class StepRecorder {
  public:
-  StepRecorder(const TrainConfig& c, TrainResult& result) : c_(c), result_(result) {}
+  // `has_val`: the run has a validation split.
+  StepRecorder(const TrainConfig& c, bool has_val, TrainResult& result) : c_(c), has_val_(has_val), result_(result) {}
 
-  // Records step `step` (1-based) and evaluates when a validation split exists and it is due;
-  // returns the validation loss, or -1 when none was taken.
-  absl::StatusOr<double> Record(int64_t step, double loss, float norm, bool last, bool has_val,
+  // Records step `step` (1-based) and evaluates when the run has a validation split and it is
+  // due; returns the validation loss, or -1 when none was taken.
+  absl::StatusOr<double> Record(int64_t step, double loss, float norm, bool last,
                                 absl::FunctionRef<absl::StatusOr<double>()> evaluate) {
     result_.losses.push_back(loss);
     result_.grad_norms.push_back(norm);
     curve_.emplace_back(step, loss);
-    if (!has_val || !EvalDue(c_, step, last)) return -1.0;
+    if (!has_val_ || !EvalDue(c_, step, last)) return -1.0;
     ASSIGN_OR_RETURN(const double val, evaluate());
     result_.val_loss = val;
     val_curve_.emplace_back(step, val);
@@ -219,6 +220,7 @@ class StepRecorder {
 
  private:
   const TrainConfig& c_;
+  const bool has_val_;
   TrainResult& result_;
   std::vector<std::pair<int64_t, double>> curve_, val_curve_;
 };
@@ -424,7 +426,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
     return absl::OkStatus();
   };
 
-  StepRecorder recorder(c, result);
+  StepRecorder recorder(c, !data.val.empty(), result);
   const double tokens_per_step = static_cast<double>(c.batch * c.seq);
   StepProfile profile(c, 0, 1, start, *session);
   RETURN_IF_ERROR(profile.status());
@@ -455,7 +457,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const double loss = loss_sum / static_cast<double>(c.grad_accum);
     const bool last = s + 1 == c.steps || s + 1 == c.exit_at;
-    ASSIGN_OR_RETURN(const double val, recorder.Record(s + 1, loss, norm, last, !data.val.empty(), evaluate));
+    ASSIGN_OR_RETURN(const double val, recorder.Record(s + 1, loss, norm, last, evaluate));
     const double tps = tokens_per_step / (ms / 1000.0);
     if (recorder.Logs(s + 1, last, val))
       log << recorder.ProgressHead(s + 1, loss, lr, norm, ms, tps)
@@ -717,7 +719,7 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
     return sum / static_cast<double>(c.eval_batches);
   };
 
-  StepRecorder recorder(c, result);
+  StepRecorder recorder(c, !data.val.empty(), result);
   const double tokens_per_step = static_cast<double>(batch * seq);
   StepProfile profile(c, rank, world, start, *session);
   if (!profile.status().ok())
@@ -767,7 +769,7 @@ absl::StatusOr<TrainResult> RunPlanTraining(const TrainConfig& c, std::ostream& 
     const double idle_ms = 1000 * (after.recv_wait - before.recv_wait);
     const double compute_ms = std::max(0.0, ms - comm_ms - idle_ms);
     const bool last = s + 1 == c.steps || s + 1 == c.exit_at;
-    ASSIGN_OR_RETURN(const double val, recorder.Record(s + 1, loss, norm, last, !data.val.empty(), evaluate));
+    ASSIGN_OR_RETURN(const double val, recorder.Record(s + 1, loss, norm, last, evaluate));
     const double tps = tokens_per_step / (ms / 1000.0);
     if (rank == 0 && recorder.Logs(s + 1, last, val)) {
       log << recorder.ProgressHead(s + 1, loss, lr, norm, ms, tps)
