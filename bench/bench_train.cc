@@ -50,12 +50,14 @@ struct Args {
   std::string precision = "fp32";  // fp32 | bf16 | fp16
   std::string profile;             // a Chrome trace of one step after the timed ones
   std::string traffic;             // the training graph's bytes and FLOPs per op type
+  std::string fuse_attention = "auto";  // auto (as cleave train: fp32 or CUDA) | on | off
 };
 
 constexpr char kUsage[] =
     "usage: cleave_bench_train MODEL --threads T --batch B --seq S --warmup W --iters N "
     "[--tokens FILE] [--seed S] [--lr 3e-4] [--weight-decay 0.1] [--clip 1.0] [--device cpu|cuda] "
-    "[--precision fp32|bf16|fp16] [--profile TRACE.json] [--traffic TABLE.txt]";
+    "[--precision fp32|bf16|fp16] [--fuse-attention auto|on|off] [--profile TRACE.json] "
+    "[--traffic TABLE.txt]";
 
 absl::Status ParseFlag(const std::string& flag, const std::string& value, Args& a, bool* known) {
   struct IntFlag {
@@ -97,6 +99,12 @@ absl::Status ParseFlag(const std::string& flag, const std::string& value, Args& 
     *known = true;
     if (value != "cpu" && value != "cuda") return InvalidArgument("expected --device cpu or cuda, got '", value, "'");
     a.device = value;
+  }
+  if (flag == "--fuse-attention") {
+    *known = true;
+    if (value != "auto" && value != "on" && value != "off")
+      return InvalidArgument("expected --fuse-attention auto, on or off, got '", value, "'");
+    a.fuse_attention = value;
   }
   if (flag == "--precision") {
     *known = true;
@@ -216,7 +224,8 @@ absl::StatusOr<Session> Setup(const Args& a) {
   spec.optimizer.weight_decay = static_cast<float>(a.weight_decay);
   spec.optimizer.max_grad_norm = static_cast<float>(a.clip);
   ASSIGN_OR_RETURN(spec.precision, trainer::ParsePrecision(a.precision));
-  spec.fuse_attention = a.device == "cuda";
+  spec.fuse_attention = a.fuse_attention == "auto" ? a.device == "cuda" || spec.precision == trainer::Precision::kFp32
+                                                   : a.fuse_attention == "on";
   ASSIGN_OR_RETURN(trainer::TrainingArtifacts artifacts,
                    trainer::BuildTrainingArtifacts(*model, spec));
   // The vocab bounds the random ids: the logits' last dim (eval outputs: loss, then logits).

@@ -59,11 +59,12 @@ void ApplyDimOverrides(graph::Graph& g, const std::map<std::string, int64_t>& ov
   }
 }
 
-// Folding, then the transformer fusions; with a device provider first the fusions its kernels
-// pay off for: attention (the flash-style kernel never stores the probabilities) over the
+// Folding, then attention (the flash-style kernels never store the probabilities), with a
+// device provider together with the other fusions its kernels pay off for: attention over the
 // q/k/v products' own [B, T, H, D] layout, the residual add with its LayerNorm, and the
 // cross-entropy gradient from the scores (the forward stores no log_prob), then bf16 logits
-// for it; and last, once the products are final, the padding of a vocabulary whose rows would
+// for it; then the transformer fusions; and last, with a device provider, once the products
+// are final, the padding of a vocabulary whose rows would
 // not be 16-byte aligned, the embeddings' gradients scattered into their accumulation, the
 // weight gradients' products taking on their accumulation and their layers' bias gradients,
 // the residual gradients' rounding to bf16 written by the LayerNorm gradients that form them,
@@ -109,6 +110,8 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
     RETURN_IF_ERROR(
         graph::RunToFixedPoint(enabled({&attention, &attention_layout, &skip_norm, &cross_entropy, &dce}), &g));
     RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&low_scores}), &g));
+  } else {
+    RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&attention, &dce}), &g));
   }
   RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&fusion, &dce}), &g));
   if (!device) return absl::OkStatus();

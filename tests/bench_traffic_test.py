@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """cleave_bench_train --traffic on the bundled tiny GPT (2 layers, width 64, 4 heads, vocab 256):
-the products' FLOPs of its training graph on the CPU (attention unfused, so every score product
-counts in full) are exactly 6 N + 12 L d T per token (ANCHORS.md), N the weights that enter
+the products' FLOPs of its training graph on the CPU (attention left unfused with --fuse-attention
+off, so every score product counts in full) are exactly 6 N + 12 L d T per token (ANCHORS.md), N the weights that enter
 products (the blocks' 12 d^2 each and the tied LM head's V d); the table's rows add up to its
 total; the gradient accumulators, reset on each one-micro-batch step, move 8 bytes per parameter;
 and bad flags fail with a message."""
@@ -27,7 +27,7 @@ with tempfile.TemporaryDirectory() as tmp:
     table = os.path.join(tmp, "traffic.txt")
     for batch, seq in [(4, 64), (2, 32)]:
         run = subprocess.run([bench, model, "--batch", str(batch), "--seq", str(seq), "--iters", "0",
-                              "--traffic", table], capture_output=True, text=True, timeout=120)
+                              "--fuse-attention", "off", "--traffic", table], capture_output=True, text=True, timeout=120)
         check(f"--iters 0 --traffic at {batch}x{seq} exits 0", run.returncode == 0, run.stderr[-500:])
         if run.returncode != 0:
             continue

@@ -1,6 +1,7 @@
 // Each transformer fusion on a graph written as text: the pattern becomes one ai.cleave op,
 // a pattern whose intermediate has another reader is left alone, and the fused graph
 // computes what the original computes.
+#include <algorithm>
 #include <map>
 #include <random>
 #include <tuple>
@@ -390,6 +391,99 @@ TEST(AttentionFusion, OtherMasksAndSharedIntermediatesAreLeftAlone) {
   auto g2 = ParseGraph(AttentionText(kCausalHidden, "  output p\n"));
   ASSERT_TRUE(g2.ok()) << g2.status();
   EXPECT_EQ(FuseAttention(**g2).size(), 6u);
+}
+
+// The causal mask as exporters compute it for a sequence length known only at run time: a
+// [T, T] block of ones from q's shape, its lower triangle, negated into the hidden positions.
+// TRILU and MASK_TAIL vary the triangle; the key and value lengths are symbol S.
+constexpr char kComputedMaskAttention[] = R"(
+  input q: float32[2,3,T,8]
+  input k: float32[2,3,S,8]
+  input v: float32[2,3,S,8]
+  init neg: float32[] = -inf
+  init scale: float32[] = 0.35355339
+  init seq_axis: int64[] = 2
+  init axes: int64[1] = 0
+  init diag: int64[] = DIAG
+  shp = Shape(KEYS)
+  t = Gather(shp, seq_axis) {axis = 0}
+  t1 = Unsqueeze(t, axes)
+  sq = Concat(t1, t1) {axis = 0}
+  ones = ConstantOfShape(sq)
+  tri = Trilu(ones, diag) {upper = UPPER}
+  MASK_TAIL
+  kt = Transpose(k) {perm = [0, 1, 3, 2]}
+  s = MatMul(q, kt)
+  ss = Mul(s, scale)
+  m = Where(hidden, neg, ss)
+  p = Softmax(m) {axis = -1}
+  y = MatMul(p, v)
+  output y
+)";
+
+// The graph, with ConstantOfShape's value set to true (the text form has no tensor attributes)
+// and, where `same_length`, k and v over q's length T.
+std::unique_ptr<Graph> ComputedMaskAttention(const std::string& diag, const std::string& upper,
+                                             const std::string& mask_tail, bool same_length = true) {
+  std::string text = absl::StrReplaceAll(
+      kComputedMaskAttention, {{"DIAG", diag}, {"UPPER", upper}, {"MASK_TAIL", mask_tail}, {"KEYS", "q"}});
+  if (same_length) text = absl::StrReplaceAll(text, {{"[2,3,S,8]", "[2,3,T,8]"}});
+  auto g = ParseGraph(text);
+  EXPECT_TRUE(g.ok()) << g.status();
+  if (!g.ok()) return nullptr;
+  for (const auto& n : (*g)->nodes())
+    if (n->op_type() == "ConstantOfShape") {
+      Tensor one(DataType::kBool, {1});
+      one.data<bool>()[0] = true;
+      n->SetAttr("value", Attribute::TensorValue(std::move(one)));
+    }
+  return std::move(*g);
+}
+
+constexpr char kNotLower[] = "nh = Not(tri)\n  hidden = Cast(nh) {to = 9}";
+
+TEST(AttentionFusion, MaskComputedForARuntimeLengthFusesAndComputesTheSame) {
+  // Lower triangle negated (the exporters' form), and the upper triangle above the diagonal.
+  for (const auto& [diag, upper, tail] : {std::tuple<std::string, std::string, std::string>{"0", "0", kNotLower},
+                                          {"1", "1", "hidden = Identity(tri)"}}) {
+    SCOPED_TRACE("upper = " + upper);
+    std::unique_ptr<Graph> g = ComputedMaskAttention(diag, upper, tail);
+    ASSERT_TRUE(g);
+    const std::vector<std::string> ops = FuseAttention(*g);
+    ASSERT_EQ(std::count(ops.begin(), ops.end(), "Attention"), 1);
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), "Softmax"), 0);
+    for (const auto& n : g->nodes()) {
+      if (n->op_type() == "Attention") {
+        EXPECT_EQ(n->AttrInt("causal", 0), 1);
+      }
+    }
+    // 70 rows: more than one block of the CPU kernel's query rows.
+    for (int64_t T : {1, 5, 70}) {
+      const Feeds feeds = {{"q", Random({2, 3, T, 8}, 1)}, {"k", Random({2, 3, T, 8}, 2)},
+                           {"v", Random({2, 3, T, 8}, 3)}};
+      DeadCodeElimination dce;
+      std::unique_ptr<Graph> fused = ComputedMaskAttention(diag, upper, tail);
+      FuseAttention(*fused);
+      ASSERT_TRUE(RunPass(dce, fused.get()).ok());
+      ExpectGraphsAgree(std::move(fused), ComputedMaskAttention(diag, upper, tail), feeds, 1e-5, 1e-5);
+    }
+  }
+}
+
+TEST(AttentionFusion, ComputedMasksThatAreNotCausalAreLeftAlone) {
+  auto attention_ops = [](std::unique_ptr<Graph> g) {
+    const std::vector<std::string> ops = FuseAttention(*g);
+    return std::count(ops.begin(), ops.end(), "Softmax") + std::count(ops.begin(), ops.end(), "Attention") * 10;
+  };
+  // One future key visible (diagonal 1), the diagonal hidden too (upper, diagonal 0), the
+  // visible positions used as the hidden ones (no Not): the softmax stays.
+  EXPECT_EQ(attention_ops(ComputedMaskAttention("1", "0", kNotLower)), 1);
+  EXPECT_EQ(attention_ops(ComputedMaskAttention("0", "1", "hidden = Identity(tri)")), 1);
+  EXPECT_EQ(attention_ops(ComputedMaskAttention("0", "0", "hidden = Cast(tri) {to = 9}")), 1);
+  // Keys of another length S, with the mask over [T, T]: not provably the same lengths.
+  EXPECT_EQ(attention_ops(ComputedMaskAttention("0", "0", kNotLower, /*same_length=*/false)), 1);
+  // The control: the exporters' form fuses.
+  EXPECT_EQ(attention_ops(ComputedMaskAttention("0", "0", kNotLower)), 10);
 }
 
 

@@ -34,7 +34,7 @@ void Usage() {
                "        [--save-model OUT.onnx] [--save-artifacts DIR] [--freeze NAME|REGEX,...]\n"
                "        [--threads N] [--device cpu|cuda|auto] [--log-every 1] [--exit-at STEP]\n"
                "        [--profile TRACE.json [--profile-steps 3]] [--no-overlap-grad-reduce]\n"
-               "        [--no-async-collectives]\n"
+               "        [--no-async-collectives] [--[no-]fuse-attention]\n"
                "      train a causal LM on a token file (.bin: uint16 tokens; anything else: bytes);\n"
                "      --batch is the global batch, --clip 0 and --weight-decay 0 turn those off\n"
                "  partition MODEL.onnx --mesh dp=D,tp=T --batch B --seq T [--tp megatron] [--zero 0|1]\n"

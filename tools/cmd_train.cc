@@ -76,7 +76,8 @@ int TrainPlan(trainer::TrainConfig c, bool batch_given, bool seq_given, double c
   if (!plan_fixed.empty())
     status = absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, ": ", absl::StrJoin(plan_fixed, ", "),
-        " set the loss and optimizer, which a plan fixes when it is made: pass them to cleave partition"));
+        " set what a plan fixes when it is made (the loss, optimizer, precision, recompute and attention fusion): ",
+        "pass them to cleave partition"));
   // Every rank has the same flags, so every rank stops here alike.
   if (!status.ok()) status.SetPayload(trainer::kAllRanksFailed, absl::Cord("1"));
   if (!batch_given) c.batch = 0;
@@ -145,11 +146,16 @@ int TrainCommand(const Args& args) {
   FlagReader flags(args);
   bool batch_given = false, seq_given = false;
   double comm_timeout = 60;
-  std::vector<std::string> plan_fixed;  // optimizer flags that a plan fixes at partition time
+  std::vector<std::string> plan_fixed;  // flags whose settings a plan fixes at partition time
   while (flags.Next()) {
     const std::string& a = flags.flag();
     if (TrainingFlag(flags, &c.loss, &c.optimizer, &c.frozen, &c.recompute, &c.precision)) {
       plan_fixed.push_back(a);
+      continue;
+    }
+    if (a == "--fuse-attention" || a == "--no-fuse-attention") {
+      c.fuse_attention = a == "--fuse-attention";
+      plan_fixed.push_back(a);  // a plan's graphs are fused or not when it is made
       continue;
     }
     if (a == "--comm-timeout") {

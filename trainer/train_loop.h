@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,9 @@ struct TrainConfig {
   std::string artifacts_dir;     // also write the training artifacts here
   std::vector<std::string> frozen;
   RecomputeMode recompute = RecomputeMode::kNone;
+  // Each layer's attention fused into ai.cleave.Attention before autodiff (TrainingSpec):
+  // --fuse-attention / --no-fuse-attention; unset, in fp32 and on CUDA (see RunTraining).
+  std::optional<bool> fuse_attention;
   Precision precision = Precision::kFp32;
   // fp16's dynamic loss scaling: the first scale and the clean steps that double it.
   float loss_scale = 65536.0f;

@@ -73,8 +73,8 @@ struct TrainingSpec {
   // bf16: matrix products in bf16 with fp32 master weights (trainer/mixed_precision.h).
   Precision precision = Precision::kFp32;
   // Fuse scaled dot-product attention into ai.cleave.Attention before autodiff (the backward
-  // then runs AttentionGrad and never stores the probabilities); on by default for CUDA
-  // training, where the fused kernels pay off.
+  // then runs AttentionGrad and never stores the probabilities); cleave train sets it in fp32
+  // and on CUDA (TrainConfig::fuse_attention).
   bool fuse_attention = false;
 };
 

@@ -273,6 +273,53 @@ bool IsCausalMask(const Value* mask, int64_t T, int64_t S, bool hidden) {
   return true;
 }
 
+// Whether dims a and b are known to be equal: the same static size, or the same symbol.
+bool SameDim(const Dim& a, const Dim& b) {
+  return a.is_static() ? b.is_static() && a.value == b.value : !a.symbol.empty() && a.symbol == b.symbol;
+}
+
+// Whether `mask` is computed in the graph as the causal pattern that exporters emit for a
+// sequence length known only at run time: Trilu(ConstantOfShape(shape) of a nonzero value, k,
+// upper), then any Nots, Identities and Casts to bool. The block of ones must be [..., T, S]
+// (leading dims 1) by shape inference, and the Trilu's diagonal the causal one: k = S - T for
+// the lower triangle (j <= i + k kept), S - T + 1 for the upper (j >= i + k kept), where T and
+// S are the same dim or both static. `hidden` as for IsCausalMask.
+bool IsComputedCausalMask(const Value* mask, const Dim& T, const Dim& S, bool hidden) {
+  const Node* n = mask ? mask->producer() : nullptr;
+  bool flip = false;
+  while (n && (Is(n, "Not") || Is(n, "Identity") ||
+               (Is(n, "Cast") && n->AttrInt("to", 0) == static_cast<int64_t>(DataType::kBool)))) {
+    if (Is(n, "Not")) flip = !flip;
+    n = n->input(0)->producer();
+  }
+  if (!Is(n, "Trilu")) return false;
+  int64_t k = 0;
+  if (n->num_inputs() > 1 && n->input(1)) {
+    const Value* kv = n->input(1);
+    if (!kv->initializer() || kv->initializer()->numel() != 1 || kv->dtype() != DataType::kInt64) return false;
+    k = kv->initializer()->data<int64_t>()[0];
+  }
+  const bool upper = n->AttrInt("upper", 1) != 0;
+  const Value* ones = n->input(0);
+  const Node* fill = ones->producer();
+  if (!Is(fill, "ConstantOfShape")) return false;
+  const Attribute* value = fill->FindAttr("value");
+  if (!value || value->type != AttrType::kTensor || value->t.numel() != 1 || value->t.DoubleAt(0) == 0) return false;
+  const Shape& shape = ones->shape();
+  if (!shape.has_rank() || shape.rank() < 2) return false;
+  const int r = shape.rank();
+  for (int d = 0; d < r - 2; ++d)
+    if (!(shape[d].is_static() && shape[d].value == 1)) return false;
+  if (!SameDim(shape[r - 2], T) || !SameDim(shape[r - 1], S)) return false;
+  int64_t offset;  // S - T
+  if (SameDim(T, S)) offset = 0;
+  else if (T.is_static() && S.is_static()) offset = S.value - T.value;
+  else return false;
+  if (k != (upper ? offset + 1 : offset)) return false;
+  // The lower triangle keeps the visible keys, the upper the hidden ones.
+  return flip == (upper ? !hidden : hidden);
+}
+
 bool IsLargeNegative(const Value* v) {
   std::optional<double> c = ScalarConst(v);
   return c && *c <= -1e4;
@@ -280,40 +327,46 @@ bool IsLargeNegative(const Value* v) {
 
 // softmax(scale * q k^T [+ causal mask]) v over the last two axes -> ai.cleave.Attention, at
 // the Softmax: its input is the scaled scores, optionally masked by Where(hidden, -inf,
-// scores), Where(visible, scores, -inf) or Add(scores, mask) with a constant causal mask; the
-// scaled scores are Mul/Div of MatMul(q, Transpose(k)) (or FusedMatMul(q, k, transB = 1) with
+// scores), Where(visible, scores, -inf) with a causal mask that is a constant or computed
+// from the sequence length (IsComputedCausalMask), or Add(scores, mask) with a constant one;
+// q, k and v may have symbolic dims where the same symbols show them equal. The scaled scores are Mul/Div of MatMul(q, Transpose(k)) (or FusedMatMul(q, k, transB = 1) with
 // no bias or activation) by a scalar constant, or the product itself; the probabilities'
 // one reader is MatMul(p, v). Every intermediate must have no other reader, so a training
 // graph whose backward reads them is left alone (fuse before autodiff instead).
 bool FuseAttention(Graph* g, Node* softmax) {
   const Value* x = softmax->input(0);
-  if (g->OpsetFor("") < 13 || !x->shape().has_rank() || !x->shape().is_static()) return false;
+  if (g->OpsetFor("") < 13 || !x->shape().has_rank()) return false;
   const int r = x->shape().rank();
   if (r < 2) return false;
   int64_t axis = softmax->AttrInt("axis", -1);
   if (axis < 0) axis += r;
   if (axis != r - 1) return false;
   if (x->dtype() != DataType::kFloat32 && x->dtype() != DataType::kFloat64) return false;
-  const int64_t T = x->shape()[r - 2].value, S = x->shape()[r - 1].value;
+  const Dim T = x->shape()[r - 2], S = x->shape()[r - 1];
   std::vector<Node*> pattern = {softmax};
   // The reader: MatMul(p, v).
   Node* pv = SoleConsumer(softmax->output(0));
   if (!Is(pv, "MatMul") || pv->input(0) != softmax->output(0)) return false;
   Value* v = pv->input(1);
-  // The mask.
+  // The mask: a constant, or one the graph computes (left to dead-code elimination).
+  auto causal_mask = [&](const Value* mask, bool hidden) {
+    return (T.is_static() && S.is_static() && IsCausalMask(mask, T.value, S.value, hidden)) ||
+           IsComputedCausalMask(mask, T, S, hidden);
+  };
   bool causal = false;
   Value* scaled = softmax->input(0);
   Node* m = scaled->producer();
   if (m && SoleUse(scaled)) {
-    if (Is(m, "Where") && IsLargeNegative(m->input(1)) && IsCausalMask(m->input(0), T, S, true)) {
+    if (Is(m, "Where") && IsLargeNegative(m->input(1)) && causal_mask(m->input(0), true)) {
       causal = true;
       scaled = m->input(2);
-    } else if (Is(m, "Where") && IsLargeNegative(m->input(2)) && IsCausalMask(m->input(0), T, S, false)) {
+    } else if (Is(m, "Where") && IsLargeNegative(m->input(2)) && causal_mask(m->input(0), false)) {
       causal = true;
       scaled = m->input(1);
-    } else if (Is(m, "Add") && (IsCausalMask(m->input(1), T, S, true) || IsCausalMask(m->input(0), T, S, true))) {
+    } else if (Is(m, "Add") && T.is_static() && S.is_static() &&
+               (IsCausalMask(m->input(1), T.value, S.value, true) || IsCausalMask(m->input(0), T.value, S.value, true))) {
       causal = true;
-      scaled = IsCausalMask(m->input(1), T, S, true) ? m->input(0) : m->input(1);
+      scaled = IsCausalMask(m->input(1), T.value, S.value, true) ? m->input(0) : m->input(1);
     }
     if (causal) pattern.push_back(m);
   }
@@ -358,23 +411,20 @@ bool FuseAttention(Graph* g, Node* softmax) {
   pattern.push_back(qk);
   bool k_permuted = false;
   for (int d = 0; d < static_cast<int>(k_perm.size()); ++d) k_permuted |= k_perm[d] != d;
+  // Same leading dims for q, k and v, known equal (no broadcasting inside the fused op); with
+  // a sequence length known only at run time they are the same symbols.
+  for (const Value* t : {q, k, v})
+    if (!t->shape().has_rank() || t->shape().rank() != r || t->dtype() != x->dtype()) return false;
   std::vector<Dim> k_dims;
-  if (k_permuted) {
-    if (!k->shape().is_static()) return false;
+  if (k_permuted)
     for (int64_t d : k_perm) k_dims.push_back(k->shape()[static_cast<int>(d)]);
-  }
-  // Same leading dims for q, k and v (no broadcasting inside the fused op).
   const Shape k_shape = k_permuted ? Shape(k_dims) : k->shape();
-  if (k_shape.rank() != r || q->shape()[r - 1].value != k_shape[r - 1].value ||
-      k_shape[r - 2].value != v->shape()[r - 2].value)
+  const Shape &q_shape = q->shape(), &v_shape = v->shape();
+  if (!SameDim(q_shape[r - 1], k_shape[r - 1]) || !SameDim(k_shape[r - 2], v_shape[r - 2]) ||
+      !SameDim(q_shape[r - 2], T) || !SameDim(k_shape[r - 2], S))
     return false;
   for (int d = 0; d < r - 2; ++d)
-    if (q->shape()[d].value != k_shape[d].value) return false;
-  for (const Value* t : {q, v})
-    if (!t->shape().has_rank() || t->shape().rank() != r || !t->shape().is_static() || t->dtype() != x->dtype())
-      return false;
-  for (int d = 0; d < r - 2; ++d)
-    if (q->shape()[d].value != v->shape()[d].value) return false;
+    if (!SameDim(q_shape[d], k_shape[d]) || !SameDim(q_shape[d], v_shape[d])) return false;
   pattern.push_back(pv);
   if (k_permuted) {
     // The keys in [..., S, D] layout, from the same source.

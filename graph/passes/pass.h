@@ -82,12 +82,13 @@ class ActivationNormFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
-// Scaled dot-product attention (MatMul, scale, constant causal mask, Softmax, MatMul) ->
-// ai.cleave.Attention, whose kernels never store the [T, S] probabilities (the CUDA provider's
-// flash-style kernel; the backward recomputes them from the saved log-sum-exp). Run before
-// autodiff on a training graph (the backward then uses AttentionGrad), or on an inference
-// graph whose intermediates have no other reader. Not part of TransformerFusion: on the CPU
-// the unfused products run through BLAS.
+// Scaled dot-product attention (MatMul, scale, causal mask constant or computed from the
+// sequence length, Softmax, MatMul) -> ai.cleave.Attention, whose kernels never store the
+// [T, S] probabilities (flash-style on both providers: the CPU kernel blocks query rows so a
+// block's scores stay in cache; the backward recomputes them from the saved log-sum-exp). Run
+// before autodiff on a training graph (the backward then uses AttentionGrad), or on an
+// inference graph whose intermediates have no other reader. Not part of TransformerFusion,
+// which also runs on training graphs after autodiff, where the probabilities have readers.
 class AttentionFusion : public Pass {
  public:
   std::string name() const override { return "AttentionFusion"; }

@@ -1,4 +1,6 @@
-// Scaled dot-product attention on the CPU (kernels/cpu/): one query row at a time, in double.
+// Scaled dot-product attention on the CPU (kernels/cpu/). float32: blocks of query rows, whose
+// scores and probabilities live only in a per-thread [rows, S] buffer, with the products
+// through sgemm; float64: one query row at a time, the reference.
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
@@ -8,10 +10,14 @@
 
 #include "base/shape.h"
 #include "base/status.h"
+#include "kernels/cpu/fast_math.h"
+#include "kernels/cpu/gemm.h"
 
 namespace cleave::kernels::cpu {
 
 namespace {
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
 // The keys query row i may see.
 int64_t Visible(const AttentionParams& p, int64_t i) {
   return p.causal ? std::clamp<int64_t>(i + 1 + (p.S - p.T), 0, p.S) : p.S;
@@ -20,7 +26,7 @@ int64_t Visible(const AttentionParams& p, int64_t i) {
 // s[j] = scale q_i . k_j for the first n keys of slice kb; returns their max (-inf for none).
 template <typename T>
 double Scores(const AttentionParams& p, const T* qi, const T* kb, int64_t n, std::vector<double>& s) {
-  double m = -std::numeric_limits<double>::infinity();
+  double m = kNegInf;
   for (int64_t j = 0; j < n; ++j) {
     double dot = 0;
     for (int64_t d = 0; d < p.D; ++d) dot += static_cast<double>(qi[d]) * static_cast<double>(kb[j * p.D + d]);
@@ -28,6 +34,50 @@ double Scores(const AttentionParams& p, const T* qi, const T* kb, int64_t n, std
     m = std::max(m, s[j]);
   }
   return m;
+}
+
+// Query rows per block of the float32 kernels: the block's [rows, S] scores stay within about
+// 256 KiB (a core's L2), and no block is smaller than 16 rows or larger than 128. A causal
+// block computes the scores its last row sees for every row, so there it is at most 64 rows:
+// at T = S = 128 it then computes three quarters of the full square of scores, not all of it.
+int64_t BlockRows(const AttentionParams& p) {
+  return std::clamp<int64_t>((int64_t{64} << 10) / std::max<int64_t>(p.S, 1), 16, p.causal ? 64 : 128);
+}
+
+// A per-thread buffer of at least n floats, kept between calls (a fresh one per call would
+// take a page fault for each page of it).
+float* ThreadBuffer(int slot, size_t n) {
+  thread_local std::vector<float> buffers[2];
+  std::vector<float>& b = buffers[slot];
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
+
+// s [rows, n] = scale * q_blk k[0:n]^T.
+void BlockScores(const AttentionParams& p, const float* q_blk, const float* kb, int64_t rows, int64_t n, float* s) {
+  GemmParams g;
+  g.M = rows;
+  g.N = n;
+  g.K = p.D;
+  g.trans_b = true;
+  g.alpha = static_cast<float>(p.scale);
+  Sgemm(g, q_blk, kb, s);
+}
+
+// c [M, N] (+)= op(a) op(b), single-threaded: the callers already run one block per thread.
+void Product(int64_t M, int64_t N, int64_t K, bool ta, bool tb, const float* a, int64_t lda, const float* b,
+             int64_t ldb, float beta, float* c, int64_t ldc) {
+  GemmParams g;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.beta = beta;
+  g.lda = lda;
+  g.ldb = ldb;
+  g.ldc = ldc;
+  Sgemm(g, a, b, c);
 }
 }  // namespace
 
@@ -53,8 +103,8 @@ absl::StatusOr<AttentionParams> PlanAttention(std::span<const int64_t> q, std::s
 }
 
 template <typename T>
-void AttentionForward(const AttentionParams& p, const T* q, const T* k, const T* v, T* out, float* lse,
-                      ThreadPool* pool) {
+void AttentionForwardReference(const AttentionParams& p, const T* q, const T* k, const T* v, T* out, float* lse,
+                               ThreadPool* pool) {
   const int64_t rows = p.batch * p.T;
   ParallelFor(pool, rows, 4, [&](int64_t r0, int64_t r1) {
     std::vector<double> s(p.S), acc(p.Dv);
@@ -74,19 +124,18 @@ void AttentionForward(const AttentionParams& p, const T* q, const T* k, const T*
       }
       T* o = out + (b * p.T + i) * p.Dv;
       for (int64_t d = 0; d < p.Dv; ++d) o[d] = static_cast<T>(n ? acc[d] / sum : 0.0);
-      if (lse) lse[r] = static_cast<float>(n ? m + std::log(sum) : -std::numeric_limits<double>::infinity());
+      if (lse) lse[r] = static_cast<float>(n ? m + std::log(sum) : kNegInf);
     }
   });
 }
 
 template <typename T>
-void AttentionBackward(const AttentionParams& p, const T* dout, const T* q, const T* k, const T* v, const T* out,
-                       const float* lse_in, T* dq, T* dk, T* dv, ThreadPool* pool) {
-  // Per slice b (in parallel): recompute each row's probabilities from q, k and the row's
-  // log-sum-exp (recomputed in double here for accuracy), then
+void AttentionBackwardReference(const AttentionParams& p, const T* dout, const T* q, const T* k, const T* v,
+                                const T* out, T* dq, T* dk, T* dv, ThreadPool* pool) {
+  // Per slice b (in parallel): recompute each row's probabilities from q and k in double, then
   //   dV += P^T dO,  dS = P * (dO V^T - rowsum(dO * O)),  dQ = scale dS K,  dK += scale dS^T Q.
   ParallelFor(pool, p.batch, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<double> s(p.S), dk_acc, dv_acc;
+    std::vector<double> s(p.S), dk_acc, dv_acc, dqi(p.D);
     for (int64_t b = b0; b < b1; ++b) {
       dk_acc.assign(p.S * p.D, 0.0);
       dv_acc.assign(p.S * p.Dv, 0.0);
@@ -102,11 +151,9 @@ void AttentionBackward(const AttentionParams& p, const T* dout, const T* q, cons
         double sum = 0;
         for (int64_t j = 0; j < n; ++j) sum += std::exp(s[j] - m);
         const double lse = n ? m + std::log(sum) : 0.0;
-        (void)lse_in;
         double delta = 0;  // rowsum(dO * O)
         for (int64_t d = 0; d < p.Dv; ++d) delta += static_cast<double>(doi[d]) * static_cast<double>(oi[d]);
-        if (dq) std::fill(dq + row * p.D, dq + (row + 1) * p.D, T(0));
-        std::vector<double> dqi(p.D, 0.0);
+        std::fill(dqi.begin(), dqi.end(), 0.0);
         for (int64_t j = 0; j < n; ++j) {
           const double pj = std::exp(s[j] - lse);
           double dpj = 0;
@@ -131,14 +178,130 @@ void AttentionBackward(const AttentionParams& p, const T* dout, const T* q, cons
   });
 }
 
-template void AttentionForward<float>(const AttentionParams&, const float*, const float*, const float*, float*,
-                                      float*, ThreadPool*);
-template void AttentionForward<double>(const AttentionParams&, const double*, const double*, const double*, double*,
-                                       float*, ThreadPool*);
-template void AttentionBackward<float>(const AttentionParams&, const float*, const float*, const float*, const float*,
-                                       const float*, const float*, float*, float*, float*, ThreadPool*);
-template void AttentionBackward<double>(const AttentionParams&, const double*, const double*, const double*,
-                                        const double*, const double*, const float*, double*, double*, double*,
-                                        ThreadPool*);
+void AttentionForward(const AttentionParams& p, const float* q, const float* k, const float* v, float* out,
+                      float* lse, ThreadPool* pool) {
+  const int64_t br = BlockRows(p), blocks = (p.T + br - 1) / br;
+  // One task per (slice, block of query rows): scores s [rows, n] for the n keys the block's
+  // last row sees, each row's visible part exponentiated against its max and the rest zeroed,
+  // out = s v / rowsum, lse = max + log(rowsum).
+  ParallelFor(pool, p.batch * blocks, 1, [&](int64_t t0, int64_t t1) {
+    float* s = ThreadBuffer(0, static_cast<size_t>(br * p.S));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / blocks, i0 = (t % blocks) * br, rows = std::min(br, p.T - i0);
+      const int64_t n = Visible(p, i0 + rows - 1);
+      float* o = out + (b * p.T + i0) * p.Dv;
+      float* l = lse ? lse + b * p.T + i0 : nullptr;
+      if (n == 0) {
+        std::fill(o, o + rows * p.Dv, 0.f);
+        if (l) std::fill(l, l + rows, -std::numeric_limits<float>::infinity());
+        continue;
+      }
+      BlockScores(p, q + (b * p.T + i0) * p.D, k + b * p.S * p.D, rows, n, s);
+      float inv[128];
+      for (int64_t r = 0; r < rows; ++r) {
+        float* sr = s + r * n;
+        const int64_t nr = Visible(p, i0 + r);
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < nr; ++j) m = std::max(m, sr[j]);
+        for (int64_t j = 0; j < nr; ++j) sr[j] -= m;
+        ExpF32(sr, sr, nr);
+        std::fill(sr + nr, sr + n, 0.f);
+        double sum = 0;
+        for (int64_t j = 0; j < nr; ++j) sum += sr[j];
+        inv[r] = nr ? static_cast<float>(1.0 / sum) : 0.f;
+        if (l) l[r] = nr ? static_cast<float>(m + std::log(sum)) : -std::numeric_limits<float>::infinity();
+      }
+      Product(rows, p.Dv, n, false, false, s, n, v + b * p.S * p.Dv, p.Dv, 0.f, o, p.Dv);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t d = 0; d < p.Dv; ++d) o[r * p.Dv + d] *= inv[r];
+    }
+  });
+}
+
+void AttentionForward(const AttentionParams& p, const double* q, const double* k, const double* v, double* out,
+                      float* lse, ThreadPool* pool) {
+  AttentionForwardReference(p, q, k, v, out, lse, pool);
+}
+
+void AttentionBackward(const AttentionParams& p, const float* dout, const float* q, const float* k, const float* v,
+                       const float* out, const float* lse, float* dq, float* dk, float* dv, ThreadPool* pool) {
+  const int64_t br = BlockRows(p);
+  // Per slice (in parallel), per block of query rows, with P [rows, n] recomputed from the
+  // scores and each row's log-sum-exp (formed here when lse is null):
+  //   dV[0:n] += P^T dO,  dS = P * (dO V^T - rowsum(dO * O)) * scale,
+  //   dQ = dS K[0:n],     dK[0:n] += dS^T Q.
+  ParallelFor(pool, p.batch, 1, [&](int64_t b0, int64_t b1) {
+    float* s = ThreadBuffer(0, static_cast<size_t>(br * p.S));
+    float* ds = ThreadBuffer(1, static_cast<size_t>(br * p.S));
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* kb = k + b * p.S * p.D;
+      const float* vb = v + b * p.S * p.Dv;
+      // dK and dV accumulate in place.
+      float* dkb = dk ? dk + b * p.S * p.D : nullptr;
+      float* dvb = dv ? dv + b * p.S * p.Dv : nullptr;
+      if (dkb) std::fill(dkb, dkb + p.S * p.D, 0.f);
+      if (dvb) std::fill(dvb, dvb + p.S * p.Dv, 0.f);
+      for (int64_t i0 = 0; i0 < p.T; i0 += br) {
+        const int64_t rows = std::min(br, p.T - i0), row0 = b * p.T + i0;
+        const int64_t n = Visible(p, i0 + rows - 1);
+        float* dqb = dq ? dq + row0 * p.D : nullptr;
+        if (n == 0) {
+          if (dqb) std::fill(dqb, dqb + rows * p.D, 0.f);
+          continue;
+        }
+        const float* qb = q + row0 * p.D;
+        const float* dob = dout + row0 * p.Dv;
+        const float* ob = out + row0 * p.Dv;
+        BlockScores(p, qb, kb, rows, n, s);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* sr = s + r * n;
+          const int64_t nr = Visible(p, i0 + r);
+          float l;
+          if (lse) {
+            l = lse[row0 + r];
+          } else {
+            float m = -std::numeric_limits<float>::infinity();
+            for (int64_t j = 0; j < nr; ++j) m = std::max(m, sr[j]);
+            double sum = 0;
+            for (int64_t j = 0; j < nr; ++j) sum += std::exp(static_cast<double>(sr[j] - m));
+            l = static_cast<float>(m + std::log(sum));
+          }
+          for (int64_t j = 0; j < nr; ++j) sr[j] -= l;
+          ExpF32(sr, sr, nr);
+          std::fill(sr + nr, sr + n, 0.f);
+        }
+        if (dvb) Product(n, p.Dv, rows, true, false, s, n, dob, p.Dv, 1.f, dvb, p.Dv);
+        if (!dqb && !dkb) continue;
+        Product(rows, n, p.Dv, false, true, dob, p.Dv, vb, p.Dv, 0.f, ds, n);
+        const float scale = static_cast<float>(p.scale);
+        for (int64_t r = 0; r < rows; ++r) {
+          float delta = 0;
+          for (int64_t d = 0; d < p.Dv; ++d) delta += dob[r * p.Dv + d] * ob[r * p.Dv + d];
+          float* dsr = ds + r * n;
+          const float* pr = s + r * n;
+          for (int64_t j = 0; j < n; ++j) dsr[j] = pr[j] * (dsr[j] - delta) * scale;
+        }
+        if (dqb) Product(rows, p.D, n, false, false, ds, n, kb, p.D, 0.f, dqb, p.D);
+        if (dkb) Product(n, p.D, rows, true, false, ds, n, qb, p.D, 1.f, dkb, p.D);
+      }
+    }
+  });
+}
+
+void AttentionBackward(const AttentionParams& p, const double* dout, const double* q, const double* k,
+                       const double* v, const double* out, const float* /*lse*/, double* dq, double* dk, double* dv,
+                       ThreadPool* pool) {
+  AttentionBackwardReference(p, dout, q, k, v, out, dq, dk, dv, pool);
+}
+
+template void AttentionForwardReference<float>(const AttentionParams&, const float*, const float*, const float*,
+                                               float*, float*, ThreadPool*);
+template void AttentionForwardReference<double>(const AttentionParams&, const double*, const double*, const double*,
+                                                double*, float*, ThreadPool*);
+template void AttentionBackwardReference<float>(const AttentionParams&, const float*, const float*, const float*,
+                                                const float*, const float*, float*, float*, float*, ThreadPool*);
+template void AttentionBackwardReference<double>(const AttentionParams&, const double*, const double*, const double*,
+                                                 const double*, const double*, double*, double*, double*,
+                                                 ThreadPool*);
 
 }  // namespace cleave::kernels::cpu

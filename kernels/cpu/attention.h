@@ -25,13 +25,28 @@ struct AttentionParams {
 absl::StatusOr<AttentionParams> PlanAttention(std::span<const int64_t> q, std::span<const int64_t> k,
                                               std::span<const int64_t> v, double scale, bool causal);
 
-// lse may be null. Instantiated for float and double.
+// lse may be null. float32 runs blocks of query rows through sgemm, keeping one block's
+// [rows, S] scores per thread; float64 is the reference below.
+void AttentionForward(const AttentionParams& p, const float* q, const float* k, const float* v, float* out,
+                      float* lse, ThreadPool* pool);
+void AttentionForward(const AttentionParams& p, const double* q, const double* k, const double* v, double* out,
+                      float* lse, ThreadPool* pool);
+// From dout, the forward inputs, out and lse: dq, dk, dv (each may be null). float32 recomputes
+// the probabilities from lse (from the scores where lse is null); float64 recomputes them in
+// double from the scores and ignores lse.
+void AttentionBackward(const AttentionParams& p, const float* dout, const float* q, const float* k, const float* v,
+                       const float* out, const float* lse, float* dq, float* dk, float* dv, ThreadPool* pool);
+void AttentionBackward(const AttentionParams& p, const double* dout, const double* q, const double* k,
+                       const double* v, const double* out, const float* lse, double* dq, double* dk, double* dv,
+                       ThreadPool* pool);
+
+// The definition computed one query row at a time in double accumulation, for tests.
+// Instantiated for float and double.
 template <typename T>
-void AttentionForward(const AttentionParams& p, const T* q, const T* k, const T* v, T* out, float* lse,
-                      ThreadPool* pool);
-// From dout, the forward inputs, out and lse: dq, dk, dv (each may be null).
+void AttentionForwardReference(const AttentionParams& p, const T* q, const T* k, const T* v, T* out, float* lse,
+                               ThreadPool* pool);
 template <typename T>
-void AttentionBackward(const AttentionParams& p, const T* dout, const T* q, const T* k, const T* v, const T* out,
-                       const float* lse, T* dq, T* dk, T* dv, ThreadPool* pool);
+void AttentionBackwardReference(const AttentionParams& p, const T* dout, const T* q, const T* k, const T* v,
+                                const T* out, T* dq, T* dk, T* dv, ThreadPool* pool);
 
 }  // namespace cleave::kernels::cpu

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <random>
 
+#include "base/fixed_vector.h"
 #include "base/status.h"
 #include "graph/op_table.h"
 #include "kernels/cpu/attention.h"
@@ -179,10 +180,10 @@ absl::Status ExpectPacked(const TensorView& t) {
 
 // q, k and v ([B, H, T, D] each) of the packed [B, T, 3, H, D] qkv, unpacked into scratch.
 std::array<TensorView, 3> Unpacked(const TensorView& qkv, KernelContext& ctx) {
-  const std::vector<int64_t> all = {3, qkv.dims[0], qkv.dims[3], qkv.dims[1], qkv.dims[4]};
+  const DimVector all = {3, qkv.dims[0], qkv.dims[3], qkv.dims[1], qkv.dims[4]};
   TensorView c(ctx.Scratch(qkv.nbytes()), qkv.dtype, all);
   kernels::cpu::Transpose(qkv, kUnpackQkv, c, ctx.thread_pool());
-  const std::vector<int64_t> one(all.begin() + 1, all.end());
+  const DimVector one(all.span().subspan(1));
   const size_t bytes = qkv.nbytes() / 3;
   std::array<TensorView, 3> out;
   for (int i = 0; i < 3; ++i) out[i] = TensorView(static_cast<char*>(c.data) + i * bytes, qkv.dtype, one);
@@ -194,11 +195,11 @@ absl::Status ExpectRank4(const TensorView& t, const char* what) {
   return InvalidArgument("layout \"bshd\": expected ", what, " of rank 4 [B, T, H, D], got rank ", t.rank);
 }
 
-std::vector<int64_t> SwappedDims(const TensorView& t) { return {t.dims[0], t.dims[2], t.dims[1], t.dims[3]}; }
+DimVector SwappedDims(const TensorView& t) { return {t.dims[0], t.dims[2], t.dims[1], t.dims[3]}; }
 
 // A [B, H, T, D] copy of the [B, T, H, D] t in scratch.
 TensorView HeadsMajor(const TensorView& t, KernelContext& ctx) {
-  const std::vector<int64_t> dims = SwappedDims(t);
+  const DimVector dims = SwappedDims(t);
   TensorView c(ctx.Scratch(t.nbytes()), t.dtype, dims);
   kernels::cpu::Transpose(t, kSwapSeqHeads, c, ctx.thread_pool());
   return c;
@@ -227,9 +228,9 @@ class AttentionKernel : public OpKernel {
       RETURN_IF_ERROR(ExpectPacked(qkv));
       const std::array<TensorView, 3> u = Unpacked(qkv, ctx);
       ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p, Plan(u[0], u[1], u[2]));
-      TensorView* y = ctx.Output(0, std::vector<int64_t>{qkv.dims[0], qkv.dims[1], qkv.dims[3], p.Dv});
+      TensorView* y = ctx.Output(0, {qkv.dims[0], qkv.dims[1], qkv.dims[3], p.Dv});
       TensorView* l =
-          ctx.num_outputs() > 1 ? ctx.Output(1, std::vector<int64_t>{qkv.dims[0], qkv.dims[3], qkv.dims[1]}) : nullptr;
+          ctx.num_outputs() > 1 ? ctx.Output(1, {qkv.dims[0], qkv.dims[3], qkv.dims[1]}) : nullptr;
       TensorView y_store;
       TensorView* y_h = HeadsMajorOutput(y, ctx, y_store);
       RETURN_IF_ERROR(Run(ctx, p, u[0], u[1], u[2], y_h, l));
@@ -239,7 +240,7 @@ class AttentionKernel : public OpKernel {
     if (!bshd_) {
       const TensorView& q = *ctx.input(0);
       ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p, Plan(q, *ctx.input(1), *ctx.input(2)));
-      std::vector<int64_t> out(q.dims, q.dims + q.rank), lse(q.dims, q.dims + q.rank - 1);
+      DimVector out(q.dim_span()), lse(q.dim_span().first(q.rank - 1));
       out.back() = p.Dv;
       TensorView* y = ctx.Output(0, out);
       TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, lse) : nullptr;
@@ -250,8 +251,7 @@ class AttentionKernel : public OpKernel {
                      v = HeadsMajor(*ctx.input(2), ctx);
     ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p, Plan(q, k, v));
     const TensorView& q_in = *ctx.input(0);
-    const std::vector<int64_t> out = {q_in.dims[0], q_in.dims[1], q_in.dims[2], p.Dv},
-                               lse = {q.dims[0], q.dims[1], q.dims[2]};
+    const DimVector out = {q_in.dims[0], q_in.dims[1], q_in.dims[2], p.Dv}, lse = {q.dims[0], q.dims[1], q.dims[2]};
     TensorView* y = ctx.Output(0, out);
     TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, lse) : nullptr;
     TensorView y_store;
@@ -305,7 +305,7 @@ class AttentionGradKernel : public OpKernel {
       const TensorView dout = HeadsMajor(*ctx.input(0), ctx), out = HeadsMajor(*ctx.input(4), ctx);
       TensorView* dqkv = ctx.Output(0, qkv.dim_span());
       if (!dqkv) return absl::OkStatus();
-      const std::vector<int64_t> all = {3, qkv.dims[0], qkv.dims[3], qkv.dims[1], qkv.dims[4]};
+      const DimVector all = {3, qkv.dims[0], qkv.dims[3], qkv.dims[1], qkv.dims[4]};
       TensorView grads(ctx.Scratch(qkv.nbytes()), qkv.dtype, all);
       std::array<TensorView, 3> d;
       for (int i = 0; i < 3; ++i)
