@@ -46,6 +46,21 @@ if "$cleave" run "$tmp/run/trained.onnx" --input "input_ids=$src/models/tiny_gpt
   echo "ok   trained model runs"
 else fail "trained model does not run"; fi
 
+# Attention fusion: the saved training graph holds the fused AttentionGrad in fp32 by default
+# and with --fuse-attention in bf16, and the model's own Softmax gradient otherwise.
+for spec in "fp32::yes" "fp32:--no-fuse-attention:no" "bf16::no" "bf16:--fuse-attention:yes"; do
+  IFS=: read -r prec flag want <<< "$spec"
+  checks=$((checks + 1))
+  rm -rf "$tmp/fa"
+  if ! "$cleave" train "$model" "${common[@]}" --steps 1 --precision "$prec" $flag --plot none \
+       --save-artifacts "$tmp/fa" >/dev/null 2>&1; then fail "attention fusion $prec $flag: the run failed"; continue; fi
+  graph="$tmp/fa/training_model.onnx"
+  if grep -qa AttentionGrad "$graph"; then got=yes; else got=no; fi
+  if [ "$got" = "$want" ] && { [ "$got" = yes ] || grep -qa SoftmaxGrad "$graph"; }; then
+    echo "ok   $prec ${flag:-(default)}: fused attention in the training graph: $got"
+  else fail "$prec ${flag:-(default)}: fused attention in the training graph: $got, expected $want"; fi
+done
+
 # 2. kill -9 in the middle of a checkpoint write leaves the previous checkpoint loadable, and
 #    the resumed run ends exactly where an uninterrupted one does.
 "$cleave" train "$model" "${common[@]}" --steps 6 --metrics "$tmp/straight.jsonl" --plot none >/dev/null 2>&1
