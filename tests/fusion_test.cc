@@ -345,6 +345,9 @@ constexpr char kAttention[] = R"(
   init hidden: bool[4,4] = MASK
   init neg: float32[] = -inf
   init scale: float32[] = 0.35355339
+)";
+// What follows the mask `hidden`: the scaled scores, masked, softmax, @ v.
+constexpr char kAttentionCore[] = R"(
   kt = Transpose(k) {perm = [0, 1, 3, 2]}
   s = MatMul(q, kt)
   ss = Mul(s, scale)
@@ -356,7 +359,7 @@ constexpr char kAttention[] = R"(
 constexpr char kCausalHidden[] = "0 1 1 1 0 0 1 1 0 0 0 1 0 0 0 0";
 
 std::string AttentionText(const std::string& mask, const std::string& extra = "") {
-  return absl::StrReplaceAll(kAttention, {{"MASK", mask}}) + extra;
+  return absl::StrReplaceAll(kAttention, {{"MASK", mask}}) + kAttentionCore + extra;
 }
 
 // Runs AttentionFusion; returns the op types left.
@@ -395,7 +398,8 @@ TEST(AttentionFusion, OtherMasksAndSharedIntermediatesAreLeftAlone) {
 
 // The causal mask as exporters compute it for a sequence length known only at run time: a
 // [T, T] block of ones from q's shape, its lower triangle, negated into the hidden positions.
-// TRILU and MASK_TAIL vary the triangle; the key and value lengths are symbol S.
+// DIAG, UPPER and MASK_TAIL vary the triangle, KEYS names the input whose shape gives its
+// size; the key and value lengths are symbol S.
 constexpr char kComputedMaskAttention[] = R"(
   input q: float32[2,3,T,8]
   input k: float32[2,3,S,8]
@@ -412,21 +416,14 @@ constexpr char kComputedMaskAttention[] = R"(
   ones = ConstantOfShape(sq)
   tri = Trilu(ones, diag) {upper = UPPER}
   MASK_TAIL
-  kt = Transpose(k) {perm = [0, 1, 3, 2]}
-  s = MatMul(q, kt)
-  ss = Mul(s, scale)
-  m = Where(hidden, neg, ss)
-  p = Softmax(m) {axis = -1}
-  y = MatMul(p, v)
-  output y
 )";
 
 // The graph, with ConstantOfShape's value set to true (the text form has no tensor attributes)
 // and, where `same_length`, k and v over q's length T.
 std::unique_ptr<Graph> ComputedMaskAttention(const std::string& diag, const std::string& upper,
                                              const std::string& mask_tail, bool same_length = true) {
-  std::string text = absl::StrReplaceAll(
-      kComputedMaskAttention, {{"DIAG", diag}, {"UPPER", upper}, {"MASK_TAIL", mask_tail}, {"KEYS", "q"}});
+  std::string text = absl::StrReplaceAll(absl::StrCat(kComputedMaskAttention, kAttentionCore),
+                                         {{"DIAG", diag}, {"UPPER", upper}, {"MASK_TAIL", mask_tail}, {"KEYS", "q"}});
   if (same_length) text = absl::StrReplaceAll(text, {{"[2,3,S,8]", "[2,3,T,8]"}});
   auto g = ParseGraph(text);
   EXPECT_TRUE(g.ok()) << g.status();
