@@ -273,9 +273,11 @@ bool IsCausalMask(const Value* mask, int64_t T, int64_t S, bool hidden) {
   return true;
 }
 
-// Whether dims a and b are known to be equal: the same static size, or the same symbol.
+// Whether dims a and b are known to be equal: the same static size, or the same symbol (not
+// a literal negative element of a shape value, such as Reshape's -1, which names no size).
 bool SameDim(const Dim& a, const Dim& b) {
-  return a.is_static() ? b.is_static() && a.value == b.value : !a.symbol.empty() && a.symbol == b.symbol;
+  if (a.is_static()) return b.is_static() && a.value == b.value;
+  return !a.symbol.empty() && a.symbol[0] != '-' && a.symbol == b.symbol;
 }
 
 // Whether `mask` is computed in the graph as the causal pattern that exporters emit for a
