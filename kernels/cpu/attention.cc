@@ -12,6 +12,7 @@
 #include "base/status.h"
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/lanes.h"
 
 namespace cleave::kernels::cpu {
 
@@ -37,11 +38,12 @@ double Scores(const AttentionParams& p, const T* qi, const T* kb, int64_t n, std
 }
 
 // Query rows per block of the float32 kernels: the block's [rows, S] scores stay within about
-// 256 KiB (a core's L2), and no block is smaller than 16 rows or larger than 128. A causal
-// block computes the scores its last row sees for every row, so there it is at most 64 rows:
-// at T = S = 128 it then computes three quarters of the full square of scores, not all of it.
+// 256 KiB (a core's L2), and no block is smaller than 16 rows or larger than kMaxBlockRows. A
+// causal block computes the scores its last row sees for every row, so there it is at most 64
+// rows: at T = S = 128 it then computes three quarters of the full square of scores, not all.
+constexpr int64_t kMaxBlockRows = 128;
 int64_t BlockRows(const AttentionParams& p) {
-  return std::clamp<int64_t>((int64_t{64} << 10) / std::max<int64_t>(p.S, 1), 16, p.causal ? 64 : 128);
+  return std::clamp<int64_t>((int64_t{64} << 10) / std::max<int64_t>(p.S, 1), 16, p.causal ? 64 : kMaxBlockRows);
 }
 
 // A per-thread buffer of at least n floats, kept between calls (a fresh one per call would
@@ -53,31 +55,57 @@ float* ThreadBuffer(int slot, size_t n) {
   return b.data();
 }
 
-// s [rows, n] = scale * q_blk k[0:n]^T.
-void BlockScores(const AttentionParams& p, const float* q_blk, const float* kb, int64_t rows, int64_t n, float* s) {
-  GemmParams g;
-  g.M = rows;
-  g.N = n;
-  g.K = p.D;
-  g.trans_b = true;
-  g.alpha = static_cast<float>(p.scale);
-  Sgemm(g, q_blk, kb, s);
-}
-
-// c [M, N] (+)= op(a) op(b), single-threaded: the callers already run one block per thread.
-void Product(int64_t M, int64_t N, int64_t K, bool ta, bool tb, const float* a, int64_t lda, const float* b,
-             int64_t ldb, float beta, float* c, int64_t ldc) {
+// c [M, N] = alpha op(a) op(b) + beta c, single-threaded: the callers already run one block
+// per thread.
+void Product(int64_t M, int64_t N, int64_t K, bool ta, bool tb, float alpha, const float* a, int64_t lda,
+             const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   GemmParams g;
   g.M = M;
   g.N = N;
   g.K = K;
   g.trans_a = ta;
   g.trans_b = tb;
+  g.alpha = alpha;
   g.beta = beta;
   g.lda = lda;
   g.ldb = ldb;
   g.ldc = ldc;
   Sgemm(g, a, b, c);
+}
+
+// s [rows, n] = scale * q_blk k[0:n]^T.
+void BlockScores(const AttentionParams& p, const float* q_blk, const float* kb, int64_t rows, int64_t n, float* s) {
+  Product(rows, n, p.D, false, true, static_cast<float>(p.scale), q_blk, p.D, kb, p.D, 0.f, s, n);
+}
+
+// One row of a block's scores, of which the first nr are visible: those exponentiated in place
+// against their max m, the rest of its n zeroed. Returns their sum (in double; 0 when nr is 0)
+// and sets *m. Built for each vector width (lanes.h), as the softmax rows are.
+CLEAVE_SIMD_CLONES double ExpRow(float* sr, int64_t nr, int64_t n, float* m) {
+  *m = LaneMax(sr, nr, -std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < nr; ++j) sr[j] -= *m;
+  ExpF32(sr, sr, nr);
+  std::fill(sr + nr, sr + n, 0.f);
+  return LaneSum<double>(sr, nr);
+}
+
+// The backward's row of probabilities, in place over its scores: exp(s - lse) with the
+// forward's lse where there is one, else normalised as the forward does; zeros past nr.
+CLEAVE_SIMD_CLONES void ProbabilityRow(float* sr, int64_t nr, int64_t n, const float* lse) {
+  if (!lse) {
+    float m;
+    const float inv = static_cast<float>(1.0 / ExpRow(sr, nr, n, &m));
+    for (int64_t j = 0; j < nr; ++j) sr[j] *= inv;
+    return;
+  }
+  for (int64_t j = 0; j < nr; ++j) sr[j] -= *lse;
+  ExpF32(sr, sr, nr);
+  std::fill(sr + nr, sr + n, 0.f);
+}
+
+// The scores' gradient row in place over dP: dS = P * (dP - delta) * scale.
+CLEAVE_SIMD_CLONES void ScoreGradRow(const float* pr, float* dsr, int64_t n, float delta, float scale) {
+  for (int64_t j = 0; j < n; ++j) dsr[j] = pr[j] * (dsr[j] - delta) * scale;
 }
 }  // namespace
 
@@ -197,21 +225,15 @@ void AttentionForward(const AttentionParams& p, const float* q, const float* k, 
         continue;
       }
       BlockScores(p, q + (b * p.T + i0) * p.D, k + b * p.S * p.D, rows, n, s);
-      float inv[128];
+      float inv[kMaxBlockRows];
       for (int64_t r = 0; r < rows; ++r) {
-        float* sr = s + r * n;
         const int64_t nr = Visible(p, i0 + r);
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < nr; ++j) m = std::max(m, sr[j]);
-        for (int64_t j = 0; j < nr; ++j) sr[j] -= m;
-        ExpF32(sr, sr, nr);
-        std::fill(sr + nr, sr + n, 0.f);
-        double sum = 0;
-        for (int64_t j = 0; j < nr; ++j) sum += sr[j];
+        float m;
+        const double sum = ExpRow(s + r * n, nr, n, &m);
         inv[r] = nr ? static_cast<float>(1.0 / sum) : 0.f;
         if (l) l[r] = nr ? static_cast<float>(m + std::log(sum)) : -std::numeric_limits<float>::infinity();
       }
-      Product(rows, p.Dv, n, false, false, s, n, v + b * p.S * p.Dv, p.Dv, 0.f, o, p.Dv);
+      Product(rows, p.Dv, n, false, false, 1.f, s, n, v + b * p.S * p.Dv, p.Dv, 0.f, o, p.Dv);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t d = 0; d < p.Dv; ++d) o[r * p.Dv + d] *= inv[r];
     }
@@ -253,36 +275,19 @@ void AttentionBackward(const AttentionParams& p, const float* dout, const float*
         const float* dob = dout + row0 * p.Dv;
         const float* ob = out + row0 * p.Dv;
         BlockScores(p, qb, kb, rows, n, s);
-        for (int64_t r = 0; r < rows; ++r) {
-          float* sr = s + r * n;
-          const int64_t nr = Visible(p, i0 + r);
-          float l;
-          if (lse) {
-            l = lse[row0 + r];
-          } else {
-            float m = -std::numeric_limits<float>::infinity();
-            for (int64_t j = 0; j < nr; ++j) m = std::max(m, sr[j]);
-            double sum = 0;
-            for (int64_t j = 0; j < nr; ++j) sum += std::exp(static_cast<double>(sr[j] - m));
-            l = static_cast<float>(m + std::log(sum));
-          }
-          for (int64_t j = 0; j < nr; ++j) sr[j] -= l;
-          ExpF32(sr, sr, nr);
-          std::fill(sr + nr, sr + n, 0.f);
-        }
-        if (dvb) Product(n, p.Dv, rows, true, false, s, n, dob, p.Dv, 1.f, dvb, p.Dv);
+        for (int64_t r = 0; r < rows; ++r)
+          ProbabilityRow(s + r * n, Visible(p, i0 + r), n, lse ? lse + row0 + r : nullptr);
+        if (dvb) Product(n, p.Dv, rows, true, false, 1.f, s, n, dob, p.Dv, 1.f, dvb, p.Dv);
         if (!dqb && !dkb) continue;
-        Product(rows, n, p.Dv, false, true, dob, p.Dv, vb, p.Dv, 0.f, ds, n);
+        Product(rows, n, p.Dv, false, true, 1.f, dob, p.Dv, vb, p.Dv, 0.f, ds, n);
         const float scale = static_cast<float>(p.scale);
         for (int64_t r = 0; r < rows; ++r) {
           float delta = 0;
           for (int64_t d = 0; d < p.Dv; ++d) delta += dob[r * p.Dv + d] * ob[r * p.Dv + d];
-          float* dsr = ds + r * n;
-          const float* pr = s + r * n;
-          for (int64_t j = 0; j < n; ++j) dsr[j] = pr[j] * (dsr[j] - delta) * scale;
+          ScoreGradRow(s + r * n, ds + r * n, n, delta, scale);
         }
-        if (dqb) Product(rows, p.D, n, false, false, ds, n, kb, p.D, 0.f, dqb, p.D);
-        if (dkb) Product(n, p.D, rows, true, false, ds, n, qb, p.D, 1.f, dkb, p.D);
+        if (dqb) Product(rows, p.D, n, false, false, 1.f, ds, n, kb, p.D, 0.f, dqb, p.D);
+        if (dkb) Product(n, p.D, rows, true, false, 1.f, ds, n, qb, p.D, 1.f, dkb, p.D);
       }
     }
   });
