@@ -224,8 +224,9 @@ absl::StatusOr<Session> Setup(const Args& a) {
   spec.optimizer.weight_decay = static_cast<float>(a.weight_decay);
   spec.optimizer.max_grad_norm = static_cast<float>(a.clip);
   ASSIGN_OR_RETURN(spec.precision, trainer::ParsePrecision(a.precision));
-  spec.fuse_attention = a.fuse_attention == "auto" ? a.device == "cuda" || spec.precision == trainer::Precision::kFp32
-                                                   : a.fuse_attention == "on";
+  spec.fuse_attention = a.fuse_attention == "auto"
+                            ? trainer::FusesAttentionByDefault(a.device == "cuda", spec.precision)
+                            : a.fuse_attention == "on";
   ASSIGN_OR_RETURN(trainer::TrainingArtifacts artifacts,
                    trainer::BuildTrainingArtifacts(*model, spec));
   // The vocab bounds the random ids: the logits' last dim (eval outputs: loss, then logits).

@@ -346,14 +346,8 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
   spec.optimizer = c.optimizer;
   spec.frozen = c.frozen;
   spec.recompute = c.recompute;
-  // Fused attention stores no probabilities and is the faster on both providers
-  // (bench/RESULTS.md). In bf16 and fp16 on the CPU it is not the default: the fused op then
-  // rounds its output and the q, k, v gradients to the low type, as PyTorch's autocast runs
-  // scaled_dot_product_attention, where the unfused products return fp32 (the CPU kernel
-  // computes in fp32 either way), and at fp16's first loss scale those gradients overflow on
-  // a step whose fp32 ones do not.
   spec.fuse_attention =
-      c.fuse_attention.value_or(c.device == DeviceChoice::kCuda || c.precision == Precision::kFp32);
+      c.fuse_attention.value_or(FusesAttentionByDefault(c.device == DeviceChoice::kCuda, c.precision));
   spec.precision = c.precision;
   RETURN_IF_ERROR(FixTokenDims(*token_in, micro, c.seq, &spec.dims));
   auto built = BuildTrainingArtifacts(*model, spec);

@@ -73,10 +73,13 @@ struct TrainingSpec {
   // bf16: matrix products in bf16 with fp32 master weights (trainer/mixed_precision.h).
   Precision precision = Precision::kFp32;
   // Fuse scaled dot-product attention into ai.cleave.Attention before autodiff (the backward
-  // then runs AttentionGrad and never stores the probabilities); cleave train sets it in fp32
-  // and on CUDA (TrainConfig::fuse_attention).
+  // then runs AttentionGrad and never stores the probabilities); cleave train sets it where
+  // FusesAttentionByDefault unless told (TrainConfig::fuse_attention).
   bool fuse_attention = false;
 };
+
+// Whether training fuses attention when not told either way: on CUDA, and on the CPU in fp32.
+bool FusesAttentionByDefault(bool cuda, Precision precision);
 
 // One pipeline stage a rank holds (partition/pipeline.h): the forward and backward parts of
 // the training graph, split at the stage's boundaries with Send/Recv, and the forward part of
