@@ -365,10 +365,13 @@ bool FuseAttention(Graph* g, Node* softmax) {
     } else if (Is(m, "Where") && IsLargeNegative(m->input(2)) && causal_mask(m->input(0), false)) {
       causal = true;
       scaled = m->input(1);
-    } else if (Is(m, "Add") && T.is_static() && S.is_static() &&
-               (IsCausalMask(m->input(1), T.value, S.value, true) || IsCausalMask(m->input(0), T.value, S.value, true))) {
-      causal = true;
-      scaled = IsCausalMask(m->input(1), T.value, S.value, true) ? m->input(0) : m->input(1);
+    } else if (Is(m, "Add") && T.is_static() && S.is_static()) {
+      for (int i : {1, 0}) {  // the constant mask on either side
+        if (!IsCausalMask(m->input(i), T.value, S.value, true)) continue;
+        causal = true;
+        scaled = m->input(1 - i);
+        break;
+      }
     }
     if (causal) pattern.push_back(m);
   }
