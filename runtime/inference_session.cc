@@ -59,9 +59,10 @@ void ApplyDimOverrides(graph::Graph& g, const std::map<std::string, int64_t>& ov
   }
 }
 
-// Folding, then attention (the flash-style kernels never store the probabilities), with a
-// device provider together with the other fusions its kernels pay off for: attention over the
-// q/k/v products' own [B, T, H, D] layout, the residual add with its LayerNorm, and the
+// Folding, then attention (the flash-style kernels never store the probabilities) over the
+// q/k/v products' own [B, T, H, D] layout (every provider's kernels read it in place), with a
+// device provider together with the other fusions its kernels pay off for: the residual add
+// with its LayerNorm, and the
 // cross-entropy gradient from the scores (the forward stores no log_prob), then bf16 logits
 // for it; then the transformer fusions; and last, with a device provider, once the products
 // are final, the padding of a vocabulary whose rows would
@@ -111,7 +112,7 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
         graph::RunToFixedPoint(enabled({&attention, &attention_layout, &skip_norm, &cross_entropy, &dce}), &g));
     RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&low_scores}), &g));
   } else {
-    RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&attention, &dce}), &g));
+    RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&attention, &attention_layout, &dce}), &g));
   }
   RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&fusion, &dce}), &g));
   if (!device) return absl::OkStatus();

@@ -1,10 +1,12 @@
 // Tests of the float32 CPU attention kernels (kernels/cpu/attention.h), which work on blocks of
 // query rows through sgemm, against the double-precision row-at-a-time definition: causal and
 // not, T below, equal to and above S (the first rows then see no key), head sizes that differ
-// for keys and values, and block sizes from the smallest (long S) to the largest (short S).
+// for keys and values, and block sizes from the smallest (long S) to the largest (short S); and
+// the [B, T, H, D] and packed q/k/v layouts, read and written in place.
 #include <cmath>
 #include <limits>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -45,10 +47,8 @@ class AttentionKernel : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AttentionKernel, BlockedFloatMatchesTheDefinition) {
   const Case c = GetParam();
-  AttentionParams p;
-  p.batch = c.batch, p.T = c.T, p.S = c.S, p.D = c.D, p.Dv = c.Dv;
-  p.scale = 1.0 / std::sqrt(static_cast<double>(c.D));
-  p.causal = c.causal;
+  const int64_t qd[3] = {c.batch, c.T, c.D}, kd[3] = {c.batch, c.S, c.D}, vd[3] = {c.batch, c.S, c.Dv};
+  const AttentionParams p = *kernels::cpu::PlanAttention(qd, kd, vd, 1.0 / std::sqrt(static_cast<double>(c.D)), c.causal);
   std::mt19937 rng(static_cast<unsigned>(c.T * 131 + c.S));
   // Scores of a few units, so the softmax is neither flat nor one-hot.
   const std::vector<float> q = Random(c.batch * c.T * c.D, rng, 1.5f), k = Random(c.batch * c.S * c.D, rng, 1.5f),
@@ -57,8 +57,8 @@ TEST_P(AttentionKernel, BlockedFloatMatchesTheDefinition) {
 
   std::vector<double> want_out(c.batch * c.T * c.Dv);
   std::vector<float> want_lse(c.batch * c.T);
-  const std::vector<double> qd = Wide(q), kd = Wide(k), vd = Wide(v), doutd = Wide(dout);
-  kernels::cpu::AttentionForwardReference(p, qd.data(), kd.data(), vd.data(), want_out.data(), want_lse.data(),
+  const std::vector<double> qw = Wide(q), kw = Wide(k), vw = Wide(v), doutw = Wide(dout);
+  kernels::cpu::AttentionForwardReference(p, qw.data(), kw.data(), vw.data(), want_out.data(), want_lse.data(),
                                           nullptr);
   std::vector<float> out(want_out.size(), 7.f), lse(want_lse.size(), 7.f);
   kernels::cpu::AttentionForward(p, q.data(), k.data(), v.data(), out.data(), lse.data(), &pool);
@@ -72,7 +72,7 @@ TEST_P(AttentionKernel, BlockedFloatMatchesTheDefinition) {
   }
 
   std::vector<double> want_dq(q.size()), want_dk(k.size()), want_dv(v.size());
-  kernels::cpu::AttentionBackwardReference(p, doutd.data(), qd.data(), kd.data(), vd.data(), want_out.data(),
+  kernels::cpu::AttentionBackwardReference(p, doutw.data(), qw.data(), kw.data(), vw.data(), want_out.data(),
                                            want_dq.data(), want_dk.data(), want_dv.data(), nullptr);
   // With the forward's lse, and with none (the kernel forms it from the scores).
   for (const float* l : {static_cast<const float*>(lse.data()), static_cast<const float*>(nullptr)}) {
@@ -109,9 +109,124 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat("b", c.batch, "_T", c.T, "_S", c.S, "_D", c.D, "x", c.Dv, c.causal ? "_causal" : "");
     });
 
+// The layouts of ai.cleave.Attention (attention.h), read and written in place: q, k, v and the
+// gradients [B, T, H, D] ("bshd"), or q, k, v and their gradients packed [B, T, 3, H, D]
+// ("bs3hd"), against the same kernels on contiguous [B, H, T, D] copies.
+struct LayoutCase {
+  int64_t B, H, T, S, D, Dv;
+  bool causal;
+};
+
+// Element (b, h, t, d) of [B, H, T, D] x, moved to index(b, h, t, d) of a buffer of n.
+template <typename T, typename Index>
+std::vector<T> Relaid(const std::vector<T>& x, int64_t B, int64_t H, int64_t rows, int64_t D, size_t n,
+                      Index index, std::vector<T> into = {}) {
+  if (into.empty()) into.assign(n, T{7});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < rows; ++t)
+        for (int64_t d = 0; d < D; ++d) into[index(b, h, t, d)] = x[((b * H + h) * rows + t) * D + d];
+  return into;
+}
+
+template <typename T>
+double MaxDiff(const std::vector<T>& a, const std::vector<T>& b) {
+  double m = a.size() == b.size() ? 0 : 1e30;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::abs(double{a[i]} - double{b[i]}));
+  return m;
+}
+
+class AttentionLayouts : public ::testing::TestWithParam<LayoutCase> {};
+
+template <typename T>
+void CheckLayouts(const LayoutCase& c) {
+  using kernels::cpu::AttentionLayout;
+  const int64_t B = c.B, H = c.H;
+  const int64_t qd[4] = {B, H, c.T, c.D}, kd[4] = {B, H, c.S, c.D}, vd[4] = {B, H, c.S, c.Dv};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+  const AttentionParams flat = *kernels::cpu::PlanAttention(qd, kd, vd, scale, c.causal);
+  std::mt19937 rng(static_cast<unsigned>(c.T * 7 + c.S));
+  auto random = [&](int64_t n) {
+    std::vector<float> f = Random(n, rng, 1.5f);
+    return std::vector<T>(f.begin(), f.end());
+  };
+  const std::vector<T> q = random(B * H * c.T * c.D), k = random(B * H * c.S * c.D), v = random(B * H * c.S * c.Dv),
+                       dout = random(B * H * c.T * c.Dv);
+  ThreadPool pool(2);
+  std::vector<T> out(dout.size()), dq(q.size()), dk(k.size()), dv(v.size());
+  std::vector<float> lse(B * H * c.T);
+  kernels::cpu::AttentionForward(flat, q.data(), k.data(), v.data(), out.data(), lse.data(), &pool);
+  kernels::cpu::AttentionBackward(flat, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), dq.data(),
+                                  dk.data(), dv.data(), &pool);
+  const double tol = std::is_same_v<T, float> ? 1e-6 : 1e-12;
+
+  {  // "bshd"
+    AttentionParams p = flat;
+    kernels::cpu::SetLayout(p, AttentionLayout::kBshd, H);
+    auto seq_major = [&](int64_t rows, int64_t D) {
+      return [=](int64_t b, int64_t h, int64_t t, int64_t d) { return ((b * rows + t) * H + h) * D + d; };
+    };
+    auto relaid = [&](const std::vector<T>& x, int64_t rows, int64_t D) {
+      return Relaid(x, B, H, rows, D, x.size(), seq_major(rows, D));
+    };
+    const std::vector<T> qs = relaid(q, c.T, c.D), ks = relaid(k, c.S, c.D), vs = relaid(v, c.S, c.Dv),
+                         dos = relaid(dout, c.T, c.Dv), want_out = relaid(out, c.T, c.Dv);
+    std::vector<T> os(out.size(), T{7}), dqs(q.size(), T{7}), dks(k.size(), T{7}), dvs(v.size(), T{7});
+    std::vector<float> ls(lse.size(), 7.f);
+    kernels::cpu::AttentionForward(p, qs.data(), ks.data(), vs.data(), os.data(), ls.data(), &pool);
+    EXPECT_LT(MaxDiff(os, want_out), tol) << "bshd out";
+    EXPECT_LT(MaxDiff(ls, lse), tol) << "bshd lse ([B, H, T] in every layout)";
+    kernels::cpu::AttentionBackward(p, dos.data(), qs.data(), ks.data(), vs.data(), os.data(), ls.data(), dqs.data(),
+                                    dks.data(), dvs.data(), &pool);
+    EXPECT_LT(MaxDiff(dqs, relaid(dq, c.T, c.D)), 10 * tol) << "bshd dq";
+    EXPECT_LT(MaxDiff(dks, relaid(dk, c.S, c.D)), 10 * tol) << "bshd dk";
+    EXPECT_LT(MaxDiff(dvs, relaid(dv, c.S, c.Dv)), 10 * tol) << "bshd dv";
+  }
+  if (c.S != c.T || c.D != c.Dv) return;
+  {  // "bs3hd": one [B, T, 3, H, D] buffer for q, k and v, and one for their gradients
+    AttentionParams p = flat;
+    kernels::cpu::SetLayout(p, AttentionLayout::kBs3hd, H);
+    const int64_t T_ = c.T, D = c.D;
+    auto part = [&](int which) {
+      return [=](int64_t b, int64_t h, int64_t t, int64_t d) { return (((b * T_ + t) * 3 + which) * H + h) * D + d; };
+    };
+    auto packed = [&](const std::vector<T>& a, const std::vector<T>& b, const std::vector<T>& e) {
+      const size_t n = 3 * a.size();
+      return Relaid(e, B, H, T_, D, n, part(2), Relaid(b, B, H, T_, D, n, part(1), Relaid(a, B, H, T_, D, n, part(0))));
+    };
+    const std::vector<T> qkv = packed(q, k, v);
+    const T* base = qkv.data();
+    const int64_t third = H * D;
+    auto seq_major = [=](int64_t b, int64_t h, int64_t t, int64_t d) { return ((b * T_ + t) * H + h) * D + d; };
+    const std::vector<T> dos = Relaid(dout, B, H, T_, D, dout.size(), seq_major);
+    std::vector<T> os(out.size(), T{7}), dqkv(qkv.size(), T{7});
+    std::vector<float> ls(lse.size(), 7.f);
+    kernels::cpu::AttentionForward(p, base, base + third, base + 2 * third, os.data(), ls.data(), &pool);
+    EXPECT_LT(MaxDiff(os, Relaid(out, B, H, T_, D, out.size(), seq_major)), tol) << "bs3hd out";
+    EXPECT_LT(MaxDiff(ls, lse), tol) << "bs3hd lse";
+    T* g = dqkv.data();
+    kernels::cpu::AttentionBackward(p, dos.data(), base, base + third, base + 2 * third, os.data(), ls.data(), g,
+                                    g + third, g + 2 * third, &pool);
+    EXPECT_LT(MaxDiff(dqkv, packed(dq, dk, dv)), 10 * tol) << "bs3hd dqkv";
+  }
+}
+
+TEST_P(AttentionLayouts, Float32InPlace) { CheckLayouts<float>(GetParam()); }
+TEST_P(AttentionLayouts, Float64InPlace) { CheckLayouts<double>(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionLayouts,
+    ::testing::Values(LayoutCase{2, 3, 37, 37, 8, 8, true},      // packed too; one partial block
+                      LayoutCase{1, 2, 150, 150, 16, 16, false},  // two blocks of 128 rows
+                      LayoutCase{2, 2, 5, 9, 4, 6, true}),        // bshd only: T != S, D != Dv
+    [](const ::testing::TestParamInfo<LayoutCase>& info) {
+      const LayoutCase& c = info.param;
+      return absl::StrCat("B", c.B, "_H", c.H, "_T", c.T, "_S", c.S, "_D", c.D, "x", c.Dv, c.causal ? "_causal" : "");
+    });
+
 TEST(AttentionKernelEdges, RowsThatSeeNoKeyAreZeroWithMinusInfinityLse) {
-  AttentionParams p;
-  p.batch = 1, p.T = 3, p.S = 1, p.D = 2, p.Dv = 2, p.scale = 1, p.causal = true;
+  const int64_t qd[2] = {3, 2}, kd[2] = {1, 2};
+  const AttentionParams p = *kernels::cpu::PlanAttention(qd, kd, kd, 1.0, /*causal=*/true);
   const std::vector<float> q = {1, 2, 3, 4, 5, 6}, k = {1, -1}, v = {0.5f, 2}, dout = {1, 1, 1, 1, 1, 1};
   std::vector<float> out(6, 7.f), lse(3, 7.f);
   kernels::cpu::AttentionForward(p, q.data(), k.data(), v.data(), out.data(), lse.data(), nullptr);

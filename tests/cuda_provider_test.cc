@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "graph/passes/pass.h"
 #include "graph/text_format.h"
 #include "gtest/gtest.h"
+#include "onnx_ext/onnx_io.h"
 #include "providers/cuda/cuda_provider.h"
 #include "providers/cuda/cudnn_attention.h"
 #include "runtime/inference_session.h"
@@ -25,7 +27,9 @@
 #include "tests/cuda_test_util.h"
 #include "tests/op_tester.h"
 #include "tests/partition_test_util.h"
+#include "tests/scoped_temp_dir.h"
 #include "trainer/mixed_precision.h"
+#include "trainer/train_loop.h"
 #include "trainer/training_session.h"
 
 namespace cleave {
@@ -338,6 +342,39 @@ TEST(CudaProvider, TinyGptTrainingTrajectoryMatchesTheCpu) {
   std::printf("largest relative loss difference from the CPU over 20 steps: fp32 %.2e, fp32 fused attention %.2e, "
               "bf16 %.2e (loss %.4f -> %.4f)\n",
               worst[0], worst[1], worst[2], cpu.front(), cpu.back());
+}
+
+// `cleave train --device auto` in bf16 where a device is present fuses attention, as
+// `--device cuda` does: the default is taken once the device is known. The run uses the one
+// provider it made, and trains on it.
+TEST(TrainLoop, DeviceAutoOnAGpuFusesAttentionInBf16) {
+  REQUIRE_CUDA();
+  const testing::ScopedTempDir tmp("cuda_train_auto");
+  trainer::TrainConfig c;
+  c.model = testing::SourceDir() + "/models/tiny_gpt/model.onnx";
+  c.data = testing::SourceDir() + "/models/tiny_gpt/corpus.txt";
+  c.batch = 2;
+  c.seq = 32;
+  c.steps = 2;
+  c.plot = "none";
+  c.precision = trainer::Precision::kBf16;
+  c.device = DeviceChoice::kCudaIfAvailable;
+  c.artifacts_dir = tmp.path();
+  std::ostringstream log;
+  auto r = trainer::RunTraining(c, log);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->losses.size(), 2u);
+  EXPECT_TRUE(std::isfinite(r->losses.back()));
+  auto g = onnx_ext::LoadModel(tmp.path() + "/training_model.onnx");
+  ASSERT_TRUE(g.ok()) << g.status();
+  int fused = 0, unfused = 0;
+  for (const auto& n : (*g)->nodes()) {
+    fused += n->op_type() == "AttentionGrad";
+    unfused += n->op_type() == "SoftmaxGrad";
+  }
+  EXPECT_EQ(fused, 2) << "one AttentionGrad per layer of the tiny GPT";
+  EXPECT_EQ(unfused, 0);
+  EXPECT_NE(log.str().find("step"), std::string::npos) << log.str();
 }
 
 #ifdef CLEAVE_CUDA_EMULATED_DEVICE

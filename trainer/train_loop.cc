@@ -346,8 +346,15 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
   spec.optimizer = c.optimizer;
   spec.frozen = c.frozen;
   spec.recompute = c.recompute;
-  spec.fuse_attention =
-      c.fuse_attention.value_or(FusesAttentionByDefault(c.device == DeviceChoice::kCuda, c.precision));
+  // The device is resolved before the graph is built: whether attention fuses by default
+  // depends on it, --device auto included. A provider the launcher made is used as it is.
+  std::shared_ptr<providers::ExecutionProvider> device = c.device_provider;
+  if (!device && c.device != DeviceChoice::kCpu) {
+    std::string warning;
+    ASSIGN_OR_RETURN(device, InferenceSession::MakeDeviceProvider(c.device, 0, &warning));
+    if (!warning.empty()) std::fprintf(stderr, "cleave: warning: %s\n", warning.c_str());
+  }
+  spec.fuse_attention = c.fuse_attention.value_or(FusesAttentionByDefault(device != nullptr, c.precision));
   spec.precision = c.precision;
   RETURN_IF_ERROR(FixTokenDims(*token_in, micro, c.seq, &spec.dims));
   auto built = BuildTrainingArtifacts(*model, spec);
@@ -367,7 +374,8 @@ absl::StatusOr<TrainResult> RunTraining(const TrainConfig& c, std::ostream& log)
   RETURN_IF_ERROR(CheckVocab(data.val, static_cast<int64_t>(data.train.size()), vocab, c.data));
 
   TrainingSessionOptions so;
-  so.device = c.device;
+  so.device = device ? c.device : DeviceChoice::kCpu;
+  so.device_provider = device;
   so.intra_op_threads = c.threads;
   so.seed = c.seed;
   so.initial_loss_scale = c.loss_scale;

@@ -30,7 +30,7 @@ double Scores(const AttentionParams& p, const T* qi, const T* kb, int64_t n, std
   double m = kNegInf;
   for (int64_t j = 0; j < n; ++j) {
     double dot = 0;
-    for (int64_t d = 0; d < p.D; ++d) dot += static_cast<double>(qi[d]) * static_cast<double>(kb[j * p.D + d]);
+    for (int64_t d = 0; d < p.D; ++d) dot += static_cast<double>(qi[d]) * static_cast<double>(kb[j * p.k.row + d]);
     s[j] = dot * p.scale;
     m = std::max(m, s[j]);
   }
@@ -75,7 +75,13 @@ void Product(int64_t M, int64_t N, int64_t K, bool ta, bool tb, float alpha, con
 
 // s [rows, n] = scale * q_blk k[0:n]^T.
 void BlockScores(const AttentionParams& p, const float* q_blk, const float* kb, int64_t rows, int64_t n, float* s) {
-  Product(rows, n, p.D, false, true, static_cast<float>(p.scale), q_blk, p.D, kb, p.D, 0.f, s, n);
+  Product(rows, n, p.D, false, true, static_cast<float>(p.scale), q_blk, p.q.row, kb, p.k.row, 0.f, s, n);
+}
+
+// Zeroes `rows` rows of `width` elements, `stride` apart.
+template <typename T>
+void ZeroRows(T* x, int64_t rows, int64_t width, int64_t stride) {
+  for (int64_t r = 0; r < rows; ++r) std::fill(x + r * stride, x + r * stride + width, T{0});
 }
 
 // One row of a block's scores, of which the first nr are visible: those exponentiated in place
@@ -127,7 +133,32 @@ absl::StatusOr<AttentionParams> PlanAttention(std::span<const int64_t> q, std::s
   for (size_t d = 0; d + 2 < r; ++d) p.batch *= q[d];
   p.scale = scale;
   p.causal = causal;
+  SetLayout(p, AttentionLayout::kBhsd, 1);
   return p;
+}
+
+void SetLayout(AttentionParams& p, AttentionLayout layout, int64_t heads) {
+  p.heads = heads;
+  const int64_t H = heads;
+  switch (layout) {
+    case AttentionLayout::kBhsd:  // heads among the leading dims: one slice after another
+      p.heads = 1;
+      p.q = {p.T * p.D, 0, p.D};
+      p.k = {p.S * p.D, 0, p.D};
+      p.v = {p.S * p.Dv, 0, p.Dv};
+      p.o = {p.T * p.Dv, 0, p.Dv};
+      return;
+    case AttentionLayout::kBshd:
+      p.q = {p.T * H * p.D, p.D, H * p.D};
+      p.k = {p.S * H * p.D, p.D, H * p.D};
+      p.v = {p.S * H * p.Dv, p.Dv, H * p.Dv};
+      p.o = {p.T * H * p.Dv, p.Dv, H * p.Dv};
+      return;
+    case AttentionLayout::kBs3hd:
+      p.q = p.k = p.v = {p.T * 3 * H * p.D, p.D, 3 * H * p.D};
+      p.o = {p.T * H * p.Dv, p.Dv, H * p.Dv};
+      return;
+  }
 }
 
 template <typename T>
@@ -138,9 +169,9 @@ void AttentionForwardReference(const AttentionParams& p, const T* q, const T* k,
     std::vector<double> s(p.S), acc(p.Dv);
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t b = r / p.T, i = r % p.T;
-      const T* qi = q + (b * p.T + i) * p.D;
-      const T* kb = k + b * p.S * p.D;
-      const T* vb = v + b * p.S * p.Dv;
+      const T* qi = q + p.At(p.q, b, i);
+      const T* kb = k + p.At(p.k, b, 0);
+      const T* vb = v + p.At(p.v, b, 0);
       const int64_t n = Visible(p, i);
       const double m = Scores(p, qi, kb, n, s);
       double sum = 0;
@@ -148,9 +179,9 @@ void AttentionForwardReference(const AttentionParams& p, const T* q, const T* k,
       for (int64_t j = 0; j < n; ++j) {
         const double e = std::exp(s[j] - m);
         sum += e;
-        for (int64_t d = 0; d < p.Dv; ++d) acc[d] += e * static_cast<double>(vb[j * p.Dv + d]);
+        for (int64_t d = 0; d < p.Dv; ++d) acc[d] += e * static_cast<double>(vb[j * p.v.row + d]);
       }
-      T* o = out + (b * p.T + i) * p.Dv;
+      T* o = out + p.At(p.o, b, i);
       for (int64_t d = 0; d < p.Dv; ++d) o[d] = static_cast<T>(n ? acc[d] / sum : 0.0);
       if (lse) lse[r] = static_cast<float>(n ? m + std::log(sum) : kNegInf);
     }
@@ -167,13 +198,12 @@ void AttentionBackwardReference(const AttentionParams& p, const T* dout, const T
     for (int64_t b = b0; b < b1; ++b) {
       dk_acc.assign(p.S * p.D, 0.0);
       dv_acc.assign(p.S * p.Dv, 0.0);
-      const T* kb = k + b * p.S * p.D;
-      const T* vb = v + b * p.S * p.Dv;
+      const T* kb = k + p.At(p.k, b, 0);
+      const T* vb = v + p.At(p.v, b, 0);
       for (int64_t i = 0; i < p.T; ++i) {
-        const int64_t row = b * p.T + i;
-        const T* qi = q + row * p.D;
-        const T* doi = dout + row * p.Dv;
-        const T* oi = out + row * p.Dv;
+        const T* qi = q + p.At(p.q, b, i);
+        const T* doi = dout + p.At(p.o, b, i);
+        const T* oi = out + p.At(p.o, b, i);
         const int64_t n = Visible(p, i);
         const double m = Scores(p, qi, kb, n, s);
         double sum = 0;
@@ -186,22 +216,24 @@ void AttentionBackwardReference(const AttentionParams& p, const T* dout, const T
           const double pj = std::exp(s[j] - lse);
           double dpj = 0;
           for (int64_t d = 0; d < p.Dv; ++d) {
-            dpj += static_cast<double>(doi[d]) * static_cast<double>(vb[j * p.Dv + d]);
+            dpj += static_cast<double>(doi[d]) * static_cast<double>(vb[j * p.v.row + d]);
             dv_acc[j * p.Dv + d] += pj * static_cast<double>(doi[d]);
           }
           const double ds = pj * (dpj - delta) * p.scale;
           for (int64_t d = 0; d < p.D; ++d) {
-            dqi[d] += ds * static_cast<double>(kb[j * p.D + d]);
+            dqi[d] += ds * static_cast<double>(kb[j * p.k.row + d]);
             dk_acc[j * p.D + d] += ds * static_cast<double>(qi[d]);
           }
         }
         if (dq)
-          for (int64_t d = 0; d < p.D; ++d) dq[row * p.D + d] = static_cast<T>(dqi[d]);
+          for (int64_t d = 0; d < p.D; ++d) dq[p.At(p.q, b, i) + d] = static_cast<T>(dqi[d]);
       }
-      if (dk)
-        for (int64_t e = 0; e < p.S * p.D; ++e) dk[b * p.S * p.D + e] = static_cast<T>(dk_acc[e]);
-      if (dv)
-        for (int64_t e = 0; e < p.S * p.Dv; ++e) dv[b * p.S * p.Dv + e] = static_cast<T>(dv_acc[e]);
+      for (int64_t j = 0; j < p.S; ++j) {
+        if (dk)
+          for (int64_t d = 0; d < p.D; ++d) dk[p.At(p.k, b, j) + d] = static_cast<T>(dk_acc[j * p.D + d]);
+        if (dv)
+          for (int64_t d = 0; d < p.Dv; ++d) dv[p.At(p.v, b, j) + d] = static_cast<T>(dv_acc[j * p.Dv + d]);
+      }
     }
   });
 }
@@ -217,14 +249,14 @@ void AttentionForward(const AttentionParams& p, const float* q, const float* k, 
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / blocks, i0 = (t % blocks) * br, rows = std::min(br, p.T - i0);
       const int64_t n = Visible(p, i0 + rows - 1);
-      float* o = out + (b * p.T + i0) * p.Dv;
+      float* o = out + p.At(p.o, b, i0);
       float* l = lse ? lse + b * p.T + i0 : nullptr;
       if (n == 0) {
-        std::fill(o, o + rows * p.Dv, 0.f);
+        ZeroRows(o, rows, p.Dv, p.o.row);
         if (l) std::fill(l, l + rows, -std::numeric_limits<float>::infinity());
         continue;
       }
-      BlockScores(p, q + (b * p.T + i0) * p.D, k + b * p.S * p.D, rows, n, s);
+      BlockScores(p, q + p.At(p.q, b, i0), k + p.At(p.k, b, 0), rows, n, s);
       float inv[kMaxBlockRows];
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t nr = Visible(p, i0 + r);
@@ -233,9 +265,9 @@ void AttentionForward(const AttentionParams& p, const float* q, const float* k, 
         inv[r] = nr ? static_cast<float>(1.0 / sum) : 0.f;
         if (l) l[r] = nr ? static_cast<float>(m + std::log(sum)) : -std::numeric_limits<float>::infinity();
       }
-      Product(rows, p.Dv, n, false, false, 1.f, s, n, v + b * p.S * p.Dv, p.Dv, 0.f, o, p.Dv);
+      Product(rows, p.Dv, n, false, false, 1.f, s, n, v + p.At(p.v, b, 0), p.v.row, 0.f, o, p.o.row);
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t d = 0; d < p.Dv; ++d) o[r * p.Dv + d] *= inv[r];
+        for (int64_t d = 0; d < p.Dv; ++d) o[r * p.o.row + d] *= inv[r];
     }
   });
 }
@@ -256,38 +288,38 @@ void AttentionBackward(const AttentionParams& p, const float* dout, const float*
     float* s = ThreadBuffer(0, static_cast<size_t>(br * p.S));
     float* ds = ThreadBuffer(1, static_cast<size_t>(br * p.S));
     for (int64_t b = b0; b < b1; ++b) {
-      const float* kb = k + b * p.S * p.D;
-      const float* vb = v + b * p.S * p.Dv;
+      const float* kb = k + p.At(p.k, b, 0);
+      const float* vb = v + p.At(p.v, b, 0);
       // dK and dV accumulate in place.
-      float* dkb = dk ? dk + b * p.S * p.D : nullptr;
-      float* dvb = dv ? dv + b * p.S * p.Dv : nullptr;
-      if (dkb) std::fill(dkb, dkb + p.S * p.D, 0.f);
-      if (dvb) std::fill(dvb, dvb + p.S * p.Dv, 0.f);
+      float* dkb = dk ? dk + p.At(p.k, b, 0) : nullptr;
+      float* dvb = dv ? dv + p.At(p.v, b, 0) : nullptr;
+      if (dkb) ZeroRows(dkb, p.S, p.D, p.k.row);
+      if (dvb) ZeroRows(dvb, p.S, p.Dv, p.v.row);
       for (int64_t i0 = 0; i0 < p.T; i0 += br) {
         const int64_t rows = std::min(br, p.T - i0), row0 = b * p.T + i0;
         const int64_t n = Visible(p, i0 + rows - 1);
-        float* dqb = dq ? dq + row0 * p.D : nullptr;
+        float* dqb = dq ? dq + p.At(p.q, b, i0) : nullptr;
         if (n == 0) {
-          if (dqb) std::fill(dqb, dqb + rows * p.D, 0.f);
+          if (dqb) ZeroRows(dqb, rows, p.D, p.q.row);
           continue;
         }
-        const float* qb = q + row0 * p.D;
-        const float* dob = dout + row0 * p.Dv;
-        const float* ob = out + row0 * p.Dv;
+        const float* qb = q + p.At(p.q, b, i0);
+        const float* dob = dout + p.At(p.o, b, i0);
+        const float* ob = out + p.At(p.o, b, i0);
         BlockScores(p, qb, kb, rows, n, s);
         for (int64_t r = 0; r < rows; ++r)
           ProbabilityRow(s + r * n, Visible(p, i0 + r), n, lse ? lse + row0 + r : nullptr);
-        if (dvb) Product(n, p.Dv, rows, true, false, 1.f, s, n, dob, p.Dv, 1.f, dvb, p.Dv);
+        if (dvb) Product(n, p.Dv, rows, true, false, 1.f, s, n, dob, p.o.row, 1.f, dvb, p.v.row);
         if (!dqb && !dkb) continue;
-        Product(rows, n, p.Dv, false, true, 1.f, dob, p.Dv, vb, p.Dv, 0.f, ds, n);
+        Product(rows, n, p.Dv, false, true, 1.f, dob, p.o.row, vb, p.v.row, 0.f, ds, n);
         const float scale = static_cast<float>(p.scale);
         for (int64_t r = 0; r < rows; ++r) {
           float delta = 0;
-          for (int64_t d = 0; d < p.Dv; ++d) delta += dob[r * p.Dv + d] * ob[r * p.Dv + d];
+          for (int64_t d = 0; d < p.Dv; ++d) delta += dob[r * p.o.row + d] * ob[r * p.o.row + d];
           ScoreGradRow(s + r * n, ds + r * n, n, delta, scale);
         }
-        if (dqb) Product(rows, p.D, n, false, false, 1.f, ds, n, kb, p.D, 0.f, dqb, p.D);
-        if (dkb) Product(n, p.D, rows, true, false, 1.f, ds, n, qb, p.D, 1.f, dkb, p.D);
+        if (dqb) Product(rows, p.D, n, false, false, 1.f, ds, n, kb, p.k.row, 0.f, dqb, p.q.row);
+        if (dkb) Product(n, p.D, rows, true, false, 1.f, ds, n, qb, p.q.row, 1.f, dkb, p.k.row);
       }
     }
   });

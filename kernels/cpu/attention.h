@@ -14,11 +14,35 @@
 
 namespace cleave::kernels::cpu {
 
+// Where row t of slice b of an operand starts, in elements: slice b is (b / heads, b % heads)
+// of the leading dims, at (b / heads) * batch + (b % heads) * head + t * row.
+struct AttentionStrides {
+  int64_t batch = 0, head = 0, row = 0;
+};
+
 struct AttentionParams {
   int64_t batch = 1, T = 0, S = 0, D = 0, Dv = 0;
   double scale = 1.0;
   bool causal = false;
+  // The operands' layouts: q, k, v and o (out and dOut); dq, dk and dv are laid out as q, k
+  // and v, and lse is always [batch, T]. PlanAttention sets the contiguous [..., T, D] one;
+  // SetLayout the others.
+  int64_t heads = 1;
+  AttentionStrides q, k, v, o;
+
+  int64_t At(const AttentionStrides& s, int64_t b, int64_t t) const {
+    return b / heads * s.batch + b % heads * s.head + t * s.row;
+  }
 };
+
+// ai.cleave.Attention's layouts: "bhsd", contiguous [..., T, D]; "bshd", q [B, T, H, D],
+// k [B, S, H, D], v [B, S, H, Dv] and out [B, T, H, Dv]; "bs3hd", q, k and v the parts of one
+// [B, T, 3, H, D] (k starts H * D elements after q, v 2 H D), out [B, T, H, D].
+enum class AttentionLayout { kBhsd, kBshd, kBs3hd };
+
+// Lays the slices of p (planned over [B, H, T, D] operands, so batch = B H) out as `layout`,
+// with `heads` = H.
+void SetLayout(AttentionParams& p, AttentionLayout layout, int64_t heads);
 
 // The slices and sizes of q [..., T, D], k [..., S, D], v [..., S, Dv] (one set of leading dims),
 // or InvalidArgument naming the three shapes. Device providers plan with it too.
@@ -26,7 +50,8 @@ absl::StatusOr<AttentionParams> PlanAttention(std::span<const int64_t> q, std::s
                                               std::span<const int64_t> v, double scale, bool causal);
 
 // lse may be null. float32 runs blocks of query rows through sgemm, keeping one block's
-// [rows, S] scores per thread; float64 is the reference below.
+// [rows, S] scores per thread; float64 is the reference below. Both read and write every
+// layout in place.
 void AttentionForward(const AttentionParams& p, const float* q, const float* k, const float* v, float* out,
                       float* lse, ThreadPool* pool);
 void AttentionForward(const AttentionParams& p, const double* q, const double* k, const double* v, double* out,

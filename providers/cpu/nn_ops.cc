@@ -161,212 +161,164 @@ void Narrow(float* w, TensorView* t, ThreadPool* pool) {
   kernels::cpu::Cast(TensorView(w, DataType::kFloat32, t->dim_span()), *t, pool);
 }
 
-// Layout "bshd": the operands are [B, T, H, D]; the kernels run on [B, H, T, D] copies in
-// scratch (swapping axes 1 and 2), and write their outputs through such copies.
-constexpr int kSwapSeqHeads[4] = {0, 2, 1, 3};
-
-bool BshdLayout(const graph::Node& n) { return n.AttrString("layout", "bhsd") == "bshd"; }
-
-// Layout "bs3hd": q, k and v packed [B, T, 3, H, D] in one input (the q/k/v product itself); the
-// kernels run on an unpacked [3, B, H, T, D] copy, and AttentionGrad packs dq, dk, dv so.
-bool PackedLayout(const graph::Node& n) { return n.AttrString("layout", "bhsd") == "bs3hd"; }
-constexpr int kUnpackQkv[5] = {2, 0, 3, 1, 4};  // [B, T, 3, H, D] -> [3, B, H, T, D]
-constexpr int kPackQkv[5] = {1, 3, 0, 2, 4};    // [3, B, H, T, D] -> [B, T, 3, H, D]
-
-absl::Status ExpectPacked(const TensorView& t) {
-  if (t.rank == 5 && t.dims[2] == 3) return absl::OkStatus();
-  return InvalidArgument("layout \"bs3hd\": expected q, k and v packed [B, T, 3, H, D], got ", DimsToString(t.shape()));
+// The operands of an Attention or AttentionGrad in their layout (kernels/cpu/attention.h):
+// "bhsd", q, k, v [..., T, D]; "bshd", q, k, v [B, T, H, D]; "bs3hd", one input, the q/k/v
+// product [B, T, 3, H, D]. The kernels read and write each layout in place.
+kernels::cpu::AttentionLayout LayoutOf(const graph::Node& n) {
+  const std::string layout = n.AttrString("layout", "bhsd");
+  if (layout == "bshd") return kernels::cpu::AttentionLayout::kBshd;
+  if (layout == "bs3hd") return kernels::cpu::AttentionLayout::kBs3hd;
+  return kernels::cpu::AttentionLayout::kBhsd;
 }
 
-// q, k and v ([B, H, T, D] each) of the packed [B, T, 3, H, D] qkv, unpacked into scratch.
-std::array<TensorView, 3> Unpacked(const TensorView& qkv, KernelContext& ctx) {
-  const DimVector all = {3, qkv.dims[0], qkv.dims[3], qkv.dims[1], qkv.dims[4]};
-  TensorView c(ctx.Scratch(qkv.nbytes()), qkv.dtype, all);
-  kernels::cpu::Transpose(qkv, kUnpackQkv, c, ctx.thread_pool());
-  const DimVector one(all.span().subspan(1));
-  const size_t bytes = qkv.nbytes() / 3;
-  std::array<TensorView, 3> out;
-  for (int i = 0; i < 3; ++i) out[i] = TensorView(static_cast<char*>(c.data) + i * bytes, qkv.dtype, one);
-  return out;
+// The plan over (batch x heads) slices of q, k and v (k and v unused with "bs3hd"), with the
+// element offsets of k and v in the packed input.
+struct AttentionOperands {
+  kernels::cpu::AttentionParams p;
+  int64_t k_offset = 0, v_offset = 0;
+  DimVector out, lse;  // the output's and the lse's dims
+};
+
+absl::StatusOr<AttentionOperands> PlanOperands(kernels::cpu::AttentionLayout layout, const TensorView& q,
+                                               const TensorView* k, const TensorView* v, double scale, bool causal) {
+  using kernels::cpu::AttentionLayout;
+  AttentionOperands a;
+  if (layout == AttentionLayout::kBhsd) {
+    ASSIGN_OR_RETURN(a.p, kernels::cpu::PlanAttention(q.dim_span(), k->dim_span(), v->dim_span(), scale, causal));
+    a.out = DimVector(q.dim_span());
+    a.out.back() = a.p.Dv;
+    a.lse = DimVector(q.dim_span().first(q.rank - 1));
+    return a;
+  }
+  if (layout == AttentionLayout::kBs3hd) {
+    if (q.rank != 5 || q.dims[2] != 3)
+      return InvalidArgument("layout \"bs3hd\": expected q, k and v packed [B, T, 3, H, D], got ",
+                             DimsToString(q.shape()));
+    const int64_t one[4] = {q.dims[0], q.dims[3], q.dims[1], q.dims[4]};
+    ASSIGN_OR_RETURN(a.p, kernels::cpu::PlanAttention(one, one, one, scale, causal));
+    a.k_offset = q.dims[3] * q.dims[4];
+    a.v_offset = 2 * a.k_offset;
+  } else {
+    const TensorView* t[3] = {&q, k, v};
+    int64_t dims[3][4];
+    for (int i = 0; i < 3; ++i) {
+      if (t[i]->rank != 4)
+        return InvalidArgument("layout \"bshd\": expected ", std::string(1, "qkv"[i]),
+                               " of rank 4 [B, T, H, D], got rank ", t[i]->rank);
+      dims[i][0] = t[i]->dims[0], dims[i][1] = t[i]->dims[2], dims[i][2] = t[i]->dims[1], dims[i][3] = t[i]->dims[3];
+    }
+    ASSIGN_OR_RETURN(a.p, kernels::cpu::PlanAttention(dims[0], dims[1], dims[2], scale, causal));
+  }
+  const int64_t B = q.dims[0], T = q.dims[1], H = layout == AttentionLayout::kBs3hd ? q.dims[3] : q.dims[2];
+  kernels::cpu::SetLayout(a.p, layout, H);
+  a.out = {B, T, H, a.p.Dv};
+  a.lse = {B, H, T};
+  return a;
 }
 
-absl::Status ExpectRank4(const TensorView& t, const char* what) {
-  if (t.rank == 4) return absl::OkStatus();
-  return InvalidArgument("layout \"bshd\": expected ", what, " of rank 4 [B, T, H, D], got rank ", t.rank);
+// q, k and v of type T: inputs first, first + 1 and first + 2, or the three parts of the packed
+// input `first`.
+template <typename T>
+std::array<const T*, 3> QkvData(KernelContext& ctx, int first, const AttentionOperands& a, bool packed,
+                                const T* (*data)(const TensorView&, KernelContext&)) {
+  if (packed) {
+    const T* base = data(*ctx.input(first), ctx);
+    return {base, base + a.k_offset, base + a.v_offset};
+  }
+  return {data(*ctx.input(first), ctx), data(*ctx.input(first + 1), ctx), data(*ctx.input(first + 2), ctx)};
 }
 
-DimVector SwappedDims(const TensorView& t) { return {t.dims[0], t.dims[2], t.dims[1], t.dims[3]}; }
+const double* Doubles(const TensorView& t, KernelContext&) { return t.as<double>(); }
 
-// A [B, H, T, D] copy of the [B, T, H, D] t in scratch.
-TensorView HeadsMajor(const TensorView& t, KernelContext& ctx) {
-  const DimVector dims = SwappedDims(t);
-  TensorView c(ctx.Scratch(t.nbytes()), t.dtype, dims);
-  kernels::cpu::Transpose(t, kSwapSeqHeads, c, ctx.thread_pool());
-  return c;
-}
-
-// Where a kernel writes the [B, H, T, D] form of the [B, T, H, D] output y: scratch, which
-// SeqMajor then moves into y.
-TensorView* HeadsMajorOutput(TensorView* y, KernelContext& ctx, TensorView& storage) {
-  if (!y) return nullptr;
-  storage = TensorView(ctx.Scratch(y->nbytes()), y->dtype, SwappedDims(*y));
-  return &storage;
-}
-
-void SeqMajor(const TensorView* heads_major, TensorView* y, ThreadPool* pool) {
-  if (y) kernels::cpu::Transpose(*heads_major, kSwapSeqHeads, *y, pool);
+// Where the backward writes dq, dk and dv: the outputs' data as given, or with "bs3hd" the three
+// parts of the packed one (all null where it goes unread).
+template <typename T>
+std::array<T*, 3> GradientData(const std::array<T*, 3>& outputs, const AttentionOperands& a, bool packed) {
+  if (!packed) return outputs;
+  T* base = outputs[0];
+  if (!base) return {nullptr, nullptr, nullptr};
+  return {base, base + a.k_offset, base + a.v_offset};
 }
 
 class AttentionKernel : public OpKernel {
  public:
   AttentionKernel(const graph::Node& n, int)
-      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0), bshd_(BshdLayout(n)),
-        packed_(PackedLayout(n)) {}
+      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0), layout_(LayoutOf(n)) {}
   absl::Status Compute(KernelContext& ctx) const override {
-    if (packed_) {
-      const TensorView& qkv = *ctx.input(0);
-      RETURN_IF_ERROR(ExpectPacked(qkv));
-      const std::array<TensorView, 3> u = Unpacked(qkv, ctx);
-      ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p, Plan(u[0], u[1], u[2]));
-      TensorView* y = ctx.Output(0, {qkv.dims[0], qkv.dims[1], qkv.dims[3], p.Dv});
-      TensorView* l =
-          ctx.num_outputs() > 1 ? ctx.Output(1, {qkv.dims[0], qkv.dims[3], qkv.dims[1]}) : nullptr;
-      TensorView y_store;
-      TensorView* y_h = HeadsMajorOutput(y, ctx, y_store);
-      RETURN_IF_ERROR(Run(ctx, p, u[0], u[1], u[2], y_h, l));
-      SeqMajor(y_h, y, ctx.thread_pool());
-      return absl::OkStatus();
-    }
-    if (!bshd_) {
-      const TensorView& q = *ctx.input(0);
-      ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p, Plan(q, *ctx.input(1), *ctx.input(2)));
-      DimVector out(q.dim_span()), lse(q.dim_span().first(q.rank - 1));
-      out.back() = p.Dv;
-      TensorView* y = ctx.Output(0, out);
-      TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, lse) : nullptr;
-      return Run(ctx, p, q, *ctx.input(1), *ctx.input(2), y, l);
-    }
-    for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(ExpectRank4(*ctx.input(i), i == 0 ? "q" : i == 1 ? "k" : "v"));
-    const TensorView q = HeadsMajor(*ctx.input(0), ctx), k = HeadsMajor(*ctx.input(1), ctx),
-                     v = HeadsMajor(*ctx.input(2), ctx);
-    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p, Plan(q, k, v));
-    const TensorView& q_in = *ctx.input(0);
-    const DimVector out = {q_in.dims[0], q_in.dims[1], q_in.dims[2], p.Dv}, lse = {q.dims[0], q.dims[1], q.dims[2]};
-    TensorView* y = ctx.Output(0, out);
-    TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, lse) : nullptr;
-    TensorView y_store;
-    TensorView* y_h = HeadsMajorOutput(y, ctx, y_store);
-    RETURN_IF_ERROR(Run(ctx, p, q, k, v, y_h, l));
-    SeqMajor(y_h, y, ctx.thread_pool());
-    return absl::OkStatus();
-  }
-
- private:
-  absl::StatusOr<kernels::cpu::AttentionParams> Plan(const TensorView& q, const TensorView& k,
-                                                     const TensorView& v) const {
-    return kernels::cpu::PlanAttention(q.dim_span(), k.dim_span(), v.dim_span(), scale_, causal_);
-  }
-
-  // Over [..., T, D] operands.
-  absl::Status Run(KernelContext& ctx, const kernels::cpu::AttentionParams& p, const TensorView& q,
-                   const TensorView& k, const TensorView& v, TensorView* y, TensorView* l) const {
+    const bool packed = layout_ == kernels::cpu::AttentionLayout::kBs3hd;
+    const TensorView& q = *ctx.input(0);
+    ASSIGN_OR_RETURN(const AttentionOperands a,
+                     PlanOperands(layout_, q, packed ? nullptr : ctx.input(1), packed ? nullptr : ctx.input(2),
+                                  scale_, causal_));
+    TensorView* y = ctx.Output(0, a.out);
+    TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, a.lse) : nullptr;
     if (!y) return absl::OkStatus();
     float* lp = l ? l->as<float>() : nullptr;
     if (q.dtype == DataType::kFloat64) {
-      kernels::cpu::AttentionForward(p, q.as<double>(), k.as<double>(), v.as<double>(), y->as<double>(), lp,
-                                     ctx.thread_pool());
+      const auto in = QkvData<double>(ctx, 0, a, packed, Doubles);
+      kernels::cpu::AttentionForward(a.p, in[0], in[1], in[2], y->as<double>(), lp, ctx.thread_pool());
       return absl::OkStatus();
     }
+    const auto in = QkvData<float>(ctx, 0, a, packed, Widened);
     float* out32 = Wide(y, ctx);
-    kernels::cpu::AttentionForward(p, Widened(q, ctx), Widened(k, ctx), Widened(v, ctx), out32, lp,
-                                   ctx.thread_pool());
+    kernels::cpu::AttentionForward(a.p, in[0], in[1], in[2], out32, lp, ctx.thread_pool());
     Narrow(out32, y, ctx.thread_pool());
     return absl::OkStatus();
   }
 
+ private:
   float scale_;
   bool causal_;
-  bool bshd_, packed_;
+  kernels::cpu::AttentionLayout layout_;
 };
 
+// Inputs dOut, q, k, v, out, lse ("bs3hd": dOut, qkv, _, _, out, lse); outputs dq, dk, dv
+// ("bs3hd": the packed dqkv), each of which may go unread.
 class AttentionGradKernel : public OpKernel {
  public:
   AttentionGradKernel(const graph::Node& n, int)
-      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0), bshd_(BshdLayout(n)),
-        packed_(PackedLayout(n)) {}
+      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0), layout_(LayoutOf(n)) {}
   absl::Status Compute(KernelContext& ctx) const override {
-    const TensorView& lse = *ctx.input(5);
-    if (packed_) {
-      const TensorView& qkv = *ctx.input(1);
-      RETURN_IF_ERROR(ExpectPacked(qkv));
-      RETURN_IF_ERROR(ExpectRank4(*ctx.input(0), "dOut"));
-      RETURN_IF_ERROR(ExpectRank4(*ctx.input(4), "out"));
-      const std::array<TensorView, 3> u = Unpacked(qkv, ctx);
-      const TensorView dout = HeadsMajor(*ctx.input(0), ctx), out = HeadsMajor(*ctx.input(4), ctx);
-      TensorView* dqkv = ctx.Output(0, qkv.dim_span());
-      if (!dqkv) return absl::OkStatus();
-      const DimVector all = {3, qkv.dims[0], qkv.dims[3], qkv.dims[1], qkv.dims[4]};
-      TensorView grads(ctx.Scratch(qkv.nbytes()), qkv.dtype, all);
-      std::array<TensorView, 3> d;
-      for (int i = 0; i < 3; ++i)
-        d[i] = TensorView(static_cast<char*>(grads.data) + i * (qkv.nbytes() / 3), qkv.dtype, u[i].dim_span());
-      RETURN_IF_ERROR(Run(ctx, dout, u[0], u[1], u[2], out, lse, &d[0], &d[1], &d[2]));
-      kernels::cpu::Transpose(grads, kPackQkv, *dqkv, ctx.thread_pool());
+    const bool packed = layout_ == kernels::cpu::AttentionLayout::kBs3hd;
+    const TensorView &dout = *ctx.input(0), &q = *ctx.input(1), &out = *ctx.input(4), &lse = *ctx.input(5);
+    ASSIGN_OR_RETURN(const AttentionOperands a,
+                     PlanOperands(layout_, q, packed ? nullptr : ctx.input(2), packed ? nullptr : ctx.input(3),
+                                  scale_, causal_));
+    const kernels::cpu::AttentionParams& p = a.p;
+    if (DimVector(dout.dim_span()) != a.out || DimVector(out.dim_span()) != a.out || lse.numel() != p.batch * p.T)
+      return InvalidArgument("expected dOut and out ", DimsToString(a.out.span()), " and lse of ", p.batch * p.T,
+                             " elements, got ", DimsToString(dout.shape()), ", ", DimsToString(out.shape()), " and ",
+                             lse.numel());
+    if (dout.dtype != q.dtype || out.dtype != q.dtype)
+      return InvalidArgument("expected dOut and out of q's type ", DataTypeName(q.dtype), ", got ",
+                             DataTypeName(dout.dtype), " and ", DataTypeName(out.dtype));
+    std::array<TensorView*, 3> d{};
+    if (packed) d[0] = ctx.Output(0, q.dim_span());
+    else
+      for (int i = 0; i < 3; ++i) d[i] = ctx.Output(i, ctx.input(1 + i)->dim_span());
+    if (q.dtype == DataType::kFloat64) {
+      const auto in = QkvData<double>(ctx, 1, a, packed, Doubles);
+      std::array<double*, 3> g{};
+      for (int i = 0; i < 3; ++i) g[i] = d[i] ? d[i]->as<double>() : nullptr;
+      g = GradientData(g, a, packed);
+      kernels::cpu::AttentionBackward(p, dout.as<double>(), in[0], in[1], in[2], out.as<double>(), lse.as<float>(),
+                                      g[0], g[1], g[2], ctx.thread_pool());
       return absl::OkStatus();
     }
-    if (!bshd_) {
-      const TensorView &q = *ctx.input(1), &k = *ctx.input(2), &v = *ctx.input(3);
-      return Run(ctx, *ctx.input(0), q, k, v, *ctx.input(4), lse, ctx.Output(0, q.dim_span()),
-                 ctx.Output(1, k.dim_span()), ctx.Output(2, v.dim_span()));
-    }
-    static const char* kNames[] = {"dOut", "q", "k", "v", "out"};
-    for (int i = 0; i < 5; ++i) RETURN_IF_ERROR(ExpectRank4(*ctx.input(i), kNames[i]));
-    TensorView in[5];
-    for (int i = 0; i < 5; ++i) in[i] = HeadsMajor(*ctx.input(i), ctx);
-    TensorView* d[3];
-    TensorView store[3];
-    TensorView* d_h[3];
-    for (int i = 0; i < 3; ++i) {
-      d[i] = ctx.Output(i, ctx.input(1 + i)->dim_span());
-      d_h[i] = HeadsMajorOutput(d[i], ctx, store[i]);
-    }
-    RETURN_IF_ERROR(Run(ctx, in[0], in[1], in[2], in[3], in[4], lse, d_h[0], d_h[1], d_h[2]));
-    for (int i = 0; i < 3; ++i) SeqMajor(d_h[i], d[i], ctx.thread_pool());
+    const auto in = QkvData<float>(ctx, 1, a, packed, Widened);
+    std::array<float*, 3> wide{};
+    for (int i = 0; i < 3; ++i) wide[i] = Wide(d[i], ctx);
+    const std::array<float*, 3> g = GradientData(wide, a, packed);
+    kernels::cpu::AttentionBackward(p, Widened(dout, ctx), in[0], in[1], in[2], Widened(out, ctx), lse.as<float>(),
+                                    g[0], g[1], g[2], ctx.thread_pool());
+    for (int i = 0; i < 3; ++i) Narrow(wide[i], d[i], ctx.thread_pool());
     return absl::OkStatus();
   }
 
  private:
-  // Over [..., T, D] operands.
-  absl::Status Run(KernelContext& ctx, const TensorView& dout, const TensorView& q, const TensorView& k,
-                   const TensorView& v, const TensorView& out, const TensorView& lse, TensorView* dq, TensorView* dk,
-                   TensorView* dv) const {
-    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams p,
-                     kernels::cpu::PlanAttention(q.dim_span(), k.dim_span(), v.dim_span(), scale_, causal_));
-    if (dout.numel() != p.batch * p.T * p.Dv || out.numel() != dout.numel() || lse.numel() != p.batch * p.T)
-      return InvalidArgument("expected dOut and out of ", p.batch * p.T * p.Dv, " elements and lse of ", p.batch * p.T,
-                             ", got ", dout.numel(), ", ", out.numel(), " and ", lse.numel());
-    if (q.dtype == DataType::kFloat64) {
-      kernels::cpu::AttentionBackward(p, dout.as<double>(), q.as<double>(), k.as<double>(), v.as<double>(),
-                                      out.as<double>(), lse.as<float>(), dq ? dq->as<double>() : nullptr,
-                                      dk ? dk->as<double>() : nullptr, dv ? dv->as<double>() : nullptr,
-                                      ctx.thread_pool());
-      return absl::OkStatus();
-    }
-    if (dout.dtype != q.dtype || out.dtype != q.dtype)
-      return InvalidArgument("expected dOut and out of q's type ", DataTypeName(q.dtype), ", got ",
-                             DataTypeName(dout.dtype), " and ", DataTypeName(out.dtype));
-    float *dq32 = Wide(dq, ctx), *dk32 = Wide(dk, ctx), *dv32 = Wide(dv, ctx);
-    kernels::cpu::AttentionBackward(p, Widened(dout, ctx), Widened(q, ctx), Widened(k, ctx), Widened(v, ctx),
-                                    Widened(out, ctx), lse.as<float>(), dq32, dk32, dv32, ctx.thread_pool());
-    Narrow(dq32, dq, ctx.thread_pool());
-    Narrow(dk32, dk, ctx.thread_pool());
-    Narrow(dv32, dv, ctx.thread_pool());
-    return absl::OkStatus();
-  }
-
   float scale_;
   bool causal_;
-  bool bshd_, packed_;
+  kernels::cpu::AttentionLayout layout_;
 };
 
 }  // namespace
