@@ -60,11 +60,11 @@ void ApplyDimOverrides(graph::Graph& g, const std::map<std::string, int64_t>& ov
 }
 
 // Folding, then attention (the flash-style kernels never store the probabilities) over the
-// q/k/v products' own [B, T, H, D] layout (every provider's kernels read it in place), with a
-// device provider together with the other fusions its kernels pay off for: the residual add
-// with its LayerNorm, and the
-// cross-entropy gradient from the scores (the forward stores no log_prob), then bf16 logits
-// for it; then the transformer fusions; and last, with a device provider, once the products
+// q/k/v products' own [B, T, H, D] layout (every provider's kernels read it in place) and the
+// cross-entropy's loss and gradient in one pass over the scores (the forward stores no
+// log_prob), with a device provider together with the other fusions its kernels pay off for:
+// the residual add with its LayerNorm, then bf16 logits for the loss; then the transformer
+// fusions; and last, with a device provider, once the products
 // are final, the padding of a vocabulary whose rows would
 // not be 16-byte aligned, the embeddings' gradients scattered into their accumulation, the
 // weight gradients' products taking on their accumulation and their layers' bias gradients,
@@ -112,7 +112,7 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
         graph::RunToFixedPoint(enabled({&attention, &attention_layout, &skip_norm, &cross_entropy, &dce}), &g));
     RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&low_scores}), &g));
   } else {
-    RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&attention, &attention_layout, &dce}), &g));
+    RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&attention, &attention_layout, &cross_entropy, &dce}), &g));
   }
   RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&fusion, &dce}), &g));
   if (!device) return absl::OkStatus();

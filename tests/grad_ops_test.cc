@@ -9,7 +9,10 @@
 #include <limits>
 
 #include "gtest/gtest.h"
+#include "base/thread_pool.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/grad.h"
+#include "kernels/cpu/nn.h"
 #include "tests/nn_test_util.h"
 #include "tests/op_tester.h"
 
@@ -177,6 +180,135 @@ TEST(GradOps, SceGradOverASliceOfTheClasses) {
       .Input<double>("dY", {}, {1}).Input<double>("log_prob", {2, 2}, LogProbs())
       .Input<int64_t>("label", {2}, {3, 0}).Output<double>("d", {2, 2}, {0, 0, 0, 0})
       .ExpectFailure("holds classes [3, 5) of num_classes 4").Run();
+}
+
+// ---- The one-pass cross-entropy from the scores -----------------------------------------
+
+Tensor Bf16(std::vector<int64_t> dims, const std::vector<float>& v) {
+  Tensor t(DataType::kBFloat16, std::move(dims));
+  for (size_t i = 0; i < v.size(); ++i) t.data<uint16_t>()[i] = FloatToBFloat16(v[i]);
+  return t;
+}
+
+TEST(GradOps, SceGradFromScoresWithTheLossHandValues) {
+  // The scores are the log-probabilities above (their log-softmax is themselves): the mean loss
+  // is (-log 0.75 - log 0.5) / 2 and the gradient that of SceGradMean.
+  Op("SoftmaxCrossEntropyLossGrad").Attr("from_scores", int64_t{1})
+      .Input<float>("dY", {}, {1}).Input<float>("scores", {2, 2}, Cast<float>(LogProbs()))
+      .Input<int64_t>("label", {2}, {1, 0})
+      .Output<float>("d", {2, 2}, {0.125f, -0.125f, -0.25f, 0.25f})
+      .Output<float>("loss", {}, {static_cast<float>(-(std::log(0.75) + std::log(0.5)) / 2)}).Run();
+  // bf16 scores and a bf16 gradient (to = bfloat16); "none" with a loss per row, row 0 ignored.
+  Op("SoftmaxCrossEntropyLossGrad").Attr("from_scores", int64_t{1}).Attr("reduction", std::string("none"))
+      .Attr("ignore_index", int64_t{1}).Attr("to", int64_t{16})
+      .Input<float>("dY", {2}, {2, 2}).InputTensor("scores", Bf16({2, 2}, {0, 0, 1, 1}))
+      .Input<int32_t>("label", {2}, {1, 0})
+      .OutputTensor("d", Bf16({2, 2}, {0, 0, -1, 1}))
+      .Output<float>("loss", {2}, {0, static_cast<float>(std::log(2.0))}).Run();
+}
+
+// The kernel against the two it replaces (kernels/cpu: SoftmaxCrossEntropy for the loss, a
+// double log-softmax and SoftmaxCrossEntropyGrad for the gradient), for each reduction, with
+// and without ignored rows, both label types, row lengths below and above a vector's and the
+// low-precision scores and gradients; the loss is the same for every thread count.
+template <typename L>
+void CheckOnePassCrossEntropy(int64_t N, int64_t C, kernels::cpu::LossReduction reduction, bool ignore) {
+  SCOPED_TRACE(::testing::Message() << "N " << N << " C " << C << " reduction " << static_cast<int>(reduction)
+                                    << (ignore ? " ignore_index" : ""));
+  kernels::cpu::SceParams p;
+  p.N = N;
+  p.C = C;
+  p.reduction = reduction;
+  if (ignore) p.ignore_index = -100;
+  std::vector<double> x = Values(N * C, static_cast<uint32_t>(N * C));
+  for (double& v : x) v *= 6;  // logits of a few units
+  std::vector<L> labels(N);
+  for (int64_t i = 0; i < N; ++i) labels[i] = static_cast<L>(ignore && i % 4 == 1 ? -100 : (i * 7919) % C);
+  const bool none = reduction == kernels::cpu::LossReduction::kNone;
+  std::vector<double> dy = none ? Values(N, 5) : std::vector<double>{0.75};
+  // The reference in double.
+  std::vector<double> lp(x.size()), want_dx(x.size()), want_loss(none ? N : 1), scratch(2 * N + 1);
+  kernels::cpu::SoftmaxParams sp;
+  sp.log = true;
+  sp.outer = N;
+  sp.axis = C;
+  kernels::cpu::Softmax(sp, x.data(), lp.data(), nullptr);
+  const absl::Status grad = kernels::cpu::SoftmaxCrossEntropyGrad<double, L>(p, dy.data(), lp.data(), labels.data(),
+                                                                             nullptr, want_dx.data(), nullptr);
+  ASSERT_TRUE(grad.ok()) << grad;
+  const absl::Status fwd = kernels::cpu::SoftmaxCrossEntropy<double, L>(p, x.data(), labels.data(), nullptr,
+                                                                        want_loss.data(), nullptr, scratch.data(), nullptr);
+  ASSERT_TRUE(fwd.ok()) << fwd;
+  const std::vector<float> dyf = Cast<float>(dy);
+  const int64_t dims[2] = {N, C};
+  ThreadPool pool(2);
+  for (const auto& [in_t, out_t] : {std::pair{DataType::kFloat32, DataType::kFloat32},
+                                    std::pair{DataType::kBFloat16, DataType::kBFloat16},
+                                    std::pair{DataType::kFloat32, DataType::kFloat16}}) {
+    SCOPED_TRACE(::testing::Message() << DataTypeName(in_t) << " scores, " << DataTypeName(out_t) << " gradient");
+    Tensor scores(in_t, {N, C}), dx(out_t, {N, C});
+    const std::vector<float> xf = Cast<float>(x);
+    kernels::cpu::Cast(TensorView(const_cast<float*>(xf.data()), DataType::kFloat32, dims), scores.view(), nullptr);
+    std::vector<float> loss(none ? N : 1), loss1(loss.size());
+    std::vector<double> work(N + 1);
+    TensorView sv = scores.view(), dv = dx.view();
+    ASSERT_TRUE(kernels::cpu::SoftmaxCrossEntropyFromScores<L>(p, dyf.data(), sv, labels.data(), dv, loss.data(),
+                                                               work.data(), &pool).ok());
+    ASSERT_TRUE(kernels::cpu::SoftmaxCrossEntropyFromScores<L>(p, dyf.data(), sv, labels.data(), dv, loss1.data(),
+                                                               work.data(), nullptr).ok());
+    EXPECT_EQ(loss, loss1) << "the loss depends on the thread count";
+    // Low-precision scores move the loss by their rounding (bf16: 2^-9 of a few units).
+    const double loss_tol = in_t == DataType::kFloat32 ? 2e-6 : 0.05;
+    for (size_t i = 0; i < loss.size(); ++i) EXPECT_NEAR(loss[i], want_loss[i], loss_tol * std::max(1.0, std::abs(want_loss[i]))) << i;
+    Tensor wide(DataType::kFloat32, {N, C});
+    kernels::cpu::Cast(dx.view(), wide.view(), nullptr);
+    const float* got = wide.data<float>();
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < N * C; ++i) {
+      worst = std::max(worst, std::abs(got[i] - want_dx[i]));
+      scale = std::max(scale, std::abs(want_dx[i]));
+    }
+    const double dx_tol = in_t == DataType::kFloat32 && out_t == DataType::kFloat32 ? 1e-6 : 2e-2;
+    EXPECT_LT(worst, dx_tol * scale) << "largest gradient difference";
+    for (int64_t i = 0; i < N; ++i) {
+      if (!ignore || labels[i] != -100) continue;
+      for (int64_t c = 0; c < C; ++c) ASSERT_EQ(got[i * C + c], 0.f) << "ignored row " << i;
+    }
+  }
+}
+
+TEST(GradOps, SceOnePassMatchesTheLossAndTheGradientKernels) {
+  using kernels::cpu::LossReduction;
+  for (LossReduction r : {LossReduction::kMean, LossReduction::kSum, LossReduction::kNone})
+    for (bool ignore : {false, true}) {
+      CheckOnePassCrossEntropy<int64_t>(37, 5, r, ignore);
+      CheckOnePassCrossEntropy<int32_t>(9, 1000, r, ignore);
+    }
+}
+
+TEST(GradOps, SceOnePassBadLabelWritesNothingAndAllIgnoredIsNan) {
+  kernels::cpu::SceParams p;
+  p.N = 2;
+  p.C = 3;
+  p.ignore_index = -1;
+  const int64_t dims[2] = {2, 3};
+  std::vector<float> x = {1, 2, 3, 4, 5, 6}, dx(6, 7.f), loss = {7.f};
+  std::vector<double> work(3);
+  const float dy = 1;
+  TensorView sv(x.data(), DataType::kFloat32, dims), dv(dx.data(), DataType::kFloat32, dims);
+  const int64_t bad[2] = {0, 3};
+  absl::Status s = kernels::cpu::SoftmaxCrossEntropyFromScores<int64_t>(p, &dy, sv, bad, dv, loss.data(), work.data(),
+                                                                        nullptr);
+  EXPECT_NE(s.message().find("label 3 at position 1 is outside [0, 3) and is not ignore_index -1"), std::string::npos)
+      << s;
+  for (float v : dx) EXPECT_EQ(v, 7.f);
+  EXPECT_EQ(loss[0], 7.f);
+  // Every row ignored: the mean divides 0 by 0, as the forward does, and the gradient is 0.
+  const int64_t ignored[2] = {-1, -1};
+  ASSERT_TRUE(kernels::cpu::SoftmaxCrossEntropyFromScores<int64_t>(p, &dy, sv, ignored, dv, loss.data(), work.data(),
+                                                                   nullptr).ok());
+  EXPECT_TRUE(std::isnan(loss[0]));
+  for (float v : dx) EXPECT_EQ(v, 0.f);
 }
 
 // ---- SoftmaxGrad / LogSoftmaxGrad -------------------------------------------------------

@@ -6,9 +6,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/fast_math.h"
+#include "kernels/cpu/lanes.h"
 
 namespace cleave::kernels::cpu {
 
@@ -149,6 +154,95 @@ absl::Status SoftmaxCrossEntropyGrad(const SceParams& p, const T* dy, const T* l
   });
   return absl::OkStatus();
 }
+
+namespace {
+
+// A per-thread float32 row of at least n, kept between calls.
+float* RowBuffer(size_t n) {
+  thread_local std::vector<float> row;
+  if (row.size() < n) row.resize(n);
+  return row.data();
+}
+
+// One row of the from-scores cross-entropy, in place over e (the row's scores in float32):
+// e = g (softmax - onehot(l)), or zeros where the row is ignored. Returns the row's loss
+// (lse - x[l]; 0 when ignored).
+CLEAVE_SIMD_CLONES double SceRow(float* e, int64_t C, int64_t l, bool ignored, double g) {
+  if (ignored) {
+    std::fill(e, e + C, 0.f);
+    return 0.0;
+  }
+  const float x_l = e[l];
+  const float m = LaneMax(e, C, -std::numeric_limits<float>::infinity());
+  for (int64_t c = 0; c < C; ++c) e[c] -= m;
+  ExpF32(e, e, C);
+  const double sum = LaneSum<double>(e, C);
+  const float inv = static_cast<float>(g / sum);
+  for (int64_t c = 0; c < C; ++c) e[c] *= inv;
+  e[l] -= static_cast<float>(g);
+  return static_cast<double>(m) + std::log(sum) - static_cast<double>(x_l);
+}
+
+}  // namespace
+
+template <typename L>
+absl::Status SoftmaxCrossEntropyFromScores(const SceParams& p, const float* dy, const TensorView& scores,
+                                           const L* labels, TensorView& dx, float* loss, double* scratch,
+                                           ThreadPool* pool) {
+  const int64_t N = p.N, C = p.C;
+  if (p.D != 1 || p.class_offset != 0 || (p.num_classes != 0 && p.num_classes != C))
+    return InvalidArgument("the one-pass cross-entropy takes scores [N, C] over all the classes");
+  auto ignored = [&](int64_t label) { return p.ignore_index && label == *p.ignore_index; };
+  int64_t counted = 0;  // the positions "mean" divides by
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t l = static_cast<int64_t>(labels[i]);
+    if (ignored(l)) continue;
+    if (l < 0 || l >= C)
+      return InvalidArgument("label ", l, " at position ", i, " is outside [0, ", C, ")",
+                             p.ignore_index ? absl::StrCat(" and is not ignore_index ", *p.ignore_index)
+                                            : std::string());
+    ++counted;
+  }
+  const bool per_position = p.reduction == LossReduction::kNone;
+  const double scale = p.reduction == LossReduction::kMean ? 1.0 / static_cast<double>(p.ignore_index ? counted : N)
+                                                           : 1.0;
+  const bool wide_in = scores.dtype == DataType::kFloat32, wide_out = dx.dtype == DataType::kFloat32;
+  const size_t in_bytes = ElementSize(scores.dtype), out_bytes = ElementSize(dx.dtype);
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, C));
+  const int64_t row_dims[1] = {C};
+  ParallelFor(pool, N, grain, [&](int64_t i0, int64_t i1) {
+    float* buffer = wide_out ? nullptr : RowBuffer(static_cast<size_t>(C));
+    for (int64_t i = i0; i < i1; ++i) {
+      // The row in float32 where its gradient goes: dx's own row, or the buffer.
+      float* e = wide_out ? dx.as<float>() + i * C : buffer;
+      const TensorView in(static_cast<char*>(scores.data) + i * C * in_bytes, scores.dtype, row_dims);
+      if (wide_in) std::copy_n(in.as<const float>(), C, e);
+      else Cast(in, TensorView(e, DataType::kFloat32, row_dims), nullptr);
+      const int64_t l = static_cast<int64_t>(labels[i]);
+      const double g = (per_position ? static_cast<double>(dy[i]) : static_cast<double>(dy[0])) * scale;
+      const double li = SceRow(e, C, l, ignored(l), g);
+      if (!wide_out)
+        Cast(TensorView(e, DataType::kFloat32, row_dims),
+             TensorView(static_cast<char*>(dx.data) + i * C * out_bytes, dx.dtype, row_dims), nullptr);
+      if (per_position && loss) loss[i] = static_cast<float>(li);
+      else scratch[i] = li;
+    }
+  });
+  if (!loss || per_position) return absl::OkStatus();
+  // Summed serially in position order so the result does not depend on the thread count.
+  double total = 0;
+  for (int64_t i = 0; i < N; ++i) total += scratch[i];
+  if (p.reduction == LossReduction::kMean) total /= p.ignore_index ? static_cast<double>(counted) : static_cast<double>(N);
+  loss[0] = static_cast<float>(total);
+  return absl::OkStatus();
+}
+
+template absl::Status SoftmaxCrossEntropyFromScores<int32_t>(const SceParams&, const float*, const TensorView&,
+                                                             const int32_t*, TensorView&, float*, double*,
+                                                             ThreadPool*);
+template absl::Status SoftmaxCrossEntropyFromScores<int64_t>(const SceParams&, const float*, const TensorView&,
+                                                             const int64_t*, TensorView&, float*, double*,
+                                                             ThreadPool*);
 
 #define CLEAVE_INSTANTIATE_SCE_GRAD(T, L)                                                       \
   template absl::Status SoftmaxCrossEntropyGrad<T, L>(const SceParams&, const T*, const T*,     \

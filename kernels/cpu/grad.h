@@ -45,6 +45,18 @@ template <typename T, typename L>
 absl::Status SoftmaxCrossEntropyGrad(const SceParams& p, const T* dy, const T* log_prob,
                                      const L* labels, const T* weights, T* dx, ThreadPool* pool);
 
+// The loss and its gradient in one pass over each row of the scores [N, C] (p.D = 1), for the
+// gradient that reads the scores (from_scores) without class weights or a class slice: each
+// row's log-sum-exp is formed once, dx = g (softmax(x) - onehot(label)) with g as
+// SoftmaxCrossEntropyGrad defines it, and loss (null: not wanted) as SoftmaxCrossEntropy
+// computes it. scores and dx may be float32, bfloat16 or float16 (each row is widened into, or
+// rounded from, a per-thread float32 row); dy and loss are float32. `scratch` holds N doubles.
+// Labels are checked first, as the other two check them; nothing is written on an error.
+template <typename L>
+absl::Status SoftmaxCrossEntropyFromScores(const SceParams& p, const float* dy, const TensorView& scores,
+                                           const L* labels, TensorView& dx, float* loss, double* scratch,
+                                           ThreadPool* pool);
+
 // ---- Activations and normalisation (activation_grad.cc, layer_norm_grad.cc) ----
 
 // The gradient of Softmax (p.log false) or LogSoftmax (p.log true) along the middle dim of

@@ -120,6 +120,7 @@ class SceGradKernel : public OpKernel {
     const TensorView& labels = *ctx.input(2);
     const TensorView* weights = ctx.input(3);
     RETURN_IF_ERROR(CheckShapes(dy, in, labels, weights));
+    if (OnePass(dy, in, weights)) return ComputeOnePass(ctx, dy, in, labels);
     // bf16 / fp16 scores: read as float32 (widened into scratch), as the CUDA kernel reads them.
     if (from_scores_ && (in.dtype == DataType::kBFloat16 || in.dtype == DataType::kFloat16)) {
       if (dy.dtype != DataType::kFloat32 || weights)
@@ -180,6 +181,46 @@ class SceGradKernel : public OpKernel {
 
  private:
   SceGradKernel() = default;
+
+  // The language model's loss: float32, bf16 or fp16 scores [N, C] over every class, read once
+  // per row for the gradient and the loss together (kernels/cpu/grad.h).
+  bool OnePass(const TensorView& dy, const TensorView& scores, const TensorView* weights) const {
+    const DataType t = scores.dtype;
+    return from_scores_ && !weights && class_offset_ == 0 && num_classes_ == 0 && scores.rank == 2 &&
+           dy.dtype == DataType::kFloat32 &&
+           (t == DataType::kFloat32 || t == DataType::kBFloat16 || t == DataType::kFloat16);
+  }
+
+  absl::Status ComputeOnePass(KernelContext& ctx, const TensorView& dy, const TensorView& scores,
+                              const TensorView& labels) const {
+    kernels::cpu::SceParams p;
+    p.N = scores.dims[0];
+    p.C = scores.dims[1];
+    p.reduction = reduction_;
+    p.ignore_index = ignore_index_;
+    TensorView* dx = ctx.Output(0, scores.dim_span());
+    const bool none = reduction_ == LossReduction::kNone;
+    TensorView* loss = ctx.num_outputs() > 1 ? (none ? ctx.Output(1, labels.dim_span()) : ctx.Output(1, {})) : nullptr;
+    TensorView unread;  // where the gradient goes when only the loss is read
+    if (!dx) {
+      if (!loss) return absl::OkStatus();
+      unread = TensorView(ctx.Scratch(static_cast<size_t>(scores.numel()) * sizeof(float)), DataType::kFloat32,
+                          scores.dim_span());
+      dx = &unread;
+    }
+    const DataType to = dx->dtype;
+    if (to != DataType::kFloat32 && to != DataType::kBFloat16 && to != DataType::kFloat16)
+      return InvalidArgument("a ", DataTypeName(to), " gradient of ", DataTypeName(scores.dtype), " scores");
+    if (loss && loss->dtype != DataType::kFloat32)
+      return InvalidArgument("expected a float32 loss, got ", DataTypeName(loss->dtype));
+    double* scratch = static_cast<double*>(ctx.Scratch(static_cast<size_t>(p.N) * sizeof(double) + 8));
+    float* lp = loss ? loss->as<float>() : nullptr;
+    if (labels.dtype == DataType::kInt64)
+      return kernels::cpu::SoftmaxCrossEntropyFromScores<int64_t>(p, dy.as<float>(), scores, labels.as<int64_t>(), *dx,
+                                                                  lp, scratch, ctx.thread_pool());
+    return kernels::cpu::SoftmaxCrossEntropyFromScores<int32_t>(p, dy.as<float>(), scores, labels.as<int32_t>(), *dx,
+                                                                lp, scratch, ctx.thread_pool());
+  }
 
   absl::Status Loss(kernels::cpu::SceParams p, const TensorView& scores, const TensorView& labels,
                     KernelContext& ctx) const {
