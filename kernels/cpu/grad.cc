@@ -111,6 +111,27 @@ void SliceGrad(const TensorView& dy, const SliceParams& p, TensorView& dx, Threa
   });
 }
 
+namespace {
+
+// Checks each label that is not ignore_index against [0, classes) and returns the sum of their
+// class weights (1 each without weights), summed in position order as the forward sums it.
+template <typename T, typename L>
+absl::StatusOr<double> LabelWeightSum(const SceParams& p, const L* labels, const T* weights, int64_t classes) {
+  double sum = 0;
+  for (int64_t i = 0; i < p.N * p.D; ++i) {
+    const int64_t l = static_cast<int64_t>(labels[i]);
+    if (p.ignore_index && l == *p.ignore_index) continue;
+    if (l < 0 || l >= classes)
+      return InvalidArgument("label ", l, " at position ", i, " is outside [0, ", classes, ")",
+                             p.ignore_index ? absl::StrCat(" and is not ignore_index ", *p.ignore_index)
+                                            : std::string());
+    sum += weights ? static_cast<double>(weights[l]) : 1.0;
+  }
+  return sum;
+}
+
+}  // namespace
+
 template <typename T, typename L>
 absl::Status SoftmaxCrossEntropyGrad(const SceParams& p, const T* dy, const T* log_prob,
                                      const L* labels, const T* weights, T* dx, ThreadPool* pool) {
@@ -119,16 +140,7 @@ absl::Status SoftmaxCrossEntropyGrad(const SceParams& p, const T* dy, const T* l
   if (weights && (offset != 0 || all_classes != C))
     return InvalidArgument("class weights are not supported over a slice of the classes");
   auto ignored = [&](int64_t label) { return p.ignore_index && label == *p.ignore_index; };
-  double weight_sum = 0;  // in position order, as the forward sums it
-  for (int64_t i = 0; i < positions; ++i) {
-    const int64_t l = static_cast<int64_t>(labels[i]);
-    if (ignored(l)) continue;
-    if (l < 0 || l >= all_classes)
-      return InvalidArgument("label ", l, " at position ", i, " is outside [0, ", all_classes, ")",
-                             p.ignore_index ? absl::StrCat(" and is not ignore_index ", *p.ignore_index)
-                                            : std::string());
-    weight_sum += weights ? static_cast<double>(weights[l]) : 1.0;
-  }
+  ASSIGN_OR_RETURN(const double weight_sum, LabelWeightSum(p, labels, weights, all_classes));
   double scale = 1.0;  // what dy is multiplied by for the reduced forms
   if (p.reduction == LossReduction::kMean)
     scale = 1.0 / ((weights || p.ignore_index) ? weight_sum : static_cast<double>(positions));
@@ -193,18 +205,10 @@ absl::Status SoftmaxCrossEntropyFromScores(const SceParams& p, const float* dy, 
   if (p.D != 1 || p.class_offset != 0 || (p.num_classes != 0 && p.num_classes != C))
     return InvalidArgument("the one-pass cross-entropy takes scores [N, C] over all the classes");
   auto ignored = [&](int64_t label) { return p.ignore_index && label == *p.ignore_index; };
-  int64_t counted = 0;  // the positions "mean" divides by
-  for (int64_t i = 0; i < N; ++i) {
-    const int64_t l = static_cast<int64_t>(labels[i]);
-    if (ignored(l)) continue;
-    if (l < 0 || l >= C)
-      return InvalidArgument("label ", l, " at position ", i, " is outside [0, ", C, ")",
-                             p.ignore_index ? absl::StrCat(" and is not ignore_index ", *p.ignore_index)
-                                            : std::string());
-    ++counted;
-  }
+  // The positions "mean" divides by: those not ignored.
+  ASSIGN_OR_RETURN(const double counted, LabelWeightSum(p, labels, static_cast<const float*>(nullptr), C));
   const bool per_position = p.reduction == LossReduction::kNone;
-  const double scale = p.reduction == LossReduction::kMean ? 1.0 / static_cast<double>(p.ignore_index ? counted : N)
+  const double scale = p.reduction == LossReduction::kMean ? 1.0 / (p.ignore_index ? counted : static_cast<double>(N))
                                                            : 1.0;
   const bool wide_in = scores.dtype == DataType::kFloat32, wide_out = dx.dtype == DataType::kFloat32;
   const size_t in_bytes = ElementSize(scores.dtype), out_bytes = ElementSize(dx.dtype);
@@ -232,7 +236,7 @@ absl::Status SoftmaxCrossEntropyFromScores(const SceParams& p, const float* dy, 
   // Summed serially in position order so the result does not depend on the thread count.
   double total = 0;
   for (int64_t i = 0; i < N; ++i) total += scratch[i];
-  if (p.reduction == LossReduction::kMean) total /= p.ignore_index ? static_cast<double>(counted) : static_cast<double>(N);
+  if (p.reduction == LossReduction::kMean) total /= p.ignore_index ? counted : static_cast<double>(N);
   loss[0] = static_cast<float>(total);
   return absl::OkStatus();
 }
