@@ -13,6 +13,7 @@
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/lanes.h"
+#include "kernels/cpu/thread_buffer.h"
 
 namespace cleave::kernels::cpu {
 
@@ -44,15 +45,6 @@ double Scores(const AttentionParams& p, const T* qi, const T* kb, int64_t n, std
 constexpr int64_t kMaxBlockRows = 128;
 int64_t BlockRows(const AttentionParams& p) {
   return std::clamp<int64_t>((int64_t{64} << 10) / std::max<int64_t>(p.S, 1), 16, p.causal ? 64 : kMaxBlockRows);
-}
-
-// A per-thread buffer of at least n floats, kept between calls (a fresh one per call would
-// take a page fault for each page of it).
-float* ThreadBuffer(int slot, size_t n) {
-  thread_local std::vector<float> buffers[2];
-  std::vector<float>& b = buffers[slot];
-  if (b.size() < n) b.resize(n);
-  return b.data();
 }
 
 // c [M, N] = alpha op(a) op(b) + beta c, single-threaded: the callers already run one block

@@ -7,13 +7,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/lanes.h"
+#include "kernels/cpu/thread_buffer.h"
 
 namespace cleave::kernels::cpu {
 
@@ -169,13 +169,6 @@ absl::Status SoftmaxCrossEntropyGrad(const SceParams& p, const T* dy, const T* l
 
 namespace {
 
-// A per-thread float32 row of at least n, kept between calls.
-float* RowBuffer(size_t n) {
-  thread_local std::vector<float> row;
-  if (row.size() < n) row.resize(n);
-  return row.data();
-}
-
 // One row of the from-scores cross-entropy, in place over e (the row's scores in float32):
 // e = g (softmax - onehot(l)), or zeros where the row is ignored. Returns the row's loss
 // (lse - x[l]; 0 when ignored).
@@ -205,17 +198,16 @@ absl::Status SoftmaxCrossEntropyFromScores(const SceParams& p, const float* dy, 
   if (p.D != 1 || p.class_offset != 0 || (p.num_classes != 0 && p.num_classes != C))
     return InvalidArgument("the one-pass cross-entropy takes scores [N, C] over all the classes");
   auto ignored = [&](int64_t label) { return p.ignore_index && label == *p.ignore_index; };
-  // The positions "mean" divides by: those not ignored.
+  // The positions "mean" divides by: those not ignored (all N without ignore_index).
   ASSIGN_OR_RETURN(const double counted, LabelWeightSum(p, labels, static_cast<const float*>(nullptr), C));
   const bool per_position = p.reduction == LossReduction::kNone;
-  const double scale = p.reduction == LossReduction::kMean ? 1.0 / (p.ignore_index ? counted : static_cast<double>(N))
-                                                           : 1.0;
+  const double scale = p.reduction == LossReduction::kMean ? 1.0 / counted : 1.0;
   const bool wide_in = scores.dtype == DataType::kFloat32, wide_out = dx.dtype == DataType::kFloat32;
   const size_t in_bytes = ElementSize(scores.dtype), out_bytes = ElementSize(dx.dtype);
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, C));
   const int64_t row_dims[1] = {C};
   ParallelFor(pool, N, grain, [&](int64_t i0, int64_t i1) {
-    float* buffer = wide_out ? nullptr : RowBuffer(static_cast<size_t>(C));
+    float* buffer = wide_out ? nullptr : ThreadBuffer(0, static_cast<size_t>(C));
     for (int64_t i = i0; i < i1; ++i) {
       // The row in float32 where its gradient goes: dx's own row, or the buffer.
       float* e = wide_out ? dx.as<float>() + i * C : buffer;
@@ -236,7 +228,7 @@ absl::Status SoftmaxCrossEntropyFromScores(const SceParams& p, const float* dy, 
   // Summed serially in position order so the result does not depend on the thread count.
   double total = 0;
   for (int64_t i = 0; i < N; ++i) total += scratch[i];
-  if (p.reduction == LossReduction::kMean) total /= p.ignore_index ? counted : static_cast<double>(N);
+  if (p.reduction == LossReduction::kMean) total /= counted;
   loss[0] = static_cast<float>(total);
   return absl::OkStatus();
 }

@@ -175,6 +175,7 @@ kernels::cpu::AttentionLayout LayoutOf(const graph::Node& n) {
 // element offsets of k and v in the packed input.
 struct AttentionOperands {
   kernels::cpu::AttentionParams p;
+  bool packed = false;  // "bs3hd"
   int64_t k_offset = 0, v_offset = 0;
   DimVector out, lse;  // the output's and the lse's dims
 };
@@ -196,6 +197,7 @@ absl::StatusOr<AttentionOperands> PlanOperands(kernels::cpu::AttentionLayout lay
                              DimsToString(q.shape()));
     const int64_t one[4] = {q.dims[0], q.dims[3], q.dims[1], q.dims[4]};
     ASSIGN_OR_RETURN(a.p, kernels::cpu::PlanAttention(one, one, one, scale, causal));
+    a.packed = true;
     a.k_offset = q.dims[3] * q.dims[4];
     a.v_offset = 2 * a.k_offset;
   } else {
@@ -219,9 +221,9 @@ absl::StatusOr<AttentionOperands> PlanOperands(kernels::cpu::AttentionLayout lay
 // q, k and v of type T: inputs first, first + 1 and first + 2, or the three parts of the packed
 // input `first`.
 template <typename T>
-std::array<const T*, 3> QkvData(KernelContext& ctx, int first, const AttentionOperands& a, bool packed,
+std::array<const T*, 3> QkvData(KernelContext& ctx, int first, const AttentionOperands& a,
                                 const T* (*data)(const TensorView&, KernelContext&)) {
-  if (packed) {
+  if (a.packed) {
     const T* base = data(*ctx.input(first), ctx);
     return {base, base + a.k_offset, base + a.v_offset};
   }
@@ -233,8 +235,8 @@ const double* Doubles(const TensorView& t, KernelContext&) { return t.as<double>
 // Where the backward writes dq, dk and dv: the outputs' data as given, or with "bs3hd" the three
 // parts of the packed one (all null where it goes unread).
 template <typename T>
-std::array<T*, 3> GradientData(const std::array<T*, 3>& outputs, const AttentionOperands& a, bool packed) {
-  if (!packed) return outputs;
+std::array<T*, 3> GradientData(const std::array<T*, 3>& outputs, const AttentionOperands& a) {
+  if (!a.packed) return outputs;
   T* base = outputs[0];
   if (!base) return {nullptr, nullptr, nullptr};
   return {base, base + a.k_offset, base + a.v_offset};
@@ -255,11 +257,11 @@ class AttentionKernel : public OpKernel {
     if (!y) return absl::OkStatus();
     float* lp = l ? l->as<float>() : nullptr;
     if (q.dtype == DataType::kFloat64) {
-      const auto in = QkvData<double>(ctx, 0, a, packed, Doubles);
+      const auto in = QkvData<double>(ctx, 0, a, Doubles);
       kernels::cpu::AttentionForward(a.p, in[0], in[1], in[2], y->as<double>(), lp, ctx.thread_pool());
       return absl::OkStatus();
     }
-    const auto in = QkvData<float>(ctx, 0, a, packed, Widened);
+    const auto in = QkvData<float>(ctx, 0, a, Widened);
     float* out32 = Wide(y, ctx);
     kernels::cpu::AttentionForward(a.p, in[0], in[1], in[2], out32, lp, ctx.thread_pool());
     Narrow(out32, y, ctx.thread_pool());
@@ -293,22 +295,22 @@ class AttentionGradKernel : public OpKernel {
       return InvalidArgument("expected dOut and out of q's type ", DataTypeName(q.dtype), ", got ",
                              DataTypeName(dout.dtype), " and ", DataTypeName(out.dtype));
     std::array<TensorView*, 3> d{};
-    if (packed) d[0] = ctx.Output(0, q.dim_span());
+    if (a.packed) d[0] = ctx.Output(0, q.dim_span());
     else
       for (int i = 0; i < 3; ++i) d[i] = ctx.Output(i, ctx.input(1 + i)->dim_span());
     if (q.dtype == DataType::kFloat64) {
-      const auto in = QkvData<double>(ctx, 1, a, packed, Doubles);
+      const auto in = QkvData<double>(ctx, 1, a, Doubles);
       std::array<double*, 3> g{};
       for (int i = 0; i < 3; ++i) g[i] = d[i] ? d[i]->as<double>() : nullptr;
-      g = GradientData(g, a, packed);
+      g = GradientData(g, a);
       kernels::cpu::AttentionBackward(p, dout.as<double>(), in[0], in[1], in[2], out.as<double>(), lse.as<float>(),
                                       g[0], g[1], g[2], ctx.thread_pool());
       return absl::OkStatus();
     }
-    const auto in = QkvData<float>(ctx, 1, a, packed, Widened);
+    const auto in = QkvData<float>(ctx, 1, a, Widened);
     std::array<float*, 3> wide{};
     for (int i = 0; i < 3; ++i) wide[i] = Wide(d[i], ctx);
-    const std::array<float*, 3> g = GradientData(wide, a, packed);
+    const std::array<float*, 3> g = GradientData(wide, a);
     kernels::cpu::AttentionBackward(p, Widened(dout, ctx), in[0], in[1], in[2], Widened(out, ctx), lse.as<float>(),
                                     g[0], g[1], g[2], ctx.thread_pool());
     for (int i = 0; i < 3; ++i) Narrow(wide[i], d[i], ctx.thread_pool());
