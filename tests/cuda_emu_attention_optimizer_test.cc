@@ -40,9 +40,10 @@ TEST_P(CudaEmu, AttentionForwardAndBackwardAgainstTheDefinition) {
       Values v(dt, Uniform(B * S * Dv, -1.f, 1.f, 27)), dout(dt, Uniform(B * T * Dv, -1.f, 1.f, 28));
       Values out(dt, B * T * Dv), dq(dt, B * T * D), dk(dt, B * S * D), dv(dt, B * S * Dv);
       Array<float> lse(B * T, kNaN), delta(B * T, kNaN);
-      ASSERT_TRUE(Ok(ck::AttentionForward(dt, q.data(), k.data(), v.data(), out.data(), lse.data(), B, T, S, a.D,
+      const ck::AttentionLayout L = ck::ContiguousAttention(T, S, D, Dv);
+      ASSERT_TRUE(Ok(ck::AttentionForward(dt, L, q.data(), k.data(), v.data(), out.data(), lse.data(), B, T, S, a.D,
                                           a.Dv, scale, a.causal, nullptr)));
-      ASSERT_TRUE(Ok(ck::AttentionBackward(dt, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
+      ASSERT_TRUE(Ok(ck::AttentionBackward(dt, L, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
                                            dq.data(), dk.data(), dv.data(), delta.data(), B, T, S, a.D, a.Dv, scale,
                                            a.causal, nullptr)));
       std::vector<double> want_out(static_cast<size_t>(B * T * Dv), 0.0), want_lse;
@@ -93,9 +94,107 @@ TEST_P(CudaEmu, AttentionForwardAndBackwardAgainstTheDefinition) {
 
 TEST_P(CudaEmu, AttentionRefusesHeadsWiderThan256) {
   Values q(Dt::kF32, 300), out(Dt::kF32, 300);
-  EXPECT_EQ(ck::AttentionForward(Dt::kF32, q.data(), q.data(), q.data(), out.data(), nullptr, 1, 1, 1, 300, 300, 1.f,
-                                 false, nullptr),
+  EXPECT_EQ(ck::AttentionForward(Dt::kF32, ck::ContiguousAttention(1, 1, 300, 300), q.data(), q.data(), q.data(),
+                                 out.data(), nullptr, 1, 1, 1, 300, 300, 1.f, false, nullptr),
             cudaErrorInvalidValue);
+}
+
+// The kernels read and write [B, T, H, D] operands and the packed [B, T, 3, H, D] q/k/v product in
+// place, through their strides: the same values, bit for bit, as the contiguous [B, H, T, D]
+// kernels on re-laid copies, and every element of a packed gradient written.
+TEST_P(CudaEmu, AttentionInPlaceLayoutsMatchTheContiguousKernels) {
+  const struct {
+    int64_t B, H, T, S;
+    int D, Dv;
+    bool causal, packed;
+  } cases[] = {{2, 3, 37, 45, 40, 24, true, false},  // T < S, D != Dv, partial tiles
+               {1, 2, 40, 40, 32, 32, false, false},
+               {2, 2, 37, 37, 16, 16, true, true},   // packed: T = S, D = Dv
+               {1, 4, 9, 9, 64, 64, false, true}};
+  for (Dt dt : kDts)
+    for (const auto& c : cases) {
+      SCOPED_TRACE(std::string(Name(dt)) + (c.packed ? " bs3hd" : " bshd") + " H " + std::to_string(c.H) + " T " +
+                   std::to_string(c.T) + " S " + std::to_string(c.S));
+      const int64_t B = c.B, H = c.H, T = c.T, S = c.S, D = c.D, Dv = c.Dv, BH = B * H;
+      const float scale = 0.3f;
+      // The contiguous operands, slice (b, h) after slice.
+      Values q(dt, Uniform(BH * T * D, -1.f, 1.f, 40)), k(dt, Uniform(BH * S * D, -1.f, 1.f, 41));
+      Values v(dt, Uniform(BH * S * Dv, -1.f, 1.f, 42)), dout(dt, Uniform(BH * T * Dv, -1.f, 1.f, 43));
+      Values out(dt, BH * T * Dv), dq(dt, BH * T * D), dk(dt, BH * S * D), dv(dt, BH * S * Dv);
+      Array<float> lse(BH * T, kNaN), delta(BH * T, kNaN);
+      const ck::AttentionLayout C = ck::ContiguousAttention(T, S, D, Dv);
+      ASSERT_TRUE(Ok(ck::AttentionForward(dt, C, q.data(), k.data(), v.data(), out.data(), lse.data(), BH, T, S,
+                                          c.D, c.Dv, scale, c.causal, nullptr)));
+      ASSERT_TRUE(Ok(ck::AttentionBackward(dt, C, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
+                                           dq.data(), dk.data(), dv.data(), delta.data(), BH, T, S, c.D, c.Dv,
+                                           scale, c.causal, nullptr)));
+      // The same values in the product's layout: row t of head h of batch b at b * batch + h * head + t * row.
+      ck::AttentionLayout L;
+      L.heads = H;
+      if (c.packed) {
+        L.q = L.k = L.v = {T * 3 * H * D, D, 3 * H * D};
+      } else {
+        L.q = {T * H * D, D, H * D};
+        L.k = {S * H * D, D, H * D};
+        L.v = {S * H * Dv, Dv, H * Dv};
+      }
+      L.o = {T * H * Dv, Dv, H * Dv};
+      const int64_t k_off = c.packed ? H * D : 0, v_off = c.packed ? 2 * H * D : 0;
+      const int64_t qkv_elems = c.packed ? B * T * 3 * H * D : 0;
+      Values packed(dt, qkv_elems > 0 ? qkv_elems : 1), dpacked(dt, qkv_elems > 0 ? qkv_elems : 1);
+      Values ql(dt, BH * T * D), kl(dt, BH * S * D), vl(dt, BH * S * Dv), doutl(dt, BH * T * Dv);
+      Values outl(dt, BH * T * Dv), dql(dt, BH * T * D), dkl(dt, BH * S * D), dvl(dt, BH * S * Dv);
+      Values& qs = c.packed ? packed : ql;
+      Values& ks = c.packed ? packed : kl;
+      Values& vs = c.packed ? packed : vl;
+      const auto at = [&](const ck::AttentionStrides& s, int64_t b, int64_t t) {
+        return b / H * s.batch + b % H * s.head + t * s.row;
+      };
+      const auto relay = [&](const Values& from, Values& to, const ck::AttentionStrides& s, int64_t off, int64_t rows,
+                             int64_t width) {
+        for (int64_t b = 0; b < BH; ++b)
+          for (int64_t t = 0; t < rows; ++t)
+            for (int64_t d = 0; d < width; ++d) to.Set(off + at(s, b, t) + d, from[(b * rows + t) * width + d]);
+      };
+      relay(q, qs, L.q, 0, T, D);
+      relay(k, ks, L.k, k_off, S, D);
+      relay(v, vs, L.v, v_off, S, Dv);
+      relay(dout, doutl, L.o, 0, T, Dv);
+      Array<float> lsel(BH * T, kNaN), deltal(BH * T, kNaN);
+      const char* base = static_cast<const char*>(qs.data());
+      const size_t elem = dt == Dt::kF32 ? 4 : 2;
+      const void* kp = c.packed ? base + k_off * elem : kl.data();
+      const void* vp = c.packed ? base + v_off * elem : vl.data();
+      void* dqp = c.packed ? dpacked.data() : dql.data();
+      void* dkp = c.packed ? static_cast<char*>(dpacked.data()) + k_off * elem : dkl.data();
+      void* dvp = c.packed ? static_cast<char*>(dpacked.data()) + v_off * elem : dvl.data();
+      ASSERT_TRUE(Ok(ck::AttentionForward(dt, L, qs.data(), kp, vp, outl.data(), lsel.data(), BH, T, S, c.D, c.Dv,
+                                          scale, c.causal, nullptr)));
+      ASSERT_TRUE(Ok(ck::AttentionBackward(dt, L, doutl.data(), qs.data(), kp, vp, outl.data(), lsel.data(), dqp, dkp,
+                                           dvp, deltal.data(), BH, T, S, c.D, c.Dv, scale, c.causal, nullptr)));
+      // Laid back out: each result is the contiguous one exactly.
+      const auto expect_same = [&](const Values& got, const ck::AttentionStrides& s, int64_t off, const Values& want,
+                                   int64_t rows, int64_t width, const char* what) {
+        int64_t differ = 0;
+        for (int64_t b = 0; b < BH; ++b)
+          for (int64_t t = 0; t < rows; ++t)
+            for (int64_t d = 0; d < width; ++d) {
+              const float g = got[off + at(s, b, t) + d], w = want[(b * rows + t) * width + d];
+              differ += !(g == w || (std::isnan(g) && std::isnan(w)));
+            }
+        EXPECT_EQ(differ, 0) << what;
+      };
+      expect_same(outl, L.o, 0, out, T, Dv, "out");
+      for (int64_t i = 0; i < BH * T; ++i) ASSERT_EQ(lsel[i], lse[i]) << "lse " << i;
+      expect_same(c.packed ? dpacked : dql, L.q, 0, dq, T, D, "dq");
+      expect_same(c.packed ? dpacked : dkl, L.k, k_off, dk, S, D, "dk");
+      expect_same(c.packed ? dpacked : dvl, L.v, v_off, dv, S, Dv, "dv");
+      if (c.packed) {  // every element of the packed gradient is one of dq, dk, dv: none is left NaN
+        int64_t unwritten = 0;
+        for (int64_t i = 0; i < qkv_elems; ++i) unwritten += std::isnan(dpacked[i]);
+        EXPECT_EQ(unwritten, 0);
+      }
+    }
 }
 
 // ---- Optimizers ----------------------------------------------------------------------------

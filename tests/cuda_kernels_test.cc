@@ -819,9 +819,9 @@ TEST(CudaProvider, Bf16AttentionForwardAndBackward) {
 
 // Attention in the q/k/v products' own layout (layout "bshd": [B, T, H, D], and "bs3hd": the
 // product itself, as AttentionLayoutFusion leaves a device session's attention), forward and
-// backward: in fp32 through the own kernels (on [B, H, T, D] copies), and in bf16 through cuDNN's
-// strides (head dim 64, causal with T = S and T < S) against the CPU in fp32 on the bf16-rounded
-// inputs.
+// backward: in fp32 through the own kernels, and in bf16 through cuDNN (head dim 64, causal with
+// T = S and T < S), both reading and writing the layouts in place through their strides, against
+// the CPU in fp32 on the bf16-rounded inputs.
 TEST(CudaProvider, AttentionInTheProductsLayout) {
   const struct {
     std::vector<int64_t> q, k;

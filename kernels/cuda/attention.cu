@@ -2,7 +2,9 @@
 // never stored. One warp owns one row (a query row forward and for dq, a key row for dk and dv);
 // a block of kWarps rows shares tiles of the other operand in shared memory. Each lane holds
 // up to 8 of a row's D (or Dv) elements, so D, Dv <= 256. Scores, the running max and sum, and
-// every accumulation are fp32 whatever the storage type.
+// every accumulation are fp32 whatever the storage type. Operands are read and written in place
+// through their strides (AttentionLayout, kernels.h), so q/k/v products laid out [B, T, H, D] or
+// packed [B, T, 3, H, D] need no copies.
 //
 // Forward (online softmax): m_i = max_j s_ij, l_i = sum_j exp(s_ij - m_i), out_i = sum_j
 // exp(s_ij - m_i) v_j / l_i, lse_i = m_i + log l_i, with s_ij = scale q_i . k_j.
@@ -35,12 +37,19 @@ __device__ __forceinline__ void LoadRow(const T* src, int n, float scale, float 
   }
 }
 
-// rows [r0, r0 + kTile) of a [rows, width] matrix into shared memory (zeros past `rows`).
+// Where slice b of an operand laid out as s starts (its row t then at + t * s.row).
+__host__ __device__ __forceinline__ int64_t SliceAt(const AttentionStrides& s, int64_t heads, int64_t b) {
+  return b / heads * s.batch + b % heads * s.head;
+}
+
+// rows [r0, r0 + kTile) of a slice's [rows, width] operand, `ld` elements apart, into shared
+// memory as kTile x width (zeros past `rows`), each scaled by `scale`.
 template <typename T>
-__device__ __forceinline__ void LoadTile(const T* src, int64_t r0, int64_t rows, int width, float* dst) {
+__device__ __forceinline__ void LoadTile(const T* src, int64_t r0, int64_t rows, int width, int64_t ld, float* dst,
+                                         float scale = 1.f) {
   for (int e = threadIdx.x; e < kTile * width; e += blockDim.x) {
     const int64_t r = r0 + e / width;
-    dst[e] = r < rows ? ToFloat(src[r * width + e % width]) : 0.f;
+    dst[e] = r < rows ? ToFloat(src[r * ld + e % width]) * scale : 0.f;
   }
 }
 
@@ -53,20 +62,21 @@ __device__ __forceinline__ float RowDot(const float (&a)[kPerLane], const float*
   return WarpAllSum(s);
 }
 
+// Slices b0 + blockIdx.y; lse is contiguous [slices, Tq].
 template <typename T>
-__global__ void AttnForward(const T* q, const T* k, const T* v, T* out, float* lse, int64_t Tq, int64_t S, int D,
-                            int Dv, float scale, bool causal) {
+__global__ void AttnForward(AttentionLayout L, int64_t b0, const T* q, const T* k, const T* v, T* out, float* lse,
+                            int64_t Tq, int64_t S, int D, int Dv, float scale, bool causal) {
   extern __shared__ float smem[];
   float* ks = smem;
   float* vs = smem + kTile * D;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t bh = blockIdx.y, first = static_cast<int64_t>(blockIdx.x) * kWarps, i = first + warp;
+  const int64_t bh = b0 + blockIdx.y, first = static_cast<int64_t>(blockIdx.x) * kWarps, i = first + warp;
   const int64_t offset = S - Tq;
   const bool active = i < Tq;
-  const T* kb = k + bh * S * D;
-  const T* vb = v + bh * S * Dv;
+  const T* kb = k + SliceAt(L.k, L.heads, bh);
+  const T* vb = v + SliceAt(L.v, L.heads, bh);
   float qr[kPerLane], acc[kPerLane];
-  LoadRow(q + (bh * Tq + (active ? i : 0)) * D, D, scale, qr, lane);
+  LoadRow(q + SliceAt(L.q, L.heads, bh) + (active ? i : 0) * L.q.row, D, scale, qr, lane);
   for (int e = 0; e < kPerLane; ++e) acc[e] = 0.f;
   float m = -INFINITY, l = 0.f;
   const int64_t visible = !active ? 0 : causal ? Max64(0, Min64(S, i + 1 + offset)) : S;
@@ -74,8 +84,8 @@ __global__ void AttnForward(const T* q, const T* k, const T* v, T* out, float* l
   const int64_t block_keys = causal ? Max64(0, Min64(S, last_row + 1 + offset)) : S;
   for (int64_t j0 = 0; j0 < block_keys; j0 += kTile) {
     __syncthreads();
-    LoadTile(kb, j0, S, D, ks);
-    LoadTile(vb, j0, S, Dv, vs);
+    LoadTile(kb, j0, S, D, L.k.row, ks);
+    LoadTile(vb, j0, S, Dv, L.v.row, vs);
     __syncthreads();
     for (int jj = 0; jj < kTile && j0 + jj < visible; ++jj) {
       const float s = RowDot(qr, ks + jj * D, D, lane);
@@ -90,7 +100,7 @@ __global__ void AttnForward(const T* q, const T* k, const T* v, T* out, float* l
     }
   }
   if (!active) return;
-  T* o = out + (bh * Tq + i) * Dv;
+  T* o = out + SliceAt(L.o, L.heads, bh) + i * L.o.row;
   for (int e = 0; e < kPerLane; ++e) {
     const int d = lane + 32 * e;
     if (d < Dv) o[d] = FromFloat<T>(l > 0.f ? acc[e] / l : 0.f);
@@ -98,42 +108,48 @@ __global__ void AttnForward(const T* q, const T* k, const T* v, T* out, float* l
   if (lse && lane == 0) lse[bh * Tq + i] = l > 0.f ? m + logf(l) : -INFINITY;
 }
 
-// delta_i = dout_i . out_i (warp per row).
+// delta_i = dout_i . out_i (warp per row of the rows = slices x Tq, both laid out as o).
 template <typename T>
-__global__ void AttnDelta(const T* dout, const T* out, float* delta, int64_t rows, int Dv) {
+__global__ void AttnDelta(AttentionLayout L, const T* dout, const T* out, float* delta, int64_t rows, int64_t Tq,
+                          int Dv) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
+  const int64_t at = SliceAt(L.o, L.heads, row / Tq) + row % Tq * L.o.row;
   float s = 0.f;
-  for (int d = lane; d < Dv; d += 32) s += ToFloat(dout[row * Dv + d]) * ToFloat(out[row * Dv + d]);
+  for (int d = lane; d < Dv; d += 32) s += ToFloat(dout[at + d]) * ToFloat(out[at + d]);
   s = WarpAllSum(s);
   if (lane == 0) delta[row] = s;
 }
 
 // dq: warp per query row, tiles of k and v.
 template <typename T>
-__global__ void AttnBackwardQ(const T* dout, const T* q, const T* k, const T* v, const float* lse, const float* delta,
-                              T* dq, int64_t Tq, int64_t S, int D, int Dv, float scale, bool causal) {
+__global__ void AttnBackwardQ(AttentionLayout L, int64_t b0, const T* dout, const T* q, const T* k, const T* v,
+                              const float* lse, const float* delta, T* dq, int64_t Tq, int64_t S, int D, int Dv,
+                              float scale, bool causal) {
   extern __shared__ float smem[];
   float* ks = smem;
   float* vs = smem + kTile * D;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t bh = blockIdx.y, first = static_cast<int64_t>(blockIdx.x) * kWarps, i = first + warp;
+  const int64_t bh = b0 + blockIdx.y, first = static_cast<int64_t>(blockIdx.x) * kWarps, i = first + warp;
   const int64_t offset = S - Tq;
   const bool active = i < Tq;
-  const int64_t row = bh * Tq + (active ? i : 0);
+  const int64_t row = bh * Tq + (active ? i : 0);  // of lse and delta
+  const int64_t q_at = SliceAt(L.q, L.heads, bh) + (active ? i : 0) * L.q.row;
   float qr[kPerLane], dor[kPerLane], acc[kPerLane];
-  LoadRow(q + row * D, D, scale, qr, lane);
-  LoadRow(dout + row * Dv, Dv, 1.f, dor, lane);
+  LoadRow(q + q_at, D, scale, qr, lane);
+  LoadRow(dout + SliceAt(L.o, L.heads, bh) + (active ? i : 0) * L.o.row, Dv, 1.f, dor, lane);
   for (int e = 0; e < kPerLane; ++e) acc[e] = 0.f;
   const float li = active ? lse[row] : 0.f, di = active ? delta[row] : 0.f;
   const int64_t visible = !active ? 0 : causal ? Max64(0, Min64(S, i + 1 + offset)) : S;
   const int64_t last_row = Min64(Tq - 1, first + kWarps - 1);
   const int64_t block_keys = causal ? Max64(0, Min64(S, last_row + 1 + offset)) : S;
+  const T* kb = k + SliceAt(L.k, L.heads, bh);
+  const T* vb = v + SliceAt(L.v, L.heads, bh);
   for (int64_t j0 = 0; j0 < block_keys; j0 += kTile) {
     __syncthreads();
-    LoadTile(k + bh * S * D, j0, S, D, ks);
-    LoadTile(v + bh * S * Dv, j0, S, Dv, vs);
+    LoadTile(kb, j0, S, D, L.k.row, ks);
+    LoadTile(vb, j0, S, Dv, L.v.row, vs);
     __syncthreads();
     for (int jj = 0; jj < kTile && j0 + jj < visible; ++jj) {
       const float p = expf(RowDot(qr, ks + jj * D, D, lane) - li);
@@ -147,38 +163,38 @@ __global__ void AttnBackwardQ(const T* dout, const T* q, const T* k, const T* v,
   if (!active) return;
   for (int e = 0; e < kPerLane; ++e) {
     const int d = lane + 32 * e;
-    if (d < D) dq[row * D + d] = FromFloat<T>(scale * acc[e]);
+    if (d < D) dq[q_at + d] = FromFloat<T>(scale * acc[e]);
   }
 }
 
 // dk, dv: warp per key row, tiles of q and dout (with their rows' lse and delta).
 template <typename T>
-__global__ void AttnBackwardKV(const T* dout, const T* q, const T* k, const T* v, const float* lse,
-                               const float* delta, T* dk, T* dv, int64_t Tq, int64_t S, int D, int Dv, float scale,
-                               bool causal) {
+__global__ void AttnBackwardKV(AttentionLayout L, int64_t b0, const T* dout, const T* q, const T* k, const T* v,
+                               const float* lse, const float* delta, T* dk, T* dv, int64_t Tq, int64_t S, int D,
+                               int Dv, float scale, bool causal) {
   extern __shared__ float smem[];
   float* qs = smem;                    // kTile x D (scaled)
   float* dos = smem + kTile * D;       // kTile x Dv
   float* stats = dos + kTile * Dv;     // kTile lse, then kTile delta
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t bh = blockIdx.y, first = static_cast<int64_t>(blockIdx.x) * kWarps, j = first + warp;
+  const int64_t bh = b0 + blockIdx.y, first = static_cast<int64_t>(blockIdx.x) * kWarps, j = first + warp;
   const int64_t offset = S - Tq;
   const bool active = j < S;
-  const int64_t row = bh * S + (active ? j : 0);
+  const int64_t k_at = SliceAt(L.k, L.heads, bh) + (active ? j : 0) * L.k.row;
+  const int64_t v_at = SliceAt(L.v, L.heads, bh) + (active ? j : 0) * L.v.row;
   float kr[kPerLane], vr[kPerLane], dk_acc[kPerLane], dv_acc[kPerLane];
-  LoadRow(k + row * D, D, 1.f, kr, lane);
-  LoadRow(v + row * Dv, Dv, 1.f, vr, lane);
+  LoadRow(k + k_at, D, 1.f, kr, lane);
+  LoadRow(v + v_at, Dv, 1.f, vr, lane);
   for (int e = 0; e < kPerLane; ++e) dk_acc[e] = dv_acc[e] = 0.f;
   // Query rows that see key j: i >= j - offset (all when not causal).
   const int64_t first_query = !active ? Tq : causal ? Max64(0, j - offset) : 0;
   const int64_t block_first = causal ? Max64(0, first - offset) : 0;
+  const T* qb = q + SliceAt(L.q, L.heads, bh);
+  const T* dob = dout + SliceAt(L.o, L.heads, bh);
   for (int64_t i0 = block_first - block_first % kTile; i0 < Tq; i0 += kTile) {
     __syncthreads();
-    for (int e = threadIdx.x; e < kTile * D; e += blockDim.x) {
-      const int64_t r = i0 + e / D;
-      qs[e] = r < Tq ? ToFloat(q[(bh * Tq + r) * D + e % D]) * scale : 0.f;
-    }
-    LoadTile(dout + bh * Tq * Dv, i0, Tq, Dv, dos);
+    LoadTile(qb, i0, Tq, D, L.q.row, qs, scale);
+    LoadTile(dob, i0, Tq, Dv, L.o.row, dos);
     for (int e = threadIdx.x; e < kTile; e += blockDim.x) {
       const int64_t r = i0 + e;
       stats[e] = r < Tq ? lse[bh * Tq + r] : 0.f;
@@ -199,8 +215,8 @@ __global__ void AttnBackwardKV(const T* dout, const T* q, const T* k, const T* v
   if (!active) return;
   for (int e = 0; e < kPerLane; ++e) {
     const int d = lane + 32 * e;
-    if (d < D) dk[row * D + d] = FromFloat<T>(dk_acc[e]);
-    if (d < Dv) dv[row * Dv + d] = FromFloat<T>(dv_acc[e]);
+    if (d < D) dk[k_at + d] = FromFloat<T>(dk_acc[e]);
+    if (d < Dv) dv[v_at + d] = FromFloat<T>(dv_acc[e]);
   }
 }
 
@@ -209,14 +225,17 @@ dim3 Grid(int64_t rows, int64_t batch) {
 }
 
 // The (batch x head) slices go in gridDim.y, at most 65535 a launch: more are launched in
-// chunks, each kernel seeing its chunk's slices from its base pointers.
+// chunks, each kernel told its chunk's first slice.
 constexpr int64_t kSlicesPerLaunch = 65535;
+
+bool ValidLayout(const AttentionLayout& L) { return L.heads >= 1; }
 
 }  // namespace
 
-int AttentionForward(Dt dt, const void* q, const void* k, const void* v, void* out, float* lse, int64_t batch,
-                     int64_t T, int64_t S, int D, int Dv, float scale, bool causal, void* stream) {
-  if (D > 32 * kPerLane || Dv > 32 * kPerLane) return static_cast<int>(cudaErrorInvalidValue);
+int AttentionForward(Dt dt, const AttentionLayout& layout, const void* q, const void* k, const void* v, void* out,
+                     float* lse, int64_t batch, int64_t T, int64_t S, int D, int Dv, float scale, bool causal,
+                     void* stream) {
+  if (D > 32 * kPerLane || Dv > 32 * kPerLane || !ValidLayout(layout)) return static_cast<int>(cudaErrorInvalidValue);
   if (batch == 0 || T == 0) return 0;
   const size_t shared = sizeof(float) * kTile * (D + Dv);
   DISPATCH_DT(dt, Tp, {
@@ -224,42 +243,40 @@ int AttentionForward(Dt dt, const void* q, const void* k, const void* v, void* o
     for (int64_t b0 = 0; b0 < batch; b0 += kSlicesPerLaunch) {
       const int64_t nb = batch - b0 < kSlicesPerLaunch ? batch - b0 : kSlicesPerLaunch;
       AttnForward<Tp><<<Grid(T, nb), kWarps * 32, shared, Stream(stream)>>>(
-          static_cast<const Tp*>(q) + b0 * T * D, static_cast<const Tp*>(k) + b0 * S * D,
-          static_cast<const Tp*>(v) + b0 * S * Dv, static_cast<Tp*>(out) + b0 * T * Dv, lse + b0 * T, T, S, D, Dv,
-          scale, causal);
+          layout, b0, static_cast<const Tp*>(q), static_cast<const Tp*>(k), static_cast<const Tp*>(v),
+          static_cast<Tp*>(out), lse, T, S, D, Dv, scale, causal);
     }
   });
   return static_cast<int>(cudaGetLastError());
 }
 
-int AttentionBackward(Dt dt, const void* dout, const void* q, const void* k, const void* v, const void* out,
-                      const float* lse, void* dq, void* dk, void* dv, float* delta, int64_t batch, int64_t T,
-                      int64_t S, int D, int Dv, float scale, bool causal, void* stream) {
-  if (D > 32 * kPerLane || Dv > 32 * kPerLane) return static_cast<int>(cudaErrorInvalidValue);
+int AttentionBackward(Dt dt, const AttentionLayout& layout, const void* dout, const void* q, const void* k,
+                      const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv, float* delta,
+                      int64_t batch, int64_t T, int64_t S, int D, int Dv, float scale, bool causal, void* stream) {
+  if (D > 32 * kPerLane || Dv > 32 * kPerLane || !ValidLayout(layout)) return static_cast<int>(cudaErrorInvalidValue);
   if (batch == 0 || (T == 0 && S == 0)) return 0;
   cudaStream_t s = Stream(stream);
   DISPATCH_DT(dt, Tp, {
     const Tp* dO = static_cast<const Tp*>(dout);
+    const Tp* qp = static_cast<const Tp*>(q);
+    const Tp* kp = static_cast<const Tp*>(k);
+    const Tp* vp = static_cast<const Tp*>(v);
     const int shared_q = static_cast<int>(sizeof(float) * kTile * (D + Dv));
     const int shared_kv = static_cast<int>(sizeof(float) * kTile * (D + Dv + 2));
     cudaFuncSetAttribute(AttnBackwardQ<Tp>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_q);
     cudaFuncSetAttribute(AttnBackwardKV<Tp>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_kv);
     if (T > 0)  // no query rows: no deltas (a zero-block launch would be an error)
       AttnDelta<Tp><<<static_cast<unsigned>((batch * T + kWarps - 1) / kWarps), kWarps * 32, 0, s>>>(
-          dO, static_cast<const Tp*>(out), delta, batch * T, Dv);
+          layout, dO, static_cast<const Tp*>(out), delta, batch * T, T, Dv);
     for (int64_t b0 = 0; b0 < batch; b0 += kSlicesPerLaunch) {
       const int64_t nb = batch - b0 < kSlicesPerLaunch ? batch - b0 : kSlicesPerLaunch;
-      const Tp* qc = static_cast<const Tp*>(q) + b0 * T * D;
-      const Tp* kc = static_cast<const Tp*>(k) + b0 * S * D;
-      const Tp* vc = static_cast<const Tp*>(v) + b0 * S * Dv;
       if (T > 0)
-        AttnBackwardQ<Tp><<<Grid(T, nb), kWarps * 32, shared_q, s>>>(
-            dO + b0 * T * Dv, qc, kc, vc, lse + b0 * T, delta + b0 * T, static_cast<Tp*>(dq) + b0 * T * D, T, S, D,
-            Dv, scale, causal);
+        AttnBackwardQ<Tp><<<Grid(T, nb), kWarps * 32, shared_q, s>>>(layout, b0, dO, qp, kp, vp, lse, delta,
+                                                                     static_cast<Tp*>(dq), T, S, D, Dv, scale, causal);
       if (S > 0)
-        AttnBackwardKV<Tp><<<Grid(S, nb), kWarps * 32, shared_kv, s>>>(
-            dO + b0 * T * Dv, qc, kc, vc, lse + b0 * T, delta + b0 * T, static_cast<Tp*>(dk) + b0 * S * D,
-            static_cast<Tp*>(dv) + b0 * S * Dv, T, S, D, Dv, scale, causal);
+        AttnBackwardKV<Tp><<<Grid(S, nb), kWarps * 32, shared_kv, s>>>(layout, b0, dO, qp, kp, vp, lse, delta,
+                                                                       static_cast<Tp*>(dk), static_cast<Tp*>(dv), T,
+                                                                       S, D, Dv, scale, causal);
     }
   });
   return static_cast<int>(cudaGetLastError());

@@ -121,15 +121,32 @@ struct Broadcast3 {
 int Where(int elem_bytes, const bool* cond, const void* a, const void* b, void* y, int64_t n, const Broadcast3& bc,
           void* stream);
 
+// Where row t of slice b (of `batch` = batch x heads slices) of an attention operand starts, in
+// elements: (b / heads) * batch + (b % heads) * head + t * row, as the CPU kernels' strides.
+struct AttentionStrides {
+  int64_t batch = 0, head = 0, row = 0;
+};
+// The operands' layouts: q, k, v and o (out and dout); dq, dk and dv are laid out as q, k and v,
+// and lse and delta are always contiguous [batch, T].
+struct AttentionLayout {
+  int64_t heads = 1;
+  AttentionStrides q, k, v, o;
+};
+// Slices of q [T, D], k [S, D], v [S, Dv] and out [T, Dv] one after another.
+inline AttentionLayout ContiguousAttention(int64_t T, int64_t S, int64_t D, int64_t Dv) {
+  return {1, {T * D, 0, D}, {S * D, 0, D}, {S * Dv, 0, Dv}, {T * Dv, 0, Dv}};
+}
+
 // Scaled dot-product attention over `batch` (batch x heads) slices of q [T, D], k [S, D], v [S, Dv]
-// (D, Dv <= 256): out [T, Dv] and lse [T] (fp32, may be null). Causal: query i sees keys
-// j <= i + S - T. The backward writes dq, dk, dv from dout, the inputs, out and lse; `delta` is
-// fp32 device scratch of batch * T.
-int AttentionForward(Dt dt, const void* q, const void* k, const void* v, void* out, float* lse, int64_t batch,
-                     int64_t T, int64_t S, int D, int Dv, float scale, bool causal, void* stream);
-int AttentionBackward(Dt dt, const void* dout, const void* q, const void* k, const void* v, const void* out,
-                      const float* lse, void* dq, void* dk, void* dv, float* delta, int64_t batch, int64_t T,
-                      int64_t S, int D, int Dv, float scale, bool causal, void* stream);
+// (D, Dv <= 256), read and written through `layout`: out [T, Dv] and lse [T] (fp32, may be null).
+// Causal: query i sees keys j <= i + S - T. The backward writes dq, dk, dv from dout, the inputs,
+// out and lse; `delta` is fp32 device scratch of batch * T.
+int AttentionForward(Dt dt, const AttentionLayout& layout, const void* q, const void* k, const void* v, void* out,
+                     float* lse, int64_t batch, int64_t T, int64_t S, int D, int Dv, float scale, bool causal,
+                     void* stream);
+int AttentionBackward(Dt dt, const AttentionLayout& layout, const void* dout, const void* q, const void* k,
+                      const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv, float* delta,
+                      int64_t batch, int64_t T, int64_t S, int D, int Dv, float scale, bool causal, void* stream);
 
 // Rows of a [rows, row_elems] table by int64 ids (negative ids count from the end; ids out
 // of range give zero rows).

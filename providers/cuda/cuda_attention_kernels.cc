@@ -28,9 +28,15 @@ absl::StatusOr<kernels::cpu::AttentionParams> AttentionShape(const std::string& 
   return p;
 }
 
-// Layout "bshd": [B, T, H, D] operands. cuDNN reads and writes them through their strides; the
-// own kernels run on [B, H, T, D] copies in scratch (swapping axes 1 and 2).
-bool BshdLayout(const graph::Node& n) { return n.AttrString("layout", "bhsd") == "bshd"; }
+// Layout "bshd": [B, T, H, D] operands, and "bs3hd": q, k and v packed [B, T, 3, H, D] in one
+// tensor (the q/k/v product), out [B, T, H, D]. cuDNN and the own kernels alike read and write
+// them in place through their strides.
+kernels::cpu::AttentionLayout LayoutOf(const graph::Node& n) {
+  const std::string layout = n.AttrString("layout", "bhsd");
+  return layout == "bshd"    ? kernels::cpu::AttentionLayout::kBshd
+         : layout == "bs3hd" ? kernels::cpu::AttentionLayout::kBs3hd
+                             : kernels::cpu::AttentionLayout::kBhsd;
+}
 
 // The [B, H, T, D] view (dims only) of the [B, T, H, D] t.
 TensorView HeadsMajorDims(const TensorView& t) {
@@ -38,244 +44,175 @@ TensorView HeadsMajorDims(const TensorView& t) {
   return TensorView(t.data, t.dtype, dims);
 }
 
-const int64_t kSwapSeqHeads[4] = {0, 2, 1, 3};
-
-// Layout "bs3hd": q, k and v packed [B, T, 3, H, D] in one tensor (the q/k/v product). cuDNN
-// reads them (and writes dq, dk, dv) in place; the own kernels run on an unpacked [3, B, H, T,
-// D] copy.
-bool PackedLayout(const graph::Node& n) { return n.AttrString("layout", "bhsd") == "bs3hd"; }
-const int64_t kUnpackQkv[5] = {2, 0, 3, 1, 4};  // [B, T, 3, H, D] -> [3, B, H, T, D]
-const int64_t kPackQkv[5] = {1, 3, 0, 2, 4};    // [3, B, H, T, D] -> [B, T, 3, H, D]
-
 // The [B, H, T, D] dims (no data) of one of the packed [B, T, 3, H, D] q, k, v.
 TensorView OneOfPacked(const TensorView& qkv) {
   const int64_t dims[4] = {qkv.dims[0], qkv.dims[3], qkv.dims[1], qkv.dims[4]};
   return TensorView(nullptr, qkv.dtype, dims);
 }
 
-// The attention kernels' moves between the layouts for their own kernels.
+// The device kernels' strides of a planned over [B, H, T, D] operands, laid out as `layout`
+// with `heads` heads.
+kc::AttentionLayout DeviceLayout(kernels::cpu::AttentionParams a, kernels::cpu::AttentionLayout layout,
+                                 int64_t heads) {
+  kernels::cpu::SetLayout(a, layout, heads);
+  const auto strides = [](const kernels::cpu::AttentionStrides& s) { return kc::AttentionStrides{s.batch, s.head, s.row}; };
+  return {a.heads, strides(a.q), strides(a.k), strides(a.v), strides(a.o)};
+}
+
+// The attention kernels' operand checks and sizes for the three layouts.
 class AttentionLayoutKernel : public CudaKernel {
  protected:
-  using CudaKernel::CudaKernel;
-  // A [B, H, T, D] copy in scratch of the [B, T, H, D] device tensor t.
-  absl::StatusOr<const void*> HeadsMajorCopy(KernelContext& ctx, const TensorView& t) const {
-    void* c = ctx.Scratch(t.nbytes());
-    if (!c && t.nbytes() > 0) return absl::ResourceExhaustedError(absl::StrCat(name_, ": no device scratch"));
-    RETURN_IF_ERROR(Check(kc::Transpose(static_cast<int>(ElementSize(t.dtype)), t.data, c, 4, t.dims, kSwapSeqHeads,
-                                        stream())));
-    return static_cast<const void*>(c);
-  }
-  // The packed [B, T, 3, H, D] qkv unpacked into a [3, B, H, T, D] copy in scratch.
-  absl::StatusOr<const char*> UnpackedCopy(KernelContext& ctx, const TensorView& qkv) const {
-    void* c = ctx.Scratch(qkv.nbytes());
-    if (!c && qkv.nbytes() > 0) return absl::ResourceExhaustedError(absl::StrCat(name_, ": no device scratch"));
-    RETURN_IF_ERROR(Check(kc::Transpose(static_cast<int>(ElementSize(qkv.dtype)), qkv.data, c, 5, qkv.dims, kUnpackQkv,
-                                        stream())));
-    return static_cast<const char*>(c);
-  }
+  AttentionLayoutKernel(const CudaExecutionProvider* p, const graph::Node& n)
+      : CudaKernel(p, n), scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0),
+        layout_(LayoutOf(n)) {}
+
+  bool packed() const { return layout_ == kernels::cpu::AttentionLayout::kBs3hd; }
+  bool bshd() const { return layout_ == kernels::cpu::AttentionLayout::kBshd; }
+
   absl::Status ExpectPacked(const TensorView& t) const {
     if (t.rank == 5 && t.dims[2] == 3) return absl::OkStatus();
     return InvalidArgument(name_, ": layout \"bs3hd\" takes q, k and v packed [B, T, 3, H, D], got ",
                            DimsToString(t.shape()));
   }
-  // Moves the [B, H, T, D] result in heads_major into the [B, T, H, D] output y.
-  absl::Status SeqMajorCopy(const void* heads_major, const TensorView& y) const {
-    const TensorView h = HeadsMajorDims(y);
-    return Check(kc::Transpose(static_cast<int>(ElementSize(y.dtype)), heads_major, y.data, 4, h.dims,
-                               kSwapSeqHeads, stream()));
+  // The sizes of q, k and v (each [B, T, H, D] under "bshd").
+  absl::StatusOr<kernels::cpu::AttentionParams> Plan(const TensorView& q, const TensorView& k,
+                                                     const TensorView& v) const {
+    if (!bshd()) return AttentionShape(name_, q, k, v, scale_, causal_);
+    return AttentionShape(name_, HeadsMajorDims(q), HeadsMajorDims(k), HeadsMajorDims(v), scale_, causal_);
   }
+  // The heads of the layout's operands: dim 2 of [B, T, H, D], dim 3 of [B, T, 3, H, D].
+  int64_t Heads(const TensorView& q) const { return packed() ? q.dims[3] : bshd() ? q.dims[2] : 0; }
+  SdpaShape Sdpa(const kernels::cpu::AttentionParams& a, const TensorView& q) const {
+    return SdpaShape{q.dtype, a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_, Heads(q), packed()};
+  }
+  kc::AttentionLayout Strides(const kernels::cpu::AttentionParams& a, const TensorView& q) const {
+    return DeviceLayout(a, layout_, layout_ == kernels::cpu::AttentionLayout::kBhsd ? 1 : Heads(q));
+  }
+  absl::Status Named(const absl::Status& st) const {
+    return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name_, ": ", st.message()));
+  }
+
+  float scale_;
+  bool causal_;
+  kernels::cpu::AttentionLayout layout_;
 };
 
 class AttentionKernel : public AttentionLayoutKernel {
  public:
-  AttentionKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : AttentionLayoutKernel(p, n), scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0),
-        bshd_(BshdLayout(n)), packed_(PackedLayout(n)) {}
+  AttentionKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : AttentionLayoutKernel(p, n) {}
   absl::Status Compute(KernelContext& ctx) const override {
-    if (packed_) return ComputePacked(ctx);
-    const TensorView& q_in = *ctx.input(0);
-    const TensorView& k_in = *ctx.input(1);
-    const TensorView& v_in = *ctx.input(2);
-    if (bshd_ && (q_in.rank != 4 || k_in.rank != 4 || v_in.rank != 4))
-      return InvalidArgument(name_, ": layout \"bshd\" takes q, k and v of rank 4 [B, T, H, D]");
-    // The sizes, as over [B, H, T, D] operands.
-    const TensorView q = bshd_ ? HeadsMajorDims(q_in) : q_in;
-    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams a,
-                     AttentionShape(name_, q, bshd_ ? HeadsMajorDims(k_in) : k_in, bshd_ ? HeadsMajorDims(v_in) : v_in,
-                                    scale_, causal_));
-    std::vector<int64_t> out(q_in.dims, q_in.dims + q_in.rank), lse(q.dims, q.dims + q.rank - 1);
-    out.back() = a.Dv;
-    TensorView* y = ctx.Output(0, out);
-    TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, lse) : nullptr;
+    const TensorView& q = *ctx.input(0);
+    const void *qd = q.data, *kd, *vd;
+    kernels::cpu::AttentionParams a;
+    std::vector<int64_t> out_dims, lse_dims;
+    if (packed()) {
+      RETURN_IF_ERROR(ExpectPacked(q));
+      const TensorView one = OneOfPacked(q);
+      ASSIGN_OR_RETURN(a, AttentionShape(name_, one, one, one, scale_, causal_));
+      const size_t part = static_cast<size_t>(q.dims[3] * q.dims[4]) * ElementSize(q.dtype);  // H * D elements
+      kd = static_cast<const char*>(q.data) + part;
+      vd = static_cast<const char*>(q.data) + 2 * part;
+      out_dims = {q.dims[0], q.dims[1], q.dims[3], q.dims[4]};
+      lse_dims = {q.dims[0], q.dims[3], q.dims[1]};
+    } else {
+      const TensorView& k = *ctx.input(1);
+      const TensorView& v = *ctx.input(2);
+      if (bshd() && (q.rank != 4 || k.rank != 4 || v.rank != 4))
+        return InvalidArgument(name_, ": layout \"bshd\" takes q, k and v of rank 4 [B, T, H, D]");
+      ASSIGN_OR_RETURN(a, Plan(q, k, v));
+      kd = k.data;
+      vd = v.data;
+      out_dims.assign(q.dims, q.dims + q.rank);
+      out_dims.back() = a.Dv;
+      const TensorView heads_major = bshd() ? HeadsMajorDims(q) : q;
+      lse_dims.assign(heads_major.dims, heads_major.dims + heads_major.rank - 1);
+    }
+    TensorView* y = ctx.Output(0, out_dims);
+    TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, lse_dims) : nullptr;
     if (!y) return absl::OkStatus();
     // bf16/fp16: cuDNN's fused flash attention (tensor cores) when it takes the shape.
-    const SdpaShape s{q.dtype, a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_, bshd_ ? q_in.dims[2] : 0};
+    const SdpaShape s = Sdpa(a, q);
     if (CudnnAttention* cudnn = CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
       float* stats = l ? l->as<float>() : static_cast<float*>(ctx.Scratch(static_cast<size_t>(a.batch * a.T) * 4));
-      absl::Status st = stats ? cudnn->Forward(s, q_in.data, k_in.data, v_in.data, y->data, stats,
-                                               [&ctx](size_t n) { return ctx.Scratch(n); })
+      absl::Status st = stats ? cudnn->Forward(s, qd, kd, vd, y->data, stats, [&ctx](size_t n) { return ctx.Scratch(n); })
                               : absl::OkStatus();  // the allocation error is reported
-      if (st.code() != absl::StatusCode::kUnimplemented)
-        return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name_, ": ", st.message()));
+      if (st.code() != absl::StatusCode::kUnimplemented) return Named(st);
     }
-    const void *qd = q_in.data, *kd = k_in.data, *vd = v_in.data;
-    void* yd = y->data;
-    if (bshd_) {
-      ASSIGN_OR_RETURN(qd, HeadsMajorCopy(ctx, q_in));
-      ASSIGN_OR_RETURN(kd, HeadsMajorCopy(ctx, k_in));
-      ASSIGN_OR_RETURN(vd, HeadsMajorCopy(ctx, v_in));
-      yd = ctx.Scratch(y->nbytes());
-      if (!yd && y->nbytes() > 0) return absl::OkStatus();  // the allocation error is reported
-    }
-    RETURN_IF_ERROR(Check(kc::AttentionForward(DtOf(q.dtype), qd, kd, vd, yd, l ? l->as<float>() : nullptr, a.batch,
-                                               a.T, a.S, static_cast<int>(a.D), static_cast<int>(a.Dv), scale_,
-                                               causal_, stream())));
-    if (!bshd_) return absl::OkStatus();
-    return SeqMajorCopy(yd, *y);
+    return Check(kc::AttentionForward(DtOf(q.dtype), Strides(a, q), qd, kd, vd, y->data, l ? l->as<float>() : nullptr,
+                                      a.batch, a.T, a.S, static_cast<int>(a.D), static_cast<int>(a.Dv), scale_,
+                                      causal_, stream()));
   }
-
- private:
-  absl::Status ComputePacked(KernelContext& ctx) const {
-    const TensorView& qkv = *ctx.input(0);
-    RETURN_IF_ERROR(ExpectPacked(qkv));
-    const TensorView one = OneOfPacked(qkv);
-    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams a, AttentionShape(name_, one, one, one, scale_, causal_));
-    TensorView* y = ctx.Output(0, std::vector<int64_t>{qkv.dims[0], qkv.dims[1], qkv.dims[3], qkv.dims[4]});
-    TensorView* l =
-        ctx.num_outputs() > 1 ? ctx.Output(1, std::vector<int64_t>{qkv.dims[0], qkv.dims[3], qkv.dims[1]}) : nullptr;
-    if (!y) return absl::OkStatus();
-    const size_t part = static_cast<size_t>(qkv.dims[3] * qkv.dims[4]) * ElementSize(qkv.dtype);  // H * D elements
-    const char* base = static_cast<const char*>(qkv.data);
-    const SdpaShape s{qkv.dtype, a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_, qkv.dims[3], true};
-    if (CudnnAttention* cudnn = CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
-      float* stats = l ? l->as<float>() : static_cast<float*>(ctx.Scratch(static_cast<size_t>(a.batch * a.T) * 4));
-      absl::Status st = stats ? cudnn->Forward(s, base, base + part, base + 2 * part, y->data, stats,
-                                               [&ctx](size_t n) { return ctx.Scratch(n); })
-                              : absl::OkStatus();  // the allocation error is reported
-      if (st.code() != absl::StatusCode::kUnimplemented)
-        return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name_, ": ", st.message()));
-    }
-    ASSIGN_OR_RETURN(const char* u, UnpackedCopy(ctx, qkv));
-    const size_t third = qkv.nbytes() / 3;
-    void* yd = ctx.Scratch(y->nbytes());
-    if (!yd && y->nbytes() > 0) return absl::OkStatus();  // the allocation error is reported
-    RETURN_IF_ERROR(Check(kc::AttentionForward(DtOf(qkv.dtype), u, u + third, u + 2 * third, yd,
-                                               l ? l->as<float>() : nullptr, a.batch, a.T, a.S, static_cast<int>(a.D),
-                                               static_cast<int>(a.Dv), scale_, causal_, stream())));
-    return SeqMajorCopy(yd, *y);
-  }
-
-  float scale_;
-  bool causal_;
-  bool bshd_;
-  bool packed_;
 };
 
+// AttentionGrad(dOut, q, k, v, out, lse) -> dq, dk, dv; under "bs3hd" AttentionGrad(dOut, qkv, _,
+// _, out, lse) -> dqkv, all but lse packed or [B, T, H, D].
 class AttentionGradKernel : public AttentionLayoutKernel {
  public:
-  AttentionGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : AttentionLayoutKernel(p, n), scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0),
-        bshd_(BshdLayout(n)), packed_(PackedLayout(n)) {}
+  AttentionGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : AttentionLayoutKernel(p, n) {}
   absl::Status Compute(KernelContext& ctx) const override {
-    if (packed_) return ComputePacked(ctx);
-    const TensorView* in[5];
-    for (int i = 0; i < 5; ++i) {
-      in[i] = ctx.input(i);
-      if (bshd_ && in[i]->rank != 4)
-        return InvalidArgument(name_, ": layout \"bshd\" takes dOut, q, k, v and out of rank 4 [B, T, H, D]");
-    }
-    const TensorView& dout = *in[0];
-    const TensorView& q = *in[1];
-    const TensorView& k = *in[2];
-    const TensorView& v = *in[3];
-    const TensorView& out = *in[4];
+    const TensorView& dout = *ctx.input(0);
+    const TensorView& q = *ctx.input(1);
+    const TensorView& out = *ctx.input(4);
     const TensorView& lse = *ctx.input(5);
-    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams a,
-                     AttentionShape(name_, bshd_ ? HeadsMajorDims(q) : q, bshd_ ? HeadsMajorDims(k) : k,
-                                    bshd_ ? HeadsMajorDims(v) : v, scale_, causal_));
-    if (dout.numel() != a.batch * a.T * a.Dv || out.numel() != dout.numel() || lse.numel() != a.batch * a.T)
-      return InvalidArgument(name_, ": dOut, out or lse do not match q and v");
-    TensorView* dq = ctx.Output(0, q.dim_span());
-    TensorView* dk = ctx.Output(1, k.dim_span());
-    TensorView* dv = ctx.Output(2, v.dim_span());
-    if (!dq || !dk || !dv) return Unimplemented(name_, ": every AttentionGrad output must be used on CUDA");
-    const SdpaShape s{q.dtype, a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_, bshd_ ? q.dims[2] : 0};
+    const void *kd, *vd;
+    void *dq, *dk, *dv;
+    kernels::cpu::AttentionParams a;
+    if (packed()) {
+      RETURN_IF_ERROR(ExpectPacked(q));
+      if (dout.rank != 4 || out.rank != 4)
+        return InvalidArgument(name_, ": layout \"bs3hd\" takes dOut and out of rank 4 [B, T, H, D]");
+      const TensorView one = OneOfPacked(q);
+      ASSIGN_OR_RETURN(a, AttentionShape(name_, one, one, one, scale_, causal_));
+      RETURN_IF_ERROR(ExpectOutAndLse(a, dout, out, lse));
+      TensorView* dqkv = ctx.Output(0, q.dim_span());
+      if (!dqkv) return absl::OkStatus();
+      const size_t part = static_cast<size_t>(q.dims[3] * q.dims[4]) * ElementSize(q.dtype);
+      kd = static_cast<const char*>(q.data) + part;
+      vd = static_cast<const char*>(q.data) + 2 * part;
+      dq = dqkv->data;
+      dk = static_cast<char*>(dqkv->data) + part;
+      dv = static_cast<char*>(dqkv->data) + 2 * part;
+    } else {
+      const TensorView& k = *ctx.input(2);
+      const TensorView& v = *ctx.input(3);
+      if (bshd())
+        for (const TensorView* t : {&dout, &q, &k, &v, &out})
+          if (t->rank != 4)
+            return InvalidArgument(name_, ": layout \"bshd\" takes dOut, q, k, v and out of rank 4 [B, T, H, D]");
+      ASSIGN_OR_RETURN(a, Plan(q, k, v));
+      RETURN_IF_ERROR(ExpectOutAndLse(a, dout, out, lse));
+      TensorView* dq_t = ctx.Output(0, q.dim_span());
+      TensorView* dk_t = ctx.Output(1, k.dim_span());
+      TensorView* dv_t = ctx.Output(2, v.dim_span());
+      if (!dq_t || !dk_t || !dv_t) return Unimplemented(name_, ": every AttentionGrad output must be used on CUDA");
+      kd = k.data;
+      vd = v.data;
+      dq = dq_t->data;
+      dk = dk_t->data;
+      dv = dv_t->data;
+    }
+    const SdpaShape s = Sdpa(a, q);
     if (CudnnAttention* cudnn = CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
-      absl::Status st = cudnn->Backward(s, dout.data, q.data, k.data, v.data, out.data, lse.as<float>(), dq->data,
-                                        dk->data, dv->data, [&ctx](size_t n) { return ctx.Scratch(n); });
-      if (st.code() != absl::StatusCode::kUnimplemented)
-        return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name_, ": ", st.message()));
+      absl::Status st = cudnn->Backward(s, dout.data, q.data, kd, vd, out.data, lse.as<float>(), dq, dk, dv,
+                                        [&ctx](size_t n) { return ctx.Scratch(n); });
+      if (st.code() != absl::StatusCode::kUnimplemented) return Named(st);
     }
     float* delta = static_cast<float*>(ctx.Scratch(static_cast<size_t>(a.batch * a.T) * sizeof(float)));
     if (!delta && a.batch * a.T > 0) return absl::OkStatus();  // the allocation error is reported
-    const void* src[5] = {dout.data, q.data, k.data, v.data, out.data};
-    void* dst[3] = {dq->data, dk->data, dv->data};
-    if (bshd_) {
-      for (int i = 0; i < 5; ++i) {
-        ASSIGN_OR_RETURN(src[i], HeadsMajorCopy(ctx, *in[i]));
-      }
-      const TensorView* grads[3] = {dq, dk, dv};
-      for (int i = 0; i < 3; ++i)
-        if (!(dst[i] = ctx.Scratch(grads[i]->nbytes())) && grads[i]->nbytes() > 0)
-          return absl::OkStatus();  // the allocation error is reported
-    }
-    RETURN_IF_ERROR(Check(kc::AttentionBackward(DtOf(q.dtype), src[0], src[1], src[2], src[3], src[4],
-                                                lse.as<float>(), dst[0], dst[1], dst[2], delta, a.batch, a.T, a.S,
-                                                static_cast<int>(a.D), static_cast<int>(a.Dv), scale_, causal_,
-                                                stream())));
-    if (!bshd_) return absl::OkStatus();
-    RETURN_IF_ERROR(SeqMajorCopy(dst[0], *dq));
-    RETURN_IF_ERROR(SeqMajorCopy(dst[1], *dk));
-    return SeqMajorCopy(dst[2], *dv);
+    return Check(kc::AttentionBackward(DtOf(q.dtype), Strides(a, q), dout.data, q.data, kd, vd, out.data,
+                                       lse.as<float>(), dq, dk, dv, delta, a.batch, a.T, a.S, static_cast<int>(a.D),
+                                       static_cast<int>(a.Dv), scale_, causal_, stream()));
   }
 
  private:
-  // AttentionGrad(dOut, qkv, _, _, out, lse) -> dqkv, all but lse packed or [B, T, H, D].
-  absl::Status ComputePacked(KernelContext& ctx) const {
-    const TensorView& dout = *ctx.input(0);
-    const TensorView& qkv = *ctx.input(1);
-    const TensorView& out = *ctx.input(4);
-    const TensorView& lse = *ctx.input(5);
-    RETURN_IF_ERROR(ExpectPacked(qkv));
-    if (dout.rank != 4 || out.rank != 4)
-      return InvalidArgument(name_, ": layout \"bs3hd\" takes dOut and out of rank 4 [B, T, H, D]");
-    const TensorView one = OneOfPacked(qkv);
-    ASSIGN_OR_RETURN(kernels::cpu::AttentionParams a, AttentionShape(name_, one, one, one, scale_, causal_));
-    if (dout.numel() != a.batch * a.T * a.Dv || out.numel() != dout.numel() || lse.numel() != a.batch * a.T)
-      return InvalidArgument(name_, ": dOut, out or lse do not match qkv");
-    TensorView* dqkv = ctx.Output(0, qkv.dim_span());
-    if (!dqkv) return absl::OkStatus();
-    const size_t part = static_cast<size_t>(qkv.dims[3] * qkv.dims[4]) * ElementSize(qkv.dtype);
-    const char* base = static_cast<const char*>(qkv.data);
-    char* dbase = static_cast<char*>(dqkv->data);
-    const SdpaShape s{qkv.dtype, a.batch, a.T, a.S, a.D, a.Dv, scale_, causal_, qkv.dims[3], true};
-    if (CudnnAttention* cudnn = CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
-      absl::Status st = cudnn->Backward(s, dout.data, base, base + part, base + 2 * part, out.data, lse.as<float>(),
-                                        dbase, dbase + part, dbase + 2 * part,
-                                        [&ctx](size_t n) { return ctx.Scratch(n); });
-      if (st.code() != absl::StatusCode::kUnimplemented)
-        return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name_, ": ", st.message()));
-    }
-    float* delta = static_cast<float*>(ctx.Scratch(static_cast<size_t>(a.batch * a.T) * sizeof(float)));
-    char* grads = static_cast<char*>(ctx.Scratch(qkv.nbytes()));
-    if ((!delta && a.batch * a.T > 0) || (!grads && qkv.nbytes() > 0)) return absl::OkStatus();  // reported
-    ASSIGN_OR_RETURN(const char* u, UnpackedCopy(ctx, qkv));
-    ASSIGN_OR_RETURN(const void* dout_h, HeadsMajorCopy(ctx, dout));
-    ASSIGN_OR_RETURN(const void* out_h, HeadsMajorCopy(ctx, out));
-    const size_t third = qkv.nbytes() / 3;
-    RETURN_IF_ERROR(Check(kc::AttentionBackward(DtOf(qkv.dtype), dout_h, u, u + third, u + 2 * third, out_h,
-                                                lse.as<float>(), grads, grads + third, grads + 2 * third, delta,
-                                                a.batch, a.T, a.S, static_cast<int>(a.D), static_cast<int>(a.Dv),
-                                                scale_, causal_, stream())));
-    const int64_t unpacked[5] = {3, qkv.dims[0], qkv.dims[3], qkv.dims[1], qkv.dims[4]};
-    return Check(kc::Transpose(static_cast<int>(ElementSize(qkv.dtype)), grads, dqkv->data, 5, unpacked, kPackQkv,
-                               stream()));
+  absl::Status ExpectOutAndLse(const kernels::cpu::AttentionParams& a, const TensorView& dout, const TensorView& out,
+                               const TensorView& lse) const {
+    if (dout.numel() == a.batch * a.T * a.Dv && out.numel() == dout.numel() && lse.numel() == a.batch * a.T)
+      return absl::OkStatus();
+    return InvalidArgument(name_, ": dOut ", DimsToString(dout.shape()), ", out ", DimsToString(out.shape()),
+                           " or lse ", DimsToString(lse.shape()), " do not match ", a.batch, " slices of ", a.T,
+                           " rows of ", a.Dv);
   }
-
-  float scale_;
-  bool causal_;
-  bool bshd_;
-  bool packed_;
 };
 
 }  // namespace
