@@ -35,7 +35,7 @@ PEAK_BYTES = 4.8e12  # the H200's HBM3e bandwidth
 def build_model(args):
     torch.manual_seed(args.seed)
     return GPT(GPTConfig(vocab=args.vocab, context=args.seq, layers=args.layers, width=args.width,
-                         heads=args.heads)).train()
+                         heads=args.heads), gelu_approximate=args.gelu).train()
 
 
 def export(model, path, vocab):
@@ -162,6 +162,8 @@ def main():
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gelu", default="tanh", choices=["none", "tanh"],
+                   help="the MLP's GELU: tanh (GPT-2's and llm.c's, which cuBLASLt's epilogues form) or erf")
     p.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
     p.add_argument("--cache-dir", default="/tmp/cleave-bench-gpu")
     p.add_argument("--cleave-bin", default=os.path.join(REPO, "build", "bench", "cleave_bench_train"))
@@ -180,7 +182,7 @@ def main():
     model = build_model(args)
     params = parameter_count(model)
     path = os.path.join(args.cache_dir, f"gpt_l{args.layers}_c{args.width}_h{args.heads}_v{args.vocab}"
-                                        f"_ctx{args.seq}_seed{args.seed}_train.onnx")
+                                        f"_ctx{args.seq}_seed{args.seed}_gelu{args.gelu}_train.onnx")
     if not os.path.exists(path):
         t0 = time.time()
         export(model, path, args.vocab)
@@ -193,9 +195,10 @@ def main():
     fpt = flops_per_token(params, args)
     tokens_per_step = args.batch * args.seq
     result = {"device": torch.cuda.get_device_name(0), "params": params, "flops_per_token": fpt,
-              "batch": args.batch, "seq": args.seq, "precision": args.precision, "peak_flops": PEAK_BF16}
+              "batch": args.batch, "seq": args.seq, "precision": args.precision, "gelu": args.gelu,
+              "peak_flops": PEAK_BF16}
     rows = [f"{result['device']}: GPT {args.layers}x{args.width}x{args.heads}, {params / 1e6:.1f}M parameters, "
-            f"batch {args.batch} x seq {args.seq}, {args.precision}"]
+            f"batch {args.batch} x seq {args.seq}, {args.precision}, {'tanh' if args.gelu == 'tanh' else 'erf'} GELU"]
 
     def save():  # after every phase, so that a run stopped at its time limit keeps what it measured
         result["rows"] = rows

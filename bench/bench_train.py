@@ -92,14 +92,14 @@ def build_model(args):
     torch.manual_seed(args.seed)
     cfg = GPTConfig(vocab=args.vocab, context=args.context, layers=args.layers,
                     width=args.width, heads=args.heads)
-    return GPT(cfg).train()
+    return GPT(cfg, gelu_approximate=args.gelu).train()
 
 
 def model_path(args):
     if args.model:
         return args.model
     name = (f"gpt_l{args.layers}_c{args.width}_h{args.heads}_v{args.vocab}_ctx{args.context}"
-            f"_seed{args.seed}_train.onnx")
+            f"_seed{args.seed}{'_gelutanh' if args.gelu == 'tanh' else ''}_train.onnx")
     return os.path.join(args.cache_dir, name)
 
 
@@ -189,6 +189,7 @@ def common_flags(args, threads, batch):
 def bench_torch(args, setup, threads, batch, tokens_path):
     cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", tokens_path,
            "--layers", str(args.layers), "--width", str(args.width), "--heads", str(args.heads),
+           "--gelu", args.gelu,
            "--vocab", str(args.vocab), "--context", str(args.context)]
     cmd += common_flags(args, threads, batch) + (["--foreach"] if args.foreach else [])
     return run_json(cmd, dict(os.environ, **TORCH_ENVS[setup]))
@@ -281,6 +282,8 @@ def parse_args():
     p.add_argument("--vocab", type=int, default=50257)
     p.add_argument("--context", type=int, default=1024, help="wpe rows (max seq)")
     p.add_argument("--seed", type=int, default=0, help="weights and token ids")
+    p.add_argument("--gelu", default="none", choices=["none", "tanh"],
+                   help="the MLP's GELU: erf (PyTorch's default) or tanh (GPT-2's)")
     p.add_argument("--model", help="use this training export instead of the cached one (it "
                    "must hold the weights the config and seed give)")
     p.add_argument("--cache-dir", default="/tmp/cleave-bench")

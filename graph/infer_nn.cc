@@ -204,6 +204,30 @@ absl::Status InferMatMulBf16(InferContext& ctx) {
     const Shape& summed = of == 0 ? a : b;
     ctx.SetOutput(1, DataType::kFloat32, summed.has_rank() ? Shape({summed[1]}) : Shape());
   }
+  // `activation` (GELU of the result, bias included) with its input as output 2, or
+  // `activation_grad`: the product times the GELU's derivative at input 5 (the result's shape and
+  // type; no bias, accumulation or activation). Neither beside a dbias or rows.
+  const std::string act = n.AttrString("activation", ""), act_grad = n.AttrString("activation_grad", "");
+  for (const std::string* a : {&act, &act_grad})
+    if (!a->empty() && *a != "gelu" && *a != "gelu_tanh")
+      return ctx.Error("attribute ", a == &act ? "activation" : "activation_grad", " = '", *a,
+                       "': expected 'gelu' or 'gelu_tanh'");
+  const bool pre_out = ctx.num_outputs() > 2 && ctx.has_output(2);
+  if (pre_out && act.empty()) return ctx.Error("output 2 (the GELU input) needs an activation");
+  if (act_grad.empty() == ctx.has_input(5))
+    return ctx.Error(act_grad.empty() ? "input 5 (the GELU input) needs activation_grad"
+                                      : "activation_grad needs the GELU input (input 5)");
+  if ((!act.empty() || !act_grad.empty()) &&
+      ((ctx.num_outputs() > 1 && ctx.has_output(1)) || n.HasAttr("rows") || ctx.has_input(3)))
+    return ctx.Error("a GELU with a dbias, rows or an accumulation buffer");
+  if (!act_grad.empty()) {
+    if (!act.empty() || ctx.has_input(2)) return ctx.Error("activation_grad with an activation or a bias");
+    RETURN_IF_ERROR(ExpectDtype(ctx, 5, {result}));
+    const Shape& x = ctx.input_shape(5);
+    if (x.is_static() && out.is_static() && x != out)
+      return ctx.Error("expected the GELU input of the result's shape ", out.ToString(), ", got ", x.ToString());
+  }
+  if (pre_out) ctx.SetOutput(2, result, out);
   ctx.SetOutput(0, result, std::move(out));
   return absl::OkStatus();
 }

@@ -24,13 +24,15 @@ def main():
     parser.add_argument("--seq", type=int, default=1024, help="context length (wpe rows)")
     parser.add_argument("--opset", type=int, default=17)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gelu", default="none", choices=["none", "tanh"],
+                        help="the MLP's GELU: erf (PyTorch's default) or tanh (GPT-2's)")
     parser.add_argument("-o", "--output", required=True, help="path of the .onnx to write")
     args = parser.parse_args()
 
     cfg = GPTConfig(vocab=args.vocab, context=args.seq, layers=args.layers, width=args.width,
                     heads=args.heads)
     torch.manual_seed(args.seed)
-    model = GPT(cfg).eval()
+    model = GPT(cfg, gelu_approximate=args.gelu).eval()
     # Any (B, T) works for tracing: batch and seq are dynamic axes of the exported graph.
     example = torch.randint(0, args.vocab, (1, min(8, args.seq)), dtype=torch.int64)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)

@@ -69,7 +69,8 @@ void ApplyDimOverrides(graph::Graph& g, const std::map<std::string, int64_t>& ov
 // not be 16-byte aligned, the embeddings' gradients scattered into their accumulation, the
 // weight gradients' products taking on their accumulation and their layers' bias gradients,
 // the residual gradients' rounding to bf16 written by the LayerNorm gradients that form them,
-// and the products read by the LayerNorms and their gradients writing bf16.
+// the products read by the LayerNorms and their gradients writing bf16, and the tanh-form GELUs
+// in the products' epilogues.
 absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, bool device,
                       std::set<std::string> disabled) {
   if (const char* env = std::getenv("CLEAVE_DISABLED_OPTIMIZERS"))
@@ -89,11 +90,12 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
   graph::BiasGradientFusion bias_gradient;
   graph::LayerNormGradCastFusion norm_grad_cast;
   graph::LowPrecisionNormInputs low_norm_inputs;
+  graph::GeluEpilogueFusion gelu_epilogue;
   std::vector<std::string> known;
   for (graph::Pass* p : std::initializer_list<graph::Pass*>{&fold, &fusion, &attention, &attention_layout, &skip_norm,
                                                             &cross_entropy, &low_scores, &padding, &accumulation,
                                                             &embedding_gradient, &bias_gradient, &norm_grad_cast,
-                                                            &low_norm_inputs})
+                                                            &low_norm_inputs, &gelu_epilogue})
     known.push_back(p->name());
   for (const std::string& name : disabled)
     if (std::find(known.begin(), known.end(), name) == known.end())
@@ -120,7 +122,10 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
       graph::RunToFixedPoint(enabled({&padding, &embedding_gradient, &accumulation, &bias_gradient, &dce}), &g));
   // Then the residual gradient's rounding into its LayerNorm gradient (the bias gradients above
   // find that gradient through its Cast).
-  return graph::RunToFixedPoint(enabled({&norm_grad_cast, &low_norm_inputs, &dce}), &g);
+  RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&norm_grad_cast, &low_norm_inputs, &dce}), &g));
+  // And last, the tanh-form GELUs into the products' epilogues (once no other pass rewrites those
+  // products).
+  return graph::RunToFixedPoint(enabled({&gelu_epilogue, &dce}), &g);
 }
 
 }  // namespace

@@ -186,7 +186,7 @@ if [ "$skip_bench" -eq 0 ]; then
   bench_ok=1
   PYTHONUNBUFFERED=1 timeout "${GPU_CHECK_BENCH_SECONDS:-280}" python3 "$repo/bench/bench_gpu.py" \
     --cleave-bin "$bench_bin" --iters "$bench_iters" --json "$bench_json" --profile-dir "$summary_dir" \
-    --ablate "${GPU_CHECK_ABLATE-AttentionLayoutFusion,ClassPadding,LowPrecisionScores,GradientAccumulationFusion,EmbeddingGradientAccumulation,BiasGradientFusion,LayerNormGradCastFusion,LowPrecisionNormInputs}" \
+    --ablate "${GPU_CHECK_ABLATE-AttentionLayoutFusion,ClassPadding,LowPrecisionScores,GradientAccumulationFusion,EmbeddingGradientAccumulation,BiasGradientFusion,LayerNormGradCastFusion,LowPrecisionNormInputs,GeluEpilogueFusion}" \
     >>"$log" 2>&1 || bench_ok=0
   if [ "$bench_ok" -eq 0 ]; then status=1; fi
   if [ -f "$bench_json" ]; then

@@ -1,9 +1,10 @@
 // The CUDA provider's products through cuBLASLt against the CPU kernels (labelled gpu, skipped
 // without a device): MatMul shapes and broadcasting, FusedMatMul's bias and GELU epilogues, and
 // mixed precision's MatMulBf16 / MatMulF16 with their bias, low-precision results, accumulation
-// into a gradient buffer and bias gradients.
+// into a gradient buffer, bias gradients and the tanh-GELU written or read in the epilogue.
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -220,6 +221,155 @@ TEST(CudaProvider, LowPrecisionProductFormsTheBiasGradient) {
     EXPECT_GT(providers::RefusedBiasGradientEpilogues(), before) << K << ": the refusal was seen and remembered";
     before = providers::RefusedBiasGradientEpilogues();
   }
+#endif
+}
+
+double TanhGelu(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+double TanhGeluDerivative(double x) {
+  const double t = std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x);
+}
+
+// A device copy of host floats, freed at scope exit.
+struct DeviceFloats {
+  explicit DeviceFloats(const std::vector<float>& v) : n(v.size()) {
+    EXPECT_EQ(cudaMalloc(&p, n * 4), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, v.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceFloats() { cudaFree(p); }
+  std::vector<float> Host() const {
+    std::vector<float> v(n);
+    EXPECT_EQ(cudaMemcpy(v.data(), p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+  float* f() const { return static_cast<float*>(p); }
+  void* p = nullptr;
+  size_t n;
+};
+
+// CudaMatMul's GELU-input epilogues on a batch that folds into one product: the forward writes
+// y = tanh-GELU(A B + bias) and the GELU input, the backward dY W times GELU' at that input,
+// each against the definition in double. A result row that is not a multiple of 8 elements
+// runs nothing (the caller then does the work).
+TEST(CudaProvider, ProductEpiloguesWriteAndReadTheGeluInput) {
+  REQUIRE_CUDA();
+  auto provider = providers::CudaExecutionProvider::Create(0);
+  ASSERT_TRUE(provider.ok()) << provider.status();
+  const auto& p = static_cast<const providers::CudaExecutionProvider&>(**provider);
+  const int64_t B = 2, M = 6, K = 16, N = 24, rows = B * M;
+  auto host = [](int64_t n, unsigned seed) {
+    Tensor t = Random({n}, seed);
+    return std::vector<float>(t.data<float>(), t.data<float>() + n);
+  };
+  const std::vector<float> a = host(rows * K, 61), w = host(K * N, 62), bias = host(N, 63), dy = host(rows * K, 64);
+  DeviceFloats da(a), dw(w), dbias(bias), ddy(dy), y(std::vector<float>(rows * N, 7.f)),
+      pre(std::vector<float>(rows * N, 7.f));
+  const int64_t a_dims[3] = {B, M, K}, w_dims[2] = {K, N};
+  auto fwd = kernels::cpu::PlanMatMul(a_dims, w_dims);
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  bool formed = false;
+  absl::Status s = providers::CudaMatMul(p, *fwd, DataType::kFloat32, DataType::kFloat32, da.p, dw.p, y.p, dbias.p,
+                                         true, nullptr, false, {}, 0, {pre.p, nullptr, &formed});
+  ASSERT_TRUE(s.ok()) << s;
+  // The backward's form: another [rows, K] x [K, N] product, dy W, times GELU' at `pre`.
+  const int64_t g_dims[3] = {B, M, K}, wt_dims[2] = {K, N};
+  auto bwd = kernels::cpu::PlanMatMul(g_dims, wt_dims);
+  ASSERT_TRUE(bwd.ok());
+  DeviceFloats dgrad(std::vector<float>(rows * N, 7.f));
+  bool formed_bwd = false;
+  if (formed) {
+    s = providers::CudaMatMul(p, *bwd, DataType::kFloat32, DataType::kFloat32, ddy.p, dw.p, dgrad.p, nullptr, false,
+                              nullptr, false, {}, 0, {nullptr, pre.p, &formed_bwd});
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  ASSERT_TRUE(p.Synchronize("test").ok());
+#ifdef CLEAVE_CUDA_EMULATED_DEVICE
+  EXPECT_TRUE(formed && formed_bwd) << "the emulated library has both epilogues";
+#endif
+  std::printf("cuBLASLt GELU-input epilogues: %s\n",
+              formed && formed_bwd ? "formed" : formed ? "GELU_AUX_BIAS formed, DGELU refused" : "refused");
+  if (!formed) GTEST_SKIP() << "this library refuses the GELU_AUX_BIAS epilogue (the provider falls back)";
+  const std::vector<float> got_y = y.Host(), got_pre = pre.Host(), got_dgrad = dgrad.Host();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t n = 0; n < N; ++n) {
+      double x = bias[n], g = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        x += static_cast<double>(a[r * K + k]) * w[k * N + n];
+        g += static_cast<double>(dy[r * K + k]) * w[k * N + n];
+      }
+      const size_t i = static_cast<size_t>(r * N + n);
+      ASSERT_NEAR(got_pre[i], x, 1e-4 * (1 + std::fabs(x))) << r << "," << n;
+      ASSERT_NEAR(got_y[i], TanhGelu(x), 1e-4 * (1 + std::fabs(x))) << r << "," << n;
+      if (formed_bwd) {
+        const double want = g * TanhGeluDerivative(got_pre[i]);
+        ASSERT_NEAR(got_dgrad[i], want, 1e-4 * (1 + std::fabs(want))) << r << "," << n;
+      }
+    }
+  // Rows of 20 elements: not the epilogue's; nothing runs.
+  const int64_t w20_dims[2] = {K, 20};
+  auto odd = kernels::cpu::PlanMatMul(a_dims, w20_dims);
+  ASSERT_TRUE(odd.ok());
+  DeviceFloats y20(std::vector<float>(rows * 20, 7.f)), pre20(std::vector<float>(rows * 20, 7.f));
+  s = providers::CudaMatMul(p, *odd, DataType::kFloat32, DataType::kFloat32, da.p, dw.p, y20.p, dbias.p, true,
+                            nullptr, false, {}, 0, {pre20.p, nullptr, &formed});
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_FALSE(formed);
+  for (float v : y20.Host()) ASSERT_EQ(v, 7.f);
+}
+
+// MatMulBf16 / MatMulF16 with the tanh-GELU and its input (output 2), and with the GELU's
+// gradient over that input (input 5), as GeluEpilogueFusion leaves an MLP: the same as the CPU's
+// kernels within the low type's rounding, through the epilogue (width 64) and through the
+// product and the own GELU kernels after it (the erf form; a width of 60; and, emulated, a
+// library that refuses the epilogue at the heuristic or at the call).
+TEST(CudaProvider, LowPrecisionProductFormsTheGeluAndItsGradient) {
+  REQUIRE_CUDA();
+  auto run = [](const char* op, const char* act, int64_t width, const char* to) {
+    SCOPED_TRACE(absl::StrCat(op, " ", act, " width ", width, to));
+    const int low = std::string(op) == "MatMulF16" ? 10 : 16;
+    const std::string text = absl::StrCat(R"(
+      input a: float32[2,24,32]
+      input w1: float32[)", width, R"(,32]
+      input b1: float32[)", width, R"(]
+      input w2: float32[16,)", width, R"(]
+      input dz: float32[2,24,16]
+      ha = Cast(a) {to = )", low, R"(}
+      hw1 = Cast(w1) {to = )", low, R"(}
+      hb1 = Cast(b1) {to = )", to[0] ? low : 1, R"(}
+      hw2 = Cast(w2) {to = )", low, R"(}
+      hdz = Cast(dz) {to = )", low, R"(}
+      y, _, x = ai.cleave.)", op, R"((ha, hw1, hb1) {transB = 1, activation = ")", act, "\"", to, R"(}
+      dx = ai.cleave.)", op, R"((hdz, hw2, _, _, _, x) {activation_grad = ")", act, "\"", to, R"(}
+      output y
+      output x
+      output dx
+    )");
+    const Feeds feeds = {{"a", Random({2, 24, 32}, 71)}, {"w1", Random({width, 32}, 72)}, {"b1", Random({width}, 73)},
+                         {"w2", Random({16, width}, 74)}, {"dz", Random({2, 24, 16}, 75)}};
+    const double tol = to[0] ? 1e-2 : 1e-3;
+    ExpectSame(text, feeds, tol, tol, op);
+  };
+  const int64_t refused = providers::RefusedGeluAuxEpilogues();
+  for (const char* op : {"MatMulBf16", "MatMulF16"})
+    for (const char* to : {", to = 16", ""}) {
+      const std::string to_low = std::string(op) == "MatMulF16" && to[0] ? ", to = 10" : to;
+      run(op, "gelu_tanh", 64, to_low.c_str());
+      run(op, "gelu", 64, to_low.c_str());
+      run(op, "gelu_tanh", 60, to_low.c_str());
+    }
+#ifdef CLEAVE_CUDA_EMULATED_DEVICE
+  EXPECT_EQ(providers::RefusedGeluAuxEpilogues(), refused) << "the emulated library has the epilogues";
+  int64_t before = refused;
+  for (const auto& [refusal, width] : {std::pair{cuda_emu::EpilogueRefusal::kAtHeuristic, 72},
+                                       std::pair{cuda_emu::EpilogueRefusal::kAtCall, 80}}) {
+    cuda_emu::SetGeluAuxEpilogueRefusal(refusal);
+    run("MatMulBf16", "gelu_tanh", width, ", to = 16");
+    cuda_emu::SetGeluAuxEpilogueRefusal(cuda_emu::EpilogueRefusal::kNone);
+    EXPECT_GT(providers::RefusedGeluAuxEpilogues(), before) << width << ": the refusal was seen and remembered";
+    before = providers::RefusedGeluAuxEpilogues();
+  }
+#else
+  (void)refused;
 #endif
 }
 

@@ -2,6 +2,7 @@
 // weight-gradient products and the LayerNorms under mixed precision (bias gradients in the
 // products, the residual gradient's bf16 copy, bf16 products the LayerNorms read), each
 // against the unfused graph, and the optimizer graph's multi-tensor update.
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -351,6 +352,152 @@ TEST(LowPrecisionNormInputs, ProductsTheNormsReadWriteBf16) {
     y, m, i, sum = ai.cleave.SkipLayerNormalization(p, r, g, beta)
     output y
   )"));
+}
+
+// A bf16 MLP's tanh-form GELU, forward and backward: x = the first product (with its bias),
+// y = Gelu(x), and the GELU's gradient dx from the product dy = dz W2 that only it reads.
+std::string GeluMlp(const std::string& gelu_attrs, const std::string& extra = "") {
+  return absl::StrCat(R"(
+    input a: float32[6,16]
+    input w1: float32[32,16]
+    input b1: float32[32]
+    input w2: float32[8,32]
+    input dz: float32[6,8]
+    ha = Cast(a) {to = 16}
+    hw1 = Cast(w1) {to = 16}
+    hb1 = Cast(b1) {to = 16}
+    hw2 = Cast(w2) {to = 16}
+    hdz = Cast(dz) {to = 16}
+    x = ai.cleave.MatMulBf16(ha, hw1, hb1) {transB = 1, to = 16}
+    y = ai.cleave.Gelu(x) )", gelu_attrs, R"(
+    z = ai.cleave.MatMulBf16(y, hw2) {transB = 1, to = 16}
+    dy = ai.cleave.MatMulBf16(hdz, hw2) {to = 16}
+    dx = ai.cleave.GeluGrad(dy, x) )", gelu_attrs, "\n", extra, R"(
+    output z
+    output dx
+  )");
+}
+
+Feeds GeluMlpFeeds() {
+  return {{"a", Random({6, 16}, 51)}, {"w1", Random({32, 16}, 52)}, {"b1", Random({32}, 53)},
+          {"w2", Random({8, 32}, 54)}, {"dz", Random({6, 8}, 55)}};
+}
+
+// The forward GELU folds into the product that forms its input, which keeps that input for the
+// gradient (output 2), and the gradient into the product of its output gradient (input 5). The
+// fused graph computes what the epilogues compute, spelled out: the GELU of the float32 result
+// rounded once (its input rounded apart), the gradient's product times GELU' rounded once. It
+// is the unfused graph within bf16 rounding. The erf form, an output gradient with another
+// reader, a product with a dbias and one with a GELU already are left alone; a GELU whose input
+// nothing else reads keeps no copy of it.
+TEST(GeluEpilogueFusion, TheProductsFormTheTanhGeluAndItsGradient) {
+  const std::string tanh = "{approximate = \"tanh\"}";
+  GeluEpilogueFusion pass;
+  std::unique_ptr<Graph> g = Rewritten(GeluMlp(tanh), pass);
+  ASSERT_TRUE(g);
+  std::map<std::string, int> ops;
+  for (const auto& n : g->nodes()) ++ops[n->op_type()];
+  EXPECT_EQ(ops["Gelu"], 0);
+  EXPECT_EQ(ops["GeluGrad"], 0);
+  const Node* fwd = g->FindValue("y")->producer();
+  ASSERT_EQ(fwd->op_type(), "MatMulBf16");
+  EXPECT_EQ(fwd->AttrString("activation", ""), "gelu_tanh");
+  ASSERT_EQ(fwd->num_outputs(), 3);
+  EXPECT_EQ(fwd->output(2)->name(), "x");
+  EXPECT_EQ(fwd->input(2)->name(), "hb1") << "the bias stays";
+  const Node* bwd = g->FindValue("dx")->producer();
+  ASSERT_EQ(bwd->op_type(), "MatMulBf16");
+  EXPECT_EQ(bwd->AttrString("activation_grad", ""), "gelu_tanh");
+  ASSERT_EQ(bwd->num_inputs(), 6);
+  EXPECT_EQ(bwd->input(5)->name(), "x");
+  EXPECT_EQ(g->FindValue("dy"), nullptr) << "the output gradient is never stored";
+  const std::string spelled_out = R"(
+    input a: float32[6,16]
+    input w1: float32[32,16]
+    input b1: float32[32]
+    input w2: float32[8,32]
+    input dz: float32[6,8]
+    ha = Cast(a) {to = 16}
+    hw1 = Cast(w1) {to = 16}
+    hb1 = Cast(b1) {to = 16}
+    fb1 = Cast(hb1) {to = 1}
+    hw2 = Cast(w2) {to = 16}
+    hdz = Cast(dz) {to = 16}
+    x32 = ai.cleave.MatMulBf16(ha, hw1, fb1) {transB = 1}
+    x = Cast(x32) {to = 16}
+    y32 = ai.cleave.Gelu(x32) {approximate = "tanh"}
+    y = Cast(y32) {to = 16}
+    z = ai.cleave.MatMulBf16(y, hw2) {transB = 1, to = 16}
+    dy32 = ai.cleave.MatMulBf16(hdz, hw2)
+    fx = Cast(x) {to = 1}
+    dx32 = ai.cleave.GeluGrad(dy32, fx) {approximate = "tanh"}
+    dx = Cast(dx32) {to = 16}
+    output z
+    output dx
+  )";
+  auto reference = ParseGraph(spelled_out);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ExpectGraphsAgree(Rewritten(GeluMlp(tanh), pass), std::move(*reference), GeluMlpFeeds(), 1e-6, 1e-6);
+  ExpectGraphsAgree(std::move(g), *ParseGraph(GeluMlp(tanh)), GeluMlpFeeds(), 0.05, 0.02);
+
+  // Inference: the GELU's input has no other reader, so the product keeps none.
+  std::unique_ptr<Graph> inference = Rewritten(R"(
+    input a: bfloat16[6,16]
+    input w: bfloat16[32,16]
+    x = ai.cleave.MatMulBf16(a, w) {transB = 1, to = 16}
+    y = ai.cleave.Gelu(x) {approximate = "tanh"}
+    output y
+  )", pass);
+  ASSERT_TRUE(inference);
+  ASSERT_EQ(inference->nodes().size(), 1u);
+  EXPECT_EQ(inference->FindValue("y")->producer()->num_outputs(), 1);
+  EXPECT_EQ(inference->FindValue("x"), nullptr);
+
+  const std::pair<std::string, std::string> left_alone[] = {
+      {GeluMlp(""), "the erf form, which cuBLASLt has no epilogue for"},
+      {absl::StrReplaceAll(GeluMlp(tanh), {{"dy = ai.cleave.MatMulBf16(hdz, hw2) {to = 16}",
+                                            "dy = ai.cleave.MatMulBf16(hdz, hw2) {to = 16}\n    output dy"},
+                                           {"y = ai.cleave.Gelu(x) {approximate = \"tanh\"}", "y = Tanh(x)"}}),
+       "an output gradient that is also an output (and no forward GELU)"},
+  };
+  for (const auto& [text, why] : left_alone) EXPECT_FALSE(Changes(pass, text)) << why;
+  // The forward alone fuses where the gradient's product already has a dbias (it is a weight
+  // gradient's product then, not the GELU's output gradient).
+  std::unique_ptr<Graph> with_dbias = Rewritten(absl::StrReplaceAll(GeluMlp(tanh), {{
+      "dy = ai.cleave.MatMulBf16(hdz, hw2) {to = 16}", "dy, sums = ai.cleave.MatMulBf16(hdz, hw2)"},
+      {"dx = ai.cleave.GeluGrad(dy, x)", "dy16 = Cast(dy) {to = 16}\n    dx = ai.cleave.GeluGrad(dy16, x)"},
+      {"output dx", "output dx\n    output sums"}}), pass);
+  ASSERT_TRUE(with_dbias);
+  EXPECT_EQ(with_dbias->FindValue("dx")->producer()->op_type(), "GeluGrad");
+  EXPECT_EQ(with_dbias->FindValue("y")->producer()->op_type(), "MatMulBf16");
+}
+
+// What a product's GELU may be: the attributes and inputs are checked at load, each error naming
+// what it expected.
+TEST(GeluEpilogueFusion, ProductGeluAttributesAreChecked) {
+  const std::string head = R"(
+    input a: bfloat16[6,16]
+    input w: bfloat16[16,8]
+    input x: bfloat16[6,8]
+    input xf: float32[6,8]
+  )";
+  const std::pair<std::string, std::string> bad[] = {
+      {"y = ai.cleave.MatMulBf16(a, w) {to = 16, activation = \"relu\"}", "expected 'gelu' or 'gelu_tanh'"},
+      {"y, _, p = ai.cleave.MatMulBf16(a, w) {to = 16}", "output 2 (the GELU input) needs an activation"},
+      {"y = ai.cleave.MatMulBf16(a, w, _, _, _, x) {to = 16}", "input 5 (the GELU input) needs activation_grad"},
+      {"y = ai.cleave.MatMulBf16(a, w) {to = 16, activation_grad = \"gelu_tanh\"}",
+       "activation_grad needs the GELU input (input 5)"},
+      {"y = ai.cleave.MatMulBf16(a, w, _, _, _, xf) {to = 16, activation_grad = \"gelu_tanh\"}", "bfloat16"},
+      {"y = ai.cleave.MatMulBf16(a, w, _, _, _, x) {to = 16, activation = \"gelu\", activation_grad = \"gelu\"}",
+       "activation_grad with an activation or a bias"},
+  };
+  for (const auto& [node, want] : bad) {
+    auto g = ParseGraph(head + node + "\noutput y\n");
+    ASSERT_TRUE(g.ok()) << node << ": " << g.status();
+    absl::Status s = InferShapes(**g);
+    EXPECT_FALSE(s.ok()) << node;
+    EXPECT_NE(s.message().find(want), std::string::npos) << node << ": " << s;
+  }
 }
 
 // The optimizer graph's per-parameter AdamW (or SGD) nodes become one MultiTensorAdamW (or

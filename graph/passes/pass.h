@@ -210,6 +210,20 @@ class LowPrecisionNormInputs : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
+// A tanh-form GELU around mixed precision's products (MatMulBf16 / MatMulF16): in the forward,
+// y = Gelu(x) of a product x (with or without its bias) -> the product with activation =
+// gelu_tanh, which keeps x as output 2 where the backward reads it; in the backward, GeluGrad(dy,
+// x) of a product dy that nothing else reads -> the product with activation_grad = gelu_tanh over
+// x (input 5). The CUDA kernel forms both in cuBLASLt's epilogue (GELU_AUX_BIAS, DGELU), as
+// Transformer Engine's MLP does: the GELU's output is written without reading its input back, and
+// its output gradient is never stored. (cuBLASLt has no erf-form epilogue, so the erf form, which
+// would gain nothing, is left as it is.) Sessions with a device provider run it.
+class GeluEpilogueFusion : public Pass {
+ public:
+  std::string name() const override { return "GeluEpilogueFusion"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
 // Mixed precision's logits product y = h · Wᵀ (MatMulBf16 / MatMulF16, transB = 1) over a
 // vocabulary of V >= 1024 classes that is not a multiple of 8 (GPT-2's 50257): its [N, V]
 // scores and their gradient have a row pitch that is not 16-byte aligned, which keeps

@@ -24,6 +24,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm_bf16.h"
+#include "kernels/cpu/grad.h"
 #include "kernels/cpu/nn.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/cpu/packed_gemm.h"
@@ -112,7 +113,10 @@ class MatMulBf16Kernel : public OpKernel {
         trans_b_(n.AttrInt("transB", 0) != 0),
         f16_(n.op_type() == "MatMulF16"),
         dbias_of_a_(n.AttrInt("dbias_operand", 1) == 0),
-        rows_(n.AttrInt("rows", -1)) {}
+        has_dbias_(n.num_outputs() > 1 && n.output(1) != nullptr),
+        rows_(n.AttrInt("rows", -1)),
+        activation_(ActivationOf(n.AttrString("activation", ""))),
+        activation_grad_(ActivationOf(n.AttrString("activation_grad", ""))) {}
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& a = *ctx.input(0);
@@ -163,6 +167,18 @@ class MatMulBf16Kernel : public OpKernel {
                 ctx.num_inputs() < 5 || !ctx.input(4)))
       return InvalidArgument("MatMulBf16: expected a float32 accumulation buffer of the float32 result's shape ",
                              DimsToString(y->shape()), " and its reset flag");
+    // The GELU (`activation`) of the result with its input kept (output 2), or the product times
+    // the GELU's derivative at input 5 (`activation_grad`), as cuBLASLt's GELU_AUX_BIAS and DGELU
+    // epilogues form them: from the float32 result, rounded once.
+    const TensorView* gelu_in = ctx.num_inputs() > 5 ? ctx.input(5) : nullptr;
+    if ((activation_grad_ != kernels::cpu::Activation::kNone) != (gelu_in != nullptr) ||
+        (gelu_in && (gelu_in->shape() != y->shape() || gelu_in->dtype != y->dtype || bias || acc ||
+                     activation_ != kernels::cpu::Activation::kNone)))
+      return InvalidArgument("MatMulBf16: activation_grad takes the GELU input (input 5) of the result's shape ",
+                             DimsToString(y->shape()), " and type, without bias, accumulation or activation");
+    TensorView* pre = activation_ != kernels::cpu::Activation::kNone && ctx.num_outputs() > 2
+                          ? ctx.Output(2, y->dim_span())
+                          : nullptr;
     // A low-precision result (`to`): the float32 result, bias included, rounded once.
     const bool low_out = y->dtype != DataType::kFloat32;
     TensorView y32 = *y;
@@ -180,6 +196,20 @@ class MatMulBf16Kernel : public OpKernel {
       }
       kernels::cpu::BiasActivation(y32.as<float>(), bias32.as<float>(), y32.numel() / p.N, p.N,
                                    kernels::cpu::Activation::kNone, ctx.thread_pool());
+    }
+    if (activation_ != kernels::cpu::Activation::kNone && p.N > 0) {
+      if (pre) kernels::cpu::Cast(y32, *pre, ctx.thread_pool());
+      kernels::cpu::BiasActivation(y32.as<float>(), nullptr, y32.numel() / p.N, p.N, activation_, ctx.thread_pool());
+    }
+    if (gelu_in) {
+      TensorView x32 = *gelu_in;
+      if (gelu_in->dtype != DataType::kFloat32) {
+        x32.dtype = DataType::kFloat32;
+        x32.data = ctx.Scratch(x32.nbytes());
+        kernels::cpu::Cast(*gelu_in, x32, ctx.thread_pool());
+      }
+      kernels::cpu::GeluGrad(activation_grad_ == kernels::cpu::Activation::kGeluTanh, y32.as<const float>(),
+                             x32.as<const float>(), y32.as<float>(), y32.numel(), ctx.thread_pool());
     }
     if (low_out) kernels::cpu::Cast(y32, *y, ctx.thread_pool());
     if (acc)
@@ -219,7 +249,7 @@ class MatMulBf16Kernel : public OpKernel {
   // dbias (output 1): the float32 column sums of A [K, M] (transA) or B [K, N] (not transB),
   // each column's low-precision values summed in float32 in row order.
   absl::Status BiasGradient(KernelContext& ctx) const {
-    if (ctx.num_outputs() < 2) return absl::OkStatus();
+    if (!has_dbias_) return absl::OkStatus();
     const TensorView& x = *ctx.input(dbias_of_a_ ? 0 : 1);
     if (x.rank != 2 || (dbias_of_a_ ? !trans_a_ : trans_b_))
       return InvalidArgument("MatMulBf16: dbias sums a 2-D ", dbias_of_a_ ? "A with transA" : "B without transB",
@@ -241,8 +271,15 @@ class MatMulBf16Kernel : public OpKernel {
     return absl::OkStatus();
   }
 
-  bool trans_a_, trans_b_, f16_, dbias_of_a_;
+  static kernels::cpu::Activation ActivationOf(const std::string& a) {
+    return a == "gelu" ? kernels::cpu::Activation::kGelu
+           : a == "gelu_tanh" ? kernels::cpu::Activation::kGeluTanh
+                              : kernels::cpu::Activation::kNone;
+  }
+
+  bool trans_a_, trans_b_, f16_, dbias_of_a_, has_dbias_;
   int64_t rows_;  // -1: every row of op(A)
+  kernels::cpu::Activation activation_, activation_grad_;
 };
 
 class GemmKernel : public OpKernel {

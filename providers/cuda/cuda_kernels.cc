@@ -225,10 +225,14 @@ class MatMulKernel : public CudaKernel {
     trans_a_ = n.AttrInt("transA", 0) != 0;
     trans_b_ = n.AttrInt("transB", 0) != 0;
     dbias_of_a_ = n.AttrInt("dbias_operand", 1) == 0;
+    has_dbias_ = n.num_outputs() > 1 && n.output(1) != nullptr;
     rows_ = n.AttrInt("rows", -1);
     const std::string act = n.AttrString("activation", "");
     gelu_ = act == "gelu";
     gelu_tanh_ = act == "gelu_tanh";
+    const std::string act_grad = n.AttrString("activation_grad", "");
+    gelu_grad_ = !act_grad.empty();
+    gelu_grad_tanh_ = act_grad == "gelu_tanh";
   }
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& a = *ctx.input(0);
@@ -241,7 +245,7 @@ class MatMulKernel : public CudaKernel {
     int64_t lda = 0;
     if (rows_ >= 0) {
       // Only op(A)'s first `rows` rows: a prefix of A's rows, or with transA of its columns.
-      if (a.rank != 2 || rows_ > plan->M || (dbias_of_a_ && ctx.num_outputs() > 1))
+      if (a.rank != 2 || rows_ > plan->M || (dbias_of_a_ && has_dbias_))
         return InvalidArgument(name_, ": rows = ", rows_, " needs a 2-D A with at least that many rows of op(A) ",
                                "(and no dbias of A), got ", DimsToString(a.shape()), trans_a_ ? " (transA)" : "");
       lda = trans_a_ ? plan->M : plan->K;
@@ -254,12 +258,18 @@ class MatMulKernel : public CudaKernel {
     if (acc && (acc->shape() != y->shape() || acc->dtype != DataType::kFloat32 || ctx.num_inputs() < 5 || !ctx.input(4)))
       return InvalidArgument(name_, ": expected a float32 accumulation buffer of the result's shape ",
                              DimsToString(y->shape()), " and its reset flag");
+    // MatMulBf16 / MatMulF16's GELU input: written (output 2, with the activation) or read
+    // (input 5, activation_grad).
+    TensorView* pre = (gelu_ || gelu_tanh_) && ctx.num_outputs() > 2 ? ctx.Output(2, y->shape()) : nullptr;
+    const TensorView* gelu_in = gelu_grad_ && ctx.num_inputs() > 5 ? ctx.input(5) : nullptr;
+    if (gelu_grad_ && !gelu_in) return InvalidArgument(name_, ": activation_grad needs the GELU input (input 5)");
+    if (pre || gelu_in) return GeluProduct(ctx, *plan, a, b, bias, acc, y, pre, gelu_in);
     // MatMulBf16 and MatMulF16 take low-precision operands and give a float32 result, or (`to`) one of
     // their own type, which the epilogue rounds to once.
     // MatMulBf16 / MatMulF16's dbias (output 1): the bias gradient of the operand read as [K, C].
     const TensorView& summed = dbias_of_a_ ? a : b;
     TensorView* db = nullptr;
-    if (ctx.num_outputs() > 1) {
+    if (has_dbias_) {
       if (summed.rank != 2 || (dbias_of_a_ ? !trans_a_ : trans_b_))
         return InvalidArgument(name_, ": dbias sums a 2-D ", dbias_of_a_ ? "A with transA" : "B without transB",
                                ", got ", DimsToString(summed.shape()));
@@ -282,7 +292,38 @@ class MatMulKernel : public CudaKernel {
   }
 
  private:
+  // y = GELU(the product + bias) with its input kept in pre, or y = the product times GELU'(gelu_in):
+  // in cuBLASLt's epilogue (GELU_AUX_BIAS, DGELU) for the tanh form where it takes the product;
+  // otherwise the product, then the GELU (or its gradient) on its own.
+  absl::Status GeluProduct(KernelContext& ctx, const kernels::cpu::MatMulPlan& plan, const TensorView& a,
+                           const TensorView& b, const TensorView* bias, const TensorView* acc, TensorView* y,
+                           TensorView* pre, const TensorView* gelu_in) const {
+    // (Shape inference refuses a dbias output beside the GELU's.)
+    if (acc || rows_ >= 0) return InvalidArgument(name_, ": a GELU input with an accumulation buffer or rows");
+    if (gelu_in && (gelu_in->shape() != y->shape() || gelu_in->dtype != y->dtype || bias || gelu_ || gelu_tanh_))
+      return InvalidArgument(name_, ": activation_grad takes a GELU input of the result's shape ",
+                             DimsToString(y->shape()), " and type, and no bias or activation");
+    const void* bias_data = bias ? bias->data : nullptr;
+    bool formed = false;
+    if (gelu_in ? gelu_grad_tanh_ : gelu_tanh_) {
+      absl::Status s = CudaMatMul(*p_, plan, a.dtype, y->dtype, a.data, b.data, y->data, bias_data, !gelu_in, nullptr,
+                                  false, {}, 0, {pre ? pre->data : nullptr, gelu_in ? gelu_in->data : nullptr, &formed});
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat(name_, ": ", s.message()));
+      if (formed) return absl::OkStatus();
+    }
+    // The product (with its bias) into pre, or into scratch for the gradient.
+    void* product = pre ? pre->data : ctx.Scratch(y->nbytes());
+    if (!product && y->nbytes() > 0) return absl::OkStatus();  // the allocation error is reported
+    absl::Status s = CudaMatMul(*p_, plan, a.dtype, y->dtype, a.data, b.data, product, bias_data, false);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(name_, ": ", s.message()));
+    if (gelu_in)
+      return Check(kc::GeluGrad(DtOf(y->dtype), product, gelu_in->data, y->data, y->numel(), gelu_grad_tanh_, stream()));
+    return Check(kc::Unary(gelu_tanh_ ? kc::UnaryOp::kGeluTanh : kc::UnaryOp::kGelu, DtOf(y->dtype), product, y->data,
+                           y->numel(), stream()));
+  }
+
   bool fused_ = false, trans_a_ = false, trans_b_ = false, gelu_ = false, gelu_tanh_ = false, dbias_of_a_ = false;
+  bool gelu_grad_ = false, gelu_grad_tanh_ = false, has_dbias_ = false;
   int64_t rows_ = -1;  // -1: every row of op(A)
 };
 

@@ -1,6 +1,6 @@
 // MatMul through cuBLASLt (providers/cuda/): row-major products as the column-major
 // product of the transposes, batches as one strided-batched call where the strides allow,
-// bias, tanh-GELU and the bias gradient as epilogues.
+// bias, tanh-GELU (writing or reading its input for training) and the bias gradient as epilogues.
 #include "providers/cuda/cuda_matmul.h"
 
 #include <atomic>
@@ -68,10 +68,11 @@ struct GemmKey {
   int64_t stride_a, stride_b, stride_c;
   bool bias, gelu_tanh;
   int bgrad;       // the bias gradient of: 0 none, 1 A (the call's B: BGRADB), 2 B (the call's A: BGRADA)
+  int aux;         // the GELU input: 0 none, 1 written (GELU_AUX, GELU_AUX_BIAS), 2 read (DGELU)
   uint32_t align;  // bytes every pointer (and batch step) is aligned to, at most 256
   auto tie() const {
     return std::tie(handle, dt, out_dt, M, N, K, lda, trans_a, trans_b, batch, stride_a, stride_b, stride_c, bias,
-                    gelu_tanh, bgrad, align);
+                    gelu_tanh, bgrad, aux, align);
   }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
@@ -79,15 +80,18 @@ struct GemmKey {
 struct GemmPlan {
   Descriptors ds;
   cublasLtMatmulAlgo_t algo;
-  std::atomic<bool> refused{false};  // a bias-gradient epilogue the library cannot run (remembered)
-  std::mutex mu;  // the bias pointer is set on the shared descriptor for each call
+  std::atomic<bool> refused{false};  // a bias-gradient or GELU-input epilogue the library cannot run (remembered)
+  std::mutex mu;  // the bias and aux pointers are set on the shared descriptor for each call
 };
 
 std::atomic<int64_t> g_refused_bias_gradients{0};
+std::atomic<int64_t> g_refused_gelu_aux{0};
 
-// What Gemm answers (its only Unimplemented) for a bias-gradient epilogue the library refuses:
-// the caller runs the plain product and sums the operand itself.
-absl::Status EpilogueRefused() { return Unimplemented("cuBLASLt has no bias-gradient epilogue for this product"); }
+void CountRefusal(const GemmKey& key) { (key.bgrad ? g_refused_bias_gradients : g_refused_gelu_aux).fetch_add(1); }
+
+// What Gemm answers (its only Unimplemented) for a bias-gradient or GELU-input epilogue the
+// library refuses: the caller runs the plain product and does the epilogue's work itself.
+absl::Status EpilogueRefused() { return Unimplemented("cuBLASLt has no such epilogue for this product"); }
 
 absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey& key);
 
@@ -96,23 +100,27 @@ absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey&
 // With c_in, D = op(A) op(B) + beta c_in (c_in of D's type and layout; it may be c itself).
 // With dbias (bgrad 1: the sums over K of op(A), [M]; 2: of op(B), [N]; D's type), the
 // epilogue writes the bias gradient, or EpilogueRefused() has the caller do it. lda > 0: A's
-// stored row length where it is wider than op(A) needs (one matrix).
+// stored row length where it is wider than op(A) needs (one matrix). With aux (one matrix, D's
+// type and shape): aux_mode 1 writes the GELU input there (gelu_tanh), 2 multiplies the product
+// by the tanh-GELU's derivative at it (no bias); or EpilogueRefused().
 absl::Status Gemm(const CudaExecutionProvider& p, DataType dt, DataType out_dt, const void* a, const void* b, void* c,
                   int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int batch, int64_t stride_a,
                   int64_t stride_b, int64_t stride_c, const void* bias, bool gelu_tanh, const void* c_in = nullptr,
-                  float beta = 0.f, void* dbias = nullptr, int bgrad = 0, int64_t lda = 0) {
+                  float beta = 0.f, void* dbias = nullptr, int bgrad = 0, int64_t lda = 0, const void* aux = nullptr,
+                  int aux_mode = 0) {
   // The algorithm must suit the operands' alignment (sub-matrices of a batch may sit at odd
   // offsets): the largest power of two up to 256 dividing every address and batch step.
   const size_t es = ElementSize(dt), out_es = ElementSize(out_dt);
   uintptr_t bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | reinterpret_cast<uintptr_t>(c) |
                    reinterpret_cast<uintptr_t>(bias) | reinterpret_cast<uintptr_t>(c_in) |
-                   reinterpret_cast<uintptr_t>(dbias) | 256;
+                   reinterpret_cast<uintptr_t>(dbias) | reinterpret_cast<uintptr_t>(aux) | 256;
   if (batch > 1) bits |= static_cast<uintptr_t>(stride_a * es) | static_cast<uintptr_t>(stride_b * es) |
                          static_cast<uintptr_t>(stride_c * out_es) | 256;
   const uint32_t align = static_cast<uint32_t>(bits & (~bits + 1));
   if (lda <= 0) lda = trans_a ? M : K;
   const GemmKey key{p.cublaslt(), static_cast<int>(dt), static_cast<int>(out_dt), M, N, K, lda, trans_a, trans_b, batch,
-                    stride_a, stride_b, stride_c, bias != nullptr, gelu_tanh, dbias ? bgrad : 0, align};
+                    stride_a, stride_b, stride_c, bias != nullptr, gelu_tanh, dbias ? bgrad : 0, aux ? aux_mode : 0,
+                    align};
   ASSIGN_OR_RETURN(GemmPlan * plan, PlanFor(p, key));
   if (plan->refused) return EpilogueRefused();
   std::lock_guard<std::mutex> lock(plan->mu);
@@ -120,14 +128,18 @@ absl::Status Gemm(const CudaExecutionProvider& p, DataType dt, DataType out_dt, 
     RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(plan->ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec,
                                                       sizeof(vec)),
                        "bias pointer"));
+  if (aux)
+    RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(plan->ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                                      sizeof(aux)),
+                       "aux pointer"));
   const float alpha = 1.f;
   if (!c_in) beta = 0.f;
   const cublasStatus_t st = cublasLtMatmul(static_cast<cublasLtHandle_t>(p.cublaslt()), plan->ds.op, &alpha, b, plan->ds.x, a,
                            plan->ds.y, &beta, c_in ? c_in : c, plan->ds.d, c, plan->ds.d, &plan->algo, p.workspace(),
                            p.workspace_bytes(), static_cast<cudaStream_t>(p.stream()));
-  if (st != CUBLAS_STATUS_SUCCESS && bgrad && dbias && !plan->refused.exchange(true)) {
+  if (st != CUBLAS_STATUS_SUCCESS && (key.bgrad || key.aux) && !plan->refused.exchange(true)) {
     // Refused at the call rather than by the heuristic: nothing ran; the shape falls back from now on.
-    g_refused_bias_gradients.fetch_add(1);
+    CountRefusal(key);
     return EpilogueRefused();
   }
   return Lt(st, "matmul");
@@ -146,14 +158,22 @@ absl::Status Describe(const CudaExecutionProvider& p, const GemmKey& key, GemmPl
   const cublasOperation_t op_y = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_x, sizeof(op_x)), "transa"));
   RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_y, sizeof(op_y)), "transb"));
-  if (key.bias || gelu_tanh || key.bgrad) {
+  if (key.bias || gelu_tanh || key.bgrad || key.aux) {
     // Our A is the call's B: its sums over K are BGRADB's (one per column of D^T); our B's are BGRADA's.
     const cublasLtEpilogue_t e =
-        key.bgrad == 1 ? CUBLASLT_EPILOGUE_BGRADB
+        key.bgrad == 1   ? CUBLASLT_EPILOGUE_BGRADB
         : key.bgrad == 2 ? CUBLASLT_EPILOGUE_BGRADA
-        : key.bias ? (gelu_tanh ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
-                   : CUBLASLT_EPILOGUE_GELU;
+        : key.aux == 2   ? CUBLASLT_EPILOGUE_DGELU
+        : key.aux == 1   ? (key.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+        : key.bias       ? (gelu_tanh ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                         : CUBLASLT_EPILOGUE_GELU;
     RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)), "epilogue"));
+    if (key.aux) {  // the GELU input is laid out as D^T [N, M]
+      const int64_t aux_ld = N;
+      RETURN_IF_ERROR(Lt(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                                        sizeof(aux_ld)),
+                         "aux leading dimension"));
+    }
   }
   RETURN_IF_ERROR(trans_b ? Layout(&ds.x, t, K, N, K, batch, key.stride_b)
                           : Layout(&ds.x, t, N, K, N, batch, key.stride_b));
@@ -186,11 +206,11 @@ absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey&
   if (auto it = cache->find(key); it != cache->end()) return it->second.get();
   auto plan = std::make_unique<GemmPlan>();
   if (absl::Status s = Describe(p, key, plan.get()); !s.ok()) {
-    if (!key.bgrad) return s;
-    // A library (or layout) without the bias-gradient epilogue: remembered, so the shape is asked
-    // once and its products run plain, the caller summing the operand.
+    if (!key.bgrad && !key.aux) return s;
+    // A library (or layout) without the bias-gradient or GELU-input epilogue: remembered, so the
+    // shape is asked once and its products run plain, the caller doing the epilogue's work.
     plan->refused = true;
-    g_refused_bias_gradients.fetch_add(1);
+    CountRefusal(key);
   }
   GemmPlan* made = plan.get();
   (*cache)[key] = std::move(plan);
@@ -200,11 +220,14 @@ absl::StatusOr<GemmPlan*> PlanFor(const CudaExecutionProvider& p, const GemmKey&
 }  // namespace
 
 int64_t RefusedBiasGradientEpilogues() { return g_refused_bias_gradients.load(); }
+int64_t RefusedGeluAuxEpilogues() { return g_refused_gelu_aux.load(); }
 
 absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatMulPlan& plan, DataType dt,
                         DataType out_dt, const void* a, const void* b, void* c, const void* bias, bool gelu_tanh,
-                        const float* accumulate, bool reset, const DbiasRequest& dbias, int64_t lda) {
+                        const float* accumulate, bool reset, const DbiasRequest& dbias, int64_t lda,
+                        const GeluAuxRequest& gelu_aux) {
   const int64_t M = plan.M, N = plan.N, K = plan.K, batch = plan.batch();
+  if (gelu_aux.formed) *gelu_aux.formed = false;
   if (lda > 0 && (batch != 1 || plan.batch_rank != 0 || lda < (plan.trans_a ? M : K)))
     return InvalidArgument("a row length of A (", lda, ") for one 2-D product with rows of at least ",
                            plan.trans_a ? M : K);
@@ -236,6 +259,34 @@ absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatM
   }
   if (batch == 0 || M == 0 || N == 0) return absl::OkStatus();
   const size_t es = ElementSize(dt), out_es = ElementSize(out_dt);
+  // Per flattened batch index, each operand either steps by a whole matrix or stays put.
+  bool a_contiguous = true, a_fixed = true, b_contiguous = true, b_fixed = true;
+  int64_t ea = M * K, eb = K * N;
+  for (int d = plan.batch_rank - 1; d >= 0; --d) {
+    if (plan.batch_dims[d] == 1) continue;
+    a_contiguous &= plan.a_strides[d] == ea;
+    b_contiguous &= plan.b_strides[d] == eb;
+    a_fixed &= plan.a_strides[d] == 0;
+    b_fixed &= plan.b_strides[d] == 0;
+    ea *= plan.batch_dims[d];
+    eb *= plan.batch_dims[d];
+  }
+  if (gelu_aux.formed) {
+    // The GELU input written or read in the epilogue: one product (the batch folded into M), its
+    // [rows, N] aux rows a multiple of 8 elements long. Otherwise, or where the library refuses
+    // it, nothing runs and the caller does the work itself.
+    const bool fold = b_fixed && a_contiguous && !plan.trans_a;
+    const bool read = gelu_aux.pre_in != nullptr;
+    if ((fold || batch == 1) && K > 0 && N % 8 == 0 && lda == 0 && !accumulate && !dbias.dbias &&
+        (read ? !bias && !gelu_tanh : gelu_tanh && gelu_aux.pre_out)) {
+      absl::Status s = Gemm(p, dt, out_dt, a, b, c, fold ? batch * M : M, N, K, !fold && plan.trans_a, plan.trans_b,
+                            1, 0, 0, 0, bias, gelu_tanh, nullptr, 0.f, nullptr, 0, 0,
+                            read ? gelu_aux.pre_in : gelu_aux.pre_out, read ? 2 : 1);
+      if (s.ok()) *gelu_aux.formed = true;
+      if (!absl::IsUnimplemented(s)) return s;
+    }
+    return absl::OkStatus();
+  }
   if (accumulate) {
     // A gradient added to its accumulation buffer in the epilogue (beta = 1), or written over it.
     if (batch != 1 || out_dt != DataType::kFloat32 || bias || gelu_tanh)
@@ -257,18 +308,6 @@ absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatM
     return CudaStatus(
         cudaMemsetAsync(c, 0, static_cast<size_t>(batch * M * N) * out_es, static_cast<cudaStream_t>(p.stream())),
         "MatMul zero fill");
-  }
-  // Per flattened batch index, each operand either steps by a whole matrix or stays put.
-  bool a_contiguous = true, a_fixed = true, b_contiguous = true, b_fixed = true;
-  int64_t ea = M * K, eb = K * N;
-  for (int d = plan.batch_rank - 1; d >= 0; --d) {
-    if (plan.batch_dims[d] == 1) continue;
-    a_contiguous &= plan.a_strides[d] == ea;
-    b_contiguous &= plan.b_strides[d] == eb;
-    a_fixed &= plan.a_strides[d] == 0;
-    b_fixed &= plan.b_strides[d] == 0;
-    ea *= plan.batch_dims[d];
-    eb *= plan.batch_dims[d];
   }
   if (b_fixed && a_contiguous && !plan.trans_a) {
     // The batch folds into M: one product.

@@ -26,18 +26,32 @@ class CudaExecutionProvider;
 // lda > 0 (one 2-D product): A's stored row length where it is wider than op(A) needs (M with
 // transA, else K), so that the product reads the first M columns of a wider [K, lda] A (a
 // padded operand's product that leaves out its padding).
+//
+// With `gelu_aux` (formed set; one product, or a batch that folds into M, with N a multiple of 8;
+// no accumulate, dbias or lda): pre_out with gelu_tanh writes the GELU input (the product plus the
+// bias, C's type and shape) there as C gets its GELU (cuBLASLt's GELU_AUX_BIAS), as a training
+// graph's forward needs it for the backward; pre_in (no bias or activation) makes C the product
+// times the tanh-GELU's derivative at pre_in (DGELU: the GELU's backward folded into the product
+// of its output gradient). *formed says whether it ran; where not (another shape, or the library
+// refuses the epilogue: remembered per shape), nothing ran and the caller does the work.
 struct DbiasRequest {
   float* dbias = nullptr;
   bool of_a = false;
   bool* formed = nullptr;
 };
+struct GeluAuxRequest {
+  void* pre_out = nullptr;
+  const void* pre_in = nullptr;
+  bool* formed = nullptr;
+};
 absl::Status CudaMatMul(const CudaExecutionProvider& p, const kernels::cpu::MatMulPlan& plan, DataType dt,
                         DataType out_dt, const void* a, const void* b, void* c, const void* bias, bool gelu_tanh,
                         const float* accumulate = nullptr, bool reset = false, const DbiasRequest& dbias = {},
-                        int64_t lda = 0);
+                        int64_t lda = 0, const GeluAuxRequest& gelu_aux = {});
 
-// How many product shapes the library has refused the bias-gradient epilogue for so far (in
-// this process): what a report says of the fallback.
+// How many product shapes the library has refused the bias-gradient epilogue, and the GELU-input
+// ones, for so far (in this process): what a report says of the fallback.
 int64_t RefusedBiasGradientEpilogues();
+int64_t RefusedGeluAuxEpilogues();
 
 }  // namespace cleave::providers

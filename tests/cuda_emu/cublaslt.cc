@@ -1,6 +1,9 @@
 // cuBLASLt's matmul over the emulated device (include/cublasLt.h): D = alpha op(A) op(B) +
 // beta C, column-major, then the epilogue's bias (one value per row of D) and tanh-GELU, each
-// element summed in double and rounded once to D's type. The bias-gradient epilogues write the
+// element summed in double and rounded once to D's type. GELU_AUX(_BIAS) also writes the GELU
+// input (after the bias) to the aux matrix in D's type, and DGELU multiplies the product by the
+// tanh-GELU's derivative at the aux matrix's values; the aux leading dimension must be a
+// multiple of 8 of at least D's rows, one matrix (no batch). The bias-gradient epilogues write the
 // sums over k of op(A) (BGRADA: one per row of D) or of op(B) (BGRADB: one per column) to the
 // bias pointer, in D's type. Attribute sizes, dimensions, the
 // epilogue's bias pointer and each pointer's alignment against the one the algorithm was
@@ -20,6 +23,8 @@ struct cublasLtMatmulDescOpaque {
   cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
+  const void* aux = nullptr;
+  int64_t aux_ld = 0;
 };
 struct cublasLtMatrixLayoutOpaque {
   cudaDataType_t type = CUDA_R_32F;
@@ -37,7 +42,12 @@ namespace {
 
 cleave::cuda_emu::EpilogueRefusal g_bias_gradient_refusal = cleave::cuda_emu::EpilogueRefusal::kNone;
 
+cleave::cuda_emu::EpilogueRefusal g_gelu_aux_refusal = cleave::cuda_emu::EpilogueRefusal::kNone;
+
 bool IsBiasGradient(cublasLtEpilogue_t e) { return e == CUBLASLT_EPILOGUE_BGRADA || e == CUBLASLT_EPILOGUE_BGRADB; }
+bool IsGeluAux(cublasLtEpilogue_t e) {
+  return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
+}
 
 constexpr uint64_t kAlgoTag = 0x636c65617665ull;
 
@@ -87,6 +97,7 @@ bool Aligned(const void* p, uint64_t bytes) { return bytes == 0 || reinterpret_c
 
 namespace cleave::cuda_emu {
 void SetBiasGradientEpilogueRefusal(EpilogueRefusal refusal) { g_bias_gradient_refusal = refusal; }
+void SetGeluAuxEpilogueRefusal(EpilogueRefusal refusal) { g_gelu_aux_refusal = refusal; }
 }  // namespace cleave::cuda_emu
 
 const char* cublasLtGetStatusName(cublasStatus_t s) {
@@ -128,6 +139,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_TRANSB: return Put(&d->trans_b, buf, bytes);
     case CUBLASLT_MATMUL_DESC_EPILOGUE: return Put(&d->epilogue, buf, bytes);
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return Put(&d->bias, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: return Put(&d->aux, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return Put(&d->aux_ld, buf, bytes);
   }
   return CUBLAS_STATUS_INVALID_VALUE;
 }
@@ -181,6 +194,9 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
   if (IsBiasGradient(op->epilogue) &&
       (g_bias_gradient_refusal == cleave::cuda_emu::EpilogueRefusal::kAtHeuristic || d->batch > 1))
     return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (IsGeluAux(op->epilogue) &&
+      (g_gelu_aux_refusal == cleave::cuda_emu::EpilogueRefusal::kAtHeuristic || d->batch > 1))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   results[0] = cublasLtMatmulHeuristicResult_t{};
   results[0].algo.data[0] = kAlgoTag;
   for (int i = 0; i < 4; ++i) results[0].algo.data[1 + i] = pref->align[i];
@@ -196,12 +212,24 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   Shape s;
   if (!h || !op || !algo || algo->data[0] != kAlgoTag || !Dims(*op, *a, *b, *c, *d, &s))
     return CUBLAS_STATUS_INVALID_VALUE;
-  const bool with_bias = op->epilogue == CUBLASLT_EPILOGUE_BIAS || op->epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
-  const bool gelu = op->epilogue == CUBLASLT_EPILOGUE_GELU || op->epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
-  const bool grad_a = op->epilogue == CUBLASLT_EPILOGUE_BGRADA, grad_b = op->epilogue == CUBLASLT_EPILOGUE_BGRADB;
+  const cublasLtEpilogue_t e = op->epilogue;
+  const bool with_bias =
+      e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool gelu = e == CUBLASLT_EPILOGUE_GELU || e == CUBLASLT_EPILOGUE_GELU_BIAS ||
+                    e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool write_aux = e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool dgelu = e == CUBLASLT_EPILOGUE_DGELU;
+  const bool grad_a = e == CUBLASLT_EPILOGUE_BGRADA, grad_b = e == CUBLASLT_EPILOGUE_BGRADB;
   if ((with_bias || grad_a || grad_b) && !op->bias) return CUBLAS_STATUS_INVALID_VALUE;
   if ((grad_a || grad_b) && (g_bias_gradient_refusal != cleave::cuda_emu::EpilogueRefusal::kNone || d->batch > 1))
     return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (write_aux || dgelu) {
+    if (g_gelu_aux_refusal != cleave::cuda_emu::EpilogueRefusal::kNone || d->batch > 1)
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!op->aux || op->aux_ld % 8 != 0 || op->aux_ld < static_cast<int64_t>(d->rows) ||
+        !Aligned(op->aux, algo->data[4]))
+      return CUBLAS_STATUS_INVALID_VALUE;
+  }
   const double al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   const void* ptrs[4] = {A, B, C, D};
   const cublasLtMatrixLayoutOpaque* layouts[4] = {a, b, c, d};
@@ -215,8 +243,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   ++cleave::cuda_emu::ThisThreadCalls().launches;
   // The product runs on the stream, with the descriptors as they are now (the library reads
   // them at the call) and alpha and beta read now (host pointers).
-  cleave::cuda_emu::Enqueue(stream, [o = *op, la = *a, lb = *b, lc = *c, ld = *d, s, al, be, with_bias, gelu, grad_a,
-                                     grad_b, A, B, C, D] {
+  cleave::cuda_emu::Enqueue(stream, [o = *op, la = *a, lb = *b, lc = *c, ld = *d, s, al, be, with_bias, gelu, write_aux,
+                                     dgelu, grad_a, grad_b, A, B, C, D] {
     const cublasLtMatmulDescOpaque* op = &o;
     const cublasLtMatrixLayoutOpaque *a = &la, *b = &lb, *c = &lc, *d = &ld;
     const bool ta = op->trans_a == CUBLAS_OP_T, tb = op->trans_b == CUBLAS_OP_T;
@@ -246,7 +274,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
           double v = al * acc[static_cast<size_t>(i)];
           if (be != 0.0) v += be * Load(c->type, C, oc + i + j * c->ld);  // C is not read when beta is 0
           if (with_bias) v += Load(d->type, op->bias, i);
+          if (write_aux) Store(d->type, const_cast<void*>(op->aux), i + j * op->aux_ld, v);
           if (gelu) v = 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+          if (dgelu) {  // d/dx of 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3)
+            const double x = Load(d->type, op->aux, i + j * op->aux_ld);
+            const double t = std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+            v *= 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x);
+          }
           Store(d->type, D, od + i + j * d->ld, v);
         }
       }

@@ -154,6 +154,9 @@ void Enqueue(cudaStream_t stream, std::function<void()> work);
 // heuristic, or only at the matmul call (neither by default). For tests of the caller's fallback.
 enum class EpilogueRefusal { kNone, kAtHeuristic, kAtCall };
 void SetBiasGradientEpilogueRefusal(EpilogueRefusal refusal);
+// The same for the GELU epilogues that write or read the GELU input (GELU_AUX, GELU_AUX_BIAS,
+// DGELU), as a library without them for a shape would.
+void SetGeluAuxEpilogueRefusal(EpilogueRefusal refusal);
 
 // What the calling host thread has asked of the emulated device: what a test counts to show
 // that a step queues its work and runs ahead of the device, as it must to keep a GPU busy.
