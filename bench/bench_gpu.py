@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 # GPU training benchmark: one training step of a GPT-2 124M-shaped model (12 layers, 768 wide,
-# 12 heads, seq 1024) in bf16 on one GPU, cleave against PyTorch in the same run:
-#   python3 bench/bench_gpu.py [--batch 8] [--iters 10] [--cleave-bin build/bench/cleave_bench_train]
-#       [--profile-dir DIR] [--ablate PASS,PASS...]
+# 12 heads, seq 1024, GPT-2's tanh-form GELU) in bf16 on one GPU, cleave against PyTorch in the
+# same run:
+#   python3 bench/bench_gpu.py [--batch 8] [--iters 10] [--gelu tanh|none]
+#       [--cleave-bin build/bench/cleave_bench_train] [--profile-dir DIR] [--ablate PASS,PASS...]
 # Reports ms/step, tokens/s and MFU against the 989 TFLOP/s dense bf16 peak of an H100/H200
 # (model FLOPs per token: 6 N + 12 L d T, N the parameters, as PaLM counts them), the same step
 # in PyTorch eager and with torch.compile (bf16 autocast, fused AdamW), and a causal attention
