@@ -7,11 +7,13 @@
 #include <random>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "graph/op_table.h"
 #include "graph/passes/pass.h"
 #include "graph/text_format.h"
+#include "kernels/cpu/gemm_bf16.h"
 #include "gtest/gtest.h"
 #include "onnx_ext/cleave_schemas.h"
 #include "onnx_ext/onnx_io.h"
@@ -75,6 +77,65 @@ TEST(MatMulBf16, MatchesADoubleProductOfTheBf16Values) {
           EXPECT_NEAR(got.data<float>()[(bt * M + i) * N + j], want, 1e-5 * (1 + std::abs(want)))
               << DimsToString(c.a) << " x " << DimsToString(c.b) << " at " << bt << "," << i << "," << j;
         }
+  }
+}
+
+// The intra-op pool's shares of a bf16 product (whole products of a batch, panels of rows, or of
+// columns where there are few rows; transposed operands and a slice of a wider A among them), each
+// a one-thread oneDNN call run concurrently, form the product of one call: the same values within
+// float32 rounding of the K sums, and every element written.
+TEST(GemmBf16, ThePoolsSharesFormTheProductOfOneCall) {
+  struct Shape {
+    int64_t batch, M, N, K;
+    bool ta, tb, b_batched;
+    int64_t lda;
+  };
+  const Shape shapes[] = {{4, 64, 48, 96, false, false, true, 0},   // whole products
+                          {1, 300, 70, 128, false, true, false, 0},  // rows
+                          {1, 300, 70, 128, true, false, false, 0},  // rows of a transposed A
+                          {1, 24, 500, 160, false, false, false, 0},  // columns
+                          {1, 24, 500, 160, true, true, false, 0},    // columns, both transposed
+                          {1, 200, 64, 96, true, false, false, 256},  // the first 200 of 256 columns of A
+                          {3, 130, 40, 64, false, false, false, 0}};  // a batch under the pool's size
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (const int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    for (const Shape& c : shapes) {
+      SCOPED_TRACE(absl::StrCat(threads, " threads, ", c.batch, " x [", c.M, ", ", c.K, "] x [", c.K, ", ", c.N, "]",
+                                c.ta ? " transA" : "", c.tb ? " transB" : "", c.lda ? " lda" : ""));
+      kernels::cpu::GemmBf16Params p;
+      p.batch = c.batch;
+      p.b_batched = c.b_batched;
+      p.M = c.M;
+      p.N = c.N;
+      p.K = c.K;
+      p.trans_a = c.ta;
+      p.trans_b = c.tb;
+      p.lda = c.lda;
+      const int64_t a_stored = c.batch * (c.ta ? c.K * (c.lda ? c.lda : c.M) : c.M * c.K);
+      std::vector<uint16_t> a(static_cast<size_t>(a_stored)), b(static_cast<size_t>((c.b_batched ? c.batch : 1) * c.K * c.N));
+      for (uint16_t& v : a) v = FloatToBFloat16(dist(rng));
+      for (uint16_t& v : b) v = FloatToBFloat16(dist(rng));
+      const size_t out = static_cast<size_t>(c.batch * c.M * c.N);
+      std::vector<float> one(out, std::nanf("")), shared(out, std::nanf(""));
+      ASSERT_TRUE(kernels::cpu::GemmBf16(p, a.data(), b.data(), one.data()).ok());
+      ASSERT_TRUE(kernels::cpu::GemmBf16(p, a.data(), b.data(), shared.data(), &pool).ok());
+      for (size_t i = 0; i < out; ++i) {
+        ASSERT_FALSE(std::isnan(shared[i])) << i << " was not written";
+        ASSERT_NEAR(shared[i], one[i], 1e-5 * (1 + std::abs(one[i]))) << i;
+      }
+      // And one element against the definition, so that a share reading the wrong rows would show
+      // even where both calls agreed.
+      const int64_t bt = c.batch - 1, i = c.M - 1, j = c.N / 2, lda = c.lda ? c.lda : (c.ta ? c.M : c.K);
+      double want = 0;
+      for (int64_t k = 0; k < c.K; ++k) {
+        const int64_t a_at = bt * (c.ta ? c.K : c.M) * lda + (c.ta ? k * lda + i : i * lda + k);
+        const int64_t b_at = (c.b_batched ? bt * c.K * c.N : 0) + (c.tb ? j * c.K + k : k * c.N + j);
+        want += static_cast<double>(BFloat16ToFloat(a[a_at])) * BFloat16ToFloat(b[b_at]);
+      }
+      EXPECT_NEAR(shared[(bt * c.M + i) * c.N + j], want, 1e-4 * (1 + std::abs(want)));
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "base/thread_pool.h"
 
 namespace cleave::kernels::cpu {
 
@@ -18,7 +19,10 @@ struct GemmBf16Params {
   int64_t lda = 0;        // A's stored row length (M with trans_a, else K) where larger; 0: dense
 };
 
-// C[b] = op(A[b]) @ op(B[b or 0]); A and B hold bf16 bits, C is fp32 [batch, M, N].
-absl::Status GemmBf16(const GemmBf16Params& p, const uint16_t* A, const uint16_t* B, float* C);
+// C[b] = op(A[b]) @ op(B[b or 0]); A and B hold bf16 bits, C is fp32 [batch, M, N]. Split over
+// `pool` (whole products, or panels of rows or columns of each), each share one oneDNN call on
+// its thread; the sums along K are the same whatever the split.
+absl::Status GemmBf16(const GemmBf16Params& p, const uint16_t* A, const uint16_t* B, float* C,
+                      ThreadPool* pool = nullptr);
 
 }  // namespace cleave::kernels::cpu

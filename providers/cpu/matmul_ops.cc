@@ -228,7 +228,7 @@ class MatMulBf16Kernel : public OpKernel {
     }
     if (!f16_)
       return kernels::cpu::GemmBf16(p, static_cast<const uint16_t*>(a.data), static_cast<const uint16_t*>(b.data),
-                                    static_cast<float*>(y->data));
+                                    static_cast<float*>(y->data), ctx.thread_pool());
     std::vector<float> fa(a.numel()), fb(b.numel());
     for (int64_t i = 0; i < a.numel(); ++i) fa[i] = HalfToFloat(static_cast<const uint16_t*>(a.data)[i]);
     for (int64_t i = 0; i < b.numel(); ++i) fb[i] = HalfToFloat(static_cast<const uint16_t*>(b.data)[i]);
