@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # Training benchmark: cleave against PyTorch eager on the same GPT-2-shaped model, batch,
 # sequence and thread count. Run with a Python that has torch:
-#   /usr/bin/python3 bench/bench_train.py [--threads 2] [--batch 4] [--seq 128]
+#   /usr/bin/python3 bench/bench_train.py [--threads 2] [--batch 4] [--seq 128] [--precision bf16]
 # PyTorch is the anchor measured in the same run. Each side runs in a fresh process of its
 # own: PyTorch in this script started as a worker, cleave in build/bench/cleave_bench_train
 # on the ONNX export of the very same weights; both train on the same token batch.
@@ -20,7 +20,8 @@ DEFAULT_BIN = os.path.join(REPO, "build", "bench", "cleave_bench_train")
 sys.path.insert(0, os.path.join(REPO, "models"))
 sys.path.insert(0, os.path.join(REPO, "models", "tiny_gpt"))
 # The environment as the user set it. cleave runs with it unchanged: it picks its OpenBLAS
-# core itself (kernels/cpu/gemm.cc) and has no OpenMP.
+# core itself (kernels/cpu/gemm.cc), and its bf16 products (oneDNN) run one OpenMP thread per
+# share of its own pool, so no OpenMP setting matters to it.
 USER_ENV = dict(os.environ)
 # PyTorch set-ups, each added to the environment of its worker. OMP_WAIT_POLICY=PASSIVE puts
 # torch's idle OpenMP threads to sleep at once instead of spinning, which on a machine with as
@@ -130,7 +131,9 @@ def summarise(ms):
 
 def torch_steps(args, model, tokens):
     """PyTorch eager steps: zero_grad, forward, cross-entropy, backward, clip_grad_norm_,
-    AdamW step, each part timed by wall clock (CPU ops run synchronously)."""
+    AdamW step, each part timed by wall clock (CPU ops run synchronously). bf16: the forward and
+    the loss under CPU autocast (bf16 products, float32 weights and optimizer), as cleave's
+    --precision bf16."""
     inputs = torch.from_numpy(tokens[:, :-1].copy())  # (B, T)
     labels = torch.from_numpy(tokens[:, 1:].copy())   # (B, T) the next tokens
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
@@ -139,8 +142,9 @@ def torch_steps(args, model, tokens):
     for i in range(args.warmup + args.iters):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        logits = model(inputs)  # (B, T, V)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            logits = model(inputs)  # (B, T, V)
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1))
         t1 = time.perf_counter()
         loss.backward()  # the tied wte.weight sums its embedding and LM-head gradients
         t2 = time.perf_counter()
@@ -183,7 +187,7 @@ def common_flags(args, threads, batch):
     return ["--threads", str(threads), "--batch", str(batch), "--seq", str(args.seq),
             "--warmup", str(args.warmup), "--iters", str(args.iters), "--seed", str(args.seed),
             "--lr", repr(args.lr), "--weight-decay", repr(args.weight_decay),
-            "--clip", repr(args.clip)]
+            "--clip", repr(args.clip), "--precision", args.precision]
 
 
 def bench_torch(args, setup, threads, batch, tokens_path):
@@ -299,12 +303,17 @@ def parse_args():
                    help="torch AdamW's multi-tensor path (default: single-tensor, foreach=False)")
     p.add_argument("--torch-env", nargs="+", choices=sorted(TORCH_ENVS),
                    default=["default", "omp-passive"], help="PyTorch set-ups to time")
-    p.add_argument("--loss-tol", type=float, default=2e-3,
-                   help="largest accepted per-step loss difference between cleave and torch")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: mixed precision on both sides (torch's CPU autocast)")
+    p.add_argument("--loss-tol", type=float,
+                   help="largest accepted per-step loss difference between cleave and torch "
+                        "(default 2e-3 in fp32, 3e-2 in bf16, whose roundings differ)")
     p.add_argument("--cleave-bin", default=DEFAULT_BIN)
     p.add_argument("--no-cleave", action="store_true", help="only run PyTorch")
     p.add_argument("--torch-worker", metavar="TOKENS", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.loss_tol is None:
+        args.loss_tol = 2e-3 if args.precision == "fp32" else 3e-2
     if args.seq > args.context:
         p.error(f"--seq {args.seq} is longer than the context {args.context}")
     if args.warmup < 2:
@@ -331,7 +340,7 @@ def main():
     print(f"model: {path} ({args.layers} layers, width {args.width}, {args.heads} heads, "
           f"vocab {args.vocab})")
     print(f"AdamW lr {args.lr} (constant), weight decay {args.weight_decay}, clip {args.clip}; "
-          f"torch foreach={args.foreach}; warmup {args.warmup}, iters {args.iters}; "
+          f"torch foreach={args.foreach}; {args.precision}; warmup {args.warmup}, iters {args.iters}; "
           "times are per step, median (p10-p90)\n")
     tables = {"ratio": [], "cleave": [], "torch": []}
     all_ok = True
