@@ -90,7 +90,7 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
   graph::BiasGradientFusion bias_gradient;
   graph::LayerNormGradCastFusion norm_grad_cast;
   graph::LowPrecisionNormInputs low_norm_inputs;
-  graph::GeluEpilogueFusion gelu_epilogue;
+  graph::GeluEpilogueFusion gelu_epilogue(/*erf_too=*/!device);
   std::vector<std::string> known;
   for (graph::Pass* p : std::initializer_list<graph::Pass*>{&fold, &fusion, &attention, &attention_layout, &skip_norm,
                                                             &cross_entropy, &low_scores, &padding, &accumulation,
@@ -117,7 +117,7 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
     RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&attention, &attention_layout, &cross_entropy, &dce}), &g));
   }
   RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&fusion, &dce}), &g));
-  if (!device) return absl::OkStatus();
+  if (!device) return graph::RunToFixedPoint(enabled({&gelu_epilogue, &dce}), &g);
   RETURN_IF_ERROR(
       graph::RunToFixedPoint(enabled({&padding, &embedding_gradient, &accumulation, &bias_gradient, &dce}), &g));
   // Then the residual gradient's rounding into its LayerNorm gradient (the bias gradients above

@@ -387,9 +387,9 @@ Feeds GeluMlpFeeds() {
 // gradient (output 2), and the gradient into the product of its output gradient (input 5). The
 // fused graph computes what the epilogues compute, spelled out: the GELU of the float32 result
 // rounded once (its input rounded apart), the gradient's product times GELU' rounded once. It
-// is the unfused graph within bf16 rounding. The erf form, an output gradient with another
-// reader, a product with a dbias and one with a GELU already are left alone; a GELU whose input
-// nothing else reads keeps no copy of it.
+// is the unfused graph within bf16 rounding. The erf form (which the CPU sessions' pass folds as
+// well, against the same spelled-out graph), an output gradient with another reader and a product
+// with a dbias are left alone; a GELU whose input nothing else reads keeps no copy of it.
 TEST(GeluEpilogueFusion, TheProductsFormTheTanhGeluAndItsGradient) {
   const std::string tanh = "{approximate = \"tanh\"}";
   GeluEpilogueFusion pass;
@@ -461,6 +461,15 @@ TEST(GeluEpilogueFusion, TheProductsFormTheTanhGeluAndItsGradient) {
        "an output gradient that is also an output (and no forward GELU)"},
   };
   for (const auto& [text, why] : left_alone) EXPECT_FALSE(Changes(pass, text)) << why;
+  // The CPU sessions' pass folds the erf form too, computing what its epilogue would.
+  GeluEpilogueFusion erf_too(/*erf_too=*/true);
+  std::unique_ptr<Graph> erf = Rewritten(GeluMlp(""), erf_too);
+  ASSERT_TRUE(erf);
+  EXPECT_EQ(erf->FindValue("y")->producer()->AttrString("activation", ""), "gelu");
+  EXPECT_EQ(erf->FindValue("dx")->producer()->AttrString("activation_grad", ""), "gelu");
+  auto erf_reference = ParseGraph(absl::StrReplaceAll(spelled_out, {{" {approximate = \"tanh\"}", ""}}));
+  ASSERT_TRUE(erf_reference.ok()) << erf_reference.status();
+  ExpectGraphsAgree(std::move(erf), std::move(*erf_reference), GeluMlpFeeds(), 1e-6, 1e-6);
   // The forward alone fuses where the gradient's product already has a dbias (it is a weight
   // gradient's product then, not the GELU's output gradient).
   std::unique_ptr<Graph> with_dbias = Rewritten(absl::StrReplaceAll(GeluMlp(tanh), {{

@@ -216,12 +216,18 @@ class LowPrecisionNormInputs : public Pass {
 // x) of a product dy that nothing else reads -> the product with activation_grad = gelu_tanh over
 // x (input 5). The CUDA kernel forms both in cuBLASLt's epilogue (GELU_AUX_BIAS, DGELU), as
 // Transformer Engine's MLP does: the GELU's output is written without reading its input back, and
-// its output gradient is never stored. (cuBLASLt has no erf-form epilogue, so the erf form, which
-// would gain nothing, is left as it is.) Sessions with a device provider run it.
+// its output gradient is never stored. cuBLASLt has no erf-form epilogue, so device sessions
+// leave the erf form as it is (it would gain nothing there); CPU sessions fold both forms, the
+// CPU kernel applying the GELU to the float32 result before it rounds it once.
 class GeluEpilogueFusion : public Pass {
  public:
+  // erf_too: the erf form as well (activation "gelu"), for the CPU kernel, which forms either.
+  explicit GeluEpilogueFusion(bool erf_too = false) : erf_too_(erf_too) {}
   std::string name() const override { return "GeluEpilogueFusion"; }
   absl::StatusOr<bool> Run(Graph* g) override;
+
+ private:
+  bool erf_too_;
 };
 
 // Mixed precision's logits product y = h · Wᵀ (MatMulBf16 / MatMulF16, transB = 1) over a
