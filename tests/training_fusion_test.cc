@@ -356,8 +356,8 @@ TEST(LowPrecisionNormInputs, ProductsTheNormsReadWriteBf16) {
 
 // A bf16 MLP's tanh-form GELU, forward and backward: x = the first product (with its bias),
 // y = Gelu(x), and the GELU's gradient dx from the product dy = dz W2 that only it reads.
-std::string GeluMlp(const std::string& gelu_attrs, const std::string& extra = "") {
-  return absl::StrCat(R"(
+// Its inputs and their bf16 copies.
+constexpr char kGeluMlpInputs[] = R"(
     input a: float32[6,16]
     input w1: float32[32,16]
     input b1: float32[32]
@@ -368,6 +368,10 @@ std::string GeluMlp(const std::string& gelu_attrs, const std::string& extra = ""
     hb1 = Cast(b1) {to = 16}
     hw2 = Cast(w2) {to = 16}
     hdz = Cast(dz) {to = 16}
+)";
+
+std::string GeluMlp(const std::string& gelu_attrs, const std::string& extra = "") {
+  return absl::StrCat(kGeluMlpInputs, R"(
     x = ai.cleave.MatMulBf16(ha, hw1, hb1) {transB = 1, to = 16}
     y = ai.cleave.Gelu(x) )", gelu_attrs, R"(
     z = ai.cleave.MatMulBf16(y, hw2) {transB = 1, to = 16}
@@ -411,18 +415,8 @@ TEST(GeluEpilogueFusion, TheProductsFormTheTanhGeluAndItsGradient) {
   ASSERT_EQ(bwd->num_inputs(), 6);
   EXPECT_EQ(bwd->input(5)->name(), "x");
   EXPECT_EQ(g->FindValue("dy"), nullptr) << "the output gradient is never stored";
-  const std::string spelled_out = R"(
-    input a: float32[6,16]
-    input w1: float32[32,16]
-    input b1: float32[32]
-    input w2: float32[8,32]
-    input dz: float32[6,8]
-    ha = Cast(a) {to = 16}
-    hw1 = Cast(w1) {to = 16}
-    hb1 = Cast(b1) {to = 16}
+  const std::string spelled_out = absl::StrCat(kGeluMlpInputs, R"(
     fb1 = Cast(hb1) {to = 1}
-    hw2 = Cast(w2) {to = 16}
-    hdz = Cast(dz) {to = 16}
     x32 = ai.cleave.MatMulBf16(ha, hw1, fb1) {transB = 1}
     x = Cast(x32) {to = 16}
     y32 = ai.cleave.Gelu(x32) {approximate = "tanh"}
@@ -434,7 +428,7 @@ TEST(GeluEpilogueFusion, TheProductsFormTheTanhGeluAndItsGradient) {
     dx = Cast(dx32) {to = 16}
     output z
     output dx
-  )";
+  )");
   auto reference = ParseGraph(spelled_out);
   ASSERT_TRUE(reference.ok()) << reference.status();
   ExpectGraphsAgree(Rewritten(GeluMlp(tanh), pass), std::move(*reference), GeluMlpFeeds(), 1e-6, 1e-6);
