@@ -155,7 +155,7 @@ run_tests() {
     local out rc why
     out=$(cd "$repo" && LD_LIBRARY_PATH="$ld" timeout "$per_test" "$exe" --gtest_filter="$t" 2>&1); rc=$?
     { echo "=== $t (exit $rc)"; echo "$out"; } >>"$log"
-    echo "$out" | grep -m1 -E '^(cuDNN fused attention|cuBLASLt bias-gradient epilogue):' | tee -a "$summary" >/dev/null
+    echo "$out" | grep -m1 -E '^(cuDNN fused attention|cuBLASLt bias-gradient epilogue|cuBLASLt GELU-input epilogues|largest relative loss difference from the CPU)' | tee -a "$summary" >/dev/null
     if [ "$rc" -eq 0 ] && echo "$out" | grep -q '^\[  PASSED  \] 1 test'; then
       passed=$((passed + 1))
     elif [ "$rc" -eq 0 ] && echo "$out" | grep -q '^\[  SKIPPED \] 1 test'; then
