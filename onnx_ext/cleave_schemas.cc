@@ -46,9 +46,12 @@ OpSchema MatMulLowpSchema(const char* name, const char* type) {
       .Input(3, "accumulate", "float32 buffer of Y's shape that Y adds (a gradient accumulation)", "tensor(float)",
              OpSchema::Optional)
       .Input(4, "reset", "bool scalar: Y is the product alone", "tensor(bool)", OpSchema::Optional)
+      .Input(5, "gelu_input", "with activation_grad: Y is the product times GELU' at it (Y's shape)", "Y",
+             OpSchema::Optional)
       .Output(0, "Y", "[..., M, N]", "Y")
       .Output(1, "dbias", "float32 sums over K of the operand dbias_operand names (a bias gradient)",
               "tensor(float)", OpSchema::Optional)
+      .Output(2, "pre", "with activation: the GELU's input, the product plus the bias", "Y", OpSchema::Optional)
       .Attr("transA", "A's last two axes are stored transposed", AttributeProto::INT, static_cast<int64_t>(0))
       .Attr("transB", "B's last two axes are stored transposed", AttributeProto::INT, static_cast<int64_t>(0))
       .Attr("to", "Y's type: 1 (float32) or A's type", AttributeProto::INT, static_cast<int64_t>(1))
@@ -56,6 +59,10 @@ OpSchema MatMulLowpSchema(const char* name, const char* type) {
             AttributeProto::INT, static_cast<int64_t>(1))
       .Attr("rows", "Y keeps only op(A)'s first `rows` rows (2-D A; all of them when absent)", AttributeProto::INT,
             onnx::OPTIONAL_VALUE)
+      .Attr("activation", "'gelu' or 'gelu_tanh': the GELU of the product plus the bias", AttributeProto::STRING,
+            onnx::OPTIONAL_VALUE)
+      .Attr("activation_grad", "'gelu' or 'gelu_tanh': Y is the product times that GELU's derivative at gelu_input",
+            AttributeProto::STRING, onnx::OPTIONAL_VALUE)
       .TypeConstraint("Y", {"tensor(float)", type}, "float32, or A's type");
   return s;
 }

@@ -12,6 +12,7 @@
 #include "graph/op_table.h"
 #include "graph/passes/pass.h"
 #include "graph/text_format.h"
+#include "onnx_ext/cleave_schemas.h"
 #include "partition/op_rules.h"
 #include "gtest/gtest.h"
 #include "tests/fusion_test_util.h"
@@ -415,6 +416,8 @@ TEST(GeluEpilogueFusion, TheProductsFormTheTanhGeluAndItsGradient) {
   ASSERT_EQ(bwd->num_inputs(), 6);
   EXPECT_EQ(bwd->input(5)->name(), "x");
   EXPECT_EQ(g->FindValue("dy"), nullptr) << "the output gradient is never stored";
+  absl::Status checked = onnx_ext::CheckModel(*g);  // the new input, output and attributes in the schema
+  EXPECT_TRUE(checked.ok()) << checked;
   const std::string spelled_out = absl::StrCat(kGeluMlpInputs, R"(
     fb1 = Cast(hb1) {to = 1}
     x32 = ai.cleave.MatMulBf16(ha, hw1, fb1) {transB = 1}
