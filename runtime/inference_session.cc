@@ -64,13 +64,13 @@ void ApplyDimOverrides(graph::Graph& g, const std::map<std::string, int64_t>& ov
 // cross-entropy's loss and gradient in one pass over the scores (the forward stores no
 // log_prob), with a device provider together with the other fusions its kernels pay off for:
 // the residual add with its LayerNorm, then bf16 logits for the loss; then the transformer
-// fusions; and last, with a device provider, once the products
-// are final, the padding of a vocabulary whose rows would
-// not be 16-byte aligned, the embeddings' gradients scattered into their accumulation, the
-// weight gradients' products taking on their accumulation and their layers' bias gradients,
-// the residual gradients' rounding to bf16 written by the LayerNorm gradients that form them,
-// the products read by the LayerNorms and their gradients writing bf16, and the tanh-form GELUs
-// in the products' epilogues.
+// fusions; and last, with a device provider, once the products are final, the padding of a
+// vocabulary whose rows would not be 16-byte aligned, the embeddings' gradients scattered into
+// their accumulation, the weight gradients' products taking on their accumulation and their
+// layers' bias gradients, the residual gradients' rounding to bf16 written by the LayerNorm
+// gradients that form them, and the products read by the LayerNorms and their gradients writing
+// bf16. Every session ends with the mixed-precision MLP's GELUs folded into their products (the
+// tanh form alone with a device provider, whose cuBLASLt epilogues have no erf form).
 absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, bool device,
                       std::set<std::string> disabled) {
   if (const char* env = std::getenv("CLEAVE_DISABLED_OPTIMIZERS"))
