@@ -2,6 +2,9 @@
 // Conversions follow the ONNX Cast rules: float -> float rounds to nearest even, float
 // -> integer truncates toward zero (saturating here, where ONNX leaves it undefined, and
 // NaN -> 0), integer -> integer wraps, anything -> bool tests != 0, bool -> number is 0/1.
+#include <cpuid.h>
+#include <immintrin.h>
+
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -85,11 +88,42 @@ To Convert(From from) {
   }
 }
 
+// fp16 <-> float32 eight at a time with the F16C instructions, where the CPU has them (every
+// x86-64 CPU with AVX2 does): the same values as the scalar conversions (exact one way, rounded
+// to nearest even the other; a NaN stays a NaN, its payload kept as numpy keeps it), which
+// finish the tail.
+bool HasF16c() {
+  static const bool has = [] {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) && (c & bit_AVX);
+  }();
+  return has;
+}
+
+__attribute__((target("avx,f16c"))) void HalfToFloatF16c(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+  for (; i < n; ++i) y[i] = HalfToFloat(x[i]);
+}
+
+__attribute__((target("avx,f16c"))) void FloatToHalfF16c(const float* x, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) y[i] = FloatToHalf(x[i]);
+}
+
 template <typename To, typename From>
 void CastTyped(const TensorView& x, const TensorView& y, ThreadPool* pool) {
   const From* xp = x.as<const From>();
   To* yp = y.as<To>();
   ParallelFor(pool, x.numel(), kCheapGrain, [&](int64_t b, int64_t e) {
+    if constexpr (std::is_same_v<From, Half> && std::is_same_v<To, float>) {
+      if (HasF16c()) return HalfToFloatF16c(reinterpret_cast<const uint16_t*>(xp) + b, yp + b, e - b);
+    } else if constexpr (std::is_same_v<From, float> && std::is_same_v<To, Half>) {
+      if (HasF16c()) return FloatToHalfF16c(xp + b, reinterpret_cast<uint16_t*>(yp) + b, e - b);
+    }
     for (int64_t i = b; i < e; ++i) yp[i] = Convert<To>(xp[i]);
   });
 }

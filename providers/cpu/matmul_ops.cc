@@ -229,9 +229,14 @@ class MatMulBf16Kernel : public OpKernel {
     if (!f16_)
       return kernels::cpu::GemmBf16(p, static_cast<const uint16_t*>(a.data), static_cast<const uint16_t*>(b.data),
                                     static_cast<float*>(y->data), ctx.thread_pool());
-    std::vector<float> fa(a.numel()), fb(b.numel());
-    for (int64_t i = 0; i < a.numel(); ++i) fa[i] = HalfToFloat(static_cast<const uint16_t*>(a.data)[i]);
-    for (int64_t i = 0; i < b.numel(); ++i) fb[i] = HalfToFloat(static_cast<const uint16_t*>(b.data)[i]);
+    // The operands widened into scratch (kept by the session: no allocation or page faults
+    // per call), both in parallel.
+    const TensorView fa(ctx.Scratch(static_cast<size_t>(a.numel()) * sizeof(float)), DataType::kFloat32,
+                        a.dim_span());
+    const TensorView fb(ctx.Scratch(static_cast<size_t>(b.numel()) * sizeof(float)), DataType::kFloat32,
+                        b.dim_span());
+    kernels::cpu::Cast(a, fa, ctx.thread_pool());
+    kernels::cpu::Cast(b, fb, ctx.thread_pool());
     kernels::cpu::GemmParams g;
     g.M = p.M;
     g.N = p.N;
@@ -241,8 +246,9 @@ class MatMulBf16Kernel : public OpKernel {
     g.lda = p.lda;  // A is 2-D (one batch) where it is set
     float* yd = static_cast<float*>(y->data);
     for (int64_t i = 0; i < p.batch; ++i)
-      kernels::cpu::Sgemm(g, fa.data() + i * p.M * p.K, fb.data() + (p.b_batched ? i * p.K * p.N : 0),
-                          yd + i * p.M * p.N, ctx.thread_pool());
+      kernels::cpu::Sgemm(g, fa.as<const float>() + i * p.M * p.K,
+                          fb.as<const float>() + (p.b_batched ? i * p.K * p.N : 0), yd + i * p.M * p.N,
+                          ctx.thread_pool());
     return absl::OkStatus();
   }
 
