@@ -2,8 +2,10 @@
 // Conversions follow the ONNX Cast rules: float -> float rounds to nearest even, float
 // -> integer truncates toward zero (saturating here, where ONNX leaves it undefined, and
 // NaN -> 0), integer -> integer wraps, anything -> bool tests != 0, bool -> number is 0/1.
+#if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
+#endif
 
 #include <bit>
 #include <cmath>
@@ -92,6 +94,7 @@ To Convert(From from) {
 // x86-64 CPU with AVX2 does): the same values as the scalar conversions (exact one way, rounded
 // to nearest even the other; a NaN stays a NaN, its payload kept as numpy keeps it), which
 // finish the tail.
+#if defined(__x86_64__)
 bool HasF16c() {
   static const bool has = [] {
     unsigned a, b, c, d;
@@ -113,6 +116,11 @@ __attribute__((target("avx,f16c"))) void FloatToHalfF16c(const float* x, uint16_
     _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
   for (; i < n; ++i) y[i] = FloatToHalf(x[i]);
 }
+#else
+bool HasF16c() { return false; }
+void HalfToFloatF16c(const uint16_t*, float*, int64_t) {}
+void FloatToHalfF16c(const float*, uint16_t*, int64_t) {}
+#endif
 
 template <typename To, typename From>
 void CastTyped(const TensorView& x, const TensorView& y, ThreadPool* pool) {
