@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "base/shape.h"
@@ -151,6 +152,48 @@ void SetLayout(AttentionParams& p, AttentionLayout layout, int64_t heads) {
       p.o = {p.T * H * p.Dv, p.Dv, H * p.Dv};
       return;
   }
+}
+
+AttentionLayout AttentionLayoutNamed(std::string_view name) {
+  return name == "bshd" ? AttentionLayout::kBshd : name == "bs3hd" ? AttentionLayout::kBs3hd : AttentionLayout::kBhsd;
+}
+
+absl::StatusOr<AttentionOperands> PlanAttentionOperands(AttentionLayout layout, std::span<const int64_t> q,
+                                                        std::span<const int64_t> k, std::span<const int64_t> v,
+                                                        double scale, bool causal) {
+  AttentionOperands a;
+  if (layout == AttentionLayout::kBhsd) {
+    ASSIGN_OR_RETURN(a.p, PlanAttention(q, k, v, scale, causal));
+    a.out = DimVector(q);
+    a.out.back() = a.p.Dv;
+    a.lse = DimVector(q.first(q.size() - 1));
+    return a;
+  }
+  if (layout == AttentionLayout::kBs3hd) {
+    if (q.size() != 5 || q[2] != 3)
+      return InvalidArgument("layout \"bs3hd\": expected q, k and v packed [B, T, 3, H, D], got ",
+                             DimsToString(q.data(), static_cast<int>(q.size())));
+    const int64_t one[4] = {q[0], q[3], q[1], q[4]};
+    ASSIGN_OR_RETURN(a.p, PlanAttention(one, one, one, scale, causal));
+    a.packed = true;
+    a.k_offset = q[3] * q[4];
+    a.v_offset = 2 * a.k_offset;
+  } else {
+    const std::span<const int64_t> t[3] = {q, k, v};
+    int64_t dims[3][4];
+    for (int i = 0; i < 3; ++i) {
+      if (t[i].size() != 4)
+        return InvalidArgument("layout \"bshd\": expected ", std::string(1, "qkv"[i]),
+                               " of rank 4 [B, T, H, D], got rank ", t[i].size());
+      dims[i][0] = t[i][0], dims[i][1] = t[i][2], dims[i][2] = t[i][1], dims[i][3] = t[i][3];
+    }
+    ASSIGN_OR_RETURN(a.p, PlanAttention(dims[0], dims[1], dims[2], scale, causal));
+  }
+  const int64_t B = q[0], T = q[1], H = layout == AttentionLayout::kBs3hd ? q[3] : q[2];
+  SetLayout(a.p, layout, H);
+  a.out = {B, T, H, a.p.Dv};
+  a.lse = {B, H, T};
+  return a;
 }
 
 template <typename T>

@@ -7,9 +7,11 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 
+#include "base/fixed_vector.h"
 #include "base/thread_pool.h"
 
 namespace cleave::kernels::cpu {
@@ -43,6 +45,24 @@ enum class AttentionLayout { kBhsd, kBshd, kBs3hd };
 // Lays the slices of p (planned over [B, H, T, D] operands, so batch = B H) out as `layout`,
 // with `heads` = H.
 void SetLayout(AttentionParams& p, AttentionLayout layout, int64_t heads);
+
+// The layout a `layout` attribute names: "bshd", "bs3hd", else "bhsd".
+AttentionLayout AttentionLayoutNamed(std::string_view name);
+
+// The plan of an ai.cleave.Attention / AttentionGrad over its operands in `layout`, laid out
+// (SetLayout) for it, with the element offsets of k and v in the packed "bs3hd" input and the
+// dims of the output and the lse. Every provider's kernels plan with it.
+struct AttentionOperands {
+  AttentionParams p;
+  bool packed = false;  // "bs3hd"
+  int64_t k_offset = 0, v_offset = 0;
+  DimVector out, lse;
+};
+// q, k, v: the operands' dims (k and v unused with "bs3hd", whose q is the packed product), or
+// InvalidArgument naming what it expected.
+absl::StatusOr<AttentionOperands> PlanAttentionOperands(AttentionLayout layout, std::span<const int64_t> q,
+                                                        std::span<const int64_t> k, std::span<const int64_t> v,
+                                                        double scale, bool causal);
 
 // The slices and sizes of q [..., T, D], k [..., S, D], v [..., S, Dv] (one set of leading dims),
 // or InvalidArgument naming the three shapes. Device providers plan with it too.

@@ -161,61 +161,15 @@ void Narrow(float* w, TensorView* t, ThreadPool* pool) {
   kernels::cpu::Cast(TensorView(w, DataType::kFloat32, t->dim_span()), *t, pool);
 }
 
-// The operands of an Attention or AttentionGrad in their layout (kernels/cpu/attention.h):
+using kernels::cpu::AttentionOperands;
+
+// The plan of an Attention or AttentionGrad's operands in their layout (kernels/cpu/attention.h):
 // "bhsd", q, k, v [..., T, D]; "bshd", q, k, v [B, T, H, D]; "bs3hd", one input, the q/k/v
 // product [B, T, 3, H, D]. The kernels read and write each layout in place.
-kernels::cpu::AttentionLayout LayoutOf(const graph::Node& n) {
-  const std::string layout = n.AttrString("layout", "bhsd");
-  if (layout == "bshd") return kernels::cpu::AttentionLayout::kBshd;
-  if (layout == "bs3hd") return kernels::cpu::AttentionLayout::kBs3hd;
-  return kernels::cpu::AttentionLayout::kBhsd;
-}
-
-// The plan over (batch x heads) slices of q, k and v (k and v unused with "bs3hd"), with the
-// element offsets of k and v in the packed input.
-struct AttentionOperands {
-  kernels::cpu::AttentionParams p;
-  bool packed = false;  // "bs3hd"
-  int64_t k_offset = 0, v_offset = 0;
-  DimVector out, lse;  // the output's and the lse's dims
-};
-
 absl::StatusOr<AttentionOperands> PlanOperands(kernels::cpu::AttentionLayout layout, const TensorView& q,
                                                const TensorView* k, const TensorView* v, double scale, bool causal) {
-  using kernels::cpu::AttentionLayout;
-  AttentionOperands a;
-  if (layout == AttentionLayout::kBhsd) {
-    ASSIGN_OR_RETURN(a.p, kernels::cpu::PlanAttention(q.dim_span(), k->dim_span(), v->dim_span(), scale, causal));
-    a.out = DimVector(q.dim_span());
-    a.out.back() = a.p.Dv;
-    a.lse = DimVector(q.dim_span().first(q.rank - 1));
-    return a;
-  }
-  if (layout == AttentionLayout::kBs3hd) {
-    if (q.rank != 5 || q.dims[2] != 3)
-      return InvalidArgument("layout \"bs3hd\": expected q, k and v packed [B, T, 3, H, D], got ",
-                             DimsToString(q.shape()));
-    const int64_t one[4] = {q.dims[0], q.dims[3], q.dims[1], q.dims[4]};
-    ASSIGN_OR_RETURN(a.p, kernels::cpu::PlanAttention(one, one, one, scale, causal));
-    a.packed = true;
-    a.k_offset = q.dims[3] * q.dims[4];
-    a.v_offset = 2 * a.k_offset;
-  } else {
-    const TensorView* t[3] = {&q, k, v};
-    int64_t dims[3][4];
-    for (int i = 0; i < 3; ++i) {
-      if (t[i]->rank != 4)
-        return InvalidArgument("layout \"bshd\": expected ", std::string(1, "qkv"[i]),
-                               " of rank 4 [B, T, H, D], got rank ", t[i]->rank);
-      dims[i][0] = t[i]->dims[0], dims[i][1] = t[i]->dims[2], dims[i][2] = t[i]->dims[1], dims[i][3] = t[i]->dims[3];
-    }
-    ASSIGN_OR_RETURN(a.p, kernels::cpu::PlanAttention(dims[0], dims[1], dims[2], scale, causal));
-  }
-  const int64_t B = q.dims[0], T = q.dims[1], H = layout == AttentionLayout::kBs3hd ? q.dims[3] : q.dims[2];
-  kernels::cpu::SetLayout(a.p, layout, H);
-  a.out = {B, T, H, a.p.Dv};
-  a.lse = {B, H, T};
-  return a;
+  return kernels::cpu::PlanAttentionOperands(layout, q.dim_span(), k ? k->dim_span() : std::span<const int64_t>(),
+                                             v ? v->dim_span() : std::span<const int64_t>(), scale, causal);
 }
 
 // q, k and v of type T: inputs first, first + 1 and first + 2, or the three parts of the packed
@@ -245,7 +199,9 @@ std::array<T*, 3> GradientData(const std::array<T*, 3>& outputs, const Attention
 class AttentionKernel : public OpKernel {
  public:
   AttentionKernel(const graph::Node& n, int)
-      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0), layout_(LayoutOf(n)) {}
+      : scale_(n.AttrFloat("scale", 1.f)),
+        causal_(n.AttrInt("causal", 0) != 0),
+        layout_(kernels::cpu::AttentionLayoutNamed(n.AttrString("layout", "bhsd"))) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const bool packed = layout_ == kernels::cpu::AttentionLayout::kBs3hd;
     const TensorView& q = *ctx.input(0);
@@ -279,7 +235,9 @@ class AttentionKernel : public OpKernel {
 class AttentionGradKernel : public OpKernel {
  public:
   AttentionGradKernel(const graph::Node& n, int)
-      : scale_(n.AttrFloat("scale", 1.f)), causal_(n.AttrInt("causal", 0) != 0), layout_(LayoutOf(n)) {}
+      : scale_(n.AttrFloat("scale", 1.f)),
+        causal_(n.AttrInt("causal", 0) != 0),
+        layout_(kernels::cpu::AttentionLayoutNamed(n.AttrString("layout", "bhsd"))) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const bool packed = layout_ == kernels::cpu::AttentionLayout::kBs3hd;
     const TensorView &dout = *ctx.input(0), &q = *ctx.input(1), &out = *ctx.input(4), &lse = *ctx.input(5);
