@@ -39,6 +39,16 @@ using kernels::cpu::Activation;
 using kernels::cpu::MatMulPlan;
 using kernels::cpu::PackedB;
 
+// The activation a product's attribute `attr` names ("", "gelu" or "gelu_tanh"), or
+// InvalidArgument naming the node and what it found.
+absl::StatusOr<Activation> ActivationNamed(const graph::Node& n, const char* attr) {
+  const std::string act = n.AttrString(attr, "");
+  if (act.empty()) return Activation::kNone;
+  if (act == "gelu") return Activation::kGelu;
+  if (act == "gelu_tanh") return Activation::kGeluTanh;
+  return InvalidArgument(n.Describe(), ": expected ", attr, " '', 'gelu' or 'gelu_tanh', got '", act, "'");
+}
+
 // Input 1 packed for GemmPacked when it is a 2-D fp32 initializer and the CPU runs the
 // packed kernels; an empty PackedB (the OpenBLAS path) otherwise.
 PackedB MaybePackWeight(const graph::Node& n, bool trans_b) {
@@ -108,15 +118,11 @@ class MatMulKernel : public OpKernel {
 // product with fp32 accumulation), both with an fp32 result, plus an optional fp32 bias [N].
 class MatMulBf16Kernel : public OpKernel {
  public:
-  MatMulBf16Kernel(const graph::Node& n, int)
-      : trans_a_(n.AttrInt("transA", 0) != 0),
-        trans_b_(n.AttrInt("transB", 0) != 0),
-        f16_(n.op_type() == "MatMulF16"),
-        dbias_of_a_(n.AttrInt("dbias_operand", 1) == 0),
-        has_dbias_(n.num_outputs() > 1 && n.output(1) != nullptr),
-        rows_(n.AttrInt("rows", -1)),
-        activation_(ActivationOf(n.AttrString("activation", ""))),
-        activation_grad_(ActivationOf(n.AttrString("activation_grad", ""))) {}
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
+    ASSIGN_OR_RETURN(const Activation activation, ActivationNamed(n, "activation"));
+    ASSIGN_OR_RETURN(const Activation activation_grad, ActivationNamed(n, "activation_grad"));
+    return std::unique_ptr<OpKernel>(new MatMulBf16Kernel(n, activation, activation_grad));
+  }
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& a = *ctx.input(0);
@@ -171,12 +177,12 @@ class MatMulBf16Kernel : public OpKernel {
     // the GELU's derivative at input 5 (`activation_grad`), as cuBLASLt's GELU_AUX_BIAS and DGELU
     // epilogues form them: from the float32 result, rounded once.
     const TensorView* gelu_in = ctx.num_inputs() > 5 ? ctx.input(5) : nullptr;
-    if ((activation_grad_ != kernels::cpu::Activation::kNone) != (gelu_in != nullptr) ||
+    if ((activation_grad_ != Activation::kNone) != (gelu_in != nullptr) ||
         (gelu_in && (gelu_in->shape() != y->shape() || gelu_in->dtype != y->dtype || bias || acc ||
-                     activation_ != kernels::cpu::Activation::kNone)))
+                     activation_ != Activation::kNone)))
       return InvalidArgument("MatMulBf16: activation_grad takes the GELU input (input 5) of the result's shape ",
                              DimsToString(y->shape()), " and type, without bias, accumulation or activation");
-    TensorView* pre = activation_ != kernels::cpu::Activation::kNone && ctx.num_outputs() > 2
+    TensorView* pre = activation_ != Activation::kNone && ctx.num_outputs() > 2
                           ? ctx.Output(2, y->dim_span())
                           : nullptr;
     // A low-precision result (`to`): the float32 result, bias included, rounded once.
@@ -195,9 +201,9 @@ class MatMulBf16Kernel : public OpKernel {
         kernels::cpu::Cast(*bias, bias32, ctx.thread_pool());
       }
       kernels::cpu::BiasActivation(y32.as<float>(), bias32.as<float>(), y32.numel() / p.N, p.N,
-                                   kernels::cpu::Activation::kNone, ctx.thread_pool());
+                                   Activation::kNone, ctx.thread_pool());
     }
-    if (activation_ != kernels::cpu::Activation::kNone && p.N > 0) {
+    if (activation_ != Activation::kNone && p.N > 0) {
       if (pre) kernels::cpu::Cast(y32, *pre, ctx.thread_pool());
       kernels::cpu::BiasActivation(y32.as<float>(), nullptr, y32.numel() / p.N, p.N, activation_, ctx.thread_pool());
     }
@@ -208,7 +214,7 @@ class MatMulBf16Kernel : public OpKernel {
         x32.data = ctx.Scratch(x32.nbytes());
         kernels::cpu::Cast(*gelu_in, x32, ctx.thread_pool());
       }
-      kernels::cpu::GeluGrad(activation_grad_ == kernels::cpu::Activation::kGeluTanh, y32.as<const float>(),
+      kernels::cpu::GeluGrad(activation_grad_ == Activation::kGeluTanh, y32.as<const float>(),
                              x32.as<const float>(), y32.as<float>(), y32.numel(), ctx.thread_pool());
     }
     if (low_out) kernels::cpu::Cast(y32, *y, ctx.thread_pool());
@@ -277,15 +283,19 @@ class MatMulBf16Kernel : public OpKernel {
     return absl::OkStatus();
   }
 
-  static kernels::cpu::Activation ActivationOf(const std::string& a) {
-    return a == "gelu" ? kernels::cpu::Activation::kGelu
-           : a == "gelu_tanh" ? kernels::cpu::Activation::kGeluTanh
-                              : kernels::cpu::Activation::kNone;
-  }
+  MatMulBf16Kernel(const graph::Node& n, Activation activation, Activation activation_grad)
+      : trans_a_(n.AttrInt("transA", 0) != 0),
+        trans_b_(n.AttrInt("transB", 0) != 0),
+        f16_(n.op_type() == "MatMulF16"),
+        dbias_of_a_(n.AttrInt("dbias_operand", 1) == 0),
+        has_dbias_(n.num_outputs() > 1 && n.output(1) != nullptr),
+        rows_(n.AttrInt("rows", -1)),
+        activation_(activation),
+        activation_grad_(activation_grad) {}
 
   bool trans_a_, trans_b_, f16_, dbias_of_a_, has_dbias_;
   int64_t rows_;  // -1: every row of op(A)
-  kernels::cpu::Activation activation_, activation_grad_;
+  Activation activation_, activation_grad_;
 };
 
 class GemmKernel : public OpKernel {
@@ -342,12 +352,7 @@ class GemmKernel : public OpKernel {
 class FusedMatMulKernel : public OpKernel {
  public:
   static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
-    const std::string act = n.AttrString("activation", "");
-    Activation a;
-    if (act.empty()) a = Activation::kNone;
-    else if (act == "gelu") a = Activation::kGelu;
-    else if (act == "gelu_tanh") a = Activation::kGeluTanh;
-    else return InvalidArgument(n.Describe(), ": expected activation '', 'gelu' or 'gelu_tanh', got '", act, "'");
+    ASSIGN_OR_RETURN(const Activation a, ActivationNamed(n, "activation"));
     const bool trans_b = n.AttrInt("transB", 0) != 0;
     const bool trans_a = n.AttrInt("transA", 0) != 0;
     return std::unique_ptr<OpKernel>(
@@ -408,9 +413,9 @@ void RegisterMatMulKernels(KernelRegistry& r) {
   r.Register({std::string(graph::kCleaveDomain), "FusedMatMul", 1, 1, InputTypeIn(0, {f32, f64}),
               MakeCheckedFactory<FusedMatMulKernel>()});
   r.Register({std::string(graph::kCleaveDomain), "MatMulBf16", 1, 1, InputTypeIn(0, {DataType::kBFloat16}),
-              MakeFactory<MatMulBf16Kernel>()});
+              MakeCheckedFactory<MatMulBf16Kernel>()});
   r.Register({std::string(graph::kCleaveDomain), "MatMulF16", 1, 1, InputTypeIn(0, {DataType::kFloat16}),
-              MakeFactory<MatMulBf16Kernel>()});
+              MakeCheckedFactory<MatMulBf16Kernel>()});
 }
 
 }  // namespace cleave::providers
