@@ -86,6 +86,15 @@ void SgemmOne(const GemmParams& p, const float* A, const float* B, float* C) {
 
 }  // namespace
 
+GemmPanels SplitIntoPanels(int64_t M, int64_t N, int threads) {
+  GemmPanels s;
+  s.by_rows = M >= 32 * threads || M >= N;
+  s.extent = s.by_rows ? M : N;
+  s.panel = std::min(s.extent, ((s.extent + threads - 1) / threads + 15) / 16 * 16);
+  s.panels = s.panel > 0 ? (s.extent + s.panel - 1) / s.panel : 0;
+  return s;
+}
+
 void Sgemm(const GemmParams& p, const float* A, const float* B, float* C, ThreadPool* pool) {
   SelectOpenBlasCore();
   if (p.M == 0 || p.N == 0) return;
@@ -96,14 +105,10 @@ void Sgemm(const GemmParams& p, const float* A, const float* B, float* C, Thread
   q.lda = p.lda ? p.lda : (p.trans_a ? p.M : p.K);
   q.ldb = p.ldb ? p.ldb : (p.trans_b ? p.K : p.N);
   q.ldc = p.ldc ? p.ldc : p.N;
-  // Panels of rows when there are enough, else of columns; multiples of 16 keep the sgemm
-  // micro-kernels on full tiles.
-  const bool by_rows = p.M >= 32 * threads || p.M >= p.N;
-  const int64_t extent = by_rows ? p.M : p.N;
-  int64_t panel = (extent + threads - 1) / threads;
-  panel = std::min(extent, (panel + 15) / 16 * 16);
-  const int64_t panels = (extent + panel - 1) / panel;
-  pool->ParallelFor(panels, 1, [&](int64_t i0, int64_t i1) {
+  const GemmPanels split = SplitIntoPanels(p.M, p.N, threads);
+  const bool by_rows = split.by_rows;
+  const int64_t extent = split.extent, panel = split.panel;
+  pool->ParallelFor(split.panels, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t lo = i * panel, n = std::min(panel, extent - lo);
       GemmParams r = q;

@@ -29,6 +29,15 @@ const char* GemmBackendName();
 // change the result.
 void Sgemm(const GemmParams& p, const float* A, const float* B, float* C, ThreadPool* pool = nullptr);
 
+// How a pool of `threads` splits one [M, N] product (Sgemm, and the bf16 products of
+// gemm_bf16.h): into `panels` panels of `panel` rows when there are enough rows (by_rows), else
+// of columns, each a multiple of 16 (the micro-kernels' full tiles) but the last.
+struct GemmPanels {
+  bool by_rows = true;
+  int64_t extent = 0, panel = 0, panels = 0;  // extent: M by rows, else N
+};
+GemmPanels SplitIntoPanels(int64_t M, int64_t N, int threads);
+
 // The batch of a batched GEMM, possibly multi-dimensional: product b (row-major index over
 // `dims`) reads A at sum_k idx_k * stride_a[k], and likewise for B and C. Strides are in
 // elements; a stride of 0 broadcasts one operand's matrix over that batch dim (numpy

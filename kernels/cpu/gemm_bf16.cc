@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/gemm.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace cleave::kernels::cpu {
@@ -131,13 +132,10 @@ absl::Status GemmBf16(const GemmBf16Params& p, const uint16_t* A, const uint16_t
     });
     return status;
   }
-  // Each product in panels of rows when there are enough, else of columns; multiples of 16 keep
-  // oneDNN's kernels on full tiles.
-  const bool by_rows = p.M >= 32 * threads || p.M >= p.N;
-  const int64_t extent = by_rows ? p.M : p.N;
-  int64_t panel = (extent + threads - 1) / threads;
-  panel = std::min(extent, (panel + 15) / 16 * 16);
-  const int64_t panels = (extent + panel - 1) / panel;
+  // Each product in panels of rows when there are enough, else of columns, as Sgemm splits.
+  const GemmPanels split = SplitIntoPanels(p.M, p.N, threads);
+  const bool by_rows = split.by_rows;
+  const int64_t extent = split.extent, panel = split.panel, panels = split.panels;
   for (int64_t b = 0; b < p.batch && status.ok(); ++b) {
     const uint16_t* a = A + b * a_step;
     const uint16_t* w = B + b * b_step;
