@@ -2,7 +2,9 @@
 // query rows through sgemm, against the double-precision row-at-a-time definition: causal and
 // not, T below, equal to and above S (the first rows then see no key), head sizes that differ
 // for keys and values, and block sizes from the smallest (long S) to the largest (short S); and
-// the [B, T, H, D] and packed q/k/v layouts, read and written in place.
+// the [B, T, H, D] and packed q/k/v layouts, read and written in place. The bf16 kernels (on
+// CPUs with AVX-512 BF16) against the same definition over the bf16 values, within bf16's
+// rounding, and in every layout bit for bit.
 #include <cmath>
 #include <limits>
 #include <random>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/dtype.h"
 #include "base/thread_pool.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
@@ -33,10 +36,11 @@ std::vector<float> Random(int64_t n, std::mt19937& rng, float scale = 1.f) {
 
 std::vector<double> Wide(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
-// max |got - want| / max(1, max |want|).
+// max |got - want| / max(1, max |want|); infinite where got has a NaN.
 double Error(const std::vector<float>& got, const std::vector<double>& want) {
   double err = 0, mag = 1;
   for (size_t i = 0; i < want.size(); ++i) {
+    if (std::isnan(got[i])) return std::numeric_limits<double>::infinity();
     err = std::max(err, std::abs(got[i] - want[i]));
     mag = std::max(mag, std::abs(want[i]));
   }
@@ -109,6 +113,118 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat("b", c.batch, "_T", c.T, "_S", c.S, "_D", c.D, "x", c.Dv, c.causal ? "_causal" : "");
     });
 
+// The bf16 kernels against the definition in double over the same bf16 values. Their products
+// take the probabilities and the scores' gradient rounded to bf16 (as cuDNN's do) and each
+// result is rounded to bf16, so they agree within a few of bf16's rounding steps (2^-8
+// relative); the scores and lse are float32 sums of exact products, as the float32 kernel's.
+std::vector<uint16_t> Bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> b(x.size());
+  for (size_t i = 0; i < x.size(); ++i) b[i] = FloatToBFloat16(x[i]);
+  return b;
+}
+std::vector<float> Widened(const std::vector<uint16_t>& b) {
+  std::vector<float> x(b.size());
+  for (size_t i = 0; i < b.size(); ++i) x[i] = BFloat16ToFloat(b[i]);
+  return x;
+}
+
+class Bf16AttentionKernel : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Bf16AttentionKernel, MatchesTheDefinitionWithinBf16Rounding) {
+  const Case c = GetParam();
+  const int64_t qd[3] = {c.batch, c.T, c.D}, kd[3] = {c.batch, c.S, c.D}, vd[3] = {c.batch, c.S, c.Dv};
+  const AttentionParams p = *kernels::cpu::PlanAttention(qd, kd, vd, 1.0 / std::sqrt(static_cast<double>(c.D)), c.causal);
+  if (!kernels::cpu::Bf16AttentionSupported(p)) GTEST_SKIP() << "this CPU has no AVX-512 BF16 (the bf16 kernels' products)";
+  std::mt19937 rng(static_cast<unsigned>(c.T * 131 + c.S));
+  const std::vector<uint16_t> q = Bf16(Random(c.batch * c.T * c.D, rng, 1.5f)),
+                              k = Bf16(Random(c.batch * c.S * c.D, rng, 1.5f)), v = Bf16(Random(c.batch * c.S * c.Dv, rng)),
+                              dout = Bf16(Random(c.batch * c.T * c.Dv, rng));
+  ThreadPool pool(2), three(3);
+  // The kernels read each operand's own elements only: NaN past the end of each is never
+  // multiplied into a result (a pair past an odd last row is zeros, not the next row).
+  std::vector<uint16_t> past[4] = {q, k, v, dout};
+  for (auto& x : past) x.resize(x.size() + 512, 0x7fc0);
+  const uint16_t *qp = past[0].data(), *kp = past[1].data(), *vp = past[2].data(), *dp = past[3].data();
+
+  std::vector<double> want_out(c.batch * c.T * c.Dv);
+  std::vector<float> want_lse(c.batch * c.T);
+  const std::vector<double> qw = Wide(Widened(q)), kw = Wide(Widened(k)), vw = Wide(Widened(v)),
+                            doutw = Wide(Widened(dout));
+  kernels::cpu::AttentionForwardReference(p, qw.data(), kw.data(), vw.data(), want_out.data(), want_lse.data(),
+                                          nullptr);
+  std::vector<uint16_t> out(want_out.size(), 7);
+  std::vector<float> lse(want_lse.size(), 7.f);
+  kernels::cpu::AttentionForwardBf16(p, qp, kp, vp, out.data(), lse.data(), &pool);
+  EXPECT_LT(Error(Widened(out), want_out), 1e-2);
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(want_lse[i])) {
+      EXPECT_TRUE(std::isinf(lse[i]) && lse[i] < 0) << "row " << i << " sees no key; lse " << lse[i];
+      for (int64_t d = 0; d < c.Dv; ++d) EXPECT_EQ(out[i * c.Dv + d], 0) << "row " << i << " sees no key";
+    } else {
+      EXPECT_NEAR(lse[i], want_lse[i], 1e-5 * std::max(1.f, std::abs(want_lse[i]))) << "row " << i;
+    }
+  }
+  // The same bits on a pool of 3.
+  std::vector<uint16_t> out3(out.size(), 7);
+  std::vector<float> lse3(lse.size(), 7.f);
+  kernels::cpu::AttentionForwardBf16(p, qp, kp, vp, out3.data(), lse3.data(), &three);
+  EXPECT_EQ(out3, out);
+  EXPECT_EQ(lse3, lse);
+
+  // The gradients of the definition at the bf16 out the backward reads.
+  const std::vector<double> outw = Wide(Widened(out));
+  std::vector<double> want_dq(q.size()), want_dk(k.size()), want_dv(v.size());
+  kernels::cpu::AttentionBackwardReference(p, doutw.data(), qw.data(), kw.data(), vw.data(), outw.data(),
+                                           want_dq.data(), want_dk.data(), want_dv.data(), nullptr);
+  std::vector<uint16_t> dq(q.size(), 7), dk(k.size(), 7), dv(v.size(), 7);
+  for (const float* l : {static_cast<const float*>(lse.data()), static_cast<const float*>(nullptr)}) {
+    kernels::cpu::AttentionBackwardBf16(p, dp, qp, kp, vp, out.data(), l, dq.data(),
+                                        dk.data(), dv.data(), &pool);
+    EXPECT_LT(Error(Widened(dq), want_dq), 1e-2) << (l ? "with lse" : "without lse");
+    EXPECT_LT(Error(Widened(dk), want_dk), 1e-2) << (l ? "with lse" : "without lse");
+    EXPECT_LT(Error(Widened(dv), want_dv), 1e-2) << (l ? "with lse" : "without lse");
+  }
+  kernels::cpu::AttentionBackwardBf16(p, dp, qp, kp, vp, out.data(), lse.data(), dq.data(),
+                                      dk.data(), dv.data(), &pool);
+  // Each gradient alone, and all three on a pool of 3, are the same bits.
+  std::vector<uint16_t> dq1(q.size(), 7), dk1(k.size(), 7), dv1(v.size(), 7);
+  kernels::cpu::AttentionBackwardBf16(p, dp, qp, kp, vp, out.data(), lse.data(),
+                                      dq1.data(), nullptr, nullptr, &pool);
+  kernels::cpu::AttentionBackwardBf16(p, dp, qp, kp, vp, out.data(), lse.data(), nullptr,
+                                      dk1.data(), nullptr, &pool);
+  kernels::cpu::AttentionBackwardBf16(p, dp, qp, kp, vp, out.data(), lse.data(), nullptr,
+                                      nullptr, dv1.data(), &pool);
+  EXPECT_EQ(dq1, dq);
+  EXPECT_EQ(dk1, dk);
+  EXPECT_EQ(dv1, dv);
+  std::vector<uint16_t> dq3(q.size(), 7), dk3(k.size(), 7), dv3(v.size(), 7);
+  kernels::cpu::AttentionBackwardBf16(p, dp, qp, kp, vp, out.data(), lse.data(),
+                                      dq3.data(), dk3.data(), dv3.data(), &three);
+  EXPECT_EQ(dq3, dq);
+  EXPECT_EQ(dk3, dk);
+  EXPECT_EQ(dv3, dv);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Bf16AttentionKernel,
+    ::testing::Values(Case{3, 5, 7, 8, 6, false},         // one partial tile of rows and columns, D != Dv
+                      Case{2, 200, 200, 16, 16, true},    // 64-row causal blocks, the last partial
+                      Case{1, 40, 701, 8, 8, true},       // T < S, odd key counts
+                      Case{2, 9, 4, 4, 6, true},          // T > S: the first 5 rows see no key
+                      Case{1, 37, 1500, 34, 40, false},   // 43-row blocks; D and Dv past a 32-wide tile
+                      Case{2, 65, 33, 96, 62, false},     // odd S, three column tiles of D
+                      Case{4, 130, 130, 64, 64, true}),   // the bench GPT's head size
+    [](const ::testing::TestParamInfo<Case>& info) {
+      const Case& c = info.param;
+      return absl::StrCat("b", c.batch, "_T", c.T, "_S", c.S, "_D", c.D, "x", c.Dv, c.causal ? "_causal" : "");
+    });
+
+TEST(Bf16AttentionKernel, OddHeadSizesAreLeftToTheWideningKernels) {
+  const int64_t even[3] = {2, 8, 16}, odd[3] = {2, 8, 15};
+  EXPECT_FALSE(kernels::cpu::Bf16AttentionSupported(*kernels::cpu::PlanAttention(odd, odd, even, 1.0, false)));
+  EXPECT_FALSE(kernels::cpu::Bf16AttentionSupported(*kernels::cpu::PlanAttention(even, even, odd, 1.0, false)));
+}
+
 // The layouts of ai.cleave.Attention (attention.h), read and written in place: q, k, v and the
 // gradients [B, T, H, D] ("bshd"), or q, k, v and their gradients packed [B, T, 3, H, D]
 // ("bs3hd"), against the same kernels on contiguous [B, H, T, D] copies.
@@ -132,11 +248,25 @@ std::vector<T> Relaid(const std::vector<T>& x, int64_t B, int64_t H, int64_t row
 template <typename T>
 double MaxDiff(const std::vector<T>& a, const std::vector<T>& b) {
   double m = a.size() == b.size() ? 0 : 1e30;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::abs(double{a[i]} - double{b[i]}));
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
   return m;
 }
 
 class AttentionLayouts : public ::testing::TestWithParam<LayoutCase> {};
+
+// The kernels of each element type: float and double, and bf16 bit patterns (uint16_t).
+template <typename T>
+void Forward(const AttentionParams& p, const T* q, const T* k, const T* v, T* out, float* lse, ThreadPool* pool) {
+  if constexpr (std::is_same_v<T, uint16_t>) kernels::cpu::AttentionForwardBf16(p, q, k, v, out, lse, pool);
+  else kernels::cpu::AttentionForward(p, q, k, v, out, lse, pool);
+}
+template <typename T>
+void Backward(const AttentionParams& p, const T* dout, const T* q, const T* k, const T* v, const T* out,
+              const float* lse, T* dq, T* dk, T* dv, ThreadPool* pool) {
+  if constexpr (std::is_same_v<T, uint16_t>)
+    kernels::cpu::AttentionBackwardBf16(p, dout, q, k, v, out, lse, dq, dk, dv, pool);
+  else kernels::cpu::AttentionBackward(p, dout, q, k, v, out, lse, dq, dk, dv, pool);
+}
 
 template <typename T>
 void CheckLayouts(const LayoutCase& c) {
@@ -148,17 +278,21 @@ void CheckLayouts(const LayoutCase& c) {
   std::mt19937 rng(static_cast<unsigned>(c.T * 7 + c.S));
   auto random = [&](int64_t n) {
     std::vector<float> f = Random(n, rng, 1.5f);
-    return std::vector<T>(f.begin(), f.end());
+    std::vector<T> x(f.size());
+    for (size_t i = 0; i < f.size(); ++i)
+      x[i] = std::is_same_v<T, uint16_t> ? static_cast<T>(FloatToBFloat16(f[i])) : static_cast<T>(f[i]);
+    return x;
   };
   const std::vector<T> q = random(B * H * c.T * c.D), k = random(B * H * c.S * c.D), v = random(B * H * c.S * c.Dv),
                        dout = random(B * H * c.T * c.Dv);
   ThreadPool pool(2);
   std::vector<T> out(dout.size()), dq(q.size()), dk(k.size()), dv(v.size());
   std::vector<float> lse(B * H * c.T);
-  kernels::cpu::AttentionForward(flat, q.data(), k.data(), v.data(), out.data(), lse.data(), &pool);
-  kernels::cpu::AttentionBackward(flat, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), dq.data(),
+  Forward(flat, q.data(), k.data(), v.data(), out.data(), lse.data(), &pool);
+  Backward(flat, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), dq.data(),
                                   dk.data(), dv.data(), &pool);
-  const double tol = std::is_same_v<T, float> ? 1e-6 : 1e-12;
+  // bf16: the same arithmetic in every layout, so the same bits.
+  const double tol = std::is_same_v<T, float> ? 1e-6 : std::is_same_v<T, double> ? 1e-12 : 0;
 
   {  // "bshd"
     AttentionParams p = flat;
@@ -173,14 +307,14 @@ void CheckLayouts(const LayoutCase& c) {
                          dos = relaid(dout, c.T, c.Dv), want_out = relaid(out, c.T, c.Dv);
     std::vector<T> os(out.size(), T{7}), dqs(q.size(), T{7}), dks(k.size(), T{7}), dvs(v.size(), T{7});
     std::vector<float> ls(lse.size(), 7.f);
-    kernels::cpu::AttentionForward(p, qs.data(), ks.data(), vs.data(), os.data(), ls.data(), &pool);
-    EXPECT_LT(MaxDiff(os, want_out), tol) << "bshd out";
-    EXPECT_LT(MaxDiff(ls, lse), tol) << "bshd lse ([B, H, T] in every layout)";
-    kernels::cpu::AttentionBackward(p, dos.data(), qs.data(), ks.data(), vs.data(), os.data(), ls.data(), dqs.data(),
+    Forward(p, qs.data(), ks.data(), vs.data(), os.data(), ls.data(), &pool);
+    EXPECT_LE(MaxDiff(os, want_out), tol) << "bshd out";
+    EXPECT_LE(MaxDiff(ls, lse), tol) << "bshd lse ([B, H, T] in every layout)";
+    Backward(p, dos.data(), qs.data(), ks.data(), vs.data(), os.data(), ls.data(), dqs.data(),
                                     dks.data(), dvs.data(), &pool);
-    EXPECT_LT(MaxDiff(dqs, relaid(dq, c.T, c.D)), 10 * tol) << "bshd dq";
-    EXPECT_LT(MaxDiff(dks, relaid(dk, c.S, c.D)), 10 * tol) << "bshd dk";
-    EXPECT_LT(MaxDiff(dvs, relaid(dv, c.S, c.Dv)), 10 * tol) << "bshd dv";
+    EXPECT_LE(MaxDiff(dqs, relaid(dq, c.T, c.D)), 10 * tol) << "bshd dq";
+    EXPECT_LE(MaxDiff(dks, relaid(dk, c.S, c.D)), 10 * tol) << "bshd dk";
+    EXPECT_LE(MaxDiff(dvs, relaid(dv, c.S, c.Dv)), 10 * tol) << "bshd dv";
   }
   if (c.S != c.T || c.D != c.Dv) return;
   {  // "bs3hd": one [B, T, 3, H, D] buffer for q, k and v, and one for their gradients
@@ -201,18 +335,25 @@ void CheckLayouts(const LayoutCase& c) {
     const std::vector<T> dos = Relaid(dout, B, H, T_, D, dout.size(), seq_major);
     std::vector<T> os(out.size(), T{7}), dqkv(qkv.size(), T{7});
     std::vector<float> ls(lse.size(), 7.f);
-    kernels::cpu::AttentionForward(p, base, base + third, base + 2 * third, os.data(), ls.data(), &pool);
-    EXPECT_LT(MaxDiff(os, Relaid(out, B, H, T_, D, out.size(), seq_major)), tol) << "bs3hd out";
-    EXPECT_LT(MaxDiff(ls, lse), tol) << "bs3hd lse";
+    Forward(p, base, base + third, base + 2 * third, os.data(), ls.data(), &pool);
+    EXPECT_LE(MaxDiff(os, Relaid(out, B, H, T_, D, out.size(), seq_major)), tol) << "bs3hd out";
+    EXPECT_LE(MaxDiff(ls, lse), tol) << "bs3hd lse";
     T* g = dqkv.data();
-    kernels::cpu::AttentionBackward(p, dos.data(), base, base + third, base + 2 * third, os.data(), ls.data(), g,
+    Backward(p, dos.data(), base, base + third, base + 2 * third, os.data(), ls.data(), g,
                                     g + third, g + 2 * third, &pool);
-    EXPECT_LT(MaxDiff(dqkv, packed(dq, dk, dv)), 10 * tol) << "bs3hd dqkv";
+    EXPECT_LE(MaxDiff(dqkv, packed(dq, dk, dv)), 10 * tol) << "bs3hd dqkv";
   }
 }
 
 TEST_P(AttentionLayouts, Float32InPlace) { CheckLayouts<float>(GetParam()); }
 TEST_P(AttentionLayouts, Float64InPlace) { CheckLayouts<double>(GetParam()); }
+TEST_P(AttentionLayouts, Bf16InPlace) {
+  const LayoutCase& c = GetParam();
+  const int64_t qd[4] = {c.B, c.H, c.T, c.D}, kd[4] = {c.B, c.H, c.S, c.D}, vd[4] = {c.B, c.H, c.S, c.Dv};
+  if (!kernels::cpu::Bf16AttentionSupported(*kernels::cpu::PlanAttention(qd, kd, vd, 1.0, c.causal)))
+    GTEST_SKIP() << "this CPU has no AVX-512 BF16 (the bf16 kernels' products)";
+  CheckLayouts<uint16_t>(c);
+}
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionLayouts,

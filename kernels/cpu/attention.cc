@@ -11,6 +11,7 @@
 
 #include "base/shape.h"
 #include "base/status.h"
+#include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/lanes.h"
@@ -18,13 +19,48 @@
 
 namespace cleave::kernels::cpu {
 
-namespace {
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+namespace attention_rows {
 
-// The keys query row i may see.
 int64_t Visible(const AttentionParams& p, int64_t i) {
   return p.causal ? std::clamp<int64_t>(i + 1 + (p.S - p.T), 0, p.S) : p.S;
 }
+
+// At T = S = 128 a causal block of 64 rows computes three quarters of the full square of
+// scores, not all.
+int64_t BlockRows(const AttentionParams& p) {
+  return std::clamp<int64_t>((int64_t{64} << 10) / std::max<int64_t>(p.S, 1), 16, p.causal ? 64 : kMaxBlockRows);
+}
+
+// The row steps are built for each vector width (lanes.h), as the softmax rows are.
+CLEAVE_SIMD_CLONES double ExpRow(float* sr, int64_t nr, int64_t n, float* m) {
+  *m = LaneMax(sr, nr, -std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < nr; ++j) sr[j] -= *m;
+  ExpF32(sr, sr, nr);
+  std::fill(sr + nr, sr + n, 0.f);
+  return LaneSum<double>(sr, nr);
+}
+
+CLEAVE_SIMD_CLONES void ProbabilityRow(float* sr, int64_t nr, int64_t n, const float* lse) {
+  if (!lse) {
+    float m;
+    const float inv = static_cast<float>(1.0 / ExpRow(sr, nr, n, &m));
+    for (int64_t j = 0; j < nr; ++j) sr[j] *= inv;
+    return;
+  }
+  for (int64_t j = 0; j < nr; ++j) sr[j] -= *lse;
+  ExpF32(sr, sr, nr);
+  std::fill(sr + nr, sr + n, 0.f);
+}
+
+CLEAVE_SIMD_CLONES void ScoreGradRow(const float* pr, float* dsr, int64_t n, float delta, float scale) {
+  for (int64_t j = 0; j < n; ++j) dsr[j] = pr[j] * (dsr[j] - delta) * scale;
+}
+}  // namespace attention_rows
+
+using namespace attention_rows;
+
+namespace {
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 // s[j] = scale q_i . k_j for the first n keys of slice kb; returns their max (-inf for none).
 template <typename T>
@@ -37,15 +73,6 @@ double Scores(const AttentionParams& p, const T* qi, const T* kb, int64_t n, std
     m = std::max(m, s[j]);
   }
   return m;
-}
-
-// Query rows per block of the float32 kernels: the block's [rows, S] scores stay within about
-// 256 KiB (a core's L2), and no block is smaller than 16 rows or larger than kMaxBlockRows. A
-// causal block computes the scores its last row sees for every row, so there it is at most 64
-// rows: at T = S = 128 it then computes three quarters of the full square of scores, not all.
-constexpr int64_t kMaxBlockRows = 128;
-int64_t BlockRows(const AttentionParams& p) {
-  return std::clamp<int64_t>((int64_t{64} << 10) / std::max<int64_t>(p.S, 1), 16, p.causal ? 64 : kMaxBlockRows);
 }
 
 // c [M, N] = alpha op(a) op(b) + beta c, single-threaded: the callers already run one block
@@ -77,35 +104,6 @@ void ZeroRows(T* x, int64_t rows, int64_t width, int64_t stride) {
   for (int64_t r = 0; r < rows; ++r) std::fill(x + r * stride, x + r * stride + width, T{0});
 }
 
-// One row of a block's scores, of which the first nr are visible: those exponentiated in place
-// against their max m, the rest of its n zeroed. Returns their sum (in double; 0 when nr is 0)
-// and sets *m. Built for each vector width (lanes.h), as the softmax rows are.
-CLEAVE_SIMD_CLONES double ExpRow(float* sr, int64_t nr, int64_t n, float* m) {
-  *m = LaneMax(sr, nr, -std::numeric_limits<float>::infinity());
-  for (int64_t j = 0; j < nr; ++j) sr[j] -= *m;
-  ExpF32(sr, sr, nr);
-  std::fill(sr + nr, sr + n, 0.f);
-  return LaneSum<double>(sr, nr);
-}
-
-// The backward's row of probabilities, in place over its scores: exp(s - lse) with the
-// forward's lse where there is one, else normalised as the forward does; zeros past nr.
-CLEAVE_SIMD_CLONES void ProbabilityRow(float* sr, int64_t nr, int64_t n, const float* lse) {
-  if (!lse) {
-    float m;
-    const float inv = static_cast<float>(1.0 / ExpRow(sr, nr, n, &m));
-    for (int64_t j = 0; j < nr; ++j) sr[j] *= inv;
-    return;
-  }
-  for (int64_t j = 0; j < nr; ++j) sr[j] -= *lse;
-  ExpF32(sr, sr, nr);
-  std::fill(sr + nr, sr + n, 0.f);
-}
-
-// The scores' gradient row in place over dP: dS = P * (dP - delta) * scale.
-CLEAVE_SIMD_CLONES void ScoreGradRow(const float* pr, float* dsr, int64_t n, float delta, float scale) {
-  for (int64_t j = 0; j < n; ++j) dsr[j] = pr[j] * (dsr[j] - delta) * scale;
-}
 }  // namespace
 
 absl::StatusOr<AttentionParams> PlanAttention(std::span<const int64_t> q, std::span<const int64_t> k,

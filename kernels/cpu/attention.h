@@ -85,6 +85,19 @@ void AttentionBackward(const AttentionParams& p, const double* dout, const doubl
                        const double* v, const double* out, const float* lse, double* dq, double* dk, double* dv,
                        ThreadPool* pool);
 
+// bf16 q, k, v (and out, dOut, dq, dk, dv) on CPUs with AVX-512 BF16 dot products: the block
+// products take bf16 operands and accumulate in float32, as cuDNN's flash attention does,
+// so the probabilities and the scores' gradient enter the products rounded to bf16; the
+// scores, the softmax, lse and the gradients' sums stay float32. Bf16AttentionSupported says
+// whether this CPU and p (even D and Dv) can take it; else the callers widen to float32.
+// Elements are bf16 bit patterns. The results do not depend on the pool's size.
+bool Bf16AttentionSupported(const AttentionParams& p);
+void AttentionForwardBf16(const AttentionParams& p, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                          uint16_t* out, float* lse, ThreadPool* pool);
+void AttentionBackwardBf16(const AttentionParams& p, const uint16_t* dout, const uint16_t* q, const uint16_t* k,
+                           const uint16_t* v, const uint16_t* out, const float* lse, uint16_t* dq, uint16_t* dk,
+                           uint16_t* dv, ThreadPool* pool);
+
 // The definition computed one query row at a time in double accumulation, for tests.
 // Instantiated for float and double.
 template <typename T>

@@ -137,9 +137,10 @@ class TriluKernel : public OpKernel {
 namespace {
 
 // Attention(q, k, v) {scale, causal} -> out[, lse] and AttentionGrad(dOut, q, k, v, out, lse)
-// -> dq, dk, dv, over [..., T, D] operands whose leading dims are the same. bf16 and fp16
-// operands (mixed precision) are widened to float32 scratch and the results rounded back, as
-// the CUDA kernels compute them in float32 from low-precision tensors.
+// -> dq, dk, dv, over [..., T, D] operands whose leading dims are the same. bf16 operands run
+// the bf16 kernels where the CPU has AVX-512 BF16 (their block products take bf16 operands, as
+// cuDNN's do); otherwise bf16 and fp16 operands (mixed precision) are widened to float32
+// scratch and the results rounded back, as the CUDA provider's own kernels compute them.
 bool LowPrecision(DataType t) { return t == DataType::kBFloat16 || t == DataType::kFloat16; }
 
 const float* Widened(const TensorView& t, KernelContext& ctx) {
@@ -185,6 +186,12 @@ std::array<const T*, 3> QkvData(KernelContext& ctx, int first, const AttentionOp
 }
 
 const double* Doubles(const TensorView& t, KernelContext&) { return t.as<double>(); }
+const uint16_t* Bits(const TensorView& t, KernelContext&) { return t.as<uint16_t>(); }
+
+// The bf16 kernels run on this CPU and these operands.
+bool Bf16Kernels(const TensorView& q, const kernels::cpu::AttentionParams& p) {
+  return q.dtype == DataType::kBFloat16 && kernels::cpu::Bf16AttentionSupported(p);
+}
 
 // Where the backward writes dq, dk and dv: the outputs' data as given, or with "bs3hd" the three
 // parts of the packed one (all null where it goes unread).
@@ -215,6 +222,11 @@ class AttentionKernel : public OpKernel {
     if (q.dtype == DataType::kFloat64) {
       const auto in = QkvData<double>(ctx, 0, a, Doubles);
       kernels::cpu::AttentionForward(a.p, in[0], in[1], in[2], y->as<double>(), lp, ctx.thread_pool());
+      return absl::OkStatus();
+    }
+    if (Bf16Kernels(q, a.p)) {
+      const auto in = QkvData<uint16_t>(ctx, 0, a, Bits);
+      kernels::cpu::AttentionForwardBf16(a.p, in[0], in[1], in[2], y->as<uint16_t>(), lp, ctx.thread_pool());
       return absl::OkStatus();
     }
     const auto in = QkvData<float>(ctx, 0, a, Widened);
@@ -263,6 +275,15 @@ class AttentionGradKernel : public OpKernel {
       g = GradientData(g, a);
       kernels::cpu::AttentionBackward(p, dout.as<double>(), in[0], in[1], in[2], out.as<double>(), lse.as<float>(),
                                       g[0], g[1], g[2], ctx.thread_pool());
+      return absl::OkStatus();
+    }
+    if (Bf16Kernels(q, p)) {
+      const auto in = QkvData<uint16_t>(ctx, 1, a, Bits);
+      std::array<uint16_t*, 3> g{};
+      for (int i = 0; i < 3; ++i) g[i] = d[i] ? d[i]->as<uint16_t>() : nullptr;
+      g = GradientData(g, a);
+      kernels::cpu::AttentionBackwardBf16(p, dout.as<uint16_t>(), in[0], in[1], in[2], out.as<uint16_t>(),
+                                          lse.as<float>(), g[0], g[1], g[2], ctx.thread_pool());
       return absl::OkStatus();
     }
     const auto in = QkvData<float>(ctx, 1, a, Widened);
