@@ -50,7 +50,7 @@ struct Args {
   std::string precision = "fp32";  // fp32 | bf16 | fp16
   std::string profile;             // a Chrome trace of one step after the timed ones
   std::string traffic;             // the training graph's bytes and FLOPs per op type
-  std::string fuse_attention = "auto";  // auto (as cleave train: fp32 or CUDA) | on | off
+  std::string fuse_attention = "auto";  // auto (as cleave train: CUDA, or fp32 and bf16) | on | off
 };
 
 constexpr char kUsage[] =

@@ -46,9 +46,10 @@ if "$cleave" run "$tmp/run/trained.onnx" --input "input_ids=$src/models/tiny_gpt
   echo "ok   trained model runs"
 else fail "trained model does not run"; fi
 
-# Attention fusion: the saved training graph holds the fused AttentionGrad in fp32 by default
-# and with --fuse-attention in bf16, and the model's own Softmax gradient otherwise.
-for spec in "fp32::yes" "fp32:--no-fuse-attention:no" "bf16::no" "bf16:--fuse-attention:yes"; do
+# Attention fusion: the saved training graph holds the fused AttentionGrad in fp32 and bf16 by
+# default and with --fuse-attention in fp16, and the model's own Softmax gradient otherwise.
+for spec in "fp32::yes" "fp32:--no-fuse-attention:no" "bf16::yes" "bf16:--no-fuse-attention:no" \
+            "fp16::no" "fp16:--fuse-attention:yes"; do
   IFS=: read -r prec flag want <<< "$spec"
   checks=$((checks + 1))
   rm -rf "$tmp/fa"

@@ -250,13 +250,12 @@ std::unique_ptr<Graph> BuildOptimizer(const std::vector<Value*>& params, const O
 
 }  // namespace
 
-// Fused attention stores no probabilities and is the faster on both providers
-// (bench/RESULTS.md). In bf16 and fp16 on the CPU it is not the default: the fused op then
-// rounds its output and the q, k, v gradients to the low type, as PyTorch's autocast runs
-// scaled_dot_product_attention, where the unfused products return fp32 (the CPU kernel
-// computes in fp32 either way), and at fp16's first loss scale those gradients overflow on a
-// step whose fp32 ones do not.
-bool FusesAttentionByDefault(bool cuda, Precision precision) { return cuda || precision == Precision::kFp32; }
+// Fused attention stores no probabilities and is the faster on both providers, in bf16 too
+// (bench/RESULTS.md), where it rounds its output and the q, k, v gradients to bf16, as
+// PyTorch's autocast runs scaled_dot_product_attention. In fp16 on the CPU it is not the
+// default: at fp16's first loss scale those rounded gradients overflow on a step whose fp32
+// ones (the unfused products return fp32) do not.
+bool FusesAttentionByDefault(bool cuda, Precision precision) { return cuda || precision != Precision::kFp16; }
 
 absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
                                                          const TrainingSpec& spec) {

@@ -78,7 +78,8 @@ struct TrainingSpec {
   bool fuse_attention = false;
 };
 
-// Whether training fuses attention when not told either way: on CUDA, and on the CPU in fp32.
+// Whether training fuses attention when not told either way: on CUDA, and on the CPU in fp32
+// and bf16.
 bool FusesAttentionByDefault(bool cuda, Precision precision);
 
 // One pipeline stage a rank holds (partition/pipeline.h): the forward and backward parts of
