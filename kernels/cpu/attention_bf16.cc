@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 
+#include "base/status.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/thread_buffer.h"
@@ -119,9 +120,9 @@ CLEAVE_BF16_TARGET inline void InterleaveIndices(__m512i* lo, __m512i* hi) {
   *hi = _mm512_load_si512(h);
 }
 
-// Pairs of rows: out[rr * ldo + c] = (x[2rr][c], x[2rr + 1][c]) for the columns c < cols, an
-// odd last row paired with zeros, and zeros from RoundUp(cols, 32) ... past cols (ldo is at
-// least RoundUp(cols, 32)); RoundUp(rows, 2) / 2 rows of out.
+// Pairs of rows: out[rr * ldo + c] = (x[2rr][c], x[2rr + 1][c]) for the columns c < cols (an
+// odd last row paired with zeros) and zeros from cols up to RoundUp(cols, 32), which ldo is at
+// least, so a product reads whole tiles; RoundUp(rows, 2) / 2 rows of out.
 CLEAVE_BF16_TARGET void PackRowPairs(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols, Pair* out,
                                      int64_t ldo) {
   __m512i lo, hi;
@@ -141,7 +142,7 @@ CLEAVE_BF16_TARGET void PackRowPairs(const uint16_t* x, int64_t ld, int64_t rows
   }
 }
 
-// The same pairs of rows of float32 rounded to bf16 (to nearest even).
+// The same pairs of rows from float32 rows, rounded to bf16 (to nearest even).
 CLEAVE_BF16_TARGET void RoundRowPairs(const float* x, int64_t ld, int64_t rows, int64_t cols, Pair* out, int64_t ldo) {
   alignas(64) uint16_t idx[32];
   for (int i = 0; i < 16; ++i) idx[2 * i] = static_cast<uint16_t>(i), idx[2 * i + 1] = static_cast<uint16_t>(16 + i);
@@ -201,17 +202,20 @@ void ZeroRows(uint16_t* x, int64_t rows, int64_t width, int64_t stride) {
   for (int64_t r = 0; r < rows; ++r) std::fill(x + r * stride, x + r * stride + width, uint16_t{0});
 }
 
-// One thread's scratch, carved into 64-byte aligned parts from its ThreadBuffer.
+// One thread's scratch of `bytes` (the sum of the parts' Bytes), carved into 64-byte aligned
+// parts from its ThreadBuffer.
 class Carver {
  public:
   explicit Carver(size_t bytes) {
     char* raw = reinterpret_cast<char*>(ThreadBuffer(0, (bytes + 64) / sizeof(float) + 1));
     next_ = raw + (64 - reinterpret_cast<uintptr_t>(raw) % 64) % 64;
+    end_ = next_ + bytes;
   }
   template <typename T>
   T* Take(int64_t n) {
     T* p = reinterpret_cast<T*>(next_);
     next_ += Bytes<T>(n);
+    CLEAVE_CHECK(next_ <= end_);  // a part that was not counted
     return p;
   }
   template <typename T>
@@ -220,7 +224,7 @@ class Carver {
   }
 
  private:
-  char* next_;
+  char *next_, *end_;
 };
 
 const Pair* Pairs(const uint16_t* x) { return reinterpret_cast<const Pair*>(x); }
