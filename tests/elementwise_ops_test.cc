@@ -501,6 +501,50 @@ TEST(ElementwiseCastTest, BulkHalfConversionsMatchTheScalarOnes) {
   EXPECT_EQ(differ, 0) << "of " << m << " floats narrowed";
 }
 
+TEST(ElementwiseCastTest, BulkBf16ConversionsMatchTheScalarOnes) {
+  ThreadPool pool(2);
+  const int64_t n = 65536 + 5;  // every bf16 value, then a scalar tail
+  std::vector<uint16_t> bf16s(n);
+  for (int64_t i = 0; i < n; ++i) bf16s[i] = static_cast<uint16_t>(i);
+  std::vector<float> widened(n);
+  kernels::cpu::Cast(TensorView(bf16s.data(), DataType::kBFloat16, std::vector<int64_t>{n}),
+                     TensorView(widened.data(), DataType::kFloat32, std::vector<int64_t>{n}), &pool);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float want = BFloat16ToFloat(bf16s[i]);
+    differ += std::memcmp(&want, &widened[i], 4) != 0;  // exact, NaN payloads too
+  }
+  EXPECT_EQ(differ, 0) << "of the bf16 values widened";
+  // Those values, and floats between them: ties to even either way, subnormals, the largest
+  // finite values (rounding up to infinity), signed zeros, infinities and NaNs with payloads
+  // below bf16's bits.
+  std::vector<float> floats(widened.begin(), widened.end());
+  for (int e = -140; e <= 127; e += 3)
+    for (uint32_t low : {0x8000u, 0x7fffu, 0x8001u, 0x18000u, 0x1u, 0xffffu}) {
+      const float f = std::ldexp(1.f, e);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      for (uint32_t v : {u | low, (u | low) ^ 0x80000000u}) {
+        float g;
+        std::memcpy(&g, &v, 4);
+        floats.push_back(g);
+      }
+    }
+  for (uint32_t bits : {0x7f7fffffu, 0x7f7f8000u, 0x7f800001u, 0xff800100u, 0x7fc00000u, 0x00000001u, 0x80008000u}) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    floats.push_back(f);
+  }
+  floats.push_back(1.f);
+  const int64_t m = static_cast<int64_t>(floats.size());
+  std::vector<uint16_t> narrowed(m);
+  kernels::cpu::Cast(TensorView(floats.data(), DataType::kFloat32, std::vector<int64_t>{m}),
+                     TensorView(narrowed.data(), DataType::kBFloat16, std::vector<int64_t>{m}), &pool);
+  differ = 0;
+  for (int64_t i = 0; i < m; ++i) differ += narrowed[i] != FloatToBFloat16(floats[i]);
+  EXPECT_EQ(differ, 0) << "of " << m << " floats narrowed";
+}
+
 TEST(ElementwiseCastTest, UnsupportedTargets) {
   OpTester("Cast", 21).Attr("to", int64_t{17}).Input<float>("x", {1}, {1.f})
       .Output<float>("y", {1}, {1.f}).ExpectFailure("Cast to element type 17 is not supported").Run();
