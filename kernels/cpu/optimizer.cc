@@ -7,6 +7,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/lanes.h"
+
 namespace cleave::kernels::cpu {
 
 namespace {
@@ -40,13 +42,14 @@ std::vector<R> PerBlock(int64_t n, ThreadPool* pool, F f) {
 
 }  // namespace
 
+namespace {
+// sum x[i]^2 of one block in double, in lanes (lanes.h) built for each vector width.
+CLEAVE_SIMD_CLONES double BlockSquares(const float* x, int64_t n) { return LaneSumSquares(x, n, 0.0); }
+}  // namespace
+
 double SquaredNorm(const float* x, int64_t n, ThreadPool* pool) {
   double total = 0.0;
-  for (double s : PerBlock<double>(n, pool, [x](int64_t i0, int64_t i1) {
-         double s = 0.0;
-         for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
-         return s;
-       }))
+  for (double s : PerBlock<double>(n, pool, [x](int64_t i0, int64_t i1) { return BlockSquares(x + i0, i1 - i0); }))
     total += s;
   return total;
 }
@@ -61,30 +64,54 @@ bool AllFinite(const float* x, int64_t n, ThreadPool* pool) {
   return true;
 }
 
+namespace {
+
+// The step-wide float32 factors of one AdamW update.
+struct AdamWFactors {
+  float decay, one_minus_beta1, one_minus_beta2, neg_step_size, bc2_sqrt, b1, b2, eps, scale;
+};
+
+// The update of n elements, built for each vector width (lanes.h). The outputs may be the
+// inputs (an update in place): each element reads and writes its own index only, which is
+// what `ivdep` tells the vectoriser (it would otherwise test every pair of the seven arrays
+// for overlap, and give up).
+CLEAVE_SIMD_CLONES void AdamWRange(const AdamWFactors& f, const float* param, const float* grad,
+                                   const float* exp_avg, const float* exp_avg_sq, float* param_out,
+                                   float* exp_avg_out, float* exp_avg_sq_out, int64_t n) {
+#pragma GCC ivdep
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = grad[i] * f.scale;
+    const float w = param[i] * f.decay;
+    const float m = exp_avg[i] * f.b1 + f.one_minus_beta1 * g;
+    const float v = exp_avg_sq[i] * f.b2 + f.one_minus_beta2 * (g * g);
+    const float denom = std::sqrt(v) / f.bc2_sqrt + f.eps;
+    param_out[i] = w + f.neg_step_size * (m / denom);
+    exp_avg_out[i] = m;
+    exp_avg_sq_out[i] = v;
+  }
+}
+
+}  // namespace
+
 void AdamWStep(const AdamWParams& p, const float* param, const float* grad, const float* exp_avg,
                const float* exp_avg_sq, float* param_out, float* exp_avg_out,
                float* exp_avg_sq_out, int64_t n, ThreadPool* pool) {
   const double step = static_cast<double>(p.step);
   const double beta1 = p.beta1, beta2 = p.beta2;
-  const float decay = static_cast<float>(1.0 - p.lr * p.weight_decay);
-  const float one_minus_beta1 = static_cast<float>(1.0 - beta1);
-  const float one_minus_beta2 = static_cast<float>(1.0 - beta2);
   const double bias_correction1 = 1.0 - std::pow(beta1, step);
   const double bias_correction2 = 1.0 - std::pow(beta2, step);
-  const float neg_step_size = static_cast<float>(-(p.lr / bias_correction1));
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  const float b1 = p.beta1, b2 = p.beta2, eps = p.epsilon, scale = p.grad_scale;
+  const AdamWFactors f{static_cast<float>(1.0 - p.lr * p.weight_decay),
+                       static_cast<float>(1.0 - beta1),
+                       static_cast<float>(1.0 - beta2),
+                       static_cast<float>(-(p.lr / bias_correction1)),
+                       static_cast<float>(std::sqrt(bias_correction2)),
+                       p.beta1,
+                       p.beta2,
+                       p.epsilon,
+                       p.grad_scale};
   ParallelFor(pool, n, kGrain, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const float g = grad[i] * scale;
-      const float w = param[i] * decay;
-      const float m = exp_avg[i] * b1 + one_minus_beta1 * g;
-      const float v = exp_avg_sq[i] * b2 + one_minus_beta2 * (g * g);
-      const float denom = std::sqrt(v) / bc2_sqrt + eps;
-      param_out[i] = w + neg_step_size * (m / denom);
-      exp_avg_out[i] = m;
-      exp_avg_sq_out[i] = v;
-    }
+    AdamWRange(f, param + i0, grad + i0, exp_avg + i0, exp_avg_sq + i0, param_out + i0, exp_avg_out + i0,
+               exp_avg_sq_out + i0, i1 - i0);
   });
 }
 
