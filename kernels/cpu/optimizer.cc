@@ -40,11 +40,9 @@ std::vector<R> PerBlock(int64_t n, ThreadPool* pool, F f) {
   return out;
 }
 
-}  // namespace
-
-namespace {
 // sum x[i]^2 of one block in double, in lanes (lanes.h) built for each vector width.
 CLEAVE_SIMD_CLONES double BlockSquares(const float* x, int64_t n) { return LaneSumSquares(x, n, 0.0); }
+
 }  // namespace
 
 double SquaredNorm(const float* x, int64_t n, ThreadPool* pool) {
@@ -115,24 +113,37 @@ void AdamWStep(const AdamWParams& p, const float* param, const float* grad, cons
   });
 }
 
-void SgdStep(const SgdParams& p, const float* param, const float* grad, const float* buffer,
-             float* param_out, float* buffer_out, int64_t n, ThreadPool* pool) {
+namespace {
+
+// The SGD update of n elements, built for each vector width; in place as AdamWRange.
+CLEAVE_SIMD_CLONES void SgdRange(const SgdParams& p, const float* param, const float* grad, const float* buffer,
+                                 float* param_out, float* buffer_out, int64_t n) {
   const float neg_lr = static_cast<float>(-p.lr);
   const float wd = p.weight_decay, mom = p.momentum;
   const float keep = 1.0f - p.dampening;
   const bool first = p.step <= 1, use_momentum = p.momentum != 0.0f;
   const float scale = p.grad_scale;
-  ParallelFor(pool, n, kGrain, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      float d = grad[i] * scale;
-      if (wd != 0.0f) d = d + wd * param[i];
-      if (use_momentum) {
-        const float b = first ? d : buffer[i] * mom + keep * d;
-        buffer_out[i] = b;
-        d = p.nesterov ? d + mom * b : b;
-      }
-      param_out[i] = param[i] + neg_lr * d;
+#pragma GCC ivdep
+  for (int64_t i = 0; i < n; ++i) {
+    float d = grad[i] * scale;
+    if (wd != 0.0f) d = d + wd * param[i];
+    if (use_momentum) {
+      const float b = first ? d : buffer[i] * mom + keep * d;
+      buffer_out[i] = b;
+      d = p.nesterov ? d + mom * b : b;
     }
+    param_out[i] = param[i] + neg_lr * d;
+  }
+}
+
+}  // namespace
+
+void SgdStep(const SgdParams& p, const float* param, const float* grad, const float* buffer,
+             float* param_out, float* buffer_out, int64_t n, ThreadPool* pool) {
+  ParallelFor(pool, n, kGrain, [&](int64_t i0, int64_t i1) {
+    // Without momentum the buffers may be null (and go unread).
+    SgdRange(p, param + i0, grad + i0, buffer ? buffer + i0 : nullptr, param_out + i0,
+             buffer_out ? buffer_out + i0 : nullptr, i1 - i0);
   });
 }
 
