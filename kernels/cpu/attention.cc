@@ -98,12 +98,6 @@ void BlockScores(const AttentionParams& p, const float* q_blk, const float* kb, 
   Product(rows, n, p.D, false, true, static_cast<float>(p.scale), q_blk, p.q.row, kb, p.k.row, 0.f, s, n);
 }
 
-// Zeroes `rows` rows of `width` elements, `stride` apart.
-template <typename T>
-void ZeroRows(T* x, int64_t rows, int64_t width, int64_t stride) {
-  for (int64_t r = 0; r < rows; ++r) std::fill(x + r * stride, x + r * stride + width, T{0});
-}
-
 }  // namespace
 
 absl::StatusOr<AttentionParams> PlanAttention(std::span<const int64_t> q, std::span<const int64_t> k,

@@ -198,10 +198,6 @@ CLEAVE_BF16_TARGET float RowDot(const uint16_t* a, const uint16_t* b, int64_t n)
   return sum;
 }
 
-void ZeroRows(uint16_t* x, int64_t rows, int64_t width, int64_t stride) {
-  for (int64_t r = 0; r < rows; ++r) std::fill(x + r * stride, x + r * stride + width, uint16_t{0});
-}
-
 // One thread's scratch of `bytes` (the sum of the parts' Bytes), carved into 64-byte aligned
 // parts from its ThreadBuffer.
 class Carver {

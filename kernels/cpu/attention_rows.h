@@ -1,8 +1,10 @@
 // The row steps the CPU attention kernels share (kernels/cpu/attention.cc, attention_bf16.cc):
-// which keys a query row sees, how many query rows a block holds, and the softmax and score
-// gradient of one row of a block's float32 scores. Internal to kernels/cpu.
+// which keys a query row sees, how many query rows a block holds, the softmax and score
+// gradient of one row of a block's float32 scores, and the zeroing of rows that see no key.
+// Internal to kernels/cpu.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cpu/attention.h"
@@ -28,5 +30,11 @@ void ProbabilityRow(float* sr, int64_t nr, int64_t n, const float* lse);
 
 // The scores' gradient row in place over dP: dS = P * (dP - delta) * scale.
 void ScoreGradRow(const float* pr, float* dsr, int64_t n, float delta, float scale);
+
+// Zeroes `rows` rows of `width` elements, `stride` apart (the rows that see no key).
+template <typename T>
+void ZeroRows(T* x, int64_t rows, int64_t width, int64_t stride) {
+  for (int64_t r = 0; r < rows; ++r) std::fill(x + r * stride, x + r * stride + width, T{0});
+}
 
 }  // namespace cleave::kernels::cpu::attention_rows

@@ -203,6 +203,14 @@ std::array<T*, 3> GradientData(const std::array<T*, 3>& outputs, const Attention
   return {base, base + a.k_offset, base + a.v_offset};
 }
 
+// GradientData over the outputs' own data of type T (the outputs not asked for null).
+template <typename T>
+std::array<T*, 3> GradientData(const std::array<TensorView*, 3>& outputs, const AttentionOperands& a) {
+  std::array<T*, 3> data{};
+  for (int i = 0; i < 3; ++i) data[i] = outputs[i] ? outputs[i]->as<T>() : nullptr;
+  return GradientData(data, a);
+}
+
 class AttentionKernel : public OpKernel {
  public:
   AttentionKernel(const graph::Node& n, int)
@@ -270,18 +278,14 @@ class AttentionGradKernel : public OpKernel {
       for (int i = 0; i < 3; ++i) d[i] = ctx.Output(i, ctx.input(1 + i)->dim_span());
     if (q.dtype == DataType::kFloat64) {
       const auto in = QkvData<double>(ctx, 1, a, Doubles);
-      std::array<double*, 3> g{};
-      for (int i = 0; i < 3; ++i) g[i] = d[i] ? d[i]->as<double>() : nullptr;
-      g = GradientData(g, a);
+      const auto g = GradientData<double>(d, a);
       kernels::cpu::AttentionBackward(p, dout.as<double>(), in[0], in[1], in[2], out.as<double>(), lse.as<float>(),
                                       g[0], g[1], g[2], ctx.thread_pool());
       return absl::OkStatus();
     }
     if (Bf16Kernels(q, p)) {
       const auto in = QkvData<uint16_t>(ctx, 1, a, Bits);
-      std::array<uint16_t*, 3> g{};
-      for (int i = 0; i < 3; ++i) g[i] = d[i] ? d[i]->as<uint16_t>() : nullptr;
-      g = GradientData(g, a);
+      const auto g = GradientData<uint16_t>(d, a);
       kernels::cpu::AttentionBackwardBf16(p, dout.as<uint16_t>(), in[0], in[1], in[2], out.as<uint16_t>(),
                                           lse.as<float>(), g[0], g[1], g[2], ctx.thread_pool());
       return absl::OkStatus();
