@@ -1,13 +1,15 @@
 // Tests of the float32 CPU attention kernels (kernels/cpu/attention.h), which work on blocks of
 // query rows through sgemm, against the double-precision row-at-a-time definition: causal and
 // not, T below, equal to and above S (the first rows then see no key), head sizes that differ
-// for keys and values, and block sizes from the smallest (long S) to the largest (short S); and
-// the [B, T, H, D] and packed q/k/v layouts, read and written in place. The bf16 kernels (on
+// for keys and values, block sizes from the smallest (long S) to the largest (short S), and the
+// backward's chunks of keys (the same bits on every pool size); and the [B, T, H, D] and packed
+// q/k/v layouts, read and written in place. The bf16 kernels (on
 // CPUs with AVX-512 BF16) against the same definition over the bf16 values, within bf16's
 // rounding, and in every layout bit for bit.
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "base/thread_pool.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_rows.h"
 
 namespace cleave::testing {
 namespace {
@@ -98,6 +101,18 @@ TEST_P(AttentionKernel, BlockedFloatMatchesTheDefinition) {
   EXPECT_LT(Error(dq, want_dq), 2e-5);
   EXPECT_LT(Error(dk, want_dk), 2e-5);
   EXPECT_LT(Error(dv, want_dv), 2e-5);
+  // The same bits inline, on a pool of 2 and on one of 3 (the chunks of keys the backward
+  // splits a slice into follow from the shapes alone).
+  std::vector<float> all[3][3];
+  ThreadPool three(3);
+  ThreadPool* pools[3] = {nullptr, &pool, &three};
+  for (int i = 0; i < 3; ++i) {
+    all[i][0].assign(q.size(), 7.f), all[i][1].assign(k.size(), 7.f), all[i][2].assign(v.size(), 7.f);
+    kernels::cpu::AttentionBackward(p, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
+                                    all[i][0].data(), all[i][1].data(), all[i][2].data(), pools[i]);
+  }
+  for (int i = 1; i < 3; ++i)
+    for (int g = 0; g < 3; ++g) EXPECT_EQ(all[i][g], all[0][g]) << "pool " << i << ", gradient " << "qkv"[g];
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -106,6 +121,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, 200, 200, 16, 16, true},   // 128-row blocks, the second partial
                       Case{1, 40, 700, 8, 8, true},      // T < S: every row sees S - T keys more
                       Case{2, 9, 4, 4, 5, true},         // T > S: the first 5 rows see no key
+                      Case{1, 500, 400, 8, 8, true},     // T > S over three chunks of keys
+                      Case{2, 300, 300, 16, 16, true},   // two chunks of keys, unequal when causal
                       Case{1, 37, 5000, 4, 4, false},    // 16-row blocks (long S)
                       Case{4, 130, 130, 32, 32, true}),  // the small GPT's shape class
     [](const ::testing::TestParamInfo<Case>& info) {
@@ -211,6 +228,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, 200, 200, 16, 16, true},    // 64-row causal blocks, the last partial
                       Case{1, 40, 701, 8, 8, true},       // T < S, odd key counts
                       Case{2, 9, 4, 4, 6, true},          // T > S: the first 5 rows see no key
+                      Case{1, 500, 401, 8, 8, true},      // T > S over three chunks of keys, odd S
+                      Case{2, 300, 300, 16, 16, true},    // two chunks of keys, unequal when causal
                       Case{1, 37, 1500, 34, 40, false},   // 43-row blocks; D and Dv past a 32-wide tile
                       Case{2, 65, 33, 96, 62, false},     // odd S, three column tiles of D
                       Case{4, 130, 130, 64, 64, true}),   // the bench GPT's head size
@@ -359,11 +378,59 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionLayouts,
     ::testing::Values(LayoutCase{2, 3, 37, 37, 8, 8, true},      // packed too; one partial block
                       LayoutCase{1, 2, 150, 150, 16, 16, false},  // two blocks of 128 rows
+                      LayoutCase{1, 2, 260, 260, 16, 16, true},   // packed too; two chunks of keys
                       LayoutCase{2, 2, 5, 9, 4, 6, true}),        // bshd only: T != S, D != Dv
     [](const ::testing::TestParamInfo<LayoutCase>& info) {
       const LayoutCase& c = info.param;
       return absl::StrCat("B", c.B, "_H", c.H, "_T", c.T, "_S", c.S, "_D", c.D, "x", c.Dv, c.causal ? "_causal" : "");
     });
+
+// The backward's chunks of keys (attention_rows.h): they cover the keys in order on multiples of
+// 16, bring the tasks to about kBackwardTasks, and hold about the same share of the seen
+// (query row, key) pairs each: within a step of 16 keys' worth.
+TEST(AttentionKernelEdges, KeyChunksCoverTheKeysWithEvenShares) {
+  namespace ar = kernels::cpu::attention_rows;
+  struct Shape {
+    int64_t batch, T, S;
+    bool causal;
+    int want;  // chunks
+  };
+  for (const Shape& s : {Shape{1, 1024, 1024, true, 8}, Shape{2, 512, 512, true, 4}, Shape{8, 512, 512, false, 4},
+                         Shape{4, 300, 300, true, 2}, Shape{32, 1024, 1024, true, 1}, Shape{1, 500, 400, true, 3},
+                         Shape{1, 40, 700, true, 5}, Shape{1, 37, 5000, false, 16}, Shape{3, 5, 7, false, 1},
+                         Shape{2, 4, 0, true, 1}}) {
+    const int64_t qd[3] = {s.batch, s.T, 8}, kd[3] = {s.batch, s.S, 8};
+    const AttentionParams p = *kernels::cpu::PlanAttention(qd, kd, kd, 1.0, s.causal);
+    const ar::KeyChunks ch = ar::PlanKeyChunks(p);
+    const std::string at = absl::StrCat("batch ", s.batch, " T ", s.T, " S ", s.S, s.causal ? " causal" : "");
+    ASSERT_EQ(ch.count, s.want) << at;
+    EXPECT_EQ(ch.begin[0], 0) << at;
+    EXPECT_EQ(ch.begin[ch.count], s.S) << at;
+    int64_t total = 0, widest = 0;
+    std::vector<int64_t> share(ch.count);
+    for (int c = 0; c < ch.count; ++c) {
+      const int64_t j0 = ch.begin[c], j1 = ch.begin[c + 1];
+      EXPECT_LT(j0, std::max<int64_t>(j1, 1)) << at << ", chunk " << c;
+      if (c > 0) {
+        EXPECT_EQ(j0 % 16, 0) << at << ", chunk " << c;
+      }
+      widest = std::max(widest, j1 - j0);
+      // The first row that sees the chunk sees its first key, and the row before it none.
+      const int64_t first = ch.first_row[c];
+      if (first < s.T) {
+        EXPECT_GT(ar::Visible(p, first), j0) << at << ", chunk " << c;
+      }
+      if (first > 0) {
+        EXPECT_LE(ar::Visible(p, first - 1), j0) << at << ", chunk " << c;
+      }
+      for (int64_t i = 0; i < s.T; ++i) share[c] += ar::SeenOf(p, i, j0, j1 - j0);
+      total += share[c];
+    }
+    EXPECT_EQ(ch.widest, widest) << at;
+    for (int c = 0; c < ch.count; ++c)
+      EXPECT_LE(std::abs(share[c] * ch.count - total), 16 * s.T * ch.count) << at << ", chunk " << c;
+  }
+}
 
 TEST(AttentionKernelEdges, RowsThatSeeNoKeyAreZeroWithMinusInfinityLse) {
   const int64_t qd[2] = {3, 2}, kd[2] = {1, 2};

@@ -1,11 +1,13 @@
-// Scaled dot-product attention on the CPU (kernels/cpu/). float32: blocks of query rows, whose
-// scores and probabilities live only in a per-thread [rows, S] buffer, with the products
-// through sgemm; float64: one query row at a time, the reference.
+// Scaled dot-product attention on the CPU (kernels/cpu/). float32: blocks of query rows (in the
+// backward, against one chunk of keys at a time), whose scores and probabilities live only in a
+// per-thread buffer, with the products through sgemm; float64: one query row at a time, the
+// reference.
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,43 @@ int64_t Visible(const AttentionParams& p, int64_t i) {
   return p.causal ? std::clamp<int64_t>(i + 1 + (p.S - p.T), 0, p.S) : p.S;
 }
 
+int64_t FirstRowSeeing(const AttentionParams& p, int64_t j) {
+  return p.causal ? std::clamp<int64_t>(j + (p.T - p.S), 0, p.T) : j < p.S ? 0 : p.T;
+}
+
+KeyChunks PlanKeyChunks(const AttentionParams& p) {
+  constexpr int64_t kStep = 16;
+  const int64_t want = std::clamp<int64_t>((kBackwardTasks + p.batch - 1) / std::max<int64_t>(p.batch, 1), 1,
+                                           std::clamp<int64_t>(p.S / kMinChunkKeys, 1, kMaxKeyChunks));
+  // The (row, key) pairs seen: T - FirstRowSeeing(j) rows see key j.
+  int64_t total = 0;
+  for (int64_t j = 0; j < p.S; ++j) total += p.T - FirstRowSeeing(p, j);
+  KeyChunks ch;
+  int c = 0;
+  int64_t seen = 0;
+  for (int64_t j0 = 0; j0 < p.S; j0 += kStep) {
+    const int64_t j1 = std::min(j0 + kStep, p.S);
+    for (int64_t j = j0; j < j1; ++j) seen += p.T - FirstRowSeeing(p, j);
+    if (j1 < p.S && c + 1 < want && seen * want >= total * (c + 1)) ch.begin[++c] = j1;
+  }
+  ch.count = c + 1;
+  ch.begin[ch.count] = p.S;
+  for (c = 0; c < ch.count; ++c) {
+    ch.first_row[c] = FirstRowSeeing(p, ch.begin[c]);
+    ch.widest = std::max(ch.widest, ch.begin[c + 1] - ch.begin[c]);
+  }
+  return ch;
+}
+
+QueryGradPartials::QueryGradPartials(const AttentionParams& p, const KeyChunks& chunks) : p_(p), chunks_(chunks) {
+  int64_t n = 0;
+  for (int c = 0; c < chunks.count; ++c) {
+    offset_[c] = n;
+    n += p.batch * (p.T - chunks.first_row[c]) * p.D;
+  }
+  data_.reset(new float[static_cast<size_t>(n)]);  // every row is written before it is read
+}
+
 // At T = S = 128 a causal block of 64 rows computes three quarters of the full square of
 // scores, not all.
 int64_t BlockRows(const AttentionParams& p) {
@@ -40,14 +79,8 @@ CLEAVE_SIMD_CLONES double ExpRow(float* sr, int64_t nr, int64_t n, float* m) {
   return LaneSum<double>(sr, nr);
 }
 
-CLEAVE_SIMD_CLONES void ProbabilityRow(float* sr, int64_t nr, int64_t n, const float* lse) {
-  if (!lse) {
-    float m;
-    const float inv = static_cast<float>(1.0 / ExpRow(sr, nr, n, &m));
-    for (int64_t j = 0; j < nr; ++j) sr[j] *= inv;
-    return;
-  }
-  for (int64_t j = 0; j < nr; ++j) sr[j] -= *lse;
+CLEAVE_SIMD_CLONES void ProbabilityRow(float* sr, int64_t nr, int64_t n, float lse) {
+  for (int64_t j = 0; j < nr; ++j) sr[j] -= lse;
   ExpF32(sr, sr, nr);
   std::fill(sr + nr, sr + n, 0.f);
 }
@@ -276,10 +309,10 @@ void AttentionForward(const AttentionParams& p, const float* q, const float* k, 
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / blocks, i0 = (t % blocks) * br, rows = std::min(br, p.T - i0);
       const int64_t n = Visible(p, i0 + rows - 1);
-      float* o = out + p.At(p.o, b, i0);
+      float* o = out ? out + p.At(p.o, b, i0) : nullptr;
       float* l = lse ? lse + b * p.T + i0 : nullptr;
       if (n == 0) {
-        ZeroRows(o, rows, p.Dv, p.o.row);
+        if (o) ZeroRows(o, rows, p.Dv, p.o.row);
         if (l) std::fill(l, l + rows, -std::numeric_limits<float>::infinity());
         continue;
       }
@@ -292,6 +325,7 @@ void AttentionForward(const AttentionParams& p, const float* q, const float* k, 
         inv[r] = nr ? static_cast<float>(1.0 / sum) : 0.f;
         if (l) l[r] = nr ? static_cast<float>(m + std::log(sum)) : -std::numeric_limits<float>::infinity();
       }
+      if (!o) continue;
       Product(rows, p.Dv, n, false, false, 1.f, s, n, v + p.At(p.v, b, 0), p.v.row, 0.f, o, p.o.row);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t d = 0; d < p.Dv; ++d) o[r * p.o.row + d] *= inv[r];
@@ -307,49 +341,64 @@ void AttentionForward(const AttentionParams& p, const double* q, const double* k
 void AttentionBackward(const AttentionParams& p, const float* dout, const float* q, const float* k, const float* v,
                        const float* out, const float* lse, float* dq, float* dk, float* dv, ThreadPool* pool) {
   const int64_t br = BlockRows(p);
-  // Per slice (in parallel), per block of query rows, with P [rows, n] recomputed from the
-  // scores and each row's log-sum-exp (formed here when lse is null):
-  //   dV[0:n] += P^T dO,  dS = P * (dO V^T - rowsum(dO * O)) * scale,
-  //   dQ = dS K[0:n],     dK[0:n] += dS^T Q.
-  ParallelFor(pool, p.batch, 1, [&](int64_t b0, int64_t b1) {
-    float* s = ThreadBuffer(0, static_cast<size_t>(br * p.S));
-    float* ds = ThreadBuffer(1, static_cast<size_t>(br * p.S));
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* kb = k + p.At(p.k, b, 0);
-      const float* vb = v + p.At(p.v, b, 0);
+  const KeyChunks ch = PlanKeyChunks(p);
+  // Each row's delta = rowsum(dO * O), and its lse from the scores where there is none.
+  std::vector<float> stats(static_cast<size_t>(p.batch * p.T * (lse ? 1 : 2)));
+  float* delta = stats.data();
+  if (!lse) {
+    AttentionForward(p, q, k, v, nullptr, delta + p.batch * p.T, pool);
+    lse = delta + p.batch * p.T;
+  }
+  if (dq || dk) ParallelFor(pool, p.batch * p.T, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* dor = dout + p.At(p.o, r / p.T, r % p.T);
+      const float* orow = out + p.At(p.o, r / p.T, r % p.T);
+      float sum = 0;
+      for (int64_t d = 0; d < p.Dv; ++d) sum += dor[d] * orow[d];
+      delta[r] = sum;
+    }
+  });
+  std::optional<QueryGradPartials> partials;
+  if (dq && ch.count > 1) partials.emplace(p, ch);
+  const float scale = static_cast<float>(p.scale);
+  // One task per (slice, chunk of w keys from j0), over the blocks of query rows that see the
+  // chunk, with P [rows, n] recomputed from the scores and lse:
+  //   dV[j0:j0+n] += P^T dO,  dS = P * (dO V[j0:j0+n]^T - delta) * scale,
+  //   dQ (the chunk's part) = dS K[j0:j0+n],  dK[j0:j0+n] += dS^T Q.
+  ParallelFor(pool, p.batch * ch.count, 1, [&](int64_t t0, int64_t t1) {
+    float* s = ThreadBuffer(0, static_cast<size_t>(br * ch.widest));
+    float* ds = ThreadBuffer(1, static_cast<size_t>(br * ch.widest));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / ch.count;
+      const int c = static_cast<int>(t % ch.count);
+      const int64_t j0 = ch.begin[c], w = ch.begin[c + 1] - j0, first = ch.first_row[c];
+      const float* kc = k + p.At(p.k, b, j0);
+      const float* vc = v + p.At(p.v, b, j0);
       // dK and dV accumulate in place.
-      float* dkb = dk ? dk + p.At(p.k, b, 0) : nullptr;
-      float* dvb = dv ? dv + p.At(p.v, b, 0) : nullptr;
-      if (dkb) ZeroRows(dkb, p.S, p.D, p.k.row);
-      if (dvb) ZeroRows(dvb, p.S, p.Dv, p.v.row);
-      for (int64_t i0 = 0; i0 < p.T; i0 += br) {
+      float* dkc = dk ? dk + p.At(p.k, b, j0) : nullptr;
+      float* dvc = dv ? dv + p.At(p.v, b, j0) : nullptr;
+      if (dkc) ZeroRows(dkc, w, p.D, p.k.row);
+      if (dvc) ZeroRows(dvc, w, p.Dv, p.v.row);
+      if (dq && !partials) ZeroRows(dq + p.At(p.q, b, 0), first, p.D, p.q.row);  // rows that see no key
+      for (int64_t i0 = first; i0 < p.T; i0 += br) {
         const int64_t rows = std::min(br, p.T - i0), row0 = b * p.T + i0;
-        const int64_t n = Visible(p, i0 + rows - 1);
-        float* dqb = dq ? dq + p.At(p.q, b, i0) : nullptr;
-        if (n == 0) {
-          if (dqb) ZeroRows(dqb, rows, p.D, p.q.row);
-          continue;
-        }
+        const int64_t n = SeenOf(p, i0 + rows - 1, j0, w);
         const float* qb = q + p.At(p.q, b, i0);
         const float* dob = dout + p.At(p.o, b, i0);
-        const float* ob = out + p.At(p.o, b, i0);
-        BlockScores(p, qb, kb, rows, n, s);
-        for (int64_t r = 0; r < rows; ++r)
-          ProbabilityRow(s + r * n, Visible(p, i0 + r), n, lse ? lse + row0 + r : nullptr);
-        if (dvb) Product(n, p.Dv, rows, true, false, 1.f, s, n, dob, p.o.row, 1.f, dvb, p.v.row);
-        if (!dqb && !dkb) continue;
-        Product(rows, n, p.Dv, false, true, 1.f, dob, p.o.row, vb, p.v.row, 0.f, ds, n);
-        const float scale = static_cast<float>(p.scale);
-        for (int64_t r = 0; r < rows; ++r) {
-          float delta = 0;
-          for (int64_t d = 0; d < p.Dv; ++d) delta += dob[r * p.o.row + d] * ob[r * p.o.row + d];
-          ScoreGradRow(s + r * n, ds + r * n, n, delta, scale);
-        }
-        if (dqb) Product(rows, p.D, n, false, false, 1.f, ds, n, kb, p.k.row, 0.f, dqb, p.q.row);
-        if (dkb) Product(n, p.D, rows, true, false, 1.f, ds, n, qb, p.q.row, 1.f, dkb, p.k.row);
+        BlockScores(p, qb, kc, rows, n, s);
+        for (int64_t r = 0; r < rows; ++r) ProbabilityRow(s + r * n, SeenOf(p, i0 + r, j0, n), n, lse[row0 + r]);
+        if (dvc) Product(n, p.Dv, rows, true, false, 1.f, s, n, dob, p.o.row, 1.f, dvc, p.v.row);
+        if (!dq && !dkc) continue;
+        Product(rows, n, p.Dv, false, true, 1.f, dob, p.o.row, vc, p.v.row, 0.f, ds, n);
+        for (int64_t r = 0; r < rows; ++r) ScoreGradRow(s + r * n, ds + r * n, n, delta[row0 + r], scale);
+        if (partials) Product(rows, p.D, n, false, false, 1.f, ds, n, kc, p.k.row, 0.f, partials->Row(c, b, i0), p.D);
+        else if (dq) Product(rows, p.D, n, false, false, 1.f, ds, n, kc, p.k.row, 0.f, dq + p.At(p.q, b, i0), p.q.row);
+        if (dkc) Product(n, p.D, rows, true, false, 1.f, ds, n, qb, p.q.row, 1.f, dkc, p.k.row);
       }
     }
   });
+  if (partials)
+    partials->Sum(pool, [&](int64_t b, int64_t i, const float* sum) { std::copy(sum, sum + p.D, dq + p.At(p.q, b, i)); });
 }
 
 void AttentionBackward(const AttentionParams& p, const double* dout, const double* q, const double* k,

@@ -69,16 +69,17 @@ absl::StatusOr<AttentionOperands> PlanAttentionOperands(AttentionLayout layout, 
 absl::StatusOr<AttentionParams> PlanAttention(std::span<const int64_t> q, std::span<const int64_t> k,
                                               std::span<const int64_t> v, double scale, bool causal);
 
-// lse may be null. float32 runs blocks of query rows through sgemm, keeping one block's
-// [rows, S] scores per thread; float64 is the reference below. Both read and write every
-// layout in place.
+// lse may be null, and so may out for float32 (lse alone). float32 runs blocks of query rows
+// through sgemm, keeping one block's [rows, S] scores per thread; float64 is the reference
+// below. Both read and write every layout in place.
 void AttentionForward(const AttentionParams& p, const float* q, const float* k, const float* v, float* out,
                       float* lse, ThreadPool* pool);
 void AttentionForward(const AttentionParams& p, const double* q, const double* k, const double* v, double* out,
                       float* lse, ThreadPool* pool);
-// From dout, the forward inputs, out and lse: dq, dk, dv (each may be null). float32 recomputes
-// the probabilities from lse (from the scores where lse is null); float64 recomputes them in
-// double from the scores and ignores lse.
+// From dout, the forward inputs, out and lse: dq, dk, dv (each may be null). float32 splits
+// each slice's keys into chunks, so that a few slices still fill the pool, and recomputes the
+// probabilities from lse (from the scores where lse is null); its results do not depend on the
+// pool's size. float64 recomputes them in double from the scores and ignores lse.
 void AttentionBackward(const AttentionParams& p, const float* dout, const float* q, const float* k, const float* v,
                        const float* out, const float* lse, float* dq, float* dk, float* dv, ThreadPool* pool);
 void AttentionBackward(const AttentionParams& p, const double* dout, const double* q, const double* k,
@@ -90,7 +91,8 @@ void AttentionBackward(const AttentionParams& p, const double* dout, const doubl
 // so the probabilities and the scores' gradient enter the products rounded to bf16; the
 // scores, the softmax, lse and the gradients' sums stay float32. Bf16AttentionSupported says
 // whether this CPU and p (even D and Dv) can take it; else the callers widen to float32.
-// Elements are bf16 bit patterns. The results do not depend on the pool's size.
+// Elements are bf16 bit patterns; out may be null in the forward (lse alone). The results do not
+// depend on the pool's size.
 bool Bf16AttentionSupported(const AttentionParams& p);
 void AttentionForwardBf16(const AttentionParams& p, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                           uint16_t* out, float* lse, ThreadPool* pool);

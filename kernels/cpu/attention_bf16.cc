@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <vector>
 
 #include "base/status.h"
 #include "kernels/cpu/attention.h"
@@ -260,16 +262,16 @@ void AttentionForwardBf16(const AttentionParams& p, const uint16_t* q, const uin
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / blocks, i0 = (t % blocks) * br, rows = std::min(br, p.T - i0);
       const int64_t n = Visible(p, i0 + rows - 1);
-      uint16_t* o = out + p.At(p.o, b, i0);
+      uint16_t* o = out ? out + p.At(p.o, b, i0) : nullptr;
       float* l = lse ? lse + b * p.T + i0 : nullptr;
       if (n == 0) {
-        ZeroRows(o, rows, p.Dv, p.o.row);
+        if (o) ZeroRows(o, rows, p.Dv, p.o.row);
         if (l) std::fill(l, l + rows, kNegInfF);
         continue;
       }
       if (b != packed) {
         PackColumnPairs(k + p.At(p.k, b, 0), p.k.row, p.S, p.D, kt, Sp);
-        PackRowPairs(v + p.At(p.v, b, 0), p.v.row, p.S, p.Dv, vr, Dvp);
+        if (o) PackRowPairs(v + p.At(p.v, b, 0), p.v.row, p.S, p.Dv, vr, Dvp);
         packed = b;
       }
       Product(rows, n, p.D / 2, {Pairs(q + p.At(p.q, b, i0)), p.q.row / 2, 1}, kt, Sp, static_cast<float>(p.scale),
@@ -282,6 +284,7 @@ void AttentionForwardBf16(const AttentionParams& p, const uint16_t* q, const uin
         inv[r] = nr ? static_cast<float>(1.0 / sum) : 0.f;
         if (l) l[r] = nr ? static_cast<float>(m + std::log(sum)) : kNegInfF;
       }
+      if (!o) continue;
       const int64_t n2 = RoundUp(n, 2);
       RoundRows(s, n, rows, n, nullptr, p16, n2, n2);
       Product(rows, p.Dv, n2 / 2, {Pairs(p16), n2 / 2, 1}, vr, Dvp, 1.f, false, o32, p.Dv);
@@ -294,78 +297,96 @@ void AttentionBackwardBf16(const AttentionParams& p, const uint16_t* dout, const
                            const uint16_t* v, const uint16_t* out, const float* lse, uint16_t* dq, uint16_t* dk,
                            uint16_t* dv, ThreadPool* pool) {
   const int64_t br = BlockRows(p), br2 = RoundUp(br, 2) / 2;
-  const int64_t Sp = RoundUp(p.S, kTileCols), S2 = RoundUp(p.S, 2);
+  const KeyChunks ch = PlanKeyChunks(p);
+  const int64_t W = ch.widest, Wp = RoundUp(W, kTileCols), W2 = RoundUp(W, 2);
   const int64_t Dp = RoundUp(p.D, kTileCols), Dvp = RoundUp(p.Dv, kTileCols);
-  const size_t bytes = 2 * Carver::Bytes<float>(br * p.S) + Carver::Bytes<uint16_t>(br * S2) +
-                       Carver::Bytes<Pair>(br2 * Sp) + Carver::Bytes<Pair>(p.D / 2 * Sp) +
-                       Carver::Bytes<Pair>(p.Dv / 2 * Sp) + Carver::Bytes<Pair>(S2 / 2 * Dp) +
-                       Carver::Bytes<float>(p.S * p.D) + Carver::Bytes<float>(p.S * p.Dv) +
+  // Each row's delta = rowsum(dO * O), and its lse from the scores where there is none.
+  std::vector<float> stats(static_cast<size_t>(p.batch * p.T * (lse ? 1 : 2)));
+  float* delta = stats.data();
+  if (!lse) {
+    AttentionForwardBf16(p, q, k, v, nullptr, delta + p.batch * p.T, pool);
+    lse = delta + p.batch * p.T;
+  }
+  if (dq || dk) ParallelFor(pool, p.batch * p.T, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t at = p.At(p.o, r / p.T, r % p.T);
+      delta[r] = RowDot(dout + at, out + at, p.Dv);
+    }
+  });
+  std::optional<QueryGradPartials> partials;
+  if (dq && ch.count > 1) partials.emplace(p, ch);
+  const size_t bytes = 2 * Carver::Bytes<float>(br * W) + Carver::Bytes<uint16_t>(br * W2) +
+                       Carver::Bytes<Pair>(br2 * Wp) + Carver::Bytes<Pair>(p.D / 2 * Wp) +
+                       Carver::Bytes<Pair>(p.Dv / 2 * Wp) + Carver::Bytes<Pair>(W2 / 2 * Dp) +
+                       Carver::Bytes<float>(W * p.D) + Carver::Bytes<float>(W * p.Dv) +
                        Carver::Bytes<Pair>(br2 * Dvp) + Carver::Bytes<Pair>(br2 * Dp) + Carver::Bytes<float>(br * p.D);
-  // Per slice (in parallel), per block of query rows, as the float32 kernel:
-  //   dV[0:n] += P^T dO,  dS = P * (dO V^T - rowsum(dO * O)) * scale,
-  //   dQ = dS K[0:n],     dK[0:n] += dS^T Q,
-  // with dK and dV summed in float32 over the blocks and rounded once.
-  ParallelFor(pool, p.batch, 1, [&](int64_t b0, int64_t b1) {
+  // As the float32 kernel: one task per (slice, chunk of w keys from j0), over the blocks of
+  // query rows that see it:
+  //   dV[j0:j0+n] += P^T dO,  dS = P * (dO V[j0:j0+n]^T - delta) * scale,
+  //   dQ (the chunk's part) = dS K[j0:j0+n],  dK[j0:j0+n] += dS^T Q,
+  // with dK and dV summed in float32 over the blocks and dQ over the chunks, each rounded once.
+  ParallelFor(pool, p.batch * ch.count, 1, [&](int64_t t0, int64_t t1) {
     Carver c(bytes);
-    float* s = c.Take<float>(br * p.S);
-    float* ds = c.Take<float>(br * p.S);
-    uint16_t* ds16 = c.Take<uint16_t>(br * S2);
-    Pair* pairs = c.Take<Pair>(br2 * Sp);  // P, then dS, in pairs of rows
-    Pair* kt = c.Take<Pair>(p.D / 2 * Sp);
-    Pair* vt = c.Take<Pair>(p.Dv / 2 * Sp);
-    Pair* kr = c.Take<Pair>(S2 / 2 * Dp);
-    float* dk32 = c.Take<float>(p.S * p.D);
-    float* dv32 = c.Take<float>(p.S * p.Dv);
+    float* s = c.Take<float>(br * W);
+    float* ds = c.Take<float>(br * W);
+    uint16_t* ds16 = c.Take<uint16_t>(br * W2);
+    Pair* pairs = c.Take<Pair>(br2 * Wp);  // P, then dS, in pairs of rows
+    Pair* kt = c.Take<Pair>(p.D / 2 * Wp);
+    Pair* vt = c.Take<Pair>(p.Dv / 2 * Wp);
+    Pair* kr = c.Take<Pair>(W2 / 2 * Dp);
+    float* dk32 = c.Take<float>(W * p.D);
+    float* dv32 = c.Take<float>(W * p.Dv);
     Pair* dor = c.Take<Pair>(br2 * Dvp);
     Pair* qr = c.Take<Pair>(br2 * Dp);
     float* dq32 = c.Take<float>(br * p.D);
-    for (int64_t b = b0; b < b1; ++b) {
-      const uint16_t* kb = k + p.At(p.k, b, 0);
-      const uint16_t* vb = v + p.At(p.v, b, 0);
-      PackColumnPairs(kb, p.k.row, p.S, p.D, kt, Sp);
-      if (dq || dk) PackColumnPairs(vb, p.v.row, p.S, p.Dv, vt, Sp);
-      if (dq) PackRowPairs(kb, p.k.row, p.S, p.D, kr, Dp);
-      if (dk) std::fill(dk32, dk32 + p.S * p.D, 0.f);
-      if (dv) std::fill(dv32, dv32 + p.S * p.Dv, 0.f);
-      for (int64_t i0 = 0; i0 < p.T; i0 += br) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / ch.count;
+      const int chunk = static_cast<int>(t % ch.count);
+      const int64_t j0 = ch.begin[chunk], w = ch.begin[chunk + 1] - j0, first = ch.first_row[chunk];
+      const uint16_t* kc = k + p.At(p.k, b, j0);
+      const uint16_t* vc = v + p.At(p.v, b, j0);
+      PackColumnPairs(kc, p.k.row, w, p.D, kt, Wp);
+      if (dq || dk) PackColumnPairs(vc, p.v.row, w, p.Dv, vt, Wp);
+      if (dq) PackRowPairs(kc, p.k.row, w, p.D, kr, Dp);
+      if (dk) std::fill(dk32, dk32 + w * p.D, 0.f);
+      if (dv) std::fill(dv32, dv32 + w * p.Dv, 0.f);
+      if (dq && !partials) ZeroRows(dq + p.At(p.q, b, 0), first, p.D, p.q.row);  // rows that see no key
+      for (int64_t i0 = first; i0 < p.T; i0 += br) {
         const int64_t rows = std::min(br, p.T - i0), row0 = b * p.T + i0, rows2 = RoundUp(rows, 2) / 2;
-        const int64_t n = Visible(p, i0 + rows - 1), n2 = RoundUp(n, 2);
-        uint16_t* dqb = dq ? dq + p.At(p.q, b, i0) : nullptr;
-        if (n == 0) {
-          if (dqb) ZeroRows(dqb, rows, p.D, p.q.row);
-          continue;
-        }
+        const int64_t n = SeenOf(p, i0 + rows - 1, j0, w), n2 = RoundUp(n, 2);
         const uint16_t* qb = q + p.At(p.q, b, i0);
         const uint16_t* dob = dout + p.At(p.o, b, i0);
-        const uint16_t* ob = out + p.At(p.o, b, i0);
-        Product(rows, n, p.D / 2, {Pairs(qb), p.q.row / 2, 1}, kt, Sp, static_cast<float>(p.scale), false, s, n);
-        for (int64_t r = 0; r < rows; ++r)
-          ProbabilityRow(s + r * n, Visible(p, i0 + r), n, lse ? lse + row0 + r : nullptr);
+        Product(rows, n, p.D / 2, {Pairs(qb), p.q.row / 2, 1}, kt, Wp, static_cast<float>(p.scale), false, s, n);
+        for (int64_t r = 0; r < rows; ++r) ProbabilityRow(s + r * n, SeenOf(p, i0 + r, j0, n), n, lse[row0 + r]);
         if (dv) {
-          RoundRowPairs(s, n, rows, n, pairs, Sp);
+          RoundRowPairs(s, n, rows, n, pairs, Wp);
           PackRowPairs(dob, p.o.row, rows, p.Dv, dor, Dvp);
-          Product(n, p.Dv, rows2, {pairs, 1, Sp}, dor, Dvp, 1.f, true, dv32, p.Dv);
+          Product(n, p.Dv, rows2, {pairs, 1, Wp}, dor, Dvp, 1.f, true, dv32, p.Dv);
         }
         if (!dq && !dk) continue;
-        Product(rows, n, p.Dv / 2, {Pairs(dob), p.o.row / 2, 1}, vt, Sp, 1.f, false, ds, n);
+        Product(rows, n, p.Dv / 2, {Pairs(dob), p.o.row / 2, 1}, vt, Wp, 1.f, false, ds, n);
         const float scale = static_cast<float>(p.scale);
-        for (int64_t r = 0; r < rows; ++r)
-          ScoreGradRow(s + r * n, ds + r * n, n, RowDot(dob + r * p.o.row, ob + r * p.o.row, p.Dv), scale);
-        if (dqb) {
+        for (int64_t r = 0; r < rows; ++r) ScoreGradRow(s + r * n, ds + r * n, n, delta[row0 + r], scale);
+        if (dq) {
           RoundRows(ds, n, rows, n, nullptr, ds16, n2, n2);
-          Product(rows, p.D, n2 / 2, {Pairs(ds16), n2 / 2, 1}, kr, Dp, 1.f, false, dq32, p.D);
-          RoundRows(dq32, p.D, rows, p.D, nullptr, dqb, p.q.row, p.D);
+          float* dst = partials ? partials->Row(chunk, b, i0) : dq32;
+          Product(rows, p.D, n2 / 2, {Pairs(ds16), n2 / 2, 1}, kr, Dp, 1.f, false, dst, p.D);
+          if (!partials) RoundRows(dq32, p.D, rows, p.D, nullptr, dq + p.At(p.q, b, i0), p.q.row, p.D);
         }
         if (dk) {
-          RoundRowPairs(ds, n, rows, n, pairs, Sp);
+          RoundRowPairs(ds, n, rows, n, pairs, Wp);
           PackRowPairs(qb, p.q.row, rows, p.D, qr, Dp);
-          Product(n, p.D, rows2, {pairs, 1, Sp}, qr, Dp, 1.f, true, dk32, p.D);
+          Product(n, p.D, rows2, {pairs, 1, Wp}, qr, Dp, 1.f, true, dk32, p.D);
         }
       }
-      if (dk) RoundRows(dk32, p.D, p.S, p.D, nullptr, dk + p.At(p.k, b, 0), p.k.row, p.D);
-      if (dv) RoundRows(dv32, p.Dv, p.S, p.Dv, nullptr, dv + p.At(p.v, b, 0), p.v.row, p.Dv);
+      if (dk) RoundRows(dk32, p.D, w, p.D, nullptr, dk + p.At(p.k, b, j0), p.k.row, p.D);
+      if (dv) RoundRows(dv32, p.Dv, w, p.Dv, nullptr, dv + p.At(p.v, b, j0), p.v.row, p.Dv);
     }
   });
+  if (partials)
+    partials->Sum(pool, [&](int64_t b, int64_t i, const float* sum) {
+      RoundRows(sum, p.D, 1, p.D, nullptr, dq + p.At(p.q, b, i), p.q.row, p.D);
+    });
 }
 
 #else  // not x86-64: the callers widen to float32

@@ -1,18 +1,30 @@
 // The row steps the CPU attention kernels share (kernels/cpu/attention.cc, attention_bf16.cc):
 // which keys a query row sees, how many query rows a block holds, the softmax and score
-// gradient of one row of a block's float32 scores, and the zeroing of rows that see no key.
-// Internal to kernels/cpu.
+// gradient of one row of a block's float32 scores, the zeroing of rows that see no key, and
+// the backward's chunks of keys with the partial query gradients they leave. Internal to
+// kernels/cpu.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 
+#include "base/thread_pool.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/thread_buffer.h"
 
 namespace cleave::kernels::cpu::attention_rows {
 
-// The keys query row i may see.
+// The keys query row i may see: [0, Visible).
 int64_t Visible(const AttentionParams& p, int64_t i);
+
+// The first query row that sees key j (T where none does).
+int64_t FirstRowSeeing(const AttentionParams& p, int64_t j);
+
+// How many of the w keys from j0 query row i sees.
+inline int64_t SeenOf(const AttentionParams& p, int64_t i, int64_t j0, int64_t w) {
+  return std::clamp<int64_t>(Visible(p, i) - j0, 0, w);
+}
 
 // Query rows per block: the block's [rows, S] float32 scores stay within about 256 KiB (a
 // core's L2), and no block is smaller than 16 rows or larger than kMaxBlockRows (64 when
@@ -24,9 +36,8 @@ int64_t BlockRows(const AttentionParams& p);
 // against their max (set in *m), the rest of its n zeroed. Returns their sum (0 when nr is 0).
 double ExpRow(float* sr, int64_t nr, int64_t n, float* m);
 
-// The backward's row of probabilities in place over its scores: exp(s - lse) with the forward's
-// lse where there is one (else normalised as the forward does); zeros past nr.
-void ProbabilityRow(float* sr, int64_t nr, int64_t n, const float* lse);
+// The backward's row of probabilities in place over its scores: exp(s - lse), zeros past nr.
+void ProbabilityRow(float* sr, int64_t nr, int64_t n, float lse);
 
 // The scores' gradient row in place over dP: dS = P * (dP - delta) * scale.
 void ScoreGradRow(const float* pr, float* dsr, int64_t n, float delta, float scale);
@@ -36,5 +47,57 @@ template <typename T>
 void ZeroRows(T* x, int64_t rows, int64_t width, int64_t stride) {
   for (int64_t r = 0; r < rows; ++r) std::fill(x + r * stride, x + r * stride + width, T{0});
 }
+
+// The backward's split of each slice's keys into chunks, one task per (slice, chunk), so that
+// a few slices still keep every thread busy: as many chunks as bring the tasks to about
+// kBackwardTasks (at most kMaxKeyChunks, and no more than one per kMinChunkKeys keys), cut on
+// multiples of 16 keys where each holds about the same share of the (query row, key) pairs
+// that are seen: when causal, the first keys (which every row sees) in narrower chunks than
+// the last. A task owns its chunk's dK and dV rows; each chunk leaves a partial dQ, summed
+// over the chunks in their order. The chunks follow from the shapes alone, so the gradients
+// do not depend on the pool's size.
+inline constexpr int kMaxKeyChunks = 16;
+inline constexpr int64_t kBackwardTasks = 32, kMinChunkKeys = 128;
+struct KeyChunks {
+  int count = 1;
+  int64_t begin[kMaxKeyChunks + 1] = {};  // chunk c holds keys [begin[c], begin[c + 1])
+  int64_t first_row[kMaxKeyChunks] = {};  // the first query row that sees chunk c
+  int64_t widest = 0;
+};
+KeyChunks PlanKeyChunks(const AttentionParams& p);
+
+// The float32 partial dQ that each chunk of keys leaves, for more than one chunk: rows
+// first_row[c] .. T of each slice, D wide, each written whole by the chunk's task.
+class QueryGradPartials {
+ public:
+  QueryGradPartials(const AttentionParams& p, const KeyChunks& chunks);
+  // Row i (at least first_row[c]) of chunk c's partial in slice b; the rows are D apart.
+  float* Row(int c, int64_t b, int64_t i) const {
+    return data_.get() + offset_[c] + (b * (p_.T - chunks_.first_row[c]) + i - chunks_.first_row[c]) * p_.D;
+  }
+  // store(b, i, sum) for each query row, with the sum of its partials in chunk order (zeros
+  // for a row that sees no key).
+  template <typename Store>
+  void Sum(ThreadPool* pool, Store&& store) const {
+    ParallelFor(pool, p_.batch * p_.T, 16, [&](int64_t r0, int64_t r1) {
+      float* sum = ThreadBuffer(0, static_cast<size_t>(p_.D));
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t b = r / p_.T, i = r % p_.T;
+        std::fill(sum, sum + p_.D, 0.f);
+        for (int c = 0; c < chunks_.count && chunks_.first_row[c] <= i; ++c) {
+          const float* x = Row(c, b, i);
+          for (int64_t d = 0; d < p_.D; ++d) sum[d] += x[d];
+        }
+        store(b, i, static_cast<const float*>(sum));
+      }
+    });
+  }
+
+ private:
+  const AttentionParams& p_;
+  const KeyChunks& chunks_;
+  int64_t offset_[kMaxKeyChunks] = {};
+  std::unique_ptr<float[]> data_;
+};
 
 }  // namespace cleave::kernels::cpu::attention_rows
