@@ -27,6 +27,31 @@ int64_t Visible(const AttentionParams& p, int64_t i) {
   return p.causal ? std::clamp<int64_t>(i + 1 + (p.S - p.T), 0, p.S) : p.S;
 }
 
+// At T = S = 128 a causal block of 64 rows computes three quarters of the full square of
+// scores, not all.
+int64_t BlockRows(const AttentionParams& p) {
+  return std::clamp<int64_t>((int64_t{64} << 10) / std::max<int64_t>(p.S, 1), 16, p.causal ? 64 : kMaxBlockRows);
+}
+
+// The row steps are built for each vector width (lanes.h), as the softmax rows are.
+CLEAVE_SIMD_CLONES double ExpRow(float* sr, int64_t nr, int64_t n, float* m) {
+  *m = LaneMax(sr, nr, -std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < nr; ++j) sr[j] -= *m;
+  ExpF32(sr, sr, nr);
+  std::fill(sr + nr, sr + n, 0.f);
+  return LaneSum<double>(sr, nr);
+}
+
+CLEAVE_SIMD_CLONES void ProbabilityRow(float* sr, int64_t nr, int64_t n, float lse) {
+  for (int64_t j = 0; j < nr; ++j) sr[j] -= lse;
+  ExpF32(sr, sr, nr);
+  std::fill(sr + nr, sr + n, 0.f);
+}
+
+CLEAVE_SIMD_CLONES void ScoreGradRow(const float* pr, float* dsr, int64_t n, float delta, float scale) {
+  for (int64_t j = 0; j < n; ++j) dsr[j] = pr[j] * (dsr[j] - delta) * scale;
+}
+
 int64_t FirstRowSeeing(const AttentionParams& p, int64_t j) {
   return p.causal ? std::clamp<int64_t>(j + (p.T - p.S), 0, p.T) : j < p.S ? 0 : p.T;
 }
@@ -62,31 +87,6 @@ QueryGradPartials::QueryGradPartials(const AttentionParams& p, const KeyChunks& 
     n += p.batch * (p.T - chunks.first_row[c]) * p.D;
   }
   data_.reset(new float[static_cast<size_t>(n)]);  // every row is written before it is read
-}
-
-// At T = S = 128 a causal block of 64 rows computes three quarters of the full square of
-// scores, not all.
-int64_t BlockRows(const AttentionParams& p) {
-  return std::clamp<int64_t>((int64_t{64} << 10) / std::max<int64_t>(p.S, 1), 16, p.causal ? 64 : kMaxBlockRows);
-}
-
-// The row steps are built for each vector width (lanes.h), as the softmax rows are.
-CLEAVE_SIMD_CLONES double ExpRow(float* sr, int64_t nr, int64_t n, float* m) {
-  *m = LaneMax(sr, nr, -std::numeric_limits<float>::infinity());
-  for (int64_t j = 0; j < nr; ++j) sr[j] -= *m;
-  ExpF32(sr, sr, nr);
-  std::fill(sr + nr, sr + n, 0.f);
-  return LaneSum<double>(sr, nr);
-}
-
-CLEAVE_SIMD_CLONES void ProbabilityRow(float* sr, int64_t nr, int64_t n, float lse) {
-  for (int64_t j = 0; j < nr; ++j) sr[j] -= lse;
-  ExpF32(sr, sr, nr);
-  std::fill(sr + nr, sr + n, 0.f);
-}
-
-CLEAVE_SIMD_CLONES void ScoreGradRow(const float* pr, float* dsr, int64_t n, float delta, float scale) {
-  for (int64_t j = 0; j < n; ++j) dsr[j] = pr[j] * (dsr[j] - delta) * scale;
 }
 }  // namespace attention_rows
 
@@ -342,22 +342,14 @@ void AttentionBackward(const AttentionParams& p, const float* dout, const float*
                        const float* out, const float* lse, float* dq, float* dk, float* dv, ThreadPool* pool) {
   const int64_t br = BlockRows(p);
   const KeyChunks ch = PlanKeyChunks(p);
-  // Each row's delta = rowsum(dO * O), and its lse from the scores where there is none.
-  std::vector<float> stats(static_cast<size_t>(p.batch * p.T * (lse ? 1 : 2)));
-  float* delta = stats.data();
-  if (!lse) {
-    AttentionForward(p, q, k, v, nullptr, delta + p.batch * p.T, pool);
-    lse = delta + p.batch * p.T;
-  }
-  if (dq || dk) ParallelFor(pool, p.batch * p.T, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* dor = dout + p.At(p.o, r / p.T, r % p.T);
-      const float* orow = out + p.At(p.o, r / p.T, r % p.T);
-      float sum = 0;
-      for (int64_t d = 0; d < p.Dv; ++d) sum += dor[d] * orow[d];
-      delta[r] = sum;
-    }
-  });
+  const BackwardRowStats stats(
+      p, lse, dq || dk, pool,
+      [&](int64_t at) {
+        float sum = 0;
+        for (int64_t d = 0; d < p.Dv; ++d) sum += dout[at + d] * out[at + d];
+        return sum;
+      },
+      [&](float* into) { AttentionForward(p, q, k, v, nullptr, into, pool); });
   std::optional<QueryGradPartials> partials;
   if (dq && ch.count > 1) partials.emplace(p, ch);
   const float scale = static_cast<float>(p.scale);
@@ -369,9 +361,7 @@ void AttentionBackward(const AttentionParams& p, const float* dout, const float*
     float* s = ThreadBuffer(0, static_cast<size_t>(br * ch.widest));
     float* ds = ThreadBuffer(1, static_cast<size_t>(br * ch.widest));
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / ch.count;
-      const int c = static_cast<int>(t % ch.count);
-      const int64_t j0 = ch.begin[c], w = ch.begin[c + 1] - j0, first = ch.first_row[c];
+      const auto [b, c, j0, w, first] = ch.Task(t);
       const float* kc = k + p.At(p.k, b, j0);
       const float* vc = v + p.At(p.v, b, j0);
       // dK and dV accumulate in place.
@@ -386,11 +376,11 @@ void AttentionBackward(const AttentionParams& p, const float* dout, const float*
         const float* qb = q + p.At(p.q, b, i0);
         const float* dob = dout + p.At(p.o, b, i0);
         BlockScores(p, qb, kc, rows, n, s);
-        for (int64_t r = 0; r < rows; ++r) ProbabilityRow(s + r * n, SeenOf(p, i0 + r, j0, n), n, lse[row0 + r]);
+        for (int64_t r = 0; r < rows; ++r) ProbabilityRow(s + r * n, SeenOf(p, i0 + r, j0, n), n, stats.lse(row0 + r));
         if (dvc) Product(n, p.Dv, rows, true, false, 1.f, s, n, dob, p.o.row, 1.f, dvc, p.v.row);
         if (!dq && !dkc) continue;
         Product(rows, n, p.Dv, false, true, 1.f, dob, p.o.row, vc, p.v.row, 0.f, ds, n);
-        for (int64_t r = 0; r < rows; ++r) ScoreGradRow(s + r * n, ds + r * n, n, delta[row0 + r], scale);
+        for (int64_t r = 0; r < rows; ++r) ScoreGradRow(s + r * n, ds + r * n, n, stats.delta(row0 + r), scale);
         if (partials) Product(rows, p.D, n, false, false, 1.f, ds, n, kc, p.k.row, 0.f, partials->Row(c, b, i0), p.D);
         else if (dq) Product(rows, p.D, n, false, false, 1.f, ds, n, kc, p.k.row, 0.f, dq + p.At(p.q, b, i0), p.q.row);
         if (dkc) Product(n, p.D, rows, true, false, 1.f, ds, n, qb, p.q.row, 1.f, dkc, p.k.row);

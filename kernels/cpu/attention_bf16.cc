@@ -300,19 +300,9 @@ void AttentionBackwardBf16(const AttentionParams& p, const uint16_t* dout, const
   const KeyChunks ch = PlanKeyChunks(p);
   const int64_t W = ch.widest, Wp = RoundUp(W, kTileCols), W2 = RoundUp(W, 2);
   const int64_t Dp = RoundUp(p.D, kTileCols), Dvp = RoundUp(p.Dv, kTileCols);
-  // Each row's delta = rowsum(dO * O), and its lse from the scores where there is none.
-  std::vector<float> stats(static_cast<size_t>(p.batch * p.T * (lse ? 1 : 2)));
-  float* delta = stats.data();
-  if (!lse) {
-    AttentionForwardBf16(p, q, k, v, nullptr, delta + p.batch * p.T, pool);
-    lse = delta + p.batch * p.T;
-  }
-  if (dq || dk) ParallelFor(pool, p.batch * p.T, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t at = p.At(p.o, r / p.T, r % p.T);
-      delta[r] = RowDot(dout + at, out + at, p.Dv);
-    }
-  });
+  const BackwardRowStats stats(
+      p, lse, dq || dk, pool, [&](int64_t at) { return RowDot(dout + at, out + at, p.Dv); },
+      [&](float* into) { AttentionForwardBf16(p, q, k, v, nullptr, into, pool); });
   std::optional<QueryGradPartials> partials;
   if (dq && ch.count > 1) partials.emplace(p, ch);
   const size_t bytes = 2 * Carver::Bytes<float>(br * W) + Carver::Bytes<uint16_t>(br * W2) +
@@ -340,9 +330,7 @@ void AttentionBackwardBf16(const AttentionParams& p, const uint16_t* dout, const
     Pair* qr = c.Take<Pair>(br2 * Dp);
     float* dq32 = c.Take<float>(br * p.D);
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / ch.count;
-      const int chunk = static_cast<int>(t % ch.count);
-      const int64_t j0 = ch.begin[chunk], w = ch.begin[chunk + 1] - j0, first = ch.first_row[chunk];
+      const auto [b, chunk, j0, w, first] = ch.Task(t);
       const uint16_t* kc = k + p.At(p.k, b, j0);
       const uint16_t* vc = v + p.At(p.v, b, j0);
       PackColumnPairs(kc, p.k.row, w, p.D, kt, Wp);
@@ -357,7 +345,7 @@ void AttentionBackwardBf16(const AttentionParams& p, const uint16_t* dout, const
         const uint16_t* qb = q + p.At(p.q, b, i0);
         const uint16_t* dob = dout + p.At(p.o, b, i0);
         Product(rows, n, p.D / 2, {Pairs(qb), p.q.row / 2, 1}, kt, Wp, static_cast<float>(p.scale), false, s, n);
-        for (int64_t r = 0; r < rows; ++r) ProbabilityRow(s + r * n, SeenOf(p, i0 + r, j0, n), n, lse[row0 + r]);
+        for (int64_t r = 0; r < rows; ++r) ProbabilityRow(s + r * n, SeenOf(p, i0 + r, j0, n), n, stats.lse(row0 + r));
         if (dv) {
           RoundRowPairs(s, n, rows, n, pairs, Wp);
           PackRowPairs(dob, p.o.row, rows, p.Dv, dor, Dvp);
@@ -366,7 +354,7 @@ void AttentionBackwardBf16(const AttentionParams& p, const uint16_t* dout, const
         if (!dq && !dk) continue;
         Product(rows, n, p.Dv / 2, {Pairs(dob), p.o.row / 2, 1}, vt, Wp, 1.f, false, ds, n);
         const float scale = static_cast<float>(p.scale);
-        for (int64_t r = 0; r < rows; ++r) ScoreGradRow(s + r * n, ds + r * n, n, delta[row0 + r], scale);
+        for (int64_t r = 0; r < rows; ++r) ScoreGradRow(s + r * n, ds + r * n, n, stats.delta(row0 + r), scale);
         if (dq) {
           RoundRows(ds, n, rows, n, nullptr, ds16, n2, n2);
           float* dst = partials ? partials->Row(chunk, b, i0) : dq32;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "base/thread_pool.h"
 #include "kernels/cpu/attention.h"
@@ -57,14 +58,52 @@ void ZeroRows(T* x, int64_t rows, int64_t width, int64_t stride) {
 // over the chunks in their order. The chunks follow from the shapes alone, so the gradients
 // do not depend on the pool's size.
 inline constexpr int kMaxKeyChunks = 16;
-inline constexpr int64_t kBackwardTasks = 32, kMinChunkKeys = 128;
+inline constexpr int64_t kBackwardTasks = 16, kMinChunkKeys = 128;
+// Task t of the backward: chunk c of slice b, w keys from j0, seen from query row `first` on.
+struct ChunkTask {
+  int64_t b;
+  int c;
+  int64_t j0, w, first;
+};
 struct KeyChunks {
   int count = 1;
   int64_t begin[kMaxKeyChunks + 1] = {};  // chunk c holds keys [begin[c], begin[c + 1])
   int64_t first_row[kMaxKeyChunks] = {};  // the first query row that sees chunk c
   int64_t widest = 0;
+
+  ChunkTask Task(int64_t t) const {
+    const int c = static_cast<int>(t % count);
+    return {t / count, c, begin[c], begin[c + 1] - begin[c], first_row[c]};
+  }
 };
 KeyChunks PlanKeyChunks(const AttentionParams& p);
+
+// Each query row's float32 statistics for the backward: its lse (the one given, else the one
+// form_lse(into) writes into [batch, T]) and, where `deltas`, delta = rowsum(dO * O), from
+// row_dot(at) of the row at element `at` of dO and O.
+class BackwardRowStats {
+ public:
+  template <typename RowDot, typename FormLse>
+  BackwardRowStats(const AttentionParams& p, const float* lse, bool deltas, ThreadPool* pool, RowDot&& row_dot,
+                   FormLse&& form_lse)
+      : data_(static_cast<size_t>(p.batch * p.T * (lse ? 1 : 2))), lse_(lse) {
+    if (!lse_) {
+      form_lse(data_.data() + p.batch * p.T);
+      lse_ = data_.data() + p.batch * p.T;
+    }
+    if (deltas)
+      ParallelFor(pool, p.batch * p.T, 64, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) data_[r] = row_dot(p.At(p.o, r / p.T, r % p.T));
+      });
+  }
+  // Of row r of [batch, T].
+  float lse(int64_t r) const { return lse_[r]; }
+  float delta(int64_t r) const { return data_[r]; }
+
+ private:
+  std::vector<float> data_;  // delta, then the lse formed here
+  const float* lse_;
+};
 
 // The float32 partial dQ that each chunk of keys leaves, for more than one chunk: rows
 // first_row[c] .. T of each slice, D wide, each written whole by the chunk's task.
