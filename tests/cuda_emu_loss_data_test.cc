@@ -236,33 +236,105 @@ TEST_P(CudaEmu, WhereBroadcastsItsThreeOperands) {
 
 // ---- Gather, its gradient, Transpose -------------------------------------------------------
 
-TEST_P(CudaEmu, GatherRowsAndScatterAddTheirGradient) {
-  const int64_t rows = 10, width = 7;
-  Array<int64_t> ids{3, -1, 0, 10, -11, 9, 3, 2, 3};  // 10 and -11 are out of range: zero rows
-  const int64_t k = ids.size();
-  auto row_of = [&](int64_t i) { return ids[i] < -rows || ids[i] >= rows ? -1 : (ids[i] + rows) % rows; };
-  auto run = [&](auto zero) {
-    using E = decltype(zero);
-    Array<E> table(rows * width), out(k * width, E{77});
-    for (int64_t i = 0; i < rows * width; ++i) table[i] = static_cast<E>(i + 1);
-    ASSERT_TRUE(Ok(ck::Gather(sizeof(E), table.data(), ids.data(), out.data(), k, rows, width, nullptr)));
-    for (int64_t i = 0; i < k; ++i)
-      for (int64_t c = 0; c < width; ++c)
-        EXPECT_EQ(out[i * width + c], row_of(i) < 0 ? E{} : table[row_of(i) * width + c]) << i << ", " << c;
+// Along the first axis (outer 1, the embedding) and a middle one (outer 3), int64 and int32 ids.
+TEST_P(CudaEmu, GatherAlongAnAxisAndScatterAddTheGradient) {
+  const int64_t rows = 10, inner = 7;
+  const std::vector<int64_t> id_values = {3, -1, 0, 10, -11, 9, 3, 2, 3};  // 10 and -11: out of range, zeros
+  const int64_t k = static_cast<int64_t>(id_values.size());
+  auto row_of = [&](int64_t i) {
+    const int64_t id = id_values[static_cast<size_t>(i)];
+    return id < -rows || id >= rows ? -1 : (id + rows) % rows;
   };
-  run(uint8_t{});
-  run(int16_t{});
-  run(float{});
-  run(double{});
-  // Small integers, so the sums are exact whatever order the additions take.
-  Array<float> dy(k * width), dtable(rows * width, kNaN);
-  for (int64_t i = 0; i < k * width; ++i) dy[i] = static_cast<float>(i % 11 - 5);
-  ASSERT_TRUE(Ok(ck::GatherGrad(dy.data(), ids.data(), dtable.data(), k, rows, width, nullptr)));
-  std::vector<double> want(static_cast<size_t>(rows * width), 0.0);
-  for (int64_t i = 0; i < k; ++i)
-    if (row_of(i) >= 0)
-      for (int64_t c = 0; c < width; ++c) want[static_cast<size_t>(row_of(i) * width + c)] += dy[i * width + c];
-  EXPECT_TRUE(Near(dtable, Dt::kF32, want, 0, 0));
+  Array<int64_t> ids64(k);
+  Array<int32_t> ids32(k);
+  for (int64_t i = 0; i < k; ++i) {
+    ids64[i] = id_values[static_cast<size_t>(i)];
+    ids32[i] = static_cast<int32_t>(id_values[static_cast<size_t>(i)]);
+  }
+  for (int64_t outer : {1, 3}) {
+    for (bool int32 : {false, true}) {
+      SCOPED_TRACE("outer " + std::to_string(outer) + (int32 ? ", int32 ids" : ", int64 ids"));
+      const void* ids = int32 ? static_cast<const void*>(ids32.data()) : static_cast<const void*>(ids64.data());
+      auto run = [&](auto zero) {
+        using E = decltype(zero);
+        Array<E> table(outer * rows * inner), out(outer * k * inner, E{77});
+        for (int64_t i = 0; i < outer * rows * inner; ++i) table[i] = static_cast<E>(i + 1);
+        ASSERT_TRUE(Ok(ck::Gather(sizeof(E), table.data(), ids, int32, out.data(), outer, k, rows, inner, nullptr)));
+        for (int64_t o = 0; o < outer; ++o)
+          for (int64_t i = 0; i < k; ++i)
+            for (int64_t c = 0; c < inner; ++c)
+              EXPECT_EQ(out[(o * k + i) * inner + c],
+                        row_of(i) < 0 ? E{} : table[(o * rows + row_of(i)) * inner + c])
+                  << o << ", " << i << ", " << c;
+      };
+      run(uint8_t{});
+      run(int16_t{});
+      run(float{});
+      run(double{});
+      // Small integers, so the sums are exact whatever order the additions take.
+      Array<float> dy(outer * k * inner), dtable(outer * rows * inner, kNaN);
+      for (int64_t i = 0; i < outer * k * inner; ++i) dy[i] = static_cast<float>(i % 11 - 5);
+      ASSERT_TRUE(Ok(ck::GatherGrad(dy.data(), ids, int32, dtable.data(), outer, k, rows, inner, nullptr)));
+      std::vector<double> want(static_cast<size_t>(outer * rows * inner), 0.0);
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t i = 0; i < k; ++i)
+          if (row_of(i) >= 0)
+            for (int64_t c = 0; c < inner; ++c)
+              want[static_cast<size_t>((o * rows + row_of(i)) * inner + c)] += dy[(o * k + i) * inner + c];
+      EXPECT_TRUE(Near(dtable, Dt::kF32, want, 0, 0));
+    }
+  }
+}
+
+// StridedScatter puts a contiguous block where StridedCopy reads it from (forward and negative
+// strides, dims of 1, 8-bit to 64-bit elements) and leaves the rest of the output alone.
+TEST_P(CudaEmu, StridedScatterInvertsStridedCopy) {
+  struct Case {
+    std::vector<int64_t> dims, strides;
+    int64_t first, size;  // the offset of element 0, and the buffer's elements
+  };
+  const std::vector<Case> cases = {
+      {{3, 4}, {10, 2}, 1, 40},          // a step of 2 in rows of 10
+      {{2, 1, 5}, {-20, 7, -3}, 35, 40},  // both axes backwards, a dim of 1
+      {{4, 3, 2}, {12, 4, 1}, 0, 48},    // whole rows of a wider buffer
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const Case& k = cases[c];
+    SCOPED_TRACE("case " + std::to_string(c));
+    const int rank = static_cast<int>(k.dims.size());
+    int64_t n = 1;
+    for (int64_t d : k.dims) n *= d;
+    auto run = [&](auto zero) {
+      using E = decltype(zero);
+      Array<E> x(n), y(k.size, E{99}), back(n, E{0});
+      for (int64_t i = 0; i < n; ++i) x[i] = static_cast<E>(i + 1);
+      ASSERT_TRUE(Ok(ck::StridedScatter(sizeof(E), x.data(), y.data() + k.first, rank, k.dims.data(),
+                                        k.strides.data(), nullptr)));
+      // Every element landed where its index says, and nothing else changed.
+      std::vector<bool> hit(static_cast<size_t>(k.size), false);
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t rest = i, off = k.first;
+        for (int d = rank - 1; d >= 0; --d) {
+          off += rest % k.dims[d] * k.strides[d];
+          rest /= k.dims[d];
+        }
+        EXPECT_EQ(y[off], x[i]) << i;
+        hit[static_cast<size_t>(off)] = true;
+      }
+      for (int64_t j = 0; j < k.size; ++j) {
+        if (!hit[static_cast<size_t>(j)]) {
+          EXPECT_EQ(y[j], E{99}) << j;
+        }
+      }
+      ASSERT_TRUE(Ok(ck::StridedCopy(sizeof(E), y.data() + k.first, back.data(), rank, k.dims.data(),
+                                     k.strides.data(), nullptr)));
+      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(back[i], x[i]) << i;
+    };
+    run(uint8_t{});
+    run(uint16_t{});
+    run(float{});
+    run(int64_t{});
+  }
 }
 
 TEST_P(CudaEmu, TransposeEveryPermutationAndTheWideWordPaths) {

@@ -157,6 +157,222 @@ TEST(CudaProvider, ComparisonsLogicIntegersAndSlice) {
              0, "*");
 }
 
+// Cast between floats, integers and bool converts as the CPU does: float -> integer truncates
+// toward zero and saturates (inf, 3e10 into int32, fp16's inf), NaN -> 0; integers wrap (int64 ->
+// int32) and round once into bf16 / fp16 (2^24 + 2^16 + 1, INT64_MAX); anything -> bool tests != 0
+// (NaN and -0 included); bool -> number is 0 / 1. All exact, and nothing falls back.
+TEST(CudaProvider, CastAmongIntegersBoolAndFloats) {
+  REQUIRE_CUDA();
+  const std::vector<float> xv = {NAN, INFINITY, -INFINITY, 3e10f, -3e10f, 2.7f, -2.7f, -0.5f,
+                                 0.f, -0.f, 1e20f, 2147483520.f, 0.25f, 65504.f, 70000.f, 1.f};
+  // 2^24 + 2^16 + 1 rounds up into bf16 directly, but to even (down) through float's nearest.
+  const std::vector<int64_t> av = {0, 1, -1, (int64_t{1} << 53) + 1, INT64_MIN, INT64_MAX, 3000000001, -5, 16842753};
+  Tensor b(DataType::kInt32, {4}), c(DataType::kBool, {4});
+  const int32_t bv[4] = {INT32_MIN, -1, 7, INT32_MAX};
+  for (int i = 0; i < 4; ++i) {
+    b.data<int32_t>()[i] = bv[i];
+    c.data<bool>()[i] = i % 2 == 0;
+  }
+  ExpectSame(R"(
+    input x: float32[2,8]
+    input a: int64[9]
+    input b: int32[4]
+    input c: bool[4]
+    x64 = Cast(x) {to = 7}
+    x32 = Cast(x) {to = 6}
+    xb = Cast(x) {to = 9}
+    xh = Cast(x) {to = 16}
+    xh64 = Cast(xh) {to = 7}
+    xf = Cast(x) {to = 10}
+    xf32 = Cast(xf) {to = 6}
+    xfb = Cast(xf) {to = 9}
+    a32f = Cast(a) {to = 1}
+    ah = Cast(a) {to = 16}
+    ahf = Cast(ah) {to = 1}
+    af = Cast(a) {to = 10}
+    aff = Cast(af) {to = 1}
+    a32 = Cast(a) {to = 6}
+    ab = Cast(a) {to = 9}
+    b64 = Cast(b) {to = 7}
+    bf = Cast(b) {to = 1}
+    bb = Cast(b) {to = 9}
+    cf = Cast(c) {to = 1}
+    c64 = Cast(c) {to = 7}
+    ch = Cast(c) {to = 16}
+    chf = Cast(ch) {to = 1}
+    c32 = Cast(c) {to = 6}
+    output x64
+    output x32
+    output xb
+    output xh64
+    output xf32
+    output xfb
+    output a32f
+    output ahf
+    output aff
+    output a32
+    output ab
+    output b64
+    output bf
+    output bb
+    output cf
+    output c64
+    output chf
+    output c32
+  )",
+             {{"x", Tensor::FromVector<float>(xv, {2, 8})}, {"a", Tensor::FromVector<int64_t>(av, {9})}, {"b", b},
+              {"c", c}},
+             0, 0, "*");
+}
+
+// Gather along any axis with int64 or int32 indices (negative ones count from the end), a scalar
+// index (BERT's pooler takes token 0 of the sequence axis), bf16 data, and GatherGrad along those
+// axes (repeated indices accumulate).
+TEST(CudaProvider, GatherAlongAnyAxisAndItsGradient) {
+  REQUIRE_CUDA();
+  Tensor ids = Tensor::FromVector<int64_t>({1, -1, 4, 1}, {2, 2});
+  Tensor idx(DataType::kInt32, {3});
+  const int32_t iv[3] = {3, 0, -4};
+  for (int i = 0; i < 3; ++i) idx.data<int32_t>()[i] = iv[i];
+  Tensor zero(DataType::kInt64, {});
+  zero.data<int64_t>()[0] = 0;
+  ExpectSame(R"(
+    input data: float32[3,5,4]
+    input ids: int64[2,2]
+    input idx: int32[3]
+    input zero: int64[]
+    input dy1: float32[3,2,2,4]
+    input dy2: float32[3,5,3]
+    input dy3: float32[3,4]
+    init shape: int64[3] = 3 5 4
+    g1 = Gather(data, ids) {axis = 1}
+    g2 = Gather(data, idx) {axis = -1}
+    g3 = Gather(data, zero) {axis = 1}
+    h = Cast(data) {to = 16}
+    h4 = Gather(h, idx) {axis = 2}
+    g4 = Cast(h4) {to = 1}
+    d1 = ai.cleave.GatherGrad(shape, ids, dy1) {axis = 1}
+    d2 = ai.cleave.GatherGrad(shape, idx, dy2) {axis = -1}
+    d3 = ai.cleave.GatherGrad(shape, zero, dy3) {axis = 1}
+    output g1
+    output g2
+    output g3
+    output g4
+    output d1
+    output d2
+    output d3
+  )",
+             {{"data", Random({3, 5, 4}, 70)}, {"ids", ids}, {"idx", idx}, {"zero", zero},
+              {"dy1", Random({3, 2, 2, 4}, 71)}, {"dy2", Random({3, 5, 3}, 72)}, {"dy3", Random({3, 4}, 73)}},
+             1e-6, 1e-6, "*");
+}
+
+// Expand, either side holding the larger dims (LLaMA's RMSNorm backward expands its mean's
+// gradient), over float32, int64 and bf16; SliceGrad (rotary attention's slices), with steps
+// of 1, 2 and -2, negative starts and ends, axes given and omitted: zeros with dY in the slice,
+// exact. (Gradients are float32 or float64, as shape inference has them.)
+TEST(CudaProvider, ExpandAndSliceGrad) {
+  REQUIRE_CUDA();
+  ExpectSame(R"(
+    input x: float32[3,1]
+    input y: float32[2,1,4]
+    input n: int64[1,4]
+    init s1: int64[3] = 2 3 4
+    init s2: int64[2] = 3 1
+    init s3: int64[1] = 5
+    e1 = Expand(x, s1)
+    e2 = Expand(y, s2)
+    e3 = Expand(x, s3)
+    e4 = Expand(n, s1)
+    h = Cast(y) {to = 16}
+    h5 = Expand(h, s1)
+    e5 = Cast(h5) {to = 1}
+    output e1
+    output e2
+    output e3
+    output e4
+    output e5
+  )",
+             {{"x", Random({3, 1}, 80)}, {"y", Random({2, 1, 4}, 81)},
+              {"n", Tensor::FromVector<int64_t>({5, -6, 7, INT64_MAX}, {1, 4})}},
+             0, 0, "*");
+  // The slice of the Slice test above: [4, 6, 9] by starts (1, -1, 0), ends (3, -7, 6) on axes
+  // (0, 2, 1) with steps (1, -2, 2) is [2, 3, 3]; and [0:2, 1:4, 2:5].
+  const std::string slice_args = R"(
+    input dy: float32[2,3,3]
+    init shape: int64[3] = 4 6 9
+    init starts: int64[3] = 1 -1 0
+    init ends: int64[3] = 3 -7 6
+    init axes: int64[3] = 0 2 1
+    init steps: int64[3] = 1 -2 2
+    init starts2: int64[3] = 0 1 2
+    init ends2: int64[3] = 2 4 5
+  )";
+  ExpectSame(slice_args + R"(
+    g1 = ai.cleave.SliceGrad(dy, shape, starts, ends, axes, steps)
+    g2 = ai.cleave.SliceGrad(dy, shape, starts2, ends2)
+    output g1
+    output g2
+  )",
+             {{"dy", Random({2, 3, 3}, 82)}}, 0, 0, "*");
+}
+
+// Gemm with every form of C: [N] in the product's epilogue, [M, N], [M, 1] and [1] after it
+// with alpha and beta, none, beta 0 (C not read), both operands transposed; and in bf16 against
+// the CPU's float32 Gemm of the same bf16 values, rounded once.
+TEST(CudaProvider, GemmEveryFormOfC) {
+  REQUIRE_CUDA();
+  const Feeds feeds = {{"a", Random({6, 5}, 90)},  {"at", Random({5, 6}, 91)}, {"b", Random({5, 7}, 92)},
+                       {"bt", Random({7, 5}, 93)}, {"cm", Random({6, 7}, 94)}, {"cn", Random({7}, 95)},
+                       {"cr", Random({6, 1}, 96)}, {"cs", Random({1}, 97)}};
+  const std::string inputs = R"(
+    input a: float32[6,5]
+    input at: float32[5,6]
+    input b: float32[5,7]
+    input bt: float32[7,5]
+    input cm: float32[6,7]
+    input cn: float32[7]
+    input cr: float32[6,1]
+    input cs: float32[1]
+  )";
+  ExpectSame(inputs + R"(
+    y1 = Gemm(a, b, cn)
+    y2 = Gemm(at, bt, cm) {transA = 1, transB = 1, alpha = 0.5, beta = 2.0}
+    y3 = Gemm(a, bt, cr) {transB = 1, beta = -1.0}
+    y4 = Gemm(a, b, cs) {alpha = 3.0}
+    y5 = Gemm(a, b)
+    y6 = Gemm(a, b, cm) {beta = 0.0}
+    y7 = Gemm(at, b, cn) {transA = 1, alpha = 2.0}
+    output y1
+    output y2
+    output y3
+    output y4
+    output y5
+    output y6
+    output y7
+  )",
+             feeds, 1e-5, 1e-5, "*");
+  const std::string rounded = inputs + R"(
+    ha = Cast(a) {to = 16}
+    hb = Cast(b) {to = 16}
+    hc = Cast(cn) {to = 16}
+  )";
+  ExpectSame(rounded + R"(
+    hy = Gemm(ha, hb, hc)
+    y = Cast(hy) {to = 1}
+    output y
+  )",
+             feeds, 1e-6, 8e-3, "Gemm", rounded + R"(
+    fa = Cast(ha) {to = 1}
+    fb = Cast(hb) {to = 1}
+    fc = Cast(hc) {to = 1}
+    fy = Gemm(fa, fb, fc)
+    hy = Cast(fy) {to = 16}
+    y = Cast(hy) {to = 1}
+    output y
+  )");
+}
+
 // The ops a mixed-precision graph runs in bf16 and fp16 between its products (the bias Add,
 // GELU, its gradient, the bias gradient's sum) against the CPU's widening kernels, which compute
 // them in float32 and round once, as the CUDA kernels do.

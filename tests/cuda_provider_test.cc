@@ -28,6 +28,7 @@
 #include "tests/op_tester.h"
 #include "tests/partition_test_util.h"
 #include "tests/scoped_temp_dir.h"
+#include "tests/variant_goldens.h"
 #include "trainer/mixed_precision.h"
 #include "trainer/train_loop.h"
 #include "trainer/training_session.h"
@@ -60,21 +61,17 @@ TEST(CudnnAttention, CreateSaysWhyNot) {
   EXPECT_FALSE(providers::CudnnAttention::Eligible(s));
 }
 
-// Needs no device: the kernel table covers every node of the tiny GPT's training, eval and
-// optimizer graphs (as the session optimises them), fp32 and bf16, AdamW and SGD, so none falls
-// back.
-TEST(CudaKernelTable, ClaimsEveryNodeOfTheTinyGptGraphs) {
+// Needs no device: the kernel table covers every node of the training, eval and optimizer graphs
+// (as the session optimises them) of the tiny GPT and of the sample architectures
+// (models/train_variants: an untied GPT; LLaMA, whose RMSNorm backward expands its mean's
+// gradient and whose rotary attention slices; BERT, whose attention mask is cast from int64 and
+// whose pooler gathers token 0 along the sequence axis and runs a Gemm), fp32 and bf16, with and
+// without fused attention, AdamW and SGD, so none falls back.
+TEST(CudaKernelTable, ClaimsEveryNodeOfTheSampleModelsGraphs) {
   auto table = providers::CudaExecutionProvider::ForCapabilityQueries();
-  for (const char* precision : {"fp32", "bf16", "fp32 fused attention", "bf16 fused attention", "fp32 sgd"}) {
-    trainer::TrainingSpec spec;
-    spec.optimizer.max_grad_norm = 1.0f;
-    if (std::string(precision).find("sgd") != std::string::npos) {
-      spec.optimizer.kind = trainer::OptimizerConfig::Kind::kSgd;
-      spec.optimizer.momentum = 0.9f;
-    }
-    spec.precision = *trainer::ParsePrecision(std::string(precision).substr(0, 4));
-    spec.fuse_attention = std::string(precision).find("fused") != std::string::npos;
-    auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, spec);
+  auto check = [&](const std::string& model_dir, trainer::TrainingSpec spec, const std::string& what) {
+    SCOPED_TRACE(model_dir + " " + what);
+    auto a = testing::BuildArtifacts(model_dir, 2, 16, spec);
     for (graph::Graph* g : {a.training.get(), a.eval.get(), a.optimizer.get()}) {
       // The graph as a session runs it: loaded through a CPU session (folding, fusions).
       auto s = InferenceSession::FromGraph(g->Clone());
@@ -91,10 +88,28 @@ TEST(CudaKernelTable, ClaimsEveryNodeOfTheTinyGptGraphs) {
       providers::Capability cap = table->GetCapability(*fused);
       std::string rejected;
       for (const auto& r : cap.rejected) rejected += r.reason + "\n";
-      EXPECT_EQ(rejected, "") << precision << " " << g->info().graph_name;
+      EXPECT_EQ(rejected, "") << g->info().graph_name;
       EXPECT_EQ(cap.claimed.size(), fused->nodes().size());
       // The fused optimizer graph is the smallest: one MultiTensorAdamW that also forms the norm.
       EXPECT_GE(cap.claimed.size(), 1u);
+    }
+  };
+  for (const char* precision : {"fp32", "bf16", "fp32 fused attention", "bf16 fused attention", "fp32 sgd"}) {
+    trainer::TrainingSpec spec;
+    spec.optimizer.max_grad_norm = 1.0f;
+    if (std::string(precision).find("sgd") != std::string::npos) {
+      spec.optimizer.kind = trainer::OptimizerConfig::Kind::kSgd;
+      spec.optimizer.momentum = 0.9f;
+    }
+    spec.precision = *trainer::ParsePrecision(std::string(precision).substr(0, 4));
+    spec.fuse_attention = std::string(precision).find("fused") != std::string::npos;
+    check("tiny_gpt", spec, precision);
+    if (spec.optimizer.kind == trainer::OptimizerConfig::Kind::kSgd) continue;
+    for (const char* variant : {"gpt_untied", "llama", "bert_mse", "bert_cls"}) {
+      trainer::TrainingSpec variant_spec = testing::LoadVariantGolden(testing::SourceDir(), variant).spec;
+      variant_spec.precision = spec.precision;
+      variant_spec.fuse_attention = spec.fuse_attention;
+      check(std::string("train_variants/") + variant, variant_spec, precision);
     }
   }
   // And it says no where it has no kernel.
@@ -371,6 +386,56 @@ TEST(CudaProvider, TinyGptTrainingTrajectoryMatchesTheCpu) {
               "bf16 %.2e (loss %.4f -> %.4f); bf16 with tanh GELUs in the epilogues %.2e\n",
               worst[0], worst[1], worst[2], cpu.front(), cpu.back(), worst[3]);
 }
+
+// The sample architectures (models/train_variants: an untied GPT; LLaMA with RMSNorm, SwiGLU and
+// rotary attention; BERT under an MSE and a pooled classification loss) train wholly on CUDA and
+// follow PyTorch's 8-step trajectory, as the CPU does (training_test.cc VariantTrajectory): fp32
+// within 1e-4 relative, bf16 with fused attention within 2%.
+class CudaVariantTrajectory : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaVariantTrajectory, FollowsPyTorchWhollyOnCuda) {
+  REQUIRE_CUDA();
+  const testing::VariantGolden golden = testing::LoadVariantGolden(testing::SourceDir(), GetParam());
+  ASSERT_EQ(golden.losses.size(), 8u);
+  auto model = onnx_ext::LoadModel(golden.dir + "model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const bool fp32 = std::string(precision) == "fp32";
+    trainer::TrainingSpec spec = golden.spec;
+    spec.precision = *trainer::ParsePrecision(precision);
+    spec.fuse_attention = !fp32;
+    auto a = trainer::BuildTrainingArtifacts(**model, spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    const Feeds feeds = testing::InOrder(golden.feeds, a->data_inputs);
+    trainer::TrainingSessionOptions o;
+    o.device = DeviceChoice::kCuda;
+    auto s = trainer::TrainingSession::Create(std::move(*a), o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ((*s)->warnings(), "") << "nothing may fall back";
+    (*s)->RegisterScheduler({trainer::LrSchedule::Kind::kCosine, 2e-3, 2e-4, 2, 8});
+    const double tolerance = fp32 ? 1e-4 : 2e-2;
+    double worst = 0;
+    for (int step = 0; step < 8; ++step) {
+      (*s)->LazyResetGrad();
+      auto loss = (*s)->TrainStep(feeds);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      auto norm = (*s)->OptimizerStep();
+      ASSERT_TRUE(norm.ok()) << norm.status();
+      const double want = golden.losses[step];
+      EXPECT_NEAR(*loss, want, tolerance * want) << "step " << step;
+      if (fp32) {
+        EXPECT_NEAR(*norm, golden.norms[step], 1e-4 * golden.norms[step]) << "step " << step;
+      }
+      worst = std::max(worst, std::abs(*loss - want) / want);
+    }
+    std::printf("%s %s on CUDA: largest relative loss difference from PyTorch over 8 steps %.2e\n", GetParam(),
+                precision, worst);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaVariantTrajectory,
+                         ::testing::Values("gpt_untied", "llama", "bert_mse", "bert_cls"));
 
 // `cleave train --device auto` in bf16 where a device is present fuses attention, as
 // `--device cuda` does: the default is taken once the device is known. The run uses the one

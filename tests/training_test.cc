@@ -21,6 +21,7 @@
 #include "tests/op_tester.h"
 #include "tests/partition_test_util.h"
 #include "tests/scoped_temp_dir.h"
+#include "tests/variant_goldens.h"
 #include "trainer/autodiff.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train_loop.h"
@@ -49,14 +50,7 @@ void WriteFile(const std::string& path, const std::string& bytes) {
   f << bytes;
 }
 
-// Every number after "key": in the JSON text, in order.
-std::vector<double> JsonNumbers(const std::string& text, const std::string& key) {
-  std::vector<double> out;
-  std::regex re("\"" + key + "\": (-?[0-9.eE+-]+)");
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator(); ++it)
-    out.push_back(std::stod((*it)[1].str()));
-  return out;
-}
+using testing::JsonNumbers;
 
 // ---- optimizer kernels ------------------------------------------------------------------
 
@@ -521,47 +515,21 @@ TEST(TrainingSession, ExportedModelRunsWithTheTrainedWeights) {
 class VariantTrajectory : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(VariantTrajectory, FollowsPyTorch) {
-  const std::string dir = Src("models/train_variants/") + GetParam() + "/";
-  const std::string traj = ReadFile(dir + "golden/trajectory.json");
-  ASSERT_FALSE(traj.empty());
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(traj, m, std::regex("\"loss\": \"([a-z_]+)\"")));
-  const std::string loss_kind = m[1];
-  ASSERT_TRUE(std::regex_search(traj, m, std::regex("\"output\": \"([a-z_]+)\"")));
-  TrainingSpec spec;
-  spec.loss.kind = loss_kind == "mse" ? LossKind::kMse : LossKind::kCrossEntropy;
-  spec.loss.output = m[1];
-  spec.dims = {{"batch", 2}, {"seq", 16}};
-  spec.optimizer.weight_decay = 0.1f;
-  spec.optimizer.max_grad_norm = 1.0f;
+  const testing::VariantGolden golden = testing::LoadVariantGolden(CLEAVE_SOURCE_DIR, GetParam());
+  const std::string& dir = golden.dir;
+  const std::vector<std::string>& unreached = golden.unreached;
   auto model = onnx_ext::LoadModel(dir + "model.onnx");
   ASSERT_TRUE(model.ok()) << model.status();
-  auto a = BuildTrainingArtifacts(**model, spec);
+  auto a = BuildTrainingArtifacts(**model, golden.spec);
   ASSERT_TRUE(a.ok()) << a.status();
-  std::vector<std::string> unreached;
-  const size_t at = traj.find("\"unreached\"");
-  const std::regex quoted("\"([^\"]+)\"");
-  for (auto it = std::sregex_iterator(traj.begin() + at, traj.begin() + traj.find(']', at), quoted);
-       it != std::sregex_iterator(); ++it)
-    if ((*it)[1] != "unreached") unreached.push_back((*it)[1]);
-  std::sort(unreached.begin(), unreached.end());
   EXPECT_EQ(a->unreached, unreached);  // both sorted by name
-  Feeds feeds;
-  for (const auto& e : fs::directory_iterator(dir + "golden/inputs")) {
-    auto t = onnx_ext::LoadTensorFile(e.path().string());
-    ASSERT_TRUE(t.ok());
-    feeds.push_back(*t);
-  }
-  // TrainStep takes the data inputs in the artifacts' order.
-  Feeds ordered;
-  for (const std::string& name : a->data_inputs)
-    for (const auto& f : feeds)
-      if (f.first == name) ordered.push_back(f);
-  ASSERT_EQ(ordered.size(), feeds.size());
+  const Feeds ordered = testing::InOrder(golden.feeds, a->data_inputs);
+  ASSERT_EQ(ordered.size(), golden.feeds.size());
   auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 2});
   ASSERT_TRUE(s.ok()) << s.status();
   (*s)->RegisterScheduler({LrSchedule::Kind::kCosine, 2e-3, 2e-4, 2, 8});
-  const std::vector<double> losses = JsonNumbers(traj, "loss"), norms = JsonNumbers(traj, "grad_norm");
+  const std::vector<double>& losses = golden.losses;
+  const std::vector<double>& norms = golden.norms;
   ASSERT_EQ(losses.size(), 8u);
   for (int step = 0; step < 8; ++step) {
     (*s)->LazyResetGrad();

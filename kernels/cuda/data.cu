@@ -1,5 +1,6 @@
-// CUDA data-movement kernels (kernels/cuda/): row gather (embedding lookup) and its
-// scatter-add gradient, and a general transpose.
+// CUDA data-movement kernels (kernels/cuda/): gather along an axis (the embedding lookup) and
+// its scatter-add gradient, a general transpose, and strided copies both ways (Slice, Expand,
+// SliceGrad).
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -7,29 +8,36 @@ namespace cleave::kernels::cuda {
 namespace {
 
 // The table row of ids[k] (negative ids count from the end), or -1 when out of range.
-__device__ inline int64_t RowOf(const int64_t* ids, int64_t k, int64_t rows) {
-  const int64_t r = ids[k] < 0 ? ids[k] + rows : ids[k];
+template <typename Id>
+__device__ inline int64_t RowOf(const Id* ids, int64_t k, int64_t rows) {
+  const int64_t id = static_cast<int64_t>(ids[k]);
+  const int64_t r = id < 0 ? id + rows : id;
   return r >= 0 && r < rows ? r : -1;
 }
 
-template <typename E>
-__global__ void GatherKernel(const E* table, const int64_t* ids, E* out, int64_t num_ids, int64_t rows,
-                             int64_t row_elems) {
-  const int64_t total = num_ids * row_elems;
+// out [outer, num_ids, inner] from table [outer, rows, inner]: element i of the output is
+// (o, k, e), read from (o, ids[k], e).
+template <typename E, typename Id>
+__global__ void GatherKernel(const E* table, const Id* ids, E* out, int64_t outer, int64_t num_ids, int64_t rows,
+                             int64_t inner) {
+  const int64_t total = outer * num_ids * inner;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = RowOf(ids, i / row_elems, rows);
-    out[i] = r >= 0 ? table[r * row_elems + i % row_elems] : E{};
+    const int64_t e = i % inner, ok = i / inner, k = ok % num_ids, o = ok / num_ids;
+    const int64_t r = RowOf(ids, k, rows);
+    out[i] = r >= 0 ? table[(o * rows + r) * inner + e] : E{};
   }
 }
 
-__global__ void ScatterAdd(const float* dy, const int64_t* ids, float* dtable, int64_t num_ids, int64_t rows,
-                           int64_t row_elems) {
-  const int64_t total = num_ids * row_elems;
+template <typename Id>
+__global__ void ScatterAdd(const float* dy, const Id* ids, float* dtable, int64_t outer, int64_t num_ids,
+                           int64_t rows, int64_t inner) {
+  const int64_t total = outer * num_ids * inner;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = RowOf(ids, i / row_elems, rows);
-    if (r >= 0) atomicAdd(dtable + r * row_elems + i % row_elems, dy[i]);
+    const int64_t e = i % inner, ok = i / inner, k = ok % num_ids, o = ok / num_ids;
+    const int64_t r = RowOf(ids, k, rows);
+    if (r >= 0) atomicAdd(dtable + (o * rows + r) * inner + e, dy[i]);
   }
 }
 
@@ -58,80 +66,136 @@ __global__ void TransposeKernel(const E* x, E* y, I n, Perm p) {
   }
 }
 
-template <typename E>
-int LaunchGather(const void* table, const int64_t* ids, void* out, int64_t num_ids, int64_t rows, int64_t row_elems,
-                 cudaStream_t s) {
-  GatherKernel<E><<<Blocks(num_ids * row_elems), kThreads, 0, s>>>(static_cast<const E*>(table), ids,
-                                                                   static_cast<E*>(out), num_ids, rows, row_elems);
+// The inverse walk: element i of the contiguous x goes to the offset its index gives in y.
+template <typename E, typename I>
+__global__ void ScatterKernel(const E* x, E* y, I n, Perm p) {
+  const I step = static_cast<I>(gridDim.x) * blockDim.x;
+  for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < n; i += step) {
+    I rest = i, dst = 0;
+    for (int d = p.rank - 1; d >= 0; --d) {
+      const I size = static_cast<I>(p.out_dims[d]);
+      const I q = rest / size;
+      dst += (rest - q * size) * static_cast<I>(p.in_strides[d]);
+      rest = q;
+    }
+    y[dst] = x[i];
+  }
+}
+
+template <typename E, typename Id>
+int LaunchGather(const void* table, const Id* ids, void* out, int64_t outer, int64_t num_ids, int64_t rows,
+                 int64_t inner, cudaStream_t s) {
+  GatherKernel<E, Id><<<Blocks(outer * num_ids * inner), kThreads, 0, s>>>(
+      static_cast<const E*>(table), ids, static_cast<E*>(out), outer, num_ids, rows, inner);
   return static_cast<int>(cudaGetLastError());
 }
 
-// The permuted copy of n elements of E, in 32-bit index arithmetic where `narrow` (every
-// offset forward and under 2^31), else in 64-bit signed.
-template <typename E>
-int LaunchTranspose(const void* x, void* y, int64_t n, const Perm& p, cudaStream_t s, bool narrow) {
-  if (narrow)
-    TransposeKernel<E, uint32_t><<<Blocks(n), kThreads, 0, s>>>(static_cast<const E*>(x), static_cast<E*>(y),
-                                                                static_cast<uint32_t>(n), p);
-  else
-    TransposeKernel<E, int64_t><<<Blocks(n), kThreads, 0, s>>>(static_cast<const E*>(x), static_cast<E*>(y), n, p);
-  return static_cast<int>(cudaGetLastError());
-}
-
-int LaunchTransposeOf(int elem_bytes, const void* x, void* y, int64_t n, const Perm& p, cudaStream_t s, bool narrow) {
+template <typename Id>
+int GatherOf(int elem_bytes, const void* table, const Id* ids, void* out, int64_t outer, int64_t num_ids,
+             int64_t rows, int64_t inner, cudaStream_t s) {
   switch (elem_bytes) {
-    case 1: return LaunchTranspose<uint8_t>(x, y, n, p, s, narrow);
-    case 2: return LaunchTranspose<uint16_t>(x, y, n, p, s, narrow);
-    case 4: return LaunchTranspose<uint32_t>(x, y, n, p, s, narrow);
-    case 8: return LaunchTranspose<uint64_t>(x, y, n, p, s, narrow);
+    case 1: return LaunchGather<uint8_t>(table, ids, out, outer, num_ids, rows, inner, s);
+    case 2: return LaunchGather<uint16_t>(table, ids, out, outer, num_ids, rows, inner, s);
+    case 4: return LaunchGather<uint32_t>(table, ids, out, outer, num_ids, rows, inner, s);
+    case 8: return LaunchGather<uint64_t>(table, ids, out, outer, num_ids, rows, inner, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
+}
+
+// The permuted copy of n elements of E (or with `scatter` the inverse: x contiguous, y walked),
+// in 32-bit index arithmetic where `narrow` (every offset forward and under 2^31), else in
+// 64-bit signed.
+template <typename E>
+int LaunchTranspose(const void* x, void* y, int64_t n, const Perm& p, cudaStream_t s, bool narrow,
+                    bool scatter = false) {
+  const E* in = static_cast<const E*>(x);
+  E* out = static_cast<E*>(y);
+  if (scatter && narrow)
+    ScatterKernel<E, uint32_t><<<Blocks(n), kThreads, 0, s>>>(in, out, static_cast<uint32_t>(n), p);
+  else if (scatter)
+    ScatterKernel<E, int64_t><<<Blocks(n), kThreads, 0, s>>>(in, out, n, p);
+  else if (narrow)
+    TransposeKernel<E, uint32_t><<<Blocks(n), kThreads, 0, s>>>(in, out, static_cast<uint32_t>(n), p);
+  else
+    TransposeKernel<E, int64_t><<<Blocks(n), kThreads, 0, s>>>(in, out, n, p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int LaunchTransposeOf(int elem_bytes, const void* x, void* y, int64_t n, const Perm& p, cudaStream_t s, bool narrow,
+                      bool scatter = false) {
+  switch (elem_bytes) {
+    case 1: return LaunchTranspose<uint8_t>(x, y, n, p, s, narrow, scatter);
+    case 2: return LaunchTranspose<uint16_t>(x, y, n, p, s, narrow, scatter);
+    case 4: return LaunchTranspose<uint32_t>(x, y, n, p, s, narrow, scatter);
+    case 8: return LaunchTranspose<uint64_t>(x, y, n, p, s, narrow, scatter);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+// The walk of a strided copy or scatter: the dims of `dims` other than 1 with their strides in
+// *p; n the elements, *narrow whether 32-bit offsets reach every one (all strides forward).
+int64_t StridedWalk(int rank, const int64_t* dims, const int64_t* strides, Perm* p, bool* narrow) {
+  *p = Perm{};
+  int64_t n = 1, reach = 0;  // elements; the farthest offset
+  bool backwards = false;    // a negative step: offsets below the base, signed arithmetic
+  for (int d = 0; d < rank; ++d) {
+    if (dims[d] == 1) continue;
+    p->out_dims[p->rank] = dims[d];
+    p->in_strides[p->rank++] = strides[d];
+    n *= dims[d];
+    backwards = backwards || strides[d] < 0;
+    reach += (dims[d] - 1) * (strides[d] < 0 ? -strides[d] : strides[d]);
+  }
+  *narrow = !backwards && n < (int64_t{1} << 31) && reach < (int64_t{1} << 31);
+  return n;
 }
 
 }  // namespace
 
-int Gather(int elem_bytes, const void* table, const int64_t* ids, void* out, int64_t num_ids, int64_t rows,
-           int64_t row_elems, void* stream) {
-  if (num_ids * row_elems == 0) return 0;
+int Gather(int elem_bytes, const void* table, const void* ids, bool ids_int32, void* out, int64_t outer,
+           int64_t num_ids, int64_t rows, int64_t inner, void* stream) {
+  if (outer * num_ids * inner == 0) return 0;
   cudaStream_t s = Stream(stream);
-  switch (elem_bytes) {
-    case 1: return LaunchGather<uint8_t>(table, ids, out, num_ids, rows, row_elems, s);
-    case 2: return LaunchGather<uint16_t>(table, ids, out, num_ids, rows, row_elems, s);
-    case 4: return LaunchGather<uint32_t>(table, ids, out, num_ids, rows, row_elems, s);
-    case 8: return LaunchGather<uint64_t>(table, ids, out, num_ids, rows, row_elems, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return ids_int32 ? GatherOf(elem_bytes, table, static_cast<const int32_t*>(ids), out, outer, num_ids, rows, inner, s)
+                   : GatherOf(elem_bytes, table, static_cast<const int64_t*>(ids), out, outer, num_ids, rows, inner, s);
 }
 
-int GatherGrad(const float* dy, const int64_t* ids, float* dtable, int64_t num_ids, int64_t rows, int64_t row_elems,
-               void* stream, const float* base) {
+int GatherGrad(const float* dy, const void* ids, bool ids_int32, float* dtable, int64_t outer, int64_t num_ids,
+               int64_t rows, int64_t inner, void* stream, const float* base) {
   cudaStream_t s = Stream(stream);
-  const size_t bytes = static_cast<size_t>(rows * row_elems) * sizeof(float);
+  const size_t bytes = static_cast<size_t>(outer * rows * inner) * sizeof(float);
   cudaError_t e = !base            ? cudaMemsetAsync(dtable, 0, bytes, s)
                   : base != dtable ? cudaMemcpyAsync(dtable, base, bytes, cudaMemcpyDeviceToDevice, s)
                                    : cudaSuccess;
-  if (e != cudaSuccess || num_ids * row_elems == 0) return static_cast<int>(e);
-  ScatterAdd<<<Blocks(num_ids * row_elems), kThreads, 0, s>>>(dy, ids, dtable, num_ids, rows, row_elems);
+  const int64_t total = outer * num_ids * inner;
+  if (e != cudaSuccess || total == 0) return static_cast<int>(e);
+  if (ids_int32)
+    ScatterAdd<<<Blocks(total), kThreads, 0, s>>>(dy, static_cast<const int32_t*>(ids), dtable, outer, num_ids, rows,
+                                                  inner);
+  else
+    ScatterAdd<<<Blocks(total), kThreads, 0, s>>>(dy, static_cast<const int64_t*>(ids), dtable, outer, num_ids, rows,
+                                                  inner);
   return static_cast<int>(cudaGetLastError());
 }
 
 int StridedCopy(int elem_bytes, const void* x, void* y, int rank, const int64_t* out_dims, const int64_t* in_strides,
                 void* stream) {
   if (rank > kMaxRank) return static_cast<int>(cudaErrorInvalidValue);
-  Perm p{};
-  int64_t n = 1, reach = 0;  // output elements; the farthest input offset
-  bool backwards = false;    // a negative step: offsets below x, signed arithmetic
-  for (int d = 0; d < rank; ++d) {
-    if (out_dims[d] == 1) continue;
-    p.out_dims[p.rank] = out_dims[d];
-    p.in_strides[p.rank++] = in_strides[d];
-    n *= out_dims[d];
-    backwards = backwards || in_strides[d] < 0;
-    reach += (out_dims[d] - 1) * (in_strides[d] < 0 ? -in_strides[d] : in_strides[d]);
-  }
+  Perm p;
+  bool narrow = false;
+  const int64_t n = StridedWalk(rank, out_dims, in_strides, &p, &narrow);
   if (n == 0) return 0;
-  const bool narrow = !backwards && n < (int64_t{1} << 31) && reach < (int64_t{1} << 31);
   return LaunchTransposeOf(elem_bytes, x, y, n, p, Stream(stream), narrow);
+}
+
+int StridedScatter(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* out_strides,
+                   void* stream) {
+  if (rank > kMaxRank) return static_cast<int>(cudaErrorInvalidValue);
+  Perm p;
+  bool narrow = false;
+  const int64_t n = StridedWalk(rank, x_dims, out_strides, &p, &narrow);
+  if (n == 0) return 0;
+  return LaunchTransposeOf(elem_bytes, x, y, n, p, Stream(stream), narrow, true);
 }
 
 int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* perm,

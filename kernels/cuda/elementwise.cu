@@ -5,6 +5,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/kernels.h"
@@ -80,6 +84,65 @@ template <typename From, typename To>
 struct CastFn {
   __device__ To operator()(From x) const { return FromFloat<To>(ToFloat(x)); }
 };
+// Cast between any two of the element types, as the CPU's Cast (kernels/cpu/cast.cc) converts:
+// float -> integer truncates toward zero, saturating, NaN -> 0; integer -> integer wraps;
+// anything -> bool tests != 0; bool -> number is 0 / 1; integer -> bf16 / fp16 goes through
+// double and float rounded to odd, so it rounds once.
+template <typename T>
+constexpr bool kFloatStorage =
+    std::is_same_v<T, float> || std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
+
+__device__ __forceinline__ float RoundToOddFloat(double d) {
+  const float f = static_cast<float>(d);
+  if (f != f || fabsf(f) == INFINITY || static_cast<double>(f) == d) return f;
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if (fabs(static_cast<double>(f)) > fabs(d)) u -= 1;  // step back toward zero
+  u |= 1u;
+  float odd;
+  memcpy(&odd, &u, sizeof odd);
+  return odd;
+}
+
+template <typename T>
+struct IntRange;
+template <>
+struct IntRange<int64_t> {
+  static constexpr int64_t lo = INT64_MIN, hi = INT64_MAX;
+};
+template <>
+struct IntRange<int32_t> {
+  static constexpr int32_t lo = INT32_MIN, hi = INT32_MAX;
+};
+
+template <typename To>
+__device__ __forceinline__ To FloatToInt(float v) {
+  constexpr To lo = IntRange<To>::lo, hi = IntRange<To>::hi;
+  if (v != v) return To(0);
+  if (v <= static_cast<float>(lo)) return lo;
+  if (v >= static_cast<float>(hi)) return hi;
+  return static_cast<To>(v);
+}
+
+template <typename From, typename To>
+struct ConvertFn {
+  __device__ To operator()(From x) const {
+    if constexpr (std::is_same_v<To, bool>) {
+      if constexpr (kFloatStorage<From>) return ToFloat(x) != 0.f;
+      else return x != From(0);
+    } else if constexpr (kFloatStorage<To>) {
+      if constexpr (kFloatStorage<From>) return FromFloat<To>(ToFloat(x));
+      else if constexpr (std::is_same_v<From, bool>) return FromFloat<To>(x ? 1.f : 0.f);
+      else if constexpr (std::is_same_v<To, float>) return static_cast<float>(x);  // rounds to nearest
+      else return FromFloat<To>(RoundToOddFloat(static_cast<double>(x)));
+    } else if constexpr (kFloatStorage<From>) {
+      return FloatToInt<To>(ToFloat(x));
+    } else {
+      return static_cast<To>(x);  // integers wrap; bool is 0 / 1
+    }
+  }
+};
+
 template <typename T>
 struct GeluGradFn {
   bool tanh_form;
@@ -251,6 +314,19 @@ int CastFrom(Dt from, const void* x, void* y, int64_t n, cudaStream_t s) {
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
+template <typename To>
+int ConvertFrom(Elem from, const void* x, void* y, int64_t n, cudaStream_t s) {
+  switch (from) {
+    case Elem::kF32: return LaunchMap1<float, To>(ConvertFn<float, To>{}, x, y, n, s);
+    case Elem::kBf16: return LaunchMap1<__nv_bfloat16, To>(ConvertFn<__nv_bfloat16, To>{}, x, y, n, s);
+    case Elem::kF16: return LaunchMap1<__half, To>(ConvertFn<__half, To>{}, x, y, n, s);
+    case Elem::kI64: return LaunchMap1<int64_t, To>(ConvertFn<int64_t, To>{}, x, y, n, s);
+    case Elem::kI32: return LaunchMap1<int32_t, To>(ConvertFn<int32_t, To>{}, x, y, n, s);
+    case Elem::kBool: return LaunchMap1<bool, To>(ConvertFn<bool, To>{}, x, y, n, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
 }  // namespace
 
 int Binary(BinaryOp op, Dt dt, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc, void* stream) {
@@ -306,6 +382,49 @@ int Cast(Dt from, Dt to, const void* x, void* y, int64_t n, void* stream) {
     case Dt::kF16: return CastFrom<__half>(from, x, y, n, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int CastElem(Elem from, Elem to, const void* x, void* y, int64_t n, void* stream) {
+  if (n == 0) return 0;
+  cudaStream_t s = Stream(stream);
+  switch (to) {
+    case Elem::kF32: return ConvertFrom<float>(from, x, y, n, s);
+    case Elem::kBf16: return ConvertFrom<__nv_bfloat16>(from, x, y, n, s);
+    case Elem::kF16: return ConvertFrom<__half>(from, x, y, n, s);
+    case Elem::kI64: return ConvertFrom<int64_t>(from, x, y, n, s);
+    case Elem::kI32: return ConvertFrom<int32_t>(from, x, y, n, s);
+    case Elem::kBool: return ConvertFrom<bool>(from, x, y, n, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+namespace {
+
+template <typename T>
+__global__ void ScaleAddKernel(T* y, float alpha, const T* c, float beta, int64_t rows, int64_t cols,
+                               int64_t c_row_step, int64_t c_col_step) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = alpha * ToFloat(y[i]);
+    if (c) v += beta * ToFloat(c[i / cols * c_row_step + i % cols * c_col_step]);
+    y[i] = FromFloat<T>(v);
+  }
+}
+
+}  // namespace
+
+int GemmScaleAdd(Dt dt, void* y, float alpha, const void* c, float beta, int64_t rows, int64_t cols, int64_t c_rows,
+                 int64_t c_cols, void* stream) {
+  if (rows * cols == 0) return 0;
+  if (c && ((c_rows != 1 && c_rows != rows) || (c_cols != 1 && c_cols != cols)))
+    return static_cast<int>(cudaErrorInvalidValue);
+  const int64_t col_step = c_cols == 1 ? 0 : 1, row_step = c_rows == 1 ? 0 : c_cols;
+  DISPATCH_DT(dt, T, {
+    ScaleAddKernel<T><<<Blocks(rows * cols), kThreads, 0, Stream(stream)>>>(
+        static_cast<T*>(y), alpha, static_cast<const T*>(c), beta, rows, cols, row_step, col_step);
+  });
+  return static_cast<int>(cudaGetLastError());
 }
 
 int DropoutKeyed(Dt dt, uint64_t key, float ratio, const void* x, void* y, bool* mask, int64_t n, void* stream) {

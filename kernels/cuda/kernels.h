@@ -43,6 +43,13 @@ int IntBinary(BinaryOp op, Elem t, const void* a, const void* b, void* y, int64_
 int Not(const bool* x, bool* y, int64_t n, void* stream);
 int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream);
 int Cast(Dt from, Dt to, const void* x, void* y, int64_t n, void* stream);
+// Cast between any two Elem types, as the CPU's Cast: float -> integer truncates toward zero,
+// saturating (NaN -> 0); integers wrap; -> bool tests != 0; bool -> number is 0 / 1.
+int CastElem(Elem from, Elem to, const void* x, void* y, int64_t n, void* stream);
+// y [rows, cols] = alpha * y + beta * c, with c (null: none) of [c_rows, c_cols] broadcast to it
+// (each 1 or the full size): Gemm's scaling and its C where the product's epilogue cannot.
+int GemmScaleAdd(Dt dt, void* y, float alpha, const void* c, float beta, int64_t rows, int64_t cols, int64_t c_rows,
+                 int64_t c_cols, void* stream);
 // Training-mode dropout with the CPU's counter-based mask (kernels/cpu/nn.h DropoutKeyed):
 // element i is kept when the SplitMix64 hash of (key, i), as a double in [0, 1), is >= ratio,
 // so the CPU and CUDA masks of one key are the same bits. mask may be null.
@@ -148,18 +155,26 @@ int AttentionBackward(Dt dt, const AttentionLayout& layout, const void* dout, co
                       const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv, float* delta,
                       int64_t batch, int64_t T, int64_t S, int D, int Dv, float scale, bool causal, void* stream);
 
-// Rows of a [rows, row_elems] table by int64 ids (negative ids count from the end; ids out
-// of range give zero rows).
-int Gather(int elem_bytes, const void* table, const int64_t* ids, void* out, int64_t num_ids, int64_t rows,
-           int64_t row_elems, void* stream);
-// dtable [rows, row_elems] = scatter-add of dy rows at ids, onto zeros or onto `base` (of
-// dtable's size; it may be dtable itself: then only the rows at ids are touched).
-int GatherGrad(const float* dy, const int64_t* ids, float* dtable, int64_t num_ids, int64_t rows, int64_t row_elems,
-               void* stream, const float* base = nullptr);
+// Gather along one axis: table [outer, rows, inner] (the axis is `rows`), ids int64 or (ids_int32)
+// int32, out [outer, num_ids, inner]; negative ids count from the end, ids out of range give
+// zeros. The embedding lookup is outer = 1.
+int Gather(int elem_bytes, const void* table, const void* ids, bool ids_int32, void* out, int64_t outer,
+           int64_t num_ids, int64_t rows, int64_t inner, void* stream);
+// dtable [outer, rows, inner] = scatter-add of dy [outer, num_ids, inner] along the axis at ids,
+// onto zeros or onto `base` (of dtable's size; it may be dtable itself: then only the entries
+// at ids are touched).
+int GatherGrad(const float* dy, const void* ids, bool ids_int32, float* dtable, int64_t outer, int64_t num_ids,
+               int64_t rows, int64_t inner, void* stream, const float* base = nullptr);
 // y [out_dims] = the elements of x at sum_d k_d * in_strides[d] (element strides of either sign,
-// from x as given): a Slice, its start already added to x.
+// from x as given): a Slice, its start already added to x; an Expand, with 0 for the dims it
+// broadcasts.
 int StridedCopy(int elem_bytes, const void* x, void* y, int rank, const int64_t* out_dims, const int64_t* in_strides,
                 void* stream);
+// The inverse: x [x_dims] contiguous, element k of it written to y at sum_d k_d * out_strides[d]
+// (strides of either sign, no two elements to one place; the rest of y is left as it is): a
+// SliceGrad into zeros, its start already added to y.
+int StridedScatter(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* out_strides,
+                   void* stream);
 // y = x with axes permuted (y dim k = x dim perm[k]).
 int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* perm,
               void* stream);

@@ -145,6 +145,7 @@ class UnaryKernel : public CudaKernel {
   kc::UnaryOp op_;
 };
 
+// Cast among float32, bf16, fp16, int64, int32 and bool, converting as the CPU does.
 class CastKernel : public CudaKernel {
  public:
   CastKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
@@ -153,7 +154,7 @@ class CastKernel : public CudaKernel {
     TensorView* y = ctx.Output(0, x.dim_span());
     if (!y) return absl::OkStatus();
     if (x.dtype == y->dtype) return Copy(y->data, x.data, x.nbytes());
-    return Check(kc::Cast(DtOf(x.dtype), DtOf(y->dtype), x.data, y->data, x.numel(), stream()));
+    return Check(kc::CastElem(ElemOf(x.dtype), ElemOf(y->dtype), x.data, y->data, x.numel(), stream()));
   }
 };
 
@@ -325,6 +326,53 @@ class MatMulKernel : public CudaKernel {
   bool fused_ = false, trans_a_ = false, trans_b_ = false, gelu_ = false, gelu_tanh_ = false, dbias_of_a_ = false;
   bool gelu_grad_ = false, gelu_grad_tanh_ = false, has_dbias_ = false;
   int64_t rows_ = -1;  // -1: every row of op(A)
+};
+
+// Gemm(A, B[, C]) {transA, transB, alpha, beta}: Y [M, N] = alpha op(A) op(B) + beta C, A and B
+// 2-D, C broadcast to [M, N] from [N], [1, N], [M, 1], [M, N] or a scalar. With alpha 1 and a
+// C of [N] (beta 1) or none, the product's epilogue adds it; otherwise a pass after the product.
+class GemmKernel : public CudaKernel {
+ public:
+  GemmKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), trans_a_(n.AttrInt("transA", 0) != 0), trans_b_(n.AttrInt("transB", 0) != 0),
+        alpha_(n.AttrFloat("alpha", 1.f)), beta_(n.AttrFloat("beta", 1.f)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& a = *ctx.input(0);
+    const TensorView& b = *ctx.input(1);
+    const TensorView* c = ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
+    if (a.rank != 2 || b.rank != 2)
+      return InvalidArgument(name_, ": expected A and B of rank 2, got A ", DimsToString(a.shape()), " and B ",
+                             DimsToString(b.shape()));
+    if (b.dtype != a.dtype || (c && c->dtype != a.dtype))
+      return InvalidArgument(name_, ": A, B and C must share a type, got ", DataTypeName(a.dtype), ", ",
+                             DataTypeName(b.dtype), c ? absl::StrCat(", ", DataTypeName(c->dtype)) : "");
+    auto plan = kernels::cpu::PlanMatMul(a.dim_span(), b.dim_span(), trans_b_, trans_a_);
+    if (!plan.ok()) return absl::Status(plan.status().code(), absl::StrCat(name_, ": ", plan.status().message()));
+    const int64_t M = plan->M, N = plan->N;
+    int64_t c_rows = 1, c_cols = 1;
+    if (c && beta_ != 0.f) {
+      c_rows = c->rank == 2 ? c->dims[0] : 1;
+      c_cols = c->rank >= 1 ? c->dims[c->rank - 1] : 1;
+      if (c->rank > 2 || (c_rows != 1 && c_rows != M) || (c_cols != 1 && c_cols != N))
+        return InvalidArgument(name_, ": C ", DimsToString(c->shape()), " does not broadcast to [M, N] = [", M, ", ",
+                               N, "]");
+    } else {
+      c = nullptr;  // beta 0: C is not read
+    }
+    TensorView* y = ctx.Output(0, {M, N});
+    if (!y) return absl::OkStatus();
+    const bool bias_epilogue = alpha_ == 1.f && c && beta_ == 1.f && c_rows == 1 && c_cols == N && N > 1;
+    absl::Status s = CudaMatMul(*p_, *plan, a.dtype, y->dtype, a.data, b.data, y->data,
+                                bias_epilogue ? c->data : nullptr, false);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(name_, ": ", s.message()));
+    if (bias_epilogue || (alpha_ == 1.f && !c)) return absl::OkStatus();
+    return Check(kc::GemmScaleAdd(DtOf(y->dtype), y->data, alpha_, c ? c->data : nullptr, beta_, M, N, c_rows, c_cols,
+                                  stream()));
+  }
+
+ private:
+  bool trans_a_, trans_b_;
+  float alpha_, beta_;
 };
 
 // ---- rows: softmax, layer norm ----------------------------------------------------------
@@ -632,36 +680,61 @@ class ConcatSplitKernel : public CudaKernel {
 
 // ---- lookups and layout ----------------------------------------------------------------
 
+// The axis of a Gather or GatherGrad over data of `rank` dims, or an error naming the node.
+absl::StatusOr<int> GatherAxis(const std::string& name, int64_t axis, int rank) {
+  if (rank == 0 || axis < -rank || axis >= rank)
+    return InvalidArgument(name, ": axis ", axis, " is out of range for rank ", rank);
+  return static_cast<int>(axis < 0 ? axis + rank : axis);
+}
+
+// Gather(data, indices) {axis}: data [outer, rows, inner] around the axis, int64 or int32
+// indices, out data.dims[:axis] + indices.dims + data.dims[axis+1:].
 class GatherKernel : public CudaKernel {
  public:
-  GatherKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  GatherKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), axis_(n.AttrInt("axis", 0)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& table = *ctx.input(0);
     const TensorView& ids = *ctx.input(1);
-    std::vector<int64_t> out(ids.dims, ids.dims + ids.rank);
-    out.insert(out.end(), table.dims + 1, table.dims + table.rank);
+    ASSIGN_OR_RETURN(const int axis, GatherAxis(name_, axis_, table.rank));
+    if (table.rank - 1 + ids.rank > kc::kMaxRank)
+      return Unimplemented(name_, ": output rank ", table.rank - 1 + ids.rank, " over ", kc::kMaxRank);
+    std::vector<int64_t> out(table.dims, table.dims + axis);
+    out.insert(out.end(), ids.dims, ids.dims + ids.rank);
+    out.insert(out.end(), table.dims + axis + 1, table.dims + table.rank);
     TensorView* y = ctx.Output(0, out);
     if (!y) return absl::OkStatus();
-    const int64_t rows = table.dims[0], row_elems = rows ? table.numel() / rows : 0;
-    return Check(kc::Gather(static_cast<int>(ElementSize(table.dtype)), table.data, ids.as<int64_t>(), y->data,
-                            ids.numel(), rows, row_elems, stream()));
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < axis; ++d) outer *= table.dims[d];
+    for (int d = axis + 1; d < table.rank; ++d) inner *= table.dims[d];
+    return Check(kc::Gather(static_cast<int>(ElementSize(table.dtype)), table.data, ids.data,
+                            ids.dtype == DataType::kInt32, y->data, outer, ids.numel(), table.dims[axis], inner,
+                            stream()));
   }
+
+ private:
+  int64_t axis_;
 };
 
-// GatherGrad(shape [host], indices, dY[, base, reset [host]]) -> dX of `shape` (axis 0).
+// GatherGrad(shape [host], indices, dY[, base, reset [host]]) {axis} -> dX of `shape`: dY
+// (shape[:axis] + indices.dims + shape[axis+1:]) scatter-added along the axis.
 class GatherGradKernel : public CudaKernel {
  public:
-  GatherGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  GatherGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), axis_(n.AttrInt("axis", 0)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& shape = *ctx.input(0);
     const TensorView& ids = *ctx.input(1);
     const TensorView& dy = *ctx.input(2);
     std::vector<int64_t> dims(shape.as<int64_t>(), shape.as<int64_t>() + shape.numel());
-    if (dims.empty()) return InvalidArgument(name_, ": the table shape is empty");
-    int64_t row_elems = 1;
-    for (size_t d = 1; d < dims.size(); ++d) row_elems *= dims[d];
-    if (dy.numel() != ids.numel() * row_elems)
-      return InvalidArgument(name_, ": dY has ", dy.numel(), " elements, expected ", ids.numel(), " x ", row_elems);
+    ASSIGN_OR_RETURN(const int axis, GatherAxis(name_, axis_, static_cast<int>(dims.size())));
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < axis; ++d) outer *= dims[d];
+    for (size_t d = axis + 1; d < dims.size(); ++d) inner *= dims[d];
+    if (dy.numel() != outer * ids.numel() * inner)
+      return InvalidArgument(name_, ": dY ", DimsToString(dy.shape()), " has ", dy.numel(), " elements, expected ",
+                             outer, " x ", ids.numel(), " x ", inner, " for indices ", DimsToString(ids.shape()),
+                             " along axis ", axis, " of ", DimsToString(dims));
     // A base (input 3) that dX starts from, unless reset (input 4, host) is set.
     const TensorView* base = ctx.num_inputs() > 3 ? ctx.input(3) : nullptr;
     const TensorView* reset = ctx.num_inputs() > 4 ? ctx.input(4) : nullptr;
@@ -671,9 +744,12 @@ class GatherGradKernel : public CudaKernel {
     if (reset && *reset->as<bool>()) base = nullptr;
     TensorView* dx = ctx.Output(0, dims);
     if (!dx) return absl::OkStatus();
-    return Check(kc::GatherGrad(dy.as<float>(), ids.as<int64_t>(), dx->as<float>(), ids.numel(), dims[0], row_elems,
-                                stream(), base ? base->as<float>() : nullptr));
+    return Check(kc::GatherGrad(dy.as<float>(), ids.data, ids.dtype == DataType::kInt32, dx->as<float>(), outer,
+                                ids.numel(), dims[axis], inner, stream(), base ? base->as<float>() : nullptr));
   }
+
+ private:
+  int64_t axis_;
 };
 
 class TransposeKernel : public CudaKernel {
@@ -698,6 +774,31 @@ class TransposeKernel : public CudaKernel {
   std::vector<int64_t> perm_;
 };
 
+// Input i (a host tensor of int64 or int32 values) as int64s; empty when the input is absent.
+std::vector<int64_t> HostInts(KernelContext& ctx, int i) {
+  const TensorView* t = ctx.num_inputs() > i ? ctx.input(i) : nullptr;
+  std::vector<int64_t> v;
+  if (!t) return v;
+  for (int64_t k = 0; k < t->numel(); ++k)
+    v.push_back(t->dtype == DataType::kInt32 ? t->as<int32_t>()[k] : t->as<int64_t>()[k]);
+  return v;
+}
+
+// Where a resolved slice of `dims` starts (elements from the first) and each of its dims' step
+// in elements, for a strided walk of a contiguous tensor of `dims`.
+int64_t SliceWalk(const std::vector<int64_t>& dims, const kernels::cpu::SliceParams& p,
+                  std::vector<int64_t>* strides) {
+  const int rank = static_cast<int>(dims.size());
+  int64_t stride = 1, first = 0;
+  strides->assign(rank, 0);
+  for (int d = rank - 1; d >= 0; --d) {
+    first += p.starts[d] * stride;
+    (*strides)[d] = p.steps[d] * stride;
+    stride *= dims[d];
+  }
+  return first;
+}
+
 // Slice (opset 10 on: starts, ends, axes and steps are inputs, read on the host): a strided
 // copy from the first selected element.
 class SliceKernel : public CudaKernel {
@@ -705,30 +806,76 @@ class SliceKernel : public CudaKernel {
   SliceKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
-    auto ints = [&](int i) {
-      const TensorView* t = ctx.num_inputs() > i ? ctx.input(i) : nullptr;
-      std::vector<int64_t> v;
-      if (!t) return v;
-      for (int64_t k = 0; k < t->numel(); ++k)
-        v.push_back(t->dtype == DataType::kInt32 ? t->as<int32_t>()[k] : t->as<int64_t>()[k]);
-      return v;
-    };
-    const std::vector<int64_t> starts = ints(1), ends = ints(2), axes = ints(3), steps = ints(4);
+    const std::vector<int64_t> starts = HostInts(ctx, 1), ends = HostInts(ctx, 2), axes = HostInts(ctx, 3),
+                               steps = HostInts(ctx, 4);
     auto p = kernels::cpu::ResolveSlice(x.dim_span(), starts, ends, axes, steps);
     if (!p.ok()) return absl::Status(p.status().code(), absl::StrCat(name_, ": ", p.status().message()));
     std::vector<int64_t> out(p->out_dims.begin(), p->out_dims.end());
     TensorView* y = ctx.Output(0, out);
     if (!y || y->numel() == 0) return absl::OkStatus();
-    int64_t stride = 1, first = 0;
-    std::vector<int64_t> strides(x.rank);
-    for (int d = x.rank - 1; d >= 0; --d) {
-      first += p->starts[d] * stride;
-      strides[d] = p->steps[d] * stride;
-      stride *= x.dims[d];
-    }
+    std::vector<int64_t> strides;
+    const int64_t first = SliceWalk(x.shape(), *p, &strides);
     const size_t es = ElementSize(x.dtype);
     return Check(kc::StridedCopy(static_cast<int>(es), static_cast<const char*>(x.data) + first * es, y->data, x.rank,
                                  out.data(), strides.data(), stream()));
+  }
+};
+
+// SliceGrad(dY, shape, starts, ends[, axes, steps]) (all but dY on the host): zeros of `shape`
+// with dY written into the slice, a strided scatter from its first element.
+class SliceGradKernel : public CudaKernel {
+ public:
+  SliceGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const std::vector<int64_t> dims = HostInts(ctx, 1), starts = HostInts(ctx, 2), ends = HostInts(ctx, 3),
+                               axes = HostInts(ctx, 4), steps = HostInts(ctx, 5);
+    if (dims.size() > static_cast<size_t>(kc::kMaxRank))
+      return Unimplemented(name_, ": rank ", dims.size(), " over ", kc::kMaxRank);
+    auto p = kernels::cpu::ResolveSlice(dims, starts, ends, axes, steps);
+    if (!p.ok()) return absl::Status(p.status().code(), absl::StrCat(name_, ": ", p.status().message()));
+    const std::vector<int64_t> slice(p->out_dims.begin(), p->out_dims.end());
+    if (dy.shape() != slice)
+      return InvalidArgument(name_, ": dY ", DimsToString(dy.shape()), " does not match the slice ",
+                             DimsToString(slice), " of shape ", DimsToString(dims));
+    TensorView* dx = ctx.Output(0, dims);
+    if (!dx) return absl::OkStatus();
+    RETURN_IF_ERROR(Check(cudaMemsetAsync(dx->data, 0, dx->nbytes(), static_cast<cudaStream_t>(stream()))));
+    if (dy.numel() == 0) return absl::OkStatus();
+    std::vector<int64_t> strides;
+    const int64_t first = SliceWalk(dims, *p, &strides);
+    const size_t es = ElementSize(dy.dtype);
+    return Check(kc::StridedScatter(static_cast<int>(es), dy.data, static_cast<char*>(dx->data) + first * es,
+                                    static_cast<int>(dims.size()), slice.data(), strides.data(), stream()));
+  }
+};
+
+// Expand(x, shape [host]): x broadcast with `shape` (either may have the larger dims), a strided
+// copy that steps 0 along the dims x has as 1.
+class ExpandKernel : public CudaKernel {
+ public:
+  ExpandKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const std::vector<int64_t> shape = HostInts(ctx, 1);
+    const int rank = std::max<int>(x.rank, static_cast<int>(shape.size()));
+    if (rank > kc::kMaxRank) return Unimplemented(name_, ": rank ", rank, " over ", kc::kMaxRank);
+    std::vector<int64_t> out(rank), strides(rank);
+    int64_t stride = 1;
+    for (int d = rank - 1; d >= 0; --d) {
+      const int ix = d - (rank - x.rank), is = d - (rank - static_cast<int>(shape.size()));
+      const int64_t dx = ix >= 0 ? x.dims[ix] : 1, ds = is >= 0 ? shape[is] : 1;
+      if (dx != ds && dx != 1 && ds != 1)
+        return InvalidArgument(name_, ": input ", DimsToString(x.shape()), " does not broadcast to shape ",
+                               DimsToString(shape), " (dim ", d, ": ", dx, " against ", ds, ")");
+      out[d] = dx == 1 ? ds : dx;
+      strides[d] = dx == 1 ? 0 : stride;
+      stride *= dx;
+    }
+    TensorView* y = ctx.Output(0, out);
+    if (!y || y->numel() == 0) return absl::OkStatus();
+    return Check(kc::StridedCopy(static_cast<int>(ElementSize(x.dtype)), x.data, y->data, rank, out.data(),
+                                 strides.data(), stream()));
   }
 };
 
@@ -911,13 +1058,18 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<CompareKernel>(r, this, "", "Not", 1, 1 << 30, InputTypeIn(0, {DataType::kBool}));
   Add<SliceKernel>(r, this, "", "Slice", 10, 1 << 30, [](const graph::Node&, int) { return std::string(); },
                    {1, 2, 3, 4});
+  Add<SliceGradKernel>(r, this, C, "SliceGrad", 1, 1, f32, {1, 2, 3, 4, 5});
+  Add<ExpandKernel>(r, this, "", "Expand", 8, 1 << 30, InputTypeIn(1, {DataType::kInt64}), {1});
   for (const char* op : {"Relu", "Tanh", "Exp", "Log", "Neg", "Sqrt", "Sigmoid", "Erf", "Reciprocal", "Abs"})
     Add<UnaryKernel>(r, this, "", op, 6, 1 << 30, floats);
   Add<UnaryKernel>(r, this, "", "Gelu", 20, 20, floats);
   Add<UnaryKernel>(r, this, C, "Gelu", 1, 1, floats);
   Add<GeluGradKernel>(r, this, C, "GeluGrad", 1, 1, floats);
-  Add<CastKernel>(r, this, "", "Cast", 6, 1 << 30, AllOf({floats, InputTypeIn(-1, kFloats)}));
+  std::vector<DataType> castable = numbers;
+  castable.push_back(DataType::kBool);
+  Add<CastKernel>(r, this, "", "Cast", 6, 1 << 30, AllOf({InputTypeIn(0, castable), InputTypeIn(-1, castable)}));
   Add<MatMulKernel>(r, this, "", "MatMul", 1, 1 << 30, floats);
+  Add<GemmKernel>(r, this, "", "Gemm", 7, 13, floats);
   Add<MatMulKernel>(r, this, C, "FusedMatMul", 1, 1, floats);
   Add<MatMulKernel>(r, this, C, "MatMulBf16", 1, 1, InputTypeIn(0, {DataType::kBFloat16}), {4});
   Add<MatMulKernel>(r, this, C, "MatMulF16", 1, 1, InputTypeIn(0, {DataType::kFloat16}), {4});
@@ -929,13 +1081,10 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<LayerNormGradKernel>(r, this, C, "LayerNormalizationGrad", 1, 1,
                            AllOf({InputTypeIn(1, {DataType::kFloat32}), LastAxisOnly}));
   Add<SkipLayerNormKernel>(r, this, C, "SkipLayerNormalization", 1, 1, floats);
-  Add<GatherKernel>(r, this, "", "Gather", 1, 1 << 30, AllOf({[](const graph::Node& n, int) -> std::string {
-                      return n.AttrInt("axis", 0) == 0 ? "" : "only axis 0 is supported on CUDA";
-                    }, [](const graph::Node& n, int) { return Int64Input(n, 1); }}));
-  Add<GatherGradKernel>(r, this, C, "GatherGrad", 1, 1, AllOf({InputTypeIn(2, {DataType::kFloat32}),
-                        [](const graph::Node& n, int) -> std::string {
-                          return n.AttrInt("axis", 0) == 0 ? Int64Input(n, 1) : "only axis 0 is supported on CUDA";
-                        }}), {0, 4});
+  const auto int_ids = [&ints](int i) { return InputTypeIn(i, ints); };
+  Add<GatherKernel>(r, this, "", "Gather", 1, 1 << 30, int_ids(1));
+  Add<GatherGradKernel>(r, this, C, "GatherGrad", 1, 1, AllOf({InputTypeIn(2, {DataType::kFloat32}), int_ids(1)}),
+                        {0, 4});
   Add<TransposeKernel>(r, this, "", "Transpose", 1, 1 << 30, [](const graph::Node&, int) { return std::string(); });
   auto any = [](const graph::Node&, int) { return std::string(); };
   Add<ViewKernel>(r, this, "", "Reshape", 5, 1 << 30, any, {1});
