@@ -48,37 +48,23 @@ struct Perm {
 };
 
 // One thread per output element, its source found by index arithmetic in I (32-bit where the
-// tensor allows: 64-bit division costs several times the copy itself).
+// tensor allows: 64-bit division costs several times the copy itself); with Scatter the inverse
+// walk, element i of the contiguous x written at the offset its index gives in y.
 // (The dims are read from the parameter space as they are needed: a local copy indexed by d
 // would live in local memory.)
-template <typename E, typename I>
+template <typename E, typename I, bool Scatter>
 __global__ void TransposeKernel(const E* x, E* y, I n, Perm p) {
   const I step = static_cast<I>(gridDim.x) * blockDim.x;
   for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < n; i += step) {
-    I rest = i, src = 0;
+    I rest = i, at = 0;
     for (int d = p.rank - 1; d >= 0; --d) {
       const I size = static_cast<I>(p.out_dims[d]);
       const I q = rest / size;
-      src += (rest - q * size) * static_cast<I>(p.in_strides[d]);
+      at += (rest - q * size) * static_cast<I>(p.in_strides[d]);
       rest = q;
     }
-    y[i] = x[src];
-  }
-}
-
-// The inverse walk: element i of the contiguous x goes to the offset its index gives in y.
-template <typename E, typename I>
-__global__ void ScatterKernel(const E* x, E* y, I n, Perm p) {
-  const I step = static_cast<I>(gridDim.x) * blockDim.x;
-  for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < n; i += step) {
-    I rest = i, dst = 0;
-    for (int d = p.rank - 1; d >= 0; --d) {
-      const I size = static_cast<I>(p.out_dims[d]);
-      const I q = rest / size;
-      dst += (rest - q * size) * static_cast<I>(p.in_strides[d]);
-      rest = q;
-    }
-    y[dst] = x[i];
+    if constexpr (Scatter) y[at] = x[i];
+    else y[i] = x[at];
   }
 }
 
@@ -110,14 +96,11 @@ int LaunchTranspose(const void* x, void* y, int64_t n, const Perm& p, cudaStream
                     bool scatter = false) {
   const E* in = static_cast<const E*>(x);
   E* out = static_cast<E*>(y);
-  if (scatter && narrow)
-    ScatterKernel<E, uint32_t><<<Blocks(n), kThreads, 0, s>>>(in, out, static_cast<uint32_t>(n), p);
-  else if (scatter)
-    ScatterKernel<E, int64_t><<<Blocks(n), kThreads, 0, s>>>(in, out, n, p);
-  else if (narrow)
-    TransposeKernel<E, uint32_t><<<Blocks(n), kThreads, 0, s>>>(in, out, static_cast<uint32_t>(n), p);
-  else
-    TransposeKernel<E, int64_t><<<Blocks(n), kThreads, 0, s>>>(in, out, n, p);
+  const uint32_t n32 = static_cast<uint32_t>(n);
+  if (scatter && narrow) TransposeKernel<E, uint32_t, true><<<Blocks(n), kThreads, 0, s>>>(in, out, n32, p);
+  else if (scatter) TransposeKernel<E, int64_t, true><<<Blocks(n), kThreads, 0, s>>>(in, out, n, p);
+  else if (narrow) TransposeKernel<E, uint32_t, false><<<Blocks(n), kThreads, 0, s>>>(in, out, n32, p);
+  else TransposeKernel<E, int64_t, false><<<Blocks(n), kThreads, 0, s>>>(in, out, n, p);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -178,24 +161,29 @@ int GatherGrad(const float* dy, const void* ids, bool ids_int32, float* dtable, 
   return static_cast<int>(cudaGetLastError());
 }
 
-int StridedCopy(int elem_bytes, const void* x, void* y, int rank, const int64_t* out_dims, const int64_t* in_strides,
-                void* stream) {
+namespace {
+
+// A strided copy (scatter false) or scatter of the dims' elements.
+int Strided(int elem_bytes, const void* x, void* y, int rank, const int64_t* dims, const int64_t* strides,
+            void* stream, bool scatter) {
   if (rank > kMaxRank) return static_cast<int>(cudaErrorInvalidValue);
   Perm p;
   bool narrow = false;
-  const int64_t n = StridedWalk(rank, out_dims, in_strides, &p, &narrow);
+  const int64_t n = StridedWalk(rank, dims, strides, &p, &narrow);
   if (n == 0) return 0;
-  return LaunchTransposeOf(elem_bytes, x, y, n, p, Stream(stream), narrow);
+  return LaunchTransposeOf(elem_bytes, x, y, n, p, Stream(stream), narrow, scatter);
+}
+
+}  // namespace
+
+int StridedCopy(int elem_bytes, const void* x, void* y, int rank, const int64_t* out_dims, const int64_t* in_strides,
+                void* stream) {
+  return Strided(elem_bytes, x, y, rank, out_dims, in_strides, stream, false);
 }
 
 int StridedScatter(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* out_strides,
                    void* stream) {
-  if (rank > kMaxRank) return static_cast<int>(cudaErrorInvalidValue);
-  Perm p;
-  bool narrow = false;
-  const int64_t n = StridedWalk(rank, x_dims, out_strides, &p, &narrow);
-  if (n == 0) return 0;
-  return LaunchTransposeOf(elem_bytes, x, y, n, p, Stream(stream), narrow, true);
+  return Strided(elem_bytes, x, y, rank, x_dims, out_strides, stream, true);
 }
 
 int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* perm,

@@ -80,10 +80,6 @@ struct UnaryFn {
   UnaryOp op;
   __device__ T operator()(T x) const { return FromFloat<T>(ApplyUnary(op, ToFloat(x))); }
 };
-template <typename From, typename To>
-struct CastFn {
-  __device__ To operator()(From x) const { return FromFloat<To>(ToFloat(x)); }
-};
 // Cast between any two of the element types, as the CPU's Cast (kernels/cpu/cast.cc) converts:
 // float -> integer truncates toward zero, saturating, NaN -> 0; integer -> integer wraps;
 // anything -> bool tests != 0; bool -> number is 0 / 1; integer -> bf16 / fp16 goes through
@@ -305,16 +301,6 @@ int LaunchMap2Any(F f, const void* a, const void* b, void* y, int64_t n, const B
 }
 
 template <typename To>
-int CastFrom(Dt from, const void* x, void* y, int64_t n, cudaStream_t s) {
-  switch (from) {
-    case Dt::kF32: return LaunchMap1<float, To>(CastFn<float, To>{}, x, y, n, s);
-    case Dt::kBf16: return LaunchMap1<__nv_bfloat16, To>(CastFn<__nv_bfloat16, To>{}, x, y, n, s);
-    case Dt::kF16: return LaunchMap1<__half, To>(CastFn<__half, To>{}, x, y, n, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
-}
-
-template <typename To>
 int ConvertFrom(Elem from, const void* x, void* y, int64_t n, cudaStream_t s) {
   switch (from) {
     case Elem::kF32: return LaunchMap1<float, To>(ConvertFn<float, To>{}, x, y, n, s);
@@ -373,15 +359,9 @@ int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream) {
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
+// Dt's values are Elem's first three.
 int Cast(Dt from, Dt to, const void* x, void* y, int64_t n, void* stream) {
-  if (n == 0) return 0;
-  cudaStream_t s = Stream(stream);
-  switch (to) {
-    case Dt::kF32: return CastFrom<float>(from, x, y, n, s);
-    case Dt::kBf16: return CastFrom<__nv_bfloat16>(from, x, y, n, s);
-    case Dt::kF16: return CastFrom<__half>(from, x, y, n, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return CastElem(static_cast<Elem>(from), static_cast<Elem>(to), x, y, n, stream);
 }
 
 int CastElem(Elem from, Elem to, const void* x, void* y, int64_t n, void* stream) {

@@ -9,7 +9,7 @@
 
 namespace cleave::kernels::cuda {
 
-enum class Dt : int { kF32 = 0, kBf16 = 1, kF16 = 2 };
+enum class Dt : int { kF32 = 0, kBf16 = 1, kF16 = 2 };  // the same values as Elem's first three
 
 inline constexpr int kMaxRank = 8;
 
@@ -30,7 +30,7 @@ enum class UnaryOp : int { kIdentity, kRelu, kGelu, kGeluTanh, kTanh, kExp, kLog
 int Binary(BinaryOp op, Dt dt, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc, void* stream);
 
 // Element types of the comparison and integer kernels: the float storage types, int64, int32, bool.
-enum class Elem : int { kF32, kBf16, kF16, kI64, kI32, kBool };
+enum class Elem : int { kF32 = 0, kBf16 = 1, kF16 = 2, kI64, kI32, kBool };
 enum class CompareOp : int { kEqual, kLess, kGreater, kLessOrEqual, kGreaterOrEqual, kAnd, kOr };
 // y (bool) = a op b, with broadcasting as Binary: comparisons over any Elem (floats compared as
 // float32, so NaN compares false; bool only for Equal), And and Or over bool alone.

@@ -687,6 +687,13 @@ absl::StatusOr<int> GatherAxis(const std::string& name, int64_t axis, int rank) 
   return static_cast<int>(axis < 0 ? axis + rank : axis);
 }
 
+// The elements before and after `axis` of dims: the [outer, dims[axis], inner] view.
+void AroundAxis(std::span<const int64_t> dims, int axis, int64_t* outer, int64_t* inner) {
+  *outer = *inner = 1;
+  for (int d = 0; d < axis; ++d) *outer *= dims[d];
+  for (size_t d = axis + 1; d < dims.size(); ++d) *inner *= dims[d];
+}
+
 // Gather(data, indices) {axis}: data [outer, rows, inner] around the axis, int64 or int32
 // indices, out data.dims[:axis] + indices.dims + data.dims[axis+1:].
 class GatherKernel : public CudaKernel {
@@ -704,9 +711,8 @@ class GatherKernel : public CudaKernel {
     out.insert(out.end(), table.dims + axis + 1, table.dims + table.rank);
     TensorView* y = ctx.Output(0, out);
     if (!y) return absl::OkStatus();
-    int64_t outer = 1, inner = 1;
-    for (int d = 0; d < axis; ++d) outer *= table.dims[d];
-    for (int d = axis + 1; d < table.rank; ++d) inner *= table.dims[d];
+    int64_t outer, inner;
+    AroundAxis(table.dim_span(), axis, &outer, &inner);
     return Check(kc::Gather(static_cast<int>(ElementSize(table.dtype)), table.data, ids.data,
                             ids.dtype == DataType::kInt32, y->data, outer, ids.numel(), table.dims[axis], inner,
                             stream()));
@@ -728,9 +734,8 @@ class GatherGradKernel : public CudaKernel {
     const TensorView& dy = *ctx.input(2);
     std::vector<int64_t> dims(shape.as<int64_t>(), shape.as<int64_t>() + shape.numel());
     ASSIGN_OR_RETURN(const int axis, GatherAxis(name_, axis_, static_cast<int>(dims.size())));
-    int64_t outer = 1, inner = 1;
-    for (int d = 0; d < axis; ++d) outer *= dims[d];
-    for (size_t d = axis + 1; d < dims.size(); ++d) inner *= dims[d];
+    int64_t outer, inner;
+    AroundAxis(dims, axis, &outer, &inner);
     if (dy.numel() != outer * ids.numel() * inner)
       return InvalidArgument(name_, ": dY ", DimsToString(dy.shape()), " has ", dy.numel(), " elements, expected ",
                              outer, " x ", ids.numel(), " x ", inner, " for indices ", DimsToString(ids.shape()),
@@ -784,6 +789,17 @@ std::vector<int64_t> HostInts(KernelContext& ctx, int i) {
   return v;
 }
 
+// The slice of `dims` that inputs first.. (starts, ends[, axes, steps], on the host) ask for, or
+// the error naming the node.
+absl::StatusOr<kernels::cpu::SliceParams> ResolveSliceInputs(const std::string& name, std::span<const int64_t> dims,
+                                                              KernelContext& ctx, int first) {
+  const std::vector<int64_t> starts = HostInts(ctx, first), ends = HostInts(ctx, first + 1),
+                             axes = HostInts(ctx, first + 2), steps = HostInts(ctx, first + 3);
+  auto p = kernels::cpu::ResolveSlice(dims, starts, ends, axes, steps);
+  if (!p.ok()) return absl::Status(p.status().code(), absl::StrCat(name, ": ", p.status().message()));
+  return p;
+}
+
 // Where a resolved slice of `dims` starts (elements from the first) and each of its dims' step
 // in elements, for a strided walk of a contiguous tensor of `dims`.
 int64_t SliceWalk(const std::vector<int64_t>& dims, const kernels::cpu::SliceParams& p,
@@ -806,15 +822,12 @@ class SliceKernel : public CudaKernel {
   SliceKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
-    const std::vector<int64_t> starts = HostInts(ctx, 1), ends = HostInts(ctx, 2), axes = HostInts(ctx, 3),
-                               steps = HostInts(ctx, 4);
-    auto p = kernels::cpu::ResolveSlice(x.dim_span(), starts, ends, axes, steps);
-    if (!p.ok()) return absl::Status(p.status().code(), absl::StrCat(name_, ": ", p.status().message()));
-    std::vector<int64_t> out(p->out_dims.begin(), p->out_dims.end());
+    ASSIGN_OR_RETURN(const kernels::cpu::SliceParams p, ResolveSliceInputs(name_, x.dim_span(), ctx, 1));
+    std::vector<int64_t> out(p.out_dims.begin(), p.out_dims.end());
     TensorView* y = ctx.Output(0, out);
     if (!y || y->numel() == 0) return absl::OkStatus();
     std::vector<int64_t> strides;
-    const int64_t first = SliceWalk(x.shape(), *p, &strides);
+    const int64_t first = SliceWalk(x.shape(), p, &strides);
     const size_t es = ElementSize(x.dtype);
     return Check(kc::StridedCopy(static_cast<int>(es), static_cast<const char*>(x.data) + first * es, y->data, x.rank,
                                  out.data(), strides.data(), stream()));
@@ -828,13 +841,11 @@ class SliceGradKernel : public CudaKernel {
   SliceGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& dy = *ctx.input(0);
-    const std::vector<int64_t> dims = HostInts(ctx, 1), starts = HostInts(ctx, 2), ends = HostInts(ctx, 3),
-                               axes = HostInts(ctx, 4), steps = HostInts(ctx, 5);
+    const std::vector<int64_t> dims = HostInts(ctx, 1);
     if (dims.size() > static_cast<size_t>(kc::kMaxRank))
       return Unimplemented(name_, ": rank ", dims.size(), " over ", kc::kMaxRank);
-    auto p = kernels::cpu::ResolveSlice(dims, starts, ends, axes, steps);
-    if (!p.ok()) return absl::Status(p.status().code(), absl::StrCat(name_, ": ", p.status().message()));
-    const std::vector<int64_t> slice(p->out_dims.begin(), p->out_dims.end());
+    ASSIGN_OR_RETURN(const kernels::cpu::SliceParams p, ResolveSliceInputs(name_, dims, ctx, 2));
+    const std::vector<int64_t> slice(p.out_dims.begin(), p.out_dims.end());
     if (dy.shape() != slice)
       return InvalidArgument(name_, ": dY ", DimsToString(dy.shape()), " does not match the slice ",
                              DimsToString(slice), " of shape ", DimsToString(dims));
@@ -843,7 +854,7 @@ class SliceGradKernel : public CudaKernel {
     RETURN_IF_ERROR(Check(cudaMemsetAsync(dx->data, 0, dx->nbytes(), static_cast<cudaStream_t>(stream()))));
     if (dy.numel() == 0) return absl::OkStatus();
     std::vector<int64_t> strides;
-    const int64_t first = SliceWalk(dims, *p, &strides);
+    const int64_t first = SliceWalk(dims, p, &strides);
     const size_t es = ElementSize(dy.dtype);
     return Check(kc::StridedScatter(static_cast<int>(es), dy.data, static_cast<char*>(dx->data) + first * es,
                                     static_cast<int>(dims.size()), slice.data(), strides.data(), stream()));
