@@ -373,5 +373,61 @@ TEST(CudaProvider, LowPrecisionProductFormsTheGeluAndItsGradient) {
 #endif
 }
 
+// Gemm with every form of C: [N] in the product's epilogue, [M, N], [M, 1] and [1] after it
+// with alpha and beta, none, beta 0 (C not read), both operands transposed; and in bf16 against
+// the CPU's float32 Gemm of the same bf16 values, rounded once.
+TEST(CudaProvider, GemmEveryFormOfC) {
+  REQUIRE_CUDA();
+  const Feeds feeds = {{"a", Random({6, 5}, 90)},  {"at", Random({5, 6}, 91)}, {"b", Random({5, 7}, 92)},
+                       {"bt", Random({7, 5}, 93)}, {"cm", Random({6, 7}, 94)}, {"cn", Random({7}, 95)},
+                       {"cr", Random({6, 1}, 96)}, {"cs", Random({1}, 97)}};
+  const std::string inputs = R"(
+    input a: float32[6,5]
+    input at: float32[5,6]
+    input b: float32[5,7]
+    input bt: float32[7,5]
+    input cm: float32[6,7]
+    input cn: float32[7]
+    input cr: float32[6,1]
+    input cs: float32[1]
+  )";
+  ExpectSame(inputs + R"(
+    y1 = Gemm(a, b, cn)
+    y2 = Gemm(at, bt, cm) {transA = 1, transB = 1, alpha = 0.5, beta = 2.0}
+    y3 = Gemm(a, bt, cr) {transB = 1, beta = -1.0}
+    y4 = Gemm(a, b, cs) {alpha = 3.0}
+    y5 = Gemm(a, b)
+    y6 = Gemm(a, b, cm) {beta = 0.0}
+    y7 = Gemm(at, b, cn) {transA = 1, alpha = 2.0}
+    output y1
+    output y2
+    output y3
+    output y4
+    output y5
+    output y6
+    output y7
+  )",
+             feeds, 1e-5, 1e-5, "*");
+  const std::string rounded = inputs + R"(
+    ha = Cast(a) {to = 16}
+    hb = Cast(b) {to = 16}
+    hc = Cast(cn) {to = 16}
+  )";
+  ExpectSame(rounded + R"(
+    hy = Gemm(ha, hb, hc)
+    y = Cast(hy) {to = 1}
+    output y
+  )",
+             feeds, 1e-6, 8e-3, "Gemm", rounded + R"(
+    fa = Cast(ha) {to = 1}
+    fb = Cast(hb) {to = 1}
+    fc = Cast(hc) {to = 1}
+    fy = Gemm(fa, fb, fc)
+    hy = Cast(fy) {to = 16}
+    y = Cast(hy) {to = 1}
+    output y
+  )");
+}
+
 }  // namespace
 }  // namespace cleave

@@ -21,6 +21,33 @@ int64_t MatMulPlan::batch() const {
   return n;
 }
 
+absl::StatusOr<GemmOpParams> PlanGemm(std::span<const int64_t> a_dims, std::span<const int64_t> b_dims,
+                                      const std::span<const int64_t>* c_dims, bool trans_a, bool trans_b,
+                                      float alpha, float beta) {
+  if (a_dims.size() != 2 || b_dims.size() != 2)
+    return InvalidArgument("expected A and B of rank 2, got A ", DimsToString(a_dims), " and B ",
+                           DimsToString(b_dims));
+  GemmOpParams p;
+  p.trans_a = trans_a;
+  p.trans_b = trans_b;
+  p.alpha = alpha;
+  p.beta = beta;
+  p.M = a_dims[trans_a ? 1 : 0];
+  p.K = a_dims[trans_a ? 0 : 1];
+  p.N = b_dims[trans_b ? 0 : 1];
+  if (b_dims[trans_b ? 1 : 0] != p.K)
+    return InvalidArgument("inner dims differ: op(A) of A ", DimsToString(a_dims), " has K = ", p.K,
+                           ", op(B) of B ", DimsToString(b_dims), " has K = ", b_dims[trans_b ? 1 : 0]);
+  if (c_dims) {
+    const std::span<const int64_t> c = *c_dims;
+    p.c_rows = c.size() == 2 ? c[0] : 1;
+    p.c_cols = !c.empty() ? c.back() : 1;
+    if (c.size() > 2 || (p.c_rows != 1 && p.c_rows != p.M) || (p.c_cols != 1 && p.c_cols != p.N))
+      return InvalidArgument("C ", DimsToString(c), " does not broadcast to [M, N] = [", p.M, ", ", p.N, "]");
+  }
+  return p;
+}
+
 absl::StatusOr<MatMulPlan> PlanMatMul(std::span<const int64_t> a_dims,
                                       std::span<const int64_t> b_dims, bool trans_b, bool trans_a) {
   const int ra = static_cast<int>(a_dims.size()), rb = static_cast<int>(b_dims.size());

@@ -58,6 +58,12 @@ struct GemmOpParams {
   float alpha = 1.f, beta = 1.f;
   int64_t c_rows = 1, c_cols = 1;
 };
+// The parameters of a Gemm of 2-D A and B (op(A) [M, K], op(B) [K, N]) and C of `c_dims` (null:
+// no C) broadcast to [M, N] from a scalar, [N], [1, N], [M, 1] or [M, N]; errors for other ranks,
+// inner dims that differ, or a C that does not broadcast.
+absl::StatusOr<GemmOpParams> PlanGemm(std::span<const int64_t> a_dims, std::span<const int64_t> b_dims,
+                                      const std::span<const int64_t>* c_dims, bool trans_a, bool trans_b,
+                                      float alpha, float beta);
 // Instantiated for float (OpenBLAS) and double (loops).
 template <typename T>
 void GemmOp(const GemmOpParams& p, const T* A, const T* B, const T* C, T* Y, ThreadPool* pool);

@@ -310,28 +310,11 @@ class GemmKernel : public OpKernel {
     const TensorView& a = *ctx.input(0);
     const TensorView& b = *ctx.input(1);
     const TensorView* c = ctx.input(2);
-    if (a.rank != 2 || b.rank != 2)
-      return InvalidArgument("expected A and B of rank 2, got A ", DimsToString(a.shape()),
-                             " and B ", DimsToString(b.shape()));
-    kernels::cpu::GemmOpParams p;
-    p.trans_a = trans_a_;
-    p.trans_b = trans_b_;
-    p.alpha = alpha_;
-    p.beta = beta_;
-    p.M = a.dims[trans_a_ ? 1 : 0];
-    p.K = a.dims[trans_a_ ? 0 : 1];
-    p.N = b.dims[trans_b_ ? 0 : 1];
-    if (b.dims[trans_b_ ? 1 : 0] != p.K)
-      return InvalidArgument("inner dims differ: op(A) of A ", DimsToString(a.shape()),
-                             " has K = ", p.K, ", op(B) of B ", DimsToString(b.shape()),
-                             " has K = ", b.dims[trans_b_ ? 1 : 0]);
-    if (c) {
-      p.c_rows = c->rank == 2 ? c->dims[0] : 1;
-      p.c_cols = c->rank >= 1 ? c->dims[c->rank - 1] : 1;
-      if (c->rank > 2 || (p.c_rows != 1 && p.c_rows != p.M) || (p.c_cols != 1 && p.c_cols != p.N))
-        return InvalidArgument("C ", DimsToString(c->shape()), " does not broadcast to [M, N] = [",
-                               p.M, ", ", p.N, "]");
-    }
+    std::span<const int64_t> c_dims;
+    if (c) c_dims = c->dim_span();
+    ASSIGN_OR_RETURN(const kernels::cpu::GemmOpParams p,
+                     kernels::cpu::PlanGemm(a.dim_span(), b.dim_span(), c ? &c_dims : nullptr, trans_a_, trans_b_,
+                                            alpha_, beta_));
     TensorView* y = ctx.Output(0, {p.M, p.N});
     if (!y) return absl::OkStatus();
     if (a.dtype == DataType::kFloat64) {

@@ -58,6 +58,10 @@ void Add(KernelRegistry& r, CudaExecutionProvider* p, const std::string& domain,
   r.Register(std::move(d));
 }
 
+// Registers the data-movement kernels (cuda_layout_kernels.cc): Concat, Split, Gather, GatherGrad,
+// Transpose, Slice, SliceGrad, Expand and the views.
+void RegisterCudaLayoutKernels(KernelRegistry& r, CudaExecutionProvider* p);
+
 // Registers the optimizer kernels (cuda_optimizer_kernels.cc): InPlaceAccumulator, SquaredNorm,
 // IsAllFinite, AdamW, SGD and their multi-tensor forms.
 void RegisterCudaOptimizerKernels(KernelRegistry& r, CudaExecutionProvider* p);

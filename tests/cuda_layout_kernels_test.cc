@@ -1,0 +1,168 @@
+// CUDA data-movement kernel tests (label gpu): Transpose and the views, Gather and GatherGrad along
+// any axis, Expand and SliceGrad, each against the CPU kernel on the same graph (Slice, Concat and
+// Split are in cuda_kernels_test.cc). Without a usable device (or driver) each test skips and says
+// why.
+#include <cstdint>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "runtime/inference_session.h"
+#include "tests/cuda_test_util.h"
+
+namespace cleave {
+namespace {
+
+using namespace cuda_testing;
+
+TEST(CudaProvider, LayoutAndViews) {
+  REQUIRE_CUDA();
+  ExpectSame(R"(
+    input x: float32[2,3,4,5]
+    init shape: int64[3] = 6 -1 5
+    init axes: int64[1] = 1
+    t = Transpose(x) {perm = [2, 0, 3, 1]}
+    r = Reshape(x, shape)
+    u = Unsqueeze(r, axes)
+    s = Squeeze(u, axes)
+    f = Flatten(x) {axis = 2}
+    output t
+    output u
+    output s
+    output f
+  )",
+             {{"x", Random({2, 3, 4, 5}, 42)}}, 0, 0, "Transpose");
+  // Attention's layouts in bf16 (runs of 64 moved as 16-byte words); inner runs of 8 bytes (bf16
+  // and int64 elements: 8-byte words), 4 bytes (bf16 pairs: 4-byte words) and 16 (float32); one
+  // with dims of 1 and neighbours that merge, a plain copy, and one that moves the innermost dim
+  // (element by element); all exact.
+  ExpectSame(R"(
+    input q: float32[8,1024,12,64]
+    input a: float32[6,10,4]
+    input c: float32[6,10,2]
+    input b: float32[2,1,3,5,7]
+    init ids: int64[2,3,2] = 1 2 3 4 5 6 7 8 9 10 11 12
+    hq = Cast(q) {to = 16}
+    ha = Cast(a) {to = 16}
+    hc = Cast(c) {to = 16}
+    t1 = Transpose(hq) {perm = [0, 2, 1, 3]}
+    t2 = Transpose(t1) {perm = [0, 2, 1, 3]}
+    t3 = Transpose(ha) {perm = [1, 0, 2]}
+    t4 = Transpose(a) {perm = [1, 0, 2]}
+    t5 = Transpose(b) {perm = [1, 0, 3, 4, 2]}
+    t6 = Transpose(b) {perm = [1, 0, 2, 3, 4]}
+    t7 = Transpose(b) {perm = [4, 2, 3, 1, 0]}
+    t8 = Transpose(hc) {perm = [1, 0, 2]}
+    t9 = Transpose(ids) {perm = [1, 0, 2]}
+    w1 = Cast(t1) {to = 1}
+    w2 = Cast(t2) {to = 1}
+    w3 = Cast(t3) {to = 1}
+    w8 = Cast(t8) {to = 1}
+    output w1
+    output w2
+    output w3
+    output t4
+    output t5
+    output t6
+    output t7
+    output w8
+    output t9
+  )",
+             {{"q", Random({8, 1024, 12, 64}, 43)}, {"a", Random({6, 10, 4}, 44)}, {"c", Random({6, 10, 2}, 46)},
+              {"b", Random({2, 1, 3, 5, 7}, 45)}},
+             0, 0, "*");
+}
+
+// Gather along any axis with int64 or int32 indices (negative ones count from the end), a scalar
+// index (BERT's pooler takes token 0 of the sequence axis), bf16 data, and GatherGrad along those
+// axes (repeated indices accumulate).
+TEST(CudaProvider, GatherAlongAnyAxisAndItsGradient) {
+  REQUIRE_CUDA();
+  Tensor ids = Tensor::FromVector<int64_t>({1, -1, 4, 1}, {2, 2});
+  Tensor idx(DataType::kInt32, {3});
+  const int32_t iv[3] = {3, 0, -4};
+  for (int i = 0; i < 3; ++i) idx.data<int32_t>()[i] = iv[i];
+  Tensor zero(DataType::kInt64, {});
+  zero.data<int64_t>()[0] = 0;
+  ExpectSame(R"(
+    input data: float32[3,5,4]
+    input ids: int64[2,2]
+    input idx: int32[3]
+    input zero: int64[]
+    input dy1: float32[3,2,2,4]
+    input dy2: float32[3,5,3]
+    input dy3: float32[3,4]
+    init shape: int64[3] = 3 5 4
+    g1 = Gather(data, ids) {axis = 1}
+    g2 = Gather(data, idx) {axis = -1}
+    g3 = Gather(data, zero) {axis = 1}
+    h = Cast(data) {to = 16}
+    h4 = Gather(h, idx) {axis = 2}
+    g4 = Cast(h4) {to = 1}
+    d1 = ai.cleave.GatherGrad(shape, ids, dy1) {axis = 1}
+    d2 = ai.cleave.GatherGrad(shape, idx, dy2) {axis = -1}
+    d3 = ai.cleave.GatherGrad(shape, zero, dy3) {axis = 1}
+    output g1
+    output g2
+    output g3
+    output g4
+    output d1
+    output d2
+    output d3
+  )",
+             {{"data", Random({3, 5, 4}, 70)}, {"ids", ids}, {"idx", idx}, {"zero", zero},
+              {"dy1", Random({3, 2, 2, 4}, 71)}, {"dy2", Random({3, 5, 3}, 72)}, {"dy3", Random({3, 4}, 73)}},
+             1e-6, 1e-6, "*");
+}
+
+// Expand, either side holding the larger dims (LLaMA's RMSNorm backward expands its mean's
+// gradient), over float32, int64 and bf16; SliceGrad (rotary attention's slices), with steps
+// of 1, 2 and -2, negative starts and ends, axes given and omitted: zeros with dY in the slice,
+// exact. (Gradients are float32 or float64, as shape inference has them.)
+TEST(CudaProvider, ExpandAndSliceGrad) {
+  REQUIRE_CUDA();
+  ExpectSame(R"(
+    input x: float32[3,1]
+    input y: float32[2,1,4]
+    input n: int64[1,4]
+    init s1: int64[3] = 2 3 4
+    init s2: int64[2] = 3 1
+    init s3: int64[1] = 5
+    e1 = Expand(x, s1)
+    e2 = Expand(y, s2)
+    e3 = Expand(x, s3)
+    e4 = Expand(n, s1)
+    h = Cast(y) {to = 16}
+    h5 = Expand(h, s1)
+    e5 = Cast(h5) {to = 1}
+    output e1
+    output e2
+    output e3
+    output e4
+    output e5
+  )",
+             {{"x", Random({3, 1}, 80)}, {"y", Random({2, 1, 4}, 81)},
+              {"n", Tensor::FromVector<int64_t>({5, -6, 7, INT64_MAX}, {1, 4})}},
+             0, 0, "*");
+  // The slice of the Slice test above: [4, 6, 9] by starts (1, -1, 0), ends (3, -7, 6) on axes
+  // (0, 2, 1) with steps (1, -2, 2) is [2, 3, 3]; and [0:2, 1:4, 2:5].
+  const std::string slice_args = R"(
+    input dy: float32[2,3,3]
+    init shape: int64[3] = 4 6 9
+    init starts: int64[3] = 1 -1 0
+    init ends: int64[3] = 3 -7 6
+    init axes: int64[3] = 0 2 1
+    init steps: int64[3] = 1 -2 2
+    init starts2: int64[3] = 0 1 2
+    init ends2: int64[3] = 2 4 5
+  )";
+  ExpectSame(slice_args + R"(
+    g1 = ai.cleave.SliceGrad(dy, shape, starts, ends, axes, steps)
+    g2 = ai.cleave.SliceGrad(dy, shape, starts2, ends2)
+    output g1
+    output g2
+  )",
+             {{"dy", Random({2, 3, 3}, 82)}}, 0, 0, "*");
+}
+
+}  // namespace
+}  // namespace cleave
