@@ -75,6 +75,9 @@ struct KernelDef {
   // Inputs a device kernel reads on the host (shapes, axes, scalar hyper-parameters): the
   // executor leaves them in host memory instead of copying them to the device.
   std::vector<int> host_inputs = {};
+  // Inputs a host kernel reads the dims of only (Shape): a device value is read where it is,
+  // with no copy to the host.
+  std::vector<int> shape_only_inputs = {};
 };
 
 class KernelRegistry {

@@ -17,6 +17,7 @@
 #include "runtime/async_schedule.h"
 #include "runtime/comm_queue.h"
 #include "runtime/memory_plan.h"
+#include "runtime/placement.h"
 #include "runtime/profiler.h"
 
 #if CLEAVE_HAVE_CUDA
@@ -327,10 +328,14 @@ absl::Status Executor::Build() {
   // Assign nodes greedily in provider priority order.
   std::unordered_map<const Node*, std::pair<providers::ExecutionProvider*, providers::NodeCapability>> owner;
   std::unordered_map<const Node*, std::string> why;
+  // The host provider's claims too (it comes last), for nodes better run there.
+  std::unordered_map<const Node*, providers::NodeCapability> host_claim;
   for (auto& p : providers_) {
     providers::Capability cap = p->GetCapability(*graph_);
-    for (auto& c : cap.claimed)
+    for (auto& c : cap.claimed) {
       if (!owner.count(c.node)) owner.emplace(c.node, std::make_pair(p.get(), c));
+      if (p->device() == providers::DeviceKind::kCpu) host_claim.emplace(c.node, c);
+    }
     for (auto& r : cap.rejected)
       if (!why.count(r.node)) why[r.node] = r.reason;
   }
@@ -340,14 +345,39 @@ absl::Status Executor::Build() {
   if (!unsupported.empty())
     return Unimplemented(unsupported.size(), " node(s) cannot run on any provider:\n  ",
                          absl::StrJoin(unsupported, "\n  "));
+  for (auto& p : providers_) has_device_ |= p->device() != providers::DeviceKind::kCpu;
+  // Nodes on the host by design: the shape arithmetic between host ends, and kernels that read
+  // only the dims of their inputs (Shape), which read a device value where it is.
+  std::unordered_set<const Node*> host_by_design;
+  if (has_device_) {
+    providers::ExecutionProvider* host = providers_.back().get();
+    auto on_device = [&](const Node& n) { return owner.at(&n).first->device() != providers::DeviceKind::kCpu; };
+    PlacementQueries q;
+    q.on_device = on_device;
+    q.host_can_run = [&](const Node& n) { return host->device() == providers::DeviceKind::kCpu && host_claim.count(&n); };
+    q.reads_on_host = [&](const Node& n, int i) {
+      const auto& h = owner.at(&n).second.kernel->host_inputs;
+      return std::find(h.begin(), h.end(), i) != h.end();
+    };
+    q.host_reads_dims = [&](const Node& n, int i) {
+      const auto& h = host_claim.at(&n).kernel->shape_only_inputs;
+      return std::find(h.begin(), h.end(), i) != h.end();
+    };
+    host_by_design = HostPreferredNodes(order, q);
+    for (const Node* n : host_by_design) owner.at(n) = std::make_pair(host, host_claim.at(n));
+    for (Node* n : order) {
+      const auto& shape_only = owner.at(n).second.kernel->shape_only_inputs;
+      if (!on_device(*n) && n->num_inputs() > 0 && static_cast<int>(shape_only.size()) == n->num_inputs())
+        host_by_design.insert(n);
+    }
+  }
   std::unordered_map<const Node*, providers::ExecutionProvider*> placed;
   for (const auto& [n, o] : owner) placed[n] = o.first;
-  for (auto& p : providers_) has_device_ |= p->device() != providers::DeviceKind::kCpu;
   if (has_device_) {
     // Which ops fell back from the first provider, by op type.
     std::map<std::string, int> fell_back;
     for (Node* n : order)
-      if (placed[n] != providers_[0].get())
+      if (placed[n] != providers_[0].get() && !host_by_design.count(n))
         ++fell_back[(n->domain().empty() ? "" : n->domain() + ".") + n->op_type()];
     if (!fell_back.empty()) {
       std::vector<std::string> ops;
@@ -361,9 +391,11 @@ absl::Status Executor::Build() {
                                        absl::StrJoin(ops, ", "));
     }
     std::unordered_map<const Node*, std::vector<int>> host_inputs;
-    for (const auto& [n, o] : owner)
-      if (o.first->device() != providers::DeviceKind::kCpu && !o.second.kernel->host_inputs.empty())
-        host_inputs[n] = o.second.kernel->host_inputs;
+    for (const auto& [n, o] : owner) {
+      const bool device = o.first->device() != providers::DeviceKind::kCpu;
+      const std::vector<int>& read_on_host = device ? o.second.kernel->host_inputs : o.second.kernel->shape_only_inputs;
+      if (!read_on_host.empty()) host_inputs[n] = read_on_host;
+    }
     RETURN_IF_ERROR(PlaceOnDevices(placed, host_inputs));
     ASSIGN_OR_RETURN(order, graph_->TopologicalOrder());
   }
@@ -532,6 +564,8 @@ absl::Status Executor::PlaceOnDevices(std::unordered_map<const Node*, providers:
     for (int i = 0; i < n->num_inputs(); ++i) {
       Value* v = n->input(i);
       if (!v) continue;
+      // A host kernel that reads only the input's dims reads it where it is.
+      if (!node_device && host_input(n, i)) continue;
       // Where the kernel wants this input.
       providers::ExecutionProvider* d = host_input(n, i) ? nullptr : node_device;
       providers::ExecutionProvider* home = v->producer() ? device_of(v->producer()) : nullptr;

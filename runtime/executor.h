@@ -114,7 +114,8 @@ class Executor {
   Executor() = default;
   absl::Status Build();
   // Inserts the host/device copies for the nodes' owners; uploads device constants.
-  // host_inputs: per device node, the inputs its kernel reads on the host.
+  // host_inputs: per device node, the inputs its kernel reads on the host; per host node, the
+  // inputs it reads only the dims of, wherever they are (no copy).
   absl::Status PlaceOnDevices(std::unordered_map<const graph::Node*, providers::ExecutionProvider*>& owner,
                               const std::unordered_map<const graph::Node*, std::vector<int>>& host_inputs);
   // The run order with the asynchronous collectives placed (async_schedule.h).

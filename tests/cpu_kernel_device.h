@@ -33,7 +33,7 @@ class CpuKernelDevice : public providers::ExecutionProvider {
         {"Reshape", {1}}, {"Unsqueeze", {1}}, {"Squeeze", {1}}, {"ReduceSum", {1}}, {"ReduceMean", {1}},
         {"ReduceMax", {1}}, {"Split", {1}}, {"Slice", {1, 2, 3, 4}}, {"Expand", {1}}, {"ConstantOfShape", {0}},
         {"AdamW", {0, 1, 2}}, {"MultiTensorAdamW", {0, 1, 2}}, {"SGD", {0, 1, 2}}, {"MultiTensorSGD", {0, 1, 2}}, {"InPlaceAccumulator", {2}}, {"Dropout", {1, 2}},
-        {"GatherGrad", {0}}, {"SliceGrad", {1, 2, 3, 4, 5}}, {"Trilu", {1}}};
+        {"GatherGrad", {0}}, {"SliceGrad", {1, 2, 3, 4, 5}}, {"Trilu", {1}}, {"Range", {0, 1, 2}}};
     for (const providers::KernelDef& cpu : cpu_.registry().defs()) {
       if (host_only.count(cpu.op)) continue;
       providers::KernelDef d = cpu;

@@ -181,13 +181,15 @@ double RefUnary(ck::UnaryOp op, double x) {
     case ck::UnaryOp::kErf: return std::erf(x);
     case ck::UnaryOp::kReciprocal: return 1 / x;
     case ck::UnaryOp::kAbs: return std::abs(x);
+    case ck::UnaryOp::kSin: return std::sin(x);
+    case ck::UnaryOp::kCos: return std::cos(x);
   }
   return NAN;
 }
 
 TEST_P(CudaEmu, UnaryOpsAndTheGeluGradient) {
   for (Dt dt : kDts) {
-    for (int o = 0; o <= static_cast<int>(ck::UnaryOp::kAbs); ++o) {
+    for (int o = 0; o <= static_cast<int>(ck::UnaryOp::kCos); ++o) {
       const auto op = static_cast<ck::UnaryOp>(o);
       SCOPED_TRACE(std::string(Name(dt)) + " op " + std::to_string(o));
       std::vector<float> xv = Uniform(777, -4.f, 4.f, 5);
@@ -217,6 +219,28 @@ TEST_P(CudaEmu, UnaryOpsAndTheGeluGradient) {
       EXPECT_TRUE(Near(dx, dt, want, 1e-5, 1e-6));
     }
   }
+}
+
+// Clip as the CPU compares: NaN passes through, infinities are clipped, and bounds the wrong
+// way round give hi everywhere.
+TEST_P(CudaEmu, ClipKeepsNaNAndBoundsTheRest) {
+  std::vector<float> v = Uniform(300, -5.f, 5.f, 9);
+  v[3] = kNaN;
+  v[4] = kInf;
+  v[5] = -kInf;
+  for (Dt dt : kDts)
+    for (auto [lo, hi] : {std::pair{-1.5f, 2.25f}, std::pair{-kInf, 0.f}, std::pair{3.f, -3.f}}) {
+      SCOPED_TRACE(std::string(Name(dt)) + " [" + Text(lo) + ", " + Text(hi) + "]");
+      Values x(dt, v), y(dt, 300);
+      ASSERT_TRUE(Ok(ck::Clip(dt, x.data(), y.data(), 300, lo, hi, nullptr)));
+      std::vector<float> want;
+      for (int64_t i = 0; i < 300; ++i) {
+        const float e = x[i];
+        float r = e < lo ? lo : e;
+        want.push_back(Round(dt, r > hi ? hi : r));
+      }
+      EXPECT_TRUE(Exact(y, want));
+    }
 }
 
 TEST_P(CudaEmu, CastBetweenEveryPairOfFloatTypes) {

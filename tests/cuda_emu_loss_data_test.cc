@@ -134,7 +134,7 @@ struct ReduceCase {
   bool scratch;
 };
 
-TEST_P(CudaEmu, ReduceSumMeanMaxOverEveryLayout) {
+TEST_P(CudaEmu, ReduceSumMeanMaxMinOverEveryLayout) {
   const ReduceCase cases[] = {
       {{300, 70}, {true, false}, true},               // leading axes in row chunks, combined in a second pass
       {{300, 70}, {true, false}, false},              // the same in one pass
@@ -145,7 +145,7 @@ TEST_P(CudaEmu, ReduceSumMeanMaxOverEveryLayout) {
       {{4, 6, 5}, {false, true, false}, false},       // the middle axis: a thread per output
       {{3, 0, 4}, {false, true, false}, false},       // nothing to reduce
   };
-  const ck::ReduceOp ops[] = {ck::ReduceOp::kSum, ck::ReduceOp::kMean, ck::ReduceOp::kMax};
+  const ck::ReduceOp ops[] = {ck::ReduceOp::kSum, ck::ReduceOp::kMean, ck::ReduceOp::kMax, ck::ReduceOp::kMin};
   for (Dt dt : kDts)
     for (const ReduceCase& rc : cases)
       for (ck::ReduceOp op : ops) {
@@ -156,7 +156,8 @@ TEST_P(CudaEmu, ReduceSumMeanMaxOverEveryLayout) {
         for (int64_t d : rc.dims) shape += std::to_string(d) + " ";
         SCOPED_TRACE(std::string(Name(dt)) + " dims " + shape + "op " + std::to_string(static_cast<int>(op)));
         std::vector<float> xv = Uniform(n, -3.f, 3.f, 24);
-        if (op == ck::ReduceOp::kMax && n > 100) xv[77] = kNaN;  // a max propagates NaN
+        const bool extreme = op == ck::ReduceOp::kMax || op == ck::ReduceOp::kMin;
+        if (extreme && n > 100) xv[77] = kNaN;  // a max or min propagates NaN
         Values x(dt, xv);
         bool reduce[ck::kMaxRank];
         for (int d = 0; d < rank; ++d) reduce[d] = rc.reduce[static_cast<size_t>(d)];
@@ -171,7 +172,9 @@ TEST_P(CudaEmu, ReduceSumMeanMaxOverEveryLayout) {
         ASSERT_TRUE(Ok(ck::Reduce(op, dt, x.data(), y.data(), rank, rc.dims.data(), reduce,
                                   rc.scratch ? scratch.data() : nullptr, nullptr)));
         // The reference: walk x in order, each element to its output.
-        std::vector<double> want(static_cast<size_t>(outputs), op == ck::ReduceOp::kMax ? -INFINITY : 0.0);
+        std::vector<double> want(static_cast<size_t>(outputs), op == ck::ReduceOp::kMax   ? -INFINITY
+                                                               : op == ck::ReduceOp::kMin ? INFINITY
+                                                                                          : 0.0);
         for (int64_t i = 0; i < n; ++i) {
           int64_t rest = i, o = 0, scale = 1;
           for (int d = rank - 1; d >= 0; --d) {
@@ -181,7 +184,9 @@ TEST_P(CudaEmu, ReduceSumMeanMaxOverEveryLayout) {
           }
           double& w = want[static_cast<size_t>(o)];
           const double v = x[i];
-          w = op == ck::ReduceOp::kMax ? (std::isnan(v) || std::isnan(w) ? NAN : std::max(w, v)) : w + v;
+          if (!extreme) w += v;
+          else if (std::isnan(v) || std::isnan(w)) w = NAN;
+          else w = op == ck::ReduceOp::kMax ? std::max(w, v) : std::min(w, v);
         }
         for (double& w : want) {
           if (op == ck::ReduceOp::kMean) w /= static_cast<double>(R);
@@ -236,7 +241,8 @@ TEST_P(CudaEmu, WhereBroadcastsItsThreeOperands) {
 
 // ---- Gather, its gradient, Transpose -------------------------------------------------------
 
-// Along the first axis (outer 1, the embedding) and a middle one (outer 3), int64 and int32 ids.
+// Along the first axis (outer 1, the embedding) and a middle one (outer 3), int64 and int32 ids;
+// the ids out of range give zeros (add nothing) and are reported.
 TEST_P(CudaEmu, GatherAlongAnAxisAndScatterAddTheGradient) {
   const int64_t rows = 10, inner = 7;
   const std::vector<int64_t> id_values = {3, -1, 0, 10, -11, 9, 3, 2, 3};  // 10 and -11: out of range, zeros
@@ -259,7 +265,13 @@ TEST_P(CudaEmu, GatherAlongAnAxisAndScatterAddTheGradient) {
         using E = decltype(zero);
         Array<E> table(outer * rows * inner), out(outer * k * inner, E{77});
         for (int64_t i = 0; i < outer * rows * inner; ++i) table[i] = static_cast<E>(i + 1);
-        ASSERT_TRUE(Ok(ck::Gather(sizeof(E), table.data(), ids, int32, out.data(), outer, k, rows, inner, nullptr)));
+        Array<int64_t> words(4, 0);
+        ASSERT_TRUE(Ok(ck::Gather(sizeof(E), table.data(), ids, int32, out.data(), outer, k, rows, inner, nullptr,
+                                  {words.data(), 5})));
+        // One of the two bad ids is reported under the tag, with its position and the axis size.
+        EXPECT_EQ(words[0], 5);
+        EXPECT_TRUE((words[1] == 10 && words[2] == 3) || (words[1] == -11 && words[2] == 4)) << words[1];
+        EXPECT_EQ(words[3], rows);
         for (int64_t o = 0; o < outer; ++o)
           for (int64_t i = 0; i < k; ++i)
             for (int64_t c = 0; c < inner; ++c)
@@ -274,7 +286,11 @@ TEST_P(CudaEmu, GatherAlongAnAxisAndScatterAddTheGradient) {
       // Small integers, so the sums are exact whatever order the additions take.
       Array<float> dy(outer * k * inner), dtable(outer * rows * inner, kNaN);
       for (int64_t i = 0; i < outer * k * inner; ++i) dy[i] = static_cast<float>(i % 11 - 5);
-      ASSERT_TRUE(Ok(ck::GatherGrad(dy.data(), ids, int32, dtable.data(), outer, k, rows, inner, nullptr)));
+      Array<int64_t> words(4, 0);
+      ASSERT_TRUE(Ok(ck::GatherGrad(dy.data(), ids, int32, dtable.data(), outer, k, rows, inner, nullptr, nullptr,
+                                    {words.data(), 2})));
+      EXPECT_EQ(words[0], 2);
+      EXPECT_TRUE(words[1] == 10 || words[1] == -11) << words[1];
       std::vector<double> want(static_cast<size_t>(outer * rows * inner), 0.0);
       for (int64_t o = 0; o < outer; ++o)
         for (int64_t i = 0; i < k; ++i)
@@ -373,6 +389,47 @@ TEST_P(CudaEmu, TransposeEveryPermutationAndTheWideWordPaths) {
   check({3, 1, 4}, {1, 2, 0}, 4, 0);   // a dim of 1 dropped
   check({6, 7}, {0, 1}, 4, 0);         // the identity is a copy
   check({1, 1, 9}, {2, 0, 1}, 8, 0);
+}
+
+// The value makers: Fill writes the value's low bytes at every element size; Range counts from
+// start by delta (int64 beyond 2^53, where a double would round; float32 rounded once); Trilu
+// keeps a triangle of each matrix of a batch for k on either side and past either edge.
+TEST_P(CudaEmu, FillRangeAndTrilu) {
+  Array<uint16_t> h(37, 0);
+  ASSERT_TRUE(Ok(ck::Fill(2, 0xabcd1234u, h.data(), 37, nullptr)));
+  for (int64_t i = 0; i < 37; ++i) EXPECT_EQ(h[i], 0x1234u) << i;
+  Array<uint64_t> w(9, 0);
+  ASSERT_TRUE(Ok(ck::Fill(8, 0x0123456789abcdefull, w.data(), 9, nullptr)));
+  for (int64_t i = 0; i < 9; ++i) EXPECT_EQ(w[i], 0x0123456789abcdefull) << i;
+  EXPECT_FALSE(Ok(ck::Fill(3, 0, w.data(), 3, nullptr)));
+
+  const int64_t big = (int64_t{1} << 53) + 1;
+  Array<int64_t> r(50, 0);
+  ASSERT_TRUE(Ok(ck::Range(ck::Elem::kI64, big, -3, 0, 0, r.data(), 50, nullptr)));
+  for (int64_t i = 0; i < 50; ++i) EXPECT_EQ(r[i], big - 3 * i) << i;
+  Array<int32_t> r32(20, 0);
+  ASSERT_TRUE(Ok(ck::Range(ck::Elem::kI32, -7, 2, 0, 0, r32.data(), 20, nullptr)));
+  for (int64_t i = 0; i < 20; ++i) EXPECT_EQ(r32[i], -7 + 2 * i) << i;
+  Array<float> rf(300, 0.f);
+  ASSERT_TRUE(Ok(ck::Range(ck::Elem::kF32, 0, 0, 0.5, 0.1f, rf.data(), 300, nullptr)));
+  for (int64_t i = 0; i < 300; ++i)
+    EXPECT_EQ(rf[i], static_cast<float>(0.5 + static_cast<double>(i) * static_cast<double>(0.1f))) << i;
+
+  const int64_t batch = 3, rows = 4, cols = 6;
+  for (bool upper : {true, false})
+    for (int64_t k : {int64_t{0}, int64_t{2}, int64_t{-1}, int64_t{-9}, int64_t{40}, INT64_MIN / 2}) {
+      SCOPED_TRACE(std::string(upper ? "upper" : "lower") + " k " + std::to_string(k));
+      Array<float> x(batch * rows * cols), y(batch * rows * cols, kNaN);
+      for (int64_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i + 1);
+      ASSERT_TRUE(Ok(ck::Trilu(4, x.data(), y.data(), batch, rows, cols, k, upper, nullptr)));
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < cols; ++j) {
+            const int64_t at = (b * rows + i) * cols + j;
+            const bool keep = upper ? j - i >= k : j - i <= k;
+            EXPECT_EQ(y[at], keep ? x[at] : 0.f) << b << " " << i << " " << j;
+          }
+    }
 }
 
 }  // namespace

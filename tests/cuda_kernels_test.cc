@@ -72,6 +72,66 @@ TEST(CudaProvider, UnaryOps) {
                {{"x", Random({3, 1000}, 7)}}, 1e-6, 1e-5, "Gelu");
 }
 
+// Sin and Cos; Clip with both bounds fed, one, or none (opset 11 inputs), and the opset 6
+// attributes; Max and Min of one, two or three broadcast inputs, float32 and int64; ReduceMin.
+TEST(CudaProvider, SinCosClipVariadicMaxMinAndReduceMin) {
+  REQUIRE_CUDA();
+  ExpectSame(R"(
+    input x: float32[3,1000]
+    input lo: float32[]
+    input hi: float32[]
+    input a: float32[4,1,5]
+    input b: float32[3,1]
+    input c: float32[5]
+    input i: int64[2,3]
+    input j: int64[3]
+    s = Sin(x)
+    o = Cos(x)
+    c1 = Clip(x, lo, hi)
+    c2 = Clip(x, _, hi)
+    c3 = Clip(x)
+    m3 = Max(a, b, c)
+    n3 = Min(c, b, a)
+    m2 = Max(b, c)
+    m1 = Max(a)
+    mi = Min(i, j, i)
+    xi = Max(j, i)
+    r = ReduceMin(x) {axes = [1], keepdims = 0}
+    rr = ReduceMin(a) {keepdims = 1}
+    output s
+    output o
+    output c1
+    output c2
+    output c3
+    output m3
+    output n3
+    output m2
+    output m1
+    output mi
+    output xi
+    output r
+    output rr
+  )",
+             {{"x", Random({3, 1000}, 60, -7.f, 7.f)},
+              {"lo", Tensor::Scalar<float>(-1.25f)},
+              {"hi", Tensor::Scalar<float>(0.75f)},
+              {"a", Random({4, 1, 5}, 61)},
+              {"b", Random({3, 1}, 62)},
+              {"c", Random({5}, 63)},
+              {"i", Tensor::FromVector<int64_t>({4, -9, 0, INT64_MAX, 2, -1}, {2, 3})},
+              {"j", Tensor::FromVector<int64_t>({3, INT64_MIN, 1}, {3})}},
+             1e-6, 1e-6, "*");
+  ExpectSame(R"(
+    opset 6
+    input x: float32[3,100]
+    y = Clip(x) {min = -0.5, max = 1.5}
+    z = Clip(x) {max = 0.25}
+    output y
+    output z
+  )",
+             {{"x", Random({3, 100}, 64)}}, 0, 0, "*");
+}
+
 TEST(CudaProvider, CastThroughBf16AndFp16) {
   REQUIRE_CUDA();
   ExpectSame(R"(

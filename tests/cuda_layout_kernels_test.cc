@@ -1,7 +1,8 @@
 // CUDA data-movement kernel tests (label gpu): Transpose and the views, Gather and GatherGrad along
-// any axis, Expand and SliceGrad, each against the CPU kernel on the same graph (Slice, Concat and
-// Split are in cuda_kernels_test.cc). Without a usable device (or driver) each test skips and says
-// why.
+// any axis, Expand and SliceGrad, the value makers ConstantOfShape, Range and Trilu, each against
+// the CPU kernel on the same graph (Slice, Concat and Split are in cuda_kernels_test.cc). Without a
+// usable device (or driver) each test skips and says why.
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -162,6 +163,107 @@ TEST(CudaProvider, ExpandAndSliceGrad) {
     output g2
   )",
              {{"dy", Random({2, 3, 3}, 82)}}, 0, 0, "*");
+}
+
+// ConstantOfShape (the default float zero, an int64, a bool and -inf values) of a shape fed at run
+// time, Range over int64 (counting down) and float32, and Trilu of float32, bf16, int64 and bool
+// matrices, upper and lower, with k fed or absent.
+TEST(CudaProvider, ValueMakersConstantOfShapeRangeTrilu) {
+  REQUIRE_CUDA();
+  auto values = [](graph::Graph& g) {
+    for (const auto& n : g.nodes()) {
+      const std::string& out = n->output(0)->name();
+      graph::Attribute a;
+      a.type = graph::AttrType::kTensor;
+      if (out == "c1") a.t = Tensor::FromVector<int64_t>({-3}, {1});
+      else if (out == "c2") a.t = Tensor::FromVector<bool>({true}, {1});
+      else if (out == "c3") a.t = Tensor::FromVector<float>({-INFINITY}, {1});
+      else continue;
+      n->SetAttr("value", a);
+    }
+  };
+  ExpectSame(R"(
+    input shape: int64[3]
+    input start: int64[]
+    input lim: int64[]
+    input step: int64[]
+    input fs: float32[]
+    input fl: float32[]
+    input fd: float32[]
+    input x: float32[2,5,7]
+    input k: int64[]
+    input n: int64[3,4]
+    c0 = ConstantOfShape(shape)
+    c1 = ConstantOfShape(shape)
+    c2 = ConstantOfShape(shape)
+    c3 = ConstantOfShape(shape)
+    r1 = Range(start, lim, step)
+    r2 = Range(fs, fl, fd)
+    t1 = Trilu(x, k)
+    t2 = Trilu(x) {upper = 0}
+    t3 = Trilu(n, k) {upper = 0}
+    hx = Cast(x) {to = 16}
+    h4 = Trilu(hx, k)
+    t4 = Cast(h4) {to = 1}
+    b = Cast(n) {to = 9}
+    t5 = Trilu(b)
+    output c0
+    output c1
+    output c2
+    output c3
+    output r1
+    output r2
+    output t1
+    output t2
+    output t3
+    output t4
+    output t5
+  )",
+             {{"shape", Tensor::FromVector<int64_t>({2, 3, 4}, {3})},
+              {"start", Tensor::Scalar<int64_t>(10)},
+              {"lim", Tensor::Scalar<int64_t>(-3)},
+              {"step", Tensor::Scalar<int64_t>(-4)},
+              {"fs", Tensor::Scalar<float>(0.5f)},
+              {"fl", Tensor::Scalar<float>(3.1f)},
+              {"fd", Tensor::Scalar<float>(0.3f)},
+              {"x", Random({2, 5, 7}, 90)},
+              {"k", Tensor::Scalar<int64_t>(-1)},
+              {"n", Tensor::FromVector<int64_t>({1, -2, 3, 0, 5, 6, -7, 8, 9, 10, 0, 12}, {3, 4})}},
+             0, 0, "*", "", values);
+}
+
+// An index out of range on the device is the run's error, as on the CPU: it names the node, the
+// index, its position and the axis size; the next run with good indices is not affected.
+TEST(CudaProvider, GatherIndexOutOfRangeIsAnError) {
+  REQUIRE_CUDA();
+  SessionOptions o;
+  o.optimize = false;
+  o.device = DeviceChoice::kCuda;
+  auto s = InferenceSession::FromGraph(*graph::ParseGraph(R"(
+    input table: float32[10,4]
+    input ids: int64[2,3]
+    input dy: float32[2,3,4]
+    init shape: int64[2] = 10 4
+    emb: e = Gather(table, ids)
+    grad: g = ai.cleave.GatherGrad(shape, ids, dy)
+    output e
+    output g
+  )"),
+                                       o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->warning(), "");
+  const Tensor table = Random({10, 4}, 95), dy = Random({2, 3, 4}, 96);
+  auto bad = (*s)->Run({{"table", table}, {"ids", Tensor::FromVector<int64_t>({1, 2, 3, 4, 12, 5}, {2, 3})}, {"dy", dy}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  const std::string msg(bad.status().message());
+  EXPECT_NE(msg.find("index 12 at position 4 is out of range for an axis of size 10: expected [-10, 9]"),
+            std::string::npos)
+      << msg;
+  EXPECT_TRUE(msg.find("'emb'") != std::string::npos || msg.find("'grad'") != std::string::npos) << msg;
+  auto good = (*s)->Run({{"table", table}, {"ids", Tensor::FromVector<int64_t>({1, 2, 3, 4, -1, 5}, {2, 3})}, {"dy", dy}});
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ((*good)[0].data<float>()[4 * 4], table.data<float>()[9 * 4]);  // -1 is the last row
 }
 
 }  // namespace

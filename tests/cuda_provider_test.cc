@@ -112,13 +112,33 @@ TEST(CudaKernelTable, ClaimsEveryNodeOfTheSampleModelsGraphs) {
       check(std::string("train_variants/") + variant, variant_spec, precision);
     }
   }
-  // And it says no where it has no kernel.
-  auto g = graph::ParseGraph("input x: float32[4,4]\nt = Trilu(x)\ny = Relu(t)\noutput y\n");
-  ASSERT_TRUE(g.ok());
+  // The inference exports of models/variants, as a session loads them (dynamic batch and
+  // sequence: the shape arithmetic stays in the graph). Shape has no CUDA kernel: it runs on the
+  // host, reading only the dims of its input where it is.
+  for (const char* variant : {"gpt_opset14", "gpt_opset17", "bert_opset15", "llama_opset18"}) {
+    SCOPED_TRACE(variant);
+    auto s = InferenceSession::Load(testing::SourceDir() + "/models/variants/" + variant + "/model.onnx");
+    ASSERT_TRUE(s.ok()) << s.status();
+    providers::Capability cap = table->GetCapability((*s)->graph());
+    std::string rejected;
+    int shapes = 0;
+    for (const auto& r : cap.rejected) {
+      if (r.node->op_type() == "Shape") ++shapes;
+      else rejected += r.reason + "\n";
+    }
+    EXPECT_EQ(rejected, "");
+    EXPECT_GT(shapes, 0);
+    EXPECT_GT(cap.claimed.size(), 50u);
+  }
+  // And it says no where it has no kernel (float64 Exp).
+  auto g = graph::ParseGraph("input x: float64[4,4]\nt = Exp(x)\ny = Cast(t) {to = 1}\nz = Relu(y)\noutput z\n");
+  ASSERT_TRUE(g.ok()) << g.status();
   ASSERT_TRUE(graph::InferShapes(**g).ok());
   providers::Capability cap = table->GetCapability(**g);
-  ASSERT_EQ(cap.rejected.size(), 1u);
-  EXPECT_EQ(cap.rejected[0].node->op_type(), "Trilu");
+  ASSERT_EQ(cap.rejected.size(), 2u);
+  EXPECT_EQ(cap.rejected[0].node->op_type(), "Exp");
+  EXPECT_NE(cap.rejected[0].reason.find("float64"), std::string::npos) << cap.rejected[0].reason;
+  EXPECT_EQ(cap.rejected[1].node->op_type(), "Cast");
 }
 
 // A profiled run times each device node between two events on the provider's stream: the
@@ -243,19 +263,56 @@ TEST(CudaProvider, OpsWithoutAKernelFallBackWithAWarning) {
   o.optimize = false;
   o.device = DeviceChoice::kCuda;
   auto s = InferenceSession::FromGraph(*graph::ParseGraph(R"(
-    input x: float32[4,8]
-    t = Trilu(x)
-    y = Relu(t)
+    input x: float64[4,8]
+    t = Exp(x)
+    c = Cast(t) {to = 1}
+    y = Relu(c)
     output y
   )"),
                                        o);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_NE((*s)->warning().find("have no CUDAExecutionProvider kernel and run on CPUExecutionProvider"),
+  EXPECT_NE((*s)->warning().find("2 node(s) have no CUDAExecutionProvider kernel and run on CPUExecutionProvider"),
             std::string::npos)
       << (*s)->warning();
-  EXPECT_NE((*s)->warning().find("Trilu"), std::string::npos);
-  auto r = (*s)->Run({{"x", Random({4, 8}, 43)}});
+  EXPECT_NE((*s)->warning().find("Cast, Exp"), std::string::npos) << (*s)->warning();
+  Tensor x(DataType::kFloat64, {4, 8});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<double>()[i] = 0.25 * static_cast<double>(i % 7) - 0.5;
+  auto r = (*s)->Run({{"x", x}});
   ASSERT_TRUE(r.ok()) << r.status();
+  for (int64_t i = 0; i < x.numel(); ++i)
+    EXPECT_FLOAT_EQ((*r)[0].data<float>()[i], static_cast<float>(std::exp(x.data<double>()[i])));
+}
+
+// The exports of models/variants on CUDA against their PyTorch outputs, in both data sets (the
+// second a batch and sequence the export never traced): nothing falls back; the shape arithmetic
+// runs on the host by design.
+TEST(CudaProvider, VariantExportsMatchPyTorch) {
+  REQUIRE_CUDA();
+  for (const char* variant : {"gpt_opset14", "gpt_opset17", "bert_opset15", "llama_opset18"}) {
+    SCOPED_TRACE(variant);
+    const std::string dir = testing::SourceDir() + "/models/variants/" + variant;
+    SessionOptions o;
+    o.device = DeviceChoice::kCuda;
+    auto s = InferenceSession::Load(dir + "/model.onnx", o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ((*s)->warning(), "");
+    for (const char* set : {"/test_data_set_0/", "/test_data_set_1/"}) {
+      SCOPED_TRACE(set);
+      Feeds feeds;
+      for (size_t k = 0; k < (*s)->inputs().size(); ++k) {
+        auto t = onnx_ext::LoadTensorFile(dir + set + "input_" + std::to_string(k) + ".pb");
+        ASSERT_TRUE(t.ok()) << t.status();
+        feeds.emplace_back((*s)->inputs()[k].name, t->second);
+      }
+      auto got = (*s)->Run(feeds);
+      ASSERT_TRUE(got.ok()) << got.status();
+      for (size_t k = 0; k < got->size(); ++k) {
+        auto want = onnx_ext::LoadTensorFile(dir + set + "output_" + std::to_string(k) + ".pb");
+        ASSERT_TRUE(want.ok()) << want.status();
+        EXPECT_EQ(testing::CompareTensors((*got)[k], want->second, 1e-5, 1e-3), "") << "output " << k;
+      }
+    }
+  }
 }
 
 TEST(CudaProvider, OutOfDeviceMemoryIsAnErrorWithTheBytes) {

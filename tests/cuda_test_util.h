@@ -3,6 +3,7 @@
 // compares every output.
 #pragma once
 
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,14 +47,19 @@ inline Tensor Ids(std::vector<int64_t> dims, int64_t bound, unsigned seed) {
 
 // Runs `cuda_text` on CUDA and `cpu_text` (the same graph by default) on the CPU, unoptimised,
 // and compares every output. `op` must have run on CUDA (not fallen back).
+// `edit`, when given, changes both graphs after parsing (attributes the text cannot write).
 inline void ExpectSame(const std::string& cuda_text, const Feeds& feeds, double atol, double rtol, const std::string& op,
-                const std::string& cpu_text = "") {
+                const std::string& cpu_text = "", const std::function<void(graph::Graph&)>& edit = nullptr) {
   SessionOptions cpu_opts, cuda_opts;
   cpu_opts.optimize = cuda_opts.optimize = false;
   cuda_opts.device = DeviceChoice::kCuda;
   auto g_cuda = graph::ParseGraph(cuda_text);
   auto g_cpu = graph::ParseGraph(cpu_text.empty() ? cuda_text : cpu_text);
   ASSERT_TRUE(g_cuda.ok() && g_cpu.ok()) << g_cuda.status() << g_cpu.status();
+  if (edit) {
+    edit(**g_cuda);
+    edit(**g_cpu);
+  }
   auto cpu = InferenceSession::FromGraph(std::move(*g_cpu), cpu_opts);
   auto cuda = InferenceSession::FromGraph(std::move(*g_cuda), cuda_opts);
   ASSERT_TRUE(cpu.ok()) << cpu.status();

@@ -234,6 +234,45 @@ TEST(DevicePlacement, MixedGraphMatchesTheCpuWithCopiesAtTheBoundaries) {
   EXPECT_EQ(d->downloads.load() - downloads, 1);
 }
 
+// The exports of models/variants (dynamic batch and sequence) on a device that claims every op:
+// the shape arithmetic between Shape and the shape inputs the device kernels read on the host
+// (Reshape's, ConstantOfShape's, Slice's...) runs on the host, and Shape reads the dims of a
+// device value where it is, so a run moves only the feeds up and the outputs down; the outputs
+// are the CPU's.
+TEST(DevicePlacement, AnExportsShapeArithmeticStaysOnTheHost) {
+  for (const char* variant : {"gpt_opset14", "bert_opset15", "llama_opset18"}) {
+    SCOPED_TRACE(variant);
+    const std::string dir = testing::SourceDir() + "/models/variants/" + variant;
+    auto dev = std::make_shared<CpuKernelDevice>(std::set<std::string>{});
+    auto g = onnx_ext::LoadModel(dir + "/model.onnx");
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto cpu = InferenceSession::FromGraph((*g)->Clone());
+    auto s = InferenceSession::FromGraph(std::move(*g), SessionOptions(), {dev});
+    ASSERT_TRUE(cpu.ok() && s.ok()) << cpu.status() << s.status();
+    EXPECT_EQ((*s)->warning(), "");
+    EXPECT_EQ((*s)->placement().count("CPUExecutionProvider"), 1u) << "no node on the host";
+    Feeds feeds;
+    int64_t feed_bytes = 0, output_bytes = 0;
+    for (size_t k = 0; k < (*s)->inputs().size(); ++k) {
+      auto t = onnx_ext::LoadTensorFile(dir + "/test_data_set_1/input_" + std::to_string(k) + ".pb");
+      ASSERT_TRUE(t.ok()) << t.status();
+      feeds.emplace_back((*s)->inputs()[k].name, t->second);
+      feed_bytes += static_cast<int64_t>(t->second.nbytes());
+    }
+    auto want = (*cpu)->Run(feeds);
+    ASSERT_TRUE(want.ok()) << want.status();
+    for (const Tensor& t : *want) output_bytes += static_cast<int64_t>(t.nbytes());
+    const int64_t up = dev->uploaded.load(), down = dev->downloaded.load();
+    auto got = (*s)->Run(feeds);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(dev->uploaded.load() - up, feed_bytes);
+    EXPECT_EQ(dev->downloaded.load() - down, output_bytes);
+    ASSERT_EQ(got->size(), want->size());
+    for (size_t k = 0; k < got->size(); ++k)
+      EXPECT_EQ(testing::CompareTensors((*got)[k], (*want)[k], 1e-6, 1e-5), "") << "output " << k;
+  }
+}
+
 // A profiled run puts each device node (compute and copies) between two stream marks on the
 // device stream's track, beside its launch on the host track; a run not profiled takes no marks.
 TEST(DevicePlacement, ProfiledRunsPutDeviceNodesOnTheStreamTrack) {

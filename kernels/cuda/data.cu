@@ -1,6 +1,8 @@
 // CUDA data-movement kernels (kernels/cuda/): gather along an axis (the embedding lookup) and
-// its scatter-add gradient, a general transpose, and strided copies both ways (Slice, Expand,
-// SliceGrad).
+// its scatter-add gradient, a general transpose, strided copies both ways (Slice, Expand,
+// SliceGrad), and the value makers Fill (ConstantOfShape), Range and Trilu.
+#include <cstring>
+
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -15,29 +17,43 @@ __device__ inline int64_t RowOf(const Id* ids, int64_t k, int64_t rows) {
   return r >= 0 && r < rows ? r : -1;
 }
 
+// The first out-of-range id a kernel meets, into the host-visible words `bad` (when given):
+// {tag, id, its position, rows}, claimed by whichever thread sets the tag first.
+template <typename Id>
+__device__ inline void RecordBadId(const BadIndex& bad, const Id* ids, int64_t k, int64_t rows) {
+  if (!bad.words) return;
+  unsigned long long* w = reinterpret_cast<unsigned long long*>(bad.words);
+  if (atomicCAS(w, 0ull, static_cast<unsigned long long>(bad.tag)) != 0ull) return;
+  bad.words[1] = static_cast<int64_t>(ids[k]);
+  bad.words[2] = k;
+  bad.words[3] = rows;
+}
+
 // out [outer, num_ids, inner] from table [outer, rows, inner]: element i of the output is
 // (o, k, e), read from (o, ids[k], e).
 template <typename E, typename Id>
 __global__ void GatherKernel(const E* table, const Id* ids, E* out, int64_t outer, int64_t num_ids, int64_t rows,
-                             int64_t inner) {
+                             int64_t inner, BadIndex bad) {
   const int64_t total = outer * num_ids * inner;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t e = i % inner, ok = i / inner, k = ok % num_ids, o = ok / num_ids;
     const int64_t r = RowOf(ids, k, rows);
     out[i] = r >= 0 ? table[(o * rows + r) * inner + e] : E{};
+    if (r < 0 && e == 0) RecordBadId(bad, ids, k, rows);
   }
 }
 
 template <typename Id>
 __global__ void ScatterAdd(const float* dy, const Id* ids, float* dtable, int64_t outer, int64_t num_ids,
-                           int64_t rows, int64_t inner) {
+                           int64_t rows, int64_t inner, BadIndex bad) {
   const int64_t total = outer * num_ids * inner;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t e = i % inner, ok = i / inner, k = ok % num_ids, o = ok / num_ids;
     const int64_t r = RowOf(ids, k, rows);
     if (r >= 0) atomicAdd(dtable + (o * rows + r) * inner + e, dy[i]);
+    else if (e == 0) RecordBadId(bad, ids, k, rows);
   }
 }
 
@@ -70,20 +86,20 @@ __global__ void TransposeKernel(const E* x, E* y, I n, Perm p) {
 
 template <typename E, typename Id>
 int LaunchGather(const void* table, const Id* ids, void* out, int64_t outer, int64_t num_ids, int64_t rows,
-                 int64_t inner, cudaStream_t s) {
+                 int64_t inner, const BadIndex& bad, cudaStream_t s) {
   GatherKernel<E, Id><<<Blocks(outer * num_ids * inner), kThreads, 0, s>>>(
-      static_cast<const E*>(table), ids, static_cast<E*>(out), outer, num_ids, rows, inner);
+      static_cast<const E*>(table), ids, static_cast<E*>(out), outer, num_ids, rows, inner, bad);
   return static_cast<int>(cudaGetLastError());
 }
 
 template <typename Id>
 int GatherOf(int elem_bytes, const void* table, const Id* ids, void* out, int64_t outer, int64_t num_ids,
-             int64_t rows, int64_t inner, cudaStream_t s) {
+             int64_t rows, int64_t inner, const BadIndex& bad, cudaStream_t s) {
   switch (elem_bytes) {
-    case 1: return LaunchGather<uint8_t>(table, ids, out, outer, num_ids, rows, inner, s);
-    case 2: return LaunchGather<uint16_t>(table, ids, out, outer, num_ids, rows, inner, s);
-    case 4: return LaunchGather<uint32_t>(table, ids, out, outer, num_ids, rows, inner, s);
-    case 8: return LaunchGather<uint64_t>(table, ids, out, outer, num_ids, rows, inner, s);
+    case 1: return LaunchGather<uint8_t>(table, ids, out, outer, num_ids, rows, inner, bad, s);
+    case 2: return LaunchGather<uint16_t>(table, ids, out, outer, num_ids, rows, inner, bad, s);
+    case 4: return LaunchGather<uint32_t>(table, ids, out, outer, num_ids, rows, inner, bad, s);
+    case 8: return LaunchGather<uint64_t>(table, ids, out, outer, num_ids, rows, inner, bad, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -136,15 +152,16 @@ int64_t StridedWalk(int rank, const int64_t* dims, const int64_t* strides, Perm*
 }  // namespace
 
 int Gather(int elem_bytes, const void* table, const void* ids, bool ids_int32, void* out, int64_t outer,
-           int64_t num_ids, int64_t rows, int64_t inner, void* stream) {
+           int64_t num_ids, int64_t rows, int64_t inner, void* stream, BadIndex bad) {
   if (outer * num_ids * inner == 0) return 0;
   cudaStream_t s = Stream(stream);
-  return ids_int32 ? GatherOf(elem_bytes, table, static_cast<const int32_t*>(ids), out, outer, num_ids, rows, inner, s)
-                   : GatherOf(elem_bytes, table, static_cast<const int64_t*>(ids), out, outer, num_ids, rows, inner, s);
+  return ids_int32
+             ? GatherOf(elem_bytes, table, static_cast<const int32_t*>(ids), out, outer, num_ids, rows, inner, bad, s)
+             : GatherOf(elem_bytes, table, static_cast<const int64_t*>(ids), out, outer, num_ids, rows, inner, bad, s);
 }
 
 int GatherGrad(const float* dy, const void* ids, bool ids_int32, float* dtable, int64_t outer, int64_t num_ids,
-               int64_t rows, int64_t inner, void* stream, const float* base) {
+               int64_t rows, int64_t inner, void* stream, const float* base, BadIndex bad) {
   cudaStream_t s = Stream(stream);
   const size_t bytes = static_cast<size_t>(outer * rows * inner) * sizeof(float);
   cudaError_t e = !base            ? cudaMemsetAsync(dtable, 0, bytes, s)
@@ -154,10 +171,10 @@ int GatherGrad(const float* dy, const void* ids, bool ids_int32, float* dtable, 
   if (e != cudaSuccess || total == 0) return static_cast<int>(e);
   if (ids_int32)
     ScatterAdd<<<Blocks(total), kThreads, 0, s>>>(dy, static_cast<const int32_t*>(ids), dtable, outer, num_ids, rows,
-                                                  inner);
+                                                  inner, bad);
   else
     ScatterAdd<<<Blocks(total), kThreads, 0, s>>>(dy, static_cast<const int64_t*>(ids), dtable, outer, num_ids, rows,
-                                                  inner);
+                                                  inner, bad);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -238,6 +255,94 @@ int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x
     }
   }
   return LaunchTransposeOf(elem_bytes, x, y, n, p, s, n < (int64_t{1} << 31));
+}
+
+namespace {
+
+template <typename E>
+__global__ void FillKernel(E value, E* y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = value;
+}
+
+template <typename E>
+int LaunchFill(uint64_t bits, void* y, int64_t n, cudaStream_t s) {
+  E value;
+  memcpy(&value, &bits, sizeof value);  // the low bytes (little-endian)
+  FillKernel<E><<<Blocks(n), kThreads, 0, s>>>(value, static_cast<E*>(y), n);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <typename T, typename Wide>
+__global__ void RangeKernel(Wide start, Wide delta, T* y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = static_cast<T>(start + static_cast<Wide>(i) * delta);
+}
+
+template <typename E>
+__global__ void TriluKernel(const E* x, E* y, int64_t total, int64_t rows, int64_t cols, int64_t k, bool upper) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = i % cols, r = i / cols % rows;
+    const bool keep = upper ? c >= r + k : c <= r + k;
+    y[i] = keep ? x[i] : E{};
+  }
+}
+
+template <typename E>
+int LaunchTrilu(const void* x, void* y, int64_t total, int64_t rows, int64_t cols, int64_t k, bool upper,
+                cudaStream_t s) {
+  TriluKernel<E><<<Blocks(total), kThreads, 0, s>>>(static_cast<const E*>(x), static_cast<E*>(y), total, rows, cols,
+                                                    k, upper);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int Fill(int elem_bytes, uint64_t value, void* y, int64_t n, void* stream) {
+  if (n == 0) return 0;
+  cudaStream_t s = Stream(stream);
+  switch (elem_bytes) {
+    case 1: return LaunchFill<uint8_t>(value, y, n, s);
+    case 2: return LaunchFill<uint16_t>(value, y, n, s);
+    case 4: return LaunchFill<uint32_t>(value, y, n, s);
+    case 8: return LaunchFill<uint64_t>(value, y, n, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int Range(Elem t, int64_t start_i, int64_t delta_i, double start_f, double delta_f, void* y, int64_t n,
+          void* stream) {
+  if (n == 0) return 0;
+  cudaStream_t s = Stream(stream);
+  const int blocks = Blocks(n);
+  if (t == Elem::kI64)
+    RangeKernel<int64_t, int64_t><<<blocks, kThreads, 0, s>>>(start_i, delta_i, static_cast<int64_t*>(y), n);
+  else if (t == Elem::kI32)
+    RangeKernel<int32_t, int64_t><<<blocks, kThreads, 0, s>>>(start_i, delta_i, static_cast<int32_t*>(y), n);
+  else if (t == Elem::kF32)
+    RangeKernel<float, double><<<blocks, kThreads, 0, s>>>(start_f, delta_f, static_cast<float*>(y), n);
+  else
+    return static_cast<int>(cudaErrorInvalidValue);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int Trilu(int elem_bytes, const void* x, void* y, int64_t batch, int64_t rows, int64_t cols, int64_t k, bool upper,
+          void* stream) {
+  const int64_t total = batch * rows * cols;
+  if (total == 0) return 0;
+  // Beyond these bounds each row is kept or zeroed whole; clamped, r + k cannot overflow.
+  k = k < -rows - 1 ? -rows - 1 : k > cols + 1 ? cols + 1 : k;
+  cudaStream_t s = Stream(stream);
+  switch (elem_bytes) {
+    case 1: return LaunchTrilu<uint8_t>(x, y, total, rows, cols, k, upper, s);
+    case 2: return LaunchTrilu<uint16_t>(x, y, total, rows, cols, k, upper, s);
+    case 4: return LaunchTrilu<uint32_t>(x, y, total, rows, cols, k, upper, s);
+    case 8: return LaunchTrilu<uint64_t>(x, y, total, rows, cols, k, upper, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
 }
 
 }  // namespace cleave::kernels::cuda

@@ -65,6 +65,8 @@ __device__ __forceinline__ float ApplyUnary(UnaryOp op, float x) {
     case UnaryOp::kErf: return erff(x);
     case UnaryOp::kReciprocal: return 1.f / x;
     case UnaryOp::kAbs: return fabsf(x);
+    case UnaryOp::kSin: return sinf(x);
+    case UnaryOp::kCos: return cosf(x);
   }
   return 0.f;
 }
@@ -79,6 +81,16 @@ template <typename T>
 struct UnaryFn {
   UnaryOp op;
   __device__ T operator()(T x) const { return FromFloat<T>(ApplyUnary(op, ToFloat(x))); }
+};
+template <typename T>
+struct ClipFn {
+  float lo, hi;
+  __device__ T operator()(T x) const {
+    const float v = ToFloat(x);
+    float r = v < lo ? lo : v;
+    r = r > hi ? hi : r;
+    return FromFloat<T>(r);
+  }
 };
 // Cast between any two of the element types, as the CPU's Cast (kernels/cpu/cast.cc) converts:
 // float -> integer truncates toward zero, saturating, NaN -> 0; integer -> integer wraps;
@@ -356,6 +368,12 @@ int Not(const bool* x, bool* y, int64_t n, void* stream) {
 int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream) {
   if (n == 0) return 0;
   DISPATCH_DT(dt, T, { return LaunchMap1<T, T>(UnaryFn<T>{op}, x, y, n, Stream(stream)); });
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int Clip(Dt dt, const void* x, void* y, int64_t n, float lo, float hi, void* stream) {
+  if (n == 0) return 0;
+  DISPATCH_DT(dt, T, { return LaunchMap1<T, T>(ClipFn<T>{lo, hi}, x, y, n, Stream(stream)); });
   return static_cast<int>(cudaErrorInvalidValue);
 }
 

@@ -24,7 +24,7 @@ struct Broadcast {
 
 enum class BinaryOp : int { kAdd, kSub, kMul, kDiv, kMax, kMin, kPow };
 enum class UnaryOp : int { kIdentity, kRelu, kGelu, kGeluTanh, kTanh, kExp, kLog, kNeg, kSqrt, kSigmoid, kErf,
-                           kReciprocal, kAbs };
+                           kReciprocal, kAbs, kSin, kCos };
 
 // y = a op b; bc null when a, b and y have the same n elements.
 int Binary(BinaryOp op, Dt dt, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc, void* stream);
@@ -42,6 +42,9 @@ int IntBinary(BinaryOp op, Elem t, const void* a, const void* b, void* y, int64_
 // y = !x over bool.
 int Not(const bool* x, bool* y, int64_t n, void* stream);
 int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream);
+// y = min(max(x, lo), hi) as the CPU's Clip compares: NaN passes through, and with lo > hi every
+// element ends at hi.
+int Clip(Dt dt, const void* x, void* y, int64_t n, float lo, float hi, void* stream);
 int Cast(Dt from, Dt to, const void* x, void* y, int64_t n, void* stream);
 // Cast between any two Elem types, as the CPU's Cast: float -> integer truncates toward zero,
 // saturating (NaN -> 0); integers wrap; -> bool tests != 0; bool -> number is 0 / 1.
@@ -105,7 +108,7 @@ int SoftmaxCrossEntropyGrad(const float* dy, const void* in, Dt in_dt, bool from
 // over the last axis of [rows, cols].
 int SoftmaxGrad(Dt dt, const void* dy, const void* y, void* dx, int64_t rows, int64_t cols, bool log, void* stream);
 
-enum class ReduceOp : int { kSum, kMean, kMax };
+enum class ReduceOp : int { kSum, kMean, kMax, kMin };
 // Reduces x over the dims flagged in `reduce` (x_dims of rank `rank`); y holds the kept dims in
 // order. Accumulates in double. Reducing leading axes into few columns (a bias gradient) splits
 // the rows over blocks and combines their partial results in a second pass, in a fixed order:
@@ -155,16 +158,23 @@ int AttentionBackward(Dt dt, const AttentionLayout& layout, const void* dout, co
                       const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv, float* delta,
                       int64_t batch, int64_t T, int64_t S, int D, int Dv, float scale, bool causal, void* stream);
 
+// Where a kernel reports the first index it found out of range: `words` (4 int64 the host can
+// read, zero until then) get {tag, the index, its position among the indices, the axis size};
+// the tag (non-zero) says which node. Null words: nothing is reported.
+struct BadIndex {
+  int64_t* words = nullptr;
+  int64_t tag = 0;
+};
 // Gather along one axis: table [outer, rows, inner] (the axis is `rows`), ids int64 or (ids_int32)
 // int32, out [outer, num_ids, inner]; negative ids count from the end, ids out of range give
-// zeros. The embedding lookup is outer = 1.
+// zeros and are reported in `bad`. The embedding lookup is outer = 1.
 int Gather(int elem_bytes, const void* table, const void* ids, bool ids_int32, void* out, int64_t outer,
-           int64_t num_ids, int64_t rows, int64_t inner, void* stream);
+           int64_t num_ids, int64_t rows, int64_t inner, void* stream, BadIndex bad = {});
 // dtable [outer, rows, inner] = scatter-add of dy [outer, num_ids, inner] along the axis at ids,
 // onto zeros or onto `base` (of dtable's size; it may be dtable itself: then only the entries
-// at ids are touched).
+// at ids are touched); ids out of range add nothing and are reported in `bad`.
 int GatherGrad(const float* dy, const void* ids, bool ids_int32, float* dtable, int64_t outer, int64_t num_ids,
-               int64_t rows, int64_t inner, void* stream, const float* base = nullptr);
+               int64_t rows, int64_t inner, void* stream, const float* base = nullptr, BadIndex bad = {});
 // y [out_dims] = the elements of x at sum_d k_d * in_strides[d] (element strides of either sign,
 // from x as given): a Slice, its start already added to x; an Expand, with 0 for the dims it
 // broadcasts.
@@ -175,6 +185,15 @@ int StridedCopy(int elem_bytes, const void* x, void* y, int rank, const int64_t*
 // SliceGrad into zeros, its start already added to y.
 int StridedScatter(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* out_strides,
                    void* stream);
+// n copies of the elem_bytes (1, 2, 4 or 8) low bytes of `value` (ConstantOfShape).
+int Fill(int elem_bytes, uint64_t value, void* y, int64_t n, void* stream);
+// y[i] = start + i * delta over n elements, int64 / int32 computed in int64, float32 in double
+// and rounded once (the CPU's Range).
+int Range(Elem t, int64_t start_i, int64_t delta_i, double start_f, double delta_f, void* y, int64_t n, void* stream);
+// x [batch, rows, cols] with the elements outside the kept triangle zeroed: upper keeps
+// j >= i + k, lower j <= i + k (Trilu).
+int Trilu(int elem_bytes, const void* x, void* y, int64_t batch, int64_t rows, int64_t cols, int64_t k, bool upper,
+          void* stream);
 // y = x with axes permuted (y dim k = x dim perm[k]).
 int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* perm,
               void* stream);

@@ -18,10 +18,14 @@ struct ReducePlan {
   int64_t red_count = 1;
 };
 
-__device__ __forceinline__ double Start(ReduceOp op) { return op == ReduceOp::kMax ? -INFINITY : 0.0; }
+__device__ __forceinline__ double Start(ReduceOp op) {
+  return op == ReduceOp::kMax ? -INFINITY : op == ReduceOp::kMin ? INFINITY : 0.0;
+}
+// Max and Min propagate NaN.
 __device__ __forceinline__ double Combine(ReduceOp op, double acc, double v) {
-  if (op != ReduceOp::kMax) return acc + v;
-  return v != v ? v : (acc != acc ? acc : fmax(acc, v));
+  if (op == ReduceOp::kSum || op == ReduceOp::kMean) return acc + v;
+  if (v != v || acc != acc) return v != v ? v : acc;
+  return op == ReduceOp::kMax ? fmax(acc, v) : fmin(acc, v);
 }
 template <typename T>
 __device__ __forceinline__ T Result(ReduceOp op, double acc, int64_t count) {

@@ -171,7 +171,7 @@ std::string ConstantSupports(const graph::Node& n, int) {
 
 void RegisterConstantKernels(KernelRegistry& r) {
   r.Register({"", "Shape", 1, 1 << 30, InputTypeIn(0, FixedSizeTypes()),
-              MakeFactory<ShapeKernel>()});
+              MakeFactory<ShapeKernel>(), {}, {0}});
   r.Register({"", "ConstantOfShape", 9, 1 << 30,
               AllOf({InputTypeIn(0, {DataType::kInt64}), ConstantOfShapeSupports}),
               MakeFactory<ConstantOfShapeKernel>()});

@@ -5,6 +5,8 @@
 // in cuda_collectives.cc.
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
+#include <cmath>
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
@@ -21,33 +23,52 @@ namespace {
 
 // ---- elementwise ----------------------------------------------------------------------
 
-// The output of a two-operand node, a and b broadcast together: its strides per output dim in
-// bc, and whether a and b are both whole (no broadcasting). *y is null when there is nothing
-// to write.
-absl::Status BroadcastOutput(const std::string& name, KernelContext& ctx, kc::Broadcast* bc, TensorView** y,
-                             bool* same) {
-  const TensorView& a = *ctx.input(0);
-  const TensorView& b = *ctx.input(1);
-  const int rank = std::max(a.rank, b.rank);
+// The dims the inputs broadcast to, or the error naming the node and the first pair that does not.
+absl::StatusOr<std::vector<int64_t>> BroadcastDims(const std::string& name, KernelContext& ctx) {
+  int rank = 0;
+  for (int i = 0; i < ctx.num_inputs(); ++i) rank = std::max(rank, ctx.input(i)->rank);
   if (rank > kc::kMaxRank) return Unimplemented(name, ": rank ", rank, " over ", kc::kMaxRank);
+  std::vector<int64_t> out(rank, 1);
+  for (int i = 0; i < ctx.num_inputs(); ++i) {
+    const TensorView& t = *ctx.input(i);
+    for (int d = 0; d < t.rank; ++d) {
+      int64_t& o = out[rank - t.rank + d];
+      if (t.dims[d] != o && t.dims[d] != 1 && o != 1)
+        return InvalidArgument(name, ": input ", i, " ", DimsToString(t.shape()), " does not broadcast to ",
+                               DimsToString(out));
+      if (t.dims[d] != 1) o = t.dims[d];
+    }
+  }
+  return out;
+}
+
+// The element strides of a and b per dim of `out` (which both broadcast to); false when both
+// are whole (no broadcasting).
+bool PairStrides(const std::vector<int64_t>& out, const TensorView& a, const TensorView& b, kc::Broadcast* bc) {
+  const int rank = static_cast<int>(out.size());
   bc->rank = rank;
-  std::vector<int64_t> out(rank);
-  int64_t sa = 1, sb = 1;
+  int64_t sa = 1, sb = 1, n = 1;
   for (int d = rank - 1; d >= 0; --d) {
     const int ia = d - (rank - a.rank), ib = d - (rank - b.rank);
     const int64_t da = ia >= 0 ? a.dims[ia] : 1, db = ib >= 0 ? b.dims[ib] : 1;
-    if (da != db && da != 1 && db != 1)
-      return InvalidArgument(name, ": dims ", DimsToString(a.shape()), " and ", DimsToString(b.shape()),
-                             " do not broadcast");
-    out[d] = da == 1 ? db : da;
     bc->out_dims[d] = out[d];
     bc->a_strides[d] = da == 1 ? 0 : sa;
     bc->b_strides[d] = db == 1 ? 0 : sb;
     sa *= da;
     sb *= db;
+    n *= out[d];
   }
+  return a.numel() != n || b.numel() != n;
+}
+
+// The output of a two-operand node, a and b broadcast together: its strides per output dim in
+// bc, and whether a and b are both whole (no broadcasting). *y is null when there is nothing
+// to write.
+absl::Status BroadcastOutput(const std::string& name, KernelContext& ctx, kc::Broadcast* bc, TensorView** y,
+                             bool* same) {
+  ASSIGN_OR_RETURN(const std::vector<int64_t> out, BroadcastDims(name, ctx));
+  *same = !PairStrides(out, *ctx.input(0), *ctx.input(1), bc);
   *y = ctx.Output(0, out);
-  *same = *y && a.numel() == (*y)->numel() && b.numel() == (*y)->numel();
   return absl::OkStatus();
 }
 
@@ -69,22 +90,30 @@ kc::Elem ElemOf(DataType t) {
 }
 
 // Add, Sub, Mul, Div, Max, Min, Pow over float types; all but Pow over int64 and int32 too.
+// Max and Min take any number of inputs, folded left to right into the output.
 class BinaryKernel : public CudaKernel {
  public:
   BinaryKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
       : CudaKernel(p, n), op_(BinaryOpOf(n.op_type())) {}
   absl::Status Compute(KernelContext& ctx) const override {
-    const TensorView& a = *ctx.input(0);
-    const TensorView& b = *ctx.input(1);
-    kc::Broadcast bc;
-    TensorView* y = nullptr;
-    bool same = false;
-    RETURN_IF_ERROR(BroadcastOutput(name_, ctx, &bc, &y, &same));
+    ASSIGN_OR_RETURN(const std::vector<int64_t> out, BroadcastDims(name_, ctx));
+    TensorView* y = ctx.Output(0, out);
     if (!y) return absl::OkStatus();
-    if (a.dtype == DataType::kInt64 || a.dtype == DataType::kInt32)
-      return Check(kc::IntBinary(op_, ElemOf(a.dtype), a.data, b.data, y->data, y->numel(), same ? nullptr : &bc,
-                                 stream()));
-    return Check(kc::Binary(op_, DtOf(a.dtype), a.data, b.data, y->data, y->numel(), same ? nullptr : &bc, stream()));
+    const TensorView& x0 = *ctx.input(0);
+    if (ctx.num_inputs() == 1) return Copy(y->data, x0.data, x0.nbytes());  // out is its dims
+    for (int i = 1; i < ctx.num_inputs(); ++i) {
+      const TensorView& a = i == 1 ? x0 : *y;
+      const TensorView& b = *ctx.input(i);
+      kc::Broadcast bc;
+      const bool broadcast = PairStrides(out, a, b, &bc);
+      const int err = a.dtype == DataType::kInt64 || a.dtype == DataType::kInt32
+                          ? kc::IntBinary(op_, ElemOf(a.dtype), a.data, b.data, y->data, y->numel(),
+                                          broadcast ? &bc : nullptr, stream())
+                          : kc::Binary(op_, DtOf(a.dtype), a.data, b.data, y->data, y->numel(),
+                                       broadcast ? &bc : nullptr, stream());
+      RETURN_IF_ERROR(Check(err));
+    }
+    return absl::OkStatus();
   }
 
  private:
@@ -132,7 +161,8 @@ class UnaryKernel : public CudaKernel {
         : o == "Tanh" ? kc::UnaryOp::kTanh : o == "Exp" ? kc::UnaryOp::kExp : o == "Log" ? kc::UnaryOp::kLog
         : o == "Neg" ? kc::UnaryOp::kNeg : o == "Sqrt" ? kc::UnaryOp::kSqrt : o == "Sigmoid" ? kc::UnaryOp::kSigmoid
         : o == "Erf" ? kc::UnaryOp::kErf : o == "Reciprocal" ? kc::UnaryOp::kReciprocal
-        : o == "Abs" ? kc::UnaryOp::kAbs : kc::UnaryOp::kIdentity;
+        : o == "Abs" ? kc::UnaryOp::kAbs : o == "Sin" ? kc::UnaryOp::kSin : o == "Cos" ? kc::UnaryOp::kCos
+                     : kc::UnaryOp::kIdentity;
   }
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
@@ -143,6 +173,39 @@ class UnaryKernel : public CudaKernel {
 
  private:
   kc::UnaryOp op_;
+};
+
+// Clip: the bounds are float attributes before version 11 (default -+FLT_MAX, as the CPU's),
+// optional one-element inputs of x's dtype (on the host) from 11 (default -+inf).
+class ClipKernel : public CudaKernel {
+ public:
+  ClipKernel(const CudaExecutionProvider* p, const graph::Node& n, int version)
+      : CudaKernel(p, n), from_inputs_(version >= 11), lo_(n.AttrFloat("min", -FLT_MAX)),
+        hi_(n.AttrFloat("max", FLT_MAX)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    float lo = from_inputs_ ? -INFINITY : lo_, hi = from_inputs_ ? INFINITY : hi_;
+    if (from_inputs_) {
+      RETURN_IF_ERROR(Bound(ctx, 1, "min", &lo));
+      RETURN_IF_ERROR(Bound(ctx, 2, "max", &hi));
+    }
+    TensorView* y = ctx.Output(0, x.dim_span());
+    return y ? Check(kc::Clip(DtOf(x.dtype), x.data, y->data, x.numel(), lo, hi, stream())) : absl::OkStatus();
+  }
+
+ private:
+  absl::Status Bound(KernelContext& ctx, int i, const char* what, float* v) const {
+    const TensorView* t = i < ctx.num_inputs() ? ctx.input(i) : nullptr;
+    if (!t) return absl::OkStatus();
+    if (t->numel() != 1)
+      return InvalidArgument(name_, ": expected one element for ", what, ", got shape ", DimsToString(t->shape()));
+    const uint16_t bits = t->dtype == DataType::kFloat32 ? 0 : *t->as<uint16_t>();
+    *v = t->dtype == DataType::kFloat32 ? *t->as<float>()
+         : t->dtype == DataType::kBFloat16 ? BFloat16ToFloat(bits) : HalfToFloat(bits);
+    return absl::OkStatus();
+  }
+  bool from_inputs_;
+  float lo_, hi_;
 };
 
 // Cast among float32, bf16, fp16, int64, int32 and bool, converting as the CPU does.
@@ -532,7 +595,8 @@ class ReduceKernel : public CudaKernel {
       : CudaKernel(p, n), keepdims_(n.AttrInt("keepdims", 1) != 0),
         noop_with_empty_axes_(n.AttrInt("noop_with_empty_axes", 0) != 0), axes_attr_(n.AttrInts("axes")) {
     const std::string& o = n.op_type();
-    op_ = o == "ReduceSum" ? kc::ReduceOp::kSum : o == "ReduceMean" ? kc::ReduceOp::kMean : kc::ReduceOp::kMax;
+    op_ = o == "ReduceSum" ? kc::ReduceOp::kSum : o == "ReduceMean" ? kc::ReduceOp::kMean
+        : o == "ReduceMax" ? kc::ReduceOp::kMax : kc::ReduceOp::kMin;
   }
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
@@ -704,13 +768,20 @@ void CudaExecutionProvider::RegisterKernels() {
     if (n.num_inputs() != 2) return "only two inputs are supported on CUDA";
     return n.input(0)->dtype() == n.input(1)->dtype() ? "" : "mixed dtypes";
   };
+  auto all_alike = [](const graph::Node& n, int) -> std::string {
+    for (int i = 0; i < n.num_inputs(); ++i)
+      if (!n.input(i) || n.input(i)->dtype() != n.input(0)->dtype()) return "mixed dtypes or a missing input";
+    return n.num_inputs() > 0 ? "" : "no inputs";
+  };
   const std::vector<DataType> ints = {DataType::kInt64, DataType::kInt32};
   std::vector<DataType> numbers = kFloats;
   numbers.insert(numbers.end(), ints.begin(), ints.end());
-  for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"}) {
+  for (const char* op : {"Add", "Sub", "Mul", "Div", "Pow"}) {
     const std::vector<DataType>& types = std::string(op) == "Pow" ? kFloats : numbers;
     Add<BinaryKernel>(r, this, "", op, 7, 1 << 30, AllOf({InputTypeIn(0, types), two_alike}));
   }
+  for (const char* op : {"Max", "Min"})  // variadic (broadcasting from version 8)
+    Add<BinaryKernel>(r, this, "", op, 6, 1 << 30, AllOf({InputTypeIn(0, numbers), all_alike}));
   for (const char* op : {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"}) {
     std::vector<DataType> types = numbers;
     if (std::string(op) == "Equal") types.push_back(DataType::kBool);
@@ -721,6 +792,10 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<CompareKernel>(r, this, "", "Not", 1, 1 << 30, InputTypeIn(0, {DataType::kBool}));
   for (const char* op : {"Relu", "Tanh", "Exp", "Log", "Neg", "Sqrt", "Sigmoid", "Erf", "Reciprocal", "Abs"})
     Add<UnaryKernel>(r, this, "", op, 6, 1 << 30, floats);
+  for (const char* op : {"Sin", "Cos"})
+    Add<UnaryKernel>(r, this, "", op, 7, 1 << 30, floats);
+  Add<ClipKernel>(r, this, "", "Clip", 6, 10, floats);
+  Add<ClipKernel>(r, this, "", "Clip", 11, 1 << 30, floats, {1, 2});
   Add<UnaryKernel>(r, this, "", "Gelu", 20, 20, floats);
   Add<UnaryKernel>(r, this, C, "Gelu", 1, 1, floats);
   Add<GeluGradKernel>(r, this, C, "GeluGrad", 1, 1, floats);
@@ -746,7 +821,7 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<SoftmaxGradKernel>(r, this, C, "LogSoftmaxGrad", 1, 1, AllOf({floats, LastAxisOnly}));
   Add<ReduceKernel>(r, this, "", "ReduceSum", 1, 12, floats);
   Add<ReduceKernel>(r, this, "", "ReduceSum", 13, 1 << 30, floats, {1});
-  for (const char* op : {"ReduceMean", "ReduceMax"}) {
+  for (const char* op : {"ReduceMean", "ReduceMax", "ReduceMin"}) {
     Add<ReduceKernel>(r, this, "", op, 1, 17, floats);
     Add<ReduceKernel>(r, this, "", op, 18, 1 << 30, floats, {1});
   }

@@ -1,10 +1,12 @@
 // The CUDA provider's data-movement kernels (providers/cuda/): Concat and Split, Gather and its
 // gradient along any axis, Transpose, Slice and SliceGrad, Expand, and the views (Reshape,
-// Flatten, Squeeze, Unsqueeze, Identity). Shapes, starts and axes are read on the host; the
-// copies run on the provider's stream (kernels/cuda/data.cu).
+// Flatten, Squeeze, Unsqueeze, Identity), and the value makers ConstantOfShape, Range and Trilu.
+// Shapes, starts, axes and scalars are read on the host; the copies run on the provider's stream
+// (kernels/cuda/data.cu).
 #include <algorithm>
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -110,7 +112,7 @@ void AroundAxis(std::span<const int64_t> dims, int axis, int64_t* outer, int64_t
 class GatherKernel : public CudaKernel {
  public:
   GatherKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), axis_(n.AttrInt("axis", 0)) {}
+      : CudaKernel(p, n), axis_(n.AttrInt("axis", 0)), tag_(p->IndexCheckTag(absl::StrCat(name_, " (axis ", axis_, ")"))) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& table = *ctx.input(0);
     const TensorView& ids = *ctx.input(1);
@@ -126,11 +128,11 @@ class GatherKernel : public CudaKernel {
     AroundAxis(table.dim_span(), axis, &outer, &inner);
     return Check(kc::Gather(static_cast<int>(ElementSize(table.dtype)), table.data, ids.data,
                             ids.dtype == DataType::kInt32, y->data, outer, ids.numel(), table.dims[axis], inner,
-                            stream()));
+                            stream(), {p_->bad_index_words(), tag_}));
   }
 
  private:
-  int64_t axis_;
+  int64_t axis_, tag_;
 };
 
 // GatherGrad(shape [host], indices, dY[, base, reset [host]]) {axis} -> dX of `shape`: dY
@@ -138,7 +140,7 @@ class GatherKernel : public CudaKernel {
 class GatherGradKernel : public CudaKernel {
  public:
   GatherGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), axis_(n.AttrInt("axis", 0)) {}
+      : CudaKernel(p, n), axis_(n.AttrInt("axis", 0)), tag_(p->IndexCheckTag(absl::StrCat(name_, " (axis ", axis_, ")"))) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& shape = *ctx.input(0);
     const TensorView& ids = *ctx.input(1);
@@ -161,11 +163,12 @@ class GatherGradKernel : public CudaKernel {
     TensorView* dx = ctx.Output(0, dims);
     if (!dx) return absl::OkStatus();
     return Check(kc::GatherGrad(dy.as<float>(), ids.data, ids.dtype == DataType::kInt32, dx->as<float>(), outer,
-                                ids.numel(), dims[axis], inner, stream(), base ? base->as<float>() : nullptr));
+                                ids.numel(), dims[axis], inner, stream(), base ? base->as<float>() : nullptr,
+                                {p_->bad_index_words(), tag_}));
   }
 
  private:
-  int64_t axis_;
+  int64_t axis_, tag_;
 };
 
 class TransposeKernel : public CudaKernel {
@@ -364,6 +367,88 @@ class ViewKernel : public CudaKernel {
 
 }  // namespace
 
+// ConstantOfShape(shape [host]) {value}: the value's bytes, decoded once.
+class ConstantOfShapeKernel : public CudaKernel {
+ public:
+  ConstantOfShapeKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {
+    const graph::Attribute* a = n.FindAttr("value");
+    const Tensor value = a ? a->t : Tensor::Scalar<float>(0.f);  // the spec's default: float32 zero
+    elem_bytes_ = static_cast<int>(ElementSize(value.dtype()));
+    std::memcpy(&bits_, value.raw(), std::min<size_t>(value.nbytes(), sizeof bits_));
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const std::vector<int64_t> dims = HostInts(ctx, 0);
+    for (int64_t d : dims)
+      if (d < 0) return InvalidArgument(name_, ": shape ", DimsToString(dims), " has a negative dim");
+    TensorView* y = ctx.Output(0, dims);
+    return y ? Check(kc::Fill(elem_bytes_, bits_, y->data, y->numel(), stream())) : absl::OkStatus();
+  }
+
+ private:
+  int elem_bytes_ = 4;
+  uint64_t bits_ = 0;
+};
+
+std::string OneElementValue(const graph::Node& n, int) {
+  const graph::Attribute* a = n.FindAttr("value");
+  if (!a) return "";
+  const size_t bytes = ElementSize(a->t.dtype());
+  if (a->t.numel() != 1 || (bytes != 1 && bytes != 2 && bytes != 4 && bytes != 8))
+    return absl::StrCat("a value of dtype ", DataTypeName(a->t.dtype()), " and ", a->t.numel(),
+                        " elements is not supported on CUDA");
+  return "";
+}
+
+// Range(start, limit, delta [host scalars]): start + i * delta, as the CPU counts and computes.
+class RangeKernel : public CudaKernel {
+ public:
+  RangeKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    for (int i = 0; i < 3; ++i)
+      if (ctx.input(i)->numel() != 1)
+        return InvalidArgument(name_, ": input ", i, " has shape ", DimsToString(ctx.input(i)->shape()),
+                               ", expected a scalar");
+    const DataType t = ctx.input(0)->dtype;
+    if (t == DataType::kFloat32) {
+      const float start = *ctx.input(0)->as<float>(), limit = *ctx.input(1)->as<float>();
+      const float delta = *ctx.input(2)->as<float>();
+      if (delta == 0.f) return InvalidArgument(name_, ": delta is 0, expected non-zero");
+      const int64_t n = kernels::cpu::RangeCount(start, limit, delta);
+      TensorView* y = ctx.Output(0, {n});
+      return y ? Check(kc::Range(kc::Elem::kF32, 0, 0, start, delta, y->data, n, stream())) : absl::OkStatus();
+    }
+    const int64_t start = HostInts(ctx, 0)[0], limit = HostInts(ctx, 1)[0], delta = HostInts(ctx, 2)[0];
+    if (delta == 0) return InvalidArgument(name_, ": delta is 0, expected non-zero");
+    const int64_t n = kernels::cpu::RangeCount(start, limit, delta);
+    TensorView* y = ctx.Output(0, {n});
+    const kc::Elem e = t == DataType::kInt32 ? kc::Elem::kI32 : kc::Elem::kI64;
+    return y ? Check(kc::Range(e, start, delta, 0, 0, y->data, n, stream())) : absl::OkStatus();
+  }
+};
+
+// Trilu(x[, k [host]]) {upper}: over the last two dims.
+class TriluKernel : public CudaKernel {
+ public:
+  TriluKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), upper_(n.AttrInt("upper", 1) != 0) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    if (x.rank < 2) return InvalidArgument(name_, ": expected an input of rank >= 2, got ", DimsToString(x.shape()));
+    const std::vector<int64_t> k = HostInts(ctx, 1);
+    if (ctx.num_inputs() > 1 && ctx.input(1) && k.size() != 1)
+      return InvalidArgument(name_, ": expected a scalar k, got shape ", DimsToString(ctx.input(1)->shape()));
+    TensorView* y = ctx.Output(0, x.dim_span());
+    if (!y) return absl::OkStatus();
+    const int64_t rows = x.dims[x.rank - 2], cols = x.dims[x.rank - 1];
+    const int64_t batch = rows * cols == 0 ? 0 : x.numel() / (rows * cols);
+    return Check(kc::Trilu(static_cast<int>(ElementSize(x.dtype)), x.data, y->data, batch, rows, cols,
+                           k.empty() ? 0 : k[0], upper_, stream()));
+  }
+
+ private:
+  bool upper_;
+};
+
 void RegisterCudaLayoutKernels(KernelRegistry& r, CudaExecutionProvider* p) {
   const std::string C(graph::kCleaveDomain);
   const std::vector<DataType> ints = {DataType::kInt64, DataType::kInt32};
@@ -384,6 +469,15 @@ void RegisterCudaLayoutKernels(KernelRegistry& r, CudaExecutionProvider* p) {
   Add<ViewKernel>(r, p, "", "Identity", 1, 1 << 30, any);
   Add<ConcatSplitKernel>(r, p, "", "Concat", 4, 1 << 30, any);
   Add<ConcatSplitKernel>(r, p, "", "Split", 2, 1 << 30, any, {1});
+  Add<ConstantOfShapeKernel>(r, p, "", "ConstantOfShape", 9, 1 << 30,
+                             AllOf({InputTypeIn(0, {DataType::kInt64}), OneElementValue}), {0});
+  Add<RangeKernel>(r, p, "", "Range", 11, 1 << 30, InputTypeIn(0, {DataType::kFloat32, DataType::kInt64,
+                                                                   DataType::kInt32}), {0, 1, 2});
+  const auto word_sized = [](const graph::Node& n, int) -> std::string {
+    const size_t b = ElementSize(n.input(0)->dtype());
+    return b == 1 || b == 2 || b == 4 || b == 8 ? "" : "elements of this size are not supported on CUDA";
+  };
+  Add<TriluKernel>(r, p, "", "Trilu", 14, 1 << 30, word_sized, {1});
 }
 
 }  // namespace cleave::providers

@@ -155,6 +155,10 @@ absl::StatusOr<std::unique_ptr<ExecutionProvider>> CudaExecutionProvider::Create
   ASSIGN_OR_RETURN(p->workspace_, p->arena_->TryAllocate(p->workspace_bytes_));
   ASSIGN_OR_RETURN(void* scratch, p->arena_->TryAllocate(sizeof(double)));
   p->reduction_scratch_ = static_cast<double*>(scratch);
+  void* words = nullptr;
+  RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&words, 4 * sizeof(int64_t)), "cudaMallocHost (index checks)"));
+  p->bad_index_ = static_cast<int64_t*>(words);
+  std::memset(words, 0, 4 * sizeof(int64_t));
   p->RegisterKernels();
   return std::unique_ptr<ExecutionProvider>(std::move(p));
 }
@@ -173,6 +177,7 @@ CudaExecutionProvider::~CudaExecutionProvider() {
     if (workspace_) arena_->Free(workspace_);
     if (reduction_scratch_) arena_->Free(reduction_scratch_);
   }
+  if (bad_index_) cudaFreeHost(bad_index_);
   if (cublaslt_) cublasLtDestroy(static_cast<cublasLtHandle_t>(cublaslt_));
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
@@ -260,7 +265,26 @@ CudnnAttention* CudaExecutionProvider::cudnn_attention() const {
 }
 
 absl::Status CudaExecutionProvider::Synchronize(const std::string& what) const {
-  return CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), what);
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), what));
+  volatile int64_t* w = bad_index_;
+  if (!w || w[0] == 0) return absl::OkStatus();
+  const int64_t tag = w[0], index = w[1], position = w[2], size = w[3];
+  w[1] = w[2] = w[3] = 0;
+  w[0] = 0;
+  std::string node;
+  {
+    std::lock_guard<std::mutex> lock(checks_mu_);
+    node = tag >= 1 && tag <= static_cast<int64_t>(checks_.size()) ? checks_[tag - 1] : "a kernel";
+  }
+  return InvalidArgument(node, ": index ", index, " at position ", position, " is out of range for an axis of size ",
+                         size, ": expected [", -size, ", ", size - 1, "] (found on the device; outputs of that run are ",
+                         "not valid)");
+}
+
+int64_t CudaExecutionProvider::IndexCheckTag(const std::string& what) const {
+  std::lock_guard<std::mutex> lock(checks_mu_);
+  checks_.push_back(what);
+  return static_cast<int64_t>(checks_.size());
 }
 
 }  // namespace cleave::providers

@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "providers/arena_allocator.h"
@@ -66,8 +67,15 @@ class CudaExecutionProvider : public ExecutionProvider {
   // Device scratch of one double for reductions (valid for the provider's lifetime).
   double* reduction_scratch() const { return reduction_scratch_; }
   const ArenaAllocator& arena() const { return *arena_; }
-  // Waits for everything enqueued on the stream; the error names `what`.
+  // Waits for everything enqueued on the stream; the error names `what`, or else the first
+  // index a kernel found out of range since the last wait (see IndexCheckTag).
   absl::Status Synchronize(const std::string& what) const;
+  // Out-of-range indices found on the device (Gather, GatherGrad): a kernel records the first
+  // one in these 4 host-visible words (null without a device) under its tag, and the next wait
+  // on the stream reports it as an error naming `what` (the node), then clears the words. The
+  // kernels write zeros (or add nothing) for such an index meanwhile, so nothing faults.
+  int64_t* bad_index_words() const { return bad_index_; }
+  int64_t IndexCheckTag(const std::string& what) const;
   // cuDNN's fused attention on this provider's stream, made on first use; null when cuDNN
   // cannot be had (cudnn_attention_unavailable() says why), and the kernels use their own.
   class CudnnAttention* cudnn_attention() const;
@@ -84,6 +92,9 @@ class CudaExecutionProvider : public ExecutionProvider {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   double* reduction_scratch_ = nullptr;
+  int64_t* bad_index_ = nullptr;  // page-locked host memory, written by kernels
+  mutable std::mutex checks_mu_;
+  mutable std::vector<std::string> checks_;  // tag - 1 -> what
   mutable std::once_flag cudnn_once_;
   mutable std::unique_ptr<class CudnnAttention> cudnn_;
   mutable std::string cudnn_why_;

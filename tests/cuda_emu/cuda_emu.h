@@ -255,6 +255,12 @@ T atomicAdd(T* p, T v) {
   *p = old + v;
   return old;
 }
+template <typename T>
+T atomicCAS(T* p, T compare, T v) {
+  const T old = *p;
+  if (old == compare) *p = v;
+  return old;
+}
 inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
