@@ -20,6 +20,7 @@
 #include "runtime/inference_session.h"
 #include "tests/op_tester.h"
 #include "tests/partition_test_util.h"
+#include "tests/variant_goldens.h"
 #include "trainer/mixed_precision.h"
 #include "trainer/partition_plan.h"
 #include "trainer/training_session.h"
@@ -410,6 +411,42 @@ TEST(MixedPrecision, Bf16TrainingGraphRunsEveryProductInBf16AndTracksFp32) {
   EXPECT_NE(loss[1], loss[0]);  // bf16 rounding does show
   EXPECT_FALSE(ParsePrecision("fp8").ok());
   EXPECT_EQ(*ParsePrecision("fp16"), Precision::kFp16);
+}
+
+// BERT's pooler is a Gemm (torch's Linear on a 2-D input: C of [N], transB) and the rule makes
+// Gemms of its gradients: under bf16 each becomes a MatMulBf16, the pooler's C its bias, and the
+// step tracks fp32.
+TEST(MixedPrecision, Bf16AutocastTakesTheLinearGemms) {
+  const testing::VariantGolden golden = testing::LoadVariantGolden(CLEAVE_SOURCE_DIR, "bert_cls");
+  auto model = onnx_ext::LoadModel(golden.dir + "model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<float> loss, norm;
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(PrecisionName(p));
+    TrainingSpec spec = golden.spec;
+    spec.precision = p;
+    auto a = BuildTrainingArtifacts(**model, spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    int gemms = 0, with_bias = 0;
+    for (const auto& n : a->training->nodes()) {
+      gemms += n->op_type() == "Gemm";
+      with_bias += n->op_type() == "MatMulBf16" && n->num_inputs() > 2 && n->input(2) &&
+                   n->input(2)->dtype() == DataType::kFloat32 && n->AttrInt("transB", 0) == 1;
+    }
+    EXPECT_EQ(gemms, p == Precision::kFp32 ? 3 : 0);  // the pooler and its two gradients
+    EXPECT_EQ(with_bias, p == Precision::kFp32 ? 0 : 1);
+    const Feeds ordered = testing::InOrder(golden.feeds, a->data_inputs);
+    auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
+    ASSERT_TRUE(s.ok()) << s.status();
+    auto l = (*s)->TrainStep(ordered);
+    ASSERT_TRUE(l.ok()) << l.status();
+    loss.push_back(*l);
+    auto g = (*s)->OptimizerStep();
+    ASSERT_TRUE(g.ok()) << g.status();
+    norm.push_back(*g);
+  }
+  EXPECT_NEAR(loss[1], loss[0], 0.01 * loss[0]);
+  EXPECT_NEAR(norm[1], norm[0], 0.03 * norm[0]);
 }
 
 // The tiny GPT's training artifacts (batch 2, seq 16, attention fused) in precision p, and its

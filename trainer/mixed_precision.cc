@@ -98,19 +98,33 @@ class Autocast {
   }
 
  private:
-  // The fp32 MatMul / bias-free FusedMatMul nodes of static shapes whose batch dims agree.
+  // Whether n is a Gemm the low product can take: alpha 1, and no C or a float32 C of [N] added
+  // once (torch's Linear on a 2-D input: it becomes the product's bias).
+  static bool LinearGemm(const Node& n) {
+    if (!n.domain().empty() || n.op_type() != "Gemm" || n.AttrFloat("alpha", 1.f) != 1.f) return false;
+    const Value* c = n.num_inputs() > 2 ? n.input(2) : nullptr;
+    if (!c) return true;
+    const Value* y = n.output(0);
+    return n.AttrFloat("beta", 1.f) == 1.f && c->dtype() == DataType::kFloat32 && y && y->shape().is_static() &&
+           c->shape().is_static() && c->shape().rank() == 1 && y->shape().rank() == 2 &&
+           c->shape()[0].value == y->shape()[1].value;
+  }
+
+  // The fp32 MatMul / bias-free FusedMatMul nodes of static shapes whose batch dims agree, and
+  // the 2-D Gemms of LinearGemm.
   std::vector<Node*> Products() const {
     std::vector<Node*> products;
     for (const auto& n : g_.nodes()) {
       const bool mm = n->domain().empty() && n->op_type() == "MatMul";
       const bool fused = n->domain() == graph::kCleaveDomain && n->op_type() == "FusedMatMul" &&
                          n->num_inputs() == 2 && n->AttrString("activation", "").empty();
-      if (!mm && !fused) continue;
+      const bool gemm = LinearGemm(*n);
+      if (!mm && !fused && !gemm) continue;
       const Value *a = n->input(0), *b = n->input(1);
       if (!a || !b || a->dtype() != DataType::kFloat32 || b->dtype() != DataType::kFloat32) continue;
       if (!a->shape().is_static() || !b->shape().is_static()) continue;
       const int ra = a->shape().rank(), rb = b->shape().rank();
-      if (ra < 2 || (rb != 2 && rb != ra)) continue;
+      if (ra < 2 || (rb != 2 && rb != ra) || (gemm && ra != 2)) continue;
       bool same = true;
       for (int i = 0; rb == ra && i < ra - 2; ++i) same &= a->shape()[i].value == b->shape()[i].value;
       if (same) products.push_back(n.get());  // broadcast batch dims stay fp32
@@ -199,12 +213,16 @@ class Autocast {
     Value* ca = Cast(a, n);
     Value* cb = Cast(b, n);
     Value* y = n->output(0);
+    // A Gemm's C (LinearGemm: [N], beta 1) is the product's bias.
+    Value* bias = n->op_type() == "Gemm" && n->num_inputs() > 2 ? n->input(2) : nullptr;
     const std::string name = n->name();
     const auto meta = n->metadata();
     g_.RemoveNode(n);
     // (A product read only by a Transpose, a weight gradient, is swapped by the sessions'
     // TransformerFusion, as for fp32.)
-    Node* m = g_.AddNode(op_, {ca, cb}, {y}, name, graph::kCleaveDomain);
+    std::vector<Value*> in = {ca, cb};
+    if (bias) in.push_back(bias);
+    Node* m = g_.AddNode(op_, in, {y}, name, graph::kCleaveDomain);
     if (ta) m->SetAttr("transA", graph::Attribute::Int(1));
     if (tb) m->SetAttr("transB", graph::Attribute::Int(1));
     m->metadata() = meta;

@@ -30,8 +30,9 @@ enum class Precision { kFp32, kBf16, kFp16 };
 absl::StatusOr<Precision> ParsePrecision(const std::string& name);  // fp32 | bf16 | fp16
 const char* PrecisionName(Precision p);
 
-// Rewrites the fp32 MatMul / FusedMatMul nodes (without bias or activation) of `g` into casts
-// and MatMulBf16 (MatMulF16 for kFp16), and the fused ai.cleave Attention / AttentionGrad into
+// Rewrites the fp32 MatMul / FusedMatMul nodes (without bias or activation) and the 2-D Gemms
+// with alpha 1 and no C or a C of [N] (which becomes the bias) of `g` into casts and MatMulBf16
+// (MatMulF16 for kFp16), and the fused ai.cleave Attention / AttentionGrad into
 // the same ops over low-precision q, k, v (and out, dOut), their outputs widened back to fp32
 // (lse stays fp32), then moves casts between the products as above; returns how many products
 // and attention nodes it rewrote. kFp32 changes nothing.
