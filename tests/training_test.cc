@@ -3,6 +3,7 @@
 // GPT (models/tiny_gpt/train_golden), bit-exact resume, and every bad-input path the trainer
 // promises to report (checkpoints that are truncated, corrupt or from another model, data
 // that is too short or outside the vocab, a non-finite loss).
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/nn.h"
 #include "kernels/cpu/optimizer.h"
+#include "kernels/philox.h"
 #include "onnx_ext/cleave_schemas.h"
 #include "onnx_ext/onnx_io.h"
 #include "tests/op_tester.h"
@@ -168,6 +170,30 @@ TEST(OptimizerKernels, IsAllFinite) {
   run(std::numeric_limits<float>::infinity());
   run(-std::numeric_limits<float>::infinity());
   run(std::numeric_limits<float>::quiet_NaN());
+}
+
+// Random123's published known answers for Philox4x32-10, and the dropout mask drawn from it:
+// elements 2j and 2j + 1 from the two halves of counter j (an odd count ends half a pair in).
+TEST(Philox, KnownAnswersAndTheDropoutDraws) {
+  auto eq = [](kernels::Philox4 r, std::array<uint32_t, 4> want) {
+    return std::array<uint32_t, 4>{r.v[0], r.v[1], r.v[2], r.v[3]} == want;
+  };
+  EXPECT_TRUE(eq(kernels::Philox4x32({{0, 0, 0, 0}}, 0, 0), {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_TRUE(eq(kernels::Philox4x32({{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}}, 0xffffffff, 0xffffffff),
+                 {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  EXPECT_TRUE(eq(kernels::Philox4x32({{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}}, 0xa4093822, 0x299f31d0),
+                 {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+  const int64_t n = 1001;
+  const uint64_t key = 0x0123456789abcdefull;
+  std::vector<float> x(n, 2.0f), y(n);
+  std::unique_ptr<bool[]> m(new bool[n]);
+  kernels::cpu::DropoutKeyed<float>(key, 0.25f, n, x.data(), y.data(), m.get(), nullptr);
+  for (int64_t i = 0; i < n; ++i) {
+    double u[2];
+    kernels::PhiloxUniformPair(key, static_cast<uint64_t>(i / 2), &u[0], &u[1]);
+    ASSERT_EQ(m[i], u[i % 2] >= 0.25) << i;
+    EXPECT_EQ(y[i], m[i] ? 2.0f / 0.75f : 0.0f) << i;
+  }
 }
 
 TEST(DropoutKeyed, MaskIsAPureFunctionOfTheKeyWithTheRightRate) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/cpu/nn.h"
+#include "kernels/philox.h"
 
 namespace cleave::kernels::cpu {
 
@@ -28,16 +29,18 @@ template <typename T>
 void DropoutKeyed(uint64_t key, float ratio, int64_t n, const T* x, T* y, bool* mask, ThreadPool* pool) {
   const double r = static_cast<double>(ratio);
   const T scale = static_cast<T>(1.0 / (1.0 - r));
-  ParallelFor(pool, n, 1 << 14, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      // SplitMix64 finaliser of (key, i); 53 bits make a double in [0, 1).
-      uint64_t z = key + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-      z ^= z >> 31;
-      const bool keep = static_cast<double>(z >> 11) * 0x1.0p-53 >= r;
-      y[i] = keep ? x[i] * scale : T(0);
-      if (mask) mask[i] = keep;
+  // Over pairs of elements: pair j is elements 2j and 2j + 1, both uniforms of counter j.
+  const int64_t pairs = (n + 1) / 2;
+  ParallelFor(pool, pairs, 1 << 13, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      double u[2];
+      PhiloxUniformPair(key, static_cast<uint64_t>(j), &u[0], &u[1]);
+      for (int h = 0; h < 2 && 2 * j + h < n; ++h) {
+        const int64_t i = 2 * j + h;
+        const bool keep = u[h] >= r;
+        y[i] = keep ? x[i] * scale : T(0);
+        if (mask) mask[i] = keep;
+      }
     }
   });
 }

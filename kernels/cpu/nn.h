@@ -157,8 +157,9 @@ absl::Status SoftmaxCrossEntropy(const SceParams& p, const T* scores, const L* l
 // not depend on the thread count. mask may be null. Instantiated for float and double.
 template <typename T>
 void Dropout(std::mt19937& gen, float ratio, int64_t n, const T* x, T* y, bool* mask);
-// Counter-based Dropout: element i's uniform comes from a hash of (key, i), so a mask is a pure
-// function of the key (recomputable, thread-count independent) and runs in parallel.
+// Counter-based Dropout: elements 2j and 2j+1 take the two uniforms of Philox4x32-10 counter j
+// under the key (kernels/philox.h), so a mask is a pure function of the key (recomputable,
+// thread-count independent, the CUDA kernel's bits) and runs in parallel.
 template <typename T>
 void DropoutKeyed(uint64_t key, float ratio, int64_t n, const T* x, T* y, bool* mask, ThreadPool* pool);
 

@@ -12,6 +12,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/philox.h"
 
 namespace cleave::kernels::cuda {
 
@@ -222,17 +223,20 @@ int LaunchMap2(F f, const void* a, const void* b, void* y, int64_t n, cudaStream
   return static_cast<int>(cudaGetLastError());
 }
 
+// A thread per pair of elements (2j, 2j + 1), both uniforms of Philox counter j, as the CPU draws.
 template <typename T>
 __global__ void DropoutKernel(uint64_t key, double ratio, float scale, const T* x, T* y, bool* mask, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint64_t z = key + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    const bool keep = static_cast<double>(z >> 11) * 0x1.0p-53 >= ratio;
-    y[i] = keep ? FromFloat<T>(ToFloat(x[i]) * scale) : FromFloat<T>(0.f);
-    if (mask) mask[i] = keep;
+  const int64_t pairs = (n + 1) / 2;
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < pairs;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double u[2];
+    PhiloxUniformPair(key, static_cast<uint64_t>(j), &u[0], &u[1]);
+    for (int h = 0; h < 2 && 2 * j + h < n; ++h) {
+      const int64_t i = 2 * j + h;
+      const bool keep = u[h] >= ratio;
+      y[i] = keep ? FromFloat<T>(ToFloat(x[i]) * scale) : FromFloat<T>(0.f);
+      if (mask) mask[i] = keep;
+    }
   }
 }
 
@@ -430,7 +434,7 @@ int DropoutKeyed(Dt dt, uint64_t key, float ratio, const void* x, void* y, bool*
   const double r = static_cast<double>(ratio);
   const float scale = static_cast<float>(1.0 / (1.0 - r));
   DISPATCH_DT(dt, T, {
-    DropoutKernel<T><<<Blocks(n), kThreads, 0, Stream(stream)>>>(key, r, scale, static_cast<const T*>(x),
+    DropoutKernel<T><<<Blocks((n + 1) / 2), kThreads, 0, Stream(stream)>>>(key, r, scale, static_cast<const T*>(x),
                                                                 static_cast<T*>(y), mask, n);
   });
   return static_cast<int>(cudaGetLastError());

@@ -54,8 +54,9 @@ int CastElem(Elem from, Elem to, const void* x, void* y, int64_t n, void* stream
 int GemmScaleAdd(Dt dt, void* y, float alpha, const void* c, float beta, int64_t rows, int64_t cols, int64_t c_rows,
                  int64_t c_cols, void* stream);
 // Training-mode dropout with the CPU's counter-based mask (kernels/cpu/nn.h DropoutKeyed):
-// element i is kept when the SplitMix64 hash of (key, i), as a double in [0, 1), is >= ratio,
-// so the CPU and CUDA masks of one key are the same bits. mask may be null.
+// element 2j + h is kept when uniform h of Philox4x32-10 counter j under the key
+// (kernels/philox.h), a double in [0, 1), is >= ratio, so the CPU and CUDA masks of one key are
+// the same bits. mask may be null.
 int DropoutKeyed(Dt dt, uint64_t key, float ratio, const void* x, void* y, bool* mask, int64_t n, void* stream);
 // dx = dy * gelu'(x), exact (erf) or tanh form.
 int GeluGrad(Dt dt, const void* dy, const void* x, void* dx, int64_t n, bool tanh_form, void* stream);

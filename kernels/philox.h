@@ -1,0 +1,46 @@
+// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11), the
+// counter-based generator of cuRAND and PyTorch's CUDA generator, for the host and the device
+// alike (kernels/): a pure function of a 128-bit counter and a 64-bit key, so the CPU and CUDA
+// dropout kernels draw the same numbers for the same (key, counter), and a backward pass can
+// recompute a mask instead of storing it.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define CLEAVE_HOST_DEVICE __host__ __device__
+#else
+#define CLEAVE_HOST_DEVICE
+#endif
+
+namespace cleave::kernels {
+
+struct Philox4 {
+  uint32_t v[4];
+};
+
+// The 4 words of counter c under key k (Random123's philox4x32_10).
+CLEAVE_HOST_DEVICE inline Philox4 Philox4x32(Philox4 c, uint32_t k0, uint32_t k1) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // the round multipliers
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // the key schedule's Weyl steps
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += kW0;
+      k1 += kW1;
+    }
+    const uint64_t p0 = static_cast<uint64_t>(kM0) * c.v[0], p1 = static_cast<uint64_t>(kM1) * c.v[2];
+    c = Philox4{{static_cast<uint32_t>(p1 >> 32) ^ c.v[1] ^ k0, static_cast<uint32_t>(p1),
+                 static_cast<uint32_t>(p0 >> 32) ^ c.v[3] ^ k1, static_cast<uint32_t>(p0)}};
+  }
+  return c;
+}
+
+// Two uniforms in [0, 1) of 53 bits each from counter j under `key`: words 0-1 and 2-3.
+CLEAVE_HOST_DEVICE inline void PhiloxUniformPair(uint64_t key, uint64_t j, double* u0, double* u1) {
+  const Philox4 r = Philox4x32(Philox4{{static_cast<uint32_t>(j), static_cast<uint32_t>(j >> 32), 0u, 0u}},
+                               static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32));
+  *u0 = static_cast<double>(((static_cast<uint64_t>(r.v[0]) << 32) | r.v[1]) >> 11) * 0x1.0p-53;
+  *u1 = static_cast<double>(((static_cast<uint64_t>(r.v[2]) << 32) | r.v[3]) >> 11) * 0x1.0p-53;
+}
+
+}  // namespace cleave::kernels
