@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -47,6 +48,15 @@ bool IsViewOp(const graph::Node& n) {
 }
 
 namespace {
+
+// A step's error, named after its node unless the kernel's message already starts with it.
+absl::Status AtNode(const graph::Node& n, const absl::Status& s) {
+  if (s.ok()) return s;
+  const std::string what = n.Describe();
+  if (absl::StartsWith(s.message(), what)) return s;
+  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+}
+
 // ai.cleave.MemcpyFromHost / MemcpyToHost, inserted at host/device boundaries: the device
 // provider's CopyTensor in either direction.
 class CopyKernel : public providers::OpKernel {
@@ -811,8 +821,7 @@ void Executor::Launch(int st, std::vector<Tensor>& outputs, Profiler* profiler) 
     if (profiler && !device)  // device work is only queued here
       profiler->Add(step.node->name(), step.node->op_type(), track, start, Profiler::Clock::now(),
                     {{"queued_us", absl::StrCat(queued_us)}});
-    if (s.ok()) return s;
-    return absl::Status(s.code(), absl::StrCat(step.node->Describe(), ": ", s.message()));
+    return AtNode(*step.node, s);
   });
 }
 
@@ -968,8 +977,7 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
     ctx.Settle();
     scratch_wanted = std::max(scratch_wanted, ctx.wanted_scratch());
     for (int s : release_after_[st]) slot_heap_[s].reset();  // heap and device buffers at their last use
-    if (!status.ok())
-      status = absl::Status(status.code(), absl::StrCat(step.node->Describe(), ": ", status.message()));
+    status = AtNode(*step.node, status);
   }
   // The collectives waited for at the end of the run, and after an error whatever is still in
   // flight (its buffers must outlive it).

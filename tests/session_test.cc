@@ -337,6 +337,41 @@ TEST(Executor, ReportsKernelsThatDisagreeWithShapeInference) {
   EXPECT_NE(Message(s).find("the kernel made [2,3] but shape inference gave [7,3]"), std::string::npos) << s;
 }
 
+// A run's error names the failing node once, whether or not its kernel's message already did
+// (Clip's does, Reshape's does not).
+TEST(Executor, NamesTheFailingNodeOnce) {
+  auto count = [](const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  SessionOptions o;
+  o.optimize = false;
+  auto s = InferenceSession::FromGraph(*graph::ParseGraph(R"(
+    input x: float32[4]
+    input lo: float32[n]
+    input shape: int64[2]
+    c = Clip(x, lo)
+    r = Reshape(x, shape)
+    output c
+    output r
+  )"),
+                                       o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const Tensor x(DataType::kFloat32, {4});
+  auto clip = (*s)->Run({{"x", x}, {"lo", Tensor(DataType::kFloat32, {2})},
+                         {"shape", Tensor::FromVector<int64_t>({2, 2}, {2})}});
+  ASSERT_FALSE(clip.ok());
+  const std::string a(clip.status().message());
+  EXPECT_EQ(count(a, "Clip 'c'"), 1) << a;
+  EXPECT_NE(a.find("expected one element for min"), std::string::npos) << a;
+  auto reshape = (*s)->Run({{"x", x}, {"lo", Tensor(DataType::kFloat32, {1})},
+                            {"shape", Tensor::FromVector<int64_t>({3, 3}, {2})}});
+  ASSERT_FALSE(reshape.ok());
+  const std::string b(reshape.status().message());
+  EXPECT_EQ(count(b, "Reshape 'r'"), 1) << b;
+}
+
 // A node the checker must reject: an ai.cleave op with an input too many.
 TEST(CleaveSchemas, CheckerRejectsMalformedCleaveOps) {
   auto g = std::make_unique<graph::Graph>();

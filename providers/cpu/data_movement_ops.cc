@@ -8,17 +8,12 @@
 #include "base/status.h"
 #include "kernels/cpu/broadcast.h"
 #include "kernels/cpu/shape.h"
+#include "providers/axis.h"
 #include "providers/cpu/shape_ops.h"
 
 namespace cleave::providers {
 
 namespace {
-
-absl::StatusOr<int> Axis(int64_t axis, int rank) {
-  if (axis < -rank || axis >= rank)
-    return InvalidArgument("axis ", axis, " is out of range for rank ", rank);
-  return static_cast<int>(axis < 0 ? axis + rank : axis);
-}
 
 class TransposeKernel : public OpKernel {
  public:
@@ -57,7 +52,7 @@ class ConcatKernel : public OpKernel {
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x0 = *ctx.input(0);
-    ASSIGN_OR_RETURN(int axis, Axis(axis_, x0.rank));
+    ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, x0.rank));
     DimVector dims(x0.dim_span());
     dims[axis] = 0;
     std::span<const TensorView*> xs = ScratchArray<const TensorView*>(ctx, ctx.num_inputs());
@@ -90,7 +85,7 @@ class SplitKernel : public OpKernel {
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
-    ASSIGN_OR_RETURN(int axis, Axis(axis_, x.rank));
+    ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, x.rank));
     const int n = ctx.num_outputs();
     std::span<int64_t> sizes = ScratchArray<int64_t>(ctx, n);
     RETURN_IF_ERROR(Sizes(ctx, x.dims[axis], sizes));
@@ -198,7 +193,7 @@ class GatherKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& data = *ctx.input(0);
     const TensorView& indices = *ctx.input(1);
-    ASSIGN_OR_RETURN(int axis, Axis(axis_, data.rank));
+    ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, data.rank));
     // y.dims = data.dims[:axis] + indices.dims + data.dims[axis+1:]
     const int rank = data.rank - 1 + indices.rank;
     if (rank > kMaxRank)

@@ -12,6 +12,7 @@
 #include "graph/op_table.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/grad.h"
+#include "providers/axis.h"
 #include "providers/cpu/cpu_provider.h"
 #include "providers/cpu/nn_ops.h"
 #include "providers/cpu/shape_ops.h"
@@ -286,20 +287,6 @@ absl::Status ExpectSameDims(const TensorView& dy, const TensorView& t, const cha
                          DimsToString(dy.shape()));
 }
 
-int64_t DimProduct(const TensorView& x, int begin, int end) {
-  int64_t n = 1;
-  for (int k = begin; k < end && k < x.rank; ++k) n *= x.dims[k];
-  return n;
-}
-
-// x's axis attribute resolved against its rank (a scalar counts as one element on axis 0).
-absl::StatusOr<int> ResolveAxis(int64_t axis, const TensorView& x) {
-  const int r = std::max(x.rank, 1);
-  if (axis < -r || axis >= r)
-    return InvalidArgument("axis ", axis, " is out of range for an input of rank ", x.rank);
-  return static_cast<int>(axis < 0 ? axis + r : axis);
-}
-
 // SoftmaxGrad / LogSoftmaxGrad(dY, Y) {axis}: along one axis, as Softmax-13.
 class SoftmaxGradKernel : public OpKernel {
  public:
@@ -310,7 +297,7 @@ class SoftmaxGradKernel : public OpKernel {
     const TensorView& dy = *ctx.input(0);
     const TensorView& y = *ctx.input(1);
     RETURN_IF_ERROR(ExpectSameDims(dy, y, "Y"));
-    ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, y));
+    ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, y.rank, true));
     kernels::cpu::SoftmaxParams p;
     p.log = log_;
     p.outer = DimProduct(y, 0, axis);
@@ -381,7 +368,7 @@ class LayerNormGradKernel : public OpKernel {
     if (const TensorView* add = ctx.num_inputs() > 5 ? ctx.input(5) : nullptr; add && add->shape() != x.shape())
       return InvalidArgument("expected dX_add of X's shape ", DimsToString(x.shape()), ", got ",
                              DimsToString(add->shape()));
-    ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, x));
+    ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, x.rank, true));
     kernels::cpu::LayerNormGradParams p;
     p.rows = DimProduct(x, 0, axis);
     p.cols = DimProduct(x, axis, x.rank);

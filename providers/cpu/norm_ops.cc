@@ -8,25 +8,13 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/nn.h"
 #include "kernels/cpu/shape.h"
+#include "providers/axis.h"
 #include "providers/cpu/cpu_provider.h"
 #include "providers/cpu/nn_ops.h"
 
 namespace cleave::providers {
 
 namespace {
-
-absl::StatusOr<int> NormalizedAxis(int64_t axis, int rank) {
-  const int r = rank > 0 ? rank : 1;  // a scalar is treated as one element along axis 0
-  if (axis < -r || axis >= r)
-    return InvalidArgument("axis ", axis, " is out of range for an input of rank ", rank);
-  return static_cast<int>(axis < 0 ? axis + r : axis);
-}
-
-int64_t DimProduct(const TensorView& x, int begin, int end) {
-  int64_t n = 1;
-  for (int k = begin; k < end && k < x.rank; ++k) n *= x.dims[k];
-  return n;
-}
 
 class SoftmaxKernel : public OpKernel {
  public:
@@ -35,7 +23,7 @@ class SoftmaxKernel : public OpKernel {
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
-    ASSIGN_OR_RETURN(int axis, NormalizedAxis(axis_, x.rank));
+    ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, x.rank, true));
     kernels::cpu::SoftmaxParams p;
     p.log = log_;
     p.outer = DimProduct(x, 0, axis);
@@ -68,7 +56,7 @@ class LayerNormKernel : public OpKernel {
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
-    ASSIGN_OR_RETURN(int axis, NormalizedAxis(axis_, x.rank));
+    ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, x.rank, true));
     kernels::cpu::LayerNormParams p;
     p.rows = DimProduct(x, 0, axis);
     p.cols = DimProduct(x, axis, x.rank);

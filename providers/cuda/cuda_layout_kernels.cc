@@ -16,6 +16,7 @@
 #include "graph/op_table.h"
 #include "kernels/cpu/shape.h"
 #include "kernels/cuda/kernels.h"
+#include "providers/axis.h"
 #include "providers/cuda/cuda_kernel.h"
 #include "providers/cuda/cuda_provider.h"
 
@@ -93,13 +94,6 @@ class ConcatSplitKernel : public CudaKernel {
 
 // ---- lookups and layout ----------------------------------------------------------------
 
-// The axis of a Gather or GatherGrad over data of `rank` dims, or an error naming the node.
-absl::StatusOr<int> GatherAxis(const std::string& name, int64_t axis, int rank) {
-  if (rank == 0 || axis < -rank || axis >= rank)
-    return InvalidArgument(name, ": axis ", axis, " is out of range for rank ", rank);
-  return static_cast<int>(axis < 0 ? axis + rank : axis);
-}
-
 // The elements before and after `axis` of dims: the [outer, dims[axis], inner] view.
 void AroundAxis(std::span<const int64_t> dims, int axis, int64_t* outer, int64_t* inner) {
   *outer = *inner = 1;
@@ -116,7 +110,7 @@ class GatherKernel : public CudaKernel {
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& table = *ctx.input(0);
     const TensorView& ids = *ctx.input(1);
-    ASSIGN_OR_RETURN(const int axis, GatherAxis(name_, axis_, table.rank));
+    ASSIGN_OR_RETURN(const int axis, ResolveAxis(axis_, table.rank));
     if (table.rank - 1 + ids.rank > kc::kMaxRank)
       return Unimplemented(name_, ": output rank ", table.rank - 1 + ids.rank, " over ", kc::kMaxRank);
     std::vector<int64_t> out(table.dims, table.dims + axis);
@@ -146,7 +140,7 @@ class GatherGradKernel : public CudaKernel {
     const TensorView& ids = *ctx.input(1);
     const TensorView& dy = *ctx.input(2);
     std::vector<int64_t> dims(shape.as<int64_t>(), shape.as<int64_t>() + shape.numel());
-    ASSIGN_OR_RETURN(const int axis, GatherAxis(name_, axis_, static_cast<int>(dims.size())));
+    ASSIGN_OR_RETURN(const int axis, ResolveAxis(axis_, static_cast<int>(dims.size())));
     int64_t outer, inner;
     AroundAxis(dims, axis, &outer, &inner);
     if (dy.numel() != outer * ids.numel() * inner)

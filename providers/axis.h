@@ -1,0 +1,29 @@
+// An axis attribute resolved against a rank, and products of dims, for the kernels of every
+// provider (providers/).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "base/status.h"
+#include "base/tensor.h"
+
+namespace cleave::providers {
+
+// axis in [-rank, rank) as a dim index, or InvalidArgument naming both. With scalar_as_one, a
+// 0-D input counts as one element along axis 0 (Softmax, LayerNormalization and their
+// gradients accept it).
+inline absl::StatusOr<int> ResolveAxis(int64_t axis, int rank, bool scalar_as_one = false) {
+  const int r = scalar_as_one && rank == 0 ? 1 : rank;
+  if (axis < -r || axis >= r) return InvalidArgument("axis ", axis, " is out of range for an input of rank ", rank);
+  return static_cast<int>(axis < 0 ? axis + r : axis);
+}
+
+// The product of x's dims [begin, end) (those that exist).
+inline int64_t DimProduct(const TensorView& x, int begin, int end) {
+  int64_t n = 1;
+  for (int k = begin; k < end && k < x.rank; ++k) n *= x.dims[k];
+  return n;
+}
+
+}  // namespace cleave::providers
