@@ -4,6 +4,7 @@
 // usable device (or driver) each test skips and says why.
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -257,6 +258,7 @@ TEST(CudaProvider, GatherIndexOutOfRangeIsAnError) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
   const std::string msg(bad.status().message());
+  std::printf("the error: %s\n", msg.c_str());
   EXPECT_NE(msg.find("index 12 at position 4 is out of range for an axis of size 10: expected [-10, 9]"),
             std::string::npos)
       << msg;

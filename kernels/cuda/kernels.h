@@ -159,8 +159,8 @@ int AttentionBackward(Dt dt, const AttentionLayout& layout, const void* dout, co
                       const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv, float* delta,
                       int64_t batch, int64_t T, int64_t S, int D, int Dv, float scale, bool causal, void* stream);
 
-// Where a kernel reports the first index it found out of range: `words` (4 int64 the host can
-// read, zero until then) get {tag, the index, its position among the indices, the axis size};
+// Where a kernel reports the first index it found out of range: `words` (4 int64 of device
+// memory, zero until then) get {tag, the index, its position among the indices, the axis size};
 // the tag (non-zero) says which node. Null words: nothing is reported.
 struct BadIndex {
   int64_t* words = nullptr;

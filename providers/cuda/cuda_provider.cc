@@ -155,10 +155,14 @@ absl::StatusOr<std::unique_ptr<ExecutionProvider>> CudaExecutionProvider::Create
   ASSIGN_OR_RETURN(p->workspace_, p->arena_->TryAllocate(p->workspace_bytes_));
   ASSIGN_OR_RETURN(void* scratch, p->arena_->TryAllocate(sizeof(double)));
   p->reduction_scratch_ = static_cast<double*>(scratch);
-  void* words = nullptr;
-  RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&words, 4 * sizeof(int64_t)), "cudaMallocHost (index checks)"));
+  // The index checks' words: written by kernels in device memory (atomics on mapped host
+  // memory are not atomic over PCIe), read through a page-locked copy at each wait.
+  ASSIGN_OR_RETURN(void* words, p->arena_->TryAllocate(4 * sizeof(int64_t)));
   p->bad_index_ = static_cast<int64_t*>(words);
-  std::memset(words, 0, 4 * sizeof(int64_t));
+  RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(words, 0, 4 * sizeof(int64_t), stream), "zeroing the index checks"));
+  void* seen = nullptr;
+  RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&seen, 4 * sizeof(int64_t)), "cudaMallocHost (index checks)"));
+  p->bad_index_seen_ = static_cast<int64_t*>(seen);
   p->RegisterKernels();
   return std::unique_ptr<ExecutionProvider>(std::move(p));
 }
@@ -176,8 +180,9 @@ CudaExecutionProvider::~CudaExecutionProvider() {
   if (arena_) {
     if (workspace_) arena_->Free(workspace_);
     if (reduction_scratch_) arena_->Free(reduction_scratch_);
+    if (bad_index_) arena_->Free(bad_index_);
   }
-  if (bad_index_) cudaFreeHost(bad_index_);
+  if (bad_index_seen_) cudaFreeHost(bad_index_seen_);
   if (cublaslt_) cublasLtDestroy(static_cast<cublasLtHandle_t>(cublaslt_));
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
@@ -265,12 +270,17 @@ CudnnAttention* CudaExecutionProvider::cudnn_attention() const {
 }
 
 absl::Status CudaExecutionProvider::Synchronize(const std::string& what) const {
-  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), what));
-  volatile int64_t* w = bad_index_;
+  cudaStream_t s = static_cast<cudaStream_t>(stream_);
+  constexpr size_t kWords = 4 * sizeof(int64_t);
+  // The index checks' words come back with the work waited for: one wait for both.
+  if (bad_index_)
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(bad_index_seen_, bad_index_, kWords, cudaMemcpyDeviceToHost, s), what));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(s), what));
+  const int64_t* w = bad_index_seen_;
   if (!w || w[0] == 0) return absl::OkStatus();
   const int64_t tag = w[0], index = w[1], position = w[2], size = w[3];
-  w[1] = w[2] = w[3] = 0;
-  w[0] = 0;
+  RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(bad_index_, 0, kWords, s), "clearing the index checks"));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(s), "clearing the index checks"));
   std::string node;
   {
     std::lock_guard<std::mutex> lock(checks_mu_);

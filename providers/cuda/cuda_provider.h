@@ -71,9 +71,9 @@ class CudaExecutionProvider : public ExecutionProvider {
   // index a kernel found out of range since the last wait (see IndexCheckTag).
   absl::Status Synchronize(const std::string& what) const;
   // Out-of-range indices found on the device (Gather, GatherGrad): a kernel records the first
-  // one in these 4 host-visible words (null without a device) under its tag, and the next wait
-  // on the stream reports it as an error naming `what` (the node), then clears the words. The
-  // kernels write zeros (or add nothing) for such an index meanwhile, so nothing faults.
+  // one in these 4 words of device memory (null without a device) under its tag, and the next
+  // wait on the stream reports it as an error naming `what` (the node), then clears the words.
+  // The kernels write zeros (or add nothing) for such an index meanwhile, so nothing faults.
   int64_t* bad_index_words() const { return bad_index_; }
   int64_t IndexCheckTag(const std::string& what) const;
   // cuDNN's fused attention on this provider's stream, made on first use; null when cuDNN
@@ -92,7 +92,8 @@ class CudaExecutionProvider : public ExecutionProvider {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   double* reduction_scratch_ = nullptr;
-  int64_t* bad_index_ = nullptr;  // page-locked host memory, written by kernels
+  int64_t* bad_index_ = nullptr;       // device memory, written by kernels
+  int64_t* bad_index_seen_ = nullptr;  // page-locked: their copy at the last wait
   mutable std::mutex checks_mu_;
   mutable std::vector<std::string> checks_;  // tag - 1 -> what
   mutable std::once_flag cudnn_once_;
