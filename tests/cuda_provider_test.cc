@@ -259,17 +259,13 @@ TEST(CudaProvider, PaddedVocabularyHeadMatchesTheCpu) {
 
 TEST(CudaProvider, OpsWithoutAKernelFallBackWithAWarning) {
   REQUIRE_CUDA();
-  SessionOptions o;
-  o.optimize = false;
-  o.device = DeviceChoice::kCuda;
-  auto s = InferenceSession::FromGraph(*graph::ParseGraph(R"(
+  auto s = CudaSession(R"(
     input x: float64[4,8]
     t = Exp(x)
     c = Cast(t) {to = 1}
     y = Relu(c)
     output y
-  )"),
-                                       o);
+  )");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_NE((*s)->warning().find("2 node(s) have no CUDAExecutionProvider kernel and run on CPUExecutionProvider"),
             std::string::npos)

@@ -45,6 +45,16 @@ inline Tensor Ids(std::vector<int64_t> dims, int64_t bound, unsigned seed) {
   return t;
 }
 
+// A CUDA session of the graph `text`, unoptimised (the nodes as written).
+inline absl::StatusOr<std::unique_ptr<InferenceSession>> CudaSession(const std::string& text) {
+  auto g = graph::ParseGraph(text);
+  if (!g.ok()) return g.status();
+  SessionOptions o;
+  o.optimize = false;
+  o.device = DeviceChoice::kCuda;
+  return InferenceSession::FromGraph(std::move(*g), o);
+}
+
 // Runs `cuda_text` on CUDA and `cpu_text` (the same graph by default) on the CPU, unoptimised,
 // and compares every output. `op` must have run on CUDA (not fallen back).
 // `edit`, when given, changes both graphs after parsing (attributes the text cannot write).
