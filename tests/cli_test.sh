@@ -34,6 +34,17 @@ expect_ok "inspect --dot writes a picture" "graph picture" "$cleave" inspect "$m
 expect_ok "the picture is Graphviz with the fused ops" "ai.cleave.FusedMatMul" cat "$tmp/g.dot"
 expect_ok "Graphviz renders it" "<svg" dot -Tsvg "$tmp/g.dot"
 
+# The backend-test runner on a chosen device: auto runs where it can (the CPU here without a GPU);
+# cuda without one is one clear error, not a failure per test.
+expect_ok "conformance --device auto" "1 passed, 0 failed" \
+  "$cleave" conformance "$src/models/variants/gpt_opset14" --device auto --quiet
+expect_fail "conformance --device of no such kind" "--device expects cpu, cuda or auto, got 'tpu'" \
+  "$cleave" conformance "$src/models/variants/gpt_opset14" --device tpu
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  expect_fail "conformance --device cuda without a GPU" "the session asks for CUDA: CUDA unavailable" \
+    "$cleave" conformance "$src/models/variants" --device cuda
+fi
+
 data="$src/models/tiny_gpt/test_data_set_0"
 expect_ok "save the optimised graph" "optimised model written" "$cleave" run "$model" \
   --input "input_ids=$data/input_0.pb" --save-optimized "$tmp/optimised.onnx"

@@ -1,6 +1,7 @@
 // `cleave conformance DIR...`: runs ONNX backend test folders (model.onnx plus
 // test_data_set_*/input_*.pb and output_*.pb) and reports each failure with its max abs and
-// rel error, each skip with its reason, then "N passed, N failed, N skipped" (tools/).
+// rel error, each skip with its reason, then "N passed, N failed, N skipped" (tools/). With
+// --device cuda (or auto) the sessions put what the CUDA provider has kernels for on the GPU.
 //
 // A test is skipped when the model needs an op, opset or dtype the CPU provider does not
 // claim (the session reports Unimplemented at load). Each test runs in a forked child with
@@ -18,6 +19,7 @@
 #include <map>
 #include <regex>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/tensor_compare.h"
@@ -94,8 +96,8 @@ Result RunDataSet(InferenceSession& s, const fs::path& set) {
   return {kPass, ""};
 }
 
-Result RunTest(const fs::path& dir) {
-  auto session = InferenceSession::Load((dir / "model.onnx").string());
+Result RunTest(const fs::path& dir, const SessionOptions& options) {
+  auto session = InferenceSession::Load((dir / "model.onnx").string(), options);
   if (!session.ok()) {
     bool unsupported = absl::IsUnimplemented(session.status());
     return {unsupported ? kSkip : kFail, std::string(session.status().message())};
@@ -113,15 +115,16 @@ Result RunTest(const fs::path& dir) {
   return {kPass, ""};
 }
 
-// Runs one test in a child process so a crash or hang only fails that test.
-Result RunIsolated(const fs::path& dir, int timeout_s) {
+// Runs one test in a child process so a crash or hang only fails that test (the parent never
+// touches the device: CUDA does not survive a fork).
+Result RunIsolated(const fs::path& dir, int timeout_s, const SessionOptions& options) {
   int fds[2];
-  if (pipe(fds) != 0) return RunTest(dir);
+  if (pipe(fds) != 0) return RunTest(dir, options);
   pid_t pid = fork();
   if (pid == 0) {
     close(fds[0]);
     alarm(static_cast<unsigned>(timeout_s));
-    Result r = RunTest(dir);
+    Result r = RunTest(dir, options);
     std::string msg = std::string(1, r.outcome) + r.detail;
     ssize_t unused = write(fds[1], msg.data(), msg.size());
     (void)unused;
@@ -180,8 +183,19 @@ int ConformanceCommand(const Args& args) {
   std::string filter;
   bool quiet = false;
   int timeout_s = 120;
+  SessionOptions options;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--filter" && i + 1 < args.size()) filter = args[++i];
+    else if (args[i] == "--device" && i + 1 < args.size()) {
+      const std::string d = args[++i];
+      if (d == "cpu") options.device = DeviceChoice::kCpu;
+      else if (d == "cuda") options.device = DeviceChoice::kCuda;
+      else if (d == "auto") options.device = DeviceChoice::kCudaIfAvailable;
+      else {
+        std::fprintf(stderr, "cleave conformance: --device expects cpu, cuda or auto, got '%s'\n", d.c_str());
+        return 2;
+      }
+    }
     else if (args[i] == "--quiet") quiet = true;
     else if (args[i] == "--exclude" && i + 1 < args.size()) {
       bool ok;
@@ -195,7 +209,7 @@ int ConformanceCommand(const Args& args) {
     else roots.push_back(args[i]);
   }
   if (roots.empty()) {
-    std::fprintf(stderr, "usage: cleave conformance DIR... [--filter SUBSTR] [--quiet]\n");
+    std::fprintf(stderr, "usage: cleave conformance DIR... [--filter SUBSTR] [--device cpu|cuda|auto] [--quiet]\n");
     return 2;
   }
   std::vector<fs::path> tests;
@@ -211,7 +225,13 @@ int ConformanceCommand(const Args& args) {
     if (!filter.empty() && t.string().find(filter) == std::string::npos) continue;
     auto ex = excluded.find(t.filename().string());
     Result r = ex != excluded.end() ? Result{kSkip, "excluded: " + ex->second}
-                                    : RunIsolated(t, timeout_s);
+                                    : RunIsolated(t, timeout_s, options);
+    // A device asked for and not there fails every test alike: said once.
+    if (options.device == DeviceChoice::kCuda && r.outcome != kPass &&
+        absl::StrContains(r.detail, "the session asks for CUDA")) {
+      std::fprintf(stderr, "cleave conformance: --device cuda: %s\n", r.detail.c_str());
+      return 2;
+    }
     std::string name = t.string();
     if (r.outcome == kPass) {
       ++passed;
