@@ -336,7 +336,7 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
 absl::Status Executor::Build() {
   ASSIGN_OR_RETURN(std::vector<Node*> order, graph_->TopologicalOrder());
   // Assign nodes greedily in provider priority order.
-  std::unordered_map<const Node*, std::pair<providers::ExecutionProvider*, providers::NodeCapability>> owner;
+  Owners owner;
   std::unordered_map<const Node*, std::string> why;
   // The host provider's claims too (it comes last), for nodes better run there.
   std::unordered_map<const Node*, providers::NodeCapability> host_claim;
@@ -356,31 +356,10 @@ absl::Status Executor::Build() {
     return Unimplemented(unsupported.size(), " node(s) cannot run on any provider:\n  ",
                          absl::StrJoin(unsupported, "\n  "));
   for (auto& p : providers_) has_device_ |= p->device() != providers::DeviceKind::kCpu;
-  // Nodes on the host by design: the shape arithmetic between host ends, and kernels that read
-  // only the dims of their inputs (Shape), which read a device value where it is.
+  // Nodes on the host by design (placement.h): the shape arithmetic between host ends, and
+  // kernels that read only the dims of their inputs (Shape), which read device values in place.
   std::unordered_set<const Node*> host_by_design;
-  if (has_device_) {
-    providers::ExecutionProvider* host = providers_.back().get();
-    auto on_device = [&](const Node& n) { return owner.at(&n).first->device() != providers::DeviceKind::kCpu; };
-    PlacementQueries q;
-    q.on_device = on_device;
-    q.host_can_run = [&](const Node& n) { return host->device() == providers::DeviceKind::kCpu && host_claim.count(&n); };
-    q.reads_on_host = [&](const Node& n, int i) {
-      const auto& h = owner.at(&n).second.kernel->host_inputs;
-      return std::find(h.begin(), h.end(), i) != h.end();
-    };
-    q.host_reads_dims = [&](const Node& n, int i) {
-      const auto& h = host_claim.at(&n).kernel->shape_only_inputs;
-      return std::find(h.begin(), h.end(), i) != h.end();
-    };
-    host_by_design = HostPreferredNodes(order, q);
-    for (const Node* n : host_by_design) owner.at(n) = std::make_pair(host, host_claim.at(n));
-    for (Node* n : order) {
-      const auto& shape_only = owner.at(n).second.kernel->shape_only_inputs;
-      if (!on_device(*n) && n->num_inputs() > 0 && static_cast<int>(shape_only.size()) == n->num_inputs())
-        host_by_design.insert(n);
-    }
-  }
+  if (has_device_) host_by_design = PlaceOnHostByDesign(order, host_claim, providers_.back().get(), &owner);
   std::unordered_map<const Node*, providers::ExecutionProvider*> placed;
   for (const auto& [n, o] : owner) placed[n] = o.first;
   if (has_device_) {

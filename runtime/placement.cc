@@ -1,6 +1,8 @@
 // Host placement of the integer shape arithmetic (see placement.h).
 #include "runtime/placement.h"
 
+#include <algorithm>
+
 namespace cleave::runtime {
 
 using graph::Node;
@@ -43,6 +45,30 @@ std::unordered_set<const Node*> HostPreferredNodes(const std::vector<Node*>& ord
     }
   }
   return moved;
+}
+
+std::unordered_set<const Node*> PlaceOnHostByDesign(
+    const std::vector<Node*>& order, const std::unordered_map<const Node*, providers::NodeCapability>& host_claim,
+    providers::ExecutionProvider* host, Owners* owners) {
+  auto has = [](const std::vector<int>& inputs, int i) {
+    return std::find(inputs.begin(), inputs.end(), i) != inputs.end();
+  };
+  auto on_device = [&](const Node& n) { return owners->at(&n).first->device() != providers::DeviceKind::kCpu; };
+  PlacementQueries q;
+  q.on_device = on_device;
+  q.host_can_run = [&](const Node& n) {
+    return host->device() == providers::DeviceKind::kCpu && host_claim.count(&n) > 0;
+  };
+  q.reads_on_host = [&](const Node& n, int i) { return has(owners->at(&n).second.kernel->host_inputs, i); };
+  q.host_reads_dims = [&](const Node& n, int i) { return has(host_claim.at(&n).kernel->shape_only_inputs, i); };
+  std::unordered_set<const Node*> by_design = HostPreferredNodes(order, q);
+  for (const Node* n : by_design) owners->at(n) = std::make_pair(host, host_claim.at(n));
+  for (const Node* n : order) {
+    const std::vector<int>& shape_only = owners->at(n).second.kernel->shape_only_inputs;
+    if (!on_device(*n) && n->num_inputs() > 0 && static_cast<int>(shape_only.size()) == n->num_inputs())
+      by_design.insert(n);
+  }
+  return by_design;
 }
 
 }  // namespace cleave::runtime

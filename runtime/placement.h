@@ -3,10 +3,13 @@
 #pragma once
 
 #include <functional>
+#include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "graph/graph.h"
+#include "providers/execution_provider.h"
 
 namespace cleave::runtime {
 
@@ -29,5 +32,18 @@ struct PlacementQueries {
 };
 std::unordered_set<const graph::Node*> HostPreferredNodes(const std::vector<graph::Node*>& order,
                                                           const PlacementQueries& q);
+
+// Each node's provider and claim, as the executor assigns them.
+using Owners =
+    std::unordered_map<const graph::Node*, std::pair<providers::ExecutionProvider*, providers::NodeCapability>>;
+
+// Gives `host` (the CPU provider, which claimed the nodes in host_claim) the HostPreferredNodes
+// of the device providers' nodes in *owners, and returns them with the host nodes whose every
+// input is one the kernel reads only the dims of (KernelDef::shape_only_inputs): the nodes on the
+// host by design, which a fallback warning leaves out.
+std::unordered_set<const graph::Node*> PlaceOnHostByDesign(
+    const std::vector<graph::Node*>& order,
+    const std::unordered_map<const graph::Node*, providers::NodeCapability>& host_claim,
+    providers::ExecutionProvider* host, Owners* owners);
 
 }  // namespace cleave::runtime

@@ -250,7 +250,8 @@ TEST(CudaProvider, GatherIndexOutOfRangeIsAnError) {
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->warning(), "");
   const Tensor table = Random({10, 4}, 95), dy = Random({2, 3, 4}, 96);
-  auto bad = (*s)->Run({{"table", table}, {"ids", Tensor::FromVector<int64_t>({1, 2, 3, 4, 12, 5}, {2, 3})}, {"dy", dy}});
+  auto ids = [](std::vector<int64_t> v) { return Tensor::FromVector<int64_t>(v, {2, 3}); };
+  auto bad = (*s)->Run({{"table", table}, {"ids", ids({1, 2, 3, 4, 12, 5})}, {"dy", dy}});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
   const std::string msg(bad.status().message());
@@ -259,7 +260,7 @@ TEST(CudaProvider, GatherIndexOutOfRangeIsAnError) {
             std::string::npos)
       << msg;
   EXPECT_TRUE(msg.find("'emb'") != std::string::npos || msg.find("'grad'") != std::string::npos) << msg;
-  auto good = (*s)->Run({{"table", table}, {"ids", Tensor::FromVector<int64_t>({1, 2, 3, 4, -1, 5}, {2, 3})}, {"dy", dy}});
+  auto good = (*s)->Run({{"table", table}, {"ids", ids({1, 2, 3, 4, -1, 5})}, {"dy", dy}});
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ((*good)[0].data<float>()[4 * 4], table.data<float>()[9 * 4]);  // -1 is the last row
 }

@@ -1,10 +1,10 @@
 // CPU kernels for Dropout and Trilu, and the registration of every neural-network kernel
 // family (providers/cpu/). When the run carries a seed (KernelContext::run_seed; the training
 // session sets one per training run), Dropout's mask is drawn by Philox4x32-10 under a key of
-// (run seed, node name) at a counter of the element: reproducible and recomputable. Otherwise each node keeps one MT19937 generator,
-// seeded from the seed attribute (else from std::random_device) and advanced by each
-// training-mode run, so a seeded model replays the same sequence of masks run after run
-// (numpy's sequence, as the ONNX backend tests expect).
+// (run seed, node name) at a counter of the element: reproducible and recomputable. Otherwise
+// each node keeps one MT19937 generator, seeded from the seed attribute (else from
+// std::random_device) and advanced by each training-mode run, so a seeded model replays the same
+// sequence of masks run after run (numpy's sequence, as the ONNX backend tests expect).
 #include <algorithm>
 #include <array>
 #include <cstring>

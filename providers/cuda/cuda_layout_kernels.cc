@@ -106,7 +106,8 @@ void AroundAxis(std::span<const int64_t> dims, int axis, int64_t* outer, int64_t
 class GatherKernel : public CudaKernel {
  public:
   GatherKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), axis_(n.AttrInt("axis", 0)), tag_(p->IndexCheckTag(absl::StrCat(name_, " (axis ", axis_, ")"))) {}
+      : CudaKernel(p, n), axis_(n.AttrInt("axis", 0)),
+        tag_(p->IndexCheckTag(absl::StrCat(name_, " (axis ", axis_, ")"))) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& table = *ctx.input(0);
     const TensorView& ids = *ctx.input(1);
@@ -134,7 +135,8 @@ class GatherKernel : public CudaKernel {
 class GatherGradKernel : public CudaKernel {
  public:
   GatherGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), axis_(n.AttrInt("axis", 0)), tag_(p->IndexCheckTag(absl::StrCat(name_, " (axis ", axis_, ")"))) {}
+      : CudaKernel(p, n), axis_(n.AttrInt("axis", 0)),
+        tag_(p->IndexCheckTag(absl::StrCat(name_, " (axis ", axis_, ")"))) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& shape = *ctx.input(0);
     const TensorView& ids = *ctx.input(1);

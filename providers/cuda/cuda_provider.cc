@@ -287,8 +287,8 @@ absl::Status CudaExecutionProvider::Synchronize(const std::string& what) const {
     node = tag >= 1 && tag <= static_cast<int64_t>(checks_.size()) ? checks_[tag - 1] : "a kernel";
   }
   return InvalidArgument(node, ": index ", index, " at position ", position, " is out of range for an axis of size ",
-                         size, ": expected [", -size, ", ", size - 1, "] (found on the device; outputs of that run are ",
-                         "not valid)");
+                         size, ": expected [", -size, ", ", size - 1,
+                         "] (found on the device; outputs of that run are not valid)");
 }
 
 int64_t CudaExecutionProvider::IndexCheckTag(const std::string& what) const {
