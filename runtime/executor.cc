@@ -338,13 +338,14 @@ absl::Status Executor::Build() {
   // Assign nodes greedily in provider priority order.
   Owners owner;
   std::unordered_map<const Node*, std::string> why;
-  // The host provider's claims too (it comes last), for nodes better run there.
+  for (auto& p : providers_) has_device_ |= p->device() != providers::DeviceKind::kCpu;
+  // With a device, the host provider's claims too (it comes last), for nodes better run there.
   std::unordered_map<const Node*, providers::NodeCapability> host_claim;
   for (auto& p : providers_) {
     providers::Capability cap = p->GetCapability(*graph_);
     for (auto& c : cap.claimed) {
       if (!owner.count(c.node)) owner.emplace(c.node, std::make_pair(p.get(), c));
-      if (p->device() == providers::DeviceKind::kCpu) host_claim.emplace(c.node, c);
+      if (has_device_ && p->device() == providers::DeviceKind::kCpu) host_claim.emplace(c.node, c);
     }
     for (auto& r : cap.rejected)
       if (!why.count(r.node)) why[r.node] = r.reason;
@@ -355,7 +356,6 @@ absl::Status Executor::Build() {
   if (!unsupported.empty())
     return Unimplemented(unsupported.size(), " node(s) cannot run on any provider:\n  ",
                          absl::StrJoin(unsupported, "\n  "));
-  for (auto& p : providers_) has_device_ |= p->device() != providers::DeviceKind::kCpu;
   // Nodes on the host by design (placement.h): the shape arithmetic between host ends, and
   // kernels that read only the dims of their inputs (Shape), which read device values in place.
   std::unordered_set<const Node*> host_by_design;

@@ -17,7 +17,7 @@ __device__ inline int64_t RowOf(const Id* ids, int64_t k, int64_t rows) {
   return r >= 0 && r < rows ? r : -1;
 }
 
-// The first out-of-range id a kernel meets, into the host-visible words `bad` (when given):
+// The first out-of-range id a kernel meets, into the device words `bad` (when given):
 // {tag, id, its position, rows}, claimed by whichever thread sets the tag first.
 template <typename Id>
 __device__ inline void RecordBadId(const BadIndex& bad, const Id* ids, int64_t k, int64_t rows) {
@@ -84,6 +84,19 @@ __global__ void TransposeKernel(const E* x, E* y, I n, Perm p) {
   }
 }
 
+// f(E{}) for E the unsigned word of elem_bytes (1, 2, 4 or 8 bytes): the kernels that only move
+// elements take them as words; other sizes are cudaErrorInvalidValue.
+template <typename F>
+int WithWord(int elem_bytes, F&& f) {
+  switch (elem_bytes) {
+    case 1: return f(uint8_t{});
+    case 2: return f(uint16_t{});
+    case 4: return f(uint32_t{});
+    case 8: return f(uint64_t{});
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
 template <typename E, typename Id>
 int LaunchGather(const void* table, const Id* ids, void* out, int64_t outer, int64_t num_ids, int64_t rows,
                  int64_t inner, const BadIndex& bad, cudaStream_t s) {
@@ -95,13 +108,9 @@ int LaunchGather(const void* table, const Id* ids, void* out, int64_t outer, int
 template <typename Id>
 int GatherOf(int elem_bytes, const void* table, const Id* ids, void* out, int64_t outer, int64_t num_ids,
              int64_t rows, int64_t inner, const BadIndex& bad, cudaStream_t s) {
-  switch (elem_bytes) {
-    case 1: return LaunchGather<uint8_t>(table, ids, out, outer, num_ids, rows, inner, bad, s);
-    case 2: return LaunchGather<uint16_t>(table, ids, out, outer, num_ids, rows, inner, bad, s);
-    case 4: return LaunchGather<uint32_t>(table, ids, out, outer, num_ids, rows, inner, bad, s);
-    case 8: return LaunchGather<uint64_t>(table, ids, out, outer, num_ids, rows, inner, bad, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return WithWord(elem_bytes, [&](auto word) {
+    return LaunchGather<decltype(word)>(table, ids, out, outer, num_ids, rows, inner, bad, s);
+  });
 }
 
 // The permuted copy of n elements of E (or with `scatter` the inverse: x contiguous, y walked),
@@ -122,13 +131,8 @@ int LaunchTranspose(const void* x, void* y, int64_t n, const Perm& p, cudaStream
 
 int LaunchTransposeOf(int elem_bytes, const void* x, void* y, int64_t n, const Perm& p, cudaStream_t s, bool narrow,
                       bool scatter = false) {
-  switch (elem_bytes) {
-    case 1: return LaunchTranspose<uint8_t>(x, y, n, p, s, narrow, scatter);
-    case 2: return LaunchTranspose<uint16_t>(x, y, n, p, s, narrow, scatter);
-    case 4: return LaunchTranspose<uint32_t>(x, y, n, p, s, narrow, scatter);
-    case 8: return LaunchTranspose<uint64_t>(x, y, n, p, s, narrow, scatter);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return WithWord(elem_bytes,
+                  [&](auto word) { return LaunchTranspose<decltype(word)>(x, y, n, p, s, narrow, scatter); });
 }
 
 // The walk of a strided copy or scatter: the dims of `dims` other than 1 with their strides in
@@ -266,14 +270,6 @@ __global__ void FillKernel(E value, E* y, int64_t n) {
     y[i] = value;
 }
 
-template <typename E>
-int LaunchFill(uint64_t bits, void* y, int64_t n, cudaStream_t s) {
-  E value;
-  memcpy(&value, &bits, sizeof value);  // the low bytes (little-endian)
-  FillKernel<E><<<Blocks(n), kThreads, 0, s>>>(value, static_cast<E*>(y), n);
-  return static_cast<int>(cudaGetLastError());
-}
-
 template <typename T, typename Wide>
 __global__ void RangeKernel(Wide start, Wide delta, T* y, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -291,26 +287,18 @@ __global__ void TriluKernel(const E* x, E* y, int64_t total, int64_t rows, int64
   }
 }
 
-template <typename E>
-int LaunchTrilu(const void* x, void* y, int64_t total, int64_t rows, int64_t cols, int64_t k, bool upper,
-                cudaStream_t s) {
-  TriluKernel<E><<<Blocks(total), kThreads, 0, s>>>(static_cast<const E*>(x), static_cast<E*>(y), total, rows, cols,
-                                                    k, upper);
-  return static_cast<int>(cudaGetLastError());
-}
-
 }  // namespace
 
 int Fill(int elem_bytes, uint64_t value, void* y, int64_t n, void* stream) {
   if (n == 0) return 0;
   cudaStream_t s = Stream(stream);
-  switch (elem_bytes) {
-    case 1: return LaunchFill<uint8_t>(value, y, n, s);
-    case 2: return LaunchFill<uint16_t>(value, y, n, s);
-    case 4: return LaunchFill<uint32_t>(value, y, n, s);
-    case 8: return LaunchFill<uint64_t>(value, y, n, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return WithWord(elem_bytes, [&](auto word) {
+    using E = decltype(word);
+    E fill;
+    memcpy(&fill, &value, sizeof fill);  // the low bytes (little-endian)
+    FillKernel<E><<<Blocks(n), kThreads, 0, s>>>(fill, static_cast<E*>(y), n);
+    return static_cast<int>(cudaGetLastError());
+  });
 }
 
 int Range(Elem t, int64_t start_i, int64_t delta_i, double start_f, double delta_f, void* y, int64_t n,
@@ -336,13 +324,12 @@ int Trilu(int elem_bytes, const void* x, void* y, int64_t batch, int64_t rows, i
   // Beyond these bounds each row is kept or zeroed whole; clamped, r + k cannot overflow.
   k = k < -rows - 1 ? -rows - 1 : k > cols + 1 ? cols + 1 : k;
   cudaStream_t s = Stream(stream);
-  switch (elem_bytes) {
-    case 1: return LaunchTrilu<uint8_t>(x, y, total, rows, cols, k, upper, s);
-    case 2: return LaunchTrilu<uint16_t>(x, y, total, rows, cols, k, upper, s);
-    case 4: return LaunchTrilu<uint32_t>(x, y, total, rows, cols, k, upper, s);
-    case 8: return LaunchTrilu<uint64_t>(x, y, total, rows, cols, k, upper, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return WithWord(elem_bytes, [&](auto word) {
+    using E = decltype(word);
+    TriluKernel<E><<<Blocks(total), kThreads, 0, s>>>(static_cast<const E*>(x), static_cast<E*>(y), total, rows,
+                                                      cols, k, upper);
+    return static_cast<int>(cudaGetLastError());
+  });
 }
 
 }  // namespace cleave::kernels::cuda

@@ -636,20 +636,10 @@ class WhereKernel : public CudaKernel {
   WhereKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView* in[3] = {ctx.input(0), ctx.input(1), ctx.input(2)};
-    int rank = 0;
-    for (const TensorView* t : in) rank = std::max(rank, t->rank);
-    if (rank > kc::kMaxRank) return Unimplemented(name_, ": rank ", rank, " over ", kc::kMaxRank);
+    ASSIGN_OR_RETURN(const std::vector<int64_t> out, BroadcastDims(name_, ctx));
+    const int rank = static_cast<int>(out.size());
     kc::Broadcast3 bc;
     bc.rank = rank;
-    std::vector<int64_t> out(rank, 1);
-    for (int d = 0; d < rank; ++d)
-      for (const TensorView* t : in) {
-        const int i = d - (rank - t->rank);
-        const int64_t v = i >= 0 ? t->dims[i] : 1;
-        if (v != 1 && out[d] != 1 && v != out[d])
-          return InvalidArgument(name_, ": the inputs do not broadcast at dim ", d);
-        if (v != 1) out[d] = v;
-      }
     for (int k = 0; k < 3; ++k) {
       int64_t st = 1;
       for (int d = rank - 1; d >= 0; --d) {
