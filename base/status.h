@@ -56,4 +56,13 @@ absl::Status Internal(const Args&... args) {
   return absl::InternalError(absl::StrCat(args...));
 }
 
+// An error that names the node it is about, which is not the step that reported it (a device
+// error found at a later wait on the stream): the executor passes it on without naming that step.
+inline constexpr char kNamesItsNodeUrl[] = "type.cleave/names-its-node";
+inline absl::Status NamingItsNode(absl::Status s) {
+  if (!s.ok()) s.SetPayload(kNamesItsNodeUrl, absl::Cord());
+  return s;
+}
+inline bool NamesItsNode(const absl::Status& s) { return s.GetPayload(kNamesItsNodeUrl).has_value(); }
+
 }  // namespace cleave

@@ -49,9 +49,10 @@ bool IsViewOp(const graph::Node& n) {
 
 namespace {
 
-// A step's error, named after its node unless the kernel's message already starts with it.
+// A step's error, named after its node unless the kernel's message already starts with it or
+// names another node (NamingItsNode).
 absl::Status AtNode(const graph::Node& n, const absl::Status& s) {
-  if (s.ok()) return s;
+  if (s.ok() || NamesItsNode(s)) return s;
   const std::string what = n.Describe();
   if (absl::StartsWith(s.message(), what)) return s;
   return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
@@ -466,6 +467,26 @@ absl::Status Executor::Build() {
     for (int s : steps_[st].outputs)
       if (s >= 0) def_step_[s] = st, last_use_[s] = std::max(last_use_[s], st);
   }
+  // Feeds the host reads (a host kernel beyond their dims, a device kernel's host input, or an
+  // output passed straight through): staged in host memory by a run that has them in a device's
+  // memory (BindDeviceResident).
+  if (has_device_) {
+    std::vector<char> host_read(num_slots_, 0);
+    for (const Step& st : steps_) {
+      if (IsBoundaryCopy(*st.node)) continue;
+      const bool device = st.provider->device() != providers::DeviceKind::kCpu;
+      const providers::KernelDef& def = *owner.at(st.node).second.kernel;
+      const std::vector<int>& listed = device ? def.host_inputs : def.shape_only_inputs;
+      for (int i = 0; i < static_cast<int>(st.inputs.size()); ++i)
+        if (st.inputs[i] >= 0 && device == (std::find(listed.begin(), listed.end(), i) != listed.end()))
+          host_read[st.inputs[i]] = 1;
+    }
+    for (int s : output_slots_)
+      if (def_step_[s] < 0) host_read[s] = 1;
+    for (int i = 0; i < static_cast<int>(input_slots_.size()); ++i)
+      if (!is_constant_[input_slots_[i]] && host_read[input_slots_[i]]) host_read_feeds_.push_back(i);
+    feed_staging_.resize(host_read_feeds_.size());
+  }
   // Asynchronous steps: waited for before the first step at or after their wait position; what
   // they read and write stays alive until then.
   async_.assign(num_steps, 0);
@@ -575,8 +596,8 @@ absl::Status Executor::PlaceOnDevices(std::unordered_map<const Node*, providers:
   return absl::OkStatus();
 }
 
-void Executor::BindDeviceResident(const std::vector<Tensor>& outputs) {
-  if (!has_device_) return;  // nothing can be device-resident
+absl::Status Executor::BindDeviceResident(const std::vector<Tensor>& outputs) {
+  if (!has_device_) return absl::OkStatus();  // nothing can be device-resident
   std::fill(output_to_device_.begin(), output_to_device_.end(), nullptr);
   bound_reports_.assign(steps_.size(), {});
   for (int st : device_copy_steps_) {
@@ -616,6 +637,28 @@ void Executor::BindDeviceResident(const std::vector<Tensor>& outputs) {
     skip_[st] = 1;
     if (def_step_[in] >= 0) bound_reports_[def_step_[in]].push_back(oi);
   }
+  // A feed in a device's memory that the host reads: a host copy for this run's host readers
+  // (device readers were given the device view above). The copy's buffer is kept for later runs.
+  for (size_t k = 0; k < host_read_feeds_.size(); ++k) {
+    const int feed = host_read_feeds_[k];
+    TensorView& v = views_[input_slots_[feed]];
+    providers::ExecutionProvider* d = nullptr;
+    for (auto& p : providers_)
+      if (v.data && p->device() != providers::DeviceKind::kCpu && p->allocator()->Owns(v.data)) d = p.get();
+    if (!d) continue;
+    auto& [buffer, capacity] = feed_staging_[k];
+    if (capacity < v.nbytes()) {
+      buffer = HeapBuffer(v.nbytes());
+      capacity = v.nbytes();
+      ++stats_.heap_allocations;
+    }
+    TensorView host(buffer.get(), v.dtype, v.dim_span());
+    if (absl::Status s = d->CopyTensor(v, host); !s.ok())
+      return absl::Status(s.code(), absl::StrCat("copying feed '", graph_->inputs()[feed]->name(), "' from ",
+                                                 d->name(), " to the host for its host readers: ", s.message()));
+    v = host;
+  }
+  return absl::OkStatus();
 }
 
 void Executor::BindSymbols(const std::vector<TensorView>& inputs) {
@@ -897,7 +940,7 @@ absl::Status Executor::Run(const std::vector<TensorView>& inputs, std::vector<Te
   for (size_t i = 0; i < inputs.size(); ++i) views_[input_slots_[i]] = inputs[i];
   BindSymbols(inputs);
   outputs.resize(output_slots_.size());
-  BindDeviceResident(outputs);
+  if (absl::Status bound = BindDeviceResident(outputs); !bound.ok()) return bound;
   size_t scratch_wanted = scratch_.bytes.size();
   absl::Status status;
   Profiler* profiler = observers && observers->profiler && observers->profiler->enabled() ? observers->profiler : nullptr;

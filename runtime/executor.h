@@ -142,8 +142,9 @@ class Executor {
   void Report(int st, const RunObservers* observers, std::vector<char>& reported) const;
   absl::Status Finish(int st, const RunObservers* observers, std::vector<char>& reported);
   void MakePlan();
-  // This run's device-resident feeds (read in place) and outputs (written in place).
-  void BindDeviceResident(const std::vector<Tensor>& outputs);
+  // This run's device-resident feeds (read in place by device steps, through a host copy by
+  // host ones) and outputs (written in place).
+  absl::Status BindDeviceResident(const std::vector<Tensor>& outputs);
   // Symbolic dims of the graph inputs bound to this run's sizes, for the shape checks.
   void BindSymbols(const std::vector<TensorView>& inputs);
   // Per slot: a graph input other than a constant, or its copy to a device.
@@ -192,6 +193,10 @@ class Executor {
   // when a host step makes the output (it is made on the host, then copied there).
   std::vector<providers::ExecutionProvider*> output_to_device_;
   bool has_device_ = false;             // a provider other than the CPU
+  // The graph inputs read on the host (not just their dims), and per such input the host
+  // buffer (and its bytes) that holds a device-resident feed's copy in a run.
+  std::vector<int> host_read_feeds_;
+  std::vector<std::pair<std::shared_ptr<void>, size_t>> feed_staging_;
   std::vector<int> device_copy_steps_;  // the MemcpyFromHost / MemcpyToHost steps
   std::vector<std::shared_ptr<void>> device_constants_;     // initializers uploaded at load
   std::map<std::string, int> placement_;

@@ -234,6 +234,47 @@ TEST(DevicePlacement, MixedGraphMatchesTheCpuWithCopiesAtTheBoundaries) {
   EXPECT_EQ(d->downloads.load() - downloads, 1);
 }
 
+// A feed in device memory that a host step reads (Erf has no device kernel) or that is passed
+// straight to an output: the host gets its own copy of the feed, once per run, while the device
+// Add still reads the feed where it is. A host feed needs no such copy.
+TEST(DevicePlacement, HostReadersOfADeviceResidentFeedReadAHostCopy) {
+  constexpr char kGraph[] = R"(
+    input x: float32[4,8]
+    e = Erf(x)
+    y = Add(e, x)
+    output y
+    output x
+  )";
+  auto cpu = InferenceSession::FromGraph(*graph::ParseGraph(kGraph));
+  auto dev = std::make_shared<StandInDevice>(size_t{64} << 20);
+  auto s = InferenceSession::FromGraph(*graph::ParseGraph(kGraph), SessionOptions(), {dev});
+  ASSERT_TRUE(cpu.ok() && s.ok()) << cpu.status() << s.status();
+  const Feeds feeds = {{"x", Ramp({4, 8})}};
+  auto want = (*cpu)->Run(feeds);
+  ASSERT_TRUE(want.ok()) << want.status();
+  // A host feed: x and e go up, y comes down.
+  auto got = (*s)->Run(feeds);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(dev->uploads.load(), 2);
+  EXPECT_EQ(dev->downloads.load(), 1);
+  for (size_t k = 0; k < 2; ++k) EXPECT_EQ(testing::CompareTensors((*got)[k], (*want)[k], 0, 0), "") << k;
+
+  providers::Allocator* a = dev->allocator();
+  void* p = a->Allocate(feeds[0].second.nbytes());
+  Tensor x(DataType::kFloat32, {4, 8}, std::shared_ptr<void>(p, [a](void* q) { a->Free(q); }), p);
+  std::memcpy(p, feeds[0].second.raw(), x.nbytes());
+  for (int run = 0; run < 2; ++run) {
+    const int uploads = dev->uploads.load(), downloads = dev->downloads.load();
+    got = (*s)->Run({{"x", x}});
+    ASSERT_TRUE(got.ok()) << got.status();
+    // Up: e only. Down: x for its host readers (Erf and the output x), and y.
+    EXPECT_EQ(dev->uploads.load() - uploads, 1);
+    EXPECT_EQ(dev->downloads.load() - downloads, 2);
+    for (size_t k = 0; k < 2; ++k) EXPECT_EQ(testing::CompareTensors((*got)[k], (*want)[k], 0, 0), "") << k;
+    EXPECT_FALSE(a->Owns((*got)[1].raw())) << "the output x is a host tensor";
+  }
+}
+
 // The exports of models/variants (dynamic batch and sequence) on a device that claims every op:
 // the shape arithmetic between Shape and the shape inputs the device kernels read on the host
 // (Reshape's, ConstantOfShape's, Slice's...) runs on the host, and Shape reads the dims of a

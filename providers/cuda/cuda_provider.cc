@@ -286,9 +286,9 @@ absl::Status CudaExecutionProvider::Synchronize(const std::string& what) const {
     std::lock_guard<std::mutex> lock(checks_mu_);
     node = tag >= 1 && tag <= static_cast<int64_t>(checks_.size()) ? checks_[tag - 1] : "a kernel";
   }
-  return InvalidArgument(node, ": index ", index, " at position ", position, " is out of range for an axis of size ",
-                         size, ": expected [", -size, ", ", size - 1,
-                         "] (found on the device; outputs of that run are not valid)");
+  return NamingItsNode(InvalidArgument(node, ": index ", index, " at position ", position,
+                                       " is out of range for an axis of size ", size, ": expected [", -size, ", ",
+                                       size - 1, "] (found on the device; outputs of that run are not valid)"));
 }
 
 int64_t CudaExecutionProvider::IndexCheckTag(const std::string& what) const {
