@@ -15,20 +15,22 @@
 
 namespace cleave::kernels {
 
+// The round multipliers and the key schedule's Weyl steps.
+inline constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
+inline constexpr uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
+
 struct Philox4 {
   uint32_t v[4];
 };
 
 // The 4 words of counter c under key k (Random123's philox4x32_10).
 CLEAVE_HOST_DEVICE inline Philox4 Philox4x32(Philox4 c, uint32_t k0, uint32_t k1) {
-  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // the round multipliers
-  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // the key schedule's Weyl steps
   for (int round = 0; round < 10; ++round) {
     if (round > 0) {
-      k0 += kW0;
-      k1 += kW1;
+      k0 += kPhiloxW0;
+      k1 += kPhiloxW1;
     }
-    const uint64_t p0 = static_cast<uint64_t>(kM0) * c.v[0], p1 = static_cast<uint64_t>(kM1) * c.v[2];
+    const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * c.v[0], p1 = static_cast<uint64_t>(kPhiloxM1) * c.v[2];
     c = Philox4{{static_cast<uint32_t>(p1 >> 32) ^ c.v[1] ^ k0, static_cast<uint32_t>(p1),
                  static_cast<uint32_t>(p0 >> 32) ^ c.v[3] ^ k1, static_cast<uint32_t>(p0)}};
   }

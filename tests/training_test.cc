@@ -183,17 +183,32 @@ TEST(Philox, KnownAnswersAndTheDropoutDraws) {
                  {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
   EXPECT_TRUE(eq(kernels::Philox4x32({{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}}, 0xa4093822, 0x299f31d0),
                  {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
-  const int64_t n = 1001;
+  // The kernel's vector blocks and its scalar tail against the pair-by-pair definition: counts
+  // that end inside and between blocks, ratios whose threshold is exact or not, both dtypes,
+  // and two threads whose chunks start anywhere.
   const uint64_t key = 0x0123456789abcdefull;
-  std::vector<float> x(n, 2.0f), y(n);
-  std::unique_ptr<bool[]> m(new bool[n]);
-  kernels::cpu::DropoutKeyed<float>(key, 0.25f, n, x.data(), y.data(), m.get(), nullptr);
-  for (int64_t i = 0; i < n; ++i) {
-    double u[2];
-    kernels::PhiloxUniformPair(key, static_cast<uint64_t>(i / 2), &u[0], &u[1]);
-    ASSERT_EQ(m[i], u[i % 2] >= 0.25) << i;
-    EXPECT_EQ(y[i], m[i] ? 2.0f / 0.75f : 0.0f) << i;
-  }
+  ThreadPool two(2);
+  auto check = [&](auto zero, int64_t n, float ratio, ThreadPool* pool) {
+    using T = decltype(zero);
+    std::vector<T> x(n), y(n);
+    for (int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(i % 7) - T(2.5);
+    std::unique_ptr<bool[]> m(new bool[n]);
+    kernels::cpu::DropoutKeyed<T>(key, ratio, n, x.data(), y.data(), m.get(), pool);
+    const T scale = static_cast<T>(1.0 / (1.0 - static_cast<double>(ratio)));
+    for (int64_t i = 0; i < n; ++i) {
+      double u[2];
+      kernels::PhiloxUniformPair(key, static_cast<uint64_t>(i / 2), &u[0], &u[1]);
+      ASSERT_EQ(m[i], u[i % 2] >= static_cast<double>(ratio)) << "n " << n << " ratio " << ratio << " i " << i;
+      ASSERT_EQ(y[i], m[i] ? x[i] * scale : T(0)) << "n " << n << " ratio " << ratio << " i " << i;
+    }
+  };
+  for (int64_t n : {1, 15, 16, 17, 33, 1001})
+    for (float ratio : {0.25f, 0.1f, 0.5f, 0.9f}) {
+      check(0.0f, n, ratio, nullptr);
+      check(0.0, n, ratio, nullptr);
+    }
+  check(0.0f, 2 * 50003 + 1, 0.3f, &two);
+  check(0.0, 2 * 50003, 0.7f, &two);
 }
 
 TEST(DropoutKeyed, MaskIsAPureFunctionOfTheKeyWithTheRightRate) {
