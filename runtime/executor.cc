@@ -17,6 +17,7 @@
 #include "graph/op_table.h"
 #include "runtime/async_schedule.h"
 #include "runtime/comm_queue.h"
+#include "runtime/executor_step.h"
 #include "runtime/memory_plan.h"
 #include "runtime/placement.h"
 #include "runtime/profiler.h"
@@ -30,14 +31,6 @@ namespace cleave::runtime {
 using graph::Node;
 using graph::Value;
 
-struct Executor::Step {
-  const Node* node = nullptr;
-  std::unique_ptr<providers::OpKernel> kernel;
-  providers::ExecutionProvider* provider = nullptr;
-  std::vector<int> inputs, outputs;  // slots, -1 when omitted
-  int order_pos = 0;                 // position in the run order before constant uploads left it
-};
-
 bool IsBoundaryCopy(const graph::Node& n) {
   return n.domain() == graph::kCleaveDomain && (n.op_type() == "MemcpyFromHost" || n.op_type() == "MemcpyToHost");
 }
@@ -45,6 +38,13 @@ bool IsBoundaryCopy(const graph::Node& n) {
 bool IsViewOp(const graph::Node& n) {
   static const std::set<std::string> view_ops = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"};
   return n.domain().empty() && view_ops.count(n.op_type()) > 0;
+}
+
+std::shared_ptr<void> HeapBuffer(size_t bytes) {
+  size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, rounded);
+  CLEAVE_CHECK(p != nullptr);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
 }
 
 namespace {
@@ -73,13 +73,6 @@ class CopyKernel : public providers::OpKernel {
  private:
   const providers::ExecutionProvider* device_;
 };
-
-std::shared_ptr<void> HeapBuffer(size_t bytes) {
-  size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
-  void* p = std::aligned_alloc(64, rounded);
-  CLEAVE_CHECK(p != nullptr);
-  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
-}
 
 // The memory of a host graph output: the caller's tensor when it already has this dtype and
 // these dims (no allocation), else a new one in its place.
@@ -467,25 +460,10 @@ absl::Status Executor::Build() {
     for (int s : steps_[st].outputs)
       if (s >= 0) def_step_[s] = st, last_use_[s] = std::max(last_use_[s], st);
   }
-  // Feeds the host reads (a host kernel beyond their dims, a device kernel's host input, or an
-  // output passed straight through): staged in host memory by a run that has them in a device's
-  // memory (BindDeviceResident).
   if (has_device_) {
-    std::vector<char> host_read(num_slots_, 0);
-    for (const Step& st : steps_) {
-      if (IsBoundaryCopy(*st.node)) continue;
-      const bool device = st.provider->device() != providers::DeviceKind::kCpu;
-      const providers::KernelDef& def = *owner.at(st.node).second.kernel;
-      const std::vector<int>& listed = device ? def.host_inputs : def.shape_only_inputs;
-      for (int i = 0; i < static_cast<int>(st.inputs.size()); ++i)
-        if (st.inputs[i] >= 0 && device == (std::find(listed.begin(), listed.end(), i) != listed.end()))
-          host_read[st.inputs[i]] = 1;
-    }
-    for (int s : output_slots_)
-      if (def_step_[s] < 0) host_read[s] = 1;
-    for (int i = 0; i < static_cast<int>(input_slots_.size()); ++i)
-      if (!is_constant_[input_slots_[i]] && host_read[input_slots_[i]]) host_read_feeds_.push_back(i);
-    feed_staging_.resize(host_read_feeds_.size());
+    std::vector<const providers::KernelDef*> defs;
+    for (const Step& st : steps_) defs.push_back(IsBoundaryCopy(*st.node) ? nullptr : owner.at(st.node).second.kernel);
+    FindHostReadFeeds(defs);
   }
   // Asynchronous steps: waited for before the first step at or after their wait position; what
   // they read and write stays alive until then.
@@ -592,71 +570,6 @@ absl::Status Executor::PlaceOnDevices(std::unordered_map<const Node*, providers:
       }
       graph_->SetNodeInput(n, i, c);
     }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Executor::BindDeviceResident(const std::vector<Tensor>& outputs) {
-  if (!has_device_) return absl::OkStatus();  // nothing can be device-resident
-  std::fill(output_to_device_.begin(), output_to_device_.end(), nullptr);
-  bound_reports_.assign(steps_.size(), {});
-  for (int st : device_copy_steps_) {
-    skip_[st] = 0;
-    bound_[steps_[st].inputs[0]] = nullptr;
-  }
-  for (size_t oi = 0; oi < output_slots_.size() && oi < outputs.size(); ++oi) {
-    const int slot = output_slots_[oi];
-    if (!outputs[oi].defined() || def_step_[slot] < 0 || slot_device_[slot]) continue;
-    for (auto& p : providers_)
-      if (p->device() != providers::DeviceKind::kCpu && p->allocator()->Owns(outputs[oi].raw()))
-        output_to_device_[oi] = p.get();
-  }
-  for (int st : device_copy_steps_) {
-    const Step& step = steps_[st];
-    const providers::Allocator* a = step.provider->allocator();
-    const int in = step.inputs[0], out = step.outputs[0];
-    if (out < 0) continue;
-    if (step.node->op_type() == "MemcpyFromHost") {
-      // A feed already in this device's memory is read where it is.
-      if (def_step_[in] < 0 && !is_constant_[in] && views_[in].data && a->Owns(views_[in].data)) {
-        views_[out] = views_[in];
-        skip_[st] = 1;
-      }
-      continue;
-    }
-    // A graph output the caller gave a device tensor for, read by no host step: its producer
-    // writes there. (With host readers the copy runs into a host buffer, which is copied to
-    // the caller's tensor after the run.)
-    const int oi = output_index_[out];
-    if (oi < 0 || oi >= static_cast<int>(outputs.size()) || !outputs[oi].defined() || !a->Owns(outputs[oi].raw()) ||
-        last_use_[out] > st)
-      continue;
-    bound_[in] = outputs[oi].raw();
-    bound_bytes_[in] = static_cast<int64_t>(outputs[oi].nbytes());
-    output_to_device_[oi] = nullptr;
-    skip_[st] = 1;
-    if (def_step_[in] >= 0) bound_reports_[def_step_[in]].push_back(oi);
-  }
-  // A feed in a device's memory that the host reads: a host copy for this run's host readers
-  // (device readers were given the device view above). The copy's buffer is kept for later runs.
-  for (size_t k = 0; k < host_read_feeds_.size(); ++k) {
-    const int feed = host_read_feeds_[k];
-    TensorView& v = views_[input_slots_[feed]];
-    providers::ExecutionProvider* d = nullptr;
-    for (auto& p : providers_)
-      if (v.data && p->device() != providers::DeviceKind::kCpu && p->allocator()->Owns(v.data)) d = p.get();
-    if (!d) continue;
-    auto& [buffer, capacity] = feed_staging_[k];
-    if (capacity < v.nbytes()) {
-      buffer = HeapBuffer(v.nbytes());
-      capacity = v.nbytes();
-      ++stats_.heap_allocations;
-    }
-    TensorView host(buffer.get(), v.dtype, v.dim_span());
-    if (absl::Status s = d->CopyTensor(v, host); !s.ok())
-      return absl::Status(s.code(), absl::StrCat("copying feed '", graph_->inputs()[feed]->name(), "' from ",
-                                                 d->name(), " to the host for its host readers: ", s.message()));
-    v = host;
   }
   return absl::OkStatus();
 }
