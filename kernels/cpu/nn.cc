@@ -34,9 +34,10 @@ namespace {
 // Counter-based dropout in blocks of kPairs counters (2 * kPairs elements), the Philox rounds
 // of all the block's counters in vector lanes. Each 32-bit word sits in a 64-bit lane, so a
 // round's 32 x 32 -> 64-bit products are lane-wise 64-bit products (GCC does not see that the
-// high halves are zero: vpmullq on AVX-512, three vpmuludq's on AVX2). The keep test is done on the integer behind
-// the uniform: u = m * 2^-53 with m < 2^53, and ratio * 2^53 is exact, so u >= ratio exactly
-// when m >= ceil(ratio * 2^53); the scalar pair loop (PhiloxUniformPair) gives the same bits.
+// high halves are zero: vpmullq on AVX-512, three vpmuludq's on AVX2). The keep test is done on
+// the integer behind the uniform: u = m * 2^-53 with m < 2^53, and ratio * 2^53 is exact, so
+// u >= ratio exactly when m >= ceil(ratio * 2^53); the scalar pair loop (PhiloxUniformPair)
+// gives the same bits.
 // The select is branch-free: with a random mask, a branch per element mispredicts about
 // min(ratio, 1 - ratio) of the time, which cost more than the generator itself.
 constexpr int kPairs = 8;
