@@ -11,6 +11,18 @@
 
 namespace cleave::runtime {
 
+namespace {
+
+// The device provider whose allocator holds p, or null (host memory, or no pointer).
+providers::ExecutionProvider* DeviceHolding(const std::vector<std::shared_ptr<providers::ExecutionProvider>>& providers,
+                                            const void* p) {
+  for (const auto& d : providers)
+    if (p && d->device() != providers::DeviceKind::kCpu && d->allocator()->Owns(p)) return d.get();
+  return nullptr;
+}
+
+}  // namespace
+
 void Executor::FindHostReadFeeds(const std::vector<const providers::KernelDef*>& defs) {
   std::vector<char> host_read(num_slots_, 0);
   for (size_t k = 0; k < steps_.size(); ++k) {
@@ -41,9 +53,7 @@ absl::Status Executor::BindDeviceResident(const std::vector<Tensor>& outputs) {
   for (size_t oi = 0; oi < output_slots_.size() && oi < outputs.size(); ++oi) {
     const int slot = output_slots_[oi];
     if (!outputs[oi].defined() || def_step_[slot] < 0 || slot_device_[slot]) continue;
-    for (auto& p : providers_)
-      if (p->device() != providers::DeviceKind::kCpu && p->allocator()->Owns(outputs[oi].raw()))
-        output_to_device_[oi] = p.get();
+    output_to_device_[oi] = DeviceHolding(providers_, outputs[oi].raw());
   }
   for (int st : device_copy_steps_) {
     const Step& step = steps_[st];
@@ -76,9 +86,7 @@ absl::Status Executor::BindDeviceResident(const std::vector<Tensor>& outputs) {
   for (size_t k = 0; k < host_read_feeds_.size(); ++k) {
     const int feed = host_read_feeds_[k];
     TensorView& v = views_[input_slots_[feed]];
-    providers::ExecutionProvider* d = nullptr;
-    for (auto& p : providers_)
-      if (v.data && p->device() != providers::DeviceKind::kCpu && p->allocator()->Owns(v.data)) d = p.get();
+    providers::ExecutionProvider* d = DeviceHolding(providers_, v.data);
     if (!d) continue;
     auto& [buffer, capacity] = feed_staging_[k];
     if (capacity < v.nbytes()) {
