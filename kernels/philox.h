@@ -37,12 +37,30 @@ CLEAVE_HOST_DEVICE inline Philox4 Philox4x32(Philox4 c, uint32_t k0, uint32_t k1
   return c;
 }
 
-// Two uniforms in [0, 1) of 53 bits each from counter j under `key`: words 0-1 and 2-3.
-CLEAVE_HOST_DEVICE inline void PhiloxUniformPair(uint64_t key, uint64_t j, double* u0, double* u1) {
+// The two 53-bit integers behind the uniforms of counter j under `key`: words 0-1 and 2-3,
+// top 53 bits.
+CLEAVE_HOST_DEVICE inline void PhiloxBitsPair(uint64_t key, uint64_t j, uint64_t* m0, uint64_t* m1) {
   const Philox4 r = Philox4x32(Philox4{{static_cast<uint32_t>(j), static_cast<uint32_t>(j >> 32), 0u, 0u}},
                                static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32));
-  *u0 = static_cast<double>(((static_cast<uint64_t>(r.v[0]) << 32) | r.v[1]) >> 11) * 0x1.0p-53;
-  *u1 = static_cast<double>(((static_cast<uint64_t>(r.v[2]) << 32) | r.v[3]) >> 11) * 0x1.0p-53;
+  *m0 = ((static_cast<uint64_t>(r.v[0]) << 32) | r.v[1]) >> 11;
+  *m1 = ((static_cast<uint64_t>(r.v[2]) << 32) | r.v[3]) >> 11;
+}
+
+// Two uniforms in [0, 1) of 53 bits each from counter j under `key`: u = m * 2^-53.
+CLEAVE_HOST_DEVICE inline void PhiloxUniformPair(uint64_t key, uint64_t j, double* u0, double* u1) {
+  uint64_t m0, m1;
+  PhiloxBitsPair(key, j, &m0, &m1);
+  *u0 = static_cast<double>(m0) * 0x1.0p-53;
+  *u1 = static_cast<double>(m1) * 0x1.0p-53;
+}
+
+// Dropout keeps an element when its uniform u >= ratio. With u = m * 2^-53 (m < 2^53) and
+// ratio * 2^53 exact (a double in [0, 1) scaled by a power of two), that is m >= this
+// threshold, so the kernels compare integers and draw exactly the masks of the uniforms.
+inline uint64_t DropoutKeepThreshold(double ratio) {
+  const double t = ratio * 0x1.0p53;
+  const uint64_t whole = static_cast<uint64_t>(t);  // t >= 0; ceil without <cmath>
+  return static_cast<double>(whole) == t ? whole : whole + 1;
 }
 
 }  // namespace cleave::kernels

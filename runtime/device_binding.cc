@@ -23,14 +23,14 @@ providers::ExecutionProvider* DeviceHolding(const std::vector<std::shared_ptr<pr
 
 }  // namespace
 
-void Executor::FindHostReadFeeds(const std::vector<const providers::KernelDef*>& defs) {
+void Executor::FindHostReadFeeds(const std::unordered_map<const graph::Node*, std::vector<int>>& host_inputs) {
   std::vector<char> host_read(num_slots_, 0);
-  for (size_t k = 0; k < steps_.size(); ++k) {
-    const Step& st = steps_[k];
+  const std::vector<int> none;
+  for (const Step& st : steps_) {
     if (IsBoundaryCopy(*st.node)) continue;
     const bool device = st.provider->device() != providers::DeviceKind::kCpu;
-    const providers::KernelDef& def = *defs[k];
-    const std::vector<int>& listed = device ? def.host_inputs : def.shape_only_inputs;
+    const auto it = host_inputs.find(st.node);
+    const std::vector<int>& listed = it == host_inputs.end() ? none : it->second;
     for (int i = 0; i < static_cast<int>(st.inputs.size()); ++i)
       if (st.inputs[i] >= 0 && device == (std::find(listed.begin(), listed.end(), i) != listed.end()))
         host_read[st.inputs[i]] = 1;

@@ -356,6 +356,9 @@ absl::Status Executor::Build() {
   if (has_device_) host_by_design = PlaceOnHostByDesign(order, host_claim, providers_.back().get(), &owner);
   std::unordered_map<const Node*, providers::ExecutionProvider*> placed;
   for (const auto& [n, o] : owner) placed[n] = o.first;
+  // Per node, the inputs its kernel reads on the host if it runs on a device (host_inputs),
+  // or reads only the dims of if it runs on the host (shape_only_inputs); with a device only.
+  std::unordered_map<const Node*, std::vector<int>> host_inputs;
   if (has_device_) {
     // Which ops fell back from the first provider, by op type.
     std::map<std::string, int> fell_back;
@@ -373,7 +376,6 @@ absl::Status Executor::Build() {
                                        providers_.back()->name(), " (copies inserted at the boundaries): ",
                                        absl::StrJoin(ops, ", "));
     }
-    std::unordered_map<const Node*, std::vector<int>> host_inputs;
     for (const auto& [n, o] : owner) {
       const bool device = o.first->device() != providers::DeviceKind::kCpu;
       const std::vector<int>& read_on_host = device ? o.second.kernel->host_inputs : o.second.kernel->shape_only_inputs;
@@ -460,11 +462,7 @@ absl::Status Executor::Build() {
     for (int s : steps_[st].outputs)
       if (s >= 0) def_step_[s] = st, last_use_[s] = std::max(last_use_[s], st);
   }
-  if (has_device_) {
-    std::vector<const providers::KernelDef*> defs;
-    for (const Step& st : steps_) defs.push_back(IsBoundaryCopy(*st.node) ? nullptr : owner.at(st.node).second.kernel);
-    FindHostReadFeeds(defs);
-  }
+  if (has_device_) FindHostReadFeeds(host_inputs);
   // Asynchronous steps: waited for before the first step at or after their wait position; what
   // they read and write stays alive until then.
   async_.assign(num_steps, 0);

@@ -146,10 +146,11 @@ class Executor {
   // host ones) and outputs (written in place).
   absl::Status BindDeviceResident(const std::vector<Tensor>& outputs);
   // The feeds the host reads (a host kernel beyond their dims, a device kernel's host input, or
-  // an output passed straight through), given each step's kernel definition (null for the
-  // boundary copies): BindDeviceResident stages those of a run's feeds that are in a device's
-  // memory in host buffers. Load time, with a device provider.
-  void FindHostReadFeeds(const std::vector<const providers::KernelDef*>& defs);
+  // an output passed straight through), given per node the inputs its kernel reads on the host
+  // when placed on a device, or only the dims of when placed on the host: BindDeviceResident
+  // stages those of a run's feeds that are in a device's memory in host buffers. Load time,
+  // with a device provider.
+  void FindHostReadFeeds(const std::unordered_map<const graph::Node*, std::vector<int>>& host_inputs);
   // Symbolic dims of the graph inputs bound to this run's sizes, for the shape checks.
   void BindSymbols(const std::vector<TensorView>& inputs);
   // Per slot: a graph input other than a constant, or its copy to a device.

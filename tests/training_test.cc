@@ -183,6 +183,17 @@ TEST(Philox, KnownAnswersAndTheDropoutDraws) {
                  {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
   EXPECT_TRUE(eq(kernels::Philox4x32({{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}}, 0xa4093822, 0x299f31d0),
                  {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+  // The kernels' integer keep test is the uniform's: m >= threshold exactly when m * 2^-53 >=
+  // ratio, at the threshold and one below it, for ratios whose scaled value is whole or not.
+  for (double ratio : {0.0, 0.1, 0.25, 0.5, 0.3f + 0.0, 0.9, 0x1.0p-53, 3 * 0x1.0p-54, 1 - 0x1.0p-53}) {
+    const uint64_t t = kernels::DropoutKeepThreshold(ratio);
+    EXPECT_GE(static_cast<double>(t) * 0x1.0p-53, ratio) << ratio;
+    if (t > 0) {
+      EXPECT_LT(static_cast<double>(t - 1) * 0x1.0p-53, ratio) << ratio;
+    }
+  }
+  EXPECT_EQ(kernels::DropoutKeepThreshold(0.5), uint64_t{1} << 52);
+  EXPECT_EQ(kernels::DropoutKeepThreshold(3 * 0x1.0p-54), 2u);
   // The kernel's vector blocks and its scalar tail against the pair-by-pair definition: counts
   // that end inside and between blocks, ratios whose threshold is exact or not, both dtypes,
   // and two threads whose chunks start anywhere.

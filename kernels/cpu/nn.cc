@@ -35,9 +35,7 @@ namespace {
 // of all the block's counters in vector lanes. Each 32-bit word sits in a 64-bit lane, so a
 // round's 32 x 32 -> 64-bit products are lane-wise 64-bit products (GCC does not see that the
 // high halves are zero: vpmullq on AVX-512, three vpmuludq's on AVX2). The keep test is done on
-// the integer behind the uniform: u = m * 2^-53 with m < 2^53, and ratio * 2^53 is exact, so
-// u >= ratio exactly when m >= ceil(ratio * 2^53); the scalar pair loop (PhiloxUniformPair)
-// gives the same bits.
+// the integer behind the uniform (DropoutKeepThreshold, philox.h), as in the scalar tail.
 // The select is branch-free: with a random mask, a branch per element mispredicts about
 // min(ratio, 1 - ratio) of the time, which cost more than the generator itself.
 constexpr int kPairs = 8;
@@ -104,7 +102,7 @@ template <typename T>
 void DropoutKeyed(uint64_t key, float ratio, int64_t n, const T* x, T* y, bool* mask, ThreadPool* pool) {
   const double r = static_cast<double>(ratio);
   const T scale = static_cast<T>(1.0 / (1.0 - r));
-  const uint64_t threshold = static_cast<uint64_t>(std::ceil(r * 0x1.0p53));  // exact: see DropoutBlocks
+  const uint64_t threshold = DropoutKeepThreshold(r);
   // Over pairs of elements: pair j is elements 2j and 2j + 1, both uniforms of counter j.
   const int64_t pairs = (n + 1) / 2;
   ParallelFor(pool, pairs, 1 << 13, [&](int64_t j0, int64_t j1) {
@@ -117,11 +115,11 @@ void DropoutKeyed(uint64_t key, float ratio, int64_t n, const T* x, T* y, bool* 
         DropoutBlocksF64(key, threshold, scale, j0, blocks, x, y, mask);
     }
     for (int64_t j = j0 + std::max<int64_t>(blocks, 0) * kPairs; j < j1; ++j) {
-      double u[2];
-      PhiloxUniformPair(key, static_cast<uint64_t>(j), &u[0], &u[1]);
+      uint64_t m[2];
+      PhiloxBitsPair(key, static_cast<uint64_t>(j), &m[0], &m[1]);
       for (int h = 0; h < 2 && 2 * j + h < n; ++h) {
         const int64_t i = 2 * j + h;
-        const bool keep = u[h] >= r;
+        const bool keep = m[h] >= threshold;
         y[i] = keep ? x[i] * scale : T(0);
         if (mask) mask[i] = keep;
       }

@@ -223,17 +223,20 @@ int LaunchMap2(F f, const void* a, const void* b, void* y, int64_t n, cudaStream
   return static_cast<int>(cudaGetLastError());
 }
 
-// A thread per pair of elements (2j, 2j + 1), both uniforms of Philox counter j, as the CPU draws.
+// A thread per pair of elements (2j, 2j + 1), both draws of Philox counter j, as the CPU draws;
+// the keep test on the integers behind the uniforms (DropoutKeepThreshold), with no double
+// arithmetic.
 template <typename T>
-__global__ void DropoutKernel(uint64_t key, double ratio, float scale, const T* x, T* y, bool* mask, int64_t n) {
+__global__ void DropoutKernel(uint64_t key, uint64_t threshold, float scale, const T* x, T* y, bool* mask,
+                              int64_t n) {
   const int64_t pairs = (n + 1) / 2;
   for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < pairs;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    double u[2];
-    PhiloxUniformPair(key, static_cast<uint64_t>(j), &u[0], &u[1]);
+    uint64_t m[2];
+    PhiloxBitsPair(key, static_cast<uint64_t>(j), &m[0], &m[1]);
     for (int h = 0; h < 2 && 2 * j + h < n; ++h) {
       const int64_t i = 2 * j + h;
-      const bool keep = u[h] >= ratio;
+      const bool keep = m[h] >= threshold;
       y[i] = keep ? FromFloat<T>(ToFloat(x[i]) * scale) : FromFloat<T>(0.f);
       if (mask) mask[i] = keep;
     }
@@ -433,9 +436,10 @@ int DropoutKeyed(Dt dt, uint64_t key, float ratio, const void* x, void* y, bool*
   if (n == 0) return 0;
   const double r = static_cast<double>(ratio);
   const float scale = static_cast<float>(1.0 / (1.0 - r));
+  const uint64_t threshold = DropoutKeepThreshold(r);
   DISPATCH_DT(dt, T, {
-    DropoutKernel<T><<<Blocks((n + 1) / 2), kThreads, 0, Stream(stream)>>>(key, r, scale, static_cast<const T*>(x),
-                                                                static_cast<T*>(y), mask, n);
+    DropoutKernel<T><<<Blocks((n + 1) / 2), kThreads, 0, Stream(stream)>>>(
+        key, threshold, scale, static_cast<const T*>(x), static_cast<T*>(y), mask, n);
   });
   return static_cast<int>(cudaGetLastError());
 }
