@@ -917,6 +917,61 @@ TEST(AttentionLayoutFusion, PackedQkvProductFeedsAttentionWhole) {
   EXPECT_EQ(OpCounts(*g)["Transpose"], 0);
 }
 
+// An inference graph's q/k/v product has a symbolic batch and sequence: its Reshapes copy them
+// (ONNX's 0), and the fold keeps them symbolic. Where the parts' dims are not known to be the
+// product's (an unnamed dim), it leaves the Split.
+std::string SymbolicQkvAttention(const char* heads, const char* batch = "batch") {
+  return absl::StrCat(R"(
+    input qkv: float32[)", batch, R"(,seq,72]
+    init sizes: int64[3] = 24 24 24
+    init heads: int64[4] = )", heads, R"(
+    init flat: int64[3] = 0 0 24
+    q3, k3, v3 = Split(qkv, sizes) {axis = 2}
+    q4 = Reshape(q3, heads)
+    k4 = Reshape(k3, heads)
+    v4 = Reshape(v3, heads)
+    q = Transpose(q4) {perm = [0, 2, 1, 3]}
+    k = Transpose(k4) {perm = [0, 2, 1, 3]}
+    v = Transpose(v4) {perm = [0, 2, 1, 3]}
+    o, lse = ai.cleave.Attention(q, k, v) {scale = 0.35, causal = 1}
+    o4 = Transpose(o) {perm = [0, 2, 1, 3]}
+    y = Reshape(o4, flat)
+    output y
+  )");
+}
+
+TEST(AttentionLayoutFusion, PackedQkvKeepsASymbolicBatchAndSequence) {
+  AttentionLayoutFusion fusion;
+  std::unique_ptr<Graph> g = Rewritten(SymbolicQkvAttention("0 0 3 8"), fusion);
+  ASSERT_TRUE(g);
+  std::map<std::string, int> ops = OpCounts(*g);
+  EXPECT_EQ(ops["Transpose"] + ops["Split"], 0);
+  const Node* attention = nullptr;
+  for (const auto& n : g->nodes())
+    if (n->op_type() == "Attention") attention = n.get();
+  ASSERT_NE(attention, nullptr);
+  EXPECT_EQ(attention->AttrString("layout", ""), "bs3hd");
+  EXPECT_EQ(attention->input(0)->shape().ToString(), "[batch,seq,3,3,8]");
+  EXPECT_EQ(g->FindValue("y")->shape().ToString(), "[batch,seq,24]");
+  // Two sizes of the same graph, as an inference session runs it.
+  for (const std::vector<int64_t>& dims : {std::vector<int64_t>{2, 6, 72}, std::vector<int64_t>{1, 9, 72}}) {
+    auto fused = Rewritten(SymbolicQkvAttention("0 0 3 8"), fusion);
+    ASSERT_TRUE(fused);
+    ExpectGraphsAgree(std::move(fused), *ParseGraph(SymbolicQkvAttention("0 0 3 8")), {{"qkv", Random(dims, 7)}},
+                      0, 0);
+  }
+  // A -1 in the heads' Reshape works out to the same symbol (batch * seq * 24 / (seq * 24)).
+  g = Rewritten(SymbolicQkvAttention("-1 0 3 8"), fusion);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(OpCounts(*g)["Split"], 0);
+  // An unnamed batch: the parts' and the product's are not known to be one dim, so the Split
+  // stays (the layout fold still applies).
+  g = Rewritten(SymbolicQkvAttention("0 0 3 8", "?"), fusion);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(OpCounts(*g)["Split"], 1);
+  EXPECT_EQ(OpCounts(*g)["Transpose"], 0);
+}
+
 // The cross-entropy gradient reads the scores: the forward outputs the loss alone, and under
 // bf16 autocast the gradient is written in bf16 (its Cast gone); the training step computes
 // what it did (the bf16 gradient rounds the same float32 values the Cast rounded).

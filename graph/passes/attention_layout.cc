@@ -108,6 +108,27 @@ bool FoldAttentionLayout(Graph* g, Node* f) {
 // Whether axis (of a rank-3 value) is its last.
 bool IsLastOfThree(int64_t axis) { return axis == 2 || axis == -1; }
 
+// Whether two dims are known to be equal: the same number, or the same named symbol (two
+// unknown dims may differ).
+bool SameDim(const Dim& a, const Dim& b) {
+  return a.is_static() ? a.value == b.value : !a.symbol.empty() && a.symbol == b.symbol;
+}
+
+bool SameDims(const Shape& s, const std::vector<Dim>& dims) {
+  if (!s.has_rank() || s.rank() != static_cast<int>(dims.size())) return false;
+  for (size_t i = 0; i < dims.size(); ++i)
+    if (!SameDim(s[i], dims[i])) return false;
+  return true;
+}
+
+// A Reshape's shape operand for `dims`, whose symbolic leading dims are copied from the input
+// (ONNX's 0), which has them at the same axes.
+std::vector<int64_t> ReshapeTarget(const std::vector<Dim>& dims) {
+  std::vector<int64_t> out;
+  for (const Dim& d : dims) out.push_back(d.is_static() ? d.value : 0);
+  return out;
+}
+
 // An int64 shape constant.
 Value* ShapeConstant(Graph* g, const std::string& hint, const std::vector<int64_t>& dims) {
   return g->AddInitializer(g->UniqueName(hint),
@@ -132,14 +153,17 @@ bool FoldPackedQkv(Graph* g, Node* f) {
     split = sp;
   }
   Value* qkv = split->input(0);
+  // B and T may be symbolic (an inference graph's batch and sequence), H and D are numbers.
   const Shape& qs = f->input(0)->shape();
-  if (!qkv->shape().is_static() || qkv->shape().rank() != 3 || !qs.is_static() || qs.rank() != 4 ||
+  if (!qs.has_rank() || qs.rank() != 4 || !qs[2].is_static() || !qs[3].is_static() ||
       !IsLastOfThree(split->AttrInt("axis", 0)))
     return false;
-  const int64_t B = qs[0].value, T = qs[1].value, H = qs[2].value, D = qs[3].value;
-  if (qkv->shape().StaticDims() != std::vector<int64_t>{B, T, 3 * H * D}) return false;
+  const Dim B = qs[0], T = qs[1];
+  const int64_t H = qs[2].value, D = qs[3].value;
+  if (!SameDims(qkv->shape(), {B, T, 3 * H * D})) return false;
   for (int i = 0; i < 3; ++i)
-    if (f->input(i)->shape() != qs || split->output(i)->shape() != Shape::FromDims({B, T, H * D})) return false;
+    if (!SameDims(f->input(i)->shape(), {B, T, H, D}) || !SameDims(split->output(i)->shape(), {B, T, H * D}))
+      return false;
   // The grads: the forward's q, k, v, their gradients reshaped back and concatenated in order.
   std::vector<Node*> grads, concats;
   for (const auto& [reader, slot] : f->output(0)->consumers()) {
@@ -149,7 +173,7 @@ bool FoldPackedQkv(Graph* g, Node* f) {
     for (int i = 0; i < 3; ++i) {
       if (reader->input(1 + i) != f->input(i)) return false;
       Node* back = SoleConsumer(reader->output(i));
-      if (!IsOnnxOp(back, "Reshape") || back->output(0)->shape() != Shape::FromDims({B, T, H * D})) return false;
+      if (!IsOnnxOp(back, "Reshape") || !SameDims(back->output(0)->shape(), {B, T, H * D})) return false;
       Node* c = SoleConsumer(back->output(0));
       if (!IsOnnxOp(c, "Concat") || c->num_inputs() != 3 || c->input(i) != back->output(0) ||
           !IsLastOfThree(c->AttrInt("axis", 0)) || (cat && c != cat))
@@ -165,8 +189,8 @@ bool FoldPackedQkv(Graph* g, Node* f) {
 
   const Attribute packed = Attribute::String("bs3hd");
   Value* qkv5 = g->CreateUniqueValue(qkv->name() + "/packed");
-  Node* r5 = g->AddNode("Reshape", {qkv, ShapeConstant(g, qkv->name() + "/packed_shape", {B, T, 3, H, D})}, {qkv5},
-                        g->UniqueName(qkv->name() + "/packed"));
+  Value* shape5 = ShapeConstant(g, qkv->name() + "/packed_shape", ReshapeTarget({B, T, 3, H, D}));
+  Node* r5 = g->AddNode("Reshape", {qkv, shape5}, {qkv5}, g->UniqueName(qkv->name() + "/packed"));
   r5->metadata() = f->metadata();
   Node* nf = g->RebuildNode(f, {qkv5, nullptr, nullptr}, f->outputs());
   nf->SetAttr("layout", packed);
@@ -183,8 +207,8 @@ bool FoldPackedQkv(Graph* g, Node* f) {
     Value* dqkv5 = g->CreateUniqueValue(dqkv->name() + "/packed");
     Node* ng = g->RebuildNode(grad, ins, {dqkv5});
     ng->SetAttr("layout", packed);
-    Node* back = g->AddNode("Reshape", {dqkv5, ShapeConstant(g, dqkv->name() + "/shape", {B, T, 3 * H * D})},
-                            {dqkv}, g->UniqueName(name + "/packed_grad"));
+    Value* shape3 = ShapeConstant(g, dqkv->name() + "/shape", ReshapeTarget({B, T, 3 * H * D}));
+    Node* back = g->AddNode("Reshape", {dqkv5, shape3}, {dqkv}, g->UniqueName(name + "/packed_grad"));
     back->metadata() = metadata;
   }
   return true;
