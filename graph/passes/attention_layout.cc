@@ -114,6 +114,7 @@ bool SameDim(const Dim& a, const Dim& b) {
   return a.is_static() ? a.value == b.value : !a.symbol.empty() && a.symbol == b.symbol;
 }
 
+// Whether s has rank dims.size() and each of its dims is known to be the one of `dims`.
 bool SameDims(const Shape& s, const std::vector<Dim>& dims) {
   if (!s.has_rank() || s.rank() != static_cast<int>(dims.size())) return false;
   for (size_t i = 0; i < dims.size(); ++i)

@@ -102,7 +102,8 @@ class AttentionFusion : public Pass {
 // transposes (q, k, v and the output forward; dOut, dq, dk, dv backward) go. Then, where q, k
 // and v are the reshaped parts of one Split of the q/k/v product and the gradients' reshapes
 // meet in one Concat, layout "bs3hd" over the product reshaped to [B, T, 3, H, D], with one
-// packed gradient: the Split and the Concat go too. Sessions with a device provider run it.
+// packed gradient: the Split and the Concat go too (B and T may be symbolic, as an inference
+// export has them, where q, k and v have the product's named dims). Every session runs it.
 class AttentionLayoutFusion : public Pass {
  public:
   std::string name() const override { return "AttentionLayoutFusion"; }
