@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -128,9 +129,11 @@ TEST(CudaKernelTable, ClaimsEveryNodeOfTheSampleModelsGraphs) {
     }
     EXPECT_EQ(rejected, "");
     EXPECT_GT(shapes, 0);
-    // Every other node is claimed (a whole model's worth: the attention alone is a dozen).
+    // Every other node is claimed, the products among them.
     EXPECT_EQ(cap.claimed.size() + shapes, (*s)->graph().nodes().size());
-    EXPECT_GT(cap.claimed.size(), 30u);
+    int products = 0;
+    for (const auto& c : cap.claimed) products += absl::StrContains(c.node->op_type(), "MatMul");
+    EXPECT_GT(products, 1);
   }
   // And it says no where it has no kernel (float64 Exp).
   auto g = graph::ParseGraph("input x: float64[4,4]\nt = Exp(x)\ny = Cast(t) {to = 1}\nz = Relu(y)\noutput z\n");

@@ -2,7 +2,12 @@
 // on exported models against their unfused graphs.
 #include "graph/passes/pass.h"
 
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "graph/op_table.h"
+#include "graph/text_format.h"
 #include "graph/verifier.h"
 #include "gtest/gtest.h"
 #include "onnx_ext/onnx_io.h"
@@ -64,6 +69,74 @@ TEST(ConstantFolding, FoldsConstantSubgraphsButNotVariables) {
   ConstantFolding keep(runtime::MakeConstantEvaluator(*h, cpu),
                        [](const Value* v) { return v->name() == "a"; });
   EXPECT_FALSE(*RunPass(keep, h.get()));
+}
+
+// An export's reshape target over a dynamic batch and sequence, `target` being the Concat's
+// operands in order (from b1, q1 and the constants).
+std::string SymbolicReshape(const std::string& target, const std::string& attrs = "") {
+  return absl::StrCat(R"(
+    input x: float32[batch,seq,64]
+    init i0: int64[] = 0
+    init i1: int64[] = 1
+    init ax: int64[1] = 0
+    init heads: int64[2] = 4 16
+    init rest: int64[2] = -1 64
+    s = Shape(x)
+    b = Gather(s, i0)
+    q = Gather(s, i1)
+    b1 = Unsqueeze(b, ax)
+    q1 = Unsqueeze(q, ax)
+    t = Concat()", target, R"() {axis = 0}
+    y = Reshape(x, t))", attrs, R"(
+    output y
+  )");
+}
+
+// The Reshape's target after constant folding and DCE, or "computed" where it still is.
+std::string FoldedTarget(const std::string& text, std::unique_ptr<Graph>* out = nullptr) {
+  auto g = ParseGraph(text);
+  EXPECT_TRUE(g.ok()) << g.status();
+  if (!g.ok()) return "";
+  EXPECT_TRUE(InferShapes(**g).ok());
+  providers::CpuExecutionProvider cpu(1);
+  ConstantFolding fold(runtime::MakeConstantEvaluator(**g, cpu));
+  DeadCodeElimination dce;
+  EXPECT_TRUE(RunToFixedPoint({&fold, &dce}, g->get()).ok());
+  const Node* reshape = (*g)->FindValue("y")->producer();
+  const Tensor* t = reshape->input(1)->initializer();
+  std::string result = "computed";
+  if (t) result = absl::StrJoin(std::span<const int64_t>(t->data<int64_t>(), t->numel()), " ");
+  if (out) *out = std::move(*g);
+  return result;
+}
+
+TEST(ConstantFolding, SymbolicReshapeTargetBecomesAConstantThatCopiesTheDims) {
+  std::unique_ptr<Graph> g;
+  EXPECT_EQ(FoldedTarget(SymbolicReshape("b1, q1, heads"), &g), "0 0 4 16");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->nodes().size(), 1u) << "the Shape, Gathers, Unsqueezes and Concat are left to DCE";
+  EXPECT_EQ(g->FindValue("y")->shape().ToString(), "[batch,seq,4,16]");
+  // It computes what the computed target does, at two sizes.
+  SessionOptions plain;
+  plain.optimize = false;
+  auto folded = InferenceSession::FromGraph(std::move(g), plain);
+  auto original = InferenceSession::FromGraph(*ParseGraph(SymbolicReshape("b1, q1, heads")), plain);
+  ASSERT_TRUE(folded.ok() && original.ok()) << folded.status() << original.status();
+  for (const std::vector<int64_t>& dims : {std::vector<int64_t>{2, 3, 64}, std::vector<int64_t>{1, 7, 64}}) {
+    Tensor x(DataType::kFloat32, dims);
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(i % 13);
+    auto a = (*folded)->Run({{"x", x}});
+    auto b = (*original)->Run({{"x", x}});
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    EXPECT_EQ((*a)[0].dims(), (*b)[0].dims());
+    EXPECT_EQ(testing::CompareTensors((*a)[0], (*b)[0], 0, 0), "");
+  }
+  // -1 stays -1.
+  EXPECT_EQ(FoldedTarget(SymbolicReshape("b1, rest")), "0 -1 64");
+  // A named dim at another axis than the input's, or with allowzero = 1 (a 0 is then a zero):
+  // left computed.
+  EXPECT_EQ(FoldedTarget(SymbolicReshape("q1, b1, heads")), "computed");
+  EXPECT_EQ(FoldedTarget(SymbolicReshape("b1, q1, heads", " {allowzero = 1}")), "computed");
 }
 
 }  // namespace

@@ -108,12 +108,6 @@ bool FoldAttentionLayout(Graph* g, Node* f) {
 // Whether axis (of a rank-3 value) is its last.
 bool IsLastOfThree(int64_t axis) { return axis == 2 || axis == -1; }
 
-// Whether two dims are known to be equal: the same number, or the same named symbol (two
-// unknown dims may differ).
-bool SameDim(const Dim& a, const Dim& b) {
-  return a.is_static() ? a.value == b.value : !a.symbol.empty() && a.symbol == b.symbol;
-}
-
 // Whether s has rank dims.size() and each of its dims is known to be the one of `dims`.
 bool SameDims(const Shape& s, const std::vector<Dim>& dims) {
   if (!s.has_rank() || s.rank() != static_cast<int>(dims.size())) return false;

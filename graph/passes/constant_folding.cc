@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "graph/passes/pass.h"
+#include "graph/passes/rewrite.h"
 
 namespace cleave::graph {
 
@@ -44,12 +45,48 @@ std::optional<Tensor> FoldShape(const Node& n) {
   return Tensor::FromVector<int64_t>(out, {len});
 }
 
+// A Reshape whose target is computed at run time (an export's Shape -> Gather -> Concat over a
+// dynamic batch) but known symbolically: a constant target of the same meaning, element by
+// element. A number or -1 stays; a named dim is the input's dim at the same axis, so it becomes
+// 0 (copy it). Nothing is done where an element is unknown or a named dim is not the input's
+// own at that axis, or where a literal 0 is zero (allowzero = 1). The shape arithmetic that
+// computed the target is left to dead-code elimination.
+bool FoldReshapeTarget(Graph* g, Node* n) {
+  if (!IsOnnxOp(n, "Reshape") || n->num_inputs() < 2) return false;
+  Value* target = n->input(1);
+  const Value* in = n->input(0);
+  if (!target || !in || target->is_initializer() || !target->dims_value() || !in->shape().has_rank()) return false;
+  const bool zero_copies = n->AttrInt("allowzero", 0) == 0;
+  std::vector<int64_t> elements;
+  for (size_t j = 0; j < target->dims_value()->size(); ++j) {
+    const Dim& d = (*target->dims_value())[j];
+    if (d.is_static()) {
+      elements.push_back(d.value);
+    } else if (d.symbol == "-1") {
+      elements.push_back(-1);
+    } else if (zero_copies && static_cast<int>(j) < in->shape().rank() && SameDim(in->shape()[j], d)) {
+      elements.push_back(0);
+    } else {
+      return false;
+    }
+  }
+  const int64_t len = static_cast<int64_t>(elements.size());
+  Value* constant =
+      g->AddInitializer(g->UniqueName(n->name() + "/target"), Tensor::FromVector<int64_t>(elements, {len}));
+  g->SetNodeInput(n, 1, constant);
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<bool> ConstantFolding::Run(Graph* g) {
   bool changed = false;
   ASSIGN_OR_RETURN(std::vector<Node*> order, g->TopologicalOrder());
   for (Node* n : order) {
+    if (FoldReshapeTarget(g, n)) {
+      changed = true;
+      continue;
+    }
     if (!IsFoldable(*n)) continue;
     std::vector<Tensor> outs;
     if (n->op_type() == "Shape") {

@@ -21,6 +21,12 @@ inline bool IsCleaveOp(const Node* n, const char* op) {
   return n && n->domain() == kCleaveDomain && n->op_type() == op;
 }
 
+// Whether two dims are known to be equal: the same number, or the same named symbol (two
+// unknown dims may differ).
+inline bool SameDim(const Dim& a, const Dim& b) {
+  return a.is_static() ? a.value == b.value : !a.symbol.empty() && a.symbol == b.symbol;
+}
+
 // Applies `rewrite` (true: it changed the graph at that node) until it applies at no node; each
 // rewrite may delete nodes, so the scan restarts after it. Then sorts the graph if anything
 // changed, which it returns.
