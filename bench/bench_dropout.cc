@@ -40,8 +40,9 @@ int Run(int argc, char** argv) {
       return 2;
     }
     if (!ok) {
-      std::fprintf(stderr, "cleave_bench_dropout: bad value '%s' for %s (threads, numel, iters >= 1; ratio in (0, 1))\n",
-                   v, flag.c_str());
+      std::fprintf(stderr,
+                   "cleave_bench_dropout: bad value '%s' for %s (threads, numel, iters >= 1; ratio in (0, 1))\n", v,
+                   flag.c_str());
       return 2;
     }
   }
