@@ -456,6 +456,29 @@ absl::StatusOr<AttentionLayout> GetAttentionLayout(const InferContext& ctx, int 
 // Attention(q [..., T, D], k [..., S, D], v [..., S, Dv]) {scale, causal} -> out [..., T, Dv],
 // lse [..., T] (float); with layout "bshd": q [B, T, H, D], k [B, S, H, D], v [B, S, H, Dv] ->
 // out [B, T, H, Dv], lse [B, H, T].
+// The optional additive bias of Attention (input `index`): float32 or q's type `t`, and dims
+// that broadcast to the scores, lse's dims then S, where both are known.
+absl::Status CheckAttentionBias(InferContext& ctx, int index, DataType t, const std::vector<Dim>& lse, const Dim& S) {
+  if (!ctx.has_input(index)) return absl::OkStatus();
+  const DataType bt = ctx.input_dtype(index);
+  if (bt != DataType::kFloat32 && bt != t)
+    return ctx.Error("expected a float32 bias or one of q's type ", DataTypeName(t), ", got ", DataTypeName(bt));
+  const Shape& bias = ctx.input_shape(index);
+  if (!bias.has_rank()) return absl::OkStatus();
+  std::vector<Dim> scores = lse;
+  scores.push_back(S);
+  const int R = static_cast<int>(scores.size()), r = bias.rank();
+  bool ok = r <= R;
+  for (int d = 0; ok && d < r; ++d) {
+    const Dim &b = bias[d], &x = scores[R - r + d];
+    ok = !b.is_static() || b.value == 1 || !x.is_static() || b.value == x.value;
+  }
+  if (!ok)
+    return ctx.Error("expected a bias that broadcasts to the scores ", Shape(scores).ToString(), ", got ",
+                     bias.ToString());
+  return absl::OkStatus();
+}
+
 absl::Status InferAttention(InferContext& ctx) {
   const DataType t = ctx.input_dtype(0);
   if (t != DataType::kFloat32 && t != DataType::kFloat64 && t != DataType::kBFloat16 && t != DataType::kFloat16)
@@ -471,6 +494,7 @@ absl::Status InferAttention(InferContext& ctx) {
       if (ctx.num_outputs() > 1) ctx.SetOutput(1, DataType::kFloat32, Shape());
       return absl::OkStatus();
     }
+    RETURN_IF_ERROR(CheckAttentionBias(ctx, 3, t, {qkv[0], qkv[3], qkv[1]}, qkv[1]));
     ctx.SetOutput(0, t, Shape({qkv[0], qkv[1], qkv[3], qkv[4]}));
     if (ctx.num_outputs() > 1) ctx.SetOutput(1, DataType::kFloat32, Shape({qkv[0], qkv[3], qkv[1]}));
     return absl::OkStatus();
@@ -499,16 +523,16 @@ absl::Status InferAttention(InferContext& ctx) {
   if (differ(k[seq], v[seq])) return ctx.Error("k ", k.ToString(), " and v ", v.ToString(), " differ in S");
   std::vector<Dim> out = q.dims();
   out[r - 1] = v[r - 1];
+  const std::vector<Dim> lse =
+      bshd ? std::vector<Dim>{q[0], q[2], q[1]} : std::vector<Dim>(q.dims().begin(), q.dims().end() - 1);
+  RETURN_IF_ERROR(CheckAttentionBias(ctx, 3, t, lse, k[seq]));
   ctx.SetOutput(0, t, Shape(out));
-  if (ctx.num_outputs() > 1) {
-    std::vector<Dim> lse = bshd ? std::vector<Dim>{q[0], q[2], q[1]} : std::vector<Dim>(q.dims().begin(), q.dims().end() - 1);
-    ctx.SetOutput(1, DataType::kFloat32, Shape(lse));
-  }
+  if (ctx.num_outputs() > 1) ctx.SetOutput(1, DataType::kFloat32, Shape(lse));
   return absl::OkStatus();
 }
 
-// AttentionGrad(dOut, q, k, v, out, lse) -> dq, dk, dv like q, k, v (bs3hd: dOut, qkv, _, _,
-// out, lse -> dqkv like qkv).
+// AttentionGrad(dOut, q, k, v, out, lse[, bias]) -> dq, dk, dv like q, k, v (bs3hd: dOut, qkv,
+// _, _, out, lse[, bias] -> dqkv like qkv). The bias gets no gradient.
 absl::Status InferAttentionGrad(InferContext& ctx) {
   ASSIGN_OR_RETURN(const AttentionLayout layout, GetAttentionLayout(ctx, 1));
   if (layout == AttentionLayout::kBs3hd) {

@@ -230,10 +230,12 @@ OpSchema MultiTensorAdamWSchema() {
 OpSchema AttentionSchema() {
   OpSchema s;
   s.SetName("Attention").SetDomain("ai.cleave").SinceVersion(1)
-      .SetDoc("out = softmax(scale * q k^T (+ causal mask)) v over the last two axes; see docs/ops.md.")
+      .SetDoc("out = softmax(scale * q k^T (+ bias) (+ causal mask)) v over the last two axes; see docs/ops.md.")
       .Input(0, "q", "queries [..., T, D] (layout bs3hd: q, k and v packed [B, T, 3, H, D])", "T")
       .Input(1, "k", "keys [..., S, D] (omitted under bs3hd)", "T", OpSchema::Optional)
       .Input(2, "v", "values [..., S, Dv] (omitted under bs3hd)", "T", OpSchema::Optional)
+      .Input(3, "bias", "added to the scaled scores, broadcasting to [..., T, S]: float32 or T", "B",
+             OpSchema::Optional)
       .Output(0, "out", "[..., T, Dv]", "T")
       .Output(1, "lse", "log-sum-exp of each row of scaled scores [..., T]", "tensor(float)", OpSchema::Optional)
       .Attr("scale", "multiplies q k^T", AttributeProto::FLOAT, 1.0f)
@@ -242,7 +244,8 @@ OpSchema AttentionSchema() {
             "\"bhsd\": [..., T, D]; \"bshd\": [B, T, H, D] operands and output, lse [B, H, T]; \"bs3hd\": "
             "input 0 packs q, k and v [B, T, 3, H, D], output as bshd",
             AttributeProto::STRING, std::string("bhsd"))
-      .TypeConstraint("T", kFloatTypes, "float tensors");
+      .TypeConstraint("T", kFloatTypes, "float tensors")
+      .TypeConstraint("B", kFloatTypes, "float32 or q's type");
   return s;
 }
 
@@ -276,13 +279,15 @@ OpSchema AttentionGradSchema() {
       .Input(3, "v", "values (omitted under bs3hd)", "T", OpSchema::Optional)
       .Input(4, "out", "the forward output", "T")
       .Input(5, "lse", "the forward log-sum-exp", "tensor(float)")
+      .Input(6, "bias", "the forward's bias, which gets no gradient", "B", OpSchema::Optional)
       .Output(0, "dq", "like q (bs3hd: the packed dq, dk, dv)", "T")
       .Output(1, "dk", "like k (omitted under bs3hd)", "T", OpSchema::Optional)
       .Output(2, "dv", "like v (omitted under bs3hd)", "T", OpSchema::Optional)
       .Attr("scale", "as the forward", AttributeProto::FLOAT, 1.0f)
       .Attr("causal", "as the forward", AttributeProto::INT, static_cast<int64_t>(0))
       .Attr("layout", "as the forward", AttributeProto::STRING, std::string("bhsd"))
-      .TypeConstraint("T", kFloatTypes, "float tensors");
+      .TypeConstraint("T", kFloatTypes, "float tensors")
+      .TypeConstraint("B", kFloatTypes, "float32 or q's type");
   return s;
 }
 

@@ -459,8 +459,8 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
     return r;
   }
   if (cleave && (op == "Attention" || op == "AttentionGrad")) {
-    // q [b..., T, D], k [b..., S, D], v [b..., S, Dv] -> out [b..., T, Dv], lse [b..., T]; the
-    // grad takes (dOut, q, k, v, out, lse) and gives (dq, dk, dv). The leading dims (batch,
+    // q [b..., T, D], k [b..., S, D], v [b..., S, Dv][, bias] -> out [b..., T, Dv], lse [b..., T];
+    // the grad takes (dOut, q, k, v, out, lse[, bias]) and gives (dq, dk, dv). The leading dims (batch,
     // heads) shard freely; T, S, D and Dv stay whole (the softmax runs along S over all of D).
     const bool grad = op == "AttentionGrad";
     // The other layouts are device sessions' own, made after partitioning.
@@ -497,6 +497,20 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
       r.outputs = {out, lse};
       r.outputs.resize(n.num_outputs());
       r.linear_inputs.assign(3, 0);
+    }
+    // The bias over the scores [b..., T, S], broadcast along its dims of 1 (a padding mask
+    // [B, 1, 1, S] shards with the batch and goes whole to each head's shard).
+    if (const int at = grad ? 6 : 3; n.num_inputs() > at && n.input(at)) {
+      ASSIGN_OR_RETURN(std::vector<int64_t> bd, Dims(n, n.input(at)));
+      std::vector<int> full = lead;
+      full.push_back(T);
+      full.push_back(S);
+      if (bd.size() > full.size()) return InvalidArgument(n.Describe(), ": the bias has a higher rank than the scores");
+      OperandFactors b;
+      for (size_t d = 0; d < bd.size(); ++d)
+        b.dims.push_back(bd[d] == 1 ? std::vector<int>{} : std::vector<int>{full[full.size() - bd.size() + d]});
+      r.inputs.push_back(b);
+      r.linear_inputs.push_back(0);
     }
     r.output_avg.assign(n.num_outputs(), 0);
     return r;

@@ -456,5 +456,161 @@ TEST(AttentionKernelEdges, RowsThatSeeNoKeyAreZeroWithMinusInfinityLse) {
   EXPECT_FLOAT_EQ(dv[1], 1.f);
 }
 
+// An additive bias over the scores [B, H, T, S], in each broadcast form the planner lays out,
+// against the definition computed here over the bias expanded in full: the float32 blocked
+// kernels (forward, then backward against the reference given the expanded bias) and, where the
+// CPU has them, the bf16 ones. Masked keys hold -1e4 and -inf, and one query row's keys are all
+// -inf where the bias has rows: that row attends to nothing (zeros, lse -inf, no gradient).
+struct BiasCase {
+  std::vector<int64_t> dims;
+  bool causal;
+};
+
+class AttentionBias : public ::testing::TestWithParam<BiasCase> {};
+
+TEST_P(AttentionBias, EveryBroadcastMatchesTheExpandedDefinition) {
+  const BiasCase c = GetParam();
+  constexpr int64_t B = 2, H = 3, T = 6, S = 7, D = 8, Dv = 5;
+  const int64_t qd[4] = {B, H, T, D}, kd[4] = {B, H, S, D}, vd[4] = {B, H, S, Dv};
+  const double scale = 0.4;
+  auto planned = kernels::cpu::PlanAttentionOperands(kernels::cpu::AttentionLayout::kBhsd, qd, kd, vd, scale, c.causal);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  kernels::cpu::AttentionOperands a = *planned;
+  ASSERT_TRUE(kernels::cpu::PlanAttentionBias(a, c.dims).ok());
+  std::mt19937 rng(11);
+  int64_t n = 1;
+  for (int64_t d : c.dims) n *= d;
+  std::vector<float> bias = Random(n, rng, 2.f);
+  const float inf = std::numeric_limits<float>::infinity();
+  // The bias' element for (b, h, i, j) by numpy broadcasting, computed apart from the planner.
+  const auto index = [&](int64_t b, int64_t h, int64_t i, int64_t j) {
+    const int64_t full[4] = {b, h, i, j};
+    int64_t at = 0;
+    const size_t r = c.dims.size();
+    for (size_t d = 0; d < r; ++d) at = at * c.dims[d] + (c.dims[d] == 1 ? 0 : full[4 - r + d]);
+    return at;
+  };
+  bias[index(0, 0, 0, 1)] = -inf;  // padding (without a key axis, every key of the slice)
+  if (c.dims.back() == S) {
+    bias[index(B - 1, H - 1, T - 1, S - 1)] = -inf;
+    bias[index(B - 1, H - 1, T - 1, S - 2)] = -1e4f;
+  }
+  const bool rows = c.dims.size() >= 2 && c.dims[c.dims.size() - 2] == T;
+  if (rows)
+    for (int64_t j = 0; j < S; ++j) bias[index(B - 1, 0, 2, j)] = -inf;
+  std::vector<double> full(B * H * T * S);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j < S; ++j) full[((b * H + h) * T + i) * S + j] = bias[index(b, h, i, j)];
+  a.p.bias.data = bias.data();
+
+  const std::vector<float> q = Random(B * H * T * D, rng, 1.5f), k = Random(B * H * S * D, rng, 1.5f),
+                           v = Random(B * H * S * Dv, rng), dout = Random(B * H * T * Dv, rng);
+  // The definition: softmax over the visible keys of scale q.k + bias, in double.
+  std::vector<double> want(B * H * T * Dv, 0.0), want_lse(B * H * T);
+  for (int64_t s = 0; s < B * H; ++s)
+    for (int64_t i = 0; i < T; ++i) {
+      std::vector<double> e(S, 0.0);
+      double m = -inf;
+      const int64_t visible = c.causal ? std::min(S, i + 1 + S - T) : S;
+      for (int64_t j = 0; j < visible; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d) dot += double{q[(s * T + i) * D + d]} * k[(s * S + j) * D + d];
+        e[j] = scale * dot + full[(s * T + i) * S + j];
+        m = std::max(m, e[j]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < visible && m > -inf; ++j) sum += (e[j] = std::exp(e[j] - m));
+      want_lse[s * T + i] = sum > 0 ? m + std::log(sum) : -inf;
+      for (int64_t j = 0; j < visible && sum > 0; ++j)
+        for (int64_t d = 0; d < Dv; ++d) want[(s * T + i) * Dv + d] += e[j] / sum * v[(s * S + j) * Dv + d];
+    }
+  ThreadPool pool(2);
+  std::vector<float> out(want.size(), 7.f), lse(want_lse.size(), 7.f);
+  kernels::cpu::AttentionForward(a.p, q.data(), k.data(), v.data(), out.data(), lse.data(), &pool);
+  EXPECT_LT(Error(out, want), 2e-6);
+  for (size_t r = 0; r < lse.size(); ++r) {
+    if (std::isinf(want_lse[r])) EXPECT_EQ(lse[r], -inf) << "row " << r;
+    else EXPECT_NEAR(lse[r], want_lse[r], 1e-5 * std::max(1.0, std::abs(want_lse[r]))) << "row " << r;
+  }
+  if (rows) {
+    const int64_t masked = ((B - 1) * H) * T + 2;  // (b, h, i) = (B - 1, 0, 2)
+    EXPECT_EQ(lse[masked], -inf);
+    for (int64_t d = 0; d < Dv; ++d) EXPECT_EQ(out[masked * Dv + d], 0.f);
+  }
+
+  // The backward against the reference over the expanded bias (contiguous [B, H, T, S]).
+  kernels::cpu::AttentionOperands e = *planned;
+  const int64_t expanded[4] = {B, H, T, S};
+  ASSERT_TRUE(kernels::cpu::PlanAttentionBias(e, expanded).ok());
+  const std::vector<float> full32(full.begin(), full.end());
+  e.p.bias.data = full32.data();
+  std::vector<double> ref_out(want.size()), want_dq(q.size()), want_dk(k.size()), want_dv(v.size());
+  const std::vector<double> qw = Wide(q), kw = Wide(k), vw = Wide(v), dw = Wide(dout);
+  kernels::cpu::AttentionForwardReference(e.p, qw.data(), kw.data(), vw.data(), ref_out.data(), nullptr, nullptr);
+  EXPECT_LT(Error(std::vector<float>(ref_out.begin(), ref_out.end()), want), 1e-6) << "the reference";
+  kernels::cpu::AttentionBackwardReference(e.p, dw.data(), qw.data(), kw.data(), vw.data(), ref_out.data(),
+                                           want_dq.data(), want_dk.data(), want_dv.data(), nullptr);
+  std::vector<float> dq(q.size(), 7.f), dk(k.size(), 7.f), dv(v.size(), 7.f);
+  kernels::cpu::AttentionBackward(a.p, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), dq.data(),
+                                  dk.data(), dv.data(), &pool);
+  EXPECT_LT(Error(dq, want_dq), 2e-5);
+  EXPECT_LT(Error(dk, want_dk), 2e-5);
+  EXPECT_LT(Error(dv, want_dv), 2e-5);
+  if (rows) {
+    for (int64_t d = 0; d < D; ++d) EXPECT_EQ(dq[(((B - 1) * H) * T + 2) * D + d], 0.f);
+  }
+
+  if (!kernels::cpu::Bf16AttentionSupported(a.p)) return;  // this CPU has no AVX-512 BF16
+  const std::vector<uint16_t> qb = Bf16(q), kb = Bf16(k), vb = Bf16(v), db = Bf16(dout);
+  std::vector<uint16_t> ob(out.size()), dqb(q.size()), dkb(k.size()), dvb(v.size());
+  std::vector<float> lseb(lse.size());
+  kernels::cpu::AttentionForwardBf16(a.p, qb.data(), kb.data(), vb.data(), ob.data(), lseb.data(), &pool);
+  EXPECT_LT(Error(Widened(ob), want), 3e-2) << "bf16";
+  kernels::cpu::AttentionBackwardBf16(a.p, db.data(), qb.data(), kb.data(), vb.data(), ob.data(), lseb.data(),
+                                      dqb.data(), dkb.data(), dvb.data(), &pool);
+  EXPECT_LT(Error(Widened(dqb), want_dq), 6e-2) << "bf16";
+  EXPECT_LT(Error(Widened(dkb), want_dk), 6e-2) << "bf16";
+  EXPECT_LT(Error(Widened(dvb), want_dv), 6e-2) << "bf16";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Broadcasts, AttentionBias,
+    ::testing::Values(BiasCase{{2, 1, 1, 7}, false},  // a padding mask [B, 1, 1, S]
+                      BiasCase{{2, 1, 6, 7}, true},   // one per batch row, shared by the heads
+                      BiasCase{{3, 6, 7}, false},     // one per head, shared by the batch
+                      BiasCase{{6, 7}, true},         // [T, S]
+                      BiasCase{{2, 3, 6, 7}, false},  // whole
+                      BiasCase{{2, 3, 1, 1}, false}),  // one value a row: the softmax ignores it
+    [](const ::testing::TestParamInfo<BiasCase>& info) {
+      std::string name = "bias";
+      for (int64_t d : info.param.dims) absl::StrAppend(&name, "_", d);
+      return info.param.causal ? name + "_causal" : name;
+    });
+
+TEST(AttentionBias, ABiasThatDoesNotBroadcastIsAnErrorNamingBothShapes) {
+  const int64_t qd[4] = {2, 3, 6, 8};
+  auto a = *kernels::cpu::PlanAttentionOperands(kernels::cpu::AttentionLayout::kBhsd, qd, qd, qd, 1.0, false);
+  for (const std::vector<int64_t>& bad : std::vector<std::vector<int64_t>>{{2, 1, 1, 5}, {1, 2, 3, 6, 6}, {4, 6}}) {
+    const absl::Status st = kernels::cpu::PlanAttentionBias(a, bad);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("[2,3,6,6]"), std::string::npos) << st;
+  }
+  // Over leading dims [2, 4, 3] (heads 3): a bias whole in one leading dim before the heads and
+  // broadcast in the other cannot be read as one stride.
+  const int64_t q5[5] = {2, 4, 3, 6, 8};
+  auto b = *kernels::cpu::PlanAttentionOperands(kernels::cpu::AttentionLayout::kBhsd, q5, q5, q5, 1.0, false);
+  const std::vector<int64_t> mixed = {2, 1, 3, 6, 6};
+  EXPECT_EQ(kernels::cpu::PlanAttentionBias(b, mixed).code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<int64_t> whole = {2, 4, 1, 1, 6};
+  ASSERT_TRUE(kernels::cpu::PlanAttentionBias(b, whole).ok());
+  EXPECT_EQ(b.p.bias.heads, 3);
+  EXPECT_EQ(b.p.bias.batch, 6);  // slice s = (b, l, h): at s / 3 * 6, whatever h
+  EXPECT_EQ(b.p.bias.head, 0);
+  EXPECT_EQ(b.p.bias.row, 0);
+  EXPECT_EQ(b.p.bias.col, 1);
+}
+
 }  // namespace
 }  // namespace cleave::testing

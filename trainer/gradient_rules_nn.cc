@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "graph/passes/pass.h"
 #include "trainer/gradient_rules.h"
 
 namespace cleave::trainer {
@@ -185,12 +186,21 @@ absl::Status SoftmaxCrossEntropyLossGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
-// Attention, by ai.cleave.AttentionGrad: the probabilities are recomputed from q, k and the
-// forward's saved log-sum-exp (the rule makes the forward output it) instead of being stored.
+// Attention, by ai.cleave.AttentionGrad: the probabilities are recomputed from q, k, the bias
+// and the forward's saved log-sum-exp (the rule makes the forward output it) instead of being
+// stored. The bias (a padding mask) gets no gradient, so one computed from a parameter is an
+// error (AttentionFusion leaves such attention unfused).
 absl::Status AttentionGrad(GradBuilder& b) {
+  Value* bias = b.fwd().num_inputs() > 3 ? b.x(3) : nullptr;
+  if (bias && graph::ComputedFromParameter(bias))
+    return b.Error("the bias '" + bias->name() +
+                   "' is computed from a float initializer (a parameter), and Attention's gradient rule "
+                   "gives the bias none");
   Value* lse = b.ForwardOutput(1, "lse");
+  std::vector<Value*> ins = {b.dy(), b.x(0), b.x(1), b.x(2), b.y(0), lse};
+  if (bias) ins.push_back(bias);
   std::vector<Value*> d =
-      b.OpN("ai.cleave.AttentionGrad", {b.dy(), b.x(0), b.x(1), b.x(2), b.y(0), lse}, 3,
+      b.OpN("ai.cleave.AttentionGrad", ins, 3,
             {{"scale", Attribute::Float(b.fwd().AttrFloat("scale", 1.f))},
              {"causal", Attribute::Int(b.fwd().AttrInt("causal", 0))}});
   for (int i = 0; i < 3; ++i) b.SetGrad(i, d[i]);

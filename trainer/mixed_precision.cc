@@ -230,11 +230,12 @@ class Autocast {
 
   // Attention in low precision (cuDNN's fused flash attention takes bf16 and fp16, not fp32):
   // q, k and v cast once for the forward and the gradient alike, the output returned in low
-  // precision for the gradient and widened for everything else; lse stays fp32.
+  // precision for the gradient and widened for everything else; lse and a bias stay fp32.
   void RewriteAttention(const std::vector<Node*>& attention, const std::vector<Node*>& grads) {
     std::map<const Value*, Value*> low_out;  // an Attention output -> its low-precision twin
     for (Node* n : attention) {
       std::vector<Value*> in = {Cast(n->input(0), n), Cast(n->input(1), n), Cast(n->input(2), n)};
+      if (n->num_inputs() > 3) in.push_back(n->input(3));  // the bias, fp32
       Value* y = n->output(0);
       std::vector<Value*> out = n->outputs();
       Value* y_low = y ? LowTwin(y) : nullptr;
@@ -250,6 +251,7 @@ class Autocast {
       Value* o_low = low_out.count(o) ? low_out.at(o) : Cast(o, n);
       std::vector<Value*> in = {Cast(n->input(0), n), Cast(n->input(1), n), Cast(n->input(2), n),
                                 Cast(n->input(3), n), o_low, n->input(5)};
+      if (n->num_inputs() > 6) in.push_back(n->input(6));
       std::vector<Value*> wide = n->outputs(), out;
       for (Value* w : wide) out.push_back(LowTwin(w));
       Node* m = g_.RebuildNode(n, in, out);

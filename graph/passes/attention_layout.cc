@@ -38,7 +38,8 @@ Node* SoleSeqMajorTranspose(const Value* v) {
 // transposes of a layer's attention (forward and backward) go. Only where those Transposes
 // have no other readers.
 bool FoldAttentionLayout(Graph* g, Node* f) {
-  if (!IsCleaveOp(f, "Attention") || f->HasAttr("layout") || f->num_inputs() != 3) return false;
+  if (!IsCleaveOp(f, "Attention") || f->HasAttr("layout") || f->num_inputs() < 3) return false;
+  Value* bias = f->num_inputs() > 3 ? f->input(3) : nullptr;  // over [B, H, T, S] in both layouts
   Value* out = f->output(0);
   Value* lse = f->output(1);
   if (!out || out->is_graph_output() || !out->shape().has_rank() || out->shape().rank() != 4) return false;
@@ -61,7 +62,8 @@ bool FoldAttentionLayout(Graph* g, Node* f) {
   std::vector<Value*> grad_dout;
   std::vector<std::array<Node*, 3>> grad_swaps;
   for (Node* grad : grads) {
-    if (grad->num_inputs() != 6 || grad->num_outputs() != 3 || !lse || grad->input(5) != lse ||
+    if (grad->num_inputs() != (bias ? 7 : 6) || grad->num_outputs() != 3 || !lse || grad->input(5) != lse ||
+        (bias && grad->input(6) != bias) ||
         grad->AttrFloat("scale", 1.f) != f->AttrFloat("scale", 1.f) ||
         grad->AttrInt("causal", 0) != f->AttrInt("causal", 0) || grad->HasAttr("layout"))
       return false;
@@ -91,7 +93,11 @@ bool FoldAttentionLayout(Graph* g, Node* f) {
   g->RemoveNode(out_swap);
   std::vector<Value*> outputs = f->outputs();
   outputs[0] = swapped_back;
-  Node* nf = g->RebuildNode(f, {src[0], src[1], src[2]}, outputs);
+  const auto with_bias = [&](std::vector<Value*> inputs) {
+    if (bias) inputs.push_back(bias);
+    return inputs;
+  };
+  Node* nf = g->RebuildNode(f, with_bias({src[0], src[1], src[2]}), outputs);
   nf->SetAttr("layout", bshd);
   for (size_t j = 0; j < grads.size(); ++j) {
     std::vector<Value*> outs;
@@ -99,7 +105,7 @@ bool FoldAttentionLayout(Graph* g, Node* f) {
       outs.push_back(swap->output(0));
       g->RemoveNode(swap);
     }
-    Node* ng = g->RebuildNode(grads[j], {grad_dout[j], src[0], src[1], src[2], swapped_back, lse}, outs);
+    Node* ng = g->RebuildNode(grads[j], with_bias({grad_dout[j], src[0], src[1], src[2], swapped_back, lse}), outs);
     ng->SetAttr("layout", bshd);
   }
   return true;
@@ -137,7 +143,8 @@ Value* ShapeConstant(Graph* g, const std::string& hint, const std::vector<int64_
 // v out of it through their strides and writes dq, dk and dv into one packed gradient, so the
 // Split and the Concat (a [B, T, 3 C] copy each way) go.
 bool FoldPackedQkv(Graph* g, Node* f) {
-  if (!IsCleaveOp(f, "Attention") || f->AttrString("layout", "") != "bshd" || f->num_inputs() != 3) return false;
+  if (!IsCleaveOp(f, "Attention") || f->AttrString("layout", "") != "bshd" || f->num_inputs() < 3) return false;
+  Value* bias = f->num_inputs() > 3 ? f->input(3) : nullptr;
   Node* split = nullptr;
   for (int i = 0; i < 3; ++i) {
     Node* r = f->input(i)->producer();
@@ -163,7 +170,9 @@ bool FoldPackedQkv(Graph* g, Node* f) {
   std::vector<Node*> grads, concats;
   for (const auto& [reader, slot] : f->output(0)->consumers()) {
     if (!IsCleaveOp(reader, "AttentionGrad") || slot != 4) continue;
-    if (reader->AttrString("layout", "") != "bshd" || reader->num_outputs() != 3) return false;
+    if (reader->AttrString("layout", "") != "bshd" || reader->num_outputs() != 3 ||
+        reader->num_inputs() != (bias ? 7 : 6) || (bias && reader->input(6) != bias))
+      return false;
     Node* cat = nullptr;
     for (int i = 0; i < 3; ++i) {
       if (reader->input(1 + i) != f->input(i)) return false;
@@ -187,12 +196,15 @@ bool FoldPackedQkv(Graph* g, Node* f) {
   Value* shape5 = ShapeConstant(g, qkv->name() + "/packed_shape", ReshapeTarget({B, T, 3, H, D}));
   Node* r5 = g->AddNode("Reshape", {qkv, shape5}, {qkv5}, g->UniqueName(qkv->name() + "/packed"));
   r5->metadata() = f->metadata();
-  Node* nf = g->RebuildNode(f, {qkv5, nullptr, nullptr}, f->outputs());
+  std::vector<Value*> f_ins = {qkv5, nullptr, nullptr};
+  if (bias) f_ins.push_back(bias);
+  Node* nf = g->RebuildNode(f, f_ins, f->outputs());
   nf->SetAttr("layout", packed);
   for (size_t j = 0; j < grads.size(); ++j) {
     Node* grad = grads[j];
     Value* dqkv = concats[j]->output(0);
     std::vector<Value*> ins = {grad->input(0), qkv5, nullptr, nullptr, grad->input(4), grad->input(5)};
+    if (grad->num_inputs() > 6) ins.push_back(grad->input(6));
     auto metadata = grad->metadata();
     const std::string name = grad->name();
     // dq, dk, dv's Reshapes and the Concat go; the grad writes the packed [B, T, 3, H, D].

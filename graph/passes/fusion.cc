@@ -285,12 +285,14 @@ bool SameDim(const Dim& a, const Dim& b) {
 // upper), then any Nots, Identities and Casts to bool. The block of ones must be [..., T, S]
 // (leading dims 1) by shape inference, and the Trilu's diagonal the causal one: k = S - T for
 // the lower triangle (j <= i + k kept), S - T + 1 for the upper (j >= i + k kept), where T and
-// S are the same dim or both static. `hidden` as for IsCausalMask.
-bool IsComputedCausalMask(const Value* mask, const Dim& T, const Dim& S, bool hidden) {
+// S are the same dim or both static. `hidden` as for IsCausalMask. `additive`: the mask is added
+// to the scores, so the fill must be <= -1e4 (-inf, say), behind Identities alone, and hide.
+bool IsComputedCausalMask(const Value* mask, const Dim& T, const Dim& S, bool hidden, bool additive = false) {
   const Node* n = mask ? mask->producer() : nullptr;
   bool flip = false;
-  while (n && (Is(n, "Not") || Is(n, "Identity") ||
-               (Is(n, "Cast") && n->AttrInt("to", 0) == static_cast<int64_t>(DataType::kBool)))) {
+  while (n && (Is(n, "Identity") ||
+               (!additive && (Is(n, "Not") || (Is(n, "Cast") && n->AttrInt("to", 0) ==
+                                                                    static_cast<int64_t>(DataType::kBool)))))) {
     if (Is(n, "Not")) flip = !flip;
     n = n->input(0)->producer();
   }
@@ -307,6 +309,7 @@ bool IsComputedCausalMask(const Value* mask, const Dim& T, const Dim& S, bool hi
   if (!Is(fill, "ConstantOfShape")) return false;
   const Attribute* value = fill->FindAttr("value");
   if (!value || value->type != AttrType::kTensor || value->t.numel() != 1 || value->t.DoubleAt(0) == 0) return false;
+  if (additive && !(value->t.DoubleAt(0) <= -1e4)) return false;
   const Shape& shape = ones->shape();
   if (!shape.has_rank() || shape.rank() < 2) return false;
   const int r = shape.rank();
@@ -327,10 +330,34 @@ bool IsLargeNegative(const Value* v) {
   return c && *c <= -1e4;
 }
 
-// softmax(scale * q k^T [+ causal mask]) v over the last two axes -> ai.cleave.Attention, at
-// the Softmax: its input is the scaled scores, optionally masked by Where(hidden, -inf,
-// scores), Where(visible, scores, -inf) with a causal mask that is a constant or computed
-// from the sequence length (IsComputedCausalMask), or Add(scores, mask) with a constant one;
+// Whether `bias` can be Attention's additive bias over the scores x [lead..., T, S]: float32 or
+// x's type, dims that broadcast to x's (each 1 or known equal to x's), of the lead dims before
+// the last either all 1 or all x's (kernels/cpu/attention.h), and computed from no parameter
+// (the gradient rule gives it no gradient).
+bool IsAttentionBias(const Value* bias, const Value* x) {
+  if (bias->dtype() != DataType::kFloat32 && bias->dtype() != x->dtype()) return false;
+  const Shape &b = bias->shape(), &s = x->shape();
+  if (!b.has_rank() || b.rank() > s.rank()) return false;
+  const int R = s.rank(), off = R - b.rank();
+  const auto dim = [&](int d) { return d < off ? Dim(int64_t{1}) : b[d - off]; };
+  const auto one = [&](int d) { return dim(d).is_static() && dim(d).value == 1; };
+  bool some = false, whole = true;
+  for (int d = 0; d < R; ++d) {
+    if (!one(d) && !SameDim(dim(d), s[d])) return false;
+    if (d + 3 < R) {
+      some |= !one(d);
+      whole &= SameDim(dim(d), s[d]);
+    }
+  }
+  return (!some || whole) && !ComputedFromParameter(bias);
+}
+
+// softmax(scale * q k^T [+ bias] [+ causal mask]) v over the last two axes ->
+// ai.cleave.Attention, at the Softmax: its input is the scaled scores, optionally masked by
+// Where(hidden, -inf, scores), Where(visible, scores, -inf) with a causal mask that is a
+// constant or computed from the sequence length (IsComputedCausalMask), or Add(scores, mask)
+// with a constant one or a computed -inf triangle; and, inside or outside that mask, optionally
+// Add(scores, bias) with a bias that IsAttentionBias (a padding mask), which becomes the op's;
 // q, k and v may have symbolic dims where the same symbols show them equal. The scaled scores are Mul/Div of MatMul(q, Transpose(k)) (or FusedMatMul(q, k, transB = 1) with
 // no bias or activation) by a scalar constant, or the product itself; the probabilities'
 // one reader is MatMul(p, v). Every intermediate must have no other reader, so a training
@@ -357,23 +384,35 @@ bool FuseAttention(Graph* g, Node* softmax) {
   };
   bool causal = false;
   Value* scaled = softmax->input(0);
-  Node* m = scaled->producer();
-  if (m && SoleUse(scaled)) {
-    if (Is(m, "Where") && IsLargeNegative(m->input(1)) && causal_mask(m->input(0), true)) {
-      causal = true;
-      scaled = m->input(2);
-    } else if (Is(m, "Where") && IsLargeNegative(m->input(2)) && causal_mask(m->input(0), false)) {
-      causal = true;
-      scaled = m->input(1);
-    } else if (Is(m, "Add") && T.is_static() && S.is_static()) {
-      for (int i : {1, 0}) {  // the constant mask on either side
-        if (!IsCausalMask(m->input(i), T.value, S.value, true)) continue;
-        causal = true;
-        scaled = m->input(1 - i);
-        break;
+  Value* bias = nullptr;
+  // The masks, outermost first: a causal one and an additive bias, in either order.
+  for (Node* m = scaled->producer(); m && SoleUse(scaled) && !(causal && bias); m = scaled->producer()) {
+    Value* inner = nullptr;  // the scores under m's mask
+    Value* added = nullptr;  // m's bias
+    if (!causal && Is(m, "Where") && IsLargeNegative(m->input(1)) && causal_mask(m->input(0), true)) {
+      inner = m->input(2);
+    } else if (!causal && Is(m, "Where") && IsLargeNegative(m->input(2)) && causal_mask(m->input(0), false)) {
+      inner = m->input(1);
+    } else if (Is(m, "Add")) {
+      for (int i : {1, 0}) {  // the mask on either side
+        Value* mask = m->input(i);
+        if (!causal && ((T.is_static() && S.is_static() && IsCausalMask(mask, T.value, S.value, true)) ||
+                        IsComputedCausalMask(mask, T, S, true, /*additive=*/true))) {
+          inner = m->input(1 - i);
+          break;
+        }
+        if (!bias && IsAttentionBias(mask, x)) {
+          added = mask;
+          inner = m->input(1 - i);
+          break;
+        }
       }
     }
-    if (causal) pattern.push_back(m);
+    if (!inner) break;
+    if (added) bias = added;
+    else causal = true;
+    pattern.push_back(m);
+    scaled = inner;
   }
   // The scale.
   double scale = 1.0;
@@ -441,7 +480,9 @@ bool FuseAttention(Graph* g, Node* softmax) {
     t->metadata() = kt->metadata();
     k = kv;
   }
-  Node* fused = Replace(g, pattern, "Attention", {q, k, v}, pv->output(0));
+  std::vector<Value*> inputs = {q, k, v};
+  if (bias) inputs.push_back(bias);
+  Node* fused = Replace(g, pattern, "Attention", inputs, pv->output(0));
   fused->SetAttr("scale", Attribute::Float(static_cast<float>(scale)));
   fused->SetAttr("causal", Attribute::Int(causal ? 1 : 0));
   return true;
@@ -980,6 +1021,21 @@ absl::StatusOr<bool> RunFusions(Graph* g, Rules rules) {
 absl::StatusOr<bool> TransformerFusion::Run(Graph* g) { return RunFusions(g, Rules::kTransformer); }
 
 absl::StatusOr<bool> ActivationNormFusion::Run(Graph* g) { return RunFusions(g, Rules::kActivationNorm); }
+
+bool ComputedFromParameter(const Value* v) {
+  std::vector<const Value*> todo = {v};
+  std::set<const Value*> seen = {v};
+  while (!todo.empty()) {
+    const Value* t = todo.back();
+    todo.pop_back();
+    if (const Tensor* init = t->initializer())
+      if (IsFloat(t->dtype()) && init->numel() > 1) return true;
+    if (const Node* n = t->producer())
+      for (const Value* in : n->inputs())
+        if (in && seen.insert(in).second) todo.push_back(in);
+  }
+  return false;
+}
 
 absl::StatusOr<bool> AttentionFusion::Run(Graph* g) { return RunFusions(g, Rules::kAttention); }
 

@@ -91,6 +91,11 @@ class ActivationNormFusion : public Pass {
 // before autodiff on a training graph (the backward then uses AttentionGrad), or on an
 // inference graph whose intermediates have no other reader. Not part of TransformerFusion,
 // which also runs on training graphs after autodiff, where the probabilities have readers.
+// Whether v is computed from (or is) a float initializer of more than one element, which the
+// training-graph builder takes as a parameter; scalar constants, integer tensors and graph inputs
+// are not parameters. An attention bias that is needs a gradient Attention does not give.
+bool ComputedFromParameter(const Value* v);
+
 class AttentionFusion : public Pass {
  public:
   std::string name() const override { return "AttentionFusion"; }

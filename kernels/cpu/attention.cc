@@ -36,6 +36,7 @@ int64_t BlockRows(const AttentionParams& p) {
 // The row steps are built for each vector width (lanes.h), as the softmax rows are.
 CLEAVE_SIMD_CLONES double ExpRow(float* sr, int64_t nr, int64_t n, float* m) {
   *m = LaneMax(sr, nr, -std::numeric_limits<float>::infinity());
+  if (*m == -std::numeric_limits<float>::infinity()) nr = 0;  // every score masked
   for (int64_t j = 0; j < nr; ++j) sr[j] -= *m;
   ExpF32(sr, sr, nr);
   std::fill(sr + nr, sr + n, 0.f);
@@ -43,6 +44,7 @@ CLEAVE_SIMD_CLONES double ExpRow(float* sr, int64_t nr, int64_t n, float* m) {
 }
 
 CLEAVE_SIMD_CLONES void ProbabilityRow(float* sr, int64_t nr, int64_t n, float lse) {
+  if (lse == -std::numeric_limits<float>::infinity()) nr = 0;  // a row that attends to nothing
   for (int64_t j = 0; j < nr; ++j) sr[j] -= lse;
   ExpF32(sr, sr, nr);
   std::fill(sr + nr, sr + n, 0.f);
@@ -95,14 +97,17 @@ using namespace attention_rows;
 namespace {
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// s[j] = scale q_i . k_j for the first n keys of slice kb; returns their max (-inf for none).
+// s[j] = scale q_i . k_j (+ the bias of row i of slice b) for the first n keys of slice kb;
+// returns their max (-inf for none).
 template <typename T>
-double Scores(const AttentionParams& p, const T* qi, const T* kb, int64_t n, std::vector<double>& s) {
+double Scores(const AttentionParams& p, int64_t b, int64_t i, const T* qi, const T* kb, int64_t n,
+              std::vector<double>& s) {
   double m = kNegInf;
+  const float* bias = p.bias.data ? p.bias.data + p.bias.At(b, i) : nullptr;
   for (int64_t j = 0; j < n; ++j) {
     double dot = 0;
     for (int64_t d = 0; d < p.D; ++d) dot += static_cast<double>(qi[d]) * static_cast<double>(kb[j * p.k.row + d]);
-    s[j] = dot * p.scale;
+    s[j] = dot * p.scale + (bias ? static_cast<double>(bias[j * p.bias.col]) : 0.0);
     m = std::max(m, s[j]);
   }
   return m;
@@ -221,6 +226,42 @@ absl::StatusOr<AttentionOperands> PlanAttentionOperands(AttentionLayout layout, 
   return a;
 }
 
+absl::Status PlanAttentionBias(AttentionOperands& a, std::span<const int64_t> bias) {
+  DimVector scores = a.lse;
+  scores.push_back(a.p.S);
+  const size_t R = scores.size(), r = bias.size();
+  const auto mismatch = [&](const char* why) {
+    return InvalidArgument("expected a bias that broadcasts to the scores ",
+                           DimsToString(scores.data(), static_cast<int>(R)), why, ", got ",
+                           DimsToString(bias.data(), static_cast<int>(r)));
+  };
+  if (r > R) return mismatch("");
+  // The bias' dims aligned to the scores', and its strides there (0 where it broadcasts).
+  std::vector<int64_t> dim(R, 1), step(R, 1), stride(R, 0);
+  for (size_t d = 0; d < r; ++d) dim[R - r + d] = bias[d];
+  for (size_t d = R; d-- > 0;) {
+    if (dim[d] != 1 && dim[d] != scores[d]) return mismatch("");
+    if (d + 1 < R) step[d] = step[d + 1] * dim[d + 1];
+    stride[d] = dim[d] == 1 ? 0 : step[d];
+  }
+  AttentionBias& b = a.p.bias;
+  b = AttentionBias{};
+  b.col = stride[R - 1];
+  b.row = stride[R - 2];
+  if (R == 2) return absl::OkStatus();
+  b.heads = scores[R - 3];
+  b.head = stride[R - 3];
+  // The lead dims before the last flatten to b / heads: all of them broadcast, or all are whole.
+  bool some = false, whole = true;
+  for (size_t d = 0; d + 3 < R; ++d) {
+    some |= stride[d] != 0;
+    whole &= dim[d] == scores[d];
+  }
+  if (some && !whole) return mismatch(" (all or none of the dims before the heads' broadcast)");
+  if (some) b.batch = step[R - 4];  // the whole lead dims, flattened
+  return absl::OkStatus();
+}
+
 template <typename T>
 void AttentionForwardReference(const AttentionParams& p, const T* q, const T* k, const T* v, T* out, float* lse,
                                ThreadPool* pool) {
@@ -232,8 +273,8 @@ void AttentionForwardReference(const AttentionParams& p, const T* q, const T* k,
       const T* qi = q + p.At(p.q, b, i);
       const T* kb = k + p.At(p.k, b, 0);
       const T* vb = v + p.At(p.v, b, 0);
-      const int64_t n = Visible(p, i);
-      const double m = Scores(p, qi, kb, n, s);
+      const double m = Scores(p, b, i, qi, kb, Visible(p, i), s);
+      const int64_t n = m == kNegInf ? 0 : Visible(p, i);  // none when every score is masked
       double sum = 0;
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t j = 0; j < n; ++j) {
@@ -264,8 +305,8 @@ void AttentionBackwardReference(const AttentionParams& p, const T* dout, const T
         const T* qi = q + p.At(p.q, b, i);
         const T* doi = dout + p.At(p.o, b, i);
         const T* oi = out + p.At(p.o, b, i);
-        const int64_t n = Visible(p, i);
-        const double m = Scores(p, qi, kb, n, s);
+        const double m = Scores(p, b, i, qi, kb, Visible(p, i), s);
+        const int64_t n = m == kNegInf ? 0 : Visible(p, i);
         double sum = 0;
         for (int64_t j = 0; j < n; ++j) sum += std::exp(s[j] - m);
         const double lse = n ? m + std::log(sum) : 0.0;
@@ -319,11 +360,11 @@ void AttentionForward(const AttentionParams& p, const float* q, const float* k, 
       BlockScores(p, q + p.At(p.q, b, i0), k + p.At(p.k, b, 0), rows, n, s);
       float inv[kMaxBlockRows];
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t nr = Visible(p, i0 + r);
+        AddBias(p, b, i0 + r, 0, s + r * n, n);
         float m;
-        const double sum = ExpRow(s + r * n, nr, n, &m);
-        inv[r] = nr ? static_cast<float>(1.0 / sum) : 0.f;
-        if (l) l[r] = nr ? static_cast<float>(m + std::log(sum)) : -std::numeric_limits<float>::infinity();
+        const double sum = ExpRow(s + r * n, Visible(p, i0 + r), n, &m);
+        inv[r] = sum > 0 ? static_cast<float>(1.0 / sum) : 0.f;
+        if (l) l[r] = sum > 0 ? static_cast<float>(m + std::log(sum)) : -std::numeric_limits<float>::infinity();
       }
       if (!o) continue;
       Product(rows, p.Dv, n, false, false, 1.f, s, n, v + p.At(p.v, b, 0), p.v.row, 0.f, o, p.o.row);
@@ -376,7 +417,10 @@ void AttentionBackward(const AttentionParams& p, const float* dout, const float*
         const float* qb = q + p.At(p.q, b, i0);
         const float* dob = dout + p.At(p.o, b, i0);
         BlockScores(p, qb, kc, rows, n, s);
-        for (int64_t r = 0; r < rows; ++r) ProbabilityRow(s + r * n, SeenOf(p, i0 + r, j0, n), n, stats.lse(row0 + r));
+        for (int64_t r = 0; r < rows; ++r) {
+          AddBias(p, b, i0 + r, j0, s + r * n, n);
+          ProbabilityRow(s + r * n, SeenOf(p, i0 + r, j0, n), n, stats.lse(row0 + r));
+        }
         if (dvc) Product(n, p.Dv, rows, true, false, 1.f, s, n, dob, p.o.row, 1.f, dvc, p.v.row);
         if (!dq && !dkc) continue;
         Product(rows, n, p.Dv, false, true, 1.f, dob, p.o.row, vc, p.v.row, 0.f, ds, n);

@@ -2,7 +2,9 @@
 // and ai.cleave.AttentionGrad: for each of `batch` (batch x heads) slices, queries q [T, D],
 // keys k [S, D] and values v [S, Dv], out [T, Dv] = softmax(scale * q k^T (+ causal mask)) v, and
 // lse [T] = the log-sum-exp of each row of scaled scores, which the backward uses to recompute
-// the probabilities instead of storing them. Causal: query i sees keys j <= i + (S - T).
+// the probabilities instead of storing them. Causal: query i sees keys j <= i + (S - T). An
+// additive bias (a padding mask, a position bias) joins the scaled scores before the softmax;
+// a row whose every score is -inf attends to nothing (zeros out, lse -inf).
 #pragma once
 
 #include <cstdint>
@@ -22,10 +24,22 @@ struct AttentionStrides {
   int64_t batch = 0, head = 0, row = 0;
 };
 
+// The additive bias of the scores, float32 whatever the operands' type: for query row i and
+// key j of slice b at (b / heads) * batch + (b % heads) * head + i * row + j * col, so that a
+// stride of 0 broadcasts it (a [B, 1, 1, S] padding mask over heads and query rows, say). No
+// bias where data is null.
+struct AttentionBias {
+  const float* data = nullptr;
+  int64_t heads = 1, batch = 0, head = 0, row = 0, col = 0;
+
+  int64_t At(int64_t b, int64_t i) const { return b / heads * batch + b % heads * head + i * row; }
+};
+
 struct AttentionParams {
   int64_t batch = 1, T = 0, S = 0, D = 0, Dv = 0;
   double scale = 1.0;
   bool causal = false;
+  AttentionBias bias;
   // The operands' layouts: q, k, v and o (out and dOut); dq, dk and dv are laid out as q, k
   // and v, and lse is always [batch, T]. PlanAttention sets the contiguous [..., T, D] one;
   // SetLayout the others.
@@ -63,6 +77,11 @@ struct AttentionOperands {
 absl::StatusOr<AttentionOperands> PlanAttentionOperands(AttentionLayout layout, std::span<const int64_t> q,
                                                         std::span<const int64_t> k, std::span<const int64_t> v,
                                                         double scale, bool causal);
+
+// Lays a's bias out (all but its data) from the bias' dims, which must broadcast (numpy rules)
+// to the scores [lead..., T, S], lead being lse's leading dims; of the lead dims before the
+// last, either all broadcast or none does. InvalidArgument naming both shapes otherwise.
+absl::Status PlanAttentionBias(AttentionOperands& a, std::span<const int64_t> bias);
 
 // The slices and sizes of q [..., T, D], k [..., S, D], v [..., S, Dv] (one set of leading dims),
 // or InvalidArgument naming the three shapes. Device providers plan with it too.

@@ -278,11 +278,11 @@ void AttentionForwardBf16(const AttentionParams& p, const uint16_t* q, const uin
               false, s, n);
       float inv[kMaxBlockRows];
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t nr = Visible(p, i0 + r);
+        AddBias(p, b, i0 + r, 0, s + r * n, n);
         float m;
-        const double sum = ExpRow(s + r * n, nr, n, &m);
-        inv[r] = nr ? static_cast<float>(1.0 / sum) : 0.f;
-        if (l) l[r] = nr ? static_cast<float>(m + std::log(sum)) : kNegInfF;
+        const double sum = ExpRow(s + r * n, Visible(p, i0 + r), n, &m);
+        inv[r] = sum > 0 ? static_cast<float>(1.0 / sum) : 0.f;
+        if (l) l[r] = sum > 0 ? static_cast<float>(m + std::log(sum)) : kNegInfF;
       }
       if (!o) continue;
       const int64_t n2 = RoundUp(n, 2);
@@ -345,7 +345,10 @@ void AttentionBackwardBf16(const AttentionParams& p, const uint16_t* dout, const
         const uint16_t* qb = q + p.At(p.q, b, i0);
         const uint16_t* dob = dout + p.At(p.o, b, i0);
         Product(rows, n, p.D / 2, {Pairs(qb), p.q.row / 2, 1}, kt, Wp, static_cast<float>(p.scale), false, s, n);
-        for (int64_t r = 0; r < rows; ++r) ProbabilityRow(s + r * n, SeenOf(p, i0 + r, j0, n), n, stats.lse(row0 + r));
+        for (int64_t r = 0; r < rows; ++r) {
+          AddBias(p, b, i0 + r, j0, s + r * n, n);
+          ProbabilityRow(s + r * n, SeenOf(p, i0 + r, j0, n), n, stats.lse(row0 + r));
+        }
         if (dv) {
           RoundRowPairs(s, n, rows, n, pairs, Wp);
           PackRowPairs(dob, p.o.row, rows, p.Dv, dor, Dvp);

@@ -34,11 +34,24 @@ inline constexpr int64_t kMaxBlockRows = 128;
 int64_t BlockRows(const AttentionParams& p);
 
 // One row of a block's scores, of which the first nr are visible: those exponentiated in place
-// against their max (set in *m), the rest of its n zeroed. Returns their sum (0 when nr is 0).
+// against their max (set in *m), the rest of its n zeroed. Returns their sum (0 when nr is 0
+// or every visible score is -inf, when the row is all zeros).
 double ExpRow(float* sr, int64_t nr, int64_t n, float* m);
 
-// The backward's row of probabilities in place over its scores: exp(s - lse), zeros past nr.
+// The backward's row of probabilities in place over its scores: exp(s - lse), zeros past nr
+// (all zeros where lse is -inf: the row attended to nothing).
 void ProbabilityRow(float* sr, int64_t nr, int64_t n, float lse);
+
+// Adds the bias of query row i of slice b, keys j0 .. j0 + n, to the scores sr (nothing when p
+// has none).
+inline void AddBias(const AttentionParams& p, int64_t b, int64_t i, int64_t j0, float* sr, int64_t n) {
+  if (!p.bias.data) return;
+  const float* x = p.bias.data + p.bias.At(b, i) + j0 * p.bias.col;
+  if (p.bias.col == 0)
+    for (int64_t j = 0; j < n; ++j) sr[j] += x[0];
+  else
+    for (int64_t j = 0; j < n; ++j) sr[j] += x[j];
+}
 
 // The scores' gradient row in place over dP: dS = P * (dP - delta) * scale.
 void ScoreGradRow(const float* pr, float* dsr, int64_t n, float delta, float scale);

@@ -7,7 +7,7 @@
 // packed [B, T, 3, H, D] need no copies.
 //
 // Forward (online softmax): m_i = max_j s_ij, l_i = sum_j exp(s_ij - m_i), out_i = sum_j
-// exp(s_ij - m_i) v_j / l_i, lse_i = m_i + log l_i, with s_ij = scale q_i . k_j.
+// exp(s_ij - m_i) v_j / l_i, lse_i = m_i + log l_i, with s_ij = scale q_i . k_j (+ bias_ij).
 // Backward: delta_i = dout_i . out_i, p_ij = exp(s_ij - lse_i), ds_ij = p_ij (dout_i . v_j -
 // delta_i); dq_i = scale sum_j ds_ij k_j (per query row); dk_j = scale sum_i ds_ij q_i and
 // dv_j = sum_i p_ij dout_i (per key row: no atomics, deterministic).
@@ -41,6 +41,14 @@ __device__ __forceinline__ void LoadRow(const T* src, int n, float scale, float 
 __host__ __device__ __forceinline__ int64_t SliceAt(const AttentionStrides& s, int64_t heads, int64_t b) {
   return b / heads * s.batch + b % heads * s.head;
 }
+
+// Where row i of slice b of the bias starts (its key j then at + j * col).
+__host__ __device__ __forceinline__ int64_t BiasAt(const AttentionBias& a, int64_t b, int64_t i) {
+  return b / a.heads * a.batch + b % a.heads * a.head + i * a.row;
+}
+
+// bias_ij, or 0 without a bias (row points at row i of the slice's bias).
+__device__ __forceinline__ float BiasOf(const float* row, int64_t col, int64_t j) { return row ? row[j * col] : 0.f; }
 
 // rows [r0, r0 + kTile) of a slice's [rows, width] operand, `ld` elements apart, into shared
 // memory as kTile x width (zeros past `rows`), each scaled by `scale`.
@@ -79,6 +87,7 @@ __global__ void AttnForward(AttentionLayout L, int64_t b0, const T* q, const T* 
   LoadRow(q + SliceAt(L.q, L.heads, bh) + (active ? i : 0) * L.q.row, D, scale, qr, lane);
   for (int e = 0; e < kPerLane; ++e) acc[e] = 0.f;
   float m = -INFINITY, l = 0.f;
+  const float* bias = L.bias.data && active ? L.bias.data + BiasAt(L.bias, bh, i) : nullptr;
   const int64_t visible = !active ? 0 : causal ? Max64(0, Min64(S, i + 1 + offset)) : S;
   const int64_t last_row = Min64(Tq - 1, first + kWarps - 1);
   const int64_t block_keys = causal ? Max64(0, Min64(S, last_row + 1 + offset)) : S;
@@ -88,8 +97,9 @@ __global__ void AttnForward(AttentionLayout L, int64_t b0, const T* q, const T* 
     LoadTile(vb, j0, S, Dv, L.v.row, vs);
     __syncthreads();
     for (int jj = 0; jj < kTile && j0 + jj < visible; ++jj) {
-      const float s = RowDot(qr, ks + jj * D, D, lane);
+      const float s = RowDot(qr, ks + jj * D, D, lane) + BiasOf(bias, L.bias.col, j0 + jj);
       const float m_new = fmaxf(m, s);
+      if (m_new == -INFINITY) continue;  // every score so far masked: nothing to add
       const float corr = expf(m - m_new), p = expf(s - m_new);
       l = l * corr + p;
       for (int e = 0; e < kPerLane; ++e) {
@@ -141,7 +151,9 @@ __global__ void AttnBackwardQ(AttentionLayout L, int64_t b0, const T* dout, cons
   LoadRow(dout + SliceAt(L.o, L.heads, bh) + (active ? i : 0) * L.o.row, Dv, 1.f, dor, lane);
   for (int e = 0; e < kPerLane; ++e) acc[e] = 0.f;
   const float li = active ? lse[row] : 0.f, di = active ? delta[row] : 0.f;
-  const int64_t visible = !active ? 0 : causal ? Max64(0, Min64(S, i + 1 + offset)) : S;
+  const float* bias = L.bias.data && active ? L.bias.data + BiasAt(L.bias, bh, i) : nullptr;
+  // A row that attended to nothing (lse -inf) has no probabilities.
+  const int64_t visible = !active || li == -INFINITY ? 0 : causal ? Max64(0, Min64(S, i + 1 + offset)) : S;
   const int64_t last_row = Min64(Tq - 1, first + kWarps - 1);
   const int64_t block_keys = causal ? Max64(0, Min64(S, last_row + 1 + offset)) : S;
   const T* kb = k + SliceAt(L.k, L.heads, bh);
@@ -152,7 +164,7 @@ __global__ void AttnBackwardQ(AttentionLayout L, int64_t b0, const T* dout, cons
     LoadTile(vb, j0, S, Dv, L.v.row, vs);
     __syncthreads();
     for (int jj = 0; jj < kTile && j0 + jj < visible; ++jj) {
-      const float p = expf(RowDot(qr, ks + jj * D, D, lane) - li);
+      const float p = expf(RowDot(qr, ks + jj * D, D, lane) + BiasOf(bias, L.bias.col, j0 + jj) - li);
       const float ds = p * (RowDot(dor, vs + jj * Dv, Dv, lane) - di);
       for (int e = 0; e < kPerLane; ++e) {
         const int d = lane + 32 * e;
@@ -202,8 +214,9 @@ __global__ void AttnBackwardKV(AttentionLayout L, int64_t b0, const T* dout, con
     }
     __syncthreads();
     for (int ii = 0; ii < kTile && i0 + ii < Tq; ++ii) {
-      if (i0 + ii < first_query) continue;  // warp-uniform
-      const float p = expf(RowDot(kr, qs + ii * D, D, lane) - stats[ii]);
+      if (i0 + ii < first_query || stats[ii] == -INFINITY) continue;  // warp-uniform
+      const float b = L.bias.data ? L.bias.data[BiasAt(L.bias, bh, i0 + ii) + j * L.bias.col] : 0.f;
+      const float p = expf(RowDot(kr, qs + ii * D, D, lane) + b - stats[ii]);
       const float ds = p * (RowDot(vr, dos + ii * Dv, Dv, lane) - stats[kTile + ii]);
       for (int e = 0; e < kPerLane; ++e) {
         const int d = lane + 32 * e;

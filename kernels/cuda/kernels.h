@@ -137,20 +137,29 @@ int Where(int elem_bytes, const bool* cond, const void* a, const void* b, void* 
 struct AttentionStrides {
   int64_t batch = 0, head = 0, row = 0;
 };
+// The additive bias of the scores (fp32 device memory, or null for none): query row i and key j
+// of slice b at (b / heads) * batch + (b % heads) * head + i * row + j * col, strides of 0
+// broadcasting it, as the CPU kernels' AttentionBias.
+struct AttentionBias {
+  const float* data = nullptr;
+  int64_t heads = 1, batch = 0, head = 0, row = 0, col = 0;
+};
 // The operands' layouts: q, k, v and o (out and dout); dq, dk and dv are laid out as q, k and v,
-// and lse and delta are always contiguous [batch, T].
+// and lse and delta are always contiguous [batch, T]. The bias rides along.
 struct AttentionLayout {
   int64_t heads = 1;
   AttentionStrides q, k, v, o;
+  AttentionBias bias;
 };
 // Slices of q [T, D], k [S, D], v [S, Dv] and out [T, Dv] one after another.
 inline AttentionLayout ContiguousAttention(int64_t T, int64_t S, int64_t D, int64_t Dv) {
-  return {1, {T * D, 0, D}, {S * D, 0, D}, {S * Dv, 0, Dv}, {T * Dv, 0, Dv}};
+  return {1, {T * D, 0, D}, {S * D, 0, D}, {S * Dv, 0, Dv}, {T * Dv, 0, Dv}, {}};
 }
 
 // Scaled dot-product attention over `batch` (batch x heads) slices of q [T, D], k [S, D], v [S, Dv]
 // (D, Dv <= 256), read and written through `layout`: out [T, Dv] and lse [T] (fp32, may be null).
-// Causal: query i sees keys j <= i + S - T. The backward writes dq, dk, dv from dout, the inputs,
+// Causal: query i sees keys j <= i + S - T. The layout's bias joins the scaled scores; a row whose
+// every score is -inf attends to nothing (zeros, lse -inf). The backward writes dq, dk, dv from dout, the inputs,
 // out and lse; `delta` is fp32 device scratch of batch * T.
 int AttentionForward(Dt dt, const AttentionLayout& layout, const void* q, const void* k, const void* v, void* out,
                      float* lse, int64_t batch, int64_t T, int64_t S, int D, int Dv, float scale, bool causal,

@@ -136,8 +136,8 @@ class TriluKernel : public OpKernel {
 
 namespace {
 
-// Attention(q, k, v) {scale, causal} -> out[, lse] and AttentionGrad(dOut, q, k, v, out, lse)
-// -> dq, dk, dv, over [..., T, D] operands whose leading dims are the same. bf16 operands run
+// Attention(q, k, v[, bias]) {scale, causal} -> out[, lse] and AttentionGrad(dOut, q, k, v, out,
+// lse[, bias]) -> dq, dk, dv, over [..., T, D] operands whose leading dims are the same. bf16 operands run
 // the bf16 kernels where the CPU has AVX-512 BF16 (their block products take bf16 operands, as
 // cuDNN's do); otherwise bf16 and fp16 operands (mixed precision) are widened to float32
 // scratch and the results rounded back, as the CUDA provider's own kernels compute them.
@@ -171,6 +171,22 @@ absl::StatusOr<AttentionOperands> PlanOperands(kernels::cpu::AttentionLayout lay
                                                const TensorView* k, const TensorView* v, double scale, bool causal) {
   return kernels::cpu::PlanAttentionOperands(layout, q.dim_span(), k ? k->dim_span() : std::span<const int64_t>(),
                                              v ? v->dim_span() : std::span<const int64_t>(), scale, causal);
+}
+
+// Lays the bias input `index` (none where it is absent) out in a's plan, as float32: its data,
+// or a copy cast into scratch from another type.
+absl::Status BindBias(KernelContext& ctx, int index, AttentionOperands& a) {
+  const TensorView* b = index < ctx.num_inputs() ? ctx.input(index) : nullptr;
+  if (!b) return absl::OkStatus();
+  RETURN_IF_ERROR(kernels::cpu::PlanAttentionBias(a, b->dim_span()));
+  if (b->dtype == DataType::kFloat32) {
+    a.p.bias.data = b->as<float>();
+    return absl::OkStatus();
+  }
+  float* w = static_cast<float*>(ctx.Scratch(static_cast<size_t>(b->numel()) * sizeof(float)));
+  kernels::cpu::Cast(*b, TensorView(w, DataType::kFloat32, b->dim_span()), ctx.thread_pool());
+  a.p.bias.data = w;
+  return absl::OkStatus();
 }
 
 // q, k and v of type T: inputs first, first + 1 and first + 2, or the three parts of the packed
@@ -220,9 +236,10 @@ class AttentionKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) const override {
     const bool packed = layout_ == kernels::cpu::AttentionLayout::kBs3hd;
     const TensorView& q = *ctx.input(0);
-    ASSIGN_OR_RETURN(const AttentionOperands a,
+    ASSIGN_OR_RETURN(AttentionOperands a,
                      PlanOperands(layout_, q, packed ? nullptr : ctx.input(1), packed ? nullptr : ctx.input(2),
                                   scale_, causal_));
+    RETURN_IF_ERROR(BindBias(ctx, 3, a));
     TensorView* y = ctx.Output(0, a.out);
     TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, a.lse) : nullptr;
     if (!y) return absl::OkStatus();
@@ -250,8 +267,8 @@ class AttentionKernel : public OpKernel {
   kernels::cpu::AttentionLayout layout_;
 };
 
-// Inputs dOut, q, k, v, out, lse ("bs3hd": dOut, qkv, _, _, out, lse); outputs dq, dk, dv
-// ("bs3hd": the packed dqkv), each of which may go unread.
+// Inputs dOut, q, k, v, out, lse[, bias] ("bs3hd": dOut, qkv, _, _, out, lse[, bias]); outputs
+// dq, dk, dv ("bs3hd": the packed dqkv), each of which may go unread.
 class AttentionGradKernel : public OpKernel {
  public:
   AttentionGradKernel(const graph::Node& n, int)
@@ -261,9 +278,10 @@ class AttentionGradKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) const override {
     const bool packed = layout_ == kernels::cpu::AttentionLayout::kBs3hd;
     const TensorView &dout = *ctx.input(0), &q = *ctx.input(1), &out = *ctx.input(4), &lse = *ctx.input(5);
-    ASSIGN_OR_RETURN(const AttentionOperands a,
+    ASSIGN_OR_RETURN(AttentionOperands a,
                      PlanOperands(layout_, q, packed ? nullptr : ctx.input(2), packed ? nullptr : ctx.input(3),
                                   scale_, causal_));
+    RETURN_IF_ERROR(BindBias(ctx, 6, a));
     const kernels::cpu::AttentionParams& p = a.p;
     if (DimVector(dout.dim_span()) != a.out || DimVector(out.dim_span()) != a.out || lse.numel() != p.batch * p.T)
       return InvalidArgument("expected dOut and out ", DimsToString(a.out.span()), " and lse of ", p.batch * p.T,

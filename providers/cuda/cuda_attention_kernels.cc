@@ -15,12 +15,12 @@
 namespace cleave::providers {
 namespace {
 
-// Attention(q, k, v) -> out[, lse] and AttentionGrad(dOut, q, k, v, out, lse) -> dq, dk, dv
-// (flash-style: the probabilities are never stored) in the three layouts: "bhsd", [..., T, D];
+// Attention(q, k, v[, bias]) -> out[, lse] and AttentionGrad(dOut, q, k, v, out, lse[, bias]) ->
+// dq, dk, dv (flash-style: the probabilities are never stored) in the three layouts: "bhsd", [..., T, D];
 // "bshd", [B, T, H, D]; "bs3hd", q, k and v packed [B, T, 3, H, D] in one tensor (the q/k/v
 // product), out [B, T, H, D]. cuDNN's fused attention runs the bf16/fp16 shapes it takes
-// (cudnn_attention.h), the own kernels the others; both read and write every layout in place
-// through its strides.
+// (cudnn_attention.h), the own kernels the others and every biased one; both read and write every
+// layout in place through its strides.
 class AttentionLayoutKernel : public CudaKernel {
  protected:
   AttentionLayoutKernel(const CudaExecutionProvider* p, const graph::Node& n)
@@ -32,8 +32,9 @@ class AttentionLayoutKernel : public CudaKernel {
   bool packed() const { return layout_ == kernels::cpu::AttentionLayout::kBs3hd; }
 
   // The operands planned as the CPU plans them (q, k and v: inputs first to first + 2, or the
-  // packed input first), within what the CUDA kernels hold (head dims <= 256).
-  absl::StatusOr<kernels::cpu::AttentionOperands> Plan(KernelContext& ctx, int first) const {
+  // packed input first; the bias input `bias`, absent or fp32 device memory or cast into fp32
+  // scratch), within what the CUDA kernels hold (head dims <= 256).
+  absl::StatusOr<kernels::cpu::AttentionOperands> Plan(KernelContext& ctx, int first, int bias) const {
     const auto dims = [&](int i) {
       return packed() ? std::span<const int64_t>() : ctx.input(first + i)->dim_span();
     };
@@ -41,6 +42,17 @@ class AttentionLayoutKernel : public CudaKernel {
                                                  causal_);
     if (!a.ok()) return Named(a.status());
     if (a->p.D > 256 || a->p.Dv > 256) return Unimplemented(name_, ": head dims over 256 on CUDA");
+    if (const TensorView* b = bias < ctx.num_inputs() ? ctx.input(bias) : nullptr) {
+      RETURN_IF_ERROR(Named(kernels::cpu::PlanAttentionBias(*a, b->dim_span())));
+      if (b->dtype == DataType::kFloat32) {
+        a->p.bias.data = b->as<float>();
+      } else {
+        float* w = static_cast<float*>(ctx.Scratch(static_cast<size_t>(b->numel()) * sizeof(float)));
+        if (!w) return absl::ResourceExhaustedError(absl::StrCat(name_, ": no device memory for the fp32 bias"));
+        RETURN_IF_ERROR(Check(kc::Cast(DtOf(b->dtype), kc::Dt::kF32, b->data, w, b->numel(), stream())));
+        a->p.bias.data = w;
+      }
+    }
     return a;
   }
   // The k and v of the planned operands: the next inputs, or parts of the packed one.
@@ -57,7 +69,9 @@ class AttentionLayoutKernel : public CudaKernel {
   // The device kernels' strides, as the plan laid them out.
   static kc::AttentionLayout Strides(const kernels::cpu::AttentionParams& p) {
     const auto strides = [](const kernels::cpu::AttentionStrides& s) { return kc::AttentionStrides{s.batch, s.head, s.row}; };
-    return {p.heads, strides(p.q), strides(p.k), strides(p.v), strides(p.o)};
+    const kernels::cpu::AttentionBias& b = p.bias;
+    return {p.heads, strides(p.q), strides(p.k), strides(p.v), strides(p.o),
+            kc::AttentionBias{b.data, b.heads, b.batch, b.head, b.row, b.col}};
   }
   absl::Status Named(const absl::Status& st) const {
     return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name_, ": ", st.message()));
@@ -72,16 +86,16 @@ class AttentionKernel : public AttentionLayoutKernel {
  public:
   AttentionKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : AttentionLayoutKernel(p, n) {}
   absl::Status Compute(KernelContext& ctx) const override {
-    ASSIGN_OR_RETURN(const kernels::cpu::AttentionOperands a, Plan(ctx, 0));
+    ASSIGN_OR_RETURN(const kernels::cpu::AttentionOperands a, Plan(ctx, 0, 3));
     const kernels::cpu::AttentionParams& p = a.p;
     const TensorView& q = *ctx.input(0);
     const void *kd = Part(ctx, a, 0, 1), *vd = Part(ctx, a, 0, 2);
     TensorView* y = ctx.Output(0, a.out.span());
     TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, a.lse.span()) : nullptr;
     if (!y) return absl::OkStatus();
-    // bf16/fp16: cuDNN's fused flash attention (tensor cores) when it takes the shape.
+    // bf16/fp16: cuDNN's fused flash attention (tensor cores) when it takes the shape (no bias).
     const SdpaShape s = Sdpa(a, q.dtype);
-    if (CudnnAttention* cudnn = CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
+    if (CudnnAttention* cudnn = !p.bias.data && CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
       float* stats = l ? l->as<float>() : static_cast<float*>(ctx.Scratch(static_cast<size_t>(p.batch * p.T) * 4));
       absl::Status st = stats ? cudnn->Forward(s, q.data, kd, vd, y->data, stats, [&ctx](size_t n) { return ctx.Scratch(n); })
                               : absl::OkStatus();  // the allocation error is reported
@@ -99,7 +113,7 @@ class AttentionGradKernel : public AttentionLayoutKernel {
  public:
   AttentionGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : AttentionLayoutKernel(p, n) {}
   absl::Status Compute(KernelContext& ctx) const override {
-    ASSIGN_OR_RETURN(const kernels::cpu::AttentionOperands a, Plan(ctx, 1));
+    ASSIGN_OR_RETURN(const kernels::cpu::AttentionOperands a, Plan(ctx, 1, 6));
     const kernels::cpu::AttentionParams& p = a.p;
     const TensorView& dout = *ctx.input(0);
     const TensorView& q = *ctx.input(1);
@@ -127,7 +141,7 @@ class AttentionGradKernel : public AttentionLayoutKernel {
       dv = d[2]->data;
     }
     const SdpaShape s = Sdpa(a, q.dtype);
-    if (CudnnAttention* cudnn = CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
+    if (CudnnAttention* cudnn = !p.bias.data && CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
       absl::Status st = cudnn->Backward(s, dout.data, q.data, kd, vd, out.data, lse.as<float>(), dq, dk, dv,
                                         [&ctx](size_t n) { return ctx.Scratch(n); });
       if (st.code() != absl::StatusCode::kUnimplemented) return Named(st);
