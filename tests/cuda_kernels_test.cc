@@ -932,6 +932,48 @@ TEST(CudaProvider, AttentionInTheProductsLayout) {
   for (const CudaCpuGraphs& g : graphs) ExpectSame(g.cuda, g.feeds, g.tol, g.tol, "Attention", g.cpu);
 }
 
+// Attention with an additive bias (a padding mask [B, 1, 1, S] with -inf keys; a per-row bias
+// [B, 1, T, S] one of whose rows is all -inf, under a causal mask with T < S; and the "bshd"
+// layout), forward and backward, in fp32 and with bf16 operands and a bf16 bias (cast to fp32
+// on the device): cuDNN declines a bias, so the own kernels run, against the CPU.
+TEST(CudaProvider, AttentionWithABias) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const struct {
+    std::vector<int64_t> q, k, bias;
+    int causal;
+    const char* layout;
+  } cases[] = {{{2, 3, 20, 32}, {2, 3, 20, 32}, {2, 1, 1, 20}, 0, "bhsd"},
+               {{2, 3, 24, 32}, {2, 3, 30, 32}, {2, 1, 24, 30}, 1, "bhsd"},
+               {{2, 20, 3, 32}, {2, 20, 3, 32}, {2, 1, 1, 20}, 0, "bshd"}};
+  std::vector<CudaCpuGraphs> graphs;
+  for (const auto& c : cases) {
+    Tensor bias = Random(c.bias, 90);
+    const int64_t S = c.bias.back(), rows = c.bias[2];
+    for (int64_t b = 0; b < c.bias[0]; ++b)  // row b of the batch hides its last 3 b keys
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = S - 3 * b; j < S; ++j) bias.data<float>()[(b * rows + i) * S + j] = -inf;
+    if (rows > 1)
+      for (int64_t j = 0; j < S; ++j) bias.data<float>()[(rows + 5) * S + j] = -inf;  // row 5 of batch 1: nothing
+    for (bool low : {false, true}) {
+      const std::string attrs =
+          absl::StrCat("{scale = 0.17, causal = ", c.causal, ", layout = \"", c.layout, "\"}");
+      graphs.push_back(RoundedAlike(
+          absl::StrCat("input q: float32", DimsText(c.q), "\ninput k: float32", DimsText(c.k), "\ninput v: float32",
+                       DimsText(c.k), "\ninput dy: float32", DimsText(c.q), "\ninput m: float32", DimsText(c.bias),
+                       "\n"),
+          {"q", "k", "v", "dy", "m"},
+          absl::StrCat("y, lse = ai.cleave.Attention(qb, kb, vb, mb) ", attrs,
+                       "\ndq, dk, dv = ai.cleave.AttentionGrad(dyb, qb, kb, vb, y, lse, mb) ", attrs, "\n"),
+          {"y", "dq", "dk", "dv"}, low,
+          {{"q", Random(c.q, 91)}, {"k", Random(c.k, 92)}, {"v", Random(c.k, 93)}, {"dy", Random(c.q, 94)},
+           {"m", bias}}));
+      ExpectReferenceRuns(graphs.back());
+    }
+  }
+  REQUIRE_CUDA();
+  for (const CudaCpuGraphs& g : graphs) ExpectSame(g.cuda, g.feeds, g.tol, g.tol, "Attention", g.cpu);
+}
+
 // Training-mode Dropout under a run seed draws the CPU's mask bit for bit.
 TEST(CudaProvider, DropoutDrawsTheCpuMaskForTheSameSeed) {
   REQUIRE_CUDA();

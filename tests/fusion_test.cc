@@ -484,6 +484,146 @@ TEST(AttentionFusion, ComputedMasksThatAreNotCausalAreLeftAlone) {
 }
 
 
+// BERT's padding mask: the int attention mask [B, T] unsqueezed to [B, 1, 1, T] and turned into
+// (1 - mask) * -10000, added to the scaled scores; batch and length are symbols. CAUSAL_MASK
+// puts a causal Where under the Add (GPT-2's export with a padding mask), or nothing.
+constexpr char kPaddedAttention[] = R"(
+  input q: float32[B,3,T,8]
+  input k: float32[B,3,T,8]
+  input v: float32[B,3,T,8]
+  input mask: int64[B,T]
+  init one: float32[] = 1
+  init big: float32[] = -10000
+  init neg: float32[] = -inf
+  init scale: float32[] = 0.35355339
+  init axes: int64[2] = 1 2
+  init seq_axis: int64[] = 2
+  init axes0: int64[1] = 0
+  init diag: int64[] = 1
+  u = Unsqueeze(mask, axes)
+  f = Cast(u) {to = 1}
+  inv = Sub(one, f)
+  bias = Mul(inv, big)
+  kt = Transpose(k) {perm = [0, 1, 3, 2]}
+  s = MatMul(q, kt)
+  ss = Mul(s, scale)
+  CAUSAL_MASK
+  a = Add(BIAS_SIDES)
+  p = Softmax(a) {axis = -1}
+  y = MatMul(p, v)
+  output y
+)";
+constexpr char kCausalWhere[] = R"(shp = Shape(q)
+  t = Gather(shp, seq_axis) {axis = 0}
+  t1 = Unsqueeze(t, axes0)
+  sq = Concat(t1, t1) {axis = 0}
+  ones = ConstantOfShape(sq)
+  tri = Trilu(ones, diag) {upper = 1}
+  hidden = Cast(tri) {to = 9}
+  masked = Where(hidden, neg, ss))";
+
+// The graph with the causal mask (CAUSAL_MASK: kCausalWhere's, or `mask`) and the Add of
+// `sides`; ConstantOfShape fills with true, or with the float `additive` (LLaMA's export adds
+// a -inf triangle to the scores).
+std::unique_ptr<Graph> PaddedAttention(bool causal, const std::string& sides, const char* mask = kCausalWhere,
+                                       std::optional<float> additive = std::nullopt) {
+  auto g = ParseGraph(absl::StrReplaceAll(kPaddedAttention, {{"CAUSAL_MASK", causal ? mask : ""},
+                                                             {"BIAS_SIDES", sides}}));
+  EXPECT_TRUE(g.ok()) << g.status();
+  if (!g.ok()) return nullptr;
+  for (const auto& n : (*g)->nodes())
+    if (n->op_type() == "ConstantOfShape") {
+      Tensor fill(additive ? DataType::kFloat32 : DataType::kBool, {1});
+      if (additive) fill.data<float>()[0] = *additive;
+      else fill.data<bool>()[0] = true;
+      n->SetAttr("value", Attribute::TensorValue(std::move(fill)));
+    }
+  return std::move(*g);
+}
+
+// The padding mask's feed: row b hides its last b keys.
+Tensor PaddingMask(int64_t B, int64_t T) {
+  std::vector<int64_t> m(B * T, 1);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = std::max<int64_t>(0, T - b); j < T; ++j) m[b * T + j] = 0;
+  return Tensor::FromVector<int64_t>(m, {B, T});
+}
+
+TEST(AttentionFusion, APaddingMaskBecomesTheOpsBiasAndComputesTheSame) {
+  for (const auto& [causal, sides] : {std::pair<bool, std::string>{false, "ss, bias"},
+                                      {false, "bias, ss"},
+                                      {true, "masked, bias"}}) {
+    SCOPED_TRACE(absl::StrCat(causal ? "causal, " : "", "Add(", sides, ")"));
+    std::unique_ptr<Graph> g = PaddedAttention(causal, sides);
+    ASSERT_TRUE(g);
+    const std::vector<std::string> ops = FuseAttention(*g);
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), "Softmax"), 0);
+    ASSERT_EQ(std::count(ops.begin(), ops.end(), "Attention"), 1);
+    for (const auto& n : g->nodes()) {
+      if (n->op_type() != "Attention") continue;
+      EXPECT_EQ(n->AttrInt("causal", 0), causal ? 1 : 0);
+      ASSERT_EQ(n->num_inputs(), 4);
+      EXPECT_EQ(n->input(3)->name(), "bias");
+    }
+    for (int64_t T : {3, 70}) {  // 70: more than one block of query rows
+      const Feeds feeds = {{"q", Random({3, 3, T, 8}, 1)}, {"k", Random({3, 3, T, 8}, 2)},
+                           {"v", Random({3, 3, T, 8}, 3)}, {"mask", PaddingMask(3, T)}};
+      std::unique_ptr<Graph> fused = PaddedAttention(causal, sides);
+      FuseAttention(*fused);
+      DeadCodeElimination dce;
+      ASSERT_TRUE(RunPass(dce, fused.get()).ok());
+      ExpectGraphsAgree(std::move(fused), PaddedAttention(causal, sides), feeds, 1e-5, 1e-5);
+    }
+  }
+}
+
+// LLaMA's causal mask: Trilu(ConstantOfShape(-inf), 1, upper) added to the scores, beside the
+// padding mask's Add.
+constexpr char kAdditiveCausal[] = R"(shp = Shape(q)
+  t = Gather(shp, seq_axis) {axis = 0}
+  t1 = Unsqueeze(t, axes0)
+  sq = Concat(t1, t1) {axis = 0}
+  ones = ConstantOfShape(sq)
+  tri = Trilu(ones, diag) {upper = 1}
+  masked = Add(ss, tri))";
+
+TEST(AttentionFusion, AnAddedMinusInfinityTriangleIsTheCausalMask) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::unique_ptr<Graph> g = PaddedAttention(true, "masked, bias", kAdditiveCausal, -inf);
+  ASSERT_TRUE(g);
+  const std::vector<std::string> ops = FuseAttention(*g);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "Softmax"), 0);
+  for (const auto& n : g->nodes()) {
+    if (n->op_type() == "Attention") {
+      EXPECT_EQ(n->AttrInt("causal", 0), 1);
+    }
+  }
+  const Feeds feeds = {{"q", Random({2, 3, 20, 8}, 1)}, {"k", Random({2, 3, 20, 8}, 2)},
+                       {"v", Random({2, 3, 20, 8}, 3)}, {"mask", PaddingMask(2, 20)}};
+  ExpectGraphsAgree(std::move(g), PaddedAttention(true, "masked, bias", kAdditiveCausal, -inf), feeds, 1e-5, 1e-5);
+  // A triangle of a small fill is no causal mask but a second bias, and the op takes one: the
+  // softmax stays.
+  std::unique_ptr<Graph> f = PaddedAttention(true, "masked, bias", kAdditiveCausal, -1.f);
+  const std::vector<std::string> kept = FuseAttention(*f);
+  EXPECT_EQ(std::count(kept.begin(), kept.end(), "Softmax"), 1);
+}
+
+TEST(AttentionFusion, ABiasFromAParameterOrOfTheWrongShapeIsLeftAlone) {
+  const auto softmaxes = [](const std::string& bias_def, const std::string& bias_name) {
+    std::string text = absl::StrReplaceAll(kPaddedAttention, {{"CAUSAL_MASK", bias_def}, {"BIAS_SIDES", "ss, " + bias_name}});
+    auto g = ParseGraph(text);
+    EXPECT_TRUE(g.ok()) << g.status();
+    const std::vector<std::string> ops = FuseAttention(**g);
+    return std::count(ops.begin(), ops.end(), "Softmax");
+  };
+  // A learned bias (a float initializer of more than one element, which training would update).
+  EXPECT_EQ(softmaxes("init w: float32[3,1,1] = 0.5 -1 2\n  pb = Mul(bias, w)", "pb"), 1);
+  // A bias that varies along D's axis cannot be over [B, 3, T, T]: [B, 3, T, 8] is the q's shape.
+  EXPECT_EQ(softmaxes("qb = Identity(q)", "qb"), 1);
+  // The control: the padding mask itself fuses.
+  EXPECT_EQ(softmaxes("", "bias"), 0);
+}
+
 // The residual add feeding a LayerNormalization fuses, the sum staying the residual stream's
 // value for its other reader; the fused op computes exactly what the pair computes.
 constexpr char kSkipNorm[] = R"(

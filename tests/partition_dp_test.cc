@@ -1,6 +1,7 @@
 // A partitioned training step equals the unpartitioned one: the tiny GPT's training and
-// optimizer graphs propagated over a data-parallel mesh, lowered to one graph per rank, and
-// run on every rank of a simulated world, against a single-rank step on the whole batch.
+// optimizer graphs (and BERT's, its padding mask the fused attention's bias) propagated over a
+// data-parallel mesh, lowered to one graph per rank, and run on every rank of a simulated world,
+// against a single-rank step on the whole batch.
 #include <thread>
 
 #include "graph/op_table.h"
@@ -10,6 +11,7 @@
 #include "runtime/simulated_communicator.h"
 #include "tests/op_tester.h"
 #include "tests/partition_test_util.h"
+#include "tests/variant_goldens.h"
 #include "trainer/autodiff.h"
 #include "trainer/training_session.h"
 
@@ -169,6 +171,77 @@ TEST_P(DataParallel, StepEqualsSingleRank) {
 INSTANTIATE_TEST_SUITE_P(Zero, DataParallel, ::testing::Values(0, 1, 2), [](const auto& info) {
   return info.param == 2 ? std::string("zero0_bucketed") : "zero" + std::to_string(info.param);
 });
+
+// BERT (models/train_variants/bert_mse) with its padding mask fused into Attention's bias: the
+// bias [B, 1, 1, S] shards with the batch, and a dp=2 step (one row a rank, the second row
+// padded) equals the single-rank step on both rows.
+TEST(DataParallel, FusedAttentionBiasShardsWithTheBatch) {
+  testing::VariantGolden golden = testing::LoadVariantGolden(CLEAVE_SOURCE_DIR, "bert_mse");
+  golden.spec.fuse_attention = true;
+  auto model = onnx_ext::LoadModel(golden.dir + "model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto built = trainer::BuildTrainingArtifacts(**model, golden.spec);
+  ASSERT_TRUE(built.ok()) << built.status();
+  trainer::TrainingArtifacts a = std::move(*built);
+  int biased = 0;
+  for (const auto& n : a.training->nodes()) biased += n->op_type() == "Attention" && n->num_inputs() == 4;
+  ASSERT_EQ(biased, 2);
+  const Feeds feeds = testing::InOrder(golden.feeds, a.data_inputs);
+  auto single = trainer::TrainingSession::Create(CopyArtifacts(a), testing::OneThread());
+  ASSERT_TRUE(single.ok()) << single.status();
+  StepResult want = Step(**single, feeds);
+  ASSERT_TRUE(want.status.ok()) << want.status;
+
+  const int dp = 2;
+  auto mesh = *Mesh::Parse("dp=2");
+  std::map<std::string, Sharding> seeds;
+  for (const auto& [name, t] : feeds) {
+    Sharding batch = Sharding::Replicated(static_cast<int>(t.dims().size()));
+    batch.dims[0] = {"dp"};
+    seeds[name] = batch;
+  }
+  auto train_p = Propagate(*a.training, mesh, seeds);
+  ASSERT_TRUE(train_p.ok()) << train_p.status();
+  std::map<std::string, Sharding> grad_seeds;
+  for (const std::string& p : a.params) {
+    Sharding s = Sharding::Replicated(a.optimizer->FindValue(p)->shape().rank());
+    s.partial = {"dp"};
+    grad_seeds[trainer::GradName(p)] = s;
+  }
+  auto opt_p = Propagate(*a.optimizer, mesh, grad_seeds);
+  ASSERT_TRUE(opt_p.ok()) << opt_p.status();
+  runtime::SimulatedWorld world(dp);
+  std::vector<StepResult> got(dp);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < dp; ++r)
+    ranks.emplace_back([&, r] {
+      auto train = LowerForRank(*a.training, mesh, *train_p, r, "loss");
+      auto opt = LowerForRank(*a.optimizer, mesh, *opt_p, r, "");
+      if (!train.ok() || !opt.ok()) {
+        got[r].status = train.ok() ? opt.status() : train.status();
+        return;
+      }
+      trainer::TrainingArtifacts mine = CopyArtifacts(a);
+      mine.training = std::move(train->graph);
+      mine.optimizer = std::move(opt->graph);
+      mine.eval = mine.training->Clone();  // unused here
+      mine.eval->SetOutputs({mine.eval->FindValue("loss")});
+      auto s = trainer::TrainingSession::Create(std::move(mine), testing::OneThread(world.rank(r)));
+      if (!s.ok()) {
+        got[r].status = s.status();
+        return;
+      }
+      Feeds mine_feeds;
+      for (const auto& [name, t] : feeds) mine_feeds.emplace_back(name, Rows(t, r, 1));
+      got[r] = Step(**s, mine_feeds);
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < dp; ++r) {
+    ASSERT_TRUE(got[r].status.ok()) << "rank " << r << ": " << got[r].status;
+    EXPECT_NEAR(got[r].loss, want.loss, 1e-5 * want.loss) << "rank " << r;
+    EXPECT_NEAR(got[r].norm, want.norm, 1e-5 * want.norm) << "rank " << r;
+  }
+}
 
 }  // namespace
 }  // namespace cleave::partition

@@ -949,5 +949,65 @@ TEST(FusedAttention, TrainsAsUnfused) {
   }
 }
 
+// BERT's padding mask (models/train_variants, row 1 padded) becomes the bias of a fused
+// Attention and its AttentionGrad, and 8 AdamW steps still follow PyTorch's trajectory.
+TEST(FusedAttention, BertsPaddingMaskIsTheBiasAndFollowsPyTorch) {
+  for (const char* variant : {"bert_mse", "bert_cls"}) {
+    SCOPED_TRACE(variant);
+    testing::VariantGolden golden = testing::LoadVariantGolden(CLEAVE_SOURCE_DIR, variant);
+    auto model = onnx_ext::LoadModel(golden.dir + "model.onnx");
+    ASSERT_TRUE(model.ok()) << model.status();
+    golden.spec.fuse_attention = true;
+    auto a = BuildTrainingArtifacts(**model, golden.spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    int biased = 0, biased_grads = 0, softmax = 0;
+    for (const auto& n : a->training->nodes()) {
+      biased += n->op_type() == "Attention" && n->num_inputs() == 4 && n->input(3);
+      biased_grads += n->op_type() == "AttentionGrad" && n->num_inputs() == 7 && n->input(6);
+      softmax += n->op_type() == "Softmax";
+    }
+    EXPECT_EQ(biased, 2);
+    EXPECT_EQ(biased_grads, 2);
+    EXPECT_EQ(softmax, 0);
+    const Feeds ordered = testing::InOrder(golden.feeds, a->data_inputs);
+    auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 2});
+    ASSERT_TRUE(s.ok()) << s.status();
+    (*s)->RegisterScheduler({LrSchedule::Kind::kCosine, 2e-3, 2e-4, 2, 8});
+    for (int step = 0; step < 8; ++step) {
+      (*s)->LazyResetGrad();
+      auto loss = (*s)->TrainStep(ordered);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      auto norm = (*s)->OptimizerStep();
+      ASSERT_TRUE(norm.ok()) << norm.status();
+      EXPECT_NEAR(*loss, golden.losses[step], 1e-4 * golden.losses[step]) << "step " << step;
+      EXPECT_NEAR(*norm, golden.norms[step], 1e-4 * golden.norms[step]) << "step " << step;
+    }
+  }
+}
+
+// A bias computed from a parameter would need a gradient the rule does not give: building the
+// backward is an error naming the bias, not a silently missing gradient.
+TEST(FusedAttention, ABiasFromAParameterIsAnErrorNamingIt) {
+  auto g = graph::ParseGraph(R"(
+    input q: float32[1,2,3,4]
+    input k: float32[1,2,3,4]
+    input v: float32[1,2,3,4]
+    init pos: float32[3,3] = 0 1 2 3 4 5 6 7 8
+    y = ai.cleave.Attention(q, k, v, pos) {scale = 0.5}
+    output y
+  )");
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(graph::InferShapes(**g).ok());
+  graph::Value* y = (*g)->FindValue("y");
+  graph::Value* loss = (*g)->GetOrCreateValue("loss");
+  graph::Node* sum = (*g)->AddNode("ReduceSum", {y}, {loss}, "sum");
+  sum->SetAttr("keepdims", graph::Attribute::Int(0));
+  ASSERT_TRUE(graph::InferShapes(**g).ok());
+  auto grads = BuildBackward(**g, loss, {(*g)->FindValue("q"), (*g)->FindValue("pos")});
+  ASSERT_FALSE(grads.ok());
+  EXPECT_NE(grads.status().message().find("'pos'"), std::string::npos) << grads.status();
+  EXPECT_NE(grads.status().message().find("parameter"), std::string::npos) << grads.status();
+}
+
 }  // namespace
 }  // namespace cleave::trainer

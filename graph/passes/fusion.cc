@@ -330,6 +330,18 @@ bool IsLargeNegative(const Value* v) {
   return c && *c <= -1e4;
 }
 
+// Whether v is a (Fused)MatMul's product, or within `depth` elementwise steps (Mul, Div, Add,
+// Where) of one: the scores' side of an Add, not the bias'.
+bool ReachesProduct(const Value* v, int depth) {
+  const Node* n = v ? v->producer() : nullptr;
+  if (!n) return false;
+  if (Is(n, "MatMul") || (n->domain() == kCleaveDomain && n->op_type() == "FusedMatMul")) return true;
+  if (depth == 0 || !(Is(n, "Mul") || Is(n, "Div") || Is(n, "Add") || Is(n, "Where"))) return false;
+  for (const Value* in : n->inputs())
+    if (ReachesProduct(in, depth - 1)) return true;
+  return false;
+}
+
 // Whether `bias` can be Attention's additive bias over the scores x [lead..., T, S]: float32 or
 // x's type, dims that broadcast to x's (each 1 or known equal to x's), of the lead dims before
 // the last either all 1 or all x's (kernels/cpu/attention.h), and computed from no parameter
@@ -401,7 +413,7 @@ bool FuseAttention(Graph* g, Node* softmax) {
           inner = m->input(1 - i);
           break;
         }
-        if (!bias && IsAttentionBias(mask, x)) {
+        if (!bias && !ReachesProduct(mask, 3) && IsAttentionBias(mask, x)) {
           added = mask;
           inner = m->input(1 - i);
           break;

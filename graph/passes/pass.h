@@ -84,18 +84,19 @@ class ActivationNormFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
-// Scaled dot-product attention (MatMul, scale, causal mask constant or computed from the
-// sequence length, Softmax, MatMul) -> ai.cleave.Attention, whose kernels never store the
-// [T, S] probabilities (flash-style on both providers: the CPU kernel blocks query rows so a
-// block's scores stay in cache; the backward recomputes them from the saved log-sum-exp). Run
-// before autodiff on a training graph (the backward then uses AttentionGrad), or on an
-// inference graph whose intermediates have no other reader. Not part of TransformerFusion,
-// which also runs on training graphs after autodiff, where the probabilities have readers.
 // Whether v is computed from (or is) a float initializer of more than one element, which the
 // training-graph builder takes as a parameter; scalar constants, integer tensors and graph inputs
 // are not parameters. An attention bias that is needs a gradient Attention does not give.
 bool ComputedFromParameter(const Value* v);
 
+// Scaled dot-product attention (MatMul, scale, causal mask constant or computed from the
+// sequence length, an added bias such as a padding mask, Softmax, MatMul) ->
+// ai.cleave.Attention, whose kernels never store the [T, S] probabilities (flash-style on both
+// providers: the CPU kernel blocks query rows so a block's scores stay in cache; the backward
+// recomputes them from the saved log-sum-exp). Run before autodiff on a training graph (the
+// backward then uses AttentionGrad), or on an inference graph whose intermediates have no other
+// reader. Not part of TransformerFusion, which also runs on training graphs after autodiff,
+// where the probabilities have readers.
 class AttentionFusion : public Pass {
  public:
   std::string name() const override { return "AttentionFusion"; }
