@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "graph/op_table.h"
 #include "graph/text_format.h"
 #include "graph/verifier.h"
@@ -137,6 +138,46 @@ TEST(ConstantFolding, SymbolicReshapeTargetBecomesAConstantThatCopiesTheDims) {
   // left computed.
   EXPECT_EQ(FoldedTarget(SymbolicReshape("q1, b1, heads")), "computed");
   EXPECT_EQ(FoldedTarget(SymbolicReshape("b1, q1, heads", " {allowzero = 1}")), "computed");
+}
+
+// The head size computed from the width at run time (x.size(-1) // heads, as an export traces
+// it): the width gathered from Shape(x) is a number whatever batch and seq are, so it folds,
+// and the division and the target after it.
+TEST(ConstantFolding, ANumberGatheredFromASymbolicShapeFoldsAndWhatIsComputedFromIt) {
+  constexpr char kText[] = R"(
+    input x: float32[batch,seq,64]
+    init i0: int64[] = 0
+    init i1: int64[] = 1
+    init i2: int64[] = 2
+    init four: int64[] = 4
+    init ax: int64[1] = 0
+    init heads: int64[1] = 4
+    s = Shape(x)
+    b = Gather(s, i0)
+    q = Gather(s, i1)
+    c = Gather(s, i2)
+    d = Div(c, four)
+    b1 = Unsqueeze(b, ax)
+    q1 = Unsqueeze(q, ax)
+    d1 = Unsqueeze(d, ax)
+    t = Concat(b1, q1, heads, d1) {axis = 0}
+    y = Reshape(x, t)
+    output y
+  )";
+  std::unique_ptr<Graph> g;
+  EXPECT_EQ(FoldedTarget(kText, &g), "0 0 4 16");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->nodes().size(), 1u);
+  EXPECT_EQ(g->FindValue("y")->shape().ToString(), "[batch,seq,4,16]");
+  // A symbolic element stays computed: the batch gathered alone is not a number.
+  auto h = ParseGraph(absl::StrReplaceAll(kText, {{"d = Div(c, four)", "d = Div(b, four)"}}));
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(InferShapes(**h).ok());
+  providers::CpuExecutionProvider cpu(1);
+  ConstantFolding fold(runtime::MakeConstantEvaluator(**h, cpu));
+  ASSERT_TRUE(RunPass(fold, h->get()).ok());
+  EXPECT_FALSE((*h)->FindValue("b")->is_initializer());
+  EXPECT_TRUE((*h)->FindValue("c")->is_initializer());
 }
 
 }  // namespace

@@ -45,6 +45,26 @@ std::optional<Tensor> FoldShape(const Node& n) {
   return Tensor::FromVector<int64_t>(out, {len});
 }
 
+// The one int64 output of a shape-arithmetic node whose elements are all known numbers by the
+// dims values (graph/dims_value.h), as a constant: Gather(Shape(x), 2) of x [batch, seq, 768]
+// is 768 whatever batch and seq are, so what an export computes from it (the head size,
+// 768 / 12) folds too.
+std::optional<Tensor> FoldKnownDims(const Node& n) {
+  const Value* out = n.num_outputs() == 1 ? n.output(0) : nullptr;
+  if (!out || out->dtype() != DataType::kInt64 || !out->dims_value() || !out->shape().is_static() ||
+      out->shape().rank() > 1)
+    return std::nullopt;
+  const std::vector<Dim>& dims = *out->dims_value();
+  if (static_cast<int64_t>(dims.size()) != out->shape().NumElements()) return std::nullopt;
+  std::vector<int64_t> values;
+  for (const Dim& d : dims) {
+    if (!d.is_static()) return std::nullopt;
+    values.push_back(d.value);
+  }
+  if (out->shape().rank() == 0) return Tensor::Scalar<int64_t>(values[0]);
+  return Tensor::FromVector<int64_t>(values, {static_cast<int64_t>(values.size())});
+}
+
 // A Reshape whose target is computed at run time (an export's Shape -> Gather -> Concat over a
 // dynamic batch) but known symbolically: a constant target of the same meaning, element by
 // element. A number or -1 stays; a named dim is the input's dim at the same axis, so it becomes
@@ -95,6 +115,8 @@ absl::StatusOr<bool> ConstantFolding::Run(Graph* g) {
       outs.push_back(std::move(*t));
     } else if (n->op_type() == "Size" && n->input(0) && n->input(0)->shape().is_static()) {
       outs.push_back(Tensor::Scalar<int64_t>(n->input(0)->shape().NumElements()));
+    } else if (std::optional<Tensor> known = InputsConstant(*n, keep_variable_) ? std::nullopt : FoldKnownDims(*n)) {
+      outs.push_back(std::move(*known));
     } else {
       if (!InputsConstant(*n, keep_variable_)) continue;
       int64_t bytes = 0;

@@ -42,8 +42,10 @@ using ConstantEvaluator = std::function<absl::StatusOr<std::vector<Tensor>>(cons
 // Shape (and Size) nodes whose input shape is static by constants. This is what turns the
 // Shape -> Gather -> Concat -> Reshape arithmetic that exporters emit into plain constants
 // once input shapes are fixed; with a symbolic batch or sequence, a Reshape whose target is
-// known symbolically (graph/dims_value.h) gets a constant target that copies those dims (0).
-// Random and stateful ops are never folded. `keep_variable` marks initializers that must stay
+// known symbolically (graph/dims_value.h) gets a constant target that copies those dims (0),
+// and an int64 shape value whose elements are all known numbers there (a static dim gathered
+// from the Shape of a value with a symbolic batch) becomes a constant, as what is computed from
+// it then does. Random and stateful ops are never folded. `keep_variable` marks initializers that must stay
 // variables (trainable parameters).
 class ConstantFolding : public Pass {
  public:
