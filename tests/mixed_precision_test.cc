@@ -449,6 +449,52 @@ TEST(MixedPrecision, Bf16AutocastTakesTheLinearGemms) {
   EXPECT_NEAR(norm[1], norm[0], 0.03 * norm[0]);
 }
 
+// BERT's fused attention under bf16 autocast: q, k and v go to bf16 while the padding mask's
+// bias stays fp32 in the forward and the gradient alike, and the step tracks fp32.
+TEST(MixedPrecision, Bf16FusedAttentionKeepsItsBiasInFp32) {
+  const testing::VariantGolden golden = testing::LoadVariantGolden(CLEAVE_SOURCE_DIR, "bert_cls");
+  auto model = onnx_ext::LoadModel(golden.dir + "model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<float> loss, norm;
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(PrecisionName(p));
+    TrainingSpec spec = golden.spec;
+    spec.precision = p;
+    spec.fuse_attention = true;
+    auto a = BuildTrainingArtifacts(**model, spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    const DataType low = p == Precision::kFp32 ? DataType::kFloat32 : DataType::kBFloat16;
+    int forward = 0, backward = 0;
+    for (const auto& n : a->training->nodes()) {
+      if (n->op_type() == "Attention") {
+        ASSERT_EQ(n->num_inputs(), 4);
+        EXPECT_EQ(n->input(0)->dtype(), low);
+        EXPECT_EQ(n->input(3)->dtype(), DataType::kFloat32);
+        ++forward;
+      } else if (n->op_type() == "AttentionGrad") {
+        ASSERT_EQ(n->num_inputs(), 7);
+        EXPECT_EQ(n->input(1)->dtype(), low);
+        EXPECT_EQ(n->input(6)->dtype(), DataType::kFloat32);
+        ++backward;
+      }
+    }
+    EXPECT_EQ(forward, 2);
+    EXPECT_EQ(backward, 2);
+    const Feeds ordered = testing::InOrder(golden.feeds, a->data_inputs);
+    auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
+    ASSERT_TRUE(s.ok()) << s.status();
+    auto l = (*s)->TrainStep(ordered);
+    ASSERT_TRUE(l.ok()) << l.status();
+    loss.push_back(*l);
+    auto g = (*s)->OptimizerStep();
+    ASSERT_TRUE(g.ok()) << g.status();
+    norm.push_back(*g);
+  }
+  EXPECT_NEAR(loss[1], loss[0], 0.01 * loss[0]);
+  EXPECT_NEAR(norm[1], norm[0], 0.03 * norm[0]);
+  EXPECT_NE(loss[1], loss[0]);  // bf16 rounding does show
+}
+
 // The tiny GPT's training artifacts (batch 2, seq 16, attention fused) in precision p, and its
 // training graph as sessions run it: their transformer fusions also swap a product that only a
 // Transpose reads (a weight gradient) and fold the biases into the products.
