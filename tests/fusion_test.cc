@@ -610,7 +610,8 @@ TEST(AttentionFusion, AnAddedMinusInfinityTriangleIsTheCausalMask) {
 
 TEST(AttentionFusion, ABiasFromAParameterOrOfTheWrongShapeIsLeftAlone) {
   const auto softmaxes = [](const std::string& bias_def, const std::string& bias_name) {
-    std::string text = absl::StrReplaceAll(kPaddedAttention, {{"CAUSAL_MASK", bias_def}, {"BIAS_SIDES", "ss, " + bias_name}});
+    std::string text =
+        absl::StrReplaceAll(kPaddedAttention, {{"CAUSAL_MASK", bias_def}, {"BIAS_SIDES", "ss, " + bias_name}});
     auto g = ParseGraph(text);
     EXPECT_TRUE(g.ok()) << g.status();
     const std::vector<std::string> ops = FuseAttention(**g);
