@@ -6,6 +6,7 @@
 
 #include "graph/graph.h"
 #include "graph/op_table.h"
+#include "graph/text_format.h"
 #include "gtest/gtest.h"
 
 namespace cleave::graph {
@@ -217,6 +218,28 @@ TEST(ShapeInferenceTest, UnknownRankStaysUnknown) {
   Builder b2;
   Node* s = b2.Op("Shape", {b2.InUnknownRank("x")});
   EXPECT_EQ(b2.Out(s), "[?]");
+}
+
+// Attention's bias broadcasts to the scores [..., T, S]: a padding mask [B, 1, 1, S] over
+// symbolic dims infers; one that does not broadcast, or of an integer type, is an error naming
+// the node, the scores' shape and what it got.
+TEST(ShapeInferenceTest, AttentionBiasMustBroadcastToTheScores) {
+  const auto infer = [](const std::string& q, const std::string& bias) -> std::string {
+    auto g = ParseGraph("input q: float32" + q + "\ninput m: " + bias +
+                        "\ny = ai.cleave.Attention(q, q, q, m) {scale = 0.5}\noutput y\n");
+    if (!g.ok()) return std::string(g.status().message());
+    absl::Status st = InferShapes(**g);
+    return st.ok() ? (*g)->FindValue("y")->shape().ToString() : std::string(st.message());
+  };
+  EXPECT_EQ(infer("[B,3,T,8]", "float32[B,1,1,T]"), "[B,3,T,8]");
+  EXPECT_EQ(infer("[2,3,6,8]", "float32[6,6]"), "[2,3,6,8]");
+  const std::string bad = infer("[2,3,6,8]", "float32[2,1,1,5]");
+  EXPECT_NE(bad.find("Attention"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("[2,3,6,6]"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("[2,1,1,5]"), std::string::npos) << bad;
+  const std::string typed = infer("[2,3,6,8]", "int64[2,1,1,6]");
+  EXPECT_NE(typed.find("float32 bias"), std::string::npos) << typed;
+  EXPECT_NE(typed.find("int64"), std::string::npos) << typed;
 }
 
 }  // namespace
