@@ -531,10 +531,24 @@ absl::Status InferAttention(InferContext& ctx) {
   return absl::OkStatus();
 }
 
-// AttentionGrad(dOut, q, k, v, out, lse[, bias]) -> dq, dk, dv like q, k, v (bs3hd: dOut, qkv,
-// _, _, out, lse[, bias] -> dqkv like qkv). The bias gets no gradient.
+// AttentionGrad(dOut, q, k, v, out, lse[, bias]) -> dq, dk, dv like q, k, v[, dbias] (bs3hd:
+// dOut, qkv, _, _, out, lse[, bias] -> dqkv like qkv, _, _[, dbias]); dbias, the scores' gradient,
+// is float32 over lse's dims and S.
 absl::Status InferAttentionGrad(InferContext& ctx) {
   ASSIGN_OR_RETURN(const AttentionLayout layout, GetAttentionLayout(ctx, 1));
+  const bool dbias = ctx.num_outputs() > 3 && ctx.node().output(3);
+  if (dbias) {
+    const Shape &lse = ctx.input_shape(5), &q = ctx.input_shape(1);
+    const Shape& k = ctx.input_shape(layout == AttentionLayout::kBs3hd ? 1 : 2);
+    const int seq = layout == AttentionLayout::kBhsd ? k.rank() - 2 : 1;
+    if (!lse.has_rank() || !k.has_rank() || !q.has_rank()) {
+      ctx.SetOutput(3, DataType::kFloat32, Shape());
+    } else {
+      std::vector<Dim> scores = lse.dims();
+      scores.push_back(k[seq]);
+      ctx.SetOutput(3, DataType::kFloat32, Shape(scores));
+    }
+  }
   if (layout == AttentionLayout::kBs3hd) {
     if (ctx.num_outputs() > 1 && (ctx.node().output(1) || (ctx.num_outputs() > 2 && ctx.node().output(2))))
       return ctx.Error("layout \"bs3hd\": one packed gradient, expected dk and dv omitted");

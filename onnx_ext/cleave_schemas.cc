@@ -272,17 +272,19 @@ OpSchema SkipLayerNormSchema() {
 OpSchema AttentionGradSchema() {
   OpSchema s;
   s.SetName("AttentionGrad").SetDomain("ai.cleave").SinceVersion(1)
-      .SetDoc("Gradients of Attention with respect to q, k and v; see docs/ops.md.")
+      .SetDoc("Gradients of Attention with respect to q, k, v and the scores; see docs/ops.md.")
       .Input(0, "dOut", "gradient of out", "T")
       .Input(1, "q", "queries (bs3hd: the packed q, k, v)", "T")
       .Input(2, "k", "keys (omitted under bs3hd)", "T", OpSchema::Optional)
       .Input(3, "v", "values (omitted under bs3hd)", "T", OpSchema::Optional)
       .Input(4, "out", "the forward output", "T")
       .Input(5, "lse", "the forward log-sum-exp", "tensor(float)")
-      .Input(6, "bias", "the forward's bias, which gets no gradient", "B", OpSchema::Optional)
+      .Input(6, "bias", "the forward's bias", "B", OpSchema::Optional)
       .Output(0, "dq", "like q (bs3hd: the packed dq, dk, dv)", "T")
       .Output(1, "dk", "like k (omitted under bs3hd)", "T", OpSchema::Optional)
       .Output(2, "dv", "like v (omitted under bs3hd)", "T", OpSchema::Optional)
+      .Output(3, "dbias", "the scores' gradient before the scale, [..., T, S] ([B, H, T, S] under bshd and bs3hd)",
+              "tensor(float)", OpSchema::Optional)
       .Attr("scale", "as the forward", AttributeProto::FLOAT, 1.0f)
       .Attr("causal", "as the forward", AttributeProto::INT, static_cast<int64_t>(0))
       .Attr("layout", "as the forward", AttributeProto::STRING, std::string("bhsd"))

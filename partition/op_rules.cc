@@ -460,7 +460,7 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   }
   if (cleave && (op == "Attention" || op == "AttentionGrad")) {
     // q [b..., T, D], k [b..., S, D], v [b..., S, Dv][, bias] -> out [b..., T, Dv], lse [b..., T];
-    // the grad takes (dOut, q, k, v, out, lse[, bias]) and gives (dq, dk, dv). The leading dims (batch,
+    // the grad takes (dOut, q, k, v, out, lse[, bias]) and gives (dq, dk, dv[, dbias]). The leading dims (batch,
     // heads) shard freely; T, S, D and Dv stay whole (the softmax runs along S over all of D).
     const bool grad = op == "AttentionGrad";
     // The other layouts are device sessions' own, made after partitioning.
@@ -511,6 +511,10 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
         b.dims.push_back(bd[d] == 1 ? std::vector<int>{} : std::vector<int>{full[full.size() - bd.size() + d]});
       r.inputs.push_back(b);
       r.linear_inputs.push_back(0);
+    }
+    if (grad && n.num_outputs() > 3) {  // dbias, the scores' gradient [b..., T, S]
+      OperandFactors scores = operand({T, S});
+      r.outputs.push_back(scores);
     }
     r.output_avg.assign(n.num_outputs(), 0);
     return r;

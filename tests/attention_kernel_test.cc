@@ -550,14 +550,33 @@ TEST_P(AttentionBias, EveryBroadcastMatchesTheExpandedDefinition) {
   const std::vector<double> qw = Wide(q), kw = Wide(k), vw = Wide(v), dw = Wide(dout);
   kernels::cpu::AttentionForwardReference(e.p, qw.data(), kw.data(), vw.data(), ref_out.data(), nullptr, nullptr);
   EXPECT_LT(Error(std::vector<float>(ref_out.begin(), ref_out.end()), want), 1e-6) << "the reference";
+  // The scores' gradient too (a learned bias'), 7 where a kernel would leave an element unwritten.
+  std::vector<float> want_ds32(B * H * T * S, 7.f), ds(B * H * T * S, 7.f);
+  e.p.dscores = want_ds32.data();
   kernels::cpu::AttentionBackwardReference(e.p, dw.data(), qw.data(), kw.data(), vw.data(), ref_out.data(),
                                            want_dq.data(), want_dk.data(), want_dv.data(), nullptr);
+  const std::vector<double> want_ds = Wide(want_ds32);
   std::vector<float> dq(q.size(), 7.f), dk(k.size(), 7.f), dv(v.size(), 7.f);
+  a.p.dscores = ds.data();
   kernels::cpu::AttentionBackward(a.p, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), dq.data(),
                                   dk.data(), dv.data(), &pool);
   EXPECT_LT(Error(dq, want_dq), 2e-5);
   EXPECT_LT(Error(dk, want_dk), 2e-5);
   EXPECT_LT(Error(dv, want_dv), 2e-5);
+  EXPECT_LT(Error(ds, want_ds), 2e-5);
+  // The definition's: P * (dP - delta), summed over the keys to zero in each row.
+  for (int64_t r = 0; r < B * H * T; ++r) {
+    double sum = 0;
+    for (int64_t j = 0; j < S; ++j) sum += want_ds[r * S + j];
+    EXPECT_NEAR(sum, 0.0, 1e-5) << "row " << r;
+  }
+  // The scores' gradient alone, no other gradient asked for.
+  std::vector<float> alone(ds.size(), 7.f);
+  a.p.dscores = alone.data();
+  kernels::cpu::AttentionBackward(a.p, dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), nullptr,
+                                  nullptr, nullptr, &pool);
+  EXPECT_EQ(alone, ds);
+  a.p.dscores = nullptr;
   if (rows) {
     for (int64_t d = 0; d < D; ++d) EXPECT_EQ(dq[(((B - 1) * H) * T + 2) * D + d], 0.f);
   }
@@ -568,8 +587,11 @@ TEST_P(AttentionBias, EveryBroadcastMatchesTheExpandedDefinition) {
   std::vector<float> lseb(lse.size());
   kernels::cpu::AttentionForwardBf16(a.p, qb.data(), kb.data(), vb.data(), ob.data(), lseb.data(), &pool);
   EXPECT_LT(Error(Widened(ob), want), 3e-2) << "bf16";
+  std::vector<float> dsb(ds.size(), 7.f);
+  a.p.dscores = dsb.data();
   kernels::cpu::AttentionBackwardBf16(a.p, db.data(), qb.data(), kb.data(), vb.data(), ob.data(), lseb.data(),
                                       dqb.data(), dkb.data(), dvb.data(), &pool);
+  EXPECT_LT(Error(dsb, want_ds), 6e-2) << "bf16";
   EXPECT_LT(Error(Widened(dqb), want_dq), 6e-2) << "bf16";
   EXPECT_LT(Error(Widened(dkb), want_dk), 6e-2) << "bf16";
   EXPECT_LT(Error(Widened(dvb), want_dv), 6e-2) << "bf16";

@@ -934,8 +934,9 @@ TEST(CudaProvider, AttentionInTheProductsLayout) {
 
 // Attention with an additive bias (a padding mask [B, 1, 1, S] with -inf keys; a per-row bias
 // [B, 1, T, S] one of whose rows is all -inf, under a causal mask with T < S; and the "bshd"
-// layout), forward and backward, in fp32 and with bf16 operands and a bf16 bias (cast to fp32
-// on the device): cuDNN declines a bias, so the own kernels run, against the CPU.
+// layout), forward and backward with the scores' gradient (a learned bias'), in fp32 and with
+// bf16 operands and a bf16 bias (cast to fp32 on the device): cuDNN declines a bias, so the own
+// kernels run, against the CPU.
 TEST(CudaProvider, AttentionWithABias) {
   const float inf = std::numeric_limits<float>::infinity();
   const struct {
@@ -963,8 +964,8 @@ TEST(CudaProvider, AttentionWithABias) {
                        "\n"),
           {"q", "k", "v", "dy", "m"},
           absl::StrCat("y, lse = ai.cleave.Attention(qb, kb, vb, mb) ", attrs,
-                       "\ndq, dk, dv = ai.cleave.AttentionGrad(dyb, qb, kb, vb, y, lse, mb) ", attrs, "\n"),
-          {"y", "dq", "dk", "dv"}, low,
+                       "\ndq, dk, dv, dm = ai.cleave.AttentionGrad(dyb, qb, kb, vb, y, lse, mb) ", attrs, "\n"),
+          {"y", "dq", "dk", "dv", "dm"}, low,
           {{"q", Random(c.q, 91)}, {"k", Random(c.k, 92)}, {"v", Random(c.k, 93)}, {"dy", Random(c.q, 94)},
            {"m", bias}}));
       ExpectReferenceRuns(graphs.back());

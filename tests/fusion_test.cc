@@ -608,7 +608,7 @@ TEST(AttentionFusion, AnAddedMinusInfinityTriangleIsTheCausalMask) {
   EXPECT_EQ(std::count(kept.begin(), kept.end(), "Softmax"), 1);
 }
 
-TEST(AttentionFusion, ABiasFromAParameterOrOfTheWrongShapeIsLeftAlone) {
+TEST(AttentionFusion, ABiasOfTheWrongShapeIsLeftAloneAndALearnedOneFuses) {
   const auto softmaxes = [](const std::string& bias_def, const std::string& bias_name) {
     std::string text =
         absl::StrReplaceAll(kPaddedAttention, {{"CAUSAL_MASK", bias_def}, {"BIAS_SIDES", "ss, " + bias_name}});
@@ -617,11 +617,11 @@ TEST(AttentionFusion, ABiasFromAParameterOrOfTheWrongShapeIsLeftAlone) {
     const std::vector<std::string> ops = FuseAttention(**g);
     return std::count(ops.begin(), ops.end(), "Softmax");
   };
-  // A learned bias (a float initializer of more than one element, which training would update).
-  EXPECT_EQ(softmaxes("init w: float32[3,1,1] = 0.5 -1 2\n  pb = Mul(bias, w)", "pb"), 1);
   // A bias that varies along D's axis cannot be over [B, 3, T, T]: [B, 3, T, 8] is the q's shape.
   EXPECT_EQ(softmaxes("qb = Identity(q)", "qb"), 1);
-  // The control: the padding mask itself fuses.
+  // A learned bias (a float initializer, which training updates: the gradient gives it one).
+  EXPECT_EQ(softmaxes("init w: float32[3,1,1] = 0.5 -1 2\n  pb = Mul(bias, w)", "pb"), 0);
+  // The padding mask itself.
   EXPECT_EQ(softmaxes("", "bias"), 0);
 }
 
@@ -1056,6 +1056,40 @@ TEST(AttentionLayoutFusion, PackedQkvProductFeedsAttentionWhole) {
   ASSERT_TRUE(g);
   EXPECT_EQ(OpCounts(*g)["Split"], 1);
   EXPECT_EQ(OpCounts(*g)["Transpose"], 0);
+}
+
+// With a bias (a [B, 1, T, S] mask) and its gradient (the scores' gradient, [B, H, T, S] in
+// every layout): both folds carry them along, in "bshd" and "bs3hd", and compute the same.
+TEST(AttentionLayoutFusion, TheBiasAndItsGradientRideAlong) {
+  const auto biased = [](const std::string& text, const char* mask_dims) {
+    return absl::StrReplaceAll(
+        text, {{"o, lse = ai.cleave.Attention(q, k, v)", absl::StrCat("input m: float32", mask_dims,
+                                                                      "\n    o, lse = ai.cleave.Attention(q, k, v, m)")},
+               {"dq, dk, dv = ai.cleave.AttentionGrad(g, q, k, v, o, lse)",
+                "dq, dk, dv, dm = ai.cleave.AttentionGrad(g, q, k, v, o, lse, m)"},
+               {"output lse", "output lse\n    output dm"}});
+  };
+  AttentionLayoutFusion fusion;
+  const std::string swapped = biased(SwappedAttention("float32"), "[2,1,5,7]");
+  std::unique_ptr<Graph> g = Rewritten(swapped, fusion);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(OpCounts(*g)["Transpose"], 0);
+  EXPECT_EQ(g->FindValue("dm")->shape(), Shape::FromDims({2, 3, 5, 7}));
+  ExpectGraphsAgree(std::move(g), *ParseGraph(swapped),
+                    {{"qs", Random({2, 5, 3, 8}, 1)}, {"ks", Random({2, 7, 3, 8}, 2)}, {"vs", Random({2, 7, 3, 8}, 3)},
+                     {"gs", Random({2, 5, 3, 8}, 4)}, {"m", Random({2, 1, 5, 7}, 5)}},
+                    0, 0);
+  const std::string packed_text = biased(PackedQkvAttention("float32"), "[2,1,6,6]");
+  std::unique_ptr<Graph> packed = Rewritten(packed_text, fusion);
+  ASSERT_TRUE(packed);
+  std::map<std::string, int> ops = OpCounts(*packed);
+  EXPECT_EQ(ops["Transpose"] + ops["Split"] + ops["Concat"], 0);
+  int bs3hd = 0;
+  for (const auto& n : packed->nodes()) bs3hd += n->AttrString("layout", "") == "bs3hd";
+  EXPECT_EQ(bs3hd, 2);
+  ExpectGraphsAgree(std::move(packed), *ParseGraph(packed_text),
+                    {{"qkv", Random({2, 6, 72}, 5)}, {"gs", Random({2, 6, 24}, 6)}, {"m", Random({2, 1, 6, 6}, 7)}}, 0,
+                    0);
 }
 
 // An inference graph's q/k/v product has a symbolic batch and sequence: its Reshapes copy them

@@ -163,6 +163,9 @@ const GradCase kCases[] = {
     {"Attention_bias", "input q: float64[2,2,3,4]\ninput k: float64[2,2,5,4]\ninput v: float64[2,2,5,3]\n"
                        "init m: int64[2,1,3,5] = 0 0 0 -9 0  1 0 2 0 0  0 -1 0 0 -9  0 0 -9 -9 0  2 0 0 0 1  0 0 0 0 -9\n"
                        "b = Cast(m) {to = 11}\ny = ai.cleave.Attention(q, k, v, b) {scale = 0.5}\noutput y"},
+    // A learned bias ([H, T, S], summed over the batch) gets the scores' gradient.
+    {"Attention_bias_learned", "input q: float64[2,2,3,4]\ninput k: float64[2,2,5,4]\ninput v: float64[2,2,5,3]\n"
+                               "input b: float64[2,3,5]\ny = ai.cleave.Attention(q, k, v, b) {scale = 0.5}\noutput y"},
     {"Attention_bias_causal", "input q: float64[1,2,4,3]\ninput k: float64[1,2,4,3]\ninput v: float64[1,2,4,3]\n"
                               "init m: int64[4,4] = 0 1 2 3  -2 0 1 2  -3 -1 0 1  1 2 -4 0\n"
                               "b = Cast(m) {to = 11}\ny = ai.cleave.Attention(q, k, v, b) {scale = 0.7, causal = 1}\noutput y"},

@@ -30,10 +30,10 @@ namespace {
 bool Differentiable(const Value* v) { return v && IsFloat(v->dtype()); }
 
 // Nodes that lie between `wrt` and `loss`: they read a value that depends on some wrt value,
-// and the loss depends on them.
+// and the loss depends on them. `depends` gets the values that depend on some wrt value.
 std::vector<Node*> GradientPath(const Graph& g, const std::vector<Node*>& order, Value* loss,
-                                const std::vector<Value*>& wrt) {
-  std::unordered_set<const Value*> depends(wrt.begin(), wrt.end());
+                                const std::vector<Value*>& wrt, std::unordered_set<const Value*>& depends) {
+  depends.insert(wrt.begin(), wrt.end());
   std::unordered_set<const Node*> forward;
   for (Node* n : order) {
     bool reads = false;
@@ -97,7 +97,8 @@ absl::StatusOr<std::map<std::string, Value*>> BuildBackward(Graph& g, Value* los
   ASSIGN_OR_RETURN(std::vector<Node*> order, g.TopologicalOrder());
   for (Node* n : order)
     if (!n->metadata().count("role")) n->metadata()["role"] = "fwd";
-  std::vector<Node*> path = GradientPath(g, order, loss, wrt);
+  std::unordered_set<const Value*> depends;
+  std::vector<Node*> path = GradientPath(g, order, loss, wrt, depends);
   std::vector<std::string> missing;
   for (Node* n : path)
     if (!FindGradRule(n->domain(), n->op_type())) missing.push_back(n->Describe());
@@ -128,7 +129,7 @@ absl::StatusOr<std::map<std::string, Value*>> BuildBackward(Graph& g, Value* los
     }
     if (!any) continue;
     ASSIGN_OR_RETURN(graph::ResolvedOp op, graph::ResolveNode(g, *n));
-    GradBuilder b(g, *n, op.version, std::move(dys));
+    GradBuilder b(g, *n, op.version, std::move(dys), &depends);
     RETURN_IF_ERROR(FindGradRule(n->domain(), n->op_type())(b));
     RETURN_IF_ERROR(b.status());
     const auto& dx = b.input_grads();

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -17,15 +18,24 @@ namespace cleave::trainer {
 
 class GradBuilder {
  public:
+  // `depends`: the values that depend on what the gradients are taken with respect to (null:
+  // every input may need its gradient).
   GradBuilder(graph::Graph& g, graph::Node& fwd, int version,
-              std::vector<graph::Value*> output_grads)
-      : g_(g), fwd_(fwd), version_(version), dy_(std::move(output_grads)) {}
+              std::vector<graph::Value*> output_grads,
+              const std::unordered_set<const graph::Value*>* depends = nullptr)
+      : g_(g), fwd_(fwd), version_(version), dy_(std::move(output_grads)), depends_(depends) {}
 
   graph::Node& fwd() const { return fwd_; }
   int fwd_version() const { return version_; }
   // Whether the graph's opset takes axes as inputs (ReduceSum, Unsqueeze from 13).
   bool g_opset13() const { return g_.OpsetFor("") >= 13; }
   graph::Value* x(int i) const { return fwd_.input(i); }
+  // Whether input i's gradient is wanted: it is present and depends on what the gradients are
+  // taken with respect to. A rule may skip work for an input that does not.
+  bool NeedsGrad(int i) const {
+    const graph::Value* v = i < fwd_.num_inputs() ? fwd_.input(i) : nullptr;
+    return v && (!depends_ || depends_->count(v));
+  }
   graph::Value* y(int i) const { return fwd_.output(i); }
   // Gradient of output i, or nullptr when no gradient flows into it.
   graph::Value* dy(int i = 0) const { return i < static_cast<int>(dy_.size()) ? dy_[i] : nullptr; }
@@ -70,6 +80,7 @@ class GradBuilder {
   int version_;
   std::vector<graph::Value*> dy_;
   std::vector<graph::Value*> dx_;
+  const std::unordered_set<const graph::Value*>* depends_;
   absl::Status status_;
 };
 

@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "graph/passes/pass.h"
 #include "trainer/gradient_rules.h"
 
 namespace cleave::trainer {
@@ -188,22 +187,27 @@ absl::Status SoftmaxCrossEntropyLossGrad(GradBuilder& b) {
 
 // Attention, by ai.cleave.AttentionGrad: the probabilities are recomputed from q, k, the bias
 // and the forward's saved log-sum-exp (the rule makes the forward output it) instead of being
-// stored. The bias (a padding mask) gets no gradient, so one computed from a parameter is an
-// error (AttentionFusion leaves such attention unfused).
+// stored. A bias whose gradient is wanted (a learned position bias) gets the scores' gradient
+// P * (dP - rowsum(dOut * out)), which AttentionGrad then also outputs (float32, the scores'
+// full shape), summed over the axes the bias broadcasts along; a padding mask computed from
+// the integer mask gets none, and the [T, S] gradient is never formed for it.
 absl::Status AttentionGrad(GradBuilder& b) {
   Value* bias = b.fwd().num_inputs() > 3 ? b.x(3) : nullptr;
-  if (bias && graph::ComputedFromParameter(bias))
-    return b.Error("the bias '" + bias->name() +
-                   "' is computed from a float initializer (a parameter), and Attention's gradient rule "
-                   "gives the bias none");
+  const bool dbias = bias && b.NeedsGrad(3);
   Value* lse = b.ForwardOutput(1, "lse");
   std::vector<Value*> ins = {b.dy(), b.x(0), b.x(1), b.x(2), b.y(0), lse};
   if (bias) ins.push_back(bias);
   std::vector<Value*> d =
-      b.OpN("ai.cleave.AttentionGrad", ins, 3,
+      b.OpN("ai.cleave.AttentionGrad", ins, dbias ? 4 : 3,
             {{"scale", Attribute::Float(b.fwd().AttrFloat("scale", 1.f))},
              {"causal", Attribute::Int(b.fwd().AttrInt("causal", 0))}});
   for (int i = 0; i < 3; ++i) b.SetGrad(i, d[i]);
+  if (dbias) {
+    ASSIGN_OR_RETURN(Value* g, b.ReduceTo(d[3], bias));
+    if (bias->dtype() != DataType::kFloat32)
+      g = b.Op("Cast", {g}, {{"to", Attribute::Int(static_cast<int64_t>(bias->dtype()))}});
+    b.SetGrad(3, g);
+  }
   return absl::OkStatus();
 }
 

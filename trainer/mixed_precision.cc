@@ -253,9 +253,9 @@ class Autocast {
                                 Cast(n->input(3), n), o_low, n->input(5)};
       if (n->num_inputs() > 6) in.push_back(n->input(6));
       std::vector<Value*> wide = n->outputs(), out;
-      for (Value* w : wide) out.push_back(LowTwin(w));
+      for (size_t i = 0; i < wide.size(); ++i) out.push_back(i < 3 ? LowTwin(wide[i]) : wide[i]);  // dbias: fp32
       Node* m = g_.RebuildNode(n, in, out);
-      for (size_t i = 0; i < out.size(); ++i) Widen(out[i], wide[i], m);
+      for (size_t i = 0; i < out.size() && i < 3; ++i) Widen(out[i], wide[i], m);
     }
   }
 

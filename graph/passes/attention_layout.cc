@@ -62,7 +62,8 @@ bool FoldAttentionLayout(Graph* g, Node* f) {
   std::vector<Value*> grad_dout;
   std::vector<std::array<Node*, 3>> grad_swaps;
   for (Node* grad : grads) {
-    if (grad->num_inputs() != (bias ? 7 : 6) || grad->num_outputs() != 3 || !lse || grad->input(5) != lse ||
+    if (grad->num_inputs() != (bias ? 7 : 6) || grad->num_outputs() < 3 || grad->num_outputs() > 4 || !lse ||
+        grad->input(5) != lse ||
         (bias && grad->input(6) != bias) ||
         grad->AttrFloat("scale", 1.f) != f->AttrFloat("scale", 1.f) ||
         grad->AttrInt("causal", 0) != f->AttrInt("causal", 0) || grad->HasAttr("layout"))
@@ -105,6 +106,7 @@ bool FoldAttentionLayout(Graph* g, Node* f) {
       outs.push_back(swap->output(0));
       g->RemoveNode(swap);
     }
+    if (grads[j]->num_outputs() > 3) outs.push_back(grads[j]->output(3));  // dbias: [B, H, T, S] either way
     Node* ng = g->RebuildNode(grads[j], with_bias({grad_dout[j], src[0], src[1], src[2], swapped_back, lse}), outs);
     ng->SetAttr("layout", bshd);
   }
@@ -170,7 +172,7 @@ bool FoldPackedQkv(Graph* g, Node* f) {
   std::vector<Node*> grads, concats;
   for (const auto& [reader, slot] : f->output(0)->consumers()) {
     if (!IsCleaveOp(reader, "AttentionGrad") || slot != 4) continue;
-    if (reader->AttrString("layout", "") != "bshd" || reader->num_outputs() != 3 ||
+    if (reader->AttrString("layout", "") != "bshd" || reader->num_outputs() < 3 || reader->num_outputs() > 4 ||
         reader->num_inputs() != (bias ? 7 : 6) || (bias && reader->input(6) != bias))
       return false;
     Node* cat = nullptr;
@@ -212,7 +214,9 @@ bool FoldPackedQkv(Graph* g, Node* f) {
     for (int i = 0; i < 3; ++i) dead.push_back(SoleConsumer(grad->output(i)));
     for (Node* n : dead) g->RemoveNode(n);
     Value* dqkv5 = g->CreateUniqueValue(dqkv->name() + "/packed");
-    Node* ng = g->RebuildNode(grad, ins, {dqkv5});
+    std::vector<Value*> outs = {dqkv5};
+    if (grad->num_outputs() > 3) outs.insert(outs.end(), {nullptr, nullptr, grad->output(3)});
+    Node* ng = g->RebuildNode(grad, ins, outs);
     ng->SetAttr("layout", packed);
     Value* shape3 = ShapeConstant(g, dqkv->name() + "/shape", ReshapeTarget({B, T, 3 * H * D}));
     Node* back = g->AddNode("Reshape", {dqkv5, shape3}, {dqkv}, g->UniqueName(name + "/packed_grad"));

@@ -343,9 +343,8 @@ bool ReachesProduct(const Value* v, int depth) {
 }
 
 // Whether `bias` can be Attention's additive bias over the scores x [lead..., T, S]: float32 or
-// x's type, dims that broadcast to x's (each 1 or known equal to x's), of the lead dims before
-// the last either all 1 or all x's (kernels/cpu/attention.h), and computed from no parameter
-// (the gradient rule gives it no gradient).
+// x's type, and dims that broadcast to x's (each 1 or known equal to x's), of the lead dims
+// before the last either all 1 or all x's (kernels/cpu/attention.h).
 bool IsAttentionBias(const Value* bias, const Value* x) {
   if (bias->dtype() != DataType::kFloat32 && bias->dtype() != x->dtype()) return false;
   const Shape &b = bias->shape(), &s = x->shape();
@@ -361,7 +360,7 @@ bool IsAttentionBias(const Value* bias, const Value* x) {
       whole &= SameDim(dim(d), s[d]);
     }
   }
-  return (!some || whole) && !ComputedFromParameter(bias);
+  return !some || whole;
 }
 
 // softmax(scale * q k^T [+ bias] [+ causal mask]) v over the last two axes ->
@@ -369,7 +368,8 @@ bool IsAttentionBias(const Value* bias, const Value* x) {
 // Where(hidden, -inf, scores), Where(visible, scores, -inf) with a causal mask that is a
 // constant or computed from the sequence length (IsComputedCausalMask), or Add(scores, mask)
 // with a constant one or a computed -inf triangle; and, inside or outside that mask, optionally
-// Add(scores, bias) with a bias that IsAttentionBias (a padding mask), which becomes the op's;
+// Add(scores, bias) with a bias that IsAttentionBias (a padding mask, a learned position bias),
+// which becomes the op's;
 // q, k and v may have symbolic dims where the same symbols show them equal. The scaled scores are Mul/Div of MatMul(q, Transpose(k)) (or FusedMatMul(q, k, transB = 1) with
 // no bias or activation) by a scalar constant, or the product itself; the probabilities'
 // one reader is MatMul(p, v). Every intermediate must have no other reader, so a training
@@ -1033,21 +1033,6 @@ absl::StatusOr<bool> RunFusions(Graph* g, Rules rules) {
 absl::StatusOr<bool> TransformerFusion::Run(Graph* g) { return RunFusions(g, Rules::kTransformer); }
 
 absl::StatusOr<bool> ActivationNormFusion::Run(Graph* g) { return RunFusions(g, Rules::kActivationNorm); }
-
-bool ComputedFromParameter(const Value* v) {
-  std::vector<const Value*> todo = {v};
-  std::set<const Value*> seen = {v};
-  while (!todo.empty()) {
-    const Value* t = todo.back();
-    todo.pop_back();
-    if (const Tensor* init = t->initializer())
-      if (IsFloat(t->dtype()) && init->numel() > 1) return true;
-    if (const Node* n = t->producer())
-      for (const Value* in : n->inputs())
-        if (in && seen.insert(in).second) todo.push_back(in);
-  }
-  return false;
-}
 
 absl::StatusOr<bool> AttentionFusion::Run(Graph* g) { return RunFusions(g, Rules::kAttention); }
 

@@ -86,11 +86,6 @@ class ActivationNormFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
-// Whether v is computed from (or is) a float initializer of more than one element, which the
-// training-graph builder takes as a parameter; scalar constants, integer tensors and graph inputs
-// are not parameters. An attention bias that is needs a gradient Attention does not give.
-bool ComputedFromParameter(const Value* v);
-
 // Scaled dot-product attention (MatMul, scale, causal mask constant or computed from the
 // sequence length, an added bias such as a padding mask, Softmax, MatMul) ->
 // ai.cleave.Attention, whose kernels never store the [T, S] probabilities (flash-style on both

@@ -58,6 +58,12 @@ int64_t FirstRowSeeing(const AttentionParams& p, int64_t j) {
   return p.causal ? std::clamp<int64_t>(j + (p.T - p.S), 0, p.T) : j < p.S ? 0 : p.T;
 }
 
+void ZeroScoreGrads(const AttentionParams& p, ThreadPool* pool) {
+  ParallelFor(pool, p.batch * p.T, 64, [&](int64_t r0, int64_t r1) {
+    std::fill(p.dscores + r0 * p.S, p.dscores + r1 * p.S, 0.f);
+  });
+}
+
 KeyChunks PlanKeyChunks(const AttentionParams& p) {
   constexpr int64_t kStep = 16;
   const int64_t want = std::clamp<int64_t>((kBackwardTasks + p.batch - 1) / std::max<int64_t>(p.batch, 1), 1,
@@ -104,10 +110,11 @@ double Scores(const AttentionParams& p, int64_t b, int64_t i, const T* qi, const
               std::vector<double>& s) {
   double m = kNegInf;
   const float* bias = p.bias.data ? p.bias.data + p.bias.At(b, i) : nullptr;
+  const double* bias64 = p.bias.data64 ? p.bias.data64 + p.bias.At(b, i) : nullptr;
   for (int64_t j = 0; j < n; ++j) {
     double dot = 0;
     for (int64_t d = 0; d < p.D; ++d) dot += static_cast<double>(qi[d]) * static_cast<double>(kb[j * p.k.row + d]);
-    s[j] = dot * p.scale + (bias ? static_cast<double>(bias[j * p.bias.col]) : 0.0);
+    s[j] = dot * p.scale + (bias64 ? bias64[j * p.bias.col] : bias ? static_cast<double>(bias[j * p.bias.col]) : 0.0);
     m = std::max(m, s[j]);
   }
   return m;
@@ -297,6 +304,7 @@ void AttentionBackwardReference(const AttentionParams& p, const T* dout, const T
   ParallelFor(pool, p.batch, 1, [&](int64_t b0, int64_t b1) {
     std::vector<double> s(p.S), dk_acc, dv_acc, dqi(p.D);
     for (int64_t b = b0; b < b1; ++b) {
+      if (p.dscores) std::fill(p.dscores + b * p.T * p.S, p.dscores + (b + 1) * p.T * p.S, 0.f);
       dk_acc.assign(p.S * p.D, 0.0);
       dv_acc.assign(p.S * p.Dv, 0.0);
       const T* kb = k + p.At(p.k, b, 0);
@@ -320,6 +328,7 @@ void AttentionBackwardReference(const AttentionParams& p, const T* dout, const T
             dpj += static_cast<double>(doi[d]) * static_cast<double>(vb[j * p.v.row + d]);
             dv_acc[j * p.Dv + d] += pj * static_cast<double>(doi[d]);
           }
+          if (p.dscores) p.dscores[(b * p.T + i) * p.S + j] = static_cast<float>(pj * (dpj - delta));
           const double ds = pj * (dpj - delta) * p.scale;
           for (int64_t d = 0; d < p.D; ++d) {
             dqi[d] += ds * static_cast<double>(kb[j * p.k.row + d]);
@@ -384,7 +393,7 @@ void AttentionBackward(const AttentionParams& p, const float* dout, const float*
   const int64_t br = BlockRows(p);
   const KeyChunks ch = PlanKeyChunks(p);
   const BackwardRowStats stats(
-      p, lse, dq || dk, pool,
+      p, lse, dq || dk || p.dscores, pool,
       [&](int64_t at) {
         float sum = 0;
         for (int64_t d = 0; d < p.Dv; ++d) sum += dout[at + d] * out[at + d];
@@ -394,6 +403,7 @@ void AttentionBackward(const AttentionParams& p, const float* dout, const float*
   std::optional<QueryGradPartials> partials;
   if (dq && ch.count > 1) partials.emplace(p, ch);
   const float scale = static_cast<float>(p.scale);
+  if (p.dscores) ZeroScoreGrads(p, pool);
   // One task per (slice, chunk of w keys from j0), over the blocks of query rows that see the
   // chunk, with P [rows, n] recomputed from the scores and lse:
   //   dV[j0:j0+n] += P^T dO,  dS = P * (dO V[j0:j0+n]^T - delta) * scale,
@@ -422,9 +432,13 @@ void AttentionBackward(const AttentionParams& p, const float* dout, const float*
           ProbabilityRow(s + r * n, SeenOf(p, i0 + r, j0, n), n, stats.lse(row0 + r));
         }
         if (dvc) Product(n, p.Dv, rows, true, false, 1.f, s, n, dob, p.o.row, 1.f, dvc, p.v.row);
-        if (!dq && !dkc) continue;
+        if (!dq && !dkc && !p.dscores) continue;
         Product(rows, n, p.Dv, false, true, 1.f, dob, p.o.row, vc, p.v.row, 0.f, ds, n);
-        for (int64_t r = 0; r < rows; ++r) ScoreGradRow(s + r * n, ds + r * n, n, stats.delta(row0 + r), scale);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* dsr = ds + r * n;
+          ScoreGradRow(s + r * n, dsr, n, stats.delta(row0 + r), p.dscores ? 1.f : scale);
+          if (p.dscores) StoreScoreGrads(p, b, i0 + r, j0, dsr, n, scale);
+        }
         if (partials) Product(rows, p.D, n, false, false, 1.f, ds, n, kc, p.k.row, 0.f, partials->Row(c, b, i0), p.D);
         else if (dq) Product(rows, p.D, n, false, false, 1.f, ds, n, kc, p.k.row, 0.f, dq + p.At(p.q, b, i0), p.q.row);
         if (dkc) Product(n, p.D, rows, true, false, 1.f, ds, n, qb, p.q.row, 1.f, dkc, p.k.row);

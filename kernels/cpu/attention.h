@@ -24,12 +24,13 @@ struct AttentionStrides {
   int64_t batch = 0, head = 0, row = 0;
 };
 
-// The additive bias of the scores, float32 whatever the operands' type: for query row i and
+// The additive bias of the scores, float32 (or float64 for float64 operands): for query row i and
 // key j of slice b at (b / heads) * batch + (b % heads) * head + i * row + j * col, so that a
 // stride of 0 broadcasts it (a [B, 1, 1, S] padding mask over heads and query rows, say). No
 // bias where data is null.
 struct AttentionBias {
   const float* data = nullptr;
+  const double* data64 = nullptr;  // instead of data, a float64 bias of float64 operands
   int64_t heads = 1, batch = 0, head = 0, row = 0, col = 0;
 
   int64_t At(int64_t b, int64_t i) const { return b / heads * batch + b % heads * head + i * row; }
@@ -40,6 +41,10 @@ struct AttentionParams {
   double scale = 1.0;
   bool causal = false;
   AttentionBias bias;
+  // Where the backward writes the scores' gradient before the scale, P * (dP - delta), as
+  // float32 [batch, T, S] (zeros where a key is hidden), for a bias that needs a gradient; null
+  // for none.
+  float* dscores = nullptr;
   // The operands' layouts: q, k, v and o (out and dOut); dq, dk and dv are laid out as q, k
   // and v, and lse is always [batch, T]. PlanAttention sets the contiguous [..., T, D] one;
   // SetLayout the others.

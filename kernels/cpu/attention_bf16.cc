@@ -301,10 +301,11 @@ void AttentionBackwardBf16(const AttentionParams& p, const uint16_t* dout, const
   const int64_t W = ch.widest, Wp = RoundUp(W, kTileCols), W2 = RoundUp(W, 2);
   const int64_t Dp = RoundUp(p.D, kTileCols), Dvp = RoundUp(p.Dv, kTileCols);
   const BackwardRowStats stats(
-      p, lse, dq || dk, pool, [&](int64_t at) { return RowDot(dout + at, out + at, p.Dv); },
+      p, lse, dq || dk || p.dscores, pool, [&](int64_t at) { return RowDot(dout + at, out + at, p.Dv); },
       [&](float* into) { AttentionForwardBf16(p, q, k, v, nullptr, into, pool); });
   std::optional<QueryGradPartials> partials;
   if (dq && ch.count > 1) partials.emplace(p, ch);
+  if (p.dscores) ZeroScoreGrads(p, pool);
   const size_t bytes = 2 * Carver::Bytes<float>(br * W) + Carver::Bytes<uint16_t>(br * W2) +
                        Carver::Bytes<Pair>(br2 * Wp) + Carver::Bytes<Pair>(p.D / 2 * Wp) +
                        Carver::Bytes<Pair>(p.Dv / 2 * Wp) + Carver::Bytes<Pair>(W2 / 2 * Dp) +
@@ -334,7 +335,7 @@ void AttentionBackwardBf16(const AttentionParams& p, const uint16_t* dout, const
       const uint16_t* kc = k + p.At(p.k, b, j0);
       const uint16_t* vc = v + p.At(p.v, b, j0);
       PackColumnPairs(kc, p.k.row, w, p.D, kt, Wp);
-      if (dq || dk) PackColumnPairs(vc, p.v.row, w, p.Dv, vt, Wp);
+      if (dq || dk || p.dscores) PackColumnPairs(vc, p.v.row, w, p.Dv, vt, Wp);
       if (dq) PackRowPairs(kc, p.k.row, w, p.D, kr, Dp);
       if (dk) std::fill(dk32, dk32 + w * p.D, 0.f);
       if (dv) std::fill(dv32, dv32 + w * p.Dv, 0.f);
@@ -354,10 +355,14 @@ void AttentionBackwardBf16(const AttentionParams& p, const uint16_t* dout, const
           PackRowPairs(dob, p.o.row, rows, p.Dv, dor, Dvp);
           Product(n, p.Dv, rows2, {pairs, 1, Wp}, dor, Dvp, 1.f, true, dv32, p.Dv);
         }
-        if (!dq && !dk) continue;
+        if (!dq && !dk && !p.dscores) continue;
         Product(rows, n, p.Dv / 2, {Pairs(dob), p.o.row / 2, 1}, vt, Wp, 1.f, false, ds, n);
         const float scale = static_cast<float>(p.scale);
-        for (int64_t r = 0; r < rows; ++r) ScoreGradRow(s + r * n, ds + r * n, n, stats.delta(row0 + r), scale);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* dsr = ds + r * n;
+          ScoreGradRow(s + r * n, dsr, n, stats.delta(row0 + r), p.dscores ? 1.f : scale);
+          if (p.dscores) StoreScoreGrads(p, b, i0 + r, j0, dsr, n, scale);
+        }
         if (dq) {
           RoundRows(ds, n, rows, n, nullptr, ds16, n2, n2);
           float* dst = partials ? partials->Row(chunk, b, i0) : dq32;

@@ -53,6 +53,17 @@ inline void AddBias(const AttentionParams& p, int64_t b, int64_t i, int64_t j0, 
     for (int64_t j = 0; j < n; ++j) sr[j] += x[j];
 }
 
+// Zeroes p.dscores (the positions no query row sees stay zero).
+void ZeroScoreGrads(const AttentionParams& p, ThreadPool* pool);
+
+// Copies the unscaled scores' gradient of query row i of slice b, keys j0 .. j0 + n, into
+// p.dscores, then scales the row in place by `scale` (as ScoreGradRow would have).
+inline void StoreScoreGrads(const AttentionParams& p, int64_t b, int64_t i, int64_t j0, float* dsr, int64_t n,
+                            float scale) {
+  std::copy(dsr, dsr + n, p.dscores + (b * p.T + i) * p.S + j0);
+  for (int64_t j = 0; j < n; ++j) dsr[j] *= scale;
+}
+
 // The scores' gradient row in place over dP: dS = P * (dP - delta) * scale.
 void ScoreGradRow(const float* pr, float* dsr, int64_t n, float delta, float scale);
 

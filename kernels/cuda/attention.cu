@@ -9,8 +9,9 @@
 // Forward (online softmax): m_i = max_j s_ij, l_i = sum_j exp(s_ij - m_i), out_i = sum_j
 // exp(s_ij - m_i) v_j / l_i, lse_i = m_i + log l_i, with s_ij = scale q_i . k_j (+ bias_ij).
 // Backward: delta_i = dout_i . out_i, p_ij = exp(s_ij - lse_i), ds_ij = p_ij (dout_i . v_j -
-// delta_i); dq_i = scale sum_j ds_ij k_j (per query row); dk_j = scale sum_i ds_ij q_i and
-// dv_j = sum_i p_ij dout_i (per key row: no atomics, deterministic).
+// delta_i); dq_i = scale sum_j ds_ij k_j (per query row, which also writes ds_ij for a bias'
+// gradient); dk_j = scale sum_i ds_ij q_i and dv_j = sum_i p_ij dout_i (per key row: no
+// atomics, deterministic).
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -166,6 +167,7 @@ __global__ void AttnBackwardQ(AttentionLayout L, int64_t b0, const T* dout, cons
     for (int jj = 0; jj < kTile && j0 + jj < visible; ++jj) {
       const float p = expf(RowDot(qr, ks + jj * D, D, lane) + BiasOf(bias, L.bias.col, j0 + jj) - li);
       const float ds = p * (RowDot(dor, vs + jj * Dv, Dv, lane) - di);
+      if (L.dscores && lane == 0) L.dscores[row * S + j0 + jj] = ds;
       for (int e = 0; e < kPerLane; ++e) {
         const int d = lane + 32 * e;
         if (d < D) acc[e] += ds * ks[jj * D + d];
@@ -278,6 +280,8 @@ int AttentionBackward(Dt dt, const AttentionLayout& layout, const void* dout, co
     const int shared_kv = static_cast<int>(sizeof(float) * kTile * (D + Dv + 2));
     cudaFuncSetAttribute(AttnBackwardQ<Tp>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_q);
     cudaFuncSetAttribute(AttnBackwardKV<Tp>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_kv);
+    if (layout.dscores && T > 0 && S > 0)  // the positions no query row sees stay zero
+      cudaMemsetAsync(layout.dscores, 0, sizeof(float) * static_cast<size_t>(batch * T * S), s);
     if (T > 0)  // no query rows: no deltas (a zero-block launch would be an error)
       AttnDelta<Tp><<<static_cast<unsigned>((batch * T + kWarps - 1) / kWarps), kWarps * 32, 0, s>>>(
           layout, dO, static_cast<const Tp*>(out), delta, batch * T, T, Dv);

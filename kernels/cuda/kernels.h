@@ -145,15 +145,18 @@ struct AttentionBias {
   int64_t heads = 1, batch = 0, head = 0, row = 0, col = 0;
 };
 // The operands' layouts: q, k, v and o (out and dout); dq, dk and dv are laid out as q, k and v,
-// and lse and delta are always contiguous [batch, T]. The bias rides along.
+// and lse and delta are always contiguous [batch, T]. The bias rides along, and so does where the
+// backward writes the scores' gradient before the scale (fp32 [batch, T, S], zeros where a key
+// is hidden; null for none).
 struct AttentionLayout {
   int64_t heads = 1;
   AttentionStrides q, k, v, o;
   AttentionBias bias;
+  float* dscores = nullptr;
 };
 // Slices of q [T, D], k [S, D], v [S, Dv] and out [T, Dv] one after another.
 inline AttentionLayout ContiguousAttention(int64_t T, int64_t S, int64_t D, int64_t Dv) {
-  return {1, {T * D, 0, D}, {S * D, 0, D}, {S * Dv, 0, Dv}, {T * Dv, 0, Dv}, {}};
+  return {1, {T * D, 0, D}, {S * D, 0, D}, {S * Dv, 0, Dv}, {T * Dv, 0, Dv}, {}, nullptr};
 }
 
 // Scaled dot-product attention over `batch` (batch x heads) slices of q [T, D], k [S, D], v [S, Dv]

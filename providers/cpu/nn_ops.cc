@@ -173,14 +173,18 @@ absl::StatusOr<AttentionOperands> PlanOperands(kernels::cpu::AttentionLayout lay
                                              v ? v->dim_span() : std::span<const int64_t>(), scale, causal);
 }
 
-// Lays the bias input `index` (none where it is absent) out in a's plan, as float32: its data,
-// or a copy cast into scratch from another type.
+// Lays the bias input `index` (none where it is absent) out in a's plan: its data as float32 or
+// float64, or a float32 copy cast into scratch from bf16 / fp16.
 absl::Status BindBias(KernelContext& ctx, int index, AttentionOperands& a) {
   const TensorView* b = index < ctx.num_inputs() ? ctx.input(index) : nullptr;
   if (!b) return absl::OkStatus();
   RETURN_IF_ERROR(kernels::cpu::PlanAttentionBias(a, b->dim_span()));
   if (b->dtype == DataType::kFloat32) {
     a.p.bias.data = b->as<float>();
+    return absl::OkStatus();
+  }
+  if (b->dtype == DataType::kFloat64) {  // float64 operands: the reference kernels read it as is
+    a.p.bias.data64 = b->as<double>();
     return absl::OkStatus();
   }
   float* w = static_cast<float*>(ctx.Scratch(static_cast<size_t>(b->numel()) * sizeof(float)));
@@ -268,7 +272,8 @@ class AttentionKernel : public OpKernel {
 };
 
 // Inputs dOut, q, k, v, out, lse[, bias] ("bs3hd": dOut, qkv, _, _, out, lse[, bias]); outputs
-// dq, dk, dv ("bs3hd": the packed dqkv), each of which may go unread.
+// dq, dk, dv ("bs3hd": the packed dqkv) and dbias (the scores' gradient), each of which may go
+// unread.
 class AttentionGradKernel : public OpKernel {
  public:
   AttentionGradKernel(const graph::Node& n, int)
@@ -294,6 +299,11 @@ class AttentionGradKernel : public OpKernel {
     if (a.packed) d[0] = ctx.Output(0, q.dim_span());
     else
       for (int i = 0; i < 3; ++i) d[i] = ctx.Output(i, ctx.input(1 + i)->dim_span());
+    if (ctx.num_outputs() > 3) {  // the scores' gradient, for the bias
+      DimVector scores = a.lse;
+      scores.push_back(p.S);
+      if (TensorView* ds = ctx.Output(3, scores.span())) a.p.dscores = ds->as<float>();
+    }
     if (q.dtype == DataType::kFloat64) {
       const auto in = QkvData<double>(ctx, 1, a, Doubles);
       const auto g = GradientData<double>(d, a);

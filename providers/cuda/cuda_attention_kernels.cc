@@ -71,7 +71,7 @@ class AttentionLayoutKernel : public CudaKernel {
     const auto strides = [](const kernels::cpu::AttentionStrides& s) { return kc::AttentionStrides{s.batch, s.head, s.row}; };
     const kernels::cpu::AttentionBias& b = p.bias;
     return {p.heads, strides(p.q), strides(p.k), strides(p.v), strides(p.o),
-            kc::AttentionBias{b.data, b.heads, b.batch, b.head, b.row, b.col}};
+            kc::AttentionBias{b.data, b.heads, b.batch, b.head, b.row, b.col}, p.dscores};
   }
   absl::Status Named(const absl::Status& st) const {
     return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name_, ": ", st.message()));
@@ -107,13 +107,14 @@ class AttentionKernel : public AttentionLayoutKernel {
   }
 };
 
-// AttentionGrad(dOut, q, k, v, out, lse) -> dq, dk, dv; under "bs3hd" AttentionGrad(dOut, qkv, _,
-// _, out, lse) -> dqkv, all but lse packed or [B, T, H, D].
+// AttentionGrad(dOut, q, k, v, out, lse[, bias]) -> dq, dk, dv[, dbias]; under "bs3hd"
+// AttentionGrad(dOut, qkv, _, _, out, lse[, bias]) -> dqkv, _, _[, dbias], all but lse and dbias
+// packed or [B, T, H, D]; dbias, the scores' gradient, is fp32 [B, H, T, S].
 class AttentionGradKernel : public AttentionLayoutKernel {
  public:
   AttentionGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : AttentionLayoutKernel(p, n) {}
   absl::Status Compute(KernelContext& ctx) const override {
-    ASSIGN_OR_RETURN(const kernels::cpu::AttentionOperands a, Plan(ctx, 1, 6));
+    ASSIGN_OR_RETURN(kernels::cpu::AttentionOperands a, Plan(ctx, 1, 6));
     const kernels::cpu::AttentionParams& p = a.p;
     const TensorView& dout = *ctx.input(0);
     const TensorView& q = *ctx.input(1);
@@ -139,6 +140,11 @@ class AttentionGradKernel : public AttentionLayoutKernel {
       dq = d[0]->data;
       dk = d[1]->data;
       dv = d[2]->data;
+    }
+    if (ctx.num_outputs() > 3) {  // the scores' gradient, for the bias
+      DimVector scores = a.lse;
+      scores.push_back(p.S);
+      if (TensorView* ds = ctx.Output(3, scores.span())) a.p.dscores = ds->as<float>();
     }
     const SdpaShape s = Sdpa(a, q.dtype);
     if (CudnnAttention* cudnn = !p.bias.data && CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
