@@ -460,8 +460,9 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   }
   if (cleave && (op == "Attention" || op == "AttentionGrad")) {
     // q [b..., T, D], k [b..., S, D], v [b..., S, Dv][, bias] -> out [b..., T, Dv], lse [b..., T];
-    // the grad takes (dOut, q, k, v, out, lse[, bias]) and gives (dq, dk, dv[, dbias]). The leading dims (batch,
-    // heads) shard freely; T, S, D and Dv stay whole (the softmax runs along S over all of D).
+    // the grad takes (dOut, q, k, v, out, lse[, bias]) and gives (dq, dk, dv[, dbias]). The
+    // leading dims (batch, heads) shard freely; T, S, D and Dv stay whole (the softmax runs along
+    // S over all of D).
     const bool grad = op == "AttentionGrad";
     // The other layouts are device sessions' own, made after partitioning.
     if (n.AttrString("layout", "bhsd") != "bhsd")

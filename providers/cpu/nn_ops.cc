@@ -137,10 +137,11 @@ class TriluKernel : public OpKernel {
 namespace {
 
 // Attention(q, k, v[, bias]) {scale, causal} -> out[, lse] and AttentionGrad(dOut, q, k, v, out,
-// lse[, bias]) -> dq, dk, dv, over [..., T, D] operands whose leading dims are the same. bf16 operands run
-// the bf16 kernels where the CPU has AVX-512 BF16 (their block products take bf16 operands, as
-// cuDNN's do); otherwise bf16 and fp16 operands (mixed precision) are widened to float32
-// scratch and the results rounded back, as the CUDA provider's own kernels compute them.
+// lse[, bias]) -> dq, dk, dv[, dbias], over [..., T, D] operands whose leading dims are the
+// same. bf16 operands run the bf16 kernels where the CPU has AVX-512 BF16 (their block products
+// take bf16 operands, as cuDNN's do); otherwise bf16 and fp16 operands (mixed precision) are
+// widened to float32 scratch and the results rounded back, as the CUDA provider's own kernels
+// compute them.
 bool LowPrecision(DataType t) { return t == DataType::kBFloat16 || t == DataType::kFloat16; }
 
 const float* Widened(const TensorView& t, KernelContext& ctx) {
@@ -175,9 +176,12 @@ absl::StatusOr<AttentionOperands> PlanOperands(kernels::cpu::AttentionLayout lay
 
 // Lays the bias input `index` (none where it is absent) out in a's plan: its data as float32 or
 // float64, or a float32 copy cast into scratch from bf16 / fp16.
-absl::Status BindBias(KernelContext& ctx, int index, AttentionOperands& a) {
+absl::Status BindBias(KernelContext& ctx, int index, DataType q, AttentionOperands& a) {
   const TensorView* b = index < ctx.num_inputs() ? ctx.input(index) : nullptr;
   if (!b) return absl::OkStatus();
+  if (b->dtype != DataType::kFloat32 && b->dtype != q)
+    return InvalidArgument("expected a float32 bias or one of q's type ", DataTypeName(q), ", got ",
+                           DataTypeName(b->dtype));
   RETURN_IF_ERROR(kernels::cpu::PlanAttentionBias(a, b->dim_span()));
   if (b->dtype == DataType::kFloat32) {
     a.p.bias.data = b->as<float>();
@@ -243,7 +247,7 @@ class AttentionKernel : public OpKernel {
     ASSIGN_OR_RETURN(AttentionOperands a,
                      PlanOperands(layout_, q, packed ? nullptr : ctx.input(1), packed ? nullptr : ctx.input(2),
                                   scale_, causal_));
-    RETURN_IF_ERROR(BindBias(ctx, 3, a));
+    RETURN_IF_ERROR(BindBias(ctx, 3, q.dtype, a));
     TensorView* y = ctx.Output(0, a.out);
     TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, a.lse) : nullptr;
     if (!y) return absl::OkStatus();
@@ -286,7 +290,7 @@ class AttentionGradKernel : public OpKernel {
     ASSIGN_OR_RETURN(AttentionOperands a,
                      PlanOperands(layout_, q, packed ? nullptr : ctx.input(2), packed ? nullptr : ctx.input(3),
                                   scale_, causal_));
-    RETURN_IF_ERROR(BindBias(ctx, 6, a));
+    RETURN_IF_ERROR(BindBias(ctx, 6, q.dtype, a));
     const kernels::cpu::AttentionParams& p = a.p;
     if (DimVector(dout.dim_span()) != a.out || DimVector(out.dim_span()) != a.out || lse.numel() != p.batch * p.T)
       return InvalidArgument("expected dOut and out ", DimsToString(a.out.span()), " and lse of ", p.batch * p.T,

@@ -16,11 +16,11 @@ namespace cleave::providers {
 namespace {
 
 // Attention(q, k, v[, bias]) -> out[, lse] and AttentionGrad(dOut, q, k, v, out, lse[, bias]) ->
-// dq, dk, dv (flash-style: the probabilities are never stored) in the three layouts: "bhsd", [..., T, D];
-// "bshd", [B, T, H, D]; "bs3hd", q, k and v packed [B, T, 3, H, D] in one tensor (the q/k/v
-// product), out [B, T, H, D]. cuDNN's fused attention runs the bf16/fp16 shapes it takes
-// (cudnn_attention.h), the own kernels the others and every biased one; both read and write every
-// layout in place through its strides.
+// dq, dk, dv[, dbias] (flash-style: the probabilities are never stored) in the three layouts:
+// "bhsd", [..., T, D]; "bshd", [B, T, H, D]; "bs3hd", q, k and v packed [B, T, 3, H, D] in one
+// tensor (the q/k/v product), out [B, T, H, D]. cuDNN's fused attention runs the bf16/fp16
+// shapes it takes (cudnn_attention.h), the own kernels the others and every biased one; both
+// read and write every layout in place through its strides.
 class AttentionLayoutKernel : public CudaKernel {
  protected:
   AttentionLayoutKernel(const CudaExecutionProvider* p, const graph::Node& n)
