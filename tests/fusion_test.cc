@@ -3,6 +3,7 @@
 // computes what the original computes.
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <random>
 #include <tuple>
 
@@ -418,6 +419,18 @@ constexpr char kComputedMaskAttention[] = R"(
   MASK_TAIL
 )";
 
+// Sets every ConstantOfShape's value (the text form has no tensor attributes): the float
+// `value`, or true where there is none.
+void FillConstantsOfShape(Graph& g, std::optional<float> value) {
+  for (const auto& n : g.nodes()) {
+    if (n->op_type() != "ConstantOfShape") continue;
+    Tensor fill(value ? DataType::kFloat32 : DataType::kBool, {1});
+    if (value) fill.data<float>()[0] = *value;
+    else fill.data<bool>()[0] = true;
+    n->SetAttr("value", Attribute::TensorValue(std::move(fill)));
+  }
+}
+
 // The graph, with ConstantOfShape's value set to true (the text form has no tensor attributes)
 // and, where `same_length`, k and v over q's length T.
 std::unique_ptr<Graph> ComputedMaskAttention(const std::string& diag, const std::string& upper,
@@ -428,12 +441,7 @@ std::unique_ptr<Graph> ComputedMaskAttention(const std::string& diag, const std:
   auto g = ParseGraph(text);
   EXPECT_TRUE(g.ok()) << g.status();
   if (!g.ok()) return nullptr;
-  for (const auto& n : (*g)->nodes())
-    if (n->op_type() == "ConstantOfShape") {
-      Tensor one(DataType::kBool, {1});
-      one.data<bool>()[0] = true;
-      n->SetAttr("value", Attribute::TensorValue(std::move(one)));
-    }
+  FillConstantsOfShape(**g, std::nullopt);
   return std::move(*g);
 }
 
@@ -531,13 +539,7 @@ std::unique_ptr<Graph> PaddedAttention(bool causal, const std::string& sides, co
                                                              {"BIAS_SIDES", sides}}));
   EXPECT_TRUE(g.ok()) << g.status();
   if (!g.ok()) return nullptr;
-  for (const auto& n : (*g)->nodes())
-    if (n->op_type() == "ConstantOfShape") {
-      Tensor fill(additive ? DataType::kFloat32 : DataType::kBool, {1});
-      if (additive) fill.data<float>()[0] = *additive;
-      else fill.data<bool>()[0] = true;
-      n->SetAttr("value", Attribute::TensorValue(std::move(fill)));
-    }
+  FillConstantsOfShape(**g, additive);
   return std::move(*g);
 }
 

@@ -233,9 +233,14 @@ absl::StatusOr<AttentionOperands> PlanAttentionOperands(AttentionLayout layout, 
   return a;
 }
 
-absl::Status PlanAttentionBias(AttentionOperands& a, std::span<const int64_t> bias) {
+DimVector ScoreDims(const AttentionOperands& a) {
   DimVector scores = a.lse;
   scores.push_back(a.p.S);
+  return scores;
+}
+
+absl::Status PlanAttentionBias(AttentionOperands& a, std::span<const int64_t> bias) {
+  const DimVector scores = ScoreDims(a);
   const size_t R = scores.size(), r = bias.size();
   const auto mismatch = [&](const char* why) {
     return InvalidArgument("expected a bias that broadcasts to the scores ",

@@ -83,6 +83,10 @@ absl::StatusOr<AttentionOperands> PlanAttentionOperands(AttentionLayout layout, 
                                                         std::span<const int64_t> k, std::span<const int64_t> v,
                                                         double scale, bool causal);
 
+// The dims of a's scores, [lead..., T, S] (lse's dims, then S): what a bias broadcasts to and
+// the shape of AttentionGrad's dbias.
+DimVector ScoreDims(const AttentionOperands& a);
+
 // Lays a's bias out (all but its data) from the bias' dims, which must broadcast (numpy rules)
 // to the scores [lead..., T, S], lead being lse's leading dims; of the lead dims before the
 // last, either all broadcast or none does. InvalidArgument naming both shapes otherwise.

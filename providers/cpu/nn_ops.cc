@@ -304,9 +304,7 @@ class AttentionGradKernel : public OpKernel {
     else
       for (int i = 0; i < 3; ++i) d[i] = ctx.Output(i, ctx.input(1 + i)->dim_span());
     if (ctx.num_outputs() > 3) {  // the scores' gradient, for the bias
-      DimVector scores = a.lse;
-      scores.push_back(p.S);
-      if (TensorView* ds = ctx.Output(3, scores.span())) a.p.dscores = ds->as<float>();
+      if (TensorView* ds = ctx.Output(3, kernels::cpu::ScoreDims(a).span())) a.p.dscores = ds->as<float>();
     }
     if (q.dtype == DataType::kFloat64) {
       const auto in = QkvData<double>(ctx, 1, a, Doubles);

@@ -142,9 +142,7 @@ class AttentionGradKernel : public AttentionLayoutKernel {
       dv = d[2]->data;
     }
     if (ctx.num_outputs() > 3) {  // the scores' gradient, for the bias
-      DimVector scores = a.lse;
-      scores.push_back(p.S);
-      if (TensorView* ds = ctx.Output(3, scores.span())) a.p.dscores = ds->as<float>();
+      if (TensorView* ds = ctx.Output(3, kernels::cpu::ScoreDims(a).span())) a.p.dscores = ds->as<float>();
     }
     const SdpaShape s = Sdpa(a, q.dtype);
     if (CudnnAttention* cudnn = !p.bias.data && CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
