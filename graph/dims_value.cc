@@ -142,6 +142,46 @@ std::optional<Shape> ReshapeFromDims(const Node& n, int version, const Dims& tar
   return Shape(std::move(out));
 }
 
+// Slice(x, 0, ends) with a named dim s among the ends, step 1: the axis keeps min(x's dim, s),
+// which is s when x's dim is s, and ClippedSymbol(s, c) when it is a static c (a table of c
+// rows cut to the sequence length). Other axes stay as inference left them.
+std::optional<Shape> SliceToSymbolicEnd(const Node& n) {
+  const Shape& in = n.input(0)->shape();
+  std::optional<Dims> ends = InputDimsValue(n, 2);
+  auto starts = SmallConstant(n, 1);
+  if (!in.has_rank() || !ends || !starts || starts->size() != ends->size()) return std::nullopt;
+  std::vector<int64_t> axes(ends->size());
+  for (size_t i = 0; i < axes.size(); ++i) axes[i] = static_cast<int64_t>(i);
+  if (n.input(3)) {
+    auto a = SmallConstant(n, 3);
+    if (!a || a->size() != axes.size()) return std::nullopt;
+    axes = *a;
+  }
+  if (n.input(4)) {
+    auto steps = SmallConstant(n, 4);
+    if (!steps || steps->size() != axes.size()) return std::nullopt;
+    for (int64_t step : *steps)
+      if (step != 1) return std::nullopt;
+  }
+  Dims out(in.rank(), Dim());
+  bool any = false;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const int64_t k = axes[i] < 0 ? axes[i] + in.rank() : axes[i];
+    const Dim& end = (*ends)[i];
+    if (k < 0 || k >= in.rank() || (*starts)[i] != 0 || end.symbol.empty() || HasNegative({end}))
+      continue;
+    if (in[k].is_static()) {
+      out[k] = in[k].value == 0 ? Dim(0) : ClippedSymbol(end.symbol, in[k].value);
+      any = true;
+    } else if (in[k] == end) {
+      out[k] = end;
+      any = true;
+    }
+  }
+  if (!any) return std::nullopt;
+  return Shape(std::move(out));
+}
+
 // Fills dims that inference left unknown from a refined shape of the same rank.
 Shape Merge(const Shape& inferred, const Shape& refined) {
   if (!inferred.has_rank()) return refined;
@@ -169,6 +209,8 @@ void Refine(Node& n, int version) {
     };
     if (is(start, 0) && is(delta, 1) && limit && limit->size() == 1 && !HasNegative(*limit))
       refined = Shape(*limit);
+  } else if (op == "Slice" && version >= 10 && !SmallConstant(n, 2)) {
+    refined = SliceToSymbolicEnd(n);
   } else if (op == "Expand" && !SmallConstant(n, 1)) {
     auto t = InputDimsValue(n, 1);
     const Shape& in = n.input(0)->shape();

@@ -55,6 +55,15 @@ Dim SliceDim(const Dim& d, int64_t start, int64_t end, int64_t step) {
   return Dim();
 }
 
+// How many axes a version >= 10 Slice without axes cuts: the static length of its starts or
+// ends.
+std::optional<int64_t> SliceCount(const InferContext& ctx) {
+  if (ctx.version() < 10) return std::nullopt;
+  for (int i : {1, 2})
+    if (auto n = StaticLength(ctx.input_shape(i))) return n;
+  return std::nullopt;
+}
+
 }  // namespace
 
 absl::Status InferTranspose(InferContext& ctx) {
@@ -230,6 +239,9 @@ absl::Status InferSlice(InferContext& ctx) {
         ASSIGN_OR_RETURN(int k, NormalizeAxis(ctx, a, r));
         out[k] = Dim();
       }
+    } else if (auto count = !ctx.has_input(3) ? SliceCount(ctx) : std::nullopt; count && *count <= r) {
+      // No axes: the first len(starts) axes (a static length of starts or ends).
+      for (int64_t k = 0; k < *count; ++k) out[k] = Dim();
     } else {
       out = UnknownDims(r).dims();
     }

@@ -29,6 +29,22 @@ inline int64_t CeilDivNonNegative(int64_t num, int64_t den) {
   return std::max<int64_t>(q, 0);
 }
 
+// min(s, bound) as a named dim: what a slice of a static axis of `bound` elements up to a
+// symbolic end s keeps (a rotary table cut to the sequence length). It is spelled
+// "min(s,bound)", so every rule that does not know it treats it as a symbol of its own.
+inline Dim ClippedSymbol(const std::string& s, int64_t bound) {
+  return Dim::Symbol("min(" + s + "," + std::to_string(bound) + ")");
+}
+
+// The symbol s of a ClippedSymbol(s, bound); empty for any other dim.
+inline std::string ClippedOf(const Dim& d) {
+  const std::string& s = d.symbol;
+  const size_t comma = s.rfind(',');
+  if (s.size() < 7 || s.compare(0, 4, "min(") != 0 || s.back() != ')' || comma == std::string::npos)
+    return "";
+  return s.substr(4, comma - 4);
+}
+
 struct DimProduct {
   int64_t value = 1;
   std::vector<std::string> symbols;  // sorted, with repeats

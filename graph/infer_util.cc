@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "graph/infer_shape_util.h"
 
 namespace cleave::graph {
 
@@ -41,9 +42,12 @@ absl::StatusOr<Shape> BroadcastShapes(const InferContext& ctx, const std::vector
                            " (output rank ", rank, ")");
       } else if (!(d == r)) {
         // A symbol against a different symbol or a static value > 1: the static value
-        // wins when one side is static (the symbol must equal it or be 1).
+        // wins when one side is static (the symbol must equal it or be 1). A symbol s
+        // against min(s, c) gives s: they are equal whenever the run can broadcast them
+        // (s > c leaves c against s, neither 1).
         if (d.is_static()) r = d;
-        else if (!r.is_static()) unknown = true;
+        else if (!r.is_static() && !d.symbol.empty() && ClippedOf(r) == d.symbol) r = d;
+        else if (!r.is_static() && !(!r.symbol.empty() && ClippedOf(d) == r.symbol)) unknown = true;
       }
     }
     out[k] = unknown ? Dim() : r;

@@ -77,6 +77,38 @@ TEST(DimsValue, RangeOverASymbolicLengthAndExpand) {
   EXPECT_EQ(ShapeOf(kText, "e"), "[batch,seq,64]");
 }
 
+// A rotary table of 32 rows cut to the sequence length: Slice(table, 0, seq) keeps
+// min(seq, 32) rows, which broadcasts against seq as seq (a longer sequence cannot run).
+TEST(DimsValue, ATableSlicedToASymbolicEndBroadcastsAsThatSymbol) {
+  constexpr char kText[] = R"(
+    input x: float32[batch,2,seq,16]
+    input table: float32[32,16]
+    init i2: int64[] = 2
+    init ax: int64[1] = 0
+    init zero: int64[1] = 0
+    init one: int64[1] = 1
+    init two: int64[1] = 2
+    s = Shape(x)
+    n = Gather(s, i2)
+    end = Unsqueeze(n, ax)
+    cos = Slice(table, zero, end)
+    from1 = Slice(table, one, end)
+    y = Mul(x, cos)
+    z = Mul(cos, x)
+    w = Mul(x, from1)
+    xs = Slice(x, zero, end, two)
+    output y, z, w, xs
+  )";
+  EXPECT_EQ(ShapeOf(kText, "cos"), "[min(seq,32),16]");
+  EXPECT_EQ(ShapeOf(kText, "y"), "[batch,2,seq,16]");
+  EXPECT_EQ(ShapeOf(kText, "z"), "[batch,2,seq,16]");
+  // A slice from row 1 may be one row shorter than seq: nothing is claimed.
+  EXPECT_EQ(ShapeOf(kText, "from1"), "[?,16]");
+  EXPECT_EQ(ShapeOf(kText, "w"), "[batch,2,?,16]");
+  // x's own seq axis sliced to seq keeps the name.
+  EXPECT_EQ(ShapeOf(kText, "xs"), "[batch,2,seq,16]");
+}
+
 TEST(DimsValue, DataTensorsCarryNoValue) {
   auto g = ParseGraph(R"(
     input x: float32[batch,4]
