@@ -221,6 +221,10 @@ absl::Status InferGeluGrad(InferContext& ctx) {
 }
 
 absl::Status InferLayerNormGrad(InferContext& ctx) {
+  // RMSNormalizationGrad has no mean input and no dBias output, so InvStdDev, dX_add and
+  // dX_low sit one place earlier.
+  const bool rms = ctx.node().op_type() == "RMSNormalizationGrad";
+  const int inv = rms ? 3 : 4, add_in = inv + 1, low_out = rms ? 2 : 3;
   // dY in X's type, or bf16 / fp16 with a float32 X (a low-precision product's result, read
   // as float32).
   const DataType dy = ctx.input_dtype(0);
@@ -232,33 +236,33 @@ absl::Status InferLayerNormGrad(InferContext& ctx) {
   }
   RETURN_IF_ERROR(ExpectDtypeOf(ctx, 2, 1));
   RETURN_IF_ERROR(ExpectDtype(ctx, 3, kGradFloat));
-  RETURN_IF_ERROR(ExpectDtypeOf(ctx, 4, 3));
+  RETURN_IF_ERROR(ExpectDtypeOf(ctx, inv, 3));
   const Shape& x = ctx.input_shape(1);
   if (x.has_rank()) {
     ASSIGN_OR_RETURN(int axis, NormalizeAxis(ctx, ctx.node().AttrInt("axis", -1), x.rank()));
     RETURN_IF_ERROR(ExpectScaleShape(ctx, axis));
     RETURN_IF_ERROR(ExpectStatisticsShape(ctx, 3, axis));
-    RETURN_IF_ERROR(ExpectStatisticsShape(ctx, 4, axis));
+    RETURN_IF_ERROR(ExpectStatisticsShape(ctx, inv, axis));
   }
   // dX_add (optional): a gradient of X's shape and type added to dX (the residual stream's).
-  if (ctx.has_input(5)) {
-    RETURN_IF_ERROR(ExpectDtypeOf(ctx, 5, 1));
-    const Shape& add = ctx.input_shape(5);
+  if (ctx.has_input(add_in)) {
+    RETURN_IF_ERROR(ExpectDtypeOf(ctx, add_in, 1));
+    const Shape& add = ctx.input_shape(add_in);
     if (x.has_rank() && add.has_rank() && x.is_static() && add.is_static() && add != x)
       return ctx.Error("expected dX_add of X's shape ", x.ToString(), ", got ", add.ToString());
   }
   // dScale and dBias: scale's shape (the sums also run over axes along which scale broadcasts).
   ctx.SetOutput(1, ctx.input_dtype(2), ctx.input_shape(2));
-  ctx.SetOutput(2, ctx.input_dtype(2), ctx.input_shape(2));
+  if (!rms) ctx.SetOutput(2, ctx.input_dtype(2), ctx.input_shape(2));
   // dX_low (optional): a float32 dX also written rounded to bf16 / fp16, for the products that
   // read the residual stream's gradient in that type.
-  if (ctx.num_outputs() > 3 && ctx.has_output(3)) {
+  if (ctx.num_outputs() > low_out && ctx.has_output(low_out)) {
     const int64_t low = ctx.node().AttrInt("low_to", static_cast<int64_t>(DataType::kBFloat16));
     if (low != static_cast<int64_t>(DataType::kBFloat16) && low != static_cast<int64_t>(DataType::kFloat16))
       return ctx.Error("attribute low_to = ", low, ": expected 16 (bfloat16) or 10 (float16)");
     if (ctx.input_dtype(1) != DataType::kFloat32)
       return ctx.Error("dX_low rounds a float32 dX, got X of ", DataTypeName(ctx.input_dtype(1)));
-    ctx.SetOutput(3, static_cast<DataType>(low), ctx.input_shape(1));
+    ctx.SetOutput(low_out, static_cast<DataType>(low), ctx.input_shape(1));
   }
   return absl::OkStatus();
 }

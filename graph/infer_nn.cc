@@ -246,6 +246,9 @@ absl::Status InferSoftmax(InferContext& ctx) {
 }
 
 absl::Status InferLayerNorm(InferContext& ctx) {
+  // ai.cleave.RMSNormalization(X, Scale) -> Y, InvStdDev: no bias, no mean.
+  const bool rms = ctx.node().op_type() == "RMSNormalization";
+  const int inv = rms ? 1 : 2;
   RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64,
                                        DataType::kFloat16, DataType::kBFloat16}));
   RETURN_IF_ERROR(ExpectSameDtype(ctx, 1));
@@ -258,8 +261,7 @@ absl::Status InferLayerNorm(InferContext& ctx) {
   const Shape& x = ctx.input_shape(0);
   ctx.SetOutput(0, ctx.input_dtype(0), x);
   if (!x.has_rank()) {
-    ctx.SetOutput(1, stash_type, Shape());
-    ctx.SetOutput(2, stash_type, Shape());
+    for (int i = 1; i <= inv; ++i) ctx.SetOutput(i, stash_type, Shape());
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(int axis, NormalizeAxis(ctx, n.AttrInt("axis", -1), x.rank()));
@@ -280,8 +282,7 @@ absl::Status InferLayerNorm(InferContext& ctx) {
   }
   std::vector<Dim> stat = x.dims();
   for (int k = axis; k < x.rank(); ++k) stat[k] = Dim(1);
-  ctx.SetOutput(1, stash_type, Shape(stat));
-  ctx.SetOutput(2, stash_type, Shape(stat));
+  for (int i = 1; i <= inv; ++i) ctx.SetOutput(i, stash_type, Shape(stat));
   return absl::OkStatus();
 }
 

@@ -96,6 +96,23 @@ OpSchema LayerNormSchema() {
   return s;
 }
 
+OpSchema RMSNormSchema() {
+  OpSchema s;
+  s.SetName("RMSNormalization").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Y = X / sqrt(mean(X^2 over axis..) + epsilon) * Scale, as ONNX RMSNormalization-23, "
+              "with the saved InvStdDev; see docs/ops.md.")
+      .Input(0, "X", "input", "T")
+      .Input(1, "Scale", "scale", "T")
+      .Output(0, "Y", "normalised", "T")
+      .Output(1, "InvStdDev", "saved 1 / sqrt(mean(X^2) + epsilon)", "U", OpSchema::Optional)
+      .Attr("axis", "first normalised axis", AttributeProto::INT, static_cast<int64_t>(-1))
+      .Attr("epsilon", "added to the mean square", AttributeProto::FLOAT, 1e-5f)
+      .Attr("stash_type", "type of InvStdDev", AttributeProto::INT, static_cast<int64_t>(1))
+      .TypeConstraint("T", kFloatTypes, "float tensors")
+      .TypeConstraint("U", {"tensor(float)", "tensor(double)"}, "statistics type");
+  return s;
+}
+
 const std::vector<std::string> kIndexTypes = {"tensor(int32)", "tensor(int64)"};
 const std::vector<std::string> kGradTypes = {"tensor(float)", "tensor(double)"};
 
@@ -412,6 +429,30 @@ OpSchema RecvSchema() {
 
 }  // namespace
 
+OpSchema RMSNormGradSchema() {
+  OpSchema s;
+  s.SetName("RMSNormalizationGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Gradients of RMSNormalization from its saved InvStdDev; see docs/ops.md.")
+      .Input(0, "dY", "gradient of Y; or bf16 / fp16 with a float32 X", "D")
+      .Input(1, "X", "the forward input", "T")
+      .Input(2, "scale", "the forward Scale", "T")
+      .Input(3, "inv_std_dev", "the forward InvStdDev output", "U")
+      .Input(4, "dX_add", "a gradient of X added to dX (the residual stream's)", "T", OpSchema::Optional)
+      .Output(0, "dX", "gradient of X", "T")
+      .Output(1, "dScale", "gradient of Scale", "T", OpSchema::Optional)
+      .Output(2, "dX_low", "dX (float32) rounded to the type low_to names, as a Cast of it would be", "L",
+              OpSchema::Optional)
+      .Attr("axis", "the forward's first normalised axis", AttributeProto::INT,
+            static_cast<int64_t>(-1))
+      .Attr("low_to", "dX_low's type: 16 (bfloat16) or 10 (float16)", AttributeProto::INT, static_cast<int64_t>(16))
+      .TypeConstraint("T", kGradTypes, "float tensors")
+      .TypeConstraint("D", {"tensor(float)", "tensor(double)", "tensor(bfloat16)", "tensor(float16)"},
+                      "X's type, or bf16 / fp16 with a float32 X")
+      .TypeConstraint("U", kGradTypes, "statistics type")
+      .TypeConstraint("L", {"tensor(bfloat16)", "tensor(float16)"}, "dX_low's type");
+  return s;
+}
+
 void RegisterCleaveSchemas() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -421,6 +462,7 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(MatMulLowpSchema("MatMulF16", "tensor(float16)"));
     onnx::RegisterSchema(GeluSchema());
     onnx::RegisterSchema(LayerNormSchema());
+    onnx::RegisterSchema(RMSNormSchema());
     onnx::RegisterSchema(GatherGradSchema());
     onnx::RegisterSchema(SliceGradSchema());
     onnx::RegisterSchema(SoftmaxCrossEntropyLossGradSchema());
@@ -429,6 +471,7 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(SoftmaxGradSchema(
         "LogSoftmaxGrad", "dX = dY - exp(Y) * sum(dY, axis); see docs/ops.md."));
     onnx::RegisterSchema(LayerNormGradSchema());
+    onnx::RegisterSchema(RMSNormGradSchema());
     onnx::RegisterSchema(GeluGradSchema());
     onnx::RegisterSchema(AttentionSchema());
     onnx::RegisterSchema(AttentionGradSchema());

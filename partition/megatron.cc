@@ -31,7 +31,7 @@ const Value* Source(const Value* v) {
 bool IsNormalized(const Value* v, const std::set<std::string>& params) {
   const Node* p = Source(v) ? Source(v)->producer() : nullptr;
   if (!p) return false;
-  if (p->op_type() == "LayerNormalization") return true;
+  if (p->op_type() == "LayerNormalization" || p->op_type() == "RMSNormalization") return true;
   // RMSNorm as exported: x * rsqrt(mean(x^2) + eps) * weight, the weight a 1-D parameter.
   if (Is(p, "Mul") && p->domain().empty())
     for (const Value* in : p->inputs())
@@ -93,7 +93,7 @@ absl::StatusOr<std::pair<std::string, Sharding>> FindSequenceParallelSeed(const 
   if (!order.ok()) return order.status();
   const Value* stream = nullptr;
   for (const Node* n : *order) {
-    if (n->op_type() == "LayerNormalization") {
+    if (n->op_type() == "LayerNormalization" || n->op_type() == "RMSNormalization") {
       stream = n->input(0);
     } else if (Is(n, "Mul") && n->domain().empty()) {
       // RMSNorm: weight * (x * rsqrt(...)); the residual x is the larger operand inside.

@@ -522,8 +522,8 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   }
   if (!cleave && (op == "Softmax" || op == "LogSoftmax")) return AlongAxis(g, n, 1, version() < 13);
   if (cleave && (op == "SoftmaxGrad" || op == "LogSoftmaxGrad")) return AlongAxis(g, n, 2, false);
-  if (op == "LayerNormalization") {
-    // (X, scale[, bias]) -> (Y[, Mean, InvStdDev]).
+  if (op == "LayerNormalization" || (cleave && op == "RMSNormalization")) {
+    // (X, scale[, bias]) -> (Y[, Mean, InvStdDev]); RMSNormalization (X, scale) -> (Y[, InvStdDev]).
     FactorRule r;
     ASSIGN_OR_RETURN(NormFactors nf, NormalizationFactors(n, n.input(0), &r));
     r.inputs.push_back(nf.x);
@@ -534,12 +534,13 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
     r.linear_inputs.assign(n.num_inputs(), 0);
     return r;
   }
-  if (cleave && op == "LayerNormalizationGrad") {
+  if (cleave && (op == "LayerNormalizationGrad" || op == "RMSNormalizationGrad")) {
     // (dY, X, scale, mean, inv_std_dev) -> (dX, dScale, dBias): the leading dims are summed
-    // away for dScale and dBias.
+    // away for dScale and dBias. RMSNormalizationGrad: (dY, X, scale, inv_std_dev) -> (dX, dScale).
     FactorRule r;
     ASSIGN_OR_RETURN(NormFactors nf, NormalizationFactors(n, n.input(1), &r));
-    r.inputs = {nf.x, nf.x, nf.norm, nf.stat, nf.stat};
+    r.inputs = {nf.x, nf.x, nf.norm, nf.stat};
+    if (op == "LayerNormalizationGrad") r.inputs.push_back(nf.stat);
     r.outputs = {nf.x, nf.norm, nf.norm};
     r.outputs.resize(n.num_outputs());
     r.output_avg.assign(n.num_outputs(), 0);

@@ -27,11 +27,11 @@ std::string Role(const Node* n) {
 
 bool IsPlainMul(const Node* n) { return n && n->domain().empty() && n->op_type() == "Mul"; }
 
-// The stream value a normalisation of the residual stream reads: LayerNormalization's input,
-// or for an RMSNorm as exported (weight * (x * rsqrt(...)), the weight a 1-D parameter) the
-// larger operand of the inner product. Null for other nodes.
+// The stream value a normalisation of the residual stream reads: LayerNormalization's or
+// RMSNormalization's input, or for an RMSNorm as exported (weight * (x * rsqrt(...)), the
+// weight a 1-D parameter) the larger operand of the inner product. Null for other nodes.
 const Value* NormalizedStream(const Node* n, const std::set<std::string>& params) {
-  if (n->op_type() == "LayerNormalization") return n->input(0);
+  if (n->op_type() == "LayerNormalization" || n->op_type() == "RMSNormalization") return n->input(0);
   if (!IsPlainMul(n) || n->num_inputs() != 2) return nullptr;
   const Value* inner = nullptr;
   bool weight = false;

@@ -503,6 +503,45 @@ TEST(GradOps, LayerNormGradStatisticsOfTheWrongShape) {
       .ExpectFailure("X's with the normalised axes reduced to 1").Run();
 }
 
+// RMSNormalizationGrad against the explicit Jacobian of xhat = x s, s = 1 / sqrt(mean(x^2) + eps):
+// d xhat_i / d x_j = s (delta_ij - xhat_i xhat_j / n); dScale = sum dy xhat. With dX_add, dX
+// is the gradient plus that input.
+TEST(GradOps, RMSNormGradMatchesItsJacobianAndAddsTheResidual) {
+  const I64 xd = {2, 3, 5}, sd = {5}, stat = {2, 3, 1};
+  const int64_t rows = 6, cols = 5;
+  const std::vector<double> x = Values(30, 61), dy = Values(30, 62), scale = Values(5, 63), add = Values(30, 64);
+  std::vector<double> inv(rows), dx(30), dx_add(30), dscale(cols, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* xr = x.data() + r * cols;
+    double ms = 0;
+    for (int64_t c = 0; c < cols; ++c) ms += xr[c] * xr[c] / cols;
+    const double s = 1 / std::sqrt(ms + 1e-5);
+    inv[r] = s;
+    for (int64_t j = 0; j < cols; ++j) {
+      double sum = 0;
+      for (int64_t i = 0; i < cols; ++i)
+        sum += dy[r * cols + i] * scale[i] * s * ((i == j ? 1 : 0) - xr[i] * s * xr[j] * s / cols);
+      dx[r * cols + j] = sum;
+      dx_add[r * cols + j] = sum + add[r * cols + j];
+      dscale[j] += dy[r * cols + j] * xr[j] * s;
+    }
+  }
+  Op("RMSNormalizationGrad").Input<double>("dY", xd, dy).Input<double>("X", xd, x).Input<double>("scale", sd, scale)
+      .Input<double>("inv_std_dev", stat, inv).Output<double>("dX", xd, dx).Output<double>("dScale", sd, dscale)
+      .Tolerance(1e-12, 1e-10).Run();
+  Op("RMSNormalizationGrad").Input<double>("dY", xd, dy).Input<double>("X", xd, x).Input<double>("scale", sd, scale)
+      .Input<double>("inv_std_dev", stat, inv).Input<double>("dX_add", xd, add).Output<double>("dX", xd, dx_add)
+      .Tolerance(1e-12, 1e-10).Run();
+  // The forward saves exactly these statistics and normalises with them.
+  std::vector<double> y(30);
+  for (int64_t k = 0; k < 30; ++k) y[k] = x[k] * inv[k / cols] * scale[k % cols];
+  Op("RMSNormalization").Input<double>("X", xd, x).Input<double>("Scale", sd, scale).Output<double>("Y", xd, y)
+      .Output<float>("InvStdDev", stat, Cast<float>(inv)).Tolerance(1e-6, 1e-6).Run();
+  Op("RMSNormalizationGrad").Input<double>("dY", xd, dy).Input<double>("X", xd, x).Input<double>("scale", sd, scale)
+      .Input<double>("inv_std_dev", {2, 3}, inv).Output<double>("dX", xd, dx)
+      .ExpectFailure("X's with the normalised axes reduced to 1").Run();
+}
+
 // The column sums (dScale, dBias) use fixed row blocks added in block order, so every thread
 // count gives the same bits; so do dX and the softmax gradients, computed row by row.
 TEST(GradOps, LayerNormAndSoftmaxGradsDoNotDependOnTheThreadCount) {

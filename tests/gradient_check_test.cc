@@ -176,6 +176,9 @@ const GradCase kCases[] = {
     {"LayerNorm_statistics_already_output",
      "input x: float64[3,4]\ninput s: float64[4]\ninput b: float64[4]\ny, mu, rstd = LayerNormalization(x, s, b) {stash_type = 11}\noutput y"},
     {"CleaveLayerNorm_opset13", "opset 13\ninput x: float64[3,5]\ninput s: float64[5]\ninput b: float64[5]\ny = ai.cleave.LayerNormalization(x, s, b)\noutput y"},
+    {"RMSNorm_last", "input x: float64[2,3,4]\ninput s: float64[4]\ny = ai.cleave.RMSNormalization(x, s) {epsilon = 0.001}\noutput y"},
+    {"RMSNorm_axis1", "input x: float64[2,3,4]\ninput s: float64[3,4]\ny = ai.cleave.RMSNormalization(x, s) {axis = 1}\noutput y"},
+    {"RMSNorm_broadcast_scale", "input x: float64[2,3,4]\ninput s: float64[4]\ny = ai.cleave.RMSNormalization(x, s) {axis = -2}\noutput y"},
     {"Dropout_inference", "input x: float64[6]\ninit p: float64[] = 0.3\ny, m = Dropout(x, p) {seed = 1}\noutput y"},
     {"Trilu_k", "input x: float64[3,4]\ninit k: int64[] = 1\ny = Trilu(x, k) {upper = 0}\noutput y"},
     {"Concat", "input a: float64[2,1]\ninput b: float64[2,3]\ninput c: float64[2,2]\ny = Concat(a, b, c) {axis = 1}\noutput y"},
@@ -265,8 +268,9 @@ TEST(Autodiff, MarksRolesAndGradOf) {
   EXPECT_GT(bwd, 0);
 }
 
-// Softmax, LogSoftmax, Gelu and LayerNormalization each differentiate through one fused
-// ai.cleave op, and LayerNormalization's forward node is made to output its statistics.
+// Softmax, LogSoftmax, Gelu, LayerNormalization and RMSNormalization each differentiate through
+// one fused ai.cleave op, and the normalisations' forward nodes are made to output their
+// statistics.
 TEST(Autodiff, ActivationAndNormRulesEmitOneFusedOp) {
   const std::pair<const char*, const char*> cases[] = {
       {"input x: float32[2,3,4]\ny = Softmax(x) {axis = 1}", "SoftmaxGrad"},
@@ -277,6 +281,7 @@ TEST(Autodiff, ActivationAndNormRulesEmitOneFusedOp) {
        "y = LayerNormalization(x, s, b) {axis = 1}", "LayerNormalizationGrad"},
       {"input x: float32[2,3]\ninput s: float32[3]\ny = ai.cleave.LayerNormalization(x, s)",
        "LayerNormalizationGrad"},
+      {"input x: float32[2,3]\ninput s: float32[3]\ny = ai.cleave.RMSNormalization(x, s)", "RMSNormalizationGrad"},
   };
   for (auto [text, op] : cases) {
     SCOPED_TRACE(text);
@@ -295,6 +300,10 @@ TEST(Autodiff, ActivationAndNormRulesEmitOneFusedOp) {
       ASSERT_EQ(fwd->num_outputs(), 3);
       EXPECT_EQ(fwd->output(1)->shape().ToString(), fwd->output(2)->shape().ToString());
       EXPECT_EQ(fwd->output(1)->dtype(), DataType::kFloat32);
+    }
+    if (std::string(op) == "RMSNormalizationGrad") {  // InvStdDev only
+      ASSERT_EQ(fwd->num_outputs(), 2);
+      EXPECT_EQ(fwd->output(1)->shape().ToString(), "[2,1]");
     }
   }
 }

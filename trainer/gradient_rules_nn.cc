@@ -1,6 +1,6 @@
-// Gradient rules for Gemm, LayerNormalization, Dropout, Trilu, Concat, Split, Gather, Slice,
-// SoftmaxCrossEntropyLoss and ai.cleave.Attention (trainer/). LayerNormalization and the last
-// four emit ai.cleave gradient ops.
+// Gradient rules for Gemm, LayerNormalization, RMSNormalization, Dropout, Trilu, Concat,
+// Split, Gather, Slice, SoftmaxCrossEntropyLoss and ai.cleave.Attention (trainer/). The two
+// normalisations and the last four emit ai.cleave gradient ops.
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -63,6 +63,22 @@ absl::Status LayerNormGrad(GradBuilder& b) {
     }
     b.SetGrad(2, dbias);
   }
+  return absl::OkStatus();
+}
+
+// ai.cleave.RMSNormalization, by ai.cleave.RMSNormalizationGrad from the forward's saved
+// InvStdDev: with xhat = x rstd and g = dy scale, dx = rstd (g - xhat mean(g xhat)) and
+// dscale = sum dy xhat.
+absl::Status RMSNormGrad(GradBuilder& b) {
+  Value* x = b.x(0);
+  // As for LayerNormalization: a float64 X without a stash type saves float64 statistics.
+  if (!b.y(1) && x->dtype() == DataType::kFloat64 && !b.fwd().HasAttr("stash_type"))
+    b.fwd().SetAttr("stash_type", Attribute::Int(static_cast<int64_t>(DataType::kFloat64)));
+  Value* inv_std = b.ForwardOutput(1, "inv_std_dev");
+  std::vector<Value*> d = b.OpN("ai.cleave.RMSNormalizationGrad", {b.dy(), x, b.x(1), inv_std}, 2,
+                                {{"axis", Attribute::Int(b.fwd().AttrInt("axis", -1))}});
+  b.SetGrad(0, d[0]);
+  b.SetGrad(1, d[1]);
   return absl::OkStatus();
 }
 
@@ -218,6 +234,7 @@ void RegisterNnRules(std::map<std::string, GradRule>& rules) {
   rules["::Gemm"] = GemmGrad;
   rules["::LayerNormalization"] = LayerNormGrad;
   rules["ai.cleave::LayerNormalization"] = LayerNormGrad;
+  rules["ai.cleave::RMSNormalization"] = RMSNormGrad;
   rules["::Dropout"] = DropoutGrad;
   rules["::Trilu"] = TriluGrad;
   rules["::Concat"] = ConcatGrad;

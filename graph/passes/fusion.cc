@@ -206,6 +206,50 @@ bool FuseLayerNorm(Graph* g, Node* mean) {
   return true;
 }
 
+// x / sqrt(mean(x^2) + eps) * gamma over the last axis, as LLaMA's RMSNorm exports: the
+// square as Pow(x, 2) or Mul(x, x); the division as Div(x, s), or x times Div(1, s) or
+// Reciprocal(s); gamma a 1-D parameter on either side of the last Mul
+// -> ai.cleave.RMSNormalization(x, gamma).
+bool FuseRMSNorm(Graph* g, Node* var) {
+  if (!ReducesLastAxis(var) || !SoleUse(var->input(0))) return false;
+  Node* sq = var->input(0)->producer();
+  Value* x = nullptr;
+  if (Is(sq, "Pow") && Near(ScalarConst(sq->input(1)), 2.0)) x = sq->input(0);
+  if (Is(sq, "Mul") && sq->input(0) == sq->input(1)) x = sq->input(0);
+  if (!x || (x->dtype() != DataType::kFloat32 && x->dtype() != DataType::kFloat64)) return false;
+  Node* add_eps = SoleConsumer(var->output(0));
+  if (!Is(add_eps, "Add")) return false;
+  std::optional<double> eps = ScalarConst(Other(add_eps, var->output(0)));
+  Node* sqrt = SoleConsumer(add_eps->output(0));
+  if (!eps || !Is(sqrt, "Sqrt")) return false;
+  Value* s = sqrt->output(0);
+  Node* step = SoleConsumer(s);
+  if (!step) return false;
+  std::vector<Node*> nodes = {sq, var, add_eps, sqrt, step};
+  Value* normed = nullptr;
+  if (Is(step, "Div") && step->input(0) == x && step->input(1) == s) {
+    normed = step->output(0);
+  } else if (Is(step, "Reciprocal") || (Is(step, "Div") && step->input(1) == s && Near(ScalarConst(step->input(0)), 1.0))) {
+    Node* mul = SoleConsumer(step->output(0));
+    if (!Is(mul, "Mul") || Other(mul, step->output(0)) != x) return false;
+    nodes.push_back(mul);
+    normed = mul->output(0);
+  }
+  Node* scale = normed ? SoleConsumer(normed) : nullptr;
+  if (!Is(scale, "Mul")) return false;
+  Value* gamma = Other(scale, normed);
+  const Shape& xs = x->shape();
+  if (!gamma || !gamma->initializer() || gamma->dtype() != x->dtype() || gamma->shape().rank() != 1 ||
+      !xs.has_rank() || xs.rank() == 0 || !xs[xs.rank() - 1].is_static() ||
+      gamma->initializer()->numel() != xs[xs.rank() - 1].value)
+    return false;
+  nodes.push_back(scale);
+  Node* rn = Replace(g, nodes, "RMSNormalization", {x, gamma}, scale->output(0));
+  rn->SetAttr("axis", Attribute::Int(-1));
+  rn->SetAttr("epsilon", Attribute::Float(static_cast<float>(*eps)));
+  return true;
+}
+
 // The 2-D transpose feeding only this MatMul as its B, if any: MatMul(A, Transpose(W)) is
 // FusedMatMul(A, W, transB = 1), which reads W in place instead of copying it every step
 // (the tied LM head of a GPT exported for training has exactly this shape).
@@ -704,17 +748,31 @@ bool FoldSkipLayerNormCast(Graph* g, Node* n) {
 
 bool DependsOn(const Value* v, const Node* target);
 
-// Add(dX of a LayerNormalizationGrad that nothing else reads, another gradient of X's shape and
-// type) -> the LayerNormalizationGrad with that gradient as dX_add: the residual stream's
-// gradient is summed as dX is written, in one pass instead of three tensors more.
+// Where a normalisation gradient's optional dX_add input and dX_low output sit:
+// LayerNormalizationGrad(dY, X, scale, mean, inv_std_dev[, dX_add]) -> dX, dScale, dBias[, dX_low],
+// RMSNormalizationGrad(dY, X, scale, inv_std_dev[, dX_add]) -> dX, dScale[, dX_low]. Zeros for
+// any other node.
+struct NormGradSlots {
+  int add_in = 0, low_out = 0;
+};
+NormGradSlots NormGradSlotsOf(const Node* n) {
+  if (IsCleaveOp(n, "LayerNormalizationGrad")) return {5, 3};
+  if (IsCleaveOp(n, "RMSNormalizationGrad")) return {4, 2};
+  return {};
+}
+
+// Add(dX of a LayerNormalizationGrad or RMSNormalizationGrad that nothing else reads, another
+// gradient of X's shape and type) -> the gradient op with that gradient as dX_add: the residual
+// stream's gradient is summed as dX is written, in one pass instead of three tensors more.
 bool FoldResidualGradIntoLayerNormGrad(Graph* g, Node* add) {
   if (!Is(add, "Add") || add->num_inputs() != 2) return false;
   for (int i = 0; i < 2; ++i) {
     Value* dx = add->input(i);
     Value* other = add->input(1 - i);
     Node* lng = dx ? dx->producer() : nullptr;
-    if (!lng || lng->domain() != kCleaveDomain || lng->op_type() != "LayerNormalizationGrad" ||
-        lng->num_inputs() != 5 || lng->output(0) != dx || !SoleUse(dx) || !other || other == dx)
+    const NormGradSlots slots = NormGradSlotsOf(lng);
+    if (!slots.add_in || lng->num_inputs() != slots.add_in || lng->output(0) != dx || !SoleUse(dx) || !other ||
+        other == dx)
       continue;
     if (dx->dtype() != other->dtype() || !dx->shape().is_static() || dx->shape() != other->shape() ||
         add->output(0)->shape() != dx->shape())
@@ -929,8 +987,9 @@ bool FoldBiasGradient(Graph* g, Node* p) {
   return false;
 }
 
-// Cast to bf16 / fp16 of a float32 LayerNormalizationGrad's dX (the residual stream's gradient,
-// read in the low type by the next products and in float32 by the next LayerNorm's gradient)
+// Cast to bf16 / fp16 of a float32 LayerNormalizationGrad's or RMSNormalizationGrad's dX (the
+// residual stream's gradient, read in the low type by the next products and in float32 by the
+// next norm's gradient)
 // -> the gradient also writes dX_low (low_to): the Cast's one rounding of the same float32
 // values, without reading dX back.
 bool FoldCastIntoLayerNormGrad(Graph* g, Node* cast) {
@@ -938,15 +997,16 @@ bool FoldCastIntoLayerNormGrad(Graph* g, Node* cast) {
   Value* dx = cast->input(0);
   Node* grad = dx ? dx->producer() : nullptr;
   const int64_t to = cast->AttrInt("to", 0);
-  if (!IsCleaveOp(grad, "LayerNormalizationGrad") || grad->output(0) != dx || dx->dtype() != DataType::kFloat32 ||
-      (grad->num_outputs() > 3 && grad->output(3)) ||
+  const NormGradSlots slots = NormGradSlotsOf(grad);
+  if (!slots.add_in || grad->output(0) != dx || dx->dtype() != DataType::kFloat32 ||
+      (grad->num_outputs() > slots.low_out && grad->output(slots.low_out)) ||
       (to != static_cast<int64_t>(DataType::kBFloat16) && to != static_cast<int64_t>(DataType::kFloat16)))
     return false;
   Value* low = cast->output(0);
   g->RemoveNode(cast);
   std::vector<Value*> outs = grad->outputs();
-  outs.resize(4, nullptr);
-  outs[3] = low;
+  outs.resize(slots.low_out + 1, nullptr);
+  outs[slots.low_out] = low;
   Node* fused = g->RebuildNode(grad, grad->inputs(), outs);
   fused->SetAttr("low_to", Attribute::Int(to));
   return true;
@@ -954,10 +1014,11 @@ bool FoldCastIntoLayerNormGrad(Graph* g, Node* cast) {
 
 // A float32 MatMulBf16 / MatMulF16 result (no accumulation, no dbias) that only a
 // SkipLayerNormalization reads as its skip (a residual branch's last product, beside the float32
-// residual) or only a LayerNormalizationGrad reads as its dY (beside a float32 X) -> the product
-// writes the operands' type (`to`), its float32 bias rounded to that type by a Cast, and the
-// reader takes it as float32: PyTorch's autocast returns a linear layer's output (bias
-// included) in bf16 too, and the [tokens, width] result is written and read in half the bytes.
+// residual) or only a LayerNormalizationGrad / RMSNormalizationGrad reads as its dY (beside a
+// float32 X) -> the product writes the operands' type (`to`), its float32 bias rounded to that
+// type by a Cast, and the reader takes it as float32: PyTorch's autocast returns a linear
+// layer's output (bias included) in bf16 too, and the [tokens, width] result is written and
+// read in half the bytes.
 bool NarrowProductIntoNorm(Graph* g, Node* p) {
   if ((!IsCleaveOp(p, "MatMulBf16") && !IsCleaveOp(p, "MatMulF16")) || p->HasAttr("to") || p->num_inputs() > 3 ||
       (p->num_outputs() > 1 && p->output(1)))
@@ -967,8 +1028,7 @@ bool NarrowProductIntoNorm(Graph* g, Node* p) {
   const auto [reader, slot] = y->consumers()[0];
   const bool skip = IsCleaveOp(reader, "SkipLayerNormalization") && slot == 1 &&
                     reader->input(0)->dtype() == DataType::kFloat32;
-  const bool dy = IsCleaveOp(reader, "LayerNormalizationGrad") && slot == 0 &&
-                  reader->input(1)->dtype() == DataType::kFloat32;
+  const bool dy = NormGradSlotsOf(reader).add_in && slot == 0 && reader->input(1)->dtype() == DataType::kFloat32;
   if (!skip && !dy) return false;
   const DataType low = p->op_type() == "MatMulBf16" ? DataType::kBFloat16 : DataType::kFloat16;
   Value* bias = p->num_inputs() > 2 ? p->input(2) : nullptr;
@@ -1012,7 +1072,7 @@ bool FuseAt(Graph* g, Node* n, Rules rules) {
   const bool matmul_rules = rules == Rules::kTransformer;
   if (Is(n, "Erf")) return FuseErfGelu(g, n);
   if (Is(n, "Tanh")) return FuseTanhGelu(g, n);
-  if (Is(n, "ReduceMean")) return FuseLayerNorm(g, n);
+  if (Is(n, "ReduceMean")) return FuseLayerNorm(g, n) || FuseRMSNorm(g, n);
   if (!matmul_rules) return false;
   if (Is(n, "MatMul")) return FuseMatMulBias(g, n) || FoldTransposes(g, n);
   if (Is(n, "Transpose")) return FoldTransposeOfMatMul(g, n);

@@ -85,8 +85,11 @@ void GeluGrad(bool tanh_form, const double* dy, const double* x, double* dx, int
 // column sums are deterministic: rows are cut into LayerNormGradBlocks(rows) fixed blocks
 // (a function of rows alone), each block's sums go to its own slice of `workspace`
 // (LayerNormGradWorkspace(p) doubles) in row order, and the blocks are added in block order.
+// RMSNorm (rms): xhat = x inv_std and dx = inv_std * (g - xhat * mean_row(g * xhat)), with no
+// mean (null) and no dbias.
 struct LayerNormGradParams {
   int64_t rows = 0, cols = 0;
+  bool rms = false;
 };
 int64_t LayerNormGradBlocks(int64_t rows);
 int64_t LayerNormGradWorkspace(const LayerNormGradParams& p);

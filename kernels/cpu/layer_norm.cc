@@ -1,4 +1,5 @@
-// Layer normalisation on the CPU (kernels/cpu/), one row at a time, rows in parallel.
+// Layer normalisation (and RMSNorm, its uncentred form) on the CPU (kernels/cpu/), one row at
+// a time, rows in parallel.
 // Statistics are two-pass and accumulate in double: pass one gives the mean, pass two the
 // variance as the mean of (x - mean)^2. The one-pass E[x^2] - E[x]^2 would cancel
 // catastrophically for rows with a large mean and small spread (activations with a big
@@ -18,9 +19,9 @@ namespace {
 // Normalises one row; returns {mean, 1 / sqrt(var + eps)}.
 template <typename T>
 CLEAVE_ALWAYS_INLINE void LayerNormRowImpl(const T* x, const T* scale, const T* bias, T* y,
-                                           int64_t n, double eps, double* mean_out,
+                                           int64_t n, double eps, bool rms, double* mean_out,
                                            double* inv_std_out) {
-  const double mean = LaneSum<double>(x, n) / static_cast<double>(n);
+  const double mean = rms ? 0.0 : LaneSum<double>(x, n) / static_cast<double>(n);
   const double var = LaneSumSquares(x, n, mean) / static_cast<double>(n);
   const double inv_std = 1.0 / std::sqrt(var + eps);
   *mean_out = mean;
@@ -36,18 +37,18 @@ CLEAVE_ALWAYS_INLINE void LayerNormRowImpl(const T* x, const T* scale, const T* 
 }
 
 CLEAVE_SIMD_CLONES void LayerNormRowF32(const float* x, const float* scale, const float* bias,
-                                        float* y, int64_t n, double eps, double* mean,
+                                        float* y, int64_t n, double eps, bool rms, double* mean,
                                         double* inv_std) {
-  LayerNormRowImpl(x, scale, bias, y, n, eps, mean, inv_std);
+  LayerNormRowImpl(x, scale, bias, y, n, eps, rms, mean, inv_std);
 }
 
 void LayerNormRow(const float* x, const float* scale, const float* bias, float* y, int64_t n,
-                  double eps, double* mean, double* inv_std) {
-  LayerNormRowF32(x, scale, bias, y, n, eps, mean, inv_std);
+                  double eps, bool rms, double* mean, double* inv_std) {
+  LayerNormRowF32(x, scale, bias, y, n, eps, rms, mean, inv_std);
 }
 void LayerNormRow(const double* x, const double* scale, const double* bias, double* y, int64_t n,
-                  double eps, double* mean, double* inv_std) {
-  LayerNormRowImpl(x, scale, bias, y, n, eps, mean, inv_std);
+                  double eps, bool rms, double* mean, double* inv_std) {
+  LayerNormRowImpl(x, scale, bias, y, n, eps, rms, mean, inv_std);
 }
 
 }  // namespace
@@ -68,7 +69,7 @@ void LayerNorm(const LayerNormParams& p, const T* x, const T* scale, const T* bi
   ParallelFor(pool, p.rows, grain, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       double m, s;
-      LayerNormRow(x + r * n, scale, bias, y + r * n, n, p.epsilon, &m, &s);
+      LayerNormRow(x + r * n, scale, bias, y + r * n, n, p.epsilon, p.rms, &m, &s);
       if (mean) mean[r] = static_cast<U>(m);
       if (inv_std) inv_std[r] = static_cast<U>(s);
     }

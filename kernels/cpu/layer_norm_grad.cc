@@ -1,4 +1,4 @@
-// LayerNormalization's gradients on the CPU (kernels/cpu/); see grad.h.
+// LayerNormalization's and RMSNormalization's gradients on the CPU (kernels/cpu/); see grad.h.
 // dx needs two sums per row, taken in double like the forward's statistics; they use the
 // forward's saved mean and inv_std rather than recomputing them, so the backward
 // differentiates exactly the normalisation the forward applied. dscale and dbias are sums
@@ -47,12 +47,14 @@ CLEAVE_ALWAYS_INLINE void RowSums(const T* dy, const T* x, const T* scale, doubl
 }
 
 // One row: writes dx and adds this row's dscale / dbias terms to ps / pb (either may be null).
+// RMSNorm passes m = 0 and centred = false: no mean(g) term.
 template <typename T>
 CLEAVE_ALWAYS_INLINE void LayerNormGradRowImpl(const T* dy, const T* x, const T* scale, double m,
-                                               double s, int64_t n, T* dx, double* ps, double* pb) {
+                                               double s, bool centred, int64_t n, T* dx,
+                                               double* ps, double* pb) {
   double sg, sgx;
   RowSums(dy, x, scale, m, s, n, &sg, &sgx);
-  const double mg = sg / static_cast<double>(n), mgx = sgx / static_cast<double>(n);
+  const double mg = centred ? sg / static_cast<double>(n) : 0.0, mgx = sgx / static_cast<double>(n);
   for (int64_t i = 0; i < n; ++i) {
     const double xh = (static_cast<double>(x[i]) - m) * s;
     const double g = static_cast<double>(dy[i]) * static_cast<double>(scale[i]);
@@ -66,17 +68,17 @@ CLEAVE_ALWAYS_INLINE void LayerNormGradRowImpl(const T* dy, const T* x, const T*
 }
 
 CLEAVE_SIMD_CLONES void LayerNormGradRowF32(const float* dy, const float* x, const float* scale,
-                                            double m, double s, int64_t n, float* dx, double* ps,
-                                            double* pb) {
-  LayerNormGradRowImpl(dy, x, scale, m, s, n, dx, ps, pb);
+                                            double m, double s, bool centred, int64_t n, float* dx,
+                                            double* ps, double* pb) {
+  LayerNormGradRowImpl(dy, x, scale, m, s, centred, n, dx, ps, pb);
 }
 void LayerNormGradRow(const float* dy, const float* x, const float* scale, double m, double s,
-                      int64_t n, float* dx, double* ps, double* pb) {
-  LayerNormGradRowF32(dy, x, scale, m, s, n, dx, ps, pb);
+                      bool centred, int64_t n, float* dx, double* ps, double* pb) {
+  LayerNormGradRowF32(dy, x, scale, m, s, centred, n, dx, ps, pb);
 }
 void LayerNormGradRow(const double* dy, const double* x, const double* scale, double m, double s,
-                      int64_t n, double* dx, double* ps, double* pb) {
-  LayerNormGradRowImpl(dy, x, scale, m, s, n, dx, ps, pb);
+                      bool centred, int64_t n, double* dx, double* ps, double* pb) {
+  LayerNormGradRowImpl(dy, x, scale, m, s, centred, n, dx, ps, pb);
 }
 
 }  // namespace
@@ -106,8 +108,8 @@ void LayerNormGrad(const LayerNormGradParams& p, const T* dy, const T* x, const 
       if (ps) std::fill(ps, ps + n, 0.0);
       if (pb) std::fill(pb, pb + n, 0.0);
       for (int64_t r = b * per; r < std::min(p.rows, (b + 1) * per); ++r)
-        LayerNormGradRow(dy + r * n, x + r * n, scale, static_cast<double>(mean[r]),
-                         static_cast<double>(inv_std[r]), n, dx + r * n, ps, pb);
+        LayerNormGradRow(dy + r * n, x + r * n, scale, p.rms ? 0.0 : static_cast<double>(mean[r]),
+                         static_cast<double>(inv_std[r]), !p.rms, n, dx + r * n, ps, pb);
     }
   });
   if (!sums) return;

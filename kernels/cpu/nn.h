@@ -98,6 +98,9 @@ void Softmax(const SoftmaxParams& p, const double* x, double* y, ThreadPool* poo
 struct LayerNormParams {
   int64_t rows = 0, cols = 0;
   double epsilon = 1e-5;
+  // RMSNorm: no centring, y = x / sqrt(mean(x^2) + eps) * scale; the saved mean is 0 (mean
+  // may be null).
+  bool rms = false;
 };
 // Instantiated for (T, U) in {float, double}^2.
 template <typename T, typename U>

@@ -62,9 +62,9 @@ int DropoutKeyed(Dt dt, uint64_t key, float ratio, const void* x, void* y, bool*
 int GeluGrad(Dt dt, const void* dy, const void* x, void* dx, int64_t n, bool tanh_form, void* stream);
 
 // Row-wise over [rows, cols]: y = (x - mean) * inv_std * gamma + beta (beta may be null);
-// mean and inv_std [rows] fp32 (may be null).
+// mean and inv_std [rows] fp32 (may be null). rms: RMSNorm, the mean taken as 0.
 int LayerNorm(Dt dt, const void* x, const void* gamma, const void* beta, void* y, float* mean, float* inv_std,
-              int64_t rows, int64_t cols, float epsilon, void* stream);
+              int64_t rows, int64_t cols, float epsilon, void* stream, bool rms = false);
 // The same over sum = x + skip, written to `sum` (may be null) as well; skip of x's type dt, or
 // (dt float32) of skip_dt bf16 / fp16, added as float32.
 int SkipLayerNorm(Dt dt, Dt skip_dt, Dt y_dt, const void* x, const void* skip, const void* gamma, const void* beta,
@@ -77,7 +77,8 @@ int SkipLayerNorm(Dt dt, Dt skip_dt, Dt y_dt, const void* x, const void* skip, c
 int64_t LayerNormGradScratch(int64_t rows, int64_t cols);
 // With dx_low (dt float32 only), dx is also written rounded to low_dt (bf16 or fp16), as a Cast
 // of it would round it; dx may then be null. dy is of x's type dt, or (dt float32) of dy_dt
-// bf16 / fp16, read as float32.
+// bf16 / fp16, read as float32. A null mean is RMSNorm's gradient (no mean, no mean(g) term;
+// dbeta is then null too).
 int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const float* mean, const float* inv_std,
                   const void* dx_add, void* dx, float* dgamma, float* dbeta, float* scratch, int64_t rows, int64_t cols,
                   void* dx_low, Dt low_dt, Dt dy_dt, void* stream);

@@ -1,5 +1,6 @@
-// CUDA row kernels (kernels/cuda/): LayerNormalization forward and backward, Softmax and
-// LogSoftmax over the last axis. One block per row; statistics in fp32.
+// CUDA row kernels (kernels/cuda/): LayerNormalization and RMSNormalization forward and
+// backward, Softmax and LogSoftmax over the last axis. One block per row; statistics in fp32.
+// RMSNorm is the uncentred LayerNorm: a mean of 0, and in the backward no mean(g) term.
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -8,14 +9,15 @@ namespace {
 
 template <typename T>
 __global__ void LayerNormKernel(const T* x, const T* gamma, const T* beta, T* y, float* mean_out, float* inv_out,
-                                int64_t cols, float eps) {
+                                int64_t cols, float eps, bool rms) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * cols;
   T* yr = y + row * cols;
   float s = 0.f;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += ToFloat(xr[c]);
-  const float mean = BlockSum(s, shared) / static_cast<float>(cols);
+  if (!rms)
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += ToFloat(xr[c]);
+  const float mean = rms ? 0.f : BlockSum(s, shared) / static_cast<float>(cols);
   float q = 0.f;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float d = ToFloat(xr[c]) - mean;
@@ -72,7 +74,8 @@ __global__ void SkipLayerNormKernel(const T* x, const S* skip, const T* gamma, c
 }
 
 // dx (when not null) and its rounding to L (dx_low, when not null).
-// dy is of x's type T, or (a low-precision product's result) of a lower one D.
+// dy is of x's type T, or (a low-precision product's result) of a lower one D. A null mean is
+// RMSNorm's.
 template <typename T, typename D, typename L>
 __global__ void LayerNormGradRows(const D* dy, const T* x, const T* gamma, const float* mean, const float* inv,
                                   const T* add, T* dx, L* dx_low, int64_t cols) {
@@ -80,14 +83,14 @@ __global__ void LayerNormGradRows(const D* dy, const T* x, const T* gamma, const
   const int64_t row = blockIdx.x;
   const D* dyr = dy + row * cols;
   const T* xr = x + row * cols;
-  const float mu = mean[row], is = inv[row];
+  const float mu = mean ? mean[row] : 0.f, is = inv[row];
   float a = 0.f, b = 0.f;  // sums of g*dy and g*dy*xhat
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float gd = ToFloat(gamma[c]) * ToFloat(dyr[c]);
     a += gd;
     b += gd * (ToFloat(xr[c]) - mu) * is;
   }
-  const float mean_gd = BlockSum(a, shared) / static_cast<float>(cols);
+  const float mean_gd = mean ? BlockSum(a, shared) / static_cast<float>(cols) : 0.f;
   const float mean_gdx = BlockSum(b, shared) / static_cast<float>(cols);
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float xhat = (ToFloat(xr[c]) - mu) * is;
@@ -114,7 +117,7 @@ __global__ void LayerNormGradColumns(const D* dy, const T* x, const float* mean,
   if (c < cols)
     for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
       const float d = ToFloat(dy[r * cols + c]);
-      g += d * (ToFloat(x[r * cols + c]) - mean[r]) * inv[r];
+      g += d * (ToFloat(x[r * cols + c]) - (mean ? mean[r] : 0.f)) * inv[r];
       b += d;
     }
   sg[threadIdx.y][threadIdx.x] = g;
@@ -167,12 +170,12 @@ unsigned Rows(int64_t rows) { return static_cast<unsigned>(rows); }
 }  // namespace
 
 int LayerNorm(Dt dt, const void* x, const void* gamma, const void* beta, void* y, float* mean, float* inv_std,
-              int64_t rows, int64_t cols, float epsilon, void* stream) {
+              int64_t rows, int64_t cols, float epsilon, void* stream, bool rms) {
   if (rows == 0) return 0;
   DISPATCH_DT(dt, T, {
     LayerNormKernel<T><<<Rows(rows), kThreads, 0, Stream(stream)>>>(
         static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta), static_cast<T*>(y), mean,
-        inv_std, cols, epsilon);
+        inv_std, cols, epsilon, rms);
   });
   return static_cast<int>(cudaGetLastError());
 }

@@ -349,29 +349,37 @@ std::string GeluGradSupported(const graph::Node& n, int) {
 }
 
 // LayerNormalizationGrad(dY, X, scale, mean, inv_std_dev) {axis} -> dX[, dScale, dBias].
+// RMSNormalizationGrad(dY, X, scale, inv_std_dev[, dX_add]) {axis} -> dX[, dScale, dX_low]: the
+// same without the mean (and so without its mean(g) term) or a bias.
 // A scale that broadcasts over the normalised dims is expanded for the math, and its
 // gradients are summed back over the broadcast axes.
 class LayerNormGradKernel : public OpKernel {
  public:
-  LayerNormGradKernel(const graph::Node& n, int) : axis_(n.AttrInt("axis", -1)) {}
+  LayerNormGradKernel(const graph::Node& n, int)
+      : rms_(n.op_type() == "RMSNormalizationGrad"),
+        inv_in_(rms_ ? 3 : 4),
+        add_in_(rms_ ? 4 : 5),
+        low_out_(rms_ ? 2 : 3),
+        axis_(n.AttrInt("axis", -1)) {}
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& dy = *ctx.input(0);
     const TensorView& x = *ctx.input(1);
-    const TensorView& mean = *ctx.input(3);
-    const TensorView& inv_std = *ctx.input(4);
+    const TensorView& inv_std = *ctx.input(inv_in_);
+    const TensorView& mean = rms_ ? inv_std : *ctx.input(3);
     RETURN_IF_ERROR(ExpectSameDims(dy, x, "X"));
     if (dy.dtype != x.dtype &&
         !(x.dtype == DataType::kFloat32 && (dy.dtype == DataType::kBFloat16 || dy.dtype == DataType::kFloat16)))
       return InvalidArgument("expected dY of X's type, or bf16 / fp16 with a float32 X, got ", DataTypeName(dy.dtype),
                              " and ", DataTypeName(x.dtype));
-    if (const TensorView* add = ctx.num_inputs() > 5 ? ctx.input(5) : nullptr; add && add->shape() != x.shape())
+    if (const TensorView* add = ctx.num_inputs() > add_in_ ? ctx.input(add_in_) : nullptr; add && add->shape() != x.shape())
       return InvalidArgument("expected dX_add of X's shape ", DimsToString(x.shape()), ", got ",
                              DimsToString(add->shape()));
     ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, x.rank, true));
     kernels::cpu::LayerNormGradParams p;
     p.rows = DimProduct(x, 0, axis);
     p.cols = DimProduct(x, axis, x.rank);
+    p.rms = rms_;
     RETURN_IF_ERROR(CheckScale(*ctx.input(2), x, axis));
     for (const TensorView* v : {&mean, &inv_std})
       if (v->numel() != p.rows || v->dtype != mean.dtype)
@@ -380,7 +388,7 @@ class LayerNormGradKernel : public OpKernel {
                                "), got ", DimsToString(mean.shape()), " and ",
                                DimsToString(inv_std.shape()));
     const bool f64 = x.dtype == DataType::kFloat64, u64 = mean.dtype == DataType::kFloat64;
-    if (ctx.num_outputs() > 3 && x.dtype != DataType::kFloat32)
+    if (ctx.num_outputs() > low_out_ && x.dtype != DataType::kFloat32)
       return InvalidArgument("dX_low rounds a float32 dX, got X of ", DataTypeName(x.dtype));
     if (f64 && u64) Run<double, double>(p, axis, ctx);
     else if (f64) Run<double, float>(p, axis, ctx);
@@ -403,13 +411,13 @@ class LayerNormGradKernel : public OpKernel {
   }
 
   template <typename T, typename U>
-  static void Run(const kernels::cpu::LayerNormGradParams& p, int axis, KernelContext& ctx) {
+  void Run(const kernels::cpu::LayerNormGradParams& p, int axis, KernelContext& ctx) const {
     const TensorView& x = *ctx.input(1);
     const TensorView& scale = *ctx.input(2);
     const std::span<const int64_t> norm_dims(x.dims + axis, x.rank - axis);
     TensorView* dx = ctx.Output(0, x.dim_span());
     TensorView* dscale = ctx.Output(1, scale.dim_span());
-    TensorView* dbias = ctx.Output(2, scale.dim_span());
+    TensorView* dbias = rms_ ? nullptr : ctx.Output(2, scale.dim_span());
     const bool broadcast = scale.numel() != p.cols;
     auto buffer = [&](int64_t n) { return static_cast<T*>(ctx.Scratch(n * sizeof(T))); };
     const T* s = scale.as<const T>();
@@ -424,7 +432,7 @@ class LayerNormGradKernel : public OpKernel {
     double* workspace = (ds || db) ? static_cast<double*>(ctx.Scratch(
         kernels::cpu::LayerNormGradWorkspace(p) * sizeof(double))) : nullptr;
     // dX_low (float32 X only, checked above): dX rounded to bf16 / fp16 as a Cast of it would be.
-    TensorView* low = ctx.num_outputs() > 3 ? ctx.Output(3, x.dim_span()) : nullptr;
+    TensorView* low = ctx.num_outputs() > low_out_ ? ctx.Output(low_out_, x.dim_span()) : nullptr;
     T* d = dx ? dx->as<T>() : buffer(x.numel());
     // A bf16 / fp16 dY (a low-precision product's result) is read as float32.
     const T* dy = ctx.input(0)->as<const T>();
@@ -434,10 +442,11 @@ class LayerNormGradKernel : public OpKernel {
       dy = wide;
     }
     kernels::cpu::LayerNormGrad<T, U>(p, dy, x.as<const T>(), s,
-                                      ctx.input(3)->as<const U>(), ctx.input(4)->as<const U>(), d, ds, db, workspace,
+                                      rms_ ? nullptr : ctx.input(3)->as<const U>(),
+                                      ctx.input(inv_in_)->as<const U>(), d, ds, db, workspace,
                                       ctx.thread_pool());
     // dX_add: added to dX after it is formed, as a separate Add would add it.
-    const TensorView* add = ctx.num_inputs() > 5 ? ctx.input(5) : nullptr;
+    const TensorView* add = ctx.num_inputs() > add_in_ ? ctx.input(add_in_) : nullptr;
     if ((dx || low) && add) {
       const T* a = add->as<const T>();
       ParallelFor(ctx.thread_pool(), x.numel(), 1 << 14, [&](int64_t i0, int64_t i1) {
@@ -457,6 +466,8 @@ class LayerNormGradKernel : public OpKernel {
     if (db) kernels::cpu::Reduce<T>(kernels::cpu::ReduceKind::kSum, plan, db, dbias->as<T>(), ctx.thread_pool());
   }
 
+  bool rms_;
+  int inv_in_, add_in_, low_out_;  // InvStdDev and dX_add inputs, dX_low output
   int64_t axis_;
 };
 
@@ -483,6 +494,10 @@ void RegisterGradKernels(KernelRegistry& r) {
   r.Register({c, "GeluGrad", 1, 1, AllOf({InputTypeIn(0, floats), InputTypeIn(1, floats), GeluGradSupported}),
               MakeFactory<GeluGradKernel>()});
   r.Register({c, "LayerNormalizationGrad", 1, 1,
+              AllOf({InputTypeIn(0, {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16, DataType::kFloat16}),
+                     InputTypeIn(1, floats), InputTypeIn(3, floats)}),
+              MakeFactory<LayerNormGradKernel>()});
+  r.Register({c, "RMSNormalizationGrad", 1, 1,
               AllOf({InputTypeIn(0, {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16, DataType::kFloat16}),
                      InputTypeIn(1, floats), InputTypeIn(3, floats)}),
               MakeFactory<LayerNormGradKernel>()});

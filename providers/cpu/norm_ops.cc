@@ -1,5 +1,5 @@
-// CPU kernels for normalisation (providers/cpu/): Softmax, LogSoftmax and
-// LayerNormalization (ONNX 17 and ai.cleave 1, same semantics). Each maps the node's axis
+// CPU kernels for normalisation (providers/cpu/): Softmax, LogSoftmax, LayerNormalization
+// (ONNX 17 and ai.cleave 1, same semantics) and ai.cleave.RMSNormalization. Each maps the node's axis
 // onto the [outer, axis, inner] / [rows, cols] views of kernels/cpu/nn.h.
 #include <memory>
 
@@ -47,10 +47,13 @@ class SoftmaxKernel : public OpKernel {
   int64_t axis_;
 };
 
+// LayerNormalization(X, Scale[, B]) -> Y, Mean, InvStdDev, and ai.cleave.RMSNormalization(X,
+// Scale) -> Y, InvStdDev (no centring, no bias).
 class LayerNormKernel : public OpKernel {
  public:
   LayerNormKernel(const graph::Node& n, int)
-      : axis_(n.AttrInt("axis", -1)),
+      : rms_(n.op_type() == "RMSNormalization"),
+        axis_(n.AttrInt("axis", -1)),
         epsilon_(n.AttrFloat("epsilon", 1e-5f)),
         stash_double_(n.AttrInt("stash_type", 1) == static_cast<int>(DataType::kFloat64)) {}
 
@@ -62,15 +65,16 @@ class LayerNormKernel : public OpKernel {
     p.cols = DimProduct(x, axis, x.rank);
     // The epsilon attribute is a float; widening it keeps exactly the value the model holds.
     p.epsilon = static_cast<double>(epsilon_);
+    p.rms = rms_;
     const void* scale = nullptr;
     const void* bias = nullptr;
     RETURN_IF_ERROR(AffineParam(ctx, 1, x, axis, &scale));
-    RETURN_IF_ERROR(AffineParam(ctx, 2, x, axis, &bias));
+    if (!rms_) RETURN_IF_ERROR(AffineParam(ctx, 2, x, axis, &bias));
     DimVector stat_dims(x.dim_span());
     for (int k = axis; k < x.rank; ++k) stat_dims[k] = 1;
     TensorView* y = ctx.Output(0, x.dim_span());
-    TensorView* mean = ctx.Output(1, stat_dims);
-    TensorView* inv_std = ctx.Output(2, stat_dims);
+    TensorView* mean = rms_ ? nullptr : ctx.Output(1, stat_dims);
+    TensorView* inv_std = ctx.Output(rms_ ? 1 : 2, stat_dims);
     if (!y) return absl::OkStatus();
     if (x.dtype == DataType::kFloat64) Run<double>(p, x, scale, bias, y, mean, inv_std, ctx);
     else Run<float>(p, x, scale, bias, y, mean, inv_std, ctx);
@@ -123,6 +127,7 @@ class LayerNormKernel : public OpKernel {
                                         ctx.thread_pool());
   }
 
+  bool rms_;
   int64_t axis_;
   float epsilon_;
   bool stash_double_;
@@ -206,6 +211,8 @@ void RegisterNormKernels(KernelRegistry& r) {
   auto ln_supports = AllOf({InputTypeIn(0, {f32, f64}), StashTypeSupported});
   r.Register({"", "LayerNormalization", 17, 17, ln_supports, MakeFactory<LayerNormKernel>()});
   r.Register({std::string(graph::kCleaveDomain), "LayerNormalization", 1, 1, ln_supports,
+              MakeFactory<LayerNormKernel>()});
+  r.Register({std::string(graph::kCleaveDomain), "RMSNormalization", 1, 1, ln_supports,
               MakeFactory<LayerNormKernel>()});
   r.Register({std::string(graph::kCleaveDomain), "SkipLayerNormalization", 1, 1, InputTypeIn(0, {f32}),
               MakeFactory<SkipLayerNormKernel>()});

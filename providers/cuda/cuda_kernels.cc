@@ -468,30 +468,33 @@ std::string Fp32Stash(const graph::Node& n, int) {
   return stash == 1 ? "" : absl::StrCat("stash_type ", stash, " (only float32 statistics on CUDA)");
 }
 
+// LayerNormalization(X, Scale[, B]) -> Y, Mean, InvStdDev, and RMSNormalization(X, Scale) -> Y,
+// InvStdDev over the last axis.
 class LayerNormKernel : public CudaKernel {
  public:
   LayerNormKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), epsilon_(n.AttrFloat("epsilon", 1e-5f)) {}
+      : CudaKernel(p, n), rms_(n.op_type() == "RMSNormalization"), epsilon_(n.AttrFloat("epsilon", 1e-5f)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
     const TensorView& gamma = *ctx.input(1);
-    const TensorView* beta = ctx.input(2);
+    const TensorView* beta = rms_ ? nullptr : ctx.input(2);
     const int64_t cols = x.rank ? x.dims[x.rank - 1] : 1;
     if (gamma.numel() != cols || (beta && beta->numel() != cols))
       return InvalidArgument(name_, ": scale and bias must have ", cols, " elements (the last dim of X)");
     TensorView* y = ctx.Output(0, x.dim_span());
     std::vector<int64_t> stat(x.dims, x.dims + x.rank);
     if (!stat.empty()) stat.back() = 1;
-    TensorView* mean = ctx.Output(1, stat);
-    TensorView* inv = ctx.Output(2, stat);
+    TensorView* mean = rms_ ? nullptr : ctx.Output(1, stat);
+    TensorView* inv = ctx.Output(rms_ ? 1 : 2, stat);
     if (!y) return absl::OkStatus();
     const int64_t rows = cols ? x.numel() / cols : 0;
     return Check(kc::LayerNorm(DtOf(x.dtype), x.data, gamma.data, beta ? beta->data : nullptr, y->data,
                                mean ? mean->as<float>() : nullptr, inv ? inv->as<float>() : nullptr, rows, cols,
-                               epsilon_, stream()));
+                               epsilon_, stream(), rms_));
   }
 
  private:
+  bool rms_;
   float epsilon_;
 };
 
@@ -532,16 +535,19 @@ class SkipLayerNormKernel : public CudaKernel {
   float epsilon_;
 };
 
-// LayerNormalizationGrad(dY, X, scale, mean, inv_std_dev[, dX_add]) -> dX, dScale, dBias[, dX_low].
+// LayerNormalizationGrad(dY, X, scale, mean, inv_std_dev[, dX_add]) -> dX, dScale, dBias[, dX_low];
+// RMSNormalizationGrad(dY, X, scale, inv_std_dev[, dX_add]) -> dX, dScale[, dX_low].
 class LayerNormGradKernel : public CudaKernel {
  public:
-  LayerNormGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  LayerNormGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), rms_(n.op_type() == "RMSNormalizationGrad") {}
   absl::Status Compute(KernelContext& ctx) const override {
+    const int inv_in = rms_ ? 3 : 4, add_in = inv_in + 1, low_out = rms_ ? 2 : 3;
     const TensorView& dy = *ctx.input(0);
     const TensorView& x = *ctx.input(1);
     const TensorView& gamma = *ctx.input(2);
-    const TensorView& mean = *ctx.input(3);
-    const TensorView& inv = *ctx.input(4);
+    const TensorView& inv = *ctx.input(inv_in);
+    const TensorView& mean = rms_ ? inv : *ctx.input(3);
     const int64_t cols = x.rank ? x.dims[x.rank - 1] : 1;
     const int64_t rows = cols ? x.numel() / cols : 0;
     if (mean.numel() != rows || inv.numel() != rows || gamma.numel() != cols || dy.shape() != x.shape())
@@ -549,22 +555,27 @@ class LayerNormGradKernel : public CudaKernel {
                              " scale elements and ", rows, " statistics");
     TensorView* dx = ctx.Output(0, x.dim_span());
     TensorView* dg = ctx.Output(1, gamma.dim_span());
-    TensorView* db = ctx.Output(2, gamma.dim_span());
-    TensorView* low = ctx.num_outputs() > 3 ? ctx.Output(3, x.dim_span()) : nullptr;  // dX rounded (dX_low)
+    TensorView* db = rms_ ? nullptr : ctx.Output(2, gamma.dim_span());
+    TensorView* low = ctx.num_outputs() > low_out ? ctx.Output(low_out, x.dim_span()) : nullptr;  // dX rounded
     if (low && x.dtype != DataType::kFloat32)
       return InvalidArgument(name_, ": dX_low rounds a float32 dX, got X of ", DataTypeName(x.dtype));
     // The parameter gradients' partial sums over chunks of the rows.
     const int64_t parts = dg || db ? kc::LayerNormGradScratch(rows, cols) : 0;
     float* scratch = parts ? static_cast<float*>(ctx.Scratch(static_cast<size_t>(parts) * sizeof(float))) : nullptr;
-    const TensorView* add = ctx.num_inputs() > 5 ? ctx.input(5) : nullptr;  // the residual stream's gradient
+    // dX_add: the residual stream's gradient.
+    const TensorView* add = ctx.num_inputs() > add_in ? ctx.input(add_in) : nullptr;
     if (add && add->shape() != x.shape())
       return InvalidArgument(name_, ": expected dX_add of X's shape ", DimsToString(x.shape()), ", got ",
                              DimsToString(add->shape()));
-    return Check(kc::LayerNormGrad(DtOf(x.dtype), dy.data, x.data, gamma.data, mean.as<float>(), inv.as<float>(),
-                                   add ? add->data : nullptr, dx ? dx->data : nullptr, dg ? dg->as<float>() : nullptr,
+    return Check(kc::LayerNormGrad(DtOf(x.dtype), dy.data, x.data, gamma.data, rms_ ? nullptr : mean.as<float>(),
+                                   inv.as<float>(), add ? add->data : nullptr, dx ? dx->data : nullptr,
+                                   dg ? dg->as<float>() : nullptr,
                                    db ? db->as<float>() : nullptr, scratch, rows, cols, low ? low->data : nullptr,
                                    low ? DtOf(low->dtype) : kc::Dt::kBf16, DtOf(dy.dtype), stream()));
   }
+
+ private:
+  bool rms_;
 };
 
 // SoftmaxGrad / LogSoftmaxGrad (dY, Y) {axis: the last}.
@@ -801,9 +812,10 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<SoftmaxKernel>(r, this, "", "LogSoftmax", 13, 1 << 30, AllOf({floats, LastAxisOnly}));
   Add<LayerNormKernel>(r, this, "", "LayerNormalization", 17, 1 << 30, AllOf({floats, LastAxisOnly, Fp32Stash}));
   Add<LayerNormKernel>(r, this, C, "LayerNormalization", 1, 1, AllOf({floats, LastAxisOnly, Fp32Stash}));
+  Add<LayerNormKernel>(r, this, C, "RMSNormalization", 1, 1, AllOf({floats, LastAxisOnly, Fp32Stash}));
   // dY float32, or bf16 / fp16 (a low-precision product's result) with the float32 X.
-  Add<LayerNormGradKernel>(r, this, C, "LayerNormalizationGrad", 1, 1,
-                           AllOf({InputTypeIn(1, {DataType::kFloat32}), LastAxisOnly}));
+  for (const char* op : {"LayerNormalizationGrad", "RMSNormalizationGrad"})
+    Add<LayerNormGradKernel>(r, this, C, op, 1, 1, AllOf({InputTypeIn(1, {DataType::kFloat32}), LastAxisOnly}));
   Add<SkipLayerNormKernel>(r, this, C, "SkipLayerNormalization", 1, 1, floats);
   Add<SceKernel>(r, this, "", "SoftmaxCrossEntropyLoss", 12, 1 << 30, TwoDimScores);
   Add<SceGradKernel>(r, this, C, "SoftmaxCrossEntropyLossGrad", 1, 1, TwoDimScores);

@@ -1,0 +1,63 @@
+// CUDA normalisation kernel tests (label gpu): RMSNormalization and its gradient against the CPU
+// kernels on the same graph (LayerNormalization's are in cuda_kernels_test.cc). Without a usable
+// device (or driver) each test skips and says why.
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "runtime/inference_session.h"
+#include "tests/cuda_test_util.h"
+
+namespace cleave {
+namespace {
+
+using namespace cuda_testing;
+
+TEST(CudaProvider, RMSNormForwardAndBackward) {
+  REQUIRE_CUDA();
+  // Widths under, at and over one block's threads; one row, and many.
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 7}, {33, 256}, {64, 768}, {5, 1500}}) {
+    SCOPED_TRACE(absl::StrCat(rows, "x", cols));
+    const std::string dims = absl::StrCat("[", rows, ",", cols, "]"), vec = absl::StrCat("[", cols, "]");
+    ExpectSame(absl::StrCat("input dy: float32", dims, "\ninput x: float32", dims, "\ninput g: float32", vec, R"(
+      y, inv = ai.cleave.RMSNormalization(x, g) {axis = -1, epsilon = 0.000001}
+      dx, dg = ai.cleave.RMSNormalizationGrad(dy, x, g, inv) {axis = -1}
+      output y
+      output inv
+      output dx
+      output dg
+    )"),
+               {{"dy", Random({rows, cols}, 61)}, {"x", Random({rows, cols}, 62)}, {"g", Random({cols}, 63)}}, 1e-5,
+               1e-4, "RMSNormalization");
+  }
+  // The residual stream's gradient folded in (dX_add), a bf16 / fp16 dY read as float32, and dX
+  // also written rounded to the low type (dX_low).
+  const std::string inputs = R"(
+    input dy: float32[64,768]
+    input x: float32[64,768]
+    input r: float32[64,768]
+    input g: float32[768]
+    y, inv = ai.cleave.RMSNormalization(x, g)
+  )";
+  const Feeds feeds = {{"dy", Random({64, 768}, 64)}, {"x", Random({64, 768}, 65)}, {"r", Random({64, 768}, 66)},
+                       {"g", Random({768}, 67)}};
+  for (int to : {16, 10}) {
+    ExpectSame(absl::StrCat(inputs, "hdy = Cast(dy) {to = ", to, R"(}
+      dx, dg = ai.cleave.RMSNormalizationGrad(hdy, x, g, inv, r)
+      output dx
+      output dg
+    )"),
+               feeds, 1e-5, 1e-4, "RMSNormalizationGrad");
+    ExpectSame(absl::StrCat(inputs, "dx, dg, dl = ai.cleave.RMSNormalizationGrad(dy, x, g, inv, r) {low_to = ", to,
+                            R"(}
+      w = Cast(dl) {to = 1}
+      output dx
+      output dg
+      output w
+    )"),
+               feeds, 1e-5, to == 16 ? 8e-3 : 1e-3, "RMSNormalizationGrad");
+  }
+}
+
+}  // namespace
+}  // namespace cleave

@@ -1,0 +1,176 @@
+// RMSNorm as exporters write it (LLaMA's x * rsqrt(mean(x^2) + eps) * weight) becomes one
+// ai.cleave.RMSNormalization computing the same; variants that are not RMSNorm are left alone,
+// and a LLaMA training graph differentiates it through RMSNormalizationGrad.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "graph/passes/pass.h"
+#include "gtest/gtest.h"
+#include "tests/fusion_test_util.h"
+#include "tests/partition_test_util.h"
+
+namespace cleave::graph {
+namespace {
+
+// LLaMA's export at opset 18 (torch 1.13): rsqrt as Div(1, Sqrt), the weight on the left.
+constexpr char kRMSNorm[] = R"(
+  opset 18
+  input x: float32[2,3,8]
+  init two: float32[] = 2
+  init axes: int64[1] = -1
+  init eps: float32[] = 1e-6
+  init one: float32[] = 1
+  init w: float32[8] = 1 2 3 4 -1 -2 0.5 0.25
+  sq = Pow(x, two)
+  ms = ReduceMean(sq, axes) {keepdims = 1}
+  ve = Add(ms, eps)
+  st = Sqrt(ve)
+  r = Div(one, st)
+  n = Mul(x, r)
+  y = Mul(w, n)
+  output y
+)";
+
+std::vector<std::string> Ops(const Graph& g) {
+  std::vector<std::string> ops;
+  for (const auto& n : g.nodes()) ops.push_back((n->domain().empty() ? "" : n->domain() + ".") + n->op_type());
+  return ops;
+}
+
+TEST(RMSNormFusion, EveryExportedFormBecomesOneOpComputingTheSame) {
+  const std::vector<std::pair<std::string, std::string>> forms = {
+      {"as LLaMA exports it", kRMSNorm},
+      {"Mul(x, x), Reciprocal, the weight on the right",
+       absl::StrReplaceAll(kRMSNorm, {{"sq = Pow(x, two)", "sq = Mul(x, x)"}, {"r = Div(one, st)", "r = Reciprocal(st)"},
+                                      {"n = Mul(x, r)", "n = Mul(r, x)"}, {"y = Mul(w, n)", "y = Mul(n, w)"}})},
+      {"Div(x, sqrt)", absl::StrReplaceAll(kRMSNorm, {{"r = Div(one, st)\n", ""}, {"n = Mul(x, r)", "n = Div(x, st)"}})},
+      {"ReduceMean's axes as an attribute (opset 13)",
+       absl::StrReplaceAll(kRMSNorm, {{"opset 18", "opset 13"}, {"ReduceMean(sq, axes) {keepdims = 1}", "ReduceMean(sq) {axes = [2]}"}})},
+  };
+  for (const auto& [what, text] : forms) {
+    SCOPED_TRACE(what);
+    ActivationNormFusion fusion;
+    auto fused = Rewritten(text, fusion);
+    ASSERT_NE(fused, nullptr);
+    ASSERT_EQ(Ops(*fused), std::vector<std::string>{"ai.cleave.RMSNormalization"});
+    const Node* rn = fused->FindValue("y")->producer();
+    EXPECT_EQ(rn->input(0)->name(), "x");
+    EXPECT_EQ(rn->input(1)->name(), "w");
+    EXPECT_NEAR(rn->AttrFloat("epsilon", 0), 1e-6, 1e-12);
+    EXPECT_EQ(rn->AttrInt("axis", 0), -1);
+    ExpectGraphsAgree(std::move(fused), *ParseGraph(text), {{"x", Random({2, 3, 8}, 5)}}, 1e-6, 1e-5);
+  }
+}
+
+TEST(RMSNormFusion, WhatIsNotAnRMSNormIsLeftAlone) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"a cube, not a square", absl::StrReplaceAll(kRMSNorm, {{"init two: float32[] = 2", "init two: float32[] = 3"}})},
+      {"the reciprocal also read elsewhere", absl::StrCat(kRMSNorm, "output r\n")},
+      {"a weight of another width", absl::StrReplaceAll(kRMSNorm, {{"init w: float32[8] = 1 2 3 4 -1 -2 0.5 0.25",
+                                                                     "init w: float32[1] = 2"}})},
+      {"the mean over another axis", absl::StrReplaceAll(kRMSNorm, {{"init axes: int64[1] = -1", "init axes: int64[1] = 1"}})},
+      {"another value normalised than squared",
+       absl::StrReplaceAll(kRMSNorm, {{"input x: float32[2,3,8]", "input x: float32[2,3,8]\n  input z: float32[2,3,8]"},
+                                      {"n = Mul(x, r)", "n = Mul(z, r)"}})},
+      {"a weight computed at run time",
+       absl::StrReplaceAll(kRMSNorm, {{"init w: float32[8] = 1 2 3 4 -1 -2 0.5 0.25", "input w: float32[8]"}})},
+  };
+  for (const auto& [what, text] : cases) {
+    SCOPED_TRACE(what);
+    ActivationNormFusion fusion;
+    EXPECT_FALSE(Changes(fusion, text));
+  }
+}
+
+// The LLaMA sample trains through the fused op: one RMSNormalization per norm (two a layer and
+// the final one), each differentiated by one RMSNormalizationGrad, and none of the decomposed
+// pattern's ops left in the forward.
+TEST(RMSNormFusion, LlamaTrainsThroughTheFusedOpAndItsGradient) {
+  auto a = testing::BuildArtifacts("train_variants/llama", 2, 16, trainer::TrainingSpec{});
+  ASSERT_NE(a.training, nullptr);
+  int norms = 0, grads = 0, sqrts = 0;
+  for (const auto& n : a.training->nodes()) {
+    norms += n->op_type() == "RMSNormalization";
+    grads += n->op_type() == "RMSNormalizationGrad";
+    sqrts += n->op_type() == "Sqrt";
+  }
+  EXPECT_EQ(norms, 5);
+  EXPECT_EQ(grads, 5);
+  EXPECT_EQ(sqrts, 0);
+}
+
+// The device sessions' folds into the norm gradients take RMSNormalizationGrad too: the
+// residual gradient's Add becomes dX_add, its Cast to bf16 / fp16 dX_low, and a low-precision
+// product read only as dY writes its own type. Each computes what the graph before it computes.
+TEST(RMSNormFusion, TheGradientTakesTheResidualItsRoundingAndALowPrecisionDy) {
+  const std::string head = R"(
+    input dy: float32[6,8]
+    input x: float32[6,8]
+    input r: float32[6,8]
+    input g: float32[8]
+    input inv: float32[6,1]
+  )";
+  const Feeds feeds = {{"dy", Random({6, 8}, 71)}, {"x", Random({6, 8}, 72)}, {"r", Random({6, 8}, 73)},
+                       {"g", Random({8}, 74)}, {"inv", Random({6, 1}, 75)}};
+  const std::string residual = head + R"(
+    dx, dg = ai.cleave.RMSNormalizationGrad(dy, x, g, inv)
+    s = Add(r, dx)
+    output s
+    output dg
+  )";
+  SkipLayerNormFusion skip;
+  std::unique_ptr<Graph> folded = Rewritten(residual, skip);
+  ASSERT_TRUE(folded);
+  ASSERT_EQ(Ops(*folded), std::vector<std::string>{"ai.cleave.RMSNormalizationGrad"});
+  EXPECT_EQ(folded->FindValue("s")->producer()->input(4)->name(), "r");
+  ExpectGraphsAgree(std::move(folded), *ParseGraph(residual), feeds, 0, 0);
+  for (int to : {16, 10}) {
+    const std::string rounding = head + absl::StrCat(R"(
+      dx, dg = ai.cleave.RMSNormalizationGrad(dy, x, g, inv, r)
+      low = Cast(dx) {to = )", to, R"(}
+      wide = Cast(low) {to = 1}
+      output wide
+      output dx
+      output dg
+    )");
+    LayerNormGradCastFusion cast;
+    std::unique_ptr<Graph> g = Rewritten(rounding, cast);
+    ASSERT_TRUE(g);
+    const Node* n = g->FindValue("low")->producer();
+    ASSERT_TRUE(n && n->op_type() == "RMSNormalizationGrad") << to;
+    EXPECT_EQ(n->output(2)->name(), "low");
+    EXPECT_EQ(n->AttrInt("low_to", 0), to);
+    ExpectGraphsAgree(std::move(g), *ParseGraph(rounding), feeds, 0, 0);
+  }
+  const std::string product = R"(
+    input a: float32[6,16]
+    input w: float32[16,8]
+    input x: float32[6,8]
+    input g: float32[8]
+    input inv: float32[6,1]
+    ha = Cast(a) {to = 16}
+    hw = Cast(w) {to = 16}
+  )";
+  LowPrecisionNormInputs narrow;
+  std::unique_ptr<Graph> g = Rewritten(product + R"(
+    q = ai.cleave.MatMulBf16(ha, hw)
+    dx, dg = ai.cleave.RMSNormalizationGrad(q, x, g, inv)
+    output dx
+    output dg
+  )", narrow);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->FindValue("q")->dtype(), DataType::kBFloat16);
+  ExpectGraphsAgree(std::move(g), *ParseGraph(product + R"(
+    hq = ai.cleave.MatMulBf16(ha, hw) {to = 16}
+    q = Cast(hq) {to = 1}
+    dx, dg = ai.cleave.RMSNormalizationGrad(q, x, g, inv)
+    output dx
+    output dg
+  )"), {{"a", Random({6, 16}, 76)}, {"w", Random({16, 8}, 77)}, {"x", Random({6, 8}, 78)}, {"g", Random({8}, 79)},
+        {"inv", Random({6, 1}, 80)}}, 0, 0);
+}
+
+}  // namespace
+}  // namespace cleave::graph
