@@ -190,21 +190,25 @@ OpSchema SoftmaxGradSchema(const char* name, const char* doc) {
   return s;
 }
 
-OpSchema LayerNormGradSchema() {
+// LayerNormalizationGrad, or (rms) RMSNormalizationGrad, which has no mean input and no dBias
+// output.
+OpSchema NormGradSchema(bool rms) {
   OpSchema s;
-  s.SetName("LayerNormalizationGrad").SetDomain("ai.cleave").SinceVersion(1)
-      .SetDoc("Gradients of LayerNormalization from its saved Mean and InvStdDev; see docs/ops.md.")
+  const int stats = rms ? 3 : 4;  // index of inv_std_dev
+  s.SetName(rms ? "RMSNormalizationGrad" : "LayerNormalizationGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc(rms ? "Gradients of RMSNormalization from its saved InvStdDev; see docs/ops.md."
+                  : "Gradients of LayerNormalization from its saved Mean and InvStdDev; see docs/ops.md.")
       .Input(0, "dY", "gradient of Y; or bf16 / fp16 with a float32 X", "D")
       .Input(1, "X", "the forward input", "T")
-      .Input(2, "scale", "the forward Scale", "T")
-      .Input(3, "mean", "the forward Mean output", "U")
-      .Input(4, "inv_std_dev", "the forward InvStdDev output", "U")
-      .Input(5, "dX_add", "a gradient of X added to dX (the residual stream's)", "T", OpSchema::Optional)
+      .Input(2, "scale", "the forward Scale", "T");
+  if (!rms) s.Input(3, "mean", "the forward Mean output", "U");
+  s.Input(stats, "inv_std_dev", "the forward InvStdDev output", "U")
+      .Input(stats + 1, "dX_add", "a gradient of X added to dX (the residual stream's)", "T", OpSchema::Optional)
       .Output(0, "dX", "gradient of X", "T")
-      .Output(1, "dScale", "gradient of Scale", "T", OpSchema::Optional)
-      .Output(2, "dBias", "gradient of B (of Scale's shape)", "T", OpSchema::Optional)
-      .Output(3, "dX_low", "dX (float32) rounded to the type low_to names, as a Cast of it would be", "L",
-              OpSchema::Optional)
+      .Output(1, "dScale", "gradient of Scale", "T", OpSchema::Optional);
+  if (!rms) s.Output(2, "dBias", "gradient of B (of Scale's shape)", "T", OpSchema::Optional);
+  s.Output(rms ? 2 : 3, "dX_low", "dX (float32) rounded to the type low_to names, as a Cast of it would be", "L",
+           OpSchema::Optional)
       .Attr("axis", "the forward's first normalised axis", AttributeProto::INT,
             static_cast<int64_t>(-1))
       .Attr("low_to", "dX_low's type: 16 (bfloat16) or 10 (float16)", AttributeProto::INT, static_cast<int64_t>(16))
@@ -429,29 +433,6 @@ OpSchema RecvSchema() {
 
 }  // namespace
 
-OpSchema RMSNormGradSchema() {
-  OpSchema s;
-  s.SetName("RMSNormalizationGrad").SetDomain("ai.cleave").SinceVersion(1)
-      .SetDoc("Gradients of RMSNormalization from its saved InvStdDev; see docs/ops.md.")
-      .Input(0, "dY", "gradient of Y; or bf16 / fp16 with a float32 X", "D")
-      .Input(1, "X", "the forward input", "T")
-      .Input(2, "scale", "the forward Scale", "T")
-      .Input(3, "inv_std_dev", "the forward InvStdDev output", "U")
-      .Input(4, "dX_add", "a gradient of X added to dX (the residual stream's)", "T", OpSchema::Optional)
-      .Output(0, "dX", "gradient of X", "T")
-      .Output(1, "dScale", "gradient of Scale", "T", OpSchema::Optional)
-      .Output(2, "dX_low", "dX (float32) rounded to the type low_to names, as a Cast of it would be", "L",
-              OpSchema::Optional)
-      .Attr("axis", "the forward's first normalised axis", AttributeProto::INT,
-            static_cast<int64_t>(-1))
-      .Attr("low_to", "dX_low's type: 16 (bfloat16) or 10 (float16)", AttributeProto::INT, static_cast<int64_t>(16))
-      .TypeConstraint("T", kGradTypes, "float tensors")
-      .TypeConstraint("D", {"tensor(float)", "tensor(double)", "tensor(bfloat16)", "tensor(float16)"},
-                      "X's type, or bf16 / fp16 with a float32 X")
-      .TypeConstraint("U", kGradTypes, "statistics type")
-      .TypeConstraint("L", {"tensor(bfloat16)", "tensor(float16)"}, "dX_low's type");
-  return s;
-}
 
 void RegisterCleaveSchemas() {
   static std::once_flag once;
@@ -470,8 +451,8 @@ void RegisterCleaveSchemas() {
         "SoftmaxGrad", "dX = Y * (dY - sum(dY * Y, axis)); see docs/ops.md."));
     onnx::RegisterSchema(SoftmaxGradSchema(
         "LogSoftmaxGrad", "dX = dY - exp(Y) * sum(dY, axis); see docs/ops.md."));
-    onnx::RegisterSchema(LayerNormGradSchema());
-    onnx::RegisterSchema(RMSNormGradSchema());
+    onnx::RegisterSchema(NormGradSchema(false));
+    onnx::RegisterSchema(NormGradSchema(true));
     onnx::RegisterSchema(GeluGradSchema());
     onnx::RegisterSchema(AttentionSchema());
     onnx::RegisterSchema(AttentionGradSchema());

@@ -30,9 +30,7 @@ std::vector<std::string> Fuse(Graph& g) {
   TransformerFusion fusion;
   auto changed = RunPass(fusion, &g);
   EXPECT_TRUE(changed.ok()) << changed.status();
-  std::vector<std::string> ops;
-  for (const auto& n : g.nodes()) ops.push_back((n->domain().empty() ? "" : n->domain() + ".") + n->op_type());
-  return ops;
+  return OpNames(g);
 }
 
 // Runs `text` with and without the optimiser on `feeds` (default: x of shape [2, 3, 8]).
@@ -195,9 +193,7 @@ TEST(ActivationNormFusion, FusesGeluAndLayerNormOnly) {
   auto changed = RunPass(fusion, g->get());
   ASSERT_TRUE(changed.ok()) << changed.status();
   EXPECT_TRUE(*changed);
-  std::vector<std::string> ops;
-  for (const auto& n : (*g)->nodes()) ops.push_back((n->domain().empty() ? "" : n->domain() + ".") + n->op_type());
-  EXPECT_EQ(ops, (std::vector<std::string>{"MatMul", "Add", "ai.cleave.Gelu", "ai.cleave.LayerNormalization"}));
+  EXPECT_EQ(OpNames(**g), (std::vector<std::string>{"MatMul", "Add", "ai.cleave.Gelu", "ai.cleave.LayerNormalization"}));
   const Node* ln = (*g)->FindValue("y")->producer();
   EXPECT_EQ(ln->input(1), gamma);
   EXPECT_EQ(ln->input(0)->producer()->metadata().at("role"), "fwd");

@@ -25,6 +25,13 @@ inline Tensor Random(std::vector<int64_t> dims, unsigned seed) {
   return t;
 }
 
+// The graph's ops in order, each as "domain.op" ("op" for ONNX's).
+inline std::vector<std::string> OpNames(const Graph& g) {
+  std::vector<std::string> ops;
+  for (const auto& n : g.nodes()) ops.push_back((n->domain().empty() ? "" : n->domain() + ".") + n->op_type());
+  return ops;
+}
+
 // Runs a rewritten graph and the original, unoptimised on one intra-op thread, on `feeds`
 // and expects every output to agree within the tolerances.
 inline void ExpectGraphsAgree(std::unique_ptr<Graph> rewritten, std::unique_ptr<Graph> original, const Feeds& feeds,

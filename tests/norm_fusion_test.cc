@@ -33,12 +33,6 @@ constexpr char kRMSNorm[] = R"(
   output y
 )";
 
-std::vector<std::string> Ops(const Graph& g) {
-  std::vector<std::string> ops;
-  for (const auto& n : g.nodes()) ops.push_back((n->domain().empty() ? "" : n->domain() + ".") + n->op_type());
-  return ops;
-}
-
 TEST(RMSNormFusion, EveryExportedFormBecomesOneOpComputingTheSame) {
   const std::vector<std::pair<std::string, std::string>> forms = {
       {"as LLaMA exports it", kRMSNorm},
@@ -54,7 +48,7 @@ TEST(RMSNormFusion, EveryExportedFormBecomesOneOpComputingTheSame) {
     ActivationNormFusion fusion;
     auto fused = Rewritten(text, fusion);
     ASSERT_NE(fused, nullptr);
-    ASSERT_EQ(Ops(*fused), std::vector<std::string>{"ai.cleave.RMSNormalization"});
+    ASSERT_EQ(OpNames(*fused), std::vector<std::string>{"ai.cleave.RMSNormalization"});
     const Node* rn = fused->FindValue("y")->producer();
     EXPECT_EQ(rn->input(0)->name(), "x");
     EXPECT_EQ(rn->input(1)->name(), "w");
@@ -123,7 +117,7 @@ TEST(RMSNormFusion, TheGradientTakesTheResidualItsRoundingAndALowPrecisionDy) {
   SkipLayerNormFusion skip;
   std::unique_ptr<Graph> folded = Rewritten(residual, skip);
   ASSERT_TRUE(folded);
-  ASSERT_EQ(Ops(*folded), std::vector<std::string>{"ai.cleave.RMSNormalizationGrad"});
+  ASSERT_EQ(OpNames(*folded), std::vector<std::string>{"ai.cleave.RMSNormalizationGrad"});
   EXPECT_EQ(folded->FindValue("s")->producer()->input(4)->name(), "r");
   ExpectGraphsAgree(std::move(folded), *ParseGraph(residual), feeds, 0, 0);
   for (int to : {16, 10}) {
