@@ -63,6 +63,7 @@ absl::Status InferSoftmaxGrad(InferContext& ctx);  // (dY, Y) {axis} -> Y's shap
 // (dY, X, scale, mean, inv_std_dev) {axis} -> dX of X's shape, dScale and dBias of scale's
 absl::Status InferLayerNormGrad(InferContext& ctx);
 absl::Status InferSkipLayerNorm(InferContext& ctx);  // (x, skip, scale[, bias]) -> y, mean, inv_std, sum
+                                                     // (or SkipRMSNormalization's y, inv_std, sum)
 absl::Status InferMultiTensorAdamW(InferContext& ctx);  // (lr, step, scale, 4n tensors) -> 3n
 absl::Status InferAttention(InferContext& ctx);      // (q, k, v) -> out, lse
 absl::Status InferAttentionGrad(InferContext& ctx);  // (dOut, q, k, v, out, lse) -> dq, dk, dv

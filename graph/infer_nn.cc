@@ -565,6 +565,7 @@ absl::Status InferAttentionGrad(InferContext& ctx) {
 
 namespace cleave::graph {
 
+// SkipRMSNormalization(x, skip, scale) {epsilon} -> y, inv_std_dev, sum: the same for RMSNorm.
 // SkipLayerNormalization(x, skip, scale[, bias]) {epsilon} -> y, mean, inv_std_dev, sum: the
 // LayerNormalization (last axis, float statistics) of sum = x + skip, which it also outputs.
 absl::Status InferSkipLayerNorm(InferContext& ctx) {
@@ -598,9 +599,10 @@ absl::Status InferSkipLayerNorm(InferContext& ctx) {
     d.back() = Dim(1);
     stat = Shape(d);
   }
-  if (ctx.num_outputs() > 1) ctx.SetOutput(1, DataType::kFloat32, stat);
-  if (ctx.num_outputs() > 2) ctx.SetOutput(2, DataType::kFloat32, stat);
-  if (ctx.num_outputs() > 3) ctx.SetOutput(3, t, x);
+  // SkipRMSNormalization: y, inv_std_dev, sum (no mean).
+  const int sum = ctx.node().op_type() == "SkipRMSNormalization" ? 2 : 3;
+  for (int i = 1; i < sum && i < ctx.num_outputs(); ++i) ctx.SetOutput(i, DataType::kFloat32, stat);
+  if (ctx.num_outputs() > sum) ctx.SetOutput(sum, t, x);
   return absl::OkStatus();
 }
 

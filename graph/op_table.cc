@@ -104,6 +104,7 @@ std::vector<OpDef> BuildTable() {
       {C, "GeluGrad", {1}, 1, 2, 2, 1, 1, InferGeluGrad, false},
       {C, "Attention", {1}, 1, 1, 4, 1, 2, InferAttention, true},
       {C, "SkipLayerNormalization", {1}, 1, 3, 4, 1, 4, InferSkipLayerNorm, false},
+      {C, "SkipRMSNormalization", {1}, 1, 3, 3, 1, 3, InferSkipLayerNorm, false},
       {C, "AttentionGrad", {1}, 1, 6, 7, 1, 4, InferAttentionGrad, false},
       // Training ops: gradient accumulation and the optimizer graph.
       {C, "InPlaceAccumulator", {1}, 1, 3, 3, 1, 1, InferInPlaceAccumulator, false},

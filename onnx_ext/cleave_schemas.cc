@@ -270,19 +270,21 @@ OpSchema AttentionSchema() {
   return s;
 }
 
-OpSchema SkipLayerNormSchema() {
+// SkipLayerNormalization, or (rms) SkipRMSNormalization, which has no bias and no mean.
+OpSchema SkipNormSchema(bool rms) {
   OpSchema s;
-  s.SetName("SkipLayerNormalization").SetDomain("ai.cleave").SinceVersion(1)
-      .SetDoc("y = LayerNormalization(x + skip) over the last axis, and the sum; see docs/ops.md.")
+  s.SetName(rms ? "SkipRMSNormalization" : "SkipLayerNormalization").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc(rms ? "y = RMSNormalization(x + skip) over the last axis, and the sum; see docs/ops.md."
+                  : "y = LayerNormalization(x + skip) over the last axis, and the sum; see docs/ops.md.")
       .Input(0, "x", "[..., C]", "T")
       .Input(1, "skip", "like x; or bf16 / fp16 with a float32 x", "S")
-      .Input(2, "scale", "[C]", "T")
-      .Input(3, "bias", "[C]", "T", OpSchema::Optional)
-      .Output(0, "y", "like x, in x's type or the type `to` names", "V")
-      .Output(1, "mean", "[..., 1]", "tensor(float)", OpSchema::Optional)
-      .Output(2, "inv_std_dev", "[..., 1]", "tensor(float)", OpSchema::Optional)
-      .Output(3, "sum", "x + skip", "T", OpSchema::Optional)
-      .Attr("epsilon", "added to the variance", AttributeProto::FLOAT, 1e-5f)
+      .Input(2, "scale", "[C]", "T");
+  if (!rms) s.Input(3, "bias", "[C]", "T", OpSchema::Optional);
+  s.Output(0, "y", "like x, in x's type or the type `to` names", "V");
+  if (!rms) s.Output(1, "mean", "[..., 1]", "tensor(float)", OpSchema::Optional);
+  s.Output(rms ? 1 : 2, "inv_std_dev", "[..., 1]", "tensor(float)", OpSchema::Optional)
+      .Output(rms ? 2 : 3, "sum", "x + skip", "T", OpSchema::Optional)
+      .Attr("epsilon", rms ? "added to the mean square" : "added to the variance", AttributeProto::FLOAT, 1e-5f)
       .Attr("to", "y's type when not x's: 16 (bfloat16) or 10 (float16)", AttributeProto::INT, onnx::OPTIONAL_VALUE)
       .TypeConstraint("T", kFloatTypes, "float tensors")
       .TypeConstraint("S", kFloatTypes, "x's type, or bf16 / fp16 with a float32 x")
@@ -456,7 +458,8 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(GeluGradSchema());
     onnx::RegisterSchema(AttentionSchema());
     onnx::RegisterSchema(AttentionGradSchema());
-    onnx::RegisterSchema(SkipLayerNormSchema());
+    onnx::RegisterSchema(SkipNormSchema(false));
+    onnx::RegisterSchema(SkipNormSchema(true));
     onnx::RegisterSchema(MultiTensorAdamWSchema());
     onnx::RegisterSchema(InPlaceAccumulatorSchema());
     onnx::RegisterSchema(SquaredNormSchema());

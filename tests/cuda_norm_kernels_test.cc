@@ -1,5 +1,5 @@
-// CUDA normalisation kernel tests (label gpu): RMSNormalization and its gradient against the CPU
-// kernels on the same graph (LayerNormalization's are in cuda_kernels_test.cc). Without a usable
+// CUDA normalisation kernel tests (label gpu): RMSNormalization, its gradient and
+// SkipRMSNormalization against the CPU kernels on the same graph (LayerNormalization's are in cuda_kernels_test.cc). Without a usable
 // device (or driver) each test skips and says why.
 #include <string>
 
@@ -56,6 +56,42 @@ TEST(CudaProvider, RMSNormForwardAndBackward) {
       output w
     )"),
                feeds, 1e-5, to == 16 ? 8e-3 : 1e-3, "RMSNormalizationGrad");
+  }
+}
+
+// The residual add fused in (SkipRMSNormalization): y, inv_std_dev and the sum; y also written
+// in bf16 / fp16 (`to`, one rounding of the float32 value, which may fall either side of a
+// rounding boundary on the two devices), and a bf16 / fp16 skip added to the float32 x as float32.
+TEST(CudaProvider, SkipRMSNorm) {
+  REQUIRE_CUDA();
+  const Feeds feeds = {{"x", Random({3, 5, 768}, 92)}, {"r", Random({3, 5, 768}, 93)}, {"g", Random({768}, 94)}};
+  const std::string inputs = R"(
+    input x: float32[3,5,768]
+    input r: float32[3,5,768]
+    input g: float32[768]
+  )";
+  ExpectSame(inputs + R"(
+    y, inv, sum = ai.cleave.SkipRMSNormalization(x, r, g) {epsilon = 1e-6}
+    output y
+    output inv
+    output sum
+  )",
+             feeds, 1e-5, 1e-4, "SkipRMSNormalization");
+  for (int to : {16, 10}) {
+    ExpectSame(inputs + absl::StrCat("hy, inv, sum = ai.cleave.SkipRMSNormalization(x, r, g) {to = ", to, R"(}
+      y = Cast(hy) {to = 1}
+      output y
+      output inv
+      output sum
+    )"),
+               feeds, to == 16 ? 1e-2 : 1e-3, to == 16 ? 8e-3 : 1e-3, "SkipRMSNormalization");
+    ExpectSame(inputs + absl::StrCat("hr = Cast(r) {to = ", to, R"(}
+      y, inv, sum = ai.cleave.SkipRMSNormalization(x, hr, g)
+      output y
+      output inv
+      output sum
+    )"),
+               feeds, 1e-5, 1e-4, "SkipRMSNormalization");
   }
 }
 

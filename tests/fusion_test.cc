@@ -654,12 +654,10 @@ TEST(SkipLayerNormFusion, ResidualAddAndLayerNormBecomeOneOpComputingTheSame) {
                     0, 0);
 }
 
-// In a training graph (after autodiff) every pre-LN residual add fuses and the step computes
-// the same loss and gradients, bit for bit.
-// One step's feeds of the tiny GPT's training graph (batch 2, seq 16): tokens, labels, the
+// One step's feeds of a language model's training graph (batch 2, seq 16): tokens, labels, the
 // initial parameters, zero gradient buffers and a reset.
-Feeds TinyGptTrainingFeeds(const trainer::TrainingArtifacts& a) {
-  Feeds feeds = testing::TokenBatch(16, 256);
+Feeds TrainingFeeds(const trainer::TrainingArtifacts& a, int64_t vocab) {
+  Feeds feeds = testing::TokenBatch(16, vocab);
   for (const std::string& p : a.params) {
     feeds.emplace_back(p, a.initial.at(p));
     const Value* buf = a.training->FindValue(trainer::AccumulationBuffer(p));
@@ -668,15 +666,31 @@ Feeds TinyGptTrainingFeeds(const trainer::TrainingArtifacts& a) {
   feeds.emplace_back(trainer::kLazyResetGrad, Tensor::Scalar<bool>(true));
   return feeds;
 }
+Feeds TinyGptTrainingFeeds(const trainer::TrainingArtifacts& a) { return TrainingFeeds(a, 256); }
 
+// In a training graph (after autodiff) every pre-norm residual add fuses (the tiny GPT's
+// LayerNorms, LLaMA's RMSNorms) and the step computes the same loss and gradients, bit for bit.
 // Under mixed precision the normalisation also writes the next product's bf16 / fp16 operand
 // itself (`to`): the same float32 values rounded once; and the backward's residual sums fold into
-// the LayerNorm gradients (dX_add), added as the Add added them: still bit for bit.
-TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
+// the norm gradients (dX_add), added as the Add added them: still bit for bit.
+struct SkipNormCase {
+  const char* model;
+  int64_t vocab;
+  const char* fused_op;  // the forward's fused op, whose last output is the sum
+  const char* grad_op;   // the norm gradient, with dX_add its last input
+  int grad_inputs;       // its inputs with dX_add
+};
+
+void PrintTo(const SkipNormCase& c, std::ostream* os) { *os << c.model; }
+
+class SkipNormTrainingTest : public ::testing::TestWithParam<SkipNormCase> {};
+
+TEST_P(SkipNormTrainingTest, TrainingGraphComputesTheSame) {
+  const SkipNormCase& c = GetParam();
   for (const char* precision : {"fp32", "bf16", "fp16"}) {
     trainer::TrainingSpec spec;
     spec.precision = *trainer::ParsePrecision(precision);
-    auto a = testing::BuildArtifacts("tiny_gpt", 2, 16, spec);
+    auto a = testing::BuildArtifacts(c.model, 2, 16, spec);
     auto fused_graph = a.training->Clone();
     ASSERT_TRUE(InferShapes(*fused_graph).ok());
     SkipLayerNormFusion fusion;
@@ -684,26 +698,31 @@ TEST(SkipLayerNormFusion, TinyGptTrainingGraphComputesTheSame) {
     ASSERT_TRUE(RunToFixedPoint({&fusion, &dce}, fused_graph.get()).ok());
     int fused = 0, low = 0, residual_grads = 0;
     for (const auto& n : fused_graph->nodes()) {
-      residual_grads += n->op_type() == "LayerNormalizationGrad" && n->num_inputs() == 6;
-      if (n->op_type() != "SkipLayerNormalization") continue;
+      residual_grads += n->op_type() == c.grad_op && n->num_inputs() == c.grad_inputs;
+      if (n->op_type() != c.fused_op) continue;
       ++fused;
       if (n->HasAttr("to")) {
         ++low;
         EXPECT_EQ(n->output(0)->dtype(), std::string(precision) == "bf16" ? DataType::kBFloat16 : DataType::kFloat16);
       }
-      EXPECT_EQ(n->output(3)->dtype(), DataType::kFloat32) << "the residual stream stays float32";
+      EXPECT_EQ(n->outputs().back()->dtype(), DataType::kFloat32) << "the residual stream stays float32";
     }
-    // ln2 of both layers and ln1 of the second, and ln_f: the residual adds (ln1 of layer 0 reads
-    // the embeddings' sum, which is an add too).
+    // Every norm but the first layer's first, which reads the embeddings: the tiny GPT's is their
+    // sum with the positions' (an Add too), LLaMA's the lookup alone.
     EXPECT_GE(fused, 4) << precision;
     EXPECT_EQ(low, std::string(precision) == "fp32" ? 0 : fused) << precision;
-    // The backward's residual sums: every LayerNorm's but the first (the embeddings' sum has no
-    // gradient coming down the stream before it).
+    // The backward's residual sums: every norm's gradient but the first's.
     EXPECT_GE(residual_grads, 4) << precision;
     if (std::string(precision) == "fp16") continue;  // fp16 training graphs take a loss scale
-    ExpectGraphsAgree(std::move(fused_graph), a.training->Clone(), TinyGptTrainingFeeds(a), 0, 0);
+    ExpectGraphsAgree(std::move(fused_graph), a.training->Clone(), TrainingFeeds(a, c.vocab), 0, 0);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, SkipNormTrainingTest,
+    ::testing::Values(SkipNormCase{"tiny_gpt", 256, "SkipLayerNormalization", "LayerNormalizationGrad", 6},
+                      SkipNormCase{"train_variants/llama", 64, "SkipRMSNormalization", "RMSNormalizationGrad", 5}),
+    [](const auto& info) { return std::string(info.param.fused_op); });
 
 // The forward loss folds into the gradient only where they agree (reduction, ignore_index, no
 // weights) and the gradient's dY does not depend on the loss; the step computes the same for

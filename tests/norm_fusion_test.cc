@@ -97,7 +97,7 @@ TEST(RMSNormFusion, LlamaTrainsThroughTheFusedOpAndItsGradient) {
 
 // The device sessions' folds into the norm gradients take RMSNormalizationGrad too: the
 // residual gradient's Add becomes dX_add, its Cast to bf16 / fp16 dX_low, and a low-precision
-// product read only as dY writes its own type. Each computes what the graph before it computes.
+// product read only as dY (or as SkipRMSNormalization's skip) writes its own type. Each computes what the graph before it computes.
 TEST(RMSNormFusion, TheGradientTakesTheResidualItsRoundingAndALowPrecisionDy) {
   const std::string head = R"(
     input dy: float32[6,8]
@@ -151,17 +151,27 @@ TEST(RMSNormFusion, TheGradientTakesTheResidualItsRoundingAndALowPrecisionDy) {
   std::unique_ptr<Graph> g = Rewritten(product + R"(
     q = ai.cleave.MatMulBf16(ha, hw)
     dx, dg = ai.cleave.RMSNormalizationGrad(q, x, g, inv)
+    p = ai.cleave.MatMulBf16(ha, hw)
+    y, i, sum = ai.cleave.SkipRMSNormalization(x, p, g)
     output dx
     output dg
+    output y
+    output sum
   )", narrow);
   ASSERT_TRUE(g);
   EXPECT_EQ(g->FindValue("q")->dtype(), DataType::kBFloat16);
+  EXPECT_EQ(g->FindValue("p")->dtype(), DataType::kBFloat16);
   ExpectGraphsAgree(std::move(g), *ParseGraph(product + R"(
     hq = ai.cleave.MatMulBf16(ha, hw) {to = 16}
     q = Cast(hq) {to = 1}
     dx, dg = ai.cleave.RMSNormalizationGrad(q, x, g, inv)
+    hp = ai.cleave.MatMulBf16(ha, hw) {to = 16}
+    p = Cast(hp) {to = 1}
+    y, i, sum = ai.cleave.SkipRMSNormalization(x, p, g)
     output dx
     output dg
+    output y
+    output sum
   )"), {{"a", Random({6, 16}, 76)}, {"w", Random({16, 8}, 77)}, {"x", Random({6, 8}, 78)}, {"g", Random({8}, 79)},
         {"inv", Random({6, 1}, 80)}}, 0, 0);
 }

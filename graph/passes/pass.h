@@ -69,16 +69,18 @@ class ConstantFolding : public Pass {
 // FusedMatMul+Gelu -> FusedMatMul(activation=gelu), MatMulBf16 / MatMulF16 + Add of an [N]
 // vector of the result's type -> the same product with that bias, decomposed GELU (Erf and tanh forms) -> Gelu,
 // decomposed LayerNorm (ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add) ->
-// LayerNormalization, all in the ai.cleave domain.
+// LayerNormalization, decomposed RMSNorm (Pow/ReduceMean/Add/Sqrt/Div/Mul/Mul) ->
+// RMSNormalization, all in the ai.cleave domain.
 class TransformerFusion : public Pass {
  public:
   std::string name() const override { return "TransformerFusion"; }
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
-// Only the GELU (Erf and tanh forms) and LayerNorm rules of TransformerFusion, leaving every
-// MatMul, Transpose and Identity alone. The training-graph builder runs it on the forward
-// graph before autodiff, so the backward uses the GeluGrad and LayerNormalizationGrad ops;
+// Only the GELU (Erf and tanh forms), LayerNorm and RMSNorm rules of TransformerFusion, leaving
+// every MatMul, Transpose and Identity alone. The training-graph builder runs it on the forward
+// graph before autodiff, so the backward uses the GeluGrad, LayerNormalizationGrad and
+// RMSNormalizationGrad ops;
 // the graph's values (parameters included) stay the same Value objects.
 class ActivationNormFusion : public Pass {
  public:
@@ -86,7 +88,7 @@ class ActivationNormFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
-// Scaled dot-product attention (MatMul, scale, causal mask constant or computed from the
+// Scaled dot-product attention (attention_fusion.cc: MatMul, scale, causal mask constant or computed from the
 // sequence length, an added bias such as a padding mask, Softmax, MatMul) ->
 // ai.cleave.Attention, whose kernels never store the [T, S] probabilities (flash-style on both
 // providers: the CPU kernel blocks query rows so a block's scores stay in cache; the backward
@@ -115,11 +117,12 @@ class AttentionLayoutFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
-// The residual add feeding a LayerNormalization -> ai.cleave.SkipLayerNormalization, which
-// also outputs the sum for the residual stream's other readers (forward and backward graphs
-// alike); a Cast to bf16 / fp16 that alone reads its y folds into it (to); and in the backward,
-// the Add of a LayerNormalizationGrad's dX and the residual stream's gradient folds into the
-// gradient (dX_add). Sessions with a device provider run it; the CUDA kernel makes one pass over
+// The residual add feeding a LayerNormalization (RMSNormalization) ->
+// ai.cleave.SkipLayerNormalization (SkipRMSNormalization), which also outputs the sum for the
+// residual stream's other readers (forward and backward graphs alike); a Cast to bf16 / fp16
+// that alone reads its y folds into it (to); and in the backward, the Add of a
+// LayerNormalizationGrad's (RMSNormalizationGrad's) dX and the residual stream's gradient folds
+// into the gradient (dX_add). Sessions with a device provider run it; the CUDA kernel makes one pass over
 // the row.
 class SkipLayerNormFusion : public Pass {
  public:
@@ -204,9 +207,9 @@ class LayerNormGradCastFusion : public Pass {
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
-// A float32 MatMulBf16 / MatMulF16 result read only as a SkipLayerNormalization's skip (the
-// residual branch's last product) or as a LayerNormalizationGrad's dY (a layer's input
-// gradient) -> the product writes bf16 / fp16 (`to`, its bias cast to that type), which the
+// A float32 MatMulBf16 / MatMulF16 result read only as a SkipLayerNormalization's (or
+// SkipRMSNormalization's) skip (the residual branch's last product) or as a
+// LayerNormalizationGrad's (RMSNormalizationGrad's) dY (a layer's input gradient) -> the product writes bf16 / fp16 (`to`, its bias cast to that type), which the
 // reader widens as it reads it, as PyTorch's autocast hands a linear layer's bf16 output to the
 // float32 residual add and LayerNorm backward: those [tokens, width] tensors move in half the
 // bytes. Sessions with a device provider run it, once the products are final.

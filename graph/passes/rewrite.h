@@ -22,9 +22,11 @@ inline bool IsCleaveOp(const Node* n, const char* op) {
 }
 
 // Whether two dims are known to be equal: the same number, or the same named symbol (two
-// unknown dims may differ).
+// unknown dims may differ; a literal negative element of a shape value, such as Reshape's -1,
+// names no size).
 inline bool SameDim(const Dim& a, const Dim& b) {
-  return a.is_static() ? a.value == b.value : !a.symbol.empty() && a.symbol == b.symbol;
+  if (a.is_static()) return b.is_static() && a.value == b.value;
+  return !a.symbol.empty() && a.symbol[0] != '-' && a.symbol == b.symbol;
 }
 
 // Applies `rewrite` (true: it changed the graph at that node) until it applies at no node; each

@@ -69,7 +69,7 @@ int LayerNorm(Dt dt, const void* x, const void* gamma, const void* beta, void* y
 // (dt float32) of skip_dt bf16 / fp16, added as float32.
 int SkipLayerNorm(Dt dt, Dt skip_dt, Dt y_dt, const void* x, const void* skip, const void* gamma, const void* beta,
                   void* y, float* mean, float* inv_std, void* sum, int64_t rows, int64_t cols, float epsilon,
-                  void* stream);
+                  void* stream, bool rms = false);
 // dx [rows, cols] (plus dx_add [rows, cols] when it is not null); dgamma, dbeta [cols] fp32 sums
 // over rows (either may be null). The sums
 // split the rows over blocks and add their partial sums in a second pass, in a fixed order:

@@ -41,7 +41,7 @@ __global__ void LayerNormKernel(const T* x, const T* gamma, const T* beta, T* y,
 // skip is of x's type, or (a low-precision product's result) of a lower one S.
 template <typename T, typename S, typename Y>
 __global__ void SkipLayerNormKernel(const T* x, const S* skip, const T* gamma, const T* beta, Y* y, float* mean_out,
-                                    float* inv_out, T* sum, int64_t cols, float eps) {
+                                    float* inv_out, T* sum, int64_t cols, float eps, bool rms) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * cols;
@@ -55,7 +55,7 @@ __global__ void SkipLayerNormKernel(const T* x, const S* skip, const T* gamma, c
     if (sum) sum[row * cols + c] = FromFloat<T>(v);
     s += v;
   }
-  const float mean = BlockSum(s, shared) / static_cast<float>(cols);
+  const float mean = rms ? 0.f : BlockSum(s, shared) / static_cast<float>(cols);
   float q = 0.f;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float d = at(c) - mean;
@@ -182,7 +182,7 @@ int LayerNorm(Dt dt, const void* x, const void* gamma, const void* beta, void* y
 
 int SkipLayerNorm(Dt dt, Dt skip_dt, Dt y_dt, const void* x, const void* skip, const void* gamma, const void* beta,
                   void* y, float* mean, float* inv_std, void* sum, int64_t rows, int64_t cols, float epsilon,
-                  void* stream) {
+                  void* stream, bool rms) {
   if (rows == 0) return 0;
   if (skip_dt != dt && dt != Dt::kF32) return static_cast<int>(cudaErrorInvalidValue);
   DISPATCH_DT(dt, T, {
@@ -190,7 +190,8 @@ int SkipLayerNorm(Dt dt, Dt skip_dt, Dt y_dt, const void* x, const void* skip, c
       DISPATCH_DT(y_dt, Y, {
         SkipLayerNormKernel<T, S, Y><<<Rows(rows), kThreads, 0, Stream(stream)>>>(
             static_cast<const T*>(x), static_cast<const S*>(skip), static_cast<const T*>(gamma),
-            static_cast<const T*>(beta), static_cast<Y*>(y), mean, inv_std, static_cast<T*>(sum), cols, epsilon);
+            static_cast<const T*>(beta), static_cast<Y*>(y), mean, inv_std, static_cast<T*>(sum), cols, epsilon,
+            rms);
       });
     });
   });

@@ -136,14 +136,16 @@ class LayerNormKernel : public OpKernel {
 // SkipLayerNormalization(x, skip, scale[, bias]) -> y, mean, inv_std_dev, sum over the last
 // axis: the sum is formed as Add forms it, then normalised by the LayerNormalization kernel, so
 // the fused op computes exactly what Add + LayerNormalization compute.
+// SkipRMSNormalization(x, skip, scale) -> y, inv_std_dev, sum likewise, by the RMSNorm kernel.
 class SkipLayerNormKernel : public OpKernel {
  public:
-  SkipLayerNormKernel(const graph::Node& n, int) : epsilon_(n.AttrFloat("epsilon", 1e-5f)) {}
+  SkipLayerNormKernel(const graph::Node& n, int)
+      : rms_(n.op_type() == "SkipRMSNormalization"), epsilon_(n.AttrFloat("epsilon", 1e-5f)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
     const TensorView& skip = *ctx.input(1);
     const TensorView& scale = *ctx.input(2);
-    const TensorView* bias = ctx.input(3);
+    const TensorView* bias = rms_ ? nullptr : ctx.input(3);
     if (x.shape() != skip.shape() || x.rank == 0)
       return InvalidArgument("expected x and skip of one shape, got ", DimsToString(x.shape()), " and ",
                              DimsToString(skip.shape()));
@@ -151,14 +153,15 @@ class SkipLayerNormKernel : public OpKernel {
     p.cols = x.dims[x.rank - 1];
     p.rows = p.cols ? x.numel() / p.cols : 0;
     p.epsilon = static_cast<double>(epsilon_);
+    p.rms = rms_;
     if (scale.numel() != p.cols || (bias && bias->numel() != p.cols))
       return InvalidArgument("expected scale and bias of ", p.cols, " elements (x's last dim)");
     DimVector stat_dims(x.dim_span());
     stat_dims[x.rank - 1] = 1;
     TensorView* y = ctx.Output(0, x.dim_span());
-    TensorView* mean = ctx.Output(1, stat_dims);
-    TensorView* inv_std = ctx.Output(2, stat_dims);
-    TensorView* sum = ctx.Output(3, x.dim_span());
+    TensorView* mean = rms_ ? nullptr : ctx.Output(1, stat_dims);
+    TensorView* inv_std = ctx.Output(rms_ ? 1 : 2, stat_dims);
+    TensorView* sum = ctx.Output(rms_ ? 2 : 3, x.dim_span());
     float* s = sum ? sum->as<float>() : static_cast<float*>(ctx.Scratch(x.nbytes()));
     const float* a = x.as<float>();
     // A bf16 / fp16 skip (a low-precision product's result) is added as float32.
@@ -188,6 +191,7 @@ class SkipLayerNormKernel : public OpKernel {
   }
 
  private:
+  bool rms_;
   float epsilon_;
 };
 
@@ -214,8 +218,8 @@ void RegisterNormKernels(KernelRegistry& r) {
               MakeFactory<LayerNormKernel>()});
   r.Register({std::string(graph::kCleaveDomain), "RMSNormalization", 1, 1, ln_supports,
               MakeFactory<LayerNormKernel>()});
-  r.Register({std::string(graph::kCleaveDomain), "SkipLayerNormalization", 1, 1, InputTypeIn(0, {f32}),
-              MakeFactory<SkipLayerNormKernel>()});
+  for (const char* op : {"SkipLayerNormalization", "SkipRMSNormalization"})
+    r.Register({std::string(graph::kCleaveDomain), op, 1, 1, InputTypeIn(0, {f32}), MakeFactory<SkipLayerNormKernel>()});
 }
 
 }  // namespace cleave::providers

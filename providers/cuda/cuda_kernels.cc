@@ -498,16 +498,17 @@ class LayerNormKernel : public CudaKernel {
   float epsilon_;
 };
 
-// SkipLayerNormalization(x, skip, scale[, bias]) -> y, mean, inv_std_dev, sum in one pass.
+// SkipLayerNormalization(x, skip, scale[, bias]) -> y, mean, inv_std_dev, sum in one pass;
+// SkipRMSNormalization(x, skip, scale) -> y, inv_std_dev, sum.
 class SkipLayerNormKernel : public CudaKernel {
  public:
   SkipLayerNormKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), epsilon_(n.AttrFloat("epsilon", 1e-5f)) {}
+      : CudaKernel(p, n), rms_(n.op_type() == "SkipRMSNormalization"), epsilon_(n.AttrFloat("epsilon", 1e-5f)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
     const TensorView& skip = *ctx.input(1);
     const TensorView& gamma = *ctx.input(2);
-    const TensorView* beta = ctx.num_inputs() > 3 ? ctx.input(3) : nullptr;
+    const TensorView* beta = !rms_ && ctx.num_inputs() > 3 ? ctx.input(3) : nullptr;
     if (x.shape() != skip.shape() || x.rank == 0)
       return InvalidArgument(name_, ": x ", DimsToString(x.shape()), " and skip ", DimsToString(skip.shape()),
                              " differ");
@@ -517,9 +518,9 @@ class SkipLayerNormKernel : public CudaKernel {
     std::vector<int64_t> stat(x.dims, x.dims + x.rank);
     stat.back() = 1;
     TensorView* y = ctx.Output(0, x.dim_span());
-    TensorView* mean = ctx.Output(1, stat);
-    TensorView* inv = ctx.Output(2, stat);
-    TensorView* sum = ctx.Output(3, x.dim_span());
+    TensorView* mean = rms_ ? nullptr : ctx.Output(1, stat);
+    TensorView* inv = ctx.Output(rms_ ? 1 : 2, stat);
+    TensorView* sum = ctx.Output(rms_ ? 2 : 3, x.dim_span());
     if (!y) return absl::OkStatus();
     // y in x's type, or (`to`) the low type mixed precision's next product reads.
     // skip in x's type, or a low-precision product's bf16 / fp16 result with a float32 x.
@@ -528,10 +529,12 @@ class SkipLayerNormKernel : public CudaKernel {
     return Check(kc::SkipLayerNorm(DtOf(x.dtype), DtOf(skip.dtype), DtOf(y->dtype), x.data, skip.data, gamma.data,
                                    beta ? beta->data : nullptr, y->data,
                                    mean ? mean->as<float>() : nullptr, inv ? inv->as<float>() : nullptr,
-                                   sum ? sum->data : nullptr, cols ? x.numel() / cols : 0, cols, epsilon_, stream()));
+                                   sum ? sum->data : nullptr, cols ? x.numel() / cols : 0, cols, epsilon_, stream(),
+                                   rms_));
   }
 
  private:
+  bool rms_;
   float epsilon_;
 };
 
@@ -817,6 +820,7 @@ void CudaExecutionProvider::RegisterKernels() {
   for (const char* op : {"LayerNormalizationGrad", "RMSNormalizationGrad"})
     Add<LayerNormGradKernel>(r, this, C, op, 1, 1, AllOf({InputTypeIn(1, {DataType::kFloat32}), LastAxisOnly}));
   Add<SkipLayerNormKernel>(r, this, C, "SkipLayerNormalization", 1, 1, floats);
+  Add<SkipLayerNormKernel>(r, this, C, "SkipRMSNormalization", 1, 1, floats);
   Add<SceKernel>(r, this, "", "SoftmaxCrossEntropyLoss", 12, 1 << 30, TwoDimScores);
   Add<SceGradKernel>(r, this, C, "SoftmaxCrossEntropyLossGrad", 1, 1, TwoDimScores);
   Add<SoftmaxGradKernel>(r, this, C, "SoftmaxGrad", 1, 1, AllOf({floats, LastAxisOnly}));
