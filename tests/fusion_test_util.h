@@ -1,12 +1,15 @@
-// What the graph-pass tests share (fusion_test.cc, training_fusion_test.cc): random feeds, a
-// rewritten graph run against its original, and a pass run on a graph written as text.
+// What the graph-pass tests share (fusion_test.cc, attention_fusion_test.cc,
+// training_fusion_test.cc, norm_fusion_test.cc): random feeds, a rewritten graph run against its
+// original, a pass run on a graph written as text, and the ops a graph holds.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "base/dtype.h"
 #include "gtest/gtest.h"
 #include "graph/op_table.h"
 #include "graph/passes/pass.h"
@@ -23,6 +26,21 @@ inline Tensor Random(std::vector<int64_t> dims, unsigned seed) {
   Tensor t(DataType::kFloat32, std::move(dims));
   for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
   return t;
+}
+
+// Random values in [-2 scale, 2 scale), rounded to bf16.
+inline Tensor RandomBf16(std::vector<int64_t> dims, unsigned seed, float scale) {
+  Tensor f = Random(dims, seed);
+  Tensor t(DataType::kBFloat16, std::move(dims));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<uint16_t>()[i] = FloatToBFloat16(scale * f.data<float>()[i]);
+  return t;
+}
+
+// Counts the nodes of each op type.
+inline std::map<std::string, int> OpCounts(const Graph& g) {
+  std::map<std::string, int> ops;
+  for (const auto& n : g.nodes()) ++ops[n->op_type()];
+  return ops;
 }
 
 // The graph's ops in order, each as "domain.op" ("op" for ONNX's).

@@ -540,6 +540,9 @@ TEST(GradOps, RMSNormGradMatchesItsJacobianAndAddsTheResidual) {
   Op("RMSNormalizationGrad").Input<double>("dY", xd, dy).Input<double>("X", xd, x).Input<double>("scale", sd, scale)
       .Input<double>("inv_std_dev", {2, 3}, inv).Output<double>("dX", xd, dx)
       .ExpectFailure("X's with the normalised axes reduced to 1").Run();
+  // A scale that does not broadcast over the normalised dims is an error naming both shapes.
+  Op("RMSNormalization").Input<double>("X", xd, x).Input<double>("Scale", {4}, Values(4, 65))
+      .Output<double>("Y", xd, y).ExpectFailure("[4] does not broadcast over the normalised dims of X [2,3,5]").Run();
 }
 
 // The column sums (dScale, dBias) use fixed row blocks added in block order, so every thread
