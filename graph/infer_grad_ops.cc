@@ -220,6 +220,33 @@ absl::Status InferGeluGrad(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// SwiGLU(gate, up) -> y and SwiGLUGrad(dY, gate, up) -> dGate, dUp: every operand of one dtype
+// and shape (compared where both are known).
+absl::Status InferSwiGlu(InferContext& ctx) {
+  RETURN_IF_ERROR(
+      ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16, DataType::kFloat16}));
+  Shape shape = ctx.input_shape(0);
+  for (int i = 1; i < ctx.num_inputs(); ++i) {
+    RETURN_IF_ERROR(ExpectDtypeOf(ctx, i, 0));
+    const Shape& s = ctx.input_shape(i);
+    if (!s.has_rank()) continue;
+    if (!shape.has_rank()) {
+      shape = s;
+      continue;
+    }
+    bool ok = s.rank() == shape.rank();
+    for (int k = 0; ok && k < s.rank(); ++k)
+      ok = !(s[k].is_static() && shape[k].is_static() && s[k].value != shape[k].value);
+    if (!ok)
+      return ctx.Error("expected input ", i, " '", ctx.node().input(i)->name(), "' of input 0's shape ",
+                       ctx.input_shape(0).ToString(), ", got ", s.ToString());
+  }
+  // The gate's dims where known (the gradients take them), else the others'.
+  const Shape& gate = ctx.input_shape(ctx.num_inputs() == 3 ? 1 : 0);
+  for (int o = 0; o < ctx.num_outputs(); ++o) ctx.SetOutput(o, ctx.input_dtype(0), gate.has_rank() ? gate : shape);
+  return absl::OkStatus();
+}
+
 absl::Status InferLayerNormGrad(InferContext& ctx) {
   // RMSNormalizationGrad has no mean input and no dBias output, so InvStdDev, dX_add and
   // dX_low sit one place earlier.

@@ -37,6 +37,7 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "Sigmoid", {1, 6, 13}, 6, 1, 1, 1, 1, InferUnaryFloat, true},
       {kOnnx, "Gelu", {20}, 20, 1, 1, 1, 1, InferUnaryFloat, true},
       {C, "Gelu", {1}, 1, 1, 1, 1, 1, InferUnaryFloat, true},
+      {C, "SwiGLU", {1}, 1, 2, 2, 1, 1, InferSwiGlu, true},
       {kOnnx, "Not", {1}, 1, 1, 1, 1, 1, InferNot, false},
       // Binary elementwise with broadcasting.
       {kOnnx, "Add", {1, 6, 7, 13, 14}, 7, 2, 2, 1, 1, InferBinaryArith, true},
@@ -102,6 +103,7 @@ std::vector<OpDef> BuildTable() {
       {C, "LayerNormalizationGrad", {1}, 1, 5, 6, 1, 4, InferLayerNormGrad, false},
       {C, "RMSNormalizationGrad", {1}, 1, 4, 5, 1, 3, InferLayerNormGrad, false},
       {C, "GeluGrad", {1}, 1, 2, 2, 1, 1, InferGeluGrad, false},
+      {C, "SwiGLUGrad", {1}, 1, 3, 3, 1, 2, InferSwiGlu, false},
       {C, "Attention", {1}, 1, 1, 4, 1, 2, InferAttention, true},
       {C, "SkipLayerNormalization", {1}, 1, 3, 4, 1, 4, InferSkipLayerNorm, false},
       {C, "SkipRMSNormalization", {1}, 1, 3, 3, 1, 3, InferSkipLayerNorm, false},

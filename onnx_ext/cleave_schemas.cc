@@ -232,6 +232,30 @@ OpSchema GeluGradSchema() {
   return s;
 }
 
+OpSchema SwiGluSchema() {
+  OpSchema s;
+  s.SetName("SwiGLU").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("y = gate * sigmoid(gate) * up (silu(gate) * up, LLaMA's gated MLP); see docs/ops.md.")
+      .Input(0, "gate", "the gate product", "T")
+      .Input(1, "up", "the up product, of gate's shape", "T")
+      .Output(0, "y", "silu(gate) * up", "T")
+      .TypeConstraint("T", kFloatTypes, "float tensors");
+  return s;
+}
+
+OpSchema SwiGluGradSchema() {
+  OpSchema s;
+  s.SetName("SwiGLUGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("dGate = dY * up * silu'(gate), dUp = dY * silu(gate); see docs/ops.md.")
+      .Input(0, "dY", "gradient of SwiGLU's output", "T")
+      .Input(1, "gate", "SwiGLU's gate", "T")
+      .Input(2, "up", "SwiGLU's up", "T")
+      .Output(0, "dGate", "gradient of gate", "T", OpSchema::Optional)
+      .Output(1, "dUp", "gradient of up", "T", OpSchema::Optional)
+      .TypeConstraint("T", kFloatTypes, "float tensors");
+  return s;
+}
+
 OpSchema MultiTensorAdamWSchema() {
   OpSchema s;
   s.SetName("MultiTensorAdamW").SetDomain("ai.cleave").SinceVersion(1)
@@ -456,6 +480,8 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(NormGradSchema(false));
     onnx::RegisterSchema(NormGradSchema(true));
     onnx::RegisterSchema(GeluGradSchema());
+    onnx::RegisterSchema(SwiGluSchema());
+    onnx::RegisterSchema(SwiGluGradSchema());
     onnx::RegisterSchema(AttentionSchema());
     onnx::RegisterSchema(AttentionGradSchema());
     onnx::RegisterSchema(SkipNormSchema(false));

@@ -336,6 +336,8 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   if (!cleave && op == "Dropout") return Elementwise(n, {0}, Linearity::kEach, {0});
   if (cleave && op == "Gelu") return Elementwise(n, {0}, Linearity::kNone, {});
   if (cleave && (op == "GeluGrad")) return Elementwise(n, {0, 1}, Linearity::kEach, {0});
+  if (cleave && op == "SwiGLU") return Elementwise(n, {0, 1}, Linearity::kEach, {1});
+  if (cleave && op == "SwiGLUGrad") return Elementwise(n, {0, 1, 2}, Linearity::kEach, {0});
   if (cleave && op == "InPlaceAccumulator") {
     ASSIGN_OR_RETURN(FactorRule r, Elementwise(n, {0, 1}, Linearity::kAll, {0, 1}));
     r.partial_inputs_follow = true;

@@ -1,5 +1,5 @@
 // What the graph-pass tests share (fusion_test.cc, attention_fusion_test.cc,
-// training_fusion_test.cc, norm_fusion_test.cc): random feeds, a rewritten graph run against its
+// training_fusion_test.cc, llama_fusion_test.cc): random feeds, a rewritten graph run against its
 // original, a pass run on a graph written as text, and the ops a graph holds.
 #pragma once
 

@@ -288,6 +288,14 @@ absl::Status GeluGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// y = silu(gate) * up: both gradients from one ai.cleave.SwiGLUGrad pass over dy, gate and up.
+absl::Status SwiGluGrad(GradBuilder& b) {
+  std::vector<Value*> d = b.OpN("ai.cleave.SwiGLUGrad", {b.dy(), b.x(0), b.x(1)}, 2, {});
+  b.SetGrad(0, d[0]);
+  b.SetGrad(1, d[1]);
+  return absl::OkStatus();
+}
+
 // y = act(A @ op(B) + bias) with B 2-D. The pre-activation z is recomputed (one GEMM) rather
 // than stored, then dz = dy act'(z), dA = dz op(B)^T, d op(B) = A^T dz, dbias = sum dz.
 absl::Status FusedMatMulGrad(GradBuilder& b) {
@@ -341,7 +349,7 @@ std::map<std::string, GradRule>& Rules() {
         {"::Pow", PowGrad}, {"::Neg", NegGrad}, {"::Exp", ExpGrad}, {"::Log", LogGrad},
         {"::Sqrt", SqrtGrad}, {"::Reciprocal", ReciprocalGrad}, {"::Tanh", TanhGrad},
         {"::Sigmoid", SigmoidGrad}, {"::Relu", ReluGrad}, {"::Sin", SinGrad}, {"::Cos", CosGrad},
-        {"::Erf", ErfGrad}, {"::Gelu", GeluGrad}, {"ai.cleave::Gelu", GeluGrad},
+        {"::Erf", ErfGrad}, {"::Gelu", GeluGrad}, {"ai.cleave::Gelu", GeluGrad}, {"ai.cleave::SwiGLU", SwiGluGrad},
         {"ai.cleave::FusedMatMul", FusedMatMulGrad},
         {"::Abs", AbsGrad}, {"::Max", MaxMinGrad}, {"::Min", MaxMinGrad}, {"::Clip", ClipGrad},
     };

@@ -261,6 +261,26 @@ bool FuseRMSNorm(Graph* g, Node* var) {
   return true;
 }
 
+// gate * Sigmoid(gate) * up (silu(gate) * up, LLaMA's SwiGLU as exported), either operand order
+// in each Mul, gate and up of one shape and float type -> ai.cleave.SwiGLU(gate, up).
+bool FuseSwiGlu(Graph* g, Node* sigmoid) {
+  Value* gate = sigmoid->input(0);
+  Node* silu = SoleConsumer(sigmoid->output(0));
+  if (!Is(silu, "Mul") || Other(silu, sigmoid->output(0)) != gate) return false;
+  Node* mul = SoleConsumer(silu->output(0));
+  if (!Is(mul, "Mul")) return false;
+  Value* up = Other(mul, silu->output(0));
+  if (!up || up == silu->output(0)) return false;
+  const Shape &gs = gate->shape(), &us = up->shape();
+  if ((gate->dtype() != DataType::kFloat32 && gate->dtype() != DataType::kFloat64) || up->dtype() != gate->dtype() ||
+      !gs.has_rank() || !us.has_rank() || gs.rank() != us.rank())
+    return false;
+  for (int k = 0; k < gs.rank(); ++k)
+    if (!SameDim(gs[k], us[k])) return false;
+  Replace(g, {sigmoid, silu, mul}, "SwiGLU", {gate, up}, mul->output(0));
+  return true;
+}
+
 // The 2-D transpose feeding only this MatMul as its B, if any: MatMul(A, Transpose(W)) is
 // FusedMatMul(A, W, transB = 1), which reads W in place instead of copying it every step
 // (the tied LM head of a GPT exported for training has exactly this shape).
@@ -831,6 +851,7 @@ bool FuseAt(Graph* g, Node* n, Rules rules) {
   if (Is(n, "Erf")) return FuseErfGelu(g, n);
   if (Is(n, "Tanh")) return FuseTanhGelu(g, n);
   if (Is(n, "ReduceMean")) return FuseLayerNorm(g, n) || FuseRMSNorm(g, n);
+  if (Is(n, "Sigmoid")) return FuseSwiGlu(g, n);
   if (!matmul_rules) return false;
   if (Is(n, "MatMul")) return FuseMatMulBias(g, n) || FoldTransposes(g, n);
   if (Is(n, "Transpose")) return FoldTransposeOfMatMul(g, n);

@@ -107,6 +107,17 @@ template <typename T, typename U>
 void LayerNorm(const LayerNormParams& p, const T* x, const T* scale, const T* bias, T* y,
                U* mean, U* inv_std, ThreadPool* pool);
 
+// ---- SwiGLU (swiglu.cc) --------------------------------------------------------------------
+
+// y = silu(gate) * up = gate * sigmoid(gate) * up over n elements (LLaMA's gated MLP).
+// Instantiated for float and double.
+template <typename T>
+void SwiGlu(const T* gate, const T* up, T* y, int64_t n, ThreadPool* pool);
+// dgate = dy * up * silu'(gate), silu'(g) = s + g s (1 - s) with s = sigmoid(g); dup = dy *
+// silu(gate). Either output may be null.
+template <typename T>
+void SwiGluGrad(const T* dy, const T* gate, const T* up, T* dgate, T* dup, int64_t n, ThreadPool* pool);
+
 // ---- Reductions (reduce.cc) ----------------------------------------------------------------
 
 enum class ReduceKind { kSum, kMean, kMax, kMin };

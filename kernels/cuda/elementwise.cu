@@ -171,6 +171,27 @@ struct GeluGradFn {
   }
 };
 
+// silu(gate) * up, as the exported (gate * sigmoid(gate)) * up rounds it in float32.
+template <typename T>
+struct SwiGluFn {
+  __device__ T operator()(T gate, T up) const {
+    const float g = ToFloat(gate);
+    return FromFloat<T>(g * (1.f / (1.f + expf(-g))) * ToFloat(up));
+  }
+};
+
+// dgate = dy * up * silu'(gate), dup = dy * silu(gate); either output may be null.
+template <typename T>
+__global__ void SwiGluGradKernel(const T* dy, const T* gate, const T* up, T* dgate, T* dup, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = ToFloat(gate[i]), d = ToFloat(dy[i]);
+    const float s = 1.f / (1.f + expf(-g));
+    if (dup) dup[i] = FromFloat<T>(d * (g * s));
+    if (dgate) dgate[i] = FromFloat<T>(d * ToFloat(up[i]) * (s + g * s * (1.f - s)));
+  }
+}
+
 // y[i] = f(x[i]) (Map1) or f(a[i], b[i]) (Map2), P elements per access: the first n / P * P
 // elements in whole vectors, the rest one by one. y may be x (an in-place Gelu).
 template <int P, typename X, typename Y, typename F>
@@ -440,6 +461,23 @@ int DropoutKeyed(Dt dt, uint64_t key, float ratio, const void* x, void* y, bool*
   DISPATCH_DT(dt, T, {
     DropoutKernel<T><<<Blocks((n + 1) / 2), kThreads, 0, Stream(stream)>>>(
         key, threshold, scale, static_cast<const T*>(x), static_cast<T*>(y), mask, n);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int SwiGlu(Dt dt, const void* gate, const void* up, void* y, int64_t n, void* stream) {
+  if (n == 0) return 0;
+  DISPATCH_DT(dt, T, { return LaunchMap2<T, T>(SwiGluFn<T>{}, gate, up, y, n, Stream(stream)); });
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int SwiGluGrad(Dt dt, const void* dy, const void* gate, const void* up, void* dgate, void* dup, int64_t n,
+               void* stream) {
+  if (n == 0) return 0;
+  DISPATCH_DT(dt, T, {
+    SwiGluGradKernel<T><<<Blocks(n), kThreads, 0, Stream(stream)>>>(
+        static_cast<const T*>(dy), static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(dgate),
+        static_cast<T*>(dup), n);
   });
   return static_cast<int>(cudaGetLastError());
 }

@@ -58,6 +58,11 @@ int GemmScaleAdd(Dt dt, void* y, float alpha, const void* c, float beta, int64_t
 // (kernels/philox.h), a double in [0, 1), is >= ratio, so the CPU and CUDA masks of one key are
 // the same bits. mask may be null.
 int DropoutKeyed(Dt dt, uint64_t key, float ratio, const void* x, void* y, bool* mask, int64_t n, void* stream);
+// y = silu(gate) * up over n elements, and its gradients dgate = dy * up * silu'(gate), dup = dy *
+// silu(gate) (either may be null).
+int SwiGlu(Dt dt, const void* gate, const void* up, void* y, int64_t n, void* stream);
+int SwiGluGrad(Dt dt, const void* dy, const void* gate, const void* up, void* dgate, void* dup, int64_t n,
+               void* stream);
 // dx = dy * gelu'(x), exact (erf) or tanh form.
 int GeluGrad(Dt dt, const void* dy, const void* x, void* dx, int64_t n, bool tanh_form, void* stream);
 

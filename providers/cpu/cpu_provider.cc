@@ -28,6 +28,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterNnKernels(registry_);
   RegisterShapeKernels(registry_);
   RegisterGradKernels(registry_);
+  RegisterSwiGluKernels(registry_);
   RegisterOptimizerKernels(registry_);
   RegisterCollectiveKernels(registry_);
   RegisterLowPrecisionKernels(registry_);

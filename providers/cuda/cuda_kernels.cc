@@ -239,6 +239,35 @@ class GeluGradKernel : public CudaKernel {
   bool tanh_;
 };
 
+// SwiGLU(gate, up) -> silu(gate) * up, and SwiGLUGrad(dY, gate, up) -> dGate, dUp: every operand
+// of one shape and type.
+class SwiGluKernel : public CudaKernel {
+ public:
+  SwiGluKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), grad_(n.op_type() == "SwiGLUGrad") {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& first = *ctx.input(0);
+    for (int i = 1; i < ctx.num_inputs(); ++i)
+      if (ctx.input(i)->shape() != first.shape() || ctx.input(i)->dtype != first.dtype)
+        return InvalidArgument(name_, ": expected input ", i, " of input 0's shape ", DimsToString(first.shape()),
+                               " and type, got ", DimsToString(ctx.input(i)->shape()));
+    const kc::Dt dt = DtOf(first.dtype);
+    if (!grad_) {
+      TensorView* y = ctx.Output(0, first.dim_span());
+      if (!y) return absl::OkStatus();
+      return Check(kc::SwiGlu(dt, first.data, ctx.input(1)->data, y->data, first.numel(), stream()));
+    }
+    TensorView* dgate = ctx.Output(0, first.dim_span());
+    TensorView* dup = ctx.Output(1, first.dim_span());
+    if (!dgate && !dup) return absl::OkStatus();
+    return Check(kc::SwiGluGrad(dt, first.data, ctx.input(1)->data, ctx.input(2)->data, dgate ? dgate->data : nullptr,
+                                dup ? dup->data : nullptr, first.numel(), stream()));
+  }
+
+ private:
+  bool grad_;
+};
+
 // Dropout(x[, ratio, training_mode]) -> y[, mask], training mode by the counter-based mask the
 // CPU draws under a run seed (the same bits for the same seed); inference copies.
 class DropoutKernel : public CudaKernel {
@@ -803,6 +832,8 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<UnaryKernel>(r, this, "", "Gelu", 20, 20, floats);
   Add<UnaryKernel>(r, this, C, "Gelu", 1, 1, floats);
   Add<GeluGradKernel>(r, this, C, "GeluGrad", 1, 1, floats);
+  Add<SwiGluKernel>(r, this, C, "SwiGLU", 1, 1, floats);
+  Add<SwiGluKernel>(r, this, C, "SwiGLUGrad", 1, 1, floats);
   std::vector<DataType> castable = numbers;
   castable.push_back(DataType::kBool);
   Add<CastKernel>(r, this, "", "Cast", 6, 1 << 30, AllOf({InputTypeIn(0, castable), InputTypeIn(-1, castable)}));

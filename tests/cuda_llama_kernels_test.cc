@@ -1,6 +1,7 @@
-// CUDA normalisation kernel tests (label gpu): RMSNormalization, its gradient and
-// SkipRMSNormalization against the CPU kernels on the same graph (LayerNormalization's are in cuda_kernels_test.cc). Without a usable
-// device (or driver) each test skips and says why.
+// CUDA tests (label gpu) of the kernels behind LLaMA's fused ops: RMSNormalization, its gradient,
+// SkipRMSNormalization and SwiGLU with its gradient, against the CPU kernels on the same graph
+// (LayerNormalization's are in cuda_kernels_test.cc). Without a usable device (or driver) each
+// test skips and says why.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -92,6 +93,47 @@ TEST(CudaProvider, SkipRMSNorm) {
       output sum
     )"),
                feeds, 1e-5, 1e-4, "SkipRMSNormalization");
+  }
+}
+
+// silu(gate) * up and both gradients in float32; and in bf16 / fp16, where the CUDA kernel
+// computes in float32 and rounds once, against the CPU's float32 op on the same rounded operands
+// with its result rounded once.
+TEST(CudaProvider, SwiGluForwardAndBackward) {
+  REQUIRE_CUDA();
+  for (int64_t n : {int64_t{7}, int64_t{4096 * 3 + 5}}) {
+    SCOPED_TRACE(n);
+    const std::string dims = absl::StrCat("[", n, "]");
+    ExpectSame(absl::StrCat("input dy: float32", dims, "\ninput g: float32", dims, "\ninput u: float32", dims, R"(
+      y = ai.cleave.SwiGLU(g, u)
+      dg, du = ai.cleave.SwiGLUGrad(dy, g, u)
+      output y
+      output dg
+      output du
+    )"),
+               {{"dy", Random({n}, 95)}, {"g", Random({n}, 96)}, {"u", Random({n}, 97)}}, 1e-5, 1e-5, "SwiGLU");
+  }
+  for (int to : {16, 10}) {
+    const std::string inputs = absl::StrCat(R"(
+      input g: float32[64,300]
+      input u: float32[64,300]
+      hg = Cast(g) {to = )", to, R"(}
+      hu = Cast(u) {to = )", to, "}\n");
+    const std::string cuda = inputs + R"(
+      hy = ai.cleave.SwiGLU(hg, hu)
+      y = Cast(hy) {to = 1}
+      output y
+    )";
+    const std::string cpu = inputs + absl::StrCat(R"(
+      wg = Cast(hg) {to = 1}
+      wu = Cast(hu) {to = 1}
+      y32 = ai.cleave.SwiGLU(wg, wu)
+      hy = Cast(y32) {to = )", to, R"(}
+      y = Cast(hy) {to = 1}
+      output y
+    )");
+    ExpectSame(cuda, {{"g", Random({64, 300}, 98)}, {"u", Random({64, 300}, 99)}}, 1e-2, to == 16 ? 8e-3 : 1e-3,
+               "SwiGLU", cpu);
   }
 }
 

@@ -1,6 +1,9 @@
-// RMSNorm as exporters write it (LLaMA's x * rsqrt(mean(x^2) + eps) * weight) becomes one
-// ai.cleave.RMSNormalization computing the same; variants that are not RMSNorm are left alone,
-// and a LLaMA training graph differentiates it through RMSNormalizationGrad.
+// LLaMA's patterns as exporters write them: RMSNorm (x * rsqrt(mean(x^2) + eps) * weight)
+// becomes one ai.cleave.RMSNormalization and the SwiGLU MLP's silu(gate) * up one
+// ai.cleave.SwiGLU, each computing the same; variants that are not these are left alone, a
+// LLaMA training graph differentiates them through RMSNormalizationGrad and SwiGLUGrad, and the
+// device sessions' norm folds take the RMSNorm ops.
+#include <map>
 #include <string>
 #include <vector>
 
@@ -78,26 +81,59 @@ TEST(RMSNormFusion, WhatIsNotAnRMSNormIsLeftAlone) {
   }
 }
 
-// The LLaMA sample trains through the fused op: one RMSNormalization per norm (two a layer and
-// the final one), each differentiated by one RMSNormalizationGrad, and none of the decomposed
-// pattern's ops left in the forward.
-TEST(RMSNormFusion, LlamaTrainsThroughTheFusedOpAndItsGradient) {
+// SwiGLU as exported (F.silu as gate * Sigmoid(gate)), in every operand order -> one op.
+constexpr char kSwiGlu[] = R"(
+  input gate: float32[2,3,8]
+  input up: float32[2,3,8]
+  s = Sigmoid(gate)
+  silu = Mul(gate, s)
+  y = Mul(silu, up)
+  output y
+)";
+
+TEST(SwiGluFusion, EveryOperandOrderBecomesOneOpComputingTheSame) {
+  const Feeds feeds = {{"gate", Random({2, 3, 8}, 81)}, {"up", Random({2, 3, 8}, 82)}};
+  for (const std::string& text :
+       {std::string(kSwiGlu), absl::StrReplaceAll(kSwiGlu, {{"Mul(gate, s)", "Mul(s, gate)"}}),
+        absl::StrReplaceAll(kSwiGlu, {{"Mul(silu, up)", "Mul(up, silu)"}})}) {
+    SCOPED_TRACE(text);
+    ActivationNormFusion fusion;
+    auto fused = Rewritten(text, fusion);
+    ASSERT_NE(fused, nullptr);
+    ASSERT_EQ(OpNames(*fused), std::vector<std::string>{"ai.cleave.SwiGLU"});
+    const Node* n = fused->FindValue("y")->producer();
+    EXPECT_EQ(n->input(0)->name(), "gate");
+    EXPECT_EQ(n->input(1)->name(), "up");
+    ExpectGraphsAgree(std::move(fused), *ParseGraph(text), feeds, 1e-6, 1e-6);
+  }
+  ActivationNormFusion fusion;
+  EXPECT_FALSE(Changes(fusion, absl::StrCat(kSwiGlu, "output silu\n"))) << "silu read elsewhere";
+  EXPECT_FALSE(Changes(fusion, absl::StrReplaceAll(kSwiGlu, {{"input up: float32[2,3,8]", "input up: float32[8]"}})))
+      << "an up that broadcasts";
+  EXPECT_FALSE(Changes(fusion, absl::StrReplaceAll(kSwiGlu, {{"Mul(gate, s)", "Mul(up, s)"}, {"Mul(silu, up)",
+                                                                                             "Mul(silu, gate)"}})))
+      << "the sigmoid of another value than it multiplies";
+}
+
+// The LLaMA sample trains through the fused ops: one RMSNormalization per norm (two a layer and
+// the final one) and one SwiGLU a layer, each differentiated by its own gradient op, and none
+// of the decomposed patterns' ops left.
+TEST(LlamaFusion, TrainsThroughTheFusedOpsAndTheirGradients) {
   auto a = testing::BuildArtifacts("train_variants/llama", 2, 16, trainer::TrainingSpec{});
   ASSERT_NE(a.training, nullptr);
-  int norms = 0, grads = 0, sqrts = 0;
-  for (const auto& n : a.training->nodes()) {
-    norms += n->op_type() == "RMSNormalization";
-    grads += n->op_type() == "RMSNormalizationGrad";
-    sqrts += n->op_type() == "Sqrt";
-  }
-  EXPECT_EQ(norms, 5);
-  EXPECT_EQ(grads, 5);
-  EXPECT_EQ(sqrts, 0);
+  std::map<std::string, int> ops = OpCounts(*a.training);
+  EXPECT_EQ(ops["RMSNormalization"], 5);
+  EXPECT_EQ(ops["RMSNormalizationGrad"], 5);
+  EXPECT_EQ(ops["SwiGLU"], 2);
+  EXPECT_EQ(ops["SwiGLUGrad"], 2);
+  EXPECT_EQ(ops["Sqrt"], 0);
+  EXPECT_EQ(ops["Sigmoid"], 0);
 }
 
 // The device sessions' folds into the norm gradients take RMSNormalizationGrad too: the
 // residual gradient's Add becomes dX_add, its Cast to bf16 / fp16 dX_low, and a low-precision
-// product read only as dY (or as SkipRMSNormalization's skip) writes its own type. Each computes what the graph before it computes.
+// product read only as dY (or as SkipRMSNormalization's skip) writes its own type. Each computes
+// what the graph before it computes.
 TEST(RMSNormFusion, TheGradientTakesTheResidualItsRoundingAndALowPrecisionDy) {
   const std::string head = R"(
     input dy: float32[6,8]
