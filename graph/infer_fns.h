@@ -68,6 +68,7 @@ absl::Status InferMultiTensorAdamW(InferContext& ctx);  // (lr, step, scale, 4n 
 absl::Status InferAttention(InferContext& ctx);      // (q, k, v) -> out, lse
 absl::Status InferAttentionGrad(InferContext& ctx);  // (dOut, q, k, v, out, lse) -> dq, dk, dv
 absl::Status InferGeluGrad(InferContext& ctx);     // (dY, X) {approximate} -> X's shape
+absl::Status InferRotary(InferContext& ctx);       // RotaryEmbedding(Grad) (x, cos, sin) -> x's shape
 absl::Status InferSwiGlu(InferContext& ctx);       // SwiGLU (gate, up), SwiGLUGrad (dY, gate, up): one shape
 // Training ops (infer_train_ops.cc).
 absl::Status InferInPlaceAccumulator(InferContext& ctx);  // (buffer, grad, reset) -> buffer

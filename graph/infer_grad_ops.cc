@@ -247,6 +247,32 @@ absl::Status InferSwiGlu(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// RotaryEmbedding(x, cos, sin) -> y and RotaryEmbeddingGrad(dY, cos, sin) -> dX: x's shape and
+// type; cos and sin of x's type and one shape, broadcasting to x with a last dim of x's or 1, and
+// x's last dim even.
+absl::Status InferRotary(InferContext& ctx) {
+  RETURN_IF_ERROR(
+      ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16, DataType::kFloat16}));
+  RETURN_IF_ERROR(ExpectDtypeOf(ctx, 1, 0));
+  RETURN_IF_ERROR(ExpectDtypeOf(ctx, 2, 0));
+  const Shape &x = ctx.input_shape(0), &c = ctx.input_shape(1), &s = ctx.input_shape(2);
+  if (c.has_rank() && s.has_rank() && c.is_static() && s.is_static() && c != s)
+    return ctx.Error("expected cos and sin of one shape, got ", c.ToString(), " and ", s.ToString());
+  if (x.has_rank() && c.has_rank()) {
+    bool ok = x.rank() >= 1 && c.rank() <= x.rank() && !(x[x.rank() - 1].is_static() && x[x.rank() - 1].value % 2);
+    for (int k = 0; ok && k < c.rank(); ++k) {
+      const Dim& d = c[k];
+      const Dim& want = x[x.rank() - c.rank() + k];
+      ok = !(d.is_static() && d.value != 1 && want.is_static() && d.value != want.value);
+    }
+    if (!ok)
+      return ctx.Error("expected x with an even last dim and cos/sin broadcasting to it, got x ", x.ToString(),
+                       " and cos ", c.ToString());
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), x);
+  return absl::OkStatus();
+}
+
 absl::Status InferLayerNormGrad(InferContext& ctx) {
   // RMSNormalizationGrad has no mean input and no dBias output, so InvStdDev, dX_add and
   // dX_low sit one place earlier.

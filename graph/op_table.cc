@@ -38,6 +38,7 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "Gelu", {20}, 20, 1, 1, 1, 1, InferUnaryFloat, true},
       {C, "Gelu", {1}, 1, 1, 1, 1, 1, InferUnaryFloat, true},
       {C, "SwiGLU", {1}, 1, 2, 2, 1, 1, InferSwiGlu, true},
+      {C, "RotaryEmbedding", {1}, 1, 3, 3, 1, 1, InferRotary, true},
       {kOnnx, "Not", {1}, 1, 1, 1, 1, 1, InferNot, false},
       // Binary elementwise with broadcasting.
       {kOnnx, "Add", {1, 6, 7, 13, 14}, 7, 2, 2, 1, 1, InferBinaryArith, true},
@@ -104,6 +105,7 @@ std::vector<OpDef> BuildTable() {
       {C, "RMSNormalizationGrad", {1}, 1, 4, 5, 1, 3, InferLayerNormGrad, false},
       {C, "GeluGrad", {1}, 1, 2, 2, 1, 1, InferGeluGrad, false},
       {C, "SwiGLUGrad", {1}, 1, 3, 3, 1, 2, InferSwiGlu, false},
+      {C, "RotaryEmbeddingGrad", {1}, 1, 3, 3, 1, 1, InferRotary, false},
       {C, "Attention", {1}, 1, 1, 4, 1, 2, InferAttention, true},
       {C, "SkipLayerNormalization", {1}, 1, 3, 4, 1, 4, InferSkipLayerNorm, false},
       {C, "SkipRMSNormalization", {1}, 1, 3, 3, 1, 3, InferSkipLayerNorm, false},

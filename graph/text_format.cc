@@ -76,14 +76,19 @@ absl::StatusOr<Tensor> ParseValues(DataType t, const Shape& shape, const std::st
   if (fill ? words.size() != 1 : static_cast<int64_t>(words.size()) != out.numel())
     return InvalidArgument("expected ", fill ? 1 : out.numel(), " values, got ", words.size());
   for (int64_t i = 0; i < out.numel(); ++i) {
+    const std::string& word = words[fill ? 0 : i];
+    if (t == DataType::kInt64 || t == DataType::kInt32) {  // exactly, INT64_MAX included
+      int64_t n;
+      if (!absl::SimpleAtoi(word, &n)) return InvalidArgument("bad integer '", word, "'");
+      if (t == DataType::kInt64) out.data<int64_t>()[i] = n;
+      else out.data<int32_t>()[i] = static_cast<int32_t>(n);
+      continue;
+    }
     double v;
-    if (!absl::SimpleAtod(words[fill ? 0 : i], &v))
-      return InvalidArgument("bad number '", words[fill ? 0 : i], "'");
+    if (!absl::SimpleAtod(word, &v)) return InvalidArgument("bad number '", word, "'");
     switch (t) {
       case DataType::kFloat32: out.data<float>()[i] = static_cast<float>(v); break;
       case DataType::kFloat64: out.data<double>()[i] = v; break;
-      case DataType::kInt64: out.data<int64_t>()[i] = static_cast<int64_t>(v); break;
-      case DataType::kInt32: out.data<int32_t>()[i] = static_cast<int32_t>(v); break;
       case DataType::kBool: out.data<bool>()[i] = v != 0; break;
       default: return Unimplemented("text initializers of dtype ", DataTypeName(t));
     }

@@ -256,6 +256,21 @@ OpSchema SwiGluGradSchema() {
   return s;
 }
 
+// RotaryEmbedding, or (grad) its gradient with respect to x.
+OpSchema RotarySchema(bool grad) {
+  OpSchema s;
+  s.SetName(grad ? "RotaryEmbeddingGrad" : "RotaryEmbedding").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc(grad ? "dX = dY * cos + rotate_half transposed of dY * sin; see docs/ops.md."
+                   : "y = x * cos + rotate_half(x) * sin, rotate_half(x) = concat(-x2, x1) over the last axis; "
+                     "see docs/ops.md.")
+      .Input(0, grad ? "dY" : "x", grad ? "gradient of y" : "[..., D], D even", "T")
+      .Input(1, "cos", "broadcasting to x, last dim D or 1", "T")
+      .Input(2, "sin", "cos's shape", "T")
+      .Output(0, grad ? "dX" : "y", "x's shape", "T")
+      .TypeConstraint("T", kFloatTypes, "float tensors");
+  return s;
+}
+
 OpSchema MultiTensorAdamWSchema() {
   OpSchema s;
   s.SetName("MultiTensorAdamW").SetDomain("ai.cleave").SinceVersion(1)
@@ -482,6 +497,8 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(GeluGradSchema());
     onnx::RegisterSchema(SwiGluSchema());
     onnx::RegisterSchema(SwiGluGradSchema());
+    onnx::RegisterSchema(RotarySchema(false));
+    onnx::RegisterSchema(RotarySchema(true));
     onnx::RegisterSchema(AttentionSchema());
     onnx::RegisterSchema(AttentionGradSchema());
     onnx::RegisterSchema(SkipNormSchema(false));

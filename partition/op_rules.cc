@@ -337,6 +337,13 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   if (cleave && op == "Gelu") return Elementwise(n, {0}, Linearity::kNone, {});
   if (cleave && (op == "GeluGrad")) return Elementwise(n, {0, 1}, Linearity::kEach, {0});
   if (cleave && op == "SwiGLU") return Elementwise(n, {0, 1}, Linearity::kEach, {1});
+  if (cleave && (op == "RotaryEmbedding" || op == "RotaryEmbeddingGrad")) {
+    // Elementwise over the leading dims with cos / sin broadcast; the last axis pairs its halves.
+    ASSIGN_OR_RETURN(FactorRule r, Elementwise(n, {0, 1, 2}, Linearity::kEach, {0}));
+    ASSIGN_OR_RETURN(std::vector<int64_t> y, Dims(n, n.output(0)));
+    if (!y.empty()) r.no_shard[static_cast<int>(y.size()) - 1] = 1;
+    return r;
+  }
   if (cleave && op == "SwiGLUGrad") return Elementwise(n, {0, 1, 2}, Linearity::kEach, {0});
   if (cleave && op == "InPlaceAccumulator") {
     ASSIGN_OR_RETURN(FactorRule r, Elementwise(n, {0, 1}, Linearity::kAll, {0, 1}));

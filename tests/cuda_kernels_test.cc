@@ -848,8 +848,6 @@ void ExpectReferenceRuns(const CudaCpuGraphs& g) {
   ASSERT_TRUE((*cpu)->Run(g.feeds).ok());
 }
 
-std::string DimsText(const std::vector<int64_t>& d) { return absl::StrCat("[", absl::StrJoin(d, ","), "]"); }
-
 // bf16 attention, forward and backward: cuDNN's fused attention where it takes the shape (head
 // dims 64 and 80, causal with T = S and T < S aligned to the bottom right), the own kernel
 // where it does not (a value width unlike the key width), against the CPU in fp32 on the

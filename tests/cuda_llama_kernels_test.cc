@@ -1,7 +1,7 @@
 // CUDA tests (label gpu) of the kernels behind LLaMA's fused ops: RMSNormalization, its gradient,
-// SkipRMSNormalization and SwiGLU with its gradient, against the CPU kernels on the same graph
-// (LayerNormalization's are in cuda_kernels_test.cc). Without a usable device (or driver) each
-// test skips and says why.
+// SkipRMSNormalization, SwiGLU and RotaryEmbedding with their gradients, against the CPU kernels
+// on the same graph (LayerNormalization's are in cuda_kernels_test.cc). Without a usable device
+// (or driver) each test skips and says why.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -134,6 +134,29 @@ TEST(CudaProvider, SwiGluForwardAndBackward) {
     )");
     ExpectSame(cuda, {{"g", Random({64, 300}, 98)}, {"u", Random({64, 300}, 99)}}, 1e-2, to == 16 ? 8e-3 : 1e-3,
                "SwiGLU", cpu);
+  }
+}
+
+// The rotary embedding and its gradient over tables of [T, D] (heads first), [B, T, 1, D] (the
+// products' layout) and one column [T, 1], against the CPU.
+TEST(CudaProvider, RotaryEmbeddingForwardAndBackward) {
+  REQUIRE_CUDA();
+  struct Case {
+    std::vector<int64_t> x, table;
+  };
+  for (const Case& c : {Case{{2, 3, 5, 16}, {5, 16}}, Case{{2, 5, 3, 64}, {2, 5, 1, 64}}, Case{{4, 7, 6}, {7, 1}}}) {
+    const std::string x = DimsText(c.x), t = DimsText(c.table);
+    SCOPED_TRACE(x + " " + t);
+    ExpectSame(absl::StrCat("input x: float32", x, "\ninput dy: float32", x, "\ninput c: float32", t,
+                            "\ninput s: float32", t, R"(
+      y = ai.cleave.RotaryEmbedding(x, c, s)
+      dx = ai.cleave.RotaryEmbeddingGrad(dy, c, s)
+      output y
+      output dx
+    )"),
+               {{"x", Random(c.x, 101)}, {"dy", Random(c.x, 102)}, {"c", Random(c.table, 103)},
+                {"s", Random(c.table, 104)}},
+               1e-5, 1e-5, "RotaryEmbedding");
   }
 }
 

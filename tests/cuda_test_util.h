@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "graph/text_format.h"
 #include "gtest/gtest.h"
 #include "providers/cuda/cuda_provider.h"
@@ -54,6 +56,9 @@ inline absl::StatusOr<std::unique_ptr<InferenceSession>> CudaSession(const std::
   o.device = DeviceChoice::kCuda;
   return InferenceSession::FromGraph(std::move(*g), o);
 }
+
+// Dims as the text format writes them: "[2,3,4]".
+inline std::string DimsText(const std::vector<int64_t>& d) { return absl::StrCat("[", absl::StrJoin(d, ","), "]"); }
 
 // Runs `cuda_text` on CUDA and `cpu_text` (the same graph by default) on the CPU, unoptimised,
 // and compares every output. `op` must have run on CUDA (not fallen back).

@@ -180,6 +180,10 @@ const GradCase kCases[] = {
     {"RMSNorm_axis1", "input x: float64[2,3,4]\ninput s: float64[3,4]\ny = ai.cleave.RMSNormalization(x, s) {axis = 1}\noutput y"},
     {"RMSNorm_broadcast_scale", "input x: float64[2,3,4]\ninput s: float64[4]\ny = ai.cleave.RMSNormalization(x, s) {axis = -2}\noutput y"},
     {"SwiGLU", "input g: float64[2,5]\ninput u: float64[2,5]\ny = ai.cleave.SwiGLU(g, u)\noutput y"},
+    {"Rotary_tables_learned", "input x: float64[2,3,4]\ninput c: float64[3,4]\ninput s: float64[3,4]\n"
+                              "y = ai.cleave.RotaryEmbedding(x, c, s)\noutput y"},
+    {"Rotary_heads_and_one_column", "input x: float64[2,2,3,6]\ninput c: float64[2,1,3,1]\ninput s: float64[2,1,3,1]\n"
+                                    "y = ai.cleave.RotaryEmbedding(x, c, s)\noutput y"},
     {"Dropout_inference", "input x: float64[6]\ninit p: float64[] = 0.3\ny, m = Dropout(x, p) {seed = 1}\noutput y"},
     {"Trilu_k", "input x: float64[3,4]\ninit k: int64[] = 1\ny = Trilu(x, k) {upper = 0}\noutput y"},
     {"Concat", "input a: float64[2,1]\ninput b: float64[2,3]\ninput c: float64[2,2]\ny = Concat(a, b, c) {axis = 1}\noutput y"},

@@ -1,6 +1,7 @@
 // LLaMA's patterns as exporters write them: RMSNorm (x * rsqrt(mean(x^2) + eps) * weight)
-// becomes one ai.cleave.RMSNormalization and the SwiGLU MLP's silu(gate) * up one
-// ai.cleave.SwiGLU, each computing the same; variants that are not these are left alone, a
+// becomes one ai.cleave.RMSNormalization, the SwiGLU MLP's silu(gate) * up one ai.cleave.SwiGLU
+// and the rotary embedding's x * cos + rotate_half(x) * sin one ai.cleave.RotaryEmbedding, each
+// computing the same; variants that are not these are left alone, a
 // LLaMA training graph differentiates them through RMSNormalizationGrad and SwiGLUGrad, and the
 // device sessions' norm folds take the RMSNorm ops.
 #include <map>
@@ -12,6 +13,7 @@
 #include "graph/passes/pass.h"
 #include "gtest/gtest.h"
 #include "tests/fusion_test_util.h"
+#include "tests/op_tester.h"
 #include "tests/partition_test_util.h"
 
 namespace cleave::graph {
@@ -115,6 +117,75 @@ TEST(SwiGluFusion, EveryOperandOrderBecomesOneOpComputingTheSame) {
       << "the sigmoid of another value than it multiplies";
 }
 
+// Rotary embedding as LLaMA exports it: q * cos + Concat(Neg(q[..., 8:]), q[..., :8]) * sin over
+// a [B, H, T, 16] q with [T, 16] tables.
+constexpr char kRotary[] = R"(
+  opset 18
+  input q: float32[2,3,5,16]
+  input cos: float32[5,16]
+  input sin: float32[5,16]
+  init h: int64[1] = 8
+  init zero: int64[1] = 0
+  init big: int64[1] = 9223372036854775807
+  init last: int64[1] = -1
+  init one: int64[1] = 1
+  m1 = Mul(q, cos)
+  x2 = Slice(q, h, big, last, one)
+  n2 = Neg(x2)
+  x1 = Slice(q, zero, h, last, one)
+  rot = Concat(n2, x1) {axis = -1}
+  m2 = Mul(rot, sin)
+  y = Add(m1, m2)
+  output y
+)";
+
+TEST(RotaryFusion, RotateHalfBecomesOneOpComputingTheSame) {
+  const Feeds feeds = {{"q", Random({2, 3, 5, 16}, 83)}, {"cos", Random({5, 16}, 84)}, {"sin", Random({5, 16}, 85)}};
+  for (const std::string& text :
+       {std::string(kRotary),
+        absl::StrReplaceAll(kRotary, {{"Mul(q, cos)", "Mul(cos, q)"}, {"Mul(rot, sin)", "Mul(sin, rot)"},
+                                      {"Add(m1, m2)", "Add(m2, m1)"}, {"{axis = -1}", "{axis = 3}"}}),
+        absl::StrReplaceAll(kRotary, {{"init big: int64[1] = 9223372036854775807", "init big: int64[1] = 16"},
+                                      {"init last: int64[1] = -1", "init last: int64[1] = 3"}})}) {
+    SCOPED_TRACE(text);
+    ActivationNormFusion fusion;
+    auto fused = Rewritten(text, fusion);
+    ASSERT_NE(fused, nullptr);
+    ASSERT_EQ(OpNames(*fused), std::vector<std::string>{"ai.cleave.RotaryEmbedding"});
+    const Node* n = fused->FindValue("y")->producer();
+    EXPECT_EQ(n->input(1)->name(), "cos");
+    EXPECT_EQ(n->input(2)->name(), "sin");
+    ExpectGraphsAgree(std::move(fused), *ParseGraph(text), feeds, 0, 0);
+  }
+  ActivationNormFusion fusion;
+  EXPECT_FALSE(Changes(fusion, absl::StrReplaceAll(kRotary, {{"Concat(n2, x1)", "Concat(x1, n2)"}})))
+      << "the halves the other way round";
+  EXPECT_FALSE(Changes(fusion, absl::StrReplaceAll(kRotary, {{"init h: int64[1] = 8", "init h: int64[1] = 6"}})))
+      << "not halves";
+  EXPECT_FALSE(Changes(fusion, absl::StrCat(kRotary, "output rot\n"))) << "rotate_half read elsewhere";
+  EXPECT_FALSE(Changes(fusion, absl::StrReplaceAll(kRotary, {{"input cos: float32[5,16]", "input cos: float32[2,2,3,5,16]"},
+                                                             {"input sin: float32[5,16]", "input sin: float32[2,2,3,5,16]"}})))
+      << "tables that broadcast q";
+}
+
+// The kernels' own checks: x's last dim even, the tables broadcasting to x.
+TEST(RotaryFusion, TablesThatDoNotBroadcastAreAnErrorNamingTheShapes) {
+  testing::OpTester("RotaryEmbedding", 1, kCleaveDomain)
+      .Input<float>("x", {2, 4}, std::vector<float>(8, 1.f))
+      .Input<float>("cos", {3}, std::vector<float>(3, 1.f))
+      .Input<float>("sin", {3}, std::vector<float>(3, 1.f))
+      .Output<float>("y", {2, 4}, std::vector<float>(8, 1.f))
+      .ExpectFailure("expected x with an even last dim and cos/sin broadcasting to it, got x [2,4] and cos [3]")
+      .Run();
+  testing::OpTester("RotaryEmbedding", 1, kCleaveDomain)
+      .Input<float>("x", {2, 3}, std::vector<float>(6, 1.f))
+      .Input<float>("cos", {3}, std::vector<float>(3, 1.f))
+      .Input<float>("sin", {3}, std::vector<float>(3, 1.f))
+      .Output<float>("y", {2, 3}, std::vector<float>(6, 1.f))
+      .ExpectFailure("even")
+      .Run();
+}
+
 // The LLaMA sample trains through the fused ops: one RMSNormalization per norm (two a layer and
 // the final one) and one SwiGLU a layer, each differentiated by its own gradient op, and none
 // of the decomposed patterns' ops left.
@@ -126,8 +197,11 @@ TEST(LlamaFusion, TrainsThroughTheFusedOpsAndTheirGradients) {
   EXPECT_EQ(ops["RMSNormalizationGrad"], 5);
   EXPECT_EQ(ops["SwiGLU"], 2);
   EXPECT_EQ(ops["SwiGLUGrad"], 2);
+  EXPECT_EQ(ops["RotaryEmbedding"], 4);  // q and k of each layer
+  EXPECT_EQ(ops["RotaryEmbeddingGrad"], 4);
   EXPECT_EQ(ops["Sqrt"], 0);
   EXPECT_EQ(ops["Sigmoid"], 0);
+  EXPECT_EQ(ops["Neg"], 0);
 }
 
 // The device sessions' folds into the norm gradients take RMSNormalizationGrad too: the

@@ -296,6 +296,24 @@ absl::Status SwiGluGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// y = x cos + rotate_half(x) sin: dx by ai.cleave.RotaryEmbeddingGrad (rotate_half's transpose).
+// A cos or sin that needs a gradient (computed from a parameter) gets dy x, or dy rotate_half(x)
+// (the op with cos 0 and sin 1), summed to its shape.
+absl::Status RotaryGrad(GradBuilder& b) {
+  Value* x = b.x(0);
+  b.SetGrad(0, b.Op("ai.cleave.RotaryEmbeddingGrad", {b.dy(), b.x(1), b.x(2)}));
+  if (b.NeedsGrad(1)) {
+    ASSIGN_OR_RETURN(Value * dcos, b.ReduceTo(b.Op("Mul", {b.dy(), x}), b.x(1)));
+    b.SetGrad(1, dcos);
+  }
+  if (b.NeedsGrad(2)) {
+    Value* rotated = b.Op("ai.cleave.RotaryEmbedding", {x, b.Const(0.0, x), b.Const(1.0, x)});
+    ASSIGN_OR_RETURN(Value * dsin, b.ReduceTo(b.Op("Mul", {b.dy(), rotated}), b.x(2)));
+    b.SetGrad(2, dsin);
+  }
+  return absl::OkStatus();
+}
+
 // y = act(A @ op(B) + bias) with B 2-D. The pre-activation z is recomputed (one GEMM) rather
 // than stored, then dz = dy act'(z), dA = dz op(B)^T, d op(B) = A^T dz, dbias = sum dz.
 absl::Status FusedMatMulGrad(GradBuilder& b) {
@@ -350,6 +368,7 @@ std::map<std::string, GradRule>& Rules() {
         {"::Sqrt", SqrtGrad}, {"::Reciprocal", ReciprocalGrad}, {"::Tanh", TanhGrad},
         {"::Sigmoid", SigmoidGrad}, {"::Relu", ReluGrad}, {"::Sin", SinGrad}, {"::Cos", CosGrad},
         {"::Erf", ErfGrad}, {"::Gelu", GeluGrad}, {"ai.cleave::Gelu", GeluGrad}, {"ai.cleave::SwiGLU", SwiGluGrad},
+        {"ai.cleave::RotaryEmbedding", RotaryGrad},
         {"ai.cleave::FusedMatMul", FusedMatMulGrad},
         {"::Abs", AbsGrad}, {"::Max", MaxMinGrad}, {"::Min", MaxMinGrad}, {"::Clip", ClipGrad},
     };

@@ -281,6 +281,72 @@ bool FuseSwiGlu(Graph* g, Node* sigmoid) {
   return true;
 }
 
+// The [start, end) a Slice (version >= 10, constant cut points, step 1) of `x` takes of x's last
+// axis of static size D, clamped; nullopt for any other Slice or node.
+std::optional<std::pair<int64_t, int64_t>> LastAxisCut(const Node* s, const Value* x, int64_t D) {
+  if (!Is(s, "Slice") || s->input(0) != x || s->num_inputs() < 3) return std::nullopt;
+  auto ints = [&](int i) -> std::optional<std::vector<int64_t>> {
+    const Value* v = i < s->num_inputs() ? s->input(i) : nullptr;
+    if (!v) return std::nullopt;
+    if (!v->initializer() || !IsInteger(v->dtype())) return std::vector<int64_t>{};
+    return v->initializer()->ToInt64Vector();
+  };
+  const int r = x->shape().rank();
+  auto starts = ints(1), ends = ints(2), axes = ints(3), steps = ints(4);
+  if (!starts || !ends || starts->size() != 1 || ends->size() != 1) return std::nullopt;
+  if (axes ? (axes->size() != 1 || ((*axes)[0] != -1 && (*axes)[0] != r - 1)) : r != 1) return std::nullopt;
+  if (steps && *steps != std::vector<int64_t>{1}) return std::nullopt;
+  auto clamp = [&](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + D : v, 0, D); };
+  return std::make_pair(clamp((*starts)[0]), clamp((*ends)[0]));
+}
+
+// x * cos + Concat(Neg(x[..., D/2:]), x[..., :D/2]) * sin over the last axis (rotate_half, as
+// LLaMA and GPT-NeoX export rotary embeddings), either operand order in the Muls and the Add,
+// cos and sin of x's type and one shape -> ai.cleave.RotaryEmbedding(x, cos, sin). Matched at
+// the Concat.
+bool FuseRotary(Graph* g, Node* concat) {
+  if (!Is(concat, "Concat") || concat->num_inputs() != 2) return false;
+  Node* neg = concat->input(0)->producer();
+  Node* first = concat->input(1)->producer();
+  if (!Is(neg, "Neg") || !SoleUse(concat->input(0)) || !SoleUse(concat->input(1)) || !first) return false;
+  Node* second = neg->input(0)->producer();
+  if (!second || !SoleUse(neg->input(0))) return false;
+  Value* x = first->input(0);
+  const Shape& xs = x->shape();
+  if (!xs.has_rank() || xs.rank() < 1 || !xs[xs.rank() - 1].is_static() ||
+      (x->dtype() != DataType::kFloat32 && x->dtype() != DataType::kFloat64))
+    return false;
+  const int64_t D = xs[xs.rank() - 1].value, h = D / 2;
+  const int64_t axis = concat->AttrInt("axis", 0);
+  if (D % 2 != 0 || D == 0 || (axis != -1 && axis != xs.rank() - 1)) return false;
+  if (LastAxisCut(first, x, D) != std::make_pair(int64_t{0}, h) || LastAxisCut(second, x, D) != std::make_pair(h, D))
+    return false;
+  Node* rot_mul = SoleConsumer(concat->output(0));
+  if (!Is(rot_mul, "Mul")) return false;
+  Value* sin = Other(rot_mul, concat->output(0));
+  Node* add = SoleConsumer(rot_mul->output(0));
+  if (!sin || !Is(add, "Add")) return false;
+  Value* m1 = Other(add, rot_mul->output(0));
+  Node* cos_mul = m1 ? m1->producer() : nullptr;
+  if (!Is(cos_mul, "Mul") || !SoleUse(m1)) return false;
+  Value* cos = Other(cos_mul, x);
+  if (!cos || cos == x || cos->dtype() != x->dtype() || sin->dtype() != x->dtype()) return false;
+  // cos and sin of one shape, whose products with x (and their sum) keep x's shape: the tables
+  // broadcast to x, not x to them (their dims against x's are checked again at run time).
+  const Shape &cs = cos->shape(), &ss = sin->shape();
+  if (!cs.has_rank() || !ss.has_rank() || cs.rank() != ss.rank() || cs.rank() > xs.rank()) return false;
+  for (int k = 0; k < cs.rank(); ++k)
+    if (!SameDim(cs[k], ss[k])) return false;
+  for (const Value* v : {m1, rot_mul->output(0), add->output(0)}) {
+    const Shape& vs = v->shape();
+    if (!vs.has_rank() || vs.rank() != xs.rank()) return false;
+    for (int k = 0; k < xs.rank(); ++k)
+      if (!SameDim(vs[k], xs[k])) return false;
+  }
+  Replace(g, {first, second, neg, concat, rot_mul, cos_mul, add}, "RotaryEmbedding", {x, cos, sin}, add->output(0));
+  return true;
+}
+
 // The 2-D transpose feeding only this MatMul as its B, if any: MatMul(A, Transpose(W)) is
 // FusedMatMul(A, W, transB = 1), which reads W in place instead of copying it every step
 // (the tied LM head of a GPT exported for training has exactly this shape).
@@ -852,6 +918,7 @@ bool FuseAt(Graph* g, Node* n, Rules rules) {
   if (Is(n, "Tanh")) return FuseTanhGelu(g, n);
   if (Is(n, "ReduceMean")) return FuseLayerNorm(g, n) || FuseRMSNorm(g, n);
   if (Is(n, "Sigmoid")) return FuseSwiGlu(g, n);
+  if (Is(n, "Concat")) return FuseRotary(g, n);
   if (!matmul_rules) return false;
   if (Is(n, "MatMul")) return FuseMatMulBias(g, n) || FoldTransposes(g, n);
   if (Is(n, "Transpose")) return FoldTransposeOfMatMul(g, n);

@@ -70,17 +70,18 @@ class ConstantFolding : public Pass {
 // vector of the result's type -> the same product with that bias, decomposed GELU (Erf and tanh forms) -> Gelu,
 // decomposed LayerNorm (ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add) ->
 // LayerNormalization, decomposed RMSNorm (Pow/ReduceMean/Add/Sqrt/Div/Mul/Mul) ->
-// RMSNormalization, gate * Sigmoid(gate) * up -> SwiGLU, all in the ai.cleave domain.
+// RMSNormalization, gate * Sigmoid(gate) * up -> SwiGLU, x * cos + rotate_half(x) * sin ->
+// RotaryEmbedding, all in the ai.cleave domain.
 class TransformerFusion : public Pass {
  public:
   std::string name() const override { return "TransformerFusion"; }
   absl::StatusOr<bool> Run(Graph* g) override;
 };
 
-// Only the GELU (Erf and tanh forms), LayerNorm, RMSNorm and SwiGLU rules of TransformerFusion,
-// leaving every MatMul, Transpose and Identity alone. The training-graph builder runs it on the
-// forward graph before autodiff, so the backward uses the GeluGrad, LayerNormalizationGrad,
-// RMSNormalizationGrad and SwiGLUGrad ops;
+// Only the GELU (Erf and tanh forms), LayerNorm, RMSNorm, SwiGLU and rotary rules of
+// TransformerFusion, leaving every MatMul, Transpose and Identity alone. The training-graph
+// builder runs it on the forward graph before autodiff, so the backward uses the GeluGrad,
+// LayerNormalizationGrad, RMSNormalizationGrad, SwiGLUGrad and RotaryEmbeddingGrad ops;
 // the graph's values (parameters included) stay the same Value objects.
 class ActivationNormFusion : public Pass {
  public:

@@ -192,6 +192,34 @@ __global__ void SwiGluGradKernel(const T* dy, const T* gate, const T* up, T* dga
   }
 }
 
+// One thread per element of x: its row's offset into the tables, then the element and its
+// partner in the other half.
+template <typename T>
+__global__ void RotaryKernel(RotaryLayout l, bool backward, const T* x, const T* cos, const T* sin, T* y) {
+  const int64_t n = l.rows * l.dim, h = l.dim / 2, cs = l.table_col;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t r = e / l.dim, off = 0;
+    const int64_t i = e - r * l.dim;
+    for (int k = l.lead_rank - 1; k >= 0; --k) {
+      const int64_t d = l.lead_dims[k];
+      off += (r % d) * l.table_strides[k];
+      r /= d;
+    }
+    const T* c = cos + off;
+    const T* s = sin + off;
+    const float xi = ToFloat(x[e]);
+    float v;
+    if (!backward)
+      v = i < h ? xi * ToFloat(c[i * cs]) - ToFloat(x[e + h]) * ToFloat(s[i * cs])
+                : xi * ToFloat(c[i * cs]) + ToFloat(x[e - h]) * ToFloat(s[i * cs]);
+    else
+      v = i < h ? xi * ToFloat(c[i * cs]) + ToFloat(x[e + h]) * ToFloat(s[(i + h) * cs])
+                : xi * ToFloat(c[i * cs]) - ToFloat(x[e - h]) * ToFloat(s[(i - h) * cs]);
+    y[e] = FromFloat<T>(v);
+  }
+}
+
 // y[i] = f(x[i]) (Map1) or f(a[i], b[i]) (Map2), P elements per access: the first n / P * P
 // elements in whole vectors, the rest one by one. y may be x (an in-place Gelu).
 template <int P, typename X, typename Y, typename F>
@@ -461,6 +489,18 @@ int DropoutKeyed(Dt dt, uint64_t key, float ratio, const void* x, void* y, bool*
   DISPATCH_DT(dt, T, {
     DropoutKernel<T><<<Blocks((n + 1) / 2), kThreads, 0, Stream(stream)>>>(
         key, threshold, scale, static_cast<const T*>(x), static_cast<T*>(y), mask, n);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int Rotary(Dt dt, const RotaryLayout& l, bool backward, const void* x, const void* cos, const void* sin, void* y,
+           void* stream) {
+  const int64_t n = l.rows * l.dim;
+  if (n == 0) return 0;
+  DISPATCH_DT(dt, T, {
+    RotaryKernel<T><<<Blocks(n), kThreads, 0, Stream(stream)>>>(l, backward, static_cast<const T*>(x),
+                                                                static_cast<const T*>(cos),
+                                                                static_cast<const T*>(sin), static_cast<T*>(y));
   });
   return static_cast<int>(cudaGetLastError());
 }

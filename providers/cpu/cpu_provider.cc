@@ -29,6 +29,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterShapeKernels(registry_);
   RegisterGradKernels(registry_);
   RegisterSwiGluKernels(registry_);
+  RegisterRotaryKernels(registry_);
   RegisterOptimizerKernels(registry_);
   RegisterCollectiveKernels(registry_);
   RegisterLowPrecisionKernels(registry_);

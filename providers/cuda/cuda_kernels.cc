@@ -239,6 +239,39 @@ class GeluGradKernel : public CudaKernel {
   bool tanh_;
 };
 
+// RotaryEmbedding(x, cos, sin) -> y and RotaryEmbeddingGrad(dY, cos, sin) -> dX, the layout
+// planned as the CPU plans it.
+class RotaryKernel : public CudaKernel {
+ public:
+  RotaryKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), backward_(n.op_type() == "RotaryEmbeddingGrad") {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView& cos = *ctx.input(1);
+    const TensorView& sin = *ctx.input(2);
+    if (cos.shape() != sin.shape() || cos.dtype != x.dtype || sin.dtype != x.dtype)
+      return InvalidArgument(name_, ": expected cos and sin of one shape and of x's type, got ",
+                             DimsToString(cos.shape()), " and ", DimsToString(sin.shape()));
+    absl::StatusOr<kernels::cpu::RotaryParams> p = kernels::cpu::PlanRotary(x.dim_span(), cos.dim_span());
+    if (!p.ok()) return InvalidArgument(name_, ": ", p.status().message());
+    kc::RotaryLayout l;
+    l.rows = p->rows;
+    l.dim = p->dim;
+    l.lead_rank = p->lead_rank;
+    l.table_col = p->table_col;
+    for (int k = 0; k < p->lead_rank; ++k) {
+      l.lead_dims[k] = p->lead_dims[k];
+      l.table_strides[k] = p->table_strides[k];
+    }
+    TensorView* y = ctx.Output(0, x.dim_span());
+    if (!y) return absl::OkStatus();
+    return Check(kc::Rotary(DtOf(x.dtype), l, backward_, x.data, cos.data, sin.data, y->data, stream()));
+  }
+
+ private:
+  bool backward_;
+};
+
 // SwiGLU(gate, up) -> silu(gate) * up, and SwiGLUGrad(dY, gate, up) -> dGate, dUp: every operand
 // of one shape and type.
 class SwiGluKernel : public CudaKernel {
@@ -834,6 +867,8 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<GeluGradKernel>(r, this, C, "GeluGrad", 1, 1, floats);
   Add<SwiGluKernel>(r, this, C, "SwiGLU", 1, 1, floats);
   Add<SwiGluKernel>(r, this, C, "SwiGLUGrad", 1, 1, floats);
+  Add<RotaryKernel>(r, this, C, "RotaryEmbedding", 1, 1, floats);
+  Add<RotaryKernel>(r, this, C, "RotaryEmbeddingGrad", 1, 1, floats);
   std::vector<DataType> castable = numbers;
   castable.push_back(DataType::kBool);
   Add<CastKernel>(r, this, "", "Cast", 6, 1 << 30, AllOf({InputTypeIn(0, castable), InputTypeIn(-1, castable)}));
