@@ -286,9 +286,9 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
     RETURN_IF_ERROR(FoldConstants(*g, [&variable](const Value* v) { return variable.count(v) > 0; }));
   }
   {
-    // Turn the GELU and LayerNorm subgraphs of older exports into ai.cleave Gelu and
-    // LayerNormalization before autodiff, so the backward runs the fused GeluGrad and
-    // LayerNormalizationGrad kernels instead of differentiating each small op. The rewrites
+    // Turn the GELU, LayerNorm, RMSNorm, SwiGLU and rotary subgraphs of exports into their
+    // ai.cleave ops before autodiff, so the backward runs the fused gradient kernels (GeluGrad,
+    // LayerNormalizationGrad, ...) instead of differentiating each small op. The rewrites
     // keep every value they do not remove, so parameters stay the same Values; fused nodes
     // keep their pattern's metadata (BuildBackward tags untagged ones role=fwd).
     graph::ActivationNormFusion fusion;

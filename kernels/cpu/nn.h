@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "base/tensor.h"
 #include "base/thread_pool.h"
+#include "kernels/rotary_layout.h"
 
 namespace cleave::kernels::cpu {
 
@@ -109,24 +110,16 @@ void LayerNorm(const LayerNormParams& p, const T* x, const T* scale, const T* bi
 
 // ---- Rotary position embedding (rotary.cc) ----------------------------------------------------
 
-// x viewed as `rows` rows of its last axis (`dim` elements, even); cos and sin (one layout)
-// broadcast over x's leading dims lead_dims[0..lead_rank) with table_strides (0 where they
-// broadcast) and along the row with table_col (1, or 0 for a table of one column).
-struct RotaryParams {
-  int64_t rows = 0, dim = 0;
-  int lead_rank = 0;
-  int64_t lead_dims[kMaxRank] = {};
-  int64_t table_strides[kMaxRank] = {};
-  int64_t table_col = 1;
-};
+// The layout (kernels/rotary_layout.h) holds x's leading dims.
+static_assert(RotaryLayout::kMaxLeadRank >= kMaxRank - 1);
 // The layout of x's rows against a cos / sin table of dims `table`: an error naming both shapes
 // unless x's last dim is even and the table broadcasts to x (its last dim x's or 1).
-absl::StatusOr<RotaryParams> PlanRotary(std::span<const int64_t> x, std::span<const int64_t> table);
+absl::StatusOr<RotaryLayout> PlanRotary(std::span<const int64_t> x, std::span<const int64_t> table);
 // Forward: y = x cos + rotate_half(x) sin with rotate_half(x) = concat(-x[h:], x[:h]), h = dim/2.
 // Backward (x is dY): dX = dY cos + concat((dY sin)[h:], -(dY sin)[:h]), rotate_half's transpose.
 // Instantiated for float and double.
 template <typename T>
-void Rotary(const RotaryParams& p, bool backward, const T* x, const T* cos, const T* sin, T* y, ThreadPool* pool);
+void Rotary(const RotaryLayout& p, bool backward, const T* x, const T* cos, const T* sin, T* y, ThreadPool* pool);
 
 // ---- SwiGLU (swiglu.cc) --------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ namespace cleave::kernels::cpu {
 namespace {
 
 // The offset of x's row r into the cos / sin tables (broadcast over x's leading dims).
-int64_t TableRow(const RotaryParams& p, int64_t r) {
+int64_t TableRow(const RotaryLayout& p, int64_t r) {
   int64_t off = 0;
   for (int k = p.lead_rank - 1; k >= 0; --k) {
     const int64_t d = p.lead_dims[k];
@@ -26,7 +26,7 @@ int64_t TableRow(const RotaryParams& p, int64_t r) {
 
 }  // namespace
 
-absl::StatusOr<RotaryParams> PlanRotary(std::span<const int64_t> x, std::span<const int64_t> table) {
+absl::StatusOr<RotaryLayout> PlanRotary(std::span<const int64_t> x, std::span<const int64_t> table) {
   const int xr = static_cast<int>(x.size()), tr = static_cast<int>(table.size());
   auto error = [&](const char* why) {
     return absl::InvalidArgumentError(absl::StrCat("rotary embedding: ", why, "; x ", DimsToString(x), ", cos/sin ",
@@ -34,7 +34,7 @@ absl::StatusOr<RotaryParams> PlanRotary(std::span<const int64_t> x, std::span<co
   };
   if (xr == 0 || x[xr - 1] % 2 != 0) return error("expected x's last dim to be even (two halves)");
   if (tr > xr) return error("expected cos/sin of at most x's rank");
-  RotaryParams p;
+  RotaryLayout p;
   p.dim = x[xr - 1];
   p.rows = p.dim ? Product(std::vector<int64_t>(x.begin(), x.end())) / p.dim : 0;
   p.lead_rank = xr - 1;
@@ -54,7 +54,7 @@ absl::StatusOr<RotaryParams> PlanRotary(std::span<const int64_t> x, std::span<co
 }
 
 template <typename T>
-void Rotary(const RotaryParams& p, bool backward, const T* x, const T* cos, const T* sin, T* y, ThreadPool* pool) {
+void Rotary(const RotaryLayout& p, bool backward, const T* x, const T* cos, const T* sin, T* y, ThreadPool* pool) {
   const int64_t D = p.dim, h = D / 2, cs = p.table_col;
   ParallelFor(pool, p.rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -73,9 +73,9 @@ void Rotary(const RotaryParams& p, bool backward, const T* x, const T* cos, cons
   });
 }
 
-template void Rotary<float>(const RotaryParams&, bool, const float*, const float*, const float*, float*,
+template void Rotary<float>(const RotaryLayout&, bool, const float*, const float*, const float*, float*,
                             ThreadPool*);
-template void Rotary<double>(const RotaryParams&, bool, const double*, const double*, const double*, double*,
+template void Rotary<double>(const RotaryLayout&, bool, const double*, const double*, const double*, double*,
                              ThreadPool*);
 
 }  // namespace cleave::kernels::cpu

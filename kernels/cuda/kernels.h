@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/rotary_layout.h"
+
 namespace cleave::kernels::cuda {
 
 enum class Dt : int { kF32 = 0, kBf16 = 1, kF16 = 2 };  // the same values as Elem's first three
@@ -58,17 +60,9 @@ int GemmScaleAdd(Dt dt, void* y, float alpha, const void* c, float beta, int64_t
 // (kernels/philox.h), a double in [0, 1), is >= ratio, so the CPU and CUDA masks of one key are
 // the same bits. mask may be null.
 int DropoutKeyed(Dt dt, uint64_t key, float ratio, const void* x, void* y, bool* mask, int64_t n, void* stream);
-// Rotary embedding over x's rows of `dim` (even) elements: cos / sin broadcast over x's leading
-// dims lead_dims[0..lead_rank) with table_strides (0 where they broadcast) and along the row with
-// table_col (1, or 0 for one column). Forward y = x cos + concat(-x2, x1) sin; backward (x is
-// dY) dX = dY cos + concat((dY sin)2, -(dY sin)1).
-struct RotaryLayout {
-  int64_t rows = 0, dim = 0;
-  int lead_rank = 0;
-  int64_t lead_dims[kMaxRank] = {};
-  int64_t table_strides[kMaxRank] = {};
-  int64_t table_col = 1;
-};
+// Rotary embedding over x's rows (kernels/rotary_layout.h). Forward y = x cos + concat(-x2, x1)
+// sin; backward (x is dY) dX = dY cos + concat((dY sin)2, -(dY sin)1).
+using kernels::RotaryLayout;
 int Rotary(Dt dt, const RotaryLayout& l, bool backward, const void* x, const void* cos, const void* sin, void* y,
            void* stream);
 // y = silu(gate) * up over n elements, and its gradients dgate = dy * up * silu'(gate), dup = dy *

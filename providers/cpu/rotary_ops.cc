@@ -23,7 +23,7 @@ class RotaryKernel : public OpKernel {
       return InvalidArgument("expected cos and sin of one shape and of x's type ", DataTypeName(x.dtype), ", got ",
                              DimsToString(cos.shape()), " ", DataTypeName(cos.dtype), " and ",
                              DimsToString(sin.shape()), " ", DataTypeName(sin.dtype));
-    ASSIGN_OR_RETURN(kernels::cpu::RotaryParams p, kernels::cpu::PlanRotary(x.dim_span(), cos.dim_span()));
+    ASSIGN_OR_RETURN(kernels::RotaryLayout p, kernels::cpu::PlanRotary(x.dim_span(), cos.dim_span()));
     TensorView* y = ctx.Output(0, x.dim_span());
     if (!y) return absl::OkStatus();
     if (x.dtype == DataType::kFloat64)

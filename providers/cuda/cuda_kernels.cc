@@ -252,20 +252,11 @@ class RotaryKernel : public CudaKernel {
     if (cos.shape() != sin.shape() || cos.dtype != x.dtype || sin.dtype != x.dtype)
       return InvalidArgument(name_, ": expected cos and sin of one shape and of x's type, got ",
                              DimsToString(cos.shape()), " and ", DimsToString(sin.shape()));
-    absl::StatusOr<kernels::cpu::RotaryParams> p = kernels::cpu::PlanRotary(x.dim_span(), cos.dim_span());
-    if (!p.ok()) return InvalidArgument(name_, ": ", p.status().message());
-    kc::RotaryLayout l;
-    l.rows = p->rows;
-    l.dim = p->dim;
-    l.lead_rank = p->lead_rank;
-    l.table_col = p->table_col;
-    for (int k = 0; k < p->lead_rank; ++k) {
-      l.lead_dims[k] = p->lead_dims[k];
-      l.table_strides[k] = p->table_strides[k];
-    }
+    absl::StatusOr<kernels::RotaryLayout> l = kernels::cpu::PlanRotary(x.dim_span(), cos.dim_span());
+    if (!l.ok()) return InvalidArgument(name_, ": ", l.status().message());
     TensorView* y = ctx.Output(0, x.dim_span());
     if (!y) return absl::OkStatus();
-    return Check(kc::Rotary(DtOf(x.dtype), l, backward_, x.data, cos.data, sin.data, y->data, stream()));
+    return Check(kc::Rotary(DtOf(x.dtype), *l, backward_, x.data, cos.data, sin.data, y->data, stream()));
   }
 
  private:
