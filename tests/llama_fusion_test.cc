@@ -42,11 +42,15 @@ TEST(RMSNormFusion, EveryExportedFormBecomesOneOpComputingTheSame) {
   const std::vector<std::pair<std::string, std::string>> forms = {
       {"as LLaMA exports it", kRMSNorm},
       {"Mul(x, x), Reciprocal, the weight on the right",
-       absl::StrReplaceAll(kRMSNorm, {{"sq = Pow(x, two)", "sq = Mul(x, x)"}, {"r = Div(one, st)", "r = Reciprocal(st)"},
-                                      {"n = Mul(x, r)", "n = Mul(r, x)"}, {"y = Mul(w, n)", "y = Mul(n, w)"}})},
-      {"Div(x, sqrt)", absl::StrReplaceAll(kRMSNorm, {{"r = Div(one, st)\n", ""}, {"n = Mul(x, r)", "n = Div(x, st)"}})},
+       absl::StrReplaceAll(kRMSNorm, {{"sq = Pow(x, two)", "sq = Mul(x, x)"},
+                                      {"r = Div(one, st)", "r = Reciprocal(st)"},
+                                      {"n = Mul(x, r)", "n = Mul(r, x)"},
+                                      {"y = Mul(w, n)", "y = Mul(n, w)"}})},
+      {"Div(x, sqrt)",
+       absl::StrReplaceAll(kRMSNorm, {{"r = Div(one, st)\n", ""}, {"n = Mul(x, r)", "n = Div(x, st)"}})},
       {"ReduceMean's axes as an attribute (opset 13)",
-       absl::StrReplaceAll(kRMSNorm, {{"opset 18", "opset 13"}, {"ReduceMean(sq, axes) {keepdims = 1}", "ReduceMean(sq) {axes = [2]}"}})},
+       absl::StrReplaceAll(kRMSNorm, {{"opset 18", "opset 13"},
+                                      {"ReduceMean(sq, axes) {keepdims = 1}", "ReduceMean(sq) {axes = [2]}"}})},
   };
   for (const auto& [what, text] : forms) {
     SCOPED_TRACE(what);
@@ -69,7 +73,8 @@ TEST(RMSNormFusion, WhatIsNotAnRMSNormIsLeftAlone) {
       {"the reciprocal also read elsewhere", absl::StrCat(kRMSNorm, "output r\n")},
       {"a weight of another width", absl::StrReplaceAll(kRMSNorm, {{"init w: float32[8] = 1 2 3 4 -1 -2 0.5 0.25",
                                                                      "init w: float32[1] = 2"}})},
-      {"the mean over another axis", absl::StrReplaceAll(kRMSNorm, {{"init axes: int64[1] = -1", "init axes: int64[1] = 1"}})},
+      {"the mean over another axis",
+       absl::StrReplaceAll(kRMSNorm, {{"init axes: int64[1] = -1", "init axes: int64[1] = 1"}})},
       {"another value normalised than squared",
        absl::StrReplaceAll(kRMSNorm, {{"input x: float32[2,3,8]", "input x: float32[2,3,8]\n  input z: float32[2,3,8]"},
                                       {"n = Mul(x, r)", "n = Mul(z, r)"}})},
@@ -164,7 +169,8 @@ TEST(RotaryFusion, RotateHalfBecomesOneOpComputingTheSame) {
       << "not halves";
   EXPECT_FALSE(Changes(fusion, absl::StrCat(kRotary, "output rot\n"))) << "rotate_half read elsewhere";
   EXPECT_FALSE(Changes(fusion, absl::StrReplaceAll(kRotary, {{"input cos: float32[5,16]", "input cos: float32[2,2,3,5,16]"},
-                                                             {"input sin: float32[5,16]", "input sin: float32[2,2,3,5,16]"}})))
+                                                             {"input sin: float32[5,16]",
+                                                              "input sin: float32[2,2,3,5,16]"}})))
       << "tables that broadcast q";
 }
 

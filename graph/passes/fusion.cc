@@ -240,7 +240,8 @@ bool FuseRMSNorm(Graph* g, Node* var) {
   Value* normed = nullptr;
   if (Is(step, "Div") && step->input(0) == x && step->input(1) == s) {
     normed = step->output(0);
-  } else if (Is(step, "Reciprocal") || (Is(step, "Div") && step->input(1) == s && Near(ScalarConst(step->input(0)), 1.0))) {
+  } else if (Is(step, "Reciprocal") ||
+             (Is(step, "Div") && step->input(1) == s && Near(ScalarConst(step->input(0)), 1.0))) {
     Node* mul = SoleConsumer(step->output(0));
     if (!Is(mul, "Mul") || Other(mul, step->output(0)) != x) return false;
     nodes.push_back(mul);
@@ -553,7 +554,8 @@ bool FuseSkipLayerNorm(Graph* g, Node* ln) {
   g->RemoveNode(ln);
   g->RemoveNode(add);
   g->opset_imports()[kCleaveDomain] = 1;
-  Node* fused = g->AddNode(rms ? "SkipRMSNormalization" : "SkipLayerNormalization", inputs, outputs, name, kCleaveDomain);
+  Node* fused =
+      g->AddNode(rms ? "SkipRMSNormalization" : "SkipLayerNormalization", inputs, outputs, name, kCleaveDomain);
   fused->SetAttr("epsilon", Attribute::Float(epsilon));
   fused->metadata() = std::move(metadata);
   return true;

@@ -210,10 +210,10 @@ class LayerNormGradCastFusion : public Pass {
 
 // A float32 MatMulBf16 / MatMulF16 result read only as a SkipLayerNormalization's (or
 // SkipRMSNormalization's) skip (the residual branch's last product) or as a
-// LayerNormalizationGrad's (RMSNormalizationGrad's) dY (a layer's input gradient) -> the product writes bf16 / fp16 (`to`, its bias cast to that type), which the
-// reader widens as it reads it, as PyTorch's autocast hands a linear layer's bf16 output to the
-// float32 residual add and LayerNorm backward: those [tokens, width] tensors move in half the
-// bytes. Sessions with a device provider run it, once the products are final.
+// LayerNormalizationGrad's (RMSNormalizationGrad's) dY (a layer's input gradient) -> the product
+// writes bf16 / fp16 (`to`, its bias cast to that type), which the reader widens as it reads
+// it, as PyTorch's autocast hands a linear layer's bf16 output to the float32 residual add and
+// LayerNorm backward: those [tokens, width] tensors move in half the bytes. Sessions with a device provider run it, once the products are final.
 class LowPrecisionNormInputs : public Pass {
  public:
   std::string name() const override { return "LowPrecisionNormInputs"; }

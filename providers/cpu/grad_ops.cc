@@ -372,7 +372,8 @@ class LayerNormGradKernel : public OpKernel {
         !(x.dtype == DataType::kFloat32 && (dy.dtype == DataType::kBFloat16 || dy.dtype == DataType::kFloat16)))
       return InvalidArgument("expected dY of X's type, or bf16 / fp16 with a float32 X, got ", DataTypeName(dy.dtype),
                              " and ", DataTypeName(x.dtype));
-    if (const TensorView* add = ctx.num_inputs() > add_in_ ? ctx.input(add_in_) : nullptr; add && add->shape() != x.shape())
+    if (const TensorView* add = ctx.num_inputs() > add_in_ ? ctx.input(add_in_) : nullptr;
+        add && add->shape() != x.shape())
       return InvalidArgument("expected dX_add of X's shape ", DimsToString(x.shape()), ", got ",
                              DimsToString(add->shape()));
     ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, x.rank, true));

@@ -219,7 +219,8 @@ void RegisterNormKernels(KernelRegistry& r) {
   r.Register({std::string(graph::kCleaveDomain), "RMSNormalization", 1, 1, ln_supports,
               MakeFactory<LayerNormKernel>()});
   for (const char* op : {"SkipLayerNormalization", "SkipRMSNormalization"})
-    r.Register({std::string(graph::kCleaveDomain), op, 1, 1, InputTypeIn(0, {f32}), MakeFactory<SkipLayerNormKernel>()});
+    r.Register(
+        {std::string(graph::kCleaveDomain), op, 1, 1, InputTypeIn(0, {f32}), MakeFactory<SkipLayerNormKernel>()});
 }
 
 }  // namespace cleave::providers
