@@ -276,8 +276,9 @@ absl::Status InferRotary(InferContext& ctx) {
 absl::Status InferLayerNormGrad(InferContext& ctx) {
   // RMSNormalizationGrad has no mean input and no dBias output, so InvStdDev, dX_add and
   // dX_low sit one place earlier.
-  const bool rms = ctx.node().op_type() == "RMSNormalizationGrad";
-  const int inv = rms ? 3 : 4, add_in = inv + 1, low_out = rms ? 2 : 3;
+  const NormGradSlots slots = NormGradSlotsOf(ctx.node());
+  const bool rms = slots.rms;
+  const int inv = slots.inv_std, add_in = slots.dx_add, low_out = slots.dx_low;
   // dY in X's type, or bf16 / fp16 with a float32 X (a low-precision product's result, read
   // as float32).
   const DataType dy = ctx.input_dtype(0);

@@ -18,6 +18,21 @@ inline constexpr char kCleaveDomain[] = "ai.cleave";
 // The newest default-domain opset whose op versions this table records.
 constexpr int kMaxKnownOpset = 22;
 
+// Where a normalisation gradient's statistics, optional dX_add input and optional dX_low output
+// sit: LayerNormalizationGrad(dY, X, scale, mean, inv_std_dev[, dX_add]) -> dX, dScale,
+// dBias[, dX_low]; RMSNormalizationGrad(dY, X, scale, inv_std_dev[, dX_add]) -> dX,
+// dScale[, dX_low] (no mean, no dBias). Zeros for any other node.
+struct NormGradSlots {
+  int inv_std = 0, dx_add = 0, dx_low = 0;
+  bool rms = false;
+};
+inline NormGradSlots NormGradSlotsOf(const Node& n) {
+  if (n.domain() != kCleaveDomain) return {};
+  if (n.op_type() == "LayerNormalizationGrad") return {4, 5, 3, false};
+  if (n.op_type() == "RMSNormalizationGrad") return {3, 4, 2, true};
+  return {};
+}
+
 // Input i of `n` when its value is known at build time: an initializer, or the tensor of a
 // Constant node (exporters emit those until constant folding turns them into initializers).
 const Tensor* ConstantInput(const Node& n, int i);

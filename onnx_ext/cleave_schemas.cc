@@ -78,40 +78,30 @@ OpSchema GeluSchema() {
   return s;
 }
 
-OpSchema LayerNormSchema() {
+// LayerNormalization as ONNX LayerNormalization-17, or (rms) RMSNormalization as ONNX
+// RMSNormalization-23 with the saved InvStdDev (no bias, no mean).
+OpSchema NormSchema(bool rms) {
   OpSchema s;
-  s.SetName("LayerNormalization").SetDomain("ai.cleave").SinceVersion(1)
-      .SetDoc("LayerNormalization as ONNX LayerNormalization-17, for models of any opset.")
+  s.SetName(rms ? "RMSNormalization" : "LayerNormalization").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc(rms ? "Y = X / sqrt(mean(X^2 over axis..) + epsilon) * Scale, as ONNX RMSNormalization-23, "
+                    "with the saved InvStdDev; see docs/ops.md."
+                  : "LayerNormalization as ONNX LayerNormalization-17, for models of any opset.")
       .Input(0, "X", "input", "T")
-      .Input(1, "Scale", "scale", "T")
-      .Input(2, "B", "bias", "T", OpSchema::Optional)
-      .Output(0, "Y", "normalised", "T")
-      .Output(1, "Mean", "saved mean", "U", OpSchema::Optional)
-      .Output(2, "InvStdDev", "saved inverse standard deviation", "U", OpSchema::Optional)
+      .Input(1, "Scale", "scale", "T");
+  if (!rms) s.Input(2, "B", "bias", "T", OpSchema::Optional);
+  s.Output(0, "Y", "normalised", "T");
+  if (!rms) s.Output(1, "Mean", "saved mean", "U", OpSchema::Optional);
+  s.Output(rms ? 1 : 2, "InvStdDev", rms ? "saved 1 / sqrt(mean(X^2) + epsilon)" : "saved inverse standard deviation",
+           "U", OpSchema::Optional)
       .Attr("axis", "first normalised axis", AttributeProto::INT, static_cast<int64_t>(-1))
-      .Attr("epsilon", "added to the variance", AttributeProto::FLOAT, 1e-5f)
-      .Attr("stash_type", "type of Mean and InvStdDev", AttributeProto::INT, static_cast<int64_t>(1))
+      .Attr("epsilon", rms ? "added to the mean square" : "added to the variance", AttributeProto::FLOAT, 1e-5f)
+      .Attr("stash_type", rms ? "type of InvStdDev" : "type of Mean and InvStdDev", AttributeProto::INT,
+            static_cast<int64_t>(1))
       .TypeConstraint("T", kFloatTypes, "float tensors")
       .TypeConstraint("U", {"tensor(float)", "tensor(double)"}, "statistics type");
   return s;
 }
 
-OpSchema RMSNormSchema() {
-  OpSchema s;
-  s.SetName("RMSNormalization").SetDomain("ai.cleave").SinceVersion(1)
-      .SetDoc("Y = X / sqrt(mean(X^2 over axis..) + epsilon) * Scale, as ONNX RMSNormalization-23, "
-              "with the saved InvStdDev; see docs/ops.md.")
-      .Input(0, "X", "input", "T")
-      .Input(1, "Scale", "scale", "T")
-      .Output(0, "Y", "normalised", "T")
-      .Output(1, "InvStdDev", "saved 1 / sqrt(mean(X^2) + epsilon)", "U", OpSchema::Optional)
-      .Attr("axis", "first normalised axis", AttributeProto::INT, static_cast<int64_t>(-1))
-      .Attr("epsilon", "added to the mean square", AttributeProto::FLOAT, 1e-5f)
-      .Attr("stash_type", "type of InvStdDev", AttributeProto::INT, static_cast<int64_t>(1))
-      .TypeConstraint("T", kFloatTypes, "float tensors")
-      .TypeConstraint("U", {"tensor(float)", "tensor(double)"}, "statistics type");
-  return s;
-}
 
 const std::vector<std::string> kIndexTypes = {"tensor(int32)", "tensor(int64)"};
 const std::vector<std::string> kGradTypes = {"tensor(float)", "tensor(double)"};
@@ -483,8 +473,8 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(MatMulLowpSchema("MatMulBf16", "tensor(bfloat16)"));
     onnx::RegisterSchema(MatMulLowpSchema("MatMulF16", "tensor(float16)"));
     onnx::RegisterSchema(GeluSchema());
-    onnx::RegisterSchema(LayerNormSchema());
-    onnx::RegisterSchema(RMSNormSchema());
+    onnx::RegisterSchema(NormSchema(false));
+    onnx::RegisterSchema(NormSchema(true));
     onnx::RegisterSchema(GatherGradSchema());
     onnx::RegisterSchema(SliceGradSchema());
     onnx::RegisterSchema(SoftmaxCrossEntropyLossGradSchema());

@@ -593,19 +593,6 @@ bool FoldSkipLayerNormCast(Graph* g, Node* n) {
 
 bool DependsOn(const Value* v, const Node* target);
 
-// Where a normalisation gradient's optional dX_add input and dX_low output sit:
-// LayerNormalizationGrad(dY, X, scale, mean, inv_std_dev[, dX_add]) -> dX, dScale, dBias[, dX_low],
-// RMSNormalizationGrad(dY, X, scale, inv_std_dev[, dX_add]) -> dX, dScale[, dX_low]. Zeros for
-// any other node.
-struct NormGradSlots {
-  int add_in = 0, low_out = 0;
-};
-NormGradSlots NormGradSlotsOf(const Node* n) {
-  if (IsCleaveOp(n, "LayerNormalizationGrad")) return {5, 3};
-  if (IsCleaveOp(n, "RMSNormalizationGrad")) return {4, 2};
-  return {};
-}
-
 // Add(dX of a LayerNormalizationGrad or RMSNormalizationGrad that nothing else reads, another
 // gradient of X's shape and type) -> the gradient op with that gradient as dX_add: the residual
 // stream's gradient is summed as dX is written, in one pass instead of three tensors more.
@@ -615,8 +602,8 @@ bool FoldResidualGradIntoLayerNormGrad(Graph* g, Node* add) {
     Value* dx = add->input(i);
     Value* other = add->input(1 - i);
     Node* lng = dx ? dx->producer() : nullptr;
-    const NormGradSlots slots = NormGradSlotsOf(lng);
-    if (!slots.add_in || lng->num_inputs() != slots.add_in || lng->output(0) != dx || !SoleUse(dx) || !other ||
+    const NormGradSlots slots = lng ? NormGradSlotsOf(*lng) : NormGradSlots{};
+    if (!slots.dx_add || lng->num_inputs() != slots.dx_add || lng->output(0) != dx || !SoleUse(dx) || !other ||
         other == dx)
       continue;
     if (dx->dtype() != other->dtype() || !dx->shape().is_static() || dx->shape() != other->shape() ||
@@ -842,16 +829,16 @@ bool FoldCastIntoLayerNormGrad(Graph* g, Node* cast) {
   Value* dx = cast->input(0);
   Node* grad = dx ? dx->producer() : nullptr;
   const int64_t to = cast->AttrInt("to", 0);
-  const NormGradSlots slots = NormGradSlotsOf(grad);
-  if (!slots.add_in || grad->output(0) != dx || dx->dtype() != DataType::kFloat32 ||
-      (grad->num_outputs() > slots.low_out && grad->output(slots.low_out)) ||
+  const NormGradSlots slots = grad ? NormGradSlotsOf(*grad) : NormGradSlots{};
+  if (!slots.dx_add || grad->output(0) != dx || dx->dtype() != DataType::kFloat32 ||
+      (grad->num_outputs() > slots.dx_low && grad->output(slots.dx_low)) ||
       (to != static_cast<int64_t>(DataType::kBFloat16) && to != static_cast<int64_t>(DataType::kFloat16)))
     return false;
   Value* low = cast->output(0);
   g->RemoveNode(cast);
   std::vector<Value*> outs = grad->outputs();
-  outs.resize(slots.low_out + 1, nullptr);
-  outs[slots.low_out] = low;
+  outs.resize(slots.dx_low + 1, nullptr);
+  outs[slots.dx_low] = low;
   Node* fused = g->RebuildNode(grad, grad->inputs(), outs);
   fused->SetAttr("low_to", Attribute::Int(to));
   return true;
@@ -874,7 +861,7 @@ bool NarrowProductIntoNorm(Graph* g, Node* p) {
   const bool skip = (IsCleaveOp(reader, "SkipLayerNormalization") || IsCleaveOp(reader, "SkipRMSNormalization")) &&
                     slot == 1 &&
                     reader->input(0)->dtype() == DataType::kFloat32;
-  const bool dy = NormGradSlotsOf(reader).add_in && slot == 0 && reader->input(1)->dtype() == DataType::kFloat32;
+  const bool dy = NormGradSlotsOf(*reader).dx_add && slot == 0 && reader->input(1)->dtype() == DataType::kFloat32;
   if (!skip && !dy) return false;
   const DataType low = p->op_type() == "MatMulBf16" ? DataType::kBFloat16 : DataType::kFloat16;
   Value* bias = p->num_inputs() > 2 ? p->input(2) : nullptr;

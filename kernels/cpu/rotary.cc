@@ -59,8 +59,9 @@ void Rotary(const RotaryLayout& p, bool backward, const T* x, const T* cos, cons
   ParallelFor(pool, p.rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * D;
-      const T* c = cos + TableRow(p, r);
-      const T* s = sin + TableRow(p, r);
+      const int64_t row = TableRow(p, r);  // cos and sin share a layout
+      const T* c = cos + row;
+      const T* s = sin + row;
       T* yr = y + r * D;
       if (!backward) {  // x cos + concat(-x2, x1) sin
         for (int64_t i = 0; i < h; ++i) yr[i] = xr[i] * c[i * cs] + (-xr[i + h]) * s[i * cs];

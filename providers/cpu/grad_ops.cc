@@ -356,23 +356,19 @@ std::string GeluGradSupported(const graph::Node& n, int) {
 class LayerNormGradKernel : public OpKernel {
  public:
   LayerNormGradKernel(const graph::Node& n, int)
-      : rms_(n.op_type() == "RMSNormalizationGrad"),
-        inv_in_(rms_ ? 3 : 4),
-        add_in_(rms_ ? 4 : 5),
-        low_out_(rms_ ? 2 : 3),
-        axis_(n.AttrInt("axis", -1)) {}
+      : slots_(graph::NormGradSlotsOf(n)), axis_(n.AttrInt("axis", -1)) {}
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& dy = *ctx.input(0);
     const TensorView& x = *ctx.input(1);
-    const TensorView& inv_std = *ctx.input(inv_in_);
-    const TensorView& mean = rms_ ? inv_std : *ctx.input(3);
+    const TensorView& inv_std = *ctx.input(slots_.inv_std);
+    const TensorView& mean = slots_.rms ? inv_std : *ctx.input(3);
     RETURN_IF_ERROR(ExpectSameDims(dy, x, "X"));
     if (dy.dtype != x.dtype &&
         !(x.dtype == DataType::kFloat32 && (dy.dtype == DataType::kBFloat16 || dy.dtype == DataType::kFloat16)))
       return InvalidArgument("expected dY of X's type, or bf16 / fp16 with a float32 X, got ", DataTypeName(dy.dtype),
                              " and ", DataTypeName(x.dtype));
-    if (const TensorView* add = ctx.num_inputs() > add_in_ ? ctx.input(add_in_) : nullptr;
+    if (const TensorView* add = ctx.num_inputs() > slots_.dx_add ? ctx.input(slots_.dx_add) : nullptr;
         add && add->shape() != x.shape())
       return InvalidArgument("expected dX_add of X's shape ", DimsToString(x.shape()), ", got ",
                              DimsToString(add->shape()));
@@ -380,7 +376,7 @@ class LayerNormGradKernel : public OpKernel {
     kernels::cpu::LayerNormGradParams p;
     p.rows = DimProduct(x, 0, axis);
     p.cols = DimProduct(x, axis, x.rank);
-    p.rms = rms_;
+    p.rms = slots_.rms;
     RETURN_IF_ERROR(CheckScale(*ctx.input(2), x, axis));
     for (const TensorView* v : {&mean, &inv_std})
       if (v->numel() != p.rows || v->dtype != mean.dtype)
@@ -389,7 +385,7 @@ class LayerNormGradKernel : public OpKernel {
                                "), got ", DimsToString(mean.shape()), " and ",
                                DimsToString(inv_std.shape()));
     const bool f64 = x.dtype == DataType::kFloat64, u64 = mean.dtype == DataType::kFloat64;
-    if (ctx.num_outputs() > low_out_ && x.dtype != DataType::kFloat32)
+    if (ctx.num_outputs() > slots_.dx_low && x.dtype != DataType::kFloat32)
       return InvalidArgument("dX_low rounds a float32 dX, got X of ", DataTypeName(x.dtype));
     if (f64 && u64) Run<double, double>(p, axis, ctx);
     else if (f64) Run<double, float>(p, axis, ctx);
@@ -418,7 +414,7 @@ class LayerNormGradKernel : public OpKernel {
     const std::span<const int64_t> norm_dims(x.dims + axis, x.rank - axis);
     TensorView* dx = ctx.Output(0, x.dim_span());
     TensorView* dscale = ctx.Output(1, scale.dim_span());
-    TensorView* dbias = rms_ ? nullptr : ctx.Output(2, scale.dim_span());
+    TensorView* dbias = slots_.rms ? nullptr : ctx.Output(2, scale.dim_span());
     const bool broadcast = scale.numel() != p.cols;
     auto buffer = [&](int64_t n) { return static_cast<T*>(ctx.Scratch(n * sizeof(T))); };
     const T* s = scale.as<const T>();
@@ -433,7 +429,7 @@ class LayerNormGradKernel : public OpKernel {
     double* workspace = (ds || db) ? static_cast<double*>(ctx.Scratch(
         kernels::cpu::LayerNormGradWorkspace(p) * sizeof(double))) : nullptr;
     // dX_low (float32 X only, checked above): dX rounded to bf16 / fp16 as a Cast of it would be.
-    TensorView* low = ctx.num_outputs() > low_out_ ? ctx.Output(low_out_, x.dim_span()) : nullptr;
+    TensorView* low = ctx.num_outputs() > slots_.dx_low ? ctx.Output(slots_.dx_low, x.dim_span()) : nullptr;
     T* d = dx ? dx->as<T>() : buffer(x.numel());
     // A bf16 / fp16 dY (a low-precision product's result) is read as float32.
     const T* dy = ctx.input(0)->as<const T>();
@@ -443,11 +439,11 @@ class LayerNormGradKernel : public OpKernel {
       dy = wide;
     }
     kernels::cpu::LayerNormGrad<T, U>(p, dy, x.as<const T>(), s,
-                                      rms_ ? nullptr : ctx.input(3)->as<const U>(),
-                                      ctx.input(inv_in_)->as<const U>(), d, ds, db, workspace,
+                                      slots_.rms ? nullptr : ctx.input(3)->as<const U>(),
+                                      ctx.input(slots_.inv_std)->as<const U>(), d, ds, db, workspace,
                                       ctx.thread_pool());
     // dX_add: added to dX after it is formed, as a separate Add would add it.
-    const TensorView* add = ctx.num_inputs() > add_in_ ? ctx.input(add_in_) : nullptr;
+    const TensorView* add = ctx.num_inputs() > slots_.dx_add ? ctx.input(slots_.dx_add) : nullptr;
     if ((dx || low) && add) {
       const T* a = add->as<const T>();
       ParallelFor(ctx.thread_pool(), x.numel(), 1 << 14, [&](int64_t i0, int64_t i1) {
@@ -467,8 +463,7 @@ class LayerNormGradKernel : public OpKernel {
     if (db) kernels::cpu::Reduce<T>(kernels::cpu::ReduceKind::kSum, plan, db, dbias->as<T>(), ctx.thread_pool());
   }
 
-  bool rms_;
-  int inv_in_, add_in_, low_out_;  // InvStdDev and dX_add inputs, dX_low output
+  graph::NormGradSlots slots_;  // InvStdDev and dX_add inputs, dX_low output; rms
   int64_t axis_;
 };
 

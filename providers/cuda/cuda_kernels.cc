@@ -596,14 +596,14 @@ class SkipLayerNormKernel : public CudaKernel {
 class LayerNormGradKernel : public CudaKernel {
  public:
   LayerNormGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), rms_(n.op_type() == "RMSNormalizationGrad") {}
+      : CudaKernel(p, n), slots_(graph::NormGradSlotsOf(n)) {}
   absl::Status Compute(KernelContext& ctx) const override {
-    const int inv_in = rms_ ? 3 : 4, add_in = inv_in + 1, low_out = rms_ ? 2 : 3;
+    const int inv_in = slots_.inv_std, add_in = slots_.dx_add, low_out = slots_.dx_low;
     const TensorView& dy = *ctx.input(0);
     const TensorView& x = *ctx.input(1);
     const TensorView& gamma = *ctx.input(2);
     const TensorView& inv = *ctx.input(inv_in);
-    const TensorView& mean = rms_ ? inv : *ctx.input(3);
+    const TensorView& mean = slots_.rms ? inv : *ctx.input(3);
     const int64_t cols = x.rank ? x.dims[x.rank - 1] : 1;
     const int64_t rows = cols ? x.numel() / cols : 0;
     if (mean.numel() != rows || inv.numel() != rows || gamma.numel() != cols || dy.shape() != x.shape())
@@ -611,7 +611,7 @@ class LayerNormGradKernel : public CudaKernel {
                              " scale elements and ", rows, " statistics");
     TensorView* dx = ctx.Output(0, x.dim_span());
     TensorView* dg = ctx.Output(1, gamma.dim_span());
-    TensorView* db = rms_ ? nullptr : ctx.Output(2, gamma.dim_span());
+    TensorView* db = slots_.rms ? nullptr : ctx.Output(2, gamma.dim_span());
     TensorView* low = ctx.num_outputs() > low_out ? ctx.Output(low_out, x.dim_span()) : nullptr;  // dX rounded
     if (low && x.dtype != DataType::kFloat32)
       return InvalidArgument(name_, ": dX_low rounds a float32 dX, got X of ", DataTypeName(x.dtype));
@@ -623,7 +623,7 @@ class LayerNormGradKernel : public CudaKernel {
     if (add && add->shape() != x.shape())
       return InvalidArgument(name_, ": expected dX_add of X's shape ", DimsToString(x.shape()), ", got ",
                              DimsToString(add->shape()));
-    return Check(kc::LayerNormGrad(DtOf(x.dtype), dy.data, x.data, gamma.data, rms_ ? nullptr : mean.as<float>(),
+    return Check(kc::LayerNormGrad(DtOf(x.dtype), dy.data, x.data, gamma.data, slots_.rms ? nullptr : mean.as<float>(),
                                    inv.as<float>(), add ? add->data : nullptr, dx ? dx->data : nullptr,
                                    dg ? dg->as<float>() : nullptr,
                                    db ? db->as<float>() : nullptr, scratch, rows, cols, low ? low->data : nullptr,
@@ -631,7 +631,7 @@ class LayerNormGradKernel : public CudaKernel {
   }
 
  private:
-  bool rms_;
+  graph::NormGradSlots slots_;
 };
 
 // SoftmaxGrad / LogSoftmaxGrad (dY, Y) {axis: the last}.
