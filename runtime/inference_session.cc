@@ -59,7 +59,7 @@ void ApplyDimOverrides(graph::Graph& g, const std::map<std::string, int64_t>& ov
   }
 }
 
-// Folding, then attention (the flash-style kernels never store the probabilities) over the
+// Folding and the activation and norm fusions, then attention (the flash-style kernels never store the probabilities) over the
 // q/k/v products' own [B, T, H, D] layout (every provider's kernels read it in place) and the
 // cross-entropy's loss and gradient in one pass over the scores (the forward stores no
 // log_prob), with a device provider together with the other fusions its kernels pay off for:
@@ -79,6 +79,7 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
   graph::ConstantFolding fold(runtime::MakeConstantEvaluator(g, cpu));
   graph::DeadCodeElimination dce;
   graph::TransformerFusion fusion;
+  graph::ActivationNormFusion activation_norm;
   graph::AttentionFusion attention;
   graph::AttentionLayoutFusion attention_layout;
   graph::SkipLayerNormFusion skip_norm;
@@ -108,7 +109,12 @@ absl::Status Optimize(graph::Graph& g, const providers::ExecutionProvider& cpu, 
       if (p == &dce || !disabled.count(p->name())) out.push_back(p);
     return out;
   };
-  RETURN_IF_ERROR(graph::RunToFixedPoint(enabled({&fold, &dce}), &g));
+  // The norm, activation and rotary rules of TransformerFusion (and their constant tables
+  // folded) before attention: a rotary embedding then sits ahead of its head swap, which
+  // meets attention directly and folds into its layout as v's does.
+  std::vector<graph::Pass*> first = enabled({&fold, &dce});
+  if (!disabled.count(fusion.name())) first.push_back(&activation_norm);
+  RETURN_IF_ERROR(graph::RunToFixedPoint(first, &g));
   if (device) {
     RETURN_IF_ERROR(
         graph::RunToFixedPoint(enabled({&attention, &attention_layout, &skip_norm, &cross_entropy, &dce}), &g));

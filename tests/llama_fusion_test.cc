@@ -4,6 +4,8 @@
 // computing the same; variants that are not these are left alone, a
 // LLaMA training graph differentiates them through RMSNormalizationGrad and SwiGLUGrad, and the
 // device sessions' norm folds take the RMSNorm ops.
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -174,6 +176,64 @@ TEST(RotaryFusion, RotateHalfBecomesOneOpComputingTheSame) {
       << "tables that broadcast q";
 }
 
+// The rotary embedding of q swapped into [B, H, T, D] runs ahead of the swap, on the product's
+// [B, T, H, D], its tables laid out against that: [T, D] tables as [T, 1, D] (an Unsqueeze),
+// [1, 1, T, D] ones transposed, in both of Unsqueeze's forms; the same values, bit for bit.
+// A swap that moves the last axis, or whose result has another reader, stays where it is.
+TEST(RotaryFusion, MovesAheadOfTheHeadSwapWithItsTablesLaidOutForTheProduct) {
+  const std::string swapped = absl::StrReplaceAll(
+      kRotary, {{"input q: float32[2,3,5,16]", "input qp: float32[2,5,3,16]"},
+                {"  m1 = Mul(q, cos)", "  q = Transpose(qp) {perm = [0, 2, 1, 3]}\n  m1 = Mul(q, cos)"}});
+  struct Case {
+    std::string what, text;
+    std::vector<int64_t> table;
+    std::vector<std::string> ops;
+    Shape laid_out;
+  };
+  const std::vector<std::string> unsqueezed = {"Unsqueeze", "Unsqueeze", "ai.cleave.RotaryEmbedding", "Transpose"};
+  const std::vector<Case> cases = {
+      {"[T, D] tables", swapped, {5, 16}, unsqueezed, Shape::FromDims({5, 1, 16})},
+      {"Unsqueeze's axes an attribute (opset 12)", absl::StrReplaceAll(swapped, {{"opset 18", "opset 12"}}),
+       {5, 16}, unsqueezed, Shape::FromDims({5, 1, 16})},
+      {"[1, 1, T, D] tables",
+       absl::StrReplaceAll(swapped, {{"input cos: float32[5,16]", "input cos: float32[1,1,5,16]"},
+                                     {"input sin: float32[5,16]", "input sin: float32[1,1,5,16]"}}),
+       {1, 1, 5, 16}, {"Transpose", "Transpose", "ai.cleave.RotaryEmbedding", "Transpose"},
+       Shape::FromDims({1, 5, 1, 16})},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    ActivationNormFusion fusion;
+    auto fused = Rewritten(c.text, fusion);
+    ASSERT_NE(fused, nullptr);
+    std::vector<std::string> ops = OpNames(*fused);
+    std::sort(ops.begin(), ops.end());
+    std::vector<std::string> want = c.ops;
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(ops, want);
+    const Node* swap = fused->FindValue("y")->producer();
+    ASSERT_TRUE(swap && swap->op_type() == "Transpose");
+    const Node* rot = swap->input(0)->producer();
+    ASSERT_TRUE(rot && rot->op_type() == "RotaryEmbedding");
+    EXPECT_EQ(rot->input(0)->name(), "qp");
+    EXPECT_EQ(rot->input(1)->shape(), c.laid_out);
+    EXPECT_EQ(rot->input(2)->shape(), c.laid_out);
+    const Feeds feeds = {
+        {"qp", Random({2, 5, 3, 16}, 86)}, {"cos", Random(c.table, 87)}, {"sin", Random(c.table, 88)}};
+    ExpectGraphsAgree(std::move(fused), *ParseGraph(c.text), feeds, 0, 0);
+  }
+  ActivationNormFusion fusion;
+  auto kept = Rewritten(absl::StrReplaceAll(swapped, {{"[0, 2, 1, 3]", "[0, 1, 3, 2]"},
+                                                      {"input qp: float32[2,5,3,16]", "input qp: float32[2,3,16,5]"}}),
+                        fusion);
+  ASSERT_NE(kept, nullptr);
+  EXPECT_EQ(kept->FindValue("y")->producer()->input(0)->producer()->op_type(), "Transpose")
+      << "a swap of the rotated axis";
+  kept = Rewritten(absl::StrCat(swapped, "output q\n"), fusion);
+  ASSERT_NE(kept, nullptr);
+  EXPECT_EQ(kept->FindValue("y")->producer()->input(0)->name(), "q") << "the swapped q read elsewhere";
+}
+
 // The kernels' own checks: x's last dim even, the tables broadcasting to x.
 TEST(RotaryFusion, TablesThatDoNotBroadcastAreAnErrorNamingTheShapes) {
   testing::OpTester("RotaryEmbedding", 1, kCleaveDomain)
@@ -208,6 +268,40 @@ TEST(LlamaFusion, TrainsThroughTheFusedOpsAndTheirGradients) {
   EXPECT_EQ(ops["Sqrt"], 0);
   EXPECT_EQ(ops["Sigmoid"], 0);
   EXPECT_EQ(ops["Neg"], 0);
+}
+
+// LLaMA's q and k meet attention in the products' own layout once their rotary embeddings run
+// ahead of the head swaps: a CPU training session's graph keeps none of a layer's eight
+// attention transposes (forward and backward), its Attention and AttentionGrad read "bshd", and
+// the embeddings' tables are constants laid out [T, 1, D].
+TEST(LlamaFusion, AttentionReadsTheRotatedProductsInTheirOwnLayout) {
+  trainer::TrainingSpec spec;
+  spec.fuse_attention = true;
+  auto s = trainer::TrainingSession::Create(testing::BuildArtifacts("train_variants/llama", 2, 16, spec),
+                                            testing::OneThread());
+  ASSERT_TRUE(s.ok()) << s.status();
+  const Graph* g = (*s)->training_graph();
+  ASSERT_NE(g, nullptr);
+  std::map<std::string, int> ops = OpCounts(*g);
+  EXPECT_EQ(ops["Transpose"], 0);
+  int bshd = 0, rotary = 0;
+  for (const auto& n : g->nodes()) {
+    bshd += (n->op_type() == "Attention" || n->op_type() == "AttentionGrad") && n->AttrString("layout", "") == "bshd";
+    if (n->op_type() != "RotaryEmbedding" && n->op_type() != "RotaryEmbeddingGrad") continue;
+    ++rotary;
+    for (int i : {1, 2}) {
+      EXPECT_TRUE(n->input(i)->is_initializer()) << n->Describe();
+      const Shape& table = n->input(i)->shape();
+      ASSERT_EQ(table.rank(), 3) << n->Describe();
+      EXPECT_EQ(table[0], Dim(16));
+      EXPECT_EQ(table[1], Dim(1));
+    }
+  }
+  EXPECT_EQ(bshd, 4) << "each layer's Attention and AttentionGrad";
+  EXPECT_EQ(rotary, 8) << "q's and k's embeddings and their gradients, two layers";
+  auto loss = (*s)->TrainStep(testing::TokenBatch(16, 64));
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_TRUE(std::isfinite(*loss));
 }
 
 // The device sessions' folds into the norm gradients take RMSNormalizationGrad too: the

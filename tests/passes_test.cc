@@ -213,6 +213,7 @@ TEST_P(TransformerFusionTest, FusedGraphMatchesUnfused) {
   for (const auto& n : (*fused)->graph().nodes()) {
     EXPECT_NE(n->op_type(), c.absent_op) << n->Describe();
     EXPECT_NE(n->op_type(), "Softmax") << n->Describe();
+    EXPECT_NE(n->op_type(), "Transpose") << "the head swaps fold into attention's layout: " << n->Describe();
     layer_norms += n->op_type() == "LayerNormalization";
     attentions += n->op_type() == "Attention";
     activation_seen |= n->op_type() == "FusedMatMul" &&

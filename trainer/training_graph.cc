@@ -277,12 +277,12 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
   ASSIGN_OR_RETURN(std::vector<Value*> candidates, SelectParams(*g, spec));
   std::vector<std::string> candidate_names;
   for (const Value* p : candidates) candidate_names.push_back(p->name());
+  const std::set<const Value*> variable(candidates.begin(), candidates.end());
   {
     // Fold shape arithmetic and constant subgraphs (masks, rotary tables) now that the dims
     // are fixed, so every value the backward graph sees has a static shape. Candidates stay
     // variable; folded results are new initializers, never parameters.
     g->AddOutput(loss);  // so dead-code elimination keeps it
-    std::set<const Value*> variable(candidates.begin(), candidates.end());
     RETURN_IF_ERROR(FoldConstants(*g, [&variable](const Value* v) { return variable.count(v) > 0; }));
   }
   {
@@ -294,6 +294,9 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
     graph::ActivationNormFusion fusion;
     graph::DeadCodeElimination dce;
     RETURN_IF_ERROR(graph::RunToFixedPoint({&fusion, &dce}, g.get()));
+    // The rotary tables the fusion laid out for the embeddings' new places (ahead of the
+    // head swaps) are constants again.
+    RETURN_IF_ERROR(FoldConstants(*g, [&variable](const Value* v) { return variable.count(v) > 0; }));
     if (spec.fuse_attention) {
       graph::AttentionFusion attention;
       RETURN_IF_ERROR(graph::RunToFixedPoint({&attention, &dce}, g.get()));

@@ -348,6 +348,105 @@ bool FuseRotary(Graph* g, Node* concat) {
   return true;
 }
 
+// `table` (rank <= perm's, broadcasting against y = Transpose(x, perm) from the right) laid
+// out to broadcast against x instead: its dim for y's axis i moves to x's axis perm[i]. Where
+// its axes keep their order that only inserts unit axes (a [T, D] table against a [B, H, T, D]
+// y becomes [T, 1, D] against x's [B, T, H, D]); otherwise its leading unit axes are made
+// explicit and it is transposed. The nodes that do it are shared by the readers of one layer
+// (`metadata`); constant folding turns them into constants where the table is one.
+Value* TableForSource(Graph* g, Value* table, const std::vector<int64_t>& perm,
+                      const std::map<std::string, std::string>& metadata) {
+  const int r = static_cast<int>(perm.size()), tr = table->shape().rank();
+  std::vector<int64_t> pos(tr);
+  bool ordered = true;
+  for (int a = 0; a < tr; ++a) {
+    pos[a] = perm[r - tr + a];
+    ordered &= a == 0 || pos[a] > pos[a - 1];
+  }
+  // The dims of the result and, for each, the table axis it holds (-1: a unit axis).
+  const int64_t first = ordered && tr > 0 ? pos[0] : 0;
+  std::vector<int> from(r - first, -1);
+  for (int a = 0; a < tr; ++a) from[pos[a] - first] = a;
+  std::vector<Dim> dims;
+  for (int a : from) dims.push_back(a < 0 ? Dim(1) : table->shape()[a]);
+  std::string suffix = "/perm";
+  for (int64_t p : perm) absl::StrAppend(&suffix, p);
+  // A node made earlier for a reader of the same layer.
+  for (const auto& [reader, slot] : table->consumers())
+    if (reader->name().starts_with(table->name() + suffix) && reader->metadata() == metadata &&
+        reader->num_outputs() == 1) {
+      Value* v = reader->output(0);
+      Node* t = SoleConsumer(v);
+      if (IsOnnxOp(t, "Transpose") && t->name().starts_with(table->name() + suffix)) v = t->output(0);
+      if (v->shape() == Shape(dims)) return v;
+    }
+  auto add = [&](const char* op, Value* in, std::vector<Dim> out_dims) {
+    Value* out = g->CreateUniqueValue(table->name() + suffix);
+    out->set_dtype(table->dtype());
+    out->set_shape(Shape(std::move(out_dims)));
+    Node* n = g->AddNode(op, {in}, {out}, g->UniqueName(table->name() + suffix));
+    n->metadata() = metadata;
+    return n;
+  };
+  // Unsqueeze the unit axes in (an input from opset 13 on, an attribute before).
+  std::vector<int64_t> axes;
+  std::vector<Dim> unsqueezed;
+  if (ordered) {
+    for (size_t j = 0; j < from.size(); ++j)
+      if (from[j] < 0) axes.push_back(static_cast<int64_t>(j));
+    unsqueezed = dims;
+  } else {
+    for (int j = 0; j < r - tr; ++j) axes.push_back(j), unsqueezed.push_back(Dim(1));
+    for (int a = 0; a < tr; ++a) unsqueezed.push_back(table->shape()[a]);
+  }
+  Value* v = table;
+  if (!axes.empty()) {
+    Node* u = add("Unsqueeze", v, unsqueezed);
+    if (g->OpsetFor("") >= 13) {
+      Tensor a(DataType::kInt64, {static_cast<int64_t>(axes.size())});
+      for (size_t i = 0; i < axes.size(); ++i) a.data<int64_t>()[i] = axes[i];
+      g->SetNodeInput(u, 1, g->AddInitializer(g->UniqueName(table->name() + suffix + "/axes"), std::move(a)));
+    } else {
+      u->SetAttr("axes", Attribute::Ints(axes));
+    }
+    v = u->output(0);
+  }
+  if (ordered) return v;
+  std::vector<int64_t> inverse(r);
+  for (int i = 0; i < r; ++i) inverse[perm[i]] = i;
+  Node* t = add("Transpose", v, dims);
+  t->SetAttr("perm", Attribute::Ints(inverse));
+  return t->output(0);
+}
+
+// RotaryEmbedding(Transpose(x, perm), cos, sin), perm keeping the last axis, that Transpose read
+// by nothing else -> Transpose(RotaryEmbedding(x, cos', sin'), perm), the tables laid out
+// against x (TableForSource). The same values: the embedding is elementwise but for its
+// rotation within the last axis. LLaMA rotates q and k after swapping them into [B, H, T, D];
+// moved ahead of the swap, the swap meets attention directly and folds into its layout
+// (AttentionLayoutFusion), as v's does.
+bool HoistRotaryOverHeadSwap(Graph* g, Node* rot) {
+  if (!IsCleaveOp(rot, "RotaryEmbedding") || rot->num_inputs() != 3 || rot->num_outputs() != 1) return false;
+  Value* x = rot->input(0);
+  Node* t = x->producer();
+  if (!Is(t, "Transpose") || !SoleUse(x) || !t->input(0)->shape().has_rank()) return false;
+  Value* src = t->input(0);
+  const int r = src->shape().rank();
+  const std::vector<int64_t> perm = t->AttrInts("perm", {});
+  if (static_cast<int>(perm.size()) != r || r < 2 || perm[r - 1] != r - 1) return false;
+  for (Value* table : {rot->input(1), rot->input(2)})
+    if (!table->shape().has_rank() || table->shape().rank() > r) return false;
+  Value* cos = TableForSource(g, rot->input(1), perm, rot->metadata());
+  Value* sin = rot->input(2) == rot->input(1) ? cos : TableForSource(g, rot->input(2), perm, rot->metadata());
+  Value* rotated = g->CreateUniqueValue(rot->output(0)->name() + "/unswapped");
+  rotated->set_dtype(src->dtype());
+  rotated->set_shape(src->shape());
+  Value* y = rot->output(0);
+  g->RebuildNode(rot, {src, cos, sin}, {rotated});
+  g->RebuildNode(t, {rotated}, {y});
+  return true;
+}
+
 // The 2-D transpose feeding only this MatMul as its B, if any: MatMul(A, Transpose(W)) is
 // FusedMatMul(A, W, transB = 1), which reads W in place instead of copying it every step
 // (the tied LM head of a GPT exported for training has exactly this shape).
@@ -908,6 +1007,7 @@ bool FuseAt(Graph* g, Node* n, Rules rules) {
   if (Is(n, "ReduceMean")) return FuseLayerNorm(g, n) || FuseRMSNorm(g, n);
   if (Is(n, "Sigmoid")) return FuseSwiGlu(g, n);
   if (Is(n, "Concat")) return FuseRotary(g, n);
+  if (IsCleaveOp(n, "RotaryEmbedding")) return HoistRotaryOverHeadSwap(g, n);
   if (!matmul_rules) return false;
   if (Is(n, "MatMul")) return FuseMatMulBias(g, n) || FoldTransposes(g, n);
   if (Is(n, "Transpose")) return FoldTransposeOfMatMul(g, n);
