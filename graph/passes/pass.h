@@ -71,7 +71,9 @@ class ConstantFolding : public Pass {
 // decomposed LayerNorm (ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add) ->
 // LayerNormalization, decomposed RMSNorm (Pow/ReduceMean/Add/Sqrt/Div/Mul/Mul) ->
 // RMSNormalization, gate * Sigmoid(gate) * up -> SwiGLU, x * cos + rotate_half(x) * sin ->
-// RotaryEmbedding, all in the ai.cleave domain.
+// RotaryEmbedding, all in the ai.cleave domain; and RotaryEmbedding(Transpose(x)) (a transpose
+// keeping the last axis, read by nothing else) -> Transpose(RotaryEmbedding(x)) with the
+// tables laid out against x ([T, D] as [T, 1, D]), so that a head swap meets attention.
 class TransformerFusion : public Pass {
  public:
   std::string name() const override { return "TransformerFusion"; }
