@@ -65,6 +65,16 @@ const char* GemmBackendName() {
   return openblas_get_corename();
 }
 
+bool GemmBackendIsAvx512() {
+  static const bool wide = [] {
+    const std::string_view core = GemmBackendName() ? GemmBackendName() : "";
+    for (std::string_view avx512 : {"SkylakeX", "Cooperlake", "SapphireRapids"})
+      if (core == avx512) return true;
+    return false;
+  }();
+  return wide;
+}
+
 namespace {
 
 void SgemmOne(const GemmParams& p, const float* A, const float* B, float* C) {

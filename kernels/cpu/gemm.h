@@ -24,6 +24,10 @@ struct GemmParams {
 void SetGemmThreads(int n);
 // The OpenBLAS core whose kernels sgemm runs ("SkylakeX", "Haswell", ...), for logs.
 const char* GemmBackendName();
+// Whether OpenBLAS runs 512-bit kernels (its SkylakeX, Cooperlake or SapphireRapids cores). A
+// build for one core, a core the user names in OPENBLAS_CORETYPE, or an older library on a
+// newer CPU may run the 256-bit ones on a CPU that has AVX-512.
+bool GemmBackendIsAvx512();
 // With a pool of more than one thread, products over ~2 MFLOP are split across it. Each
 // element of C is still computed by one sgemm over the whole K, so the split does not
 // change the result.

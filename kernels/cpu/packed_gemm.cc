@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "kernels/cpu/fast_math.h"
+#include "kernels/cpu/gemm.h"
 
 namespace cleave::kernels::cpu {
 
@@ -27,6 +28,8 @@ bool PackedGemmAvailable() {
   return false;
 #endif
 }
+
+bool PackedGemmPreferred(int64_t M) { return M <= 512 || !GemmBackendIsAvx512(); }
 
 PackedB PackB(const float* B, int64_t K, int64_t N, bool trans_b) {
   constexpr int64_t W = PackedB::kPanelWidth;
