@@ -100,6 +100,65 @@ TEST(PackedGemmTest, ActivationsApplyAfterBias) {
   CheckShapes({5, 13}, {17, 100}, {7, 64}, Activation::kGeluTanh);
 }
 
+// GemmAvx512, the path Sgemm takes where OpenBLAS runs 256-bit kernels: every transpose of A
+// and B, C written or added to (beta 0 or 1), leading dimensions wider than the matrices, row
+// and column tails, a reduction too long to pack whole (K past 32768 floats a panel), K = 0;
+// against GemmReference in double, and bit for bit on 1 and 2 threads.
+void CheckGeneral(int64_t M, int64_t N, int64_t K) {
+  ThreadPool pool2(2);
+  for (bool trans_a : {false, true})
+    for (bool trans_b : {false, true})
+      for (float beta : {0.f, 1.f}) {
+        SCOPED_TRACE(::testing::Message() << "M " << M << " N " << N << " K " << K << " transA " << trans_a
+                                          << " transB " << trans_b << " beta " << beta);
+        kernels::cpu::GemmParams p;
+        p.M = M, p.N = N, p.K = K, p.trans_a = trans_a, p.trans_b = trans_b, p.beta = beta;
+        p.lda = (trans_a ? M : K) + 5, p.ldb = (trans_b ? K : N) + 2, p.ldc = N + 3;
+        const int64_t a_rows = trans_a ? K : M, b_rows = trans_b ? N : K;
+        const std::vector<float> a = Cast<float>(Values(a_rows * p.lda, 5 + M + K));
+        const std::vector<float> b = Cast<float>(Values(b_rows * p.ldb, 6 + N + K));
+        const std::vector<float> c0 = Cast<float>(Values(M * p.ldc, 7 + M + N));
+        // The reference over dense copies of op(A) and op(B).
+        std::vector<double> ad(M * K), bd(K * N), ref(M * N);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t k = 0; k < K; ++k) ad[m * K + k] = trans_a ? a[k * p.lda + m] : a[m * p.lda + k];
+        for (int64_t k = 0; k < K; ++k)
+          for (int64_t n = 0; n < N; ++n) bd[k * N + n] = trans_b ? b[n * p.ldb + k] : b[k * p.ldb + n];
+        kernels::cpu::GemmParams dense;
+        dense.M = M, dense.N = N, dense.K = K;
+        kernels::cpu::GemmReference(dense, ad.data(), bd.data(), ref.data());
+        std::vector<float> c1 = c0, c2 = c0;
+        kernels::cpu::GemmAvx512(p, a.data(), b.data(), c1.data(), nullptr);
+        kernels::cpu::GemmAvx512(p, a.data(), b.data(), c2.data(), &pool2);
+        const double abs_tol = 1e-4 * std::max(1.0, std::sqrt(static_cast<double>(K)) / 4);
+        int bad = 0;
+        for (int64_t m = 0; m < M && bad < 5; ++m)
+          for (int64_t n = 0; n < p.ldc && bad < 5; ++n) {
+            const int64_t i = m * p.ldc + n;
+            ASSERT_EQ(c1[i], c2[i]) << "thread counts disagree at " << m << "," << n;
+            if (n >= N) {
+              bad += c1[i] != c0[i];
+              EXPECT_EQ(c1[i], c0[i]) << "write past N at " << m << "," << n;
+              continue;
+            }
+            const double want = ref[m * N + n] + (beta == 1.f ? c0[i] : 0.0);
+            const bool ok = std::abs(c1[i] - want) <= abs_tol + 1e-4 * std::abs(want);
+            bad += !ok;
+            EXPECT_TRUE(ok) << "at " << m << "," << n << ": got " << c1[i] << " want " << want;
+          }
+      }
+}
+
+TEST(PackedGemmTest, GeneralProductsOfEveryLayoutMatchTheReference) {
+  if (!kernels::cpu::PackedGemmAvailable()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  for (int64_t M : {1, 13, 250})
+    for (int64_t N : {7, 32, 100})
+      for (int64_t K : {1, 64, 300}) CheckGeneral(M, N, K);
+  CheckGeneral(37, 1100, 70);   // more panels than 4 per thread: threads split the columns
+  CheckGeneral(3, 40, 33000);   // a panel over the whole K is past 4 MiB: packed a K block at a time
+  CheckGeneral(5, 9, 0);        // K = 0: C = 0, or left as it is
+}
+
 // With B an initializer the kernels pack it at load; the results must match the naive
 // product for batched A, both B layouts, bias and activations.
 TEST(PackedGemmTest, OpsWithConstantWeightMatchNaive) {

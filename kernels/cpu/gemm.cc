@@ -3,6 +3,8 @@
 // CPU (see SelectOpenBlasCore).
 #include "kernels/cpu/gemm.h"
 
+#include "kernels/cpu/packed_gemm.h"
+
 #include <algorithm>
 #include <cblas.h>
 
@@ -105,9 +107,22 @@ GemmPanels SplitIntoPanels(int64_t M, int64_t N, int threads) {
   return s;
 }
 
+bool UseAvx512Gemm(const GemmParams& p) {
+  static const int mode = [] {
+    const char* env = std::getenv("CLEAVE_FP32_GEMM");
+    const std::string_view v = env ? env : "";
+    if (v == "openblas") return 0;
+    if (v == "avx512") return 1;
+    return -1;
+  }();
+  if (mode == 0 || !PackedGemmAvailable() || p.alpha != 1.f || (p.beta != 0.f && p.beta != 1.f)) return false;
+  return mode == 1 || !GemmBackendIsAvx512();
+}
+
 void Sgemm(const GemmParams& p, const float* A, const float* B, float* C, ThreadPool* pool) {
   SelectOpenBlasCore();
   if (p.M == 0 || p.N == 0) return;
+  if (UseAvx512Gemm(p)) return GemmAvx512(p, A, B, C, pool);
   const int threads = pool ? pool->num_threads() : 1;
   const double flops = 2.0 * p.M * p.N * p.K;
   if (threads <= 1 || flops < 2e6) return SgemmOne(p, A, B, C);

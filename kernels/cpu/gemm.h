@@ -1,4 +1,5 @@
-// fp32 GEMM on the CPU through OpenBLAS (kernels/cpu/).
+// fp32 GEMM on the CPU through OpenBLAS (kernels/cpu/), or cleave's own AVX-512 kernel where
+// OpenBLAS runs narrower ones (UseAvx512Gemm).
 // Row-major throughout: C[M,N] = alpha * op(A) * op(B) + beta * C.
 // OpenBLAS runs single-threaded; the intra-op pool does the threading: a large product is
 // split into row (or column) panels, one sgemm call per pool thread, and a batch of small
@@ -28,9 +29,14 @@ const char* GemmBackendName();
 // build for one core, a core the user names in OPENBLAS_CORETYPE, or an older library on a
 // newer CPU may run the 256-bit ones on a CPU that has AVX-512.
 bool GemmBackendIsAvx512();
+// Whether Sgemm runs product p on cleave's own AVX-512 kernel (GemmAvx512) instead of
+// OpenBLAS: on a CPU with AVX-512F where OpenBLAS runs 256-bit kernels, for alpha 1 and beta 0
+// or 1. CLEAVE_FP32_GEMM=openblas or =avx512 decides instead (constant weights of up to 512
+// rows take the packed kernel either way: PackedGemmPreferred).
+bool UseAvx512Gemm(const GemmParams& p);
 // With a pool of more than one thread, products over ~2 MFLOP are split across it. Each
-// element of C is still computed by one sgemm over the whole K, so the split does not
-// change the result.
+// element of C is still computed by one sgemm (or one thread of GemmAvx512) over the whole K,
+// in one order, so the split does not change the result.
 void Sgemm(const GemmParams& p, const float* A, const float* B, float* C, ThreadPool* pool = nullptr);
 
 // How a pool of `threads` splits one [M, N] product (Sgemm, and the bf16 products of

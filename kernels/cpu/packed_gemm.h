@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "base/thread_pool.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nn.h"
 
 namespace cleave::kernels::cpu {
@@ -55,5 +56,11 @@ PackedB PackB(const float* B, int64_t K, int64_t N, bool trans_b);
 // (length N) may be null. Requires PackedGemmAvailable().
 void GemmPacked(int64_t M, const float* A, int64_t lda, const PackedB& B, const float* bias,
                 Activation act, float* C, int64_t ldc, ThreadPool* pool);
+
+// C = op(A) @ op(B), or C += op(A) @ op(B) when p.beta is 1, on the same register tiles, each
+// thread packing the slices of op(B) it reaches (p.alpha 1, p.beta 0 or 1; any transposes and
+// leading dimensions). Requires PackedGemmAvailable(). Sgemm takes this path where OpenBLAS
+// runs 256-bit kernels on an AVX-512 CPU (UseAvx512Gemm).
+void GemmAvx512(const GemmParams& p, const float* A, const float* B, float* C, ThreadPool* pool);
 
 }  // namespace cleave::kernels::cpu
