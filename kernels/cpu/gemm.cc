@@ -1,16 +1,20 @@
 // OpenBLAS-backed GEMM (kernels/cpu/).
-// Every sgemm goes through Sgemm, which first makes sure OpenBLAS runs kernels that fit the
-// CPU (see SelectOpenBlasCore).
+// Every sgemm goes through Sgemm, which runs cleave's own AVX-512 kernel where OpenBLAS runs
+// narrower ones (UseAvx512Gemm), and otherwise first makes sure OpenBLAS runs kernels that fit
+// the CPU (see SelectOpenBlasCore).
 #include "kernels/cpu/gemm.h"
-
-#include "kernels/cpu/packed_gemm.h"
 
 #include <algorithm>
 #include <cblas.h>
 
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "kernels/cpu/packed_gemm.h"
 
 // Core selection of OpenBLAS builds with DYNAMIC_ARCH. Weak, so that a build without it
 // still links (the pointers are then null and the selection is left alone).
@@ -113,6 +117,9 @@ bool UseAvx512Gemm(const GemmParams& p) {
     const std::string_view v = env ? env : "";
     if (v == "openblas") return 0;
     if (v == "avx512") return 1;
+    if (!v.empty())
+      Log(LogLevel::kWarning, absl::StrCat("CLEAVE_FP32_GEMM=", std::string(v),
+                                           ": expected openblas or avx512; choosing by the CPU and OpenBLAS's core"));
     return -1;
   }();
   if (mode == 0 || !PackedGemmAvailable() || p.alpha != 1.f || (p.beta != 0.f && p.beta != 1.f)) return false;
@@ -120,9 +127,14 @@ bool UseAvx512Gemm(const GemmParams& p) {
 }
 
 void Sgemm(const GemmParams& p, const float* A, const float* B, float* C, ThreadPool* pool) {
-  SelectOpenBlasCore();
   if (p.M == 0 || p.N == 0) return;
   if (UseAvx512Gemm(p)) return GemmAvx512(p, A, B, C, pool);
+  SgemmOpenBlas(p, A, B, C, pool);
+}
+
+void SgemmOpenBlas(const GemmParams& p, const float* A, const float* B, float* C, ThreadPool* pool) {
+  SelectOpenBlasCore();
+  if (p.M == 0 || p.N == 0) return;
   const int threads = pool ? pool->num_threads() : 1;
   const double flops = 2.0 * p.M * p.N * p.K;
   if (threads <= 1 || flops < 2e6) return SgemmOne(p, A, B, C);

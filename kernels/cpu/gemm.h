@@ -38,6 +38,8 @@ bool UseAvx512Gemm(const GemmParams& p);
 // element of C is still computed by one sgemm (or one thread of GemmAvx512) over the whole K,
 // in one order, so the split does not change the result.
 void Sgemm(const GemmParams& p, const float* A, const float* B, float* C, ThreadPool* pool = nullptr);
+// The same through OpenBLAS whatever UseAvx512Gemm says (the benchmark's anchor).
+void SgemmOpenBlas(const GemmParams& p, const float* A, const float* B, float* C, ThreadPool* pool = nullptr);
 
 // How a pool of `threads` splits one [M, N] product (Sgemm, and the bf16 products of
 // gemm_bf16.h): into `panels` panels of `panel` rows when there are enough rows (by_rows), else
