@@ -7,78 +7,14 @@
 # ship with (dynamic batch and seq). Write it outside the repository, e.g.
 #   /usr/bin/python3 models/gen_llama.py -o /tmp/cleave-bench/llama_small.onnx
 import argparse
-import math
 import os
+import sys
 import time
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-
-class RMSNorm(nn.Module):
-    def __init__(self, width, eps=1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(width))
-
-    def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
-
-
-def rotate_half(x):
-    half = x.size(-1) // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-class Layer(nn.Module):
-    def __init__(self, width, heads, hidden):
-        super().__init__()
-        self.heads = heads
-        self.attn_norm, self.mlp_norm = RMSNorm(width), RMSNorm(width)
-        self.q, self.k, self.v, self.o = (nn.Linear(width, width, bias=False) for _ in range(4))
-        self.gate = nn.Linear(width, hidden, bias=False)
-        self.up = nn.Linear(width, hidden, bias=False)
-        self.down = nn.Linear(hidden, width, bias=False)
-
-    def forward(self, x, cos, sin, mask):  # cos, sin (T, HS); mask (T, T)
-        B, T, C = x.size()
-        hs = C // self.heads
-        h = self.attn_norm(x)
-        q, k, v = (lin(h).view(B, T, self.heads, hs).transpose(1, 2) for lin in (self.q, self.k, self.v))
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(hs)) + mask
-        y = (F.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
-        x = x + self.o(y)
-        h = self.mlp_norm(x)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h))
-
-
-class Decoder(nn.Module):
-    def __init__(self, vocab, context, layers, width, heads, hidden):
-        super().__init__()
-        hs = width // heads
-        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hs, 2).float() / hs))
-        angles = torch.arange(context).float()[:, None] * inv_freq[None, :]
-        self.register_buffer("angles", torch.cat((angles, angles), dim=-1), persistent=False)
-        self.embed = nn.Embedding(vocab, width)
-        self.layers = nn.ModuleList(Layer(width, heads, hidden) for _ in range(layers))
-        self.norm = RMSNorm(width)
-        self.lm_head = nn.Linear(width, vocab, bias=False)
-        for p in self.parameters():  # N(0, 0.02) matrices and embeddings; norms stay at 1
-            if p.dim() > 1:
-                nn.init.normal_(p, std=0.02)
-
-    def forward(self, input_ids):
-        T = input_ids.size(1)
-        angles = self.angles[:T]
-        cos, sin = angles.cos(), angles.sin()
-        mask = torch.full((T, T), float("-inf"), device=input_ids.device).triu(1)
-        x = self.embed(input_ids)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask)
-        return self.lm_head(self.norm(x))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "variants"))
+from make_variants import Llama, _normal_init  # noqa: E402
 
 
 def main():
@@ -95,7 +31,8 @@ def main():
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
-    model = Decoder(args.vocab, args.seq, args.layers, args.width, args.heads, args.hidden).eval()
+    # N(0, 0.02) matrices and embeddings; the norms stay at 1.
+    model = _normal_init(Llama(args.layers, args.vocab, args.seq, args.width, args.heads, args.hidden)).eval()
     example = torch.randint(0, args.vocab, (1, 8), dtype=torch.int64)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     start = time.time()

@@ -75,10 +75,10 @@ class Bert(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, eps=1e-6):
+    def __init__(self, width=WIDTH, eps=1e-6):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(WIDTH))
+        self.weight = nn.Parameter(torch.ones(width))
 
     def forward(self, x):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
@@ -90,19 +90,20 @@ def rotate_half(x):
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, hidden=88):
+    def __init__(self, width=WIDTH, heads=HEADS, hidden=88):
         super().__init__()
-        self.attn_norm, self.mlp_norm = RMSNorm(), RMSNorm()
-        self.q, self.k, self.v, self.o = (nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(4))
-        self.gate = nn.Linear(WIDTH, hidden, bias=False)
-        self.up = nn.Linear(WIDTH, hidden, bias=False)
-        self.down = nn.Linear(hidden, WIDTH, bias=False)
+        self.heads, self.hs = heads, width // heads
+        self.attn_norm, self.mlp_norm = RMSNorm(width), RMSNorm(width)
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width, bias=False) for _ in range(4))
+        self.gate = nn.Linear(width, hidden, bias=False)
+        self.up = nn.Linear(width, hidden, bias=False)
+        self.down = nn.Linear(hidden, width, bias=False)
 
     def forward(self, x, cos, sin, mask):  # cos, sin (T, HS); mask (T, T)
         B, T, C = x.size()
-        hs = WIDTH // HEADS
+        hs = self.hs
         h = self.attn_norm(x)
-        q, k, v = (lin(h).view(B, T, HEADS, hs).transpose(1, 2) for lin in (self.q, self.k, self.v))
+        q, k, v = (lin(h).view(B, T, self.heads, hs).transpose(1, 2) for lin in (self.q, self.k, self.v))
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(hs)) + mask  # (B, NH, T, T)
@@ -113,17 +114,19 @@ class LlamaLayer(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, layers=2):
+    """Pre-RMSNorm decoder: rotary q and k, an additive causal mask, SwiGLU, an untied head."""
+
+    def __init__(self, layers=2, vocab=VOCAB, context=CONTEXT, width=WIDTH, heads=HEADS, hidden=88):
         super().__init__()
-        hs = WIDTH // HEADS
+        hs = width // heads
         inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hs, 2).float() / hs))  # (HS/2,)
-        angles = torch.arange(CONTEXT).float()[:, None] * inv_freq[None, :]  # (CONTEXT, HS/2)
+        angles = torch.arange(context).float()[:, None] * inv_freq[None, :]  # (CONTEXT, HS/2)
         # Precomputed angle table; Cos and Sin run in the graph on its first T rows.
         self.register_buffer("angles", torch.cat((angles, angles), dim=-1), persistent=False)
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.layers = nn.ModuleList(LlamaLayer() for _ in range(layers))
-        self.norm = RMSNorm()
-        self.lm_head = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.embed = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList(LlamaLayer(width, heads, hidden) for _ in range(layers))
+        self.norm = RMSNorm(width)
+        self.lm_head = nn.Linear(width, vocab, bias=False)
 
     def forward(self, input_ids):
         T = input_ids.size(1)
