@@ -98,49 +98,34 @@ __attribute__((target("avx512f,avx512vl,fma"))) void Tile(int64_t K, const float
       hi[i] = init_hi;
     }
   }
-  if constexpr (kTransA) {
-    // A step's MR values are contiguous: one pointer advancing by lda.
-#pragma GCC unroll 2
-    for (int64_t k = 0; k < K; ++k) {
-      const __m512 b_lo = _mm512_load_ps(b);
-      const __m512 b_hi = _mm512_load_ps(b + 16);
-      _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(next + 16), _MM_HINT_T1);
+  // Row-major A: row i is read as base[i / 3][(i % 3) * lda] (x86 addressing scales lda by 4 or
+  // 8, so four advancing pointers and lda itself reach all twelve rows without spilling).
+  // Transposed A: a step's MR values are contiguous at a, which advances by lda.
+  const float* base[(MR + 2) / 3];
 #pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const __m512 av = _mm512_set1_ps(a[i]);
-        lo[i] = _mm512_fmadd_ps(av, b_lo, lo[i]);
-        hi[i] = _mm512_fmadd_ps(av, b_hi, hi[i]);
-      }
-      a += lda;
-      b += PackedB::kPanelWidth;
-      next += PackedB::kPanelWidth;
+  for (int q = 0; q < (MR + 2) / 3; ++q) base[q] = a + 3 * q * lda;
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512 b_lo = _mm512_load_ps(b);
+    const __m512 b_hi = _mm512_load_ps(b + 16);
+    // Weights usually come from DRAM (a model's do not fit in cache): fetch the slice the
+    // next pass will read into L2 while this one computes, one K step (2 lines) per step.
+    _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(next + 16), _MM_HINT_T1);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512 av = _mm512_set1_ps(kTransA ? a[i] : base[i / 3][(i % 3) * lda]);
+      lo[i] = _mm512_fmadd_ps(av, b_lo, lo[i]);
+      hi[i] = _mm512_fmadd_ps(av, b_hi, hi[i]);
     }
-  } else {
-    // Row i is read as base[i / 3][(i % 3) * lda]: x86 addressing scales lda by 4 or 8, so
-    // four advancing pointers and lda itself reach all twelve rows without spilling.
-    const float* base[(MR + 2) / 3];
-#pragma GCC unroll 16
-    for (int q = 0; q < (MR + 2) / 3; ++q) base[q] = a + 3 * q * lda;
-#pragma GCC unroll 2
-    for (int64_t k = 0; k < K; ++k) {
-      const __m512 b_lo = _mm512_load_ps(b);
-      const __m512 b_hi = _mm512_load_ps(b + 16);
-      // Weights usually come from DRAM (a model's do not fit in cache): fetch the slice the
-      // next pass will read into L2 while this one computes, one K step (2 lines) per step.
-      _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(next + 16), _MM_HINT_T1);
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const __m512 av = _mm512_set1_ps(base[i / 3][(i % 3) * lda]);
-        lo[i] = _mm512_fmadd_ps(av, b_lo, lo[i]);
-        hi[i] = _mm512_fmadd_ps(av, b_hi, hi[i]);
-      }
+    if constexpr (kTransA) {
+      a += lda;
+    } else {
 #pragma GCC unroll 16
       for (int q = 0; q < (MR + 2) / 3; ++q) ++base[q];
-      b += PackedB::kPanelWidth;
-      next += PackedB::kPanelWidth;
     }
+    b += PackedB::kPanelWidth;
+    next += PackedB::kPanelWidth;
   }
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
