@@ -2,6 +2,7 @@
 // optimizer graphs (and BERT's, its padding mask the fused attention's bias) propagated over a
 // data-parallel mesh, lowered to one graph per rank, and run on every rank of a simulated world,
 // against a single-rank step on the whole batch.
+#include <functional>
 #include <thread>
 
 #include "graph/op_table.h"
@@ -49,6 +50,62 @@ StepResult Step(trainer::TrainingSession& s, const Feeds& feeds) {
   return r;
 }
 
+// Every parameter's gradient is a partial sum over dp (stage 0: all-reduced in the optimizer).
+std::map<std::string, Sharding> PartialGradSeeds(const trainer::TrainingArtifacts& a) {
+  std::map<std::string, Sharding> seeds;
+  for (const std::string& p : a.params) {
+    Sharding s = Sharding::Replicated(a.optimizer->FindValue(p)->shape().rank());
+    s.partial = {"dp"};
+    seeds[trainer::GradName(p)] = s;
+  }
+  return seeds;
+}
+
+// What one rank of a data-parallel run lowered and did.
+struct RankRun {
+  StepResult step;
+  size_t train_collectives = 0;
+  std::vector<CollectiveRecord> opt_collectives;
+  int64_t state_elements = 0;
+};
+
+// Lowers the training and optimizer graphs for every rank of `mesh`'s dp ranks, runs one step
+// of each on its own thread of a simulated world on feeds_of(rank), and returns what each saw.
+std::vector<RankRun> RunRanks(const trainer::TrainingArtifacts& a, const Mesh& mesh, const Propagation& train_p,
+                              const Propagation& opt_p, const std::function<Feeds(int)>& feeds_of,
+                              const std::map<std::string, Sharding>& output_wants = {}, int64_t bucket = 0) {
+  const int dp = mesh.world_size();
+  runtime::SimulatedWorld world(dp);
+  std::vector<RankRun> got(dp);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < dp; ++r)
+    ranks.emplace_back([&, r] {
+      auto train = LowerForRank(*a.training, mesh, train_p, r, "loss");
+      auto opt = LowerForRank(*a.optimizer, mesh, opt_p, r, "", output_wants, bucket);
+      if (!train.ok() || !opt.ok()) {
+        got[r].step.status = train.ok() ? opt.status() : train.status();
+        return;
+      }
+      got[r].train_collectives = train->collectives.size();
+      got[r].opt_collectives = opt->collectives;
+      trainer::TrainingArtifacts mine = CopyArtifacts(a);
+      mine.training = std::move(train->graph);
+      mine.optimizer = std::move(opt->graph);
+      mine.eval = mine.training->Clone();  // unused here
+      mine.eval->SetOutputs({mine.eval->FindValue("loss")});
+      auto s = trainer::TrainingSession::Create(std::move(mine), testing::OneThread(world.rank(r)));
+      if (!s.ok()) {
+        got[r].step.status = s.status();
+        return;
+      }
+      for (const std::string& p : a.params)
+        for (const std::string& suf : a.state_suffixes) got[r].state_elements += (*s)->GetState(p + suf)->numel();
+      got[r].step = Step(**s, feeds_of(r));
+    });
+  for (auto& t : ranks) t.join();
+  return got;
+}
+
 class DataParallel : public ::testing::TestWithParam<int> {};
 
 TEST_P(DataParallel, StepEqualsSingleRank) {
@@ -79,80 +136,49 @@ TEST_P(DataParallel, StepEqualsSingleRank) {
     ASSERT_TRUE(seeds.ok()) << seeds.status();
     grad_seeds = *seeds;
   } else {
-    for (const std::string& p : a.params) {
-      Sharding s = Sharding::Replicated(a.optimizer->FindValue(p)->shape().rank());
-      s.partial = {"dp"};
-      grad_seeds[trainer::GradName(p)] = s;
-    }
+    grad_seeds = PartialGradSeeds(a);
   }
   auto opt_p = Propagate(*a.optimizer, mesh, grad_seeds);
   ASSERT_TRUE(opt_p.ok()) << opt_p.status();
 
-  runtime::SimulatedWorld world(dp);
-  std::vector<StepResult> got(dp);
-  std::vector<int64_t> state_elements(dp, 0);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < dp; ++r)
-    ranks.emplace_back([&, r] {
-      auto train = LowerForRank(*a.training, mesh, *train_p, r, "loss");
-      auto opt = LowerForRank(*a.optimizer, mesh, *opt_p, r, "", output_wants, bucket);
-      if (!train.ok() || !opt.ok()) {
-        got[r].status = train.ok() ? opt.status() : train.status();
-        return;
+  const int64_t rows = kBatch / dp;
+  const std::vector<RankRun> got = RunRanks(
+      a, mesh, *train_p, *opt_p,
+      [&](int r) { return Feeds{{"input_ids", Rows(ids, r * rows, rows)}, {"labels", Rows(labels, r * rows, rows)}}; },
+      output_wants, bucket);
+  // Per rank: every gradient all-reduced once in the optimizer, nothing in training but the loss
+  // report. ZeRO-1: a ReduceScatter and an AllGather per parameter, and the norm's scalar.
+  size_t want_opt = zero == 1 ? 2 * a.params.size() + 1 : a.params.size();
+  if (bucket) {
+    // Greedy buckets in reverse input order (the first capped at 1 MiB), a lone tensor keeping
+    // its own AllReduce.
+    std::vector<int64_t> sizes;
+    for (const graph::Value* v : a.optimizer->inputs())
+      if (v->name().size() >= 5 && v->name().substr(v->name().size() - 5) == "_grad")
+        sizes.insert(sizes.begin(), v->shape().NumElements() * 4);
+    want_opt = 0;
+    int64_t bytes = 0, cap = 0;
+    bool open = false;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      if (open && bytes + sizes[k] <= cap) {
+        bytes += sizes[k];
+      } else {
+        ++want_opt;
+        open = true;
+        bytes = sizes[k];
+        cap = k == 0 ? std::min<int64_t>(bucket, 1 << 20) : bucket;
       }
-      // Per rank: every gradient all-reduced once in the optimizer, nothing in training
-      // but the loss report.
-      // ZeRO-1: a ReduceScatter and an AllGather per parameter, and the norm's scalar.
-      size_t want_opt = zero == 1 ? 2 * a.params.size() + 1 : a.params.size();
-      if (bucket) {
-        // Greedy buckets in reverse input order (the first capped at 1 MiB), a lone tensor
-        // keeping its own AllReduce.
-        std::vector<int64_t> sizes;
-        for (const graph::Value* v : a.optimizer->inputs())
-          if (v->name().size() >= 5 && v->name().substr(v->name().size() - 5) == "_grad")
-            sizes.insert(sizes.begin(), v->shape().NumElements() * 4);
-        want_opt = 0;
-        int64_t bytes = 0, cap = 0;
-        bool open = false;
-        for (size_t k = 0; k < sizes.size(); ++k) {
-          if (open && bytes + sizes[k] <= cap) {
-            bytes += sizes[k];
-          } else {
-            ++want_opt;
-            open = true;
-            bytes = sizes[k];
-            cap = k == 0 ? std::min<int64_t>(bucket, 1 << 20) : bucket;
-          }
-        }
-      }
-      if (train->collectives.size() != 1 || opt->collectives.size() != want_opt) {
-        std::string list;
-        for (const auto& c : opt->collectives) list += c.kind + " " + c.value + " @" + c.reader + "; ";
-        got[r].status = absl::InternalError(absl::StrCat("unexpected collective counts: ", train->collectives.size(),
-                                                         " in training, ", opt->collectives.size(),
-                                                         " in the optimizer: ", list));
-        return;
-      }
-      trainer::TrainingArtifacts mine = CopyArtifacts(a);
-      mine.training = std::move(train->graph);
-      mine.optimizer = std::move(opt->graph);
-      mine.eval = mine.training->Clone();  // unused here
-      mine.eval->SetOutputs({mine.eval->FindValue("loss")});
-      auto s = trainer::TrainingSession::Create(std::move(mine), testing::OneThread(world.rank(r)));
-      if (!s.ok()) {
-        got[r].status = s.status();
-        return;
-      }
-      for (const std::string& p : a.params)
-        for (const std::string& suf : a.state_suffixes) state_elements[r] += (*s)->GetState(p + suf)->numel();
-      const int64_t rows = kBatch / dp;
-      got[r] = Step(**s, {{"input_ids", Rows(ids, r * rows, rows)}, {"labels", Rows(labels, r * rows, rows)}});
-    });
-  for (auto& t : ranks) t.join();
+    }
+  }
   for (int r = 0; r < dp; ++r) {
-    ASSERT_TRUE(got[r].status.ok()) << "rank " << r << ": " << got[r].status;
-    EXPECT_NEAR(got[r].loss, want.loss, 1e-5 * want.loss) << "rank " << r;
-    EXPECT_NEAR(got[r].norm, want.norm, 1e-5 * want.norm) << "rank " << r;
+    const StepResult& step = got[r].step;
+    ASSERT_TRUE(step.status.ok()) << "rank " << r << ": " << step.status;
+    std::string list;
+    for (const auto& c : got[r].opt_collectives) list += c.kind + " " + c.value + " @" + c.reader + "; ";
+    EXPECT_EQ(got[r].train_collectives, 1u) << "rank " << r;
+    EXPECT_EQ(got[r].opt_collectives.size(), want_opt) << "rank " << r << ": " << list;
+    EXPECT_NEAR(step.loss, want.loss, 1e-5 * want.loss) << "rank " << r;
+    EXPECT_NEAR(step.norm, want.norm, 1e-5 * want.norm) << "rank " << r;
     // AdamW's first step moves each element by lr g / (|g| + eps): lr (1e-3) times its gradient's
     // sign, except where |g| is so small that its rounding shows in the step. Two ranks' sums
     // round such a gradient differently from one rank's (one element of blocks.0.attn.proj.weight
@@ -160,11 +186,11 @@ TEST_P(DataParallel, StepEqualsSingleRank) {
     // a flipped sign (2e-3) or a missed update (1e-3) still exceeds. The loss and the global norm
     // above check the gradients themselves.
     for (const auto& [name, t] : want.params)
-      EXPECT_EQ(testing::CompareTensors(got[r].params.at(name), t, 1e-5, 1e-5), "") << "rank " << r << " " << name;
+      EXPECT_EQ(testing::CompareTensors(step.params.at(name), t, 1e-5, 1e-5), "") << "rank " << r << " " << name;
     // Optimizer state: all of it per rank without ZeRO, 1/dp of it with ZeRO-1.
     int64_t psi = 0;
     for (const auto& [name, t] : want.params) psi += t.numel();
-    EXPECT_EQ(state_elements[r], 2 * psi / (zero == 1 ? dp : 1)) << "rank " << r;
+    EXPECT_EQ(got[r].state_elements, 2 * psi / (zero == 1 ? dp : 1)) << "rank " << r;
   }
 }
 
@@ -202,44 +228,18 @@ TEST(DataParallel, FusedAttentionBiasShardsWithTheBatch) {
   }
   auto train_p = Propagate(*a.training, mesh, seeds);
   ASSERT_TRUE(train_p.ok()) << train_p.status();
-  std::map<std::string, Sharding> grad_seeds;
-  for (const std::string& p : a.params) {
-    Sharding s = Sharding::Replicated(a.optimizer->FindValue(p)->shape().rank());
-    s.partial = {"dp"};
-    grad_seeds[trainer::GradName(p)] = s;
-  }
-  auto opt_p = Propagate(*a.optimizer, mesh, grad_seeds);
+  auto opt_p = Propagate(*a.optimizer, mesh, PartialGradSeeds(a));
   ASSERT_TRUE(opt_p.ok()) << opt_p.status();
-  runtime::SimulatedWorld world(dp);
-  std::vector<StepResult> got(dp);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < dp; ++r)
-    ranks.emplace_back([&, r] {
-      auto train = LowerForRank(*a.training, mesh, *train_p, r, "loss");
-      auto opt = LowerForRank(*a.optimizer, mesh, *opt_p, r, "");
-      if (!train.ok() || !opt.ok()) {
-        got[r].status = train.ok() ? opt.status() : train.status();
-        return;
-      }
-      trainer::TrainingArtifacts mine = CopyArtifacts(a);
-      mine.training = std::move(train->graph);
-      mine.optimizer = std::move(opt->graph);
-      mine.eval = mine.training->Clone();  // unused here
-      mine.eval->SetOutputs({mine.eval->FindValue("loss")});
-      auto s = trainer::TrainingSession::Create(std::move(mine), testing::OneThread(world.rank(r)));
-      if (!s.ok()) {
-        got[r].status = s.status();
-        return;
-      }
-      Feeds mine_feeds;
-      for (const auto& [name, t] : feeds) mine_feeds.emplace_back(name, Rows(t, r, 1));
-      got[r] = Step(**s, mine_feeds);
-    });
-  for (auto& t : ranks) t.join();
+  const std::vector<RankRun> got = RunRanks(a, mesh, *train_p, *opt_p, [&](int r) {
+    Feeds mine;
+    for (const auto& [name, t] : feeds) mine.emplace_back(name, Rows(t, r, 1));
+    return mine;
+  });
   for (int r = 0; r < dp; ++r) {
-    ASSERT_TRUE(got[r].status.ok()) << "rank " << r << ": " << got[r].status;
-    EXPECT_NEAR(got[r].loss, want.loss, 1e-5 * want.loss) << "rank " << r;
-    EXPECT_NEAR(got[r].norm, want.norm, 1e-5 * want.norm) << "rank " << r;
+    const StepResult& step = got[r].step;
+    ASSERT_TRUE(step.status.ok()) << "rank " << r << ": " << step.status;
+    EXPECT_NEAR(step.loss, want.loss, 1e-5 * want.loss) << "rank " << r;
+    EXPECT_NEAR(step.norm, want.norm, 1e-5 * want.norm) << "rank " << r;
   }
 }
 
