@@ -1,8 +1,10 @@
 // Tensor storage and element access (base/).
 #include "base/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "base/status.h"
 
@@ -14,13 +16,30 @@ TensorView::TensorView(void* p, DataType t, std::span<const int64_t> d) : data(p
   for (int i = 0; i < rank; ++i) dims[i] = d[i];
 }
 
+int64_t DenseBytes(DataType dtype, std::span<const int64_t> dims) {
+  int64_t n = static_cast<int64_t>(ElementSize(dtype));
+  for (int64_t d : dims) {
+    if (d < 0) return -1;
+    if (d > 0 && n > std::numeric_limits<int64_t>::max() / d) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+std::shared_ptr<void> TryAllocateAligned(size_t bytes, bool zero) {
+  if (bytes > std::numeric_limits<size_t>::max() - 63) return nullptr;
+  const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) return nullptr;
+  if (zero) std::memset(p, 0, rounded);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+
 namespace {
 std::shared_ptr<void> AllocateAligned(size_t bytes, bool zero = true) {
-  size_t rounded = ((bytes + 63) / 64) * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  std::shared_ptr<void> p = TryAllocateAligned(bytes, zero);
   CLEAVE_CHECK(p != nullptr);
-  if (zero) std::memset(p, 0, rounded == 0 ? 64 : rounded);
-  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  return p;
 }
 }  // namespace
 
@@ -31,6 +50,15 @@ Tensor::Tensor(DataType dtype, std::vector<int64_t> dims) : dtype_(dtype), dims_
 
 Tensor::Tensor(DataType dtype, std::vector<int64_t> dims, std::shared_ptr<void> storage, void* data)
     : dtype_(dtype), dims_(std::move(dims)), storage_(std::move(storage)), data_(data) {}
+
+Tensor Tensor::TryAllocate(DataType dtype, std::vector<int64_t> dims, bool zero) {
+  const int64_t bytes = DenseBytes(dtype, dims);
+  if (bytes < 0) return Tensor();
+  std::shared_ptr<void> storage = TryAllocateAligned(static_cast<size_t>(bytes), zero);
+  if (!storage) return Tensor();
+  void* data = storage.get();
+  return Tensor(dtype, std::move(dims), std::move(storage), data);
+}
 
 Tensor Tensor::Uninitialized(DataType dtype, std::vector<int64_t> dims) {
   Tensor t;

@@ -37,6 +37,13 @@ struct TensorView {
   T* as() const { return static_cast<T*>(data); }
 };
 
+// Bytes of a dense tensor of `dims`, or -1 when a dim is negative or the size overflows int64.
+int64_t DenseBytes(DataType dtype, std::span<const int64_t> dims);
+
+// 64-byte aligned memory for `bytes` (at least one line), freed with the last owner; null when
+// it cannot be had.
+std::shared_ptr<void> TryAllocateAligned(size_t bytes, bool zero);
+
 class Tensor {
  public:
   Tensor() = default;
@@ -44,6 +51,9 @@ class Tensor {
   Tensor(DataType dtype, std::vector<int64_t> dims);
   // Allocates without filling, for tensors about to be overwritten whole.
   static Tensor Uninitialized(DataType dtype, std::vector<int64_t> dims);
+  // As the constructor (zero) or Uninitialized, but an undefined Tensor, not an abort, when a
+  // dim is negative, the size overflows, or the memory cannot be had.
+  static Tensor TryAllocate(DataType dtype, std::vector<int64_t> dims, bool zero = true);
   // Shares storage owned elsewhere (e.g. an mmap'ed external-data file).
   Tensor(DataType dtype, std::vector<int64_t> dims, std::shared_ptr<void> storage, void* data);
 

@@ -27,16 +27,36 @@ class HeapContext : public providers::KernelContext {
   }
   TensorView* Output(int i, std::span<const int64_t> dims) override {
     if (i >= num_outputs() || !node_.output(i)) return nullptr;
-    outputs_[i] = Tensor(node_.output(i)->dtype(), std::vector<int64_t>(dims.begin(), dims.end()));
+    const DataType dtype = node_.output(i)->dtype();
+    outputs_[i] = Tensor::TryAllocate(dtype, std::vector<int64_t>(dims.begin(), dims.end()));
+    if (!outputs_[i].defined()) {
+      const int64_t bytes = DenseBytes(dtype, dims);
+      if (error_.ok())
+        error_ = bytes < 0 ? InvalidArgument("output ", i, " '", node_.output(i)->name(), "' of dims ",
+                                             DimsToString(dims.data(), static_cast<int>(dims.size())),
+                                             ": expected non-negative dims whose byte size fits int64")
+                           : absl::ResourceExhaustedError(absl::StrCat("output ", i, " '", node_.output(i)->name(),
+                                                                       "' needs ", bytes,
+                                                                       " bytes: the host allocation failed"));
+      return nullptr;
+    }
     views_[i] = outputs_[i].view();
     return &views_[i];
   }
   void* Scratch(size_t bytes) override {
-    scratch_.emplace_back(DataType::kUInt8, std::vector<int64_t>{static_cast<int64_t>(bytes)});
+    Tensor t = Tensor::TryAllocate(DataType::kUInt8, {static_cast<int64_t>(bytes)});
+    if (!t.defined()) {
+      if (error_.ok())
+        error_ = absl::ResourceExhaustedError(absl::StrCat("scratch of ", bytes, " bytes: the host allocation failed"));
+      return nullptr;
+    }
+    scratch_.push_back(std::move(t));
     return scratch_.back().raw();
   }
   ThreadPool* thread_pool() const override { return pool_; }
   std::vector<Tensor> TakeOutputs() { return std::move(outputs_); }
+  // The first output or scratch that could not be had (it explains whatever the kernel said).
+  const absl::Status& allocation_error() const { return error_; }
 
  private:
   const graph::Node& node_;
@@ -46,6 +66,7 @@ class HeapContext : public providers::KernelContext {
   std::vector<Tensor> outputs_;
   std::vector<TensorView> views_;
   std::vector<Tensor> scratch_;
+  absl::Status error_;
 };
 
 }  // namespace
@@ -59,6 +80,7 @@ absl::StatusOr<std::vector<Tensor>> EvaluateNode(const graph::Graph& g, const gr
   ASSIGN_OR_RETURN(std::unique_ptr<providers::OpKernel> kernel, def->create(node, op.version));
   HeapContext ctx(node, cpu.thread_pool());
   absl::Status s = kernel->Compute(ctx);
+  if (!ctx.allocation_error().ok()) s = ctx.allocation_error();
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(node.Describe(), ": ", s.message()));
   return ctx.TakeOutputs();
 }

@@ -41,10 +41,9 @@ bool IsViewOp(const graph::Node& n) {
 }
 
 std::shared_ptr<void> HeapBuffer(size_t bytes) {
-  size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
-  void* p = std::aligned_alloc(64, rounded);
+  std::shared_ptr<void> p = TryAllocateAligned(bytes, /*zero=*/false);
   CLEAVE_CHECK(p != nullptr);
-  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  return p;
 }
 
 namespace {
@@ -75,10 +74,10 @@ class CopyKernel : public providers::OpKernel {
 };
 
 // The memory of a host graph output: the caller's tensor when it already has this dtype and
-// these dims (no allocation), else a new one in its place.
+// these dims (no allocation), else a new one in its place; null when that cannot be had.
 void* HostOutputMemory(Tensor& t, DataType dtype, std::span<const int64_t> dims) {
   if (!t.defined() || t.dtype() != dtype || !std::equal(t.dims().begin(), t.dims().end(), dims.begin(), dims.end()))
-    t = Tensor::Uninitialized(dtype, std::vector<int64_t>(dims.begin(), dims.end()));
+    t = Tensor::TryAllocate(dtype, std::vector<int64_t>(dims.begin(), dims.end()), /*zero=*/false);
   return t.raw();
 }
 }  // namespace
@@ -107,9 +106,14 @@ class Executor::Context : public providers::KernelContext {
     int slot = step_.outputs[i];
     DataType dtype = step_.node->output(i)->dtype();
     CheckAgainstInference(i, dims);
-    int64_t numel = 1;
-    for (int64_t d : dims) numel *= d;
-    int64_t bytes = numel * static_cast<int64_t>(ElementSize(dtype));
+    const int64_t bytes = DenseBytes(dtype, dims);
+    if (bytes < 0) {
+      if (error_.ok())
+        error_ = InvalidArgument("output ", i, " '", step_.node->output(i)->name(), "' of dims ",
+                                 DimsToString(dims.data(), static_cast<int>(dims.size())),
+                                 ": expected non-negative dims whose byte size fits int64");
+      return nullptr;
+    }
     void* p = nullptr;
     if (const int o = ex_.write_into_[slot]; o >= 0) {
       // A base that the step reading it updates in place into an output whose memory is
@@ -145,6 +149,7 @@ class Executor::Context : public providers::KernelContext {
       p = bound;
     } else if (int oi = ex_.output_index_[slot]; oi >= 0 && !ex_.output_to_device_[oi]) {
       p = HostOutputMemory(outputs_[oi], dtype, dims);
+      if (!p) return HostAllocationFailed(i, bytes);
     } else if (providers::ExecutionProvider* dev = ex_.slot_device_[slot]) {
       // A device value: back to the device's caching allocator at its last use.
       ex_.slot_heap_[slot] = DeviceBuffer(*dev, static_cast<size_t>(bytes), [&] {
@@ -155,8 +160,9 @@ class Executor::Context : public providers::KernelContext {
     } else if (planned_ && bytes <= ex_.plan_bytes_[slot]) {
       p = static_cast<char*>(ex_.arena_.get()) + ex_.plan_offsets_[slot];
     } else {
-      ex_.slot_heap_[slot] = HeapBuffer(static_cast<size_t>(bytes));
+      ex_.slot_heap_[slot] = TryAllocateAligned(static_cast<size_t>(bytes), /*zero=*/false);
       p = ex_.slot_heap_[slot].get();
+      if (!p) return HostAllocationFailed(i, bytes);
       ex_.recorded_bytes_[slot] = std::max(ex_.recorded_bytes_[slot], bytes);
       ++heap_allocations_;
       // Sizes changed under us: replan after the run (outputs on their way to a device are
@@ -181,7 +187,13 @@ class Executor::Context : public providers::KernelContext {
       return p;
     }
     // Does not fit this run: take a heap block and grow the scratch area for the next.
-    extra_.push_back(HeapBuffer(aligned));
+    std::shared_ptr<void> block = TryAllocateAligned(aligned, /*zero=*/false);
+    if (!block) {
+      if (error_.ok())
+        error_ = absl::ResourceExhaustedError(absl::StrCat("scratch of ", bytes, " bytes: the host allocation failed"));
+      return nullptr;
+    }
+    extra_.push_back(std::move(block));
     extra_bytes_ += aligned;
     ++heap_allocations_;
     return extra_.back().get();
@@ -221,6 +233,14 @@ class Executor::Context : public providers::KernelContext {
   std::vector<std::shared_ptr<void>> extra_;  // scratch that did not fit (first runs only)
   std::vector<std::shared_ptr<void>> device_scratch_;
   absl::Status shape_error_, error_;
+
+  // Records that output i's `bytes` could not be had on the host; returns null for Output.
+  TensorView* HostAllocationFailed(int i, int64_t bytes) {
+    if (error_.ok())
+      error_ = absl::ResourceExhaustedError(absl::StrCat("output ", i, " '", step_.node->output(i)->name(), "' needs ",
+                                                         bytes, " bytes: the host allocation failed"));
+    return nullptr;
+  }
 
   // Shape inference and kernels must agree: every static dim inference derived has to be
   // what the kernel produces. A disagreement is a bug in one of them, reported rather than
@@ -699,7 +719,8 @@ void Executor::MakePlan() {
     plan_offsets_[req_slot[i]] = plan.offsets[i];
     plan_bytes_[req_slot[i]] = req[i].bytes;
   }
-  arena_ = HeapBuffer(static_cast<size_t>(plan.arena_bytes));
+  arena_ = TryAllocateAligned(static_cast<size_t>(plan.arena_bytes), /*zero=*/false);
+  if (!arena_) return;  // runs keep taking heap buffers (each failing with its own error)
   stats_.arena_bytes = plan.arena_bytes;
   ++stats_.plans;
   planned_ = true;

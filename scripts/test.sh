@@ -2,7 +2,7 @@
 # The test command: installs dependencies, builds, runs the whole suite with ctest (unit and
 # op tests, ONNX conformance, golden models, CLI and bad-input checks), then the CUDA
 # provider's gpu tests over the emulated device (a second build, of those tests only), then a
-# short libFuzzer run of the ONNX loader and of inference sessions.
+# short libFuzzer run of the ONNX loader, inference sessions and training.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh

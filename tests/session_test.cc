@@ -9,6 +9,7 @@
 #include "graph/op_table.h"
 #include "graph/text_format.h"
 #include "providers/cpu/cpu_provider.h"
+#include "runtime/constant_evaluator.h"
 #include "runtime/executor.h"
 #include "gtest/gtest.h"
 #include "onnx_ext/cleave_schemas.h"
@@ -370,6 +371,80 @@ TEST(Executor, NamesTheFailingNodeOnce) {
   ASSERT_FALSE(reshape.ok());
   const std::string b(reshape.status().message());
   EXPECT_EQ(count(b, "Reshape 'r'"), 1) << b;
+}
+
+// An output no host could hold is an error naming the node and the output, not an abort: a
+// Range of 2^61 int64s (a byte size past int64) and a Range of 2^58 int64s (2^61 bytes), after
+// which the session still runs a feasible one. The constant evaluator (folding, at load)
+// reports such outputs the same way.
+TEST(Executor, OutputsNoHostCanHoldAreErrorsNamingTheNode) {
+  // Constant folding leaves a node whose known output is too large to fold; the run then
+  // reports it.
+  auto folded = InferenceSession::FromGraph(*graph::ParseGraph(R"(
+    init start: int64[] = 0
+    init limit: int64[] = 2305843009213693952
+    init delta: int64[] = 1
+    r = Range(start, limit, delta)
+    output r
+  )"));
+  ASSERT_TRUE(folded.ok()) << folded.status();
+  auto too_large = (*folded)->Run({});
+  ASSERT_FALSE(too_large.ok());
+  const std::string a(too_large.status().message());
+  EXPECT_NE(a.find("Range 'r'"), std::string::npos) << a;
+  EXPECT_NE(a.find("output 0 'r' of dims [2305843009213693952]: expected non-negative dims whose byte size fits int64"),
+            std::string::npos)
+      << a;
+
+  SessionOptions plain;
+  plain.optimize = false;
+  auto s = InferenceSession::FromGraph(*graph::ParseGraph(R"(
+    input start: int64[]
+    input limit: int64[]
+    input delta: int64[]
+    r = Range(start, limit, delta)
+    output r
+  )"),
+                                       plain);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto run = [&](int64_t limit) {
+    return (*s)->Run({{"start", Tensor::Scalar<int64_t>(0)}, {"limit", Tensor::Scalar<int64_t>(limit)},
+                      {"delta", Tensor::Scalar<int64_t>(1)}});
+  };
+  auto huge = run(int64_t{1} << 58);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  const std::string b(huge.status().message());
+  EXPECT_NE(b.find("Range 'r'"), std::string::npos) << b;
+  EXPECT_NE(b.find("output 0 'r' needs 2305843009213693952 bytes: the host allocation failed"), std::string::npos) << b;
+  auto small = run(5);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ((*small)[0].ToInt64Vector(), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+
+  // The constant evaluator, which folding calls on nodes it can afford (it is given this one).
+  auto g = graph::ParseGraph(R"(
+    init start: int64[] = 0
+    init limit: int64[] = 288230376151711744
+    init delta: int64[] = 1
+    r = Range(start, limit, delta)
+    output r
+  )");
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(graph::InferShapes(**g).ok());
+  providers::CpuExecutionProvider cpu(1);
+  auto evaluated = runtime::EvaluateNode(**g, *(*g)->nodes()[0], cpu);
+  ASSERT_FALSE(evaluated.ok());
+  EXPECT_EQ(evaluated.status().code(), absl::StatusCode::kResourceExhausted) << evaluated.status();
+  const std::string c(evaluated.status().message());
+  EXPECT_NE(c.find("Range 'r'"), std::string::npos) << c;
+  EXPECT_NE(c.find("output 0 'r' needs 2305843009213693952 bytes: the host allocation failed"), std::string::npos) << c;
+
+  const std::vector<int64_t> overflowing = {int64_t{1} << 40, int64_t{1} << 30};
+  EXPECT_EQ(DenseBytes(DataType::kFloat32, overflowing), -1);
+  EXPECT_EQ(DenseBytes(DataType::kFloat32, std::vector<int64_t>{3, -1}), -1);
+  EXPECT_EQ(DenseBytes(DataType::kFloat32, std::vector<int64_t>{3, 0}), 0);
+  EXPECT_EQ(DenseBytes(DataType::kFloat32, std::vector<int64_t>{3, 5}), 60);
+  EXPECT_FALSE(Tensor::TryAllocate(DataType::kFloat32, overflowing).defined());
 }
 
 // A node the checker must reject: an ai.cleave op with an input too many.

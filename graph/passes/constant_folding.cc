@@ -120,8 +120,12 @@ absl::StatusOr<bool> ConstantFolding::Run(Graph* g) {
     } else {
       if (!InputsConstant(*n, keep_variable_)) continue;
       int64_t bytes = 0;
-      for (const Value* o : n->outputs())
-        if (o) bytes += o->shape().is_static() ? o->shape().NumElements() * ElementSize(o->dtype()) : 0;
+      for (const Value* o : n->outputs()) {
+        if (!o || !o->shape().is_static()) continue;
+        const std::vector<int64_t> dims = o->shape().StaticDims();
+        const int64_t b = DenseBytes(o->dtype(), dims);
+        bytes = b < 0 || b > max_output_bytes_ - bytes ? max_output_bytes_ + 1 : bytes + b;
+      }
       if (bytes > max_output_bytes_) continue;
       auto result = eval_(*n);
       if (absl::IsUnimplemented(result.status())) continue;  // no kernel: leave it to run time
