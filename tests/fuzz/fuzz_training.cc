@@ -1,12 +1,12 @@
 // libFuzzer target for training (tests/fuzz/): a model that loads and whose shapes infer
 // within a small budget gets its training artifacts built (the loss, autodiff with every
 // gradient rule, the fusions before and after it, the optimizer graph), a training session, and
-// one training and optimizer step on deterministic small inputs. The input's last byte picks the
-// loss (cross-entropy, mean squared error, or the model's own scalar output), the optimizer,
-// whether attention is fused, the activation recompute (none, selective or full), and whether
-// the model's float inputs become parameters (so that a model of one op, such as ONNX's node
-// tests, trains through that op's gradient rule). Each step either succeeds or returns a
-// Status; nothing may crash, hang or abort.
+// one training and optimizer step on deterministic small inputs. The input's last byte picks
+// the loss (cross-entropy, mean squared error, or the model's own scalar output), the optimizer
+// and its clipping, whether attention is fused, the activation recompute (none, selective or
+// full), and whether the model's float inputs become parameters (so that a model of one op,
+// such as ONNX's node tests, trains through that op's gradient rule). Each step either succeeds
+// or returns a Status; nothing may crash, hang or abort.
 #include <cstddef>
 #include <cstdint>
 #include <string>
