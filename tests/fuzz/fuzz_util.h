@@ -60,9 +60,10 @@ inline bool MakeInput(DataType dtype, const Shape& shape, Tensor* out) {
     if (!d.is_static() || d.value > 64) return false;
     dims.push_back(d.value);
   }
+  const int64_t bytes = DenseBytes(dtype, dims);
+  if (bytes < 0 || bytes / static_cast<int64_t>(ElementSize(dtype)) > kMaxElements) return false;
   Tensor t(dtype, dims);
   const int64_t n = t.numel();
-  if (n > kMaxElements) return false;
   switch (dtype) {
     case DataType::kFloat32:
       for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
