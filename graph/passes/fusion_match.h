@@ -31,4 +31,10 @@ bool SwapsLastTwo(const Node* t);
 // (attention_fusion.cc); true when it rewrote the graph.
 bool FuseAttention(Graph* g, Node* softmax);
 
+// The rotary embedding rules (rotary_fusion.cc), true when they rewrote the graph:
+// rotate_half's Concat of x's halves, with x * cos + it * sin, -> ai.cleave.RotaryEmbedding;
+// and a RotaryEmbedding of a head swap (a Transpose keeping the last axis) moved ahead of it.
+bool FuseRotary(Graph* g, Node* concat);
+bool HoistRotaryOverHeadSwap(Graph* g, Node* rot);
+
 }  // namespace cleave::graph
