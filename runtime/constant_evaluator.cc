@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "graph/op_table.h"
+#include "runtime/executor_step.h"
 
 namespace cleave::runtime {
 
@@ -30,14 +31,7 @@ class HeapContext : public providers::KernelContext {
     const DataType dtype = node_.output(i)->dtype();
     outputs_[i] = Tensor::TryAllocate(dtype, std::vector<int64_t>(dims.begin(), dims.end()));
     if (!outputs_[i].defined()) {
-      const int64_t bytes = DenseBytes(dtype, dims);
-      if (error_.ok())
-        error_ = bytes < 0 ? InvalidArgument("output ", i, " '", node_.output(i)->name(), "' of dims ",
-                                             DimsToString(dims.data(), static_cast<int>(dims.size())),
-                                             ": expected non-negative dims whose byte size fits int64")
-                           : absl::ResourceExhaustedError(absl::StrCat("output ", i, " '", node_.output(i)->name(),
-                                                                       "' needs ", bytes,
-                                                                       " bytes: the host allocation failed"));
+      if (error_.ok()) error_ = HostOutputError(node_, i, dtype, dims);
       return nullptr;
     }
     views_[i] = outputs_[i].view();

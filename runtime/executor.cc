@@ -46,6 +46,16 @@ std::shared_ptr<void> HeapBuffer(size_t bytes) {
   return p;
 }
 
+absl::Status HostOutputError(const graph::Node& n, int i, DataType dtype, std::span<const int64_t> dims) {
+  const std::string name = n.output(i) ? n.output(i)->name() : "";
+  const int64_t bytes = DenseBytes(dtype, dims);
+  if (bytes < 0)
+    return InvalidArgument("output ", i, " '", name, "' of dims ", DimsToString(dims.data(), static_cast<int>(dims.size())),
+                           ": expected non-negative dims whose byte size fits int64");
+  return absl::ResourceExhaustedError(
+      absl::StrCat("output ", i, " '", name, "' needs ", bytes, " bytes: the host allocation failed"));
+}
+
 namespace {
 
 // A step's error, named after its node unless the kernel's message already starts with it or
@@ -107,13 +117,7 @@ class Executor::Context : public providers::KernelContext {
     DataType dtype = step_.node->output(i)->dtype();
     CheckAgainstInference(i, dims);
     const int64_t bytes = DenseBytes(dtype, dims);
-    if (bytes < 0) {
-      if (error_.ok())
-        error_ = InvalidArgument("output ", i, " '", step_.node->output(i)->name(), "' of dims ",
-                                 DimsToString(dims.data(), static_cast<int>(dims.size())),
-                                 ": expected non-negative dims whose byte size fits int64");
-      return nullptr;
-    }
+    if (bytes < 0) return HostAllocationFailed(i, dims);
     void* p = nullptr;
     if (const int o = ex_.write_into_[slot]; o >= 0) {
       // A base that the step reading it updates in place into an output whose memory is
@@ -149,7 +153,7 @@ class Executor::Context : public providers::KernelContext {
       p = bound;
     } else if (int oi = ex_.output_index_[slot]; oi >= 0 && !ex_.output_to_device_[oi]) {
       p = HostOutputMemory(outputs_[oi], dtype, dims);
-      if (!p) return HostAllocationFailed(i, bytes);
+      if (!p) return HostAllocationFailed(i, dims);
     } else if (providers::ExecutionProvider* dev = ex_.slot_device_[slot]) {
       // A device value: back to the device's caching allocator at its last use.
       ex_.slot_heap_[slot] = DeviceBuffer(*dev, static_cast<size_t>(bytes), [&] {
@@ -162,7 +166,7 @@ class Executor::Context : public providers::KernelContext {
     } else {
       ex_.slot_heap_[slot] = TryAllocateAligned(static_cast<size_t>(bytes), /*zero=*/false);
       p = ex_.slot_heap_[slot].get();
-      if (!p) return HostAllocationFailed(i, bytes);
+      if (!p) return HostAllocationFailed(i, dims);
       ex_.recorded_bytes_[slot] = std::max(ex_.recorded_bytes_[slot], bytes);
       ++heap_allocations_;
       // Sizes changed under us: replan after the run (outputs on their way to a device are
@@ -234,11 +238,9 @@ class Executor::Context : public providers::KernelContext {
   std::vector<std::shared_ptr<void>> device_scratch_;
   absl::Status shape_error_, error_;
 
-  // Records that output i's `bytes` could not be had on the host; returns null for Output.
-  TensorView* HostAllocationFailed(int i, int64_t bytes) {
-    if (error_.ok())
-      error_ = absl::ResourceExhaustedError(absl::StrCat("output ", i, " '", step_.node->output(i)->name(), "' needs ",
-                                                         bytes, " bytes: the host allocation failed"));
+  // Records that output i, of `dims`, could not be had on the host; returns null for Output.
+  TensorView* HostAllocationFailed(int i, std::span<const int64_t> dims) {
+    if (error_.ok()) error_ = HostOutputError(*step_.node, i, step_.node->output(i)->dtype(), dims);
     return nullptr;
   }
 

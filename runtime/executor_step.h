@@ -1,10 +1,13 @@
-// One step of the executor's run order (runtime/, private to the executor's .cc files).
+// One step of the executor's run order, and the host allocation helpers the executor and the
+// constant evaluator share (runtime/, private to its .cc files).
 #pragma once
 
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "graph/graph.h"
 #include "providers/execution_provider.h"
 #include "runtime/executor.h"
@@ -21,5 +24,9 @@ struct Executor::Step {
 
 // 64-byte aligned host memory of at least `bytes` (64 for none), freed with the last owner.
 std::shared_ptr<void> HeapBuffer(size_t bytes);
+
+// Why output i of `n`, of `dims`, could not be had on the host: dims whose byte size does not
+// fit int64 (InvalidArgument), else a failed allocation of that many bytes (ResourceExhausted).
+absl::Status HostOutputError(const graph::Node& n, int i, DataType dtype, std::span<const int64_t> dims);
 
 }  // namespace cleave::runtime
