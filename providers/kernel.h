@@ -34,7 +34,8 @@ class KernelContext {
   // Returns nullptr for an output the graph does not use (an omitted optional output); the
   // kernel must then skip writing it.
   virtual TensorView* Output(int i, std::span<const int64_t> dims) = 0;
-  // A scratch buffer that lives until Compute returns.
+  // A scratch buffer that lives until Compute returns. nullptr when the memory cannot be had:
+  // the context has then recorded why, and the kernel returns NoScratch() without writing.
   virtual void* Scratch(size_t bytes) = 0;
   virtual ThreadPool* thread_pool() const = 0;
   // The run's random seed, set by the caller for reproducible randomness (the training
@@ -45,6 +46,12 @@ class KernelContext {
   // The communicator of this rank for collective kernels; nullptr outside a distributed run.
   virtual Communicator* communicator() const { return nullptr; }
 
+  // Scratch for n values of T (nullptr as Scratch).
+  template <typename T>
+  T* ScratchOf(int64_t n) {
+    return static_cast<T*>(Scratch(sizeof(T) * static_cast<size_t>(n)));
+  }
+
   TensorView* Output(int i, std::initializer_list<int64_t> dims) {
     return Output(i, std::span<const int64_t>(dims.begin(), dims.size()));
   }
@@ -52,6 +59,10 @@ class KernelContext {
     return Output(i, std::span<const int64_t>(dims.data(), dims.size()));
   }
 };
+
+// What a kernel returns when Scratch gave it nullptr. The executor reports the reason the
+// context recorded (the bytes, and the allocator's message) in its place.
+absl::Status NoScratch();
 
 class OpKernel {
  public:

@@ -6,6 +6,8 @@
 
 namespace cleave::providers {
 
+absl::Status NoScratch() { return absl::ResourceExhaustedError("the kernel's scratch memory could not be had"); }
+
 void KernelRegistry::Register(KernelDef def) { defs_.push_back(std::move(def)); }
 
 const KernelDef* KernelRegistry::Find(const graph::Node& node, int version, std::string* why) const {

@@ -83,6 +83,7 @@ class AllGatherKernel : public OpKernel {
     if (s.outer == 1) return c->AllGather(x, *y, g_.ranks);  // rank-major is already the layout
     // Gather rank-major into scratch, then interleave the ranks' blocks along the axis.
     char* tmp = static_cast<char*>(ctx.Scratch(y->nbytes()));
+    if (!tmp) return NoScratch();
     std::vector<int64_t> flat = {y->numel()};
     RETURN_IF_ERROR(c->AllGather(x, TensorView(tmp, x.dtype, flat), g_.ranks));
     // A device communicator may still be gathering (host ones have finished): the blocks
@@ -122,6 +123,7 @@ class ReduceScatterKernel : public OpKernel {
     if (s.outer == 1) return c->ReduceScatter(x, *y, g_.op, g_.ranks);
     // Make the input rank-major (chunk r = every outer block's r-th slice), then scatter.
     char* tmp = static_cast<char*>(ctx.Scratch(x.nbytes()));
+    if (!tmp) return NoScratch();
     const size_t block = static_cast<size_t>(s.mid / n) * s.inner_bytes;
     for (int64_t r = 0; r < n; ++r)
       for (int64_t o = 0; o < s.outer; ++o)

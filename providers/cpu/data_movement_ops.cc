@@ -56,6 +56,7 @@ class ConcatKernel : public OpKernel {
     DimVector dims(x0.dim_span());
     dims[axis] = 0;
     std::span<const TensorView*> xs = ScratchArray<const TensorView*>(ctx, ctx.num_inputs());
+    if (!xs.data()) return NoScratch();
     for (int i = 0; i < ctx.num_inputs(); ++i) {
       const TensorView* x = ctx.input(i);
       bool same = x->rank == x0.rank;
@@ -88,8 +89,9 @@ class SplitKernel : public OpKernel {
     ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, x.rank));
     const int n = ctx.num_outputs();
     std::span<int64_t> sizes = ScratchArray<int64_t>(ctx, n);
-    RETURN_IF_ERROR(Sizes(ctx, x.dims[axis], sizes));
     std::span<TensorView*> ys = ScratchArray<TensorView*>(ctx, n);
+    if (!sizes.data() || !ys.data()) return NoScratch();
+    RETURN_IF_ERROR(Sizes(ctx, x.dims[axis], sizes));
     DimVector dims(x.dim_span());
     for (int i = 0; i < n; ++i) {
       dims[axis] = sizes[i];

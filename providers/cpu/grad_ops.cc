@@ -126,7 +126,8 @@ class SceGradKernel : public OpKernel {
     if (from_scores_ && (in.dtype == DataType::kBFloat16 || in.dtype == DataType::kFloat16)) {
       if (dy.dtype != DataType::kFloat32 || weights)
         return InvalidArgument("expected a float32 dY and no weights with ", DataTypeName(in.dtype), " scores");
-      TensorView wide(ctx.Scratch(static_cast<size_t>(in.numel()) * sizeof(float)), DataType::kFloat32, in.dim_span());
+      TensorView wide(ctx.ScratchOf<float>(in.numel()), DataType::kFloat32, in.dim_span());
+      if (!wide.data) return NoScratch();
       kernels::cpu::Cast(in, wide, ctx.thread_pool());
       in = wide;
     }
@@ -134,6 +135,7 @@ class SceGradKernel : public OpKernel {
     TensorView lp = in;
     if (from_scores_) {
       lp.data = ctx.Scratch(in.nbytes());
+      if (!lp.data) return NoScratch();
       kernels::cpu::SoftmaxParams sp;
       sp.log = true;
       sp.outer = in.dims[0];
@@ -163,8 +165,9 @@ class SceGradKernel : public OpKernel {
       return InvalidArgument("a ", DataTypeName(out->dtype), " gradient of ", DataTypeName(lp.dtype), " scores");
     TensorView wide = *out;
     if (narrow) {
-      wide.data = ctx.Scratch(static_cast<size_t>(out->numel()) * sizeof(float));
+      wide.data = ctx.ScratchOf<float>(out->numel());
       wide.dtype = DataType::kFloat32;
+      if (!wide.data) return NoScratch();
     }
     TensorView& dx = wide;
     const bool f64 = lp.dtype == DataType::kFloat64, l64 = labels.dtype == DataType::kInt64;
@@ -205,8 +208,8 @@ class SceGradKernel : public OpKernel {
     TensorView unread;  // where the gradient goes when only the loss is read
     if (!dx) {
       if (!loss) return absl::OkStatus();
-      unread = TensorView(ctx.Scratch(static_cast<size_t>(scores.numel()) * sizeof(float)), DataType::kFloat32,
-                          scores.dim_span());
+      unread = TensorView(ctx.ScratchOf<float>(scores.numel()), DataType::kFloat32, scores.dim_span());
+      if (!unread.data) return NoScratch();
       dx = &unread;
     }
     const DataType to = dx->dtype;
@@ -215,6 +218,7 @@ class SceGradKernel : public OpKernel {
     if (loss && loss->dtype != DataType::kFloat32)
       return InvalidArgument("expected a float32 loss, got ", DataTypeName(loss->dtype));
     double* scratch = static_cast<double*>(ctx.Scratch(static_cast<size_t>(p.N) * sizeof(double) + 8));
+    if (!scratch) return NoScratch();
     float* lp = loss ? loss->as<float>() : nullptr;
     if (labels.dtype == DataType::kInt64)
       return kernels::cpu::SoftmaxCrossEntropyFromScores<int64_t>(p, dy.as<float>(), scores, labels.as<int64_t>(), *dx,
@@ -233,6 +237,7 @@ class SceGradKernel : public OpKernel {
     p.class_offset = 0;
     p.num_classes = 0;
     double* scratch = none ? nullptr : static_cast<double*>(ctx.Scratch(2 * p.N * p.D * sizeof(double) + 8));
+    if (!none && !scratch) return NoScratch();
     const bool f64 = scores.dtype == DataType::kFloat64, l64 = labels.dtype == DataType::kInt64;
     ThreadPool* pool = ctx.thread_pool();
     if (f64 && l64)
@@ -387,11 +392,10 @@ class LayerNormGradKernel : public OpKernel {
     const bool f64 = x.dtype == DataType::kFloat64, u64 = mean.dtype == DataType::kFloat64;
     if (ctx.num_outputs() > slots_.dx_low && x.dtype != DataType::kFloat32)
       return InvalidArgument("dX_low rounds a float32 dX, got X of ", DataTypeName(x.dtype));
-    if (f64 && u64) Run<double, double>(p, axis, ctx);
-    else if (f64) Run<double, float>(p, axis, ctx);
-    else if (u64) Run<float, double>(p, axis, ctx);
-    else Run<float, float>(p, axis, ctx);
-    return absl::OkStatus();
+    if (f64 && u64) return Run<double, double>(p, axis, ctx);
+    if (f64) return Run<double, float>(p, axis, ctx);
+    if (u64) return Run<float, double>(p, axis, ctx);
+    return Run<float, float>(p, axis, ctx);
   }
 
  private:
@@ -408,7 +412,7 @@ class LayerNormGradKernel : public OpKernel {
   }
 
   template <typename T, typename U>
-  void Run(const kernels::cpu::LayerNormGradParams& p, int axis, KernelContext& ctx) const {
+  absl::Status Run(const kernels::cpu::LayerNormGradParams& p, int axis, KernelContext& ctx) const {
     const TensorView& x = *ctx.input(1);
     const TensorView& scale = *ctx.input(2);
     const std::span<const int64_t> norm_dims(x.dims + axis, x.rank - axis);
@@ -416,25 +420,32 @@ class LayerNormGradKernel : public OpKernel {
     TensorView* dscale = ctx.Output(1, scale.dim_span());
     TensorView* dbias = slots_.rms ? nullptr : ctx.Output(2, scale.dim_span());
     const bool broadcast = scale.numel() != p.cols;
-    auto buffer = [&](int64_t n) { return static_cast<T*>(ctx.Scratch(n * sizeof(T))); };
+    bool no_scratch = false;
+    auto buffer = [&](int64_t n) {
+      T* b = ctx.ScratchOf<T>(n);
+      no_scratch |= !b;
+      return b;
+    };
     const T* s = scale.as<const T>();
     if (broadcast) {
       TensorView full(buffer(p.cols), scale.dtype, norm_dims);
+      if (no_scratch) return NoScratch();
       kernels::cpu::Expand(scale, full, ctx.thread_pool());
       s = full.as<const T>();
     }
     // With a broadcast scale, the column sums land in scratch and are folded below.
     T* ds = dscale ? (broadcast ? buffer(p.cols) : dscale->as<T>()) : nullptr;
     T* db = dbias ? (broadcast ? buffer(p.cols) : dbias->as<T>()) : nullptr;
-    double* workspace = (ds || db) ? static_cast<double*>(ctx.Scratch(
-        kernels::cpu::LayerNormGradWorkspace(p) * sizeof(double))) : nullptr;
+    double* workspace = (ds || db) ? ctx.ScratchOf<double>(kernels::cpu::LayerNormGradWorkspace(p)) : nullptr;
+    if ((ds || db) && !workspace) no_scratch = true;
     // dX_low (float32 X only, checked above): dX rounded to bf16 / fp16 as a Cast of it would be.
     TensorView* low = ctx.num_outputs() > slots_.dx_low ? ctx.Output(slots_.dx_low, x.dim_span()) : nullptr;
     T* d = dx ? dx->as<T>() : buffer(x.numel());
     // A bf16 / fp16 dY (a low-precision product's result) is read as float32.
     const T* dy = ctx.input(0)->as<const T>();
-    if (ctx.input(0)->dtype != x.dtype) {
-      T* wide = buffer(x.numel());
+    T* wide = ctx.input(0)->dtype != x.dtype ? buffer(x.numel()) : nullptr;
+    if (no_scratch) return NoScratch();
+    if (wide) {
       kernels::cpu::Cast(*ctx.input(0), TensorView(wide, x.dtype, x.dim_span()), ctx.thread_pool());
       dy = wide;
     }
@@ -451,7 +462,7 @@ class LayerNormGradKernel : public OpKernel {
       });
     }
     if (low) kernels::cpu::Cast(TensorView(d, x.dtype, x.dim_span()), *low, ctx.thread_pool());
-    if (!broadcast) return;
+    if (!broadcast) return absl::OkStatus();
     int axes[kMaxRank];
     int num_axes = 0;
     const int lead = static_cast<int>(norm_dims.size()) - scale.rank;
@@ -461,6 +472,7 @@ class LayerNormGradKernel : public OpKernel {
         kernels::cpu::PlanReduce(norm_dims, std::span<const int>(axes, num_axes));
     if (ds) kernels::cpu::Reduce<T>(kernels::cpu::ReduceKind::kSum, plan, ds, dscale->as<T>(), ctx.thread_pool());
     if (db) kernels::cpu::Reduce<T>(kernels::cpu::ReduceKind::kSum, plan, db, dbias->as<T>(), ctx.thread_pool());
+    return absl::OkStatus();
   }
 
   graph::NormGradSlots slots_;  // InvStdDev and dX_add inputs, dX_low output; rms

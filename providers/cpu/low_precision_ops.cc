@@ -34,6 +34,10 @@ class WideningContext : public KernelContext {
       if (!IsLowType(x->dtype)) continue;
       in_[i].dtype = DataType::kFloat32;
       in_[i].data = outer.Scratch(in_[i].nbytes());
+      if (!in_[i].data) {
+        widened_ = false;
+        return;
+      }
       kernels::cpu::Cast(*x, in_[i], outer.thread_pool());
     }
   }
@@ -47,6 +51,7 @@ class WideningContext : public KernelContext {
     wide_[i] = *y;
     wide_[i].dtype = DataType::kFloat32;
     wide_[i].data = outer_.Scratch(wide_[i].nbytes());
+    if (!wide_[i].data) return nullptr;  // the outer context has recorded why
     low_[i] = y;
     return &wide_[i];
   }
@@ -54,6 +59,9 @@ class WideningContext : public KernelContext {
   ThreadPool* thread_pool() const override { return outer_.thread_pool(); }
   uint64_t run_seed() const override { return outer_.run_seed(); }
   Communicator* communicator() const override { return outer_.communicator(); }
+
+  // False when an input's float32 copy could not be had.
+  bool widened() const { return widened_; }
 
   void Finish() {
     for (size_t i = 0; i < low_.size(); ++i)
@@ -65,6 +73,7 @@ class WideningContext : public KernelContext {
   std::vector<TensorView> in_;
   std::vector<TensorView> wide_;
   std::vector<TensorView*> low_;
+  bool widened_ = true;
 };
 
 class WideningKernel : public OpKernel {
@@ -72,6 +81,7 @@ class WideningKernel : public OpKernel {
   explicit WideningKernel(std::unique_ptr<OpKernel> inner) : inner_(std::move(inner)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     WideningContext wide(ctx);
+    if (!wide.widened()) return NoScratch();
     RETURN_IF_ERROR(inner_->Compute(wide));
     wide.Finish();
     return absl::OkStatus();

@@ -191,6 +191,7 @@ class MatMulBf16Kernel : public OpKernel {
     if (low_out || acc) {
       y32.dtype = DataType::kFloat32;
       y32.data = ctx.Scratch(y32.nbytes());
+      if (!y32.data) return NoScratch();
     }
     RETURN_IF_ERROR(Product(p, a, b, &y32, ctx));
     if (bias && p.N > 0) {
@@ -198,6 +199,7 @@ class MatMulBf16Kernel : public OpKernel {
       if (bias->dtype != DataType::kFloat32) {
         bias32.dtype = DataType::kFloat32;
         bias32.data = ctx.Scratch(bias32.nbytes());
+        if (!bias32.data) return NoScratch();
         kernels::cpu::Cast(*bias, bias32, ctx.thread_pool());
       }
       kernels::cpu::BiasActivation(y32.as<float>(), bias32.as<float>(), y32.numel() / p.N, p.N,
@@ -212,6 +214,7 @@ class MatMulBf16Kernel : public OpKernel {
       if (gelu_in->dtype != DataType::kFloat32) {
         x32.dtype = DataType::kFloat32;
         x32.data = ctx.Scratch(x32.nbytes());
+        if (!x32.data) return NoScratch();
         kernels::cpu::Cast(*gelu_in, x32, ctx.thread_pool());
       }
       kernels::cpu::GeluGrad(activation_grad_ == Activation::kGeluTanh, y32.as<const float>(),
@@ -241,6 +244,7 @@ class MatMulBf16Kernel : public OpKernel {
                         a.dim_span());
     const TensorView fb(ctx.Scratch(static_cast<size_t>(b.numel()) * sizeof(float)), DataType::kFloat32,
                         b.dim_span());
+    if (!fa.data || !fb.data) return NoScratch();
     kernels::cpu::Cast(a, fa, ctx.thread_pool());
     kernels::cpu::Cast(b, fb, ctx.thread_pool());
     kernels::cpu::GemmParams g;

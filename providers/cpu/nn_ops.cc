@@ -63,6 +63,7 @@ class DropoutKernel : public OpKernel {
     // y is required by ONNX; should a graph leave it unread, draw into scratch so the
     // generator still advances by one mask.
     void* out = y ? y->data : ctx.Scratch(x.nbytes() + 8);
+    if (!out) return NoScratch();
     bool* m = mask ? mask->as<bool>() : nullptr;
     if (ctx.run_seed() != KernelContext::kNoRunSeed) {
       const uint64_t key = ctx.run_seed() * 0xd1342543de82ef95ull ^ salt_;
@@ -144,18 +145,23 @@ namespace {
 // compute them.
 bool LowPrecision(DataType t) { return t == DataType::kBFloat16 || t == DataType::kFloat16; }
 
+// Null when the scratch cannot be had.
 const float* Widened(const TensorView& t, KernelContext& ctx) {
   if (!LowPrecision(t.dtype)) return t.as<float>();
-  float* w = static_cast<float*>(ctx.Scratch(static_cast<size_t>(t.numel()) * sizeof(float)));
+  float* w = ctx.ScratchOf<float>(t.numel());
+  if (!w) return nullptr;
   kernels::cpu::Cast(t, TensorView(w, DataType::kFloat32, t.dim_span()), ctx.thread_pool());
   return w;
 }
 
-// Where a kernel writes `t` in float32: `t` itself, or scratch that Narrow rounds into it.
-float* Wide(TensorView* t, KernelContext& ctx) {
+// Where a kernel writes `t` in float32: `t` itself, or scratch that Narrow rounds into it
+// (null when `t` goes unread; *failed set when the scratch cannot be had).
+float* Wide(TensorView* t, KernelContext& ctx, bool* failed) {
   if (!t) return nullptr;
   if (!LowPrecision(t->dtype)) return t->as<float>();
-  return static_cast<float*>(ctx.Scratch(static_cast<size_t>(t->numel()) * sizeof(float)));
+  float* w = ctx.ScratchOf<float>(t->numel());
+  if (!w) *failed = true;
+  return w;
 }
 
 void Narrow(float* w, TensorView* t, ThreadPool* pool) {
@@ -191,7 +197,8 @@ absl::Status BindBias(KernelContext& ctx, int index, DataType q, AttentionOperan
     a.p.bias.data64 = b->as<double>();
     return absl::OkStatus();
   }
-  float* w = static_cast<float*>(ctx.Scratch(static_cast<size_t>(b->numel()) * sizeof(float)));
+  float* w = ctx.ScratchOf<float>(b->numel());
+  if (!w) return NoScratch();
   kernels::cpu::Cast(*b, TensorView(w, DataType::kFloat32, b->dim_span()), ctx.thread_pool());
   a.p.bias.data = w;
   return absl::OkStatus();
@@ -204,6 +211,7 @@ std::array<const T*, 3> QkvData(KernelContext& ctx, int first, const AttentionOp
                                 const T* (*data)(const TensorView&, KernelContext&)) {
   if (a.packed) {
     const T* base = data(*ctx.input(first), ctx);
+    if (!base) return {nullptr, nullptr, nullptr};
     return {base, base + a.k_offset, base + a.v_offset};
   }
   return {data(*ctx.input(first), ctx), data(*ctx.input(first + 1), ctx), data(*ctx.input(first + 2), ctx)};
@@ -263,7 +271,9 @@ class AttentionKernel : public OpKernel {
       return absl::OkStatus();
     }
     const auto in = QkvData<float>(ctx, 0, a, Widened);
-    float* out32 = Wide(y, ctx);
+    bool failed = false;
+    float* out32 = Wide(y, ctx, &failed);
+    if (failed || !in[0] || !in[1] || !in[2]) return NoScratch();
     kernels::cpu::AttentionForward(a.p, in[0], in[1], in[2], out32, lp, ctx.thread_pool());
     Narrow(out32, y, ctx.thread_pool());
     return absl::OkStatus();
@@ -321,10 +331,14 @@ class AttentionGradKernel : public OpKernel {
       return absl::OkStatus();
     }
     const auto in = QkvData<float>(ctx, 1, a, Widened);
+    bool failed = false;
     std::array<float*, 3> wide{};
-    for (int i = 0; i < 3; ++i) wide[i] = Wide(d[i], ctx);
+    for (int i = 0; i < 3; ++i) wide[i] = Wide(d[i], ctx, &failed);
     const std::array<float*, 3> g = GradientData(wide, a);
-    kernels::cpu::AttentionBackward(p, Widened(dout, ctx), in[0], in[1], in[2], Widened(out, ctx), lse.as<float>(),
+    const float* dout32 = Widened(dout, ctx);
+    const float* out32 = Widened(out, ctx);
+    if (failed || !in[0] || !in[1] || !in[2] || !dout32 || !out32) return NoScratch();
+    kernels::cpu::AttentionBackward(p, dout32, in[0], in[1], in[2], out32, lse.as<float>(),
                                     g[0], g[1], g[2], ctx.thread_pool());
     for (int i = 0; i < 3; ++i) Narrow(wide[i], d[i], ctx.thread_pool());
     return absl::OkStatus();

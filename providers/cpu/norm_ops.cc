@@ -104,6 +104,7 @@ class LayerNormKernel : public OpKernel {
     }
     TensorView expanded(ctx.Scratch(DimProduct(x, axis, x.rank) * ElementSize(v->dtype)),
                         v->dtype, std::span<const int64_t>(x.dims + axis, norm_rank));
+    if (!expanded.data) return NoScratch();
     kernels::cpu::Expand(*v, expanded, ctx.thread_pool());
     *out = expanded.data;
     return absl::OkStatus();
@@ -163,6 +164,7 @@ class SkipLayerNormKernel : public OpKernel {
     TensorView* inv_std = ctx.Output(rms_ ? 1 : 2, stat_dims);
     TensorView* sum = ctx.Output(rms_ ? 2 : 3, x.dim_span());
     float* s = sum ? sum->as<float>() : static_cast<float*>(ctx.Scratch(x.nbytes()));
+    if (!s) return NoScratch();
     const float* a = x.as<float>();
     // A bf16 / fp16 skip (a low-precision product's result) is added as float32.
     const float* b = skip.as<float>();
@@ -170,6 +172,7 @@ class SkipLayerNormKernel : public OpKernel {
       if (skip.dtype != DataType::kBFloat16 && skip.dtype != DataType::kFloat16)
         return InvalidArgument("expected a float32, bf16 or fp16 skip, got ", DataTypeName(skip.dtype));
       float* wide = static_cast<float*>(ctx.Scratch(x.nbytes()));
+      if (!wide) return NoScratch();
       kernels::cpu::Cast(skip, TensorView(wide, DataType::kFloat32, skip.dim_span()), ctx.thread_pool());
       b = wide;
     }
@@ -182,6 +185,7 @@ class SkipLayerNormKernel : public OpKernel {
     if (y->dtype != DataType::kFloat32) {
       y32.dtype = DataType::kFloat32;
       y32.data = ctx.Scratch(y32.nbytes());
+      if (!y32.data) return NoScratch();
     }
     kernels::cpu::LayerNorm<float, float>(p, s, scale.as<float>(), bias ? bias->as<float>() : nullptr, y32.as<float>(),
                                           mean ? mean->as<float>() : nullptr,

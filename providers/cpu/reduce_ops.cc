@@ -147,6 +147,7 @@ class SceKernel : public OpKernel {
     double* scratch = none ? nullptr : static_cast<double*>(ctx.Scratch(2 * positions * sizeof(double) + 8));
     // An unread loss output still has to go somewhere while log_prob is computed.
     void* loss_data = loss ? loss->data : ctx.Scratch((none ? positions : 1) * sizeof(double) + 8);
+    if ((!none && !scratch) || !loss_data) return NoScratch();
     const bool f64 = scores.dtype == DataType::kFloat64, l64 = labels.dtype == DataType::kInt64;
     if (f64 && l64) return Run<double, int64_t>(p, scores, labels, weights, loss_data, log_prob, scratch, ctx);
     if (f64) return Run<double, int32_t>(p, scores, labels, weights, loss_data, log_prob, scratch, ctx);

@@ -31,12 +31,13 @@ absl::Status ReadDimValues(const TensorView& v, const char* what, DimVector* out
 
 // n uninitialised elements of T from the context's scratch memory, for per-run arrays
 // whose length depends on the node (Concat inputs, Split outputs): scratch is planned with
-// the run, so this does not allocate once the session has warmed up.
+// the run, so this does not allocate once the session has warmed up. Its data() is null when
+// the scratch cannot be had (see KernelContext::Scratch).
 template <typename T>
 std::span<T> ScratchArray(KernelContext& ctx, int n) {
   static_assert(std::is_trivially_copyable_v<T>);
-  return {static_cast<T*>(ctx.Scratch(sizeof(T) * static_cast<size_t>(n))),
-          static_cast<size_t>(n)};
+  T* data = ctx.ScratchOf<T>(n);
+  return {data, data ? static_cast<size_t>(n) : size_t{0}};
 }
 
 void RegisterDataMovementKernels(KernelRegistry& r);  // data_movement_ops.cc

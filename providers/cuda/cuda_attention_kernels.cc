@@ -98,7 +98,7 @@ class AttentionKernel : public AttentionLayoutKernel {
     if (CudnnAttention* cudnn = !p.bias.data && CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
       float* stats = l ? l->as<float>() : static_cast<float*>(ctx.Scratch(static_cast<size_t>(p.batch * p.T) * 4));
       absl::Status st = stats ? cudnn->Forward(s, q.data, kd, vd, y->data, stats, [&ctx](size_t n) { return ctx.Scratch(n); })
-                              : absl::OkStatus();  // the allocation error is reported
+                              : NoScratch();
       if (st.code() != absl::StatusCode::kUnimplemented) return Named(st);
     }
     return Check(kc::AttentionForward(DtOf(q.dtype), Strides(p), q.data, kd, vd, y->data, l ? l->as<float>() : nullptr,
@@ -151,7 +151,7 @@ class AttentionGradKernel : public AttentionLayoutKernel {
       if (st.code() != absl::StatusCode::kUnimplemented) return Named(st);
     }
     float* delta = static_cast<float*>(ctx.Scratch(static_cast<size_t>(p.batch * p.T) * sizeof(float)));
-    if (!delta && p.batch * p.T > 0) return absl::OkStatus();  // the allocation error is reported
+    if (!delta && p.batch * p.T > 0) return NoScratch();
     return Check(kc::AttentionBackward(DtOf(q.dtype), Strides(p), dout.data, q.data, kd, vd, out.data, lse.as<float>(),
                                        dq, dk, dv, delta, p.batch, p.T, p.S, static_cast<int>(p.D),
                                        static_cast<int>(p.Dv), scale_, causal_, stream()));

@@ -57,7 +57,7 @@ class CollectiveKernel : public OpKernel {
       if (outer == 1) return Named(c->AllGather(x, *y, g_.ranks));
       // Gather rank-major into scratch, then put rank r's blocks at r along the axis.
       void* tmp = ctx.Scratch(y->nbytes());
-      if (!tmp) return absl::OkStatus();  // the allocation error is reported
+      if (!tmp) return NoScratch();
       std::vector<int64_t> flat = {y->numel()};
       RETURN_IF_ERROR(Named(c->AllGather(x, TensorView(tmp, x.dtype, flat), g_.ranks)));
       // The copies below run on the compute stream: over a deferred communicator (an
@@ -80,7 +80,7 @@ class CollectiveKernel : public OpKernel {
     if (!y) return absl::OkStatus();
     if (outer == 1) return Named(c->ReduceScatter(x, *y, g_.op, g_.ranks));
     void* tmp = ctx.Scratch(x.nbytes());
-    if (!tmp) return absl::OkStatus();
+    if (!tmp) return NoScratch();
     const size_t block = static_cast<size_t>(dims[axis] * inner) * es;
     for (int64_t r = 0; r < n; ++r)
       RETURN_IF_ERROR(CudaStatus(cudaMemcpy2DAsync(static_cast<char*>(tmp) + r * outer * block, block,

@@ -318,7 +318,7 @@ class DropoutKernel : public CudaKernel {
     if (!y && !mask) return absl::OkStatus();
     // A graph that reads only the mask still gets it drawn (the output goes to scratch).
     void* out = y ? y->data : ctx.Scratch(x.nbytes());
-    if (!out) return absl::OkStatus();  // the allocation error is reported
+    if (!out) return NoScratch();
     // With a run seed, the CPU's key; without one, a fresh key per run from this node's counter.
     const uint64_t key = ctx.run_seed() != KernelContext::kNoRunSeed
                              ? (ctx.run_seed() * 0xd1342543de82ef95ull ^ salt_)
@@ -400,7 +400,8 @@ class MatMulKernel : public CudaKernel {
     if (db && !formed) {  // no epilogue kernel for this shape: the sums on their own
       const int64_t rows = summed.dims[0], cols = summed.dims[1];
       const int64_t parts = kc::ColumnSumsScratch(rows, cols);
-      double* scratch = parts ? static_cast<double*>(ctx.Scratch(static_cast<size_t>(parts) * sizeof(double))) : nullptr;
+      double* scratch = parts ? ctx.ScratchOf<double>(parts) : nullptr;
+      if (parts && !scratch) return NoScratch();
       RETURN_IF_ERROR(Check(kc::ColumnSums(DtOf(summed.dtype), summed.data, db->as<float>(), rows, cols, scratch,
                                            stream())));
     }
@@ -430,7 +431,7 @@ class MatMulKernel : public CudaKernel {
     }
     // The product (with its bias) into pre, or into scratch for the gradient.
     void* product = pre ? pre->data : ctx.Scratch(y->nbytes());
-    if (!product && y->nbytes() > 0) return absl::OkStatus();  // the allocation error is reported
+    if (!product && y->nbytes() > 0) return NoScratch();
     absl::Status s = CudaMatMul(*p_, plan, a.dtype, y->dtype, a.data, b.data, product, bias_data, false);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(name_, ": ", s.message()));
     if (gelu_in)
@@ -617,7 +618,8 @@ class LayerNormGradKernel : public CudaKernel {
       return InvalidArgument(name_, ": dX_low rounds a float32 dX, got X of ", DataTypeName(x.dtype));
     // The parameter gradients' partial sums over chunks of the rows.
     const int64_t parts = dg || db ? kc::LayerNormGradScratch(rows, cols) : 0;
-    float* scratch = parts ? static_cast<float*>(ctx.Scratch(static_cast<size_t>(parts) * sizeof(float))) : nullptr;
+    float* scratch = parts ? ctx.ScratchOf<float>(parts) : nullptr;
+    if (parts && !scratch) return NoScratch();
     // dX_add: the residual stream's gradient.
     const TensorView* add = ctx.num_inputs() > add_in ? ctx.input(add_in) : nullptr;
     if (add && add->shape() != x.shape())
@@ -688,7 +690,8 @@ class ReduceKernel : public CudaKernel {
     if (!y) return absl::OkStatus();
     // Partial results of a bias gradient's chunks of rows.
     const int64_t parts = kc::ReduceScratch(x.rank, x.dims, reduce);
-    double* scratch = parts ? static_cast<double*>(ctx.Scratch(static_cast<size_t>(parts) * sizeof(double))) : nullptr;
+    double* scratch = parts ? ctx.ScratchOf<double>(parts) : nullptr;
+    if (parts && !scratch) return NoScratch();
     return Check(kc::Reduce(op_, DtOf(x.dtype), x.data, y->data, x.rank, x.dims, reduce, scratch, stream()));
   }
 
@@ -742,9 +745,10 @@ class SceKernel : public CudaKernel {
     const int64_t N = s.dims[0], C = s.dims[1];
     TensorView* loss = reduction_ == 2 ? ctx.Output(0, {N}) : ctx.Output(0, std::vector<int64_t>{});
     TensorView* log_prob = ctx.Output(1, s.dim_span());
-    float* rows = reduction_ == 2 ? (loss ? loss->as<float>() : nullptr)
-                                  : static_cast<float*>(ctx.Scratch(static_cast<size_t>(N) * sizeof(float)));
-    if (!rows) return absl::OkStatus();
+    // The rows' losses: the output itself with no reduction, else (or when it goes unread while
+    // log_prob is read) scratch.
+    float* rows = reduction_ == 2 && loss ? loss->as<float>() : ctx.ScratchOf<float>(N);
+    if (!rows) return NoScratch();
     return Check(kc::SoftmaxCrossEntropy(s.as<float>(), labels.as<int64_t>(), rows,
                                          log_prob ? log_prob->as<float>() : nullptr, loss ? loss->as<float>() : nullptr,
                                          p_->reduction_scratch(), N, C, reduction_, has_ignore_, ignore_, stream()));
@@ -777,7 +781,8 @@ class SceGradKernel : public CudaKernel {
     if (loss && !from_scores_) return InvalidArgument(name_, ": the loss output needs from_scores = 1");
     float* rows = !loss ? nullptr
                   : reduction_ == 2 ? loss->as<float>()
-                                    : static_cast<float*>(ctx.Scratch(static_cast<size_t>(in.dims[0]) * sizeof(float)));
+                                    : ctx.ScratchOf<float>(in.dims[0]);
+    if (loss && !rows) return NoScratch();
     return Check(kc::SoftmaxCrossEntropyGrad(dy.as<float>(), in.data, DtOf(in.dtype), from_scores_, labels.as<int64_t>(),
                                              dx->data, DtOf(dx->dtype), p_->reduction_scratch(), in.dims[0], in.dims[1],
                                              reduction_, has_ignore_, ignore_, class_offset_, rows,
