@@ -500,6 +500,14 @@ TEST(CudaProvider, CrossEntropyForwardAndBackward) {
       output d
     )"),
                {{"s", Random({12, 40}, 36, -5.f, 5.f)}, {"labels", labels}}, 1e-5, 1e-5, "SoftmaxCrossEntropyLoss");
+  // With no reduction and the loss unread, log_prob is still formed (the rows' losses go to scratch).
+  ExpectSame(R"(
+    input s: float32[12,40]
+    input labels: int64[12]
+    _, lp = SoftmaxCrossEntropyLoss(s, labels) {reduction = "none", ignore_index = -100}
+    output lp
+  )",
+             {{"s", Random({12, 40}, 40, -5.f, 5.f)}, {"labels", labels}}, 1e-5, 1e-5, "SoftmaxCrossEntropyLoss");
   // One rank's columns [20, 40) of a vocabulary-parallel loss.
   ExpectSame(R"(
     input lp: float32[12,20]
