@@ -145,4 +145,9 @@ absl::Status InferCast(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+absl::Status InferCastLike(InferContext& ctx) {
+  ctx.SetOutput(0, ctx.input_dtype(1), ctx.input_shape(0));
+  return absl::OkStatus();
+}
+
 }  // namespace cleave::graph

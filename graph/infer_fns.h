@@ -25,6 +25,7 @@ absl::Status InferVariadicMinMax(InferContext& ctx);
 absl::Status InferWhere(InferContext& ctx);
 absl::Status InferClip(InferContext& ctx);
 absl::Status InferCast(InferContext& ctx);
+absl::Status InferCastLike(InferContext& ctx);  // input 0's shape in input 1's dtype
 
 // infer_nn.cc
 absl::Status InferMatMul(InferContext& ctx);
@@ -49,6 +50,7 @@ absl::Status InferUnsqueeze(InferContext& ctx);
 absl::Status InferExpand(InferContext& ctx);
 absl::Status InferGather(InferContext& ctx);
 absl::Status InferShape(InferContext& ctx);
+absl::Status InferSize(InferContext& ctx);  // an int64 scalar
 absl::Status InferConstantOfShape(InferContext& ctx);
 absl::Status InferRange(InferContext& ctx);
 absl::Status InferIdentity(InferContext& ctx);

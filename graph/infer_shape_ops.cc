@@ -230,6 +230,11 @@ absl::Status InferShape(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+absl::Status InferSize(InferContext& ctx) {
+  ctx.SetOutput(0, DataType::kInt64, Shape::Scalar());
+  return absl::OkStatus();
+}
+
 absl::Status InferConstantOfShape(InferContext& ctx) {
   RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kInt64}));
   DataType t = DataType::kFloat32;  // the spec's default value is a float32 zero

@@ -320,8 +320,12 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
     auto r = graph::ResolveNode(g, n);
     return r.ok() ? r->version : 0;
   };
-  static const std::set<std::string> kUnary = {"Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Sin", "Cos", "Tanh",
-                                               "Erf", "Relu", "Sigmoid", "Gelu", "Not", "Trilu"};
+  static const std::set<std::string> kUnary = {
+      "Abs",   "Exp",      "Log",      "Sqrt",      "Reciprocal", "Sin",  "Cos",         "Tanh",      "Erf",
+      "Relu",  "Sigmoid",  "Gelu",     "Not",       "Trilu",      "Tan",  "Asin",        "Acos",      "Atan",
+      "Sinh",  "Cosh",     "Asinh",    "Acosh",     "Atanh",      "Sign", "Softplus",    "Softsign",  "Mish",
+      "Floor", "Ceil",     "Round",    "LeakyRelu", "Elu",        "Selu", "Celu",        "HardSigmoid",
+      "HardSwish", "ThresholdedRelu"};
   static const std::set<std::string> kLinearUnary = {"Neg", "Identity", "Cast"};
   static const std::set<std::string> kCompare = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
                                                  "And", "Or", "Max", "Min", "Pow"};

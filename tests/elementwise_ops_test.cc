@@ -116,6 +116,88 @@ TEST(ElementwiseUnaryTest, MathOpsMatchLibmInDouble) {
   OpTester("Sigmoid", 13).Input<float>("x", {1}, {0.f}).Output<float>("y", {1}, {0.5f}).Run();
 }
 
+// The math and activations beyond the transformer set, in float32 and float64, against the
+// ONNX definitions written out here (signs, both sides of every kink, and the attributes).
+TEST(ElementwiseUnaryTest, ActivationsAndMathFollowTheOnnxDefinitions) {
+  const std::vector<double> xd = {-3.5, -1.25, -0.5, 0.0, 0.3, 0.75, 2.5, 4.0};
+  struct Case {
+    const char* op;
+    int opset;
+    double (*f)(double);
+    std::vector<std::pair<std::string, graph::Attribute>> attrs;
+    std::vector<double> x;
+  };
+  const std::vector<double> unit = {-0.9, -0.5, 0.0, 0.25, 0.8};
+  const Case cases[] = {
+      {"Tan", 13, [](double v) { return std::tan(v); }, {}, {-1.2, -0.3, 0.0, 0.7, 1.4}},
+      {"Asin", 13, [](double v) { return std::asin(v); }, {}, unit},
+      {"Acos", 13, [](double v) { return std::acos(v); }, {}, unit},
+      {"Atan", 13, [](double v) { return std::atan(v); }, {}, xd},
+      {"Sinh", 13, [](double v) { return (std::exp(v) - std::exp(-v)) / 2; }, {}, xd},
+      {"Cosh", 13, [](double v) { return (std::exp(v) + std::exp(-v)) / 2; }, {}, xd},
+      {"Asinh", 13, [](double v) { return std::log(v + std::sqrt(v * v + 1)); }, {}, xd},
+      {"Acosh", 13, [](double v) { return std::log(v + std::sqrt(v * v - 1)); }, {}, {1.0, 1.5, 3.0, 10.0}},
+      {"Atanh", 13, [](double v) { return 0.5 * std::log((1 + v) / (1 - v)); }, {}, unit},
+      {"Softplus", 13, [](double v) { return std::log(1 + std::exp(v)); }, {}, xd},
+      {"Softsign", 13, [](double v) { return v / (1 + std::fabs(v)); }, {}, xd},
+      {"Mish", 18, [](double v) { return v * std::tanh(std::log(1 + std::exp(v))); }, {}, xd},
+      {"Floor", 13, [](double v) { return std::floor(v); }, {}, xd},
+      {"Ceil", 13, [](double v) { return std::ceil(v); }, {}, xd},
+      {"LeakyRelu", 16, [](double v) { return v < 0 ? 0.2 * v : v; }, {{"alpha", graph::Attribute::Float(0.2f)}}, xd},
+      {"LeakyRelu", 16, [](double v) { return v < 0 ? 0.01 * v : v; }, {}, xd},
+      {"Elu", 13, [](double v) { return v < 0 ? 0.5 * (std::exp(v) - 1) : v; }, {{"alpha", graph::Attribute::Float(0.5f)}},
+       xd},
+      {"Selu", 13,
+       [](double v) {
+         const double alpha = 1.67326319217681884765625, gamma = 1.05070102214813232421875;
+         return v > 0 ? gamma * v : gamma * alpha * (std::exp(v) - 1);
+       },
+       {}, xd},
+      {"Celu", 13, [](double v) { return std::max(0.0, v) + std::min(0.0, 2 * (std::exp(v / 2) - 1)); },
+       {{"alpha", graph::Attribute::Float(2.f)}}, xd},
+      {"HardSigmoid", 13, [](double v) { return std::max(0.0, std::min(1.0, 0.25 * v + 0.4)); },
+       {{"alpha", graph::Attribute::Float(0.25f)}, {"beta", graph::Attribute::Float(0.4f)}}, xd},
+      {"HardSwish", 14, [](double v) { return v * std::max(0.0, std::min(1.0, v / 6 + 0.5)); }, {},
+       {-4.0, -3.0, -1.0, 0.0, 1.5, 3.0, 3.5}},
+      {"ThresholdedRelu", 13, [](double v) { return v > 0.75 ? v : 0.0; }, {{"alpha", graph::Attribute::Float(0.75f)}},
+       xd},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.op);
+    // Attributes are float32: compare the float64 path at float32-rounded attribute precision.
+    OpTester d(c.op, c.opset);
+    OpTester f(c.op, c.opset);
+    for (const auto& [name, a] : c.attrs) {
+      d.Attr(name, a);
+      f.Attr(name, a);
+    }
+    const int64_t n = static_cast<int64_t>(c.x.size());
+    d.Input<double>("x", {n}, c.x).Output<double>("y", {n}, MapRef(c.x, c.f)).Tolerance(1e-7, 1e-7).Run();
+    const F32 xf(c.x.begin(), c.x.end());
+    f.Input<float>("x", {n}, xf).Output<float>("y", {n}, MapRef(xf, c.f)).Run();
+  }
+  // Round takes halves to even; Sign keeps 0 and NaN and works on integers, unsigned ones too.
+  OpTester("Round", 11).Input<float>("x", {6}, {-2.5f, -1.5f, -0.5f, 0.5f, 1.5f, 2.6f})
+      .Output<float>("y", {6}, {-2.f, -2.f, -0.f, 0.f, 2.f, 3.f}).Run();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  OpTester("Sign", 13).Input<float>("x", {4}, {-3.f, 0.f, 0.25f, nan}).Output<float>("y", {4}, {-1.f, 0.f, 1.f, nan}).Run();
+  OpTester("Sign", 13).Input<int32_t>("x", {3}, {-7, 0, 5}).Output<int32_t>("y", {3}, {-1, 0, 1}).Run();
+  OpTester("Sign", 13).Input<uint8_t>("x", {3}, {0, 1, 200}).Output<uint8_t>("y", {3}, {0, 1, 1}).Run();
+  // Celu with alpha 0 divides by it: rejected when the session loads, naming the node.
+  OpTester("Celu", 12).Attr("alpha", 0.f).Input<float>("x", {1}, {1.f}).Output<float>("y", {1}, {1.f})
+      .ExpectFailure("expected a non-zero alpha").Run();
+}
+
+// Size counts the elements (an int64 scalar); CastLike casts to the type of its second input.
+TEST(ElementwiseUnaryTest, SizeAndCastLike) {
+  OpTester("Size", 13).Input<float>("x", {2, 3, 4}, F32(24, 1.f)).Output<int64_t>("n", {}, {24}).Run();
+  OpTester("Size", 13).Input<int64_t>("x", {0, 5}, {}).Output<int64_t>("n", {}, {0}).Run();
+  OpTester("CastLike", 15).Input<float>("x", {3}, {1.5f, -2.75f, 3.f}).Input<int32_t>("like", {1}, {0})
+      .Output<int32_t>("y", {3}, {1, -2, 3}).Run();
+  OpTester("CastLike", 15).Input<int64_t>("x", {2}, {7, -1}).Input<double>("like", {0}, {})
+      .Output<double>("y", {2}, {7.0, -1.0}).Run();
+}
+
 double GeluRef(double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }
 double GeluTanhRef(double v) {
   return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));

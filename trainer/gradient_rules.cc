@@ -357,6 +357,7 @@ absl::Status FusedMatMulGrad(GradBuilder& b) {
 // The rules for linear algebra, normalisation and data movement.
 void RegisterStructuralRules(std::map<std::string, GradRule>& rules);  // _structural.cc
 void RegisterNnRules(std::map<std::string, GradRule>& rules);          // _nn.cc
+void RegisterActivationRules(std::map<std::string, GradRule>& rules);  // _activation.cc
 
 namespace {
 
@@ -374,6 +375,7 @@ std::map<std::string, GradRule>& Rules() {
     };
     RegisterStructuralRules(*r);
     RegisterNnRules(*r);
+    RegisterActivationRules(*r);
     return r;
   }();
   return *rules;

@@ -171,6 +171,7 @@ void RegisterStructuralRules(std::map<std::string, GradRule>& rules) {
   rules["::Identity"] = IdentityGrad;
   rules["::Expand"] = ExpandGrad;
   rules["::Cast"] = CastGrad;
+  rules["::CastLike"] = CastGrad;  // input 1 gives only the type
   rules["::Where"] = WhereGrad;
   rules["::ReduceSum"] = ReduceSumGrad;
   rules["::ReduceMean"] = ReduceMeanGrad;

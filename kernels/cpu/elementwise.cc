@@ -17,14 +17,17 @@ namespace {
 
 bool IsFloatOnly(UnaryOp op) {
   switch (op) {
-    case UnaryOp::kAbs: case UnaryOp::kNeg: case UnaryOp::kRelu: case UnaryOp::kNot:
+    case UnaryOp::kAbs: case UnaryOp::kNeg: case UnaryOp::kRelu: case UnaryOp::kSign: case UnaryOp::kNot:
       return false;
     default:
       return true;
   }
 }
 
-bool IsCostly(UnaryOp op) { return IsFloatOnly(op) && op != UnaryOp::kReciprocal; }
+bool IsCostly(UnaryOp op) {
+  return IsFloatOnly(op) && op != UnaryOp::kReciprocal && op != UnaryOp::kFloor && op != UnaryOp::kCeil &&
+         op != UnaryOp::kRound;
+}
 
 // y[i] = f(x[i]) over the pool in contiguous blocks.
 template <typename T, typename F>
@@ -74,6 +77,15 @@ void IntegerOrFloatUnary(UnaryOp op, const TensorView& x, const TensorView& y, T
         Map<T>(x, y, kCheapGrain, pool, [](T v) { return v < T(0) ? T(0) : v; });
       }
       return;
+    case UnaryOp::kSign:
+      if constexpr (std::is_floating_point_v<T>) {
+        Map<T>(x, y, kCheapGrain, pool, [](T v) { return v > T(0) ? T(1) : v < T(0) ? T(-1) : v; });  // keeps NaN, 0
+      } else if constexpr (std::is_unsigned_v<T>) {
+        Map<T>(x, y, kCheapGrain, pool, [](T v) { return v > T(0) ? T(1) : T(0); });
+      } else {
+        Map<T>(x, y, kCheapGrain, pool, [](T v) { return v > T(0) ? T(1) : v < T(0) ? T(-1) : T(0); });
+      }
+      return;
     default:
       CLEAVE_CHECK(false && "not an integer unary op");
   }
@@ -91,6 +103,12 @@ T GeluTanhReference(T v) {
   return T(0.5) * v * (T(1) + std::tanh(u));
 }
 
+// log(1 + exp(v)) without overflow: v + log1p(exp(-v)) for v > 0.
+template <typename T>
+T Softplus(T v) {
+  return v > T(0) ? v + std::log1p(std::exp(-v)) : std::log1p(std::exp(v));
+}
+
 template <typename T>
 void FloatUnary(UnaryOp op, const TensorView& x, const TensorView& y, ThreadPool* pool) {
   const int64_t g = IsCostly(op) ? kCostlyGrain : kCheapGrain;
@@ -106,6 +124,22 @@ void FloatUnary(UnaryOp op, const TensorView& x, const TensorView& y, ThreadPool
     case UnaryOp::kSigmoid:
       Map<T>(x, y, g, pool, [](T v) { return T(1) / (T(1) + std::exp(-v)); });
       return;
+    case UnaryOp::kTan: Map<T>(x, y, g, pool, [](T v) { return std::tan(v); }); return;
+    case UnaryOp::kAsin: Map<T>(x, y, g, pool, [](T v) { return std::asin(v); }); return;
+    case UnaryOp::kAcos: Map<T>(x, y, g, pool, [](T v) { return std::acos(v); }); return;
+    case UnaryOp::kAtan: Map<T>(x, y, g, pool, [](T v) { return std::atan(v); }); return;
+    case UnaryOp::kSinh: Map<T>(x, y, g, pool, [](T v) { return std::sinh(v); }); return;
+    case UnaryOp::kCosh: Map<T>(x, y, g, pool, [](T v) { return std::cosh(v); }); return;
+    case UnaryOp::kAsinh: Map<T>(x, y, g, pool, [](T v) { return std::asinh(v); }); return;
+    case UnaryOp::kAcosh: Map<T>(x, y, g, pool, [](T v) { return std::acosh(v); }); return;
+    case UnaryOp::kAtanh: Map<T>(x, y, g, pool, [](T v) { return std::atanh(v); }); return;
+    case UnaryOp::kSoftplus: Map<T>(x, y, g, pool, Softplus<T>); return;
+    case UnaryOp::kSoftsign: Map<T>(x, y, g, pool, [](T v) { return v / (T(1) + std::fabs(v)); }); return;
+    case UnaryOp::kMish: Map<T>(x, y, g, pool, [](T v) { return v * std::tanh(Softplus(v)); }); return;
+    case UnaryOp::kFloor: Map<T>(x, y, g, pool, [](T v) { return std::floor(v); }); return;
+    case UnaryOp::kCeil: Map<T>(x, y, g, pool, [](T v) { return std::ceil(v); }); return;
+    // nearbyint under the default rounding mode: halves to even, as ONNX Round asks.
+    case UnaryOp::kRound: Map<T>(x, y, g, pool, [](T v) { return std::nearbyint(v); }); return;
     case UnaryOp::kGelu: Map<T>(x, y, g, pool, GeluReference<T>); return;
     case UnaryOp::kGeluTanh: Map<T>(x, y, g, pool, GeluTanhReference<T>); return;
     default: IntegerOrFloatUnary<T>(op, x, y, pool); return;
@@ -135,7 +169,7 @@ bool UnarySupports(UnaryOp op, DataType t) {
   bool is_int = VisitInteger(t, [](auto) {});
   bool is_signed = t == DataType::kInt8 || t == DataType::kInt16 || t == DataType::kInt32 ||
                    t == DataType::kInt64;
-  return op == UnaryOp::kAbs ? is_int : is_signed;
+  return op == UnaryOp::kAbs || op == UnaryOp::kSign ? is_int : is_signed;
 }
 
 void Unary(UnaryOp op, const TensorView& x, const TensorView& y, ThreadPool* pool) {
@@ -157,6 +191,41 @@ void Unary(UnaryOp op, const TensorView& x, const TensorView& y, ThreadPool* poo
                 IntegerOrFloatUnary<T>(op, x, y, pool);
               });
   CLEAVE_CHECK(done);
+}
+
+bool ActivationSupports(DataType t) { return t == DataType::kFloat32 || t == DataType::kFloat64; }
+
+void ApplyActivation(const ActivationParams& p, const TensorView& x, const TensorView& y, ThreadPool* pool) {
+  CLEAVE_CHECK(ActivationSupports(x.dtype) && x.dtype == y.dtype && x.numel() == y.numel());
+  VisitFloat(x.dtype, [&]<typename T>(TypeTag<T>) {
+    const T alpha = static_cast<T>(p.alpha), beta = static_cast<T>(p.beta), gamma = static_cast<T>(p.gamma);
+    const int64_t g = kCostlyGrain;
+    switch (p.op) {
+      case ActivationOp::kLeakyRelu:
+        Map<T>(x, y, kCheapGrain, pool, [alpha](T v) { return v >= T(0) ? v : alpha * v; });
+        return;
+      case ActivationOp::kElu:
+        Map<T>(x, y, g, pool, [alpha](T v) { return v >= T(0) ? v : alpha * std::expm1(v); });
+        return;
+      case ActivationOp::kSelu:
+        Map<T>(x, y, g, pool, [alpha, gamma](T v) { return gamma * (v > T(0) ? v : alpha * std::expm1(v)); });
+        return;
+      case ActivationOp::kCelu:
+        Map<T>(x, y, g, pool, [alpha](T v) { return v > T(0) ? v : alpha * std::expm1(v / alpha); });
+        return;
+      case ActivationOp::kHardSigmoid:
+        Map<T>(x, y, kCheapGrain, pool,
+               [alpha, beta](T v) { return std::max(T(0), std::min(T(1), alpha * v + beta)); });
+        return;
+      case ActivationOp::kHardSwish:
+        Map<T>(x, y, kCheapGrain, pool,
+               [](T v) { return v * std::max(T(0), std::min(T(1), v / T(6) + T(0.5))); });
+        return;
+      case ActivationOp::kThresholdedRelu:
+        Map<T>(x, y, kCheapGrain, pool, [alpha](T v) { return v > alpha ? v : T(0); });
+        return;
+    }
+  });
 }
 
 bool ClipSupports(DataType t) { return IsNumericType(t); }

@@ -19,7 +19,14 @@ constexpr int64_t kCostlyGrain = 4096;
 
 enum class UnaryOp {
   kAbs, kNeg, kRelu,                        // float and integer types
+  kSign,                                    // -1, 0 or 1 (NaN stays NaN); float and integer types
   kExp, kLog, kSqrt, kReciprocal, kSin, kCos, kTanh, kErf, kSigmoid,
+  kTan, kAsin, kAcos, kAtan, kSinh, kCosh, kAsinh, kAcosh, kAtanh,
+  kSoftplus,                                // log(1 + exp(x))
+  kSoftsign,                                // x / (1 + |x|)
+  kMish,                                    // x tanh(softplus(x))
+  kFloor, kCeil,
+  kRound,                                   // to nearest, halves to even
   kGelu,                                    // 0.5 x (1 + erf(x / sqrt 2))
   kGeluTanh,                                // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
   kNot,                                     // bool only
@@ -27,6 +34,23 @@ enum class UnaryOp {
 bool UnarySupports(UnaryOp op, DataType t);
 // y = op(x); y has x's dims and dtype. y may alias x.
 void Unary(UnaryOp op, const TensorView& x, const TensorView& y, ThreadPool* pool);
+
+// The ONNX activations with attributes (float32 and float64), applied elementwise:
+//   kLeakyRelu        x >= 0 ? x : alpha x
+//   kElu              x >= 0 ? x : alpha (exp(x) - 1)
+//   kSelu             gamma (x > 0 ? x : alpha (exp(x) - 1))
+//   kCelu             max(0, x) + min(0, alpha (exp(x / alpha) - 1))
+//   kHardSigmoid      max(0, min(1, alpha x + beta))
+//   kHardSwish        x max(0, min(1, x / 6 + 1 / 2))
+//   kThresholdedRelu  x > alpha ? x : 0
+enum class ActivationOp { kLeakyRelu, kElu, kSelu, kCelu, kHardSigmoid, kHardSwish, kThresholdedRelu };
+struct ActivationParams {
+  ActivationOp op = ActivationOp::kLeakyRelu;
+  double alpha = 0, beta = 0, gamma = 0;
+};
+bool ActivationSupports(DataType t);
+// y = op(x); y has x's dims and dtype; y may alias x.
+void ApplyActivation(const ActivationParams& p, const TensorView& x, const TensorView& y, ThreadPool* pool);
 
 enum class BinaryOp {
   kAdd, kSub, kMul, kDiv,  // integer Div truncates toward zero, as C does; x / 0 gives 0

@@ -44,6 +44,17 @@ class ShapeKernel : public OpKernel {
   std::optional<int64_t> end_;
 };
 
+// Size: the number of elements of input 0 (read for its dims only), as an int64 scalar.
+class SizeKernel : public OpKernel {
+ public:
+  SizeKernel(const graph::Node&, int) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    if (TensorView* y = ctx.Output(0, std::span<const int64_t>())) *y->as<int64_t>() = x.numel();
+    return absl::OkStatus();
+  }
+};
+
 class ConstantOfShapeKernel : public OpKernel {
  public:
   ConstantOfShapeKernel(const graph::Node& n, int) {
@@ -172,6 +183,7 @@ std::string ConstantSupports(const graph::Node& n, int) {
 void RegisterConstantKernels(KernelRegistry& r) {
   r.Register({"", "Shape", 1, 1 << 30, InputTypeIn(0, FixedSizeTypes()),
               MakeFactory<ShapeKernel>(), {}, {0}});
+  r.Register({"", "Size", 1, 1 << 30, InputTypeIn(0, FixedSizeTypes()), MakeFactory<SizeKernel>(), {}, {0}});
   r.Register({"", "ConstantOfShape", 9, 1 << 30,
               AllOf({InputTypeIn(0, {DataType::kInt64}), ConstantOfShapeSupports}),
               MakeFactory<ConstantOfShapeKernel>()});

@@ -206,6 +206,53 @@ absl::StatusOr<std::unique_ptr<OpKernel>> CreateGelu(const graph::Node& n, int) 
       new UnaryKernel(approx == "tanh" ? kc::UnaryOp::kGeluTanh : kc::UnaryOp::kGelu));
 }
 
+// The activations with attributes (LeakyRelu, Elu, Selu, Celu, HardSigmoid, HardSwish,
+// ThresholdedRelu), their defaults as ONNX gives them.
+class ActivationKernel : public OpKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
+    using A = kc::ActivationOp;
+    const std::string& op = n.op_type();
+    kc::ActivationParams p;
+    if (op == "LeakyRelu") {
+      p.op = A::kLeakyRelu;
+      p.alpha = n.AttrFloat("alpha", 0.01f);
+    } else if (op == "Elu") {
+      p.op = A::kElu;
+      p.alpha = n.AttrFloat("alpha", 1.f);
+    } else if (op == "Selu") {
+      p.op = A::kSelu;
+      p.alpha = n.AttrFloat("alpha", 1.67326319217681884765625f);
+      p.gamma = n.AttrFloat("gamma", 1.05070102214813232421875f);
+    } else if (op == "Celu") {
+      p.op = A::kCelu;
+      p.alpha = n.AttrFloat("alpha", 1.f);
+      if (p.alpha == 0) return InvalidArgument(n.Describe(), ": expected a non-zero alpha, got 0");
+    } else if (op == "HardSigmoid") {
+      p.op = A::kHardSigmoid;
+      p.alpha = n.AttrFloat("alpha", 0.2f);
+      p.beta = n.AttrFloat("beta", 0.5f);
+    } else if (op == "HardSwish") {
+      p.op = A::kHardSwish;
+    } else if (op == "ThresholdedRelu") {
+      p.op = A::kThresholdedRelu;
+      p.alpha = n.AttrFloat("alpha", 1.f);
+    } else {
+      return InvalidArgument(n.Describe(), ": not an activation with attributes");
+    }
+    return std::unique_ptr<OpKernel>(new ActivationKernel(p));
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView* x = ctx.input(0);
+    if (TensorView* y = ctx.Output(0, x->dim_span())) kc::ApplyActivation(p_, *x, *y, ctx.thread_pool());
+    return absl::OkStatus();
+  }
+
+ private:
+  explicit ActivationKernel(kc::ActivationParams p) : p_(p) {}
+  kc::ActivationParams p_;
+};
+
 KernelFactory UnaryFactory(kc::UnaryOp op) {
   return [op](const graph::Node&, int) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
     return std::unique_ptr<OpKernel>(new UnaryKernel(op));
@@ -248,11 +295,21 @@ void RegisterElementwiseKernels(KernelRegistry& r) {
       {"Reciprocal", U::kReciprocal, &kFloatTypes}, {"Sin", U::kSin, &kFloatTypes},
       {"Cos", U::kCos, &kFloatTypes},          {"Tanh", U::kTanh, &kFloatTypes},
       {"Erf", U::kErf, &kFloatTypes},          {"Sigmoid", U::kSigmoid, &kFloatTypes},
-      {"Not", U::kNot, &kBoolType},
+      {"Not", U::kNot, &kBoolType},            {"Sign", U::kSign, &kNumericTypes},
+      {"Tan", U::kTan, &kFloatTypes},          {"Asin", U::kAsin, &kFloatTypes},
+      {"Acos", U::kAcos, &kFloatTypes},        {"Atan", U::kAtan, &kFloatTypes},
+      {"Sinh", U::kSinh, &kFloatTypes},        {"Cosh", U::kCosh, &kFloatTypes},
+      {"Asinh", U::kAsinh, &kFloatTypes},      {"Acosh", U::kAcosh, &kFloatTypes},
+      {"Atanh", U::kAtanh, &kFloatTypes},      {"Softplus", U::kSoftplus, &kFloatTypes},
+      {"Softsign", U::kSoftsign, &kFloatTypes}, {"Mish", U::kMish, &kFloatTypes},
+      {"Floor", U::kFloor, &kFloatTypes},      {"Ceil", U::kCeil, &kFloatTypes},
+      {"Round", U::kRound, &kFloatTypes},
   };
   for (const UnaryRow& u : unary)
     r.Register(Def("", u.op, InputTypeIn(0, *u.types), UnaryFactory(u.fn)));
   r.Register(Def("", "Gelu", InputTypeIn(0, kFloatTypes), CreateGelu));
+  for (const char* op : {"LeakyRelu", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "ThresholdedRelu"})
+    r.Register(Def("", op, InputTypeIn(0, kFloatTypes), MakeCheckedFactory<ActivationKernel>()));
   r.Register(Def(graph::kCleaveDomain, "Gelu", InputTypeIn(0, kFloatTypes), CreateGelu));
 
   using B = kc::BinaryOp;
@@ -287,6 +344,9 @@ void RegisterElementwiseKernels(KernelRegistry& r) {
                  },
                  MakeFactory<ClipKernel>()));
   r.Register(Def("", "Cast", AllOf({InputTypeIn(0, kAllTypes), InputTypeIn(-1, kAllTypes)}),
+                 MakeFactory<CastKernel>()));
+  // CastLike: a Cast to input 1's type (the output's, which the kernel writes).
+  r.Register(Def("", "CastLike", AllOf({InputTypeIn(0, kAllTypes), InputTypeIn(1, kAllTypes)}),
                  MakeFactory<CastKernel>()));
 }
 
