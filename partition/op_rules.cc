@@ -453,8 +453,11 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
     if (axes.empty() && n.AttrInt("noop_with_empty_axes", 0)) return Elementwise(n, {0}, Linearity::kEach, {0});
     return Reduce(n, axes, n.AttrInt("keepdims", 1) != 0, op == "ReduceMean", /*shardable_axes=*/true);
   }
-  if (!cleave && (op == "ReduceMax" || op == "ReduceMin")) {
+  static const std::set<std::string> kNonlinearReduce = {"ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2",
+                                                         "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"};
+  if (!cleave && kNonlinearReduce.count(op)) {
     ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReduceAxes(g, n, 18));
+    if (axes.empty() && n.AttrInt("noop_with_empty_axes", 0)) return Elementwise(n, {0}, Linearity::kNone, {});
     return Reduce(n, axes, n.AttrInt("keepdims", 1) != 0, false, /*shardable_axes=*/false);
   }
   if (cleave && op == "SquaredNorm") {

@@ -139,6 +139,13 @@ const GradCase kCases[] = {
     {"HardSwish", "input x: float64[8]\ny = HardSwish(x)\noutput y", -5, 5},
     {"ThresholdedRelu", "input x: float64[8]\ny = ThresholdedRelu(x) {alpha = 0.5}\noutput y"},
     {"CastLike", "opset 15\ninput x: float64[4]\ninit t: float64[1] = 0\ny = CastLike(x, t)\noutput y"},
+    {"ReduceL1", "input x: float64[2,3,4]\ny = ReduceL1(x) {axes = [1], keepdims = 0}\noutput y"},
+    {"ReduceL2", "input x: float64[2,3,4]\ny = ReduceL2(x) {axes = [0, 2]}\noutput y"},
+    {"ReduceSumSquare", "input x: float64[2,3,4]\ny = ReduceSumSquare(x) {axes = [-1], keepdims = 0}\noutput y"},
+    {"ReduceLogSum", "input x: float64[2,3,4]\ny = ReduceLogSum(x) {axes = [1]}\noutput y", 0.5, 2},
+    {"ReduceLogSumExp", "input x: float64[2,3,4]\ny = ReduceLogSumExp(x) {axes = [2], keepdims = 0}\noutput y", -4, 4},
+    {"ReduceLogSumExp_axes_input", "opset 18\ninput x: float64[2,3,4]\ninit a: int64[2] = 0 2\ny = ReduceLogSumExp(x, a)\noutput y"},
+    {"ReduceSumSquare_noop", "opset 18\ninput x: float64[2,3]\ninit a: int64[0] = \ny = ReduceSumSquare(x, a) {noop_with_empty_axes = 1}\noutput y"},
     // The step functions pass no gradient: x + step(x) has the gradient 1 of x alone.
     {"Floor", "input x: float64[6]\nf = Floor(x)\ny = Add(x, f)\noutput y", -3, 3},
     {"Ceil", "input x: float64[6]\nf = Ceil(x)\ny = Add(x, f)\noutput y", -3, 3},

@@ -138,6 +138,30 @@ absl::Status ReduceMaxMinGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// The reductions around a sum: dx = dy times L1's sign(x), L2's x / y (0 where y is 0, as
+// PyTorch's norm), SumSquare's 2x, LogSum's 1 / sum = exp(-y), LogSumExp's exp(x - y). With
+// noop_with_empty_axes and no axes the forward is the identity (SumSquare's x^2).
+absl::Status ReduceAroundSumGrad(GradBuilder& b) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReducedAxes(b));
+  const std::string& op = b.fwd().op_type();
+  Value* x = b.x(0);
+  if (axes.empty()) {
+    b.SetGrad(0, op == "ReduceSumSquare" ? b.Op("Mul", {b.dy(), b.Op("Mul", {x, b.Const(2, x)})}) : b.dy());
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(Value * dy, SpreadOverReduced(b, axes));
+  ASSIGN_OR_RETURN(Value * y, SpreadOverReduced(b, axes, b.y(0)));
+  Value* d = nullptr;
+  if (op == "ReduceL1") d = b.Op("Sign", {x});
+  else if (op == "ReduceL2")
+    d = b.Op("Where", {b.Op("Equal", {y, b.Const(0, y)}), b.Const(0, x), b.Op("Div", {x, y})});
+  else if (op == "ReduceSumSquare") d = b.Op("Mul", {x, b.Const(2, x)});
+  else if (op == "ReduceLogSum") d = b.Op("Exp", {b.Op("Neg", {y})});
+  else d = b.Op("Exp", {b.Op("Sub", {x, y})});
+  b.SetGrad(0, b.Op("Mul", {dy, d}));
+  return absl::OkStatus();
+}
+
 // Softmax: dx = y (dy - sum(dy y)); LogSoftmax: dx = dy - exp(y) sum(dy), both along the
 // axis, computed by ai.cleave.SoftmaxGrad / LogSoftmaxGrad from the forward output. Before
 // version 13 the forward normalises x[axis:] flattened into one row, so the gradient is taken
@@ -175,6 +199,8 @@ void RegisterStructuralRules(std::map<std::string, GradRule>& rules) {
   rules["::Where"] = WhereGrad;
   rules["::ReduceSum"] = ReduceSumGrad;
   rules["::ReduceMean"] = ReduceMeanGrad;
+  for (const char* op : {"::ReduceL1", "::ReduceL2", "::ReduceSumSquare", "::ReduceLogSum", "::ReduceLogSumExp"})
+    rules[op] = ReduceAroundSumGrad;
   rules["::ReduceMax"] = ReduceMaxMinGrad;
   rules["::ReduceMin"] = ReduceMaxMinGrad;
   rules["::Softmax"] = SoftmaxFamilyGrad;

@@ -1,6 +1,7 @@
 // CPU kernels for reductions and the softmax cross-entropy loss (providers/cpu/).
 // ReduceSum takes its axes as an input from version 13, ReduceMean/Max/Min from version 18;
 // earlier versions read the axes attribute. Axes are checked against the runtime rank.
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -9,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "kernels/cpu/nn.h"
+#include "kernels/cpu/shape.h"
 #include "providers/cpu/cpu_provider.h"
 #include "providers/cpu/nn_ops.h"
 #include "providers/cpu/shape_ops.h"
@@ -22,10 +24,16 @@ using kernels::cpu::ReduceKind;
 
 int AxesInputVersion(const std::string& op) { return op == "ReduceSum" ? 13 : 18; }
 
+// The reductions ONNX defines around a sum (float types): L1 = sum |x|, L2 = sqrt(sum x^2),
+// SumSquare = sum x^2, LogSum = log(sum x), LogSumExp = log(sum exp(x)), the last formed
+// around each output's maximum so that it neither overflows nor loses the small terms.
+enum class Around { kNone, kL1, kL2, kSumSquare, kLogSum, kLogSumExp };
+
 class ReduceKernel : public OpKernel {
  public:
-  ReduceKernel(const graph::Node& n, int version, ReduceKind kind)
+  ReduceKernel(const graph::Node& n, int version, ReduceKind kind, Around around = Around::kNone)
       : kind_(kind),
+        around_(around),
         axes_input_(version >= AxesInputVersion(n.op_type())),
         keepdims_(n.AttrInt("keepdims", 1) != 0),
         noop_(n.AttrInt("noop_with_empty_axes", 0) != 0),
@@ -38,9 +46,18 @@ class ReduceKernel : public OpKernel {
     if (axes_in) RETURN_IF_ERROR(ReadDimValues(*axes_in, "axes", &buf));
     const std::span<const int64_t> axes =
         axes_in ? buf.span() : std::span<const int64_t>(attr_axes_);
-    if (axes.empty() && noop_ && axes_input_) {  // the identity
+    if (axes.empty() && noop_ && axes_input_) {  // the identity (SumSquare: still squared)
       TensorView* y = ctx.Output(0, x.dim_span());
-      if (y && x.nbytes()) std::memcpy(y->data, x.data, x.nbytes());
+      if (!y) return absl::OkStatus();
+      if (around_ == Around::kSumSquare) {
+        auto square = [&]<typename T>(const T* xp, T* yp) {
+          for (int64_t i = 0; i < x.numel(); ++i) yp[i] = xp[i] * xp[i];
+        };
+        if (x.dtype == DataType::kFloat64) square(x.as<double>(), y->as<double>());
+        else square(x.as<float>(), y->as<float>());
+      } else if (x.nbytes()) {
+        std::memcpy(y->data, x.data, x.nbytes());
+      }
       return absl::OkStatus();
     }
     bool reduced[kMaxRank] = {};
@@ -68,6 +85,12 @@ class ReduceKernel : public OpKernel {
     TensorView* y = ctx.Output(0, out_dims);
     if (!y) return absl::OkStatus();
     ThreadPool* pool = ctx.thread_pool();
+    if (around_ != Around::kNone) {
+      DimVector kept(x.dim_span());  // the output's dims with the reduced axes kept as 1
+      for (int i = 0; i < naxes; ++i) kept[norm[i]] = 1;
+      if (x.dtype == DataType::kFloat64) return RunAround<double>(plan, kept, x, *y, ctx);
+      return RunAround<float>(plan, kept, x, *y, ctx);
+    }
     switch (x.dtype) {
       case DataType::kFloat32: Run<float>(plan, x, *y, pool); break;
       case DataType::kFloat64: Run<double>(plan, x, *y, pool); break;
@@ -86,7 +109,60 @@ class ReduceKernel : public OpKernel {
     kernels::cpu::Reduce<T>(kind_, plan, x.as<T>(), y.as<T>(), pool);
   }
 
+  template <typename T>
+  absl::Status RunAround(const kernels::cpu::ReducePlan& plan, const DimVector& kept, const TensorView& x,
+                         TensorView& y, KernelContext& ctx) const {
+    using kernels::cpu::Reduce;
+    ThreadPool* pool = ctx.thread_pool();
+    const int64_t n = x.numel(), m = y.numel();
+    const T* xp = x.as<T>();
+    T* yp = y.as<T>();
+    auto each_output = [&](auto f) {
+      for (int64_t j = 0; j < m; ++j) yp[j] = f(yp[j]);
+    };
+    if (around_ == Around::kLogSum) {
+      Reduce<T>(ReduceKind::kSum, plan, xp, yp, pool);
+      each_output([](T s) { return std::log(s); });
+      return absl::OkStatus();
+    }
+    T* t = ctx.ScratchOf<T>(std::max<int64_t>(n, 1));
+    if (!t) return NoScratch();
+    auto map = [&](auto f) {
+      ParallelFor(pool, n, 1 << 14, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) t[i] = f(xp[i], t[i]);
+      });
+    };
+    switch (around_) {
+      case Around::kL1:
+        map([](T v, T) { return std::fabs(v); });
+        Reduce<T>(ReduceKind::kSum, plan, t, yp, pool);
+        return absl::OkStatus();
+      case Around::kL2:
+      case Around::kSumSquare:
+        map([](T v, T) { return v * v; });
+        Reduce<T>(ReduceKind::kSum, plan, t, yp, pool);
+        if (around_ == Around::kL2) each_output([](T s) { return std::sqrt(s); });
+        return absl::OkStatus();
+      case Around::kLogSumExp: {
+        // y = max, spread over x's dims into t; t = exp(x - max); y = log(sum t) + max (a max
+        // that is not finite, from an empty or infinite row, shifts by 0).
+        T* sums = ctx.ScratchOf<T>(std::max<int64_t>(m, 1));
+        if (!sums) return NoScratch();
+        Reduce<T>(ReduceKind::kMax, plan, xp, yp, pool);
+        TensorView spread(t, x.dtype, x.dim_span());
+        kernels::cpu::Expand(TensorView(yp, x.dtype, kept.span()), spread, pool);
+        map([](T v, T mx) { return std::exp(v - (std::isfinite(mx) ? mx : T(0))); });
+        Reduce<T>(ReduceKind::kSum, plan, t, sums, pool);
+        for (int64_t j = 0; j < m; ++j) yp[j] = std::log(sums[j]) + (std::isfinite(yp[j]) ? yp[j] : T(0));
+        return absl::OkStatus();
+      }
+      default:
+        return Internal("no such reduction");
+    }
+  }
+
   ReduceKind kind_;
+  Around around_;
   bool axes_input_, keepdims_, noop_;
   std::vector<int64_t> attr_axes_;
 };
@@ -198,6 +274,20 @@ void RegisterReduceKernels(KernelRegistry& r) {
     r.Register({"", row.op, 1, row.max_version, ReduceTypes(kind),
                 [kind](const graph::Node& n, int v) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
                   return std::unique_ptr<OpKernel>(new ReduceKernel(n, v, kind));
+                }});
+  }
+  struct AroundRow {
+    const char* op;
+    Around around;
+  };
+  for (const AroundRow& row : {AroundRow{"ReduceL1", Around::kL1}, AroundRow{"ReduceL2", Around::kL2},
+                               AroundRow{"ReduceSumSquare", Around::kSumSquare},
+                               AroundRow{"ReduceLogSum", Around::kLogSum},
+                               AroundRow{"ReduceLogSumExp", Around::kLogSumExp}}) {
+    const Around around = row.around;
+    r.Register({"", row.op, 1, 18, InputTypeIn(0, {DataType::kFloat32, DataType::kFloat64}),
+                [around](const graph::Node& n, int v) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
+                  return std::unique_ptr<OpKernel>(new ReduceKernel(n, v, ReduceKind::kSum, around));
                 }});
   }
   r.Register({"", "SoftmaxCrossEntropyLoss", 12, 13,
