@@ -99,10 +99,10 @@ TEST(NnMatMulTest, LargeBatchesUseTheThreadedPaths) {
 TEST(NnMatMulTest, MismatchedInnerDimsFail) {
   OpTester("MatMul", 13).Input<float>("A", {2, 3}, Cast<float>(Values(6, 1)))
       .Input<float>("B", {4, 2}, Cast<float>(Values(8, 2))).UncheckedOutput("Y")
-      .ExpectFailure("inner dims differ");
+      .ExpectFailure("inner dims differ").Run();
   OpTester("MatMul", 13).Input<float>("A", {2, 2, 3}, Cast<float>(Values(12, 1)))
       .Input<float>("B", {3, 3, 2}, Cast<float>(Values(18, 2))).UncheckedOutput("Y")
-      .ExpectFailure("cannot broadcast");
+      .ExpectFailure("cannot broadcast").Run();
 }
 
 // ---- Gemm ----------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ TEST(NnGemmTest, ScalarCAndBadC) {
       .Input<float>("B", {2, 2}, {1, 0, 0, 1}).Input<float>("C", {}, {10})
       .Output<float>("Y", {2, 2}, {6, 7, 8, 9}).Run();
   OpTester("Gemm", 13).Input<float>("A", {2, 2}, {1, 2, 3, 4}).Input<float>("B", {2, 2}, {1, 0, 0, 1})
-      .Input<float>("C", {3}, {1, 2, 3}).UncheckedOutput("Y").ExpectFailure("does not broadcast");
+      .Input<float>("C", {3}, {1, 2, 3}).UncheckedOutput("Y").ExpectFailure("does not broadcast").Run();
 }
 
 // ---- FusedMatMul ----------------------------------------------------------------------------
@@ -221,10 +221,10 @@ TEST(NnFusedMatMulTest, BiasAndActivationsMatchNaive) {
 TEST(NnFusedMatMulTest, RejectsUnknownActivationAndBadBias) {
   OpTester("FusedMatMul", 1, "ai.cleave").Attr("activation", std::string("relu"))
       .Input<float>("A", {2, 2}, {1, 2, 3, 4}).Input<float>("B", {2, 2}, {1, 0, 0, 1})
-      .UncheckedOutput("Y").ExpectFailure("expected activation");
+      .UncheckedOutput("Y").ExpectFailure("expected activation").Run();
   OpTester("FusedMatMul", 1, "ai.cleave").Input<float>("A", {2, 2}, {1, 2, 3, 4})
       .Input<float>("B", {2, 2}, {1, 0, 0, 1}).Input<float>("bias", {3}, {1, 2, 3})
-      .UncheckedOutput("Y").ExpectFailure("bias");
+      .UncheckedOutput("Y").ExpectFailure("bias").Run();
 }
 
 // ---- Softmax and LogSoftmax -------------------------------------------------------------------
@@ -283,7 +283,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(NnSoftmaxTest, AxisOutOfRangeFails) {
   OpTester("Softmax", 13).Attr("axis", int64_t{2}).Input<float>("X", {2, 3}, {1, 2, 3, 4, 5, 6})
-      .UncheckedOutput("Y").ExpectFailure("out of range");
+      .UncheckedOutput("Y").ExpectFailure("out of range").Run();
 }
 
 // ---- LayerNormalization -----------------------------------------------------------------------
@@ -339,7 +339,7 @@ TEST(NnLayerNormTest, AxesAndBroadcastScaleMatchNaive) {
 
 TEST(NnLayerNormTest, BadScaleFails) {
   OpTester("LayerNormalization", 17).Input<float>("X", {2, 3}, {1, 2, 3, 4, 5, 6})
-      .Input<float>("Scale", {2}, {1, 1}).UncheckedOutput("Y").ExpectFailure("does not broadcast");
+      .Input<float>("Scale", {2}, {1, 1}).UncheckedOutput("Y").ExpectFailure("does not broadcast").Run();
 }
 
 // Dropout before version 12 (ratio as an attribute) is the identity at inference, and its

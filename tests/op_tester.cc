@@ -13,6 +13,10 @@ namespace cleave::testing {
 OpTester::OpTester(std::string op, int opset, std::string domain)
     : op_(std::move(op)), domain_(std::move(domain)), opset_(opset) {}
 
+OpTester::~OpTester() {
+  if (!ran_) ADD_FAILURE() << op_ << ": this OpTester was set up but never Run()";
+}
+
 OpTester& OpTester::Attr(const std::string& name, graph::Attribute a) {
   attrs_.emplace_back(name, std::move(a));
   return *this;
@@ -64,6 +68,7 @@ std::string CompareTensors(const Tensor& got, const Tensor& want, double abs_tol
 }
 
 std::vector<Tensor> OpTester::Run() {
+  ran_ = true;
   auto g = std::make_unique<graph::Graph>();
   g->opset_imports()[""] = domain_.empty() ? opset_ : 17;
   if (!domain_.empty()) g->opset_imports()[domain_] = opset_;

@@ -18,6 +18,8 @@ namespace cleave::testing {
 class OpTester {
  public:
   explicit OpTester(std::string op, int opset = 17, std::string domain = "");
+  // A tester that was set up but never run is a test failure: its checks would silently not happen.
+  ~OpTester();
 
   OpTester& Attr(const std::string& name, graph::Attribute a);
   OpTester& Attr(const std::string& name, int64_t v) { return Attr(name, graph::Attribute::Int(v)); }
@@ -74,6 +76,7 @@ class OpTester {
   std::vector<Out> outputs_;
   double abs_tol_ = 1e-5, rel_tol_ = 1e-4;
   std::optional<std::string> expect_failure_;
+  bool ran_ = false;
 };
 
 // Compares two tensors: dtype, shape, then values (floats under tolerance, NaN == NaN).
