@@ -235,6 +235,38 @@ absl::Status InferSize(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+absl::Status InferCumSum(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt32, DataType::kInt64}));
+  const Shape& a = ctx.input_shape(1);
+  if (a.is_static() && a.NumElements() != 1)
+    return ctx.Error("expected a one-element axis, got ", a.ToString());
+  const Shape& x = ctx.input_shape(0);
+  if (x.has_rank() && x.rank() == 0) return ctx.Error("expected an input of rank >= 1, got a scalar");
+  ctx.SetOutput(0, ctx.input_dtype(0), x);
+  return absl::OkStatus();
+}
+
+absl::Status InferArgExtreme(InferContext& ctx) {
+  const Shape& x = ctx.input_shape(0);
+  if (!x.has_rank()) {
+    ctx.SetOutput(0, DataType::kInt64, Shape());
+    return absl::OkStatus();
+  }
+  const int r = x.rank();
+  int64_t axis = ctx.node().AttrInt("axis", 0);
+  if (r == 0 || axis < -r || axis >= r)
+    return ctx.Error("axis ", axis, " is out of range for an input of rank ", r);
+  if (axis < 0) axis += r;
+  const bool keepdims = ctx.node().AttrInt("keepdims", 1) != 0;
+  std::vector<Dim> out;
+  for (int k = 0; k < r; ++k) {
+    if (k != axis) out.push_back(x[k]);
+    else if (keepdims) out.push_back(Dim(1));
+  }
+  ctx.SetOutput(0, DataType::kInt64, Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
 absl::Status InferConstantOfShape(InferContext& ctx) {
   RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kInt64}));
   DataType t = DataType::kFloat32;  // the spec's default value is a float32 zero

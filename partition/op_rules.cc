@@ -537,6 +537,19 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
     return r;
   }
   if (!cleave && (op == "Softmax" || op == "LogSoftmax")) return AlongAxis(g, n, 1, version() < 13);
+  if (!cleave && op == "CumSum") {  // linear, and whole along its (constant) axis
+    const Tensor* a = graph::ConstantInput(n, 1);
+    if (!a || a->numel() != 1) return Unimplemented(n.Describe(), ": a CumSum axis known only at run time");
+    ASSIGN_OR_RETURN(FactorRule r, Elementwise(n, {0}, Linearity::kEach, {0}));
+    ASSIGN_OR_RETURN(std::vector<int64_t> y, Dims(n, n.output(0)));
+    const int64_t rank = static_cast<int64_t>(y.size());
+    int64_t axis = a->DoubleAt(0) < 0 ? static_cast<int64_t>(a->DoubleAt(0)) + rank : static_cast<int64_t>(a->DoubleAt(0));
+    if (axis < 0 || axis >= rank) return InvalidArgument(n.Describe(), ": axis out of range");
+    r.no_shard[axis] = 1;
+    return r;
+  }
+  if (!cleave && (op == "ArgMax" || op == "ArgMin"))
+    return Reduce(n, {n.AttrInt("axis", 0)}, n.AttrInt("keepdims", 1) != 0, false, /*shardable_axes=*/false);
   if (cleave && (op == "SoftmaxGrad" || op == "LogSoftmaxGrad")) return AlongAxis(g, n, 2, false);
   if (op == "LayerNormalization" || (cleave && op == "RMSNormalization")) {
     // (X, scale[, bias]) -> (Y[, Mean, InvStdDev]); RMSNormalization (X, scale) -> (Y[, InvStdDev]).

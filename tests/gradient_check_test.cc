@@ -146,6 +146,9 @@ const GradCase kCases[] = {
     {"ReduceLogSumExp", "input x: float64[2,3,4]\ny = ReduceLogSumExp(x) {axes = [2], keepdims = 0}\noutput y", -4, 4},
     {"ReduceLogSumExp_axes_input", "opset 18\ninput x: float64[2,3,4]\ninit a: int64[2] = 0 2\ny = ReduceLogSumExp(x, a)\noutput y"},
     {"ReduceSumSquare_noop", "opset 18\ninput x: float64[2,3]\ninit a: int64[0] = \ny = ReduceSumSquare(x, a) {noop_with_empty_axes = 1}\noutput y"},
+    {"CumSum", "input x: float64[3,4]\ninit a: int64[] = 1\ny = CumSum(x, a)\noutput y"},
+    {"CumSum_exclusive_reverse", "input x: float64[3,4,2]\ninit a: int32[] = -2\ny = CumSum(x, a) {exclusive = 1, reverse = 1}\noutput y"},
+    {"CumSum_exclusive", "input x: float64[5,2]\ninit a: int64[1] = 0\ny = CumSum(x, a) {exclusive = 1}\noutput y"},
     // The step functions pass no gradient: x + step(x) has the gradient 1 of x alone.
     {"Floor", "input x: float64[6]\nf = Floor(x)\ny = Add(x, f)\noutput y", -3, 3},
     {"Ceil", "input x: float64[6]\nf = Ceil(x)\ny = Add(x, f)\noutput y", -3, 3},

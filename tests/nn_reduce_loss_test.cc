@@ -157,6 +157,46 @@ TEST(NnReduceTest, BadAxesFail) {
       .Input<int64_t>("axes", {1}, {1}).UncheckedOutput("Y").ExpectFailure("second input").Run();
 }
 
+// ---- ArgMax, ArgMin, CumSum -----------------------------------------------------------------
+
+TEST(NnArgExtremeTest, TiesNanAndTheLastIndex) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // Ties: the first index, or the last with select_last_index.
+  OpTester("ArgMax", 13).Attr("axis", int64_t{1}).Input<float>("x", {2, 4}, {1, 3, 3, 0, 5, 5, 5, -1})
+      .Output<int64_t>("y", {2, 1}, {1, 0}).Run();
+  OpTester("ArgMax", 13).Attr("axis", int64_t{1}).Attr("select_last_index", int64_t{1})
+      .Input<float>("x", {2, 4}, {1, 3, 3, 0, 5, 5, 5, -1}).Output<int64_t>("y", {2, 1}, {2, 2}).Run();
+  // A NaN is the extreme for both, as numpy's argmax and argmin take it.
+  OpTester("ArgMax", 13).Attr("keepdims", int64_t{0}).Input<float>("x", {4}, {1, nan, 7, nan})
+      .Output<int64_t>("y", {}, {1}).Run();
+  OpTester("ArgMin", 13).Attr("keepdims", int64_t{0}).Attr("select_last_index", int64_t{1})
+      .Input<float>("x", {4}, {1, nan, -7, nan}).Output<int64_t>("y", {}, {3}).Run();
+  // Integers, over axis 0 with a negative axis naming it.
+  OpTester("ArgMin", 13).Attr("axis", int64_t{-2}).Input<int32_t>("x", {3, 2}, {4, -1, 2, 6, 9, -5})
+      .Output<int64_t>("y", {1, 2}, {1, 2}).Run();
+  OpTester("ArgMax", 13).Attr("axis", int64_t{2}).Input<float>("x", {2, 2}, {1, 2, 3, 4})
+      .UncheckedOutput("y").ExpectFailure("out of range").Run();
+  OpTester("ArgMax", 13).Attr("axis", int64_t{1}).Input<float>("x", {2, 0}, {})
+      .UncheckedOutput("y").ExpectFailure("no index to take").Run();
+}
+
+TEST(NnCumSumTest, ExclusiveReverseIntegersAndBadAxes) {
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6};
+  OpTester("CumSum", 14).Input<float>("x", {2, 3}, x).Input<int64_t>("axis", {}, {1})
+      .Output<float>("y", {2, 3}, {1, 3, 6, 4, 9, 15}).Run();
+  OpTester("CumSum", 14).Attr("exclusive", int64_t{1}).Input<float>("x", {2, 3}, x).Input<int32_t>("axis", {}, {1})
+      .Output<float>("y", {2, 3}, {0, 1, 3, 0, 4, 9}).Run();
+  OpTester("CumSum", 14).Attr("reverse", int64_t{1}).Input<float>("x", {2, 3}, x).Input<int64_t>("axis", {1}, {0})
+      .Output<float>("y", {2, 3}, {5, 7, 9, 4, 5, 6}).Run();
+  OpTester("CumSum", 14).Attr("reverse", int64_t{1}).Attr("exclusive", int64_t{1})
+      .Input<int64_t>("x", {2, 3}, {1, 2, 3, 4, 5, 6}).Input<int64_t>("axis", {}, {-1})
+      .Output<int64_t>("y", {2, 3}, {5, 3, 0, 11, 6, 0}).Run();
+  OpTester("CumSum", 14).Input<float>("x", {2, 3}, x).Input<int64_t>("axis", {}, {2})
+      .UncheckedOutput("y").ExpectFailure("out of range").Run();
+  OpTester("CumSum", 14).Input<float>("x", {2, 3}, x).Input<int64_t>("axis", {2}, {0, 1})
+      .UncheckedOutput("y").ExpectFailure("one-element axis").Run();
+}
+
 // ---- SoftmaxCrossEntropyLoss ------------------------------------------------------------------
 
 struct SceCase {

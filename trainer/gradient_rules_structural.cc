@@ -162,6 +162,15 @@ absl::Status ReduceAroundSumGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// CumSum: each x_k reaches the sums after it (exclusive: strictly after), so dx is the
+// cumulative sum of dy taken the other way along the axis.
+absl::Status CumSumGrad(GradBuilder& b) {
+  const int64_t exclusive = b.fwd().AttrInt("exclusive", 0), reverse = b.fwd().AttrInt("reverse", 0);
+  b.SetGrad(0, b.Op("CumSum", {b.dy(), b.x(1)},
+                    {{"exclusive", Attribute::Int(exclusive)}, {"reverse", Attribute::Int(reverse ? 0 : 1)}}));
+  return absl::OkStatus();
+}
+
 // Softmax: dx = y (dy - sum(dy y)); LogSoftmax: dx = dy - exp(y) sum(dy), both along the
 // axis, computed by ai.cleave.SoftmaxGrad / LogSoftmaxGrad from the forward output. Before
 // version 13 the forward normalises x[axis:] flattened into one row, so the gradient is taken
@@ -199,6 +208,7 @@ void RegisterStructuralRules(std::map<std::string, GradRule>& rules) {
   rules["::Where"] = WhereGrad;
   rules["::ReduceSum"] = ReduceSumGrad;
   rules["::ReduceMean"] = ReduceMeanGrad;
+  rules["::CumSum"] = CumSumGrad;
   for (const char* op : {"::ReduceL1", "::ReduceL2", "::ReduceSumSquare", "::ReduceLogSum", "::ReduceLogSumExp"})
     rules[op] = ReduceAroundSumGrad;
   rules["::ReduceMax"] = ReduceMaxMinGrad;

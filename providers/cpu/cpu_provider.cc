@@ -30,6 +30,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterGradKernels(registry_);
   RegisterSwiGluKernels(registry_);
   RegisterRotaryKernels(registry_);
+  RegisterAxisKernels(registry_);
   RegisterOptimizerKernels(registry_);
   RegisterCollectiveKernels(registry_);
   RegisterLowPrecisionKernels(registry_);
