@@ -265,6 +265,41 @@ absl::Status InferSlice(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// Indices of data's rank, each dim but the axis's no larger than data's.
+absl::Status CheckElementIndices(InferContext& ctx, const Shape& data, const Shape& idx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt32, DataType::kInt64}));
+  if (!data.has_rank()) return absl::OkStatus();
+  const int r = data.rank();
+  int64_t axis = ctx.node().AttrInt("axis", 0);
+  if (r == 0 || axis < -r || axis >= r) return ctx.Error("axis ", axis, " is out of range for data of rank ", r);
+  if (axis < 0) axis += r;
+  if (!idx.has_rank()) return absl::OkStatus();
+  if (idx.rank() != r) return ctx.Error("expected indices of the data's rank ", r, ", got ", idx.ToString());
+  for (int k = 0; k < r; ++k)
+    if (k != axis && data[k].is_static() && idx[k].is_static() && idx[k].value > data[k].value)
+      return ctx.Error("indices ", idx.ToString(), " exceed the data ", data.ToString(), " at dim ", k);
+  return absl::OkStatus();
+}
+
+absl::Status InferGatherElements(InferContext& ctx) {
+  RETURN_IF_ERROR(CheckElementIndices(ctx, ctx.input_shape(0), ctx.input_shape(1)));
+  ctx.SetOutput(0, ctx.input_dtype(0), ctx.input_shape(1));
+  return absl::OkStatus();
+}
+
+absl::Status InferScatterElements(InferContext& ctx) {
+  RETURN_IF_ERROR(CheckElementIndices(ctx, ctx.input_shape(0), ctx.input_shape(1)));
+  if (ctx.input_dtype(2) != ctx.input_dtype(0))
+    return ctx.Error("expected updates of the data's dtype ", DataTypeName(ctx.input_dtype(0)), ", got ",
+                     DataTypeName(ctx.input_dtype(2)));
+  const Shape& idx = ctx.input_shape(1);
+  const Shape& upd = ctx.input_shape(2);
+  if (idx.is_static() && upd.is_static() && idx != upd)
+    return ctx.Error("expected updates of the indices' shape ", idx.ToString(), ", got ", upd.ToString());
+  ctx.SetOutput(0, ctx.input_dtype(0), ctx.input_shape(0));
+  return absl::OkStatus();
+}
+
 absl::Status InferGather(InferContext& ctx) {
   RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt32, DataType::kInt64}));
   const DataType t = ctx.input_dtype(0);

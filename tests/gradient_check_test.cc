@@ -149,6 +149,11 @@ const GradCase kCases[] = {
     {"CumSum", "input x: float64[3,4]\ninit a: int64[] = 1\ny = CumSum(x, a)\noutput y"},
     {"CumSum_exclusive_reverse", "input x: float64[3,4,2]\ninit a: int32[] = -2\ny = CumSum(x, a) {exclusive = 1, reverse = 1}\noutput y"},
     {"CumSum_exclusive", "input x: float64[5,2]\ninit a: int64[1] = 0\ny = CumSum(x, a) {exclusive = 1}\noutput y"},
+    // Indices repeat (0 twice in a column), so the gradient sums where two elements were read.
+    {"GatherElements", "input x: float64[3,2]\ninit i: int64[4,2] = 0 1 2 0 0 1 -1 1\ny = GatherElements(x, i)\noutput y"},
+    {"GatherElements_axis1", "input x: float64[2,3]\ninit i: int32[2,2] = 2 0 1 1\ny = GatherElements(x, i) {axis = 1}\noutput y"},
+    {"ScatterElements", "input x: float64[3,3]\ninit i: int64[1,3] = 2 0 1\ninput u: float64[1,3]\ny = ScatterElements(x, i, u)\noutput y"},
+    {"ScatterElements_add", "opset 18\ninput x: float64[2,4]\ninit i: int64[2,3] = 1 1 3 0 2 2\ninput u: float64[2,3]\ny = ScatterElements(x, i, u) {axis = 1, reduction = \"add\"}\noutput y"},
     // The step functions pass no gradient: x + step(x) has the gradient 1 of x alone.
     {"Floor", "input x: float64[6]\nf = Floor(x)\ny = Add(x, f)\noutput y", -3, 3},
     {"Ceil", "input x: float64[6]\nf = Ceil(x)\ny = Add(x, f)\noutput y", -3, 3},

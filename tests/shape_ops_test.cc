@@ -448,5 +448,36 @@ TEST(ShapeConstantTest, StringFormIsNotSupported) {
       .UncheckedOutput("y").ExpectFailure("string Constants are not supported").Run();
 }
 
+// GatherElements reads one element per index (torch.gather); ScatterElements writes or combines
+// one per index, duplicates combined in order; a bad index is an error naming it, and nothing
+// is written.
+TEST(ElementIndexing, GatherAndScatterElements) {
+  OpTester("GatherElements", 13).Attr("axis", int64_t{1})
+      .Input<float>("x", {2, 3}, {1, 2, 3, 4, 5, 6}).Input<int64_t>("i", {2, 2}, {2, -3, 1, 1})
+      .Output<float>("y", {2, 2}, {3, 1, 5, 5}).Run();
+  OpTester("GatherElements", 13).Input<int64_t>("x", {2, 2}, {7, 8, 9, 10}).Input<int32_t>("i", {1, 2}, {1, 0})
+      .Output<int64_t>("y", {1, 2}, {9, 8}).Run();
+  OpTester("GatherElements", 13).Input<float>("x", {2, 2}, {1, 2, 3, 4}).Input<int64_t>("i", {1, 2}, {0, 2})
+      .UncheckedOutput("y").ExpectFailure("index 2 at position 1 is outside [-2, 2)").Run();
+  OpTester("GatherElements", 13).Input<float>("x", {2, 2}, {1, 2, 3, 4}).Input<int64_t>("i", {1, 3}, {0, 0, 0})
+      .UncheckedOutput("y").ExpectFailure("exceed the data").Run();
+  OpTester("ScatterElements", 18).Attr("axis", int64_t{1}).Attr("reduction", std::string("add"))
+      .Input<float>("x", {2, 3}, {1, 1, 1, 1, 1, 1}).Input<int64_t>("i", {2, 2}, {0, 0, 2, -1})
+      .Input<float>("u", {2, 2}, {5, 6, 7, 8}).Output<float>("y", {2, 3}, {12, 1, 1, 1, 1, 16}).Run();
+  OpTester("ScatterElements", 18).Attr("reduction", std::string("max"))
+      .Input<int32_t>("x", {3}, {4, 4, 4}).Input<int64_t>("i", {3}, {1, 1, 2}).Input<int32_t>("u", {3}, {9, 2, 1})
+      .Output<int32_t>("y", {3}, {4, 9, 4}).Run();
+  OpTester("ScatterElements", 18).Attr("reduction", std::string("mul"))
+      .Input<double>("x", {2}, {2, 3}).Input<int64_t>("i", {2}, {0, 0}).Input<double>("u", {2}, {5, 7})
+      .Output<double>("y", {2}, {70, 3}).Run();
+  OpTester("ScatterElements", 13).Input<float>("x", {3}, {0, 0, 0}).Input<int64_t>("i", {2}, {0, 3})
+      .Input<float>("u", {2}, {1, 2}).UncheckedOutput("y").ExpectFailure("index 3 at position 1").Run();
+  OpTester("ScatterElements", 18).Attr("reduction", std::string("avg"))
+      .Input<float>("x", {3}, {0, 0, 0}).Input<int64_t>("i", {1}, {0}).Input<float>("u", {1}, {1})
+      .UncheckedOutput("y").ExpectFailure("expected reduction none, add, mul, max or min").Run();
+  OpTester("ScatterElements", 13).Input<float>("x", {3}, {0, 0, 0}).Input<int64_t>("i", {2}, {0, 1})
+      .Input<float>("u", {1}, {1}).UncheckedOutput("y").ExpectFailure("expected updates of the indices' shape").Run();
+}
+
 }  // namespace
 }  // namespace cleave::testing

@@ -162,6 +162,37 @@ absl::Status ReduceAroundSumGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// GatherElements: each element of dy goes back to the data element it was read from, summed
+// where several read one (ScatterElements with reduction add, which needs opset 16).
+absl::Status GatherElementsGrad(GradBuilder& b) {
+  if (b.graph_opset() < 16)
+    return b.Error("the gradient of GatherElements scatters with ScatterElements' reduction, which needs opset >= 16");
+  if (!b.x(0)->shape().is_static()) return b.Error("the gradient of GatherElements needs data of a static shape");
+  const Attribute axis = Attribute::Int(b.fwd().AttrInt("axis", 0));
+  b.SetGrad(0, b.Op("ScatterElements", {b.Zeros(b.x(0)), b.x(1), b.dy()},
+                    {{"axis", axis}, {"reduction", Attribute::String("add")}}));
+  return absl::OkStatus();
+}
+
+// ScatterElements: the updates get dy where they were written; data gets dy where nothing
+// overwrote it (reduction none), or all of dy (add). mul, max and min have no rule.
+absl::Status ScatterElementsGrad(GradBuilder& b) {
+  const std::string reduction = b.fwd().AttrString("reduction", "none");
+  if (reduction != "none" && reduction != "add")
+    return b.Error("no gradient rule for ScatterElements with reduction " + reduction);
+  const Attribute axis = Attribute::Int(b.fwd().AttrInt("axis", 0));
+  if (b.NeedsGrad(0)) {
+    if (reduction == "add") {
+      b.SetGrad(0, b.dy());
+    } else {
+      if (!b.x(2)->shape().is_static()) return b.Error("the gradient of ScatterElements needs updates of a static shape");
+      b.SetGrad(0, b.Op("ScatterElements", {b.dy(), b.x(1), b.Zeros(b.x(2))}, {{"axis", axis}}));
+    }
+  }
+  if (b.NeedsGrad(2)) b.SetGrad(2, b.Op("GatherElements", {b.dy(), b.x(1)}, {{"axis", axis}}));
+  return absl::OkStatus();
+}
+
 // CumSum: each x_k reaches the sums after it (exclusive: strictly after), so dx is the
 // cumulative sum of dy taken the other way along the axis.
 absl::Status CumSumGrad(GradBuilder& b) {
@@ -209,6 +240,8 @@ void RegisterStructuralRules(std::map<std::string, GradRule>& rules) {
   rules["::ReduceSum"] = ReduceSumGrad;
   rules["::ReduceMean"] = ReduceMeanGrad;
   rules["::CumSum"] = CumSumGrad;
+  rules["::GatherElements"] = GatherElementsGrad;
+  rules["::ScatterElements"] = ScatterElementsGrad;
   for (const char* op : {"::ReduceL1", "::ReduceL2", "::ReduceSumSquare", "::ReduceLogSum", "::ReduceLogSumExp"})
     rules[op] = ReduceAroundSumGrad;
   rules["::ReduceMax"] = ReduceMaxMinGrad;

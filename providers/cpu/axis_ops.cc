@@ -1,9 +1,12 @@
 // CPU kernels that run along one axis (providers/cpu/): CumSum (inclusive or exclusive, forward
-// or reversed) and ArgMax / ArgMin (int64 indices; the first extreme, or the last with
-// select_last_index; NaN counts as the extreme, as numpy's argmax takes it).
+// or reversed), ArgMax / ArgMin (int64 indices; the first extreme, or the last with
+// select_last_index; NaN counts as the extreme, as numpy's argmax takes it), and
+// GatherElements / ScatterElements (torch.gather and scatter: an index per element along the
+// axis; every index is checked before anything is written).
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <cstring>
 #include <type_traits>
 
 #include "base/status.h"
@@ -158,6 +161,136 @@ class ArgExtremeKernel : public OpKernel {
   bool keepdims_, last_;
 };
 
+// The element offsets of `idx` (indices of rank x's, index dims no larger than x's except along
+// the axis) into x: every position of idx, its own coordinates with the axis's replaced by the
+// index there (negative ones counting from the end). An index outside [-len, len) is an error
+// naming it and its position.
+absl::Status IndexedOffsets(const TensorView& x, const TensorView& idx, int axis, std::vector<int64_t>* out) {
+  if (idx.rank != x.rank)
+    return InvalidArgument("expected indices of the data's rank ", x.rank, ", got ", DimsToString(idx.dim_span()));
+  for (int k = 0; k < x.rank; ++k)
+    if (k != axis && idx.dims[k] > x.dims[k])
+      return InvalidArgument("indices ", DimsToString(idx.dim_span()), " exceed the data ", DimsToString(x.dim_span()),
+                             " at dim ", k);
+  int64_t stride[kMaxRank];
+  int64_t s = 1;
+  for (int k = x.rank - 1; k >= 0; --k) {
+    stride[k] = s;
+    s *= x.dims[k];
+  }
+  const int64_t n = idx.numel(), len = x.dims[axis];
+  out->resize(static_cast<size_t>(n));
+  int64_t coord[kMaxRank] = {};
+  for (int64_t p = 0; p < n; ++p) {
+    int64_t i = IntAt(idx, p);
+    if (i < -len || i >= len)
+      return InvalidArgument("index ", i, " at position ", p, " is outside [", -len, ", ", len, ") along axis ", axis);
+    if (i < 0) i += len;
+    int64_t off = 0;
+    for (int k = 0; k < x.rank; ++k) off += (k == axis ? i : coord[k]) * stride[k];
+    (*out)[static_cast<size_t>(p)] = off;
+    for (int k = x.rank - 1; k >= 0; --k) {  // the next position of idx
+      if (++coord[k] < idx.dims[k]) break;
+      coord[k] = 0;
+    }
+  }
+  return absl::OkStatus();
+}
+
+class GatherElementsKernel : public OpKernel {
+ public:
+  GatherElementsKernel(const graph::Node& n, int) : axis_(n.AttrInt("axis", 0)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView& idx = *ctx.input(1);
+    if (x.rank == 0) return InvalidArgument("expected data of rank >= 1, got a scalar");
+    ASSIGN_OR_RETURN(int axis, NormalisedAxis(axis_, x.rank));
+    std::vector<int64_t> offsets;
+    RETURN_IF_ERROR(IndexedOffsets(x, idx, axis, &offsets));
+    TensorView* y = ctx.Output(0, idx.dim_span());
+    if (!y) return absl::OkStatus();
+    const size_t es = ElementSize(x.dtype);
+    const char* src = static_cast<const char*>(x.data);
+    char* dst = static_cast<char*>(y->data);
+    ParallelFor(ctx.thread_pool(), static_cast<int64_t>(offsets.size()), 1 << 14, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) std::memcpy(dst + p * es, src + offsets[p] * es, es);
+    });
+    return absl::OkStatus();
+  }
+
+ private:
+  int64_t axis_;
+};
+
+// ScatterElements(data, indices, updates): data with updates written at the indices along the
+// axis, or combined there by `reduction` (add, mul, max, min; duplicates combine in index
+// order, so the result does not depend on the thread count: it runs on one thread).
+class ScatterElementsKernel : public OpKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
+    const std::string r = n.AttrString("reduction", "none");
+    Reduction red;
+    if (r == "none") red = Reduction::kNone;
+    else if (r == "add") red = Reduction::kAdd;
+    else if (r == "mul") red = Reduction::kMul;
+    else if (r == "max") red = Reduction::kMax;
+    else if (r == "min") red = Reduction::kMin;
+    else return InvalidArgument(n.Describe(), ": expected reduction none, add, mul, max or min, got '", r, "'");
+    return std::unique_ptr<OpKernel>(new ScatterElementsKernel(n.AttrInt("axis", 0), red));
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView& idx = *ctx.input(1);
+    const TensorView& upd = *ctx.input(2);
+    if (x.rank == 0) return InvalidArgument("expected data of rank >= 1, got a scalar");
+    if (DimVector(upd.dim_span()) != DimVector(idx.dim_span()))
+      return InvalidArgument("expected updates of the indices' shape ", DimsToString(idx.dim_span()), ", got ",
+                             DimsToString(upd.dim_span()));
+    ASSIGN_OR_RETURN(int axis, NormalisedAxis(axis_, x.rank));
+    std::vector<int64_t> offsets;
+    RETURN_IF_ERROR(IndexedOffsets(x, idx, axis, &offsets));
+    TensorView* y = ctx.Output(0, x.dim_span());
+    if (!y) return absl::OkStatus();
+    if (y->data != x.data && x.nbytes()) std::memcpy(y->data, x.data, x.nbytes());
+    if (reduction_ == Reduction::kNone) {
+      const size_t es = ElementSize(x.dtype);
+      for (size_t p = 0; p < offsets.size(); ++p)
+        std::memcpy(static_cast<char*>(y->data) + offsets[p] * es, static_cast<const char*>(upd.data) + p * es, es);
+      return absl::OkStatus();
+    }
+    switch (x.dtype) {
+      case DataType::kFloat32: Combine<float>(offsets, upd, *y); break;
+      case DataType::kFloat64: Combine<double>(offsets, upd, *y); break;
+      case DataType::kInt32: Combine<int32_t>(offsets, upd, *y); break;
+      case DataType::kInt64: Combine<int64_t>(offsets, upd, *y); break;
+      default: return InvalidArgument("a reduction over ", DataTypeName(x.dtype), " data");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  enum class Reduction { kNone, kAdd, kMul, kMax, kMin };
+  ScatterElementsKernel(int64_t axis, Reduction reduction) : axis_(axis), reduction_(reduction) {}
+
+  template <typename T>
+  void Combine(const std::vector<int64_t>& offsets, const TensorView& upd, TensorView& y) const {
+    T* out = y.as<T>();
+    const T* u = upd.as<T>();
+    for (size_t p = 0; p < offsets.size(); ++p) {
+      T& o = out[offsets[p]];
+      switch (reduction_) {
+        case Reduction::kAdd: o = o + u[p]; break;
+        case Reduction::kMul: o = o * u[p]; break;
+        case Reduction::kMax: o = std::max(o, u[p]); break;
+        default: o = std::min(o, u[p]); break;
+      }
+    }
+  }
+
+  int64_t axis_;
+  Reduction reduction_;
+};
+
 }  // namespace
 
 void RegisterAxisKernels(KernelRegistry& r) {
@@ -168,6 +301,11 @@ void RegisterAxisKernels(KernelRegistry& r) {
                                          DataType::kInt64,   DataType::kUInt8,   DataType::kInt8};
   for (const char* op : {"ArgMax", "ArgMin"})
     r.Register({"", op, 1, 1 << 30, InputTypeIn(0, ordered), MakeFactory<ArgExtremeKernel>()});
+  const SupportsFn int_indices = InputTypeIn(1, {DataType::kInt32, DataType::kInt64});
+  r.Register({"", "GatherElements", 11, 1 << 30, AllOf({InputTypeIn(0, FixedSizeTypes()), int_indices}),
+              MakeFactory<GatherElementsKernel>()});
+  r.Register({"", "ScatterElements", 11, 1 << 30, AllOf({InputTypeIn(0, FixedSizeTypes()), int_indices}),
+              MakeCheckedFactory<ScatterElementsKernel>()});
 }
 
 }  // namespace cleave::providers
