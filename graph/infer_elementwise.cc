@@ -145,6 +145,13 @@ absl::Status InferCast(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+absl::Status InferFloatClass(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(
+      ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}));
+  ctx.SetOutput(0, DataType::kBool, ctx.input_shape(0));
+  return absl::OkStatus();
+}
+
 absl::Status InferCastLike(InferContext& ctx) {
   ctx.SetOutput(0, ctx.input_dtype(1), ctx.input_shape(0));
   return absl::OkStatus();

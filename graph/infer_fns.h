@@ -25,7 +25,8 @@ absl::Status InferVariadicMinMax(InferContext& ctx);
 absl::Status InferWhere(InferContext& ctx);
 absl::Status InferClip(InferContext& ctx);
 absl::Status InferCast(InferContext& ctx);
-absl::Status InferCastLike(InferContext& ctx);  // input 0's shape in input 1's dtype
+absl::Status InferCastLike(InferContext& ctx);
+absl::Status InferFloatClass(InferContext& ctx);  // IsNaN, IsInf: bool of a float input's shape  // input 0's shape in input 1's dtype
 
 // infer_nn.cc
 absl::Status InferMatMul(InferContext& ctx);

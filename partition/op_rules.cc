@@ -333,6 +333,11 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   if (!cleave && kLinearUnary.count(op)) return Elementwise(n, {0}, Linearity::kEach, {0});
   if (!cleave && kCompare.count(op)) return Elementwise(n, {0, 1}, Linearity::kNone, {});
   if (!cleave && (op == "Add" || op == "Sub")) return Elementwise(n, {0, 1}, Linearity::kAll, {0, 1});
+  if (!cleave && (op == "Sum" || op == "Mean")) {
+    std::vector<int> all(static_cast<size_t>(n.num_inputs()));
+    std::iota(all.begin(), all.end(), 0);
+    return Elementwise(n, all, Linearity::kAll, all);
+  }
   if (!cleave && op == "Mul") return Elementwise(n, {0, 1}, Linearity::kEach, {0, 1});
   if (!cleave && op == "Div") return Elementwise(n, {0, 1}, Linearity::kEach, {0});
   if (!cleave && op == "Where") return Elementwise(n, {0, 1, 2}, Linearity::kNone, {});

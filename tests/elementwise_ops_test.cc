@@ -188,6 +188,39 @@ TEST(ElementwiseUnaryTest, ActivationsAndMathFollowTheOnnxDefinitions) {
       .ExpectFailure("expected a non-zero alpha").Run();
 }
 
+// Mod takes the divisor's sign (fmod 0) or the dividend's (fmod 1); an integer remainder by 0
+// is 0 and INT_MIN % -1 does not trap. Sum and Mean fold any number of broadcast inputs (one
+// input is itself). Xor, IsNaN and IsInf write bool.
+TEST(ElementwiseBinaryTest, ModSumMeanXorAndFloatClasses) {
+  OpTester("Mod", 13).Input<int32_t>("a", {4}, {7, -7, 7, -7}).Input<int32_t>("b", {4}, {3, 3, -3, -3})
+      .Output<int32_t>("c", {4}, {1, 2, -2, -1}).Run();
+  OpTester("Mod", 13).Attr("fmod", int64_t{1}).Input<int32_t>("a", {4}, {7, -7, 7, -7})
+      .Input<int32_t>("b", {4}, {3, 3, -3, -3}).Output<int32_t>("c", {4}, {1, -1, 1, -1}).Run();
+  const int64_t kMin = std::numeric_limits<int64_t>::min();
+  OpTester("Mod", 13).Input<int64_t>("a", {3}, {5, kMin, 9}).Input<int64_t>("b", {3}, {0, -1, 4})
+      .Output<int64_t>("c", {3}, {0, 0, 1}).Run();
+  OpTester("Mod", 13).Attr("fmod", int64_t{1}).Input<float>("a", {3}, {5.5f, -5.5f, 2.f})
+      .Input<float>("b", {1}, {2.f}).Output<float>("c", {3}, {1.5f, -1.5f, 0.f}).Run();
+  OpTester("Mod", 13).Attr("fmod", int64_t{2}).Input<float>("a", {1}, {1.f}).Input<float>("b", {1}, {2.f})
+      .UncheckedOutput("c").ExpectFailure("expected fmod 0 or 1").Run();
+  OpTester("Sum", 13).Input<float>("a", {2, 2}, {1, 2, 3, 4}).Input<float>("b", {2}, {10, 20})
+      .Input<float>("c", {2, 1}, {100, 200}).Output<float>("y", {2, 2}, {111, 122, 213, 224}).Run();
+  OpTester("Sum", 13).Input<double>("a", {2}, {1.5, -2}).Output<double>("y", {2}, {1.5, -2}).Run();
+  OpTester("Mean", 13).Input<float>("a", {2}, {1, 2}).Input<float>("b", {2}, {3, 5}).Input<float>("c", {1}, {2})
+      .Output<float>("y", {2}, {2, 3}).Run();
+  OpTester("Xor", 7).InputTensor("a", Tensor::FromVector<bool>({true, true, false, false}, {4}))
+      .InputTensor("b", Tensor::FromVector<bool>({true, false, true, false}, {4}))
+      .OutputTensor("c", Tensor::FromVector<bool>({false, true, true, false}, {4})).Run();
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> v = {1.f, inf, -inf, nan};
+  OpTester("IsNaN", 13).Input<float>("x", {4}, v)
+      .OutputTensor("y", Tensor::FromVector<bool>({false, false, false, true}, {4})).Run();
+  OpTester("IsInf", 10).Input<float>("x", {4}, v)
+      .OutputTensor("y", Tensor::FromVector<bool>({false, true, true, false}, {4})).Run();
+  OpTester("IsInf", 10).Attr("detect_positive", int64_t{0}).Input<float>("x", {4}, v)
+      .OutputTensor("y", Tensor::FromVector<bool>({false, false, true, false}, {4})).Run();
+}
+
 // Size counts the elements (an int64 scalar); CastLike casts to the type of its second input.
 TEST(ElementwiseUnaryTest, SizeAndCastLike) {
   OpTester("Size", 13).Input<float>("x", {2, 3, 4}, F32(24, 1.f)).Output<int64_t>("n", {}, {24}).Run();

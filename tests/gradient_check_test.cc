@@ -154,6 +154,8 @@ const GradCase kCases[] = {
     {"GatherElements_axis1", "input x: float64[2,3]\ninit i: int32[2,2] = 2 0 1 1\ny = GatherElements(x, i) {axis = 1}\noutput y"},
     {"ScatterElements", "input x: float64[3,3]\ninit i: int64[1,3] = 2 0 1\ninput u: float64[1,3]\ny = ScatterElements(x, i, u)\noutput y"},
     {"ScatterElements_add", "opset 18\ninput x: float64[2,4]\ninit i: int64[2,3] = 1 1 3 0 2 2\ninput u: float64[2,3]\ny = ScatterElements(x, i, u) {axis = 1, reduction = \"add\"}\noutput y"},
+    {"Sum_three_broadcast", "input a: float64[2,3]\ninput b: float64[3]\ninput c: float64[2,1]\ny = Sum(a, b, c)\noutput y"},
+    {"Mean_two", "input a: float64[2,3]\ninput b: float64[1,3]\ny = Mean(a, b)\noutput y"},
     // The step functions pass no gradient: x + step(x) has the gradient 1 of x alone.
     {"Floor", "input x: float64[6]\nf = Floor(x)\ny = Add(x, f)\noutput y", -3, 3},
     {"Ceil", "input x: float64[6]\nf = Ceil(x)\ny = Add(x, f)\noutput y", -3, 3},

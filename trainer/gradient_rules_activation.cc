@@ -117,6 +117,19 @@ absl::Status ThresholdedReluGrad(GradBuilder& b) {  // 1 for x > alpha, else 0
   return Piecewise(b, b.Op("Greater", {b.x(0), b.Const(Attr(b, "alpha", 1), b.x(0))}), nullptr);
 }
 
+// Sum: dy to every input, summed over the dims it was broadcast along; Mean: dy / n.
+absl::Status SumMeanGrad(GradBuilder& b) {
+  const int n = b.fwd().num_inputs();
+  Value* g = b.fwd().op_type() == "Mean" ? b.Op("Mul", {b.dy(), b.Const(1.0 / n, b.dy())}) : b.dy();
+  for (int i = 0; i < n; ++i) {
+    if (!b.NeedsGrad(i)) continue;
+    absl::StatusOr<Value*> dx = b.ReduceTo(g, b.x(i));
+    if (!dx.ok()) return dx.status();
+    b.SetGrad(i, *dx);
+  }
+  return absl::OkStatus();
+}
+
 // Floor, Ceil, Round, Sign: flat between their steps; no gradient flows back.
 absl::Status StepGrad(GradBuilder&) { return absl::OkStatus(); }
 
@@ -147,6 +160,8 @@ void RegisterActivationRules(std::map<std::string, GradRule>& rules) {
       {"::Ceil", StepGrad},
       {"::Round", StepGrad},
       {"::Sign", StepGrad},
+      {"::Sum", SumMeanGrad},
+      {"::Mean", SumMeanGrad},
   };
   rules.insert(mine.begin(), mine.end());
 }

@@ -29,6 +29,25 @@ T DivOp(T a, T b) {
   }
 }
 
+// a mod b with the sign of b (floor) or, for fmod, of a (truncation).
+template <typename T>
+T ModOp(T a, T b, bool fmod) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (fmod) return std::fmod(a, b);
+    const T r = std::fmod(a, b);
+    return r != T(0) && ((r < T(0)) != (b < T(0))) ? r + b : r;
+  } else {
+    if (b == T(0)) return T(0);
+    if constexpr (std::is_signed_v<T>) {
+      if (b == T(-1)) return T(0);  // also MIN % -1, which traps in C
+      const T r = static_cast<T>(a % b);
+      return !fmod && r != T(0) && ((r < T(0)) != (b < T(0))) ? static_cast<T>(r + b) : r;
+    } else {
+      return static_cast<T>(a % b);
+    }
+  }
+}
+
 // NaN-propagating max/min (numpy.maximum/minimum): a NaN in either operand wins.
 template <typename T>
 T MaxOp(T a, T b) {
@@ -64,6 +83,12 @@ void Arithmetic(BinaryOp op, const TensorView& a, const TensorView& b, const Ten
       return;
     case BinaryOp::kMin:
       BroadcastBinary<T, T, T>(a, b, out, g, pool, [](T x, T y) { return MinOp(x, y); });
+      return;
+    case BinaryOp::kMod:
+      BroadcastBinary<T, T, T>(a, b, out, g, pool, [](T x, T y) { return ModOp(x, y, false); });
+      return;
+    case BinaryOp::kFmod:
+      BroadcastBinary<T, T, T>(a, b, out, g, pool, [](T x, T y) { return ModOp(x, y, true); });
       return;
     default: CLEAVE_CHECK(false && "not an arithmetic op");
   }
@@ -105,6 +130,9 @@ void Logical(BinaryOp op, const TensorView& a, const TensorView& b, const Tensor
   } else if (op == BinaryOp::kOr) {
     BroadcastBinary<uint8_t, uint8_t, uint8_t>(
         a, b, out, g, pool, [](uint8_t x, uint8_t y) -> uint8_t { return (x | y) != 0; });
+  } else if (op == BinaryOp::kXor) {
+    BroadcastBinary<uint8_t, uint8_t, uint8_t>(
+        a, b, out, g, pool, [](uint8_t x, uint8_t y) -> uint8_t { return (x != 0) != (y != 0); });
   } else {
     BroadcastBinary<uint8_t, uint8_t, uint8_t>(
         a, b, out, g, pool, [](uint8_t x, uint8_t y) -> uint8_t { return (x != 0) == (y != 0); });
@@ -124,7 +152,7 @@ bool IsComparison(BinaryOp op) {
 }
 
 bool BinarySupports(BinaryOp op, DataType t) {
-  if (op == BinaryOp::kAnd || op == BinaryOp::kOr) return t == DataType::kBool;
+  if (op == BinaryOp::kAnd || op == BinaryOp::kOr || op == BinaryOp::kXor) return t == DataType::kBool;
   if (op == BinaryOp::kEqual && t == DataType::kBool) return true;
   return IsNumericType(t);
 }

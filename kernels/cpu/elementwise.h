@@ -56,8 +56,10 @@ enum class BinaryOp {
   kAdd, kSub, kMul, kDiv,  // integer Div truncates toward zero, as C does; x / 0 gives 0
   kMax, kMin,              // NaN in either operand gives NaN, as numpy's maximum does
   kEqual, kLess, kGreater, kLessOrEqual, kGreaterOrEqual,  // write bool
-  kAnd, kOr,               // bool only
-};
+  kAnd, kOr, kXor,         // bool only
+  kMod,                    // the remainder with the divisor's sign (Python's %; ONNX Mod, fmod 0)
+  kFmod,                   // the remainder with the dividend's sign (C's fmod; ONNX Mod, fmod 1)
+};                         // an integer remainder by 0 gives 0
 bool BinarySupports(BinaryOp op, DataType t);
 bool IsComparison(BinaryOp op);
 // out = op(a, b) with a and b broadcast to out's dims (each input dim is 1 or out's).

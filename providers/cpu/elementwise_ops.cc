@@ -3,6 +3,8 @@
 // Compute only computes output dims, asks for the output and calls the kernel function.
 // Dtype claims here are exactly what kernels/cpu/elementwise.h implements.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -78,6 +80,42 @@ class BinaryKernel : public OpKernel {
   std::string node_;
 };
 
+// Mod: the remainder with the divisor's sign, or with fmod = 1 the dividend's (C's fmod).
+absl::StatusOr<std::unique_ptr<OpKernel>> CreateMod(const graph::Node& n, int) {
+  const int64_t fmod = n.AttrInt("fmod", 0);
+  if (fmod != 0 && fmod != 1) return InvalidArgument(n.Describe(), ": expected fmod 0 or 1, got ", fmod);
+  return std::unique_ptr<OpKernel>(new BinaryKernel(fmod ? kc::BinaryOp::kFmod : kc::BinaryOp::kMod, n));
+}
+
+// IsNaN, and IsInf (detect_positive, detect_negative): bool of x's shape.
+class FloatClassKernel : public OpKernel {
+ public:
+  FloatClassKernel(const graph::Node& n, int)
+      : nan_(n.op_type() == "IsNaN"),
+        positive_(n.AttrInt("detect_positive", 1) != 0),
+        negative_(n.AttrInt("detect_negative", 1) != 0) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    TensorView* y = ctx.Output(0, x.dim_span());
+    if (!y) return absl::OkStatus();
+    if (x.dtype == DT::kFloat64) Run<double>(x, *y);
+    else Run<float>(x, *y);
+    return absl::OkStatus();
+  }
+
+ private:
+  template <typename T>
+  void Run(const TensorView& x, TensorView& y) const {
+    const T* p = x.as<T>();
+    bool* out = y.as<bool>();
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const T v = p[i];
+      out[i] = nan_ ? std::isnan(v) : std::isinf(v) && (v > 0 ? positive_ : negative_);
+    }
+  }
+  bool nan_, positive_, negative_;
+};
+
 class PowKernel : public OpKernel {
  public:
   PowKernel(const graph::Node& n, int) : node_(n.Describe()) {}
@@ -97,9 +135,10 @@ class PowKernel : public OpKernel {
 
 // Max and Min of any number of inputs: out = op(in0, in1), then out = op(out, in_k).
 // A single input is op(in0, in0), its own value.
+// Max, Min and Sum over any number of inputs, broadcast together; Mean is Sum / n.
 class VariadicKernel : public OpKernel {
  public:
-  VariadicKernel(kc::BinaryOp op, const graph::Node& n) : op_(op), node_(n.Describe()) {}
+  VariadicKernel(kc::BinaryOp op, const graph::Node& n) : op_(op), mean_(n.op_type() == "Mean"), node_(n.Describe()) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const int n = ctx.num_inputs();
     // Fold the broadcast over the inputs pairwise: no per-run allocation for any n.
@@ -115,13 +154,29 @@ class VariadicKernel : public OpKernel {
     TensorView* out = ctx.Output(0, acc.dim_span());
     if (!out) return absl::OkStatus();
     const TensorView* in0 = ctx.input(0);
-    kc::Binary(op_, *in0, n > 1 ? *ctx.input(1) : *in0, *out, ctx.thread_pool());
+    if (n == 1) {  // the input itself (not op(x, x): Sum would double it)
+      if (in0->nbytes()) std::memcpy(out->data, in0->data, in0->nbytes());
+      return absl::OkStatus();
+    }
+    kc::Binary(op_, *in0, *ctx.input(1), *out, ctx.thread_pool());
     for (int i = 2; i < n; ++i) kc::Binary(op_, *out, *ctx.input(i), *out, ctx.thread_pool());
+    if (mean_) {
+      if (out->dtype == DT::kFloat64) Scale<double>(*out, n);
+      else Scale<float>(*out, n);
+    }
     return absl::OkStatus();
   }
 
  private:
+  template <typename T>
+  static void Scale(TensorView& t, int n) {
+    T* p = t.as<T>();
+    const T inv = T(1) / static_cast<T>(n);
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] *= inv;
+  }
+
   kc::BinaryOp op_;
+  bool mean_;
   std::string node_;
 };
 
@@ -326,12 +381,18 @@ void RegisterElementwiseKernels(KernelRegistry& r) {
       {"Greater", B::kGreater, &kNumericTypes}, {"LessOrEqual", B::kLessOrEqual, &kNumericTypes},
       {"GreaterOrEqual", B::kGreaterOrEqual, &kNumericTypes},
       {"And", B::kAnd, &kBoolType},             {"Or", B::kOr, &kBoolType},
+      {"Xor", B::kXor, &kBoolType},
   };
   for (const BinaryRow& b : binary)
     r.Register(Def("", b.op, AllOf({InputTypeIn(0, *b.types), InputTypeIn(1, *b.types)}),
                    OpFactory<BinaryKernel>(b.fn)));
   r.Register(Def("", "Max", InputTypeIn(0, kNumericTypes), OpFactory<VariadicKernel>(B::kMax)));
   r.Register(Def("", "Min", InputTypeIn(0, kNumericTypes), OpFactory<VariadicKernel>(B::kMin)));
+  r.Register(Def("", "Sum", InputTypeIn(0, kFloatTypes), OpFactory<VariadicKernel>(B::kAdd)));
+  r.Register(Def("", "Mod", AllOf({InputTypeIn(0, kNumericTypes), InputTypeIn(1, kNumericTypes)}), CreateMod));
+  for (const char* op : {"IsNaN", "IsInf"})
+    r.Register(Def("", op, InputTypeIn(0, kFloatTypes), MakeFactory<FloatClassKernel>()));
+  r.Register(Def("", "Mean", InputTypeIn(0, kFloatTypes), OpFactory<VariadicKernel>(B::kAdd)));
   r.Register(Def("", "Pow", AllOf({InputTypeIn(0, kPowBaseTypes), InputTypeIn(1, kNumericTypes)}),
                  MakeFactory<PowKernel>()));
   r.Register(Def("", "Where",
