@@ -166,6 +166,22 @@ OpSchema SoftmaxCrossEntropyLossGradSchema() {
   return s;
 }
 
+OpSchema NegativeLogLikelihoodLossGradSchema() {
+  OpSchema s;
+  s.SetName("NegativeLogLikelihoodLossGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Gradient of NegativeLogLikelihoodLoss with respect to its input; see docs/ops.md.")
+      .Input(0, "dY", "gradient of the loss", "T")
+      .Input(1, "input", "the forward's input [N, C, ...], log-probabilities", "T")
+      .Input(2, "target", "targets [N, ...]", "Tind")
+      .Input(3, "weight", "class weights [C]", "T", OpSchema::Optional)
+      .Output(0, "d_input", "gradient of the input", "T")
+      .Attr("reduction", "'none', 'sum' or 'mean'", AttributeProto::STRING, std::string("mean"))
+      .Attr("ignore_index", "target whose positions get no gradient", AttributeProto::INT, false)
+      .TypeConstraint("T", kGradTypes, "float tensors")
+      .TypeConstraint("Tind", kIndexTypes, "target tensors");
+  return s;
+}
+
 // SoftmaxGrad and LogSoftmaxGrad: (dY, Y) {axis} -> dX.
 OpSchema SoftmaxGradSchema(const char* name, const char* doc) {
   OpSchema s;
@@ -478,6 +494,7 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(GatherGradSchema());
     onnx::RegisterSchema(SliceGradSchema());
     onnx::RegisterSchema(SoftmaxCrossEntropyLossGradSchema());
+    onnx::RegisterSchema(NegativeLogLikelihoodLossGradSchema());
     onnx::RegisterSchema(SoftmaxGradSchema(
         "SoftmaxGrad", "dX = Y * (dY - sum(dY * Y, axis)); see docs/ops.md."));
     onnx::RegisterSchema(SoftmaxGradSchema(

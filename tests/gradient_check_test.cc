@@ -156,6 +156,10 @@ const GradCase kCases[] = {
     {"ScatterElements_add", "opset 18\ninput x: float64[2,4]\ninit i: int64[2,3] = 1 1 3 0 2 2\ninput u: float64[2,3]\ny = ScatterElements(x, i, u) {axis = 1, reduction = \"add\"}\noutput y"},
     {"Sum_three_broadcast", "input a: float64[2,3]\ninput b: float64[3]\ninput c: float64[2,1]\ny = Sum(a, b, c)\noutput y"},
     {"Mean_two", "input a: float64[2,3]\ninput b: float64[1,3]\ny = Mean(a, b)\noutput y"},
+    {"NegativeLogLikelihoodLoss_mean", "input x: float64[4,3]\ninit t: int64[4] = 2 0 1 2\ny = NegativeLogLikelihoodLoss(x, t)\noutput y"},
+    {"NegativeLogLikelihoodLoss_weighted_ignored", "input x: float64[3,4,2]\ninit t: int64[3,2] = 0 3 -1 1 2 -1\ninit w: float64[4] = 0.5 2 1 1.5\ny = NegativeLogLikelihoodLoss(x, t, w) {ignore_index = -1}\noutput y"},
+    {"NegativeLogLikelihoodLoss_none", "input x: float64[2,3,2]\ninit t: int32[2,2] = 1 0 2 2\ny = NegativeLogLikelihoodLoss(x, t) {reduction = \"none\"}\noutput y"},
+    {"NegativeLogLikelihoodLoss_sum", "input x: float64[3,5]\ninit t: int64[3] = 4 4 0\ny = NegativeLogLikelihoodLoss(x, t) {reduction = \"sum\"}\noutput y"},
     // The step functions pass no gradient: x + step(x) has the gradient 1 of x alone.
     {"Floor", "input x: float64[6]\nf = Floor(x)\ny = Add(x, f)\noutput y", -3, 3},
     {"Ceil", "input x: float64[6]\nf = Ceil(x)\ny = Add(x, f)\noutput y", -3, 3},

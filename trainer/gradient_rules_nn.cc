@@ -201,6 +201,20 @@ absl::Status SoftmaxCrossEntropyLossGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// NegativeLogLikelihoodLoss over log-probabilities: d loss / d input = -onehot(label)
+// w[label] scaled as the reduction scales (ai.cleave.NegativeLogLikelihoodLossGrad). Labels
+// and weights get no gradient.
+absl::Status NegativeLogLikelihoodLossGrad(GradBuilder& b) {
+  std::vector<Value*> ins = {b.dy(), b.x(0), b.x(1)};
+  if (b.x(2)) ins.push_back(b.x(2));
+  std::vector<std::pair<std::string, Attribute>> attrs = {
+      {"reduction", Attribute::String(b.fwd().AttrString("reduction", "mean"))}};
+  if (b.fwd().HasAttr("ignore_index"))
+    attrs.emplace_back("ignore_index", Attribute::Int(b.fwd().AttrInt("ignore_index", 0)));
+  b.SetGrad(0, b.Op("ai.cleave.NegativeLogLikelihoodLossGrad", ins, attrs));
+  return absl::OkStatus();
+}
+
 // Attention, by ai.cleave.AttentionGrad: the probabilities are recomputed from q, k, the bias
 // and the forward's saved log-sum-exp (the rule makes the forward output it) instead of being
 // stored. A bias whose gradient is wanted (a learned position bias) gets the scores' gradient
@@ -242,6 +256,7 @@ void RegisterNnRules(std::map<std::string, GradRule>& rules) {
   rules["::Gather"] = GatherGrad;
   rules["::Slice"] = SliceGrad;
   rules["::SoftmaxCrossEntropyLoss"] = SoftmaxCrossEntropyLossGrad;
+  rules["::NegativeLogLikelihoodLoss"] = NegativeLogLikelihoodLossGrad;
 }
 
 }  // namespace cleave::trainer

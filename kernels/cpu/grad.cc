@@ -159,9 +159,12 @@ absl::Status SoftmaxCrossEntropyGrad(const SceParams& p, const T* dy, const T* l
       const double w = weights ? static_cast<double>(weights[label]) : 1.0;
       const int64_t l = label - offset;  // the label's column in this slice (may be outside it)
       const double g = w * (per_position ? static_cast<double>(dy[i]) : static_cast<double>(dy[0]) * scale);
-      // d(-log_softmax(x)[l]) / dx_c = softmax(x)_c - [c == l], softmax = exp(log_prob).
-      for (int64_t c = 0; c < C; ++c)
-        out[c * D] = static_cast<T>(g * (std::exp(static_cast<double>(lp[c * D])) - (c == l ? 1.0 : 0.0)));
+      // d(-log_softmax(x)[l]) / dx_c = softmax(x)_c - [c == l], softmax = exp(log_prob); the
+      // negative log-likelihood of log-probabilities has only the -[c == l].
+      for (int64_t c = 0; c < C; ++c) {
+        const double softmax = p.nll ? 0.0 : std::exp(static_cast<double>(lp[c * D]));
+        out[c * D] = static_cast<T>(g * (softmax - (c == l ? 1.0 : 0.0)));
+      }
     }
   });
   return absl::OkStatus();

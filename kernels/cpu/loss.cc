@@ -63,8 +63,8 @@ absl::Status SoftmaxCrossEntropy(const SceParams& p, const T* scores, const L* l
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t n = i / D, d = i % D;
       const T* x = scores + n * C * D + d;  // x[c * D] is class c at this position
-      const double lse = LogSumExp(x, C, D);
-      if (log_prob) {
+      const double lse = p.nll ? 0.0 : LogSumExp(x, C, D);
+      if (log_prob && !p.nll) {
         T* lp = log_prob + n * C * D + d;
         for (int64_t c = 0; c < C; ++c) lp[c * D] = static_cast<T>(static_cast<double>(x[c * D]) - lse);
       }

@@ -168,6 +168,9 @@ struct SceParams {
   // The gradient over a slice of the classes (a vocabulary-parallel loss): log_prob holds
   // classes [class_offset, class_offset + C) of `num_classes` (0: C, the whole range).
   int64_t class_offset = 0, num_classes = 0;
+  // The scores are already log-probabilities (NegativeLogLikelihoodLoss): the loss is
+  // -w x[label], with no softmax taken, its gradient -w [c == label], and no log_prob output.
+  bool nll = false;
 };
 // InvalidArgument when a label that is not ignore_index lies outside [0, C).
 // Instantiated for T in {float, double}, L in {int32_t, int64_t}.

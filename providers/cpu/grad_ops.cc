@@ -109,6 +109,9 @@ class SceGradKernel : public OpKernel {
     k->class_offset_ = n.AttrInt("class_offset", 0);
     k->num_classes_ = n.AttrInt("num_classes", 0);
     k->from_scores_ = n.AttrInt("from_scores", 0) != 0;
+    k->nll_ = n.op_type() == "NegativeLogLikelihoodLossGrad";
+    if (k->nll_ && (k->from_scores_ || k->class_offset_ || k->num_classes_ || n.HasAttr("to")))
+      return InvalidArgument(n.Describe(), ": takes no from_scores, class_offset, num_classes or to");
     if (k->class_offset_ < 0 || k->num_classes_ < 0)
       return InvalidArgument(n.Describe(), ": class_offset ", k->class_offset_, " and num_classes ", k->num_classes_,
                              " must be >= 0");
@@ -154,6 +157,7 @@ class SceGradKernel : public OpKernel {
     p.ignore_index = ignore_index_;
     p.class_offset = class_offset_;
     p.num_classes = num_classes_;
+    p.nll = nll_;
     if (num_classes_ > 0 && class_offset_ + p.C > num_classes_)
       return InvalidArgument("log_prob holds classes [", class_offset_, ", ", class_offset_ + p.C,
                              ") of num_classes ", num_classes_);
@@ -284,6 +288,7 @@ class SceGradKernel : public OpKernel {
   std::optional<int64_t> ignore_index_;
   int64_t class_offset_ = 0, num_classes_ = 0;
   bool from_scores_ = false;
+  bool nll_ = false;  // NegativeLogLikelihoodLossGrad: input 1 is the forward's log-probabilities
 };
 
 absl::Status ExpectSameDims(const TensorView& dy, const TensorView& t, const char* what) {
@@ -491,6 +496,9 @@ void RegisterGradKernels(KernelRegistry& r) {
   r.Register({c, "SliceGrad", 1, 1, AllOf({InputTypeIn(0, floats), InputTypeIn(1, {DataType::kInt64})}),
               MakeFactory<SliceGradKernel>()});
   // Input 1 may be bf16 / fp16 scores (from_scores; the kernel checks).
+  r.Register({c, "NegativeLogLikelihoodLossGrad", 1, 1,
+              AllOf({InputTypeIn(0, floats), InputTypeIn(1, floats), InputTypeIn(2, ints)}),
+              MakeCheckedFactory<SceGradKernel>()});
   r.Register({c, "SoftmaxCrossEntropyLossGrad", 1, 1,
               AllOf({InputTypeIn(0, floats),
                      InputTypeIn(1, {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16, DataType::kFloat16}),

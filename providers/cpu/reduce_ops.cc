@@ -201,6 +201,7 @@ class SceKernel : public OpKernel {
     auto k = std::unique_ptr<SceKernel>(new SceKernel());
     k->reduction_ = attrs.reduction;
     k->ignore_index_ = attrs.ignore_index;
+    k->nll_ = n.op_type() == "NegativeLogLikelihoodLoss";
     return std::unique_ptr<OpKernel>(std::move(k));
   }
 
@@ -216,9 +217,10 @@ class SceKernel : public OpKernel {
     for (int k = 2; k < scores.rank; ++k) p.D *= scores.dims[k];
     p.reduction = reduction_;
     p.ignore_index = ignore_index_;
+    p.nll = nll_;
     const bool none = reduction_ == LossReduction::kNone;
     TensorView* loss = none ? ctx.Output(0, labels.dim_span()) : ctx.Output(0, {});
-    TensorView* log_prob = ctx.Output(1, scores.dim_span());
+    TensorView* log_prob = nll_ ? nullptr : ctx.Output(1, scores.dim_span());
     const int64_t positions = p.N * p.D;
     double* scratch = none ? nullptr : static_cast<double*>(ctx.Scratch(2 * positions * sizeof(double) + 8));
     // An unread loss output still has to go somewhere while log_prob is computed.
@@ -258,6 +260,7 @@ class SceKernel : public OpKernel {
 
   LossReduction reduction_ = LossReduction::kMean;
   std::optional<int64_t> ignore_index_;
+  bool nll_ = false;  // NegativeLogLikelihoodLoss: the scores are log-probabilities
 };
 
 }  // namespace
@@ -291,6 +294,10 @@ void RegisterReduceKernels(KernelRegistry& r) {
                 }});
   }
   r.Register({"", "SoftmaxCrossEntropyLoss", 12, 13,
+              AllOf({InputTypeIn(0, {DataType::kFloat32, DataType::kFloat64}),
+                     InputTypeIn(1, {DataType::kInt32, DataType::kInt64})}),
+              MakeCheckedFactory<SceKernel>()});
+  r.Register({"", "NegativeLogLikelihoodLoss", 12, 1 << 30,
               AllOf({InputTypeIn(0, {DataType::kFloat32, DataType::kFloat64}),
                      InputTypeIn(1, {DataType::kInt32, DataType::kInt64})}),
               MakeCheckedFactory<SceKernel>()});
