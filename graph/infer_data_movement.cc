@@ -265,6 +265,66 @@ absl::Status InferSlice(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+absl::Status InferPad(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
+  const Shape& x = ctx.input_shape(0);
+  const Tensor* pads = ctx.input_constant(1);
+  const bool axes_given = ctx.num_inputs() > 3 && ctx.has_input(3);
+  const Tensor* axes = axes_given ? ctx.input_constant(3) : nullptr;
+  if (!x.has_rank() || !pads || (axes_given && !axes)) {
+    ctx.SetOutput(0, ctx.input_dtype(0), x.has_rank() ? UnknownDims(x.rank()) : Shape());
+    return absl::OkStatus();
+  }
+  const int r = x.rank();
+  std::vector<int64_t> which;
+  if (axes) {
+    for (int64_t a : axes->ToInt64Vector()) {
+      if (a < -r || a >= r) return ctx.Error("axis ", a, " is out of range for data of rank ", r);
+      which.push_back(a < 0 ? a + r : a);
+    }
+  } else {
+    for (int k = 0; k < r; ++k) which.push_back(k);
+  }
+  const std::vector<int64_t> p = pads->ToInt64Vector();
+  if (p.size() != 2 * which.size())
+    return ctx.Error("expected ", 2 * which.size(), " pads (begins then ends of ", which.size(), " dims), got ",
+                     p.size());
+  std::vector<Dim> out = x.dims();
+  for (size_t j = 0; j < which.size(); ++j) {
+    Dim& d = out[static_cast<size_t>(which[j])];
+    if (!d.is_static()) {
+      if (p[j] != 0 || p[which.size() + j] != 0) d = Dim();
+      continue;
+    }
+    const int64_t v = d.value + p[j] + p[which.size() + j];
+    if (v < 0) return ctx.Error("pads crop dim ", which[j], " of ", d.value, " below 0");
+    d = Dim(v);
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
+absl::Status InferTile(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
+  const Shape& x = ctx.input_shape(0);
+  const Tensor* rep = ctx.input_constant(1);
+  if (!x.has_rank() || !rep) {
+    ctx.SetOutput(0, ctx.input_dtype(0), x.has_rank() ? UnknownDims(x.rank()) : Shape());
+    return absl::OkStatus();
+  }
+  const std::vector<int64_t> n = rep->ToInt64Vector();
+  if (static_cast<int>(n.size()) != x.rank())
+    return ctx.Error("expected ", x.rank(), " repeats (one per dim), got ", n.size());
+  std::vector<Dim> out = x.dims();
+  for (size_t k = 0; k < n.size(); ++k) {
+    if (n[k] < 0) return ctx.Error("repeat ", n[k], " of dim ", k, " is negative");
+    if (out[k].is_static()) out[k] = Dim(out[k].value * n[k]);
+    else if (n[k] != 1) out[k] = Dim();
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
 // Indices of data's rank, each dim but the axis's no larger than data's.
 absl::Status CheckElementIndices(InferContext& ctx, const Shape& data, const Shape& idx) {
   RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt32, DataType::kInt64}));

@@ -128,6 +128,8 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "Shape", {1, 13, 15, 19, 21}, 1, 1, 1, 1, 1, InferShape, false},
       {kOnnx, "Size", {1, 13, 19, 21}, 1, 1, 1, 1, 1, InferSize, false},
       {kOnnx, "CumSum", {11, 14}, 11, 2, 2, 1, 1, InferCumSum, true},
+      {kOnnx, "Pad", {1, 2, 11, 13, 18, 19, 21}, 11, 2, 4, 1, 1, InferPad, true},
+      {kOnnx, "Tile", {1, 6, 13}, 6, 2, 2, 1, 1, InferTile, true},
       {kOnnx, "GatherElements", {11, 13}, 11, 2, 2, 1, 1, InferGatherElements, true},
       {kOnnx, "ScatterElements", {11, 13, 16, 18}, 11, 3, 3, 1, 1, InferScatterElements, true},
       {kOnnx, "ArgMax", {1, 11, 12, 13}, 1, 1, 1, 1, 1, InferArgExtreme, false},

@@ -160,6 +160,9 @@ const GradCase kCases[] = {
     {"NegativeLogLikelihoodLoss_weighted_ignored", "input x: float64[3,4,2]\ninit t: int64[3,2] = 0 3 -1 1 2 -1\ninit w: float64[4] = 0.5 2 1 1.5\ny = NegativeLogLikelihoodLoss(x, t, w) {ignore_index = -1}\noutput y"},
     {"NegativeLogLikelihoodLoss_none", "input x: float64[2,3,2]\ninit t: int32[2,2] = 1 0 2 2\ny = NegativeLogLikelihoodLoss(x, t) {reduction = \"none\"}\noutput y"},
     {"NegativeLogLikelihoodLoss_sum", "input x: float64[3,5]\ninit t: int64[3] = 4 4 0\ny = NegativeLogLikelihoodLoss(x, t) {reduction = \"sum\"}\noutput y"},
+    {"Pad", "input x: float64[2,3]\ninit p: int64[4] = 1 0 0 2\ny = Pad(x, p)\noutput y"},
+    {"Pad_crops_and_pads_on_axes", "opset 18\ninput x: float64[3,4,2]\ninit p: int64[4] = -1 2 1 -1\ninit v: float64[] = 0.5\ninit a: int64[2] = 0 -2\ny = Pad(x, p, v, a)\noutput y"},
+    {"Tile", "input x: float64[2,3]\ninit reps: int64[2] = 3 2\ny = Tile(x, reps)\noutput y"},
     // The step functions pass no gradient: x + step(x) has the gradient 1 of x alone.
     {"Floor", "input x: float64[6]\nf = Floor(x)\ny = Add(x, f)\noutput y", -3, 3},
     {"Ceil", "input x: float64[6]\nf = Ceil(x)\ny = Add(x, f)\noutput y", -3, 3},

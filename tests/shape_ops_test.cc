@@ -479,5 +479,36 @@ TEST(ElementIndexing, GatherAndScatterElements) {
       .Input<float>("u", {1}, {1}).UncheckedOutput("y").ExpectFailure("expected updates of the indices' shape").Run();
 }
 
+// Pad in every mode (reflect does not repeat the edge; wrap starts over), cropping with a
+// negative pad, padding named axes; Tile, zero repeats included; and their bad inputs.
+TEST(PadAndTile, ModesCropsAxesAndErrors) {
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6};  // [2, 3]
+  OpTester("Pad", 13).Input<float>("x", {2, 3}, x).Input<int64_t>("p", {4}, {0, 1, 0, 2})
+      .Input<float>("v", {}, {9}).Output<float>("y", {2, 6}, {9, 1, 2, 3, 9, 9, 9, 4, 5, 6, 9, 9}).Run();
+  OpTester("Pad", 13).Attr("mode", std::string("reflect")).Input<float>("x", {2, 3}, x)
+      .Input<int64_t>("p", {4}, {0, 2, 0, 2}).Output<float>("y", {2, 7}, {3, 2, 1, 2, 3, 2, 1, 6, 5, 4, 5, 6, 5, 4}).Run();
+  OpTester("Pad", 13).Attr("mode", std::string("edge")).Input<float>("x", {2, 3}, x)
+      .Input<int64_t>("p", {4}, {1, 1, 0, 0}).Output<float>("y", {3, 4}, {1, 1, 2, 3, 1, 1, 2, 3, 4, 4, 5, 6}).Run();
+  OpTester("Pad", 19).Attr("mode", std::string("wrap")).Input<float>("x", {2, 3}, x)
+      .Input<int64_t>("p", {4}, {1, 0, 0, 4}).Output<float>("y", {3, 7}, {4, 5, 6, 4, 5, 6, 4, 1, 2, 3, 1, 2, 3, 1,
+                                                                         4, 5, 6, 4, 5, 6, 4}).Run();
+  OpTester("Pad", 18).Input<int32_t>("x", {2, 3}, {1, 2, 3, 4, 5, 6}).Input<int64_t>("p", {2}, {-1, 1})
+      .OmittedInput().Input<int64_t>("axes", {1}, {-1}).Output<int32_t>("y", {2, 3}, {2, 3, 0, 5, 6, 0}).Run();
+  OpTester("Pad", 13).Input<float>("x", {2, 3}, x).Input<int64_t>("p", {2}, {1, 1})
+      .UncheckedOutput("y").ExpectFailure("expected 4 pads").Run();
+  OpTester("Pad", 13).Input<float>("x", {2, 3}, x).Input<int64_t>("p", {4}, {0, -4, 0, 0})
+      .UncheckedOutput("y").ExpectFailure("below 0").Run();
+  OpTester("Pad", 13).Attr("mode", std::string("wrap")).Input<float>("x", {2, 3}, x)
+      .Input<int64_t>("p", {4}, {0, 1, 0, 0}).UncheckedOutput("y").ExpectFailure("expected mode constant, reflect, edge").Run();
+  OpTester("Tile", 13).Input<float>("x", {2, 3}, x).Input<int64_t>("r", {2}, {2, 1})
+      .Output<float>("y", {4, 3}, {1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6}).Run();
+  OpTester("Tile", 13).Input<int64_t>("x", {1, 2}, {7, 8}).Input<int64_t>("r", {2}, {2, 3})
+      .Output<int64_t>("y", {2, 6}, {7, 8, 7, 8, 7, 8, 7, 8, 7, 8, 7, 8}).Run();
+  OpTester("Tile", 13).Input<float>("x", {2, 3}, x).Input<int64_t>("r", {2}, {0, 2})
+      .Output<float>("y", {0, 6}, {}).Run();
+  OpTester("Tile", 13).Input<float>("x", {2, 3}, x).Input<int64_t>("r", {1}, {2})
+      .UncheckedOutput("y").ExpectFailure("expected 2 repeats").Run();
+}
+
 }  // namespace
 }  // namespace cleave::testing

@@ -193,6 +193,42 @@ absl::Status ScatterElementsGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// Pad (constant mode): dx is dy with the padding cropped off (and what the pads cropped padded
+// back with 0): Pad of dy by the negated pads. The other modes read some elements twice; no
+// rule.
+absl::Status PadGrad(GradBuilder& b) {
+  if (b.fwd().AttrString("mode", "constant") != "constant")
+    return b.Error("the gradient of Pad is implemented for mode constant");
+  const Tensor* pads = graph::ConstantInput(b.fwd(), 1);
+  if (!pads) return b.Error("the gradient of Pad needs constant pads");
+  std::vector<int64_t> negated = pads->ToInt64Vector();
+  for (int64_t& p : negated) p = -p;
+  std::vector<Value*> ins = {b.dy(), b.Ints(negated)};
+  if (b.fwd().num_inputs() > 3 && b.x(3)) {
+    ins.push_back(nullptr);  // the constant: 0
+    ins.push_back(b.x(3));
+  }
+  b.SetGrad(0, b.Op("Pad", ins));
+  return absl::OkStatus();
+}
+
+// Tile: dy [r0 d0, r1 d1, ...] viewed as [r0, d0, r1, d1, ...] and summed over the repeats.
+absl::Status TileGrad(GradBuilder& b) {
+  const Tensor* reps = graph::ConstantInput(b.fwd(), 1);
+  if (!reps) return b.Error("the gradient of Tile needs constant repeats");
+  if (!b.x(0)->shape().is_static()) return b.Error("the gradient of Tile needs an input of a static shape");
+  const std::vector<int64_t> d = b.x(0)->shape().StaticDims(), r = reps->ToInt64Vector();
+  std::vector<int64_t> split, axes;
+  for (size_t k = 0; k < d.size(); ++k) {
+    axes.push_back(static_cast<int64_t>(split.size()));
+    split.push_back(r[k]);
+    split.push_back(d[k]);
+  }
+  Value* view = b.Op("Reshape", {b.dy(), b.Ints(split)});
+  b.SetGrad(0, b.ReduceSum(view, axes, /*keepdims=*/false));
+  return absl::OkStatus();
+}
+
 // CumSum: each x_k reaches the sums after it (exclusive: strictly after), so dx is the
 // cumulative sum of dy taken the other way along the axis.
 absl::Status CumSumGrad(GradBuilder& b) {
@@ -240,6 +276,8 @@ void RegisterStructuralRules(std::map<std::string, GradRule>& rules) {
   rules["::ReduceSum"] = ReduceSumGrad;
   rules["::ReduceMean"] = ReduceMeanGrad;
   rules["::CumSum"] = CumSumGrad;
+  rules["::Pad"] = PadGrad;
+  rules["::Tile"] = TileGrad;
   rules["::GatherElements"] = GatherElementsGrad;
   rules["::ScatterElements"] = ScatterElementsGrad;
   for (const char* op : {"::ReduceL1", "::ReduceL2", "::ReduceSumSquare", "::ReduceLogSum", "::ReduceLogSumExp"})

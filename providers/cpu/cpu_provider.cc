@@ -31,6 +31,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterSwiGluKernels(registry_);
   RegisterRotaryKernels(registry_);
   RegisterAxisKernels(registry_);
+  RegisterPadTileKernels(registry_);
   RegisterOptimizerKernels(registry_);
   RegisterCollectiveKernels(registry_);
   RegisterLowPrecisionKernels(registry_);
