@@ -54,6 +54,8 @@ absl::Status InferShape(InferContext& ctx);
 absl::Status InferSize(InferContext& ctx);  // an int64 scalar
 absl::Status InferGatherElements(InferContext& ctx);   // indices' shape, data's dtype
 absl::Status InferScatterElements(InferContext& ctx);  // data's shape and dtype
+absl::Status InferConv(InferContext& ctx);      // Y [N, M, out...] from X, W and the attributes
+absl::Status InferConvGrad(InferContext& ctx);  // dX, dW, dB of X's, W's and [M]
 absl::Status InferPad(InferContext& ctx);   // data's dtype; dims known where the pads (and axes) are constant
 absl::Status InferTile(InferContext& ctx);  // data's dtype; dims known where the repeats are constant
 absl::Status InferCumSum(InferContext& ctx);       // x's dtype and shape; a one-element integer axis

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "graph/infer_fns.h"
+#include "graph/infer_shape_util.h"
 #include "graph/infer_util.h"
 
 namespace cleave::graph {
@@ -283,6 +284,61 @@ absl::Status InferLayerNorm(InferContext& ctx) {
   std::vector<Dim> stat = x.dims();
   for (int k = axis; k < x.rank(); ++k) stat[k] = Dim(1);
   for (int i = 1; i <= inv; ++i) ctx.SetOutput(i, stash_type, Shape(stat));
+  return absl::OkStatus();
+}
+
+absl::Status InferConv(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}));
+  RETURN_IF_ERROR(ExpectSameDtype(ctx, 1));
+  if (ctx.has_input(2)) RETURN_IF_ERROR(ExpectSameDtype(ctx, 2));
+  const Shape& x = ctx.input_shape(0);
+  const Shape& w = ctx.input_shape(1);
+  if (!x.has_rank() || !w.has_rank()) {
+    ctx.SetOutput(0, ctx.input_dtype(0), x.has_rank() ? UnknownDims(x.rank()) : Shape());
+    return absl::OkStatus();
+  }
+  const int r = x.rank(), s = r - 2;
+  if (r < 3 || w.rank() != r)
+    return ctx.Error("expected X [N, C, spatial...] and W [M, C / group, kernel...] of one rank >= 3, got ",
+                     x.ToString(), " and ", w.ToString());
+  const Node& n = ctx.node();
+  const int64_t group = n.AttrInt("group", 1);
+  if (x[1].is_static() && w[1].is_static() && (group < 1 || x[1].value != w[1].value * group))
+    return ctx.Error("X's ", x[1].value, " channels are not W's dim 1 (", w[1].value, ") times group ", group);
+  const std::string auto_pad = n.AttrString("auto_pad", "NOTSET");
+  const std::vector<int64_t> strides = n.AttrInts("strides"), dilations = n.AttrInts("dilations"),
+                             pads = n.AttrInts("pads");
+  std::vector<Dim> out = {x[0], w[0]};
+  for (int d = 0; d < s; ++d) {
+    const Dim& in = x[2 + d];
+    const Dim& k = w[2 + d];
+    const int64_t stride = d < static_cast<int>(strides.size()) ? strides[d] : 1;
+    const int64_t dil = d < static_cast<int>(dilations.size()) ? dilations[d] : 1;
+    if (!in.is_static() || !k.is_static() || stride < 1 || dil < 1) {
+      out.push_back(Dim());
+      continue;
+    }
+    const int64_t span = dil * (k.value - 1) + 1;
+    int64_t padded = in.value;
+    if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      out.push_back(Dim((in.value + stride - 1) / stride));
+      continue;
+    }
+    if (auto_pad == "NOTSET" && static_cast<int>(pads.size()) == 2 * s) padded += pads[d] + pads[s + d];
+    if (padded < span)
+      return ctx.Error("spatial dim ", d, " of ", in.value, " (padded to ", padded, ") is smaller than the ", span,
+                       " the dilated kernel spans");
+    out.push_back(Dim((padded - span) / stride + 1));
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
+absl::Status InferConvGrad(InferContext& ctx) {
+  const Shape& w = ctx.input_shape(2);
+  ctx.SetOutput(0, ctx.input_dtype(1), ctx.input_shape(1));
+  ctx.SetOutput(1, ctx.input_dtype(2), w);
+  ctx.SetOutput(2, ctx.input_dtype(2), w.has_rank() && w.rank() > 0 ? Shape({w[0]}) : UnknownDims(1));
   return absl::OkStatus();
 }
 

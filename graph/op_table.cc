@@ -108,6 +108,8 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "ReduceSum", {1, 11, 13}, 1, 1, 2, 1, 1, InferReduce, true},
       {kOnnx, "ReduceMax", {1, 11, 12, 13, 18, 20}, 1, 1, 2, 1, 1, InferReduce, true},
       {kOnnx, "ReduceMin", {1, 11, 12, 13, 18, 20}, 1, 1, 2, 1, 1, InferReduce, true},
+      {kOnnx, "Conv", {1, 11, 22}, 1, 2, 3, 1, 1, InferConv, true},
+      {C, "ConvGrad", {1}, 1, 3, 3, 1, 3, InferConvGrad, false},
       {kOnnx, "NegativeLogLikelihoodLoss", {12, 13, 22}, 12, 2, 3, 1, 1, InferSoftmaxCrossEntropyLoss, true},
       {C, "NegativeLogLikelihoodLossGrad", {1}, 1, 3, 4, 1, 1, InferSoftmaxCrossEntropyLossGrad, false},
       {kOnnx, "SoftmaxCrossEntropyLoss", {12, 13}, 12, 2, 3, 1, 2, InferSoftmaxCrossEntropyLoss,

@@ -182,6 +182,26 @@ OpSchema NegativeLogLikelihoodLossGradSchema() {
   return s;
 }
 
+OpSchema ConvGradSchema() {
+  OpSchema s;
+  s.SetName("ConvGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Gradients of Conv from dY; see docs/ops.md.")
+      .Input(0, "dY", "gradient of Conv's output", "T")
+      .Input(1, "X", "Conv's input", "T")
+      .Input(2, "W", "Conv's weights", "T")
+      .Output(0, "dX", "gradient of X", "T")
+      .Output(1, "dW", "gradient of W", "T", OpSchema::Optional)
+      .Output(2, "dB", "gradient of the bias [M]", "T", OpSchema::Optional)
+      .Attr("auto_pad", "as Conv's", AttributeProto::STRING, std::string("NOTSET"))
+      .Attr("dilations", "as Conv's", AttributeProto::INTS, false)
+      .Attr("group", "as Conv's", AttributeProto::INT, static_cast<int64_t>(1))
+      .Attr("kernel_shape", "as Conv's", AttributeProto::INTS, false)
+      .Attr("pads", "as Conv's", AttributeProto::INTS, false)
+      .Attr("strides", "as Conv's", AttributeProto::INTS, false)
+      .TypeConstraint("T", kGradTypes, "float tensors");
+  return s;
+}
+
 // SoftmaxGrad and LogSoftmaxGrad: (dY, Y) {axis} -> dX.
 OpSchema SoftmaxGradSchema(const char* name, const char* doc) {
   OpSchema s;
@@ -495,6 +515,7 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(SliceGradSchema());
     onnx::RegisterSchema(SoftmaxCrossEntropyLossGradSchema());
     onnx::RegisterSchema(NegativeLogLikelihoodLossGradSchema());
+    onnx::RegisterSchema(ConvGradSchema());
     onnx::RegisterSchema(SoftmaxGradSchema(
         "SoftmaxGrad", "dX = Y * (dY - sum(dY * Y, axis)); see docs/ops.md."));
     onnx::RegisterSchema(SoftmaxGradSchema(

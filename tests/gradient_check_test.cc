@@ -163,6 +163,10 @@ const GradCase kCases[] = {
     {"Pad", "input x: float64[2,3]\ninit p: int64[4] = 1 0 0 2\ny = Pad(x, p)\noutput y"},
     {"Pad_crops_and_pads_on_axes", "opset 18\ninput x: float64[3,4,2]\ninit p: int64[4] = -1 2 1 -1\ninit v: float64[] = 0.5\ninit a: int64[2] = 0 -2\ny = Pad(x, p, v, a)\noutput y"},
     {"Tile", "input x: float64[2,3]\ninit reps: int64[2] = 3 2\ny = Tile(x, reps)\noutput y"},
+    {"Conv_1d_stride_pad_dilation", "input x: float64[2,3,9]\ninput w: float64[4,3,3]\ninput b: float64[4]\ny = Conv(x, w, b) {strides = [2], pads = [1, 2], dilations = [2]}\noutput y"},
+    {"Conv_2d_groups", "input x: float64[1,4,5,4]\ninput w: float64[6,2,3,2]\ny = Conv(x, w) {group = 2, pads = [1, 0, 1, 1]}\noutput y"},
+    {"Conv_2d_same_upper_stride", "input x: float64[2,2,5,6]\ninput w: float64[3,2,3,3]\ny = Conv(x, w) {auto_pad = \"SAME_UPPER\", strides = [2, 2]}\noutput y"},
+    {"Conv_3d", "input x: float64[1,2,3,4,3]\ninput w: float64[2,2,2,2,2]\ny = Conv(x, w)\noutput y"},
     // The step functions pass no gradient: x + step(x) has the gradient 1 of x alone.
     {"Floor", "input x: float64[6]\nf = Floor(x)\ny = Add(x, f)\noutput y", -3, 3},
     {"Ceil", "input x: float64[6]\nf = Ceil(x)\ny = Add(x, f)\noutput y", -3, 3},

@@ -4,6 +4,7 @@
 // from the op definitions in double precision, independently of the kernels.
 #include <cmath>
 #include <ostream>
+#include <sstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -350,6 +351,90 @@ TEST(NnDropoutTest, LegacyVersionsAreIdentity) {
       .Output<float>("y", {2, 2}, x).Output<float>("mask", {2, 2}, {1.f, 1.f, 1.f, 1.f}).Run();
   OpTester("Dropout", 10).Attr("ratio", 0.3f).Input<float>("x", {4}, x)
       .Output<float>("y", {4}, x).Output<bool>("mask", {4}, {true, true, true, true}).Run();
+}
+
+// ---- Conv -----------------------------------------------------------------------------------
+
+// The ONNX definition written out directly (no patches, no products): y[n, m, o] = b[m] + sum over
+// the group's channels and the kernel of x at o * stride - pad + k * dilation (0 outside).
+std::vector<double> NaiveConv2d(const std::vector<double>& x, const I64& xd, const std::vector<double>& w,
+                                const I64& wd, const std::vector<double>& b, int64_t group, I64 stride, I64 pad,
+                                I64 dil, I64* out) {
+  const int64_t N = xd[0], C = xd[1], H = xd[2], W = xd[3], M = wd[0], Cg = wd[1], KH = wd[2], KW = wd[3];
+  const int64_t OH = (H + pad[0] + pad[2] - dil[0] * (KH - 1) - 1) / stride[0] + 1;
+  const int64_t OW = (W + pad[1] + pad[3] - dil[1] * (KW - 1) - 1) / stride[1] + 1;
+  *out = {N, M, OH, OW};
+  std::vector<double> y(N * M * OH * OW);
+  const int64_t Mg = M / group;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          double acc = b.empty() ? 0 : b[m];
+          for (int64_t c = 0; c < Cg; ++c)
+            for (int64_t kh = 0; kh < KH; ++kh)
+              for (int64_t kw = 0; kw < KW; ++kw) {
+                const int64_t ih = oh * stride[0] - pad[0] + kh * dil[0], iw = ow * stride[1] - pad[1] + kw * dil[1];
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                const int64_t ci = (m / Mg) * Cg + c;
+                acc += x[((n * C + ci) * H + ih) * W + iw] * w[((m * Cg + c) * KH + kh) * KW + kw];
+              }
+          y[((n * M + m) * OH + oh) * OW + ow] = acc;
+        }
+  (void)C;
+  return y;
+}
+
+TEST(NnConvTest, Float32AndFloat64MatchTheDefinition) {
+  struct Case {
+    I64 x, w;
+    int64_t group;
+    I64 stride, pad, dil;
+    bool bias;
+  };
+  const Case cases[] = {
+      {{2, 3, 9, 8}, {5, 3, 3, 3}, 1, {1, 1}, {1, 1, 1, 1}, {1, 1}, true},
+      {{1, 4, 10, 7}, {6, 2, 3, 2}, 2, {2, 1}, {0, 2, 1, 0}, {1, 2}, false},
+      // A ViT's patch embedding: stride = kernel, no padding; 64 rows of 48 go through the GEMM.
+      {{2, 3, 32, 32}, {16, 3, 4, 4}, 1, {4, 4}, {0, 0, 0, 0}, {1, 1}, true},
+      // Depthwise.
+      {{1, 4, 6, 6}, {4, 1, 3, 3}, 4, {1, 1}, {1, 1, 1, 1}, {2, 2}, true},
+  };
+  uint32_t seed = 40;
+  for (const Case& c : cases) {
+    const std::vector<double> x = Values(Numel(c.x), ++seed), w = Values(Numel(c.w), ++seed);
+    const std::vector<double> b = c.bias ? Values(c.w[0], ++seed) : std::vector<double>();
+    I64 out;
+    const std::vector<double> y = NaiveConv2d(x, c.x, w, c.w, b, c.group, c.stride, c.pad, c.dil, &out);
+    for (bool f64 : {false, true}) {
+      std::ostringstream what;
+      what << "X " << c.x << " W " << c.w << (f64 ? " float64" : " float32");
+      SCOPED_TRACE(what.str());
+      OpTester t("Conv", 11);
+      t.Attr("group", c.group).Attr("strides", c.stride).Attr("pads", c.pad).Attr("dilations", c.dil);
+      if (f64) {
+        t.Input<double>("x", c.x, x).Input<double>("w", c.w, w);
+        if (c.bias) t.Input<double>("b", {c.w[0]}, b);
+        t.Output<double>("y", out, y).Tolerance(1e-12, 1e-12).Run();
+      } else {
+        t.Input<float>("x", c.x, Cast<float>(x)).Input<float>("w", c.w, Cast<float>(w));
+        if (c.bias) t.Input<float>("b", {c.w[0]}, Cast<float>(b));
+        t.Output<float>("y", out, Cast<float>(y)).Tolerance(1e-5, 1e-4).Run();
+      }
+    }
+  }
+}
+
+TEST(NnConvTest, MismatchedChannelsGroupsAndKernelsFail) {
+  OpTester("Conv", 11).Input<float>("x", {1, 3, 4, 4}, std::vector<float>(48, 1.f))
+      .Input<float>("w", {2, 2, 3, 3}, std::vector<float>(36, 1.f)).UncheckedOutput("y")
+      .ExpectFailure("channels").Run();
+  OpTester("Conv", 11).Attr("group", int64_t{2}).Input<float>("x", {1, 3, 4, 4}, std::vector<float>(48, 1.f))
+      .Input<float>("w", {2, 1, 3, 3}, std::vector<float>(18, 1.f)).UncheckedOutput("y")
+      .ExpectFailure("channels").Run();
+  OpTester("Conv", 11).Input<float>("x", {1, 1, 2, 2}, std::vector<float>(4, 1.f))
+      .Input<float>("w", {1, 1, 3, 3}, std::vector<float>(9, 1.f)).UncheckedOutput("y")
+      .ExpectFailure("smaller than the 3 the dilated kernel spans").Run();
 }
 
 }  // namespace

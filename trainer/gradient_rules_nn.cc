@@ -201,6 +201,21 @@ absl::Status SoftmaxCrossEntropyLossGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// Conv: dX, dW and dB from dY by ai.cleave.ConvGrad (im2col products, as the forward's), with
+// the forward's attributes; the outputs not wanted are left off.
+absl::Status ConvGrad(GradBuilder& b) {
+  std::vector<std::pair<std::string, Attribute>> attrs;
+  for (const char* a : {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
+    if (const Attribute* v = b.fwd().FindAttr(a)) attrs.emplace_back(a, *v);
+  const bool bias = b.fwd().num_inputs() > 2 && b.x(2) && b.NeedsGrad(2);
+  const int outputs = bias ? 3 : b.NeedsGrad(1) ? 2 : 1;
+  std::vector<Value*> d = b.OpN("ai.cleave.ConvGrad", {b.dy(), b.x(0), b.x(1)}, outputs, attrs);
+  if (b.NeedsGrad(0)) b.SetGrad(0, d[0]);
+  if (outputs > 1 && b.NeedsGrad(1)) b.SetGrad(1, d[1]);
+  if (bias) b.SetGrad(2, d[2]);
+  return absl::OkStatus();
+}
+
 // NegativeLogLikelihoodLoss over log-probabilities: d loss / d input = -onehot(label)
 // w[label] scaled as the reduction scales (ai.cleave.NegativeLogLikelihoodLossGrad). Labels
 // and weights get no gradient.
@@ -257,6 +272,7 @@ void RegisterNnRules(std::map<std::string, GradRule>& rules) {
   rules["::Slice"] = SliceGrad;
   rules["::SoftmaxCrossEntropyLoss"] = SoftmaxCrossEntropyLossGrad;
   rules["::NegativeLogLikelihoodLoss"] = NegativeLogLikelihoodLossGrad;
+  rules["::Conv"] = ConvGrad;
 }
 
 }  // namespace cleave::trainer

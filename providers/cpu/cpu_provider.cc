@@ -32,6 +32,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterRotaryKernels(registry_);
   RegisterAxisKernels(registry_);
   RegisterPadTileKernels(registry_);
+  RegisterConvKernels(registry_);
   RegisterOptimizerKernels(registry_);
   RegisterCollectiveKernels(registry_);
   RegisterLowPrecisionKernels(registry_);

@@ -1,0 +1,213 @@
+// Convolution on the CPU through im2col and GEMM (kernels/).
+#include "kernels/cpu/conv.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "kernels/cpu/gemm.h"
+
+namespace cleave::kernels::cpu {
+
+namespace {
+
+int64_t Product(const int64_t* d, int n) {
+  int64_t p = 1;
+  for (int i = 0; i < n; ++i) p *= d[i];
+  return p;
+}
+
+// C = op(A) op(B) (+ C when accumulate): OpenBLAS (or cleave's own tiles) for float, the
+// reference loop in double accumulation for float64.
+template <typename T>
+void Gemm(int64_t M, int64_t N, int64_t K, bool ta, bool tb, const T* A, const T* B, T* C, bool accumulate,
+          ThreadPool* pool) {
+  GemmParams g;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.beta = accumulate ? 1.f : 0.f;
+  if constexpr (std::is_same_v<T, float>) Sgemm(g, A, B, C, pool);
+  else GemmReference(g, A, B, C);
+}
+
+// For each column row r = (c, k) and output position o: the input offset (within one channel)
+// that the patch element reads, or -1 in the padding. `visit(r, o, offset)` over all of them,
+// rows split over the pool.
+template <typename F>
+void ForEachPatchElement(const ConvParams& p, int64_t rows, ThreadPool* pool, F visit) {
+  const int64_t K = p.KernelSize(), O = p.OutSize();
+  const int s = p.spatial;
+  ParallelFor(pool, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(O, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t kidx[kMaxRank];
+      for (int64_t rem = r % K, d = s - 1; d >= 0; --d) {
+        kidx[d] = rem % p.kernel[d];
+        rem /= p.kernel[d];
+      }
+      int64_t oidx[kMaxRank] = {};
+      for (int64_t o = 0; o < O; ++o) {
+        int64_t offset = 0;
+        for (int d = 0; d < s && offset >= 0; ++d) {
+          const int64_t i = oidx[d] * p.stride[d] - p.pad_begin[d] + kidx[d] * p.dilation[d];
+          offset = (i < 0 || i >= p.in[d]) ? -1 : offset * p.in[d] + i;
+        }
+        visit(r, o, offset);
+        for (int d = s - 1; d >= 0; --d) {
+          if (++oidx[d] < p.out[d]) break;
+          oidx[d] = 0;
+        }
+      }
+    }
+  });
+}
+
+// col[(c, k), o] = x[c, patch element] for channels [0, Cg) of `x` (one image, one group).
+template <typename T>
+void Im2Col(const ConvParams& p, const T* x, T* col, ThreadPool* pool) {
+  const int64_t K = p.KernelSize(), O = p.OutSize(), I = p.InSize();
+  const int64_t rows = p.C / p.group * K;
+  ForEachPatchElement(p, rows, pool, [&](int64_t r, int64_t o, int64_t offset) {
+    col[r * O + o] = offset < 0 ? T(0) : x[(r / K) * I + offset];
+  });
+}
+
+// x[c, patch element] += col[(c, k), o]: rows of one channel share input elements, so the
+// channels (not the rows) are what is split over the pool.
+template <typename T>
+void Col2ImAdd(const ConvParams& p, const T* col, T* x, ThreadPool* pool) {
+  const int64_t K = p.KernelSize(), O = p.OutSize(), I = p.InSize();
+  const int64_t channels = p.C / p.group;
+  ParallelFor(pool, channels, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      ForEachPatchElement(p, K, nullptr, [&](int64_t r, int64_t o, int64_t offset) {
+        if (offset >= 0) x[c * I + offset] += col[(c * K + r) * O + o];
+      });
+    }
+  });
+}
+
+}  // namespace
+
+int64_t ConvParams::InSize() const { return Product(in, spatial); }
+int64_t ConvParams::KernelSize() const { return Product(kernel, spatial); }
+int64_t ConvParams::OutSize() const { return Product(out, spatial); }
+
+absl::StatusOr<ConvParams> PlanConv(std::span<const int64_t> x, std::span<const int64_t> w, const ConvAttrs& a) {
+  ConvParams p;
+  const int r = static_cast<int>(x.size());
+  if (r < 3) return InvalidArgument("expected X [N, C, spatial...] of rank >= 3, got [", absl::StrJoin(x, ","), "]");
+  if (static_cast<int>(w.size()) != r)
+    return InvalidArgument("expected W of X's rank ", r, ", got [", absl::StrJoin(w, ","), "]");
+  p.spatial = r - 2;
+  p.N = x[0];
+  p.C = x[1];
+  p.M = w[0];
+  p.group = a.group;
+  if (p.group < 1 || p.C % p.group != 0 || p.M % p.group != 0)
+    return InvalidArgument("group ", p.group, " must divide the ", p.C, " input and ", p.M, " output channels");
+  if (w[1] != p.C / p.group)
+    return InvalidArgument("expected W's dim 1 to be C / group = ", p.C / p.group, ", got ", w[1]);
+  const int s = p.spatial;
+  auto list = [&](const std::vector<int64_t>& v, int64_t dflt, const char* name, int64_t* out) -> absl::Status {
+    if (!v.empty() && static_cast<int>(v.size()) != s)
+      return InvalidArgument("expected ", s, " ", name, ", got ", v.size());
+    for (int d = 0; d < s; ++d) {
+      out[d] = v.empty() ? dflt : v[d];
+      if (out[d] < 1) return InvalidArgument(name, " must be >= 1, got ", out[d]);
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(list(a.strides, 1, "strides", p.stride));
+  RETURN_IF_ERROR(list(a.dilations, 1, "dilations", p.dilation));
+  for (int d = 0; d < s; ++d) {
+    p.in[d] = x[2 + d];
+    p.kernel[d] = w[2 + d];
+    if (!a.kernel_shape.empty() &&
+        (static_cast<int>(a.kernel_shape.size()) != s || a.kernel_shape[d] != p.kernel[d]))
+      return InvalidArgument("kernel_shape [", absl::StrJoin(a.kernel_shape, ","), "] does not match W's [",
+                             absl::StrJoin(w.subspan(2), ","), "]");
+  }
+  if (!a.pads.empty() && static_cast<int>(a.pads.size()) != 2 * s)
+    return InvalidArgument("expected ", 2 * s, " pads, got ", a.pads.size());
+  if (a.auto_pad != "NOTSET" && a.auto_pad != "VALID" && a.auto_pad != "SAME_UPPER" && a.auto_pad != "SAME_LOWER")
+    return InvalidArgument("expected auto_pad NOTSET, SAME_UPPER, SAME_LOWER or VALID, got '", a.auto_pad, "'");
+  for (int d = 0; d < s; ++d) {
+    const int64_t span = p.dilation[d] * (p.kernel[d] - 1) + 1;
+    int64_t begin = 0, end = 0;
+    if (a.auto_pad == "SAME_UPPER" || a.auto_pad == "SAME_LOWER") {
+      const int64_t want = (p.in[d] + p.stride[d] - 1) / p.stride[d];
+      const int64_t total = std::max<int64_t>(0, (want - 1) * p.stride[d] + span - p.in[d]);
+      begin = a.auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+      end = total - begin;
+    } else if (a.auto_pad == "NOTSET" && !a.pads.empty()) {
+      begin = a.pads[d];
+      end = a.pads[s + d];
+      if (begin < 0 || end < 0) return InvalidArgument("pads must be >= 0, got [", absl::StrJoin(a.pads, ","), "]");
+    }
+    p.pad_begin[d] = begin;
+    const int64_t padded = p.in[d] + begin + end;
+    if (padded < span)
+      return InvalidArgument("spatial dim ", d, " of ", p.in[d], " (padded to ", padded, ") is smaller than the ",
+                             span, " the dilated kernel spans");
+    p.out[d] = (padded - span) / p.stride[d] + 1;
+  }
+  return p;
+}
+
+template <typename T>
+void ConvForward(const ConvParams& p, const T* x, const T* w, const T* b, T* y, T* col, ThreadPool* pool) {
+  const int64_t Cg = p.C / p.group, Mg = p.M / p.group, K = p.KernelSize(), O = p.OutSize(), I = p.InSize();
+  for (int64_t n = 0; n < p.N; ++n)
+    for (int64_t g = 0; g < p.group; ++g) {
+      Im2Col(p, x + (n * p.C + g * Cg) * I, col, pool);
+      T* yg = y + (n * p.M + g * Mg) * O;
+      Gemm<T>(Mg, O, Cg * K, false, false, w + g * Mg * Cg * K, col, yg, false, pool);
+      if (b)
+        for (int64_t m = 0; m < Mg; ++m)
+          for (int64_t o = 0; o < O; ++o) yg[m * O + o] += b[g * Mg + m];
+    }
+}
+
+template <typename T>
+void ConvBackward(const ConvParams& p, const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, T* col,
+                  ThreadPool* pool) {
+  const int64_t Cg = p.C / p.group, Mg = p.M / p.group, K = p.KernelSize(), O = p.OutSize(), I = p.InSize();
+  if (db) {
+    for (int64_t m = 0; m < p.M; ++m) {
+      double s = 0;
+      for (int64_t n = 0; n < p.N; ++n)
+        for (int64_t o = 0; o < O; ++o) s += static_cast<double>(dy[(n * p.M + m) * O + o]);
+      db[m] = static_cast<T>(s);
+    }
+  }
+  if (dx) std::fill(dx, dx + p.N * p.C * I, T(0));
+  if (dw) std::fill(dw, dw + p.M * Cg * K, T(0));
+  for (int64_t n = 0; n < p.N; ++n)
+    for (int64_t g = 0; g < p.group; ++g) {
+      const T* dyg = dy + (n * p.M + g * Mg) * O;
+      if (dw) {  // dW_g += dY_g [Mg, O] cols^T [O, Cg K]
+        Im2Col(p, x + (n * p.C + g * Cg) * I, col, pool);
+        Gemm<T>(Mg, Cg * K, O, false, true, dyg, col, dw + g * Mg * Cg * K, true, pool);
+      }
+      if (dx) {  // cols = W_g^T [Cg K, Mg] dY_g [Mg, O], summed back into the image
+        Gemm<T>(Cg * K, O, Mg, true, false, w + g * Mg * Cg * K, dyg, col, false, pool);
+        Col2ImAdd(p, col, dx + (n * p.C + g * Cg) * I, pool);
+      }
+    }
+}
+
+template void ConvForward<float>(const ConvParams&, const float*, const float*, const float*, float*, float*,
+                                 ThreadPool*);
+template void ConvForward<double>(const ConvParams&, const double*, const double*, const double*, double*, double*,
+                                  ThreadPool*);
+template void ConvBackward<float>(const ConvParams&, const float*, const float*, const float*, float*, float*, float*,
+                                  float*, ThreadPool*);
+template void ConvBackward<double>(const ConvParams&, const double*, const double*, const double*, double*, double*,
+                                   double*, double*, ThreadPool*);
+
+}  // namespace cleave::kernels::cpu
