@@ -234,6 +234,124 @@ absl::StatusOr<FactorRule> AlongAxis(const graph::Graph& g, const Node& n, int n
   return r;
 }
 
+// Pad and Tile: one factor per output dim; a dim the pads (or repeats) leave as it is shares it
+// with the input, any other must stay whole (its input dim is read whole).
+absl::StatusOr<FactorRule> PadOrTile(const Node& n) {
+  const Tensor* amounts = graph::ConstantInput(n, 1);
+  if (!amounts) return Unimplemented(n.Describe(), ": pads or repeats known only at run time");
+  ASSIGN_OR_RETURN(std::vector<int64_t> in, Dims(n, n.input(0)));
+  ASSIGN_OR_RETURN(std::vector<int64_t> out, Dims(n, n.output(0)));
+  const int r = static_cast<int>(in.size());
+  const std::vector<int64_t> v = amounts->ToInt64Vector();
+  std::vector<bool> same(static_cast<size_t>(r), true);
+  if (n.op_type() == "Tile") {
+    for (int k = 0; k < r && k < static_cast<int>(v.size()); ++k) same[k] = v[k] == 1;
+  } else {
+    std::vector<int64_t> axes;
+    if (n.num_inputs() > 3 && n.input(3)) {
+      const Tensor* a = graph::ConstantInput(n, 3);
+      if (!a) return Unimplemented(n.Describe(), ": axes known only at run time");
+      axes = a->ToInt64Vector();
+    } else {
+      for (int k = 0; k < r; ++k) axes.push_back(k);
+    }
+    for (size_t j = 0; j < axes.size() && 2 * j + 1 <= v.size(); ++j) {
+      const int64_t k = axes[j] < 0 ? axes[j] + r : axes[j];
+      if (k >= 0 && k < r && (v[j] != 0 || v[axes.size() + j] != 0)) same[k] = false;
+    }
+  }
+  FactorRule r_;
+  OperandFactors fi, fo;
+  for (int k = 0; k < r; ++k) {
+    const int f = r_.AddFactor(out[k]);
+    if (!same[k]) r_.no_shard[f] = 1;
+    fo.dims.push_back(out[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
+    fi.dims.push_back(same[k] && in[k] != 1 ? std::vector<int>{f} : std::vector<int>{});
+  }
+  r_.inputs.push_back(fi);
+  for (int i = 1; i < n.num_inputs(); ++i) r_.inputs.push_back(Replicate());
+  r_.outputs.push_back(fo);
+  r_.output_avg = {0};
+  // Zero padding and repeats keep a sum a sum.
+  const bool zero_pad = n.op_type() == "Tile" || (n.AttrString("mode", "constant") == "constant" &&
+                                                  (n.num_inputs() < 3 || !n.input(2)));
+  r_.linearity = zero_pad ? Linearity::kEach : Linearity::kNone;
+  r_.linear_inputs.assign(n.num_inputs(), 0);
+  r_.linear_inputs[0] = zero_pad;
+  return r_;
+}
+
+// GatherElements (data, indices) -> indices' shape and ScatterElements (data, indices, updates)
+// -> data's shape: the indexed axis of data stays whole (any element may be read or written);
+// the other dims share a factor where data and indices have the same size.
+absl::StatusOr<FactorRule> ElementIndexing(const Node& n) {
+  const bool gather = n.op_type() == "GatherElements";
+  ASSIGN_OR_RETURN(std::vector<int64_t> data, Dims(n, n.input(0)));
+  ASSIGN_OR_RETURN(std::vector<int64_t> idx, Dims(n, n.input(1)));
+  const int r = static_cast<int>(data.size());
+  int64_t axis = n.AttrInt("axis", 0);
+  if (axis < 0) axis += r;
+  FactorRule fr;
+  OperandFactors fd, fx;
+  for (int k = 0; k < r; ++k) {
+    const bool shared = k != axis && data[k] == idx[k];
+    if (gather) {  // the factors are the output's (indices') dims
+      const int f = fr.AddFactor(idx[k]);
+      fx.dims.push_back(idx[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
+      fd.dims.push_back(shared && data[k] != 1 ? std::vector<int>{f} : std::vector<int>{});
+    } else {  // the output's (data's) dims; the axis whole
+      const int f = fr.AddFactor(data[k]);
+      if (k == axis) fr.no_shard[f] = 1;
+      fd.dims.push_back(data[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
+      fx.dims.push_back(shared && idx[k] != 1 ? std::vector<int>{f} : std::vector<int>{});
+    }
+  }
+  fr.inputs = {fd, fx};
+  if (!gather) fr.inputs.push_back(fx);
+  fr.outputs = {gather ? fx : fd};
+  fr.output_avg = {0};
+  fr.linear_inputs.assign(n.num_inputs(), 0);
+  return fr;
+}
+
+// Conv (X [N, C, in...], W [M, C / group, kernel...][, B [M]]) -> Y [N, M, out...] and
+// ai.cleave.ConvGrad (dY, X, W) -> dX, dW, dB: the images N and (without groups) the output
+// channels M may be sharded; the spatial dims and input channels stay whole. dW and dB lack N
+// (sums over the images: Partial when N is sharded), dX lacks M (a sum over the channels).
+absl::StatusOr<FactorRule> Convolution(const Node& n) {
+  const bool grad = n.op_type() == "ConvGrad";
+  ASSIGN_OR_RETURN(std::vector<int64_t> x, Dims(n, n.input(grad ? 1 : 0)));
+  ASSIGN_OR_RETURN(std::vector<int64_t> w, Dims(n, n.input(grad ? 2 : 1)));
+  ASSIGN_OR_RETURN(std::vector<int64_t> y, Dims(n, grad ? n.input(0) : n.output(0)));
+  FactorRule r;
+  const int fn = r.AddFactor(x[0]), fm = r.AddFactor(w[0]), fc = r.AddFactor(x[1]);
+  r.no_shard[fc] = 1;
+  if (n.AttrInt("group", 1) != 1) r.no_shard[fm] = 1;
+  auto operand = [](std::vector<int> first, std::vector<int> second, size_t rank) {
+    OperandFactors o;
+    o.dims = {std::move(first), std::move(second)};
+    o.dims.resize(rank);
+    return o;
+  };
+  auto f = [](int64_t size, int factor) { return size == 1 ? std::vector<int>{} : std::vector<int>{factor}; };
+  const OperandFactors fx = operand(f(x[0], fn), f(x[1], fc), x.size());
+  const OperandFactors fw = operand(f(w[0], fm), f(w[1], fc), w.size());
+  const OperandFactors fy = operand(f(y[0], fn), f(y[1], fm), y.size());
+  const OperandFactors fb = OperandFactors{false, {f(w[0], fm)}};
+  if (grad) {
+    r.inputs = {fy, fx, fw};
+    r.outputs = {fx, fw, fb};
+    r.outputs.resize(static_cast<size_t>(n.num_outputs()));
+  } else {
+    r.inputs = {fx, fw};
+    if (n.num_inputs() > 2 && n.input(2)) r.inputs.push_back(fb);
+    r.outputs = {fy};
+  }
+  r.output_avg.assign(n.num_outputs(), 0);
+  r.linear_inputs.assign(n.num_inputs(), 0);
+  return r;
+}
+
 // One factor per dim of `full`; a dim where `cut` is smaller (a sliced axis) stays whole.
 // Returns the factors of `full` and of `cut` (Slice reads full and writes cut, SliceGrad the
 // reverse).
@@ -325,14 +443,18 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
       "Relu",  "Sigmoid",  "Gelu",     "Not",       "Trilu",      "Tan",  "Asin",        "Acos",      "Atan",
       "Sinh",  "Cosh",     "Asinh",    "Acosh",     "Atanh",      "Sign", "Softplus",    "Softsign",  "Mish",
       "Floor", "Ceil",     "Round",    "LeakyRelu", "Elu",        "Selu", "Celu",        "HardSigmoid",
-      "HardSwish", "ThresholdedRelu"};
+      "HardSwish", "ThresholdedRelu", "IsNaN", "IsInf"};
   static const std::set<std::string> kLinearUnary = {"Neg", "Identity", "Cast"};
   static const std::set<std::string> kCompare = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
-                                                 "And", "Or", "Max", "Min", "Pow"};
+                                                 "And", "Or", "Xor", "Max", "Min", "Pow", "Mod"};
   if (!cleave && kUnary.count(op)) return Elementwise(n, {0}, Linearity::kNone, {});
   if (!cleave && kLinearUnary.count(op)) return Elementwise(n, {0}, Linearity::kEach, {0});
   if (!cleave && kCompare.count(op)) return Elementwise(n, {0, 1}, Linearity::kNone, {});
   if (!cleave && (op == "Add" || op == "Sub")) return Elementwise(n, {0, 1}, Linearity::kAll, {0, 1});
+  if (!cleave && op == "CastLike") return Elementwise(n, {0}, Linearity::kEach, {0});  // input 1: its type only
+  if (!cleave && (op == "Pad" || op == "Tile")) return PadOrTile(n);
+  if (!cleave && (op == "GatherElements" || op == "ScatterElements")) return ElementIndexing(n);
+  if ((!cleave && op == "Conv") || (cleave && op == "ConvGrad")) return Convolution(n);
   if (!cleave && (op == "Sum" || op == "Mean")) {
     std::vector<int> all(static_cast<size_t>(n.num_inputs()));
     std::iota(all.begin(), all.end(), 0);
@@ -607,7 +729,7 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
     r.linear_inputs = {0, 0, 1};
     return r;
   }
-  if (!cleave && op == "SoftmaxCrossEntropyLoss") {
+  if (!cleave && (op == "SoftmaxCrossEntropyLoss" || op == "NegativeLogLikelihoodLoss")) {
     // scores [N, C, d...], labels [N, d...] -> loss (scalar for mean/sum), log_prob like scores.
     ASSIGN_OR_RETURN(std::vector<int64_t> s, Dims(n, n.input(0)));
     FactorRule r;
@@ -640,7 +762,7 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
     r.linear_inputs.assign(n.num_inputs(), 0);
     return r;
   }
-  if (cleave && op == "SoftmaxCrossEntropyLossGrad") {
+  if (cleave && (op == "SoftmaxCrossEntropyLossGrad" || op == "NegativeLogLikelihoodLossGrad")) {
     // (dY, log_prob [N, C, ...], label [N, ...]) -> d_scores like log_prob. The mean's
     // divisor is the local row count, so a batch-sharded call computes the gradient of the
     // local mean; the partitioner scales the seed of an averaged loss instead.
@@ -667,7 +789,7 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
     r.linear_inputs[0] = 1;
     return r;
   }
-  if (!cleave && (op == "Shape" || op == "ConstantOfShape" || op == "Range" || op == "Constant")) {
+  if (!cleave && (op == "Shape" || op == "Size" || op == "ConstantOfShape" || op == "Range" || op == "Constant")) {
     FactorRule r;
     for (int i = 0; i < n.num_inputs(); ++i) r.inputs.push_back(Replicate());
     for (int o = 0; o < n.num_outputs(); ++o) r.outputs.push_back(Replicate());

@@ -1,6 +1,9 @@
 // Sharding propagation: data parallelism over the tiny GPT's training and optimizer graphs,
 // and Megatron's tensor parallelism over an MLP block, checked by the shardings every value
 // gets and by the collectives the reshards need.
+#include <random>
+#include <thread>
+
 #include "graph/op_table.h"
 #include "graph/passes/pass.h"
 #include "graph/text_format.h"
@@ -10,6 +13,10 @@
 #include "tests/partition_test_util.h"
 #include "providers/cpu/cpu_provider.h"
 #include "runtime/constant_evaluator.h"
+#include "runtime/inference_session.h"
+#include "runtime/simulated_communicator.h"
+#include "partition/lower.h"
+#include "tests/op_tester.h"
 #include "trainer/autodiff.h"
 #include "trainer/training_graph.h"
 
@@ -155,6 +162,102 @@ TEST(Propagation, MegatronMlpBackwardNeedsOneMoreAllReduce) {
   EXPECT_EQ(p->sharding.at(grads->at("w2")).ToString(), "[tp,-]") << all;
   EXPECT_EQ(p->sharding.at(grads->at("b1")).ToString(), "[tp]") << all;
   EXPECT_TRUE(p->sharding.at(grads->at("ln_w")).IsReplicated()) << all;
+}
+
+// A small convolutional classifier (padding, a strided Conv, LeakyRelu, a pooled mean, a
+// log-softmax and the negative log-likelihood) trained data-parallel: every activation and
+// activation gradient keeps the batch sharded with no collective, and the weights' gradients
+// come out Partial over dp (the one all-reduce the optimizer needs).
+TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
+  auto g = graph::ParseGraph(R"(
+    opset 18
+    input x: float32[4,3,8,8]
+    input labels: int64[4]
+    input w: float32[6,3,3,3]
+    input b: float32[6]
+    input head: float32[6,5]
+    init pads: int64[8] = 0 0 1 1 0 0 1 1
+    init axes: int64[2] = 2 3
+    p = Pad(x, pads)
+    c = Conv(p, w, b) {strides = [2, 2]}
+    a = LeakyRelu(c) {alpha = 0.1}
+    m = ReduceMean(a, axes) {keepdims = 0}
+    s = MatMul(m, head)
+    lp = LogSoftmax(s) {axis = 1}
+    loss = NegativeLogLikelihoodLoss(lp, labels)
+    output loss
+  )");
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(graph::InferShapes(**g).ok());
+  graph::Graph& graph = **g;
+  std::vector<graph::Value*> wrt = {graph.FindValue("w"), graph.FindValue("b"), graph.FindValue("head")};
+  auto grads = trainer::BuildBackward(graph, graph.FindValue("loss"), wrt);
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  int conv_grads = 0;
+  for (const auto& node : graph.nodes()) conv_grads += node->op_type() == "ConvGrad";
+  EXPECT_EQ(conv_grads, 1);
+  auto mesh = *Mesh::Parse("dp=2");
+  auto p = Propagate(graph, mesh, {{"x", Batch(4)}, {"labels", Batch(1)}});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->sharding.at(graph.FindValue("c")).ToString(), "[dp,-,-,-]");
+  for (const auto& [name, grad] : *grads)
+    EXPECT_EQ(p->sharding.at(grad).partial, std::set<std::string>{"dp"}) << name << " " << p->sharding.at(grad).ToString();
+  for (const Reshard& r : Reshards(graph, mesh, *p))
+    ADD_FAILURE() << ReshardName(r.kind) << " of " << r.value->name() << " " << r.from.ToString() << " -> "
+                  << r.to.ToString() << " for " << r.node->Describe();
+
+  // Lowered for each rank and run on a simulated world, each rank feeding its half of the
+  // batch: the loss equals the whole batch's, and the ranks' partial gradients sum to its
+  // gradients (the sum the optimizer's all-reduce forms).
+  std::vector<graph::Value*> outs = {graph.FindValue("loss")};
+  for (const auto& [name, grad] : *grads) outs.push_back(grad);
+  graph.SetOutputs(outs);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  auto random = [&](std::vector<int64_t> dims) {
+    Tensor t(DataType::kFloat32, dims);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
+    return t;
+  };
+  const Tensor x = random({4, 3, 8, 8}), w = random({6, 3, 3, 3}), b = random({6}), head = random({6, 5});
+  const Tensor labels = Tensor::FromVector<int64_t>({1, 4, 0, 2}, {4});
+  SessionOptions plain;
+  plain.optimize = false;
+  auto whole = InferenceSession::FromGraph(graph.Clone(), plain);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  auto want = (*whole)->Run({{"x", x}, {"labels", labels}, {"w", w}, {"b", b}, {"head", head}});
+  ASSERT_TRUE(want.ok()) << want.status();
+  runtime::SimulatedWorld world(2);
+  std::vector<absl::StatusOr<std::vector<Tensor>>> got(2, absl::UnknownError("not run"));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      auto lowered = LowerForRank(graph, mesh, *p, r, "loss");
+      if (!lowered.ok()) {
+        got[r] = lowered.status();
+        return;
+      }
+      SessionOptions o = plain;
+      o.communicator = world.rank(r);
+      auto s = InferenceSession::FromGraph(std::move(lowered->graph), o);
+      if (!s.ok()) {
+        got[r] = s.status();
+        return;
+      }
+      got[r] = (*s)->Run({{"x", testing::Rows(x, 2 * r, 2)}, {"labels", testing::Rows(labels, 2 * r, 2)},
+                          {"w", w}, {"b", b}, {"head", head}});
+    });
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(got[r].ok()) << "rank " << r << ": " << got[r].status();
+    ASSERT_EQ(got[r]->size(), want->size());
+    EXPECT_EQ(testing::CompareTensors((*got[r])[0], (*want)[0], 1e-6, 1e-5), "") << "rank " << r << " loss";
+  }
+  for (size_t i = 1; i < want->size(); ++i) {
+    Tensor sum = (*got[0])[i].Clone();
+    for (int64_t k = 0; k < sum.numel(); ++k) sum.data<float>()[k] += (*got[1])[i].data<float>()[k];
+    EXPECT_EQ(testing::CompareTensors(sum, (*want)[i], 1e-6, 1e-5), "") << outs[i]->name();
+  }
 }
 
 TEST(Propagation, BadSeedsAndOpsWithoutRulesAreListed) {

@@ -102,7 +102,10 @@ absl::StatusOr<Value*> SpreadOverReduced(GradBuilder& b, const std::vector<int64
   if (b.fwd().AttrInt("keepdims", 1) == 0 && !axes.empty()) {
     dy = b.Unsqueeze(dy, axes);
   }
-  return b.Op("Expand", {dy, b.Op("Shape", {b.x(0)})});
+  // A static shape is a constant (the partitioner gives each rank its local one), so the
+  // gradient never reads x itself, which a Shape of it would (and a sharded x be gathered for).
+  const Shape& xs = b.x(0)->shape();
+  return b.Op("Expand", {dy, xs.is_static() ? b.Ints(xs.StaticDims()) : b.Op("Shape", {b.x(0)})});
 }
 
 absl::Status ReduceSumGrad(GradBuilder& b) {  // 1 for every reduced element
