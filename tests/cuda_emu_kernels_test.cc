@@ -183,19 +183,38 @@ double RefUnary(ck::UnaryOp op, double x) {
     case ck::UnaryOp::kAbs: return std::abs(x);
     case ck::UnaryOp::kSin: return std::sin(x);
     case ck::UnaryOp::kCos: return std::cos(x);
+    case ck::UnaryOp::kTan: return std::tan(x);
+    case ck::UnaryOp::kAsin: return std::asin(x);
+    case ck::UnaryOp::kAcos: return std::acos(x);
+    case ck::UnaryOp::kAtan: return std::atan(x);
+    case ck::UnaryOp::kSinh: return std::sinh(x);
+    case ck::UnaryOp::kCosh: return std::cosh(x);
+    case ck::UnaryOp::kAsinh: return std::asinh(x);
+    case ck::UnaryOp::kAcosh: return std::acosh(x);
+    case ck::UnaryOp::kAtanh: return std::atanh(x);
+    case ck::UnaryOp::kSoftplus: return std::log1p(std::exp(x));
+    case ck::UnaryOp::kSoftsign: return x / (1 + std::abs(x));
+    case ck::UnaryOp::kMish: return x * std::tanh(std::log1p(std::exp(x)));
+    case ck::UnaryOp::kFloor: return std::floor(x);
+    case ck::UnaryOp::kCeil: return std::ceil(x);
+    case ck::UnaryOp::kRound: return std::nearbyint(x);
+    case ck::UnaryOp::kSign: return x > 0 ? 1 : x < 0 ? -1 : 0;
+    default: return NAN;  // the activations with attributes: checked against the CPU's in cuda_kernels_test
   }
-  return NAN;
 }
 
 TEST_P(CudaEmu, UnaryOpsAndTheGeluGradient) {
   for (Dt dt : kDts) {
-    for (int o = 0; o <= static_cast<int>(ck::UnaryOp::kCos); ++o) {
+    for (int o = 0; o <= static_cast<int>(ck::UnaryOp::kSign); ++o) {
       const auto op = static_cast<ck::UnaryOp>(o);
       SCOPED_TRACE(std::string(Name(dt)) + " op " + std::to_string(o));
       std::vector<float> xv = Uniform(777, -4.f, 4.f, 5);
       for (float& x : xv) {
         if (op == ck::UnaryOp::kLog || op == ck::UnaryOp::kSqrt) x = std::abs(x) + 0.01f;
         if (op == ck::UnaryOp::kReciprocal) x += x < 0 ? -0.1f : 0.1f;
+        if (op == ck::UnaryOp::kTan) x *= 0.3f;  // inside (-pi/2, pi/2)
+        if (op == ck::UnaryOp::kAsin || op == ck::UnaryOp::kAcos || op == ck::UnaryOp::kAtanh) x *= 0.24f;
+        if (op == ck::UnaryOp::kAcosh) x = std::abs(x) + 1.f;
       }
       Values x(dt, xv), y(dt, 777);
       ASSERT_TRUE(Ok(ck::Unary(op, dt, x.data(), y.data(), 777, nullptr)));

@@ -73,6 +73,33 @@ TEST(CudaProvider, UnaryOps) {
                {{"x", Random({3, 1000}, 7)}}, 1e-6, 1e-5, "Gelu");
 }
 
+// The math and activations beyond the transformer set against the CPU's, in float32 over a
+// range that crosses every kink (and the steps of Floor, Ceil, Round and Sign), with the
+// activations' attributes set; the inverse functions inside their domains.
+TEST(CudaProvider, MoreMathAndActivations) {
+  REQUIRE_CUDA();
+  struct Case {
+    const char* op;
+    int opset;
+    const char* attrs;
+    float lo, hi;
+  };
+  const Case cases[] = {
+      {"Tan", 13, "", -1.2f, 1.2f},      {"Asin", 13, "", -0.95f, 0.95f},   {"Acos", 13, "", -0.95f, 0.95f},
+      {"Atan", 13, "", -5.f, 5.f},       {"Sinh", 13, "", -4.f, 4.f},       {"Cosh", 13, "", -4.f, 4.f},
+      {"Asinh", 13, "", -5.f, 5.f},      {"Acosh", 13, "", 1.f, 6.f},       {"Atanh", 13, "", -0.95f, 0.95f},
+      {"Softplus", 13, "", -30.f, 30.f}, {"Softsign", 13, "", -5.f, 5.f},   {"Mish", 18, "", -8.f, 8.f},
+      {"Floor", 13, "", -4.f, 4.f},      {"Ceil", 13, "", -4.f, 4.f},       {"Round", 13, "", -4.f, 4.f},
+      {"Sign", 13, "", -2.f, 2.f},       {"LeakyRelu", 16, " {alpha = 0.2}", -3.f, 3.f},
+      {"Elu", 13, " {alpha = 0.5}", -3.f, 3.f},  {"Selu", 13, "", -3.f, 3.f},
+      {"Celu", 13, " {alpha = 2.0}", -3.f, 3.f}, {"HardSigmoid", 13, " {alpha = 0.25, beta = 0.4}", -5.f, 5.f},
+      {"HardSwish", 14, "", -5.f, 5.f},  {"ThresholdedRelu", 13, " {alpha = 0.5}", -2.f, 2.f},
+  };
+  for (const Case& c : cases)
+    ExpectSame(absl::StrCat("opset ", c.opset, "\ninput x: float32[3,1000]\ny = ", c.op, "(x)", c.attrs, "\noutput y\n"),
+               {{"x", Random({3, 1000}, 8, c.lo, c.hi)}}, 1e-6, 2e-5, c.op);
+}
+
 // Sin and Cos; Clip with both bounds fed, one, or none (opset 11 inputs), and the opset 6
 // attributes; Max and Min of one, two or three broadcast inputs, float32 and int64; ReduceMin.
 TEST(CudaProvider, SinCosClipVariadicMaxMinAndReduceMin) {

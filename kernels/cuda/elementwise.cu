@@ -51,8 +51,34 @@ __device__ __forceinline__ float GeluTanh(float x) {
   return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
-__device__ __forceinline__ float ApplyUnary(UnaryOp op, float x) {
+// log(1 + e^x) without overflow.
+__device__ __forceinline__ float Softplus(float x) { return x > 0.f ? x + log1pf(expf(-x)) : log1pf(expf(x)); }
+
+__device__ __forceinline__ float ApplyUnary(UnaryOp op, float x, const UnaryParams& p = {}) {
   switch (op) {
+    case UnaryOp::kTan: return tanf(x);
+    case UnaryOp::kAsin: return asinf(x);
+    case UnaryOp::kAcos: return acosf(x);
+    case UnaryOp::kAtan: return atanf(x);
+    case UnaryOp::kSinh: return sinhf(x);
+    case UnaryOp::kCosh: return coshf(x);
+    case UnaryOp::kAsinh: return asinhf(x);
+    case UnaryOp::kAcosh: return acoshf(x);
+    case UnaryOp::kAtanh: return atanhf(x);
+    case UnaryOp::kSoftplus: return Softplus(x);
+    case UnaryOp::kSoftsign: return x / (1.f + fabsf(x));
+    case UnaryOp::kMish: return x * tanhf(Softplus(x));
+    case UnaryOp::kFloor: return floorf(x);
+    case UnaryOp::kCeil: return ceilf(x);
+    case UnaryOp::kRound: return rintf(x);  // halves to even under the default rounding mode
+    case UnaryOp::kSign: return x > 0.f ? 1.f : x < 0.f ? -1.f : x;  // keeps 0 and NaN
+    case UnaryOp::kLeakyRelu: return x >= 0.f ? x : p.alpha * x;
+    case UnaryOp::kElu: return x >= 0.f ? x : p.alpha * expm1f(x);
+    case UnaryOp::kSelu: return p.gamma * (x > 0.f ? x : p.alpha * expm1f(x));
+    case UnaryOp::kCelu: return x > 0.f ? x : p.alpha * expm1f(x / p.alpha);
+    case UnaryOp::kHardSigmoid: return fmaxf(0.f, fminf(1.f, p.alpha * x + p.beta));
+    case UnaryOp::kHardSwish: return x * fmaxf(0.f, fminf(1.f, x / 6.f + 0.5f));
+    case UnaryOp::kThresholdedRelu: return x > p.alpha ? x : 0.f;
     case UnaryOp::kIdentity: return x;
     case UnaryOp::kRelu: return x > 0.f ? x : 0.f;
     case UnaryOp::kGelu: return GeluExact(x);
@@ -81,7 +107,8 @@ struct BinaryFn {
 template <typename T>
 struct UnaryFn {
   UnaryOp op;
-  __device__ T operator()(T x) const { return FromFloat<T>(ApplyUnary(op, ToFloat(x))); }
+  UnaryParams params;
+  __device__ T operator()(T x) const { return FromFloat<T>(ApplyUnary(op, ToFloat(x), params)); }
 };
 template <typename T>
 struct ClipFn {
@@ -421,9 +448,9 @@ int Not(const bool* x, bool* y, int64_t n, void* stream) {
   return LaunchMap1<bool, bool>(NotFn{}, x, y, n, Stream(stream));
 }
 
-int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream) {
+int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream, UnaryParams params) {
   if (n == 0) return 0;
-  DISPATCH_DT(dt, T, { return LaunchMap1<T, T>(UnaryFn<T>{op}, x, y, n, Stream(stream)); });
+  DISPATCH_DT(dt, T, { return LaunchMap1<T, T>(UnaryFn<T>{op, params}, x, y, n, Stream(stream)); });
   return static_cast<int>(cudaErrorInvalidValue);
 }
 

@@ -26,7 +26,14 @@ struct Broadcast {
 
 enum class BinaryOp : int { kAdd, kSub, kMul, kDiv, kMax, kMin, kPow };
 enum class UnaryOp : int { kIdentity, kRelu, kGelu, kGeluTanh, kTanh, kExp, kLog, kNeg, kSqrt, kSigmoid, kErf,
-                           kReciprocal, kAbs, kSin, kCos };
+                           kReciprocal, kAbs, kSin, kCos,
+                           kTan, kAsin, kAcos, kAtan, kSinh, kCosh, kAsinh, kAcosh, kAtanh,
+                           kSoftplus, kSoftsign, kMish, kFloor, kCeil, kRound, kSign,
+                           // with UnaryParams, as the CPU's ActivationParams (kernels/cpu/elementwise.h)
+                           kLeakyRelu, kElu, kSelu, kCelu, kHardSigmoid, kHardSwish, kThresholdedRelu };
+struct UnaryParams {
+  float alpha = 0.f, beta = 0.f, gamma = 0.f;
+};
 
 // y = a op b; bc null when a, b and y have the same n elements.
 int Binary(BinaryOp op, Dt dt, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc, void* stream);
@@ -43,7 +50,7 @@ int IntBinary(BinaryOp op, Elem t, const void* a, const void* b, void* y, int64_
               void* stream);
 // y = !x over bool.
 int Not(const bool* x, bool* y, int64_t n, void* stream);
-int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream);
+int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream, UnaryParams params = {});
 // y = min(max(x, lo), hi) as the CPU's Clip compares: NaN passes through, and with lo > hi every
 // element ends at hi.
 int Clip(Dt dt, const void* x, void* y, int64_t n, float lo, float hi, void* stream);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <map>
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
@@ -152,27 +153,58 @@ class CompareKernel : public CudaKernel {
   bool not_ = false;
 };
 
+// The unary ops by name, with the attributes of the activations that have them (their ONNX
+// defaults, as the CPU kernels read them).
+const std::map<std::string, kc::UnaryOp>& UnaryOps() {
+  using U = kc::UnaryOp;
+  static const auto* ops = new std::map<std::string, kc::UnaryOp>{
+      {"Relu", U::kRelu},         {"Tanh", U::kTanh},         {"Exp", U::kExp},
+      {"Log", U::kLog},           {"Neg", U::kNeg},           {"Sqrt", U::kSqrt},
+      {"Sigmoid", U::kSigmoid},   {"Erf", U::kErf},           {"Reciprocal", U::kReciprocal},
+      {"Abs", U::kAbs},           {"Sin", U::kSin},           {"Cos", U::kCos},
+      {"Tan", U::kTan},           {"Asin", U::kAsin},         {"Acos", U::kAcos},
+      {"Atan", U::kAtan},         {"Sinh", U::kSinh},         {"Cosh", U::kCosh},
+      {"Asinh", U::kAsinh},       {"Acosh", U::kAcosh},       {"Atanh", U::kAtanh},
+      {"Softplus", U::kSoftplus}, {"Softsign", U::kSoftsign}, {"Mish", U::kMish},
+      {"Floor", U::kFloor},       {"Ceil", U::kCeil},         {"Round", U::kRound},
+      {"Sign", U::kSign},         {"LeakyRelu", U::kLeakyRelu}, {"Elu", U::kElu},
+      {"Selu", U::kSelu},         {"Celu", U::kCelu},         {"HardSigmoid", U::kHardSigmoid},
+      {"HardSwish", U::kHardSwish}, {"ThresholdedRelu", U::kThresholdedRelu}};
+  return *ops;
+}
+
 class UnaryKernel : public CudaKernel {
  public:
   UnaryKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {
     const std::string& o = n.op_type();
     const bool tanh_gelu = n.AttrString("approximate", "none") == "tanh";
-    op_ = o == "Relu" ? kc::UnaryOp::kRelu : o == "Gelu" ? (tanh_gelu ? kc::UnaryOp::kGeluTanh : kc::UnaryOp::kGelu)
-        : o == "Tanh" ? kc::UnaryOp::kTanh : o == "Exp" ? kc::UnaryOp::kExp : o == "Log" ? kc::UnaryOp::kLog
-        : o == "Neg" ? kc::UnaryOp::kNeg : o == "Sqrt" ? kc::UnaryOp::kSqrt : o == "Sigmoid" ? kc::UnaryOp::kSigmoid
-        : o == "Erf" ? kc::UnaryOp::kErf : o == "Reciprocal" ? kc::UnaryOp::kReciprocal
-        : o == "Abs" ? kc::UnaryOp::kAbs : o == "Sin" ? kc::UnaryOp::kSin : o == "Cos" ? kc::UnaryOp::kCos
-                     : kc::UnaryOp::kIdentity;
+    if (o == "Gelu") {
+      op_ = tanh_gelu ? kc::UnaryOp::kGeluTanh : kc::UnaryOp::kGelu;
+    } else {
+      auto it = UnaryOps().find(o);
+      op_ = it == UnaryOps().end() ? kc::UnaryOp::kIdentity : it->second;
+    }
+    if (o == "LeakyRelu") params_.alpha = n.AttrFloat("alpha", 0.01f);
+    if (o == "Elu" || o == "Celu" || o == "ThresholdedRelu") params_.alpha = n.AttrFloat("alpha", 1.f);
+    if (o == "Selu") {
+      params_.alpha = n.AttrFloat("alpha", 1.67326319217681884765625f);
+      params_.gamma = n.AttrFloat("gamma", 1.05070102214813232421875f);
+    }
+    if (o == "HardSigmoid") {
+      params_.alpha = n.AttrFloat("alpha", 0.2f);
+      params_.beta = n.AttrFloat("beta", 0.5f);
+    }
   }
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
     TensorView* y = ctx.Output(0, x.dim_span());
     if (!y) return absl::OkStatus();
-    return Check(kc::Unary(op_, DtOf(x.dtype), x.data, y->data, x.numel(), stream()));
+    return Check(kc::Unary(op_, DtOf(x.dtype), x.data, y->data, x.numel(), stream(), params_));
   }
 
  private:
   kc::UnaryOp op_;
+  kc::UnaryParams params_;
 };
 
 // Clip: the bounds are float attributes before version 11 (default -+FLT_MAX, as the CPU's),
@@ -856,6 +888,22 @@ void CudaExecutionProvider::RegisterKernels() {
     Add<UnaryKernel>(r, this, "", op, 6, 1 << 30, floats);
   for (const char* op : {"Sin", "Cos"})
     Add<UnaryKernel>(r, this, "", op, 7, 1 << 30, floats);
+  // The math and activations beyond the transformer set, from the version each op's current
+  // form starts at (Celu's alpha 0 is rejected: it divides by it).
+  struct Since {
+    const char* op;
+    int version;
+  };
+  for (const Since& u : {Since{"Tan", 7}, Since{"Asin", 7}, Since{"Acos", 7}, Since{"Atan", 7}, Since{"Sinh", 9},
+                         Since{"Cosh", 9}, Since{"Asinh", 9}, Since{"Acosh", 9}, Since{"Atanh", 9}, Since{"Softplus", 1},
+                         Since{"Softsign", 1}, Since{"Mish", 18}, Since{"Floor", 6}, Since{"Ceil", 6}, Since{"Round", 11},
+                         Since{"Sign", 9}, Since{"LeakyRelu", 6}, Since{"Elu", 6}, Since{"Selu", 6}, Since{"HardSigmoid", 6},
+                         Since{"HardSwish", 14}, Since{"ThresholdedRelu", 10}})
+    Add<UnaryKernel>(r, this, "", u.op, u.version, 1 << 30, floats);
+  Add<UnaryKernel>(r, this, "", "Celu", 12, 1 << 30,
+                   AllOf({floats, [](const graph::Node& n, int) -> std::string {
+                            return n.AttrFloat("alpha", 1.f) == 0.f ? "alpha 0" : "";
+                          }}));
   Add<ClipKernel>(r, this, "", "Clip", 6, 10, floats);
   Add<ClipKernel>(r, this, "", "Clip", 11, 1 << 30, floats, {1, 2});
   Add<UnaryKernel>(r, this, "", "Gelu", 20, 20, floats);
