@@ -296,7 +296,9 @@ absl::Status InferPad(InferContext& ctx) {
       if (p[j] != 0 || p[which.size() + j] != 0) d = Dim();
       continue;
     }
-    const int64_t v = d.value + p[j] + p[which.size() + j];
+    int64_t v = 0;
+    if (__builtin_add_overflow(d.value, p[j], &v) || __builtin_add_overflow(v, p[which.size() + j], &v))
+      return ctx.Error("pads of dim ", which[j], " overflow int64");
     if (v < 0) return ctx.Error("pads crop dim ", which[j], " of ", d.value, " below 0");
     d = Dim(v);
   }
@@ -318,7 +320,10 @@ absl::Status InferTile(InferContext& ctx) {
   std::vector<Dim> out = x.dims();
   for (size_t k = 0; k < n.size(); ++k) {
     if (n[k] < 0) return ctx.Error("repeat ", n[k], " of dim ", k, " is negative");
-    if (out[k].is_static()) out[k] = Dim(out[k].value * n[k]);
+    int64_t d = 0;
+    if (out[k].is_static() && __builtin_mul_overflow(out[k].value, n[k], &d))
+      return ctx.Error("repeat ", n[k], " of dim ", k, " overflows int64");
+    if (out[k].is_static()) out[k] = Dim(d);
     else if (n[k] != 1) out[k] = Dim();
   }
   ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));

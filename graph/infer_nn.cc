@@ -314,7 +314,11 @@ absl::Status InferConv(InferContext& ctx) {
     const Dim& k = w[2 + d];
     const int64_t stride = d < static_cast<int>(strides.size()) ? strides[d] : 1;
     const int64_t dil = d < static_cast<int>(dilations.size()) ? dilations[d] : 1;
-    if (!in.is_static() || !k.is_static() || stride < 1 || dil < 1) {
+    constexpr int64_t kLimit = int64_t{1} << 31;  // the kernel's bounds (kernels/cpu/conv.cc)
+    bool huge = stride >= kLimit || dil >= kLimit || (in.is_static() && in.value >= kLimit) ||
+                (k.is_static() && k.value >= kLimit);
+    for (int64_t v : pads) huge |= v >= kLimit || v < 0;
+    if (!in.is_static() || !k.is_static() || stride < 1 || dil < 1 || huge) {
       out.push_back(Dim());
       continue;
     }

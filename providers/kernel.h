@@ -5,6 +5,8 @@
 // plan, so a kernel never allocates tensors itself.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
@@ -46,10 +48,13 @@ class KernelContext {
   // The communicator of this rank for collective kernels; nullptr outside a distributed run.
   virtual Communicator* communicator() const { return nullptr; }
 
-  // Scratch for n values of T (nullptr as Scratch).
+  // Scratch for n values of T (nullptr as Scratch; a count whose bytes size_t cannot hold asks
+  // for more than any host has, so the context records that as it records any failure).
   template <typename T>
   T* ScratchOf(int64_t n) {
-    return static_cast<T*>(Scratch(sizeof(T) * static_cast<size_t>(n)));
+    constexpr size_t kMost = static_cast<size_t>(PTRDIFF_MAX) / 2;
+    const bool fits = n >= 0 && static_cast<uint64_t>(n) <= kMost / sizeof(T);
+    return static_cast<T*>(Scratch(fits ? sizeof(T) * static_cast<size_t>(n) : kMost));
   }
 
   TensorView* Output(int i, std::initializer_list<int64_t> dims) {

@@ -178,6 +178,11 @@ class Executor::Context : public providers::KernelContext {
   }
 
   void* Scratch(size_t bytes) override {
+    if (bytes > static_cast<size_t>(PTRDIFF_MAX) / 2) {  // no memory has it (and rounding up would wrap)
+      if (error_.ok())
+        error_ = absl::ResourceExhaustedError(absl::StrCat("scratch of ", bytes, " bytes: more than any memory holds"));
+      return nullptr;
+    }
     if (step_.provider->device() != providers::DeviceKind::kCpu) {
       // Device scratch, returned when the step ends.
       device_scratch_.push_back(

@@ -172,6 +172,29 @@ TEST_P(KernelScratch, IsAnErrorWhenItCannotBeHadAndComputesWhenItCan) {
   EXPECT_NE(failed.message().find("scratch"), std::string::npos) << failed;
 }
 
+// A count of elements whose bytes overflow size_t asks for more than any memory holds, never
+// for the few bytes the wrapped product would be.
+TEST(KernelScratchBytes, CountsThatOverflowAskForTooMuch) {
+  struct Recorder : providers::KernelContext {
+    int num_inputs() const override { return 0; }
+    int num_outputs() const override { return 0; }
+    const TensorView* input(int) const override { return nullptr; }
+    TensorView* Output(int, std::span<const int64_t>) override { return nullptr; }
+    void* Scratch(size_t bytes) override {
+      asked = bytes;
+      return nullptr;
+    }
+    ThreadPool* thread_pool() const override { return nullptr; }
+    size_t asked = 0;
+  } ctx;
+  EXPECT_EQ(ctx.ScratchOf<double>(int64_t{1} << 61), nullptr);  // 2^64 bytes: wraps to 0
+  EXPECT_GE(ctx.asked, static_cast<size_t>(PTRDIFF_MAX) / 2);
+  EXPECT_EQ(ctx.ScratchOf<float>(-5), nullptr);
+  EXPECT_GE(ctx.asked, static_cast<size_t>(PTRDIFF_MAX) / 2);
+  ctx.ScratchOf<float>(10);
+  EXPECT_EQ(ctx.asked, 40u);
+}
+
 INSTANTIATE_TEST_SUITE_P(CpuKernels, KernelScratch, ::testing::ValuesIn(Cases()),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 

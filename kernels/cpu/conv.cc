@@ -96,6 +96,12 @@ void Col2ImAdd(const ConvParams& p, const T* col, T* x, ThreadPool* pool) {
 int64_t ConvParams::InSize() const { return Product(in, spatial); }
 int64_t ConvParams::KernelSize() const { return Product(kernel, spatial); }
 int64_t ConvParams::OutSize() const { return Product(out, spatial); }
+int64_t ConvParams::ColumnElements() const {
+  int64_t n = C / group;
+  for (int d = 0; d < spatial; ++d)
+    if (__builtin_mul_overflow(n, kernel[d], &n) || __builtin_mul_overflow(n, out[d], &n)) return -1;
+  return n;
+}
 
 absl::StatusOr<ConvParams> PlanConv(std::span<const int64_t> x, std::span<const int64_t> w, const ConvAttrs& a) {
   ConvParams p;
@@ -124,6 +130,13 @@ absl::StatusOr<ConvParams> PlanConv(std::span<const int64_t> x, std::span<const 
   };
   RETURN_IF_ERROR(list(a.strides, 1, "strides", p.stride));
   RETURN_IF_ERROR(list(a.dilations, 1, "dilations", p.dilation));
+  // Bounds that keep every size below in int64 (no real convolution comes near them).
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  for (int d = 0; d < s; ++d)
+    if (p.stride[d] >= kLimit || p.dilation[d] >= kLimit || x[2 + d] >= kLimit || w[2 + d] >= kLimit)
+      return InvalidArgument("strides, dilations and spatial dims must be below 2^31");
+  for (int64_t v : a.pads)
+    if (v >= kLimit) return InvalidArgument("pads must be below 2^31, got ", v);
   for (int d = 0; d < s; ++d) {
     p.in[d] = x[2 + d];
     p.kernel[d] = w[2 + d];

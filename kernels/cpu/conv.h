@@ -25,8 +25,9 @@ struct ConvParams {
   int64_t InSize() const;      // the product of in
   int64_t KernelSize() const;  // ... of kernel
   int64_t OutSize() const;     // ... of out
-  // The elements of one group's columns: (C / group) * KernelSize() rows of OutSize().
-  int64_t ColumnElements() const { return C / group * KernelSize() * OutSize(); }
+  // The elements of one group's columns: (C / group) * KernelSize() rows of OutSize(); -1 when
+  // that overflows int64.
+  int64_t ColumnElements() const;
 };
 
 struct ConvAttrs {

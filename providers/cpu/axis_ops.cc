@@ -11,6 +11,7 @@
 
 #include "base/status.h"
 #include "providers/cpu/cpu_provider.h"
+#include "kernels/cpu/type_dispatch.h"
 #include "providers/cpu/shape_ops.h"
 
 namespace cleave::providers {
@@ -82,7 +83,7 @@ class CumSumKernel : public OpKernel {
           for (int64_t i = 0; i < v.inner; ++i) {
             // inclusive: y_k = y_prev + x_k; exclusive: y_k = y_prev + x_prev (0 at the start)
             const T add = exclusive_ ? (prev_x ? prev_x[i] : T(0)) : xr[i];
-            yr[i] = (prev ? prev[i] : T(0)) + add;
+            yr[i] = kernels::cpu::WrapAdd(prev ? prev[i] : T(0), add);  // integers wrap, as numpy's
           }
           prev = yr;
           prev_x = xr;
@@ -243,6 +244,9 @@ class ScatterElementsKernel : public OpKernel {
     const TensorView& idx = *ctx.input(1);
     const TensorView& upd = *ctx.input(2);
     if (x.rank == 0) return InvalidArgument("expected data of rank >= 1, got a scalar");
+    if (upd.dtype != x.dtype)
+      return InvalidArgument("expected updates of the data's dtype ", DataTypeName(x.dtype), ", got ",
+                             DataTypeName(upd.dtype));
     if (DimVector(upd.dim_span()) != DimVector(idx.dim_span()))
       return InvalidArgument("expected updates of the indices' shape ", DimsToString(idx.dim_span()), ", got ",
                              DimsToString(upd.dim_span()));
@@ -279,8 +283,8 @@ class ScatterElementsKernel : public OpKernel {
     for (size_t p = 0; p < offsets.size(); ++p) {
       T& o = out[offsets[p]];
       switch (reduction_) {
-        case Reduction::kAdd: o = o + u[p]; break;
-        case Reduction::kMul: o = o * u[p]; break;
+        case Reduction::kAdd: o = kernels::cpu::WrapAdd(o, u[p]); break;  // integers wrap
+        case Reduction::kMul: o = kernels::cpu::WrapMul(o, u[p]); break;
         case Reduction::kMax: o = std::max(o, u[p]); break;
         default: o = std::min(o, u[p]); break;
       }

@@ -49,6 +49,7 @@ class ConvKernel : public OpKernel {
   template <typename T>
   absl::Status Run(const kc::ConvParams& p, const TensorView& x, const TensorView& w, const TensorView* b,
                    TensorView& y, KernelContext& ctx) const {
+    if (p.ColumnElements() < 0) return InvalidArgument("the patches of one image overflow int64 elements");
     T* col = ctx.ScratchOf<T>(std::max<int64_t>(p.ColumnElements(), 1));
     if (!col) return NoScratch();
     kc::ConvForward<T>(p, x.as<T>(), w.as<T>(), b ? b->as<T>() : nullptr, y.as<T>(), col, ctx.thread_pool());
@@ -84,6 +85,7 @@ class ConvGradKernel : public OpKernel {
   template <typename T>
   absl::Status Run(const kc::ConvParams& p, const TensorView& dy, const TensorView& x, const TensorView& w,
                    TensorView* dx, TensorView* dw, TensorView* db, KernelContext& ctx) const {
+    if (p.ColumnElements() < 0) return InvalidArgument("the patches of one image overflow int64 elements");
     T* col = ctx.ScratchOf<T>(std::max<int64_t>(p.ColumnElements(), 1));
     if (!col) return NoScratch();
     kc::ConvBackward<T>(p, dy.as<T>(), x.as<T>(), w.as<T>(), dx ? dx->as<T>() : nullptr, dw ? dw->as<T>() : nullptr,

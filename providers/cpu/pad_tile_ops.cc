@@ -81,7 +81,9 @@ class PadKernel : public OpKernel {
     }
     DimVector out;
     for (int k = 0; k < r; ++k) {
-      const int64_t d = x.dims[k] + before[k] + after[k];
+      int64_t d = 0;
+      if (__builtin_add_overflow(x.dims[k], before[k], &d) || __builtin_add_overflow(d, after[k], &d))
+        return InvalidArgument("pads ", before[k], " and ", after[k], " of dim ", k, " overflow int64");
       if (d < 0)
         return InvalidArgument("pads ", before[k], " and ", after[k], " crop dim ", k, " of ", x.dims[k], " below 0");
       if (mode_ != PadMode::kConstant && (before[k] < 0 || after[k] < 0))
@@ -148,7 +150,10 @@ class TileKernel : public OpKernel {
     for (int k = 0; k < r; ++k) {
       const int64_t n = IntAt(rep, k);
       if (n < 0) return InvalidArgument("repeat ", n, " of dim ", k, " is negative");
-      out.push_back(x.dims[k] * n);
+      int64_t d = 0;
+      if (__builtin_mul_overflow(x.dims[k], n, &d))
+        return InvalidArgument("repeat ", n, " of dim ", k, " (", x.dims[k], ") overflows int64");
+      out.push_back(d);
     }
     TensorView* y = ctx.Output(0, out);
     if (!y || y->numel() == 0) return absl::OkStatus();
