@@ -260,25 +260,25 @@ absl::StatusOr<FactorRule> PadOrTile(const Node& n) {
       if (k >= 0 && k < r && (v[j] != 0 || v[axes.size() + j] != 0)) same[k] = false;
     }
   }
-  FactorRule r_;
+  FactorRule rule;
   OperandFactors fi, fo;
   for (int k = 0; k < r; ++k) {
-    const int f = r_.AddFactor(out[k]);
-    if (!same[k]) r_.no_shard[f] = 1;
+    const int f = rule.AddFactor(out[k]);
+    if (!same[k]) rule.no_shard[f] = 1;
     fo.dims.push_back(out[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
     fi.dims.push_back(same[k] && in[k] != 1 ? std::vector<int>{f} : std::vector<int>{});
   }
-  r_.inputs.push_back(fi);
-  for (int i = 1; i < n.num_inputs(); ++i) r_.inputs.push_back(Replicate());
-  r_.outputs.push_back(fo);
-  r_.output_avg = {0};
+  rule.inputs.push_back(fi);
+  for (int i = 1; i < n.num_inputs(); ++i) rule.inputs.push_back(Replicate());
+  rule.outputs.push_back(fo);
+  rule.output_avg = {0};
   // Zero padding and repeats keep a sum a sum.
   const bool zero_pad = n.op_type() == "Tile" || (n.AttrString("mode", "constant") == "constant" &&
                                                   (n.num_inputs() < 3 || !n.input(2)));
-  r_.linearity = zero_pad ? Linearity::kEach : Linearity::kNone;
-  r_.linear_inputs.assign(n.num_inputs(), 0);
-  r_.linear_inputs[0] = zero_pad;
-  return r_;
+  rule.linearity = zero_pad ? Linearity::kEach : Linearity::kNone;
+  rule.linear_inputs.assign(n.num_inputs(), 0);
+  rule.linear_inputs[0] = zero_pad;
+  return rule;
 }
 
 // GatherElements (data, indices) -> indices' shape and ScatterElements (data, indices, updates)

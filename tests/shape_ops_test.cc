@@ -500,6 +500,7 @@ TEST(PadAndTile, ModesCropsAxesAndErrors) {
       .UncheckedOutput("y").ExpectFailure("below 0").Run();
   OpTester("Pad", 13).Attr("mode", std::string("wrap")).Input<float>("x", {2, 3}, x)
       .Input<int64_t>("p", {4}, {0, 1, 0, 0}).UncheckedOutput("y").ExpectFailure("expected mode constant, reflect, edge").Run();
+  OpTester("Pad", 13).Input<float>("x", {}, {3}).Input<int64_t>("p", {0}, {}).Output<float>("y", {}, {3}).Run();
   OpTester("Tile", 13).Input<float>("x", {2, 3}, x).Input<int64_t>("r", {2}, {2, 1})
       .Output<float>("y", {4, 3}, {1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6}).Run();
   OpTester("Tile", 13).Input<int64_t>("x", {1, 2}, {7, 8}).Input<int64_t>("r", {2}, {2, 3})

@@ -1,8 +1,9 @@
 // Gradient rules for the elementwise math beyond the transformer set (trainer/): the inverse
 // and hyperbolic trigonometry, Softplus, Softsign, Mish, the activations with attributes
-// (LeakyRelu, Elu, Selu, Celu, HardSigmoid, HardSwish, ThresholdedRelu), and the step
-// functions Floor, Ceil, Round and Sign, whose gradient is zero wherever it exists (as
-// PyTorch's). Each is written with forward ops; at a kink the one-sided value PyTorch uses.
+// (LeakyRelu, Elu, Selu, Celu, HardSigmoid, HardSwish, ThresholdedRelu), the variadic Sum and
+// Mean, and the step functions Floor, Ceil, Round and Sign, whose gradient is zero wherever it
+// exists (as PyTorch's). Each is written with forward ops; at a kink the one-sided value
+// PyTorch uses.
 #include <map>
 
 #include "absl/status/status.h"

@@ -95,6 +95,10 @@ class PadKernel : public OpKernel {
     TensorView* y = ctx.Output(0, out);
     if (!y || y->numel() == 0) return absl::OkStatus();
     const size_t es = ElementSize(x.dtype);
+    if (r == 0) {  // a scalar has nothing to pad
+      std::memcpy(y->data, x.data, es);
+      return absl::OkStatus();
+    }
     // The constant, as bytes of x's type (0 when absent).
     char fill[16] = {};
     if (value && value->numel() > 0) {
