@@ -279,8 +279,8 @@ absl::Status InferPad(InferContext& ctx) {
   std::vector<int64_t> which;
   if (axes) {
     for (int64_t a : axes->ToInt64Vector()) {
-      if (a < -r || a >= r) return ctx.Error("axis ", a, " is out of range for data of rank ", r);
-      which.push_back(a < 0 ? a + r : a);
+      ASSIGN_OR_RETURN(const int k, NormalizeAxis(ctx, a, r));
+      which.push_back(k);
     }
   } else {
     for (int k = 0; k < r; ++k) which.push_back(k);
@@ -335,9 +335,8 @@ absl::Status CheckElementIndices(InferContext& ctx, const Shape& data, const Sha
   RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt32, DataType::kInt64}));
   if (!data.has_rank()) return absl::OkStatus();
   const int r = data.rank();
-  int64_t axis = ctx.node().AttrInt("axis", 0);
-  if (r == 0 || axis < -r || axis >= r) return ctx.Error("axis ", axis, " is out of range for data of rank ", r);
-  if (axis < 0) axis += r;
+  if (r == 0) return ctx.Error("expected data of rank >= 1, got a scalar");
+  ASSIGN_OR_RETURN(const int axis, NormalizeAxis(ctx, ctx.node().AttrInt("axis", 0), r));
   if (!idx.has_rank()) return absl::OkStatus();
   if (idx.rank() != r) return ctx.Error("expected indices of the data's rank ", r, ", got ", idx.ToString());
   for (int k = 0; k < r; ++k)

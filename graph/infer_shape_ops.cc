@@ -253,10 +253,8 @@ absl::Status InferArgExtreme(InferContext& ctx) {
     return absl::OkStatus();
   }
   const int r = x.rank();
-  int64_t axis = ctx.node().AttrInt("axis", 0);
-  if (r == 0 || axis < -r || axis >= r)
-    return ctx.Error("axis ", axis, " is out of range for an input of rank ", r);
-  if (axis < 0) axis += r;
+  if (r == 0) return ctx.Error("expected an input of rank >= 1, got a scalar");
+  ASSIGN_OR_RETURN(const int axis, NormalizeAxis(ctx, ctx.node().AttrInt("axis", 0), r));
   const bool keepdims = ctx.node().AttrInt("keepdims", 1) != 0;
   std::vector<Dim> out;
   for (int k = 0; k < r; ++k) {

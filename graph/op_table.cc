@@ -177,6 +177,22 @@ std::vector<OpDef> BuildTable() {
 
 }  // namespace
 
+ActivationAttrs ActivationAttrsOf(const Node& n) {
+  ActivationAttrs a;
+  const std::string& op = n.op_type();
+  if (op == "LeakyRelu") a.alpha = n.AttrFloat("alpha", 0.01f);
+  if (op == "Elu" || op == "Celu" || op == "ThresholdedRelu") a.alpha = n.AttrFloat("alpha", 1.f);
+  if (op == "Selu") {
+    a.alpha = n.AttrFloat("alpha", 1.67326319217681884765625f);
+    a.gamma = n.AttrFloat("gamma", 1.05070102214813232421875f);
+  }
+  if (op == "HardSigmoid") {
+    a.alpha = n.AttrFloat("alpha", 0.2f);
+    a.beta = n.AttrFloat("beta", 0.5f);
+  }
+  return a;
+}
+
 const Tensor* ConstantInput(const Node& n, int i) {
   const Value* v = n.input(i);
   if (!v) return nullptr;

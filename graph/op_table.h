@@ -33,6 +33,15 @@ inline NormGradSlots NormGradSlotsOf(const Node& n) {
   return {};
 }
 
+// The attributes of the ONNX activations that have them, with ONNX's defaults: alpha of
+// LeakyRelu (0.01), Elu, Celu and ThresholdedRelu (1), Selu's alpha and gamma, HardSigmoid's
+// alpha (0.2) and beta (0.5); 0 where the op has no such attribute. One reading for the
+// kernels of every provider and the gradient rules.
+struct ActivationAttrs {
+  float alpha = 0.f, beta = 0.f, gamma = 0.f;
+};
+ActivationAttrs ActivationAttrsOf(const Node& n);
+
 // Input i of `n` when its value is known at build time: an initializer, or the tensor of a
 // Constant node (exporters emit those until constant folding turns them into initializers).
 const Tensor* ConstantInput(const Node& n, int i);

@@ -130,6 +130,9 @@ std::vector<Case> Cases() {
                    {Floats(f16, {1, 2, 4, 8}, 28), Floats(f16, {1, 2, 4, 8}, 29), Floats(f16, {1, 2, 4, 8}, 30),
                     Floats(f16, {1, 2, 4, 8}, 31), Floats(f16, {1, 2, 4, 8}, 32), Floats(f32, {1, 2, 4}, 33)},
                    3, {}, {{"scale", Attribute::Float(0.35f)}}});
+  cases.push_back({"GatherElementsOffsets", "GatherElements", "", 13,
+                   {Floats(f32, {2, 3}, 36), Tensor::FromVector<int64_t>({0, 2, 1, 1}, {2, 2})}, 1, {},
+                   {{"axis", Attribute::Int(1)}}});
   cases.push_back({"AddInBf16", "Add", "", 14, {Floats(bf16, {3, 4}, 34), Floats(bf16, {3, 4}, 35)}, 1, {}, {}});
   return cases;
 }

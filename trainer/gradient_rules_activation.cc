@@ -7,6 +7,7 @@
 #include <map>
 
 #include "absl/status/status.h"
+#include "graph/op_table.h"
 #include "trainer/gradient_rules.h"
 
 namespace cleave::trainer {
@@ -78,18 +79,16 @@ absl::Status Piecewise(GradBuilder& b, Value* cond, Value* otherwise) {
   return absl::OkStatus();
 }
 Value* Positive(GradBuilder& b) { return b.Op("Greater", {b.x(0), b.Const(0, b.x(0))}); }
-double Attr(GradBuilder& b, const char* name, double dflt) {
-  return b.fwd().AttrFloat(name, static_cast<float>(dflt));
-}
+graph::ActivationAttrs Attrs(GradBuilder& b) { return graph::ActivationAttrsOf(b.fwd()); }
 
 absl::Status LeakyReluGrad(GradBuilder& b) {  // 1 for x > 0, else alpha
-  return Piecewise(b, Positive(b), b.Const(Attr(b, "alpha", 0.01), b.x(0)));
+  return Piecewise(b, Positive(b), b.Const(Attrs(b).alpha, b.x(0)));
 }
 absl::Status EluGrad(GradBuilder& b) {  // 1 for x > 0, else alpha e^x = y + alpha
-  return Piecewise(b, Positive(b), b.Op("Add", {b.y(0), b.Const(Attr(b, "alpha", 1), b.y(0))}));
+  return Piecewise(b, Positive(b), b.Op("Add", {b.y(0), b.Const(Attrs(b).alpha, b.y(0))}));
 }
 absl::Status SeluGrad(GradBuilder& b) {  // gamma for x > 0, else gamma alpha e^x = y + gamma alpha
-  const double alpha = Attr(b, "alpha", 1.67326319217681884765625), gamma = Attr(b, "gamma", 1.05070102214813232421875);
+  const double alpha = Attrs(b).alpha, gamma = Attrs(b).gamma;
   Value* scaled = b.Op("Mul", {b.dy(), b.Const(gamma, b.dy())});
   Value* neg = b.Op("Mul", {b.dy(), b.Op("Add", {b.y(0), b.Const(gamma * alpha, b.y(0))})});
   b.SetGrad(0, b.Op("Where", {Positive(b), scaled, neg}));
@@ -97,12 +96,12 @@ absl::Status SeluGrad(GradBuilder& b) {  // gamma for x > 0, else gamma alpha e^
 }
 absl::Status CeluGrad(GradBuilder& b) {  // 1 for x > 0, else e^(x / alpha) = y / alpha + 1
   Value* y = b.y(0);
-  return Piecewise(b, Positive(b), b.Op("Add", {b.Op("Div", {y, b.Const(Attr(b, "alpha", 1), y)}), b.Const(1, y)}));
+  return Piecewise(b, Positive(b), b.Op("Add", {b.Op("Div", {y, b.Const(Attrs(b).alpha, y)}), b.Const(1, y)}));
 }
 absl::Status HardSigmoidGrad(GradBuilder& b) {  // alpha where 0 < alpha x + beta < 1, else 0
   Value* x = b.x(0);
-  const double alpha = Attr(b, "alpha", 0.2);
-  Value* z = b.Op("Add", {b.Op("Mul", {x, b.Const(alpha, x)}), b.Const(Attr(b, "beta", 0.5), x)});
+  const double alpha = Attrs(b).alpha;
+  Value* z = b.Op("Add", {b.Op("Mul", {x, b.Const(alpha, x)}), b.Const(Attrs(b).beta, x)});
   Value* inside = b.Op("And", {b.Op("Greater", {z, b.Const(0, x)}), b.Op("Less", {z, b.Const(1, x)})});
   b.SetGrad(0, b.Op("Where", {inside, b.Op("Mul", {b.dy(), b.Const(alpha, b.dy())}), b.Const(0, b.dy())}));
   return absl::OkStatus();
@@ -115,7 +114,7 @@ absl::Status HardSwishGrad(GradBuilder& b) {  // 0 below -3, 1 above 3, x / 3 + 
   return Chain(b, d);
 }
 absl::Status ThresholdedReluGrad(GradBuilder& b) {  // 1 for x > alpha, else 0
-  return Piecewise(b, b.Op("Greater", {b.x(0), b.Const(Attr(b, "alpha", 1), b.x(0))}), nullptr);
+  return Piecewise(b, b.Op("Greater", {b.x(0), b.Const(Attrs(b).alpha, b.x(0))}), nullptr);
 }
 
 // Sum: dy to every input, summed over the dims it was broadcast along; Mean: dy / n.

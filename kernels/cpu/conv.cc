@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
 
 #include "absl/strings/str_join.h"
 #include "base/status.h"
@@ -19,20 +18,11 @@ int64_t Product(const int64_t* d, int n) {
   return p;
 }
 
-// C = op(A) op(B) (+ C when accumulate): OpenBLAS (or cleave's own tiles) for float, the
-// reference loop in double accumulation for float64.
+// C = op(A) op(B) (+ C when accumulate), densely packed.
 template <typename T>
 void Gemm(int64_t M, int64_t N, int64_t K, bool ta, bool tb, const T* A, const T* B, T* C, bool accumulate,
           ThreadPool* pool) {
-  GemmParams g;
-  g.M = M;
-  g.N = N;
-  g.K = K;
-  g.trans_a = ta;
-  g.trans_b = tb;
-  g.beta = accumulate ? 1.f : 0.f;
-  if constexpr (std::is_same_v<T, float>) Sgemm(g, A, B, C, pool);
-  else GemmReference(g, A, B, C);
+  GemmOf<T>({.M = M, .N = N, .K = K, .trans_a = ta, .trans_b = tb, .beta = accumulate ? 1.f : 0.f}, A, B, C, pool);
 }
 
 // For each column row r = (c, k) and output position o: the input offset (within one channel)

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "base/tensor.h"
 #include "base/thread_pool.h"
@@ -101,6 +102,13 @@ void GemmReference(const GemmParams& p, const T* A, const T* B, T* C) {
       T& c = C[m * ldc + n];
       c = static_cast<T>(p.alpha * acc + (p.beta == 0.f ? 0.0 : p.beta * static_cast<double>(c)));
     }
+}
+
+// Sgemm for float, the reference loop for the other types (float64 in double accumulation).
+template <typename T>
+void GemmOf(const GemmParams& p, const T* A, const T* B, T* C, ThreadPool* pool = nullptr) {
+  if constexpr (std::is_same_v<T, float>) Sgemm(p, A, B, C, pool);
+  else GemmReference(p, A, B, C);
 }
 
 }  // namespace cleave::kernels::cpu

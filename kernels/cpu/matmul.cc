@@ -216,11 +216,7 @@ void GemmOp(const GemmOpParams& p, const T* A, const T* B, const T* C, T* Y, Thr
   const bool with_c = C != nullptr && p.beta != 0.f;
   if (with_c) FillWithScaledC(p, C, Y);
   g.beta = with_c ? 1.f : 0.f;
-  if constexpr (std::is_same_v<T, float>) {
-    Sgemm(g, A, B, Y, pool);
-  } else {
-    GemmReference(g, A, B, Y);
-  }
+  GemmOf<T>(g, A, B, Y, pool);
 }
 
 template void GemmOp<float>(const GemmOpParams&, const float*, const float*, const float*, float*,

@@ -5,13 +5,15 @@
 // axis; every index is checked before anything is written).
 #include <cmath>
 #include <cstdint>
-#include <memory>
 #include <cstring>
+#include <memory>
+#include <span>
 #include <type_traits>
 
 #include "base/status.h"
-#include "providers/cpu/cpu_provider.h"
 #include "kernels/cpu/type_dispatch.h"
+#include "providers/axis.h"
+#include "providers/cpu/cpu_provider.h"
 #include "providers/cpu/shape_ops.h"
 
 namespace cleave::providers {
@@ -23,19 +25,7 @@ struct AxisView {
   int64_t outer = 1, len = 1, inner = 1;
 };
 AxisView ViewAround(const TensorView& x, int axis) {
-  AxisView v;
-  for (int k = 0; k < x.rank; ++k) {
-    if (k < axis) v.outer *= x.dims[k];
-    else if (k == axis) v.len = x.dims[k];
-    else v.inner *= x.dims[k];
-  }
-  return v;
-}
-
-absl::StatusOr<int> NormalisedAxis(int64_t axis, int rank) {
-  if (axis < -rank || axis >= rank)
-    return InvalidArgument("axis ", axis, " is out of range for an input of rank ", rank);
-  return static_cast<int>(axis < 0 ? axis + rank : axis);
+  return {DimProduct(x, 0, axis), x.dims[axis], DimProduct(x, axis + 1, x.rank)};
 }
 
 class CumSumKernel : public OpKernel {
@@ -48,7 +38,7 @@ class CumSumKernel : public OpKernel {
     const TensorView& a = *ctx.input(1);
     if (a.numel() != 1) return InvalidArgument("expected a one-element axis, got ", a.numel(), " elements");
     if (x.rank == 0) return InvalidArgument("expected an input of rank >= 1, got a scalar");
-    ASSIGN_OR_RETURN(int axis, NormalisedAxis(IntAt(a, 0), x.rank));
+    ASSIGN_OR_RETURN(int axis, ResolveAxis(IntAt(a, 0), x.rank));
     TensorView* y = ctx.Output(0, x.dim_span());
     if (!y) return absl::OkStatus();
     const AxisView v = ViewAround(x, axis);
@@ -106,7 +96,7 @@ class ArgExtremeKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
     if (x.rank == 0) return InvalidArgument("expected an input of rank >= 1, got a scalar");
-    ASSIGN_OR_RETURN(int axis, NormalisedAxis(axis_, x.rank));
+    ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, x.rank));
     const AxisView v = ViewAround(x, axis);
     if (v.len == 0) return InvalidArgument("axis ", axis_, " of ", DimsToString(x.dim_span()), " is empty: no index to take");
     DimVector out;
@@ -166,7 +156,7 @@ class ArgExtremeKernel : public OpKernel {
 // the axis) into x: every position of idx, its own coordinates with the axis's replaced by the
 // index there (negative ones counting from the end). An index outside [-len, len) is an error
 // naming it and its position.
-absl::Status IndexedOffsets(const TensorView& x, const TensorView& idx, int axis, std::vector<int64_t>* out) {
+absl::Status IndexedOffsets(const TensorView& x, const TensorView& idx, int axis, std::span<int64_t> out) {
   if (idx.rank != x.rank)
     return InvalidArgument("expected indices of the data's rank ", x.rank, ", got ", DimsToString(idx.dim_span()));
   for (int k = 0; k < x.rank; ++k)
@@ -180,7 +170,6 @@ absl::Status IndexedOffsets(const TensorView& x, const TensorView& idx, int axis
     s *= x.dims[k];
   }
   const int64_t n = idx.numel(), len = x.dims[axis];
-  out->resize(static_cast<size_t>(n));
   int64_t coord[kMaxRank] = {};
   for (int64_t p = 0; p < n; ++p) {
     int64_t i = IntAt(idx, p);
@@ -189,7 +178,7 @@ absl::Status IndexedOffsets(const TensorView& x, const TensorView& idx, int axis
     if (i < 0) i += len;
     int64_t off = 0;
     for (int k = 0; k < x.rank; ++k) off += (k == axis ? i : coord[k]) * stride[k];
-    (*out)[static_cast<size_t>(p)] = off;
+    out[static_cast<size_t>(p)] = off;
     for (int k = x.rank - 1; k >= 0; --k) {  // the next position of idx
       if (++coord[k] < idx.dims[k]) break;
       coord[k] = 0;
@@ -198,16 +187,26 @@ absl::Status IndexedOffsets(const TensorView& x, const TensorView& idx, int axis
   return absl::OkStatus();
 }
 
+// IndexedOffsets along `axis` (counting from the end when negative), in the context's scratch:
+// planned with the run, so nothing is allocated once the session is warm.
+absl::StatusOr<std::span<int64_t>> ElementOffsets(KernelContext& ctx, const TensorView& x, const TensorView& idx,
+                                                  int64_t axis) {
+  if (x.rank == 0) return InvalidArgument("expected data of rank >= 1, got a scalar");
+  ASSIGN_OR_RETURN(const int a, ResolveAxis(axis, x.rank));
+  int64_t* buffer = ctx.ScratchOf<int64_t>(std::max<int64_t>(idx.numel(), 1));
+  if (!buffer) return NoScratch();
+  const std::span<int64_t> offsets(buffer, static_cast<size_t>(idx.numel()));
+  RETURN_IF_ERROR(IndexedOffsets(x, idx, a, offsets));
+  return offsets;
+}
+
 class GatherElementsKernel : public OpKernel {
  public:
   GatherElementsKernel(const graph::Node& n, int) : axis_(n.AttrInt("axis", 0)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
     const TensorView& idx = *ctx.input(1);
-    if (x.rank == 0) return InvalidArgument("expected data of rank >= 1, got a scalar");
-    ASSIGN_OR_RETURN(int axis, NormalisedAxis(axis_, x.rank));
-    std::vector<int64_t> offsets;
-    RETURN_IF_ERROR(IndexedOffsets(x, idx, axis, &offsets));
+    ASSIGN_OR_RETURN(const std::span<int64_t> offsets, ElementOffsets(ctx, x, idx, axis_));
     TensorView* y = ctx.Output(0, idx.dim_span());
     if (!y) return absl::OkStatus();
     const size_t es = ElementSize(x.dtype);
@@ -243,16 +242,13 @@ class ScatterElementsKernel : public OpKernel {
     const TensorView& x = *ctx.input(0);
     const TensorView& idx = *ctx.input(1);
     const TensorView& upd = *ctx.input(2);
-    if (x.rank == 0) return InvalidArgument("expected data of rank >= 1, got a scalar");
     if (upd.dtype != x.dtype)
       return InvalidArgument("expected updates of the data's dtype ", DataTypeName(x.dtype), ", got ",
                              DataTypeName(upd.dtype));
     if (DimVector(upd.dim_span()) != DimVector(idx.dim_span()))
       return InvalidArgument("expected updates of the indices' shape ", DimsToString(idx.dim_span()), ", got ",
                              DimsToString(upd.dim_span()));
-    ASSIGN_OR_RETURN(int axis, NormalisedAxis(axis_, x.rank));
-    std::vector<int64_t> offsets;
-    RETURN_IF_ERROR(IndexedOffsets(x, idx, axis, &offsets));
+    ASSIGN_OR_RETURN(const std::span<int64_t> offsets, ElementOffsets(ctx, x, idx, axis_));
     TensorView* y = ctx.Output(0, x.dim_span());
     if (!y) return absl::OkStatus();
     if (y->data != x.data && x.nbytes()) std::memcpy(y->data, x.data, x.nbytes());
@@ -277,7 +273,7 @@ class ScatterElementsKernel : public OpKernel {
   ScatterElementsKernel(int64_t axis, Reduction reduction) : axis_(axis), reduction_(reduction) {}
 
   template <typename T>
-  void Combine(const std::vector<int64_t>& offsets, const TensorView& upd, TensorView& y) const {
+  void Combine(std::span<const int64_t> offsets, const TensorView& upd, TensorView& y) const {
     T* out = y.as<T>();
     const T* u = upd.as<T>();
     for (size_t p = 0; p < offsets.size(); ++p) {

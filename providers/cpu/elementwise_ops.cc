@@ -268,33 +268,20 @@ class ActivationKernel : public OpKernel {
   static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
     using A = kc::ActivationOp;
     const std::string& op = n.op_type();
+    const graph::ActivationAttrs a = graph::ActivationAttrsOf(n);
     kc::ActivationParams p;
-    if (op == "LeakyRelu") {
-      p.op = A::kLeakyRelu;
-      p.alpha = n.AttrFloat("alpha", 0.01f);
-    } else if (op == "Elu") {
-      p.op = A::kElu;
-      p.alpha = n.AttrFloat("alpha", 1.f);
-    } else if (op == "Selu") {
-      p.op = A::kSelu;
-      p.alpha = n.AttrFloat("alpha", 1.67326319217681884765625f);
-      p.gamma = n.AttrFloat("gamma", 1.05070102214813232421875f);
-    } else if (op == "Celu") {
-      p.op = A::kCelu;
-      p.alpha = n.AttrFloat("alpha", 1.f);
-      if (p.alpha == 0) return InvalidArgument(n.Describe(), ": expected a non-zero alpha, got 0");
-    } else if (op == "HardSigmoid") {
-      p.op = A::kHardSigmoid;
-      p.alpha = n.AttrFloat("alpha", 0.2f);
-      p.beta = n.AttrFloat("beta", 0.5f);
-    } else if (op == "HardSwish") {
-      p.op = A::kHardSwish;
-    } else if (op == "ThresholdedRelu") {
-      p.op = A::kThresholdedRelu;
-      p.alpha = n.AttrFloat("alpha", 1.f);
-    } else {
-      return InvalidArgument(n.Describe(), ": not an activation with attributes");
-    }
+    p.alpha = a.alpha;
+    p.beta = a.beta;
+    p.gamma = a.gamma;
+    if (op == "LeakyRelu") p.op = A::kLeakyRelu;
+    else if (op == "Elu") p.op = A::kElu;
+    else if (op == "Selu") p.op = A::kSelu;
+    else if (op == "Celu") p.op = A::kCelu;
+    else if (op == "HardSigmoid") p.op = A::kHardSigmoid;
+    else if (op == "HardSwish") p.op = A::kHardSwish;
+    else if (op == "ThresholdedRelu") p.op = A::kThresholdedRelu;
+    else return InvalidArgument(n.Describe(), ": not an activation with attributes");
+    if (p.op == A::kCelu && p.alpha == 0) return InvalidArgument(n.Describe(), ": expected a non-zero alpha, got 0");
     return std::unique_ptr<OpKernel>(new ActivationKernel(p));
   }
   absl::Status Compute(KernelContext& ctx) const override {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "providers/axis.h"
 #include "providers/cpu/cpu_provider.h"
 #include "providers/cpu/shape_ops.h"
 
@@ -64,12 +65,10 @@ class PadKernel : public OpKernel {
       if (naxes > r) return InvalidArgument("expected at most ", r, " axes, got ", naxes);
       bool seen[kMaxRank] = {};
       for (int j = 0; j < naxes; ++j) {
-        int64_t a = IntAt(*axes_in, j);
-        if (a < -r || a >= r) return InvalidArgument("axis ", a, " is out of range for an input of rank ", r);
-        if (a < 0) a += r;
+        ASSIGN_OR_RETURN(const int a, ResolveAxis(IntAt(*axes_in, j), r));
         if (seen[a]) return InvalidArgument("axis ", a, " appears more than once");
         seen[a] = true;
-        axes[j] = static_cast<int>(a);
+        axes[j] = a;
       }
     }
     if (pads_in.numel() != 2 * naxes)

@@ -184,16 +184,8 @@ class UnaryKernel : public CudaKernel {
       auto it = UnaryOps().find(o);
       op_ = it == UnaryOps().end() ? kc::UnaryOp::kIdentity : it->second;
     }
-    if (o == "LeakyRelu") params_.alpha = n.AttrFloat("alpha", 0.01f);
-    if (o == "Elu" || o == "Celu" || o == "ThresholdedRelu") params_.alpha = n.AttrFloat("alpha", 1.f);
-    if (o == "Selu") {
-      params_.alpha = n.AttrFloat("alpha", 1.67326319217681884765625f);
-      params_.gamma = n.AttrFloat("gamma", 1.05070102214813232421875f);
-    }
-    if (o == "HardSigmoid") {
-      params_.alpha = n.AttrFloat("alpha", 0.2f);
-      params_.beta = n.AttrFloat("beta", 0.5f);
-    }
+    const graph::ActivationAttrs a = graph::ActivationAttrsOf(n);
+    params_ = {a.alpha, a.beta, a.gamma};
   }
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
