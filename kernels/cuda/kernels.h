@@ -231,6 +231,29 @@ int Trilu(int elem_bytes, const void* x, void* y, int64_t batch, int64_t rows, i
 int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* perm,
               void* stream);
 
+// The geometry of a convolution over `spatial` dims (kernels/cpu/conv.h's ConvParams, less the
+// images and the filters): C input channels of in[] elements, a kernel[] window read every
+// stride[] positions with dilation[] between its taps, pad_begin[] zeros before each dim, out[]
+// output positions; the sizes are the products of in, kernel and out.
+struct ConvGeometry {
+  int spatial = 0;
+  int64_t C = 0, in_size = 0, kernel_size = 0, out_size = 0;
+  int64_t in[kMaxRank] = {}, kernel[kMaxRank] = {}, out[kMaxRank] = {};
+  int64_t stride[kMaxRank] = {}, dilation[kMaxRank] = {}, pad_begin[kMaxRank] = {};
+};
+// col [C * kernel_size, images, out_size] = the patch elements of x [images, C, in...] (zeros
+// where a patch reaches into the padding): row (c, k) holds channel c at kernel position k for
+// every image and output position, so one product per group of channels covers all the images.
+int Im2Col(Dt dt, const ConvGeometry& g, const void* x, void* col, int64_t images, void* stream);
+// Its adjoint: dx [images, C, in...] (written, not added to) = for each input element the sum,
+// in float32 and in a fixed order, of the float32 col entries of the patch positions that read
+// it; rounded once to dt.
+int Col2Im(Dt dt, const ConvGeometry& g, const float* col, void* dx, int64_t images, void* stream);
+// y [images, M, O] = the float32 product [M, images, O] (each group's filters times the columns)
+// plus bias [M] (of dt, or null), rounded once to dt.
+int ConvOutput(Dt dt, const float* product, const void* bias, void* y, int64_t images, int64_t M, int64_t O,
+               void* stream);
+
 // AdamW (decoupled weight decay, bias-corrected, grad multiplied by grad_scale first, or by
 // *device_scale when given; outputs may alias inputs) over `count` tensors in as few launches as their pointers fit in (32 per
 // launch): the host arrays give tensor k's inputs and outputs and its n[k] elements.

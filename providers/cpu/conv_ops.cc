@@ -5,6 +5,7 @@
 #include "base/status.h"
 #include "graph/op_table.h"
 #include "kernels/cpu/conv.h"
+#include "providers/conv_attrs.h"
 #include "providers/cpu/cpu_provider.h"
 #include "providers/cpu/shape_ops.h"
 
@@ -14,21 +15,10 @@ namespace {
 
 namespace kc = kernels::cpu;
 
-kc::ConvAttrs ReadConvAttrs(const graph::Node& n) {
-  kc::ConvAttrs a;
-  a.auto_pad = n.AttrString("auto_pad", "NOTSET");
-  a.strides = n.AttrInts("strides");
-  a.dilations = n.AttrInts("dilations");
-  a.pads = n.AttrInts("pads");
-  a.kernel_shape = n.AttrInts("kernel_shape");
-  a.group = n.AttrInt("group", 1);
-  return a;
-}
-
 // Conv(X, W[, B]) -> Y.
 class ConvKernel : public OpKernel {
  public:
-  ConvKernel(const graph::Node& n, int) : attrs_(ReadConvAttrs(n)) {}
+  ConvKernel(const graph::Node& n, int) : attrs_(ConvAttrsOf(n)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
     const TensorView& w = *ctx.input(1);
@@ -61,7 +51,7 @@ class ConvKernel : public OpKernel {
 // ai.cleave.ConvGrad(dY, X, W) -> dX, dW, dB (each may go unread) with the forward's attributes.
 class ConvGradKernel : public OpKernel {
  public:
-  ConvGradKernel(const graph::Node& n, int) : attrs_(ReadConvAttrs(n)) {}
+  ConvGradKernel(const graph::Node& n, int) : attrs_(ConvAttrsOf(n)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& dy = *ctx.input(0);
     const TensorView& x = *ctx.input(1);

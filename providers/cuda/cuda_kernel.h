@@ -1,7 +1,7 @@
 // The base of the CUDA provider's kernels (providers/cuda/): a kernel knows its provider (for
 // the stream and scratch) and names its node in errors; Add registers a kernel class. Shared by
-// the kernel table's files (cuda_kernels.cc, cuda_attention_kernels.cc, cuda_optimizer_kernels.cc);
-// included by those only.
+// the kernel table's files (cuda_kernels.cc, cuda_attention_kernels.cc, cuda_conv_kernels.cc,
+// cuda_optimizer_kernels.cc); included by those only.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -68,5 +68,8 @@ void RegisterCudaOptimizerKernels(KernelRegistry& r, CudaExecutionProvider* p);
 
 // Registers the attention kernels (cuda_attention_kernels.cc): Attention and AttentionGrad.
 void RegisterCudaAttentionKernels(KernelRegistry& r, CudaExecutionProvider* p);
+
+// Registers Conv and ConvGrad (cuda_conv_kernels.cc).
+void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p);
 
 }  // namespace cleave::providers

@@ -939,6 +939,7 @@ void CudaExecutionProvider::RegisterKernels() {
   RegisterCudaOptimizerKernels(r, this);
   RegisterCudaCollectives(r, this);
   RegisterCudaAttentionKernels(r, this);
+  RegisterCudaConvKernels(r, this);
 }
 
 }  // namespace cleave::providers

@@ -152,6 +152,7 @@ absl::StatusOr<std::unique_ptr<ExecutionProvider>> CudaExecutionProvider::Create
   ao.limit_bytes = options.memory_limit_bytes;
   p->arena_ = std::make_unique<ArenaAllocator>(std::move(b), ao);
   p->workspace_bytes_ = options.cublas_workspace_bytes;
+  p->conv_chunk_bytes_ = options.conv_chunk_bytes;
   ASSIGN_OR_RETURN(p->workspace_, p->arena_->TryAllocate(p->workspace_bytes_));
   ASSIGN_OR_RETURN(void* scratch, p->arena_->TryAllocate(sizeof(double)));
   p->reduction_scratch_ = static_cast<double*>(scratch);

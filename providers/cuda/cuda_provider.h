@@ -38,6 +38,9 @@ struct CudaProviderOptions {
   // The arena never takes more than this (0: as much as the device has).
   size_t memory_limit_bytes = 0;
   size_t cublas_workspace_bytes = size_t{32} << 20;
+  // Conv and ConvGrad lay out the patches of as many images at a time as keep their scratch
+  // under this (one image at least).
+  size_t conv_chunk_bytes = size_t{256} << 20;
 };
 
 class CudaExecutionProvider : public ExecutionProvider {
@@ -64,6 +67,7 @@ class CudaExecutionProvider : public ExecutionProvider {
   void* cublaslt() const { return cublaslt_; }      // cublasLtHandle_t
   void* workspace() const { return workspace_; }
   size_t workspace_bytes() const { return workspace_bytes_; }
+  size_t conv_chunk_bytes() const { return conv_chunk_bytes_; }
   // Device scratch of one double for reductions (valid for the provider's lifetime).
   double* reduction_scratch() const { return reduction_scratch_; }
   const ArenaAllocator& arena() const { return *arena_; }
@@ -91,6 +95,7 @@ class CudaExecutionProvider : public ExecutionProvider {
   void* cublaslt_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  size_t conv_chunk_bytes_ = size_t{256} << 20;
   double* reduction_scratch_ = nullptr;
   int64_t* bad_index_ = nullptr;       // device memory, written by kernels
   int64_t* bad_index_seen_ = nullptr;  // page-locked: their copy at the last wait

@@ -1,0 +1,230 @@
+// The CUDA provider's Conv and ai.cleave.ConvGrad (providers/cuda/): im2col over a chunk of
+// images at a time (kernels/cuda/conv.cu), then one cuBLASLt product per group covering the
+// whole chunk, whose columns are every image's output positions side by side:
+//   forward   Y_g [Mg, n O]      = W_g [Mg, Cg K] col_g [Cg K, n O]
+//   dW        dW_g [Mg, Cg K]   += dY_g [Mg, n O] col_g^T          (float32, summed over chunks)
+//   dX        col_g [Cg K, n O]  = W_g^T dY_g                     (float32), then col2im
+//   dB        the sums of dY over images and positions.
+// A product's float32 [M, n, O] result gets the bias and the images' [n, M, O] layout as it is
+// rounded to Y's type, once (dY is transposed the other way where a chunk holds more than one
+// image). The chunk is as many images as keep
+// the scratch under the provider's conv_chunk_bytes.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "graph/op_table.h"
+#include "kernels/cpu/conv.h"
+#include "kernels/cpu/nn.h"
+#include "providers/conv_attrs.h"
+#include "providers/cuda/cuda_kernel.h"
+#include "providers/cuda/cuda_matmul.h"
+
+namespace cleave::providers {
+namespace {
+
+kc::ConvGeometry GeometryOf(const kernels::cpu::ConvParams& p) {
+  kc::ConvGeometry g;
+  g.spatial = p.spatial;
+  g.C = p.C;
+  g.in_size = p.InSize();
+  g.kernel_size = p.KernelSize();
+  g.out_size = p.OutSize();
+  for (int d = 0; d < p.spatial; ++d) {
+    g.in[d] = p.in[d];
+    g.kernel[d] = p.kernel[d];
+    g.out[d] = p.out[d];
+    g.stride[d] = p.stride[d];
+    g.dilation[d] = p.dilation[d];
+    g.pad_begin[d] = p.pad_begin[d];
+  }
+  return g;
+}
+
+// Images per chunk: scratch of `per_image` bytes each, at most `budget` (at least one image).
+int64_t ChunkImages(int64_t N, int64_t per_image, size_t budget) {
+  const int64_t most = static_cast<int64_t>(std::min<size_t>(budget, size_t{1} << 62));
+  return std::clamp<int64_t>(most / std::max<int64_t>(per_image, 1), 1, std::max<int64_t>(N, 1));
+}
+
+// [a, b, c] -> [b, a, c] of elem_bytes elements.
+int SwapLeading(size_t elem_bytes, const void* x, void* y, int64_t a, int64_t b, int64_t c, void* stream) {
+  const int64_t dims[3] = {a, b, c}, perm[3] = {1, 0, 2};
+  return kc::Transpose(static_cast<int>(elem_bytes), x, y, 3, dims, perm, stream);
+}
+
+absl::Status PlanOf(const std::string& name, std::vector<int64_t> a, std::vector<int64_t> b, bool trans_b,
+                    bool trans_a, kernels::cpu::MatMulPlan* plan) {
+  auto p = kernels::cpu::PlanMatMul(a, b, trans_b, trans_a);
+  if (!p.ok()) return Internal(name, ": ", p.status().message());
+  *plan = *p;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<kernels::cpu::ConvParams> Plan(const std::string& name, const TensorView& x, const TensorView& w,
+                                              const kernels::cpu::ConvAttrs& attrs) {
+  if (x.rank - 2 > kc::kMaxRank) return Unimplemented(name, ": ", x.rank - 2, " spatial dims, over ", kc::kMaxRank);
+  auto p = kernels::cpu::PlanConv(x.dim_span(), w.dim_span(), attrs);
+  if (!p.ok()) return InvalidArgument(name, ": ", p.status().message());
+  if (p->ColumnElements() < 0) return InvalidArgument(name, ": the patches of one image overflow int64 elements");
+  return *p;
+}
+
+// Conv(X, W[, B]) -> Y.
+class ConvKernel : public CudaKernel {
+ public:
+  ConvKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n), attrs_(ConvAttrsOf(n)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView& w = *ctx.input(1);
+    const TensorView* b = ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
+    ASSIGN_OR_RETURN(const kernels::cpu::ConvParams p, Plan(name_, x, w, attrs_));
+    if (b && b->numel() != p.M)
+      return InvalidArgument(name_, ": expected B of ", p.M, " elements (W's dim 0), got ", b->numel());
+    std::vector<int64_t> out = {p.N, p.M};
+    for (int d = 0; d < p.spatial; ++d) out.push_back(p.out[d]);
+    TensorView* y = ctx.Output(0, out);
+    if (!y || y->numel() == 0) return absl::OkStatus();
+    const kc::ConvGeometry g = GeometryOf(p);
+    const kc::Dt dt = DtOf(x.dtype);
+    const size_t es = ElementSize(x.dtype);
+    const int64_t G = p.group, Cg = p.C / G, Mg = p.M / G, K = g.kernel_size, O = g.out_size, I = g.in_size;
+    // The product straight into Y where it is Y (float32, one image, no bias); else in float32
+    // into scratch, from which ConvOutput adds the bias, lays the images out and rounds once.
+    const bool direct = x.dtype == DataType::kFloat32 && !b;
+    const int64_t per_image = p.C * K * O * static_cast<int64_t>(es) + p.M * O * 4;
+    const int64_t nb = ChunkImages(p.N, per_image, p_->conv_chunk_bytes());
+    void* col = ctx.Scratch(static_cast<size_t>(p.C * K * nb * O) * es);
+    float* product = direct && nb == 1 ? nullptr : ctx.ScratchOf<float>(p.M * nb * O);
+    if (!col || (!product && !(direct && nb == 1))) return NoScratch();
+    for (int64_t n0 = 0; n0 < p.N; n0 += nb) {
+      const int64_t n = std::min(nb, p.N - n0);
+      char* yn = static_cast<char*>(y->data) + static_cast<size_t>(n0 * p.M * O) * es;
+      RETURN_IF_ERROR(Check(kc::Im2Col(dt, g, static_cast<const char*>(x.data) + n0 * p.C * I * es, col, n, stream())));
+      kernels::cpu::MatMulPlan plan;
+      RETURN_IF_ERROR(PlanOf(name_, {G, Mg, Cg * K}, {G, Cg * K, n * O}, false, false, &plan));
+      void* c = product ? static_cast<void*>(product) : yn;
+      RETURN_IF_ERROR(CudaMatMul(*p_, plan, x.dtype, DataType::kFloat32, w.data, col, c, nullptr, false));
+      if (product)
+        RETURN_IF_ERROR(Check(kc::ConvOutput(dt, product, b ? b->data : nullptr, yn, n, p.M, O, stream())));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  kernels::cpu::ConvAttrs attrs_;
+};
+
+// ai.cleave.ConvGrad(dY, X, W) -> dX, dW, dB (each may go unread), the forward's attributes.
+class ConvGradKernel : public CudaKernel {
+ public:
+  ConvGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), attrs_(ConvAttrsOf(n)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& x = *ctx.input(1);
+    const TensorView& w = *ctx.input(2);
+    ASSIGN_OR_RETURN(const kernels::cpu::ConvParams p, Plan(name_, x, w, attrs_));
+    std::vector<int64_t> want = {p.N, p.M};
+    for (int d = 0; d < p.spatial; ++d) want.push_back(p.out[d]);
+    if (std::vector<int64_t>(dy.dims, dy.dims + dy.rank) != want)
+      return InvalidArgument(name_, ": expected dY [", absl::StrJoin(want, ","), "], got [",
+                             absl::StrJoin(dy.dim_span(), ","), "]");
+    TensorView* dx = ctx.Output(0, x.dim_span());
+    TensorView* dw = ctx.num_outputs() > 1 ? ctx.Output(1, w.dim_span()) : nullptr;
+    TensorView* db = ctx.num_outputs() > 2 ? ctx.Output(2, {p.M}) : nullptr;
+    const kc::ConvGeometry g = GeometryOf(p);
+    const kc::Dt dt = DtOf(x.dtype);
+    const size_t es = ElementSize(x.dtype);
+    const int64_t G = p.group, Cg = p.C / G, Mg = p.M / G, K = g.kernel_size, O = g.out_size, I = g.in_size;
+    auto s = static_cast<cudaStream_t>(stream());
+    if (db && db->numel() > 0) {
+      if (p.N * O == 0) {
+        RETURN_IF_ERROR(Check(cudaMemsetAsync(db->data, 0, db->nbytes(), s)));
+      } else {
+        const int64_t dims[3] = {p.N, p.M, O};
+        const bool reduce[3] = {true, false, true};
+        const int64_t parts = kc::ReduceScratch(3, dims, reduce);
+        double* scratch = parts ? ctx.ScratchOf<double>(parts) : nullptr;
+        if (parts && !scratch) return NoScratch();
+        RETURN_IF_ERROR(Check(kc::Reduce(kc::ReduceOp::kSum, dt, dy.data, db->data, 3, dims, reduce, scratch, s)));
+      }
+    }
+    if ((!dx || dx->numel() == 0) && (!dw || dw->numel() == 0)) return absl::OkStatus();
+    if (dx && dx->numel() == 0) dx = nullptr;
+    if (dw && dw->numel() == 0) dw = nullptr;
+    // dW accumulates in float32: in dW itself when that is float32, else in scratch cast at the end.
+    const int64_t w_elems = p.M * Cg * K;
+    float* dw_acc = nullptr;
+    float* dw_part = nullptr;
+    if (dw) {
+      dw_acc = x.dtype == DataType::kFloat32 ? dw->as<float>() : ctx.ScratchOf<float>(w_elems);
+      if (!dw_acc) return NoScratch();
+      if (p.N * O == 0) return Check(cudaMemsetAsync(dw->data, 0, dw->nbytes(), s));
+    }
+    if (p.N * O == 0) return dx ? Check(cudaMemsetAsync(dx->data, 0, dx->nbytes(), s)) : absl::OkStatus();
+    const int64_t per_image = p.C * K * O * static_cast<int64_t>((dw ? es : 0) + (dx ? sizeof(float) : 0)) +
+                              p.M * O * static_cast<int64_t>(es);
+    const int64_t nb = ChunkImages(p.N, per_image, p_->conv_chunk_bytes());
+    void* col = dw ? ctx.Scratch(static_cast<size_t>(p.C * K * nb * O) * es) : nullptr;
+    float* colf = dx ? ctx.ScratchOf<float>(p.C * K * nb * O) : nullptr;
+    void* dyt = nb > 1 ? ctx.Scratch(static_cast<size_t>(p.M * nb * O) * es) : nullptr;
+    if ((dw && !col) || (dx && !colf) || (nb > 1 && !dyt)) return NoScratch();
+    if (dw && nb < p.N) {
+      dw_part = ctx.ScratchOf<float>(w_elems);
+      if (!dw_part) return NoScratch();
+    }
+    for (int64_t n0 = 0; n0 < p.N; n0 += nb) {
+      const int64_t n = std::min(nb, p.N - n0);
+      const char* dyn = static_cast<const char*>(dy.data) + static_cast<size_t>(n0 * p.M * O) * es;
+      // dY_g [Mg, n O] for every group: dY's [n, M, O] as [M, n, O].
+      const void* dyg = dyn;
+      if (n > 1) {
+        RETURN_IF_ERROR(Check(SwapLeading(es, dyn, dyt, n, p.M, O, s)));
+        dyg = dyt;
+      }
+      if (dw) {
+        RETURN_IF_ERROR(Check(kc::Im2Col(dt, g, static_cast<const char*>(x.data) + n0 * p.C * I * es, col, n, s)));
+        kernels::cpu::MatMulPlan plan;
+        RETURN_IF_ERROR(PlanOf(name_, {G, Mg, n * O}, {G, Cg * K, n * O}, /*trans_b=*/true, false, &plan));
+        float* into = n0 == 0 ? dw_acc : dw_part;
+        RETURN_IF_ERROR(CudaMatMul(*p_, plan, x.dtype, DataType::kFloat32, dyg, col, into, nullptr, false));
+        if (n0 > 0)
+          RETURN_IF_ERROR(Check(kc::Binary(kc::BinaryOp::kAdd, kc::Dt::kF32, dw_acc, dw_part, dw_acc, w_elems,
+                                           nullptr, s)));
+      }
+      if (dx) {
+        kernels::cpu::MatMulPlan plan;
+        RETURN_IF_ERROR(PlanOf(name_, {G, Mg, Cg * K}, {G, Mg, n * O}, false, /*trans_a=*/true, &plan));
+        RETURN_IF_ERROR(CudaMatMul(*p_, plan, x.dtype, DataType::kFloat32, w.data, dyg, colf, nullptr, false));
+        RETURN_IF_ERROR(
+            Check(kc::Col2Im(dt, g, colf, static_cast<char*>(dx->data) + n0 * p.C * I * es, n, s)));
+      }
+    }
+    if (dw && x.dtype != DataType::kFloat32)
+      RETURN_IF_ERROR(Check(kc::Cast(kc::Dt::kF32, dt, dw_acc, dw->data, w_elems, s)));
+    return absl::OkStatus();
+  }
+
+ private:
+  kernels::cpu::ConvAttrs attrs_;
+};
+
+}  // namespace
+
+void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p) {
+  // X, W and B of one float type.
+  auto alike = [](const graph::Node& n, int) -> std::string {
+    for (int i = 1; i < n.num_inputs(); ++i)
+      if (n.input(i) && n.input(i)->dtype() != n.input(0)->dtype()) return "mixed dtypes";
+    return "";
+  };
+  Add<ConvKernel>(r, p, "", "Conv", 1, 1 << 30, AllOf({InputTypeIn(0, kFloats), alike}));
+  Add<ConvGradKernel>(r, p, std::string(graph::kCleaveDomain), "ConvGrad", 1, 1,
+                      AllOf({InputTypeIn(0, kFloats), alike}));
+}
+
+}  // namespace cleave::providers

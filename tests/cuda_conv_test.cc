@@ -1,0 +1,144 @@
+// Conv and its gradient on the CUDA provider against the CPU's (gpu label): every layout of
+// the lowering (one image or several per product, groups, depthwise, 1 to 3 spatial dims,
+// strides, dilations, padding), bf16 and fp16 against the CPU on the rounded operands, and a
+// chunk budget small enough that the images are lowered a few at a time.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/cuda_test_util.h"
+
+namespace cleave {
+namespace {
+
+using cuda_testing::CudaUnusable;
+using cuda_testing::DimsText;
+using cuda_testing::ExpectSame;
+using cuda_testing::Random;
+
+struct ConvCase {
+  std::vector<int64_t> x, w;
+  bool bias;
+  std::string attrs;
+};
+
+const ConvCase kCases[] = {
+    {{3, 4, 7, 6}, {6, 4, 3, 3}, true, "pads = [1, 1, 1, 1], strides = [2, 1]"},
+    {{2, 4, 5, 4}, {6, 2, 3, 2}, false, "group = 2, pads = [1, 0, 1, 1]"},
+    {{2, 3, 6, 6}, {3, 1, 3, 3}, true, "group = 3, dilations = [2, 2], pads = [2, 2, 2, 2]"},
+    {{2, 3, 9}, {4, 3, 3}, true, "strides = [2], pads = [1, 2], dilations = [2]"},
+    {{1, 2, 3, 4, 3}, {2, 2, 2, 2, 2}, false, "pads = [0, 1, 0, 1, 0, 1]"},
+    {{2, 2, 5, 6}, {3, 2, 3, 3}, true, "auto_pad = \"SAME_UPPER\", strides = [2, 2]"},
+    {{2, 3, 16, 16}, {8, 3, 4, 4}, true, "strides = [4, 4]"},  // a ViT patch embedding
+    {{4, 5, 3, 3}, {7, 5, 1, 1}, true, ""},                      // a pointwise conv
+};
+
+std::string Attrs(const ConvCase& c) { return c.attrs.empty() ? "" : absl::StrCat(" {", c.attrs, "}"); }
+
+// Y's dims, from the CPU's forward.
+std::vector<int64_t> OutDims(const ConvCase& c) {
+  const std::string text = absl::StrCat("input x: float32", DimsText(c.x), "\ninput w: float32", DimsText(c.w),
+                                        "\ny = Conv(x, w)", Attrs(c), "\noutput y\n");
+  auto s = InferenceSession::FromGraph(*graph::ParseGraph(text), SessionOptions{});
+  if (!s.ok()) return {};
+  auto y = (*s)->Run({{"x", Random(c.x, 1)}, {"w", Random(c.w, 2)}});
+  if (!y.ok()) return {};
+  const Tensor& t = (*y)[0];
+  return std::vector<int64_t>(t.dims().begin(), t.dims().end());
+}
+
+// y = Conv(x, w[, b]) and the three gradients of a fed dY, every operand cast to `type`
+// (float32: 1, bfloat16: 16, float16: 10) around the ops and back to float32. With `rounded`,
+// the CPU's reference of that: the float32 ops on operands rounded to `type` (the casts there
+// and back), their results rounded the same way.
+std::string ConvGraph(const ConvCase& c, int type, bool rounded = false) {
+  auto in = [&](const std::string& name) {
+    if (!rounded) return absl::StrCat("h", name, " = Cast(", name, ") {to = ", type, "}\n");
+    return absl::StrCat(name, "_r = Cast(", name, ") {to = ", type, "}\nh", name, " = Cast(", name, "_r) {to = 1}\n");
+  };
+  auto out = [&](const std::string& name) {
+    if (!rounded) return absl::StrCat(name, " = Cast(h", name, ") {to = 1}\n");
+    return absl::StrCat(name, "_r = Cast(h", name, ") {to = ", type, "}\n", name, " = Cast(", name, "_r) {to = 1}\n");
+  };
+  std::string g = absl::StrCat("input x: float32", DimsText(c.x), "\ninput w: float32", DimsText(c.w),
+                               "\ninput dy: float32", DimsText(OutDims(c)), "\n");
+  if (c.bias) absl::StrAppend(&g, "input b: float32[", c.w[0], "]\n", in("b"));
+  absl::StrAppend(&g, in("x"), in("w"), in("dy"), "hy = Conv(hx, hw", c.bias ? ", hb" : "", ")", Attrs(c), "\n",
+                  "hdx, hdw, hdb = ai.cleave.ConvGrad(hdy, hx, hw)", Attrs(c), "\n", out("y"), out("dx"), out("dw"),
+                  out("db"), "output y\noutput dx\noutput dw\noutput db\n");
+  return g;
+}
+
+Feeds ConvFeeds(const ConvCase& c, unsigned seed) {
+  Feeds f = {{"x", Random(c.x, seed)}, {"w", Random(c.w, seed + 1, -0.5f, 0.5f)}, {"dy", Random(OutDims(c), seed + 3)}};
+  if (c.bias) f.push_back({"b", Random({c.w[0]}, seed + 2)});
+  return f;
+}
+
+TEST(CudaProvider, ConvAndItsGradientInFloat32) {
+  REQUIRE_CUDA();
+  unsigned seed = 100;
+  for (const ConvCase& c : kCases) {
+    SCOPED_TRACE(ConvGraph(c, 1));
+    ExpectSame(ConvGraph(c, 1), ConvFeeds(c, seed += 4), 1e-4, 1e-4, "Conv");
+  }
+}
+
+TEST(CudaProvider, ConvAndItsGradientInBf16AndFp16) {
+  REQUIRE_CUDA();
+  unsigned seed = 200;
+  for (int type : {16, 10})
+    for (const ConvCase& c : kCases) {
+      SCOPED_TRACE(ConvGraph(c, type));
+      // Both sides multiply the same rounded operands and sum in float32, and round the
+      // results once; they differ in the order of the sums, and a result that lands near a
+      // rounding boundary may round the other way: one unit in the last place (bf16 2^-8).
+      ExpectSame(ConvGraph(c, type), ConvFeeds(c, seed += 4), 1e-3, type == 16 ? 8e-3 : 1e-3, "Conv",
+                 ConvGraph(c, type, /*rounded=*/true));
+    }
+}
+
+// A chunk budget of a few images' scratch: the forward lowers the five images four and one at a
+// time, the gradient two, two and one, dW summed over the chunks; the results are the
+// one-chunk run's.
+TEST(CudaProvider, ConvInChunksOfImages) {
+  REQUIRE_CUDA();
+  providers::CudaProviderOptions small;
+  // Per image, [5, 4, 6, 6] x [6, 4, 3, 3] takes 6 KB of the forward's scratch, 11 KB of the gradient's.
+  small.conv_chunk_bytes = 25000;
+  auto provider = providers::CudaExecutionProvider::Create(0, small);
+  ASSERT_TRUE(provider.ok()) << provider.status();
+  const ConvCase c{{5, 4, 6, 6}, {6, 4, 3, 3}, true, "pads = [1, 1, 1, 1]"};
+  const Feeds feeds = ConvFeeds(c, 300);
+  SessionOptions chunked, whole;
+  chunked.optimize = whole.optimize = false;
+  chunked.device = whole.device = DeviceChoice::kCuda;
+  chunked.device_provider = std::shared_ptr<providers::ExecutionProvider>(std::move(*provider));
+  auto a = InferenceSession::FromGraph(*graph::ParseGraph(ConvGraph(c, 1)), chunked);
+  auto b = InferenceSession::FromGraph(*graph::ParseGraph(ConvGraph(c, 1)), whole);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  auto got = (*a)->Run(feeds);
+  auto want = (*b)->Run(feeds);
+  ASSERT_TRUE(got.ok() && want.ok()) << got.status() << want.status();
+  for (size_t i = 0; i < got->size(); ++i)
+    EXPECT_EQ(testing::CompareTensors((*got)[i], (*want)[i], 1e-5, 1e-5), "") << "output " << i;
+}
+
+TEST(CudaProvider, ConvRejectsMismatchedShapesNamingTheNode) {
+  REQUIRE_CUDA();
+  auto s = cuda_testing::CudaSession(R"(
+    input x: float32[1,c,5,5]
+    input w: float32[6,k,3,3]
+    y = Conv(x, w)
+    output y
+  )");
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto r = (*s)->Run({{"x", Random({1, 4, 5, 5}, 1)}, {"w", Random({6, 3, 3, 3}, 2)}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("Conv"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("C / group = 4, got 3"), std::string::npos) << r.status();
+}
+
+}  // namespace
+}  // namespace cleave
