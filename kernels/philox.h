@@ -7,11 +7,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define CLEAVE_HOST_DEVICE __host__ __device__
-#else
-#define CLEAVE_HOST_DEVICE
-#endif
+#include "kernels/host_device.h"
 
 namespace cleave::kernels {
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "base/shape.h"
 #include "base/status.h"
 #include "base/tensor.h"
 
@@ -24,6 +25,20 @@ inline int64_t DimProduct(const TensorView& x, int begin, int end) {
   int64_t n = 1;
   for (int k = begin; k < end && k < x.rank; ++k) n *= x.dims[k];
   return n;
+}
+
+// GatherElements' and ScatterElements' indices against their data: the axis resolved, and idx of
+// x's rank (>= 1) with no dim larger than x's except along the axis; InvalidArgument otherwise.
+inline absl::StatusOr<int> ElementIndicesAxis(const TensorView& x, const TensorView& idx, int64_t axis) {
+  if (x.rank == 0) return InvalidArgument("expected data of rank >= 1, got a scalar");
+  ASSIGN_OR_RETURN(const int a, ResolveAxis(axis, x.rank));
+  if (idx.rank != x.rank)
+    return InvalidArgument("expected indices of the data's rank ", x.rank, ", got ", DimsToString(idx.dim_span()));
+  for (int k = 0; k < x.rank; ++k)
+    if (k != a && idx.dims[k] > x.dims[k])
+      return InvalidArgument("indices ", DimsToString(idx.dim_span()), " exceed the data ", DimsToString(x.dim_span()),
+                             " at dim ", k);
+  return a;
 }
 
 }  // namespace cleave::providers

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/pad_coord.h"
 #include "kernels/rotary_layout.h"
 
 namespace cleave::kernels::cuda {
@@ -253,6 +254,41 @@ int Col2Im(Dt dt, const ConvGeometry& g, const float* col, void* dx, int64_t ima
 // plus bias [M] (of dt, or null), rounded once to dt.
 int ConvOutput(Dt dt, const float* product, const void* bias, void* y, int64_t images, int64_t M, int64_t O,
                void* stream);
+
+// Pad (and Tile: wrap mode, nothing before): y [out_dims] reads x [in_dims] at each dim's
+// kernels::PadSourceCoord (kernels/pad_coord.h), or holds `fill` (the elem_bytes low bytes) where
+// a coordinate lies outside x in constant mode. before may be negative (a crop).
+using kernels::PadMode;
+struct PadLayout {
+  int rank = 0;
+  int64_t out_dims[kMaxRank] = {}, in_dims[kMaxRank] = {}, before[kMaxRank] = {};
+};
+int Pad(int elem_bytes, PadMode mode, const PadLayout& l, const void* x, void* y, uint64_t fill, void* stream);
+// y = the running sums of x [outer, len, inner] along len (exclusive: each sum leaves out its own
+// element; reverse: from the end), one thread per line, summed in the CPU's order: floats in
+// float32 rounded to the storage type at each step, integers wrapping.
+int CumSum(Elem t, const void* x, void* y, int64_t outer, int64_t len, int64_t inner, bool exclusive, bool reverse,
+           void* stream);
+// y [outer, inner] = the index along len (>= 1) of the largest (max) or smallest element of x
+// [outer, len, inner], the first of equals or with `last` the last; NaN counts as the extreme.
+int ArgExtreme(Elem t, bool max, bool last, const void* x, int64_t* y, int64_t outer, int64_t len, int64_t inner,
+               void* stream);
+// GatherElements and ScatterElements: data x_dims and indices idx_dims of one rank, an index per
+// element along `axis` (negative ones from the end; one outside [-len, len) is reported in `bad`
+// and reads zeros, or writes nothing).
+struct ElementsLayout {
+  int rank = 0, axis = 0;
+  int64_t x_dims[kMaxRank] = {}, idx_dims[kMaxRank] = {};
+};
+// y [idx_dims] = x at the indices.
+int GatherElements(int elem_bytes, const ElementsLayout& l, const void* x, const void* idx, bool idx_int32, void* y,
+                   void* stream, BadIndex bad = {});
+// y (holding the data already) gets upd [idx_dims] at the indices: written (kNone, any element
+// of elem_bytes), or combined by the reduction over t's arithmetic (floats in float32, integers
+// wrapping); duplicates apply in index order (one thread per line along the axis, no atomics).
+enum class ScatterReduction : int { kNone, kAdd, kMul, kMax, kMin };
+int ScatterElements(Elem t, int elem_bytes, ScatterReduction r, const ElementsLayout& l, const void* idx,
+                    bool idx_int32, const void* upd, void* y, void* stream, BadIndex bad = {});
 
 // AdamW (decoupled weight decay, bias-corrected, grad multiplied by grad_scale first, or by
 // *device_scale when given; outputs may alias inputs) over `count` tensors in as few launches as their pointers fit in (32 per

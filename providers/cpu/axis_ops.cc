@@ -152,17 +152,10 @@ class ArgExtremeKernel : public OpKernel {
   bool keepdims_, last_;
 };
 
-// The element offsets of `idx` (indices of rank x's, index dims no larger than x's except along
-// the axis) into x: every position of idx, its own coordinates with the axis's replaced by the
-// index there (negative ones counting from the end). An index outside [-len, len) is an error
-// naming it and its position.
+// The element offsets of `idx` (checked by ElementIndicesAxis) into x: every position of idx,
+// its own coordinates with the axis's replaced by the index there (negative ones counting from
+// the end). An index outside [-len, len) is an error naming it and its position.
 absl::Status IndexedOffsets(const TensorView& x, const TensorView& idx, int axis, std::span<int64_t> out) {
-  if (idx.rank != x.rank)
-    return InvalidArgument("expected indices of the data's rank ", x.rank, ", got ", DimsToString(idx.dim_span()));
-  for (int k = 0; k < x.rank; ++k)
-    if (k != axis && idx.dims[k] > x.dims[k])
-      return InvalidArgument("indices ", DimsToString(idx.dim_span()), " exceed the data ", DimsToString(x.dim_span()),
-                             " at dim ", k);
   int64_t stride[kMaxRank];
   int64_t s = 1;
   for (int k = x.rank - 1; k >= 0; --k) {
@@ -191,8 +184,7 @@ absl::Status IndexedOffsets(const TensorView& x, const TensorView& idx, int axis
 // planned with the run, so nothing is allocated once the session is warm.
 absl::StatusOr<std::span<int64_t>> ElementOffsets(KernelContext& ctx, const TensorView& x, const TensorView& idx,
                                                   int64_t axis) {
-  if (x.rank == 0) return InvalidArgument("expected data of rank >= 1, got a scalar");
-  ASSIGN_OR_RETURN(const int a, ResolveAxis(axis, x.rank));
+  ASSIGN_OR_RETURN(const int a, ElementIndicesAxis(x, idx, axis));
   int64_t* buffer = ctx.ScratchOf<int64_t>(std::max<int64_t>(idx.numel(), 1));
   if (!buffer) return NoScratch();
   const std::span<int64_t> offsets(buffer, static_cast<size_t>(idx.numel()));

@@ -1,7 +1,7 @@
 // The base of the CUDA provider's kernels (providers/cuda/): a kernel knows its provider (for
 // the stream and scratch) and names its node in errors; Add registers a kernel class. Shared by
-// the kernel table's files (cuda_kernels.cc, cuda_attention_kernels.cc, cuda_conv_kernels.cc,
-// cuda_optimizer_kernels.cc); included by those only.
+// the kernel table's files (cuda_kernels.cc, cuda_attention_kernels.cc, cuda_axis_kernels.cc,
+// cuda_conv_kernels.cc, cuda_optimizer_kernels.cc); included by those only.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,6 +22,18 @@ inline const std::vector<DataType> kFloats = {DataType::kFloat32, DataType::kBFl
 
 inline kc::Dt DtOf(DataType t) {
   return t == DataType::kBFloat16 ? kc::Dt::kBf16 : t == DataType::kFloat16 ? kc::Dt::kF16 : kc::Dt::kF32;
+}
+
+// The kernels' element type of t (float32 for any type it does not name).
+inline kc::Elem ElemOf(DataType t) {
+  switch (t) {
+    case DataType::kBFloat16: return kc::Elem::kBf16;
+    case DataType::kFloat16: return kc::Elem::kF16;
+    case DataType::kInt64: return kc::Elem::kI64;
+    case DataType::kInt32: return kc::Elem::kI32;
+    case DataType::kBool: return kc::Elem::kBool;
+    default: return kc::Elem::kF32;
+  }
 }
 
 // A kernel of the provider: its stream and errors named after the node.
@@ -71,5 +83,9 @@ void RegisterCudaAttentionKernels(KernelRegistry& r, CudaExecutionProvider* p);
 
 // Registers Conv and ConvGrad (cuda_conv_kernels.cc).
 void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p);
+
+// Registers the kernels along an axis or over padded dims (cuda_axis_kernels.cc): Pad, Tile,
+// CumSum, ArgMax, ArgMin, GatherElements and ScatterElements.
+void RegisterCudaAxisKernels(KernelRegistry& r, CudaExecutionProvider* p);
 
 }  // namespace cleave::providers

@@ -79,17 +79,6 @@ kc::BinaryOp BinaryOpOf(const std::string& o) {
                                                                         : kc::BinaryOp::kPow;
 }
 
-kc::Elem ElemOf(DataType t) {
-  switch (t) {
-    case DataType::kBFloat16: return kc::Elem::kBf16;
-    case DataType::kFloat16: return kc::Elem::kF16;
-    case DataType::kInt64: return kc::Elem::kI64;
-    case DataType::kInt32: return kc::Elem::kI32;
-    case DataType::kBool: return kc::Elem::kBool;
-    default: return kc::Elem::kF32;
-  }
-}
-
 // Add, Sub, Mul, Div, Max, Min, Pow over float types; all but Pow over int64 and int32 too.
 // Max and Min take any number of inputs, folded left to right into the output.
 class BinaryKernel : public CudaKernel {
@@ -940,6 +929,7 @@ void CudaExecutionProvider::RegisterKernels() {
   RegisterCudaCollectives(r, this);
   RegisterCudaAttentionKernels(r, this);
   RegisterCudaConvKernels(r, this);
+  RegisterCudaAxisKernels(r, this);
 }
 
 }  // namespace cleave::providers

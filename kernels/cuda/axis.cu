@@ -1,0 +1,293 @@
+// CUDA kernels along an axis or over padded dims (kernels/cuda/): Pad (and Tile, its wrap mode),
+// CumSum, ArgMax / ArgMin, GatherElements and ScatterElements. The running and combining ones
+// give each line along the axis to one thread, which walks it in the order the CPU kernels do:
+// the same sums in the same order, and ScatterElements' duplicate indices combined in index
+// order without atomics (its updates land only on their own line).
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/kernels.h"
+#include "kernels/pad_coord.h"
+
+namespace cleave::kernels::cuda {
+namespace {
+
+template <typename F>
+int WithBytes(int elem_bytes, F&& f) {
+  switch (elem_bytes) {
+    case 1: return f(uint8_t{});
+    case 2: return f(uint16_t{});
+    case 4: return f(uint32_t{});
+    case 8: return f(uint64_t{});
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+// Runs f(T{}) with T the element type of t.
+template <typename F>
+int WithElem(Elem t, F&& f) {
+  switch (t) {
+    case Elem::kF32: return f(float{});
+    case Elem::kBf16: return f(__nv_bfloat16{});
+    case Elem::kF16: return f(__half{});
+    case Elem::kI64: return f(int64_t{});
+    case Elem::kI32: return f(int32_t{});
+    case Elem::kBool: break;
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+// The arithmetic of a running sum or a combination: floats in float32, rounded to the storage
+// type at each step as the storage holds it; integers wrap (computed unsigned).
+template <typename T>
+struct Arith {
+  __device__ static T Add(T a, T b) { return FromFloat<T>(ToFloat(a) + ToFloat(b)); }
+  __device__ static T Mul(T a, T b) { return FromFloat<T>(ToFloat(a) * ToFloat(b)); }
+  __device__ static bool Less(T a, T b) { return ToFloat(a) < ToFloat(b); }
+  __device__ static bool IsNan(T a) { return ToFloat(a) != ToFloat(a); }
+  __device__ static T Zero() { return FromFloat<T>(0.f); }
+};
+template <>
+struct Arith<int64_t> {
+  __device__ static int64_t Add(int64_t a, int64_t b) {
+    return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+  }
+  __device__ static int64_t Mul(int64_t a, int64_t b) {
+    return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+  }
+  __device__ static bool Less(int64_t a, int64_t b) { return a < b; }
+  __device__ static bool IsNan(int64_t) { return false; }
+  __device__ static int64_t Zero() { return 0; }
+};
+template <>
+struct Arith<int32_t> {
+  __device__ static int32_t Add(int32_t a, int32_t b) {
+    return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
+  }
+  __device__ static int32_t Mul(int32_t a, int32_t b) {
+    return static_cast<int32_t>(static_cast<uint32_t>(a) * static_cast<uint32_t>(b));
+  }
+  __device__ static bool Less(int32_t a, int32_t b) { return a < b; }
+  __device__ static bool IsNan(int32_t) { return false; }
+  __device__ static int32_t Zero() { return 0; }
+};
+
+template <typename E>
+__global__ void PadKernel(PadLayout l, PadMode mode, const E* x, E* y, E fill, int64_t total) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t rest = i, offset = 0, stride = 1;
+    bool inside = true;
+    for (int d = l.rank - 1; d >= 0; --d) {
+      const int64_t o = rest % l.out_dims[d];
+      rest /= l.out_dims[d];
+      const int64_t s = PadSourceCoord(o, l.before[d], l.in_dims[d], mode);
+      inside = inside && s >= 0;
+      offset += s * stride;
+      stride *= l.in_dims[d];
+    }
+    y[i] = inside ? x[offset] : fill;
+  }
+}
+
+// One thread per (outer, inner) line of [outer, len, inner].
+template <typename T>
+__global__ void CumSumKernel(const T* x, T* y, int64_t outer, int64_t len, int64_t inner, bool exclusive,
+                             bool reverse) {
+  for (int64_t line = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; line < outer * inner;
+       line += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t base = line / inner * len * inner + line % inner;
+    T sum = Arith<T>::Zero(), prev_x = Arith<T>::Zero();
+    for (int64_t s = 0; s < len; ++s) {
+      const int64_t at = base + (reverse ? len - 1 - s : s) * inner;
+      const T xv = x[at];
+      sum = Arith<T>::Add(sum, exclusive ? prev_x : xv);
+      prev_x = xv;
+      y[at] = sum;
+    }
+  }
+}
+
+// The CPU's rule: a replaces the best so far b when strictly more extreme, or equal with `last`;
+// a NaN beats every number and, once taken, only a later NaN (with `last`) does.
+template <typename T>
+__global__ void ArgExtremeKernel(const T* x, int64_t* y, int64_t outer, int64_t len, int64_t inner, bool max,
+                                 bool last) {
+  for (int64_t line = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; line < outer * inner;
+       line += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const T* col = x + line / inner * len * inner + line % inner;
+    int64_t best = 0;
+    T b = col[0];
+    for (int64_t k = 1; k < len; ++k) {
+      const T a = col[k * inner];
+      bool beats;
+      if (Arith<T>::IsNan(b)) beats = last && Arith<T>::IsNan(a);
+      else if (Arith<T>::IsNan(a)) beats = true;
+      else if (!Arith<T>::Less(a, b) && !Arith<T>::Less(b, a)) beats = last;
+      else beats = max ? Arith<T>::Less(b, a) : Arith<T>::Less(a, b);
+      if (beats) {
+        best = k;
+        b = a;
+      }
+    }
+    y[line] = best;
+  }
+}
+
+// Position p of the indices (of idx_dims) as its element offset into the data (of x_dims), the
+// axis's coordinate replaced by the index there; -1 (and the first such recorded in `bad`) when
+// the index is outside [-len, len).
+template <typename Id>
+__device__ inline int64_t ElementOffset(const ElementsLayout& l, const Id* idx, int64_t p, const BadIndex& bad) {
+  const int64_t len = l.x_dims[l.axis];
+  int64_t id = static_cast<int64_t>(idx[p]);
+  if (id < -len || id >= len) {
+    if (bad.words) {
+      unsigned long long* w = reinterpret_cast<unsigned long long*>(bad.words);
+      if (atomicCAS(w, 0ull, static_cast<unsigned long long>(bad.tag)) == 0ull) {
+        bad.words[1] = id;
+        bad.words[2] = p;
+        bad.words[3] = len;
+      }
+    }
+    return -1;
+  }
+  if (id < 0) id += len;
+  int64_t rest = p, offset = 0, stride = 1;
+  for (int d = l.rank - 1; d >= 0; --d) {
+    const int64_t c = rest % l.idx_dims[d];
+    rest /= l.idx_dims[d];
+    offset += (d == l.axis ? id : c) * stride;
+    stride *= l.x_dims[d];
+  }
+  return offset;
+}
+
+template <typename E, typename Id>
+__global__ void GatherElementsKernel(ElementsLayout l, const E* x, const Id* idx, E* y, int64_t total, BadIndex bad) {
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < total;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t at = ElementOffset(l, idx, p, bad);
+    y[p] = at < 0 ? E{} : x[at];
+  }
+}
+
+// One thread per line of the indices along the axis, its updates applied in index order: written
+// (kNone, any element type as bytes) or combined by r.
+template <typename T>
+__device__ inline void Combine(ScatterReduction r, T& o, T u) {
+  if constexpr (sizeof(T) == 1 || std::is_unsigned_v<T>) {
+    o = u;  // plain writes only: bytes of any type
+  } else {
+    switch (r) {
+      case ScatterReduction::kNone: o = u; break;
+      case ScatterReduction::kAdd: o = Arith<T>::Add(o, u); break;
+      case ScatterReduction::kMul: o = Arith<T>::Mul(o, u); break;
+      case ScatterReduction::kMax: o = Arith<T>::Less(o, u) ? u : o; break;
+      case ScatterReduction::kMin: o = Arith<T>::Less(u, o) ? u : o; break;
+    }
+  }
+}
+
+template <typename T, typename Id>
+__global__ void ScatterElementsKernel(ElementsLayout l, ScatterReduction r, const Id* idx, const T* upd, T* y,
+                                      int64_t lines, BadIndex bad) {
+  const int64_t len = l.idx_dims[l.axis];
+  int64_t inner = 1;
+  for (int d = l.axis + 1; d < l.rank; ++d) inner *= l.idx_dims[d];
+  for (int64_t line = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; line < lines;
+       line += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t first = line / inner * len * inner + line % inner;
+    for (int64_t k = 0; k < len; ++k) {
+      const int64_t p = first + k * inner;
+      const int64_t at = ElementOffset(l, idx, p, bad);
+      if (at >= 0) Combine(r, y[at], upd[p]);
+    }
+  }
+}
+
+int64_t Elements(const int64_t* dims, int rank) {
+  int64_t n = 1;
+  for (int d = 0; d < rank; ++d) n *= dims[d];
+  return n;
+}
+
+}  // namespace
+
+int Pad(int elem_bytes, PadMode mode, const PadLayout& l, const void* x, void* y, uint64_t fill, void* stream) {
+  if (l.rank < 1 || l.rank > kMaxRank) return static_cast<int>(cudaErrorInvalidValue);
+  const int64_t total = Elements(l.out_dims, l.rank);
+  if (total == 0) return 0;
+  return WithBytes(elem_bytes, [&](auto word) {
+    using E = decltype(word);
+    E f;
+    memcpy(&f, &fill, sizeof f);  // the low bytes (little-endian)
+    PadKernel<E><<<Blocks(total), kThreads, 0, Stream(stream)>>>(l, mode, static_cast<const E*>(x), static_cast<E*>(y),
+                                                                 f, total);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int CumSum(Elem t, const void* x, void* y, int64_t outer, int64_t len, int64_t inner, bool exclusive, bool reverse,
+           void* stream) {
+  if (outer * inner == 0 || len == 0) return 0;
+  return WithElem(t, [&](auto v) {
+    using T = decltype(v);
+    CumSumKernel<T><<<Blocks(outer * inner), kThreads, 0, Stream(stream)>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), outer, len, inner, exclusive, reverse);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int ArgExtreme(Elem t, bool max, bool last, const void* x, int64_t* y, int64_t outer, int64_t len, int64_t inner,
+               void* stream) {
+  if (len < 1) return static_cast<int>(cudaErrorInvalidValue);
+  if (outer * inner == 0) return 0;
+  return WithElem(t, [&](auto v) {
+    using T = decltype(v);
+    ArgExtremeKernel<T><<<Blocks(outer * inner), kThreads, 0, Stream(stream)>>>(static_cast<const T*>(x), y, outer,
+                                                                                 len, inner, max, last);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int GatherElements(int elem_bytes, const ElementsLayout& l, const void* x, const void* idx, bool idx_int32, void* y,
+                   void* stream, BadIndex bad) {
+  if (l.rank < 1 || l.rank > kMaxRank || l.axis < 0 || l.axis >= l.rank) return static_cast<int>(cudaErrorInvalidValue);
+  const int64_t total = Elements(l.idx_dims, l.rank);
+  if (total == 0) return 0;
+  return WithBytes(elem_bytes, [&](auto word) {
+    using E = decltype(word);
+    if (idx_int32)
+      GatherElementsKernel<E, int32_t><<<Blocks(total), kThreads, 0, Stream(stream)>>>(
+          l, static_cast<const E*>(x), static_cast<const int32_t*>(idx), static_cast<E*>(y), total, bad);
+    else
+      GatherElementsKernel<E, int64_t><<<Blocks(total), kThreads, 0, Stream(stream)>>>(
+          l, static_cast<const E*>(x), static_cast<const int64_t*>(idx), static_cast<E*>(y), total, bad);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int ScatterElements(Elem t, int elem_bytes, ScatterReduction r, const ElementsLayout& l, const void* idx,
+                    bool idx_int32, const void* upd, void* y, void* stream, BadIndex bad) {
+  if (l.rank < 1 || l.rank > kMaxRank || l.axis < 0 || l.axis >= l.rank) return static_cast<int>(cudaErrorInvalidValue);
+  const int64_t len = l.idx_dims[l.axis];
+  const int64_t lines = len > 0 ? Elements(l.idx_dims, l.rank) / len : 0;
+  if (lines == 0) return 0;
+  auto launch = [&](auto v) {
+    using T = decltype(v);
+    if (idx_int32)
+      ScatterElementsKernel<T, int32_t><<<Blocks(lines), kThreads, 0, Stream(stream)>>>(
+          l, r, static_cast<const int32_t*>(idx), static_cast<const T*>(upd), static_cast<T*>(y), lines, bad);
+    else
+      ScatterElementsKernel<T, int64_t><<<Blocks(lines), kThreads, 0, Stream(stream)>>>(
+          l, r, static_cast<const int64_t*>(idx), static_cast<const T*>(upd), static_cast<T*>(y), lines, bad);
+    return static_cast<int>(cudaGetLastError());
+  };
+  // Plain writes move bytes of any size; the reductions need the arithmetic of t.
+  if (r == ScatterReduction::kNone) return WithBytes(elem_bytes, launch);
+  return WithElem(t, launch);
+}
+
+}  // namespace cleave::kernels::cuda

@@ -1,0 +1,247 @@
+// The CUDA provider's kernels along an axis or over padded dims (providers/cuda/): Pad and Tile
+// (one kernel: Tile is wrap padding), CumSum, ArgMax / ArgMin, GatherElements and
+// ScatterElements (kernels/cuda/axis.cu). Pads, repeats, axes and the constant are read on the
+// host; out-of-range element indices are found on the device and reported at the stream's next
+// wait, naming the node (as Gather's are).
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "providers/axis.h"
+#include "providers/cpu/shape_ops.h"
+#include "providers/cuda/cuda_kernel.h"
+#include "providers/pad_tile_plan.h"
+
+namespace cleave::providers {
+namespace {
+
+// Pad (x, pads[, constant_value][, axes]) and Tile (x, repeats).
+class PadTileKernel : public CudaKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const CudaExecutionProvider* p, const graph::Node& n,
+                                                          int version) {
+    kernels::PadMode mode = kernels::PadMode::kWrap;
+    const bool tile = n.op_type() == "Tile";
+    if (!tile) {
+      ASSIGN_OR_RETURN(mode, PadModeOf(n, version));
+    }
+    return std::unique_ptr<OpKernel>(new PadTileKernel(p, n, tile, mode));
+  }
+
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    if (x.rank > kc::kMaxRank) return Unimplemented(name_, ": rank ", x.rank, " over ", kc::kMaxRank);
+    kc::PadLayout l;
+    l.rank = x.rank;
+    uint64_t fill = 0;
+    DimVector out;
+    if (tile_) {
+      auto dims = PlanTile(x, *ctx.input(1));
+      if (!dims.ok()) return InvalidArgument(name_, ": ", dims.status().message());
+      out = *dims;
+    } else {
+      auto plan = PlanPad(x, *ctx.input(1), ctx.num_inputs() > 3 ? ctx.input(3) : nullptr, mode_);
+      if (!plan.ok()) return InvalidArgument(name_, ": ", plan.status().message());
+      out = plan->out;
+      for (int d = 0; d < x.rank; ++d) l.before[d] = plan->before[d];
+      const TensorView* value = ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
+      if (value && value->numel() > 0) {
+        if (value->dtype != x.dtype)
+          return InvalidArgument(name_, ": expected a constant_value of the data's dtype ", DataTypeName(x.dtype),
+                                 ", got ", DataTypeName(value->dtype));
+        std::memcpy(&fill, value->data, ElementSize(x.dtype));
+      }
+    }
+    TensorView* y = ctx.Output(0, out);
+    if (!y || y->numel() == 0) return absl::OkStatus();
+    if (x.rank == 0) return Copy(y->data, x.data, x.nbytes());  // a scalar has nothing to pad
+    for (int d = 0; d < x.rank; ++d) {
+      l.out_dims[d] = out[d];
+      l.in_dims[d] = x.dims[d];
+    }
+    return Check(kc::Pad(static_cast<int>(ElementSize(x.dtype)), mode_, l, x.data, y->data, fill, stream()));
+  }
+
+ private:
+  PadTileKernel(const CudaExecutionProvider* p, const graph::Node& n, bool tile, kernels::PadMode mode)
+      : CudaKernel(p, n), tile_(tile), mode_(mode) {}
+  bool tile_;
+  kernels::PadMode mode_;
+};
+
+// x viewed as [outer, len, inner] around `axis`.
+struct AxisView {
+  int64_t outer = 1, len = 1, inner = 1;
+};
+AxisView ViewAround(const TensorView& x, int axis) {
+  return {DimProduct(x, 0, axis), x.dims[axis], DimProduct(x, axis + 1, x.rank)};
+}
+
+class CumSumKernel : public CudaKernel {
+ public:
+  CumSumKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), exclusive_(n.AttrInt("exclusive", 0) != 0), reverse_(n.AttrInt("reverse", 0) != 0) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView& a = *ctx.input(1);
+    if (a.numel() != 1) return InvalidArgument(name_, ": expected a one-element axis, got ", a.numel(), " elements");
+    if (x.rank == 0) return InvalidArgument(name_, ": expected an input of rank >= 1, got a scalar");
+    auto axis = ResolveAxis(IntAt(a, 0), x.rank);
+    if (!axis.ok()) return InvalidArgument(name_, ": ", axis.status().message());
+    TensorView* y = ctx.Output(0, x.dim_span());
+    if (!y) return absl::OkStatus();
+    const AxisView v = ViewAround(x, *axis);
+    return Check(kc::CumSum(ElemOf(x.dtype), x.data, y->data, v.outer, v.len, v.inner, exclusive_, reverse_, stream()));
+  }
+
+ private:
+  bool exclusive_, reverse_;
+};
+
+class ArgExtremeKernel : public CudaKernel {
+ public:
+  ArgExtremeKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), max_(n.op_type() == "ArgMax"), axis_(n.AttrInt("axis", 0)),
+        keepdims_(n.AttrInt("keepdims", 1) != 0), last_(n.AttrInt("select_last_index", 0) != 0) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    if (x.rank == 0) return InvalidArgument(name_, ": expected an input of rank >= 1, got a scalar");
+    auto axis = ResolveAxis(axis_, x.rank);
+    if (!axis.ok()) return InvalidArgument(name_, ": ", axis.status().message());
+    const AxisView v = ViewAround(x, *axis);
+    if (v.len == 0)
+      return InvalidArgument(name_, ": axis ", axis_, " of ", DimsToString(x.dim_span()), " is empty: no index to take");
+    DimVector out;
+    for (int k = 0; k < x.rank; ++k) {
+      if (k != *axis) out.push_back(x.dims[k]);
+      else if (keepdims_) out.push_back(1);
+    }
+    TensorView* y = ctx.Output(0, out);
+    if (!y) return absl::OkStatus();
+    return Check(kc::ArgExtreme(ElemOf(x.dtype), max_, last_, x.data, y->as<int64_t>(), v.outer, v.len, v.inner,
+                                stream()));
+  }
+
+ private:
+  bool max_;
+  int64_t axis_;
+  bool keepdims_, last_;
+};
+
+absl::StatusOr<kc::ElementsLayout> ElementsLayoutOf(const std::string& name, const TensorView& x,
+                                                    const TensorView& idx, int64_t axis) {
+  if (x.rank > kc::kMaxRank) return Unimplemented(name, ": rank ", x.rank, " over ", kc::kMaxRank);
+  auto a = ElementIndicesAxis(x, idx, axis);
+  if (!a.ok()) return InvalidArgument(name, ": ", a.status().message());
+  kc::ElementsLayout l;
+  l.rank = x.rank;
+  l.axis = *a;
+  for (int d = 0; d < x.rank; ++d) {
+    l.x_dims[d] = x.dims[d];
+    l.idx_dims[d] = idx.dims[d];
+  }
+  return l;
+}
+
+class GatherElementsKernel : public CudaKernel {
+ public:
+  GatherElementsKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), axis_(n.AttrInt("axis", 0)),
+        tag_(p->IndexCheckTag(absl::StrCat(name_, " (axis ", axis_, ")"))) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView& idx = *ctx.input(1);
+    ASSIGN_OR_RETURN(const kc::ElementsLayout l, ElementsLayoutOf(name_, x, idx, axis_));
+    TensorView* y = ctx.Output(0, idx.dim_span());
+    if (!y) return absl::OkStatus();
+    return Check(kc::GatherElements(static_cast<int>(ElementSize(x.dtype)), l, x.data, idx.data,
+                                    idx.dtype == DataType::kInt32, y->data, stream(), {p_->bad_index_words(), tag_}));
+  }
+
+ private:
+  int64_t axis_;
+  int64_t tag_;
+};
+
+class ScatterElementsKernel : public CudaKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const CudaExecutionProvider* p, const graph::Node& n, int) {
+    const std::string r = n.AttrString("reduction", "none");
+    kc::ScatterReduction red;
+    if (r == "none") red = kc::ScatterReduction::kNone;
+    else if (r == "add") red = kc::ScatterReduction::kAdd;
+    else if (r == "mul") red = kc::ScatterReduction::kMul;
+    else if (r == "max") red = kc::ScatterReduction::kMax;
+    else if (r == "min") red = kc::ScatterReduction::kMin;
+    else return InvalidArgument(n.Describe(), ": expected reduction none, add, mul, max or min, got '", r, "'");
+    return std::unique_ptr<OpKernel>(new ScatterElementsKernel(p, n, red));
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView& idx = *ctx.input(1);
+    const TensorView& upd = *ctx.input(2);
+    if (upd.dtype != x.dtype)
+      return InvalidArgument(name_, ": expected updates of the data's dtype ", DataTypeName(x.dtype), ", got ",
+                             DataTypeName(upd.dtype));
+    if (DimVector(upd.dim_span()) != DimVector(idx.dim_span()))
+      return InvalidArgument(name_, ": expected updates of the indices' shape ", DimsToString(idx.dim_span()),
+                             ", got ", DimsToString(upd.dim_span()));
+    ASSIGN_OR_RETURN(const kc::ElementsLayout l, ElementsLayoutOf(name_, x, idx, axis_));
+    TensorView* y = ctx.Output(0, x.dim_span());
+    if (!y) return absl::OkStatus();
+    RETURN_IF_ERROR(Copy(y->data, x.data, x.nbytes()));
+    return Check(kc::ScatterElements(ElemOf(x.dtype), static_cast<int>(ElementSize(x.dtype)), reduction_, l, idx.data,
+                                     idx.dtype == DataType::kInt32, upd.data, y->data, stream(),
+                                     {p_->bad_index_words(), tag_}));
+  }
+
+ private:
+  ScatterElementsKernel(const CudaExecutionProvider* p, const graph::Node& n, kc::ScatterReduction r)
+      : CudaKernel(p, n), axis_(n.AttrInt("axis", 0)), reduction_(r),
+        tag_(p->IndexCheckTag(absl::StrCat(name_, " (axis ", axis_, ")"))) {}
+  int64_t axis_;
+  kc::ScatterReduction reduction_;
+  int64_t tag_;
+};
+
+// A kernel class made through its Create (which checks the node's attributes).
+template <typename K>
+void AddChecked(KernelRegistry& r, CudaExecutionProvider* p, const std::string& op, int min_v, SupportsFn supports,
+                std::vector<int> host_inputs = {}) {
+  KernelDef d;
+  d.op = op;
+  d.min_version = min_v;
+  d.max_version = 1 << 30;
+  d.supports = std::move(supports);
+  d.create = [p](const graph::Node& n, int v) { return K::Create(p, n, v); };
+  d.host_inputs = std::move(host_inputs);
+  r.Register(std::move(d));
+}
+
+}  // namespace
+
+void RegisterCudaAxisKernels(KernelRegistry& r, CudaExecutionProvider* p) {
+  // Bytes of any fixed size move; sums, orders and reductions need the arithmetic.
+  const SupportsFn any = InputTypeIn(0, FixedSizeTypes());
+  std::vector<DataType> numbers = kFloats;
+  numbers.insert(numbers.end(), {DataType::kInt64, DataType::kInt32});
+  const SupportsFn int_indices = InputTypeIn(1, {DataType::kInt32, DataType::kInt64});
+  AddChecked<PadTileKernel>(r, p, "Pad", 11, any, {1, 2, 3});
+  AddChecked<PadTileKernel>(r, p, "Tile", 6, any, {1});
+  Add<CumSumKernel>(r, p, "", "CumSum", 11, 1 << 30, AllOf({InputTypeIn(0, numbers), int_indices}), {1});
+  for (const char* op : {"ArgMax", "ArgMin"}) Add<ArgExtremeKernel>(r, p, "", op, 1, 1 << 30, InputTypeIn(0, numbers));
+  Add<GatherElementsKernel>(r, p, "", "GatherElements", 11, 1 << 30, AllOf({any, int_indices}));
+  // A reduction needs the arithmetic of the data's type; plain writes take any.
+  auto reducible = [numbers](const graph::Node& n, int) -> std::string {
+    if (n.AttrString("reduction", "none") == "none") return "";
+    for (DataType t : numbers)
+      if (n.input(0)->dtype() == t) return "";
+    return absl::StrCat("a reduction over ", DataTypeName(n.input(0)->dtype()), " data");
+  };
+  AddChecked<ScatterElementsKernel>(r, p, "ScatterElements", 11, AllOf({any, int_indices, reducible}));
+}
+
+}  // namespace cleave::providers

@@ -1,0 +1,214 @@
+// Pad, Tile, CumSum, ArgMax / ArgMin, GatherElements and ScatterElements on the CUDA provider
+// against the CPU's (gpu label): every mode and attribute, integer and float data, duplicate
+// scatter indices in each reduction, and an index out of range named at the run.
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/cuda_test_util.h"
+
+namespace cleave {
+namespace {
+
+using cuda_testing::CudaUnusable;
+using cuda_testing::ExpectSame;
+using cuda_testing::Ids;
+using cuda_testing::Random;
+
+Tensor Int64s(std::vector<int64_t> dims, std::vector<int64_t> values) {
+  Tensor t(DataType::kInt64, std::move(dims));
+  for (size_t i = 0; i < values.size(); ++i) t.data<int64_t>()[i] = values[i];
+  return t;
+}
+
+TEST(CudaProvider, PadInEveryModeAndTile) {
+  REQUIRE_CUDA();
+  ExpectSame(R"(
+    opset 19
+    input x: float32[3,4,5]
+    input i: int64[2,3]
+    init pads: int64[6] = 1 0 2 2 1 1
+    init crop: int64[6] = 0 -1 1 -1 0 -2
+    init v: float32[] = 1.5
+    init iv: int64[] = -7
+    init axes: int64[2] = -1 0
+    init two: int64[4] = 2 3 2 1
+    init ipads: int64[4] = 1 2 0 3
+    c = Pad(x, pads, v)
+    z = Pad(x, crop)
+    r = Pad(x, pads) {mode = "reflect"}
+    e = Pad(x, pads) {mode = "edge"}
+    w = Pad(x, pads) {mode = "wrap"}
+    a = Pad(x, two, _, axes) {mode = "reflect"}
+    n = Pad(i, ipads, iv)
+    output c
+    output z
+    output r
+    output e
+    output w
+    output a
+    output n
+  )",
+             {{"x", Random({3, 4, 5}, 1)}, {"i", Ids({2, 3}, 100, 2)}}, 0, 0, "*");
+  ExpectSame(R"(
+    input x: float32[2,3,4]
+    input i: int64[5]
+    input h: float32[3,2]
+    init reps: int64[3] = 2 1 3
+    init ireps: int64[1] = 3
+    init hreps: int64[2] = 2 2
+    t = Tile(x, reps)
+    u = Tile(i, ireps)
+    hb = Cast(h) {to = 16}
+    th = Tile(hb, hreps)
+    v = Cast(th) {to = 1}
+    output t
+    output u
+    output v
+  )",
+             {{"x", Random({2, 3, 4}, 3)}, {"i", Ids({5}, 100, 4)}, {"h", Random({3, 2}, 5)}}, 0, 0, "Tile",
+             R"(
+    input x: float32[2,3,4]
+    input i: int64[5]
+    input h: float32[3,2]
+    init reps: int64[3] = 2 1 3
+    init ireps: int64[1] = 3
+    init hreps: int64[2] = 2 2
+    t = Tile(x, reps)
+    u = Tile(i, ireps)
+    hb = Cast(h) {to = 16}
+    hf = Cast(hb) {to = 1}
+    v = Tile(hf, hreps)
+    output t
+    output u
+    output v
+  )");
+}
+
+TEST(CudaProvider, CumSumForwardReversedAndExclusive) {
+  REQUIRE_CUDA();
+  // int64 sums that wrap past the largest value, as numpy's.
+  Tensor big = Int64s({2, 3}, {INT64_MAX - 1, 5, -3, 2, INT64_MAX, 9});
+  ExpectSame(R"(
+    input x: float32[4,50,3]
+    input i: int64[2,3]
+    input j: int32[3,7]
+    init a1: int64[] = 1
+    init am: int32[1] = -1
+    init a0: int64[] = 0
+    s = CumSum(x, a1)
+    r = CumSum(x, a1) {reverse = 1}
+    e = CumSum(x, am) {exclusive = 1}
+    re = CumSum(x, a0) {exclusive = 1, reverse = 1}
+    si = CumSum(i, a0)
+    sj = CumSum(j, am) {reverse = 1}
+    output s
+    output r
+    output e
+    output re
+    output si
+    output sj
+  )",
+             {{"x", Random({4, 50, 3}, 6)}, {"i", big}, {"j", [] {
+                Tensor t(DataType::kInt32, {3, 7});
+                for (int k = 0; k < 21; ++k) t.data<int32_t>()[k] = (k % 2 ? 1 : -1) * (1 << 30) + k;
+                return t;
+              }()}},
+             0, 0, "CumSum");
+}
+
+TEST(CudaProvider, ArgMaxArgMinTiesAndNaN) {
+  REQUIRE_CUDA();
+  // Ties (rounded values) and NaNs along both axes.
+  Tensor x = Random({6, 40}, 7);
+  for (int64_t k = 0; k < x.numel(); ++k) x.data<float>()[k] = std::round(x.data<float>()[k] * 2.f);
+  x.data<float>()[1 * 40 + 3] = std::nanf("");
+  x.data<float>()[1 * 40 + 30] = std::nanf("");
+  x.data<float>()[4 * 40 + 0] = std::nanf("");
+  ExpectSame(R"(
+    input x: float32[6,40]
+    input i: int32[3,4,5]
+    a = ArgMax(x) {axis = 1}
+    b = ArgMin(x) {axis = 1, select_last_index = 1, keepdims = 0}
+    c = ArgMax(x) {axis = 0, select_last_index = 1}
+    d = ArgMin(x) {axis = -2, keepdims = 0}
+    e = ArgMax(i) {axis = 1, keepdims = 0}
+    f = ArgMin(i) {axis = 2, select_last_index = 1}
+    output a
+    output b
+    output c
+    output d
+    output e
+    output f
+  )",
+             {{"x", x}, {"i", [] {
+                Tensor t(DataType::kInt32, {3, 4, 5});
+                for (int k = 0; k < 60; ++k) t.data<int32_t>()[k] = (k * 7) % 5;
+                return t;
+              }()}},
+             0, 0, "ArgM");
+}
+
+TEST(CudaProvider, GatherElementsAndScatterElementsInEveryReduction) {
+  REQUIRE_CUDA();
+  // Indices with duplicates and negative entries along axis 1 of [3, 5, 4] data.
+  Tensor idx(DataType::kInt64, {3, 6, 4});
+  for (int64_t k = 0; k < idx.numel(); ++k) idx.data<int64_t>()[k] = (k * 7) % 10 - 5;
+  Tensor idx32(DataType::kInt32, {2, 3});
+  for (int k = 0; k < 6; ++k) idx32.data<int32_t>()[k] = (k * 5) % 4;
+  ExpectSame(R"(
+    opset 18
+    input x: float32[3,5,4]
+    input idx: int64[3,6,4]
+    input u: float32[3,6,4]
+    input i: int64[2,4]
+    input idx32: int32[2,3]
+    g = GatherElements(x, idx) {axis = 1}
+    h = GatherElements(i, idx32) {axis = -1}
+    s = ScatterElements(x, idx, u) {axis = 1, reduction = "add"}
+    m = ScatterElements(x, idx, u) {axis = 1, reduction = "mul"}
+    mx = ScatterElements(x, idx, u) {axis = 1, reduction = "max"}
+    mn = ScatterElements(x, idx, u) {axis = 1, reduction = "min"}
+    idx32c = Cast(idx32) {to = 7}
+    k = ScatterElements(i, idx32, idx32c) {axis = 1, reduction = "add"}
+    output g
+    output h
+    output s
+    output m
+    output mx
+    output mn
+    output k
+  )",
+             {{"x", Random({3, 5, 4}, 8)}, {"idx", idx}, {"u", Random({3, 6, 4}, 9)}, {"i", Ids({2, 4}, 1000, 10)},
+              {"idx32", idx32}},
+             1e-6, 1e-6, "*");
+  // Without a reduction, distinct indices (a permutation along axis 0) so that the result does
+  // not depend on which duplicate lands last.
+  ExpectSame(R"(
+    input x: float32[4,3]
+    init p: int64[4,3] = 3 0 1 1 3 2 0 2 3 2 1 0
+    input u: float32[4,3]
+    s = ScatterElements(x, p, u) {axis = 0}
+    output s
+  )",
+             {{"x", Random({4, 3}, 11)}, {"u", Random({4, 3}, 12)}}, 0, 0, "ScatterElements");
+}
+
+TEST(CudaProvider, GatherElementsIndexOutOfRangeNamesTheNode) {
+  REQUIRE_CUDA();
+  auto s = cuda_testing::CudaSession(R"(
+    input x: float32[2,3]
+    input idx: int64[2,2]
+    g = GatherElements(x, idx) {axis = 1}
+    output g
+  )");
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto r = (*s)->Run({{"x", Random({2, 3}, 1)}, {"idx", Int64s({2, 2}, {0, 1, 3, 2})}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("GatherElements"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("3"), std::string::npos) << r.status();
+}
+
+}  // namespace
+}  // namespace cleave
