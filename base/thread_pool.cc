@@ -1,4 +1,5 @@
-// A small fork-join pool (base/): one task at a time, blocks of contiguous indices.
+// A small fork-join pool (base/): one task at a time, blocks of contiguous indices; a second
+// caller meanwhile runs its own blocks.
 #include "base/thread_pool.h"
 
 #include <algorithm>
@@ -63,6 +64,13 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   int blocks = static_cast<int>(std::min<int64_t>(num_threads(), (n + grain - 1) / grain));
   if (blocks <= 1) {
     fn(0, n);
+    return;
+  }
+  // One loop at a time: the workers' task fields are the pool's. A caller that finds them taken
+  // runs its blocks itself, in order (the same split, so the same results).
+  std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+  if (!busy.owns_lock()) {
+    for (int b = 0; b < blocks; ++b) RunBlock(fn, n, blocks, b);
     return;
   }
   {

@@ -32,7 +32,9 @@ class ThreadPool {
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Calls fn(begin, end) over [0, n) split into at most num_threads blocks, each of at
-  // least `grain` iterations. Blocks until all are done.
+  // least `grain` iterations. Blocks until all are done. The pool runs one loop at a time: a
+  // call made while another is running (from another thread, such as a second session's
+  // executor, or from inside a block) runs its loop on its own thread, in the same blocks.
   void ParallelFor(int64_t n, int64_t grain, RangeFn fn);
 
   // A process-wide pool sized by CLEAVE_NUM_THREADS or the hardware concurrency.
@@ -45,6 +47,8 @@ class ThreadPool {
   // The task's fields and `generation_`'s increments are written under `mu_`; the atomics
   // let waiters spin on them without it.
   std::mutex mu_;
+  // Held by the caller whose loop the workers are running.
+  std::mutex busy_;
   std::condition_variable work_cv_, done_cv_;
   const RangeFn* task_ = nullptr;
   int64_t task_n_ = 0;

@@ -1,6 +1,7 @@
-// Pad, Tile, CumSum, ArgMax / ArgMin, GatherElements and ScatterElements on the CUDA provider
-// against the CPU's (gpu label): every mode and attribute, integer and float data, duplicate
-// scatter indices in each reduction, and an index out of range named at the run.
+// Pad, Tile, CumSum, ArgMax / ArgMin, GatherElements, ScatterElements and the norm and log-sum
+// reductions on the CUDA provider against the CPU's (gpu label): every mode and attribute,
+// integer and float data, duplicate scatter indices in each reduction, and an index out of range
+// named at the run.
 #include <cmath>
 #include <string>
 
@@ -193,6 +194,67 @@ TEST(CudaProvider, GatherElementsAndScatterElementsInEveryReduction) {
     output s
   )",
              {{"x", Random({4, 3}, 11)}, {"u", Random({4, 3}, 12)}}, 0, 0, "ScatterElements");
+}
+
+// The norms and log-sums over each layout the reduction kernels take (trailing axes, leading
+// axes into columns, axes between, everything), LogSumExp of values that would overflow exp,
+// and noop_with_empty_axes' identity (SumSquare's squares).
+TEST(CudaProvider, NormAndLogSumReductions) {
+  REQUIRE_CUDA();
+  for (const char* op : {"ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"}) {
+    const bool positive = std::string(op) == "ReduceLogSum";
+    ExpectSame(absl::StrCat(R"(
+      opset 18
+      input x: float32[6,50,7]
+      input big: float32[3,40]
+      init last: int64[1] = -1
+      init first: int64[1] = 0
+      init mid: int64[1] = 1
+      init none: int64[0] =
+      a = )", op, R"((x, last) {keepdims = 0}
+      b = )", op, R"((x, first)
+      c = )", op, R"((x, mid) {keepdims = 0}
+      d = )", op, R"((x)
+      e = )", op, R"((big, last)
+      f = )", op, R"((x, none) {noop_with_empty_axes = 1}
+      output a
+      output b
+      output c
+      output d
+      output e
+      output f
+    )"),
+               {{"x", Random({6, 50, 7}, 20, positive ? 0.1f : -2.f, 2.f)},
+                {"big", Random({3, 40}, 21, positive ? 1.f : -90.f, 90.f)}},
+               1e-5, 1e-5, op);
+  }
+  // bf16 in and out: the same sums rounded once.
+  ExpectSame(R"(
+    opset 13
+    input x: float32[4,300]
+    hx = Cast(x) {to = 16}
+    hl = ReduceL2(hx) {axes = [1]}
+    hs = ReduceLogSumExp(hx) {axes = [0], keepdims = 0}
+    l = Cast(hl) {to = 1}
+    s = Cast(hs) {to = 1}
+    output l
+    output s
+  )",
+             {{"x", Random({4, 300}, 22)}}, 1e-3, 8e-3, "*",
+             R"(
+    opset 13
+    input x: float32[4,300]
+    hx = Cast(x) {to = 16}
+    fx = Cast(hx) {to = 1}
+    fl = ReduceL2(fx) {axes = [1]}
+    fs = ReduceLogSumExp(fx) {axes = [0], keepdims = 0}
+    hl = Cast(fl) {to = 16}
+    hs = Cast(fs) {to = 16}
+    l = Cast(hl) {to = 1}
+    s = Cast(hs) {to = 1}
+    output l
+    output s
+  )");
 }
 
 TEST(CudaProvider, GatherElementsIndexOutOfRangeNamesTheNode) {

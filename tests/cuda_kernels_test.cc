@@ -843,5 +843,72 @@ TEST(CudaProvider, DropoutDrawsTheCpuMaskForTheSameSeed) {
   EXPECT_NEAR(kept / 8000.0, 0.7, 0.03);
 }
 
+// NegativeLogLikelihoodLoss and its gradient in each reduction, [N, C] and [N, C, d] inputs,
+// class weights, ignore_index, int32 targets, and bf16 against the CPU on the rounded operands.
+TEST(CudaProvider, NegativeLogLikelihoodLossAndItsGradient) {
+  REQUIRE_CUDA();
+  Tensor t2 = Ids({6, 5}, 7, 31);
+  t2.data<int64_t>()[3] = -1;  // ignored
+  Tensor t1(DataType::kInt32, {9});
+  for (int k = 0; k < 9; ++k) t1.data<int32_t>()[k] = (k * 3) % 4;
+  for (const char* red : {"none", "sum", "mean"}) {
+    const std::string attrs = absl::StrCat("{reduction = \"", red, "\", ignore_index = -1}");
+    const std::string plain = absl::StrCat("{reduction = \"", red, "\"}");
+    ExpectSame(absl::StrCat(R"(
+      input x: float32[6,7,5]
+      input t: int64[6,5]
+      input w: float32[7]
+      input a: float32[9,4]
+      input u: int32[9]
+      l = NegativeLogLikelihoodLoss(x, t, w) )", attrs, R"(
+      m = NegativeLogLikelihoodLoss(a, u) )", plain, R"(
+      ds = Sin(l)
+      dm = Cos(m)
+      dx = ai.cleave.NegativeLogLikelihoodLossGrad(ds, x, t, w) )", attrs, R"(
+      da = ai.cleave.NegativeLogLikelihoodLossGrad(dm, a, u) )", plain, R"(
+      output l
+      output m
+      output dx
+      output da
+    )"),
+               {{"x", Random({6, 7, 5}, 32)}, {"t", t2}, {"w", Random({7}, 33, 0.5f, 2.f)},
+                {"a", Random({9, 4}, 34)}, {"u", t1}},
+               1e-5, 1e-5, "*");
+  }
+  ExpectSame(R"(
+    input a: float32[9,4]
+    input u: int32[9]
+    ha = Cast(a) {to = 16}
+    hl = NegativeLogLikelihoodLoss(ha, u) {reduction = "sum"}
+    l = Cast(hl) {to = 1}
+    output l
+  )",
+             {{"a", Random({9, 4}, 35)}, {"u", t1}}, 1e-3, 8e-3, "*", R"(
+    input a: float32[9,4]
+    input u: int32[9]
+    ha = Cast(a) {to = 16}
+    fa = Cast(ha) {to = 1}
+    fl = NegativeLogLikelihoodLoss(fa, u) {reduction = "sum"}
+    hl = Cast(fl) {to = 16}
+    l = Cast(hl) {to = 1}
+    output l
+  )");
+  // A target outside [0, C) is an error naming the node.
+  auto s = cuda_testing::CudaSession(R"(
+    input a: float32[2,3]
+    input u: int64[2]
+    l = NegativeLogLikelihoodLoss(a, u)
+    output l
+  )");
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto r = (*s)->Run({{"a", Random({2, 3}, 36)}, {"u", Ids({2}, 1, 37)}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  Tensor bad = Ids({2}, 1, 38);
+  bad.data<int64_t>()[1] = 3;
+  r = (*s)->Run({{"a", Random({2, 3}, 36)}, {"u", bad}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("NegativeLogLikelihoodLoss"), std::string::npos) << r.status();
+}
+
 }  // namespace
 }  // namespace cleave

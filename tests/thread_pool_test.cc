@@ -33,6 +33,38 @@ TEST(ThreadPool, BackToBackLoopsRunEveryIndexOnce) {
   }
 }
 
+// Two threads posting loops to one pool at once (two sessions' executors, as the simulated ranks
+// of one process run), and a loop posted from inside a block: every index of every loop runs
+// exactly once, and nothing waits forever.
+TEST(ThreadPool, ConcurrentAndNestedCallersEachRunTheirWholeLoop) {
+  ThreadPool pool(3);
+  auto caller = [&pool](int seed, int* failures) {
+    std::vector<int> hits(3000);
+    for (int loop = 0; loop < 2000; ++loop) {
+      const int64_t n = 100 + (loop * 31 + seed) % 2900;
+      std::fill(hits.begin(), hits.begin() + n, 0);
+      pool.ParallelFor(n, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) ++hits[i];
+      });
+      if (std::count(hits.begin(), hits.begin() + n, 1) != n) ++*failures;
+    }
+  };
+  int failures[2] = {0, 0};
+  std::thread a(caller, 1, &failures[0]), b(caller, 2, &failures[1]);
+  a.join();
+  b.join();
+  EXPECT_EQ(failures[0], 0);
+  EXPECT_EQ(failures[1], 0);
+  std::vector<int> hits(64 * 50, 0);
+  pool.ParallelFor(64, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      pool.ParallelFor(50, 1, [&](int64_t b0, int64_t b1) {
+        for (int64_t c = b0; c < b1; ++c) ++hits[r * 50 + c];
+      });
+  });
+  EXPECT_EQ(std::count(hits.begin(), hits.end(), 1), 64 * 50);
+}
+
 TEST(ThreadPool, BlocksAreTheContiguousSplitOfTheRange) {
   ThreadPool pool(3);
   std::mutex mu;

@@ -130,11 +130,13 @@ int SoftmaxCrossEntropyGrad(const float* dy, const void* in, Dt in_dt, bool from
 // over the last axis of [rows, cols].
 int SoftmaxGrad(Dt dt, const void* dy, const void* y, void* dx, int64_t rows, int64_t cols, bool log, void* stream);
 
-enum class ReduceOp : int { kSum, kMean, kMax, kMin };
+enum class ReduceOp : int { kSum, kMean, kMax, kMin, kL1, kL2, kSumSquare, kLogSum, kLogSumExp };
 // Reduces x over the dims flagged in `reduce` (x_dims of rank `rank`); y holds the kept dims in
-// order. Accumulates in double. Reducing leading axes into few columns (a bias gradient) splits
-// the rows over blocks and combines their partial results in a second pass, in a fixed order:
-// `scratch` is device memory of ReduceScratch(rank, x_dims, reduce) doubles (null when 0).
+// order. Accumulates in double: sums of the elements, their magnitudes (L1) or squares
+// (SumSquare; L2 takes the root, LogSum the log of the plain sum). LogSumExp takes each
+// output's maximum first and sums exp(x - max), one thread per output. Reducing leading axes
+// into few columns (a bias gradient) splits the rows over blocks and combines their partial
+// results in a second pass, in a fixed order: `scratch` is device memory of ReduceScratch(rank, x_dims, reduce) doubles (null when 0).
 int64_t ReduceScratch(int rank, const int64_t* x_dims, const bool* reduce);
 int Reduce(ReduceOp op, Dt dt, const void* x, void* y, int rank, const int64_t* x_dims, const bool* reduce,
            double* scratch, void* stream);
@@ -289,6 +291,23 @@ int GatherElements(int elem_bytes, const ElementsLayout& l, const void* x, const
 enum class ScatterReduction : int { kNone, kAdd, kMul, kMax, kMin };
 int ScatterElements(Elem t, int elem_bytes, ScatterReduction r, const ElementsLayout& l, const void* idx,
                     bool idx_int32, const void* upd, void* y, void* stream, BadIndex bad = {});
+
+// NegativeLogLikelihoodLoss of input [N, C, D] (log-probabilities, dt) against target [N, D]
+// (int64, or int32): each position's loss is -weight[label] * input[n, label, d] (weight [C] of
+// dt, or null for ones; 0 where the label is ignore_index); loss = those [N, D] (reduction 2 =
+// none), their sum (1), or their sum over the weights' sum (0 = mean; NaN when every position is
+// ignored), formed in double in a fixed order. A label outside [0, C) is recorded in `bad` and
+// counts as ignored. pos_loss and pos_weight are float32 device scratch of N * D each (unread
+// with no reduction), sums of 2 doubles.
+int NllLoss(Dt dt, const void* input, const void* target, bool target_int32, const void* weight, void* loss,
+            float* pos_loss, float* pos_weight, double* sums, int64_t N, int64_t C, int64_t D, int reduction,
+            bool has_ignore, int64_t ignore_index, void* stream, BadIndex bad = {});
+// Its gradient dx [N, C, D] (dt): -weight[label] times dY (at [n, d] for none, the scalar for sum,
+// over the weights' sum for mean) at each position's label, zeros elsewhere. pos_weight and sums
+// as above (the mean's weights' sum is formed again).
+int NllLossGrad(Dt dt, const void* dy, const void* target, bool target_int32, const void* weight, void* dx,
+                float* pos_weight, double* sums, int64_t N, int64_t C, int64_t D, int reduction, bool has_ignore,
+                int64_t ignore_index, void* stream);
 
 // AdamW (decoupled weight decay, bias-corrected, grad multiplied by grad_scale first, or by
 // *device_scale when given; outputs may alias inputs) over `count` tensors in as few launches as their pointers fit in (32 per

@@ -113,6 +113,85 @@ __global__ void SceGradFromScores(const float* dy, const S* scores, const int64_
     out[c] = FromFloat<OutT>(g * (expf(ToFloat(s[c]) - lse) - (c + class_offset == l ? 1.f : 0.f)));
 }
 
+// NegativeLogLikelihoodLoss, position p = (n, d) of [N, D]: its weight (0 where ignored or out of
+// range, the latter recorded in `bad`) and, with input, its loss -w * input[n, label, d]:
+// written in T to `out` (no reduction) or kept in float32 for NllSum.
+template <typename T, typename L>
+__global__ void NllPositions(const T* input, const L* target, const T* weight, T* out, float* pos_loss,
+                             float* pos_weight, int64_t N, int64_t C, int64_t D, bool has_ignore, int64_t ignore_index,
+                             BadIndex bad) {
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < N * D;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t l = static_cast<int64_t>(target[p]);
+    float w = 0.f, loss = 0.f;
+    if (!Ignored(l, has_ignore, ignore_index)) {
+      if (l < 0 || l >= C) {
+        if (bad.words && atomicCAS(reinterpret_cast<unsigned long long*>(bad.words), 0ull,
+                                   static_cast<unsigned long long>(bad.tag)) == 0ull) {
+          bad.words[1] = l;
+          bad.words[2] = p;
+          bad.words[3] = C;
+        }
+      } else {
+        w = weight ? ToFloat(weight[l]) : 1.f;
+        if (input) loss = -w * ToFloat(input[(p / D * C + l) * D + p % D]);
+      }
+    }
+    if (out) out[p] = FromFloat<T>(loss);
+    if (pos_loss) pos_loss[p] = loss;
+    if (pos_weight) pos_weight[p] = w;
+  }
+}
+
+// One block of 256: sums[0] = the losses' sum, sums[1] = the weights', in double and in a fixed
+// order; loss (when given) = their sum, or with `mean` their ratio.
+template <typename T>
+__global__ void NllSum(const float* pos_loss, const float* pos_weight, double* sums, T* loss, int64_t n, bool mean) {
+  __shared__ double sh[2][256];
+  double a = 0.0, b = 0.0;
+  for (int64_t p = threadIdx.x; p < n; p += 256) {
+    if (pos_loss) a += pos_loss[p];
+    b += pos_weight[p];
+  }
+  sh[0][threadIdx.x] = a;
+  sh[1][threadIdx.x] = b;
+  __syncthreads();
+  for (int half = 128; half > 0; half >>= 1) {
+    if (threadIdx.x < half) {
+      sh[0][threadIdx.x] += sh[0][threadIdx.x + half];
+      sh[1][threadIdx.x] += sh[1][threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    sums[0] = sh[0][0];
+    sums[1] = sh[1][0];
+    if (loss) loss[0] = FromFloat<T>(static_cast<float>(mean ? sh[0][0] / sh[1][0] : sh[0][0]));
+  }
+}
+
+// d_input [N, C, D]: -w * g at each position's label, zeros elsewhere; g is dY there (no
+// reduction), dY (sum) or dY / the weights' sum (mean).
+template <typename T, typename L>
+__global__ void NllGradKernel(const T* dy, const L* target, const T* weight, T* dx, const double* sums, int64_t N,
+                              int64_t C, int64_t D, int reduction, bool has_ignore, int64_t ignore_index) {
+  const int64_t total = N * C * D;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t d = i % D, c = i / D % C, n = i / (D * C), p = n * D + d;
+    const int64_t l = static_cast<int64_t>(target[p]);
+    float g = 0.f;
+    if (c == l && !Ignored(l, has_ignore, ignore_index)) {
+      const float w = weight ? ToFloat(weight[l]) : 1.f;
+      const float scale = reduction == 2   ? ToFloat(dy[p])
+                          : reduction == 1 ? ToFloat(dy[0])
+                                           : static_cast<float>(ToFloat(dy[0]) / sums[1]);
+      g = -w * scale;
+    }
+    dx[i] = FromFloat<T>(g);
+  }
+}
+
 }  // namespace
 
 int SoftmaxCrossEntropy(const float* scores, const int64_t* labels, float* row_loss, float* log_prob, float* loss,
@@ -154,6 +233,53 @@ int SoftmaxCrossEntropyGrad(const float* dy, const void* in, Dt in_dt, bool from
   // The rows' losses reduced as the forward reduces them (count is the same either way).
   if (row_loss && loss && reduction != 2)
     SceReduce<<<1, 1024, 0, s>>>(row_loss, labels, loss, count, N, reduction, has_ignore, ignore_index);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int NllLoss(Dt dt, const void* input, const void* target, bool target_int32, const void* weight, void* loss,
+            float* pos_loss, float* pos_weight, double* sums, int64_t N, int64_t C, int64_t D, int reduction,
+            bool has_ignore, int64_t ignore_index, void* stream, BadIndex bad) {
+  const int64_t n = N * D;
+  cudaStream_t s = Stream(stream);
+  DISPATCH_DT(dt, T, {
+    auto positions = [&](auto* labels) {
+      NllPositions<T><<<Blocks(n), kThreads, 0, s>>>(
+          static_cast<const T*>(input), labels, static_cast<const T*>(weight),
+          reduction == 2 ? static_cast<T*>(loss) : nullptr, reduction == 2 ? nullptr : pos_loss,
+          reduction == 2 ? nullptr : pos_weight, N, C, D, has_ignore, ignore_index, bad);
+    };
+    if (n > 0) {
+      if (target_int32) positions(static_cast<const int32_t*>(target));
+      else positions(static_cast<const int64_t*>(target));
+    }
+    if (reduction != 2) NllSum<T><<<1, 256, 0, s>>>(pos_loss, pos_weight, sums, static_cast<T*>(loss), n, reduction == 0);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int NllLossGrad(Dt dt, const void* dy, const void* target, bool target_int32, const void* weight, void* dx,
+                float* pos_weight, double* sums, int64_t N, int64_t C, int64_t D, int reduction, bool has_ignore,
+                int64_t ignore_index, void* stream) {
+  const int64_t n = N * D, total = N * C * D;
+  cudaStream_t s = Stream(stream);
+  DISPATCH_DT(dt, T, {
+    auto run = [&](auto* labels) {
+      if (reduction == 0) {  // the weights' sum first
+        if (n > 0)
+          NllPositions<T><<<Blocks(n), kThreads, 0, s>>>(static_cast<const T*>(nullptr), labels,
+                                                         static_cast<const T*>(weight), static_cast<T*>(nullptr),
+                                                         nullptr, pos_weight, N, C, D, has_ignore, ignore_index,
+                                                         BadIndex{});
+        NllSum<T><<<1, 256, 0, s>>>(nullptr, pos_weight, sums, static_cast<T*>(nullptr), n, true);
+      }
+      if (total > 0)
+        NllGradKernel<T><<<Blocks(total), kThreads, 0, s>>>(static_cast<const T*>(dy), labels,
+                                                            static_cast<const T*>(weight), static_cast<T*>(dx), sums, N,
+                                                            C, D, reduction, has_ignore, ignore_index);
+    };
+    if (target_int32) run(static_cast<const int32_t*>(target));
+    else run(static_cast<const int64_t*>(target));
+  });
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -21,15 +21,25 @@ struct ReducePlan {
 __device__ __forceinline__ double Start(ReduceOp op) {
   return op == ReduceOp::kMax ? -INFINITY : op == ReduceOp::kMin ? INFINITY : 0.0;
 }
-// Max and Min propagate NaN.
+// Partial results combine by their sum, or Max and Min (which propagate NaN).
 __device__ __forceinline__ double Combine(ReduceOp op, double acc, double v) {
-  if (op == ReduceOp::kSum || op == ReduceOp::kMean) return acc + v;
+  if (op != ReduceOp::kMax && op != ReduceOp::kMin) return acc + v;
   if (v != v || acc != acc) return v != v ? v : acc;
   return op == ReduceOp::kMax ? fmax(acc, v) : fmin(acc, v);
 }
+// An element joins the result as itself, or its magnitude (L1) or square (SumSquare, L2).
+__device__ __forceinline__ double Add(ReduceOp op, double acc, double v) {
+  if (op == ReduceOp::kL1) v = fabs(v);
+  else if (op == ReduceOp::kSumSquare || op == ReduceOp::kL2) v *= v;
+  return Combine(op, acc, v);
+}
 template <typename T>
 __device__ __forceinline__ T Result(ReduceOp op, double acc, int64_t count) {
-  return FromFloat<T>(static_cast<float>(op == ReduceOp::kMean ? acc / static_cast<double>(count) : acc));
+  const double r = op == ReduceOp::kMean ? acc / static_cast<double>(count)
+                 : op == ReduceOp::kL2   ? sqrt(acc)
+                 : op == ReduceOp::kLogSum ? log(acc)
+                                         : acc;
+  return FromFloat<T>(static_cast<float>(r));
 }
 
 template <typename T>
@@ -48,9 +58,38 @@ __global__ void ReduceKernel(ReduceOp op, const T* x, T* y, int64_t outputs, Red
         off += (q % p.red_dims[d]) * p.red_strides[d];
         q /= p.red_dims[d];
       }
-      acc = Combine(op, acc, ToFloat(x[off]));
+      acc = Add(op, acc, ToFloat(x[off]));
     }
     y[o] = Result<T>(op, acc, p.red_count);
+  }
+}
+
+// LogSumExp, one thread per output: the maximum first, then log(sum exp(x - max)) + max (a max
+// that is not finite, from an empty or infinite set, shifts by 0), as the CPU's.
+template <typename T>
+__global__ void ReduceLogSumExpKernel(const T* x, T* y, int64_t outputs, ReducePlan p) {
+  for (int64_t o = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; o < outputs;
+       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t rest = o, base = 0;
+    for (int d = p.kept_rank - 1; d >= 0; --d) {
+      base += (rest % p.kept_dims[d]) * p.kept_strides[d];
+      rest /= p.kept_dims[d];
+    }
+    double mx = -INFINITY, sum = 0.0;
+    for (int pass = 0; pass < 2; ++pass) {
+      const double shift = isfinite(mx) ? mx : 0.0;
+      for (int64_t r = 0; r < p.red_count; ++r) {
+        int64_t q = r, off = base;
+        for (int d = p.red_rank - 1; d >= 0; --d) {
+          off += (q % p.red_dims[d]) * p.red_strides[d];
+          q /= p.red_dims[d];
+        }
+        const double v = ToFloat(x[off]);
+        if (pass == 0) mx = Combine(ReduceOp::kMax, mx, v);
+        else sum += exp(v - shift);
+      }
+    }
+    y[o] = FromFloat<T>(static_cast<float>(log(sum) + (isfinite(mx) ? mx : 0.0)));
   }
 }
 
@@ -62,7 +101,7 @@ __global__ void ReduceColumns(ReduceOp op, const T* x, T* y, int64_t R, int64_t 
   const int64_t c = blockIdx.x * 32 + threadIdx.x;
   double acc = Start(op);
   if (c < C)
-    for (int64_t r = threadIdx.y; r < R; r += 8) acc = Combine(op, acc, ToFloat(x[r * C + c]));
+    for (int64_t r = threadIdx.y; r < R; r += 8) acc = Add(op, acc, ToFloat(x[r * C + c]));
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y != 0 || c >= C) return;
@@ -80,7 +119,7 @@ __global__ void ReduceColumnChunks(ReduceOp op, const T* x, double* part, int64_
   const int64_t r0 = blockIdx.y * chunk, r1 = r0 + chunk < R ? r0 + chunk : R;
   double acc = Start(op);
   if (c < C)
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) acc = Combine(op, acc, ToFloat(x[r * C + c]));
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) acc = Add(op, acc, ToFloat(x[r * C + c]));
   sh[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y != 0 || c >= C) return;
@@ -105,7 +144,7 @@ __global__ void ReduceRows(ReduceOp op, const T* x, T* y, int64_t O, int64_t R) 
   for (int64_t o = blockIdx.x; o < O; o += gridDim.x) {  // uniform over the block
     const T* row = x + o * R;
     double acc = Start(op);
-    for (int64_t r = threadIdx.x; r < R; r += W) acc = Combine(op, acc, ToFloat(row[r]));
+    for (int64_t r = threadIdx.x; r < R; r += W) acc = Add(op, acc, ToFloat(row[r]));
     for (int off = 16; off > 0; off >>= 1) acc = Combine(op, acc, __shfl_down_sync(0xffffffffu, acc, off));
     if (W > 32) {
       if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
@@ -204,7 +243,9 @@ int Reduce(ReduceOp op, Dt dt, const void* x, void* y, int rank, const int64_t* 
   DISPATCH_DT(dt, T, {
     const T* xt = static_cast<const T*>(x);
     T* yt = static_cast<T*>(y);
-    if (R == 0 || (!l.leading && !l.trailing)) {
+    if (op == ReduceOp::kLogSumExp) {
+      ReduceLogSumExpKernel<T><<<Blocks(outputs), kThreads, 0, s>>>(xt, yt, outputs, p);
+    } else if (R == 0 || (!l.leading && !l.trailing)) {
       ReduceKernel<T><<<Blocks(outputs), kThreads, 0, s>>>(op, xt, yt, outputs, p);
     } else if (l.trailing) {  // also a whole reduction to one value
       const unsigned grid = static_cast<unsigned>(outputs < (int64_t{1} << 20) ? outputs : (int64_t{1} << 20));

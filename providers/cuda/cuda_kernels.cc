@@ -15,6 +15,7 @@
 #include "graph/op_table.h"
 #include "kernels/cpu/nn.h"
 #include "kernels/cuda/kernels.h"
+#include "providers/axis.h"
 #include "providers/cuda/cuda_kernel.h"
 #include "providers/cuda/cuda_matmul.h"
 #include "providers/cuda/cuda_provider.h"
@@ -670,7 +671,8 @@ class SoftmaxGradKernel : public CudaKernel {
   bool log_;
 };
 
-// ReduceSum / ReduceMean / ReduceMax: axes from the attribute or (newer opsets) a host input.
+// ReduceSum, Mean, Max, Min, L1, L2, SumSquare, LogSum and LogSumExp: axes from the attribute
+// or (newer opsets) a host input.
 class ReduceKernel : public CudaKernel {
  public:
   ReduceKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
@@ -678,7 +680,10 @@ class ReduceKernel : public CudaKernel {
         noop_with_empty_axes_(n.AttrInt("noop_with_empty_axes", 0) != 0), axes_attr_(n.AttrInts("axes")) {
     const std::string& o = n.op_type();
     op_ = o == "ReduceSum" ? kc::ReduceOp::kSum : o == "ReduceMean" ? kc::ReduceOp::kMean
-        : o == "ReduceMax" ? kc::ReduceOp::kMax : kc::ReduceOp::kMin;
+        : o == "ReduceMax" ? kc::ReduceOp::kMax : o == "ReduceMin" ? kc::ReduceOp::kMin
+        : o == "ReduceL1" ? kc::ReduceOp::kL1 : o == "ReduceL2" ? kc::ReduceOp::kL2
+        : o == "ReduceSumSquare" ? kc::ReduceOp::kSumSquare : o == "ReduceLogSum" ? kc::ReduceOp::kLogSum
+        : kc::ReduceOp::kLogSumExp;
   }
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
@@ -701,6 +706,10 @@ class ReduceKernel : public CudaKernel {
       else if (keepdims_) out.push_back(1);
     TensorView* y = ctx.Output(0, out);
     if (!y) return absl::OkStatus();
+    // No axes with noop_with_empty_axes: the input as it is (SumSquare still squares it), as
+    // ONNX's reference and the CPU's kernels have it.
+    if (axes.empty() && noop_with_empty_axes_ && op_ != kc::ReduceOp::kSumSquare)
+      return Copy(y->data, x.data, x.nbytes());
     // Partial results of a bias gradient's chunks of rows.
     const int64_t parts = kc::ReduceScratch(x.rank, x.dims, reduce);
     double* scratch = parts ? ctx.ScratchOf<double>(parts) : nullptr;
@@ -809,6 +818,56 @@ class SceGradKernel : public CudaKernel {
   bool from_scores_;
 };
 
+// NegativeLogLikelihoodLoss(input [N, C, d...], target [N, d...][, weight [C]]) and its
+// gradient ai.cleave.NegativeLogLikelihoodLossGrad(dY, input, target[, weight]).
+class NllKernel : public CudaKernel {
+ public:
+  NllKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), grad_(n.op_type() == "NegativeLogLikelihoodLossGrad"),
+        reduction_(ReductionCode(n.AttrString("reduction", "mean"))), has_ignore_(n.HasAttr("ignore_index")),
+        ignore_(n.AttrInt("ignore_index", 0)), tag_(p->IndexCheckTag(absl::StrCat(name_, " (target)"))) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const int first = grad_ ? 1 : 0;
+    const TensorView& in = *ctx.input(first);
+    const TensorView& target = *ctx.input(first + 1);
+    const TensorView* weight = ctx.num_inputs() > first + 2 ? ctx.input(first + 2) : nullptr;
+    bool ok = in.rank >= 2 && target.rank == in.rank - 1;
+    for (int k = 0; ok && k < target.rank; ++k) ok = target.dims[k] == in.dims[k == 0 ? 0 : k + 1];
+    if (!ok)
+      return InvalidArgument(name_, ": expected input [N, C, d1, ...] and target [N, d1, ...], got ",
+                             DimsToString(in.shape()), " and ", DimsToString(target.shape()));
+    if (weight && (weight->rank != 1 || weight->dims[0] != in.dims[1] || weight->dtype != in.dtype))
+      return InvalidArgument(name_, ": expected weight [", in.dims[1], "] of the input's dtype, got ",
+                             DataTypeName(weight->dtype), DimsToString(weight->shape()));
+    const int64_t N = in.dims[0], C = in.dims[1], D = DimProduct(in, 2, in.rank);
+    const bool t32 = target.dtype == DataType::kInt32;
+    const void* w = weight ? weight->data : nullptr;
+    float* pos_weight = ctx.ScratchOf<float>(std::max<int64_t>(N * D, 1));
+    double* sums = ctx.ScratchOf<double>(2);
+    if (!pos_weight || !sums) return NoScratch();
+    if (grad_) {
+      TensorView* dx = ctx.Output(0, in.dim_span());
+      if (!dx) return absl::OkStatus();
+      return Check(kc::NllLossGrad(DtOf(in.dtype), ctx.input(0)->data, target.data, t32, w, dx->data, pos_weight,
+                                   sums, N, C, D, reduction_, has_ignore_, ignore_, stream()));
+    }
+    TensorView* loss = reduction_ == 2 ? ctx.Output(0, target.dim_span()) : ctx.Output(0, std::vector<int64_t>{});
+    if (!loss) return absl::OkStatus();
+    float* pos_loss = ctx.ScratchOf<float>(std::max<int64_t>(N * D, 1));
+    if (!pos_loss) return NoScratch();
+    return Check(kc::NllLoss(DtOf(in.dtype), in.data, target.data, t32, w, loss->data, pos_loss, pos_weight,
+                             sums, N, C, D, reduction_, has_ignore_, ignore_, stream(),
+                             {p_->bad_index_words(), tag_}));
+  }
+
+ private:
+  bool grad_;
+  int reduction_;
+  bool has_ignore_;
+  int64_t ignore_;
+  int64_t tag_;
+};
+
 std::string Int64Input(const graph::Node& n, int i) {
   const graph::Value* v = n.input(i);
   return v && v->dtype() == DataType::kInt64 ? "" : absl::StrCat("input ", i, " is not int64");
@@ -914,10 +973,25 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<SkipLayerNormKernel>(r, this, C, "SkipRMSNormalization", 1, 1, floats);
   Add<SceKernel>(r, this, "", "SoftmaxCrossEntropyLoss", 12, 1 << 30, TwoDimScores);
   Add<SceGradKernel>(r, this, C, "SoftmaxCrossEntropyLossGrad", 1, 1, TwoDimScores);
+  auto nll = [](const graph::Node& n, int) -> std::string {
+    const std::string red = n.AttrString("reduction", "mean");
+    if (red != "none" && red != "sum" && red != "mean") return absl::StrCat("reduction '", red, "'");
+    const int first = n.op_type() == "NegativeLogLikelihoodLoss" ? 0 : 1;
+    const graph::Value* w = n.num_inputs() > first + 2 ? n.input(first + 2) : nullptr;
+    if (w && w->dtype() != n.input(first)->dtype()) return "weights of another dtype";
+    const DataType t = n.input(first + 1)->dtype();
+    return t == DataType::kInt64 || t == DataType::kInt32 ? "" : "targets are not int64 or int32";
+  };
+  Add<NllKernel>(r, this, "", "NegativeLogLikelihoodLoss", 12, 1 << 30, AllOf({floats, nll}));
+  Add<NllKernel>(r, this, C, "NegativeLogLikelihoodLossGrad", 1, 1, AllOf({InputTypeIn(1, kFloats), nll}));
   Add<SoftmaxGradKernel>(r, this, C, "SoftmaxGrad", 1, 1, AllOf({floats, LastAxisOnly}));
   Add<SoftmaxGradKernel>(r, this, C, "LogSoftmaxGrad", 1, 1, AllOf({floats, LastAxisOnly}));
   Add<ReduceKernel>(r, this, "", "ReduceSum", 1, 12, floats);
   Add<ReduceKernel>(r, this, "", "ReduceSum", 13, 1 << 30, floats, {1});
+  for (const char* op : {"ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"}) {
+    Add<ReduceKernel>(r, this, "", op, 1, 17, floats);
+    Add<ReduceKernel>(r, this, "", op, 18, 1 << 30, floats, {1});
+  }
   for (const char* op : {"ReduceMean", "ReduceMax", "ReduceMin"}) {
     Add<ReduceKernel>(r, this, "", op, 1, 17, floats);
     Add<ReduceKernel>(r, this, "", op, 18, 1 << 30, floats, {1});
