@@ -163,9 +163,11 @@ class ConvGradKernel : public CudaKernel {
     if (dw) {
       dw_acc = x.dtype == DataType::kFloat32 ? dw->as<float>() : ctx.ScratchOf<float>(w_elems);
       if (!dw_acc) return NoScratch();
-      if (p.N * O == 0) return Check(cudaMemsetAsync(dw->data, 0, dw->nbytes(), s));
     }
-    if (p.N * O == 0) return dx ? Check(cudaMemsetAsync(dx->data, 0, dx->nbytes(), s)) : absl::OkStatus();
+    if (p.N * O == 0) {  // no output positions: zero gradients
+      if (dw) RETURN_IF_ERROR(Check(cudaMemsetAsync(dw->data, 0, dw->nbytes(), s)));
+      return dx ? Check(cudaMemsetAsync(dx->data, 0, dx->nbytes(), s)) : absl::OkStatus();
+    }
     const int64_t per_image = p.C * K * O * static_cast<int64_t>((dw ? es : 0) + (dx ? sizeof(float) : 0)) +
                               p.M * O * static_cast<int64_t>(es);
     const int64_t nb = ChunkImages(p.N, per_image, p_->conv_chunk_bytes());
