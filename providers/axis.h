@@ -27,6 +27,14 @@ inline int64_t DimProduct(const TensorView& x, int begin, int end) {
   return n;
 }
 
+// x viewed as [outer, len, inner] around dim `axis` (resolved).
+struct AxisView {
+  int64_t outer = 1, len = 1, inner = 1;
+};
+inline AxisView ViewAround(const TensorView& x, int axis) {
+  return {DimProduct(x, 0, axis), x.dims[axis], DimProduct(x, axis + 1, x.rank)};
+}
+
 // GatherElements' and ScatterElements' indices against their data: the axis resolved, and idx of
 // x's rank (>= 1) with no dim larger than x's except along the axis; InvalidArgument otherwise.
 inline absl::StatusOr<int> ElementIndicesAxis(const TensorView& x, const TensorView& idx, int64_t axis) {

@@ -13,17 +13,6 @@
 namespace cleave::kernels::cuda {
 namespace {
 
-template <typename F>
-int WithBytes(int elem_bytes, F&& f) {
-  switch (elem_bytes) {
-    case 1: return f(uint8_t{});
-    case 2: return f(uint16_t{});
-    case 4: return f(uint32_t{});
-    case 8: return f(uint64_t{});
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
-}
-
 // Runs f(T{}) with T the element type of t.
 template <typename F>
 int WithElem(Elem t, F&& f) {
@@ -48,30 +37,20 @@ struct Arith {
   __device__ static bool IsNan(T a) { return ToFloat(a) != ToFloat(a); }
   __device__ static T Zero() { return FromFloat<T>(0.f); }
 };
-template <>
-struct Arith<int64_t> {
-  __device__ static int64_t Add(int64_t a, int64_t b) {
-    return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-  }
-  __device__ static int64_t Mul(int64_t a, int64_t b) {
-    return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
-  }
-  __device__ static bool Less(int64_t a, int64_t b) { return a < b; }
-  __device__ static bool IsNan(int64_t) { return false; }
-  __device__ static int64_t Zero() { return 0; }
+// Integers wrap: computed in their unsigned twin.
+template <typename I>
+struct IntArith {
+  using U = std::make_unsigned_t<I>;
+  __device__ static I Add(I a, I b) { return static_cast<I>(static_cast<U>(a) + static_cast<U>(b)); }
+  __device__ static I Mul(I a, I b) { return static_cast<I>(static_cast<U>(a) * static_cast<U>(b)); }
+  __device__ static bool Less(I a, I b) { return a < b; }
+  __device__ static bool IsNan(I) { return false; }
+  __device__ static I Zero() { return 0; }
 };
 template <>
-struct Arith<int32_t> {
-  __device__ static int32_t Add(int32_t a, int32_t b) {
-    return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
-  }
-  __device__ static int32_t Mul(int32_t a, int32_t b) {
-    return static_cast<int32_t>(static_cast<uint32_t>(a) * static_cast<uint32_t>(b));
-  }
-  __device__ static bool Less(int32_t a, int32_t b) { return a < b; }
-  __device__ static bool IsNan(int32_t) { return false; }
-  __device__ static int32_t Zero() { return 0; }
-};
+struct Arith<int64_t> : IntArith<int64_t> {};
+template <>
+struct Arith<int32_t> : IntArith<int32_t> {};
 
 template <typename E>
 __global__ void PadKernel(PadLayout l, PadMode mode, const E* x, E* y, E fill, int64_t total) {
@@ -143,14 +122,7 @@ __device__ inline int64_t ElementOffset(const ElementsLayout& l, const Id* idx, 
   const int64_t len = l.x_dims[l.axis];
   int64_t id = static_cast<int64_t>(idx[p]);
   if (id < -len || id >= len) {
-    if (bad.words) {
-      unsigned long long* w = reinterpret_cast<unsigned long long*>(bad.words);
-      if (atomicCAS(w, 0ull, static_cast<unsigned long long>(bad.tag)) == 0ull) {
-        bad.words[1] = id;
-        bad.words[2] = p;
-        bad.words[3] = len;
-      }
-    }
+    RecordBadIndex(bad, id, p, len);
     return -1;
   }
   if (id < 0) id += len;
@@ -219,7 +191,7 @@ int Pad(int elem_bytes, PadMode mode, const PadLayout& l, const void* x, void* y
   if (l.rank < 1 || l.rank > kMaxRank) return static_cast<int>(cudaErrorInvalidValue);
   const int64_t total = Elements(l.out_dims, l.rank);
   if (total == 0) return 0;
-  return WithBytes(elem_bytes, [&](auto word) {
+  return WithWord(elem_bytes, [&](auto word) {
     using E = decltype(word);
     E f;
     memcpy(&f, &fill, sizeof f);  // the low bytes (little-endian)
@@ -257,7 +229,7 @@ int GatherElements(int elem_bytes, const ElementsLayout& l, const void* x, const
   if (l.rank < 1 || l.rank > kMaxRank || l.axis < 0 || l.axis >= l.rank) return static_cast<int>(cudaErrorInvalidValue);
   const int64_t total = Elements(l.idx_dims, l.rank);
   if (total == 0) return 0;
-  return WithBytes(elem_bytes, [&](auto word) {
+  return WithWord(elem_bytes, [&](auto word) {
     using E = decltype(word);
     if (idx_int32)
       GatherElementsKernel<E, int32_t><<<Blocks(total), kThreads, 0, Stream(stream)>>>(
@@ -286,7 +258,7 @@ int ScatterElements(Elem t, int elem_bytes, ScatterReduction r, const ElementsLa
     return static_cast<int>(cudaGetLastError());
   };
   // Plain writes move bytes of any size; the reductions need the arithmetic of t.
-  if (r == ScatterReduction::kNone) return WithBytes(elem_bytes, launch);
+  if (r == ScatterReduction::kNone) return WithWord(elem_bytes, launch);
   return WithElem(t, launch);
 }
 

@@ -17,18 +17,6 @@ __device__ inline int64_t RowOf(const Id* ids, int64_t k, int64_t rows) {
   return r >= 0 && r < rows ? r : -1;
 }
 
-// The first out-of-range id a kernel meets, into the device words `bad` (when given):
-// {tag, id, its position, rows}, claimed by whichever thread sets the tag first.
-template <typename Id>
-__device__ inline void RecordBadId(const BadIndex& bad, const Id* ids, int64_t k, int64_t rows) {
-  if (!bad.words) return;
-  unsigned long long* w = reinterpret_cast<unsigned long long*>(bad.words);
-  if (atomicCAS(w, 0ull, static_cast<unsigned long long>(bad.tag)) != 0ull) return;
-  bad.words[1] = static_cast<int64_t>(ids[k]);
-  bad.words[2] = k;
-  bad.words[3] = rows;
-}
-
 // out [outer, num_ids, inner] from table [outer, rows, inner]: element i of the output is
 // (o, k, e), read from (o, ids[k], e).
 template <typename E, typename Id>
@@ -40,7 +28,7 @@ __global__ void GatherKernel(const E* table, const Id* ids, E* out, int64_t oute
     const int64_t e = i % inner, ok = i / inner, k = ok % num_ids, o = ok / num_ids;
     const int64_t r = RowOf(ids, k, rows);
     out[i] = r >= 0 ? table[(o * rows + r) * inner + e] : E{};
-    if (r < 0 && e == 0) RecordBadId(bad, ids, k, rows);
+    if (r < 0 && e == 0) RecordBadIndex(bad, static_cast<int64_t>(ids[k]), k, rows);
   }
 }
 
@@ -53,7 +41,7 @@ __global__ void ScatterAdd(const float* dy, const Id* ids, float* dtable, int64_
     const int64_t e = i % inner, ok = i / inner, k = ok % num_ids, o = ok / num_ids;
     const int64_t r = RowOf(ids, k, rows);
     if (r >= 0) atomicAdd(dtable + (o * rows + r) * inner + e, dy[i]);
-    else if (e == 0) RecordBadId(bad, ids, k, rows);
+    else if (e == 0) RecordBadIndex(bad, static_cast<int64_t>(ids[k]), k, rows);
   }
 }
 
@@ -82,19 +70,6 @@ __global__ void TransposeKernel(const E* x, E* y, I n, Perm p) {
     if constexpr (Scatter) y[at] = x[i];
     else y[i] = x[at];
   }
-}
-
-// f(E{}) for E the unsigned word of elem_bytes (1, 2, 4 or 8 bytes): the kernels that only move
-// elements take them as words; other sizes are cudaErrorInvalidValue.
-template <typename F>
-int WithWord(int elem_bytes, F&& f) {
-  switch (elem_bytes) {
-    case 1: return f(uint8_t{});
-    case 2: return f(uint16_t{});
-    case 4: return f(uint32_t{});
-    case 8: return f(uint64_t{});
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
 }
 
 template <typename E, typename Id>

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/kernels.h"
+
 namespace cleave::kernels::cuda {
 
 inline constexpr int kThreads = 256;
@@ -106,5 +108,30 @@ inline bool AlignedTo(const void* p, size_t bytes) { return reinterpret_cast<uin
       break;                                     \
     }                                            \
   }
+
+// f(E{}) for E the unsigned word of elem_bytes (1, 2, 4 or 8 bytes): the kernels that only move
+// elements take them as words; other sizes are cudaErrorInvalidValue.
+template <typename F>
+int WithWord(int elem_bytes, F&& f) {
+  switch (elem_bytes) {
+    case 1: return f(uint8_t{});
+    case 2: return f(uint16_t{});
+    case 4: return f(uint32_t{});
+    case 8: return f(uint64_t{});
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+// The first out-of-range index a kernel meets, into the device words `bad` (when given):
+// {tag, the index, its position, the size it indexes}, claimed by whichever thread sets the tag
+// first.
+__device__ inline void RecordBadIndex(const BadIndex& bad, int64_t index, int64_t position, int64_t size) {
+  if (!bad.words) return;
+  unsigned long long* w = reinterpret_cast<unsigned long long*>(bad.words);
+  if (atomicCAS(w, 0ull, static_cast<unsigned long long>(bad.tag)) != 0ull) return;
+  bad.words[1] = index;
+  bad.words[2] = position;
+  bad.words[3] = size;
+}
 
 }  // namespace cleave::kernels::cuda

@@ -126,12 +126,7 @@ __global__ void NllPositions(const T* input, const L* target, const T* weight, T
     float w = 0.f, loss = 0.f;
     if (!Ignored(l, has_ignore, ignore_index)) {
       if (l < 0 || l >= C) {
-        if (bad.words && atomicCAS(reinterpret_cast<unsigned long long*>(bad.words), 0ull,
-                                   static_cast<unsigned long long>(bad.tag)) == 0ull) {
-          bad.words[1] = l;
-          bad.words[2] = p;
-          bad.words[3] = C;
-        }
+        RecordBadIndex(bad, l, p, C);
       } else {
         w = weight ? ToFloat(weight[l]) : 1.f;
         if (input) loss = -w * ToFloat(input[(p / D * C + l) * D + p % D]);

@@ -42,24 +42,30 @@ __device__ __forceinline__ T Result(ReduceOp op, double acc, int64_t count) {
   return FromFloat<T>(static_cast<float>(r));
 }
 
+// Where output o's elements start in x, and where its r-th reduced element lies.
+__device__ __forceinline__ int64_t KeptOffset(const ReducePlan& p, int64_t o) {
+  int64_t base = 0;
+  for (int d = p.kept_rank - 1; d >= 0; --d) {
+    base += (o % p.kept_dims[d]) * p.kept_strides[d];
+    o /= p.kept_dims[d];
+  }
+  return base;
+}
+__device__ __forceinline__ int64_t ReducedOffset(const ReducePlan& p, int64_t base, int64_t r) {
+  for (int d = p.red_rank - 1; d >= 0; --d) {
+    base += (r % p.red_dims[d]) * p.red_strides[d];
+    r /= p.red_dims[d];
+  }
+  return base;
+}
+
 template <typename T>
 __global__ void ReduceKernel(ReduceOp op, const T* x, T* y, int64_t outputs, ReducePlan p) {
   for (int64_t o = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; o < outputs;
        o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t rest = o, base = 0;
-    for (int d = p.kept_rank - 1; d >= 0; --d) {
-      base += (rest % p.kept_dims[d]) * p.kept_strides[d];
-      rest /= p.kept_dims[d];
-    }
+    const int64_t base = KeptOffset(p, o);
     double acc = Start(op);
-    for (int64_t r = 0; r < p.red_count; ++r) {
-      int64_t q = r, off = base;
-      for (int d = p.red_rank - 1; d >= 0; --d) {
-        off += (q % p.red_dims[d]) * p.red_strides[d];
-        q /= p.red_dims[d];
-      }
-      acc = Add(op, acc, ToFloat(x[off]));
-    }
+    for (int64_t r = 0; r < p.red_count; ++r) acc = Add(op, acc, ToFloat(x[ReducedOffset(p, base, r)]));
     y[o] = Result<T>(op, acc, p.red_count);
   }
 }
@@ -70,21 +76,12 @@ template <typename T>
 __global__ void ReduceLogSumExpKernel(const T* x, T* y, int64_t outputs, ReducePlan p) {
   for (int64_t o = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; o < outputs;
        o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t rest = o, base = 0;
-    for (int d = p.kept_rank - 1; d >= 0; --d) {
-      base += (rest % p.kept_dims[d]) * p.kept_strides[d];
-      rest /= p.kept_dims[d];
-    }
+    const int64_t base = KeptOffset(p, o);
     double mx = -INFINITY, sum = 0.0;
     for (int pass = 0; pass < 2; ++pass) {
       const double shift = isfinite(mx) ? mx : 0.0;
       for (int64_t r = 0; r < p.red_count; ++r) {
-        int64_t q = r, off = base;
-        for (int d = p.red_rank - 1; d >= 0; --d) {
-          off += (q % p.red_dims[d]) * p.red_strides[d];
-          q /= p.red_dims[d];
-        }
-        const double v = ToFloat(x[off]);
+        const double v = ToFloat(x[ReducedOffset(p, base, r)]);
         if (pass == 0) mx = Combine(ReduceOp::kMax, mx, v);
         else sum += exp(v - shift);
       }
@@ -287,30 +284,12 @@ int ColumnSums(Dt dt, const void* x, float* y, int64_t R, int64_t C, double* scr
 int Where(int elem_bytes, const bool* cond, const void* a, const void* b, void* y, int64_t n, const Broadcast3& bc,
           void* stream) {
   if (n == 0) return 0;
-  cudaStream_t s = Stream(stream);
-  switch (elem_bytes) {
-    case 1:
-      WhereKernel<uint8_t><<<Blocks(n), kThreads, 0, s>>>(cond, static_cast<const uint8_t*>(a),
-                                                          static_cast<const uint8_t*>(b), static_cast<uint8_t*>(y), n, bc);
-      break;
-    case 2:
-      WhereKernel<uint16_t><<<Blocks(n), kThreads, 0, s>>>(cond, static_cast<const uint16_t*>(a),
-                                                           static_cast<const uint16_t*>(b), static_cast<uint16_t*>(y), n,
-                                                           bc);
-      break;
-    case 4:
-      WhereKernel<uint32_t><<<Blocks(n), kThreads, 0, s>>>(cond, static_cast<const uint32_t*>(a),
-                                                           static_cast<const uint32_t*>(b), static_cast<uint32_t*>(y), n,
-                                                           bc);
-      break;
-    case 8:
-      WhereKernel<uint64_t><<<Blocks(n), kThreads, 0, s>>>(cond, static_cast<const uint64_t*>(a),
-                                                           static_cast<const uint64_t*>(b), static_cast<uint64_t*>(y), n,
-                                                           bc);
-      break;
-    default: return static_cast<int>(cudaErrorInvalidValue);
-  }
-  return static_cast<int>(cudaGetLastError());
+  return WithWord(elem_bytes, [&](auto word) {
+    using E = decltype(word);
+    WhereKernel<E><<<Blocks(n), kThreads, 0, Stream(stream)>>>(cond, static_cast<const E*>(a), static_cast<const E*>(b),
+                                                               static_cast<E*>(y), n, bc);
+    return static_cast<int>(cudaGetLastError());
+  });
 }
 
 }  // namespace cleave::kernels::cuda

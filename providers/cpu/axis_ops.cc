@@ -20,14 +20,6 @@ namespace cleave::providers {
 
 namespace {
 
-// x viewed as [outer, len, inner] around `axis`.
-struct AxisView {
-  int64_t outer = 1, len = 1, inner = 1;
-};
-AxisView ViewAround(const TensorView& x, int axis) {
-  return {DimProduct(x, 0, axis), x.dims[axis], DimProduct(x, axis + 1, x.rank)};
-}
-
 class CumSumKernel : public OpKernel {
  public:
   CumSumKernel(const graph::Node& n, int)

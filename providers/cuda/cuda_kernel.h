@@ -1,7 +1,7 @@
 // The base of the CUDA provider's kernels (providers/cuda/): a kernel knows its provider (for
 // the stream and scratch) and names its node in errors; Add registers a kernel class. Shared by
 // the kernel table's files (cuda_kernels.cc, cuda_attention_kernels.cc, cuda_axis_kernels.cc,
-// cuda_conv_kernels.cc, cuda_optimizer_kernels.cc); included by those only.
+// cuda_conv_kernels.cc, cuda_loss_kernels.cc, cuda_optimizer_kernels.cc); included by those only.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -87,5 +87,9 @@ void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p);
 // Registers the kernels along an axis or over padded dims (cuda_axis_kernels.cc): Pad, Tile,
 // CumSum, ArgMax, ArgMin, GatherElements and ScatterElements.
 void RegisterCudaAxisKernels(KernelRegistry& r, CudaExecutionProvider* p);
+
+// Registers the losses (cuda_loss_kernels.cc): SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss
+// and their gradients.
+void RegisterCudaLossKernels(KernelRegistry& r, CudaExecutionProvider* p);
 
 }  // namespace cleave::providers
