@@ -388,20 +388,25 @@ absl::Status Executor::Build() {
   std::unordered_map<const Node*, std::vector<int>> host_inputs;
   if (has_device_) {
     // Which ops fell back from the first provider, by op type.
-    std::map<std::string, int> fell_back;
-    for (Node* n : order)
-      if (placed[n] != providers_[0].get() && !host_by_design.count(n))
-        ++fell_back[(n->domain().empty() ? "" : n->domain() + ".") + n->op_type()];
+    // Which ops fell back from the first provider, by op type, with the first node's reason.
+    std::map<std::string, std::pair<int, std::string>> fell_back;
+    for (Node* n : order) {
+      if (placed[n] == providers_[0].get() || host_by_design.count(n)) continue;
+      auto& [k, reason] = fell_back[(n->domain().empty() ? "" : n->domain() + ".") + n->op_type()];
+      if (k++ == 0 && why.count(n)) reason = why[n];
+    }
     if (!fell_back.empty()) {
-      std::vector<std::string> ops;
+      std::vector<std::string> ops, reasons;
       int count = 0;
-      for (const auto& [op, k] : fell_back) {
-        ops.push_back(k > 1 ? absl::StrCat(op, " x", k) : op);
-        count += k;
+      for (const auto& [op, kr] : fell_back) {
+        ops.push_back(kr.first > 1 ? absl::StrCat(op, " x", kr.first) : op);
+        if (!kr.second.empty()) reasons.push_back(kr.second);
+        count += kr.first;
       }
       fallback_warning_ = absl::StrCat(count, " node(s) have no ", providers_[0]->name(), " kernel and run on ",
                                        providers_.back()->name(), " (copies inserted at the boundaries): ",
                                        absl::StrJoin(ops, ", "));
+      for (const std::string& r : reasons) absl::StrAppend(&fallback_warning_, "\n  ", r);
     }
     for (const auto& [n, o] : owner) {
       const bool device = o.first->device() != providers::DeviceKind::kCpu;

@@ -160,6 +160,71 @@ TEST(CudaProvider, SinCosClipVariadicMaxMinAndReduceMin) {
              {{"x", Random({3, 100}, 64)}}, 0, 0, "*");
 }
 
+// Sum and Mean of any number of broadcast inputs, Mod in both modes (floats and integers, the
+// divisor's sign or the dividend's, x mod 0), Xor, IsNaN, IsInf, and CastLike.
+TEST(CudaProvider, SumMeanModXorFloatClassesAndCastLike) {
+  REQUIRE_CUDA();
+  Tensor x = Random({2, 3, 8}, 65, -6.f, 6.f);
+  for (int k : {1, 9, 30}) x.data<float>()[k] = k == 1 ? NAN : k == 9 ? INFINITY : -INFINITY;
+  ExpectSame(R"(
+    input a: float32[4,1,5]
+    input b: float32[3,1]
+    input c: float32[5]
+    input x: float32[2,3,8]
+    input d: float32[8]
+    input i: int64[6]
+    input j: int64[6]
+    input k: int32[6]
+    input l: int32[6]
+    input p: bool[2,3]
+    input q: bool[3]
+    s3 = Sum(a, b, c)
+    s1 = Sum(c)
+    m3 = Mean(c, b, a)
+    m1 = Mean(b)
+    fm = Mod(x, d) {fmod = 1}
+    pm = Mod(x, d)
+    im = Mod(i, j)
+    if = Mod(i, j) {fmod = 1}
+    km = Mod(k, l)
+    xr = Xor(p, q)
+    nan = IsNaN(x)
+    inf = IsInf(x)
+    pos = IsInf(x) {detect_negative = 0}
+    neg = IsInf(x) {detect_positive = 0}
+    ci = CastLike(x, i)
+    cb = CastLike(i, x)
+    output s3
+    output s1
+    output m3
+    output m1
+    output fm
+    output pm
+    output im
+    output if
+    output km
+    output xr
+    output nan
+    output inf
+    output pos
+    output neg
+    output ci
+    output cb
+  )",
+             {{"a", Random({4, 1, 5}, 66)},
+              {"b", Random({3, 1}, 67)},
+              {"c", Random({5}, 68)},
+              {"x", x},
+              {"d", Tensor::FromVector<float>({1.5f, -2.f, 0.75f, -0.5f, 3.f, -3.f, 2.5f, 1.f}, {8})},
+              {"i", Tensor::FromVector<int64_t>({7, -7, 7, -7, 5, INT64_MIN}, {6})},
+              {"j", Tensor::FromVector<int64_t>({3, 3, -3, -3, 0, -1}, {6})},
+              {"k", Tensor::FromVector<int32_t>({9, -9, 9, -9, 4, -4}, {6})},
+              {"l", Tensor::FromVector<int32_t>({4, 4, -4, -4, 0, 5}, {6})},
+              {"p", Tensor::FromVector<bool>({true, false, true, false, false, true}, {2, 3})},
+              {"q", Tensor::FromVector<bool>({true, true, false}, {3})}},
+             1e-6, 1e-6, "*");
+}
+
 TEST(CudaProvider, CastThroughBf16AndFp16) {
   REQUIRE_CUDA();
   ExpectSame(R"(
@@ -363,6 +428,56 @@ TEST(CudaProvider, SoftmaxAndLayerNorm) {
   )",
              {{"x", Random({2, 3, 768}, 23)}, {"g", Random({768}, 24)}, {"b", Random({768}, 25)}}, 1e-5, 1e-4,
              "LayerNormalization");
+}
+
+TEST(CudaProvider, SoftmaxAlongAnyAxisAndLayerNormOverTrailingDims) {
+  REQUIRE_CUDA();
+  // Version 13 on: along one axis (lines 20, 4 and 1 elements apart), and the gradients too.
+  ExpectSame(R"(
+    input x: float32[3,5,4]
+    input g: float32[3,5,4]
+    s0 = Softmax(x) {axis = 0}
+    s1 = Softmax(x) {axis = 1}
+    l1 = LogSoftmax(x) {axis = -2}
+    l2 = LogSoftmax(x) {axis = 2}
+    d0 = ai.cleave.SoftmaxGrad(g, s0) {axis = 0}
+    d1 = ai.cleave.LogSoftmaxGrad(g, l1) {axis = 1}
+    output s0
+    output s1
+    output l1
+    output l2
+    output d0
+    output d1
+  )",
+             {{"x", Random({3, 5, 4}, 26, -6.f, 6.f)}, {"g", Random({3, 5, 4}, 27)}}, 1e-6, 1e-5, "*");
+  // Before version 13: over x flattened into rows at the axis.
+  ExpectSame(R"(
+    opset 11
+    input x: float32[3,5,4]
+    s = Softmax(x)
+    l = LogSoftmax(x) {axis = 2}
+    output s
+    output l
+  )",
+             {{"x", Random({3, 5, 4}, 28, -6.f, 6.f)}}, 1e-6, 1e-5, "*");
+  // LayerNormalization over the last two dims, its statistics [2, 3, 1, 1], and the gradient.
+  ExpectSame(R"(
+    input x: float32[2,3,5,4]
+    input sc: float32[5,4]
+    input b: float32[5,4]
+    input dy: float32[2,3,5,4]
+    y, mean, inv = LayerNormalization(x, sc, b) {axis = -2, epsilon = 1e-3}
+    dx, dsc, db = ai.cleave.LayerNormalizationGrad(dy, x, sc, mean, inv) {axis = 2}
+    output y
+    output mean
+    output inv
+    output dx
+    output dsc
+    output db
+  )",
+             {{"x", Random({2, 3, 5, 4}, 29)}, {"sc", Random({5, 4}, 30)}, {"b", Random({5, 4}, 31)},
+              {"dy", Random({2, 3, 5, 4}, 32)}},
+             1e-5, 1e-4, "*");
 }
 
 TEST(CudaProvider, SkipLayerNorm) {
@@ -593,6 +708,50 @@ TEST(CudaProvider, CrossEntropyForwardAndBackward) {
       output loss
     )"),
                wide, 1e-6, 1e-4, "SoftmaxCrossEntropyLossGrad");
+}
+
+// Cross-entropy beyond the one-pass kernels: scores [N, C, d1, d2], class weights, int32
+// labels, every reduction, the gradient from log_prob and from the scores (with the loss).
+TEST(CudaProvider, CrossEntropyOverSpatialDimsWithClassWeights) {
+  REQUIRE_CUDA();
+  Tensor labels = Ids({4, 3, 2}, 6, 41);
+  labels.data<int64_t>()[5] = -1;  // ignored
+  Tensor l32(DataType::kInt32, {5});
+  for (int k = 0; k < 5; ++k) l32.data<int32_t>()[k] = (k * 2) % 7;
+  for (const char* red : {"none", "sum", "mean"}) {
+    const std::string attrs = absl::StrCat("{reduction = \"", red, "\", ignore_index = -1}");
+    ExpectSame(absl::StrCat(R"(
+      input s: float32[4,6,3,2]
+      input labels: int64[4,3,2]
+      input w: float32[6]
+      input a: float32[5,7]
+      input u: int32[5]
+      loss, lp = SoftmaxCrossEntropyLoss(s, labels, w) )", attrs, R"(
+      m = SoftmaxCrossEntropyLoss(a, u) {reduction = ")", red, R"("}
+      dl = Sin(loss)
+      dm = Cos(m)
+      d = ai.cleave.SoftmaxCrossEntropyLossGrad(dl, lp, labels, w) )", attrs, R"(
+      da = ai.cleave.SoftmaxCrossEntropyLossGrad(dm, a, u) {reduction = ")", red, R"(", from_scores = 1}
+      output loss
+      output lp
+      output m
+      output d
+      output da
+    )"),
+               {{"s", Random({4, 6, 3, 2}, 42, -4.f, 4.f)}, {"labels", labels}, {"w", Random({6}, 43, 0.5f, 2.f)},
+                {"a", Random({5, 7}, 44, -4.f, 4.f)}, {"u", l32}},
+               1e-5, 1e-5, "*");
+  }
+  // The loss folded into the gradient from [N, C, d] scores.
+  ExpectSame(R"(
+    input s: float32[4,6,3]
+    input labels: int64[4,3]
+    init dy: float32[] = 0.75
+    d, loss = ai.cleave.SoftmaxCrossEntropyLossGrad(dy, s, labels) {from_scores = 1}
+    output d
+    output loss
+  )",
+             {{"s", Random({4, 6, 3}, 45, -4.f, 4.f)}, {"labels", Ids({4, 3}, 6, 46)}}, 1e-5, 1e-5, "*");
 }
 
 TEST(CudaProvider, OptimizerOps) {
@@ -841,6 +1000,47 @@ TEST(CudaProvider, DropoutDrawsTheCpuMaskForTheSameSeed) {
   int64_t kept = 0;
   for (int64_t i = 0; i < 8000; ++i) kept += got[0][1].data<bool>()[i];
   EXPECT_NEAR(kept / 8000.0, 0.7, 0.03);
+}
+
+// Without a run seed, a Dropout with a seed attribute replays numpy's sequence of masks (the
+// ONNX reference's) as the CPU's does, run after run; one before version 12 is the identity
+// with a mask of ones.
+TEST(CudaProvider, SeededDropoutDrawsTheCpuSequenceWithoutARunSeed) {
+  REQUIRE_CUDA();
+  const char* text = R"(
+    input x: float32[4,300]
+    init ratio: float32[] = 0.4
+    init training: bool[] = 1
+    y, mask = Dropout(x, ratio, training) {seed = 11}
+    output y
+    output mask
+  )";
+  SessionOptions o;
+  o.optimize = false;
+  auto cpu = InferenceSession::FromGraph(*graph::ParseGraph(text), o);
+  o.device = DeviceChoice::kCuda;
+  auto cuda = InferenceSession::FromGraph(*graph::ParseGraph(text), o);
+  ASSERT_TRUE(cpu.ok() && cuda.ok()) << cpu.status() << cuda.status();
+  EXPECT_EQ((*cuda)->warning(), "");
+  std::vector<uint8_t> first;
+  for (int run = 0; run < 2; ++run) {
+    auto want = (*cpu)->Run({{"x", Random({4, 300}, 71)}});
+    auto got = (*cuda)->Run({{"x", Random({4, 300}, 71)}});
+    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+    EXPECT_EQ(testing::CompareTensors((*got)[0], (*want)[0], 0, 1e-6), "") << "run " << run;
+    EXPECT_EQ(std::memcmp((*got)[1].raw(), (*want)[1].raw(), 1200), 0) << "run " << run;
+    const uint8_t* m = static_cast<const uint8_t*>((*got)[1].raw());
+    if (run == 0) first.assign(m, m + 1200);
+    else EXPECT_NE(std::memcmp(first.data(), m, 1200), 0) << "the second run drew the first run's mask again";
+  }
+  ExpectSame(R"(
+    opset 7
+    input x: float32[4,30]
+    y, mask = Dropout(x) {ratio = 0.3}
+    output y
+    output mask
+  )",
+             {{"x", Random({4, 30}, 72)}}, 0, 0, "*");
 }
 
 // NegativeLogLikelihoodLoss and its gradient in each reduction, [N, C] and [N, C, d] inputs,

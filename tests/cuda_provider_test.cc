@@ -276,6 +276,8 @@ TEST(CudaProvider, OpsWithoutAKernelFallBackWithAWarning) {
             std::string::npos)
       << (*s)->warning();
   EXPECT_NE((*s)->warning().find("Cast, Exp"), std::string::npos) << (*s)->warning();
+  // Each op's reason follows, from its first node: here the dtype the kernels do not take.
+  EXPECT_NE((*s)->warning().find("has dtype float64; the kernel takes"), std::string::npos) << (*s)->warning();
   Tensor x(DataType::kFloat64, {4, 8});
   for (int64_t i = 0; i < x.numel(); ++i) x.data<double>()[i] = 0.25 * static_cast<double>(i % 7) - 0.5;
   auto r = (*s)->Run({{"x", x}});

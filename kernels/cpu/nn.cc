@@ -15,15 +15,11 @@ namespace cleave::kernels::cpu {
 
 template <typename T>
 void Dropout(std::mt19937& gen, float ratio, int64_t n, const T* x, T* y, bool* mask) {
-  // numpy's random_sample: a 27-bit and a 26-bit word make one double in [0, 1).
-  // uniform(0, 1) is 0 + 1 * that double, compared against the ratio widened to double.
+  // uniform(0, 1) is 0 + 1 * random_sample (DrawKeep).
   const double r = static_cast<double>(ratio);
   const T scale = static_cast<T>(1.0 / (1.0 - r));
   for (int64_t i = 0; i < n; ++i) {
-    const uint32_t a = static_cast<uint32_t>(gen()) >> 5;
-    const uint32_t b = static_cast<uint32_t>(gen()) >> 6;
-    const double u = (a * 67108864.0 + b) / 9007199254740992.0;
-    const bool keep = u >= r;
+    const bool keep = DrawKeep(gen, r);
     y[i] = keep ? x[i] * scale : T(0);
     if (mask) mask[i] = keep;
   }

@@ -188,6 +188,13 @@ absl::Status SoftmaxCrossEntropy(const SceParams& p, const T* scores, const L* l
 // not depend on the thread count. mask may be null. Instantiated for float and double.
 template <typename T>
 void Dropout(std::mt19937& gen, float ratio, int64_t n, const T* x, T* y, bool* mask);
+// One of those draws: numpy's random_sample (a 27-bit and a 26-bit word make a double in
+// [0, 1)), compared against the ratio widened to double; true keeps the element.
+inline bool DrawKeep(std::mt19937& gen, double ratio) {
+  const uint32_t a = static_cast<uint32_t>(gen()) >> 5;
+  const uint32_t b = static_cast<uint32_t>(gen()) >> 6;
+  return (a * 67108864.0 + b) / 9007199254740992.0 >= ratio;
+}
 // Counter-based Dropout: elements 2j and 2j+1 take the two uniforms of Philox4x32-10 counter j
 // under the key (kernels/philox.h), so a mask is a pure function of the key (recomputable,
 // thread-count independent, the CUDA kernel's bits) and runs in parallel.

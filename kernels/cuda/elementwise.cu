@@ -39,6 +39,11 @@ __device__ __forceinline__ float ApplyBinary(BinaryOp op, float a, float b) {
     case BinaryOp::kMax: return a != a || b != b ? a + b : fmaxf(a, b);
     case BinaryOp::kMin: return a != a || b != b ? a + b : fminf(a, b);
     case BinaryOp::kPow: return powf(a, b);
+    case BinaryOp::kFmod: return fmodf(a, b);
+    case BinaryOp::kMod: {
+      const float r = fmodf(a, b);
+      return r != 0.f && ((r < 0.f) != (b < 0.f)) ? r + b : r;
+    }
   }
   return 0.f;
 }
@@ -319,6 +324,13 @@ __global__ void DropoutKernel(uint64_t key, uint64_t threshold, float scale, con
   }
 }
 
+template <typename T>
+__global__ void DropoutMaskedKernel(const bool* keep, float scale, const T* x, T* y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = keep[i] ? FromFloat<T>(ToFloat(x[i]) * scale) : FromFloat<T>(0.f);
+}
+
 // A comparison's operand as it is compared: float storage types as float32, integers and bool
 // as themselves.
 __device__ __forceinline__ float Num(float x) { return x; }
@@ -341,6 +353,7 @@ struct CompareFn {
       case CompareOp::kGreaterOrEqual: return u >= w;
       case CompareOp::kAnd: return u && w;
       case CompareOp::kOr: return u || w;
+      case CompareOp::kXor: return u != w;
     }
     return false;
   }
@@ -361,6 +374,12 @@ struct IntBinaryFn {
         return a / b;
       case BinaryOp::kMax: return a > b ? a : b;
       case BinaryOp::kMin: return a < b ? a : b;
+      case BinaryOp::kMod:
+      case BinaryOp::kFmod: {
+        if (b == 0 || b == -1) return 0;  // also MIN % -1, which traps
+        const T r = a % b;
+        return op == BinaryOp::kMod && r != 0 && ((r < 0) != (b < 0)) ? static_cast<T>(r + b) : r;
+      }
       case BinaryOp::kPow: return 0;  // not offered (the launcher refuses it)
     }
     return 0;
@@ -369,6 +388,16 @@ struct IntBinaryFn {
 
 struct NotFn {
   __device__ bool operator()(bool x) const { return !x; }
+};
+
+template <typename T>
+struct FloatClassFn {
+  bool nan, pos, neg;
+  __device__ bool operator()(T x) const {
+    const float v = ToFloat(x);
+    if (nan) return v != v;
+    return isinf(v) && (v > 0.f ? pos : neg);
+  }
 };
 
 // y[i] = f(a[ia], b[ib]) with broadcasting.
@@ -419,7 +448,7 @@ int Binary(BinaryOp op, Dt dt, const void* a, const void* b, void* y, int64_t n,
 
 int Compare(CompareOp op, Elem t, const void* a, const void* b, bool* y, int64_t n, const Broadcast* bc, void* stream) {
   if (n == 0) return 0;
-  const bool logical = op == CompareOp::kAnd || op == CompareOp::kOr;
+  const bool logical = op == CompareOp::kAnd || op == CompareOp::kOr || op == CompareOp::kXor;
   if (logical && t != Elem::kBool) return static_cast<int>(cudaErrorInvalidValue);
   cudaStream_t s = Stream(stream);
   switch (t) {
@@ -446,6 +475,12 @@ int IntBinary(BinaryOp op, Elem t, const void* a, const void* b, void* y, int64_
 int Not(const bool* x, bool* y, int64_t n, void* stream) {
   if (n == 0) return 0;
   return LaunchMap1<bool, bool>(NotFn{}, x, y, n, Stream(stream));
+}
+
+int FloatClass(Dt dt, const void* x, bool* y, int64_t n, bool nan, bool pos, bool neg, void* stream) {
+  if (n == 0) return 0;
+  DISPATCH_DT(dt, T, { return LaunchMap1<T, bool>(FloatClassFn<T>{nan, pos, neg}, x, y, n, Stream(stream)); });
+  return static_cast<int>(cudaErrorInvalidValue);
 }
 
 int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream, UnaryParams params) {
@@ -516,6 +551,16 @@ int DropoutKeyed(Dt dt, uint64_t key, float ratio, const void* x, void* y, bool*
   DISPATCH_DT(dt, T, {
     DropoutKernel<T><<<Blocks((n + 1) / 2), kThreads, 0, Stream(stream)>>>(
         key, threshold, scale, static_cast<const T*>(x), static_cast<T*>(y), mask, n);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int DropoutMasked(Dt dt, const bool* keep, float ratio, const void* x, void* y, int64_t n, void* stream) {
+  if (n == 0) return 0;
+  const float scale = static_cast<float>(1.0 / (1.0 - static_cast<double>(ratio)));
+  DISPATCH_DT(dt, T, {
+    DropoutMaskedKernel<T><<<Blocks(n), kThreads, 0, Stream(stream)>>>(keep, scale, static_cast<const T*>(x),
+                                                                        static_cast<T*>(y), n);
   });
   return static_cast<int>(cudaGetLastError());
 }

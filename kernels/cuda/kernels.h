@@ -25,7 +25,9 @@ struct Broadcast {
   int64_t b_strides[kMaxRank] = {};
 };
 
-enum class BinaryOp : int { kAdd, kSub, kMul, kDiv, kMax, kMin, kPow };
+// kMod: the remainder with the divisor's sign (ONNX Mod, fmod 0); kFmod: with the dividend's
+// (C's fmod; fmod 1).
+enum class BinaryOp : int { kAdd, kSub, kMul, kDiv, kMax, kMin, kPow, kMod, kFmod };
 enum class UnaryOp : int { kIdentity, kRelu, kGelu, kGeluTanh, kTanh, kExp, kLog, kNeg, kSqrt, kSigmoid, kErf,
                            kReciprocal, kAbs, kSin, kCos,
                            kTan, kAsin, kAcos, kAtan, kSinh, kCosh, kAsinh, kAcosh, kAtanh,
@@ -41,16 +43,19 @@ int Binary(BinaryOp op, Dt dt, const void* a, const void* b, void* y, int64_t n,
 
 // Element types of the comparison and integer kernels: the float storage types, int64, int32, bool.
 enum class Elem : int { kF32 = 0, kBf16 = 1, kF16 = 2, kI64, kI32, kBool };
-enum class CompareOp : int { kEqual, kLess, kGreater, kLessOrEqual, kGreaterOrEqual, kAnd, kOr };
+enum class CompareOp : int { kEqual, kLess, kGreater, kLessOrEqual, kGreaterOrEqual, kAnd, kOr, kXor };
 // y (bool) = a op b, with broadcasting as Binary: comparisons over any Elem (floats compared as
-// float32, so NaN compares false; bool only for Equal), And and Or over bool alone.
+// float32, so NaN compares false; bool only for Equal), And, Or and Xor over bool alone.
 int Compare(CompareOp op, Elem t, const void* a, const void* b, bool* y, int64_t n, const Broadcast* bc, void* stream);
 // y = a op b over int64 or int32, with broadcasting as Binary: Add, Sub and Mul wrap around; Div
-// truncates toward zero and x / 0 is 0 (the CPU's); Max, Min. (No Pow.)
+// truncates toward zero and x / 0 is 0 (the CPU's); Max, Min; Mod and Fmod, x mod 0 and x mod -1
+// being 0 (the CPU's). (No Pow.)
 int IntBinary(BinaryOp op, Elem t, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc,
               void* stream);
 // y = !x over bool.
 int Not(const bool* x, bool* y, int64_t n, void* stream);
+// y (bool) = x is NaN (nan), or else x is +inf (with pos) or -inf (with neg): IsNaN and IsInf.
+int FloatClass(Dt dt, const void* x, bool* y, int64_t n, bool nan, bool pos, bool neg, void* stream);
 int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream, UnaryParams params = {});
 // y = min(max(x, lo), hi) as the CPU's Clip compares: NaN passes through, and with lo > hi every
 // element ends at hi.
@@ -68,6 +73,9 @@ int GemmScaleAdd(Dt dt, void* y, float alpha, const void* c, float beta, int64_t
 // (kernels/philox.h), a double in [0, 1), is >= ratio, so the CPU and CUDA masks of one key are
 // the same bits. mask may be null.
 int DropoutKeyed(Dt dt, uint64_t key, float ratio, const void* x, void* y, bool* mask, int64_t n, void* stream);
+// The same with a mask drawn elsewhere: y = keep ? x / (1 - ratio) : 0, the scale rounded to
+// float32 as DropoutKeyed's.
+int DropoutMasked(Dt dt, const bool* keep, float ratio, const void* x, void* y, int64_t n, void* stream);
 // Rotary embedding over x's rows (kernels/rotary_layout.h). Forward y = x cos + concat(-x2, x1)
 // sin; backward (x is dY) dX = dY cos + concat((dY sin)2, -(dY sin)1).
 using kernels::RotaryLayout;
@@ -102,8 +110,9 @@ int64_t LayerNormGradScratch(int64_t rows, int64_t cols);
 int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const float* mean, const float* inv_std,
                   const void* dx_add, void* dx, float* dgamma, float* dbeta, float* scratch, int64_t rows, int64_t cols,
                   void* dx_low, Dt low_dt, Dt dy_dt, void* stream);
-// Softmax or LogSoftmax over the last axis of [rows, cols].
-int Softmax(Dt dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, void* stream);
+// Softmax or LogSoftmax over the middle axis of [rows, cols, inner]: over the last axis of
+// [rows, cols] when inner is 1.
+int Softmax(Dt dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, void* stream, int64_t inner = 1);
 
 // Cross-entropy of fp32 scores [N, C] against int64 labels [N] in one pass per row (the
 // probabilities are never stored): row_loss[n] = logsumexp(scores[n]) - scores[n, label]
@@ -127,8 +136,9 @@ int SoftmaxCrossEntropyGrad(const float* dy, const void* in, Dt in_dt, bool from
                             void* stream);
 
 // SoftmaxGrad (dx = y * (dy - sum(dy * y))) or LogSoftmaxGrad (dx = dy - exp(y) * sum(dy))
-// over the last axis of [rows, cols].
-int SoftmaxGrad(Dt dt, const void* dy, const void* y, void* dx, int64_t rows, int64_t cols, bool log, void* stream);
+// over the middle axis of [rows, cols, inner], as Softmax.
+int SoftmaxGrad(Dt dt, const void* dy, const void* y, void* dx, int64_t rows, int64_t cols, bool log, void* stream,
+                int64_t inner = 1);
 
 enum class ReduceOp : int { kSum, kMean, kMax, kMin, kL1, kL2, kSumSquare, kLogSum, kLogSumExp };
 // Reduces x over the dims flagged in `reduce` (x_dims of rank `rank`); y holds the kept dims in

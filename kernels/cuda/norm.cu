@@ -1,5 +1,7 @@
 // CUDA row kernels (kernels/cuda/): LayerNormalization and RMSNormalization forward and
-// backward, Softmax and LogSoftmax over the last axis. One block per row; statistics in fp32.
+// backward, Softmax and LogSoftmax and their gradients. One block per row; statistics in fp32.
+// Softmax along an inner axis (elements `inner` apart) takes one thread per line instead, the
+// threads of a warp on neighbouring lines, so each step along the axis reads adjacent elements.
 // RMSNorm is the uncentred LayerNorm: a mean of 0, and in the backward no mean(g) term.
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
@@ -165,6 +167,43 @@ __global__ void SoftmaxKernel(const T* x, T* y, int64_t cols, bool log) {
   }
 }
 
+// Softmax over lines of `len` elements `inner` apart: line l = (o, i) starts at o * len * inner + i.
+template <typename T>
+__global__ void SoftmaxLinesKernel(const T* x, T* y, int64_t lines, int64_t len, int64_t inner, bool log) {
+  for (int64_t l = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; l < lines;
+       l += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t base = (l / inner) * len * inner + l % inner;
+    float m = -INFINITY;
+    for (int64_t c = 0; c < len; ++c) m = fmaxf(m, ToFloat(x[base + c * inner]));
+    float s = 0.f;
+    for (int64_t c = 0; c < len; ++c) s += expf(ToFloat(x[base + c * inner]) - m);
+    const float lse = m + logf(s);
+    for (int64_t c = 0; c < len; ++c) {
+      const float v = ToFloat(x[base + c * inner]);
+      y[base + c * inner] = FromFloat<T>(log ? v - lse : expf(v - lse));
+    }
+  }
+}
+
+template <typename T>
+__global__ void SoftmaxGradLinesKernel(const T* dy, const T* y, T* dx, int64_t lines, int64_t len, int64_t inner,
+                                       bool log) {
+  for (int64_t l = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; l < lines;
+       l += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t base = (l / inner) * len * inner + l % inner;
+    float s = 0.f;
+    for (int64_t c = 0; c < len; ++c) {
+      const int64_t k = base + c * inner;
+      s += log ? ToFloat(dy[k]) : ToFloat(dy[k]) * ToFloat(y[k]);
+    }
+    for (int64_t c = 0; c < len; ++c) {
+      const int64_t k = base + c * inner;
+      const float g = ToFloat(dy[k]), v = ToFloat(y[k]);
+      dx[k] = FromFloat<T>(log ? g - expf(v) * s : v * (g - s));
+    }
+  }
+}
+
 unsigned Rows(int64_t rows) { return static_cast<unsigned>(rows); }
 
 }  // namespace
@@ -267,8 +306,15 @@ int LayerNormGrad(Dt dt, const void* dy, const void* x, const void* gamma, const
   return static_cast<int>(cudaGetLastError());
 }
 
-int Softmax(Dt dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, void* stream) {
-  if (rows == 0) return 0;
+int Softmax(Dt dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, void* stream, int64_t inner) {
+  if (rows == 0 || inner == 0) return 0;
+  if (inner > 1) {
+    DISPATCH_DT(dt, T, {
+      SoftmaxLinesKernel<T><<<Blocks(rows * inner), kThreads, 0, Stream(stream)>>>(
+          static_cast<const T*>(x), static_cast<T*>(y), rows * inner, cols, inner, log);
+    });
+    return static_cast<int>(cudaGetLastError());
+  }
   DISPATCH_DT(dt, T, {
     SoftmaxKernel<T><<<Rows(rows), kThreads, 0, Stream(stream)>>>(static_cast<const T*>(x), static_cast<T*>(y), cols,
                                                                  log);
@@ -299,8 +345,16 @@ __global__ void SoftmaxGradKernel(const T* dy, const T* y, T* dx, int64_t cols, 
 
 }  // namespace
 
-int SoftmaxGrad(Dt dt, const void* dy, const void* y, void* dx, int64_t rows, int64_t cols, bool log, void* stream) {
-  if (rows == 0) return 0;
+int SoftmaxGrad(Dt dt, const void* dy, const void* y, void* dx, int64_t rows, int64_t cols, bool log, void* stream,
+                int64_t inner) {
+  if (rows == 0 || inner == 0) return 0;
+  if (inner > 1) {
+    DISPATCH_DT(dt, T, {
+      SoftmaxGradLinesKernel<T><<<Blocks(rows * inner), kThreads, 0, Stream(stream)>>>(
+          static_cast<const T*>(dy), static_cast<const T*>(y), static_cast<T*>(dx), rows * inner, cols, inner, log);
+    });
+    return static_cast<int>(cudaGetLastError());
+  }
   DISPATCH_DT(dt, T, {
     SoftmaxGradKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, Stream(stream)>>>(
         static_cast<const T*>(dy), static_cast<const T*>(y), static_cast<T*>(dx), cols, log);

@@ -9,6 +9,8 @@
 #include <cfloat>
 #include <cmath>
 #include <map>
+#include <mutex>
+#include <random>
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +18,7 @@
 #include "graph/op_table.h"
 #include "kernels/cpu/nn.h"
 #include "kernels/cuda/kernels.h"
+#include "providers/axis.h"
 #include "providers/cuda/cuda_kernel.h"
 #include "providers/cuda/cuda_matmul.h"
 #include "providers/cuda/cuda_provider.h"
@@ -74,18 +77,21 @@ absl::Status BroadcastOutput(const std::string& name, KernelContext& ctx, kc::Br
   return absl::OkStatus();
 }
 
-kc::BinaryOp BinaryOpOf(const std::string& o) {
-  return o == "Add" ? kc::BinaryOp::kAdd : o == "Sub" ? kc::BinaryOp::kSub : o == "Mul" ? kc::BinaryOp::kMul
-       : o == "Div" ? kc::BinaryOp::kDiv : o == "Max" ? kc::BinaryOp::kMax : o == "Min" ? kc::BinaryOp::kMin
-                                                                        : kc::BinaryOp::kPow;
+kc::BinaryOp BinaryOpOf(const graph::Node& n) {
+  const std::string& o = n.op_type();
+  if (o == "Mod") return n.AttrInt("fmod", 0) ? kc::BinaryOp::kFmod : kc::BinaryOp::kMod;
+  return o == "Add" || o == "Sum" || o == "Mean" ? kc::BinaryOp::kAdd : o == "Sub" ? kc::BinaryOp::kSub
+       : o == "Mul" ? kc::BinaryOp::kMul : o == "Div" ? kc::BinaryOp::kDiv : o == "Max" ? kc::BinaryOp::kMax
+       : o == "Min" ? kc::BinaryOp::kMin : kc::BinaryOp::kPow;
 }
 
-// Add, Sub, Mul, Div, Max, Min, Pow over float types; all but Pow over int64 and int32 too.
-// Max and Min take any number of inputs, folded left to right into the output.
+// Add, Sub, Mul, Div, Max, Min, Mod, Pow over float types; all but Pow over int64 and int32 too.
+// Max, Min, Sum and Mean take any number of inputs, folded left to right into the output (Mean
+// then scaled by 1 / n in the element type, as the CPU's).
 class BinaryKernel : public CudaKernel {
  public:
   BinaryKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), op_(BinaryOpOf(n.op_type())) {}
+      : CudaKernel(p, n), op_(BinaryOpOf(n)), mean_(n.op_type() == "Mean") {}
   absl::Status Compute(KernelContext& ctx) const override {
     ASSIGN_OR_RETURN(const std::vector<int64_t> out, BroadcastDims(name_, ctx));
     TensorView* y = ctx.Output(0, out);
@@ -104,14 +110,17 @@ class BinaryKernel : public CudaKernel {
                                        broadcast ? &bc : nullptr, stream());
       RETURN_IF_ERROR(Check(err));
     }
-    return absl::OkStatus();
+    if (!mean_) return absl::OkStatus();
+    const float inv = 1.f / static_cast<float>(ctx.num_inputs());
+    return Check(kc::GemmScaleAdd(DtOf(y->dtype), y->data, inv, nullptr, 0.f, 1, y->numel(), 1, 1, stream()));
   }
 
  private:
   kc::BinaryOp op_;
+  bool mean_;
 };
 
-// Equal, Less, Greater, LessOrEqual, GreaterOrEqual (bool out), And, Or; Not.
+// Equal, Less, Greater, LessOrEqual, GreaterOrEqual (bool out), And, Or, Xor; Not.
 class CompareKernel : public CudaKernel {
  public:
   CompareKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {
@@ -120,7 +129,7 @@ class CompareKernel : public CudaKernel {
     op_ = o == "Equal" ? kc::CompareOp::kEqual : o == "Less" ? kc::CompareOp::kLess
         : o == "Greater" ? kc::CompareOp::kGreater : o == "LessOrEqual" ? kc::CompareOp::kLessOrEqual
         : o == "GreaterOrEqual" ? kc::CompareOp::kGreaterOrEqual : o == "And" ? kc::CompareOp::kAnd
-                                : kc::CompareOp::kOr;
+        : o == "Xor" ? kc::CompareOp::kXor : kc::CompareOp::kOr;
   }
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& a = *ctx.input(0);
@@ -141,6 +150,23 @@ class CompareKernel : public CudaKernel {
  private:
   kc::CompareOp op_;
   bool not_ = false;
+};
+
+// IsNaN, and IsInf {detect_positive, detect_negative}: bool of x's shape.
+class FloatClassKernel : public CudaKernel {
+ public:
+  FloatClassKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), nan_(n.op_type() == "IsNaN"), pos_(n.AttrInt("detect_positive", 1) != 0),
+        neg_(n.AttrInt("detect_negative", 1) != 0) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    TensorView* y = ctx.Output(0, x.dim_span());
+    if (!y) return absl::OkStatus();
+    return Check(kc::FloatClass(DtOf(x.dtype), x.data, y->as<bool>(), x.numel(), nan_, pos_, neg_, stream()));
+  }
+
+ private:
+  bool nan_, pos_, neg_;
 };
 
 // The unary ops by name, with the attributes of the activations that have them (their ONNX
@@ -222,7 +248,7 @@ class ClipKernel : public CudaKernel {
   float lo_, hi_;
 };
 
-// Cast among float32, bf16, fp16, int64, int32 and bool, converting as the CPU does.
+// Cast (and CastLike) among float32, bf16, fp16, int64, int32 and bool, converting as the CPU does.
 class CastKernel : public CudaKernel {
  public:
   CastKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
@@ -306,17 +332,26 @@ class SwiGluKernel : public CudaKernel {
   bool grad_;
 };
 
-// Dropout(x[, ratio, training_mode]) -> y[, mask], training mode by the counter-based mask the
-// CPU draws under a run seed (the same bits for the same seed); inference copies.
+// Dropout(x[, ratio, training_mode]) -> y[, mask], as the CPU's: with a run seed (training),
+// the counter-based mask the CPU draws under it (the same bits); without one, a node with a
+// seed attribute draws numpy's sequence from its own MT19937 on the host (the ONNX reference's
+// masks, run after run) and uploads the mask; one without draws a fresh Philox key per run.
+// Inference copies.
 class DropoutKernel : public CudaKernel {
  public:
-  DropoutKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {
+  DropoutKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n), seeded_(n.HasAttr("seed")) {
     for (unsigned char c : n.name()) salt_ = (salt_ ^ c) * 1099511628211ull;
+    // Seeds are taken mod 2^32, as MT19937 (and numpy's RandomState) take them.
+    if (seeded_) gen_.seed(static_cast<uint32_t>(n.AttrInt("seed", 0)));
   }
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
     const TensorView* ratio_in = ctx.num_inputs() > 1 ? ctx.input(1) : nullptr;
     const TensorView* training_in = ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
+    for (const TensorView* t : {ratio_in, training_in})
+      if (t && t->numel() != 1)
+        return InvalidArgument(name_, ": expected scalar ratio and training_mode, got an input of shape ",
+                               DimsToString(t->shape()));
     float ratio = 0.5f;
     if (ratio_in) ratio = ratio_in->dtype == DataType::kFloat64 ? static_cast<float>(*ratio_in->as<double>())
                                                                 : *ratio_in->as<float>();
@@ -329,10 +364,11 @@ class DropoutKernel : public CudaKernel {
       return absl::OkStatus();
     }
     if (!(ratio > 0.f && ratio < 1.f)) return InvalidArgument(name_, ": expected ratio in [0, 1), got ", ratio);
-    if (!y && !mask) return absl::OkStatus();
-    // A graph that reads only the mask still gets it drawn (the output goes to scratch).
+    // y is required by ONNX; should a graph read only the mask, y goes to scratch (the draws
+    // still advance a seeded node's generator by one mask).
     void* out = y ? y->data : ctx.Scratch(x.nbytes());
     if (!out) return NoScratch();
+    if (ctx.run_seed() == KernelContext::kNoRunSeed && seeded_) return DrawOnHost(ctx, x, ratio, out, mask);
     // With a run seed, the CPU's key; without one, a fresh key per run from this node's counter.
     const uint64_t key = ctx.run_seed() != KernelContext::kNoRunSeed
                              ? (ctx.run_seed() * 0xd1342543de82ef95ull ^ salt_)
@@ -342,8 +378,43 @@ class DropoutKernel : public CudaKernel {
   }
 
  private:
+  absl::Status DrawOnHost(KernelContext& ctx, const TensorView& x, float ratio, void* out, TensorView* mask) const {
+    const int64_t n = x.numel();
+    bool* keep = mask ? mask->as<bool>() : ctx.ScratchOf<bool>(n);
+    if (!keep) return NoScratch();
+    std::vector<uint8_t> drawn(static_cast<size_t>(n));  // bool's bytes
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int64_t i = 0; i < n; ++i) drawn[i] = kernels::cpu::DrawKeep(gen_, static_cast<double>(ratio));
+    }
+    TensorView host(drawn.data(), DataType::kBool, x.dim_span());
+    TensorView dev(keep, DataType::kBool, x.dim_span());
+    RETURN_IF_ERROR(p_->CopyTensor(host, dev));
+    return Check(kc::DropoutMasked(DtOf(x.dtype), keep, ratio, x.data, out, n, stream()));
+  }
+
+  bool seeded_;
   uint64_t salt_ = 1469598103934665603ull;
   mutable std::atomic<uint64_t> runs_{0};
+  mutable std::mutex mu_;
+  mutable std::mt19937 gen_;
+};
+
+// Dropout before version 12: the ratio an attribute, no training_mode input, so the identity
+// (ONNX runs those graphs in inference); the mask (bool, or of x's type before version 10) all ones.
+class LegacyDropoutKernel : public CudaKernel {
+ public:
+  LegacyDropoutKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    if (TensorView* y = ctx.Output(0, x.dim_span())) RETURN_IF_ERROR(Copy(y->data, x.data, x.nbytes()));
+    TensorView* mask = ctx.Output(1, x.dim_span());
+    if (!mask) return absl::OkStatus();
+    const uint64_t one = mask->dtype == DataType::kFloat32 ? 0x3f800000u
+                         : mask->dtype == DataType::kBFloat16 ? 0x3f80u
+                         : mask->dtype == DataType::kFloat16 ? 0x3c00u : 1u;
+    return Check(kc::Fill(static_cast<int>(ElementSize(mask->dtype)), one, mask->data, x.numel(), stream()));
+  }
 };
 
 // ---- products -------------------------------------------------------------------------
@@ -502,33 +573,35 @@ class GemmKernel : public CudaKernel {
 
 // ---- rows: softmax, layer norm ----------------------------------------------------------
 
-int64_t LastAxis(int64_t axis, int rank) { return axis < 0 ? axis + rank : axis; }
+// x around the softmax axis: [outer, len, inner] along one axis (version 13 on, and the
+// gradients), or before version 13 [outer, len] with x flattened into rows at the axis.
+absl::StatusOr<AxisView> SoftmaxView(const std::string& name, const TensorView& x, int64_t axis, bool flatten) {
+  auto a = ResolveAxis(axis, x.rank, /*scalar_as_one=*/true);
+  if (!a.ok()) return InvalidArgument(name, ": ", a.status().message());
+  if (x.rank == 0) return AxisView{};
+  if (flatten) return AxisView{DimProduct(x, 0, *a), DimProduct(x, *a, x.rank), 1};
+  return ViewAround(x, *a);
+}
 
+// Softmax and LogSoftmax along any axis: over rows along the last (one block per row), with
+// the elements of a line apart otherwise; before version 13 over x flattened at the axis.
 class SoftmaxKernel : public CudaKernel {
  public:
-  SoftmaxKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), log_(n.op_type() == "LogSoftmax"), axis_(n.AttrInt("axis", -1)) {}
+  SoftmaxKernel(const CudaExecutionProvider* p, const graph::Node& n, int version)
+      : CudaKernel(p, n), log_(n.op_type() == "LogSoftmax"), flatten_(version < 13),
+        axis_(n.AttrInt("axis", version < 13 ? 1 : -1)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
-    if (x.rank == 0 || LastAxis(axis_, x.rank) != x.rank - 1)
-      return Unimplemented(name_, ": only the last axis is supported on CUDA");
+    ASSIGN_OR_RETURN(const AxisView v, SoftmaxView(name_, x, axis_, flatten_));
     TensorView* y = ctx.Output(0, x.dim_span());
     if (!y) return absl::OkStatus();
-    const int64_t cols = x.dims[x.rank - 1];
-    return Check(kc::Softmax(DtOf(x.dtype), x.data, y->data, cols ? x.numel() / cols : 0, cols, log_, stream()));
+    return Check(kc::Softmax(DtOf(x.dtype), x.data, y->data, v.outer, v.len, log_, stream(), v.inner));
   }
 
  private:
-  bool log_;
+  bool log_, flatten_;
   int64_t axis_;
 };
-
-std::string LastAxisOnly(const graph::Node& n, int) {
-  const graph::Value* x = n.input(0);
-  if (!x || !x->shape().has_rank()) return "rank of input 0 unknown";
-  const int64_t axis = LastAxis(n.AttrInt("axis", -1), x->shape().rank());
-  return axis == x->shape().rank() - 1 ? "" : "only the last axis is supported on CUDA";
-}
 
 // The kernels keep float32 statistics; ONNX's stash_type may ask for another type.
 std::string Fp32Stash(const graph::Node& n, int) {
@@ -536,26 +609,40 @@ std::string Fp32Stash(const graph::Node& n, int) {
   return stash == 1 ? "" : absl::StrCat("stash_type ", stash, " (only float32 statistics on CUDA)");
 }
 
+// X as [rows, cols] for a normalisation over its dims from `axis` on; their count in *first.
+absl::Status NormRows(const std::string& name, const TensorView& x, int64_t axis, int64_t* rows, int64_t* cols,
+                      int* first) {
+  auto a = ResolveAxis(axis, x.rank, /*scalar_as_one=*/true);
+  if (!a.ok()) return InvalidArgument(name, ": ", a.status().message());
+  *first = x.rank ? *a : 0;
+  *cols = DimProduct(x, *first, x.rank);
+  *rows = *cols ? x.numel() / *cols : 0;
+  return absl::OkStatus();
+}
+
 // LayerNormalization(X, Scale[, B]) -> Y, Mean, InvStdDev, and RMSNormalization(X, Scale) -> Y,
-// InvStdDev over the last axis.
+// InvStdDev over the dims of X from `axis` on (the last by default), as rows of their product.
 class LayerNormKernel : public CudaKernel {
  public:
   LayerNormKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), rms_(n.op_type() == "RMSNormalization"), epsilon_(n.AttrFloat("epsilon", 1e-5f)) {}
+      : CudaKernel(p, n), rms_(n.op_type() == "RMSNormalization"), epsilon_(n.AttrFloat("epsilon", 1e-5f)),
+        axis_(n.AttrInt("axis", -1)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
     const TensorView& gamma = *ctx.input(1);
     const TensorView* beta = rms_ ? nullptr : ctx.input(2);
-    const int64_t cols = x.rank ? x.dims[x.rank - 1] : 1;
+    int64_t rows = 0, cols = 0;
+    int first = 0;
+    RETURN_IF_ERROR(NormRows(name_, x, axis_, &rows, &cols, &first));
     if (gamma.numel() != cols || (beta && beta->numel() != cols))
-      return InvalidArgument(name_, ": scale and bias must have ", cols, " elements (the last dim of X)");
+      return InvalidArgument(name_, ": scale and bias must have ", cols, " elements (the normalised dims of X ",
+                             DimsToString(x.shape()), ")");
     TensorView* y = ctx.Output(0, x.dim_span());
     std::vector<int64_t> stat(x.dims, x.dims + x.rank);
-    if (!stat.empty()) stat.back() = 1;
+    for (int k = first; k < x.rank; ++k) stat[k] = 1;
     TensorView* mean = rms_ ? nullptr : ctx.Output(1, stat);
     TensorView* inv = ctx.Output(rms_ ? 1 : 2, stat);
     if (!y) return absl::OkStatus();
-    const int64_t rows = cols ? x.numel() / cols : 0;
     return Check(kc::LayerNorm(DtOf(x.dtype), x.data, gamma.data, beta ? beta->data : nullptr, y->data,
                                mean ? mean->as<float>() : nullptr, inv ? inv->as<float>() : nullptr, rows, cols,
                                epsilon_, stream(), rms_));
@@ -564,6 +651,7 @@ class LayerNormKernel : public CudaKernel {
  private:
   bool rms_;
   float epsilon_;
+  int64_t axis_;
 };
 
 // SkipLayerNormalization(x, skip, scale[, bias]) -> y, mean, inv_std_dev, sum in one pass;
@@ -611,7 +699,7 @@ class SkipLayerNormKernel : public CudaKernel {
 class LayerNormGradKernel : public CudaKernel {
  public:
   LayerNormGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), slots_(graph::NormGradSlotsOf(n)) {}
+      : CudaKernel(p, n), slots_(graph::NormGradSlotsOf(n)), axis_(n.AttrInt("axis", -1)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const int inv_in = slots_.inv_std, add_in = slots_.dx_add, low_out = slots_.dx_low;
     const TensorView& dy = *ctx.input(0);
@@ -619,8 +707,9 @@ class LayerNormGradKernel : public CudaKernel {
     const TensorView& gamma = *ctx.input(2);
     const TensorView& inv = *ctx.input(inv_in);
     const TensorView& mean = slots_.rms ? inv : *ctx.input(3);
-    const int64_t cols = x.rank ? x.dims[x.rank - 1] : 1;
-    const int64_t rows = cols ? x.numel() / cols : 0;
+    int64_t rows = 0, cols = 0;
+    int first = 0;
+    RETURN_IF_ERROR(NormRows(name_, x, axis_, &rows, &cols, &first));
     if (mean.numel() != rows || inv.numel() != rows || gamma.numel() != cols || dy.shape() != x.shape())
       return InvalidArgument(name_, ": expected dY like X ", DimsToString(x.shape()), ", ", cols,
                              " scale elements and ", rows, " statistics");
@@ -648,27 +737,28 @@ class LayerNormGradKernel : public CudaKernel {
 
  private:
   graph::NormGradSlots slots_;
+  int64_t axis_;
 };
 
-// SoftmaxGrad / LogSoftmaxGrad (dY, Y) {axis: the last}.
+// SoftmaxGrad / LogSoftmaxGrad (dY, Y) {axis}.
 class SoftmaxGradKernel : public CudaKernel {
  public:
   SoftmaxGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), log_(n.op_type() == "LogSoftmaxGrad") {}
+      : CudaKernel(p, n), log_(n.op_type() == "LogSoftmaxGrad"), axis_(n.AttrInt("axis", -1)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& dy = *ctx.input(0);
     const TensorView& y = *ctx.input(1);
-    if (dy.shape() != y.shape() || y.rank == 0)
+    if (dy.shape() != y.shape())
       return InvalidArgument(name_, ": dY ", DimsToString(dy.shape()), " and Y ", DimsToString(y.shape()), " differ");
+    ASSIGN_OR_RETURN(const AxisView v, SoftmaxView(name_, y, axis_, /*flatten=*/false));
     TensorView* dx = ctx.Output(0, y.dim_span());
     if (!dx) return absl::OkStatus();
-    const int64_t cols = y.dims[y.rank - 1];
-    return Check(kc::SoftmaxGrad(DtOf(y.dtype), dy.data, y.data, dx->data, cols ? y.numel() / cols : 0, cols, log_,
-                                 stream()));
+    return Check(kc::SoftmaxGrad(DtOf(y.dtype), dy.data, y.data, dx->data, v.outer, v.len, log_, stream(), v.inner));
   }
 
  private:
   bool log_;
+  int64_t axis_;
 };
 
 // ReduceSum, Mean, Max, Min, L1, L2, SumSquare, LogSum and LogSumExp: axes from the attribute
@@ -774,16 +864,24 @@ void CudaExecutionProvider::RegisterKernels() {
     const std::vector<DataType>& types = std::string(op) == "Pow" ? kFloats : numbers;
     Add<BinaryKernel>(r, this, "", op, 7, 1 << 30, AllOf({InputTypeIn(0, types), two_alike}));
   }
+  auto fmod_attr = [](const graph::Node& n, int) -> std::string {
+    const int64_t f = n.AttrInt("fmod", 0);
+    return f == 0 || f == 1 ? "" : absl::StrCat("fmod ", f, " (expected 0 or 1)");
+  };
+  Add<BinaryKernel>(r, this, "", "Mod", 10, 1 << 30, AllOf({InputTypeIn(0, numbers), two_alike, fmod_attr}));
   for (const char* op : {"Max", "Min"})  // variadic (broadcasting from version 8)
     Add<BinaryKernel>(r, this, "", op, 6, 1 << 30, AllOf({InputTypeIn(0, numbers), all_alike}));
+  for (const char* op : {"Sum", "Mean"}) Add<BinaryKernel>(r, this, "", op, 6, 1 << 30, AllOf({floats, all_alike}));
   for (const char* op : {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"}) {
     std::vector<DataType> types = numbers;
     if (std::string(op) == "Equal") types.push_back(DataType::kBool);
     Add<CompareKernel>(r, this, "", op, 7, 1 << 30, AllOf({InputTypeIn(0, types), two_alike}));
   }
-  for (const char* op : {"And", "Or"})
+  for (const char* op : {"And", "Or", "Xor"})
     Add<CompareKernel>(r, this, "", op, 7, 1 << 30, AllOf({InputTypeIn(0, {DataType::kBool}), two_alike}));
   Add<CompareKernel>(r, this, "", "Not", 1, 1 << 30, InputTypeIn(0, {DataType::kBool}));
+  Add<FloatClassKernel>(r, this, "", "IsNaN", 9, 1 << 30, floats);
+  Add<FloatClassKernel>(r, this, "", "IsInf", 10, 1 << 30, floats);
   for (const char* op : {"Relu", "Tanh", "Exp", "Log", "Neg", "Sqrt", "Sigmoid", "Erf", "Reciprocal", "Abs"})
     Add<UnaryKernel>(r, this, "", op, 6, 1 << 30, floats);
   for (const char* op : {"Sin", "Cos"})
@@ -815,24 +913,25 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<RotaryKernel>(r, this, C, "RotaryEmbeddingGrad", 1, 1, floats);
   std::vector<DataType> castable = numbers;
   castable.push_back(DataType::kBool);
-  Add<CastKernel>(r, this, "", "Cast", 6, 1 << 30, AllOf({InputTypeIn(0, castable), InputTypeIn(-1, castable)}));
+  // CastLike(x, like): to like's dtype, which the output has; like's elements are not read.
+  auto cast_types = AllOf({InputTypeIn(0, castable), InputTypeIn(-1, castable)});
+  Add<CastKernel>(r, this, "", "Cast", 6, 1 << 30, cast_types);
+  Add<CastKernel>(r, this, "", "CastLike", 15, 1 << 30, cast_types);
   Add<MatMulKernel>(r, this, "", "MatMul", 1, 1 << 30, floats);
   Add<GemmKernel>(r, this, "", "Gemm", 7, 13, floats);
   Add<MatMulKernel>(r, this, C, "FusedMatMul", 1, 1, floats);
   Add<MatMulKernel>(r, this, C, "MatMulBf16", 1, 1, InputTypeIn(0, {DataType::kBFloat16}), {4});
   Add<MatMulKernel>(r, this, C, "MatMulF16", 1, 1, InputTypeIn(0, {DataType::kFloat16}), {4});
-  Add<SoftmaxKernel>(r, this, "", "Softmax", 13, 1 << 30, AllOf({floats, LastAxisOnly}));
-  Add<SoftmaxKernel>(r, this, "", "LogSoftmax", 13, 1 << 30, AllOf({floats, LastAxisOnly}));
-  Add<LayerNormKernel>(r, this, "", "LayerNormalization", 17, 1 << 30, AllOf({floats, LastAxisOnly, Fp32Stash}));
-  Add<LayerNormKernel>(r, this, C, "LayerNormalization", 1, 1, AllOf({floats, LastAxisOnly, Fp32Stash}));
-  Add<LayerNormKernel>(r, this, C, "RMSNormalization", 1, 1, AllOf({floats, LastAxisOnly, Fp32Stash}));
+  for (const char* op : {"Softmax", "LogSoftmax"}) Add<SoftmaxKernel>(r, this, "", op, 1, 1 << 30, floats);
+  Add<LayerNormKernel>(r, this, "", "LayerNormalization", 17, 1 << 30, AllOf({floats, Fp32Stash}));
+  Add<LayerNormKernel>(r, this, C, "LayerNormalization", 1, 1, AllOf({floats, Fp32Stash}));
+  Add<LayerNormKernel>(r, this, C, "RMSNormalization", 1, 1, AllOf({floats, Fp32Stash}));
   // dY float32, or bf16 / fp16 (a low-precision product's result) with the float32 X.
   for (const char* op : {"LayerNormalizationGrad", "RMSNormalizationGrad"})
-    Add<LayerNormGradKernel>(r, this, C, op, 1, 1, AllOf({InputTypeIn(1, {DataType::kFloat32}), LastAxisOnly}));
+    Add<LayerNormGradKernel>(r, this, C, op, 1, 1, InputTypeIn(1, {DataType::kFloat32}));
   Add<SkipLayerNormKernel>(r, this, C, "SkipLayerNormalization", 1, 1, floats);
   Add<SkipLayerNormKernel>(r, this, C, "SkipRMSNormalization", 1, 1, floats);
-  Add<SoftmaxGradKernel>(r, this, C, "SoftmaxGrad", 1, 1, AllOf({floats, LastAxisOnly}));
-  Add<SoftmaxGradKernel>(r, this, C, "LogSoftmaxGrad", 1, 1, AllOf({floats, LastAxisOnly}));
+  for (const char* op : {"SoftmaxGrad", "LogSoftmaxGrad"}) Add<SoftmaxGradKernel>(r, this, C, op, 1, 1, floats);
   Add<ReduceKernel>(r, this, "", "ReduceSum", 1, 12, floats);
   Add<ReduceKernel>(r, this, "", "ReduceSum", 13, 1 << 30, floats, {1});
   for (const char* op : {"ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"}) {
@@ -845,6 +944,9 @@ void CudaExecutionProvider::RegisterKernels() {
   }
   Add<WhereKernel>(r, this, "", "Where", 9, 1 << 30, InputTypeIn(0, {DataType::kBool}));
   Add<DropoutKernel>(r, this, "", "Dropout", 12, 1 << 30, floats, {1, 2});
+  Add<LegacyDropoutKernel>(r, this, "", "Dropout", 1, 11,
+                           AllOf({floats, InputTypeIn(-2, {DataType::kBool, DataType::kFloat32, DataType::kBFloat16,
+                                                           DataType::kFloat16})}));
   RegisterCudaLayoutKernels(r, this);
   RegisterCudaOptimizerKernels(r, this);
   RegisterCudaCollectives(r, this);

@@ -1,6 +1,9 @@
 // The CUDA provider's losses (providers/cuda/): SoftmaxCrossEntropyLoss and its gradient (one
 // pass per row, the probabilities never stored; kernels/cuda/loss.cu), NegativeLogLikelihoodLoss
-// and its gradient.
+// and its gradient. Cross-entropy beyond float32 [N, C] scores, int64 labels and no class
+// weights (scores [N, C, d...], weights, int32 labels, bf16 / fp16) is the log-softmax along the
+// class axis followed by the NLL kernels, and its gradient the NLL gradient followed by
+// LogSoftmax's, dx = g - exp(log_prob) sum_c g with g = -weight[label] dY at each label.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -18,17 +21,58 @@ namespace {
 
 int ReductionCode(const std::string& r) { return r == "none" ? 2 : r == "sum" ? 1 : 0; }
 
+// Scores (or log-probabilities) [N, C, d...] and labels [N, d...] (weight [C] of the scores'
+// dtype, may be null), or InvalidArgument naming what differs.
+absl::Status CheckClassShapes(const std::string& name, const char* what, const TensorView& in,
+                              const TensorView& target, const TensorView* weight) {
+  bool ok = in.rank >= 2 && target.rank == in.rank - 1;
+  for (int k = 0; ok && k < target.rank; ++k) ok = target.dims[k] == in.dims[k == 0 ? 0 : k + 1];
+  if (!ok)
+    return InvalidArgument(name, ": expected ", what, " [N, C, d1, ...] and labels [N, d1, ...], got ",
+                           DimsToString(in.shape()), " and ", DimsToString(target.shape()));
+  if (weight && (weight->rank != 1 || weight->dims[0] != in.dims[1] || weight->dtype != in.dtype))
+    return InvalidArgument(name, ": expected weight [", in.dims[1], "] of ", DataTypeName(in.dtype), ", got ",
+                           DataTypeName(weight->dtype), DimsToString(weight->shape()));
+  return absl::OkStatus();
+}
+
+// The one-pass row kernels take float32 [N, C] scores (the gradient also bf16 / fp16 ones from
+// the scores), int64 labels and no weights.
+bool OnePass(const TensorView& in, const TensorView& labels, const TensorView* weight, bool low_ok) {
+  const bool dtype_ok = in.dtype == DataType::kFloat32 ||
+                        (low_ok && (in.dtype == DataType::kBFloat16 || in.dtype == DataType::kFloat16));
+  return in.rank == 2 && labels.dtype == DataType::kInt64 && !weight && dtype_ok;
+}
+
+// The scores as [N, C, D] and the NLL kernels' scratch.
+struct ClassView {
+  int64_t N = 0, C = 0, D = 1;
+  float* pos_loss = nullptr;
+  float* pos_weight = nullptr;
+  double* sums = nullptr;
+};
+absl::StatusOr<ClassView> ClassViewOf(KernelContext& ctx, const TensorView& in) {
+  ClassView v{in.dims[0], in.dims[1], DimProduct(in, 2, in.rank)};
+  const int64_t positions = std::max<int64_t>(v.N * v.D, 1);
+  v.pos_loss = ctx.ScratchOf<float>(positions);
+  v.pos_weight = ctx.ScratchOf<float>(positions);
+  v.sums = ctx.ScratchOf<double>(2);
+  if (!v.pos_loss || !v.pos_weight || !v.sums) return NoScratch();
+  return v;
+}
+
 class SceKernel : public CudaKernel {
  public:
   SceKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
       : CudaKernel(p, n), reduction_(ReductionCode(n.AttrString("reduction", "mean"))),
-        has_ignore_(n.HasAttr("ignore_index")), ignore_(n.AttrInt("ignore_index", 0)) {}
+        has_ignore_(n.HasAttr("ignore_index")), ignore_(n.AttrInt("ignore_index", 0)),
+        tag_(p->IndexCheckTag(absl::StrCat(name_, " (labels)"))) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& s = *ctx.input(0);
     const TensorView& labels = *ctx.input(1);
-    if (s.rank != 2 || labels.rank != 1 || labels.dims[0] != s.dims[0])
-      return InvalidArgument(name_, ": expected scores [N, C] and labels [N], got ", DimsToString(s.shape()), " and ",
-                             DimsToString(labels.shape()));
+    const TensorView* weight = ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
+    RETURN_IF_ERROR(CheckClassShapes(name_, "scores", s, labels, weight));
+    if (!OnePass(s, labels, weight, false)) return ComputeByNll(ctx, s, labels, weight);
     const int64_t N = s.dims[0], C = s.dims[1];
     TensorView* loss = reduction_ == 2 ? ctx.Output(0, {N}) : ctx.Output(0, std::vector<int64_t>{});
     TensorView* log_prob = ctx.Output(1, s.dim_span());
@@ -42,9 +86,27 @@ class SceKernel : public CudaKernel {
   }
 
  private:
+  // log_prob (the output, or scratch) by LogSoftmax along the class axis, then the NLL loss.
+  absl::Status ComputeByNll(KernelContext& ctx, const TensorView& s, const TensorView& labels,
+                            const TensorView* weight) const {
+    TensorView* loss = reduction_ == 2 ? ctx.Output(0, labels.dim_span()) : ctx.Output(0, std::vector<int64_t>{});
+    TensorView* log_prob = ctx.Output(1, s.dim_span());
+    if (!loss && !log_prob) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const ClassView v, ClassViewOf(ctx, s));
+    void* lp = log_prob ? log_prob->data : ctx.Scratch(s.nbytes());
+    if (!lp) return NoScratch();
+    const kc::Dt dt = DtOf(s.dtype);
+    RETURN_IF_ERROR(Check(kc::Softmax(dt, s.data, lp, v.N, v.C, /*log=*/true, stream(), v.D)));
+    if (!loss) return absl::OkStatus();
+    return Check(kc::NllLoss(dt, lp, labels.data, labels.dtype == DataType::kInt32, weight ? weight->data : nullptr,
+                             loss->data, v.pos_loss, v.pos_weight, v.sums, v.N, v.C, v.D, reduction_, has_ignore_,
+                             ignore_, stream(), {p_->bad_index_words(), tag_}));
+  }
+
   int reduction_;
   bool has_ignore_;
   int64_t ignore_;
+  int64_t tag_;
 };
 
 class SceGradKernel : public CudaKernel {
@@ -57,9 +119,10 @@ class SceGradKernel : public CudaKernel {
     const TensorView& dy = *ctx.input(0);
     const TensorView& in = *ctx.input(1);  // log_prob, or the scores (from_scores)
     const TensorView& labels = *ctx.input(2);
-    if (in.rank != 2 || labels.rank != 1 || labels.dims[0] != in.dims[0])
-      return InvalidArgument(name_, ": expected ", from_scores_ ? "scores" : "log_prob", " [N, C] and labels [N], got ",
-                             DimsToString(in.shape()), " and ", DimsToString(labels.shape()));
+    const TensorView* weight = ctx.num_inputs() > 3 ? ctx.input(3) : nullptr;
+    RETURN_IF_ERROR(CheckClassShapes(name_, from_scores_ ? "scores" : "log_prob", in, labels, weight));
+    if (!OnePass(in, labels, weight, from_scores_) || dy.dtype != DataType::kFloat32)
+      return ComputeByNll(ctx, dy, in, labels, weight);
     TensorView* dx = ctx.Output(0, in.dim_span());
     if (!dx) return absl::OkStatus();
     // The forward's loss folded in (output 1): the rows' losses on the way, then their reduction.
@@ -77,6 +140,45 @@ class SceGradKernel : public CudaKernel {
   }
 
  private:
+  // g = the NLL gradient (scratch), then dx = LogSoftmaxGrad(g, log_prob) along the class axis;
+  // from the scores, their log-softmax first (and the loss from it when output 1 is read).
+  absl::Status ComputeByNll(KernelContext& ctx, const TensorView& dy, const TensorView& in, const TensorView& labels,
+                            const TensorView* weight) const {
+    if (class_offset_ != 0)
+      return Unimplemented(name_, ": class_offset ", class_offset_, " needs float32 [N, C] ", "scores, int64 labels "
+                           "and no weights on CUDA");
+    if (dy.dtype != in.dtype)
+      return InvalidArgument(name_, ": dY of ", DataTypeName(dy.dtype), " with ", DataTypeName(in.dtype), " scores");
+    TensorView* dx = ctx.Output(0, in.dim_span());
+    TensorView* loss = ctx.num_outputs() > 1 ? (reduction_ == 2 ? ctx.Output(1, labels.dim_span()) : ctx.Output(1, {}))
+                                             : nullptr;
+    if (loss && !from_scores_) return InvalidArgument(name_, ": the loss output needs from_scores = 1");
+    if (dx && dx->dtype != in.dtype)
+      return InvalidArgument(name_, ": a ", DataTypeName(dx->dtype), " gradient of ", DataTypeName(in.dtype),
+                             " scores with class weights or [N, C, d...] scores");
+    if (!dx && !loss) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const ClassView v, ClassViewOf(ctx, in));
+    const kc::Dt dt = DtOf(in.dtype);
+    const bool t32 = labels.dtype == DataType::kInt32;
+    const void* w = weight ? weight->data : nullptr;
+    const void* lp = in.data;
+    if (from_scores_) {
+      void* formed = ctx.Scratch(in.nbytes());
+      if (!formed) return NoScratch();
+      RETURN_IF_ERROR(Check(kc::Softmax(dt, in.data, formed, v.N, v.C, /*log=*/true, stream(), v.D)));
+      lp = formed;
+    }
+    if (loss)
+      RETURN_IF_ERROR(Check(kc::NllLoss(dt, lp, labels.data, t32, w, loss->data, v.pos_loss, v.pos_weight, v.sums,
+                                        v.N, v.C, v.D, reduction_, has_ignore_, ignore_, stream())));
+    if (!dx) return absl::OkStatus();
+    void* g = ctx.Scratch(in.nbytes());
+    if (!g) return NoScratch();
+    RETURN_IF_ERROR(Check(kc::NllLossGrad(dt, dy.data, labels.data, t32, w, g, v.pos_weight, v.sums, v.N, v.C, v.D,
+                                          reduction_, has_ignore_, ignore_, stream())));
+    return Check(kc::SoftmaxGrad(dt, g, lp, dx->data, v.N, v.C, /*log=*/true, stream(), v.D));
+  }
+
   int reduction_;
   bool has_ignore_;
   int64_t ignore_, class_offset_;
@@ -96,32 +198,18 @@ class NllKernel : public CudaKernel {
     const TensorView& in = *ctx.input(first);
     const TensorView& target = *ctx.input(first + 1);
     const TensorView* weight = ctx.num_inputs() > first + 2 ? ctx.input(first + 2) : nullptr;
-    bool ok = in.rank >= 2 && target.rank == in.rank - 1;
-    for (int k = 0; ok && k < target.rank; ++k) ok = target.dims[k] == in.dims[k == 0 ? 0 : k + 1];
-    if (!ok)
-      return InvalidArgument(name_, ": expected input [N, C, d1, ...] and target [N, d1, ...], got ",
-                             DimsToString(in.shape()), " and ", DimsToString(target.shape()));
-    if (weight && (weight->rank != 1 || weight->dims[0] != in.dims[1] || weight->dtype != in.dtype))
-      return InvalidArgument(name_, ": expected weight [", in.dims[1], "] of the input's dtype, got ",
-                             DataTypeName(weight->dtype), DimsToString(weight->shape()));
-    const int64_t N = in.dims[0], C = in.dims[1], D = DimProduct(in, 2, in.rank);
+    RETURN_IF_ERROR(CheckClassShapes(name_, "input", in, target, weight));
     const bool t32 = target.dtype == DataType::kInt32;
     const void* w = weight ? weight->data : nullptr;
-    float* pos_weight = ctx.ScratchOf<float>(std::max<int64_t>(N * D, 1));
-    double* sums = ctx.ScratchOf<double>(2);
-    if (!pos_weight || !sums) return NoScratch();
-    if (grad_) {
-      TensorView* dx = ctx.Output(0, in.dim_span());
-      if (!dx) return absl::OkStatus();
-      return Check(kc::NllLossGrad(DtOf(in.dtype), ctx.input(0)->data, target.data, t32, w, dx->data, pos_weight,
-                                   sums, N, C, D, reduction_, has_ignore_, ignore_, stream()));
-    }
-    TensorView* loss = reduction_ == 2 ? ctx.Output(0, target.dim_span()) : ctx.Output(0, std::vector<int64_t>{});
-    if (!loss) return absl::OkStatus();
-    float* pos_loss = ctx.ScratchOf<float>(std::max<int64_t>(N * D, 1));
-    if (!pos_loss) return NoScratch();
-    return Check(kc::NllLoss(DtOf(in.dtype), in.data, target.data, t32, w, loss->data, pos_loss, pos_weight,
-                             sums, N, C, D, reduction_, has_ignore_, ignore_, stream(),
+    TensorView* out = grad_ ? ctx.Output(0, in.dim_span())
+                            : reduction_ == 2 ? ctx.Output(0, target.dim_span()) : ctx.Output(0, std::vector<int64_t>{});
+    if (!out) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const ClassView v, ClassViewOf(ctx, in));
+    if (grad_)
+      return Check(kc::NllLossGrad(DtOf(in.dtype), ctx.input(0)->data, target.data, t32, w, out->data, v.pos_weight,
+                                   v.sums, v.N, v.C, v.D, reduction_, has_ignore_, ignore_, stream()));
+    return Check(kc::NllLoss(DtOf(in.dtype), in.data, target.data, t32, w, out->data, v.pos_loss, v.pos_weight,
+                             v.sums, v.N, v.C, v.D, reduction_, has_ignore_, ignore_, stream(),
                              {p_->bad_index_words(), tag_}));
   }
 
@@ -133,27 +221,40 @@ class NllKernel : public CudaKernel {
   int64_t tag_;
 };
 
-std::string Int64Input(const graph::Node& n, int i) {
-  const graph::Value* v = n.input(i);
-  return v && v->dtype() == DataType::kInt64 ? "" : absl::StrCat("input ", i, " is not int64");
-}
-
-std::string TwoDimScores(const graph::Node& n, int) {
+// Cross-entropy and its gradient: float32 [N, C] scores with int64 labels and no weights in
+// one pass (the gradient from the scores also of bf16 / fp16 scores, its dX of any float type,
+// with class_offset); otherwise float32, bf16 or fp16 scores of any rank >= 2 with int64 or
+// int32 labels, weights of the scores' dtype, and a gradient (and dY) of the scores' dtype.
+std::string SceSupported(const graph::Node& n, int) {
   const bool fwd = n.op_type() == "SoftmaxCrossEntropyLoss";
   const graph::Value* s = n.input(fwd ? 0 : 1);
-  // The gradient from the scores also reads bf16 / fp16 scores (as float32).
+  const graph::Value* w = n.num_inputs() > (fwd ? 2 : 3) ? n.input(fwd ? 2 : 3) : nullptr;
+  const std::string red = n.AttrString("reduction", "mean");
+  if (red != "none" && red != "sum" && red != "mean") return absl::StrCat("reduction '", red, "'");
+  if (!s || (s->dtype() != DataType::kFloat32 && s->dtype() != DataType::kBFloat16 &&
+             s->dtype() != DataType::kFloat16))
+    return "scores are not float32, bf16 or fp16";
+  if (!s->shape().has_rank() || s->shape().rank() < 2) return "scores of unknown rank or rank below 2";
+  const DataType label_t = n.input(fwd ? 1 : 2)->dtype();
+  if (label_t != DataType::kInt64 && label_t != DataType::kInt32) return "labels are not int64 or int32";
   const bool low_ok = !fwd && n.AttrInt("from_scores", 0) != 0;
-  if (!s || (s->dtype() != DataType::kFloat32 &&
-             !(low_ok && (s->dtype() == DataType::kBFloat16 || s->dtype() == DataType::kFloat16))))
-    return low_ok ? "scores are not float32, bf16 or fp16" : "scores are not float32";
-  if (!s->shape().has_rank() || s->shape().rank() != 2) return "only [N, C] scores are supported on CUDA";
-  if (n.num_inputs() > (fwd ? 2 : 3) && n.input(fwd ? 2 : 3)) return "class weights are not supported on CUDA";
+  const bool one_pass = s->shape().rank() == 2 && label_t == DataType::kInt64 && !w &&
+                        (s->dtype() == DataType::kFloat32 || low_ok) &&
+                        (fwd || n.input(0)->dtype() == DataType::kFloat32);
   if (!fwd && n.output(0)) {
     const DataType t = n.output(0)->dtype();
     if (t != DataType::kFloat32 && t != DataType::kBFloat16 && t != DataType::kFloat16)
       return absl::StrCat("a ", DataTypeName(t), " gradient is not supported on CUDA");
   }
-  return Int64Input(n, fwd ? 1 : 2);
+  if (one_pass) return "";
+  if (w && w->dtype() != s->dtype()) return "class weights of another dtype than the scores";
+  if (!fwd) {
+    if (n.AttrInt("class_offset", 0) != 0 || n.HasAttr("num_classes"))
+      return "class_offset / num_classes need float32 [N, C] scores, int64 labels and no weights on CUDA";
+    if (n.input(0)->dtype() != s->dtype() || (n.output(0) && n.output(0)->dtype() != s->dtype()))
+      return "with class weights or [N, C, d...] scores, dY and dX must have the scores' dtype on CUDA";
+  }
+  return "";
 }
 
 }  // namespace
@@ -161,8 +262,8 @@ std::string TwoDimScores(const graph::Node& n, int) {
 void RegisterCudaLossKernels(KernelRegistry& r, CudaExecutionProvider* p) {
   const std::string C(graph::kCleaveDomain);
   auto floats = InputTypeIn(0, kFloats);
-  Add<SceKernel>(r, p, "", "SoftmaxCrossEntropyLoss", 12, 1 << 30, TwoDimScores);
-  Add<SceGradKernel>(r, p, C, "SoftmaxCrossEntropyLossGrad", 1, 1, TwoDimScores);
+  Add<SceKernel>(r, p, "", "SoftmaxCrossEntropyLoss", 12, 1 << 30, SceSupported);
+  Add<SceGradKernel>(r, p, C, "SoftmaxCrossEntropyLossGrad", 1, 1, SceSupported);
   auto nll = [](const graph::Node& n, int) -> std::string {
     const std::string red = n.AttrString("reduction", "mean");
     if (red != "none" && red != "sum" && red != "mean") return absl::StrCat("reduction '", red, "'");
