@@ -2,6 +2,9 @@
 // fused attention where it takes the shape, the provider's own kernels otherwise) against the CPU
 // kernels on the same graph: fp32 and bf16, causal and not, the products' layouts and an additive
 // bias. Without a usable device (or driver) each test skips and says why.
+#include <cmath>
+#include <cstdio>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -11,6 +14,7 @@
 #include "graph/op_table.h"
 #include "graph/text_format.h"
 #include "gtest/gtest.h"
+#include "providers/cuda/cudnn_attention.h"
 #include "runtime/inference_session.h"
 #include "tests/cuda_test_util.h"
 
@@ -178,8 +182,9 @@ TEST(CudaProvider, AttentionInTheProductsLayout) {
 // Attention with an additive bias (a padding mask [B, 1, 1, S] with -inf keys; a per-row bias
 // [B, 1, T, S] one of whose rows is all -inf, under a causal mask with T < S; and the "bshd"
 // layout), forward and backward with the scores' gradient (a learned bias'), in fp32 and with
-// bf16 operands and a bf16 bias (cast to fp32 on the device): cuDNN declines a bias, so the own
-// kernels run, against the CPU.
+// bf16 operands and a bf16 bias (cast to fp32 on the device), against the CPU. The backward
+// forms the bias's gradient, so the own kernels run it; cuDNN may take the bf16 forwards of the
+// first and third cases (no causal mask), the own kernels the second's (causal with T < S).
 TEST(CudaProvider, AttentionWithABias) {
   const float inf = std::numeric_limits<float>::infinity();
   const struct {
@@ -216,6 +221,53 @@ TEST(CudaProvider, AttentionWithABias) {
   }
   REQUIRE_CUDA();
   for (const CudaCpuGraphs& g : graphs) ExpectSame(g.cuda, g.feeds, g.tol, g.tol, "Attention", g.cpu);
+}
+
+// bf16 attention with a bias and no bias gradient, forward and backward, the shapes cuDNN's
+// fused attention takes with a bias: a padding mask [B, 1, 1, S] (BERT's, -inf keys), an
+// ALiBi-like per-head bias [1, H, T, S] under a causal mask with T = S, and a padding mask in
+// the "bshd" layout with causal, against the CPU in fp32 on the bf16-rounded inputs. Prints how
+// many of the biased runs cuDNN took (it may refuse a case, and the own kernels run it).
+TEST(CudaProvider, Bf16AttentionWithAPaddingMaskOrAlibiBias) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const struct {
+    std::vector<int64_t> q, bias;
+    int causal;
+    const char* layout;
+  } cases[] = {{{2, 4, 128, 64}, {2, 1, 1, 128}, 0, "bhsd"},
+               {{2, 4, 128, 64}, {1, 4, 128, 128}, 1, "bhsd"},
+               {{2, 128, 4, 64}, {2, 1, 1, 128}, 1, "bshd"}};
+  std::vector<CudaCpuGraphs> graphs;
+  for (const auto& c : cases) {
+    Tensor bias(DataType::kFloat32, c.bias);
+    const int64_t S = c.bias[3], rows = c.bias[2];
+    float* m = bias.data<float>();
+    if (c.bias[1] == 1) {  // padding: sequence b hides its last 16 b keys
+      for (int64_t b = 0; b < c.bias[0]; ++b)
+        for (int64_t j = 0; j < S; ++j) m[b * S + j] = j >= S - 16 * b ? -inf : 0.f;
+    } else {  // ALiBi: head h's slope 2^-(h + 1) times the distance back to the key
+      for (int64_t h = 0; h < c.bias[1]; ++h)
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < S; ++j)
+            m[(h * rows + i) * S + j] = -std::ldexp(1.f, -static_cast<int>(h) - 1) * static_cast<float>(std::abs(i - j));
+    }
+    const std::string attrs = absl::StrCat("{scale = 0.125, causal = ", c.causal, ", layout = \"", c.layout, "\"}");
+    graphs.push_back(RoundedAlike(
+        absl::StrCat("input q: float32", DimsText(c.q), "\ninput k: float32", DimsText(c.q), "\ninput v: float32",
+                     DimsText(c.q), "\ninput dy: float32", DimsText(c.q), "\ninput m: float32", DimsText(c.bias), "\n"),
+        {"q", "k", "v", "dy"},
+        absl::StrCat("y, lse = ai.cleave.Attention(qb, kb, vb, m) ", attrs,
+                     "\ndq, dk, dv = ai.cleave.AttentionGrad(dyb, qb, kb, vb, y, lse, m) ", attrs, "\n"),
+        {"y", "dq", "dk", "dv"}, true,
+        {{"q", Random(c.q, 95)}, {"k", Random(c.q, 96)}, {"v", Random(c.q, 97)}, {"dy", Random(c.q, 98)}, {"m", bias}}));
+    ExpectReferenceRuns(graphs.back());
+  }
+  REQUIRE_CUDA();
+  const int64_t fwd = providers::CudnnAttention::BiasedRuns(false), bwd = providers::CudnnAttention::BiasedRuns(true);
+  for (const CudaCpuGraphs& g : graphs) ExpectSame(g.cuda, g.feeds, g.tol, g.tol, "Attention", g.cpu);
+  std::printf("cuDNN fused attention with a bias: %lld of 3 forwards, %lld of 3 backwards\n",
+              static_cast<long long>(providers::CudnnAttention::BiasedRuns(false) - fwd),
+              static_cast<long long>(providers::CudnnAttention::BiasedRuns(true) - bwd));
 }
 
 }  // namespace

@@ -718,6 +718,8 @@ TEST(CudaProvider, CrossEntropyOverSpatialDimsWithClassWeights) {
   labels.data<int64_t>()[5] = -1;  // ignored
   Tensor l32(DataType::kInt32, {5});
   for (int k = 0; k < 5; ++k) l32.data<int32_t>()[k] = (k * 2) % 7;
+  Tensor l32_3(DataType::kInt32, {4, 3});
+  for (int k = 0; k < 12; ++k) l32_3.data<int32_t>()[k] = (k * 5) % 6;
   for (const char* red : {"none", "sum", "mean"}) {
     const std::string attrs = absl::StrCat("{reduction = \"", red, "\", ignore_index = -1}");
     ExpectSame(absl::StrCat(R"(
@@ -742,6 +744,32 @@ TEST(CudaProvider, CrossEntropyOverSpatialDimsWithClassWeights) {
                 {"a", Random({5, 7}, 44, -4.f, 4.f)}, {"u", l32}},
                1e-5, 1e-5, "*");
   }
+  // bf16 scores and weights, against the CPU on the rounded operands in float32.
+  ExpectSame(R"(
+    input s: float32[4,6,3]
+    input labels: int32[4,3]
+    input w: float32[6]
+    hs = Cast(s) {to = 16}
+    hw = Cast(w) {to = 16}
+    hl, hp = SoftmaxCrossEntropyLoss(hs, labels, hw)
+    l = Cast(hl) {to = 1}
+    p = Cast(hp) {to = 1}
+    output l
+    output p
+  )",
+             {{"s", Random({4, 6, 3}, 48, -4.f, 4.f)}, {"labels", l32_3}, {"w", Random({6}, 49, 0.5f, 2.f)}}, 2e-2,
+             2e-2, "*", R"(
+    input s: float32[4,6,3]
+    input labels: int32[4,3]
+    input w: float32[6]
+    hs = Cast(s) {to = 16}
+    hw = Cast(w) {to = 16}
+    fs = Cast(hs) {to = 1}
+    fw = Cast(hw) {to = 1}
+    l, p = SoftmaxCrossEntropyLoss(fs, labels, fw)
+    output l
+    output p
+  )");
   // The loss folded into the gradient from [N, C, d] scores.
   ExpectSame(R"(
     input s: float32[4,6,3]

@@ -1,6 +1,7 @@
 // The CUDA provider's attention kernels (providers/cuda/): ai.cleave.Attention and
 // AttentionGrad in their layouts, through cuDNN's fused flash attention where it takes the case
 // and the own flash-style kernels otherwise.
+#include <algorithm>
 #include <span>
 
 #include "absl/strings/str_cat.h"
@@ -19,8 +20,9 @@ namespace {
 // dq, dk, dv[, dbias] (flash-style: the probabilities are never stored) in the three layouts:
 // "bhsd", [..., T, D]; "bshd", [B, T, H, D]; "bs3hd", q, k and v packed [B, T, 3, H, D] in one
 // tensor (the q/k/v product), out [B, T, H, D]. cuDNN's fused attention runs the bf16/fp16
-// shapes it takes (cudnn_attention.h), the own kernels the others and every biased one; both
-// read and write every layout in place through its strides.
+// shapes it takes (cudnn_attention.h; a bias too, but not a backward that forms the bias's
+// gradient), the own kernels the others; both read and write every layout in place through
+// its strides.
 class AttentionLayoutKernel : public CudaKernel {
  protected:
   AttentionLayoutKernel(const CudaExecutionProvider* p, const graph::Node& n)
@@ -64,7 +66,14 @@ class AttentionLayoutKernel : public CudaKernel {
   SdpaShape Sdpa(const kernels::cpu::AttentionOperands& a, DataType dtype) const {
     const kernels::cpu::AttentionParams& p = a.p;
     const int64_t heads = layout_ == kernels::cpu::AttentionLayout::kBhsd ? 0 : p.heads;
-    return SdpaShape{dtype, p.batch, p.T, p.S, p.D, p.Dv, scale_, causal_, heads, a.packed};
+    SdpaShape s{dtype, p.batch, p.T, p.S, p.D, p.Dv, scale_, causal_, heads, a.packed};
+    if (p.bias.data) {  // slice b's bias at b / heads * batch + b % heads * head: [b / heads, heads] strides
+      s.bias = true;
+      s.bias_heads = p.bias.heads;
+      const int64_t strides[4] = {p.bias.batch, p.bias.head, p.bias.row, p.bias.col};
+      std::copy(strides, strides + 4, s.bias_strides);
+    }
+    return s;
   }
   // The device kernels' strides, as the plan laid them out.
   static kc::AttentionLayout Strides(const kernels::cpu::AttentionParams& p) {
@@ -93,11 +102,12 @@ class AttentionKernel : public AttentionLayoutKernel {
     TensorView* y = ctx.Output(0, a.out.span());
     TensorView* l = ctx.num_outputs() > 1 ? ctx.Output(1, a.lse.span()) : nullptr;
     if (!y) return absl::OkStatus();
-    // bf16/fp16: cuDNN's fused flash attention (tensor cores) when it takes the shape (no bias).
+    // bf16/fp16: cuDNN's fused flash attention (tensor cores) when it takes the shape.
     const SdpaShape s = Sdpa(a, q.dtype);
-    if (CudnnAttention* cudnn = !p.bias.data && CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
+    if (CudnnAttention* cudnn = CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
       float* stats = l ? l->as<float>() : static_cast<float*>(ctx.Scratch(static_cast<size_t>(p.batch * p.T) * 4));
-      absl::Status st = stats ? cudnn->Forward(s, q.data, kd, vd, y->data, stats, [&ctx](size_t n) { return ctx.Scratch(n); })
+      absl::Status st = stats ? cudnn->Forward(s, q.data, kd, vd, y->data, stats,
+                                               [&ctx](size_t n) { return ctx.Scratch(n); }, p.bias.data)
                               : NoScratch();
       if (st.code() != absl::StatusCode::kUnimplemented) return Named(st);
     }
@@ -145,9 +155,10 @@ class AttentionGradKernel : public AttentionLayoutKernel {
       if (TensorView* ds = ctx.Output(3, kernels::cpu::ScoreDims(a).span())) a.p.dscores = ds->as<float>();
     }
     const SdpaShape s = Sdpa(a, q.dtype);
-    if (CudnnAttention* cudnn = !p.bias.data && CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
+    // The bias's gradient (the scores' gradient) only from the own kernels.
+    if (CudnnAttention* cudnn = !a.p.dscores && CudnnAttention::Eligible(s) ? p_->cudnn_attention() : nullptr) {
       absl::Status st = cudnn->Backward(s, dout.data, q.data, kd, vd, out.data, lse.as<float>(), dq, dk, dv,
-                                        [&ctx](size_t n) { return ctx.Scratch(n); });
+                                        [&ctx](size_t n) { return ctx.Scratch(n); }, p.bias.data);
       if (st.code() != absl::StatusCode::kUnimplemented) return Named(st);
     }
     float* delta = static_cast<float*>(ctx.Scratch(static_cast<size_t>(p.batch * p.T) * sizeof(float)));

@@ -1,6 +1,7 @@
 // Attention through cuDNN's fused flash attention (providers/cuda/): see cudnn_attention.h.
 #include "providers/cuda/cudnn_attention.h"
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -23,10 +24,18 @@ void* cudnn_dlhandle = nullptr;
 
 namespace cleave::providers {
 
+namespace {
+std::atomic<int64_t> biased_runs[2];
+}  // namespace
+
+int64_t CudnnAttention::BiasedRuns(bool backward) { return biased_runs[backward ? 1 : 0].load(); }
+
 bool CudnnAttention::Eligible(const SdpaShape& s) {
+  const bool bias_ok = !s.bias || (s.bias_heads > 0 && s.batch % s.bias_heads == 0 &&
+                                    (s.heads == 0 || s.bias_heads == s.heads) && (!s.causal || s.T == s.S));
   return (s.dtype == DataType::kBFloat16 || s.dtype == DataType::kFloat16) && s.D == s.Dv && s.D % 8 == 0 &&
          s.D <= 128 && s.T > 0 && s.S > 0 && s.batch > 0 && (s.heads == 0 || s.batch % s.heads == 0) &&
-         (!s.packed || (s.heads > 0 && s.T == s.S));
+         (!s.packed || (s.heads > 0 && s.T == s.S)) && bias_ok;
 }
 
 #if CLEAVE_HAVE_CUDNN_SDPA
@@ -36,15 +45,22 @@ namespace fe = cudnn_frontend;
 namespace {
 
 // Tensor ids in the graphs' variant packs.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kBias };
 
-using Key = std::tuple<bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int64_t, bool>;
+using Key = std::tuple<bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, int64_t, bool,
+                       std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t>>;
 
 Key KeyOf(const SdpaShape& s, bool backward) {
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
-  return {backward, static_cast<int>(s.dtype), s.batch, s.T, s.S, s.D, s.Dv, scale_bits, s.causal, s.heads, s.packed};
+  const int64_t* b = s.bias_strides;
+  return {backward, static_cast<int>(s.dtype), s.batch, s.T, s.S, s.D, s.Dv, scale_bits, s.causal, s.heads, s.packed,
+          {s.bias, s.bias ? s.bias_heads : 0, b[0], b[1], b[2], b[3]}};
 }
+
+// How many slices cuDNN's h dim holds with s.heads = 0: the bias's heads (the slices split
+// [batch / bias_heads, bias_heads], memory as [1, batch]) or all of them.
+int64_t FlatHeads(const SdpaShape& s) { return s.bias ? s.bias_heads : s.batch; }
 
 absl::Status Check(fe::error_t e, const char* what) {
   if (e.is_good()) return absl::OkStatus();
@@ -60,7 +76,8 @@ void SetBhsd(fe::graph::Tensor_attributes& t, const SdpaShape& s, int64_t rows, 
     const int64_t h = s.heads, row = (s.packed && qkv ? 3 : 1) * h * d;
     t.set_dim({s.batch / h, h, rows, d}).set_stride({rows * row, d, row, 1});
   } else {
-    t.set_dim({1, s.batch, rows, d}).set_stride({s.batch * rows * d, rows * d, d, 1});
+    const int64_t g = FlatHeads(s);
+    t.set_dim({s.batch / g, g, rows, d}).set_stride({g * rows * d, rows * d, d, 1});
   }
 }
 
@@ -80,7 +97,7 @@ void AsBhsd(const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t uid,
 
 // The saved log-sum-exp, [batch, T] in memory, as cuDNN's [b, h, T, 1].
 void SetStats(fe::graph::Tensor_attributes& t, const SdpaShape& s) {
-  const int64_t b = s.heads > 0 ? s.batch / s.heads : 1, h = s.heads > 0 ? s.heads : s.batch;
+  const int64_t h = s.heads > 0 ? s.heads : FlatHeads(s), b = s.batch / h;
   t.set_dim({b, h, s.T, 1}).set_stride({h * s.T, s.T, 1, 1});
 }
 
@@ -98,9 +115,26 @@ absl::Status BuildGraph(cudnnHandle_t handle, const SdpaShape& s, bool backward,
   auto q = Bhsd(*g, "q", kQ, s, s.T, s.D, true);
   auto k = Bhsd(*g, "k", kK, s, s.S, s.D, true);
   auto v = Bhsd(*g, "v", kV, s, s.S, s.Dv, true);
+  std::shared_ptr<fe::graph::Tensor_attributes> bias;
+  if (s.bias) {
+    fe::graph::Tensor_attributes b;
+    const int64_t h = s.heads > 0 ? s.heads : FlatHeads(s);
+    b.set_name("bias").set_uid(kBias).set_data_type(fe::DataType_t::FLOAT)
+        .set_dim({s.batch / h, h, s.T, s.S})
+        .set_stride({s.bias_strides[0], s.bias_strides[1], s.bias_strides[2], s.bias_strides[3]});
+    bias = g->tensor(b);
+  }
+  // Causal with a bias only for T = S (Eligible), where the top-left alignment cuDNN then takes
+  // is the bottom-right one.
+  const auto mask = [&](auto& options) {
+    if (!s.causal) return;
+    if (s.bias) options.set_causal_mask(true);
+    else options.set_causal_mask_bottom_right(true);
+  };
   if (!backward) {
     auto options = fe::graph::SDPA_attributes().set_name("attention").set_generate_stats(true).set_attn_scale(s.scale);
-    if (s.causal) options.set_causal_mask_bottom_right(true);
+    mask(options);
+    if (bias) options.set_bias(bias);
     auto [o, stats] = g->sdpa(q, k, v, options);
     AsBhsd(o, kO, s, s.T, s.Dv, false);
     stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
@@ -113,7 +147,8 @@ absl::Status BuildGraph(cudnnHandle_t handle, const SdpaShape& s, bool backward,
     SetStats(stats_attrs, s);
     auto stats = g->tensor(stats_attrs);
     auto options = fe::graph::SDPA_backward_attributes().set_name("attention_grad").set_attn_scale(s.scale);
-    if (s.causal) options.set_causal_mask_bottom_right(true);
+    mask(options);
+    if (bias) options.set_bias(bias);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, options);
     AsBhsd(dq, kDQ, s, s.T, s.D, true);
     AsBhsd(dk, kDK, s, s.S, s.D, true);
@@ -207,22 +242,30 @@ CudnnAttention::~CudnnAttention() {
 }
 
 absl::Status CudnnAttention::Forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* out,
-                                     float* lse, const Scratch& scratch) {
+                                     float* lse, const Scratch& scratch, const float* bias) {
+  if (s.bias != (bias != nullptr)) return absl::InvalidArgumentError("cuDNN attention: the bias and its shape disagree");
   ASSIGN_OR_RETURN(const Plan* plan, impl_->PlanFor(s, false));
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)}, {kK, const_cast<void*>(k)},
                                              {kV, const_cast<void*>(v)}, {kO, out}, {kStats, lse}};
-  return impl_->Execute(*plan, pack, scratch);
+  if (bias) pack[kBias] = const_cast<float*>(bias);
+  RETURN_IF_ERROR(impl_->Execute(*plan, pack, scratch));
+  if (bias) ++biased_runs[0];
+  return absl::OkStatus();
 }
 
 absl::Status CudnnAttention::Backward(const SdpaShape& s, const void* dout, const void* q, const void* k,
                                       const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv,
-                                      const Scratch& scratch) {
+                                      const Scratch& scratch, const float* bias) {
+  if (s.bias != (bias != nullptr)) return absl::InvalidArgumentError("cuDNN attention: the bias and its shape disagree");
   ASSIGN_OR_RETURN(const Plan* plan, impl_->PlanFor(s, true));
   std::unordered_map<int64_t, void*> pack = {
       {kQ, const_cast<void*>(q)},     {kK, const_cast<void*>(k)},         {kV, const_cast<void*>(v)},
       {kO, const_cast<void*>(out)},   {kDO, const_cast<void*>(dout)},     {kStats, const_cast<float*>(lse)},
       {kDQ, dq},                      {kDK, dk},                          {kDV, dv}};
-  return impl_->Execute(*plan, pack, scratch);
+  if (bias) pack[kBias] = const_cast<float*>(bias);
+  RETURN_IF_ERROR(impl_->Execute(*plan, pack, scratch));
+  if (bias) ++biased_runs[1];
+  return absl::OkStatus();
 }
 
 #else  // built without the cuDNN frontend
@@ -237,12 +280,12 @@ std::unique_ptr<CudnnAttention> CudnnAttention::Create(void*, std::string* why) 
 CudnnAttention::~CudnnAttention() = default;
 
 absl::Status CudnnAttention::Forward(const SdpaShape&, const void*, const void*, const void*, void*, float*,
-                                     const Scratch&) {
+                                     const Scratch&, const float*) {
   return absl::UnimplementedError("built without cuDNN attention");
 }
 
 absl::Status CudnnAttention::Backward(const SdpaShape&, const void*, const void*, const void*, const void*,
-                                      const void*, const float*, void*, void*, void*, const Scratch&) {
+                                      const void*, const float*, void*, void*, void*, const Scratch&, const float*) {
   return absl::UnimplementedError("built without cuDNN attention");
 }
 

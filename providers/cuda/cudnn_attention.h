@@ -5,7 +5,9 @@
 //
 // Only what the fused engines take is tried: bf16 or fp16 q, k, v with equal head dims (a
 // multiple of 8, at most 128), causal aligned to the bottom right as the Attention op defines
-// it. Anything else, or a graph cuDNN refuses (an older library, a shape without an engine),
+// it, and an fp32 bias added to the scaled scores (a padding mask, ALiBi; with causal only when
+// T = S, where both alignments agree, as cuDNN takes no bias with the bottom-right one; the
+// backward leaves a bias that needs its gradient to the caller's kernels). Anything else, or a graph cuDNN refuses (an older library, a shape without an engine),
 // is Unimplemented and the caller runs its own kernel; a refusal is remembered per shape. The
 // log-sum-exp it saves is the op's (natural log of the scaled scores' sum of exponentials), so
 // a backward may run on either implementation.
@@ -34,6 +36,11 @@ struct SdpaShape {
   bool causal = false;
   int64_t heads = 0;
   bool packed = false;
+  // The bias of the scores (fp32), if any: cuDNN's [batch / bias_heads, bias_heads, T, S] view
+  // of it, element strides (0 where it broadcasts). With heads > 0, bias_heads is heads.
+  bool bias = false;
+  int64_t bias_heads = 1;
+  int64_t bias_strides[4] = {};
 };
 
 class CudnnAttention {
@@ -50,10 +57,14 @@ class CudnnAttention {
   static bool Eligible(const SdpaShape& s);
   // out [batch, T, Dv] and lse [batch, T] (fp32).
   absl::Status Forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* out, float* lse,
-                       const Scratch& scratch);
+                       const Scratch& scratch, const float* bias = nullptr);
+  // How many biased forwards (or backwards) cuDNN has run in this process, for the tests to say
+  // whether it took the bias.
+  static int64_t BiasedRuns(bool backward);
   // dq, dk, dv from dout, the forward's inputs, out and lse.
   absl::Status Backward(const SdpaShape& s, const void* dout, const void* q, const void* k, const void* v,
-                        const void* out, const float* lse, void* dq, void* dk, void* dv, const Scratch& scratch);
+                        const void* out, const float* lse, void* dq, void* dk, void* dv, const Scratch& scratch,
+                        const float* bias = nullptr);
 
   struct Impl;
 
