@@ -382,6 +382,85 @@ TEST(CudaProvider, CastAmongIntegersBoolAndFloats) {
 // The ops a mixed-precision graph runs in bf16 and fp16 between its products (the bias Add,
 // GELU, its gradient, the bias gradient's sum) against the CPU's widening kernels, which compute
 // them in float32 and round once, as the CUDA kernels do.
+// Cast to and from float64 and the 8-, 16- and unsigned integers: float64 -> integers saturating
+// (NaN -> 0), -> bf16 / fp16 rounding once; uint8 pixels to float; integers wrapping among
+// themselves; uint64 beyond int64's range.
+TEST(CudaProvider, CastAmongFloat64AndNarrowOrUnsignedIntegers) {
+  REQUIRE_CUDA();
+  const std::vector<double> dv = {NAN, INFINITY, -INFINITY, 3e10, -3e10, 2.7, -2.7, -0.5,
+                                  300.0, -129.5, 65535.9, 1e300, 1.0000000596046448, 16842753.0, 0.1, -1.0};
+  Tensor u(DataType::kUInt64, {4}), w(DataType::kInt16, {6});
+  const uint64_t uv[4] = {0, 1, uint64_t{1} << 63, UINT64_MAX};
+  const int16_t wv[6] = {-32768, -1, 0, 255, 256, 32767};
+  std::memcpy(u.raw(), uv, sizeof(uv));
+  std::memcpy(w.raw(), wv, sizeof(wv));
+  ExpectSame(R"(
+    input d: float64[16]
+    input p: uint8[6]
+    input s: int8[6]
+    input u: uint64[4]
+    input f: float32[6]
+    input w: int16[6]
+    di8 = Cast(d) {to = 3}
+    du8 = Cast(d) {to = 2}
+    di16 = Cast(d) {to = 5}
+    du16 = Cast(d) {to = 4}
+    di32 = Cast(d) {to = 6}
+    du32 = Cast(d) {to = 12}
+    di64 = Cast(d) {to = 7}
+    du64 = Cast(d) {to = 13}
+    df = Cast(d) {to = 1}
+    dh = Cast(d) {to = 10}
+    dbf = Cast(d) {to = 16}
+    db = Cast(d) {to = 9}
+    pf = Cast(p) {to = 1}
+    pd = Cast(p) {to = 11}
+    pi8 = Cast(p) {to = 3}
+    si64 = Cast(s) {to = 7}
+    su16 = Cast(s) {to = 4}
+    sbf = Cast(s) {to = 16}
+    uf = Cast(u) {to = 1}
+    ud = Cast(u) {to = 11}
+    ui64 = Cast(u) {to = 7}
+    fu8 = Cast(f) {to = 2}
+    fd = Cast(f) {to = 11}
+    wu8 = Cast(w) {to = 2}
+    wd = Cast(w) {to = 11}
+    output di8
+    output du8
+    output di16
+    output du16
+    output di32
+    output du32
+    output di64
+    output du64
+    output df
+    output dh
+    output dbf
+    output db
+    output pf
+    output pd
+    output pi8
+    output si64
+    output su16
+    output sbf
+    output uf
+    output ud
+    output ui64
+    output fu8
+    output fd
+    output wu8
+    output wd
+  )",
+             {{"d", Tensor::FromVector<double>(dv, {16})},
+              {"p", Tensor::FromVector<uint8_t>({0, 1, 127, 128, 200, 255}, {6})},
+              {"s", Tensor::FromVector<int8_t>({-128, -1, 0, 1, 100, 127}, {6})},
+              {"u", u},
+              {"f", Tensor::FromVector<float>({-3.f, 0.9f, 255.5f, 256.f, NAN, 1e9f}, {6})},
+              {"w", w}},
+             0, 0, "*");
+}
+
 TEST(CudaProvider, LowPrecisionActivationOps) {
   REQUIRE_CUDA();
   for (int to : {16, 10})

@@ -22,7 +22,7 @@ int WithElem(Elem t, F&& f) {
     case Elem::kF16: return f(__half{});
     case Elem::kI64: return f(int64_t{});
     case Elem::kI32: return f(int32_t{});
-    case Elem::kBool: break;
+    default: break;  // bool, and the types only CastElem takes
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }

@@ -128,7 +128,7 @@ struct ClipFn {
 // Cast between any two of the element types, as the CPU's Cast (kernels/cpu/cast.cc) converts:
 // float -> integer truncates toward zero, saturating, NaN -> 0; integer -> integer wraps;
 // anything -> bool tests != 0; bool -> number is 0 / 1; integer -> bf16 / fp16 goes through
-// double and float rounded to odd, so it rounds once.
+// double and float rounded to odd, so it rounds once (float64 -> bf16 / fp16 likewise).
 template <typename T>
 constexpr bool kFloatStorage =
     std::is_same_v<T, float> || std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
@@ -155,13 +155,38 @@ template <>
 struct IntRange<int32_t> {
   static constexpr int32_t lo = INT32_MIN, hi = INT32_MAX;
 };
+template <>
+struct IntRange<int16_t> {
+  static constexpr int16_t lo = INT16_MIN, hi = INT16_MAX;
+};
+template <>
+struct IntRange<int8_t> {
+  static constexpr int8_t lo = INT8_MIN, hi = INT8_MAX;
+};
+template <>
+struct IntRange<uint64_t> {
+  static constexpr uint64_t lo = 0, hi = UINT64_MAX;
+};
+template <>
+struct IntRange<uint32_t> {
+  static constexpr uint32_t lo = 0, hi = UINT32_MAX;
+};
+template <>
+struct IntRange<uint16_t> {
+  static constexpr uint16_t lo = 0, hi = UINT16_MAX;
+};
+template <>
+struct IntRange<uint8_t> {
+  static constexpr uint8_t lo = 0, hi = UINT8_MAX;
+};
 
-template <typename To>
-__device__ __forceinline__ To FloatToInt(float v) {
+// v is float or double.
+template <typename To, typename F>
+__device__ __forceinline__ To FloatToInt(F v) {
   constexpr To lo = IntRange<To>::lo, hi = IntRange<To>::hi;
   if (v != v) return To(0);
-  if (v <= static_cast<float>(lo)) return lo;
-  if (v >= static_cast<float>(hi)) return hi;
+  if (v <= static_cast<F>(lo)) return lo;
+  if (v >= static_cast<F>(hi)) return hi;
   return static_cast<To>(v);
 }
 
@@ -176,8 +201,14 @@ struct ConvertFn {
       else if constexpr (std::is_same_v<From, bool>) return FromFloat<To>(x ? 1.f : 0.f);
       else if constexpr (std::is_same_v<To, float>) return static_cast<float>(x);  // rounds to nearest
       else return FromFloat<To>(RoundToOddFloat(static_cast<double>(x)));
+    } else if constexpr (std::is_same_v<To, double>) {
+      if constexpr (kFloatStorage<From>) return static_cast<double>(ToFloat(x));
+      else if constexpr (std::is_same_v<From, bool>) return x ? 1.0 : 0.0;
+      else return static_cast<double>(x);
     } else if constexpr (kFloatStorage<From>) {
       return FloatToInt<To>(ToFloat(x));
+    } else if constexpr (std::is_same_v<From, double>) {
+      return FloatToInt<To>(x);
     } else {
       return static_cast<To>(x);  // integers wrap; bool is 0 / 1
     }
@@ -433,6 +464,13 @@ int ConvertFrom(Elem from, const void* x, void* y, int64_t n, cudaStream_t s) {
     case Elem::kI64: return LaunchMap1<int64_t, To>(ConvertFn<int64_t, To>{}, x, y, n, s);
     case Elem::kI32: return LaunchMap1<int32_t, To>(ConvertFn<int32_t, To>{}, x, y, n, s);
     case Elem::kBool: return LaunchMap1<bool, To>(ConvertFn<bool, To>{}, x, y, n, s);
+    case Elem::kF64: return LaunchMap1<double, To>(ConvertFn<double, To>{}, x, y, n, s);
+    case Elem::kI8: return LaunchMap1<int8_t, To>(ConvertFn<int8_t, To>{}, x, y, n, s);
+    case Elem::kI16: return LaunchMap1<int16_t, To>(ConvertFn<int16_t, To>{}, x, y, n, s);
+    case Elem::kU8: return LaunchMap1<uint8_t, To>(ConvertFn<uint8_t, To>{}, x, y, n, s);
+    case Elem::kU16: return LaunchMap1<uint16_t, To>(ConvertFn<uint16_t, To>{}, x, y, n, s);
+    case Elem::kU32: return LaunchMap1<uint32_t, To>(ConvertFn<uint32_t, To>{}, x, y, n, s);
+    case Elem::kU64: return LaunchMap1<uint64_t, To>(ConvertFn<uint64_t, To>{}, x, y, n, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -458,6 +496,7 @@ int Compare(CompareOp op, Elem t, const void* a, const void* b, bool* y, int64_t
     case Elem::kI64: return LaunchMap2Any<int64_t, bool>(CompareFn<int64_t>{op}, a, b, y, n, bc, s);
     case Elem::kI32: return LaunchMap2Any<int32_t, bool>(CompareFn<int32_t>{op}, a, b, y, n, bc, s);
     case Elem::kBool: return LaunchMap2Any<bool, bool>(CompareFn<bool>{op}, a, b, y, n, bc, s);
+    default: break;  // the types only CastElem takes
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -510,6 +549,13 @@ int CastElem(Elem from, Elem to, const void* x, void* y, int64_t n, void* stream
     case Elem::kI64: return ConvertFrom<int64_t>(from, x, y, n, s);
     case Elem::kI32: return ConvertFrom<int32_t>(from, x, y, n, s);
     case Elem::kBool: return ConvertFrom<bool>(from, x, y, n, s);
+    case Elem::kF64: return ConvertFrom<double>(from, x, y, n, s);
+    case Elem::kI8: return ConvertFrom<int8_t>(from, x, y, n, s);
+    case Elem::kI16: return ConvertFrom<int16_t>(from, x, y, n, s);
+    case Elem::kU8: return ConvertFrom<uint8_t>(from, x, y, n, s);
+    case Elem::kU16: return ConvertFrom<uint16_t>(from, x, y, n, s);
+    case Elem::kU32: return ConvertFrom<uint32_t>(from, x, y, n, s);
+    case Elem::kU64: return ConvertFrom<uint64_t>(from, x, y, n, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }

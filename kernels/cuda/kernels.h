@@ -41,8 +41,9 @@ struct UnaryParams {
 // y = a op b; bc null when a, b and y have the same n elements.
 int Binary(BinaryOp op, Dt dt, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc, void* stream);
 
-// Element types of the comparison and integer kernels: the float storage types, int64, int32, bool.
-enum class Elem : int { kF32 = 0, kBf16 = 1, kF16 = 2, kI64, kI32, kBool };
+// Element types of the comparison and integer kernels: the float storage types, int64, int32,
+// bool; and for CastElem alone also float64 and the narrower and unsigned integers.
+enum class Elem : int { kF32 = 0, kBf16 = 1, kF16 = 2, kI64, kI32, kBool, kF64, kI8, kI16, kU8, kU16, kU32, kU64 };
 enum class CompareOp : int { kEqual, kLess, kGreater, kLessOrEqual, kGreaterOrEqual, kAnd, kOr, kXor };
 // y (bool) = a op b, with broadcasting as Binary: comparisons over any Elem (floats compared as
 // float32, so NaN compares false; bool only for Equal), And, Or and Xor over bool alone.
@@ -62,7 +63,8 @@ int Unary(UnaryOp op, Dt dt, const void* x, void* y, int64_t n, void* stream, Un
 int Clip(Dt dt, const void* x, void* y, int64_t n, float lo, float hi, void* stream);
 int Cast(Dt from, Dt to, const void* x, void* y, int64_t n, void* stream);
 // Cast between any two Elem types, as the CPU's Cast: float -> integer truncates toward zero,
-// saturating (NaN -> 0); integers wrap; -> bool tests != 0; bool -> number is 0 / 1.
+// saturating (NaN -> 0); integers wrap; -> bool tests != 0; bool -> number is 0 / 1; float64 and
+// integers -> bf16 / fp16 round once.
 int CastElem(Elem from, Elem to, const void* x, void* y, int64_t n, void* stream);
 // y [rows, cols] = alpha * y + beta * c, with c (null: none) of [c_rows, c_cols] broadcast to it
 // (each 1 or the full size): Gemm's scaling and its C where the product's epilogue cannot.

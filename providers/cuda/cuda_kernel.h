@@ -32,6 +32,13 @@ inline kc::Elem ElemOf(DataType t) {
     case DataType::kInt64: return kc::Elem::kI64;
     case DataType::kInt32: return kc::Elem::kI32;
     case DataType::kBool: return kc::Elem::kBool;
+    case DataType::kFloat64: return kc::Elem::kF64;
+    case DataType::kInt8: return kc::Elem::kI8;
+    case DataType::kInt16: return kc::Elem::kI16;
+    case DataType::kUInt8: return kc::Elem::kU8;
+    case DataType::kUInt16: return kc::Elem::kU16;
+    case DataType::kUInt32: return kc::Elem::kU32;
+    case DataType::kUInt64: return kc::Elem::kU64;
     default: return kc::Elem::kF32;
   }
 }

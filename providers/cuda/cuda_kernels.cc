@@ -248,7 +248,8 @@ class ClipKernel : public CudaKernel {
   float lo_, hi_;
 };
 
-// Cast (and CastLike) among float32, bf16, fp16, int64, int32 and bool, converting as the CPU does.
+// Cast (and CastLike) among float32, bf16, fp16, float64, the signed and unsigned integers of 8
+// to 64 bits and bool, converting as the CPU does (an image's uint8 pixels to float on the device).
 class CastKernel : public CudaKernel {
  public:
   CastKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n) {}
@@ -912,7 +913,9 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<RotaryKernel>(r, this, C, "RotaryEmbedding", 1, 1, floats);
   Add<RotaryKernel>(r, this, C, "RotaryEmbeddingGrad", 1, 1, floats);
   std::vector<DataType> castable = numbers;
-  castable.push_back(DataType::kBool);
+  for (DataType t : {DataType::kBool, DataType::kFloat64, DataType::kInt8, DataType::kInt16, DataType::kUInt8,
+                     DataType::kUInt16, DataType::kUInt32, DataType::kUInt64})
+    castable.push_back(t);
   // CastLike(x, like): to like's dtype, which the output has; like's elements are not read.
   auto cast_types = AllOf({InputTypeIn(0, castable), InputTypeIn(-1, castable)});
   Add<CastKernel>(r, this, "", "Cast", 6, 1 << 30, cast_types);
