@@ -149,6 +149,31 @@ TEST(CudaProvider, ArgMaxArgMinTiesAndNaN) {
                 return t;
               }()}},
              0, 0, "ArgM");
+  // Long rows (a block per row on the device): many ties, NaNs early and late in row 1, an
+  // int64 row whose extremes repeat; the first or last index each.
+  Tensor y = Random({3, 5000}, 8);
+  for (int64_t k = 0; k < y.numel(); ++k) y.data<float>()[k] = std::round(y.data<float>()[k] * 3.f);
+  y.data<float>()[5000 + 17] = std::nanf("");
+  y.data<float>()[5000 + 4321] = std::nanf("");
+  Tensor j(DataType::kInt64, {2, 3000});
+  for (int64_t k = 0; k < j.numel(); ++k) j.data<int64_t>()[k] = (k * 7919) % 1000 - 500;
+  ExpectSame(R"(
+    input y: float32[3,5000]
+    input j: int64[2,3000]
+    a = ArgMax(y) {axis = 1}
+    b = ArgMax(y) {axis = -1, select_last_index = 1}
+    c = ArgMin(y) {axis = 1, keepdims = 0}
+    d = ArgMin(y) {axis = 1, select_last_index = 1}
+    e = ArgMax(j) {axis = 1}
+    f = ArgMin(j) {axis = 1, select_last_index = 1}
+    output a
+    output b
+    output c
+    output d
+    output e
+    output f
+  )",
+             {{"y", y}, {"j", j}}, 0, 0, "ArgM");
 }
 
 TEST(CudaProvider, GatherElementsAndScatterElementsInEveryReduction) {

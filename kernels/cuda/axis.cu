@@ -114,6 +114,53 @@ __global__ void ArgExtremeKernel(const T* x, int64_t* y, int64_t outer, int64_t 
   }
 }
 
+// Whether candidate (a, ia) is preferred to (b, ib), each the extreme of some of a line's
+// elements: the order ArgExtremeKernel's scan keeps (a NaN first, then the larger (max) or smaller
+// value, then the first index, or with `last` the last), so combining candidates in any order
+// gives the scan's answer.
+template <typename T>
+__device__ __forceinline__ bool Preferred(T a, int64_t ia, T b, int64_t ib, bool max, bool last) {
+  const bool na = Arith<T>::IsNan(a), nb = Arith<T>::IsNan(b);
+  if (na != nb) return na;
+  if (!na && (Arith<T>::Less(a, b) || Arith<T>::Less(b, a))) return max ? Arith<T>::Less(b, a) : Arith<T>::Less(a, b);
+  return last ? ia > ib : ia < ib;
+}
+
+// The same along long contiguous lines (inner 1, an argmax over a vocabulary): a block of
+// kThreads per line, each thread scanning every kThreads-th element, their candidates combined
+// in shared memory.
+template <typename T>
+__global__ void ArgExtremeRowsKernel(const T* x, int64_t* y, int64_t outer, int64_t len, bool max, bool last) {
+  __shared__ T vals[kThreads];
+  __shared__ int64_t idx[kThreads];
+  for (int64_t line = blockIdx.x; line < outer; line += gridDim.x) {  // uniform over the block
+    const T* row = x + line * len;
+    int64_t best = -1;
+    T b{};
+    for (int64_t k = threadIdx.x; k < len; k += blockDim.x)
+      if (best < 0 || Preferred(row[k], k, b, best, max, last)) {
+        best = k;
+        b = row[k];
+      }
+    vals[threadIdx.x] = b;
+    idx[threadIdx.x] = best;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+      if (threadIdx.x < half) {
+        const int o = threadIdx.x + half;
+        if (idx[o] >= 0 &&
+            (idx[threadIdx.x] < 0 || Preferred(vals[o], idx[o], vals[threadIdx.x], idx[threadIdx.x], max, last))) {
+          vals[threadIdx.x] = vals[o];
+          idx[threadIdx.x] = idx[o];
+        }
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) y[line] = idx[0];
+    __syncthreads();  // vals and idx are reused by the next line
+  }
+}
+
 // Position p of the indices (of idx_dims) as its element offset into the data (of x_dims), the
 // axis's coordinate replaced by the index there; -1 (and the first such recorded in `bad`) when
 // the index is outside [-len, len).
@@ -218,8 +265,14 @@ int ArgExtreme(Elem t, bool max, bool last, const void* x, int64_t* y, int64_t o
   if (outer * inner == 0) return 0;
   return WithElem(t, [&](auto v) {
     using T = decltype(v);
-    ArgExtremeKernel<T><<<Blocks(outer * inner), kThreads, 0, Stream(stream)>>>(static_cast<const T*>(x), y, outer,
-                                                                                 len, inner, max, last);
+    if (inner == 1 && len >= 1024) {
+      const unsigned grid = static_cast<unsigned>(outer < (int64_t{1} << 20) ? outer : (int64_t{1} << 20));
+      ArgExtremeRowsKernel<T><<<grid, kThreads, 0, Stream(stream)>>>(static_cast<const T*>(x), y, outer, len, max,
+                                                                     last);
+    } else {
+      ArgExtremeKernel<T><<<Blocks(outer * inner), kThreads, 0, Stream(stream)>>>(static_cast<const T*>(x), y, outer,
+                                                                                   len, inner, max, last);
+    }
     return static_cast<int>(cudaGetLastError());
   });
 }

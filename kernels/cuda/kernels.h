@@ -146,9 +146,10 @@ enum class ReduceOp : int { kSum, kMean, kMax, kMin, kL1, kL2, kSumSquare, kLogS
 // Reduces x over the dims flagged in `reduce` (x_dims of rank `rank`); y holds the kept dims in
 // order. Accumulates in double: sums of the elements, their magnitudes (L1) or squares
 // (SumSquare; L2 takes the root, LogSum the log of the plain sum). LogSumExp takes each
-// output's maximum first and sums exp(x - max), one thread per output. Reducing leading axes
-// into few columns (a bias gradient) splits the rows over blocks and combines their partial
-// results in a second pass, in a fixed order: `scratch` is device memory of ReduceScratch(rank, x_dims, reduce) doubles (null when 0).
+// output's maximum first and sums exp(x - max) (a block per output over trailing axes, else one
+// thread per output). Reducing leading axes into few columns (a bias gradient) splits the rows
+// over blocks and combines their partial results in a second pass, in a fixed order: `scratch`
+// is device memory of ReduceScratch(rank, x_dims, reduce) doubles (null when 0).
 int64_t ReduceScratch(int rank, const int64_t* x_dims, const bool* reduce);
 int Reduce(ReduceOp op, Dt dt, const void* x, void* y, int rank, const int64_t* x_dims, const bool* reduce,
            double* scratch, void* stream);

@@ -4,7 +4,7 @@
 // is full of them: reducing the leading axes (bias gradients: [rows, C] to [C], each block
 // reading 32 columns coalesced over a chunk of the rows, the chunks' results combined in a
 // second pass) and reducing the trailing axes (one block or warp per output reading its
-// contiguous row); any other set of axes takes one thread per output.
+// contiguous row; LogSumExp too); any other set of axes takes one thread per output.
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -134,6 +134,21 @@ __global__ void ReduceColumnParts(ReduceOp op, const double* part, T* y, int64_t
   }
 }
 
+// The block's W partial results combined (warps by shuffles, then their results in order
+// through `part`); the answer is thread 0's. Every thread of the block must call it.
+template <int W>
+__device__ __forceinline__ double BlockCombine(ReduceOp op, double acc, double* part) {
+  for (int off = 16; off > 0; off >>= 1) acc = Combine(op, acc, __shfl_down_sync(0xffffffffu, acc, off));
+  if (W > 32) {
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int k = 1; k < W / 32; ++k) acc = Combine(op, acc, part[k]);
+    __syncthreads();  // part is reused by the next combination
+  }
+  return acc;
+}
+
 // x [O, R] -> y [O]: a block of W threads (a warp, or 256 for long rows) per output.
 template <typename T, int W>
 __global__ void ReduceRows(ReduceOp op, const T* x, T* y, int64_t O, int64_t R) {
@@ -142,15 +157,31 @@ __global__ void ReduceRows(ReduceOp op, const T* x, T* y, int64_t O, int64_t R) 
     const T* row = x + o * R;
     double acc = Start(op);
     for (int64_t r = threadIdx.x; r < R; r += W) acc = Add(op, acc, ToFloat(row[r]));
-    for (int off = 16; off > 0; off >>= 1) acc = Combine(op, acc, __shfl_down_sync(0xffffffffu, acc, off));
-    if (W > 32) {
-      if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
-      __syncthreads();
-      if (threadIdx.x == 0)
-        for (int k = 1; k < W / 32; ++k) acc = Combine(op, acc, part[k]);
-      __syncthreads();  // part is reused by the next output
-    }
+    acc = BlockCombine<W>(op, acc, part);
     if (threadIdx.x == 0) y[o] = Result<T>(op, acc, R);
+  }
+}
+
+// LogSumExp over the trailing axes (a row of logits): a block of W threads per output, the
+// row's maximum first (shared with the block), then the sum of exp(x - max), as
+// ReduceLogSumExpKernel forms them.
+template <typename T, int W>
+__global__ void ReduceRowsLogSumExp(const T* x, T* y, int64_t O, int64_t R) {
+  __shared__ double part[W / 32];
+  __shared__ double row_max;
+  for (int64_t o = blockIdx.x; o < O; o += gridDim.x) {  // uniform over the block
+    const T* row = x + o * R;
+    double mx = -INFINITY;
+    for (int64_t r = threadIdx.x; r < R; r += W) mx = Combine(ReduceOp::kMax, mx, ToFloat(row[r]));
+    mx = BlockCombine<W>(ReduceOp::kMax, mx, part);
+    if (threadIdx.x == 0) row_max = mx;
+    __syncthreads();
+    const double shift = isfinite(row_max) ? row_max : 0.0;
+    double sum = 0.0;
+    for (int64_t r = threadIdx.x; r < R; r += W) sum += exp(ToFloat(row[r]) - shift);
+    sum = BlockCombine<W>(ReduceOp::kSum, sum, part);
+    if (threadIdx.x == 0) y[o] = FromFloat<T>(static_cast<float>(log(sum) + shift));
+    __syncthreads();  // row_max is reused by the next output
   }
 }
 
@@ -240,7 +271,11 @@ int Reduce(ReduceOp op, Dt dt, const void* x, void* y, int rank, const int64_t* 
   DISPATCH_DT(dt, T, {
     const T* xt = static_cast<const T*>(x);
     T* yt = static_cast<T*>(y);
-    if (op == ReduceOp::kLogSumExp) {
+    if (op == ReduceOp::kLogSumExp && l.trailing && R > 0) {
+      const unsigned grid = static_cast<unsigned>(outputs < (int64_t{1} << 20) ? outputs : (int64_t{1} << 20));
+      if (R >= 2048) ReduceRowsLogSumExp<T, 256><<<grid, 256, 0, s>>>(xt, yt, outputs, R);
+      else ReduceRowsLogSumExp<T, 32><<<grid, 32, 0, s>>>(xt, yt, outputs, R);
+    } else if (op == ReduceOp::kLogSumExp) {
       ReduceLogSumExpKernel<T><<<Blocks(outputs), kThreads, 0, s>>>(xt, yt, outputs, p);
     } else if (R == 0 || (!l.leading && !l.trailing)) {
       ReduceKernel<T><<<Blocks(outputs), kThreads, 0, s>>>(op, xt, yt, outputs, p);
