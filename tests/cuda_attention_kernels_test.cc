@@ -249,7 +249,8 @@ TEST(CudaProvider, Bf16AttentionWithAPaddingMaskOrAlibiBias) {
       for (int64_t h = 0; h < c.bias[1]; ++h)
         for (int64_t i = 0; i < rows; ++i)
           for (int64_t j = 0; j < S; ++j)
-            m[(h * rows + i) * S + j] = -std::ldexp(1.f, -static_cast<int>(h) - 1) * static_cast<float>(std::abs(i - j));
+            m[(h * rows + i) * S + j] =
+                -std::ldexp(1.f, -static_cast<int>(h) - 1) * static_cast<float>(std::abs(i - j));
     }
     const std::string attrs = absl::StrCat("{scale = 0.125, causal = ", c.causal, ", layout = \"", c.layout, "\"}");
     graphs.push_back(RoundedAlike(
@@ -259,7 +260,8 @@ TEST(CudaProvider, Bf16AttentionWithAPaddingMaskOrAlibiBias) {
         absl::StrCat("y, lse = ai.cleave.Attention(qb, kb, vb, m) ", attrs,
                      "\ndq, dk, dv = ai.cleave.AttentionGrad(dyb, qb, kb, vb, y, lse, m) ", attrs, "\n"),
         {"y", "dq", "dk", "dv"}, true,
-        {{"q", Random(c.q, 95)}, {"k", Random(c.q, 96)}, {"v", Random(c.q, 97)}, {"dy", Random(c.q, 98)}, {"m", bias}}));
+        {{"q", Random(c.q, 95)}, {"k", Random(c.q, 96)}, {"v", Random(c.q, 97)}, {"dy", Random(c.q, 98)},
+         {"m", bias}}));
     ExpectReferenceRuns(graphs.back());
   }
   REQUIRE_CUDA();

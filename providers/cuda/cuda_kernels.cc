@@ -340,7 +340,8 @@ class SwiGluKernel : public CudaKernel {
 // Inference copies.
 class DropoutKernel : public CudaKernel {
  public:
-  DropoutKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n), seeded_(n.HasAttr("seed")) {
+  DropoutKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), seeded_(n.HasAttr("seed")) {
     for (unsigned char c : n.name()) salt_ = (salt_ ^ c) * 1099511628211ull;
     // Seeds are taken mod 2^32, as MT19937 (and numpy's RandomState) take them.
     if (seeded_) gen_.seed(static_cast<uint32_t>(n.AttrInt("seed", 0)));

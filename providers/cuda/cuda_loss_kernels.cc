@@ -145,8 +145,8 @@ class SceGradKernel : public CudaKernel {
   absl::Status ComputeByNll(KernelContext& ctx, const TensorView& dy, const TensorView& in, const TensorView& labels,
                             const TensorView* weight) const {
     if (class_offset_ != 0)
-      return Unimplemented(name_, ": class_offset ", class_offset_, " needs float32 [N, C] ", "scores, int64 labels "
-                           "and no weights on CUDA");
+      return Unimplemented(name_, ": class_offset ", class_offset_,
+                           " needs float32 [N, C] scores, int64 labels and no weights on CUDA");
     if (dy.dtype != in.dtype)
       return InvalidArgument(name_, ": dY of ", DataTypeName(dy.dtype), " with ", DataTypeName(in.dtype), " scores");
     TensorView* dx = ctx.Output(0, in.dim_span());
@@ -201,8 +201,9 @@ class NllKernel : public CudaKernel {
     RETURN_IF_ERROR(CheckClassShapes(name_, "input", in, target, weight));
     const bool t32 = target.dtype == DataType::kInt32;
     const void* w = weight ? weight->data : nullptr;
-    TensorView* out = grad_ ? ctx.Output(0, in.dim_span())
-                            : reduction_ == 2 ? ctx.Output(0, target.dim_span()) : ctx.Output(0, std::vector<int64_t>{});
+    TensorView* out = grad_             ? ctx.Output(0, in.dim_span())
+                      : reduction_ == 2 ? ctx.Output(0, target.dim_span())
+                                        : ctx.Output(0, std::vector<int64_t>{});
     if (!out) return absl::OkStatus();
     ASSIGN_OR_RETURN(const ClassView v, ClassViewOf(ctx, in));
     if (grad_)

@@ -243,7 +243,8 @@ CudnnAttention::~CudnnAttention() {
 
 absl::Status CudnnAttention::Forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* out,
                                      float* lse, const Scratch& scratch, const float* bias) {
-  if (s.bias != (bias != nullptr)) return absl::InvalidArgumentError("cuDNN attention: the bias and its shape disagree");
+  if (s.bias != (bias != nullptr))
+    return absl::InvalidArgumentError("cuDNN attention: the bias and its shape disagree");
   ASSIGN_OR_RETURN(const Plan* plan, impl_->PlanFor(s, false));
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)}, {kK, const_cast<void*>(k)},
                                              {kV, const_cast<void*>(v)}, {kO, out}, {kStats, lse}};
@@ -256,7 +257,8 @@ absl::Status CudnnAttention::Forward(const SdpaShape& s, const void* q, const vo
 absl::Status CudnnAttention::Backward(const SdpaShape& s, const void* dout, const void* q, const void* k,
                                       const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv,
                                       const Scratch& scratch, const float* bias) {
-  if (s.bias != (bias != nullptr)) return absl::InvalidArgumentError("cuDNN attention: the bias and its shape disagree");
+  if (s.bias != (bias != nullptr))
+    return absl::InvalidArgumentError("cuDNN attention: the bias and its shape disagree");
   ASSIGN_OR_RETURN(const Plan* plan, impl_->PlanFor(s, true));
   std::unordered_map<int64_t, void*> pack = {
       {kQ, const_cast<void*>(q)},     {kK, const_cast<void*>(k)},         {kV, const_cast<void*>(v)},

@@ -7,8 +7,9 @@
 // multiple of 8, at most 128), causal aligned to the bottom right as the Attention op defines
 // it, and an fp32 bias added to the scaled scores (a padding mask, ALiBi; with causal only when
 // T = S, where both alignments agree, as cuDNN takes no bias with the bottom-right one; the
-// backward leaves a bias that needs its gradient to the caller's kernels). Anything else, or a graph cuDNN refuses (an older library, a shape without an engine),
-// is Unimplemented and the caller runs its own kernel; a refusal is remembered per shape. The
+// backward leaves a bias that needs its gradient to the caller's kernels). Anything else, or a
+// graph cuDNN refuses (an older library, a shape without an engine), is Unimplemented and the
+// caller runs its own kernel; a refusal is remembered per shape. The
 // log-sum-exp it saves is the op's (natural log of the scaled scores' sum of exponentials), so
 // a backward may run on either implementation.
 #pragma once
