@@ -265,6 +265,32 @@ absl::Status InferSlice(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// ai.cleave.PadGrad(dY, pads) {mode}: pads gives the begins then the ends of every dim.
+absl::Status InferPadGrad(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
+  const Shape& dy = ctx.input_shape(0);
+  const Tensor* pads = ctx.input_constant(1);
+  if (!dy.has_rank() || !pads) {
+    ctx.SetOutput(0, ctx.input_dtype(0), dy.has_rank() ? UnknownDims(dy.rank()) : Shape());
+    return absl::OkStatus();
+  }
+  const int r = dy.rank();
+  const std::vector<int64_t> p = pads->ToInt64Vector();
+  if (p.size() != static_cast<size_t>(2 * r))
+    return ctx.Error("expected ", 2 * r, " pads (begins then ends of every dim), got ", p.size());
+  std::vector<Dim> out = dy.dims();
+  for (int k = 0; k < r; ++k) {
+    Dim& d = out[static_cast<size_t>(k)];
+    if (p[k] < 0 || p[r + k] < 0) return ctx.Error("expected pads >= 0, got ", p[k], " and ", p[r + k], " of dim ", k);
+    if (!d.is_static()) continue;
+    const int64_t v = d.value - p[k] - p[r + k];
+    if (v < 0) return ctx.Error("pads ", p[k], " and ", p[r + k], " exceed dim ", k, " of dY (", d.value, ")");
+    d = Dim(v);
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
 absl::Status InferPad(InferContext& ctx) {
   RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
   const Shape& x = ctx.input_shape(0);

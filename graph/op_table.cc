@@ -131,6 +131,7 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "Size", {1, 13, 19, 21}, 1, 1, 1, 1, 1, InferSize, false},
       {kOnnx, "CumSum", {11, 14}, 11, 2, 2, 1, 1, InferCumSum, true},
       {kOnnx, "Pad", {1, 2, 11, 13, 18, 19, 21}, 11, 2, 4, 1, 1, InferPad, true},
+      {C, "PadGrad", {1}, 1, 2, 2, 1, 1, InferPadGrad, false},
       {kOnnx, "Tile", {1, 6, 13}, 6, 2, 2, 1, 1, InferTile, true},
       {kOnnx, "GatherElements", {11, 13}, 11, 2, 2, 1, 1, InferGatherElements, true},
       {kOnnx, "ScatterElements", {11, 13, 16, 18}, 11, 3, 3, 1, 1, InferScatterElements, true},

@@ -62,6 +62,45 @@ absl::StatusOr<PadPlan> PlanPad(const TensorView& x, const TensorView& pads, con
   return p;
 }
 
+absl::StatusOr<PadGradPlan> PlanPadGrad(const TensorView& dy, const TensorView& pads, PadMode mode) {
+  const int r = dy.rank;
+  if (r > kernels::kPadGradMaxRank) return Unimplemented("rank ", r, " over ", kernels::kPadGradMaxRank);
+  if (pads.numel() != 2 * r)
+    return InvalidArgument("expected ", 2 * r, " pads (begins then ends of every dim), got ", pads.numel());
+  PadGradPlan p;
+  int64_t before[kMaxRank], size = 0;
+  for (int k = 0; k < r; ++k) {
+    before[k] = IntAt(pads, k);
+    const int64_t after = IntAt(pads, r + k);
+    if (before[k] < 0 || after < 0 || before[k] > dy.dims[k] || after > dy.dims[k] - before[k])
+      return InvalidArgument("pads ", before[k], " and ", after, " of dim ", k, " do not fit dY's ", dy.dims[k]);
+    const int64_t len = dy.dims[k] - before[k] - after;
+    if (len == 0 && dy.dims[k] > 0 && mode != PadMode::kConstant)
+      return InvalidArgument("dim ", k, " of the input is empty: nothing was padded with it in this mode");
+    p.x_dims.push_back(len);
+    p.offsets_at[k] = size;
+    p.coords_at[k] = size + len + 1;
+    size += len + 1 + dy.dims[k];
+  }
+  p.index.resize(static_cast<size_t>(size));
+  kernels::PadGradLayout& l = p.layout;
+  l.rank = r;
+  int64_t stride = 1;
+  for (int k = r - 1; k >= 0; --k) {
+    l.x_dims[k] = p.x_dims[k];
+    l.y_strides[k] = stride;
+    stride *= dy.dims[k];
+  }
+  for (int k = 0; k < r; ++k) {
+    int64_t* offsets = p.index.data() + p.offsets_at[k];
+    int64_t* coords = p.index.data() + p.coords_at[k];
+    if (p.x_dims[k] > 0) kernels::BuildPadPreimages(before[k], p.x_dims[k], dy.dims[k], mode, offsets, coords);
+    else offsets[0] = 0;
+    l.pre[k] = {offsets, coords};
+  }
+  return p;
+}
+
 absl::StatusOr<DimVector> PlanTile(const TensorView& x, const TensorView& rep) {
   const int r = x.rank;
   if (rep.numel() != r) return InvalidArgument("expected ", r, " repeats (one per dim), got ", rep.numel());

@@ -119,6 +119,50 @@ TEST(CudaProvider, CumSumForwardReversedAndExclusive) {
              0, 0, "CumSum");
 }
 
+// Pad's gradient in reflect (past the dim's size, and a dim of one), edge and wrap mode, and in
+// constant mode: each element the sum of the dY elements that read it, in the CPU's order; and
+// bf16 against the CPU on the rounded operands.
+TEST(CudaProvider, PadGradInEveryMode) {
+  REQUIRE_CUDA();
+  ExpectSame(R"(
+    input a: float32[9,3,15]
+    input b: float32[4,9]
+    input c: float32[4,5]
+    init pa: int64[6] = 2 0 5 4 1 6
+    init pb: int64[4] = 2 3 1 1
+    init pc: int64[4] = 3 0 0 2
+    ra = ai.cleave.PadGrad(a, pa) {mode = "reflect"}
+    rb = ai.cleave.PadGrad(b, pb) {mode = "reflect"}
+    ea = ai.cleave.PadGrad(a, pa) {mode = "edge"}
+    wa = ai.cleave.PadGrad(a, pa) {mode = "wrap"}
+    cc = ai.cleave.PadGrad(c, pc) {mode = "constant"}
+    output ra
+    output rb
+    output ea
+    output wa
+    output cc
+  )",
+             {{"a", Random({9, 3, 15}, 30)}, {"b", Random({4, 9}, 31)}, {"c", Random({4, 5}, 32)}}, 0, 0, "*");
+  ExpectSame(R"(
+    input a: float32[9,3,15]
+    init pa: int64[6] = 2 0 5 4 1 6
+    ha = Cast(a) {to = 16}
+    hr = ai.cleave.PadGrad(ha, pa) {mode = "reflect"}
+    r = Cast(hr) {to = 1}
+    output r
+  )",
+             {{"a", Random({9, 3, 15}, 33)}}, 1e-2, 1e-2, "*", R"(
+    input a: float32[9,3,15]
+    init pa: int64[6] = 2 0 5 4 1 6
+    ha = Cast(a) {to = 16}
+    fa = Cast(ha) {to = 1}
+    fr = ai.cleave.PadGrad(fa, pa) {mode = "reflect"}
+    hr = Cast(fr) {to = 16}
+    r = Cast(hr) {to = 1}
+    output r
+  )");
+}
+
 TEST(CudaProvider, ArgMaxArgMinTiesAndNaN) {
   REQUIRE_CUDA();
   // Ties (rounded values) and NaNs along both axes.

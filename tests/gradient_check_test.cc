@@ -162,6 +162,12 @@ const GradCase kCases[] = {
     {"NegativeLogLikelihoodLoss_sum", "input x: float64[3,5]\ninit t: int64[3] = 4 4 0\ny = NegativeLogLikelihoodLoss(x, t) {reduction = \"sum\"}\noutput y"},
     {"Pad", "input x: float64[2,3]\ninit p: int64[4] = 1 0 0 2\ny = Pad(x, p)\noutput y"},
     {"Pad_crops_and_pads_on_axes", "opset 18\ninput x: float64[3,4,2]\ninit p: int64[4] = -1 2 1 -1\ninit v: float64[] = 0.5\ninit a: int64[2] = 0 -2\ny = Pad(x, p, v, a)\noutput y"},
+    // The other modes read elements more than once (reflect and wrap past the dim's size, a dim of
+    // one): ai.cleave.PadGrad sums what each element fed.
+    {"Pad_reflect", "input x: float64[3,4]\ninit p: int64[4] = 2 1 4 5\ny = Pad(x, p) {mode = \"reflect\"}\noutput y"},
+    {"Pad_reflect_dim_of_one", "input x: float64[1,3]\ninit p: int64[4] = 2 0 1 2\ny = Pad(x, p) {mode = \"reflect\"}\noutput y"},
+    {"Pad_edge_on_axes", "opset 18\ninput x: float64[2,3,2]\ninit p: int64[4] = 1 2 3 0\ninit a: int64[2] = 1 -1\ny = Pad(x, p, _, a) {mode = \"edge\"}\noutput y"},
+    {"Pad_wrap", "opset 19\ninput x: float64[2,3]\ninit p: int64[4] = 0 4 1 7\ny = Pad(x, p) {mode = \"wrap\"}\noutput y"},
     {"Tile", "input x: float64[2,3]\ninit reps: int64[2] = 3 2\ny = Tile(x, reps)\noutput y"},
     {"Conv_1d_stride_pad_dilation", "input x: float64[2,3,9]\ninput w: float64[4,3,3]\ninput b: float64[4]\ny = Conv(x, w, b) {strides = [2], pads = [1, 2], dilations = [2]}\noutput y"},
     {"Conv_2d_groups", "input x: float64[1,4,5,4]\ninput w: float64[6,2,3,2]\ny = Conv(x, w) {group = 2, pads = [1, 0, 1, 1]}\noutput y"},

@@ -196,14 +196,40 @@ absl::Status ScatterElementsGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// Pad in reflect, edge or wrap mode (which read some elements more than once):
+// ai.cleave.PadGrad, each input element's gradient the sum of the dY elements that read it, the
+// pads given for every dim (from `axes` when there are).
+absl::Status PaddedModeGrad(GradBuilder& b, const std::string& mode, const std::vector<int64_t>& pads) {
+  const Shape& x = b.x(0)->shape();
+  if (!x.has_rank()) return b.Error(absl::StrCat("the gradient of Pad in mode ", mode, " needs an input of known rank"));
+  const int r = x.rank();
+  std::vector<int64_t> axes;
+  if (b.fwd().num_inputs() > 3 && b.x(3)) {
+    const Tensor* a = graph::ConstantInput(b.fwd(), 3);
+    if (!a) return b.Error("the gradient of Pad needs constant axes");
+    for (int64_t v : a->ToInt64Vector()) axes.push_back(v < 0 ? v + r : v);
+  } else {
+    for (int k = 0; k < r; ++k) axes.push_back(k);
+  }
+  if (pads.size() != 2 * axes.size())
+    return b.Error(absl::StrCat("expected ", 2 * axes.size(), " pads for ", axes.size(), " axes, got ", pads.size()));
+  std::vector<int64_t> full(static_cast<size_t>(2 * r), 0);
+  for (size_t j = 0; j < axes.size(); ++j) {
+    if (axes[j] < 0 || axes[j] >= r) return b.Error(absl::StrCat("axis ", axes[j], " is out of range for rank ", r));
+    full[static_cast<size_t>(axes[j])] = pads[j];
+    full[static_cast<size_t>(r + axes[j])] = pads[axes.size() + j];
+  }
+  b.SetGrad(0, b.Op("ai.cleave.PadGrad", {b.dy(), b.Ints(full)}, {{"mode", Attribute::String(mode)}}));
+  return absl::OkStatus();
+}
+
 // Pad (constant mode): dx is dy with the padding cropped off (and what the pads cropped padded
-// back with 0): Pad of dy by the negated pads. The other modes read some elements twice; no
-// rule.
+// back with 0): Pad of dy by the negated pads. The other modes: PaddedModeGrad.
 absl::Status PadGrad(GradBuilder& b) {
-  if (b.fwd().AttrString("mode", "constant") != "constant")
-    return b.Error("the gradient of Pad is implemented for mode constant");
   const Tensor* pads = graph::ConstantInput(b.fwd(), 1);
   if (!pads) return b.Error("the gradient of Pad needs constant pads");
+  const std::string mode = b.fwd().AttrString("mode", "constant");
+  if (mode != "constant") return PaddedModeGrad(b, mode, pads->ToInt64Vector());
   std::vector<int64_t> negated = pads->ToInt64Vector();
   for (int64_t& p : negated) p = -p;
   std::vector<Value*> ins = {b.dy(), b.Ints(negated)};

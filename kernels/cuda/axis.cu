@@ -70,6 +70,13 @@ __global__ void PadKernel(PadLayout l, PadMode mode, const E* x, E* y, E fill, i
   }
 }
 
+template <typename T>
+__global__ void PadGradKernel(PadGradLayout l, const T* dy, T* dx, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dx[i] = FromFloat<T>(PadGradGather<float>(l, i, [dy](int64_t o) { return ToFloat(dy[o]); }));
+}
+
 // One thread per (outer, inner) line of [outer, len, inner].
 template <typename T>
 __global__ void CumSumKernel(const T* x, T* y, int64_t outer, int64_t len, int64_t inner, bool exclusive,
@@ -275,6 +282,15 @@ int ArgExtreme(Elem t, bool max, bool last, const void* x, int64_t* y, int64_t o
     }
     return static_cast<int>(cudaGetLastError());
   });
+}
+
+int PadGrad(Dt dt, const PadGradLayout& l, const void* dy, void* dx, int64_t n, void* stream) {
+  if (n == 0) return 0;
+  if (l.rank < 1 || l.rank > kernels::kPadGradMaxRank) return static_cast<int>(cudaErrorInvalidValue);
+  DISPATCH_DT(dt, T, {
+    PadGradKernel<T><<<Blocks(n), kThreads, 0, Stream(stream)>>>(l, static_cast<const T*>(dy), static_cast<T*>(dx), n);
+  });
+  return static_cast<int>(cudaGetLastError());
 }
 
 int GatherElements(int elem_bytes, const ElementsLayout& l, const void* x, const void* idx, bool idx_int32, void* y,

@@ -279,6 +279,10 @@ struct PadLayout {
   int64_t out_dims[kMaxRank] = {}, in_dims[kMaxRank] = {}, before[kMaxRank] = {};
 };
 int Pad(int elem_bytes, PadMode mode, const PadLayout& l, const void* x, void* y, uint64_t fill, void* stream);
+// Pad's gradient: dx [n elements of l.x_dims] = for each element the float32 sum, in
+// PadGradGather's order, of the dy elements that read it; l's preimages in device memory.
+using kernels::PadGradLayout;
+int PadGrad(Dt dt, const PadGradLayout& l, const void* dy, void* dx, int64_t n, void* stream);
 // y = the running sums of x [outer, len, inner] along len (exclusive: each sum leaves out its own
 // element; reverse: from the end), one thread per line, summed in the CPU's order: floats in
 // float32 rounded to the storage type at each step, integers wrapping.

@@ -2,11 +2,14 @@
 // one input row found by mapping the output's leading coordinates back to the input's.
 // Pad: modes constant (a negative pad crops), reflect (about the edge, not repeating it), edge
 // and wrap; `axes` (version 18) names the padded dims. Tile: the input repeated along each dim.
+// ai.cleave.PadGrad: Pad's adjoint, each input element's gradient the sum of the output
+// elements that read it (kernels/pad_coord.h), in a fixed order.
 #include <cstring>
 #include <memory>
 #include <string>
 
 #include "base/status.h"
+#include "graph/op_table.h"
 #include "kernels/pad_coord.h"
 #include "providers/axis.h"
 #include "providers/cpu/cpu_provider.h"
@@ -82,6 +85,37 @@ class PadKernel : public OpKernel {
   PadMode mode_;
 };
 
+// ai.cleave.PadGrad(dY, pads) {mode} -> dX, pads giving the begins then the ends of every dim.
+class PadGradKernel : public OpKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
+    ASSIGN_OR_RETURN(const PadMode mode, PadModeOf(n, kPadGradEveryMode));
+    return std::unique_ptr<OpKernel>(new PadGradKernel(mode));
+  }
+
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    ASSIGN_OR_RETURN(const PadGradPlan plan, PlanPadGrad(dy, *ctx.input(1), mode_));
+    TensorView* dx = ctx.Output(0, plan.x_dims);
+    if (!dx || dx->numel() == 0) return absl::OkStatus();
+    if (dy.dtype == DataType::kFloat64) Gather<double>(plan.layout, dy, *dx, ctx.thread_pool());
+    else Gather<float>(plan.layout, dy, *dx, ctx.thread_pool());
+    return absl::OkStatus();
+  }
+
+ private:
+  explicit PadGradKernel(PadMode mode) : mode_(mode) {}
+  template <typename T>
+  static void Gather(const kernels::PadGradLayout& l, const TensorView& dy, TensorView& dx, ThreadPool* pool) {
+    const T* g = dy.as<T>();
+    T* out = dx.as<T>();
+    ParallelFor(pool, dx.numel(), 1024, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) out[i] = kernels::PadGradGather<T>(l, i, [g](int64_t o) { return g[o]; });
+    });
+  }
+  PadMode mode_;
+};
+
 class TileKernel : public OpKernel {
  public:
   TileKernel(const graph::Node&, int) {}
@@ -120,6 +154,9 @@ void RegisterPadTileKernels(KernelRegistry& r) {
               MakeCheckedFactory<PadKernel>()});
   r.Register({"", "Tile", 6, 1 << 30, AllOf({InputTypeIn(0, FixedSizeTypes()), int64_arg}),
               MakeFactory<TileKernel>()});
+  r.Register({std::string(graph::kCleaveDomain), "PadGrad", 1, 1,
+              AllOf({InputTypeIn(0, {DataType::kFloat32, DataType::kFloat64}), int64_arg}),
+              MakeCheckedFactory<PadGradKernel>()});
 }
 
 }  // namespace cleave::providers

@@ -1,15 +1,17 @@
 // The CUDA provider's kernels along an axis or over padded dims (providers/cuda/): Pad and Tile
-// (one kernel: Tile is wrap padding), CumSum, ArgMax / ArgMin, GatherElements and
+// (one kernel: Tile is wrap padding), Pad's gradient ai.cleave.PadGrad, CumSum, ArgMax / ArgMin, GatherElements and
 // ScatterElements (kernels/cuda/axis.cu). Pads, repeats, axes and the constant are read on the
 // host; out-of-range element indices are found on the device and reported at the stream's next
 // wait, naming the node (as Gather's are).
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <span>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "graph/op_table.h"
 #include "providers/axis.h"
 #include "providers/cpu/shape_ops.h"
 #include "providers/cuda/cuda_kernel.h"
@@ -69,6 +71,39 @@ class PadTileKernel : public CudaKernel {
   PadTileKernel(const CudaExecutionProvider* p, const graph::Node& n, bool tile, kernels::PadMode mode)
       : CudaKernel(p, n), tile_(tile), mode_(mode) {}
   bool tile_;
+  kernels::PadMode mode_;
+};
+
+// ai.cleave.PadGrad(dY, pads) {mode} -> dX: each element the sum of the dY elements that read it
+// (kernels/pad_coord.h), the dims' preimages formed on the host and copied up with the launch.
+class PadGradKernel : public CudaKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const CudaExecutionProvider* p, const graph::Node& n, int) {
+    ASSIGN_OR_RETURN(const kernels::PadMode mode, PadModeOf(n, kPadGradEveryMode));
+    return std::unique_ptr<OpKernel>(new PadGradKernel(p, n, mode));
+  }
+
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    auto plan = PlanPadGrad(dy, *ctx.input(1), mode_);
+    if (!plan.ok()) return absl::Status(plan.status().code(), absl::StrCat(name_, ": ", plan.status().message()));
+    TensorView* dx = ctx.Output(0, plan->x_dims);
+    if (!dx || dx->numel() == 0) return absl::OkStatus();
+    if (dy.rank == 0) return Copy(dx->data, dy.data, dy.nbytes());  // a scalar was not padded
+    const int64_t words = static_cast<int64_t>(plan->index.size());
+    int64_t* index = ctx.ScratchOf<int64_t>(words);
+    if (!index) return NoScratch();
+    TensorView host(plan->index.data(), DataType::kInt64, std::span<const int64_t>(&words, 1));
+    TensorView dev(index, DataType::kInt64, std::span<const int64_t>(&words, 1));
+    RETURN_IF_ERROR(p_->CopyTensor(host, dev));
+    kernels::PadGradLayout l = plan->layout;
+    for (int d = 0; d < l.rank; ++d) l.pre[d] = {index + plan->offsets_at[d], index + plan->coords_at[d]};
+    return Check(kc::PadGrad(DtOf(dy.dtype), l, dy.data, dx->data, dx->numel(), stream()));
+  }
+
+ private:
+  PadGradKernel(const CudaExecutionProvider* p, const graph::Node& n, kernels::PadMode mode)
+      : CudaKernel(p, n), mode_(mode) {}
   kernels::PadMode mode_;
 };
 
@@ -201,9 +236,10 @@ class ScatterElementsKernel : public CudaKernel {
 
 // A kernel class made through its Create (which checks the node's attributes).
 template <typename K>
-void AddChecked(KernelRegistry& r, CudaExecutionProvider* p, const std::string& op, int min_v, SupportsFn supports,
-                std::vector<int> host_inputs = {}) {
+void AddChecked(KernelRegistry& r, CudaExecutionProvider* p, const std::string& domain, const std::string& op,
+                int min_v, SupportsFn supports, std::vector<int> host_inputs = {}) {
   KernelDef d;
+  d.domain = domain;
   d.op = op;
   d.min_version = min_v;
   d.max_version = 1 << 30;
@@ -221,8 +257,9 @@ void RegisterCudaAxisKernels(KernelRegistry& r, CudaExecutionProvider* p) {
   std::vector<DataType> numbers = kFloats;
   numbers.insert(numbers.end(), {DataType::kInt64, DataType::kInt32});
   const SupportsFn int_indices = InputTypeIn(1, {DataType::kInt32, DataType::kInt64});
-  AddChecked<PadTileKernel>(r, p, "Pad", 11, any, {1, 2, 3});
-  AddChecked<PadTileKernel>(r, p, "Tile", 6, any, {1});
+  AddChecked<PadTileKernel>(r, p, "", "Pad", 11, any, {1, 2, 3});
+  AddChecked<PadTileKernel>(r, p, "", "Tile", 6, any, {1});
+  AddChecked<PadGradKernel>(r, p, graph::kCleaveDomain, "PadGrad", 1, InputTypeIn(0, kFloats), {1});
   Add<CumSumKernel>(r, p, "", "CumSum", 11, 1 << 30, AllOf({InputTypeIn(0, numbers), int_indices}), {1});
   for (const char* op : {"ArgMax", "ArgMin"}) Add<ArgExtremeKernel>(r, p, "", op, 1, 1 << 30, InputTypeIn(0, numbers));
   Add<GatherElementsKernel>(r, p, "", "GatherElements", 11, 1 << 30, AllOf({any, int_indices}));
@@ -233,7 +270,7 @@ void RegisterCudaAxisKernels(KernelRegistry& r, CudaExecutionProvider* p) {
       if (n.input(0)->dtype() == t) return "";
     return absl::StrCat("a reduction over ", DataTypeName(n.input(0)->dtype()), " data");
   };
-  AddChecked<ScatterElementsKernel>(r, p, "ScatterElements", 11, AllOf({any, int_indices, reducible}));
+  AddChecked<ScatterElementsKernel>(r, p, "", "ScatterElements", 11, AllOf({any, int_indices, reducible}));
 }
 
 }  // namespace cleave::providers
