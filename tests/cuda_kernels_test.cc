@@ -225,6 +225,30 @@ TEST(CudaProvider, SumMeanModXorFloatClassesAndCastLike) {
              1e-6, 1e-6, "*");
 }
 
+// Pow with an exponent of another type than the base (PyTorch's exports raise a float to an
+// int64 power): the exponent converted to the base's type on the device.
+TEST(CudaProvider, PowWithAnIntegerOrFloat64Exponent) {
+  REQUIRE_CUDA();
+  ExpectSame(R"(
+    input x: float32[4,6]
+    input e: int64[6]
+    init two: int64[] = 2
+    init three: int32[] = 3
+    init half: float64[] = 0.5
+    ax = Abs(x)
+    p = Pow(x, e)
+    s = Pow(x, two)
+    c = Pow(x, three)
+    r = Pow(ax, half)
+    output p
+    output s
+    output c
+    output r
+  )",
+             {{"x", Random({4, 6}, 69, -3.f, 3.f)}, {"e", Tensor::FromVector<int64_t>({0, 1, 2, 3, -1, -2}, {6})}},
+             1e-6, 1e-6, "*");
+}
+
 TEST(CudaProvider, CastThroughBf16AndFp16) {
   REQUIRE_CUDA();
   ExpectSame(R"(

@@ -86,6 +86,8 @@ kc::BinaryOp BinaryOpOf(const graph::Node& n) {
 }
 
 // Add, Sub, Mul, Div, Max, Min, Mod, Pow over float types; all but Pow over int64 and int32 too.
+// Pow's exponent may be of any number type (converted to the base's, as an exact small integer
+// exponent is; the CPU raises a float base to an integer exponent in double).
 // Max, Min, Sum and Mean take any number of inputs, folded left to right into the output (Mean
 // then scaled by 1 / n in the element type, as the CPU's).
 class BinaryKernel : public CudaKernel {
@@ -100,7 +102,14 @@ class BinaryKernel : public CudaKernel {
     if (ctx.num_inputs() == 1) return Copy(y->data, x0.data, x0.nbytes());  // out is its dims
     for (int i = 1; i < ctx.num_inputs(); ++i) {
       const TensorView& a = i == 1 ? x0 : *y;
-      const TensorView& b = *ctx.input(i);
+      TensorView b = *ctx.input(i);
+      if (b.dtype != a.dtype) {  // Pow's exponent of another type: converted to the base's first
+        void* converted = ctx.Scratch(static_cast<size_t>(b.numel()) * ElementSize(a.dtype));
+        if (!converted && b.numel() > 0) return NoScratch();
+        RETURN_IF_ERROR(Check(kc::CastElem(ElemOf(b.dtype), ElemOf(a.dtype), b.data, converted, b.numel(), stream())));
+        b.data = converted;
+        b.dtype = a.dtype;
+      }
       kc::Broadcast bc;
       const bool broadcast = PairStrides(out, a, b, &bc);
       const int err = a.dtype == DataType::kInt64 || a.dtype == DataType::kInt32
@@ -862,10 +871,16 @@ void CudaExecutionProvider::RegisterKernels() {
   const std::vector<DataType> ints = {DataType::kInt64, DataType::kInt32};
   std::vector<DataType> numbers = kFloats;
   numbers.insert(numbers.end(), ints.begin(), ints.end());
-  for (const char* op : {"Add", "Sub", "Mul", "Div", "Pow"}) {
-    const std::vector<DataType>& types = std::string(op) == "Pow" ? kFloats : numbers;
-    Add<BinaryKernel>(r, this, "", op, 7, 1 << 30, AllOf({InputTypeIn(0, types), two_alike}));
-  }
+  for (const char* op : {"Add", "Sub", "Mul", "Div"})
+    Add<BinaryKernel>(r, this, "", op, 7, 1 << 30, AllOf({InputTypeIn(0, numbers), two_alike}));
+  std::vector<DataType> exponents = numbers;
+  for (DataType t : {DataType::kFloat64, DataType::kInt8, DataType::kInt16, DataType::kUInt8, DataType::kUInt16,
+                     DataType::kUInt32, DataType::kUInt64})
+    exponents.push_back(t);
+  auto two = [](const graph::Node& n, int) -> std::string {
+    return n.num_inputs() == 2 ? "" : "only two inputs are supported on CUDA";
+  };
+  Add<BinaryKernel>(r, this, "", "Pow", 7, 1 << 30, AllOf({floats, InputTypeIn(1, exponents), two}));
   auto fmod_attr = [](const graph::Node& n, int) -> std::string {
     const int64_t f = n.AttrInt("fmod", 0);
     return f == 0 || f == 1 ? "" : absl::StrCat("fmod ", f, " (expected 0 or 1)");
