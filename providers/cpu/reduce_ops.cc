@@ -14,6 +14,7 @@
 #include "providers/cpu/cpu_provider.h"
 #include "providers/cpu/nn_ops.h"
 #include "providers/cpu/shape_ops.h"
+#include "providers/loss_shapes.h"
 
 namespace cleave::providers {
 
@@ -209,7 +210,7 @@ class SceKernel : public OpKernel {
     const TensorView& scores = *ctx.input(0);
     const TensorView& labels = *ctx.input(1);
     const TensorView* weights = ctx.input(2);
-    RETURN_IF_ERROR(CheckShapes(scores, labels, weights));
+    RETURN_IF_ERROR(CheckClassShapes(nll_ ? "input" : "scores", scores, labels, weights));
     kernels::cpu::SceParams p;
     p.N = scores.dims[0];
     p.C = scores.dims[1];
@@ -236,18 +237,6 @@ class SceKernel : public OpKernel {
  private:
   SceKernel() = default;
 
-  static absl::Status CheckShapes(const TensorView& scores, const TensorView& labels,
-                                  const TensorView* weights) {
-    bool ok = scores.rank >= 2 && labels.rank == scores.rank - 1;
-    for (int k = 0; ok && k < labels.rank; ++k) ok = labels.dims[k] == scores.dims[k == 0 ? 0 : k + 1];
-    if (!ok)
-      return InvalidArgument("expected scores [N, C, d1, ...] and labels [N, d1, ...], got scores ",
-                             DimsToString(scores.shape()), " and labels ", DimsToString(labels.shape()));
-    if (weights && (weights->rank != 1 || weights->dims[0] != scores.dims[1]))
-      return InvalidArgument("expected weights of shape [C] = [", scores.dims[1], "], got ",
-                             DimsToString(weights->shape()));
-    return absl::OkStatus();
-  }
 
   template <typename T, typename L>
   static absl::Status Run(const kernels::cpu::SceParams& p, const TensorView& scores,

@@ -13,6 +13,7 @@
 #include "graph/op_table.h"
 #include "kernels/cuda/kernels.h"
 #include "providers/axis.h"
+#include "providers/loss_shapes.h"
 #include "providers/cuda/cuda_kernel.h"
 #include "providers/cuda/cuda_provider.h"
 
@@ -21,19 +22,11 @@ namespace {
 
 int ReductionCode(const std::string& r) { return r == "none" ? 2 : r == "sum" ? 1 : 0; }
 
-// Scores (or log-probabilities) [N, C, d...] and labels [N, d...] (weight [C] of the scores'
-// dtype, may be null), or InvalidArgument naming what differs.
+// CheckClassShapes (providers/loss_shapes.h), its error naming the node.
 absl::Status CheckClassShapes(const std::string& name, const char* what, const TensorView& in,
                               const TensorView& target, const TensorView* weight) {
-  bool ok = in.rank >= 2 && target.rank == in.rank - 1;
-  for (int k = 0; ok && k < target.rank; ++k) ok = target.dims[k] == in.dims[k == 0 ? 0 : k + 1];
-  if (!ok)
-    return InvalidArgument(name, ": expected ", what, " [N, C, d1, ...] and labels [N, d1, ...], got ",
-                           DimsToString(in.shape()), " and ", DimsToString(target.shape()));
-  if (weight && (weight->rank != 1 || weight->dims[0] != in.dims[1] || weight->dtype != in.dtype))
-    return InvalidArgument(name, ": expected weight [", in.dims[1], "] of ", DataTypeName(in.dtype), ", got ",
-                           DataTypeName(weight->dtype), DimsToString(weight->shape()));
-  return absl::OkStatus();
+  const absl::Status st = providers::CheckClassShapes(what, in, target, weight);
+  return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name, ": ", st.message()));
 }
 
 // The one-pass row kernels take float32 [N, C] scores (the gradient also bf16 / fp16 ones from
