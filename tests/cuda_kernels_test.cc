@@ -403,9 +403,6 @@ TEST(CudaProvider, CastAmongIntegersBoolAndFloats) {
              0, 0, "*");
 }
 
-// The ops a mixed-precision graph runs in bf16 and fp16 between its products (the bias Add,
-// GELU, its gradient, the bias gradient's sum) against the CPU's widening kernels, which compute
-// them in float32 and round once, as the CUDA kernels do.
 // Cast to and from float64 and the 8-, 16- and unsigned integers: float64 -> integers saturating
 // (NaN -> 0), -> bf16 / fp16 rounding once; uint8 pixels to float; integers wrapping among
 // themselves; uint64 beyond int64's range.
@@ -485,6 +482,9 @@ TEST(CudaProvider, CastAmongFloat64AndNarrowOrUnsignedIntegers) {
              0, 0, "*");
 }
 
+// The ops a mixed-precision graph runs in bf16 and fp16 between its products (the bias Add,
+// GELU, its gradient, the bias gradient's sum) against the CPU's widening kernels, which compute
+// them in float32 and round once, as the CUDA kernels do.
 TEST(CudaProvider, LowPrecisionActivationOps) {
   REQUIRE_CUDA();
   for (int to : {16, 10})
@@ -533,6 +533,8 @@ TEST(CudaProvider, SoftmaxAndLayerNorm) {
              "LayerNormalization");
 }
 
+// Softmax and LogSoftmax off the last axis (and their gradients; before opset 13 over rows
+// flattened at the axis), and LayerNormalization over several trailing dims with its gradient.
 TEST(CudaProvider, SoftmaxAlongAnyAxisAndLayerNormOverTrailingDims) {
   REQUIRE_CUDA();
   // Version 13 on: along one axis (lines 20, 4 and 1 elements apart), and the gradients too.
