@@ -235,7 +235,9 @@ absl::StatusOr<FactorRule> AlongAxis(const graph::Graph& g, const Node& n, int n
 }
 
 // Pad and Tile: one factor per output dim; a dim the pads (or repeats) leave as it is shares it
-// with the input, any other must stay whole (its input dim is read whole).
+// with the input, any other must stay whole (its input dim is read whole). Pad's gradient
+// ai.cleave.PadGrad (dY, pads of every dim) likewise, dY the padded side; it sums dY, so a
+// partial sum stays one.
 absl::StatusOr<FactorRule> PadOrTile(const Node& n) {
   const Tensor* amounts = graph::ConstantInput(n, 1);
   if (!amounts) return Unimplemented(n.Describe(), ": pads or repeats known only at run time");
@@ -273,8 +275,8 @@ absl::StatusOr<FactorRule> PadOrTile(const Node& n) {
   rule.outputs.push_back(fo);
   rule.output_avg = {0};
   // Zero padding and repeats keep a sum a sum.
-  const bool zero_pad = n.op_type() == "Tile" || (n.AttrString("mode", "constant") == "constant" &&
-                                                  (n.num_inputs() < 3 || !n.input(2)));
+  const bool zero_pad = n.op_type() == "Tile" || n.op_type() == "PadGrad" ||
+                        (n.AttrString("mode", "constant") == "constant" && (n.num_inputs() < 3 || !n.input(2)));
   rule.linearity = zero_pad ? Linearity::kEach : Linearity::kNone;
   rule.linear_inputs.assign(n.num_inputs(), 0);
   rule.linear_inputs[0] = zero_pad;
@@ -452,7 +454,7 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   if (!cleave && kCompare.count(op)) return Elementwise(n, {0, 1}, Linearity::kNone, {});
   if (!cleave && (op == "Add" || op == "Sub")) return Elementwise(n, {0, 1}, Linearity::kAll, {0, 1});
   if (!cleave && op == "CastLike") return Elementwise(n, {0}, Linearity::kEach, {0});  // input 1: its type only
-  if (!cleave && (op == "Pad" || op == "Tile")) return PadOrTile(n);
+  if ((!cleave && (op == "Pad" || op == "Tile")) || (cleave && op == "PadGrad")) return PadOrTile(n);
   if (!cleave && (op == "GatherElements" || op == "ScatterElements")) return ElementIndexing(n);
   if ((!cleave && op == "Conv") || (cleave && op == "ConvGrad")) return Convolution(n);
   if (!cleave && (op == "Sum" || op == "Mean")) {

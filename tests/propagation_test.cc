@@ -164,6 +164,40 @@ TEST(Propagation, MegatronMlpBackwardNeedsOneMoreAllReduce) {
   EXPECT_TRUE(p->sharding.at(grads->at("ln_w")).IsReplicated()) << all;
 }
 
+// A reflect-padded activation of a parameter trained data-parallel: Pad's gradient
+// (ai.cleave.PadGrad) keeps the batch sharded, and the parameter's gradient comes out Partial.
+TEST(Propagation, DataParallelReflectPadGradientKeepsTheBatch) {
+  auto g = graph::ParseGraph(R"(
+    opset 18
+    input x: float32[4,3,8,8]
+    input t: float32[4,3,11,11]
+    input scale: float32[1,3,1,1]
+    init pads: int64[8] = 0 0 2 1 0 0 1 2
+    h = Mul(x, scale)
+    p = Pad(h, pads) {mode = "reflect"}
+    q = Mul(p, t)
+    loss = ReduceSum(q) {keepdims = 0}
+    output loss
+  )");
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(graph::InferShapes(**g).ok());
+  graph::Graph& graph = **g;
+  auto grads = trainer::BuildBackward(graph, graph.FindValue("loss"), {graph.FindValue("scale")});
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  int pad_grads = 0;
+  for (const auto& node : graph.nodes()) pad_grads += node->op_type() == "PadGrad";
+  EXPECT_EQ(pad_grads, 1);
+  auto mesh = *Mesh::Parse("dp=2");
+  auto p = Propagate(graph, mesh, {{"x", Batch(4)}, {"t", Batch(4)}});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->sharding.at(graph.FindValue("p")).ToString(), "[dp,-,-,-]");
+  EXPECT_EQ(p->sharding.at(grads->at("scale")).partial, std::set<std::string>{"dp"})
+      << p->sharding.at(grads->at("scale")).ToString();
+  for (const Reshard& r : Reshards(graph, mesh, *p))
+    ADD_FAILURE() << ReshardName(r.kind) << " of " << r.value->name() << " " << r.from.ToString() << " -> "
+                  << r.to.ToString() << " for " << r.node->Describe();
+}
+
 // A small convolutional classifier (padding, a strided Conv, LeakyRelu, a pooled mean, a
 // log-softmax and the negative log-likelihood) trained data-parallel: every activation and
 // activation gradient keeps the batch sharded with no collective, and the weights' gradients
