@@ -225,6 +225,85 @@ TEST(CudaProvider, SumMeanModXorFloatClassesAndCastLike) {
              1e-6, 1e-6, "*");
 }
 
+// Arithmetic and comparisons over the 8- and 16-bit and unsigned integers (wrapping, x / 0 and
+// x mod 0 are 0, unsigned division and remainder by the largest value), and float64 comparisons.
+TEST(CudaProvider, NarrowAndUnsignedIntegerArithmeticAndComparisons) {
+  REQUIRE_CUDA();
+  Tensor u(DataType::kUInt64, {6}), v(DataType::kUInt64, {6}), w(DataType::kUInt16, {6}), z(DataType::kUInt16, {6});
+  const uint64_t uv[6] = {0, 7, UINT64_MAX, uint64_t{1} << 63, 100, UINT64_MAX - 1};
+  const uint64_t vv[6] = {3, 0, UINT64_MAX, 2, 7, UINT64_MAX};
+  const uint16_t wv[6] = {65535, 300, 0, 1, 65535, 7};
+  const uint16_t zv[6] = {65535, 0, 5, 65535, 2, 3};
+  std::memcpy(u.raw(), uv, sizeof(uv));
+  std::memcpy(v.raw(), vv, sizeof(vv));
+  std::memcpy(w.raw(), wv, sizeof(wv));
+  std::memcpy(z.raw(), zv, sizeof(zv));
+  ExpectSame(R"(
+    input p: uint8[6]
+    input q: uint8[6]
+    input s: int8[6]
+    input t: int8[6]
+    input u: uint64[6]
+    input v: uint64[6]
+    input w: uint16[6]
+    input z: uint16[6]
+    input d: float64[6]
+    input e: float64[6]
+    pa = Add(p, q)
+    ps = Sub(p, q)
+    pm = Mul(p, q)
+    pd = Div(p, q)
+    pr = Mod(p, q)
+    sa = Add(s, t)
+    sm = Mul(s, t)
+    sd = Div(s, t)
+    sr = Mod(s, t)
+    sf = Mod(s, t) {fmod = 1}
+    sx = Max(s, t)
+    ud = Div(u, v)
+    ur = Mod(u, v)
+    um = Mul(u, v)
+    un = Min(u, v)
+    wm = Mul(w, z)
+    wd = Div(w, z)
+    pl = Less(p, q)
+    ul = Greater(u, v)
+    se = Equal(s, t)
+    dl = LessOrEqual(d, e)
+    de = Equal(d, e)
+    output pa
+    output ps
+    output pm
+    output pd
+    output pr
+    output sa
+    output sm
+    output sd
+    output sr
+    output sf
+    output sx
+    output ud
+    output ur
+    output um
+    output un
+    output wm
+    output wd
+    output pl
+    output ul
+    output se
+    output dl
+    output de
+  )",
+             {{"p", Tensor::FromVector<uint8_t>({200, 7, 0, 255, 13, 128}, {6})},
+              {"q", Tensor::FromVector<uint8_t>({100, 0, 3, 255, 5, 2}, {6})},
+              {"s", Tensor::FromVector<int8_t>({-128, 7, -7, 100, -100, 127}, {6})},
+              {"t", Tensor::FromVector<int8_t>({-1, 0, 3, 100, -3, -2}, {6})},
+              {"u", u}, {"v", v}, {"w", w}, {"z", z},
+              {"d", Tensor::FromVector<double>({1.0, NAN, -0.0, 1e300, 2.5, -1.0}, {6})},
+              {"e", Tensor::FromVector<double>({1.0000000000000002, NAN, 0.0, 1e300, 2.4, -2.0}, {6})}},
+             0, 0, "*");
+}
+
 // Pow with an exponent of another type than the base (PyTorch's exports raise a float to an
 // int64 power): the exponent converted to the base's type on the device.
 TEST(CudaProvider, PowWithAnIntegerOrFloat64Exponent) {

@@ -370,6 +370,13 @@ __device__ __forceinline__ float Num(__half x) { return __half2float(x); }
 __device__ __forceinline__ int64_t Num(int64_t x) { return x; }
 __device__ __forceinline__ int32_t Num(int32_t x) { return x; }
 __device__ __forceinline__ bool Num(bool x) { return x; }
+__device__ __forceinline__ double Num(double x) { return x; }
+__device__ __forceinline__ int32_t Num(int8_t x) { return x; }
+__device__ __forceinline__ int32_t Num(int16_t x) { return x; }
+__device__ __forceinline__ uint32_t Num(uint8_t x) { return x; }
+__device__ __forceinline__ uint32_t Num(uint16_t x) { return x; }
+__device__ __forceinline__ uint32_t Num(uint32_t x) { return x; }
+__device__ __forceinline__ uint64_t Num(uint64_t x) { return x; }
 
 template <typename T>
 struct CompareFn {
@@ -390,9 +397,11 @@ struct CompareFn {
   }
 };
 
-// Integer arithmetic in the unsigned type (wrapping, as the CPU's WrapAdd and friends).
-template <typename T, typename U>
+// Integer arithmetic in an unsigned type at least as wide as int (wrapping, as the CPU's
+// WrapAdd and friends; a narrower one would promote to int, whose products can overflow).
+template <typename T>
 struct IntBinaryFn {
+  using U = std::conditional_t<(sizeof(T) < 4), uint32_t, std::make_unsigned_t<T>>;
   BinaryOp op;
   __device__ T operator()(T a, T b) const {
     switch (op) {
@@ -401,15 +410,22 @@ struct IntBinaryFn {
       case BinaryOp::kMul: return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
       case BinaryOp::kDiv:
         if (b == 0) return 0;
-        if (b == -1) return static_cast<T>(U{0} - static_cast<U>(a));  // the most negative value wraps
-        return a / b;
+        if constexpr (std::is_signed_v<T>) {
+          if (b == -1) return static_cast<T>(U{0} - static_cast<U>(a));  // the most negative value wraps
+        }
+        return static_cast<T>(a / b);
       case BinaryOp::kMax: return a > b ? a : b;
       case BinaryOp::kMin: return a < b ? a : b;
       case BinaryOp::kMod:
       case BinaryOp::kFmod: {
-        if (b == 0 || b == -1) return 0;  // also MIN % -1, which traps
-        const T r = a % b;
-        return op == BinaryOp::kMod && r != 0 && ((r < 0) != (b < 0)) ? static_cast<T>(r + b) : r;
+        if (b == 0) return 0;
+        if constexpr (std::is_signed_v<T>) {
+          if (b == -1) return 0;  // also MIN % -1, which traps
+          const T r = static_cast<T>(a % b);
+          return op == BinaryOp::kMod && r != 0 && ((r < 0) != (b < 0)) ? static_cast<T>(r + b) : r;
+        } else {
+          return static_cast<T>(a % b);
+        }
       }
       case BinaryOp::kPow: return 0;  // not offered (the launcher refuses it)
     }
@@ -496,7 +512,13 @@ int Compare(CompareOp op, Elem t, const void* a, const void* b, bool* y, int64_t
     case Elem::kI64: return LaunchMap2Any<int64_t, bool>(CompareFn<int64_t>{op}, a, b, y, n, bc, s);
     case Elem::kI32: return LaunchMap2Any<int32_t, bool>(CompareFn<int32_t>{op}, a, b, y, n, bc, s);
     case Elem::kBool: return LaunchMap2Any<bool, bool>(CompareFn<bool>{op}, a, b, y, n, bc, s);
-    default: break;  // the types only CastElem takes
+    case Elem::kF64: return LaunchMap2Any<double, bool>(CompareFn<double>{op}, a, b, y, n, bc, s);
+    case Elem::kI8: return LaunchMap2Any<int8_t, bool>(CompareFn<int8_t>{op}, a, b, y, n, bc, s);
+    case Elem::kI16: return LaunchMap2Any<int16_t, bool>(CompareFn<int16_t>{op}, a, b, y, n, bc, s);
+    case Elem::kU8: return LaunchMap2Any<uint8_t, bool>(CompareFn<uint8_t>{op}, a, b, y, n, bc, s);
+    case Elem::kU16: return LaunchMap2Any<uint16_t, bool>(CompareFn<uint16_t>{op}, a, b, y, n, bc, s);
+    case Elem::kU32: return LaunchMap2Any<uint32_t, bool>(CompareFn<uint32_t>{op}, a, b, y, n, bc, s);
+    case Elem::kU64: return LaunchMap2Any<uint64_t, bool>(CompareFn<uint64_t>{op}, a, b, y, n, bc, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -506,9 +528,17 @@ int IntBinary(BinaryOp op, Elem t, const void* a, const void* b, void* y, int64_
   if (op == BinaryOp::kPow) return static_cast<int>(cudaErrorInvalidValue);
   if (n == 0) return 0;
   cudaStream_t s = Stream(stream);
-  if (t == Elem::kI64) return LaunchMap2Any<int64_t, int64_t>(IntBinaryFn<int64_t, uint64_t>{op}, a, b, y, n, bc, s);
-  if (t == Elem::kI32) return LaunchMap2Any<int32_t, int32_t>(IntBinaryFn<int32_t, uint32_t>{op}, a, b, y, n, bc, s);
-  return static_cast<int>(cudaErrorInvalidValue);
+  switch (t) {
+    case Elem::kI64: return LaunchMap2Any<int64_t, int64_t>(IntBinaryFn<int64_t>{op}, a, b, y, n, bc, s);
+    case Elem::kI32: return LaunchMap2Any<int32_t, int32_t>(IntBinaryFn<int32_t>{op}, a, b, y, n, bc, s);
+    case Elem::kI16: return LaunchMap2Any<int16_t, int16_t>(IntBinaryFn<int16_t>{op}, a, b, y, n, bc, s);
+    case Elem::kI8: return LaunchMap2Any<int8_t, int8_t>(IntBinaryFn<int8_t>{op}, a, b, y, n, bc, s);
+    case Elem::kU64: return LaunchMap2Any<uint64_t, uint64_t>(IntBinaryFn<uint64_t>{op}, a, b, y, n, bc, s);
+    case Elem::kU32: return LaunchMap2Any<uint32_t, uint32_t>(IntBinaryFn<uint32_t>{op}, a, b, y, n, bc, s);
+    case Elem::kU16: return LaunchMap2Any<uint16_t, uint16_t>(IntBinaryFn<uint16_t>{op}, a, b, y, n, bc, s);
+    case Elem::kU8: return LaunchMap2Any<uint8_t, uint8_t>(IntBinaryFn<uint8_t>{op}, a, b, y, n, bc, s);
+    default: return static_cast<int>(cudaErrorInvalidValue);
+  }
 }
 
 int Not(const bool* x, bool* y, int64_t n, void* stream) {

@@ -41,14 +41,14 @@ struct UnaryParams {
 // y = a op b; bc null when a, b and y have the same n elements.
 int Binary(BinaryOp op, Dt dt, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc, void* stream);
 
-// Element types of the comparison and integer kernels: the float storage types, int64, int32,
-// bool; and for CastElem alone also float64 and the narrower and unsigned integers.
+// Element types of the comparison, integer and cast kernels: the float storage types, float64,
+// the signed and unsigned integers, bool.
 enum class Elem : int { kF32 = 0, kBf16 = 1, kF16 = 2, kI64, kI32, kBool, kF64, kI8, kI16, kU8, kU16, kU32, kU64 };
 enum class CompareOp : int { kEqual, kLess, kGreater, kLessOrEqual, kGreaterOrEqual, kAnd, kOr, kXor };
-// y (bool) = a op b, with broadcasting as Binary: comparisons over any Elem (floats compared as
-// float32, so NaN compares false; bool only for Equal), And, Or and Xor over bool alone.
+// y (bool) = a op b, with broadcasting as Binary: comparisons over any Elem (bf16 / fp16 compared
+// as float32, so NaN compares false; bool only for Equal), And, Or and Xor over bool alone.
 int Compare(CompareOp op, Elem t, const void* a, const void* b, bool* y, int64_t n, const Broadcast* bc, void* stream);
-// y = a op b over int64 or int32, with broadcasting as Binary: Add, Sub and Mul wrap around; Div
+// y = a op b over any integer Elem, with broadcasting as Binary: Add, Sub and Mul wrap around; Div
 // truncates toward zero and x / 0 is 0 (the CPU's); Max, Min; Mod and Fmod, x mod 0 and x mod -1
 // being 0 (the CPU's). (No Pow.)
 int IntBinary(BinaryOp op, Elem t, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc,

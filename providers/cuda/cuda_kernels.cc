@@ -85,7 +85,7 @@ kc::BinaryOp BinaryOpOf(const graph::Node& n) {
        : o == "Min" ? kc::BinaryOp::kMin : kc::BinaryOp::kPow;
 }
 
-// Add, Sub, Mul, Div, Max, Min, Mod, Pow over float types; all but Pow over int64 and int32 too.
+// Add, Sub, Mul, Div, Max, Min, Mod, Pow over float types; all but Pow over the integers too.
 // Pow's exponent may be of any number type (converted to the base's, as an exact small integer
 // exponent is; the CPU raises a float base to an integer exponent in double).
 // Max, Min, Sum and Mean take any number of inputs, folded left to right into the output (Mean
@@ -112,7 +112,7 @@ class BinaryKernel : public CudaKernel {
       }
       kc::Broadcast bc;
       const bool broadcast = PairStrides(out, a, b, &bc);
-      const int err = a.dtype == DataType::kInt64 || a.dtype == DataType::kInt32
+      const int err = IsInteger(a.dtype)
                           ? kc::IntBinary(op_, ElemOf(a.dtype), a.data, b.data, y->data, y->numel(),
                                           broadcast ? &bc : nullptr, stream())
                           : kc::Binary(op_, DtOf(a.dtype), a.data, b.data, y->data, y->numel(),
@@ -871,12 +871,15 @@ void CudaExecutionProvider::RegisterKernels() {
   const std::vector<DataType> ints = {DataType::kInt64, DataType::kInt32};
   std::vector<DataType> numbers = kFloats;
   numbers.insert(numbers.end(), ints.begin(), ints.end());
+  // The arithmetic's and comparisons' types: every integer besides; comparisons float64 too.
+  std::vector<DataType> arith_types = numbers;
+  for (DataType t : {DataType::kInt8, DataType::kInt16, DataType::kUInt8, DataType::kUInt16, DataType::kUInt32,
+                     DataType::kUInt64})
+    arith_types.push_back(t);
   for (const char* op : {"Add", "Sub", "Mul", "Div"})
-    Add<BinaryKernel>(r, this, "", op, 7, 1 << 30, AllOf({InputTypeIn(0, numbers), two_alike}));
-  std::vector<DataType> exponents = numbers;
-  for (DataType t : {DataType::kFloat64, DataType::kInt8, DataType::kInt16, DataType::kUInt8, DataType::kUInt16,
-                     DataType::kUInt32, DataType::kUInt64})
-    exponents.push_back(t);
+    Add<BinaryKernel>(r, this, "", op, 7, 1 << 30, AllOf({InputTypeIn(0, arith_types), two_alike}));
+  std::vector<DataType> exponents = arith_types;
+  exponents.push_back(DataType::kFloat64);
   auto two = [](const graph::Node& n, int) -> std::string {
     return n.num_inputs() == 2 ? "" : "only two inputs are supported on CUDA";
   };
@@ -885,12 +888,13 @@ void CudaExecutionProvider::RegisterKernels() {
     const int64_t f = n.AttrInt("fmod", 0);
     return f == 0 || f == 1 ? "" : absl::StrCat("fmod ", f, " (expected 0 or 1)");
   };
-  Add<BinaryKernel>(r, this, "", "Mod", 10, 1 << 30, AllOf({InputTypeIn(0, numbers), two_alike, fmod_attr}));
+  Add<BinaryKernel>(r, this, "", "Mod", 10, 1 << 30, AllOf({InputTypeIn(0, arith_types), two_alike, fmod_attr}));
   for (const char* op : {"Max", "Min"})  // variadic (broadcasting from version 8)
-    Add<BinaryKernel>(r, this, "", op, 6, 1 << 30, AllOf({InputTypeIn(0, numbers), all_alike}));
+    Add<BinaryKernel>(r, this, "", op, 6, 1 << 30, AllOf({InputTypeIn(0, arith_types), all_alike}));
   for (const char* op : {"Sum", "Mean"}) Add<BinaryKernel>(r, this, "", op, 6, 1 << 30, AllOf({floats, all_alike}));
   for (const char* op : {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"}) {
-    std::vector<DataType> types = numbers;
+    std::vector<DataType> types = arith_types;
+    types.push_back(DataType::kFloat64);
     if (std::string(op) == "Equal") types.push_back(DataType::kBool);
     Add<CompareKernel>(r, this, "", op, 7, 1 << 30, AllOf({InputTypeIn(0, types), two_alike}));
   }
