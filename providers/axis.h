@@ -35,6 +35,17 @@ inline AxisView ViewAround(const TensorView& x, int axis) {
   return {DimProduct(x, 0, axis), x.dims[axis], DimProduct(x, axis + 1, x.rank)};
 }
 
+// x around a softmax's axis (a 0-D x counts as one element): [outer, len, inner] along the
+// axis (Softmax from version 13 and the gradients), or with `flatten` (Softmax before version
+// 13) [outer, the product of the dims from the axis on, 1]. InvalidArgument for an axis out of
+// range.
+inline absl::StatusOr<AxisView> SoftmaxView(const TensorView& x, int64_t axis, bool flatten) {
+  ASSIGN_OR_RETURN(const int a, ResolveAxis(axis, x.rank, /*scalar_as_one=*/true));
+  if (x.rank == 0) return AxisView{};
+  if (flatten) return AxisView{DimProduct(x, 0, a), DimProduct(x, a, x.rank), 1};
+  return ViewAround(x, a);
+}
+
 // GatherElements' and ScatterElements' indices against their data: the axis resolved, and idx of
 // x's rank (>= 1) with no dim larger than x's except along the axis; InvalidArgument otherwise.
 inline absl::StatusOr<int> ElementIndicesAxis(const TensorView& x, const TensorView& idx, int64_t axis) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "kernels/cuda/device_util.cuh"
@@ -145,39 +146,10 @@ __device__ __forceinline__ float RoundToOddFloat(double d) {
   return odd;
 }
 
+// An integer type's range, as constants the device code may read.
 template <typename T>
-struct IntRange;
-template <>
-struct IntRange<int64_t> {
-  static constexpr int64_t lo = INT64_MIN, hi = INT64_MAX;
-};
-template <>
-struct IntRange<int32_t> {
-  static constexpr int32_t lo = INT32_MIN, hi = INT32_MAX;
-};
-template <>
-struct IntRange<int16_t> {
-  static constexpr int16_t lo = INT16_MIN, hi = INT16_MAX;
-};
-template <>
-struct IntRange<int8_t> {
-  static constexpr int8_t lo = INT8_MIN, hi = INT8_MAX;
-};
-template <>
-struct IntRange<uint64_t> {
-  static constexpr uint64_t lo = 0, hi = UINT64_MAX;
-};
-template <>
-struct IntRange<uint32_t> {
-  static constexpr uint32_t lo = 0, hi = UINT32_MAX;
-};
-template <>
-struct IntRange<uint16_t> {
-  static constexpr uint16_t lo = 0, hi = UINT16_MAX;
-};
-template <>
-struct IntRange<uint8_t> {
-  static constexpr uint8_t lo = 0, hi = UINT8_MAX;
+struct IntRange {
+  static constexpr T lo = std::numeric_limits<T>::lowest(), hi = std::numeric_limits<T>::max();
 };
 
 // v is float or double.

@@ -307,12 +307,12 @@ class SoftmaxGradKernel : public OpKernel {
     const TensorView& dy = *ctx.input(0);
     const TensorView& y = *ctx.input(1);
     RETURN_IF_ERROR(ExpectSameDims(dy, y, "Y"));
-    ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, y.rank, true));
+    ASSIGN_OR_RETURN(const AxisView v, SoftmaxView(y, axis_, /*flatten=*/false));
     kernels::cpu::SoftmaxParams p;
     p.log = log_;
-    p.outer = DimProduct(y, 0, axis);
-    p.axis = y.rank > 0 ? y.dims[axis] : 1;
-    p.inner = DimProduct(y, axis + 1, y.rank);
+    p.outer = v.outer;
+    p.axis = v.len;
+    p.inner = v.inner;
     TensorView* dx = ctx.Output(0, y.dim_span());
     if (!dx) return absl::OkStatus();
     if (y.dtype == DataType::kFloat64)

@@ -23,16 +23,13 @@ class SoftmaxKernel : public OpKernel {
 
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
-    ASSIGN_OR_RETURN(int axis, ResolveAxis(axis_, x.rank, true));
+    // Versions 1 and 11 (flatten_) normalise over all of x[axis:] as one row.
+    ASSIGN_OR_RETURN(const AxisView v, SoftmaxView(x, axis_, flatten_));
     kernels::cpu::SoftmaxParams p;
     p.log = log_;
-    p.outer = DimProduct(x, 0, axis);
-    if (flatten_) {  // versions 1 and 11: normalise over all of x[axis:] as one row
-      p.axis = DimProduct(x, axis, x.rank);
-    } else {
-      p.axis = x.rank > 0 ? x.dims[axis] : 1;
-      p.inner = DimProduct(x, axis + 1, x.rank);
-    }
+    p.outer = v.outer;
+    p.axis = v.len;
+    p.inner = v.inner;
     TensorView* y = ctx.Output(0, x.dim_span());
     if (!y) return absl::OkStatus();
     if (x.dtype == DataType::kFloat64)

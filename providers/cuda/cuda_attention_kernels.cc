@@ -82,10 +82,6 @@ class AttentionLayoutKernel : public CudaKernel {
     return {p.heads, strides(p.q), strides(p.k), strides(p.v), strides(p.o),
             kc::AttentionBias{b.data, b.heads, b.batch, b.head, b.row, b.col}, p.dscores};
   }
-  absl::Status Named(const absl::Status& st) const {
-    return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name_, ": ", st.message()));
-  }
-
   float scale_;
   bool causal_;
   kernels::cpu::AttentionLayout layout_;

@@ -86,7 +86,7 @@ class PadGradKernel : public CudaKernel {
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& dy = *ctx.input(0);
     auto plan = PlanPadGrad(dy, *ctx.input(1), mode_);
-    if (!plan.ok()) return absl::Status(plan.status().code(), absl::StrCat(name_, ": ", plan.status().message()));
+    if (!plan.ok()) return Named(plan.status());
     TensorView* dx = ctx.Output(0, plan->x_dims);
     if (!dx || dx->numel() == 0) return absl::OkStatus();
     if (dy.rank == 0) return Copy(dx->data, dy.data, dy.nbytes());  // a scalar was not padded

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 #include "kernels/cuda/kernels.h"
 #include "providers/cuda/cuda_provider.h"
 #include "providers/kernel.h"
@@ -49,6 +51,10 @@ class CudaKernel : public OpKernel {
   CudaKernel(const CudaExecutionProvider* p, const graph::Node& n) : p_(p), name_(n.Describe()) {}
   const std::string& name() const { return name_; }
   absl::Status Check(int err) const { return CudaStatus(err, name_); }
+  // st with the node's name before its message (its code kept); OK stays OK.
+  absl::Status Named(const absl::Status& st) const {
+    return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name_, ": ", st.message()));
+  }
 
  protected:
   void* stream() const { return p_->stream(); }

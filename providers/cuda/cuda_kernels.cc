@@ -454,7 +454,7 @@ class MatMulKernel : public CudaKernel {
     // MatMulBf16 / MatMulF16's accumulation buffer (input 3) and its reset flag (input 4, host).
     const TensorView* acc = ctx.num_inputs() > 3 ? ctx.input(3) : nullptr;
     auto plan = kernels::cpu::PlanMatMul(a.dim_span(), b.dim_span(), trans_b_, trans_a_);
-    if (!plan.ok()) return absl::Status(plan.status().code(), absl::StrCat(name_, ": ", plan.status().message()));
+    if (!plan.ok()) return Named(plan.status());
     int64_t lda = 0;
     if (rows_ >= 0) {
       // Only op(A)'s first `rows` rows: a prefix of A's rows, or with transA of its columns.
@@ -584,16 +584,6 @@ class GemmKernel : public CudaKernel {
 
 // ---- rows: softmax, layer norm ----------------------------------------------------------
 
-// x around the softmax axis: [outer, len, inner] along one axis (version 13 on, and the
-// gradients), or before version 13 [outer, len] with x flattened into rows at the axis.
-absl::StatusOr<AxisView> SoftmaxView(const std::string& name, const TensorView& x, int64_t axis, bool flatten) {
-  auto a = ResolveAxis(axis, x.rank, /*scalar_as_one=*/true);
-  if (!a.ok()) return InvalidArgument(name, ": ", a.status().message());
-  if (x.rank == 0) return AxisView{};
-  if (flatten) return AxisView{DimProduct(x, 0, *a), DimProduct(x, *a, x.rank), 1};
-  return ViewAround(x, *a);
-}
-
 // Softmax and LogSoftmax along any axis: over rows along the last (one block per row), with
 // the elements of a line apart otherwise; before version 13 over x flattened at the axis.
 class SoftmaxKernel : public CudaKernel {
@@ -603,7 +593,9 @@ class SoftmaxKernel : public CudaKernel {
         axis_(n.AttrInt("axis", version < 13 ? 1 : -1)) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
-    ASSIGN_OR_RETURN(const AxisView v, SoftmaxView(name_, x, axis_, flatten_));
+    auto view = SoftmaxView(x, axis_, flatten_);
+    if (!view.ok()) return Named(view.status());
+    const AxisView& v = *view;
     TensorView* y = ctx.Output(0, x.dim_span());
     if (!y) return absl::OkStatus();
     return Check(kc::Softmax(DtOf(x.dtype), x.data, y->data, v.outer, v.len, log_, stream(), v.inner));
@@ -761,7 +753,9 @@ class SoftmaxGradKernel : public CudaKernel {
     const TensorView& y = *ctx.input(1);
     if (dy.shape() != y.shape())
       return InvalidArgument(name_, ": dY ", DimsToString(dy.shape()), " and Y ", DimsToString(y.shape()), " differ");
-    ASSIGN_OR_RETURN(const AxisView v, SoftmaxView(name_, y, axis_, /*flatten=*/false));
+    auto view = SoftmaxView(y, axis_, /*flatten=*/false);
+    if (!view.ok()) return Named(view.status());
+    const AxisView& v = *view;
     TensorView* dx = ctx.Output(0, y.dim_span());
     if (!dx) return absl::OkStatus();
     return Check(kc::SoftmaxGrad(DtOf(y.dtype), dy.data, y.data, dx->data, v.outer, v.len, log_, stream(), v.inner));
@@ -859,10 +853,12 @@ void CudaExecutionProvider::RegisterKernels() {
   const std::string C(graph::kCleaveDomain);
   auto floats = InputTypeIn(0, kFloats);
   auto f32 = InputTypeIn(0, {DataType::kFloat32});
-  auto two_alike = [](const graph::Node& n, int) -> std::string {
-    if (n.num_inputs() != 2) return "only two inputs are supported on CUDA";
-    return n.input(0)->dtype() == n.input(1)->dtype() ? "" : "mixed dtypes";
+  auto two = [](const graph::Node& n, int) -> std::string {
+    return n.num_inputs() == 2 ? "" : "only two inputs are supported on CUDA";
   };
+  auto two_alike = AllOf({two, [](const graph::Node& n, int) -> std::string {
+                            return n.input(0)->dtype() == n.input(1)->dtype() ? "" : "mixed dtypes";
+                          }});
   auto all_alike = [](const graph::Node& n, int) -> std::string {
     for (int i = 0; i < n.num_inputs(); ++i)
       if (!n.input(i) || n.input(i)->dtype() != n.input(0)->dtype()) return "mixed dtypes or a missing input";
@@ -880,9 +876,6 @@ void CudaExecutionProvider::RegisterKernels() {
     Add<BinaryKernel>(r, this, "", op, 7, 1 << 30, AllOf({InputTypeIn(0, arith_types), two_alike}));
   std::vector<DataType> exponents = arith_types;
   exponents.push_back(DataType::kFloat64);
-  auto two = [](const graph::Node& n, int) -> std::string {
-    return n.num_inputs() == 2 ? "" : "only two inputs are supported on CUDA";
-  };
   Add<BinaryKernel>(r, this, "", "Pow", 7, 1 << 30, AllOf({floats, InputTypeIn(1, exponents), two}));
   auto fmod_attr = [](const graph::Node& n, int) -> std::string {
     const int64_t f = n.AttrInt("fmod", 0);

@@ -22,19 +22,13 @@ namespace {
 
 int ReductionCode(const std::string& r) { return r == "none" ? 2 : r == "sum" ? 1 : 0; }
 
-// CheckClassShapes (providers/loss_shapes.h), its error naming the node.
-absl::Status CheckClassShapes(const std::string& name, const char* what, const TensorView& in,
-                              const TensorView& target, const TensorView* weight) {
-  const absl::Status st = providers::CheckClassShapes(what, in, target, weight);
-  return st.ok() ? st : absl::Status(st.code(), absl::StrCat(name, ": ", st.message()));
-}
-
 // The one-pass row kernels take float32 [N, C] scores (the gradient also bf16 / fp16 ones from
-// the scores), int64 labels and no weights.
-bool OnePass(const TensorView& in, const TensorView& labels, const TensorView* weight, bool low_ok) {
-  const bool dtype_ok = in.dtype == DataType::kFloat32 ||
-                        (low_ok && (in.dtype == DataType::kBFloat16 || in.dtype == DataType::kFloat16));
-  return in.rank == 2 && labels.dtype == DataType::kInt64 && !weight && dtype_ok;
+// the scores, low_ok), int64 labels, no weights and (the gradient) a float32 dY; the forward
+// passes float32 for dy. The claim and the kernels decide by this one rule.
+bool OnePass(int rank, DataType scores, DataType labels, bool weights, DataType dy, bool low_ok) {
+  const bool dtype_ok = scores == DataType::kFloat32 ||
+                        (low_ok && (scores == DataType::kBFloat16 || scores == DataType::kFloat16));
+  return rank == 2 && labels == DataType::kInt64 && !weights && dtype_ok && dy == DataType::kFloat32;
 }
 
 // The scores as [N, C, D] and the NLL kernels' scratch.
@@ -64,8 +58,9 @@ class SceKernel : public CudaKernel {
     const TensorView& s = *ctx.input(0);
     const TensorView& labels = *ctx.input(1);
     const TensorView* weight = ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
-    RETURN_IF_ERROR(CheckClassShapes(name_, "scores", s, labels, weight));
-    if (!OnePass(s, labels, weight, false)) return ComputeByNll(ctx, s, labels, weight);
+    RETURN_IF_ERROR(Named(CheckClassShapes("scores", s, labels, weight)));
+    if (!OnePass(s.rank, s.dtype, labels.dtype, weight != nullptr, DataType::kFloat32, false))
+      return ComputeByNll(ctx, s, labels, weight);
     const int64_t N = s.dims[0], C = s.dims[1];
     TensorView* loss = reduction_ == 2 ? ctx.Output(0, {N}) : ctx.Output(0, std::vector<int64_t>{});
     TensorView* log_prob = ctx.Output(1, s.dim_span());
@@ -113,8 +108,8 @@ class SceGradKernel : public CudaKernel {
     const TensorView& in = *ctx.input(1);  // log_prob, or the scores (from_scores)
     const TensorView& labels = *ctx.input(2);
     const TensorView* weight = ctx.num_inputs() > 3 ? ctx.input(3) : nullptr;
-    RETURN_IF_ERROR(CheckClassShapes(name_, from_scores_ ? "scores" : "log_prob", in, labels, weight));
-    if (!OnePass(in, labels, weight, from_scores_) || dy.dtype != DataType::kFloat32)
+    RETURN_IF_ERROR(Named(CheckClassShapes(from_scores_ ? "scores" : "log_prob", in, labels, weight)));
+    if (!OnePass(in.rank, in.dtype, labels.dtype, weight != nullptr, dy.dtype, from_scores_))
       return ComputeByNll(ctx, dy, in, labels, weight);
     TensorView* dx = ctx.Output(0, in.dim_span());
     if (!dx) return absl::OkStatus();
@@ -191,7 +186,7 @@ class NllKernel : public CudaKernel {
     const TensorView& in = *ctx.input(first);
     const TensorView& target = *ctx.input(first + 1);
     const TensorView* weight = ctx.num_inputs() > first + 2 ? ctx.input(first + 2) : nullptr;
-    RETURN_IF_ERROR(CheckClassShapes(name_, "input", in, target, weight));
+    RETURN_IF_ERROR(Named(CheckClassShapes("input", in, target, weight)));
     const bool t32 = target.dtype == DataType::kInt32;
     const void* w = weight ? weight->data : nullptr;
     TensorView* out = grad_             ? ctx.Output(0, in.dim_span())
@@ -232,9 +227,8 @@ std::string SceSupported(const graph::Node& n, int) {
   const DataType label_t = n.input(fwd ? 1 : 2)->dtype();
   if (label_t != DataType::kInt64 && label_t != DataType::kInt32) return "labels are not int64 or int32";
   const bool low_ok = !fwd && n.AttrInt("from_scores", 0) != 0;
-  const bool one_pass = s->shape().rank() == 2 && label_t == DataType::kInt64 && !w &&
-                        (s->dtype() == DataType::kFloat32 || low_ok) &&
-                        (fwd || n.input(0)->dtype() == DataType::kFloat32);
+  const bool one_pass = OnePass(s->shape().rank(), s->dtype(), label_t, w != nullptr,
+                                fwd ? DataType::kFloat32 : n.input(0)->dtype(), low_ok);
   if (!fwd && n.output(0)) {
     const DataType t = n.output(0)->dtype();
     if (t != DataType::kFloat32 && t != DataType::kBFloat16 && t != DataType::kFloat16)
