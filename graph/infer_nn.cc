@@ -12,6 +12,8 @@
 #include "graph/infer_fns.h"
 #include "graph/infer_shape_util.h"
 #include "graph/infer_util.h"
+#include "graph/dims_value.h"
+#include "graph/pool_geometry.h"
 
 namespace cleave::graph {
 
@@ -335,6 +337,60 @@ absl::Status InferConv(InferContext& ctx) {
     out.push_back(Dim((padded - span) / stride + 1));
   }
   ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
+// MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool: Y [N, C, out...] (and MaxPool's
+// Indices, int64 of Y's shape) from X [N, C, spatial...] and the window (graph/pool_geometry.h).
+absl::Status InferPool(InferContext& ctx) {
+  if (ctx.node().op_type() == "MaxPool")
+    RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                                         DataType::kBFloat16, DataType::kInt8, DataType::kUInt8}));
+  else
+    RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}));
+  const Shape& x = ctx.input_shape(0);
+  Shape out;
+  if (x.has_rank()) {
+    const int r = x.rank();
+    if (r < 3 || r > kMaxRank)
+      return ctx.Error("expected X [N, C, spatial...] of rank 3 to ", kMaxRank, ", got ", x.ToString());
+    std::vector<Dim> dims = {x[0], x[1]};
+    std::vector<int64_t> spatial;
+    for (int d = 2; d < r; ++d)
+      if (x[d].is_static()) spatial.push_back(x[d].value);
+    if (static_cast<int>(spatial.size()) == r - 2) {
+      auto g = PlanPoolGeometry(spatial, PoolAttrsOf(ctx.node()));
+      if (!g.ok()) return ctx.Error(g.status().message());
+      for (int d = 0; d < r - 2; ++d) dims.push_back(Dim(g->out[d]));
+    } else {
+      dims.resize(static_cast<size_t>(r));
+    }
+    out = Shape(std::move(dims));
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), out);
+  if (ctx.num_outputs() > 1) ctx.SetOutput(1, DataType::kInt64, out);
+  return absl::OkStatus();
+}
+
+// ai.cleave.MaxPoolGrad(dY, X) -> dX of X's; ai.cleave.AveragePoolGrad(dY, X's shape) -> dX of
+// dY's dtype and the shape's dims where they are known.
+absl::Status InferPoolGrad(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}));
+  if (ctx.node().op_type() == "MaxPoolGrad") {
+    RETURN_IF_ERROR(ExpectSameDtype(ctx, 1));
+    ctx.SetOutput(0, ctx.input_dtype(1), ctx.input_shape(1));
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
+  Shape out;
+  if (auto dims = InputDimsValue(ctx.node(), 1)) {
+    for (Dim& d : *dims)
+      if (!d.symbol.empty() && d.symbol[0] == '-') d = Dim();
+    out = Shape(std::move(*dims));
+  } else if (const Shape& s = ctx.input_shape(1); s.has_rank() && s.rank() == 1 && s[0].is_static()) {
+    out = UnknownDims(static_cast<int>(s[0].value));
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), out);
   return absl::OkStatus();
 }
 

@@ -354,6 +354,45 @@ absl::StatusOr<FactorRule> Convolution(const Node& n) {
   return r;
 }
 
+// MaxPool, AveragePool and the global pools (X [N, C, spatial...] -> Y [N, C, out...]
+// [, Indices]) and their gradients ai.cleave.MaxPoolGrad (dY, X) -> dX and AveragePoolGrad (dY,
+// X's shape) -> dX: the images N and channels C may be sharded, the windows' spatial dims stay
+// whole. MaxPool's Indices count from the whole tensor's start, so a node that outputs them keeps
+// N and C whole. AveragePool and both gradients are linear in their first input.
+absl::StatusOr<FactorRule> Pooling(const Node& n) {
+  const bool cleave = n.domain() == graph::kCleaveDomain;
+  const Value* xv = cleave ? n.output(0) : n.input(0);
+  const Value* yv = cleave ? n.input(0) : n.output(0);
+  ASSIGN_OR_RETURN(std::vector<int64_t> x, Dims(n, xv));
+  ASSIGN_OR_RETURN(std::vector<int64_t> y, Dims(n, yv));
+  if (x.size() < 3 || y.size() != x.size())
+    return InvalidArgument(n.Describe(), ": expected X and Y [N, C, spatial...] of one rank >= 3");
+  FactorRule r;
+  const int fn = r.AddFactor(x[0]), fc = r.AddFactor(x[1]);
+  if (!cleave && n.num_outputs() > 1 && n.output(1)) r.no_shard[fn] = r.no_shard[fc] = 1;
+  auto f = [](int64_t size, int factor) { return size == 1 ? std::vector<int>{} : std::vector<int>{factor}; };
+  OperandFactors fx, fy;
+  fx.dims = {f(x[0], fn), f(x[1], fc)};
+  fx.dims.resize(x.size());
+  fy.dims = {f(y[0], fn), f(y[1], fc)};
+  fy.dims.resize(y.size());
+  const std::string& op = n.op_type();
+  if (cleave) {
+    r.inputs = {fy, op == "MaxPoolGrad" ? fx : Replicate()};
+    r.outputs = {fx};
+  } else {
+    r.inputs = {fx};
+    r.outputs.assign(static_cast<size_t>(n.num_outputs()), fy);
+  }
+  r.output_avg.assign(n.num_outputs(), 0);
+  r.linear_inputs.assign(n.num_inputs(), 0);
+  if (cleave || op == "AveragePool" || op == "GlobalAveragePool") {
+    r.linearity = Linearity::kEach;
+    r.linear_inputs[0] = 1;
+  }
+  return r;
+}
+
 // One factor per dim of `full`; a dim where `cut` is smaller (a sliced axis) stays whole.
 // Returns the factors of `full` and of `cut` (Slice reads full and writes cut, SliceGrad the
 // reverse).
@@ -457,6 +496,9 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   if ((!cleave && (op == "Pad" || op == "Tile")) || (cleave && op == "PadGrad")) return PadOrTile(n);
   if (!cleave && (op == "GatherElements" || op == "ScatterElements")) return ElementIndexing(n);
   if ((!cleave && op == "Conv") || (cleave && op == "ConvGrad")) return Convolution(n);
+  if ((!cleave && (op == "MaxPool" || op == "AveragePool" || op == "GlobalMaxPool" || op == "GlobalAveragePool")) ||
+      (cleave && (op == "MaxPoolGrad" || op == "AveragePoolGrad")))
+    return Pooling(n);
   if (!cleave && (op == "Sum" || op == "Mean")) {
     std::vector<int> all(static_cast<size_t>(n.num_inputs()));
     std::iota(all.begin(), all.end(), 0);

@@ -1,7 +1,8 @@
 // Conv and its gradient on the CUDA provider against the CPU's (gpu label): every layout of
 // the lowering (one image or several per product, groups, depthwise, 1 to 3 spatial dims,
 // strides, dilations, padding), bf16 and fp16 against the CPU on the rounded operands, and a
-// chunk budget small enough that the images are lowered a few at a time.
+// chunk budget small enough that the images are lowered a few at a time. The pools and their
+// gradients against the CPU's in float32, and in bf16 and fp16 against the CPU on rounded operands.
 #include <string>
 #include <vector>
 
@@ -138,6 +139,101 @@ TEST(CudaProvider, ConvRejectsMismatchedShapesNamingTheNode) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("Conv"), std::string::npos) << r.status();
   EXPECT_NE(r.status().message().find("C / group = 4, got 3"), std::string::npos) << r.status();
+}
+
+struct PoolCase {
+  std::string op;
+  std::vector<int64_t> x;
+  std::string attrs;
+};
+
+const PoolCase kPoolCases[] = {
+    {"MaxPool", {2, 3, 7, 6}, "kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]"},
+    {"MaxPool", {2, 3, 9, 8}, "kernel_shape = [2, 3], strides = [2, 2], dilations = [2, 1], ceil_mode = 1"},
+    {"MaxPool", {1, 2, 4, 5, 3}, "kernel_shape = [2, 2, 2], auto_pad = \"SAME_UPPER\""},
+    {"MaxPool", {3, 2, 11}, "kernel_shape = [3], strides = [2], pads = [1, 2]"},
+    {"AveragePool", {2, 3, 7, 6}, "kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1], count_include_pad = 1"},
+    {"AveragePool", {2, 2, 5, 5}, "kernel_shape = [2, 2], strides = [2, 2], ceil_mode = 1"},
+    {"AveragePool", {1, 3, 6, 7}, "kernel_shape = [3, 2], dilations = [2, 2], auto_pad = \"SAME_LOWER\""},
+    {"GlobalAveragePool", {2, 5, 4, 3}, ""},
+    {"GlobalMaxPool", {2, 5, 4, 3}, ""},
+};
+
+// The pool's output dims, from the CPU's forward.
+std::vector<int64_t> PoolOutDims(const PoolCase& c) {
+  const std::string text = absl::StrCat("opset 19\ninput x: float32", DimsText(c.x), "\ny = ", c.op, "(x)",
+                                        c.attrs.empty() ? "" : absl::StrCat(" {", c.attrs, "}"), "\noutput y\n");
+  auto s = InferenceSession::FromGraph(*graph::ParseGraph(text), SessionOptions{});
+  if (!s.ok()) return {};
+  auto y = (*s)->Run({{"x", Random(c.x, 1)}});
+  if (!y.ok()) return {};
+  return std::vector<int64_t>((*y)[0].dims().begin(), (*y)[0].dims().end());
+}
+
+// y = pool(x) (with MaxPool's Indices) and dx from a fed dY by the pool's gradient op, the float
+// operands cast to `type` around the ops; with `rounded`, the CPU's float32 reference on operands
+// and results rounded to `type`.
+std::string PoolGraph(const PoolCase& c, int type, bool rounded = false) {
+  const bool max = c.op.find("Max") != std::string::npos;
+  const std::string attrs = c.attrs.empty() ? "" : absl::StrCat(" {", c.attrs, "}");
+  std::string grad_attrs = c.attrs;
+  if (c.op.rfind("Global", 0) == 0) grad_attrs = "global = 1";
+  auto in = [&](const std::string& name) {
+    if (!rounded) return absl::StrCat("h", name, " = Cast(", name, ") {to = ", type, "}\n");
+    return absl::StrCat(name, "_r = Cast(", name, ") {to = ", type, "}\nh", name, " = Cast(", name, "_r) {to = 1}\n");
+  };
+  auto out = [&](const std::string& name) {
+    if (!rounded) return absl::StrCat(name, " = Cast(h", name, ") {to = 1}\n");
+    return absl::StrCat(name, "_r = Cast(h", name, ") {to = ", type, "}\n", name, " = Cast(", name, "_r) {to = 1}\n");
+  };
+  std::string g = absl::StrCat("opset 19\ninput x: float32", DimsText(c.x), "\ninput dy: float32",
+                               DimsText(PoolOutDims(c)), "\n", in("x"), in("dy"));
+  if (c.op == "MaxPool") absl::StrAppend(&g, "hy, idx = MaxPool(hx)", attrs, "\n");
+  else absl::StrAppend(&g, "hy = ", c.op, "(hx)", attrs, "\n");
+  if (max) {
+    absl::StrAppend(&g, "hdx = ai.cleave.MaxPoolGrad(hdy, hx) {", grad_attrs, "}\n");
+  } else {
+    absl::StrAppend(&g, "xs = Shape(hx)\nhdx = ai.cleave.AveragePoolGrad(hdy, xs) {", grad_attrs, "}\n");
+  }
+  absl::StrAppend(&g, out("y"), out("dx"), "output y\noutput dx\n", c.op == "MaxPool" ? "output idx\n" : "");
+  return g;
+}
+
+TEST(CudaProvider, PoolsAndTheirGradientsInFloat32) {
+  REQUIRE_CUDA();
+  unsigned seed = 400;
+  for (const PoolCase& c : kPoolCases) {
+    SCOPED_TRACE(PoolGraph(c, 1));
+    ExpectSame(PoolGraph(c, 1), {{"x", Random(c.x, ++seed)}, {"dy", Random(PoolOutDims(c), ++seed)}}, 1e-6, 1e-5, "*");
+  }
+}
+
+TEST(CudaProvider, PoolsAndTheirGradientsInBf16AndFp16) {
+  REQUIRE_CUDA();
+  unsigned seed = 500;
+  for (int type : {16, 10})
+    for (const PoolCase& c : kPoolCases) {
+      SCOPED_TRACE(PoolGraph(c, type));
+      // Both sides pick among, and sum, the same rounded operands in float32 in one order, and
+      // round once: MaxPool's choice (ties to the first tap) and its indices agree exactly.
+      ExpectSame(PoolGraph(c, type), {{"x", Random(c.x, ++seed)}, {"dy", Random(PoolOutDims(c), ++seed)}}, 1e-6, 1e-6,
+                 c.op, PoolGraph(c, type, /*rounded=*/true));
+    }
+}
+
+TEST(CudaProvider, PoolGradientRejectsADyOfTheWrongShapeNamingTheNode) {
+  REQUIRE_CUDA();
+  auto s = cuda_testing::CudaSession(R"(
+    input dy: float32[1,2,h,w]
+    input x: float32[1,2,6,6]
+    dx = ai.cleave.MaxPoolGrad(dy, x) {kernel_shape = [2, 2], strides = [2, 2]}
+    output dx
+  )");
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto r = (*s)->Run({{"dy", Random({1, 2, 2, 3}, 1)}, {"x", Random({1, 2, 6, 6}, 2)}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("MaxPoolGrad"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("expected dY [1,2,3,3]"), std::string::npos) << r.status();
 }
 
 }  // namespace

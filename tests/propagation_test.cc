@@ -198,8 +198,9 @@ TEST(Propagation, DataParallelReflectPadGradientKeepsTheBatch) {
                   << r.to.ToString() << " for " << r.node->Describe();
 }
 
-// A small convolutional classifier (padding, a strided Conv, LeakyRelu, a pooled mean, a
-// log-softmax and the negative log-likelihood) trained data-parallel: every activation and
+// A small convolutional classifier (padding, a strided Conv, LeakyRelu, MaxPool, a padded
+// AveragePool, GlobalAveragePool, a log-softmax and the negative log-likelihood) trained
+// data-parallel: every activation and
 // activation gradient keeps the batch sharded with no collective, and the weights' gradients
 // come out Partial over dp (the one all-reduce the optimizer needs).
 TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
@@ -211,11 +212,13 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
     input b: float32[6]
     input head: float32[6,5]
     init pads: int64[8] = 0 0 1 1 0 0 1 1
-    init axes: int64[2] = 2 3
     p = Pad(x, pads)
     c = Conv(p, w, b) {strides = [2, 2]}
     a = LeakyRelu(c) {alpha = 0.1}
-    m = ReduceMean(a, axes) {keepdims = 0}
+    mp = MaxPool(a) {kernel_shape = [2, 2], pads = [0, 0, 1, 1]}
+    ap = AveragePool(mp) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], count_include_pad = 1}
+    gp = GlobalAveragePool(ap)
+    m = Flatten(gp)
     s = MatMul(m, head)
     lp = LogSoftmax(s) {axis = 1}
     loss = NegativeLogLikelihoodLoss(lp, labels)
@@ -227,13 +230,18 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
   std::vector<graph::Value*> wrt = {graph.FindValue("w"), graph.FindValue("b"), graph.FindValue("head")};
   auto grads = trainer::BuildBackward(graph, graph.FindValue("loss"), wrt);
   ASSERT_TRUE(grads.ok()) << grads.status();
-  int conv_grads = 0;
-  for (const auto& node : graph.nodes()) conv_grads += node->op_type() == "ConvGrad";
+  int conv_grads = 0, pool_grads = 0;
+  for (const auto& node : graph.nodes()) {
+    conv_grads += node->op_type() == "ConvGrad";
+    pool_grads += node->op_type() == "MaxPoolGrad" || node->op_type() == "AveragePoolGrad";
+  }
   EXPECT_EQ(conv_grads, 1);
+  EXPECT_EQ(pool_grads, 3);
   auto mesh = *Mesh::Parse("dp=2");
   auto p = Propagate(graph, mesh, {{"x", Batch(4)}, {"labels", Batch(1)}});
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(p->sharding.at(graph.FindValue("c")).ToString(), "[dp,-,-,-]");
+  for (const char* v : {"c", "mp", "ap", "gp"})
+    EXPECT_EQ(p->sharding.at(graph.FindValue(v)).ToString(), "[dp,-,-,-]") << v;
   for (const auto& [name, grad] : *grads)
     EXPECT_EQ(p->sharding.at(grad).partial, std::set<std::string>{"dp"}) << name << " " << p->sharding.at(grad).ToString();
   for (const Reshard& r : Reshards(graph, mesh, *p))

@@ -84,6 +84,10 @@ absl::StatusOr<Value*> GradBuilder::ReduceTo(Value* dx, const Value* x) {
   return Op("Reshape", {sum, Ints(to.StaticDims())});
 }
 
+Value* GradBuilder::ShapeOf(Value* v) {
+  return v->shape().is_static() ? Ints(v->shape().StaticDims()) : Op("Shape", {v});
+}
+
 Value* GradBuilder::ReduceSum(Value* v, const std::vector<int64_t>& axes, bool keepdims) {
   Attribute keep = Attribute::Int(keepdims ? 1 : 0);
   if (g_opset13()) return Op("ReduceSum", {v, Ints(axes)}, {{"keepdims", keep}});

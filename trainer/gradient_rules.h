@@ -55,6 +55,9 @@ class GradBuilder {
   // A scalar constant of `like`'s dtype.
   graph::Value* Const(double v, const graph::Value* like);
   graph::Value* Ints(const std::vector<int64_t>& v);
+  // v's shape as an int64 tensor: a constant where it is static (which the partitioner rewrites
+  // to each rank's local shape), else Shape(v).
+  graph::Value* ShapeOf(graph::Value* v);
   // A zero tensor with `like`'s dtype and (static) shape.
   graph::Value* Zeros(const graph::Value* like);
   int64_t graph_opset() const { return g_.OpsetFor(""); }

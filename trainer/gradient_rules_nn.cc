@@ -216,6 +216,23 @@ absl::Status ConvGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// MaxPool, AveragePool and the global pools, with the forward's attributes (and `global` for
+// the global pools): ai.cleave.MaxPoolGrad(dY, X) gives each window's gradient to the tap it
+// chose, found again from X; ai.cleave.AveragePoolGrad(dY, X's shape) spreads it over the taps
+// its divisor counted, so X need not be kept (the shape a constant where it is static, which
+// the partitioner makes each rank's own). MaxPool's Indices get no gradient.
+absl::Status PoolGrad(GradBuilder& b) {
+  if (!b.dy()) return absl::OkStatus();
+  const std::string& op = b.fwd().op_type();
+  std::vector<std::pair<std::string, Attribute>> attrs;
+  for (const char* a : {"auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads", "strides"})
+    if (const Attribute* v = b.fwd().FindAttr(a)) attrs.emplace_back(a, *v);
+  if (op.rfind("Global", 0) == 0) attrs.emplace_back("global", Attribute::Int(1));
+  if (op == "MaxPool" || op == "GlobalMaxPool") b.SetGrad(0, b.Op("ai.cleave.MaxPoolGrad", {b.dy(), b.x(0)}, attrs));
+  else b.SetGrad(0, b.Op("ai.cleave.AveragePoolGrad", {b.dy(), b.ShapeOf(b.x(0))}, attrs));
+  return absl::OkStatus();
+}
+
 // NegativeLogLikelihoodLoss over log-probabilities: d loss / d input = -onehot(label)
 // w[label] scaled as the reduction scales (ai.cleave.NegativeLogLikelihoodLossGrad). Labels
 // and weights get no gradient.
@@ -273,6 +290,7 @@ void RegisterNnRules(std::map<std::string, GradRule>& rules) {
   rules["::SoftmaxCrossEntropyLoss"] = SoftmaxCrossEntropyLossGrad;
   rules["::NegativeLogLikelihoodLoss"] = NegativeLogLikelihoodLossGrad;
   rules["::Conv"] = ConvGrad;
+  for (const char* op : {"::MaxPool", "::AveragePool", "::GlobalMaxPool", "::GlobalAveragePool"}) rules[op] = PoolGrad;
 }
 
 }  // namespace cleave::trainer

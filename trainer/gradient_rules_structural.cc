@@ -48,9 +48,10 @@ absl::Status TransposeGrad(GradBuilder& b) {  // the inverse permutation
   return absl::OkStatus();
 }
 
-// Reshape, Squeeze, Unsqueeze, Flatten, Expand-free views: the gradient takes x's shape back.
+// Reshape, Squeeze, Unsqueeze, Flatten, Expand-free views: the gradient takes x's shape back
+// (a constant where it is static, as SpreadOverReduced's).
 absl::Status ReshapeLikeGrad(GradBuilder& b) {
-  b.SetGrad(0, b.Op("Reshape", {b.dy(), b.Op("Shape", {b.x(0)})}));
+  b.SetGrad(0, b.Op("Reshape", {b.dy(), b.ShapeOf(b.x(0))}));
   return absl::OkStatus();
 }
 
@@ -104,8 +105,7 @@ absl::StatusOr<Value*> SpreadOverReduced(GradBuilder& b, const std::vector<int64
   }
   // A static shape is a constant (the partitioner gives each rank its local one), so the
   // gradient never reads x itself, which a Shape of it would (and a sharded x be gathered for).
-  const Shape& xs = b.x(0)->shape();
-  return b.Op("Expand", {dy, xs.is_static() ? b.Ints(xs.StaticDims()) : b.Op("Shape", {b.x(0)})});
+  return b.Op("Expand", {dy, b.ShapeOf(b.x(0))});
 }
 
 absl::Status ReduceSumGrad(GradBuilder& b) {  // 1 for every reduced element

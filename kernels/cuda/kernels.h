@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/pad_coord.h"
+#include "kernels/pool_window.h"
 #include "kernels/rotary_layout.h"
 
 namespace cleave::kernels::cuda {
@@ -246,6 +247,22 @@ int Trilu(int elem_bytes, const void* x, void* y, int64_t batch, int64_t rows, i
 // y = x with axes permuted (y dim k = x dim perm[k]).
 int Transpose(int elem_bytes, const void* x, void* y, int rank, const int64_t* x_dims, const int64_t* perm,
               void* stream);
+
+// Pooling over [planes, in_size] planes (kernels/pool_window.h), every sum and comparison in
+// float32. MaxPool: y [planes, out_size] the first largest tap (NaN beats every number; -inf for
+// a window in the padding), and indices (when non-null) its flat offset in x, the plane laid out
+// column-major with column_major (storage_order 1). AveragePool: y the taps' mean over the
+// window's divisor.
+using kernels::PoolLayout;
+int MaxPool(Dt dt, const PoolLayout& l, int64_t planes, const void* x, void* y, int64_t* indices, bool column_major,
+            void* stream);
+int AveragePool(Dt dt, const PoolLayout& l, int64_t planes, const void* x, void* y, void* stream);
+// Their gradients dx [planes, in_size], each element gathered from the windows that read it:
+// MaxPoolGrad sums the dy of the windows that chose it (arg: scratch of planes * out_size, for
+// the choices found again from x); AveragePoolGrad sums dy / divisor.
+int MaxPoolGrad(Dt dt, const PoolLayout& l, int64_t planes, const void* dy, const void* x, int64_t* arg, void* dx,
+                void* stream);
+int AveragePoolGrad(Dt dt, const PoolLayout& l, int64_t planes, const void* dy, void* dx, void* stream);
 
 // The geometry of a convolution over `spatial` dims (kernels/cpu/conv.h's ConvParams, less the
 // images and the filters): C input channels of in[] elements, a kernel[] window read every

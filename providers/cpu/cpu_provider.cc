@@ -33,6 +33,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterAxisKernels(registry_);
   RegisterPadTileKernels(registry_);
   RegisterConvKernels(registry_);
+  RegisterPoolKernels(registry_);
   RegisterOptimizerKernels(registry_);
   RegisterCollectiveKernels(registry_);
   RegisterLowPrecisionKernels(registry_);

@@ -1,14 +1,17 @@
-// The CUDA provider's Conv and ai.cleave.ConvGrad (providers/cuda/): im2col over a chunk of
-// images at a time (kernels/cuda/conv.cu), then one cuBLASLt product per group covering the
-// whole chunk, whose columns are every image's output positions side by side:
+// The CUDA provider's Conv and ai.cleave.ConvGrad, and the pools with their gradients
+// (providers/cuda/).
+// Conv and ConvGrad: im2col over a chunk of images at a time (kernels/cuda/conv.cu), then one
+// cuBLASLt product per group covering the whole chunk, whose columns are every image's output
+// positions side by side:
 //   forward   Y_g [Mg, n O]      = W_g [Mg, Cg K] col_g [Cg K, n O]
 //   dW        dW_g [Mg, Cg K]   += dY_g [Mg, n O] col_g^T          (float32, summed over chunks)
 //   dX        col_g [Cg K, n O]  = W_g^T dY_g                     (float32), then col2im
 //   dB        the sums of dY over images and positions.
 // A product's float32 [M, n, O] result gets the bias and the images' [n, M, O] layout as it is
 // rounded to Y's type, once (dY is transposed the other way where a chunk holds more than one
-// image). The chunk is as many images as keep
-// the scratch under the provider's conv_chunk_bytes.
+// image). The chunk is as many images as keep the scratch under the provider's conv_chunk_bytes.
+// MaxPool, AveragePool, the global pools, MaxPoolGrad and AveragePoolGrad: kernels/cuda/pool.cu,
+// over the windows the CPU's kernels use (providers/pool_plan.h).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -22,6 +25,7 @@
 #include "providers/conv_attrs.h"
 #include "providers/cuda/cuda_kernel.h"
 #include "providers/cuda/cuda_matmul.h"
+#include "providers/pool_plan.h"
 
 namespace cleave::providers {
 namespace {
@@ -215,6 +219,68 @@ class ConvGradKernel : public CudaKernel {
   kernels::cpu::ConvAttrs attrs_;
 };
 
+// MaxPool (X) -> Y[, Indices], AveragePool (X) -> Y and the global pools (kernels/cuda/pool.cu).
+class PoolKernel : public CudaKernel {
+ public:
+  PoolKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), attrs_(graph::PoolAttrsOf(n)), max_(n.op_type().find("Max") != std::string::npos) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    auto plan = PlanPool(x.dim_span(), attrs_);
+    if (!plan.ok()) return Named(plan.status());
+    if (max_ && attrs_.storage_order != 0 && attrs_.storage_order != 1)
+      return InvalidArgument(name_, ": expected storage_order 0 or 1, got ", attrs_.storage_order);
+    TensorView* y = ctx.Output(0, plan->out);
+    TensorView* indices = ctx.num_outputs() > 1 ? ctx.Output(1, plan->out) : nullptr;
+    if (!y || y->numel() == 0) return absl::OkStatus();
+    if (max_)
+      return Check(kc::MaxPool(DtOf(x.dtype), plan->layout, plan->planes, x.data, y->data,
+                               indices ? indices->as<int64_t>() : nullptr, attrs_.storage_order == 1, stream()));
+    return Check(kc::AveragePool(DtOf(x.dtype), plan->layout, plan->planes, x.data, y->data, stream()));
+  }
+
+ private:
+  graph::PoolAttrs attrs_;
+  bool max_;
+};
+
+// ai.cleave.MaxPoolGrad (dY, X) and ai.cleave.AveragePoolGrad (dY, X's shape, read on the host)
+// -> dX.
+class PoolGradKernel : public CudaKernel {
+ public:
+  PoolGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), attrs_(graph::PoolAttrsOf(n)), max_(n.op_type() == "MaxPoolGrad") {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& second = *ctx.input(1);
+    DimVector x_dims;
+    if (max_) {
+      if (second.dtype != dy.dtype)
+        return InvalidArgument(name_, ": expected dY and X of one dtype, got ", DataTypeName(dy.dtype), " and ",
+                               DataTypeName(second.dtype));
+      x_dims = DimVector(second.dim_span());
+    } else {
+      auto dims = PoolInputDims(second);
+      if (!dims.ok()) return Named(dims.status());
+      x_dims = *dims;
+    }
+    auto plan = PlanPoolGrad(x_dims.span(), dy.dim_span(), attrs_);
+    if (!plan.ok()) return Named(plan.status());
+    TensorView* dx = ctx.Output(0, x_dims.span());
+    if (!dx || dx->numel() == 0) return absl::OkStatus();
+    if (!max_)
+      return Check(kc::AveragePoolGrad(DtOf(dy.dtype), plan->layout, plan->planes, dy.data, dx->data, stream()));
+    int64_t* arg = ctx.ScratchOf<int64_t>(std::max<int64_t>(plan->planes * plan->layout.out_size, 1));
+    if (!arg) return NoScratch();
+    return Check(
+        kc::MaxPoolGrad(DtOf(dy.dtype), plan->layout, plan->planes, dy.data, second.data, arg, dx->data, stream()));
+  }
+
+ private:
+  graph::PoolAttrs attrs_;
+  bool max_;
+};
+
 }  // namespace
 
 void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p) {
@@ -227,6 +293,12 @@ void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p) {
   Add<ConvKernel>(r, p, "", "Conv", 1, 1 << 30, AllOf({InputTypeIn(0, kFloats), alike}));
   Add<ConvGradKernel>(r, p, std::string(graph::kCleaveDomain), "ConvGrad", 1, 1,
                       AllOf({InputTypeIn(0, kFloats), alike}));
+  for (const char* op : {"MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool"})
+    Add<PoolKernel>(r, p, "", op, 1, 1 << 30, InputTypeIn(0, kFloats));
+  const std::string cleave(graph::kCleaveDomain);
+  Add<PoolGradKernel>(r, p, cleave, "MaxPoolGrad", 1, 1, AllOf({InputTypeIn(0, kFloats), alike}));
+  Add<PoolGradKernel>(r, p, cleave, "AveragePoolGrad", 1, 1,
+                      AllOf({InputTypeIn(0, kFloats), InputTypeIn(1, {DataType::kInt64})}), {1});
 }
 
 }  // namespace cleave::providers

@@ -94,7 +94,8 @@ void RegisterCudaOptimizerKernels(KernelRegistry& r, CudaExecutionProvider* p);
 // Registers the attention kernels (cuda_attention_kernels.cc): Attention and AttentionGrad.
 void RegisterCudaAttentionKernels(KernelRegistry& r, CudaExecutionProvider* p);
 
-// Registers Conv and ConvGrad (cuda_conv_kernels.cc).
+// Registers Conv and ConvGrad, MaxPool, AveragePool, the global pools and their gradients
+// (cuda_conv_kernels.cc).
 void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p);
 
 // Registers the kernels along an axis or over padded dims (cuda_axis_kernels.cc): Pad, Tile,

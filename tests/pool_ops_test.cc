@@ -1,0 +1,154 @@
+// MaxPool, AveragePool and the global pools on the CPU (tests/): values worked by hand, PyTorch's
+// ceil_mode divisor, MaxPool's Indices in both storage orders, NaN, and the errors. The ONNX
+// backend suites cover the rest of the forward; gradient_check_test.cc the gradients.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/op_tester.h"
+
+namespace cleave::testing {
+namespace {
+
+std::vector<float> Iota(int n, float from = 1.f) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = from + static_cast<float>(i);
+  return v;
+}
+
+// Two planes of 1..16 and 17..32 [4, 4], 2x2 windows with stride 2: each window's largest is its
+// bottom-right tap; the indices count from the tensor's start (the second plane adds 16).
+TEST(PoolOpsTest, MaxPoolGivesValuesAndFlatIndicesOfEveryPlane) {
+  OpTester("MaxPool", 12)
+      .Attr("kernel_shape", std::vector<int64_t>{2, 2})
+      .Attr("strides", std::vector<int64_t>{2, 2})
+      .Input<float>("x", {1, 2, 4, 4}, Iota(32))
+      .Output<float>("y", {1, 2, 2, 2}, {6, 8, 14, 16, 22, 24, 30, 32})
+      .Output<int64_t>("indices", {1, 2, 2, 2}, {5, 7, 13, 15, 21, 23, 29, 31})
+      .Run();
+}
+
+// storage_order 1: the index of (h, w) is w * H + h within its plane.
+TEST(PoolOpsTest, MaxPoolIndicesInColumnMajorOrder) {
+  OpTester("MaxPool", 12)
+      .Attr("kernel_shape", std::vector<int64_t>{2, 2})
+      .Attr("strides", std::vector<int64_t>{2, 2})
+      .Attr("storage_order", int64_t{1})
+      .Input<float>("x", {1, 2, 4, 4}, Iota(32))
+      .Output<float>("y", {1, 2, 2, 2}, {6, 8, 14, 16, 22, 24, 30, 32})
+      // (1,1) -> 1*4+1 = 5, (1,3) -> 13, (3,1) -> 7, (3,3) -> 15; plane 1 adds 16.
+      .Output<int64_t>("indices", {1, 2, 2, 2}, {5, 13, 7, 15, 21, 29, 23, 31})
+      .Run();
+}
+
+// A NaN beats every number (PyTorch's choice), ties go to the first tap, and the padding never
+// wins: a window over [-5, -5] and the padding gives -5.
+TEST(PoolOpsTest, MaxPoolTakesNaNFirstOfEqualsAndNeverThePadding) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  OpTester("MaxPool", 12)
+      .Attr("kernel_shape", std::vector<int64_t>{3})
+      .Attr("strides", std::vector<int64_t>{3})
+      .Attr("pads", std::vector<int64_t>{1, 1})
+      .Input<float>("x", {1, 1, 7}, {-5, -5, 2, nan, 2, 7, 7})
+      .Output<float>("y", {1, 1, 3}, {-5, nan, 7})
+      .Output<int64_t>("indices", {1, 1, 3}, {0, 3, 5})
+      .Run();
+}
+
+// PyTorch's avg_pool2d(arange(1..16) [4, 4], kernel 3, stride 2, padding 1, ceil_mode=True,
+// count_include_pad=True): the last window of each dim starts in the input and runs one tap past
+// the padding, which the divisor leaves out.
+TEST(PoolOpsTest, AveragePoolCeilModeDividesAsPyTorch) {
+  OpTester("AveragePool", 19)
+      .Attr("kernel_shape", std::vector<int64_t>{3, 3})
+      .Attr("strides", std::vector<int64_t>{2, 2})
+      .Attr("pads", std::vector<int64_t>{1, 1, 1, 1})
+      .Attr("ceil_mode", int64_t{1})
+      .Attr("count_include_pad", int64_t{1})
+      .Input<float>("x", {1, 1, 4, 4}, Iota(16))
+      .Output<float>("y", {1, 1, 3, 3}, {1.5555556f, 3.3333333f, 2.f, 6.3333335f, 11.f, 6.f, 4.5f, 7.5f, 4.f})
+      .Tolerance(1e-6, 1e-6)
+      .Run();
+  // Without count_include_pad each window divides by its taps in the input: the corner window
+  // (0, 0) reads 1, 2, 5, 6.
+  OpTester("AveragePool", 19)
+      .Attr("kernel_shape", std::vector<int64_t>{3, 3})
+      .Attr("strides", std::vector<int64_t>{2, 2})
+      .Attr("pads", std::vector<int64_t>{1, 1, 1, 1})
+      .Attr("ceil_mode", int64_t{1})
+      .Input<float>("x", {1, 1, 4, 4}, Iota(16))
+      .Output<float>("y", {1, 1, 3, 3}, {3.5f, 5.f, 6.f, 9.5f, 11.f, 12.f, 13.5f, 15.f, 16.f})
+      .Tolerance(1e-6, 1e-6)
+      .Run();
+}
+
+// ceil_mode drops a last window that would start in the end padding: [1, 1, 5] with kernel 2,
+// stride 2 and pads [1, 1] rounds (7 - 2) / 2 + 1 up to 4 windows, but the fourth would start at
+// position 5, past the input, so there are 3.
+TEST(PoolOpsTest, CeilModeDropsAWindowStartingInTheEndPadding) {
+  OpTester("MaxPool", 12)
+      .Attr("kernel_shape", std::vector<int64_t>{2})
+      .Attr("strides", std::vector<int64_t>{2})
+      .Attr("pads", std::vector<int64_t>{1, 1})
+      .Attr("ceil_mode", int64_t{1})
+      .Input<float>("x", {1, 1, 5}, {1, 2, 3, 4, 5})
+      .Output<float>("y", {1, 1, 3}, {1, 3, 5})
+      .Run();
+}
+
+TEST(PoolOpsTest, GlobalPoolsReduceEverySpatialDim) {
+  OpTester("GlobalAveragePool", 1)
+      .Input<float>("x", {2, 1, 2, 3}, Iota(12))
+      .Output<float>("y", {2, 1, 1, 1}, {3.5f, 9.5f})
+      .Run();
+  OpTester("GlobalMaxPool", 1)
+      .Input<double>("x", {1, 2, 3}, {4, -1, 9, -7, -2, -3})
+      .Output<double>("y", {1, 2, 1}, {9, -2})
+      .Run();
+}
+
+TEST(PoolOpsTest, MaxPoolOfUint8) {
+  OpTester("MaxPool", 12)
+      .Attr("kernel_shape", std::vector<int64_t>{2})
+      .Input<uint8_t>("x", {1, 1, 4}, {3, 250, 7, 1})
+      .Output<uint8_t>("y", {1, 1, 3}, {250, 250, 7})
+      .Run();
+}
+
+TEST(PoolOpsTest, BadWindowsFailNamingWhatDisagrees) {
+  OpTester("MaxPool", 12)
+      .Input<float>("x", {1, 1, 4, 4}, Iota(16))
+      .UncheckedOutput("y")
+      .ExpectFailure("expected kernel_shape of 2 values")
+      .Run();
+  OpTester("AveragePool", 19)
+      .Attr("kernel_shape", std::vector<int64_t>{5, 1})
+      .Input<float>("x", {1, 1, 4, 4}, Iota(16))
+      .UncheckedOutput("y")
+      .ExpectFailure("spatial dim 0 of 4 (padded to 4) is smaller than the 5 the dilated kernel spans")
+      .Run();
+  OpTester("MaxPool", 12)
+      .Attr("kernel_shape", std::vector<int64_t>{2, 2})
+      .Attr("strides", std::vector<int64_t>{0, 1})
+      .Input<float>("x", {1, 1, 4, 4}, Iota(16))
+      .UncheckedOutput("y")
+      .ExpectFailure("strides must be 1 to 2^31 - 1, got 0")
+      .Run();
+  OpTester("MaxPool", 12)
+      .Attr("kernel_shape", std::vector<int64_t>{2})
+      .Input<float>("x", {4, 4}, Iota(16))
+      .UncheckedOutput("y")
+      .ExpectFailure("expected X [N, C, spatial...] of rank 3")
+      .Run();
+  OpTester("MaxPool", 12)
+      .Attr("kernel_shape", std::vector<int64_t>{2})
+      .Attr("pads", std::vector<int64_t>{1})
+      .Input<float>("x", {1, 1, 4}, Iota(4))
+      .UncheckedOutput("y")
+      .ExpectFailure("expected 2 pads")
+      .Run();
+}
+
+}  // namespace
+}  // namespace cleave::testing
