@@ -340,6 +340,35 @@ absl::Status InferConv(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// BatchNormalization (X [N, C, ...], scale, B, input_mean, input_var [C]) -> Y of X's, and in
+// training mode running_mean, running_var [C] of input_mean's dtype.
+// ai.cleave.BatchNormalizationGrad (dY, X, scale, input_mean, input_var) -> dX of X's, dScale and
+// dB of scale's.
+absl::Status InferBatchNorm(InferContext& ctx) {
+  const bool grad = ctx.node().op_type() == "BatchNormalizationGrad";
+  const int xi = grad ? 1 : 0;
+  const std::initializer_list<DataType> floats = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                                                  DataType::kBFloat16};
+  RETURN_IF_ERROR(ExpectDtype(ctx, xi, floats));
+  if (grad) RETURN_IF_ERROR(ExpectSameDtype(ctx, 1));
+  for (int i = xi + 1; i < ctx.num_inputs(); ++i) RETURN_IF_ERROR(ExpectDtype(ctx, i, floats));
+  const Shape& x = ctx.input_shape(xi);
+  Dim channels;
+  if (x.has_rank()) {
+    if (x.rank() < 2) return ctx.Error("expected X [N, C, ...] of rank >= 2, got ", x.ToString());
+    channels = x[1];
+  }
+  for (int i = xi + 1; i < ctx.num_inputs(); ++i) {
+    const Shape& s = ctx.input_shape(i);
+    if (s.has_rank() && (s.rank() != 1 || DimsConflict(s[0], channels)))
+      return ctx.Error(InputName(ctx, i), " is ", s.ToString(), "; expected [", DimText(channels), "] (X's channels)");
+  }
+  ctx.SetOutput(0, ctx.input_dtype(xi), x);
+  const DataType stat = grad ? ctx.input_dtype(2) : ctx.input_dtype(3);
+  for (int o = 1; o < ctx.num_outputs(); ++o) ctx.SetOutput(o, stat, Shape({channels}));
+  return absl::OkStatus();
+}
+
 // MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool: Y [N, C, out...] (and MaxPool's
 // Indices, int64 of Y's shape) from X [N, C, spatial...] and the window (graph/pool_geometry.h).
 absl::Status InferPool(InferContext& ctx) {

@@ -354,6 +354,41 @@ absl::StatusOr<FactorRule> Convolution(const Node& n) {
   return r;
 }
 
+// BatchNormalization (X [N, C, ...], scale, B, input_mean, input_var [C]) -> Y[, running_mean,
+// running_var] and ai.cleave.BatchNormalizationGrad (dY, X, scale, input_mean, input_var) -> dX,
+// dScale, dB: the channels C may be sharded with their per-channel operands. In inference mode the
+// images N may be too (the gradient's dScale and dB, sums over N, come out Partial); training
+// mode's batch statistics need every image, so N stays whole there.
+absl::StatusOr<FactorRule> BatchNorm(const Node& n) {
+  const bool grad = n.domain() == graph::kCleaveDomain;
+  ASSIGN_OR_RETURN(std::vector<int64_t> x, Dims(n, n.input(grad ? 1 : 0)));
+  if (x.size() < 2) return InvalidArgument(n.Describe(), ": expected X [N, C, ...] of rank >= 2");
+  FactorRule r;
+  const int fn = r.AddFactor(x[0]), fc = r.AddFactor(x[1]);
+  if (n.AttrInt("training_mode", 0) != 0) r.no_shard[fn] = 1;
+  auto f = [](int64_t size, int factor) { return size == 1 ? std::vector<int>{} : std::vector<int>{factor}; };
+  OperandFactors fx, fp;
+  fx.dims = {f(x[0], fn), f(x[1], fc)};
+  fx.dims.resize(x.size());
+  fp.dims = {f(x[1], fc)};
+  if (grad) {
+    r.inputs = {fx, fx, fp, fp, fp};
+    r.outputs = {fx, fp, fp};
+    r.outputs.resize(static_cast<size_t>(n.num_outputs()));
+  } else {
+    r.inputs = {fx, fp, fp, fp, fp};
+    r.outputs = {fx, fp, fp};
+    r.outputs.resize(static_cast<size_t>(n.num_outputs()), fp);
+  }
+  r.output_avg.assign(n.num_outputs(), 0);
+  r.linear_inputs.assign(n.num_inputs(), 0);
+  if (grad) {  // linear in dY
+    r.linearity = Linearity::kEach;
+    r.linear_inputs[0] = 1;
+  }
+  return r;
+}
+
 // MaxPool, AveragePool and the global pools (X [N, C, spatial...] -> Y [N, C, out...]
 // [, Indices]) and their gradients ai.cleave.MaxPoolGrad (dY, X) -> dX and AveragePoolGrad (dY,
 // X's shape) -> dX: the images N and channels C may be sharded, the windows' spatial dims stay
@@ -499,6 +534,7 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   if ((!cleave && (op == "MaxPool" || op == "AveragePool" || op == "GlobalMaxPool" || op == "GlobalAveragePool")) ||
       (cleave && (op == "MaxPoolGrad" || op == "AveragePoolGrad")))
     return Pooling(n);
+  if ((!cleave && op == "BatchNormalization") || (cleave && op == "BatchNormalizationGrad")) return BatchNorm(n);
   if (!cleave && (op == "Sum" || op == "Mean")) {
     std::vector<int> all(static_cast<size_t>(n.num_inputs()));
     std::iota(all.begin(), all.end(), 0);

@@ -2,7 +2,8 @@
 // the lowering (one image or several per product, groups, depthwise, 1 to 3 spatial dims,
 // strides, dilations, padding), bf16 and fp16 against the CPU on the rounded operands, and a
 // chunk budget small enough that the images are lowered a few at a time. The pools and their
-// gradients against the CPU's in float32, and in bf16 and fp16 against the CPU on rounded operands.
+// gradients, and BatchNormalization and its gradient in both modes, against the CPU's in float32,
+// and in bf16 and fp16 against the CPU on rounded operands.
 #include <string>
 #include <vector>
 
@@ -234,6 +235,64 @@ TEST(CudaProvider, PoolGradientRejectsADyOfTheWrongShapeNamingTheNode) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("MaxPoolGrad"), std::string::npos) << r.status();
   EXPECT_NE(r.status().message().find("expected dY [1,2,3,3]"), std::string::npos) << r.status();
+}
+
+// BatchNormalization and its gradient: X cast to `type` (float32 1, bf16 16, fp16 10), the
+// per-channel operands float32 (as mixed precision keeps them); with `rounded`, the CPU's float32
+// reference on X and dY rounded to `type` and the results rounded the same way.
+std::string BatchNormGraph(const std::vector<int64_t>& x, bool training, int type, bool rounded = false) {
+  const std::string c = absl::StrCat("[", x[1], "]");
+  auto in = [&](const std::string& name) {
+    if (!rounded) return absl::StrCat("h", name, " = Cast(", name, ") {to = ", type, "}\n");
+    return absl::StrCat(name, "_r = Cast(", name, ") {to = ", type, "}\nh", name, " = Cast(", name, "_r) {to = 1}\n");
+  };
+  auto out = [&](const std::string& name) {
+    if (!rounded) return absl::StrCat(name, " = Cast(h", name, ") {to = 1}\n");
+    return absl::StrCat(name, "_r = Cast(h", name, ") {to = ", type, "}\n", name, " = Cast(", name, "_r) {to = 1}\n");
+  };
+  const std::string mode = training ? "training_mode = 1, momentum = 0.8, epsilon = 0.01" : "epsilon = 0.01";
+  std::string g = absl::StrCat("opset 15\ninput x: float32", DimsText(x), "\ninput dy: float32", DimsText(x),
+                               "\ninput scale: float32", c, "\ninput b: float32", c, "\ninput mean: float32", c,
+                               "\ninput var: float32", c, "\n", in("x"), in("dy"));
+  absl::StrAppend(&g, training ? "hy, rm, rv" : "hy", " = BatchNormalization(hx, scale, b, mean, var) {", mode, "}\n",
+                  "hdx, ds, db = ai.cleave.BatchNormalizationGrad(hdy, hx, scale, mean, var) {", mode, "}\n",
+                  out("y"), out("dx"), "output y\noutput dx\noutput ds\noutput db\n",
+                  training ? "output rm\noutput rv\n" : "");
+  return g;
+}
+
+Feeds BatchNormFeeds(const std::vector<int64_t>& x, unsigned seed) {
+  const std::vector<int64_t> c = {x[1]};
+  return {{"x", Random(x, seed, -2.f, 3.f)}, {"dy", Random(x, seed + 1)}, {"scale", Random(c, seed + 2)},
+          {"b", Random(c, seed + 3)},        {"mean", Random(c, seed + 4)}, {"var", Random(c, seed + 5, 0.5f, 2.f)}};
+}
+
+const std::vector<int64_t> kBatchNormShapes[] = {{4, 6, 5, 3}, {8, 5}, {2, 3, 2, 3, 4}, {1, 4, 300}};
+
+TEST(CudaProvider, BatchNormalizationAndItsGradientInFloat32) {
+  REQUIRE_CUDA();
+  unsigned seed = 600;
+  for (bool training : {true, false})
+    for (const auto& x : kBatchNormShapes) {
+      SCOPED_TRACE(BatchNormGraph(x, training, 1));
+      // The CPU sums in double, the device in float32.
+      ExpectSame(BatchNormGraph(x, training, 1), BatchNormFeeds(x, seed += 6), 1e-4, 1e-4, "*");
+    }
+}
+
+TEST(CudaProvider, BatchNormalizationOfBf16AndFp16WithFloat32Statistics) {
+  REQUIRE_CUDA();
+  unsigned seed = 700;
+  for (int type : {16, 10})
+    for (bool training : {true, false})
+      for (const auto& x : kBatchNormShapes) {
+        SCOPED_TRACE(BatchNormGraph(x, training, type));
+        // One rounding of a result computed in float32 (device) or double (CPU): a unit in the last
+        // place where the two land either side of a rounding boundary (bf16 2^-8), and dX's
+        // cancellation in training mode (M dY - sum(dY) - xhat sum(dY xhat)) in absolute terms.
+        ExpectSame(BatchNormGraph(x, training, type), BatchNormFeeds(x, seed += 6), 2e-2, type == 16 ? 8e-3 : 1e-3,
+                   "BatchNormalization", BatchNormGraph(x, training, type, /*rounded=*/true));
+      }
 }
 
 }  // namespace

@@ -198,8 +198,9 @@ TEST(Propagation, DataParallelReflectPadGradientKeepsTheBatch) {
                   << r.to.ToString() << " for " << r.node->Describe();
 }
 
-// A small convolutional classifier (padding, a strided Conv, LeakyRelu, MaxPool, a padded
-// AveragePool, GlobalAveragePool, a log-softmax and the negative log-likelihood) trained
+// A small convolutional classifier (padding, a strided Conv, BatchNormalization with its
+// running statistics, LeakyRelu, MaxPool, a padded AveragePool, GlobalAveragePool, a
+// log-softmax and the negative log-likelihood) trained
 // data-parallel: every activation and
 // activation gradient keeps the batch sharded with no collective, and the weights' gradients
 // come out Partial over dp (the one all-reduce the optimizer needs).
@@ -211,10 +212,15 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
     input w: float32[6,3,3,3]
     input b: float32[6]
     input head: float32[6,5]
+    input gamma: float32[6]
+    input beta: float32[6]
     init pads: int64[8] = 0 0 1 1 0 0 1 1
+    init mu: float32[6] = 0.1 -0.2 0.3 0 0.5 -1
+    init va: float32[6] = 1 2 0.5 1.5 0.25 3
     p = Pad(x, pads)
     c = Conv(p, w, b) {strides = [2, 2]}
-    a = LeakyRelu(c) {alpha = 0.1}
+    bn = BatchNormalization(c, gamma, beta, mu, va) {epsilon = 0.001}
+    a = LeakyRelu(bn) {alpha = 0.1}
     mp = MaxPool(a) {kernel_shape = [2, 2], pads = [0, 0, 1, 1]}
     ap = AveragePool(mp) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], count_include_pad = 1}
     gp = GlobalAveragePool(ap)
@@ -227,7 +233,8 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
   ASSERT_TRUE(g.ok()) << g.status();
   ASSERT_TRUE(graph::InferShapes(**g).ok());
   graph::Graph& graph = **g;
-  std::vector<graph::Value*> wrt = {graph.FindValue("w"), graph.FindValue("b"), graph.FindValue("head")};
+  std::vector<graph::Value*> wrt;
+  for (const char* v : {"w", "b", "head", "gamma", "beta"}) wrt.push_back(graph.FindValue(v));
   auto grads = trainer::BuildBackward(graph, graph.FindValue("loss"), wrt);
   ASSERT_TRUE(grads.ok()) << grads.status();
   int conv_grads = 0, pool_grads = 0;
@@ -240,7 +247,7 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
   auto mesh = *Mesh::Parse("dp=2");
   auto p = Propagate(graph, mesh, {{"x", Batch(4)}, {"labels", Batch(1)}});
   ASSERT_TRUE(p.ok()) << p.status();
-  for (const char* v : {"c", "mp", "ap", "gp"})
+  for (const char* v : {"c", "bn", "mp", "ap", "gp"})
     EXPECT_EQ(p->sharding.at(graph.FindValue(v)).ToString(), "[dp,-,-,-]") << v;
   for (const auto& [name, grad] : *grads)
     EXPECT_EQ(p->sharding.at(grad).partial, std::set<std::string>{"dp"}) << name << " " << p->sharding.at(grad).ToString();
@@ -262,12 +269,14 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
     return t;
   };
   const Tensor x = random({4, 3, 8, 8}), w = random({6, 3, 3, 3}), b = random({6}), head = random({6, 5});
+  const Tensor gamma = random({6}), beta = random({6});
   const Tensor labels = Tensor::FromVector<int64_t>({1, 4, 0, 2}, {4});
   SessionOptions plain;
   plain.optimize = false;
   auto whole = InferenceSession::FromGraph(graph.Clone(), plain);
   ASSERT_TRUE(whole.ok()) << whole.status();
-  auto want = (*whole)->Run({{"x", x}, {"labels", labels}, {"w", w}, {"b", b}, {"head", head}});
+  auto want = (*whole)->Run(
+      {{"x", x}, {"labels", labels}, {"w", w}, {"b", b}, {"head", head}, {"gamma", gamma}, {"beta", beta}});
   ASSERT_TRUE(want.ok()) << want.status();
   runtime::SimulatedWorld world(2);
   std::vector<absl::StatusOr<std::vector<Tensor>>> got(2, absl::UnknownError("not run"));
@@ -287,7 +296,7 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
         return;
       }
       got[r] = (*s)->Run({{"x", testing::Rows(x, 2 * r, 2)}, {"labels", testing::Rows(labels, 2 * r, 2)},
-                          {"w", w}, {"b", b}, {"head", head}});
+                          {"w", w}, {"b", b}, {"head", head}, {"gamma", gamma}, {"beta", beta}});
     });
   for (std::thread& t : ranks) t.join();
   for (int r = 0; r < 2; ++r) {

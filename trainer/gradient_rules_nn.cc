@@ -216,6 +216,24 @@ absl::Status ConvGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// BatchNormalization by ai.cleave.BatchNormalizationGrad(dY, X, scale, input_mean, input_var)
+// {epsilon, training_mode} -> dX, dScale, dB (those not wanted left off). In training mode dX
+// goes through the batch's statistics, recomputed from X; input_mean and input_var (statistics,
+// not weights) get no gradient, and the running statistics pass none back.
+absl::Status BatchNormGrad(GradBuilder& b) {
+  if (!b.dy()) return absl::OkStatus();
+  const graph::Node& f = b.fwd();
+  std::vector<std::pair<std::string, Attribute>> attrs = {
+      {"epsilon", Attribute::Float(f.AttrFloat("epsilon", 1e-5f))},
+      {"training_mode", Attribute::Int(f.AttrInt("training_mode", 0))}};
+  const int outputs = b.NeedsGrad(2) ? 3 : b.NeedsGrad(1) ? 2 : 1;
+  std::vector<Value*> d =
+      b.OpN("ai.cleave.BatchNormalizationGrad", {b.dy(), b.x(0), b.x(1), b.x(3), b.x(4)}, outputs, attrs);
+  for (int i = 0; i < outputs; ++i)
+    if (b.NeedsGrad(i)) b.SetGrad(i, d[static_cast<size_t>(i)]);
+  return absl::OkStatus();
+}
+
 // MaxPool, AveragePool and the global pools, with the forward's attributes (and `global` for
 // the global pools): ai.cleave.MaxPoolGrad(dY, X) gives each window's gradient to the tap it
 // chose, found again from X; ai.cleave.AveragePoolGrad(dY, X's shape) spreads it over the taps
@@ -290,6 +308,7 @@ void RegisterNnRules(std::map<std::string, GradRule>& rules) {
   rules["::SoftmaxCrossEntropyLoss"] = SoftmaxCrossEntropyLossGrad;
   rules["::NegativeLogLikelihoodLoss"] = NegativeLogLikelihoodLossGrad;
   rules["::Conv"] = ConvGrad;
+  rules["::BatchNormalization"] = BatchNormGrad;
   for (const char* op : {"::MaxPool", "::AveragePool", "::GlobalMaxPool", "::GlobalAveragePool"}) rules[op] = PoolGrad;
 }
 

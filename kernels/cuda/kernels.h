@@ -92,6 +92,20 @@ int SwiGluGrad(Dt dt, const void* dy, const void* gate, const void* up, void* dg
 // dx = dy * gelu'(x), exact (erf) or tanh form.
 int GeluGrad(Dt dt, const void* dy, const void* x, void* dx, int64_t n, bool tanh_form, void* stream);
 
+// BatchNormalization over x [N, C, S] of type t, the per-channel operands [C] of type p (float32
+// or t): y = (x - mean) / sqrt(var + eps) * scale + bias, with training's batch mean and biased
+// variance (then running_mean / running_var, when non-null, = input * momentum + batch *
+// (1 - momentum)) or the inputs'. stats: float32 scratch of 2C (mean, var). y may be null.
+int BatchNorm(Dt t, Dt p, const void* x, const void* scale, const void* bias, const void* mean, const void* var,
+              void* y, void* running_mean, void* running_var, float* stats, int64_t N, int64_t C, int64_t S,
+              float eps, float momentum, bool training, void* stream);
+// Its gradient: dscale = sum(dy xhat), dbias = sum(dy), dx through the batch statistics in
+// training (scale inv / M (M dy - sum(dy) - xhat sum(dy xhat))) or dy scale inv; each output may
+// be null. stats: float32 scratch of 4C.
+int BatchNormGrad(Dt t, Dt p, const void* dy, const void* x, const void* scale, const void* mean, const void* var,
+                  void* dx, void* dscale, void* dbias, float* stats, int64_t N, int64_t C, int64_t S, float eps,
+                  bool training, void* stream);
+
 // Row-wise over [rows, cols]: y = (x - mean) * inv_std * gamma + beta (beta may be null);
 // mean and inv_std [rows] fp32 (may be null). rms: RMSNorm, the mean taken as 0.
 int LayerNorm(Dt dt, const void* x, const void* gamma, const void* beta, void* y, float* mean, float* inv_std,

@@ -363,3 +363,148 @@ int SoftmaxGrad(Dt dt, const void* dy, const void* y, void* dx, int64_t rows, in
 }
 
 }  // namespace cleave::kernels::cuda
+
+// BatchNormalization over x [N, C, S]: a block per channel forms its statistics (training: the
+// batch's mean and biased variance, two passes over the channel's N * S elements; otherwise the
+// inputs'), then the elements are normalised one thread each. The per-channel operands are of
+// type P (float32 or X's type).
+namespace cleave::kernels::cuda {
+namespace {
+
+template <typename T, typename P>
+__global__ void BatchNormStatsKernel(const T* x, const P* mean_in, const P* var_in, P* running_mean, P* running_var,
+                                     float* stats, int64_t N, int64_t C, int64_t S, float momentum, bool training) {
+  __shared__ float shared[32];
+  const int64_t c = blockIdx.x, M = N * S;
+  float m, v;
+  if (training) {
+    float s = 0.f;
+    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) s += ToFloat(x[(i / S * C + c) * S + i % S]);
+    m = BlockSum(s, shared) / static_cast<float>(M);
+    float q = 0.f;
+    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
+      const float d = ToFloat(x[(i / S * C + c) * S + i % S]) - m;
+      q += d * d;
+    }
+    v = BlockSum(q, shared) / static_cast<float>(M);
+  } else {
+    m = ToFloat(mean_in[c]);
+    v = ToFloat(var_in[c]);
+  }
+  if (threadIdx.x == 0) {
+    stats[c] = m;
+    stats[C + c] = v;
+    if (running_mean) running_mean[c] = FromFloat<P>(ToFloat(mean_in[c]) * momentum + m * (1.f - momentum));
+    if (running_var) running_var[c] = FromFloat<P>(ToFloat(var_in[c]) * momentum + v * (1.f - momentum));
+  }
+}
+
+template <typename T, typename P>
+__global__ void BatchNormApplyKernel(const T* x, const P* scale, const P* bias, const float* stats, T* y, int64_t C,
+                                     int64_t S, int64_t total, float eps) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = i / S % C;
+    const float inv = rsqrtf(stats[C + c] + eps);
+    y[i] = FromFloat<T>((ToFloat(x[i]) - stats[c]) * inv * ToFloat(scale[c]) + ToFloat(bias[c]));
+  }
+}
+
+// sums[c] = sum(dy), sums[C + c] = sum(dy xhat) over the channel; dscale / dbias from them.
+template <typename T, typename P>
+__global__ void BatchNormGradSumsKernel(const T* dy, const T* x, const float* stats, float* sums, P* dscale,
+                                        P* dbias, int64_t N, int64_t C, int64_t S, float eps) {
+  __shared__ float shared[32];
+  const int64_t c = blockIdx.x, M = N * S;
+  const float m = stats[c], inv = rsqrtf(stats[C + c] + eps);
+  float g = 0.f, gx = 0.f;
+  for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
+    const int64_t at = (i / S * C + c) * S + i % S;
+    const float d = ToFloat(dy[at]);
+    g += d;
+    gx += d * (ToFloat(x[at]) - m) * inv;
+  }
+  g = BlockSum(g, shared);
+  gx = BlockSum(gx, shared);
+  if (threadIdx.x == 0) {
+    sums[c] = g;
+    sums[C + c] = gx;
+    if (dscale) dscale[c] = FromFloat<P>(gx);
+    if (dbias) dbias[c] = FromFloat<P>(g);
+  }
+}
+
+template <typename T, typename P>
+__global__ void BatchNormGradApplyKernel(const T* dy, const T* x, const P* scale, const float* stats,
+                                         const float* sums, T* dx, int64_t C, int64_t S, int64_t total, float count,
+                                         float eps, bool training) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = i / S % C;
+    const float inv = rsqrtf(stats[C + c] + eps), mul = ToFloat(scale[c]) * inv, g = ToFloat(dy[i]);
+    if (training) {
+      const float xhat = (ToFloat(x[i]) - stats[c]) * inv;
+      dx[i] = FromFloat<T>(mul * (g - sums[c] / count - xhat * sums[C + c] / count));
+    } else {
+      dx[i] = FromFloat<T>(mul * g);
+    }
+  }
+}
+
+// Runs f(P{}) with P float32 or T, as `p` says.
+template <typename T, typename F>
+int WithParam(Dt p, F&& f) {
+  if (p == Dt::kF32) return f(float{});
+  return f(T{});
+}
+
+}  // namespace
+
+int BatchNorm(Dt t, Dt p, const void* x, const void* scale, const void* bias, const void* mean, const void* var,
+              void* y, void* running_mean, void* running_var, float* stats, int64_t N, int64_t C, int64_t S,
+              float eps, float momentum, bool training, void* stream) {
+  if (C == 0) return 0;
+  int err = 0;
+  DISPATCH_DT(t, T, {
+    err = WithParam<T>(p, [&](auto pw) {
+      using P = decltype(pw);
+      BatchNormStatsKernel<T, P><<<static_cast<unsigned>(C), kThreads, 0, Stream(stream)>>>(
+          static_cast<const T*>(x), static_cast<const P*>(mean), static_cast<const P*>(var),
+          static_cast<P*>(running_mean), static_cast<P*>(running_var), stats, N, C, S, momentum, training);
+      const int64_t total = N * C * S;
+      if (y && total > 0)
+        BatchNormApplyKernel<T, P><<<Blocks(total), kThreads, 0, Stream(stream)>>>(
+            static_cast<const T*>(x), static_cast<const P*>(scale), static_cast<const P*>(bias), stats,
+            static_cast<T*>(y), C, S, total, eps);
+      return static_cast<int>(cudaGetLastError());
+    });
+  });
+  return err;
+}
+
+int BatchNormGrad(Dt t, Dt p, const void* dy, const void* x, const void* scale, const void* mean, const void* var,
+                  void* dx, void* dscale, void* dbias, float* stats, int64_t N, int64_t C, int64_t S, float eps,
+                  bool training, void* stream) {
+  if (C == 0) return 0;
+  int err = 0;
+  DISPATCH_DT(t, T, {
+    err = WithParam<T>(p, [&](auto pw) {
+      using P = decltype(pw);
+      BatchNormStatsKernel<T, P><<<static_cast<unsigned>(C), kThreads, 0, Stream(stream)>>>(
+          static_cast<const T*>(x), static_cast<const P*>(mean), static_cast<const P*>(var), nullptr, nullptr, stats,
+          N, C, S, 0.f, training);
+      BatchNormGradSumsKernel<T, P><<<static_cast<unsigned>(C), kThreads, 0, Stream(stream)>>>(
+          static_cast<const T*>(dy), static_cast<const T*>(x), stats, stats + 2 * C, static_cast<P*>(dscale),
+          static_cast<P*>(dbias), N, C, S, eps);
+      const int64_t total = N * C * S;
+      if (dx && total > 0)
+        BatchNormGradApplyKernel<T, P><<<Blocks(total), kThreads, 0, Stream(stream)>>>(
+            static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const P*>(scale), stats, stats + 2 * C,
+            static_cast<T*>(dx), C, S, total, static_cast<float>(N * S), eps, training);
+      return static_cast<int>(cudaGetLastError());
+    });
+  });
+  return err;
+}
+
+}  // namespace cleave::kernels::cuda

@@ -234,21 +234,6 @@ class ScatterElementsKernel : public CudaKernel {
   int64_t tag_;
 };
 
-// A kernel class made through its Create (which checks the node's attributes).
-template <typename K>
-void AddChecked(KernelRegistry& r, CudaExecutionProvider* p, const std::string& domain, const std::string& op,
-                int min_v, SupportsFn supports, std::vector<int> host_inputs = {}) {
-  KernelDef d;
-  d.domain = domain;
-  d.op = op;
-  d.min_version = min_v;
-  d.max_version = 1 << 30;
-  d.supports = std::move(supports);
-  d.create = [p](const graph::Node& n, int v) { return K::Create(p, n, v); };
-  d.host_inputs = std::move(host_inputs);
-  r.Register(std::move(d));
-}
-
 }  // namespace
 
 void RegisterCudaAxisKernels(KernelRegistry& r, CudaExecutionProvider* p) {

@@ -11,7 +11,8 @@
 // rounded to Y's type, once (dY is transposed the other way where a chunk holds more than one
 // image). The chunk is as many images as keep the scratch under the provider's conv_chunk_bytes.
 // MaxPool, AveragePool, the global pools, MaxPoolGrad and AveragePoolGrad: kernels/cuda/pool.cu,
-// over the windows the CPU's kernels use (providers/pool_plan.h).
+// over the windows the CPU's kernels use (providers/pool_plan.h). BatchNormalization and its
+// gradient: kernels/cuda/norm.cu, a block per channel for the statistics and the sums.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include "providers/conv_attrs.h"
 #include "providers/cuda/cuda_kernel.h"
 #include "providers/cuda/cuda_matmul.h"
+#include "providers/batch_norm_plan.h"
 #include "providers/pool_plan.h"
 
 namespace cleave::providers {
@@ -281,6 +283,83 @@ class PoolGradKernel : public CudaKernel {
   bool max_;
 };
 
+// The per-channel operands' dtype: all float32, or all X's.
+absl::StatusOr<DataType> ChannelDtype(const std::string& name, const KernelContext& ctx, int first, DataType x) {
+  const DataType p = ctx.input(first)->dtype;
+  if (p != DataType::kFloat32 && p != x)
+    return InvalidArgument(name, ": expected the per-channel operands in float32 or X's ", DataTypeName(x), ", got ",
+                           DataTypeName(p));
+  for (int i = first + 1; i < ctx.num_inputs(); ++i)
+    if (ctx.input(i)->dtype != p)
+      return InvalidArgument(name, ": expected the per-channel operands of one dtype, got ", DataTypeName(p), " and ",
+                             DataTypeName(ctx.input(i)->dtype), " (input ", i, ")");
+  return p;
+}
+
+// BatchNormalization(X, scale, B, input_mean, input_var) -> Y[, running_mean, running_var].
+class BatchNormKernel : public CudaKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const CudaExecutionProvider* p, const graph::Node& n,
+                                                          int version) {
+    ASSIGN_OR_RETURN(const BatchNormAttrs a, BatchNormAttrsOf(n, version));
+    return std::unique_ptr<OpKernel>(new BatchNormKernel(p, n, a));
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    ASSIGN_OR_RETURN(const DataType pt, ChannelDtype(name_, ctx, 1, x.dtype));
+    auto s = PlanBatchNorm(x, {{"scale", ctx.input(1)}, {"B", ctx.input(2)}, {"input_mean", ctx.input(3)},
+                               {"input_var", ctx.input(4)}});
+    if (!s.ok()) return Named(s.status());
+    TensorView* y = ctx.Output(0, x.dim_span());
+    TensorView* rm = a_.training && ctx.num_outputs() > 1 ? ctx.Output(1, {s->C}) : nullptr;
+    TensorView* rv = a_.training && ctx.num_outputs() > 2 ? ctx.Output(2, {s->C}) : nullptr;
+    float* stats = ctx.ScratchOf<float>(std::max<int64_t>(2 * s->C, 1));
+    if (!stats) return NoScratch();
+    return Check(kc::BatchNorm(DtOf(x.dtype), DtOf(pt), x.data, ctx.input(1)->data, ctx.input(2)->data,
+                               ctx.input(3)->data, ctx.input(4)->data, y ? y->data : nullptr, rm ? rm->data : nullptr,
+                               rv ? rv->data : nullptr, stats, s->N, s->C, s->S, a_.epsilon, a_.momentum, a_.training,
+                               stream()));
+  }
+
+ private:
+  BatchNormKernel(const CudaExecutionProvider* p, const graph::Node& n, BatchNormAttrs a) : CudaKernel(p, n), a_(a) {}
+  BatchNormAttrs a_;
+};
+
+// ai.cleave.BatchNormalizationGrad(dY, X, scale, input_mean, input_var) -> dX, dScale, dB.
+class BatchNormGradKernel : public CudaKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const CudaExecutionProvider* p, const graph::Node& n,
+                                                          int version) {
+    ASSIGN_OR_RETURN(const BatchNormAttrs a, BatchNormAttrsOf(n, version));
+    return std::unique_ptr<OpKernel>(new BatchNormGradKernel(p, n, a));
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& x = *ctx.input(1);
+    if (dy.dtype != x.dtype || DimVector(dy.dim_span()) != DimVector(x.dim_span()))
+      return InvalidArgument(name_, ": expected dY of X's dtype and dims ", DataTypeName(x.dtype), " ",
+                             DimsToString(x.dim_span()), ", got ", DataTypeName(dy.dtype), " ",
+                             DimsToString(dy.dim_span()));
+    ASSIGN_OR_RETURN(const DataType pt, ChannelDtype(name_, ctx, 2, x.dtype));
+    auto s = PlanBatchNorm(x, {{"scale", ctx.input(2)}, {"input_mean", ctx.input(3)}, {"input_var", ctx.input(4)}});
+    if (!s.ok()) return Named(s.status());
+    TensorView* dx = ctx.Output(0, x.dim_span());
+    TensorView* ds = ctx.num_outputs() > 1 ? ctx.Output(1, {s->C}) : nullptr;
+    TensorView* db = ctx.num_outputs() > 2 ? ctx.Output(2, {s->C}) : nullptr;
+    float* stats = ctx.ScratchOf<float>(std::max<int64_t>(4 * s->C, 1));
+    if (!stats) return NoScratch();
+    return Check(kc::BatchNormGrad(DtOf(x.dtype), DtOf(pt), dy.data, x.data, ctx.input(2)->data, ctx.input(3)->data,
+                                   ctx.input(4)->data, dx ? dx->data : nullptr, ds ? ds->data : nullptr,
+                                   db ? db->data : nullptr, stats, s->N, s->C, s->S, a_.epsilon, a_.training, stream()));
+  }
+
+ private:
+  BatchNormGradKernel(const CudaExecutionProvider* p, const graph::Node& n, BatchNormAttrs a)
+      : CudaKernel(p, n), a_(a) {}
+  BatchNormAttrs a_;
+};
+
 }  // namespace
 
 void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p) {
@@ -299,6 +378,8 @@ void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p) {
   Add<PoolGradKernel>(r, p, cleave, "MaxPoolGrad", 1, 1, AllOf({InputTypeIn(0, kFloats), alike}));
   Add<PoolGradKernel>(r, p, cleave, "AveragePoolGrad", 1, 1,
                       AllOf({InputTypeIn(0, kFloats), InputTypeIn(1, {DataType::kInt64})}), {1});
+  AddChecked<BatchNormKernel>(r, p, "", "BatchNormalization", 7, InputTypeIn(0, kFloats));
+  AddChecked<BatchNormGradKernel>(r, p, cleave, "BatchNormalizationGrad", 1, InputTypeIn(1, kFloats));
 }
 
 }  // namespace cleave::providers

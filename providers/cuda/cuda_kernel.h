@@ -83,6 +83,22 @@ void Add(KernelRegistry& r, CudaExecutionProvider* p, const std::string& domain,
   r.Register(std::move(d));
 }
 
+// Registers a kernel class made through its static Create(provider, node, version), which
+// checks the node's attributes.
+template <typename K>
+void AddChecked(KernelRegistry& r, CudaExecutionProvider* p, const std::string& domain, const std::string& op,
+                int min_v, SupportsFn supports, std::vector<int> host_inputs = {}) {
+  KernelDef d;
+  d.domain = domain;
+  d.op = op;
+  d.min_version = min_v;
+  d.max_version = 1 << 30;
+  d.supports = std::move(supports);
+  d.create = [p](const graph::Node& n, int v) { return K::Create(p, n, v); };
+  d.host_inputs = std::move(host_inputs);
+  r.Register(std::move(d));
+}
+
 // Registers the data-movement kernels (cuda_layout_kernels.cc): Concat, Split, Gather, GatherGrad,
 // Transpose, Slice, SliceGrad, Expand and the views.
 void RegisterCudaLayoutKernels(KernelRegistry& r, CudaExecutionProvider* p);

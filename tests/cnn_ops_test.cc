@@ -1,6 +1,7 @@
-// MaxPool, AveragePool and the global pools on the CPU (tests/): values worked by hand, PyTorch's
-// ceil_mode divisor, MaxPool's Indices in both storage orders, NaN, and the errors. The ONNX
-// backend suites cover the rest of the forward; gradient_check_test.cc the gradients.
+// The convolutional networks' ops besides Conv on the CPU (tests/): MaxPool, AveragePool and the
+// global pools (values worked by hand, PyTorch's ceil_mode divisor, MaxPool's Indices in both
+// storage orders, NaN) and BatchNormalization in both modes, and their errors. The ONNX backend
+// suites cover the rest of the forward; gradient_check_test.cc the gradients.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -147,6 +148,78 @@ TEST(PoolOpsTest, BadWindowsFailNamingWhatDisagrees) {
       .Input<float>("x", {1, 1, 4}, Iota(4))
       .UncheckedOutput("y")
       .ExpectFailure("expected 2 pads")
+      .Run();
+}
+
+// Inference mode: (x - mean) / sqrt(var + eps) * scale + B per channel, here with var + eps = 4
+// and 0.25 so that the results are exact.
+TEST(BatchNormTest, InferenceModeUsesTheGivenStatistics) {
+  OpTester("BatchNormalization", 15)
+      .Attr("epsilon", 0.f)
+      .Input<float>("x", {2, 2, 2}, {1, 3, 5, 7, -1, 9, 0.5f, 1})
+      .Input<float>("scale", {2}, {2, 1})
+      .Input<float>("b", {2}, {0, -1})
+      .Input<float>("mean", {2}, {1, 5})
+      .Input<float>("var", {2}, {4, 0.25f})
+      // Channel 0 reads x 1, 3 (image 0) and -1, 9 (image 1): (x - 1) / 2 * 2. Channel 1 reads
+      // 5, 7 and 0.5, 1: (x - 5) / 0.5 - 1.
+      .Output<float>("y", {2, 2, 2}, {0, 2, -1, 3, -2, 8, -10, -9})
+      .Run();
+}
+
+// Training mode: channel 0 holds 1, 3, -1, 9 (mean 3, biased variance 14), channel 1 holds 5,
+// 7, 0.5, 1 (mean 3.375, variance 7.421875); the running statistics are
+// input * 0.75 + batch * 0.25.
+TEST(BatchNormTest, TrainingModeUsesTheBatchAndUpdatesTheRunningStatistics) {
+  const double s0 = std::sqrt(14.0), s1 = std::sqrt(7.421875);
+  auto y = [](double x, double m, double s) { return static_cast<float>((x - m) / s); };
+  OpTester("BatchNormalization", 15)
+      .Attr("epsilon", 0.f)
+      .Attr("momentum", 0.75f)
+      .Attr("training_mode", int64_t{1})
+      .Input<float>("x", {2, 2, 2}, {1, 3, 5, 7, -1, 9, 0.5f, 1})
+      .Input<float>("scale", {2}, {1, 1})
+      .Input<float>("b", {2}, {0, 0})
+      .Input<float>("mean", {2}, {1, 5})
+      .Input<float>("var", {2}, {4, 0.25f})
+      .Output<float>("y", {2, 2, 2},
+                     {y(1, 3, s0), y(3, 3, s0), y(5, 3.375, s1), y(7, 3.375, s1), y(-1, 3, s0), y(9, 3, s0),
+                      y(0.5, 3.375, s1), y(1, 3.375, s1)})
+      .Output<float>("running_mean", {2}, {1 * 0.75f + 3 * 0.25f, 5 * 0.75f + 3.375f * 0.25f})
+      .Output<float>("running_var", {2}, {4 * 0.75f + 14 * 0.25f, 0.25f * 0.75f + 7.421875f * 0.25f})
+      .Tolerance(1e-6, 1e-6)
+      .Run();
+}
+
+TEST(BatchNormTest, BadOperandsAndUnsupportedFormsFail) {
+  OpTester("BatchNormalization", 15)
+      .Input<float>("x", {2, 3, 2}, std::vector<float>(12, 1.f))
+      .Input<float>("scale", {2}, {1, 1})
+      .Input<float>("b", {3}, {0, 0, 0})
+      .Input<float>("mean", {3}, {0, 0, 0})
+      .Input<float>("var", {3}, {1, 1, 1})
+      .UncheckedOutput("y")
+      .ExpectFailure("[3] (X's channels)")
+      .Run();
+  // Version 9's training outputs (saved mean and variance) are not implemented.
+  OpTester("BatchNormalization", 9)
+      .Input<float>("x", {2, 1}, {1, 2})
+      .Input<float>("scale", {1}, {1})
+      .Input<float>("b", {1}, {0})
+      .Input<float>("mean", {1}, {0})
+      .Input<float>("var", {1}, {1})
+      .UncheckedOutput("y")
+      .UncheckedOutput("mean_out")
+      .ExpectFailure("training mode as version 14 has it")
+      .Run();
+  OpTester("BatchNormalization", 15)
+      .Input<float>("x", {2, 1}, {1, 2})
+      .Input<float>("scale", {1}, {1})
+      .Input<float>("b", {1}, {0})
+      .Input<double>("mean", {1}, {0})
+      .Input<float>("var", {1}, {1})
+      .UncheckedOutput("y")
+      .ExpectFailure("float64")
       .Run();
 }
 
