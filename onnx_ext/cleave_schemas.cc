@@ -202,6 +202,54 @@ OpSchema ConvGradSchema() {
   return s;
 }
 
+// MaxPoolGrad (dY, X) and AveragePoolGrad (dY, X's shape), with the forward pool's attributes.
+OpSchema PoolGradSchema(bool max) {
+  OpSchema s;
+  s.SetName(max ? "MaxPoolGrad" : "AveragePoolGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc(max ? "Gradient of MaxPool (or GlobalMaxPool, with global = 1): each window's dY goes to the "
+                    "tap it chose, found again from X; see docs/ops.md."
+                  : "Gradient of AveragePool (or GlobalAveragePool, with global = 1): each window's dY spread "
+                    "over the taps its divisor counted; see docs/ops.md.")
+      .Input(0, "dY", "gradient of the pool's output", "T");
+  if (max) s.Input(1, "X", "the pool's input", "T");
+  else s.Input(1, "shape", "the pool input's shape", "tensor(int64)");
+  s.Output(0, "dX", "gradient of the pool's input", "T")
+      .Attr("auto_pad", "as the pool's", AttributeProto::STRING, std::string("NOTSET"))
+      .Attr("ceil_mode", "as the pool's", AttributeProto::INT, static_cast<int64_t>(0))
+      .Attr("dilations", "as the pool's", AttributeProto::INTS, false)
+      .Attr("kernel_shape", "as the pool's", AttributeProto::INTS, false)
+      .Attr("pads", "as the pool's", AttributeProto::INTS, false)
+      .Attr("strides", "as the pool's", AttributeProto::INTS, false)
+      .Attr("global", "1: the forward was the global pool", AttributeProto::INT, static_cast<int64_t>(0));
+  if (!max)
+    s.Attr("count_include_pad", "as AveragePool's", AttributeProto::INT, static_cast<int64_t>(0));
+  s.TypeConstraint("T", kFloatTypes, "float tensors");
+  return s;
+}
+
+// BatchNormalizationGrad (dY, X, scale, mean, var) -> dX, dScale, dB.
+OpSchema BatchNormGradSchema() {
+  OpSchema s;
+  s.SetName("BatchNormalizationGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Gradients of BatchNormalization; in training mode through the batch's statistics, "
+              "recomputed from X; see docs/ops.md.")
+      .Input(0, "dY", "gradient of Y", "T")
+      .Input(1, "X", "the forward input [N, C, ...]", "T")
+      .Input(2, "scale", "the forward scale [C]", "U")
+      .Input(3, "input_mean", "the forward input_mean [C] (read in inference mode)", "V")
+      .Input(4, "input_var", "the forward input_var [C] (read in inference mode)", "V")
+      .Output(0, "dX", "gradient of X", "T")
+      .Output(1, "dScale", "gradient of scale", "U", OpSchema::Optional)
+      .Output(2, "dB", "gradient of B", "U", OpSchema::Optional)
+      .Attr("epsilon", "as the forward's", AttributeProto::FLOAT, 1e-5f)
+      .Attr("training_mode", "1: the forward normalised by the batch's statistics", AttributeProto::INT,
+            static_cast<int64_t>(0))
+      .TypeConstraint("T", kFloatTypes, "float tensors")
+      .TypeConstraint("U", kFloatTypes, "scale's type: X's, or float32 beside a bf16 / fp16 X")
+      .TypeConstraint("V", kFloatTypes, "the statistics' type: X's, or float32 beside a bf16 / fp16 X");
+  return s;
+}
+
 // SoftmaxGrad and LogSoftmaxGrad: (dY, Y) {axis} -> dX.
 OpSchema SoftmaxGradSchema(const char* name, const char* doc) {
   OpSchema s;
@@ -516,6 +564,9 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(SoftmaxCrossEntropyLossGradSchema());
     onnx::RegisterSchema(NegativeLogLikelihoodLossGradSchema());
     onnx::RegisterSchema(ConvGradSchema());
+    onnx::RegisterSchema(PoolGradSchema(true));
+    onnx::RegisterSchema(PoolGradSchema(false));
+    onnx::RegisterSchema(BatchNormGradSchema());
     onnx::RegisterSchema(SoftmaxGradSchema(
         "SoftmaxGrad", "dX = Y * (dY - sum(dY * Y, axis)); see docs/ops.md."));
     onnx::RegisterSchema(SoftmaxGradSchema(

@@ -5,6 +5,7 @@
 // are truncated, corrupt or from another model, data that is too short or outside the vocab, a
 // non-finite loss).
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -409,10 +410,101 @@ TEST_P(VariantTrajectory, FollowsPyTorch) {
     ++checked;
   }
   EXPECT_EQ(checked, static_cast<int>((*s)->parameter_names().size() + unreached.size()));
+  // The batch norms' running statistics after the 8 steps (the variance in ONNX's form, moved
+  // toward each batch's biased variance; models/train_variants/README.md).
+  if (!fs::exists(dir + "golden/buffers")) return;
+  int buffers = 0;
+  for (const auto& e : fs::directory_iterator(dir + "golden/buffers")) {
+    auto want = onnx_ext::LoadTensorFile(e.path().string());
+    ASSERT_TRUE(want.ok());
+    auto got = (*s)->GetState(want->first);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(testing::CompareTensors(*got, want->second, 1e-5, 1e-5), "") << want->first;
+    ++buffers;
+  }
+  EXPECT_GT(buffers, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, VariantTrajectory,
-                         ::testing::Values("gpt_untied", "gpt_deep", "llama", "bert_mse", "bert_cls"));
+                         ::testing::Values("gpt_untied", "gpt_deep", "llama", "bert_mse", "bert_cls", "cnn"));
+
+// Training-mode BatchNormalization (models/train_variants/cnn): its running statistics are
+// buffers, not parameters; each TrainStep moves them, evaluation normalises by them (so an
+// image's eval loss does not depend on the rest of its batch), and checkpoints and the exported
+// model carry them.
+TEST(TrainingSession, BatchNormRunningStatisticsAreBuffers) {
+  const testing::ScopedTempDir tmp("training_test_bn");
+  const std::string& dir = tmp.path();
+  const testing::VariantGolden golden = testing::LoadVariantGolden(CLEAVE_SOURCE_DIR, "cnn");
+  auto model = onnx_ext::LoadModel(golden.dir + "model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto a = BuildTrainingArtifacts(**model, golden.spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::vector<std::string> buffers = {"bn1.running_mean", "bn1.running_var", "bn2.running_mean",
+                                            "bn2.running_var"};
+  EXPECT_EQ(a->buffers, buffers);
+  for (const std::string& b : buffers) {
+    EXPECT_EQ(std::count(a->params.begin(), a->params.end(), b), 0) << b;
+    ASSERT_NE(a->training->FindValue(b), nullptr);
+    EXPECT_TRUE(a->training->FindValue(b)->is_graph_input()) << b;
+    EXPECT_TRUE(a->eval->FindValue(b)->is_graph_input()) << b;
+  }
+  const auto& outs = a->training->outputs();
+  ASSERT_GE(outs.size(), buffers.size());
+  for (size_t i = 0; i < buffers.size(); ++i)
+    EXPECT_EQ(outs[outs.size() - buffers.size() + i]->name(), Updated(buffers[i]));
+  for (const auto& n : a->eval->nodes())
+    if (n->op_type() == "BatchNormalization") EXPECT_EQ(n->AttrInt("training_mode", 1), 0) << n->Describe();
+  // The artifacts, with their ai.cleave pool and BatchNormalization gradients, pass ONNX's checker.
+  ASSERT_TRUE(SaveArtifacts(*a, dir + "/artifacts").ok());
+  for (const char* f : {"training_model.onnx", "eval_model.onnx"}) {
+    auto g = onnx_ext::LoadModel(dir + "/artifacts/" + f);
+    ASSERT_TRUE(g.ok()) << f << ": " << g.status();
+    EXPECT_TRUE(onnx_ext::CheckModel(**g).ok()) << f << ": " << onnx_ext::CheckModel(**g);
+  }
+  int pool_grads = 0;
+  for (const auto& n : a->training->nodes())
+    pool_grads += n->op_type() == "MaxPoolGrad" || n->op_type() == "AveragePoolGrad" ||
+                  n->op_type() == "BatchNormalizationGrad";
+  EXPECT_EQ(pool_grads, 5);  // MaxPool, AveragePool, GlobalAveragePool, two BatchNormalizations
+
+  const Feeds feeds = testing::InOrder(golden.feeds, a->data_inputs);
+  auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 2});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const Tensor mean0 = *(*s)->GetState("bn1.running_mean");
+  ASSERT_TRUE((*s)->TrainStep(feeds).ok());
+  ASSERT_TRUE((*s)->OptimizerStep().ok());
+  // bn1 normalises the first Conv's output; its running mean moved by a tenth of the way.
+  EXPECT_NE(testing::CompareTensors(*(*s)->GetState("bn1.running_mean"), mean0, 1e-6, 0), "");
+
+  // Eval: the mean of the two images' own losses is the pair's (each image's loss taken from a
+  // batch of it twice).
+  auto image = [&](int64_t i) {
+    Feeds f;
+    for (const auto& [name, t] : feeds) {
+      Tensor twice = t.Clone();
+      const size_t row = t.nbytes() / 2;
+      std::memcpy(static_cast<char*>(twice.raw()) + (1 - i) * row, static_cast<const char*>(t.raw()) + i * row, row);
+      f.emplace_back(name, std::move(twice));
+    }
+    return f;
+  };
+  auto both = (*s)->EvalStep(feeds), first = (*s)->EvalStep(image(0)), second = (*s)->EvalStep(image(1));
+  ASSERT_TRUE(both.ok() && first.ok() && second.ok()) << both.status() << first.status() << second.status();
+  EXPECT_NEAR(*both, (*first + *second) / 2, 1e-5);
+
+  // A checkpoint restores the statistics; the exported model holds them.
+  ASSERT_TRUE((*s)->SaveCheckpoint(dir + "/bn.ckpt").ok());
+  const Tensor saved = *(*s)->GetState("bn2.running_var");
+  ASSERT_TRUE((*s)->TrainStep(feeds).ok());
+  EXPECT_NE(testing::CompareTensors(*(*s)->GetState("bn2.running_var"), saved, 1e-7, 0), "");
+  ASSERT_TRUE((*s)->LoadCheckpoint(dir + "/bn.ckpt").ok());
+  EXPECT_EQ(testing::CompareTensors(*(*s)->GetState("bn2.running_var"), saved, 0, 0), "");
+  ASSERT_TRUE((*s)->ExportModelForInferencing(dir + "/bn.onnx").ok());
+  auto exported = onnx_ext::LoadModel(dir + "/bn.onnx");
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(testing::CompareTensors(*(*exported)->FindValue("bn2.running_var")->initializer(), saved, 0, 0), "");
+}
 
 // Training-mode Dropout draws its masks from (seed, step, micro-batch, node): the same seed
 // reproduces a run, another seed changes it, and the eval graph runs Dropout as the identity.

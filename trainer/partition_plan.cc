@@ -187,6 +187,11 @@ absl::StatusOr<Plan> BuildPlan(const PlanConfig& c) {
   spec.recompute = RecomputeMode::kNone;
   spec.precision = Precision::kFp32;  // likewise mixed precision
   ASSIGN_OR_RETURN(TrainingArtifacts a, BuildTrainingArtifacts(*model, spec));
+  if (!a.buffers.empty())
+    return Unimplemented("the model has training-mode BatchNormalization (running statistic '", a.buffers.front(),
+                         "'), whose batch statistics and running statistics a partition plan does not carry yet; "
+                         "train it on one process, or export it in eval mode (training_mode = 0) to train with "
+                         "fixed statistics");
   if (c.vocab_parallel_loss) {
     if (spec.loss.kind != LossKind::kCrossEntropy)
       return InvalidArgument("--vocab-parallel-loss needs the cross-entropy loss");

@@ -162,10 +162,23 @@ absl::StatusOr<Value*> AttachLoss(Graph& g, const LossSpec& spec, std::vector<st
   return loss;
 }
 
+bool IsBatchNorm(const Node& n) { return n.domain().empty() && n.op_type() == "BatchNormalization"; }
+
+// The statistics BatchNormalization nodes read (input_mean, input_var): never parameters.
+std::set<std::string> BatchNormStatistics(const Graph& g) {
+  std::set<std::string> names;
+  for (const auto& n : g.nodes())
+    if (IsBatchNorm(*n))
+      for (int i : {3, 4})
+        if (n->num_inputs() > i && n->input(i)) names.insert(n->input(i)->name());
+  return names;
+}
+
 absl::StatusOr<std::vector<Value*>> SelectParams(const Graph& g, const TrainingSpec& spec) {
   std::vector<Value*> params;
+  const std::set<std::string> statistics = BatchNormStatistics(g);
   for (Value* v : g.Initializers()) {
-    if (v->dtype() != DataType::kFloat32 || v->initializer()->numel() <= 1) continue;
+    if (v->dtype() != DataType::kFloat32 || v->initializer()->numel() <= 1 || statistics.count(v->name())) continue;
     ASSIGN_OR_RETURN(bool frozen, IsFrozen(v->name(), spec.frozen));
     if (!frozen) params.push_back(v);
   }
@@ -333,6 +346,28 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
     g->ClearInitializer(p);
     g->AddInput(p->name(), p->dtype(), p->shape());
   }
+  // Training-mode BatchNormalization's running statistics are buffers, as PyTorch's: graph
+  // inputs the session owns, which each training run replaces with the node's running_mean and
+  // running_var (outputs `<name>.updated`), and which evaluation normalises by.
+  std::vector<std::pair<Node*, int>> buffer_outputs;  // the node and its output (1 or 2) per buffer
+  for (const auto& n : g->nodes()) {
+    if (!IsBatchNorm(*n) || n->AttrInt("training_mode", 0) == 0) continue;
+    for (int i : {3, 4}) {
+      Value* v = n->input(i);
+      if (!v || !v->is_initializer() || v->dtype() != DataType::kFloat32) continue;
+      if (std::find(a.buffers.begin(), a.buffers.end(), v->name()) != a.buffers.end())
+        return Unimplemented(n->Describe(), ": running statistic '", v->name(),
+                             "' is read by more than one training-mode BatchNormalization");
+      a.buffers.push_back(v->name());
+      buffer_outputs.emplace_back(n.get(), i - 2);
+    }
+  }
+  for (const std::string& b : a.buffers) {
+    Value* v = g->FindValue(b);
+    a.initial.emplace(b, *v->initializer());
+    g->ClearInitializer(v);
+    g->AddInput(b, v->dtype(), v->shape());
+  }
   // The eval graph: forward + loss.
   a.eval = g->Clone();
   std::vector<Value*> eval_outs = {a.eval->FindValue(kLoss)};
@@ -345,6 +380,12 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
     if (n->op_type() != "Dropout" || !n->domain().empty() || n->num_inputs() < 3 || !n->input(2)) continue;
     if (!off) off = a.eval->AddInitializer(a.eval->UniqueName("eval/training_mode_off"), Tensor::Scalar<bool>(false));
     a.eval->SetNodeInput(n.get(), 2, off);
+  }
+  // ... and BatchNormalization by its running statistics, like model.eval().
+  for (const auto& n : a.eval->nodes()) {
+    if (!IsBatchNorm(*n) || n->AttrInt("training_mode", 0) == 0) continue;
+    n->SetAttr("training_mode", Attribute::Int(0));
+    for (int o = n->num_outputs() - 1; o >= 1; --o) a.eval->SetNodeOutput(n.get(), o, nullptr);
   }
 
   // The training graph: forward + loss + backward + in-place accumulation.
@@ -359,12 +400,25 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
     n->metadata()["grad_of"] = p->name();
     outs.push_back(acc);
   }
-  // Inputs in ORT's order: data, parameters, accumulation buffers, lazy_reset_grad.
+  // The running statistics' updates follow the accumulation outputs.
+  for (size_t i = 0; i < a.buffers.size(); ++i) {
+    auto [n, o] = buffer_outputs[i];
+    Value* updated = g->GetOrCreateValue(Updated(a.buffers[i]));
+    if (Value* existing = n->num_outputs() > o ? n->output(o) : nullptr)
+      Add(*g, "Identity", {existing}, {updated}, "fwd");
+    else
+      g->SetNodeOutput(n, o, updated);
+    outs.push_back(updated);
+  }
+  RETURN_IF_ERROR(graph::InferShapes(*g));
+  // Inputs in ORT's order: data, parameters, accumulation buffers, lazy_reset_grad; then the
+  // running statistics.
   std::vector<Value*> ordered;
   for (const std::string& n : a.data_inputs) ordered.push_back(g->FindValue(n));
   for (Value* p : params) ordered.push_back(p);
   for (Value* p : params) ordered.push_back(g->FindValue(AccumulationBuffer(p->name())));
   ordered.push_back(reset);
+  for (const std::string& b : a.buffers) ordered.push_back(g->FindValue(b));
   for (Value* v : std::vector<Value*>(g->inputs())) g->RemoveInput(v);
   for (Value* v : ordered) g->AddInput(v->name(), v->dtype(), v->shape());
   g->SetOutputs(outs);

@@ -3,10 +3,12 @@
 // hold, with the same names:
 //
 //   training_model.onnx  inputs:  the model's inputs, `labels` (when a loss is attached), every
-//                                 parameter, every `<p>_grad.accumulation.buffer`, and the bool
-//                                 scalar `lazy_reset_grad`
-//                        outputs: `loss`, then every `<p>_grad.accumulation.out`
-//   eval_model.onnx      inputs:  the model's inputs, `labels`, every parameter
+//                                 parameter, every `<p>_grad.accumulation.buffer`, the bool
+//                                 scalar `lazy_reset_grad`, then each buffer `<b>` (the running
+//                                 statistics of training-mode BatchNormalization)
+//                        outputs: `loss`, then every `<p>_grad.accumulation.out`, then each
+//                                 `<b>.updated`
+//   eval_model.onnx      inputs:  the model's inputs, `labels`, every parameter, every buffer
 //                        outputs: `loss`, then the model's outputs
 //   optimizer_model.onnx inputs:  `learning_rate` (f32), `step` (i64, 1-based), `grad_scale`
 //                                 (f32), then per parameter `<p>`, `<p>_grad` and its state
@@ -100,6 +102,10 @@ struct TrainingArtifacts {
   std::vector<std::string> params;          // trainable, sorted by name
   std::vector<std::string> unreached;       // candidates the loss does not reach: not trained
   std::vector<std::string> state_suffixes;  // optimizer state per parameter, e.g. ".exp_avg"
+  // Training-mode BatchNormalization's running statistics (input_mean, input_var): inputs of the
+  // training and eval graphs, replaced after each training run by the training graph's outputs
+  // `<name>.updated` (after the accumulation outputs), their initial values in `initial`.
+  std::vector<std::string> buffers;
   std::vector<std::string> data_inputs;     // what the caller feeds: model inputs + labels
   std::map<std::string, Tensor> initial;    // initial parameter values
   std::unique_ptr<graph::Graph> forward;    // the forward model, parameters as initializers

@@ -175,7 +175,16 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
       states_.back().push_back(std::move(state));
     }
   }
+  if (!a.buffers.empty() && (!a.stages.empty() || options.communicator))
+    return Unimplemented("training-mode BatchNormalization (running statistics ", a.buffers.front(),
+                         ") in a partitioned or pipelined run; train it on one process, or export the model in "
+                         "eval mode (training_mode = 0) to train with fixed statistics");
+  for (const std::string& b : a.buffers) {
+    ASSIGN_OR_RETURN(Tensor buffer, StateFrom(a.initial.at(b)));
+    buffers_.push_back(std::move(buffer));
+  }
   RETURN_IF_ERROR(MakeReducer());
+  for (size_t i = 0; i < a.buffers.size(); ++i) by_name_[a.buffers[i]] = &buffers_[i];
   for (size_t i = 0; i < a.params.size(); ++i) {
     grad_by_name_[AccumulationBuffer(a.params[i])] = &grads_[i];
     grad_by_name_[AccumulationOut(a.params[i])] = &grads_[i];
@@ -197,6 +206,7 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
   for (size_t i = 0; i < params_.size(); ++i)
     train_feeds_.emplace_back(AccumulationBuffer(a.params[i]), grads_[i]);
   train_feeds_.emplace_back(kLazyResetGrad, reset_);
+  for (size_t i = 0; i < buffers_.size(); ++i) train_feeds_.emplace_back(a.buffers[i], buffers_[i]);
   loss_scale_tensor_ = Tensor::Scalar<float>(options.initial_loss_scale);
   loss_scale_ = options.initial_loss_scale;
   loss_scaling_ = options.loss_scaling;
@@ -208,6 +218,7 @@ absl::Status TrainingSession::Initialize(TrainingSessionOptions options) {
     if (const graph::Value* v = st.backward->FindValue(kLossScale); v && v->is_graph_input()) loss_scaling_ = true;
   train_outputs_.push_back(loss_);
   for (const Tensor& g : grads_) train_outputs_.push_back(g);
+  for (const Tensor& b : buffers_) train_outputs_.push_back(b);  // updated in place
   if (loss_scaling_) RETURN_IF_ERROR(MakeOverflowCheck(plain));
 
   optimizer_feeds_ = {{"learning_rate", lr_tensor_}, {"step", step_tensor_}, {"grad_scale", scale_tensor_}};
@@ -484,6 +495,7 @@ absl::StatusOr<float> TrainingSession::EvalStep(const Feeds& feeds) {
     return absl::FailedPreconditionError("these artifacts are one rank's pipeline stages: use PipelineEval");
   Feeds all = feeds;
   for (size_t i = 0; i < params_.size(); ++i) all.emplace_back(artifacts_.params[i], params_[i]);
+  for (size_t i = 0; i < buffers_.size(); ++i) all.emplace_back(artifacts_.buffers[i], buffers_[i]);
   ASSIGN_OR_RETURN(std::vector<Tensor> out, eval_->Run(all, {kLoss}));
   return *out[0].data<float>();
 }
@@ -717,6 +729,8 @@ std::string TrainingSession::ModelSignature() const {
   };
   for (size_t i = 0; i < params_.size(); ++i)
     mix(absl::StrCat(artifacts_.params[i], ":", Describe(params_[i]), ";"));
+  for (size_t i = 0; i < buffers_.size(); ++i)
+    mix(absl::StrCat(artifacts_.buffers[i], ":", Describe(buffers_[i]), ";"));
   return absl::StrFormat("%016x", h);
 }
 
@@ -747,6 +761,10 @@ absl::Status TrainingSession::SaveCheckpoint(const std::string& path,
       ASSIGN_OR_RETURN(Tensor state, ToHost(states_[i][k]));
       c.tensors.emplace_back(artifacts_.params[i] + artifacts_.state_suffixes[k], std::move(state));
     }
+  }
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    ASSIGN_OR_RETURN(Tensor buffer, ToHost(buffers_[i]));
+    c.tensors.emplace_back(artifacts_.buffers[i], std::move(buffer));
   }
   return WriteCheckpoint(path, c);
 }
@@ -802,6 +820,12 @@ absl::Status TrainingSession::ExportModelForInferencing(const std::string& path)
     ASSIGN_OR_RETURN(Tensor param, ToHost(params_[i]));
     g->SetInitializer(v, std::move(param));
   }
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    graph::Value* v = g->FindValue(artifacts_.buffers[i]);
+    if (!v) return Internal("running statistic '", artifacts_.buffers[i], "' is not in the forward graph");
+    ASSIGN_OR_RETURN(Tensor buffer, ToHost(buffers_[i]));
+    g->SetInitializer(v, std::move(buffer));
+  }
   return onnx_ext::SaveModel(*g, path);
 }
 
@@ -830,6 +854,10 @@ absl::StatusOr<std::string> TrainingSession::FirstNonFinite(const Feeds& feeds) 
   }
   for (size_t i = 0; i < params_.size(); ++i) all.emplace_back(AccumulationBuffer(artifacts_.params[i]), Zeros(params_[i]));
   all.emplace_back(kLazyResetGrad, Tensor::Scalar<bool>(true));
+  for (size_t i = 0; i < buffers_.size(); ++i) {  // copies: the rerun must not move the statistics
+    ASSIGN_OR_RETURN(Tensor buffer, ToHost(buffers_[i]));
+    all.emplace_back(artifacts_.buffers[i], buffer.Clone());
+  }
   // The first element that is NaN (or, with nan_only false, NaN or +-Inf).
   auto first_bad = [](const Tensor& t, bool nan_only) -> int64_t {
     if (t.dtype() != DataType::kFloat32 && t.dtype() != DataType::kFloat64) return -1;

@@ -17,9 +17,11 @@
 //                       ranks themselves (Send/Recv). Gradients of all micro-batches are
 //                       accumulated; OptimizerStep follows.
 //
-// The session owns the parameters, gradient buffers and optimizer state; the graphs read and
-// write them in place (no copies per step). Checkpoints hold parameters, optimizer state,
-// the step and the caller's properties (data position, RNG seed, ...).
+// The session owns the parameters, gradient buffers, optimizer state and the buffers (training-
+// mode BatchNormalization's running statistics, which each TrainStep updates and EvalStep
+// normalises by); the graphs read and write them in place (no copies per step). Checkpoints
+// hold parameters, optimizer state, buffers, the step and the caller's properties (data
+// position, RNG seed, ...).
 #pragma once
 
 #include <functional>
@@ -227,6 +229,7 @@ class TrainingSession {
   // Stage part outputs (activations, stashes) free for the next micro-batch, by output name.
   std::map<std::string, std::vector<Tensor>> free_outputs_;
   std::vector<Tensor> params_, grads_;
+  std::vector<Tensor> buffers_;  // artifacts_.buffers: BatchNormalization's running statistics
   std::vector<std::vector<Tensor>> states_;  // [param][suffix]
   std::map<std::string, Tensor*> by_name_;
   // Accumulation buffer and output names -> the gradient buffer (pipeline stage parts).

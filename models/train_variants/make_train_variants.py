@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 # Writes reference training runs for architectures other than the tiny GPT
-# (models/train_variants/<name>/): an untied-head GPT, a 4-layer tied GPT, the LLaMA-style model and the BERT
-# encoder with an MSE and a classification loss. Each folder gets model.onnx exported for
-# training, the fixed batch, the 8-step AdamW trajectory and the final parameters.
+# (models/train_variants/<name>/): an untied-head GPT, a 4-layer tied GPT, the LLaMA-style model, the BERT
+# encoder with an MSE and a classification loss, and a small convolutional classifier with batch
+# normalization. Each folder gets model.onnx exported for training, the fixed batch, the 8-step
+# AdamW trajectory and the final parameters (and the batch norms' final running statistics).
 # Run with a Python that has torch: `/usr/bin/python3 models/train_variants/make_train_variants.py`.
 import argparse
 import json
@@ -27,6 +28,7 @@ import onnx_pb  # noqa: E402
 OPSET = 17
 BATCH, SEQ = 2, 16
 BERT_CLASSES = WIDTH  # the classification loss reads pooler_output [B, 32] as 32 logits
+CNN_CLASSES, IMAGE = 10, 12  # the CNN classifies [B, 3, 12, 12] images into 10 classes
 
 # The optimizer and schedule every model trains with; written to trajectory.json as "config".
 PEAK_LR, WARMUP, STEPS = 2e-3, 2, 8
@@ -44,6 +46,45 @@ class UntiedGPT(GPT):
         # last, after ln_f, in module registration order.
         self.lm_head.weight = nn.Parameter(torch.empty(cfg.vocab, cfg.width))
         nn.init.normal_(self.lm_head.weight, mean=0.0, std=0.02)
+
+
+class SmallCnn(nn.Module):
+    """Conv-BN-ReLU and max pooling, a residual Conv-BN block, padded average pooling with
+    ceil_mode, global average pooling and a linear head: the ops of a ResNet-style classifier."""
+
+    def __init__(self, classes=CNN_CLASSES):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.pool = nn.MaxPool2d(2)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.avg = nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True)  # count_include_pad=True
+        self.head = nn.Linear(8, classes)
+
+    def forward(self, pixel_values):
+        x = self.pool(F.relu(self.bn1(self.conv1(pixel_values))))
+        x = F.relu(x + self.bn2(self.conv2(x)))
+        x = F.adaptive_avg_pool2d(self.avg(x), 1).flatten(1)
+        return self.head(x)
+
+
+def track_onnx_running_var(model):
+    """ONNX's BatchNormalization (and so cleave) moves running_var toward the batch's biased
+    variance, PyTorch toward the unbiased one: keeps the ONNX form beside PyTorch's, by module."""
+    tracked = {}
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.BatchNorm2d):
+            continue
+        tracked[name] = m.running_var.detach().clone()
+
+        def hook(mod, args, name=name):
+            if mod.training:
+                var = args[0].detach().var(dim=(0, 2, 3), unbiased=False)
+                tracked[name] = tracked[name] * (1 - mod.momentum) + var * mod.momentum
+
+        m.register_forward_pre_hook(hook)
+    return tracked
 
 
 def lr_at(step):
@@ -95,6 +136,9 @@ MODELS_SPEC = {
         inputs=["input_ids", "token_type_ids", "attention_mask"],
         outputs=["last_hidden_state", "pooler_output"], loss="cross_entropy",
         output="pooler_output"),
+    "cnn": dict(
+        build=SmallCnn, inputs=["pixel_values"], outputs=["logits"], loss="cross_entropy", output="logits",
+        dynamic={"pixel_values": {0: "batch"}, "logits": {0: "batch"}}),
 }
 
 
@@ -103,6 +147,9 @@ def make_batch(name):
     g = torch.Generator().manual_seed(1)
     if name in ("gpt_untied", "gpt_deep", "llama"):
         return lm_batch(g)
+    if name == "cnn":
+        images = torch.randn((BATCH, 3, IMAGE, IMAGE), generator=g)
+        return {"pixel_values": images}, torch.randperm(CNN_CLASSES, generator=g)[:BATCH]
     inputs = bert_inputs(g)
     if name == "bert_mse":
         # A fixed N(0, 1) target of last_hidden_state's shape, drawn after the inputs.
@@ -120,8 +167,8 @@ def compute_loss(spec, outputs, labels):
 
 
 def export(model, spec, inputs, path):
-    dynamic = {n: {0: "batch"} if n == "pooler_output" else {0: "batch", 1: "seq"}
-               for n in spec["inputs"] + spec["outputs"]}
+    dynamic = spec.get("dynamic") or {n: {0: "batch"} if n == "pooler_output" else {0: "batch", 1: "seq"}
+                                      for n in spec["inputs"] + spec["outputs"]}
     torch.onnx.export(
         model, tuple(inputs[n] for n in spec["inputs"]), path,
         opset_version=OPSET,
@@ -183,7 +230,7 @@ def make_model(name, out_root):
     spec = MODELS_SPEC[name]
     torch.manual_seed(0)
     model = spec["build"]()
-    model.train()  # no dropout or batch norm: train() and eval() compute the same
+    model.train()  # batch norm (the CNN) normalises by each batch's statistics
     inputs, labels = make_batch(name)
 
     out_dir = os.path.join(out_root, name)
@@ -192,6 +239,8 @@ def make_model(name, out_root):
     golden = os.path.join(out_dir, "golden")
     for sub in ("inputs", "params"):
         os.makedirs(os.path.join(golden, sub))
+    # Exporting in training mode runs the model once, which moves the batch norms' running
+    # statistics; the export holds them as they are after that run, and training starts there.
     model_path = os.path.join(out_dir, "model.onnx")
     export(model, spec, inputs, model_path)
     frozen = check_export(model, spec, model_path)
@@ -200,6 +249,7 @@ def make_model(name, out_root):
         onnx_pb.save_tensor(inputs[n].numpy(), n, os.path.join(golden, "inputs", f"{n}.pb"))
     onnx_pb.save_tensor(labels.numpy(), "labels", os.path.join(golden, "inputs", "labels.pb"))
 
+    tracked_var = track_onnx_running_var(model)
     steps, unreached = train(model, spec, inputs, labels)
     config = {"loss": spec["loss"], "output": spec["output"], "frozen": frozen, **OPTIM,
               "unreached": unreached}
@@ -210,6 +260,14 @@ def make_model(name, out_root):
     for pname, p in model.named_parameters():
         onnx_pb.save_tensor(p.detach().numpy().astype(np.float32), pname,
                             os.path.join(golden, "params", f"{pname}.pb"))
+    if tracked_var:
+        os.makedirs(os.path.join(golden, "buffers"))
+        for mname, m in model.named_modules():
+            if mname in tracked_var:
+                for bname, value in ((f"{mname}.running_mean", m.running_mean),
+                                     (f"{mname}.running_var", tracked_var[mname])):
+                    onnx_pb.save_tensor(value.detach().numpy().astype(np.float32), bname,
+                                        os.path.join(golden, "buffers", f"{bname}.pb"))
 
     count = sum(p.numel() for p in model.parameters())
     print(f"{name}: {count} parameters in {len(list(model.parameters()))} tensors, "

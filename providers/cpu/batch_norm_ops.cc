@@ -169,7 +169,7 @@ class BatchNormGradKernel : public OpKernel {
 
 void RegisterBatchNormKernels(KernelRegistry& r) {
   const std::vector<DataType> floats = {DataType::kFloat32, DataType::kFloat64};
-  r.Register({"", "BatchNormalization", 7, 1 << 30, InputTypeIn(0, floats), MakeCheckedFactory<BatchNormKernel>()});
+  r.Register({"", "BatchNormalization", 6, 1 << 30, InputTypeIn(0, floats), MakeCheckedFactory<BatchNormKernel>()});
   r.Register({std::string(graph::kCleaveDomain), "BatchNormalizationGrad", 1, 1, InputTypeIn(1, floats),
               MakeCheckedFactory<BatchNormGradKernel>()});
 }

@@ -378,7 +378,7 @@ void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p) {
   Add<PoolGradKernel>(r, p, cleave, "MaxPoolGrad", 1, 1, AllOf({InputTypeIn(0, kFloats), alike}));
   Add<PoolGradKernel>(r, p, cleave, "AveragePoolGrad", 1, 1,
                       AllOf({InputTypeIn(0, kFloats), InputTypeIn(1, {DataType::kInt64})}), {1});
-  AddChecked<BatchNormKernel>(r, p, "", "BatchNormalization", 7, InputTypeIn(0, kFloats));
+  AddChecked<BatchNormKernel>(r, p, "", "BatchNormalization", 6, InputTypeIn(0, kFloats));
   AddChecked<BatchNormGradKernel>(r, p, cleave, "BatchNormalizationGrad", 1, InputTypeIn(1, kFloats));
 }
 

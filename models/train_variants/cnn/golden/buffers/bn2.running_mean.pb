@@ -1,0 +1,1 @@
+Bbn2.running_meanJ kz‘¾Ñä´>P†`>øW¼½vDf¼Þdœ="£7>€u¾
