@@ -56,6 +56,8 @@ absl::Status InferGatherElements(InferContext& ctx);   // indices' shape, data's
 absl::Status InferScatterElements(InferContext& ctx);  // data's shape and dtype
 absl::Status InferConv(InferContext& ctx);      // Y [N, M, out...] from X, W and the attributes
 absl::Status InferConvGrad(InferContext& ctx);  // dX, dW, dB of X's, W's and [M]
+absl::Status InferConvTranspose(InferContext& ctx);      // Y [N, M, out...] from X, W and the attributes
+absl::Status InferConvTransposeGrad(InferContext& ctx);  // dX, dW, dB of X's, W's and [M]
 absl::Status InferBatchNorm(InferContext& ctx);  // Y of X's; running stats / dScale, dB [C]
 absl::Status InferPool(InferContext& ctx);      // Y [N, C, out...] (and int64 Indices) from X and the window
 absl::Status InferPoolGrad(InferContext& ctx);  // dX of X's dims (MaxPoolGrad) or the shape input's

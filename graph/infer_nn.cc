@@ -423,6 +423,77 @@ absl::Status InferPoolGrad(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// ConvTranspose (X [N, C, in...], W [C, M / group, kernel...][, B [M]]) -> Y [N, M, out...]:
+// output_shape where given, in * stride under SAME_UPPER / SAME_LOWER, else
+// stride * (in - 1) + output_padding + dilation * (kernel - 1) + 1 - pads (the kernels' plan,
+// kernels/cpu/conv.h PlanConvTranspose, checks the rest).
+absl::Status InferConvTranspose(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}));
+  RETURN_IF_ERROR(ExpectSameDtype(ctx, 1));
+  if (ctx.has_input(2)) RETURN_IF_ERROR(ExpectSameDtype(ctx, 2));
+  const Shape& x = ctx.input_shape(0);
+  const Shape& w = ctx.input_shape(1);
+  if (!x.has_rank() || !w.has_rank()) {
+    ctx.SetOutput(0, ctx.input_dtype(0), x.has_rank() ? UnknownDims(x.rank()) : Shape());
+    return absl::OkStatus();
+  }
+  const int r = x.rank(), s = r - 2;
+  if (r < 3 || w.rank() != r)
+    return ctx.Error("expected X [N, C, spatial...] and W [C, M / group, kernel...] of one rank >= 3, got ",
+                     x.ToString(), " and ", w.ToString());
+  const Node& n = ctx.node();
+  const int64_t group = n.AttrInt("group", 1);
+  if (group < 1) return ctx.Error("group must be >= 1, got ", group);
+  if (x[1].is_static() && w[0].is_static() && x[1].value != w[0].value)
+    return ctx.Error("X's ", x[1].value, " channels are not W's dim 0 (", w[0].value, ")");
+  const std::string auto_pad = n.AttrString("auto_pad", "NOTSET");
+  const std::vector<int64_t> strides = n.AttrInts("strides"), dilations = n.AttrInts("dilations"),
+                             pads = n.AttrInts("pads"), out_pad = n.AttrInts("output_padding"),
+                             out_shape = n.AttrInts("output_shape");
+  auto at = [](const std::vector<int64_t>& v, int d, int64_t dflt) {
+    return d < static_cast<int>(v.size()) ? v[d] : dflt;
+  };
+  const int shape_at = static_cast<int>(out_shape.size()) == s + 2 ? 2 : 0;
+  std::vector<Dim> out = {x[0], w[1].is_static() ? Dim(w[1].value * group) : Dim()};
+  for (int d = 0; d < s; ++d) {
+    const Dim& in = x[2 + d];
+    const Dim& k = w[2 + d];
+    const int64_t stride = at(strides, d, 1), dil = at(dilations, d, 1);
+    constexpr int64_t kLimit = int64_t{1} << 31;  // the kernel's bounds (kernels/cpu/conv.cc)
+    if (!out_shape.empty()) {
+      out.push_back(Dim(out_shape[static_cast<size_t>(shape_at + d)]));
+      continue;
+    }
+    bool usable = in.is_static() && k.is_static() && stride >= 1 && dil >= 1 && stride < kLimit && dil < kLimit &&
+                  in.value >= 1 && in.value < kLimit && k.value < kLimit;
+    for (int64_t v : pads) usable &= v >= 0 && v < kLimit;
+    if (!usable) {
+      out.push_back(Dim());
+      continue;
+    }
+    if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      out.push_back(Dim(in.value * stride));
+      continue;
+    }
+    int64_t y = stride * (in.value - 1) + at(out_pad, d, 0) + dil * (k.value - 1) + 1;
+    if (auto_pad == "NOTSET" && static_cast<int>(pads.size()) == 2 * s) y -= pads[d] + pads[s + d];
+    if (y < 0) return ctx.Error("pads take more than the extent of Y's spatial dim ", d);
+    out.push_back(Dim(y));
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
+absl::Status InferConvTransposeGrad(InferContext& ctx) {
+  const Shape& w = ctx.input_shape(2);
+  const int64_t group = ctx.node().AttrInt("group", 1);
+  ctx.SetOutput(0, ctx.input_dtype(1), ctx.input_shape(1));
+  ctx.SetOutput(1, ctx.input_dtype(2), w);
+  ctx.SetOutput(2, ctx.input_dtype(2),
+                w.has_rank() && w.rank() > 1 && w[1].is_static() ? Shape({Dim(w[1].value * group)}) : UnknownDims(1));
+  return absl::OkStatus();
+}
+
 absl::Status InferConvGrad(InferContext& ctx) {
   const Shape& w = ctx.input_shape(2);
   ctx.SetOutput(0, ctx.input_dtype(1), ctx.input_shape(1));

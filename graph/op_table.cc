@@ -110,6 +110,8 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "ReduceMin", {1, 11, 12, 13, 18, 20}, 1, 1, 2, 1, 1, InferReduce, true},
       {kOnnx, "Conv", {1, 11, 22}, 1, 2, 3, 1, 1, InferConv, true},
       {C, "ConvGrad", {1}, 1, 3, 3, 1, 3, InferConvGrad, false},
+      {kOnnx, "ConvTranspose", {1, 11, 22}, 1, 2, 3, 1, 1, InferConvTranspose, true},
+      {C, "ConvTransposeGrad", {1}, 1, 3, 3, 1, 3, InferConvTransposeGrad, false},
       {kOnnx, "BatchNormalization", {1, 6, 7, 9, 14, 15}, 6, 5, 5, 1, 5, InferBatchNorm, true},
       {C, "BatchNormalizationGrad", {1}, 1, 5, 5, 1, 3, InferBatchNorm, false},
       {kOnnx, "MaxPool", {1, 8, 10, 11, 12, 22}, 1, 1, 1, 1, 2, InferPool, true},

@@ -182,23 +182,29 @@ OpSchema NegativeLogLikelihoodLossGradSchema() {
   return s;
 }
 
-OpSchema ConvGradSchema() {
+// ConvGrad, or ConvTransposeGrad (with output_padding and output_shape): (dY, X, W) -> dX, dW, dB.
+OpSchema ConvGradSchema(bool transposed) {
   OpSchema s;
-  s.SetName("ConvGrad").SetDomain("ai.cleave").SinceVersion(1)
-      .SetDoc("Gradients of Conv from dY; see docs/ops.md.")
-      .Input(0, "dY", "gradient of Conv's output", "T")
-      .Input(1, "X", "Conv's input", "T")
-      .Input(2, "W", "Conv's weights", "T")
+  const char* fwd = transposed ? "ConvTranspose's" : "Conv's";
+  s.SetName(transposed ? "ConvTransposeGrad" : "ConvGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc(transposed ? "Gradients of ConvTranspose from dY; see docs/ops.md."
+                         : "Gradients of Conv from dY; see docs/ops.md.")
+      .Input(0, "dY", std::string("gradient of ") + fwd + " output", "T")
+      .Input(1, "X", std::string(fwd) + " input", "T")
+      .Input(2, "W", std::string(fwd) + " weights", "T")
       .Output(0, "dX", "gradient of X", "T")
       .Output(1, "dW", "gradient of W", "T", OpSchema::Optional)
       .Output(2, "dB", "gradient of the bias [M]", "T", OpSchema::Optional)
-      .Attr("auto_pad", "as Conv's", AttributeProto::STRING, std::string("NOTSET"))
-      .Attr("dilations", "as Conv's", AttributeProto::INTS, false)
-      .Attr("group", "as Conv's", AttributeProto::INT, static_cast<int64_t>(1))
-      .Attr("kernel_shape", "as Conv's", AttributeProto::INTS, false)
-      .Attr("pads", "as Conv's", AttributeProto::INTS, false)
-      .Attr("strides", "as Conv's", AttributeProto::INTS, false)
-      .TypeConstraint("T", kGradTypes, "float tensors");
+      .Attr("auto_pad", "as the forward's", AttributeProto::STRING, std::string("NOTSET"))
+      .Attr("dilations", "as the forward's", AttributeProto::INTS, false)
+      .Attr("group", "as the forward's", AttributeProto::INT, static_cast<int64_t>(1))
+      .Attr("kernel_shape", "as the forward's", AttributeProto::INTS, false)
+      .Attr("pads", "as the forward's", AttributeProto::INTS, false)
+      .Attr("strides", "as the forward's", AttributeProto::INTS, false);
+  if (transposed)
+    s.Attr("output_padding", "as the forward's", AttributeProto::INTS, false)
+        .Attr("output_shape", "as the forward's", AttributeProto::INTS, false);
+  s.TypeConstraint("T", kFloatTypes, "float tensors");
   return s;
 }
 
@@ -563,7 +569,8 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(SliceGradSchema());
     onnx::RegisterSchema(SoftmaxCrossEntropyLossGradSchema());
     onnx::RegisterSchema(NegativeLogLikelihoodLossGradSchema());
-    onnx::RegisterSchema(ConvGradSchema());
+    onnx::RegisterSchema(ConvGradSchema(false));
+    onnx::RegisterSchema(ConvGradSchema(true));
     onnx::RegisterSchema(PoolGradSchema(true));
     onnx::RegisterSchema(PoolGradSchema(false));
     onnx::RegisterSchema(BatchNormGradSchema());

@@ -320,13 +320,19 @@ absl::StatusOr<FactorRule> ElementIndexing(const Node& n) {
 // ai.cleave.ConvGrad (dY, X, W) -> dX, dW, dB: the images N and (without groups) the output
 // channels M may be sharded; the spatial dims and input channels stay whole. dW and dB lack N
 // (sums over the images: Partial when N is sharded), dX lacks M (a sum over the channels).
+// ConvTranspose and ai.cleave.ConvTransposeGrad alike, with W [C, M / group, kernel...]: the
+// output channels M are W's dim 1, and B's.
 absl::StatusOr<FactorRule> Convolution(const Node& n) {
-  const bool grad = n.op_type() == "ConvGrad";
+  const bool grad = n.domain() == graph::kCleaveDomain;
+  const bool transposed = n.op_type() == "ConvTranspose" || n.op_type() == "ConvTransposeGrad";
   ASSIGN_OR_RETURN(std::vector<int64_t> x, Dims(n, n.input(grad ? 1 : 0)));
   ASSIGN_OR_RETURN(std::vector<int64_t> w, Dims(n, n.input(grad ? 2 : 1)));
   ASSIGN_OR_RETURN(std::vector<int64_t> y, Dims(n, grad ? n.input(0) : n.output(0)));
+  if (x.size() < 3 || w.size() != x.size() || y.size() != x.size())
+    return InvalidArgument(n.Describe(), ": expected X, W and Y of one rank >= 3");
+  const int wm = transposed ? 1 : 0, wc = 1 - wm;  // W's dims of the output and the input channels
   FactorRule r;
-  const int fn = r.AddFactor(x[0]), fm = r.AddFactor(w[0]), fc = r.AddFactor(x[1]);
+  const int fn = r.AddFactor(x[0]), fm = r.AddFactor(y[1]), fc = r.AddFactor(x[1]);
   r.no_shard[fc] = 1;
   if (n.AttrInt("group", 1) != 1) r.no_shard[fm] = 1;
   auto operand = [](std::vector<int> first, std::vector<int> second, size_t rank) {
@@ -337,9 +343,12 @@ absl::StatusOr<FactorRule> Convolution(const Node& n) {
   };
   auto f = [](int64_t size, int factor) { return size == 1 ? std::vector<int>{} : std::vector<int>{factor}; };
   const OperandFactors fx = operand(f(x[0], fn), f(x[1], fc), x.size());
-  const OperandFactors fw = operand(f(w[0], fm), f(w[1], fc), w.size());
+  OperandFactors fw;
+  fw.dims.resize(w.size());
+  fw.dims[static_cast<size_t>(wm)] = f(w[static_cast<size_t>(wm)], fm);
+  fw.dims[static_cast<size_t>(wc)] = f(w[static_cast<size_t>(wc)], fc);
   const OperandFactors fy = operand(f(y[0], fn), f(y[1], fm), y.size());
-  const OperandFactors fb = OperandFactors{false, {f(w[0], fm)}};
+  const OperandFactors fb = OperandFactors{false, {f(y[1], fm)}};
   if (grad) {
     r.inputs = {fy, fx, fw};
     r.outputs = {fx, fw, fb};
@@ -530,7 +539,8 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   if (!cleave && op == "CastLike") return Elementwise(n, {0}, Linearity::kEach, {0});  // input 1: its type only
   if ((!cleave && (op == "Pad" || op == "Tile")) || (cleave && op == "PadGrad")) return PadOrTile(n);
   if (!cleave && (op == "GatherElements" || op == "ScatterElements")) return ElementIndexing(n);
-  if ((!cleave && op == "Conv") || (cleave && op == "ConvGrad")) return Convolution(n);
+  if ((!cleave && (op == "Conv" || op == "ConvTranspose")) || (cleave && (op == "ConvGrad" || op == "ConvTransposeGrad")))
+    return Convolution(n);
   if ((!cleave && (op == "MaxPool" || op == "AveragePool" || op == "GlobalMaxPool" || op == "GlobalAveragePool")) ||
       (cleave && (op == "MaxPoolGrad" || op == "AveragePoolGrad")))
     return Pooling(n);

@@ -1,5 +1,5 @@
-// Conv's attributes as a node carries them (providers/), read the same way by the CPU and CUDA
-// providers' Conv and ConvGrad kernels.
+// Conv's and ConvTranspose's attributes as a node carries them (providers/), read the same way by
+// the CPU and CUDA providers' kernels and their gradients'.
 #pragma once
 
 #include "graph/graph.h"
@@ -15,6 +15,14 @@ inline kernels::cpu::ConvAttrs ConvAttrsOf(const graph::Node& n) {
   a.pads = n.AttrInts("pads");
   a.kernel_shape = n.AttrInts("kernel_shape");
   a.group = n.AttrInt("group", 1);
+  return a;
+}
+
+inline kernels::cpu::ConvTransposeAttrs ConvTransposeAttrsOf(const graph::Node& n) {
+  kernels::cpu::ConvTransposeAttrs a;
+  static_cast<kernels::cpu::ConvAttrs&>(a) = ConvAttrsOf(n);
+  a.output_padding = n.AttrInts("output_padding");
+  a.output_shape = n.AttrInts("output_shape");
   return a;
 }
 

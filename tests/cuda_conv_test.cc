@@ -1,9 +1,11 @@
-// Conv and its gradient on the CUDA provider against the CPU's (gpu label): every layout of
-// the lowering (one image or several per product, groups, depthwise, 1 to 3 spatial dims,
+// Conv, ConvTranspose and their gradients on the CUDA provider against the CPU's (gpu label):
+// every layout of the lowering (one image or several per product, groups, depthwise, 1 to 3 spatial dims,
 // strides, dilations, padding), bf16 and fp16 against the CPU on the rounded operands, and a
 // chunk budget small enough that the images are lowered a few at a time. The pools and their
 // gradients, and BatchNormalization and its gradient in both modes, against the CPU's in float32,
 // and in bf16 and fp16 against the CPU on rounded operands.
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,7 @@ struct ConvCase {
   std::vector<int64_t> x, w;
   bool bias;
   std::string attrs;
+  bool transposed = false;  // ConvTranspose and ai.cleave.ConvTransposeGrad
 };
 
 const ConvCase kCases[] = {
@@ -36,12 +39,25 @@ const ConvCase kCases[] = {
     {{4, 5, 3, 3}, {7, 5, 1, 1}, true, ""},                      // a pointwise conv
 };
 
+// ConvTranspose: W [C, M / group, kernel...].
+const ConvCase kTransposedCases[] = {
+    {{2, 4, 3, 3}, {4, 3, 3, 3}, true, "strides = [2, 2], pads = [1, 1, 1, 1], output_padding = [1, 1]", true},
+    {{1, 4, 3, 2}, {4, 3, 2, 3}, false, "group = 2, strides = [2, 1]", true},
+    {{3, 3, 4}, {3, 2, 3}, true, "strides = [3], pads = [1, 2], dilations = [2], output_padding = [1]", true},
+    {{2, 2, 3, 2}, {2, 3, 3, 3}, true, "auto_pad = \"SAME_LOWER\", strides = [2, 2]", true},
+    {{1, 2, 3, 3}, {2, 1, 3, 3}, true, "strides = [3, 2], output_shape = [10, 8]", true},
+    {{1, 2, 2, 3, 2}, {2, 2, 2, 2, 2}, false, "strides = [2, 2, 2]", true},
+    {{2, 8, 4, 4}, {8, 3, 4, 4}, true, "strides = [4, 4]", true},  // a patch un-embedding
+};
+
+const char* OpOf(const ConvCase& c) { return c.transposed ? "ConvTranspose" : "Conv"; }
+
 std::string Attrs(const ConvCase& c) { return c.attrs.empty() ? "" : absl::StrCat(" {", c.attrs, "}"); }
 
 // Y's dims, from the CPU's forward.
 std::vector<int64_t> OutDims(const ConvCase& c) {
   const std::string text = absl::StrCat("input x: float32", DimsText(c.x), "\ninput w: float32", DimsText(c.w),
-                                        "\ny = Conv(x, w)", Attrs(c), "\noutput y\n");
+                                        "\ny = ", OpOf(c), "(x, w)", Attrs(c), "\noutput y\n");
   auto s = InferenceSession::FromGraph(*graph::ParseGraph(text), SessionOptions{});
   if (!s.ok()) return {};
   auto y = (*s)->Run({{"x", Random(c.x, 1)}, {"w", Random(c.w, 2)}});
@@ -50,7 +66,10 @@ std::vector<int64_t> OutDims(const ConvCase& c) {
   return std::vector<int64_t>(t.dims().begin(), t.dims().end());
 }
 
-// y = Conv(x, w[, b]) and the three gradients of a fed dY, every operand cast to `type`
+// The bias's length: Y's channels.
+int64_t BiasDim(const ConvCase& c) { return c.transposed ? OutDims(c).at(1) : c.w[0]; }
+
+// y = Conv(x, w[, b]) (or ConvTranspose) and the three gradients of a fed dY, every operand cast to `type`
 // (float32: 1, bfloat16: 16, float16: 10) around the ops and back to float32. With `rounded`,
 // the CPU's reference of that: the float32 ops on operands rounded to `type` (the casts there
 // and back), their results rounded the same way.
@@ -65,58 +84,69 @@ std::string ConvGraph(const ConvCase& c, int type, bool rounded = false) {
   };
   std::string g = absl::StrCat("input x: float32", DimsText(c.x), "\ninput w: float32", DimsText(c.w),
                                "\ninput dy: float32", DimsText(OutDims(c)), "\n");
-  if (c.bias) absl::StrAppend(&g, "input b: float32[", c.w[0], "]\n", in("b"));
-  absl::StrAppend(&g, in("x"), in("w"), in("dy"), "hy = Conv(hx, hw", c.bias ? ", hb" : "", ")", Attrs(c), "\n",
-                  "hdx, hdw, hdb = ai.cleave.ConvGrad(hdy, hx, hw)", Attrs(c), "\n", out("y"), out("dx"), out("dw"),
+  if (c.bias) absl::StrAppend(&g, "input b: float32[", BiasDim(c), "]\n", in("b"));
+  absl::StrAppend(&g, in("x"), in("w"), in("dy"), "hy = ", OpOf(c), "(hx, hw", c.bias ? ", hb" : "", ")", Attrs(c),
+                  "\n", "hdx, hdw, hdb = ai.cleave.", OpOf(c), "Grad(hdy, hx, hw)", Attrs(c), "\n", out("y"), out("dx"),
+                  out("dw"),
                   out("db"), "output y\noutput dx\noutput dw\noutput db\n");
   return g;
 }
 
 Feeds ConvFeeds(const ConvCase& c, unsigned seed) {
   Feeds f = {{"x", Random(c.x, seed)}, {"w", Random(c.w, seed + 1, -0.5f, 0.5f)}, {"dy", Random(OutDims(c), seed + 3)}};
-  if (c.bias) f.push_back({"b", Random({c.w[0]}, seed + 2)});
+  if (c.bias) f.push_back({"b", Random({BiasDim(c)}, seed + 2)});
   return f;
 }
 
-TEST(CudaProvider, ConvAndItsGradientInFloat32) {
-  REQUIRE_CUDA();
-  unsigned seed = 100;
-  for (const ConvCase& c : kCases) {
+void ExpectCasesInFloat32(std::span<const ConvCase> cases, unsigned seed) {
+  for (const ConvCase& c : cases) {
     SCOPED_TRACE(ConvGraph(c, 1));
-    ExpectSame(ConvGraph(c, 1), ConvFeeds(c, seed += 4), 1e-4, 1e-4, "Conv");
+    ExpectSame(ConvGraph(c, 1), ConvFeeds(c, seed += 4), 1e-4, 1e-4, OpOf(c));
   }
 }
 
-TEST(CudaProvider, ConvAndItsGradientInBf16AndFp16) {
-  REQUIRE_CUDA();
-  unsigned seed = 200;
+void ExpectCasesInBf16AndFp16(std::span<const ConvCase> cases, unsigned seed) {
   for (int type : {16, 10})
-    for (const ConvCase& c : kCases) {
+    for (const ConvCase& c : cases) {
       SCOPED_TRACE(ConvGraph(c, type));
       // Both sides multiply the same rounded operands and sum in float32, and round the
       // results once; they differ in the order of the sums, and a result that lands near a
       // rounding boundary may round the other way: one unit in the last place (bf16 2^-8).
-      ExpectSame(ConvGraph(c, type), ConvFeeds(c, seed += 4), 1e-3, type == 16 ? 8e-3 : 1e-3, "Conv",
+      ExpectSame(ConvGraph(c, type), ConvFeeds(c, seed += 4), 1e-3, type == 16 ? 8e-3 : 1e-3, OpOf(c),
                  ConvGraph(c, type, /*rounded=*/true));
     }
 }
 
-// A chunk budget of a few images' scratch: the forward lowers the five images four and one at a
-// time, the gradient two, two and one, dW summed over the chunks; the results are the
-// one-chunk run's.
-TEST(CudaProvider, ConvInChunksOfImages) {
+TEST(CudaProvider, ConvAndItsGradientInFloat32) {
   REQUIRE_CUDA();
-  providers::CudaProviderOptions small;
-  // Per image, [5, 4, 6, 6] x [6, 4, 3, 3] takes 6 KB of the forward's scratch, 11 KB of the gradient's.
-  small.conv_chunk_bytes = 25000;
-  auto provider = providers::CudaExecutionProvider::Create(0, small);
-  ASSERT_TRUE(provider.ok()) << provider.status();
-  const ConvCase c{{5, 4, 6, 6}, {6, 4, 3, 3}, true, "pads = [1, 1, 1, 1]"};
+  ExpectCasesInFloat32(kCases, 100);
+}
+
+TEST(CudaProvider, ConvAndItsGradientInBf16AndFp16) {
+  REQUIRE_CUDA();
+  ExpectCasesInBf16AndFp16(kCases, 200);
+}
+
+// ConvTranspose runs as the Conv gradient's col2im (with the bias), its gradients as the Conv's
+// forward and weight gradient: every case above in reverse, output_padding and an output_shape
+// beyond the formula's extent among them.
+TEST(CudaProvider, ConvTransposeAndItsGradientInFloat32) {
+  REQUIRE_CUDA();
+  ExpectCasesInFloat32(kTransposedCases, 400);
+}
+
+TEST(CudaProvider, ConvTransposeAndItsGradientInBf16AndFp16) {
+  REQUIRE_CUDA();
+  ExpectCasesInBf16AndFp16(kTransposedCases, 500);
+}
+
+// The run on `provider` (a small conv_chunk_bytes) equals the run on the default provider.
+void ExpectChunkedEqualsWhole(const ConvCase& c, std::unique_ptr<providers::ExecutionProvider> provider) {
   const Feeds feeds = ConvFeeds(c, 300);
   SessionOptions chunked, whole;
   chunked.optimize = whole.optimize = false;
   chunked.device = whole.device = DeviceChoice::kCuda;
-  chunked.device_provider = std::shared_ptr<providers::ExecutionProvider>(std::move(*provider));
+  chunked.device_provider = std::shared_ptr<providers::ExecutionProvider>(std::move(provider));
   auto a = InferenceSession::FromGraph(*graph::ParseGraph(ConvGraph(c, 1)), chunked);
   auto b = InferenceSession::FromGraph(*graph::ParseGraph(ConvGraph(c, 1)), whole);
   ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
@@ -125,6 +155,26 @@ TEST(CudaProvider, ConvInChunksOfImages) {
   ASSERT_TRUE(got.ok() && want.ok()) << got.status() << want.status();
   for (size_t i = 0; i < got->size(); ++i)
     EXPECT_EQ(testing::CompareTensors((*got)[i], (*want)[i], 1e-5, 1e-5), "") << "output " << i;
+}
+
+// A chunk budget of a few images' scratch: the forward lowers the five images four and one at a
+// time, the gradient two, two and one, dW summed over the chunks; the results are the
+// one-chunk run's.
+TEST(CudaProvider, ConvInChunksOfImages) {
+  REQUIRE_CUDA();
+  // Per image, [5, 4, 6, 6] x [6, 4, 3, 3] takes 6 KB of the forward's scratch, 11 KB of the
+  // gradient's. The ConvTranspose of [5, 6, 6, 6] by [6, 4, 3, 3] is that Conv reversed: its
+  // forward is chunked as the Conv's input gradient, its dX as the Conv's forward.
+  for (bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed ? "ConvTranspose" : "Conv");
+    providers::CudaProviderOptions small;
+    small.conv_chunk_bytes = 25000;
+    auto provider = providers::CudaExecutionProvider::Create(0, small);
+    ASSERT_TRUE(provider.ok()) << provider.status();
+    const ConvCase c = transposed ? ConvCase{{5, 6, 6, 6}, {6, 4, 3, 3}, true, "pads = [1, 1, 1, 1]", true}
+                                  : ConvCase{{5, 4, 6, 6}, {6, 4, 3, 3}, true, "pads = [1, 1, 1, 1]"};
+    ExpectChunkedEqualsWhole(c, std::move(*provider));
+  }
 }
 
 TEST(CudaProvider, ConvRejectsMismatchedShapesNamingTheNode) {

@@ -185,6 +185,15 @@ const GradCase kCases[] = {
     {"Conv_2d_groups", "input x: float64[1,4,5,4]\ninput w: float64[6,2,3,2]\ny = Conv(x, w) {group = 2, pads = [1, 0, 1, 1]}\noutput y"},
     {"Conv_2d_same_upper_stride", "input x: float64[2,2,5,6]\ninput w: float64[3,2,3,3]\ny = Conv(x, w) {auto_pad = \"SAME_UPPER\", strides = [2, 2]}\noutput y"},
     {"Conv_3d", "input x: float64[1,2,3,4,3]\ninput w: float64[2,2,2,2,2]\ny = Conv(x, w)\noutput y"},
+    {"ConvTranspose_1d_stride_pads_dilation_output_padding",
+     "input x: float64[2,3,4]\ninput w: float64[3,2,3]\ninput b: float64[2]\n"
+     "y = ConvTranspose(x, w, b) {strides = [3], pads = [1, 2], dilations = [2], output_padding = [1]}\noutput y"},
+    {"ConvTranspose_2d_groups", "input x: float64[1,4,3,2]\ninput w: float64[4,3,2,3]\n"
+     "y = ConvTranspose(x, w) {group = 2, strides = [2, 1]}\noutput y"},
+    {"ConvTranspose_2d_same_lower_stride", "input x: float64[2,2,3,2]\ninput w: float64[2,3,3,3]\n"
+     "y = ConvTranspose(x, w) {auto_pad = \"SAME_LOWER\", strides = [2, 2]}\noutput y"},
+    {"ConvTranspose_2d_output_shape", "input x: float64[1,2,3,3]\ninput w: float64[2,1,3,3]\ninput b: float64[1]\n"
+     "y = ConvTranspose(x, w, b) {strides = [3, 2], output_shape = [10, 8]}\noutput y"},
     // The step functions pass no gradient: x + step(x) has the gradient 1 of x alone.
     {"Floor", "input x: float64[6]\nf = Floor(x)\ny = Add(x, f)\noutput y", -3, 3},
     {"Ceil", "input x: float64[6]\nf = Ceil(x)\ny = Add(x, f)\noutput y", -3, 3},

@@ -199,7 +199,7 @@ TEST(Propagation, DataParallelReflectPadGradientKeepsTheBatch) {
 }
 
 // A small convolutional classifier (padding, a strided Conv, BatchNormalization with its
-// running statistics, LeakyRelu, MaxPool, a padded AveragePool, GlobalAveragePool, a
+// running statistics, LeakyRelu, a ConvTranspose back up, MaxPool, a padded AveragePool, GlobalAveragePool, a
 // log-softmax and the negative log-likelihood) trained
 // data-parallel: every activation and
 // activation gradient keeps the batch sharded with no collective, and the weights' gradients
@@ -211,7 +211,8 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
     input labels: int64[4]
     input w: float32[6,3,3,3]
     input b: float32[6]
-    input head: float32[6,5]
+    input wt: float32[6,4,3,3]
+    input head: float32[4,5]
     input gamma: float32[6]
     input beta: float32[6]
     init pads: int64[8] = 0 0 1 1 0 0 1 1
@@ -221,7 +222,8 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
     c = Conv(p, w, b) {strides = [2, 2]}
     bn = BatchNormalization(c, gamma, beta, mu, va) {epsilon = 0.001}
     a = LeakyRelu(bn) {alpha = 0.1}
-    mp = MaxPool(a) {kernel_shape = [2, 2], pads = [0, 0, 1, 1]}
+    up = ConvTranspose(a, wt) {strides = [2, 2], pads = [1, 1, 1, 1], output_padding = [1, 1]}
+    mp = MaxPool(up) {kernel_shape = [2, 2], pads = [0, 0, 1, 1]}
     ap = AveragePool(mp) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], count_include_pad = 1}
     gp = GlobalAveragePool(ap)
     m = Flatten(gp)
@@ -234,20 +236,20 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
   ASSERT_TRUE(graph::InferShapes(**g).ok());
   graph::Graph& graph = **g;
   std::vector<graph::Value*> wrt;
-  for (const char* v : {"w", "b", "head", "gamma", "beta"}) wrt.push_back(graph.FindValue(v));
+  for (const char* v : {"w", "b", "wt", "head", "gamma", "beta"}) wrt.push_back(graph.FindValue(v));
   auto grads = trainer::BuildBackward(graph, graph.FindValue("loss"), wrt);
   ASSERT_TRUE(grads.ok()) << grads.status();
   int conv_grads = 0, pool_grads = 0;
   for (const auto& node : graph.nodes()) {
-    conv_grads += node->op_type() == "ConvGrad";
+    conv_grads += node->op_type() == "ConvGrad" || node->op_type() == "ConvTransposeGrad";
     pool_grads += node->op_type() == "MaxPoolGrad" || node->op_type() == "AveragePoolGrad";
   }
-  EXPECT_EQ(conv_grads, 1);
+  EXPECT_EQ(conv_grads, 2);
   EXPECT_EQ(pool_grads, 3);
   auto mesh = *Mesh::Parse("dp=2");
   auto p = Propagate(graph, mesh, {{"x", Batch(4)}, {"labels", Batch(1)}});
   ASSERT_TRUE(p.ok()) << p.status();
-  for (const char* v : {"c", "bn", "mp", "ap", "gp"})
+  for (const char* v : {"c", "bn", "up", "mp", "ap", "gp"})
     EXPECT_EQ(p->sharding.at(graph.FindValue(v)).ToString(), "[dp,-,-,-]") << v;
   for (const auto& [name, grad] : *grads)
     EXPECT_EQ(p->sharding.at(grad).partial, std::set<std::string>{"dp"}) << name << " " << p->sharding.at(grad).ToString();
@@ -268,7 +270,8 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
     for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
     return t;
   };
-  const Tensor x = random({4, 3, 8, 8}), w = random({6, 3, 3, 3}), b = random({6}), head = random({6, 5});
+  const Tensor x = random({4, 3, 8, 8}), w = random({6, 3, 3, 3}), b = random({6}), head = random({4, 5});
+  const Tensor wt = random({6, 4, 3, 3});
   const Tensor gamma = random({6}), beta = random({6});
   const Tensor labels = Tensor::FromVector<int64_t>({1, 4, 0, 2}, {4});
   SessionOptions plain;
@@ -276,7 +279,7 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
   auto whole = InferenceSession::FromGraph(graph.Clone(), plain);
   ASSERT_TRUE(whole.ok()) << whole.status();
   auto want = (*whole)->Run(
-      {{"x", x}, {"labels", labels}, {"w", w}, {"b", b}, {"head", head}, {"gamma", gamma}, {"beta", beta}});
+      {{"x", x}, {"labels", labels}, {"w", w}, {"b", b}, {"wt", wt}, {"head", head}, {"gamma", gamma}, {"beta", beta}});
   ASSERT_TRUE(want.ok()) << want.status();
   runtime::SimulatedWorld world(2);
   std::vector<absl::StatusOr<std::vector<Tensor>>> got(2, absl::UnknownError("not run"));
@@ -296,7 +299,7 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
         return;
       }
       got[r] = (*s)->Run({{"x", testing::Rows(x, 2 * r, 2)}, {"labels", testing::Rows(labels, 2 * r, 2)},
-                          {"w", w}, {"b", b}, {"head", head}, {"gamma", gamma}, {"beta", beta}});
+                          {"w", w}, {"b", b}, {"wt", wt}, {"head", head}, {"gamma", gamma}, {"beta", beta}});
     });
   for (std::thread& t : ranks) t.join();
   for (int r = 0; r < 2; ++r) {

@@ -203,13 +203,18 @@ absl::Status SoftmaxCrossEntropyLossGrad(GradBuilder& b) {
 
 // Conv: dX, dW and dB from dY by ai.cleave.ConvGrad (im2col products, as the forward's), with
 // the forward's attributes; the outputs not wanted are left off.
+// ConvTranspose likewise by ai.cleave.ConvTransposeGrad, which also carries output_padding and
+// output_shape.
 absl::Status ConvGrad(GradBuilder& b) {
+  const bool transposed = b.fwd().op_type() == "ConvTranspose";
   std::vector<std::pair<std::string, Attribute>> attrs;
-  for (const char* a : {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
+  for (const char* a : {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides", "output_padding",
+                        "output_shape"})
     if (const Attribute* v = b.fwd().FindAttr(a)) attrs.emplace_back(a, *v);
   const bool bias = b.fwd().num_inputs() > 2 && b.x(2) && b.NeedsGrad(2);
   const int outputs = bias ? 3 : b.NeedsGrad(1) ? 2 : 1;
-  std::vector<Value*> d = b.OpN("ai.cleave.ConvGrad", {b.dy(), b.x(0), b.x(1)}, outputs, attrs);
+  std::vector<Value*> d = b.OpN(transposed ? "ai.cleave.ConvTransposeGrad" : "ai.cleave.ConvGrad",
+                                {b.dy(), b.x(0), b.x(1)}, outputs, attrs);
   if (b.NeedsGrad(0)) b.SetGrad(0, d[0]);
   if (outputs > 1 && b.NeedsGrad(1)) b.SetGrad(1, d[1]);
   if (bias) b.SetGrad(2, d[2]);
@@ -308,6 +313,7 @@ void RegisterNnRules(std::map<std::string, GradRule>& rules) {
   rules["::SoftmaxCrossEntropyLoss"] = SoftmaxCrossEntropyLossGrad;
   rules["::NegativeLogLikelihoodLoss"] = NegativeLogLikelihoodLossGrad;
   rules["::Conv"] = ConvGrad;
+  rules["::ConvTranspose"] = ConvGrad;
   rules["::BatchNormalization"] = BatchNormGrad;
   for (const char* op : {"::MaxPool", "::AveragePool", "::GlobalMaxPool", "::GlobalAveragePool"}) rules[op] = PoolGrad;
 }

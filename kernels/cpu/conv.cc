@@ -93,21 +93,32 @@ int64_t ConvParams::ColumnElements() const {
   return n;
 }
 
-absl::StatusOr<ConvParams> PlanConv(std::span<const int64_t> x, std::span<const int64_t> w, const ConvAttrs& a) {
-  ConvParams p;
+namespace {
+
+// Bounds that keep every size below in int64 (no real convolution comes near them).
+constexpr int64_t kLimit = int64_t{1} << 31;
+
+// What Conv and ConvTranspose check alike: X [N, C, spatial...] and W of X's rank whose dims 0
+// and 1 fit X's channels (Conv: [M, C / group], ConvTranspose: [C, M / group]), the group, strides, dilations,
+// kernel_shape, pads and auto_pad. Fills p's spatial, N, group, stride, dilation and kernel.
+absl::Status PlanCommon(std::span<const int64_t> x, std::span<const int64_t> w, const ConvAttrs& a, bool transposed,
+                        ConvParams& p) {
   const int r = static_cast<int>(x.size());
   if (r < 3) return InvalidArgument("expected X [N, C, spatial...] of rank >= 3, got [", absl::StrJoin(x, ","), "]");
   if (static_cast<int>(w.size()) != r)
     return InvalidArgument("expected W of X's rank ", r, ", got [", absl::StrJoin(w, ","), "]");
   p.spatial = r - 2;
   p.N = x[0];
-  p.C = x[1];
-  p.M = w[0];
   p.group = a.group;
-  if (p.group < 1 || p.C % p.group != 0 || p.M % p.group != 0)
-    return InvalidArgument("group ", p.group, " must divide the ", p.C, " input and ", p.M, " output channels");
-  if (w[1] != p.C / p.group)
-    return InvalidArgument("expected W's dim 1 to be C / group = ", p.C / p.group, ", got ", w[1]);
+  const int64_t c = x[1];
+  if (p.group < 1 || c % p.group != 0)
+    return InvalidArgument("group ", p.group, " must divide X's ", c, " channels");
+  if (!transposed && w[0] % p.group != 0)
+    return InvalidArgument("group ", p.group, " must divide W's ", w[0], " output channels");
+  if (transposed && w[0] != c)
+    return InvalidArgument("expected W's dim 0 to be X's ", c, " channels, got ", w[0]);
+  if (!transposed && w[1] != c / p.group)
+    return InvalidArgument("expected W's dim 1 to be C / group = ", c / p.group, ", got ", w[1]);
   const int s = p.spatial;
   auto list = [&](const std::vector<int64_t>& v, int64_t dflt, const char* name, int64_t* out) -> absl::Status {
     if (!v.empty() && static_cast<int>(v.size()) != s)
@@ -120,15 +131,12 @@ absl::StatusOr<ConvParams> PlanConv(std::span<const int64_t> x, std::span<const 
   };
   RETURN_IF_ERROR(list(a.strides, 1, "strides", p.stride));
   RETURN_IF_ERROR(list(a.dilations, 1, "dilations", p.dilation));
-  // Bounds that keep every size below in int64 (no real convolution comes near them).
-  constexpr int64_t kLimit = int64_t{1} << 31;
   for (int d = 0; d < s; ++d)
     if (p.stride[d] >= kLimit || p.dilation[d] >= kLimit || x[2 + d] >= kLimit || w[2 + d] >= kLimit)
       return InvalidArgument("strides, dilations and spatial dims must be below 2^31");
   for (int64_t v : a.pads)
     if (v >= kLimit) return InvalidArgument("pads must be below 2^31, got ", v);
   for (int d = 0; d < s; ++d) {
-    p.in[d] = x[2 + d];
     p.kernel[d] = w[2 + d];
     if (!a.kernel_shape.empty() &&
         (static_cast<int>(a.kernel_shape.size()) != s || a.kernel_shape[d] != p.kernel[d]))
@@ -139,6 +147,18 @@ absl::StatusOr<ConvParams> PlanConv(std::span<const int64_t> x, std::span<const 
     return InvalidArgument("expected ", 2 * s, " pads, got ", a.pads.size());
   if (a.auto_pad != "NOTSET" && a.auto_pad != "VALID" && a.auto_pad != "SAME_UPPER" && a.auto_pad != "SAME_LOWER")
     return InvalidArgument("expected auto_pad NOTSET, SAME_UPPER, SAME_LOWER or VALID, got '", a.auto_pad, "'");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ConvParams> PlanConv(std::span<const int64_t> x, std::span<const int64_t> w, const ConvAttrs& a) {
+  ConvParams p;
+  RETURN_IF_ERROR(PlanCommon(x, w, a, /*transposed=*/false, p));
+  p.C = x[1];
+  p.M = w[0];
+  const int s = p.spatial;
+  for (int d = 0; d < s; ++d) p.in[d] = x[2 + d];
   for (int d = 0; d < s; ++d) {
     const int64_t span = p.dilation[d] * (p.kernel[d] - 1) + 1;
     int64_t begin = 0, end = 0;
@@ -158,6 +178,55 @@ absl::StatusOr<ConvParams> PlanConv(std::span<const int64_t> x, std::span<const 
       return InvalidArgument("spatial dim ", d, " of ", p.in[d], " (padded to ", padded, ") is smaller than the ",
                              span, " the dilated kernel spans");
     p.out[d] = (padded - span) / p.stride[d] + 1;
+  }
+  return p;
+}
+
+absl::StatusOr<ConvParams> PlanConvTranspose(std::span<const int64_t> x, std::span<const int64_t> w,
+                                             const ConvTransposeAttrs& a) {
+  ConvParams p;
+  RETURN_IF_ERROR(PlanCommon(x, w, a, /*transposed=*/true, p));
+  const int s = p.spatial;
+  p.M = x[1];
+  if (__builtin_mul_overflow(w[1], p.group, &p.C)) return InvalidArgument("W's dim 1 times group overflows");
+  if (!a.output_padding.empty() && static_cast<int>(a.output_padding.size()) != s)
+    return InvalidArgument("expected ", s, " output_padding, got ", a.output_padding.size());
+  const size_t shape_at = a.output_shape.size() == static_cast<size_t>(s) + 2 ? 2 : 0;
+  if (!a.output_shape.empty() && a.output_shape.size() != static_cast<size_t>(s) + shape_at)
+    return InvalidArgument("expected output_shape of ", s, " spatial dims (or ", s + 2, " dims), got ",
+                           a.output_shape.size());
+  for (int d = 0; d < s; ++d) {
+    const int64_t in = x[2 + d], stride = p.stride[d];
+    if (in < 1) return InvalidArgument("X's spatial dim ", d, " is ", in, "; ConvTranspose needs at least 1");
+    const int64_t out_pad = a.output_padding.empty() ? 0 : a.output_padding[d];
+    if (out_pad < 0 || out_pad >= std::max(stride, p.dilation[d]))
+      return InvalidArgument("output_padding must be >= 0 and below the stride or the dilation, got ", out_pad,
+                             " in spatial dim ", d, " (stride ", stride, ", dilation ", p.dilation[d], ")");
+    // Y's extent before any padding is taken off; below 2^63 by PlanCommon's bounds.
+    const int64_t full = stride * (in - 1) + out_pad + p.dilation[d] * (p.kernel[d] - 1) + 1;
+    int64_t out = 0, begin = 0;
+    const bool same = a.auto_pad == "SAME_UPPER" || a.auto_pad == "SAME_LOWER";
+    if (!a.output_shape.empty() || same) {
+      out = a.output_shape.empty() ? in * stride : a.output_shape[shape_at + static_cast<size_t>(d)];
+      if (out < 0 || out >= kLimit) return InvalidArgument("output_shape must be in [0, 2^31), got ", out);
+      // An output_shape beyond `full` extends Y at the end, as PyTorch's output_size does (by
+      // output_padding): the positions no tap reaches hold the bias alone.
+      const int64_t total = std::max<int64_t>(full - out, 0);
+      begin = a.auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+    } else if (a.auto_pad == "NOTSET" && !a.pads.empty()) {
+      begin = a.pads[d];
+      const int64_t end = a.pads[s + d];
+      if (begin < 0 || end < 0) return InvalidArgument("pads must be >= 0, got [", absl::StrJoin(a.pads, ","), "]");
+      out = full - begin - end;
+      if (out < 0)
+        return InvalidArgument("pads [", absl::StrJoin(a.pads, ","), "] take more than the ", full,
+                               " elements of Y's spatial dim ", d);
+    } else {
+      out = full;
+    }
+    p.in[d] = out;
+    p.out[d] = in;
+    p.pad_begin[d] = begin;
   }
   return p;
 }

@@ -40,6 +40,21 @@ struct ConvAttrs {
 // InvalidArgument naming what disagrees.
 absl::StatusOr<ConvParams> PlanConv(std::span<const int64_t> x, std::span<const int64_t> w, const ConvAttrs& a);
 
+struct ConvTransposeAttrs : ConvAttrs {
+  std::vector<int64_t> output_padding, output_shape;  // empty: none, and Y's shape from the pads
+};
+
+// ConvTranspose of X [N, C, in...] with W [C, M / group, kernel...] is the input gradient of
+// the Conv whose input is Y [N, M, out...] and whose output is X: returns that Conv's
+// parameters (its C is M, its M is C, its `in` Y's spatial dims and its `out` X's), from which
+// Y = ConvBackward's dX of X, and the transposed convolution's gradients are that Conv's
+// forward (dX) and weight gradient (dW). Y's dims follow the ONNX formulas:
+// stride * (in - 1) + output_padding + dilation * (kernel - 1) + 1 - pads, or output_shape
+// (then, and with SAME_UPPER / SAME_LOWER, the pads are derived from it; an output_shape
+// beyond the formula's extent adds positions at the end, which no tap reaches).
+absl::StatusOr<ConvParams> PlanConvTranspose(std::span<const int64_t> x, std::span<const int64_t> w,
+                                             const ConvTransposeAttrs& a);
+
 // Y [N, M, out...] = conv(X, W) + B (B [M] or null). `col` is scratch of ColumnElements().
 template <typename T>
 void ConvForward(const ConvParams& p, const T* x, const T* w, const T* b, T* y, T* col, ThreadPool* pool);

@@ -1,6 +1,7 @@
 // CUDA convolution lowering (kernels/cuda/): im2col, which lays the patches of a chunk of
 // images out as the columns of one product per group, and col2im, its adjoint, which sums a
-// product's columns back into the images' gradient. The products themselves run through
+// product's columns back into the images' gradient (or, for ConvTranspose, into its output,
+// with the bias). The products themselves run through
 // cuBLASLt (providers/cuda/cuda_conv_kernels.cc). col2im gathers (one thread per input
 // element, over the patch positions that read it) rather than scattering with atomics, so its
 // sums are formed in one fixed order.
@@ -35,7 +36,7 @@ __global__ void Im2ColKernel(ConvGeometry g, const T* x, T* col, int64_t images,
 }
 
 template <typename T>
-__global__ void Col2ImKernel(ConvGeometry g, const float* col, T* dx, int64_t images, int64_t total) {
+__global__ void Col2ImKernel(ConvGeometry g, const float* col, const T* bias, T* dx, int64_t images, int64_t total) {
   const int64_t K = g.kernel_size, O = g.out_size, I = g.in_size;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -45,7 +46,7 @@ __global__ void Col2ImKernel(ConvGeometry g, const float* col, T* dx, int64_t im
       pos[d] = rest % g.in[d];
       rest /= g.in[d];
     }
-    float acc = 0.f;
+    float acc = bias ? ToFloat(bias[c]) : 0.f;
     for (int64_t k = 0; k < K; ++k) {
       // The output position whose patch reads this element at kernel position k, if any.
       int64_t rest = k, o = 0, scale = 1;
@@ -99,12 +100,13 @@ int Im2Col(Dt dt, const ConvGeometry& g, const void* x, void* col, int64_t image
   return static_cast<int>(cudaGetLastError());
 }
 
-int Col2Im(Dt dt, const ConvGeometry& g, const float* col, void* dx, int64_t images, void* stream) {
+int Col2Im(Dt dt, const ConvGeometry& g, const float* col, const void* bias, void* dx, int64_t images, void* stream) {
   if (g.spatial < 1 || g.spatial > kMaxRank) return static_cast<int>(cudaErrorInvalidValue);
   const int64_t total = images * g.C * g.in_size;
   if (total == 0) return 0;
   DISPATCH_DT(dt, T, {
-    Col2ImKernel<T><<<Blocks(total), kThreads, 0, Stream(stream)>>>(g, col, static_cast<T*>(dx), images, total);
+    Col2ImKernel<T><<<Blocks(total), kThreads, 0, Stream(stream)>>>(g, col, static_cast<const T*>(bias),
+                                                                    static_cast<T*>(dx), images, total);
   });
   return static_cast<int>(cudaGetLastError());
 }

@@ -294,8 +294,8 @@ struct ConvGeometry {
 int Im2Col(Dt dt, const ConvGeometry& g, const void* x, void* col, int64_t images, void* stream);
 // Its adjoint: dx [images, C, in...] (written, not added to) = for each input element the sum,
 // in float32 and in a fixed order, of the float32 col entries of the patch positions that read
-// it; rounded once to dt.
-int Col2Im(Dt dt, const ConvGeometry& g, const float* col, void* dx, int64_t images, void* stream);
+// it, plus bias[c] (of dt; null: none); rounded once to dt.
+int Col2Im(Dt dt, const ConvGeometry& g, const float* col, const void* bias, void* dx, int64_t images, void* stream);
 // y [images, M, O] = the float32 product [M, images, O] (each group's filters times the columns)
 // plus bias [M] (of dt, or null), rounded once to dt.
 int ConvOutput(Dt dt, const float* product, const void* bias, void* y, int64_t images, int64_t M, int64_t O,

@@ -1,5 +1,5 @@
-// The CUDA provider's Conv and ai.cleave.ConvGrad, and the pools with their gradients
-// (providers/cuda/).
+// The CUDA provider's Conv, ConvTranspose and their gradients (ai.cleave.ConvGrad,
+// ConvTransposeGrad), and the pools with their gradients (providers/cuda/).
 // Conv and ConvGrad: im2col over a chunk of images at a time (kernels/cuda/conv.cu), then one
 // cuBLASLt product per group covering the whole chunk, whose columns are every image's output
 // positions side by side:
@@ -10,6 +10,8 @@
 // A product's float32 [M, n, O] result gets the bias and the images' [n, M, O] layout as it is
 // rounded to Y's type, once (dY is transposed the other way where a chunk holds more than one
 // image). The chunk is as many images as keep the scratch under the provider's conv_chunk_bytes.
+// ConvTranspose is the dX of the Conv that PlanConvTranspose describes (its bias added as col2im
+// writes Y), and its gradients that Conv's forward (dX) and dW.
 // MaxPool, AveragePool, the global pools, MaxPoolGrad and AveragePoolGrad: kernels/cuda/pool.cu,
 // over the windows the CPU's kernels use (providers/pool_plan.h). BatchNormalization and its
 // gradient: kernels/cuda/norm.cu, a block per channel for the statistics and the sums.
@@ -79,28 +81,23 @@ absl::StatusOr<kernels::cpu::ConvParams> Plan(const std::string& name, const Ten
   return *p;
 }
 
-// Conv(X, W[, B]) -> Y.
-class ConvKernel : public CudaKernel {
+// The products of Conv, ConvTranspose and their gradients over a chunk of images at a time.
+class ConvProducts : public CudaKernel {
  public:
-  ConvKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n), attrs_(ConvAttrsOf(n)) {}
-  absl::Status Compute(KernelContext& ctx) const override {
-    const TensorView& x = *ctx.input(0);
-    const TensorView& w = *ctx.input(1);
-    const TensorView* b = ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
-    ASSIGN_OR_RETURN(const kernels::cpu::ConvParams p, Plan(name_, x, w, attrs_));
-    if (b && b->numel() != p.M)
-      return InvalidArgument(name_, ": expected B of ", p.M, " elements (W's dim 0), got ", b->numel());
-    std::vector<int64_t> out = {p.N, p.M};
-    for (int d = 0; d < p.spatial; ++d) out.push_back(p.out[d]);
-    TensorView* y = ctx.Output(0, out);
-    if (!y || y->numel() == 0) return absl::OkStatus();
+  using CudaKernel::CudaKernel;
+
+ protected:
+  // y [N, M, out...] = conv(x, w) + b (b [M] or null).
+  absl::Status Forward(KernelContext& ctx, const kernels::cpu::ConvParams& p, DataType dtype, const void* x,
+                       const void* w, const void* b, void* y) const {
     const kc::ConvGeometry g = GeometryOf(p);
-    const kc::Dt dt = DtOf(x.dtype);
-    const size_t es = ElementSize(x.dtype);
+    const kc::Dt dt = DtOf(dtype);
+    const size_t es = ElementSize(dtype);
     const int64_t G = p.group, Cg = p.C / G, Mg = p.M / G, K = g.kernel_size, O = g.out_size, I = g.in_size;
+    if (p.N * p.M * O == 0) return absl::OkStatus();
     // The product straight into Y where it is Y (float32, one image, no bias); else in float32
     // into scratch, from which ConvOutput adds the bias, lays the images out and rounds once.
-    const bool direct = x.dtype == DataType::kFloat32 && !b;
+    const bool direct = dtype == DataType::kFloat32 && !b;
     const int64_t per_image = p.C * K * O * static_cast<int64_t>(es) + p.M * O * 4;
     const int64_t nb = ChunkImages(p.N, per_image, p_->conv_chunk_bytes());
     void* col = ctx.Scratch(static_cast<size_t>(p.C * K * nb * O) * es);
@@ -108,71 +105,56 @@ class ConvKernel : public CudaKernel {
     if (!col || (!product && !(direct && nb == 1))) return NoScratch();
     for (int64_t n0 = 0; n0 < p.N; n0 += nb) {
       const int64_t n = std::min(nb, p.N - n0);
-      char* yn = static_cast<char*>(y->data) + static_cast<size_t>(n0 * p.M * O) * es;
-      RETURN_IF_ERROR(Check(kc::Im2Col(dt, g, static_cast<const char*>(x.data) + n0 * p.C * I * es, col, n, stream())));
+      char* yn = static_cast<char*>(y) + static_cast<size_t>(n0 * p.M * O) * es;
+      RETURN_IF_ERROR(Check(kc::Im2Col(dt, g, static_cast<const char*>(x) + n0 * p.C * I * es, col, n, stream())));
       kernels::cpu::MatMulPlan plan;
       RETURN_IF_ERROR(PlanOf(name_, {G, Mg, Cg * K}, {G, Cg * K, n * O}, false, false, &plan));
       void* c = product ? static_cast<void*>(product) : yn;
-      RETURN_IF_ERROR(CudaMatMul(*p_, plan, x.dtype, DataType::kFloat32, w.data, col, c, nullptr, false));
-      if (product)
-        RETURN_IF_ERROR(Check(kc::ConvOutput(dt, product, b ? b->data : nullptr, yn, n, p.M, O, stream())));
+      RETURN_IF_ERROR(CudaMatMul(*p_, plan, dtype, DataType::kFloat32, w, col, c, nullptr, false));
+      if (product) RETURN_IF_ERROR(Check(kc::ConvOutput(dt, product, b, yn, n, p.M, O, stream())));
     }
     return absl::OkStatus();
   }
 
- private:
-  kernels::cpu::ConvAttrs attrs_;
-};
-
-// ai.cleave.ConvGrad(dY, X, W) -> dX, dW, dB (each may go unread), the forward's attributes.
-class ConvGradKernel : public CudaKernel {
- public:
-  ConvGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : CudaKernel(p, n), attrs_(ConvAttrsOf(n)) {}
-  absl::Status Compute(KernelContext& ctx) const override {
-    const TensorView& dy = *ctx.input(0);
-    const TensorView& x = *ctx.input(1);
-    const TensorView& w = *ctx.input(2);
-    ASSIGN_OR_RETURN(const kernels::cpu::ConvParams p, Plan(name_, x, w, attrs_));
-    std::vector<int64_t> want = {p.N, p.M};
-    for (int d = 0; d < p.spatial; ++d) want.push_back(p.out[d]);
-    if (std::vector<int64_t>(dy.dims, dy.dims + dy.rank) != want)
-      return InvalidArgument(name_, ": expected dY [", absl::StrJoin(want, ","), "], got [",
-                             absl::StrJoin(dy.dim_span(), ","), "]");
-    TensorView* dx = ctx.Output(0, x.dim_span());
-    TensorView* dw = ctx.num_outputs() > 1 ? ctx.Output(1, w.dim_span()) : nullptr;
-    TensorView* db = ctx.num_outputs() > 2 ? ctx.Output(2, {p.M}) : nullptr;
+  // The gradients of conv(x, w) from dy: dx [N, C, in...] (plus dx_bias [C] where given: the
+  // ConvTranspose forward), dw and db [M]; each null when not wanted (x is read for dw alone).
+  absl::Status Backward(KernelContext& ctx, const kernels::cpu::ConvParams& p, DataType dtype, const void* dy,
+                        const void* x, const void* w, void* dx, void* dw, void* db, const void* dx_bias) const {
     const kc::ConvGeometry g = GeometryOf(p);
-    const kc::Dt dt = DtOf(x.dtype);
-    const size_t es = ElementSize(x.dtype);
+    const kc::Dt dt = DtOf(dtype);
+    const size_t es = ElementSize(dtype);
     const int64_t G = p.group, Cg = p.C / G, Mg = p.M / G, K = g.kernel_size, O = g.out_size, I = g.in_size;
+    const int64_t w_elems = p.M * Cg * K, x_elems = p.N * p.C * I;
     auto s = static_cast<cudaStream_t>(stream());
-    if (db && db->numel() > 0) {
+    if (db && p.M > 0) {
       if (p.N * O == 0) {
-        RETURN_IF_ERROR(Check(cudaMemsetAsync(db->data, 0, db->nbytes(), s)));
+        RETURN_IF_ERROR(Check(cudaMemsetAsync(db, 0, static_cast<size_t>(p.M) * es, s)));
       } else {
         const int64_t dims[3] = {p.N, p.M, O};
         const bool reduce[3] = {true, false, true};
         const int64_t parts = kc::ReduceScratch(3, dims, reduce);
         double* scratch = parts ? ctx.ScratchOf<double>(parts) : nullptr;
         if (parts && !scratch) return NoScratch();
-        RETURN_IF_ERROR(Check(kc::Reduce(kc::ReduceOp::kSum, dt, dy.data, db->data, 3, dims, reduce, scratch, s)));
+        RETURN_IF_ERROR(Check(kc::Reduce(kc::ReduceOp::kSum, dt, dy, db, 3, dims, reduce, scratch, s)));
       }
     }
-    if ((!dx || dx->numel() == 0) && (!dw || dw->numel() == 0)) return absl::OkStatus();
-    if (dx && dx->numel() == 0) dx = nullptr;
-    if (dw && dw->numel() == 0) dw = nullptr;
+    if (x_elems == 0) dx = nullptr;
+    if (w_elems == 0) dw = nullptr;
+    if (!dx && !dw) return absl::OkStatus();
     // dW accumulates in float32: in dW itself when that is float32, else in scratch cast at the end.
-    const int64_t w_elems = p.M * Cg * K;
     float* dw_acc = nullptr;
     float* dw_part = nullptr;
     if (dw) {
-      dw_acc = x.dtype == DataType::kFloat32 ? dw->as<float>() : ctx.ScratchOf<float>(w_elems);
+      dw_acc = dtype == DataType::kFloat32 ? static_cast<float*>(dw) : ctx.ScratchOf<float>(w_elems);
       if (!dw_acc) return NoScratch();
     }
-    if (p.N * O == 0) {  // no output positions: zero gradients
-      if (dw) RETURN_IF_ERROR(Check(cudaMemsetAsync(dw->data, 0, dw->nbytes(), s)));
-      return dx ? Check(cudaMemsetAsync(dx->data, 0, dx->nbytes(), s)) : absl::OkStatus();
+    if (p.N * O == 0 || p.M == 0) {  // no output positions or channels: zero gradients (dx the bias alone)
+      if (dw) RETURN_IF_ERROR(Check(cudaMemsetAsync(dw, 0, static_cast<size_t>(w_elems) * es, s)));
+      if (!dx) return absl::OkStatus();
+      if (!dx_bias) return Check(cudaMemsetAsync(dx, 0, static_cast<size_t>(x_elems) * es, s));
+      kc::ConvGeometry none = g;
+      none.kernel_size = 0;  // no taps: Col2Im writes the bias
+      return Check(kc::Col2Im(dt, none, nullptr, dx_bias, dx, p.N, s));
     }
     const int64_t per_image = p.C * K * O * static_cast<int64_t>((dw ? es : 0) + (dx ? sizeof(float) : 0)) +
                               p.M * O * static_cast<int64_t>(es);
@@ -187,7 +169,7 @@ class ConvGradKernel : public CudaKernel {
     }
     for (int64_t n0 = 0; n0 < p.N; n0 += nb) {
       const int64_t n = std::min(nb, p.N - n0);
-      const char* dyn = static_cast<const char*>(dy.data) + static_cast<size_t>(n0 * p.M * O) * es;
+      const char* dyn = static_cast<const char*>(dy) + static_cast<size_t>(n0 * p.M * O) * es;
       // dY_g [Mg, n O] for every group: dY's [n, M, O] as [M, n, O].
       const void* dyg = dyn;
       if (n > 1) {
@@ -195,11 +177,11 @@ class ConvGradKernel : public CudaKernel {
         dyg = dyt;
       }
       if (dw) {
-        RETURN_IF_ERROR(Check(kc::Im2Col(dt, g, static_cast<const char*>(x.data) + n0 * p.C * I * es, col, n, s)));
+        RETURN_IF_ERROR(Check(kc::Im2Col(dt, g, static_cast<const char*>(x) + n0 * p.C * I * es, col, n, s)));
         kernels::cpu::MatMulPlan plan;
         RETURN_IF_ERROR(PlanOf(name_, {G, Mg, n * O}, {G, Cg * K, n * O}, /*trans_b=*/true, false, &plan));
         float* into = n0 == 0 ? dw_acc : dw_part;
-        RETURN_IF_ERROR(CudaMatMul(*p_, plan, x.dtype, DataType::kFloat32, dyg, col, into, nullptr, false));
+        RETURN_IF_ERROR(CudaMatMul(*p_, plan, dtype, DataType::kFloat32, dyg, col, into, nullptr, false));
         if (n0 > 0)
           RETURN_IF_ERROR(Check(kc::Binary(kc::BinaryOp::kAdd, kc::Dt::kF32, dw_acc, dw_part, dw_acc, w_elems,
                                            nullptr, s)));
@@ -207,18 +189,140 @@ class ConvGradKernel : public CudaKernel {
       if (dx) {
         kernels::cpu::MatMulPlan plan;
         RETURN_IF_ERROR(PlanOf(name_, {G, Mg, Cg * K}, {G, Mg, n * O}, false, /*trans_a=*/true, &plan));
-        RETURN_IF_ERROR(CudaMatMul(*p_, plan, x.dtype, DataType::kFloat32, w.data, dyg, colf, nullptr, false));
+        RETURN_IF_ERROR(CudaMatMul(*p_, plan, dtype, DataType::kFloat32, w, dyg, colf, nullptr, false));
         RETURN_IF_ERROR(
-            Check(kc::Col2Im(dt, g, colf, static_cast<char*>(dx->data) + n0 * p.C * I * es, n, s)));
+            Check(kc::Col2Im(dt, g, colf, dx_bias, static_cast<char*>(dx) + n0 * p.C * I * es, n, s)));
       }
     }
-    if (dw && x.dtype != DataType::kFloat32)
-      RETURN_IF_ERROR(Check(kc::Cast(kc::Dt::kF32, dt, dw_acc, dw->data, w_elems, s)));
+    if (dw && dtype != DataType::kFloat32)
+      RETURN_IF_ERROR(Check(kc::Cast(kc::Dt::kF32, dt, dw_acc, dw, w_elems, s)));
     return absl::OkStatus();
+  }
+};
+
+void* DataOf(TensorView* t) { return t && t->numel() > 0 ? t->data : nullptr; }
+
+std::vector<int64_t> OutputDims(const kernels::cpu::ConvParams& p, int64_t channels, const int64_t* spatial) {
+  std::vector<int64_t> d = {p.N, channels};
+  for (int i = 0; i < p.spatial; ++i) d.push_back(spatial[i]);
+  return d;
+}
+
+absl::Status CheckDy(const std::string& name, const TensorView& dy, const std::vector<int64_t>& want) {
+  if (std::vector<int64_t>(dy.dims, dy.dims + dy.rank) != want)
+    return InvalidArgument(name, ": expected dY [", absl::StrJoin(want, ","), "], got [",
+                           absl::StrJoin(dy.dim_span(), ","), "]");
+  return absl::OkStatus();
+}
+
+// Conv(X, W[, B]) -> Y.
+class ConvKernel : public ConvProducts {
+ public:
+  ConvKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : ConvProducts(p, n), attrs_(ConvAttrsOf(n)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView& w = *ctx.input(1);
+    const TensorView* b = ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
+    ASSIGN_OR_RETURN(const kernels::cpu::ConvParams p, Plan(name_, x, w, attrs_));
+    if (b && b->numel() != p.M)
+      return InvalidArgument(name_, ": expected B of ", p.M, " elements (W's dim 0), got ", b->numel());
+    TensorView* y = ctx.Output(0, OutputDims(p, p.M, p.out));
+    if (!y || y->numel() == 0) return absl::OkStatus();
+    return Forward(ctx, p, x.dtype, x.data, w.data, b ? b->data : nullptr, y->data);
   }
 
  private:
   kernels::cpu::ConvAttrs attrs_;
+};
+
+// ai.cleave.ConvGrad(dY, X, W) -> dX, dW, dB (each may go unread), the forward's attributes.
+class ConvGradKernel : public ConvProducts {
+ public:
+  ConvGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : ConvProducts(p, n), attrs_(ConvAttrsOf(n)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& x = *ctx.input(1);
+    const TensorView& w = *ctx.input(2);
+    ASSIGN_OR_RETURN(const kernels::cpu::ConvParams p, Plan(name_, x, w, attrs_));
+    RETURN_IF_ERROR(CheckDy(name_, dy, OutputDims(p, p.M, p.out)));
+    TensorView* dx = ctx.Output(0, x.dim_span());
+    TensorView* dw = ctx.num_outputs() > 1 ? ctx.Output(1, w.dim_span()) : nullptr;
+    TensorView* db = ctx.num_outputs() > 2 ? ctx.Output(2, {p.M}) : nullptr;
+    return Backward(ctx, p, x.dtype, dy.data, x.data, w.data, DataOf(dx), DataOf(dw), DataOf(db), nullptr);
+  }
+
+ private:
+  kernels::cpu::ConvAttrs attrs_;
+};
+
+absl::StatusOr<kernels::cpu::ConvParams> PlanTransposed(const std::string& name, const TensorView& x,
+                                                        const TensorView& w,
+                                                        const kernels::cpu::ConvTransposeAttrs& attrs) {
+  if (x.rank - 2 > kc::kMaxRank) return Unimplemented(name, ": ", x.rank - 2, " spatial dims, over ", kc::kMaxRank);
+  auto p = kernels::cpu::PlanConvTranspose(x.dim_span(), w.dim_span(), attrs);
+  if (!p.ok()) return InvalidArgument(name, ": ", p.status().message());
+  if (p->ColumnElements() < 0) return InvalidArgument(name, ": the patches of one image overflow int64 elements");
+  return *p;
+}
+
+// ConvTranspose(X, W[, B]) -> Y: the input gradient of the Conv PlanConvTranspose describes,
+// the bias added as col2im writes Y.
+class ConvTransposeKernel : public ConvProducts {
+ public:
+  ConvTransposeKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : ConvProducts(p, n), attrs_(ConvTransposeAttrsOf(n)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView& w = *ctx.input(1);
+    const TensorView* b = ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
+    ASSIGN_OR_RETURN(const kernels::cpu::ConvParams p, PlanTransposed(name_, x, w, attrs_));
+    if (b && b->numel() != p.C)
+      return InvalidArgument(name_, ": expected B of ", p.C, " elements (W's dim 1 times group), got ", b->numel());
+    TensorView* y = ctx.Output(0, OutputDims(p, p.C, p.in));
+    if (!y || y->numel() == 0) return absl::OkStatus();
+    return Backward(ctx, p, x.dtype, x.data, nullptr, w.data, y->data, nullptr, nullptr, b ? b->data : nullptr);
+  }
+
+ private:
+  kernels::cpu::ConvTransposeAttrs attrs_;
+};
+
+// ai.cleave.ConvTransposeGrad(dY, X, W) -> dX (that Conv's forward of dY), dW (its weight
+// gradient from X) and dB (dY summed over the images and positions).
+class ConvTransposeGradKernel : public ConvProducts {
+ public:
+  ConvTransposeGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : ConvProducts(p, n), attrs_(ConvTransposeAttrsOf(n)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& x = *ctx.input(1);
+    const TensorView& w = *ctx.input(2);
+    ASSIGN_OR_RETURN(const kernels::cpu::ConvParams p, PlanTransposed(name_, x, w, attrs_));
+    RETURN_IF_ERROR(CheckDy(name_, dy, OutputDims(p, p.C, p.in)));
+    TensorView* dx = ctx.Output(0, x.dim_span());
+    TensorView* dw = ctx.num_outputs() > 1 ? ctx.Output(1, w.dim_span()) : nullptr;
+    TensorView* db = ctx.num_outputs() > 2 ? ctx.Output(2, {p.C}) : nullptr;
+    if (void* out = DataOf(dx)) RETURN_IF_ERROR(Forward(ctx, p, x.dtype, dy.data, w.data, nullptr, out));
+    if (DataOf(dw) || DataOf(db)) {
+      // dB is the Conv's input-channel sum, which its Backward does not form: sum dY's [N, C, I].
+      RETURN_IF_ERROR(Backward(ctx, p, x.dtype, x.data, dy.data, w.data, nullptr, DataOf(dw), nullptr, nullptr));
+      if (void* out = DataOf(db)) {
+        const int64_t dims[3] = {p.N, p.C, p.InSize()};
+        const bool reduce[3] = {true, false, true};
+        auto s = static_cast<cudaStream_t>(stream());
+        if (p.N * p.InSize() == 0) return Check(cudaMemsetAsync(out, 0, db->nbytes(), s));
+        const int64_t parts = kc::ReduceScratch(3, dims, reduce);
+        double* scratch = parts ? ctx.ScratchOf<double>(parts) : nullptr;
+        if (parts && !scratch) return NoScratch();
+        RETURN_IF_ERROR(Check(kc::Reduce(kc::ReduceOp::kSum, DtOf(x.dtype), dy.data, out, 3, dims, reduce, scratch, s)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  kernels::cpu::ConvTransposeAttrs attrs_;
 };
 
 // MaxPool (X) -> Y[, Indices], AveragePool (X) -> Y and the global pools (kernels/cuda/pool.cu).
@@ -372,6 +476,9 @@ void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p) {
   Add<ConvKernel>(r, p, "", "Conv", 1, 1 << 30, AllOf({InputTypeIn(0, kFloats), alike}));
   Add<ConvGradKernel>(r, p, std::string(graph::kCleaveDomain), "ConvGrad", 1, 1,
                       AllOf({InputTypeIn(0, kFloats), alike}));
+  Add<ConvTransposeKernel>(r, p, "", "ConvTranspose", 1, 1 << 30, AllOf({InputTypeIn(0, kFloats), alike}));
+  Add<ConvTransposeGradKernel>(r, p, std::string(graph::kCleaveDomain), "ConvTransposeGrad", 1, 1,
+                               AllOf({InputTypeIn(0, kFloats), alike}));
   for (const char* op : {"MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool"})
     Add<PoolKernel>(r, p, "", op, 1, 1 << 30, InputTypeIn(0, kFloats));
   const std::string cleave(graph::kCleaveDomain);
