@@ -68,6 +68,22 @@ absl::Status InferBinaryArith(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// PRelu (X, slope): Y of X's shape and type, the slope broadcasting to X (unidirectionally).
+absl::Status InferPRelu(InferContext& ctx) {
+  ASSIGN_OR_RETURN(DataType t, CommonDtype(ctx, 0, 1));
+  RETURN_IF_ERROR(ExpectNumeric(ctx, 0));
+  ASSIGN_OR_RETURN(Shape s, BroadcastInputs(ctx, 0, 1));
+  const Shape& x = ctx.input_shape(0);
+  if (x.has_rank() && s.has_rank() && (s.rank() != x.rank() || [&] {
+        for (int i = 0; i < x.rank(); ++i)
+          if (x[i].is_static() && s[i].is_static() && x[i].value != s[i].value) return true;
+        return false;
+      }()))
+    return ctx.Error("slope ", ctx.input_shape(1).ToString(), " does not broadcast to X ", x.ToString());
+  ctx.SetOutput(0, t, x);
+  return absl::OkStatus();
+}
+
 absl::Status InferPow(InferContext& ctx) {
   // The exponent may have its own numeric type (from version 12); the result has the base's.
   RETURN_IF_ERROR(ExpectNumeric(ctx, 0));

@@ -18,6 +18,7 @@ absl::Status InferUnary(InferContext& ctx);         // out = in dtype/shape
 absl::Status InferUnaryFloat(InferContext& ctx);    // same, input must be a float type
 absl::Status InferBinaryArith(InferContext& ctx);   // broadcast, same dtype in and out
 absl::Status InferPow(InferContext& ctx);           // broadcast, dtype of base
+absl::Status InferPRelu(InferContext& ctx);         // X's shape and dtype; the slope broadcasts to X
 absl::Status InferCompare(InferContext& ctx);       // broadcast, bool out
 absl::Status InferLogical(InferContext& ctx);       // bool in, broadcast, bool out
 absl::Status InferNot(InferContext& ctx);

@@ -69,6 +69,7 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "Mul", {1, 6, 7, 13, 14}, 7, 2, 2, 1, 1, InferBinaryArith, true},
       {kOnnx, "Div", {1, 6, 7, 13, 14}, 7, 2, 2, 1, 1, InferBinaryArith, true},
       {kOnnx, "Pow", {1, 7, 12, 13, 15}, 7, 2, 2, 1, 1, InferPow, true},
+      {kOnnx, "PRelu", {1, 6, 7, 9, 16}, 7, 2, 2, 1, 1, InferPRelu, true},
       {kOnnx, "Max", {1, 6, 8, 12, 13}, 8, 1, kVar, 1, 1, InferVariadicMinMax, true},
       {kOnnx, "Min", {1, 6, 8, 12, 13}, 8, 1, kVar, 1, 1, InferVariadicMinMax, true},
       {kOnnx, "Sum", {1, 6, 8, 13}, 6, 1, kVar, 1, 1, InferVariadicMinMax, true},

@@ -531,7 +531,7 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
       "HardSwish", "ThresholdedRelu", "IsNaN", "IsInf"};
   static const std::set<std::string> kLinearUnary = {"Neg", "Identity", "Cast"};
   static const std::set<std::string> kCompare = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
-                                                 "And", "Or", "Xor", "Max", "Min", "Pow", "Mod"};
+                                                 "And", "Or", "Xor", "Max", "Min", "Pow", "Mod", "PRelu"};
   if (!cleave && kUnary.count(op)) return Elementwise(n, {0}, Linearity::kNone, {});
   if (!cleave && kLinearUnary.count(op)) return Elementwise(n, {0}, Linearity::kEach, {0});
   if (!cleave && kCompare.count(op)) return Elementwise(n, {0, 1}, Linearity::kNone, {});

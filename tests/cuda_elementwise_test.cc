@@ -39,7 +39,7 @@ TEST(CudaProvider, AddKernelMatchesHost) {
 
 TEST(CudaProvider, BinaryOpsWithBroadcasting) {
   REQUIRE_CUDA();
-  for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min"}) {
+  for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min", "PRelu"}) {
     const std::string text = absl::StrCat("input a: float32[2,3,64]\ninput b: float32[3,1]\ny = ", op,
                                           "(a, b)\noutput y\n");
     ExpectSame(text, {{"a", Random({2, 3, 64}, 1)}, {"b", Random({3, 1}, 2, 0.5f, 2.f)}}, 1e-6, 1e-6, op);

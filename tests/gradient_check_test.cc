@@ -230,6 +230,8 @@ const GradCase kCases[] = {
     {"Value_read_twice", "input x: float64[4]\na = Mul(x, x)\ny = Add(a, x)\noutput y"},
     {"Abs", "input x: float64[6]\ny = Abs(x)\noutput y"},
     {"Max_broadcast", "input a: float64[2,3]\ninput b: float64[3]\ny = Max(a, b)\noutput y"},
+    {"PRelu_channel_slope", "input x: float64[2,3,4]\ninput s: float64[3,1]\ny = PRelu(x, s)\noutput y"},
+    {"PRelu_scalar_slope", "opset 16\ninput x: float64[5,2]\ninput s: float64[1]\ny = PRelu(x, s)\noutput y"},
     {"Min", "input a: float64[4]\ninput b: float64[4]\ny = Min(a, b)\noutput y"},
     {"Clip_inputs", "input x: float64[8]\ninit lo: float64[] = -0.5\ninit hi: float64[] = 0.7\ny = Clip(x, lo, hi)\noutput y"},
     {"Clip_attrs_v6", "opset 10\ninput x: float64[8]\ny = Clip(x) {min = -0.5, max = 0.7}\noutput y"},

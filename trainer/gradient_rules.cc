@@ -249,6 +249,19 @@ absl::Status MaxMinGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// prelu(x, slope) = x < 0 ? slope * x : x: dX = dY where x >= 0, dY * slope where x < 0 (at 0
+// the identity's side, as PyTorch); dSlope = dY * x where x < 0, summed to the slope's shape.
+absl::Status PReluGrad(GradBuilder& b) {
+  Value* negative = b.Op("Less", {b.x(0), b.Const(0, b.x(0))});
+  if (b.NeedsGrad(0)) b.SetGrad(0, b.Op("Where", {negative, b.Op("Mul", {b.dy(), b.x(1)}), b.dy()}));
+  if (b.NeedsGrad(1)) {
+    Value* d = b.Op("Where", {negative, b.Op("Mul", {b.dy(), b.x(0)}), b.Const(0, b.dy())});
+    ASSIGN_OR_RETURN(Value * ds, b.ReduceTo(d, b.x(1)));
+    b.SetGrad(1, ds);
+  }
+  return absl::OkStatus();
+}
+
 // clip(x, lo, hi): 1 inside [lo, hi], 0 outside; the bounds get no gradient.
 absl::Status ClipGrad(GradBuilder& b) {
   Value* x = b.x(0);
@@ -375,7 +388,7 @@ std::map<std::string, GradRule>& Rules() {
         {"::Erf", ErfGrad}, {"::Gelu", GeluGrad}, {"ai.cleave::Gelu", GeluGrad}, {"ai.cleave::SwiGLU", SwiGluGrad},
         {"ai.cleave::RotaryEmbedding", RotaryGrad},
         {"ai.cleave::FusedMatMul", FusedMatMulGrad},
-        {"::Abs", AbsGrad}, {"::Max", MaxMinGrad}, {"::Min", MaxMinGrad}, {"::Clip", ClipGrad},
+        {"::Abs", AbsGrad}, {"::Max", MaxMinGrad}, {"::Min", MaxMinGrad}, {"::PRelu", PReluGrad}, {"::Clip", ClipGrad},
     };
     RegisterStructuralRules(*r);
     RegisterNnRules(*r);

@@ -90,6 +90,9 @@ void Arithmetic(BinaryOp op, const TensorView& a, const TensorView& b, const Ten
     case BinaryOp::kFmod:
       BroadcastBinary<T, T, T>(a, b, out, g, pool, [](T x, T y) { return ModOp(x, y, true); });
       return;
+    case BinaryOp::kPRelu:
+      BroadcastBinary<T, T, T>(a, b, out, g, pool, [](T x, T y) { return x < T(0) ? WrapMul(x, y) : x; });
+      return;
     default: CLEAVE_CHECK(false && "not an arithmetic op");
   }
 }

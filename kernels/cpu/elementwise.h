@@ -59,6 +59,7 @@ enum class BinaryOp {
   kAnd, kOr, kXor,         // bool only
   kMod,                    // the remainder with the divisor's sign (Python's %; ONNX Mod, fmod 0)
   kFmod,                   // the remainder with the dividend's sign (C's fmod; ONNX Mod, fmod 1)
+  kPRelu,                  // a < 0 ? a * b : a (ONNX PRelu, b the slope)
 };                         // an integer remainder by 0 gives 0
 bool BinarySupports(BinaryOp op, DataType t);
 bool IsComparison(BinaryOp op);

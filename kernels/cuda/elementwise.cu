@@ -41,6 +41,7 @@ __device__ __forceinline__ float ApplyBinary(BinaryOp op, float a, float b) {
     case BinaryOp::kMin: return a != a || b != b ? a + b : fminf(a, b);
     case BinaryOp::kPow: return powf(a, b);
     case BinaryOp::kFmod: return fmodf(a, b);
+    case BinaryOp::kPRelu: return a < 0.f ? a * b : a;
     case BinaryOp::kMod: {
       const float r = fmodf(a, b);
       return r != 0.f && ((r < 0.f) != (b < 0.f)) ? r + b : r;
@@ -399,6 +400,11 @@ struct IntBinaryFn {
           return static_cast<T>(a % b);
         }
       }
+      case BinaryOp::kPRelu:
+        if constexpr (std::is_signed_v<T>) {
+          if (a < 0) return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+        }
+        return a;
       case BinaryOp::kPow: return 0;  // not offered (the launcher refuses it)
     }
     return 0;

@@ -28,7 +28,7 @@ struct Broadcast {
 
 // kMod: the remainder with the divisor's sign (ONNX Mod, fmod 0); kFmod: with the dividend's
 // (C's fmod; fmod 1).
-enum class BinaryOp : int { kAdd, kSub, kMul, kDiv, kMax, kMin, kPow, kMod, kFmod };
+enum class BinaryOp : int { kAdd, kSub, kMul, kDiv, kMax, kMin, kPow, kMod, kFmod, kPRelu };
 enum class UnaryOp : int { kIdentity, kRelu, kGelu, kGeluTanh, kTanh, kExp, kLog, kNeg, kSqrt, kSigmoid, kErf,
                            kReciprocal, kAbs, kSin, kCos,
                            kTan, kAsin, kAcos, kAtan, kSinh, kCosh, kAsinh, kAcosh, kAtanh,

@@ -368,7 +368,7 @@ void RegisterElementwiseKernels(KernelRegistry& r) {
       {"Greater", B::kGreater, &kNumericTypes}, {"LessOrEqual", B::kLessOrEqual, &kNumericTypes},
       {"GreaterOrEqual", B::kGreaterOrEqual, &kNumericTypes},
       {"And", B::kAnd, &kBoolType},             {"Or", B::kOr, &kBoolType},
-      {"Xor", B::kXor, &kBoolType},
+      {"Xor", B::kXor, &kBoolType},             {"PRelu", B::kPRelu, &kNumericTypes},
   };
   for (const BinaryRow& b : binary)
     r.Register(Def("", b.op, AllOf({InputTypeIn(0, *b.types), InputTypeIn(1, *b.types)}),

@@ -82,7 +82,7 @@ kc::BinaryOp BinaryOpOf(const graph::Node& n) {
   if (o == "Mod") return n.AttrInt("fmod", 0) ? kc::BinaryOp::kFmod : kc::BinaryOp::kMod;
   return o == "Add" || o == "Sum" || o == "Mean" ? kc::BinaryOp::kAdd : o == "Sub" ? kc::BinaryOp::kSub
        : o == "Mul" ? kc::BinaryOp::kMul : o == "Div" ? kc::BinaryOp::kDiv : o == "Max" ? kc::BinaryOp::kMax
-       : o == "Min" ? kc::BinaryOp::kMin : kc::BinaryOp::kPow;
+       : o == "Min" ? kc::BinaryOp::kMin : o == "PRelu" ? kc::BinaryOp::kPRelu : kc::BinaryOp::kPow;
 }
 
 // Add, Sub, Mul, Div, Max, Min, Mod, Pow over float types; all but Pow over the integers too.
@@ -872,7 +872,7 @@ void CudaExecutionProvider::RegisterKernels() {
   for (DataType t : {DataType::kInt8, DataType::kInt16, DataType::kUInt8, DataType::kUInt16, DataType::kUInt32,
                      DataType::kUInt64})
     arith_types.push_back(t);
-  for (const char* op : {"Add", "Sub", "Mul", "Div"})
+  for (const char* op : {"Add", "Sub", "Mul", "Div", "PRelu"})
     Add<BinaryKernel>(r, this, "", op, 7, 1 << 30, AllOf({InputTypeIn(0, arith_types), two_alike}));
   std::vector<DataType> exponents = arith_types;
   exponents.push_back(DataType::kFloat64);
