@@ -343,9 +343,10 @@ absl::Status InferConv(InferContext& ctx) {
 // BatchNormalization (X [N, C, ...], scale, B, input_mean, input_var [C]) -> Y of X's, and in
 // training mode running_mean, running_var [C] of input_mean's dtype.
 // ai.cleave.BatchNormalizationGrad (dY, X, scale, input_mean, input_var) -> dX of X's, dScale and
-// dB of scale's.
+// dB of scale's. InstanceNormalization (X, scale, B) and ai.cleave.InstanceNormalizationGrad
+// (dY, X, scale) likewise.
 absl::Status InferBatchNorm(InferContext& ctx) {
-  const bool grad = ctx.node().op_type() == "BatchNormalizationGrad";
+  const bool grad = ctx.node().domain() == kCleaveDomain;
   const int xi = grad ? 1 : 0;
   const std::initializer_list<DataType> floats = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
                                                   DataType::kBFloat16};
@@ -364,7 +365,7 @@ absl::Status InferBatchNorm(InferContext& ctx) {
       return ctx.Error(InputName(ctx, i), " is ", s.ToString(), "; expected [", DimText(channels), "] (X's channels)");
   }
   ctx.SetOutput(0, ctx.input_dtype(xi), x);
-  const DataType stat = grad ? ctx.input_dtype(2) : ctx.input_dtype(3);
+  const DataType stat = grad || ctx.num_inputs() < 4 ? ctx.input_dtype(2) : ctx.input_dtype(3);
   for (int o = 1; o < ctx.num_outputs(); ++o) ctx.SetOutput(o, stat, Shape({channels}));
   return absl::OkStatus();
 }

@@ -115,6 +115,8 @@ std::vector<OpDef> BuildTable() {
       {C, "ConvTransposeGrad", {1}, 1, 3, 3, 1, 3, InferConvTransposeGrad, false},
       {kOnnx, "BatchNormalization", {1, 6, 7, 9, 14, 15}, 6, 5, 5, 1, 5, InferBatchNorm, true},
       {C, "BatchNormalizationGrad", {1}, 1, 5, 5, 1, 3, InferBatchNorm, false},
+      {kOnnx, "InstanceNormalization", {1, 6, 22}, 6, 3, 3, 1, 1, InferBatchNorm, true},
+      {C, "InstanceNormalizationGrad", {1}, 1, 3, 3, 1, 3, InferBatchNorm, false},
       {kOnnx, "MaxPool", {1, 8, 10, 11, 12, 22}, 1, 1, 1, 1, 2, InferPool, true},
       {kOnnx, "AveragePool", {1, 7, 10, 11, 19, 22}, 1, 1, 1, 1, 1, InferPool, true},
       {kOnnx, "GlobalMaxPool", {1, 22}, 1, 1, 1, 1, 1, InferPool, true},

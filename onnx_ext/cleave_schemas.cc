@@ -233,6 +233,24 @@ OpSchema PoolGradSchema(bool max) {
   return s;
 }
 
+// InstanceNormalizationGrad (dY, X, scale) -> dX, dScale, dB.
+OpSchema InstanceNormGradSchema() {
+  OpSchema s;
+  s.SetName("InstanceNormalizationGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Gradients of InstanceNormalization through each image's channel statistics, recomputed from X; "
+              "see docs/ops.md.")
+      .Input(0, "dY", "gradient of Y", "T")
+      .Input(1, "X", "the forward input [N, C, spatial...]", "T")
+      .Input(2, "scale", "the forward scale [C]", "U")
+      .Output(0, "dX", "gradient of X", "T")
+      .Output(1, "dScale", "gradient of scale", "U", OpSchema::Optional)
+      .Output(2, "dB", "gradient of B", "U", OpSchema::Optional)
+      .Attr("epsilon", "as the forward's", AttributeProto::FLOAT, 1e-5f)
+      .TypeConstraint("T", kFloatTypes, "float tensors")
+      .TypeConstraint("U", kFloatTypes, "scale's type: X's, or float32 beside a bf16 / fp16 X");
+  return s;
+}
+
 // BatchNormalizationGrad (dY, X, scale, mean, var) -> dX, dScale, dB.
 OpSchema BatchNormGradSchema() {
   OpSchema s;
@@ -574,6 +592,7 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(PoolGradSchema(true));
     onnx::RegisterSchema(PoolGradSchema(false));
     onnx::RegisterSchema(BatchNormGradSchema());
+    onnx::RegisterSchema(InstanceNormGradSchema());
     onnx::RegisterSchema(SoftmaxGradSchema(
         "SoftmaxGrad", "dX = Y * (dY - sum(dY * Y, axis)); see docs/ops.md."));
     onnx::RegisterSchema(SoftmaxGradSchema(

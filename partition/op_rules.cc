@@ -367,7 +367,8 @@ absl::StatusOr<FactorRule> Convolution(const Node& n) {
 // running_var] and ai.cleave.BatchNormalizationGrad (dY, X, scale, input_mean, input_var) -> dX,
 // dScale, dB: the channels C may be sharded with their per-channel operands. In inference mode the
 // images N may be too (the gradient's dScale and dB, sums over N, come out Partial); training
-// mode's batch statistics need every image, so N stays whole there.
+// mode's batch statistics need every image, so N stays whole there. InstanceNormalization (X,
+// scale, B) and its gradient (dY, X, scale), whose statistics are each image's, as inference mode.
 absl::StatusOr<FactorRule> BatchNorm(const Node& n) {
   const bool grad = n.domain() == graph::kCleaveDomain;
   ASSIGN_OR_RETURN(std::vector<int64_t> x, Dims(n, n.input(grad ? 1 : 0)));
@@ -389,6 +390,7 @@ absl::StatusOr<FactorRule> BatchNorm(const Node& n) {
     r.outputs = {fx, fp, fp};
     r.outputs.resize(static_cast<size_t>(n.num_outputs()), fp);
   }
+  r.inputs.resize(static_cast<size_t>(n.num_inputs()));  // InstanceNormalization: the first three
   r.output_avg.assign(n.num_outputs(), 0);
   r.linear_inputs.assign(n.num_inputs(), 0);
   if (grad) {  // linear in dY
@@ -544,7 +546,9 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   if ((!cleave && (op == "MaxPool" || op == "AveragePool" || op == "GlobalMaxPool" || op == "GlobalAveragePool")) ||
       (cleave && (op == "MaxPoolGrad" || op == "AveragePoolGrad")))
     return Pooling(n);
-  if ((!cleave && op == "BatchNormalization") || (cleave && op == "BatchNormalizationGrad")) return BatchNorm(n);
+  if ((!cleave && (op == "BatchNormalization" || op == "InstanceNormalization")) ||
+      (cleave && (op == "BatchNormalizationGrad" || op == "InstanceNormalizationGrad")))
+    return BatchNorm(n);
   if (!cleave && (op == "Sum" || op == "Mean")) {
     std::vector<int> all(static_cast<size_t>(n.num_inputs()));
     std::iota(all.begin(), all.end(), 0);

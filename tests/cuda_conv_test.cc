@@ -2,7 +2,8 @@
 // every layout of the lowering (one image or several per product, groups, depthwise, 1 to 3 spatial dims,
 // strides, dilations, padding), bf16 and fp16 against the CPU on the rounded operands, and a
 // chunk budget small enough that the images are lowered a few at a time. The pools and their
-// gradients, and BatchNormalization and its gradient in both modes, against the CPU's in float32,
+// gradients, BatchNormalization and its gradient in both modes, and InstanceNormalization and its
+// gradient, against the CPU's in float32,
 // and in bf16 and fp16 against the CPU on rounded operands.
 #include <memory>
 #include <span>
@@ -343,6 +344,51 @@ TEST(CudaProvider, BatchNormalizationOfBf16AndFp16WithFloat32Statistics) {
         ExpectSame(BatchNormGraph(x, training, type), BatchNormFeeds(x, seed += 6), 2e-2, type == 16 ? 8e-3 : 1e-3,
                    "BatchNormalization", BatchNormGraph(x, training, type, /*rounded=*/true));
       }
+}
+
+// InstanceNormalization and its gradient, as BatchNormGraph: X and dY cast to `type`, scale and
+// B float32.
+std::string InstanceNormGraph(const std::vector<int64_t>& x, int type, bool rounded = false) {
+  const std::string c = absl::StrCat("[", x[1], "]");
+  auto in = [&](const std::string& name) {
+    if (!rounded) return absl::StrCat("h", name, " = Cast(", name, ") {to = ", type, "}\n");
+    return absl::StrCat(name, "_r = Cast(", name, ") {to = ", type, "}\nh", name, " = Cast(", name, "_r) {to = 1}\n");
+  };
+  auto out = [&](const std::string& name) {
+    if (!rounded) return absl::StrCat(name, " = Cast(h", name, ") {to = 1}\n");
+    return absl::StrCat(name, "_r = Cast(h", name, ") {to = ", type, "}\n", name, " = Cast(", name, "_r) {to = 1}\n");
+  };
+  std::string g = absl::StrCat("input x: float32", DimsText(x), "\ninput dy: float32", DimsText(x),
+                               "\ninput scale: float32", c, "\ninput b: float32", c, "\n", in("x"), in("dy"));
+  absl::StrAppend(&g, "hy = InstanceNormalization(hx, scale, b) {epsilon = 0.01}\n",
+                  "hdx, ds, db = ai.cleave.InstanceNormalizationGrad(hdy, hx, scale) {epsilon = 0.01}\n", out("y"),
+                  out("dx"), "output y\noutput dx\noutput ds\noutput db\n");
+  return g;
+}
+
+Feeds InstanceNormFeeds(const std::vector<int64_t>& x, unsigned seed) {
+  Feeds f = BatchNormFeeds(x, seed);
+  f.resize(4);  // x, dy, scale, b
+  return f;
+}
+
+const std::vector<int64_t> kInstanceNormShapes[] = {{4, 6, 5, 3}, {2, 3, 2, 3, 4}, {1, 4, 300}, {3, 2, 1}};
+
+// Each image's channel normalised by its own statistics: the batch-norm kernels over the N * C
+// planes, scale and B repeating every C planes, dScale and dB added over the images.
+TEST(CudaProvider, InstanceNormalizationAndItsGradient) {
+  REQUIRE_CUDA();
+  unsigned seed = 800;
+  for (const auto& x : kInstanceNormShapes) {
+    SCOPED_TRACE(InstanceNormGraph(x, 1));
+    ExpectSame(InstanceNormGraph(x, 1), InstanceNormFeeds(x, seed += 6), 1e-4, 1e-4, "*");
+  }
+  for (int type : {16, 10})
+    for (const auto& x : kInstanceNormShapes) {
+      SCOPED_TRACE(InstanceNormGraph(x, type));
+      ExpectSame(InstanceNormGraph(x, type), InstanceNormFeeds(x, seed += 6), 2e-2, type == 16 ? 8e-3 : 1e-3,
+                 "InstanceNormalization", InstanceNormGraph(x, type, /*rounded=*/true));
+    }
 }
 
 }  // namespace

@@ -451,8 +451,8 @@ TEST(CudaProvider, TinyGptTrainingTrajectoryMatchesTheCpu) {
 
 // The sample architectures (models/train_variants: an untied GPT; LLaMA with RMSNorm, SwiGLU and
 // rotary attention; BERT under an MSE and a pooled classification loss; a CNN with batch norm,
-// max, average and global pooling) train wholly on CUDA and
-// follow PyTorch's 8-step trajectory, as the CPU does (training_test.cc VariantTrajectory): fp32
+// max, average and global pooling; an encoder-decoder with group and instance norms, PReLU and
+// a transposed convolution) train wholly on CUDA and follow PyTorch's 8-step trajectory, as the CPU does (training_test.cc VariantTrajectory): fp32
 // within 1e-4 relative, bf16 with fused attention within 2%.
 class CudaVariantTrajectory : public ::testing::TestWithParam<const char*> {};
 
@@ -498,7 +498,7 @@ TEST_P(CudaVariantTrajectory, FollowsPyTorchWhollyOnCuda) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaVariantTrajectory,
-                         ::testing::Values("gpt_untied", "llama", "bert_mse", "bert_cls", "cnn"));
+                         ::testing::Values("gpt_untied", "llama", "bert_mse", "bert_cls", "cnn", "decoder"));
 
 // `cleave train --device auto` in bf16 where a device is present fuses attention, as
 // `--device cuda` does: the default is taken once the device is known. The run uses the one

@@ -178,6 +178,8 @@ const GradCase kCases[] = {
     {"BatchNormalization_training", "opset 15\ninput x: float64[3,4,2,3]\ninput scale: float64[4]\ninput b: float64[4]\ninit mean: float64[4] = 0.5 -1 0 2\ninit var: float64[4] = 1 0.25 4 2\ny = BatchNormalization(x, scale, b, mean, var) {epsilon = 0.01, training_mode = 1}\noutput y"},
     {"BatchNormalization_training_2d", "opset 15\ninput x: float64[5,3]\ninput scale: float64[3]\ninput b: float64[3]\ninit mean: float64[3] = 0 0 0\ninit var: float64[3] = 1 1 1\ny, rm, rv = BatchNormalization(x, scale, b, mean, var) {training_mode = 1, momentum = 0.8}\noutput y"},
     {"BatchNormalization_inference", "input x: float64[2,3,4]\ninput scale: float64[3]\ninput b: float64[3]\ninit mean: float64[3] = 0.5 -1 0\ninit var: float64[3] = 1 0.25 4\ny = BatchNormalization(x, scale, b, mean, var) {epsilon = 0.001}\noutput y"},
+    {"InstanceNormalization", "input x: float64[3,2,4,3]\ninput scale: float64[2]\ninput b: float64[2]\ny = InstanceNormalization(x, scale, b) {epsilon = 0.01}\noutput y"},
+    {"InstanceNormalization_1d", "input x: float64[2,3,5]\ninput scale: float64[3]\ninput b: float64[3]\ny = InstanceNormalization(x, scale, b)\noutput y"},
     {"GlobalAveragePool", "input x: float64[2,3,4,5]\ny = GlobalAveragePool(x)\noutput y"},
     {"GlobalMaxPool", "input x: float64[2,3,3,2,2]\ny = GlobalMaxPool(x)\noutput y"},
     {"Tile", "input x: float64[2,3]\ninit reps: int64[2] = 3 2\ny = Tile(x, reps)\noutput y"},

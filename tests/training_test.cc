@@ -426,7 +426,8 @@ TEST_P(VariantTrajectory, FollowsPyTorch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, VariantTrajectory,
-                         ::testing::Values("gpt_untied", "gpt_deep", "llama", "bert_mse", "bert_cls", "cnn"));
+                         ::testing::Values("gpt_untied", "gpt_deep", "llama", "bert_mse", "bert_cls", "cnn",
+                                           "decoder"));
 
 // Training-mode BatchNormalization (models/train_variants/cnn): its running statistics are
 // buffers, not parameters; each TrainStep moves them, evaluation normalises by them (so an

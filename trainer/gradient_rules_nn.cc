@@ -239,6 +239,19 @@ absl::Status BatchNormGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// InstanceNormalization by ai.cleave.InstanceNormalizationGrad(dY, X, scale) {epsilon} -> dX,
+// dScale, dB (those not wanted left off), the statistics recomputed from X.
+absl::Status InstanceNormGrad(GradBuilder& b) {
+  if (!b.dy()) return absl::OkStatus();
+  const int outputs = b.NeedsGrad(2) ? 3 : b.NeedsGrad(1) ? 2 : 1;
+  std::vector<Value*> d =
+      b.OpN("ai.cleave.InstanceNormalizationGrad", {b.dy(), b.x(0), b.x(1)}, outputs,
+            {{"epsilon", Attribute::Float(b.fwd().AttrFloat("epsilon", 1e-5f))}});
+  for (int i = 0; i < outputs; ++i)
+    if (b.NeedsGrad(i)) b.SetGrad(i, d[static_cast<size_t>(i)]);
+  return absl::OkStatus();
+}
+
 // MaxPool, AveragePool and the global pools, with the forward's attributes (and `global` for
 // the global pools): ai.cleave.MaxPoolGrad(dY, X) gives each window's gradient to the tap it
 // chose, found again from X; ai.cleave.AveragePoolGrad(dY, X's shape) spreads it over the taps
@@ -315,6 +328,7 @@ void RegisterNnRules(std::map<std::string, GradRule>& rules) {
   rules["::Conv"] = ConvGrad;
   rules["::ConvTranspose"] = ConvGrad;
   rules["::BatchNormalization"] = BatchNormGrad;
+  rules["::InstanceNormalization"] = InstanceNormGrad;
   for (const char* op : {"::MaxPool", "::AveragePool", "::GlobalMaxPool", "::GlobalAveragePool"}) rules[op] = PoolGrad;
 }
 

@@ -105,6 +105,16 @@ int BatchNorm(Dt t, Dt p, const void* x, const void* scale, const void* bias, co
 int BatchNormGrad(Dt t, Dt p, const void* dy, const void* x, const void* scale, const void* mean, const void* var,
                   void* dx, void* dscale, void* dbias, float* stats, int64_t N, int64_t C, int64_t S, float eps,
                   bool training, void* stream);
+// InstanceNormalization over x [N, C, S]: each image's channel normalised by its own mean and
+// biased variance over S, then times scale[c] plus bias[c] (of type p). stats: float32 scratch
+// of 2 N C.
+int InstanceNorm(Dt t, Dt p, const void* x, const void* scale, const void* bias, void* y, float* stats, int64_t N,
+                 int64_t C, int64_t S, float eps, void* stream);
+// Its gradient: dx per image and channel as BatchNormGrad's training form over S, dscale and
+// dbias the planes' sums added over the images; each output may be null. stats: float32 scratch
+// of 4 N C.
+int InstanceNormGrad(Dt t, Dt p, const void* dy, const void* x, const void* scale, void* dx, void* dscale,
+                     void* dbias, float* stats, int64_t N, int64_t C, int64_t S, float eps, void* stream);
 
 // Row-wise over [rows, cols]: y = (x - mean) * inv_std * gamma + beta (beta may be null);
 // mean and inv_std [rows] fp32 (may be null). rms: RMSNorm, the mean taken as 0.

@@ -399,14 +399,16 @@ __global__ void BatchNormStatsKernel(const T* x, const P* mean_in, const P* var_
   }
 }
 
+// The statistics are per channel c of C; the per-channel operands repeat every `period`
+// channels (C for BatchNormalization; InstanceNormalization's "channels" are the N * C planes).
 template <typename T, typename P>
 __global__ void BatchNormApplyKernel(const T* x, const P* scale, const P* bias, const float* stats, T* y, int64_t C,
-                                     int64_t S, int64_t total, float eps) {
+                                     int64_t S, int64_t period, int64_t total, float eps) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t c = i / S % C;
+    const int64_t c = i / S % C, pc = c % period;
     const float inv = rsqrtf(stats[C + c] + eps);
-    y[i] = FromFloat<T>((ToFloat(x[i]) - stats[c]) * inv * ToFloat(scale[c]) + ToFloat(bias[c]));
+    y[i] = FromFloat<T>((ToFloat(x[i]) - stats[c]) * inv * ToFloat(scale[pc]) + ToFloat(bias[pc]));
   }
 }
 
@@ -436,12 +438,12 @@ __global__ void BatchNormGradSumsKernel(const T* dy, const T* x, const float* st
 
 template <typename T, typename P>
 __global__ void BatchNormGradApplyKernel(const T* dy, const T* x, const P* scale, const float* stats,
-                                         const float* sums, T* dx, int64_t C, int64_t S, int64_t total, float count,
-                                         float eps, bool training) {
+                                         const float* sums, T* dx, int64_t C, int64_t S, int64_t period, int64_t total,
+                                         float count, float eps, bool training) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t c = i / S % C;
-    const float inv = rsqrtf(stats[C + c] + eps), mul = ToFloat(scale[c]) * inv, g = ToFloat(dy[i]);
+    const float inv = rsqrtf(stats[C + c] + eps), mul = ToFloat(scale[c % period]) * inv, g = ToFloat(dy[i]);
     if (training) {
       const float xhat = (ToFloat(x[i]) - stats[c]) * inv;
       dx[i] = FromFloat<T>(mul * (g - sums[c] / count - xhat * sums[C + c] / count));
@@ -449,6 +451,21 @@ __global__ void BatchNormGradApplyKernel(const T* dy, const T* x, const P* scale
       dx[i] = FromFloat<T>(mul * g);
     }
   }
+}
+
+// InstanceNormalization's dScale and dB: the planes' sums (sums[n C + c] = sum(dy),
+// sums[N C + n C + c] = sum(dy xhat)) added over the images in image order, a thread per channel.
+template <typename P>
+__global__ void InstanceNormParamGradKernel(const float* sums, P* dscale, P* dbias, int64_t N, int64_t C) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  float g = 0.f, gx = 0.f;
+  for (int64_t n = 0; n < N; ++n) {
+    g += sums[n * C + c];
+    gx += sums[N * C + n * C + c];
+  }
+  if (dscale) dscale[c] = FromFloat<P>(gx);
+  if (dbias) dbias[c] = FromFloat<P>(g);
 }
 
 // Runs f(P{}) with P float32 or T, as `p` says.
@@ -475,7 +492,7 @@ int BatchNorm(Dt t, Dt p, const void* x, const void* scale, const void* bias, co
       if (y && total > 0)
         BatchNormApplyKernel<T, P><<<Blocks(total), kThreads, 0, Stream(stream)>>>(
             static_cast<const T*>(x), static_cast<const P*>(scale), static_cast<const P*>(bias), stats,
-            static_cast<T*>(y), C, S, total, eps);
+            static_cast<T*>(y), C, S, C, total, eps);
       return static_cast<int>(cudaGetLastError());
     });
   });
@@ -500,7 +517,57 @@ int BatchNormGrad(Dt t, Dt p, const void* dy, const void* x, const void* scale, 
       if (dx && total > 0)
         BatchNormGradApplyKernel<T, P><<<Blocks(total), kThreads, 0, Stream(stream)>>>(
             static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const P*>(scale), stats, stats + 2 * C,
-            static_cast<T*>(dx), C, S, total, static_cast<float>(N * S), eps, training);
+            static_cast<T*>(dx), C, S, C, total, static_cast<float>(N * S), eps, training);
+      return static_cast<int>(cudaGetLastError());
+    });
+  });
+  return err;
+}
+
+// InstanceNormalization: BatchNormalization's kernels over x viewed as [1, N * C, S] (each
+// image's channel a "channel" of the batch statistics), the per-channel operands repeating
+// every C planes.
+int InstanceNorm(Dt t, Dt p, const void* x, const void* scale, const void* bias, void* y, float* stats, int64_t N,
+                 int64_t C, int64_t S, float eps, void* stream) {
+  const int64_t planes = N * C, total = planes * S;
+  if (total == 0) return 0;
+  int err = 0;
+  DISPATCH_DT(t, T, {
+    err = WithParam<T>(p, [&](auto pw) {
+      using P = decltype(pw);
+      BatchNormStatsKernel<T, P><<<static_cast<unsigned>(planes), kThreads, 0, Stream(stream)>>>(
+          static_cast<const T*>(x), nullptr, nullptr, nullptr, nullptr, stats, 1, planes, S, 0.f, true);
+      BatchNormApplyKernel<T, P><<<Blocks(total), kThreads, 0, Stream(stream)>>>(
+          static_cast<const T*>(x), static_cast<const P*>(scale), static_cast<const P*>(bias), stats,
+          static_cast<T*>(y), planes, S, C, total, eps);
+      return static_cast<int>(cudaGetLastError());
+    });
+  });
+  return err;
+}
+
+int InstanceNormGrad(Dt t, Dt p, const void* dy, const void* x, const void* scale, void* dx, void* dscale,
+                     void* dbias, float* stats, int64_t N, int64_t C, int64_t S, float eps, void* stream) {
+  const int64_t planes = N * C, total = planes * S;
+  if (C == 0) return 0;
+  int err = 0;
+  DISPATCH_DT(t, T, {
+    err = WithParam<T>(p, [&](auto pw) {
+      using P = decltype(pw);
+      if (planes > 0) {
+        BatchNormStatsKernel<T, P><<<static_cast<unsigned>(planes), kThreads, 0, Stream(stream)>>>(
+            static_cast<const T*>(x), nullptr, nullptr, nullptr, nullptr, stats, 1, planes, S, 0.f, true);
+        BatchNormGradSumsKernel<T, P><<<static_cast<unsigned>(planes), kThreads, 0, Stream(stream)>>>(
+            static_cast<const T*>(dy), static_cast<const T*>(x), stats, stats + 2 * planes, nullptr, nullptr, 1,
+            planes, S, eps);
+      }
+      if (dscale || dbias)
+        InstanceNormParamGradKernel<P><<<Blocks(C), kThreads, 0, Stream(stream)>>>(
+            stats + 2 * planes, static_cast<P*>(dscale), static_cast<P*>(dbias), N, C);
+      if (dx && total > 0)
+        BatchNormGradApplyKernel<T, P><<<Blocks(total), kThreads, 0, Stream(stream)>>>(
+            static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const P*>(scale), stats,
+            stats + 2 * planes, static_cast<T*>(dx), planes, S, C, total, static_cast<float>(S), eps, true);
       return static_cast<int>(cudaGetLastError());
     });
   });

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 # Writes reference training runs for architectures other than the tiny GPT
 # (models/train_variants/<name>/): an untied-head GPT, a 4-layer tied GPT, the LLaMA-style model, the BERT
-# encoder with an MSE and a classification loss, and a small convolutional classifier with batch
-# normalization. Each folder gets model.onnx exported for training, the fixed batch, the 8-step
+# encoder with an MSE and a classification loss, a small convolutional classifier with batch
+# normalization, and a convolutional encoder-decoder (group and instance norms, PReLU, a
+# transposed convolution) under an MSE loss. Each folder gets model.onnx exported for training, the fixed batch, the 8-step
 # AdamW trajectory and the final parameters (and the batch norms' final running statistics).
 # Run with a Python that has torch: `/usr/bin/python3 models/train_variants/make_train_variants.py`.
 import argparse
@@ -67,6 +68,28 @@ class SmallCnn(nn.Module):
         x = F.relu(x + self.bn2(self.conv2(x)))
         x = F.adaptive_avg_pool2d(self.avg(x), 1).flatten(1)
         return self.head(x)
+
+
+class SmallDecoder(nn.Module):
+    """A strided Conv down with GroupNorm and PReLU, a ConvTranspose back up (output_padding)
+    with ReLU, an affine InstanceNorm and a pointwise Conv: a denoiser's shape, under an MSE loss. torch
+    exports GroupNorm as an InstanceNormalization of the groups between Reshapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.gn = nn.GroupNorm(2, 8)
+        self.act = nn.PReLU(8)
+        self.up = nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1)
+        self.inorm = nn.InstanceNorm2d(4, affine=True)
+        self.out = nn.Conv2d(4, 3, 1)
+
+    def forward(self, pixel_values):
+        x = self.act(self.gn(self.down(pixel_values)))
+        # ReLU before the instance norm: after it, up.bias would have no gradient but rounding
+        # noise (the norm takes each channel's mean off).
+        x = self.inorm(F.relu(self.up(x)))
+        return self.out(x)
 
 
 def track_onnx_running_var(model):
@@ -139,6 +162,9 @@ MODELS_SPEC = {
     "cnn": dict(
         build=SmallCnn, inputs=["pixel_values"], outputs=["logits"], loss="cross_entropy", output="logits",
         dynamic={"pixel_values": {0: "batch"}, "logits": {0: "batch"}}),
+    "decoder": dict(
+        build=SmallDecoder, inputs=["pixel_values"], outputs=["reconstruction"], loss="mse",
+        output="reconstruction", dynamic={"pixel_values": {0: "batch"}, "reconstruction": {0: "batch"}}),
 }
 
 
@@ -150,6 +176,9 @@ def make_batch(name):
     if name == "cnn":
         images = torch.randn((BATCH, 3, IMAGE, IMAGE), generator=g)
         return {"pixel_values": images}, torch.randperm(CNN_CLASSES, generator=g)[:BATCH]
+    if name == "decoder":
+        images = torch.randn((BATCH, 3, IMAGE, IMAGE), generator=g)
+        return {"pixel_values": images}, torch.randn((BATCH, 3, IMAGE, IMAGE), generator=g)
     inputs = bert_inputs(g)
     if name == "bert_mse":
         # A fixed N(0, 1) target of last_hidden_state's shape, drawn after the inputs.

@@ -5,6 +5,8 @@
 // and input_var. The gradient in training mode goes through the batch statistics:
 //   dX = scale * inv / M * (M dY - sum(dY) - xhat sum(dY xhat)),  M = N * spatial;
 // in inference mode dX = dY scale inv. dScale = sum(dY xhat), dB = sum(dY) in both.
+// InstanceNormalization and ai.cleave.InstanceNormalizationGrad likewise with the statistics of
+// each image's channel over its spatial dims (M = spatial), dScale and dB summed over the images.
 #include <cmath>
 #include <memory>
 
@@ -165,6 +167,113 @@ class BatchNormGradKernel : public OpKernel {
   BatchNormAttrs a_;
 };
 
+// One image's channel (a plane of S elements): its mean and biased variance, in double.
+template <typename T>
+void PlaneStats(const T* x, int64_t S, double* m, double* v) {
+  double sum = 0;
+  for (int64_t k = 0; k < S; ++k) sum += x[k];
+  *m = sum / static_cast<double>(S);
+  double q = 0;
+  for (int64_t k = 0; k < S; ++k) q += (x[k] - *m) * (x[k] - *m);
+  *v = q / static_cast<double>(S);
+}
+
+float EpsilonOf(const graph::Node& n) { return n.AttrFloat("epsilon", 1e-5f); }
+
+// InstanceNormalization(X, scale, B) {epsilon} -> Y.
+class InstanceNormKernel : public OpKernel {
+ public:
+  InstanceNormKernel(const graph::Node& n, int) : epsilon_(EpsilonOf(n)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    RETURN_IF_ERROR(SameDtypes(ctx, x.dtype));
+    if (x.rank < 3) return InvalidArgument("expected X [N, C, spatial...] of rank >= 3, got ", DimsToString(x.dim_span()));
+    ASSIGN_OR_RETURN(const BatchNormShape s, PlanBatchNorm(x, {{"scale", ctx.input(1)}, {"B", ctx.input(2)}}));
+    TensorView* y = ctx.Output(0, x.dim_span());
+    if (!y) return absl::OkStatus();
+    if (x.dtype == DataType::kFloat64) Run<double>(s, ctx, *y);
+    else Run<float>(s, ctx, *y);
+    return absl::OkStatus();
+  }
+
+ private:
+  template <typename T>
+  void Run(const BatchNormShape& s, KernelContext& ctx, TensorView& y) const {
+    const T* x = ctx.input(0)->as<T>();
+    const T *scale = ctx.input(1)->as<T>(), *bias = ctx.input(2)->as<T>();
+    ParallelFor(ctx.thread_pool(), s.N * s.C, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t c = p % s.C;
+        double m, v;
+        PlaneStats(x + p * s.S, s.S, &m, &v);
+        const double inv = 1.0 / std::sqrt(v + epsilon_), mul = inv * scale[c], add = bias[c] - m * mul;
+        const T* xp = x + p * s.S;
+        T* yp = y.as<T>() + p * s.S;
+        for (int64_t k = 0; k < s.S; ++k) yp[k] = static_cast<T>(xp[k] * mul + add);
+      }
+    });
+  }
+  float epsilon_;
+};
+
+// ai.cleave.InstanceNormalizationGrad(dY, X, scale) {epsilon} -> dX, dScale, dB (each may go
+// unused).
+class InstanceNormGradKernel : public OpKernel {
+ public:
+  InstanceNormGradKernel(const graph::Node& n, int) : epsilon_(EpsilonOf(n)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& x = *ctx.input(1);
+    RETURN_IF_ERROR(SameDtypes(ctx, x.dtype));
+    if (DimVector(dy.dim_span()) != DimVector(x.dim_span()) || x.rank < 3)
+      return InvalidArgument("expected X [N, C, spatial...] and dY of its dims, got ", DimsToString(x.dim_span()),
+                             " and ", DimsToString(dy.dim_span()));
+    ASSIGN_OR_RETURN(const BatchNormShape s, PlanBatchNorm(x, {{"scale", ctx.input(2)}}));
+    TensorView* dx = ctx.Output(0, x.dim_span());
+    TensorView* ds = ctx.num_outputs() > 1 ? ctx.Output(1, {s.C}) : nullptr;
+    TensorView* db = ctx.num_outputs() > 2 ? ctx.Output(2, {s.C}) : nullptr;
+    if (x.dtype == DataType::kFloat64) Run<double>(s, ctx, dx, ds, db);
+    else Run<float>(s, ctx, dx, ds, db);
+    return absl::OkStatus();
+  }
+
+ private:
+  // Per channel (in parallel), its planes in image order: dX of each, and the sums over them.
+  template <typename T>
+  void Run(const BatchNormShape& s, KernelContext& ctx, TensorView* dx, TensorView* ds, TensorView* db) const {
+    const T *g = ctx.input(0)->as<T>(), *x = ctx.input(1)->as<T>(), *scale = ctx.input(2)->as<T>();
+    const double count = static_cast<double>(s.S);
+    ParallelFor(ctx.thread_pool(), s.C, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        double total_g = 0, total_gx = 0;
+        for (int64_t n = 0; n < s.N; ++n) {
+          const int64_t base = (n * s.C + c) * s.S;
+          double m, v;
+          PlaneStats(x + base, s.S, &m, &v);
+          const double inv = 1.0 / std::sqrt(v + epsilon_);
+          double sum_g = 0, sum_gx = 0;
+          for (int64_t k = 0; k < s.S; ++k) {
+            sum_g += g[base + k];
+            sum_gx += g[base + k] * (x[base + k] - m) * inv;
+          }
+          total_g += sum_g;
+          total_gx += sum_gx;
+          if (!dx) continue;
+          const double mul = scale[c] * inv;
+          T* out = dx->as<T>() + base;
+          for (int64_t k = 0; k < s.S; ++k) {
+            const double xhat = (x[base + k] - m) * inv;
+            out[k] = static_cast<T>(mul * (g[base + k] - sum_g / count - xhat * sum_gx / count));
+          }
+        }
+        if (ds) ds->as<T>()[c] = static_cast<T>(total_gx);
+        if (db) db->as<T>()[c] = static_cast<T>(total_g);
+      }
+    });
+  }
+  float epsilon_;
+};
+
 }  // namespace
 
 void RegisterBatchNormKernels(KernelRegistry& r) {
@@ -172,6 +281,9 @@ void RegisterBatchNormKernels(KernelRegistry& r) {
   r.Register({"", "BatchNormalization", 6, 1 << 30, InputTypeIn(0, floats), MakeCheckedFactory<BatchNormKernel>()});
   r.Register({std::string(graph::kCleaveDomain), "BatchNormalizationGrad", 1, 1, InputTypeIn(1, floats),
               MakeCheckedFactory<BatchNormGradKernel>()});
+  r.Register({"", "InstanceNormalization", 6, 1 << 30, InputTypeIn(0, floats), MakeFactory<InstanceNormKernel>()});
+  r.Register({std::string(graph::kCleaveDomain), "InstanceNormalizationGrad", 1, 1, InputTypeIn(1, floats),
+              MakeFactory<InstanceNormGradKernel>()});
 }
 
 }  // namespace cleave::providers

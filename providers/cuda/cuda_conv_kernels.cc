@@ -14,7 +14,8 @@
 // writes Y), and its gradients that Conv's forward (dX) and dW.
 // MaxPool, AveragePool, the global pools, MaxPoolGrad and AveragePoolGrad: kernels/cuda/pool.cu,
 // over the windows the CPU's kernels use (providers/pool_plan.h). BatchNormalization and its
-// gradient: kernels/cuda/norm.cu, a block per channel for the statistics and the sums.
+// gradient: kernels/cuda/norm.cu, a block per channel for the statistics and the sums;
+// InstanceNormalization and its gradient through the same kernels, a block per image's channel.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -464,6 +465,59 @@ class BatchNormGradKernel : public CudaKernel {
   BatchNormAttrs a_;
 };
 
+// InstanceNormalization(X, scale, B) {epsilon} -> Y.
+class InstanceNormKernel : public CudaKernel {
+ public:
+  InstanceNormKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), epsilon_(n.AttrFloat("epsilon", 1e-5f)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    if (x.rank < 3)
+      return InvalidArgument(name_, ": expected X [N, C, spatial...] of rank >= 3, got ", DimsToString(x.dim_span()));
+    ASSIGN_OR_RETURN(const DataType pt, ChannelDtype(name_, ctx, 1, x.dtype));
+    auto s = PlanBatchNorm(x, {{"scale", ctx.input(1)}, {"B", ctx.input(2)}});
+    if (!s.ok()) return Named(s.status());
+    TensorView* y = ctx.Output(0, x.dim_span());
+    if (!y || y->numel() == 0) return absl::OkStatus();
+    float* stats = ctx.ScratchOf<float>(2 * s->N * s->C);
+    if (!stats) return NoScratch();
+    return Check(kc::InstanceNorm(DtOf(x.dtype), DtOf(pt), x.data, ctx.input(1)->data, ctx.input(2)->data, y->data,
+                                  stats, s->N, s->C, s->S, epsilon_, stream()));
+  }
+
+ private:
+  float epsilon_;
+};
+
+// ai.cleave.InstanceNormalizationGrad(dY, X, scale) {epsilon} -> dX, dScale, dB.
+class InstanceNormGradKernel : public CudaKernel {
+ public:
+  InstanceNormGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), epsilon_(n.AttrFloat("epsilon", 1e-5f)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& x = *ctx.input(1);
+    if (dy.dtype != x.dtype || DimVector(dy.dim_span()) != DimVector(x.dim_span()) || x.rank < 3)
+      return InvalidArgument(name_, ": expected X [N, C, spatial...] and dY of its dtype and dims, got ",
+                             DataTypeName(x.dtype), " ", DimsToString(x.dim_span()), " and ", DataTypeName(dy.dtype),
+                             " ", DimsToString(dy.dim_span()));
+    ASSIGN_OR_RETURN(const DataType pt, ChannelDtype(name_, ctx, 2, x.dtype));
+    auto s = PlanBatchNorm(x, {{"scale", ctx.input(2)}});
+    if (!s.ok()) return Named(s.status());
+    TensorView* dx = ctx.Output(0, x.dim_span());
+    TensorView* ds = ctx.num_outputs() > 1 ? ctx.Output(1, {s->C}) : nullptr;
+    TensorView* db = ctx.num_outputs() > 2 ? ctx.Output(2, {s->C}) : nullptr;
+    float* stats = ctx.ScratchOf<float>(std::max<int64_t>(4 * s->N * s->C, 1));
+    if (!stats) return NoScratch();
+    return Check(kc::InstanceNormGrad(DtOf(x.dtype), DtOf(pt), dy.data, x.data, ctx.input(2)->data,
+                                      dx ? dx->data : nullptr, ds ? ds->data : nullptr, db ? db->data : nullptr, stats,
+                                      s->N, s->C, s->S, epsilon_, stream()));
+  }
+
+ private:
+  float epsilon_;
+};
+
 }  // namespace
 
 void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p) {
@@ -487,6 +541,8 @@ void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p) {
                       AllOf({InputTypeIn(0, kFloats), InputTypeIn(1, {DataType::kInt64})}), {1});
   AddChecked<BatchNormKernel>(r, p, "", "BatchNormalization", 6, InputTypeIn(0, kFloats));
   AddChecked<BatchNormGradKernel>(r, p, cleave, "BatchNormalizationGrad", 1, InputTypeIn(1, kFloats));
+  Add<InstanceNormKernel>(r, p, "", "InstanceNormalization", 6, 1 << 30, InputTypeIn(0, kFloats));
+  Add<InstanceNormGradKernel>(r, p, cleave, "InstanceNormalizationGrad", 1, 1, InputTypeIn(1, kFloats));
 }
 
 }  // namespace cleave::providers
