@@ -442,6 +442,52 @@ TEST(MixedPrecision, Bf16AutocastTakesTheLinearGemms) {
   });
 }
 
+// The convolutions (the CNN's Convs and their ConvGrads; the decoder's Convs, ConvTranspose and
+// their gradients) run in bf16 under autocast, every operand cast once and every result widened, while
+// the batch, group and instance norms stay fp32; each model's step tracks fp32, and its 8-step
+// trajectory follows PyTorch's fp32 one within 2% (the tolerance of the GPT's bf16 run).
+TEST(MixedPrecision, Bf16ConvolutionsTrackFp32AndFollowPyTorch) {
+  for (const char* name : {"cnn", "decoder"}) {
+    SCOPED_TRACE(name);
+    const testing::VariantGolden golden = testing::LoadVariantGolden(CLEAVE_SOURCE_DIR, name);
+    auto model = onnx_ext::LoadModel(golden.dir + "model.onnx");
+    ASSERT_TRUE(model.ok()) << model.status();
+    // Each convolution and its gradient: the CNN's two Convs, the decoder's two and its ConvTranspose.
+    const int convolutions = std::string(name) == "cnn" ? 4 : 6;
+    ExpectBf16StepTracksFp32(**model, golden.spec, golden.feeds, [&](Precision p, const TrainingArtifacts& a) {
+      int low = 0, wide = 0;
+      for (const auto& n : a.training->nodes()) {
+        const std::string& t = n->op_type();
+        if (t != "Conv" && t != "ConvTranspose" && t != "ConvGrad" && t != "ConvTransposeGrad") continue;
+        (n->input(0)->dtype() == DataType::kBFloat16 ? low : wide) += 1;
+        for (int i = 0; i < n->num_inputs(); ++i)
+          if (n->input(i)) EXPECT_EQ(n->input(i)->dtype(), n->input(0)->dtype()) << n->Describe();
+      }
+      EXPECT_EQ(low, p == Precision::kBf16 ? convolutions : 0);
+      EXPECT_EQ(wide, p == Precision::kBf16 ? 0 : convolutions);
+      for (const auto& n : a.training->nodes())
+        if (n->op_type() == "BatchNormalization" || n->op_type() == "InstanceNormalization")
+          EXPECT_EQ(n->input(0)->dtype(), DataType::kFloat32) << n->Describe();
+    });
+    if (HasFatalFailure()) return;
+    TrainingSpec spec = golden.spec;
+    spec.precision = Precision::kBf16;
+    auto a = BuildTrainingArtifacts(**model, spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    const Feeds feeds = testing::InOrder(golden.feeds, a->data_inputs);
+    auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 2});
+    ASSERT_TRUE(s.ok()) << s.status();
+    (*s)->RegisterScheduler({LrSchedule::Kind::kCosine, 2e-3, 2e-4, 2, 8});
+    for (int step = 0; step < 8; ++step) {
+      (*s)->LazyResetGrad();
+      auto loss = (*s)->TrainStep(feeds);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      ASSERT_TRUE((*s)->OptimizerStep().ok());
+      EXPECT_NEAR(*loss, golden.losses[step], 0.02 * golden.losses[step]) << "step " << step;
+    }
+  }
+}
+
 // BERT's fused attention under bf16 autocast: q, k and v go to bf16 while the padding mask's
 // bias stays fp32 in the forward and the gradient alike, and the step tracks fp32.
 TEST(MixedPrecision, Bf16FusedAttentionKeepsItsBiasInFp32) {

@@ -80,15 +80,17 @@ class Autocast {
     const std::vector<Node*> products = Products();
     std::vector<Node*> attention, grads;
     FindAttention(&attention, &grads);
+    const std::vector<Node*> convolutions = Convolutions();
     for (Node* n : products) RewriteProduct(n);
     RewriteAttention(attention, grads);
+    RewriteConvolutions(convolutions);
     // Between the products, narrowing casts move up (to the products, which then write the low
     // type) and widening casts down, until none moves.
     for (Prune(); HoistNarrowing() || LowGeluGrad() || NarrowProduct() || SinkWidening() || CancelRoundTrips();) {
       moved_ = true;
       Prune();
     }
-    const size_t rewritten = products.size() + attention.size() + grads.size();
+    const size_t rewritten = products.size() + attention.size() + grads.size() + convolutions.size();
     if (rewritten > 0 || moved_) {
       g_.opset_imports()[graph::kCleaveDomain] = 1;
       g_.RemoveUnusedValues();
@@ -146,6 +148,22 @@ class Autocast {
       for (int i = 0; i < n->num_outputs(); ++i) fits &= n->output(i) != nullptr || f;
       if (fits) (f ? fwd : bwd)->push_back(n.get());
     }
+  }
+
+  // Conv, ConvTranspose and their gradients (ai.cleave ConvGrad, ConvTransposeGrad) over fp32
+  // operands: products too, which PyTorch's autocast runs in low precision.
+  std::vector<Node*> Convolutions() const {
+    std::vector<Node*> convs;
+    for (const auto& n : g_.nodes()) {
+      const std::string& t = n->op_type();
+      const bool onnx = n->domain().empty() && (t == "Conv" || t == "ConvTranspose");
+      const bool grad = n->domain() == graph::kCleaveDomain && (t == "ConvGrad" || t == "ConvTransposeGrad");
+      if (!onnx && !grad) continue;
+      bool fp32 = true;
+      for (int i = 0; i < n->num_inputs(); ++i) fp32 &= !n->input(i) || n->input(i)->dtype() == DataType::kFloat32;
+      if (fp32) convs.push_back(n.get());
+    }
+    return convs;
   }
 
   // The low value that the fp32 value v widens, or null.
@@ -256,6 +274,21 @@ class Autocast {
       for (size_t i = 0; i < wide.size(); ++i) out.push_back(i < 3 ? LowTwin(wide[i]) : wide[i]);  // dbias: fp32
       Node* m = g_.RebuildNode(n, in, out);
       for (size_t i = 0; i < out.size() && i < 3; ++i) Widen(out[i], wide[i], m);
+    }
+  }
+
+  // Each convolution over its operands cast once to the low type (the bias too), its outputs
+  // (Y; or dX, dW, dB) written in the low type and widened for their readers: the kernels
+  // accumulate in float32 and round each result once.
+  void RewriteConvolutions(const std::vector<Node*>& convs) {
+    for (Node* n : convs) {
+      std::vector<Value*> in;
+      for (int i = 0; i < n->num_inputs(); ++i) in.push_back(n->input(i) ? Cast(n->input(i), n) : nullptr);
+      std::vector<Value*> wide = n->outputs(), out;
+      for (Value* w : wide) out.push_back(w ? LowTwin(w) : nullptr);
+      Node* m = g_.RebuildNode(n, in, out);
+      for (size_t i = 0; i < out.size(); ++i)
+        if (out[i]) Widen(out[i], wide[i], m);
     }
   }
 

@@ -5,7 +5,9 @@
 // and accumulates and returns fp32 (ai.cleave MatMulBf16, run by oneDNN on the CPU, or
 // MatMulF16). The fused attention (ai.cleave Attention, its gradient) runs on low-precision
 // q, k and v, as PyTorch's autocast runs scaled_dot_product_attention, which lets the CUDA
-// provider use cuDNN's flash attention. Between the products, the activations that were only
+// provider use cuDNN's flash attention. Conv, ConvTranspose and their gradients run on
+// low-precision operands as well (their results rounded once from float32 accumulation and
+// widened for their readers), as autocast runs convolutions. Between the products, the activations that were only
 // cast to the low type anyway move to it, as PyTorch's autocast keeps a linear layer's output:
 // a product that only casts read writes the low type itself (MatMulBf16 `to`), and the bias
 // Add, GELU and its gradient, the q/k/v Split and the layout ops between products run on it;
@@ -34,8 +36,8 @@ const char* PrecisionName(Precision p);
 // with alpha 1 and no C or a C of [N] (which becomes the bias) of `g` into casts and MatMulBf16
 // (MatMulF16 for kFp16), and the fused ai.cleave Attention / AttentionGrad into
 // the same ops over low-precision q, k, v (and out, dOut), their outputs widened back to fp32
-// (lse stays fp32), then moves casts between the products as above; returns how many products
-// and attention nodes it rewrote. kFp32 changes nothing.
+// (lse stays fp32), and the convolutions likewise, then moves casts between the products as
+// above; returns how many products, attention nodes and convolutions it rewrote. kFp32 changes nothing.
 absl::StatusOr<int> ApplyAutocast(graph::Graph& g, Precision precision);
 
 inline constexpr const char* kLossScale = "loss_scale";

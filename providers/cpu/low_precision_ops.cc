@@ -1,6 +1,7 @@
 // bf16 and fp16 forms of the CPU's float32 kernels for the ops a mixed-precision training graph
 // runs in low precision between its products (providers/cpu/): the bias Add, Gelu, GeluGrad and
-// the bias gradient's ReduceSum (ReduceMean and ReduceMax with it). Each widens its
+// the bias gradient's ReduceSum (ReduceMean and ReduceMax with it), and the convolutions (Conv,
+// ConvTranspose and their gradients), which mixed precision runs in low precision as products. Each widens its
 // low-precision inputs to float32, runs the float32 kernel and rounds each result once, as the
 // CUDA kernels compute (in float32 registers from low-precision storage). The CPU gains no speed
 // from these; they make it the reference for the graphs the CUDA provider runs.
@@ -127,7 +128,9 @@ void RegisterLowPrecisionKernels(KernelRegistry& r) {
   std::vector<KernelDef> twins;
   for (const Op& o : {Op{"", "Add", false}, Op{"", "Gelu", true}, Op{graph::kCleaveDomain, "Gelu", true},
                       Op{graph::kCleaveDomain, "GeluGrad", true}, Op{"", "ReduceSum", false},
-                      Op{"", "ReduceMean", false}, Op{"", "ReduceMax", false}}) {
+                      Op{"", "ReduceMean", false}, Op{"", "ReduceMax", false}, Op{"", "Conv", false},
+                      Op{"", "ConvTranspose", false}, Op{graph::kCleaveDomain, "ConvGrad", false},
+                      Op{graph::kCleaveDomain, "ConvTransposeGrad", false}}) {
     for (const KernelDef& d : r.defs()) {
       if (d.domain != o.domain || d.op != o.op) continue;
       KernelDef twin = d;
