@@ -289,7 +289,10 @@ absl::Status InferLayerNorm(InferContext& ctx) {
   return absl::OkStatus();
 }
 
-absl::Status InferConv(InferContext& ctx) {
+// What Conv and ConvTranspose check alike: X, W and B of one float dtype, and X and W of one rank
+// >= 3 (W laid out as `w_layout` says). False, with Y set as far as it is known, where a rank is
+// not.
+absl::StatusOr<bool> ConvRanksKnown(InferContext& ctx, const char* w_layout) {
   RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}));
   RETURN_IF_ERROR(ExpectSameDtype(ctx, 1));
   if (ctx.has_input(2)) RETURN_IF_ERROR(ExpectSameDtype(ctx, 2));
@@ -297,12 +300,20 @@ absl::Status InferConv(InferContext& ctx) {
   const Shape& w = ctx.input_shape(1);
   if (!x.has_rank() || !w.has_rank()) {
     ctx.SetOutput(0, ctx.input_dtype(0), x.has_rank() ? UnknownDims(x.rank()) : Shape());
-    return absl::OkStatus();
+    return false;
   }
+  if (x.rank() < 3 || w.rank() != x.rank())
+    return ctx.Error("expected X [N, C, spatial...] and W ", w_layout, " of one rank >= 3, got ", x.ToString(),
+                     " and ", w.ToString());
+  return true;
+}
+
+absl::Status InferConv(InferContext& ctx) {
+  ASSIGN_OR_RETURN(const bool known, ConvRanksKnown(ctx, "[M, C / group, kernel...]"));
+  if (!known) return absl::OkStatus();
+  const Shape& x = ctx.input_shape(0);
+  const Shape& w = ctx.input_shape(1);
   const int r = x.rank(), s = r - 2;
-  if (r < 3 || w.rank() != r)
-    return ctx.Error("expected X [N, C, spatial...] and W [M, C / group, kernel...] of one rank >= 3, got ",
-                     x.ToString(), " and ", w.ToString());
   const Node& n = ctx.node();
   const int64_t group = n.AttrInt("group", 1);
   if (x[1].is_static() && w[1].is_static() && (group < 1 || x[1].value != w[1].value * group))
@@ -429,19 +440,11 @@ absl::Status InferPoolGrad(InferContext& ctx) {
 // stride * (in - 1) + output_padding + dilation * (kernel - 1) + 1 - pads (the kernels' plan,
 // kernels/cpu/conv.h PlanConvTranspose, checks the rest).
 absl::Status InferConvTranspose(InferContext& ctx) {
-  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}));
-  RETURN_IF_ERROR(ExpectSameDtype(ctx, 1));
-  if (ctx.has_input(2)) RETURN_IF_ERROR(ExpectSameDtype(ctx, 2));
+  ASSIGN_OR_RETURN(const bool known, ConvRanksKnown(ctx, "[C, M / group, kernel...]"));
+  if (!known) return absl::OkStatus();
   const Shape& x = ctx.input_shape(0);
   const Shape& w = ctx.input_shape(1);
-  if (!x.has_rank() || !w.has_rank()) {
-    ctx.SetOutput(0, ctx.input_dtype(0), x.has_rank() ? UnknownDims(x.rank()) : Shape());
-    return absl::OkStatus();
-  }
-  const int r = x.rank(), s = r - 2;
-  if (r < 3 || w.rank() != r)
-    return ctx.Error("expected X [N, C, spatial...] and W [C, M / group, kernel...] of one rank >= 3, got ",
-                     x.ToString(), " and ", w.ToString());
+  const int s = x.rank() - 2;
   const Node& n = ctx.node();
   const int64_t group = n.AttrInt("group", 1);
   if (group < 1) return ctx.Error("group must be >= 1, got ", group);

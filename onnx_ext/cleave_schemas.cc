@@ -233,44 +233,30 @@ OpSchema PoolGradSchema(bool max) {
   return s;
 }
 
+// BatchNormalizationGrad (dY, X, scale, mean, var) -> dX, dScale, dB, or (instance)
 // InstanceNormalizationGrad (dY, X, scale) -> dX, dScale, dB.
-OpSchema InstanceNormGradSchema() {
+OpSchema NormalizationGradSchema(bool instance) {
   OpSchema s;
-  s.SetName("InstanceNormalizationGrad").SetDomain("ai.cleave").SinceVersion(1)
-      .SetDoc("Gradients of InstanceNormalization through each image's channel statistics, recomputed from X; "
-              "see docs/ops.md.")
+  s.SetName(instance ? "InstanceNormalizationGrad" : "BatchNormalizationGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc(instance ? "Gradients of InstanceNormalization through each image's channel statistics, recomputed "
+                         "from X; see docs/ops.md."
+                       : "Gradients of BatchNormalization; in training mode through the batch's statistics, "
+                         "recomputed from X; see docs/ops.md.")
       .Input(0, "dY", "gradient of Y", "T")
-      .Input(1, "X", "the forward input [N, C, spatial...]", "T")
-      .Input(2, "scale", "the forward scale [C]", "U")
-      .Output(0, "dX", "gradient of X", "T")
+      .Input(1, "X", "the forward input [N, C, ...]", "T")
+      .Input(2, "scale", "the forward scale [C]", "U");
+  if (!instance)
+    s.Input(3, "input_mean", "the forward input_mean [C] (read in inference mode)", "V")
+        .Input(4, "input_var", "the forward input_var [C] (read in inference mode)", "V")
+        .Attr("training_mode", "1: the forward normalised by the batch's statistics", AttributeProto::INT,
+              static_cast<int64_t>(0))
+        .TypeConstraint("V", kFloatTypes, "the statistics' type: X's, or float32 beside a bf16 / fp16 X");
+  s.Output(0, "dX", "gradient of X", "T")
       .Output(1, "dScale", "gradient of scale", "U", OpSchema::Optional)
       .Output(2, "dB", "gradient of B", "U", OpSchema::Optional)
       .Attr("epsilon", "as the forward's", AttributeProto::FLOAT, 1e-5f)
       .TypeConstraint("T", kFloatTypes, "float tensors")
       .TypeConstraint("U", kFloatTypes, "scale's type: X's, or float32 beside a bf16 / fp16 X");
-  return s;
-}
-
-// BatchNormalizationGrad (dY, X, scale, mean, var) -> dX, dScale, dB.
-OpSchema BatchNormGradSchema() {
-  OpSchema s;
-  s.SetName("BatchNormalizationGrad").SetDomain("ai.cleave").SinceVersion(1)
-      .SetDoc("Gradients of BatchNormalization; in training mode through the batch's statistics, "
-              "recomputed from X; see docs/ops.md.")
-      .Input(0, "dY", "gradient of Y", "T")
-      .Input(1, "X", "the forward input [N, C, ...]", "T")
-      .Input(2, "scale", "the forward scale [C]", "U")
-      .Input(3, "input_mean", "the forward input_mean [C] (read in inference mode)", "V")
-      .Input(4, "input_var", "the forward input_var [C] (read in inference mode)", "V")
-      .Output(0, "dX", "gradient of X", "T")
-      .Output(1, "dScale", "gradient of scale", "U", OpSchema::Optional)
-      .Output(2, "dB", "gradient of B", "U", OpSchema::Optional)
-      .Attr("epsilon", "as the forward's", AttributeProto::FLOAT, 1e-5f)
-      .Attr("training_mode", "1: the forward normalised by the batch's statistics", AttributeProto::INT,
-            static_cast<int64_t>(0))
-      .TypeConstraint("T", kFloatTypes, "float tensors")
-      .TypeConstraint("U", kFloatTypes, "scale's type: X's, or float32 beside a bf16 / fp16 X")
-      .TypeConstraint("V", kFloatTypes, "the statistics' type: X's, or float32 beside a bf16 / fp16 X");
   return s;
 }
 
@@ -591,8 +577,8 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(ConvGradSchema(true));
     onnx::RegisterSchema(PoolGradSchema(true));
     onnx::RegisterSchema(PoolGradSchema(false));
-    onnx::RegisterSchema(BatchNormGradSchema());
-    onnx::RegisterSchema(InstanceNormGradSchema());
+    onnx::RegisterSchema(NormalizationGradSchema(false));
+    onnx::RegisterSchema(NormalizationGradSchema(true));
     onnx::RegisterSchema(SoftmaxGradSchema(
         "SoftmaxGrad", "dX = Y * (dY - sum(dY * Y, axis)); see docs/ops.md."));
     onnx::RegisterSchema(SoftmaxGradSchema(

@@ -22,6 +22,19 @@ using cuda_testing::DimsText;
 using cuda_testing::ExpectSame;
 using cuda_testing::Random;
 
+// `h<name>` = <name> cast to `type` (float32 1, bfloat16 16, float16 10); with `rounded`, the
+// CPU reference's view of that: <name> rounded to `type` and widened back to float32.
+std::string CastIn(const std::string& name, int type, bool rounded) {
+  if (!rounded) return absl::StrCat("h", name, " = Cast(", name, ") {to = ", type, "}\n");
+  return absl::StrCat(name, "_r = Cast(", name, ") {to = ", type, "}\nh", name, " = Cast(", name, "_r) {to = 1}\n");
+}
+
+// <name> = `h<name>` widened to float32; with `rounded`, rounded to `type` first.
+std::string CastOut(const std::string& name, int type, bool rounded) {
+  if (!rounded) return absl::StrCat(name, " = Cast(h", name, ") {to = 1}\n");
+  return absl::StrCat(name, "_r = Cast(h", name, ") {to = ", type, "}\n", name, " = Cast(", name, "_r) {to = 1}\n");
+}
+
 struct ConvCase {
   std::vector<int64_t> x, w;
   bool bias;
@@ -75,14 +88,8 @@ int64_t BiasDim(const ConvCase& c) { return c.transposed ? OutDims(c).at(1) : c.
 // the CPU's reference of that: the float32 ops on operands rounded to `type` (the casts there
 // and back), their results rounded the same way.
 std::string ConvGraph(const ConvCase& c, int type, bool rounded = false) {
-  auto in = [&](const std::string& name) {
-    if (!rounded) return absl::StrCat("h", name, " = Cast(", name, ") {to = ", type, "}\n");
-    return absl::StrCat(name, "_r = Cast(", name, ") {to = ", type, "}\nh", name, " = Cast(", name, "_r) {to = 1}\n");
-  };
-  auto out = [&](const std::string& name) {
-    if (!rounded) return absl::StrCat(name, " = Cast(h", name, ") {to = 1}\n");
-    return absl::StrCat(name, "_r = Cast(h", name, ") {to = ", type, "}\n", name, " = Cast(", name, "_r) {to = 1}\n");
-  };
+  auto in = [&](const std::string& name) { return CastIn(name, type, rounded); };
+  auto out = [&](const std::string& name) { return CastOut(name, type, rounded); };
   std::string g = absl::StrCat("input x: float32", DimsText(c.x), "\ninput w: float32", DimsText(c.w),
                                "\ninput dy: float32", DimsText(OutDims(c)), "\n");
   if (c.bias) absl::StrAppend(&g, "input b: float32[", BiasDim(c), "]\n", in("b"));
@@ -230,14 +237,8 @@ std::string PoolGraph(const PoolCase& c, int type, bool rounded = false) {
   const std::string attrs = c.attrs.empty() ? "" : absl::StrCat(" {", c.attrs, "}");
   std::string grad_attrs = c.attrs;
   if (c.op.rfind("Global", 0) == 0) grad_attrs = "global = 1";
-  auto in = [&](const std::string& name) {
-    if (!rounded) return absl::StrCat("h", name, " = Cast(", name, ") {to = ", type, "}\n");
-    return absl::StrCat(name, "_r = Cast(", name, ") {to = ", type, "}\nh", name, " = Cast(", name, "_r) {to = 1}\n");
-  };
-  auto out = [&](const std::string& name) {
-    if (!rounded) return absl::StrCat(name, " = Cast(h", name, ") {to = 1}\n");
-    return absl::StrCat(name, "_r = Cast(h", name, ") {to = ", type, "}\n", name, " = Cast(", name, "_r) {to = 1}\n");
-  };
+  auto in = [&](const std::string& name) { return CastIn(name, type, rounded); };
+  auto out = [&](const std::string& name) { return CastOut(name, type, rounded); };
   std::string g = absl::StrCat("opset 19\ninput x: float32", DimsText(c.x), "\ninput dy: float32",
                                DimsText(PoolOutDims(c)), "\n", in("x"), in("dy"));
   if (c.op == "MaxPool") absl::StrAppend(&g, "hy, idx = MaxPool(hx)", attrs, "\n");
@@ -293,14 +294,8 @@ TEST(CudaProvider, PoolGradientRejectsADyOfTheWrongShapeNamingTheNode) {
 // reference on X and dY rounded to `type` and the results rounded the same way.
 std::string BatchNormGraph(const std::vector<int64_t>& x, bool training, int type, bool rounded = false) {
   const std::string c = absl::StrCat("[", x[1], "]");
-  auto in = [&](const std::string& name) {
-    if (!rounded) return absl::StrCat("h", name, " = Cast(", name, ") {to = ", type, "}\n");
-    return absl::StrCat(name, "_r = Cast(", name, ") {to = ", type, "}\nh", name, " = Cast(", name, "_r) {to = 1}\n");
-  };
-  auto out = [&](const std::string& name) {
-    if (!rounded) return absl::StrCat(name, " = Cast(h", name, ") {to = 1}\n");
-    return absl::StrCat(name, "_r = Cast(h", name, ") {to = ", type, "}\n", name, " = Cast(", name, "_r) {to = 1}\n");
-  };
+  auto in = [&](const std::string& name) { return CastIn(name, type, rounded); };
+  auto out = [&](const std::string& name) { return CastOut(name, type, rounded); };
   const std::string mode = training ? "training_mode = 1, momentum = 0.8, epsilon = 0.01" : "epsilon = 0.01";
   std::string g = absl::StrCat("opset 15\ninput x: float32", DimsText(x), "\ninput dy: float32", DimsText(x),
                                "\ninput scale: float32", c, "\ninput b: float32", c, "\ninput mean: float32", c,
@@ -350,14 +345,8 @@ TEST(CudaProvider, BatchNormalizationOfBf16AndFp16WithFloat32Statistics) {
 // B float32.
 std::string InstanceNormGraph(const std::vector<int64_t>& x, int type, bool rounded = false) {
   const std::string c = absl::StrCat("[", x[1], "]");
-  auto in = [&](const std::string& name) {
-    if (!rounded) return absl::StrCat("h", name, " = Cast(", name, ") {to = ", type, "}\n");
-    return absl::StrCat(name, "_r = Cast(", name, ") {to = ", type, "}\nh", name, " = Cast(", name, "_r) {to = 1}\n");
-  };
-  auto out = [&](const std::string& name) {
-    if (!rounded) return absl::StrCat(name, " = Cast(h", name, ") {to = 1}\n");
-    return absl::StrCat(name, "_r = Cast(h", name, ") {to = ", type, "}\n", name, " = Cast(", name, "_r) {to = 1}\n");
-  };
+  auto in = [&](const std::string& name) { return CastIn(name, type, rounded); };
+  auto out = [&](const std::string& name) { return CastOut(name, type, rounded); };
   std::string g = absl::StrCat("input x: float32", DimsText(x), "\ninput dy: float32", DimsText(x),
                                "\ninput scale: float32", c, "\ninput b: float32", c, "\n", in("x"), in("dy"));
   absl::StrAppend(&g, "hy = InstanceNormalization(hx, scale, b) {epsilon = 0.01}\n",

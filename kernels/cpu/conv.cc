@@ -202,8 +202,11 @@ absl::StatusOr<ConvParams> PlanConvTranspose(std::span<const int64_t> x, std::sp
     if (out_pad < 0 || out_pad >= std::max(stride, p.dilation[d]))
       return InvalidArgument("output_padding must be >= 0 and below the stride or the dilation, got ", out_pad,
                              " in spatial dim ", d, " (stride ", stride, ", dilation ", p.dilation[d], ")");
-    // Y's extent before any padding is taken off; below 2^63 by PlanCommon's bounds.
+    // Y's extent before any padding is taken off (below 2^63 by PlanCommon's bounds), held to
+    // the spatial dims' bound as X's are.
     const int64_t full = stride * (in - 1) + out_pad + p.dilation[d] * (p.kernel[d] - 1) + 1;
+    if (full >= kLimit)
+      return InvalidArgument("Y's spatial dim ", d, " would span ", full, " elements; spatial dims must be below 2^31");
     int64_t out = 0, begin = 0;
     const bool same = a.auto_pad == "SAME_UPPER" || a.auto_pad == "SAME_LOWER";
     if (!a.output_shape.empty() || same) {

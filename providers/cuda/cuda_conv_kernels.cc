@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_join.h"
@@ -73,10 +74,17 @@ absl::Status PlanOf(const std::string& name, std::vector<int64_t> a, std::vector
   return absl::OkStatus();
 }
 
+// Conv's plan (kernels/cpu/conv.h PlanConv), or with ConvTransposeAttrs the Conv whose input
+// gradient the ConvTranspose is (PlanConvTranspose), its errors naming the node.
+template <typename Attrs>
 absl::StatusOr<kernels::cpu::ConvParams> Plan(const std::string& name, const TensorView& x, const TensorView& w,
-                                              const kernels::cpu::ConvAttrs& attrs) {
+                                              const Attrs& attrs) {
   if (x.rank - 2 > kc::kMaxRank) return Unimplemented(name, ": ", x.rank - 2, " spatial dims, over ", kc::kMaxRank);
-  auto p = kernels::cpu::PlanConv(x.dim_span(), w.dim_span(), attrs);
+  absl::StatusOr<kernels::cpu::ConvParams> p;
+  if constexpr (std::is_same_v<Attrs, kernels::cpu::ConvTransposeAttrs>)
+    p = kernels::cpu::PlanConvTranspose(x.dim_span(), w.dim_span(), attrs);
+  else
+    p = kernels::cpu::PlanConv(x.dim_span(), w.dim_span(), attrs);
   if (!p.ok()) return InvalidArgument(name, ": ", p.status().message());
   if (p->ColumnElements() < 0) return InvalidArgument(name, ": the patches of one image overflow int64 elements");
   return *p;
@@ -85,9 +93,24 @@ absl::StatusOr<kernels::cpu::ConvParams> Plan(const std::string& name, const Ten
 // The products of Conv, ConvTranspose and their gradients over a chunk of images at a time.
 class ConvProducts : public CudaKernel {
  public:
-  using CudaKernel::CudaKernel;
+  ConvProducts(const CudaExecutionProvider* p, const graph::Node& n)
+      : CudaKernel(p, n),
+        transposed_(n.op_type() == "ConvTranspose" || n.op_type() == "ConvTransposeGrad"),
+        attrs_(ConvTransposeAttrsOf(n)) {}
 
  protected:
+  // The node's plan: its Conv's, or the Conv whose input gradient the ConvTranspose is.
+  absl::StatusOr<kernels::cpu::ConvParams> ConvPlan(const TensorView& x, const TensorView& w) const {
+    if (transposed_) return Plan(name_, x, w, attrs_);
+    return Plan(name_, x, w, static_cast<const kernels::cpu::ConvAttrs&>(attrs_));
+  }
+  // Y [N, M, out...] of Conv, or [N, M, in...] of the ConvTranspose (the planned Conv's C, in).
+  std::vector<int64_t> YDims(const kernels::cpu::ConvParams& p) const {
+    std::vector<int64_t> d = {p.N, transposed_ ? p.C : p.M};
+    for (int i = 0; i < p.spatial; ++i) d.push_back(transposed_ ? p.in[i] : p.out[i]);
+    return d;
+  }
+
   // y [N, M, out...] = conv(x, w) + b (b [M] or null).
   absl::Status Forward(KernelContext& ctx, const kernels::cpu::ConvParams& p, DataType dtype, const void* x,
                        const void* w, const void* b, void* y) const {
@@ -199,131 +222,71 @@ class ConvProducts : public CudaKernel {
       RETURN_IF_ERROR(Check(kc::Cast(kc::Dt::kF32, dt, dw_acc, dw, w_elems, s)));
     return absl::OkStatus();
   }
+
+  bool transposed_;
+  kernels::cpu::ConvTransposeAttrs attrs_;
 };
 
 void* DataOf(TensorView* t) { return t && t->numel() > 0 ? t->data : nullptr; }
 
-std::vector<int64_t> OutputDims(const kernels::cpu::ConvParams& p, int64_t channels, const int64_t* spatial) {
-  std::vector<int64_t> d = {p.N, channels};
-  for (int i = 0; i < p.spatial; ++i) d.push_back(spatial[i]);
-  return d;
-}
-
-absl::Status CheckDy(const std::string& name, const TensorView& dy, const std::vector<int64_t>& want) {
-  if (std::vector<int64_t>(dy.dims, dy.dims + dy.rank) != want)
-    return InvalidArgument(name, ": expected dY [", absl::StrJoin(want, ","), "], got [",
-                           absl::StrJoin(dy.dim_span(), ","), "]");
-  return absl::OkStatus();
-}
-
-// Conv(X, W[, B]) -> Y.
+// Conv(X, W[, B]) -> Y, and ConvTranspose(X, W[, B]) -> Y: the input gradient of the Conv
+// PlanConvTranspose describes, the bias added as col2im writes Y.
 class ConvKernel : public ConvProducts {
  public:
-  ConvKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : ConvProducts(p, n), attrs_(ConvAttrsOf(n)) {}
+  ConvKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : ConvProducts(p, n) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
     const TensorView& w = *ctx.input(1);
     const TensorView* b = ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
-    ASSIGN_OR_RETURN(const kernels::cpu::ConvParams p, Plan(name_, x, w, attrs_));
-    if (b && b->numel() != p.M)
-      return InvalidArgument(name_, ": expected B of ", p.M, " elements (W's dim 0), got ", b->numel());
-    TensorView* y = ctx.Output(0, OutputDims(p, p.M, p.out));
+    ASSIGN_OR_RETURN(const kernels::cpu::ConvParams p, ConvPlan(x, w));
+    const std::vector<int64_t> dims = YDims(p);
+    if (b && b->numel() != dims[1])
+      return InvalidArgument(name_, ": expected B of ", dims[1], " elements (",
+                             transposed_ ? "W's dim 1 times group" : "W's dim 0", "), got ", b->numel());
+    TensorView* y = ctx.Output(0, dims);
     if (!y || y->numel() == 0) return absl::OkStatus();
-    return Forward(ctx, p, x.dtype, x.data, w.data, b ? b->data : nullptr, y->data);
+    const void* bias = b ? b->data : nullptr;
+    if (!transposed_) return Forward(ctx, p, x.dtype, x.data, w.data, bias, y->data);
+    return Backward(ctx, p, x.dtype, x.data, nullptr, w.data, y->data, nullptr, nullptr, bias);
   }
-
- private:
-  kernels::cpu::ConvAttrs attrs_;
 };
 
-// ai.cleave.ConvGrad(dY, X, W) -> dX, dW, dB (each may go unread), the forward's attributes.
+// ai.cleave.ConvGrad(dY, X, W) and ConvTransposeGrad(dY, X, W) -> dX, dW, dB (each may go
+// unread), the forward's attributes. The transposed op's dX is the planned Conv's forward of dY,
+// its dW that Conv's weight gradient from X, and its dB dY summed over the images and positions.
 class ConvGradKernel : public ConvProducts {
  public:
-  ConvGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : ConvProducts(p, n), attrs_(ConvAttrsOf(n)) {}
+  ConvGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : ConvProducts(p, n) {}
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& dy = *ctx.input(0);
     const TensorView& x = *ctx.input(1);
     const TensorView& w = *ctx.input(2);
-    ASSIGN_OR_RETURN(const kernels::cpu::ConvParams p, Plan(name_, x, w, attrs_));
-    RETURN_IF_ERROR(CheckDy(name_, dy, OutputDims(p, p.M, p.out)));
+    ASSIGN_OR_RETURN(const kernels::cpu::ConvParams p, ConvPlan(x, w));
+    const std::vector<int64_t> want = YDims(p);
+    if (std::vector<int64_t>(dy.dims, dy.dims + dy.rank) != want)
+      return InvalidArgument(name_, ": expected dY [", absl::StrJoin(want, ","), "], got [",
+                             absl::StrJoin(dy.dim_span(), ","), "]");
     TensorView* dx = ctx.Output(0, x.dim_span());
     TensorView* dw = ctx.num_outputs() > 1 ? ctx.Output(1, w.dim_span()) : nullptr;
-    TensorView* db = ctx.num_outputs() > 2 ? ctx.Output(2, {p.M}) : nullptr;
-    return Backward(ctx, p, x.dtype, dy.data, x.data, w.data, DataOf(dx), DataOf(dw), DataOf(db), nullptr);
-  }
-
- private:
-  kernels::cpu::ConvAttrs attrs_;
-};
-
-absl::StatusOr<kernels::cpu::ConvParams> PlanTransposed(const std::string& name, const TensorView& x,
-                                                        const TensorView& w,
-                                                        const kernels::cpu::ConvTransposeAttrs& attrs) {
-  if (x.rank - 2 > kc::kMaxRank) return Unimplemented(name, ": ", x.rank - 2, " spatial dims, over ", kc::kMaxRank);
-  auto p = kernels::cpu::PlanConvTranspose(x.dim_span(), w.dim_span(), attrs);
-  if (!p.ok()) return InvalidArgument(name, ": ", p.status().message());
-  if (p->ColumnElements() < 0) return InvalidArgument(name, ": the patches of one image overflow int64 elements");
-  return *p;
-}
-
-// ConvTranspose(X, W[, B]) -> Y: the input gradient of the Conv PlanConvTranspose describes,
-// the bias added as col2im writes Y.
-class ConvTransposeKernel : public ConvProducts {
- public:
-  ConvTransposeKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : ConvProducts(p, n), attrs_(ConvTransposeAttrsOf(n)) {}
-  absl::Status Compute(KernelContext& ctx) const override {
-    const TensorView& x = *ctx.input(0);
-    const TensorView& w = *ctx.input(1);
-    const TensorView* b = ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
-    ASSIGN_OR_RETURN(const kernels::cpu::ConvParams p, PlanTransposed(name_, x, w, attrs_));
-    if (b && b->numel() != p.C)
-      return InvalidArgument(name_, ": expected B of ", p.C, " elements (W's dim 1 times group), got ", b->numel());
-    TensorView* y = ctx.Output(0, OutputDims(p, p.C, p.in));
-    if (!y || y->numel() == 0) return absl::OkStatus();
-    return Backward(ctx, p, x.dtype, x.data, nullptr, w.data, y->data, nullptr, nullptr, b ? b->data : nullptr);
-  }
-
- private:
-  kernels::cpu::ConvTransposeAttrs attrs_;
-};
-
-// ai.cleave.ConvTransposeGrad(dY, X, W) -> dX (that Conv's forward of dY), dW (its weight
-// gradient from X) and dB (dY summed over the images and positions).
-class ConvTransposeGradKernel : public ConvProducts {
- public:
-  ConvTransposeGradKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
-      : ConvProducts(p, n), attrs_(ConvTransposeAttrsOf(n)) {}
-  absl::Status Compute(KernelContext& ctx) const override {
-    const TensorView& dy = *ctx.input(0);
-    const TensorView& x = *ctx.input(1);
-    const TensorView& w = *ctx.input(2);
-    ASSIGN_OR_RETURN(const kernels::cpu::ConvParams p, PlanTransposed(name_, x, w, attrs_));
-    RETURN_IF_ERROR(CheckDy(name_, dy, OutputDims(p, p.C, p.in)));
-    TensorView* dx = ctx.Output(0, x.dim_span());
-    TensorView* dw = ctx.num_outputs() > 1 ? ctx.Output(1, w.dim_span()) : nullptr;
-    TensorView* db = ctx.num_outputs() > 2 ? ctx.Output(2, {p.C}) : nullptr;
+    TensorView* db = ctx.num_outputs() > 2 ? ctx.Output(2, {want[1]}) : nullptr;
+    if (!transposed_)
+      return Backward(ctx, p, x.dtype, dy.data, x.data, w.data, DataOf(dx), DataOf(dw), DataOf(db), nullptr);
     if (void* out = DataOf(dx)) RETURN_IF_ERROR(Forward(ctx, p, x.dtype, dy.data, w.data, nullptr, out));
-    if (DataOf(dw) || DataOf(db)) {
-      // dB is the Conv's input-channel sum, which its Backward does not form: sum dY's [N, C, I].
-      RETURN_IF_ERROR(Backward(ctx, p, x.dtype, x.data, dy.data, w.data, nullptr, DataOf(dw), nullptr, nullptr));
-      if (void* out = DataOf(db)) {
-        const int64_t dims[3] = {p.N, p.C, p.InSize()};
-        const bool reduce[3] = {true, false, true};
-        auto s = static_cast<cudaStream_t>(stream());
-        if (p.N * p.InSize() == 0) return Check(cudaMemsetAsync(out, 0, db->nbytes(), s));
-        const int64_t parts = kc::ReduceScratch(3, dims, reduce);
-        double* scratch = parts ? ctx.ScratchOf<double>(parts) : nullptr;
-        if (parts && !scratch) return NoScratch();
-        RETURN_IF_ERROR(Check(kc::Reduce(kc::ReduceOp::kSum, DtOf(x.dtype), dy.data, out, 3, dims, reduce, scratch, s)));
-      }
-    }
-    return absl::OkStatus();
+    if (void* out = DataOf(dw))
+      RETURN_IF_ERROR(Backward(ctx, p, x.dtype, x.data, dy.data, w.data, nullptr, out, nullptr, nullptr));
+    void* out = DataOf(db);
+    if (!out) return absl::OkStatus();
+    // dB is the planned Conv's input-channel sum, which its Backward does not form: dY's [N, C, I]
+    // summed over N and I.
+    auto s = static_cast<cudaStream_t>(stream());
+    if (p.N * p.InSize() == 0) return Check(cudaMemsetAsync(out, 0, db->nbytes(), s));
+    const int64_t dims[3] = {p.N, p.C, p.InSize()};
+    const bool reduce[3] = {true, false, true};
+    const int64_t parts = kc::ReduceScratch(3, dims, reduce);
+    double* scratch = parts ? ctx.ScratchOf<double>(parts) : nullptr;
+    if (parts && !scratch) return NoScratch();
+    return Check(kc::Reduce(kc::ReduceOp::kSum, DtOf(x.dtype), dy.data, out, 3, dims, reduce, scratch, s));
   }
-
- private:
-  kernels::cpu::ConvTransposeAttrs attrs_;
 };
 
 // MaxPool (X) -> Y[, Indices], AveragePool (X) -> Y and the global pools (kernels/cuda/pool.cu).
@@ -530,9 +493,9 @@ void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p) {
   Add<ConvKernel>(r, p, "", "Conv", 1, 1 << 30, AllOf({InputTypeIn(0, kFloats), alike}));
   Add<ConvGradKernel>(r, p, std::string(graph::kCleaveDomain), "ConvGrad", 1, 1,
                       AllOf({InputTypeIn(0, kFloats), alike}));
-  Add<ConvTransposeKernel>(r, p, "", "ConvTranspose", 1, 1 << 30, AllOf({InputTypeIn(0, kFloats), alike}));
-  Add<ConvTransposeGradKernel>(r, p, std::string(graph::kCleaveDomain), "ConvTransposeGrad", 1, 1,
-                               AllOf({InputTypeIn(0, kFloats), alike}));
+  Add<ConvKernel>(r, p, "", "ConvTranspose", 1, 1 << 30, AllOf({InputTypeIn(0, kFloats), alike}));
+  Add<ConvGradKernel>(r, p, std::string(graph::kCleaveDomain), "ConvTransposeGrad", 1, 1,
+                      AllOf({InputTypeIn(0, kFloats), alike}));
   for (const char* op : {"MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool"})
     Add<PoolKernel>(r, p, "", op, 1, 1 << 30, InputTypeIn(0, kFloats));
   const std::string cleave(graph::kCleaveDomain);
