@@ -57,6 +57,8 @@ absl::Status InferGatherElements(InferContext& ctx);   // indices' shape, data's
 absl::Status InferScatterElements(InferContext& ctx);  // data's shape and dtype
 absl::Status InferConv(InferContext& ctx);      // Y [N, M, out...] from X, W and the attributes
 absl::Status InferConvGrad(InferContext& ctx);  // dX, dW, dB of X's, W's and [M]
+absl::Status InferResize(InferContext& ctx);      // Y from X and constant scales / sizes (graph/resize_geometry.h)
+absl::Status InferResizeGrad(InferContext& ctx);  // dX of the shape input's value
 absl::Status InferConvTranspose(InferContext& ctx);      // Y [N, M, out...] from X, W and the attributes
 absl::Status InferConvTransposeGrad(InferContext& ctx);  // dX, dW, dB of X's, W's and [M]
 absl::Status InferBatchNorm(InferContext& ctx);  // Y of X's; running stats / dScale, dB [C]

@@ -14,6 +14,7 @@
 #include "graph/infer_util.h"
 #include "graph/dims_value.h"
 #include "graph/pool_geometry.h"
+#include "graph/resize_geometry.h"
 
 namespace cleave::graph {
 
@@ -495,6 +496,50 @@ absl::Status InferConvTransposeGrad(InferContext& ctx) {
   ctx.SetOutput(1, ctx.input_dtype(2), w);
   ctx.SetOutput(2, ctx.input_dtype(2),
                 w.has_rank() && w.rank() > 1 && w[1].is_static() ? Shape({Dim(w[1].value * group)}) : UnknownDims(1));
+  return absl::OkStatus();
+}
+
+// Resize (X, roi, scales, sizes): Y of X's dtype; its dims where the scales or sizes are
+// constants (graph/resize_geometry.h), else of X's rank.
+absl::Status InferResize(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}));
+  const Shape& x = ctx.input_shape(0);
+  ASSIGN_OR_RETURN(const ResizeAttrs a, ResizeAttrsOf(ctx.node()));
+  auto floats = [&](int i) -> std::optional<std::vector<float>> {
+    if (!ctx.has_input(i)) return std::vector<float>{};
+    const Tensor* t = ctx.input_constant(i);
+    if (!t || t->dtype() != DataType::kFloat32) return std::nullopt;
+    return std::vector<float>(t->data<float>(), t->data<float>() + t->numel());
+  };
+  const std::optional<std::vector<float>> roi = floats(1), scales = floats(2);
+  std::optional<std::vector<int64_t>> sizes = std::vector<int64_t>{};
+  if (ctx.has_input(3)) sizes = ConstantInts(ctx, 3);
+  if (!x.is_static() || !roi || !scales || !sizes) {
+    ctx.SetOutput(0, ctx.input_dtype(0), x.has_rank() ? UnknownDims(x.rank()) : Shape());
+    return absl::OkStatus();
+  }
+  std::vector<int64_t> in;
+  for (int d = 0; d < x.rank(); ++d) in.push_back(x[d].value);
+  auto dims = PlanResize(in, a, *roi, *scales, *sizes);
+  if (!dims.ok()) return ctx.Error(dims.status().message());
+  std::vector<Dim> out;
+  for (const ResizeDim& d : *dims) out.push_back(Dim(d.out));
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
+// ai.cleave.ResizeGrad (dY, X's shape, roi, scales, sizes): dX of dY's dtype, its dims the
+// shape input's value where that is a constant.
+absl::Status InferResizeGrad(InferContext& ctx) {
+  std::optional<std::vector<int64_t>> dims = ConstantInts(ctx, 1);
+  if (!dims) {
+    const Shape& s = ctx.input_shape(1);
+    ctx.SetOutput(0, ctx.input_dtype(0),
+                  s.has_rank() && s.rank() == 1 && s[0].is_static() ? UnknownDims(static_cast<int>(s[0].value)) : Shape());
+    return absl::OkStatus();
+  }
+  std::vector<Dim> out(dims->begin(), dims->end());
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
   return absl::OkStatus();
 }
 

@@ -123,6 +123,8 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "GlobalAveragePool", {1, 22}, 1, 1, 1, 1, 1, InferPool, true},
       {C, "MaxPoolGrad", {1}, 1, 2, 2, 1, 1, InferPoolGrad, false},
       {C, "AveragePoolGrad", {1}, 1, 2, 2, 1, 1, InferPoolGrad, false},
+      {kOnnx, "Resize", {10, 11, 13, 18, 19}, 11, 1, 4, 1, 1, InferResize, true},
+      {C, "ResizeGrad", {1}, 1, 2, 5, 1, 1, InferResizeGrad, false},
       {kOnnx, "NegativeLogLikelihoodLoss", {12, 13, 22}, 12, 2, 3, 1, 1, InferSoftmaxCrossEntropyLoss, true},
       {C, "NegativeLogLikelihoodLossGrad", {1}, 1, 3, 4, 1, 1, InferSoftmaxCrossEntropyLossGrad, false},
       {kOnnx, "SoftmaxCrossEntropyLoss", {12, 13}, 12, 2, 3, 1, 2, InferSoftmaxCrossEntropyLoss,

@@ -233,6 +233,31 @@ OpSchema PoolGradSchema(bool max) {
   return s;
 }
 
+// ResizeGrad (dY, X's shape[, roi, scales, sizes]) -> dX, with the forward Resize's attributes.
+OpSchema ResizeGradSchema() {
+  OpSchema s;
+  s.SetName("ResizeGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Gradient of Resize (nearest, linear): each output's gradient goes back to the input elements it "
+              "sampled, times their weights; see docs/ops.md.")
+      .Input(0, "dY", "gradient of Y", "T")
+      .Input(1, "shape", "X's shape", "tensor(int64)")
+      .Input(2, "roi", "the forward's roi", "tensor(float)", OpSchema::Optional)
+      .Input(3, "scales", "the forward's scales", "tensor(float)", OpSchema::Optional)
+      .Input(4, "sizes", "the forward's sizes", "tensor(int64)", OpSchema::Optional)
+      .Output(0, "dX", "gradient of X", "T")
+      .Attr("mode", "as the forward's", AttributeProto::STRING, std::string("nearest"))
+      .Attr("coordinate_transformation_mode", "as the forward's", AttributeProto::STRING, std::string("half_pixel"))
+      .Attr("nearest_mode", "as the forward's", AttributeProto::STRING, std::string("round_prefer_floor"))
+      .Attr("extrapolation_value", "as the forward's", AttributeProto::FLOAT, 0.f)
+      .Attr("cubic_coeff_a", "as the forward's", AttributeProto::FLOAT, -0.75f)
+      .Attr("exclude_outside", "as the forward's", AttributeProto::INT, static_cast<int64_t>(0))
+      .Attr("antialias", "as the forward's", AttributeProto::INT, static_cast<int64_t>(0))
+      .Attr("axes", "as the forward's", AttributeProto::INTS, false)
+      .Attr("keep_aspect_ratio_policy", "as the forward's", AttributeProto::STRING, std::string("stretch"))
+      .TypeConstraint("T", kFloatTypes, "float tensors");
+  return s;
+}
+
 // BatchNormalizationGrad (dY, X, scale, mean, var) -> dX, dScale, dB, or (instance)
 // InstanceNormalizationGrad (dY, X, scale) -> dX, dScale, dB.
 OpSchema NormalizationGradSchema(bool instance) {
@@ -579,6 +604,7 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(PoolGradSchema(false));
     onnx::RegisterSchema(NormalizationGradSchema(false));
     onnx::RegisterSchema(NormalizationGradSchema(true));
+    onnx::RegisterSchema(ResizeGradSchema());
     onnx::RegisterSchema(SoftmaxGradSchema(
         "SoftmaxGrad", "dX = Y * (dY - sum(dY * Y, axis)); see docs/ops.md."));
     onnx::RegisterSchema(SoftmaxGradSchema(

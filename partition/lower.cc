@@ -700,7 +700,8 @@ absl::StatusOr<LoweredGraph> LowerForRank(const Graph& g, const Mesh& mesh, cons
     } else if (n->domain() == graph::kCleaveDomain && op == "GatherGrad") {
       shape_input = 0;
       described = n->output(0);
-    } else if (n->domain() == graph::kCleaveDomain && (op == "SliceGrad" || op == "AveragePoolGrad")) {
+    } else if (n->domain() == graph::kCleaveDomain &&
+               (op == "SliceGrad" || op == "AveragePoolGrad" || op == "ResizeGrad")) {
       shape_input = 1;
       described = n->output(0);
     } else if (n->domain().empty() && op == "ConstantOfShape") {

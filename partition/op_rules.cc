@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "graph/op_table.h"
+#include "graph/resize_geometry.h"
 
 namespace cleave::partition {
 
@@ -400,6 +401,52 @@ absl::StatusOr<FactorRule> BatchNorm(const Node& n) {
   return r;
 }
 
+// Resize (X, roi, scales, sizes) -> Y and ai.cleave.ResizeGrad (dY, X's shape, roi, scales,
+// sizes) -> dX: a dim may be sharded where it maps each coordinate to itself by a constant scale
+// of 1 or by not being among the axes resized (graph/resize_geometry.h); a dim named by sizes
+// stays whole (its size is the whole tensor's). Linear in X (dY).
+absl::StatusOr<FactorRule> ResizeRule(const Node& n) {
+  const bool grad = n.domain() == graph::kCleaveDomain;
+  ASSIGN_OR_RETURN(std::vector<int64_t> x, Dims(n, grad ? n.output(0) : n.input(0)));
+  ASSIGN_OR_RETURN(std::vector<int64_t> y, Dims(n, grad ? n.input(0) : n.output(0)));
+  if (x.size() != y.size()) return InvalidArgument(n.Describe(), ": expected X and Y of one rank");
+  const int first = grad ? 2 : 1;  // roi; then scales, sizes
+  auto input = [&](int i) { return n.num_inputs() > i ? n.input(i) : nullptr; };
+  const Tensor* scales = input(first + 1) ? graph::ConstantInput(n, first + 1) : nullptr;
+  const bool by_scales = !input(first + 2) && scales && scales->dtype() == DataType::kFloat32;
+  std::vector<bool> whole(x.size(), true);
+  auto attrs = graph::ResizeAttrsOf(n);
+  if (attrs.ok() && attrs->coordinates != "tf_crop_and_resize") {
+    std::vector<int64_t> named = attrs->axes;
+    for (int64_t& v : named) v = v < 0 ? v + static_cast<int64_t>(x.size()) : v;
+    if (named.empty())
+      for (size_t d = 0; d < x.size(); ++d) named.push_back(static_cast<int64_t>(d));
+    for (size_t d = 0; d < x.size(); ++d) {
+      const auto at = std::find(named.begin(), named.end(), static_cast<int64_t>(d));
+      if (at == named.end()) whole[d] = false;  // not resized
+      else if (by_scales && scales->numel() == static_cast<int64_t>(named.size()))
+        whole[d] = scales->data<float>()[at - named.begin()] != 1.f;  // out = in, each coordinate itself
+    }
+  }
+  FactorRule r;
+  OperandFactors fx, fy;
+  fx.dims.resize(x.size());
+  fy.dims.resize(y.size());
+  for (size_t d = 0; d < x.size(); ++d) {
+    if (whole[d] || x[d] == 1) continue;
+    const int f = r.AddFactor(x[d]);
+    fx.dims[d] = fy.dims[d] = {f};
+  }
+  r.inputs.assign(static_cast<size_t>(n.num_inputs()), Replicate());
+  r.inputs[0] = grad ? fy : fx;
+  r.outputs = {grad ? fx : fy};
+  r.output_avg.assign(n.num_outputs(), 0);
+  r.linear_inputs.assign(n.num_inputs(), 0);
+  r.linearity = Linearity::kEach;
+  r.linear_inputs[0] = 1;
+  return r;
+}
+
 // MaxPool, AveragePool and the global pools (X [N, C, spatial...] -> Y [N, C, out...]
 // [, Indices]) and their gradients ai.cleave.MaxPoolGrad (dY, X) -> dX and AveragePoolGrad (dY,
 // X's shape) -> dX: the images N and channels C may be sharded, the windows' spatial dims stay
@@ -546,6 +593,7 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   if ((!cleave && (op == "MaxPool" || op == "AveragePool" || op == "GlobalMaxPool" || op == "GlobalAveragePool")) ||
       (cleave && (op == "MaxPoolGrad" || op == "AveragePoolGrad")))
     return Pooling(n);
+  if ((!cleave && op == "Resize") || (cleave && op == "ResizeGrad")) return ResizeRule(n);
   if ((!cleave && (op == "BatchNormalization" || op == "InstanceNormalization")) ||
       (cleave && (op == "BatchNormalizationGrad" || op == "InstanceNormalizationGrad")))
     return BatchNorm(n);

@@ -199,7 +199,7 @@ TEST(Propagation, DataParallelReflectPadGradientKeepsTheBatch) {
 }
 
 // A small convolutional classifier (padding, a strided Conv, BatchNormalization with its
-// running statistics, LeakyRelu, a ConvTranspose back up, MaxPool, a padded AveragePool, GlobalAveragePool, a
+// running statistics, LeakyRelu, a ConvTranspose back up, a bilinear Resize down, MaxPool, a padded AveragePool, GlobalAveragePool, a
 // log-softmax and the negative log-likelihood) trained
 // data-parallel: every activation and
 // activation gradient keeps the batch sharded with no collective, and the weights' gradients
@@ -218,12 +218,14 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
     init pads: int64[8] = 0 0 1 1 0 0 1 1
     init mu: float32[6] = 0.1 -0.2 0.3 0 0.5 -1
     init va: float32[6] = 1 2 0.5 1.5 0.25 3
+    init half: float32[4] = 1 1 0.5 0.5
     p = Pad(x, pads)
     c = Conv(p, w, b) {strides = [2, 2]}
     bn = BatchNormalization(c, gamma, beta, mu, va) {epsilon = 0.001}
     a = LeakyRelu(bn) {alpha = 0.1}
     up = ConvTranspose(a, wt) {strides = [2, 2], pads = [1, 1, 1, 1], output_padding = [1, 1]}
-    mp = MaxPool(up) {kernel_shape = [2, 2], pads = [0, 0, 1, 1]}
+    rz = Resize(up, _, half) {mode = "linear"}
+    mp = MaxPool(rz) {kernel_shape = [2, 2], pads = [0, 0, 1, 1]}
     ap = AveragePool(mp) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], count_include_pad = 1}
     gp = GlobalAveragePool(ap)
     m = Flatten(gp)
@@ -242,14 +244,15 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
   int conv_grads = 0, pool_grads = 0;
   for (const auto& node : graph.nodes()) {
     conv_grads += node->op_type() == "ConvGrad" || node->op_type() == "ConvTransposeGrad";
-    pool_grads += node->op_type() == "MaxPoolGrad" || node->op_type() == "AveragePoolGrad";
+    pool_grads += node->op_type() == "MaxPoolGrad" || node->op_type() == "AveragePoolGrad" ||
+                  node->op_type() == "ResizeGrad";
   }
   EXPECT_EQ(conv_grads, 2);
-  EXPECT_EQ(pool_grads, 3);
+  EXPECT_EQ(pool_grads, 4);
   auto mesh = *Mesh::Parse("dp=2");
   auto p = Propagate(graph, mesh, {{"x", Batch(4)}, {"labels", Batch(1)}});
   ASSERT_TRUE(p.ok()) << p.status();
-  for (const char* v : {"c", "bn", "up", "mp", "ap", "gp"})
+  for (const char* v : {"c", "bn", "up", "rz", "mp", "ap", "gp"})
     EXPECT_EQ(p->sharding.at(graph.FindValue(v)).ToString(), "[dp,-,-,-]") << v;
   for (const auto& [name, grad] : *grads)
     EXPECT_EQ(p->sharding.at(grad).partial, std::set<std::string>{"dp"}) << name << " " << p->sharding.at(grad).ToString();

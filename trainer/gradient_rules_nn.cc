@@ -252,6 +252,21 @@ absl::Status InstanceNormGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// Resize by ai.cleave.ResizeGrad(dY, X's shape[, roi, scales, sizes]) with the forward's
+// attributes: each output's gradient goes back to the input elements it sampled, times their
+// weights (X's shape a constant where it is static, so X need not be kept). roi, scales and sizes
+// get none.
+absl::Status ResizeGrad(GradBuilder& b) {
+  if (!b.dy()) return absl::OkStatus();
+  std::vector<Value*> ins = {b.dy(), b.ShapeOf(b.x(0))};
+  for (int i = 1; i <= 3; ++i) ins.push_back(b.fwd().num_inputs() > i ? b.x(i) : nullptr);
+  while (!ins.back()) ins.pop_back();
+  std::vector<std::pair<std::string, Attribute>> attrs;
+  for (const auto& [name, value] : b.fwd().attributes()) attrs.emplace_back(name, value);
+  b.SetGrad(0, b.Op("ai.cleave.ResizeGrad", ins, attrs));
+  return absl::OkStatus();
+}
+
 // MaxPool, AveragePool and the global pools, with the forward's attributes (and `global` for
 // the global pools): ai.cleave.MaxPoolGrad(dY, X) gives each window's gradient to the tap it
 // chose, found again from X; ai.cleave.AveragePoolGrad(dY, X's shape) spreads it over the taps
@@ -329,6 +344,7 @@ void RegisterNnRules(std::map<std::string, GradRule>& rules) {
   rules["::ConvTranspose"] = ConvGrad;
   rules["::BatchNormalization"] = BatchNormGrad;
   rules["::InstanceNormalization"] = InstanceNormGrad;
+  rules["::Resize"] = ResizeGrad;
   for (const char* op : {"::MaxPool", "::AveragePool", "::GlobalMaxPool", "::GlobalAveragePool"}) rules[op] = PoolGrad;
 }
 

@@ -72,7 +72,8 @@ class SmallCnn(nn.Module):
 
 class SmallDecoder(nn.Module):
     """A strided Conv down with GroupNorm and PReLU, a ConvTranspose back up (output_padding)
-    with ReLU, an affine InstanceNorm and a pointwise Conv: a denoiser's shape, under an MSE loss. torch
+    with ReLU beside a pointwise Conv upsampled bilinearly (Resize), an affine InstanceNorm of
+    their sum and a pointwise Conv: a denoiser's shape, under an MSE loss. torch
     exports GroupNorm as an InstanceNormalization of the groups between Reshapes."""
 
     def __init__(self):
@@ -81,15 +82,17 @@ class SmallDecoder(nn.Module):
         self.gn = nn.GroupNorm(2, 8)
         self.act = nn.PReLU(8)
         self.up = nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1)
+        self.side = nn.Conv2d(8, 4, 1, bias=False)  # a bias would be a constant the norm takes off
         self.inorm = nn.InstanceNorm2d(4, affine=True)
         self.out = nn.Conv2d(4, 3, 1)
 
     def forward(self, pixel_values):
-        x = self.act(self.gn(self.down(pixel_values)))
+        h = self.act(self.gn(self.down(pixel_values)))
         # ReLU before the instance norm: after it, up.bias would have no gradient but rounding
         # noise (the norm takes each channel's mean off).
-        x = self.inorm(F.relu(self.up(x)))
-        return self.out(x)
+        u = F.relu(self.up(h))
+        s = F.interpolate(self.side(h), scale_factor=2, mode="bilinear", align_corners=False)
+        return self.out(self.inorm(u + s))
 
 
 def track_onnx_running_var(model):

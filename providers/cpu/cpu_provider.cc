@@ -34,6 +34,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterPadTileKernels(registry_);
   RegisterConvKernels(registry_);
   RegisterPoolKernels(registry_);
+  RegisterResizeKernels(registry_);
   RegisterBatchNormKernels(registry_);
   RegisterOptimizerKernels(registry_);
   RegisterCollectiveKernels(registry_);

@@ -1,2 +1,2 @@
 B
-act.weightJ 9u>´øt>ß…>Jav>¬v>”@…>’Ju>-u>
+act.weightJ „¶„>x,‚>Èu>÷þu>mF„>Ö9…>æ5…>)ìt>

@@ -1,1 +1,2 @@
-Binorm.weightJ©}?Ü}?}?•}?
+Binorm.weightJÿ
+}?¾}?O}?K}?

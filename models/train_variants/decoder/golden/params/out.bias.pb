@@ -1,1 +1,1 @@
-Bout.biasJw[<m¾şéù>
+Bout.biasJ´”ó¾è‘‘¾a#¾

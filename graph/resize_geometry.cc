@@ -1,0 +1,166 @@
+// Resize's geometry (graph/): see resize_geometry.h.
+#include "graph/resize_geometry.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+
+namespace cleave::graph {
+
+absl::StatusOr<ResizeAttrs> ResizeAttrsOf(const Node& n) {
+  ResizeAttrs a;
+  const std::string mode = n.AttrString("mode", "nearest");
+  if (mode == "cubic") return Unimplemented(n.Describe(), ": cubic Resize is not implemented (nearest and linear are)");
+  if (mode != "nearest" && mode != "linear")
+    return InvalidArgument(n.Describe(), ": expected mode nearest, linear or cubic, got '", mode, "'");
+  a.linear = mode == "linear";
+  if (n.AttrInt("antialias", 0) != 0)
+    return Unimplemented(n.Describe(), ": Resize with antialias is not implemented");
+  a.coordinates = n.AttrString("coordinate_transformation_mode", "half_pixel");
+  if (a.coordinates == "half_pixel_symmetric")
+    return Unimplemented(n.Describe(), ": coordinate_transformation_mode half_pixel_symmetric is not implemented");
+  const std::vector<std::string> known = {"half_pixel",         "pytorch_half_pixel", "align_corners",
+                                          "asymmetric",         "tf_crop_and_resize", "tf_half_pixel_for_nn"};
+  if (std::find(known.begin(), known.end(), a.coordinates) == known.end())
+    return InvalidArgument(n.Describe(), ": unknown coordinate_transformation_mode '", a.coordinates, "'");
+  a.nearest_mode = n.AttrString("nearest_mode", "round_prefer_floor");
+  if (a.nearest_mode != "round_prefer_floor" && a.nearest_mode != "round_prefer_ceil" && a.nearest_mode != "floor" &&
+      a.nearest_mode != "ceil")
+    return InvalidArgument(n.Describe(), ": unknown nearest_mode '", a.nearest_mode, "'");
+  a.extrapolation_value = n.AttrFloat("extrapolation_value", 0.f);
+  a.axes = n.AttrInts("axes");
+  a.keep_aspect_ratio_policy = n.AttrString("keep_aspect_ratio_policy", "stretch");
+  if (a.keep_aspect_ratio_policy != "stretch" && a.keep_aspect_ratio_policy != "not_larger" &&
+      a.keep_aspect_ratio_policy != "not_smaller")
+    return InvalidArgument(n.Describe(), ": unknown keep_aspect_ratio_policy '", a.keep_aspect_ratio_policy, "'");
+  return a;
+}
+
+absl::StatusOr<std::vector<ResizeDim>> PlanResize(std::span<const int64_t> in, const ResizeAttrs& a,
+                                                  std::span<const float> roi, std::span<const float> scales,
+                                                  std::span<const int64_t> sizes) {
+  const int r = static_cast<int>(in.size());
+  std::vector<int> axes;
+  for (int64_t v : a.axes) {
+    const int64_t axis = v < 0 ? v + r : v;
+    if (axis < 0 || axis >= r || std::count(axes.begin(), axes.end(), static_cast<int>(axis)))
+      return InvalidArgument("axes [", absl::StrJoin(a.axes, ","), "] are not distinct dims of a rank-", r, " input");
+    axes.push_back(static_cast<int>(axis));
+  }
+  if (axes.empty())
+    for (int d = 0; d < r; ++d) axes.push_back(d);
+  const size_t k = axes.size();
+  if (scales.empty() == sizes.empty())
+    return InvalidArgument("expected exactly one of scales and sizes, got ", scales.size(), " scales and ",
+                           sizes.size(), " sizes");
+  if (!scales.empty() && scales.size() != k) return InvalidArgument("expected ", k, " scales, got ", scales.size());
+  if (!sizes.empty() && sizes.size() != k) return InvalidArgument("expected ", k, " sizes, got ", sizes.size());
+  const bool crop = a.coordinates == "tf_crop_and_resize";
+  if (crop && roi.size() != 2 * k)
+    return InvalidArgument("tf_crop_and_resize needs a roi of ", 2 * k, " values, got ", roi.size());
+  std::vector<ResizeDim> dims(static_cast<size_t>(r));
+  for (int d = 0; d < r; ++d) {
+    if (in[d] < 0) return InvalidArgument("dim ", d, " of the input is ", in[d]);
+    dims[d].in = dims[d].out = in[d];
+    dims[d].length = static_cast<double>(in[d]);
+  }
+  // not_larger / not_smaller: one scale for every named dim, the smallest or largest asked for.
+  double keep = 0;
+  if (!sizes.empty() && a.keep_aspect_ratio_policy != "stretch") {
+    const bool larger = a.keep_aspect_ratio_policy == "not_smaller";
+    keep = larger ? 0.0 : 1e300;
+    for (size_t j = 0; j < k; ++j) {
+      const double s = static_cast<double>(sizes[j]) / static_cast<double>(std::max<int64_t>(in[axes[j]], 1));
+      keep = larger ? std::max(keep, s) : std::min(keep, s);
+    }
+  }
+  for (size_t j = 0; j < k; ++j) {
+    ResizeDim& d = dims[axes[j]];
+    if (crop) {
+      d.roi_start = roi[j];
+      d.roi_end = roi[k + j];
+    }
+    if (!scales.empty()) {
+      if (!(scales[j] > 0.f)) return InvalidArgument("scales must be positive, got ", scales[j], " for dim ", axes[j]);
+      d.scale = scales[j];
+      const double extent = crop ? d.roi_end - d.roi_start : 1.0;
+      d.out = static_cast<int64_t>(std::floor(static_cast<double>(d.in) * extent * d.scale));
+    } else {
+      d.out = keep > 0 ? static_cast<int64_t>(std::round(keep * static_cast<double>(d.in))) : sizes[j];
+      if (d.out < 0) return InvalidArgument("sizes must be >= 0, got ", d.out, " for dim ", axes[j]);
+      d.scale = d.in > 0 ? static_cast<double>(d.out) / static_cast<double>(d.in) : 1.0;
+      if (keep > 0) d.scale = keep;
+    }
+    d.length = static_cast<double>(d.in) * d.scale;
+    if (d.out >= (int64_t{1} << 40)) return InvalidArgument("dim ", axes[j], " would resize to ", d.out, " elements");
+  }
+  return dims;
+}
+
+namespace {
+
+// The input coordinate output coordinate o samples.
+double Source(const ResizeAttrs& a, const ResizeDim& d, int64_t o) {
+  const double x = static_cast<double>(o), in = static_cast<double>(d.in), len = d.length;
+  const std::string& m = a.coordinates;
+  if (m == "asymmetric") return x / d.scale;
+  if (m == "align_corners") return len == 1.0 ? 0.0 : x * (in - 1) / (len - 1);
+  if (m == "pytorch_half_pixel") return len > 1.0 ? (x + 0.5) / d.scale - 0.5 : 0.0;
+  if (m == "tf_half_pixel_for_nn") return (x + 0.5) / d.scale;  // Resize-11 only
+  if (m == "tf_crop_and_resize")
+    return len > 1.0 ? d.roi_start * (in - 1) + x * (d.roi_end - d.roi_start) * (in - 1) / (len - 1)
+                     : 0.5 * (d.roi_start + d.roi_end) * (in - 1);
+  return (x + 0.5) / d.scale - 0.5;  // half_pixel
+}
+
+int64_t Nearest(const std::string& mode, double x) {
+  const double f = std::floor(x);
+  if (mode == "floor") return static_cast<int64_t>(f);
+  if (mode == "ceil") return static_cast<int64_t>(std::ceil(x));
+  if (x - f == 0.5) return static_cast<int64_t>(mode == "round_prefer_ceil" ? f + 1 : f);
+  return static_cast<int64_t>(std::round(x));
+}
+
+}  // namespace
+
+std::vector<ResizeTap> ResizeTaps(const ResizeAttrs& a, const ResizeDim& d) {
+  std::vector<ResizeTap> taps(static_cast<size_t>(d.out));
+  const bool crop = a.coordinates == "tf_crop_and_resize";
+  const int64_t last = std::max<int64_t>(d.in - 1, 0);
+  for (int64_t o = 0; o < d.out; ++o) {
+    ResizeTap& t = taps[static_cast<size_t>(o)];
+    const double x = Source(a, d, o);
+    if (crop && (x < 0 || x > static_cast<double>(last))) {
+      t.outside = true;
+      continue;
+    }
+    if (!a.linear) {
+      t.i0 = t.i1 = std::clamp<int64_t>(Nearest(a.nearest_mode, x), 0, last);
+      continue;
+    }
+    const double c = std::clamp(x, 0.0, static_cast<double>(last));
+    t.i0 = static_cast<int64_t>(std::floor(c));
+    t.i1 = std::min(t.i0 + 1, last);
+    t.w1 = static_cast<float>(c - static_cast<double>(t.i0));
+    t.w0 = 1.f - t.w1;
+    if (t.i1 == t.i0) {
+      t.w0 = 1.f;
+      t.w1 = 0.f;
+    }
+  }
+  return taps;
+}
+
+bool ResizeIsIdentity(const ResizeAttrs& a, const ResizeDim& d) {
+  if (d.in != d.out) return false;
+  const std::vector<ResizeTap> taps = ResizeTaps(a, d);
+  for (int64_t o = 0; o < d.out; ++o) {
+    const ResizeTap& t = taps[static_cast<size_t>(o)];
+    if (t.outside || t.i0 != o || t.w1 != 0.f) return false;
+  }
+  return true;
+}
+
+}  // namespace cleave::graph

@@ -1,0 +1,63 @@
+// The geometry of ONNX Resize (graph/): each dim's output size and the input coordinate each
+// output coordinate samples, from the node's attributes and its roi, scales or sizes. Shape
+// inference and the kernels (Resize and its gradient ai.cleave.ResizeGrad) read it from here,
+// so that the output a graph declares is the one its kernels write.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+
+namespace cleave::graph {
+
+struct ResizeAttrs {
+  bool linear = false;                           // mode: nearest (false) or linear
+  std::string coordinates = "half_pixel";        // coordinate_transformation_mode
+  std::string nearest_mode = "round_prefer_floor";
+  float extrapolation_value = 0.f;               // tf_crop_and_resize's outside value
+  std::vector<int64_t> axes;                     // version 18: the dims scales / sizes name
+  std::string keep_aspect_ratio_policy = "stretch";
+};
+
+// The attributes of a Resize (version 11 onwards) or ai.cleave.ResizeGrad node; Unimplemented
+// naming the node for cubic mode, antialias, half_pixel_symmetric, and InvalidArgument for a
+// value ONNX does not define.
+absl::StatusOr<ResizeAttrs> ResizeAttrsOf(const Node& n);
+
+// One dim: its input and output sizes, the scale its coordinates use, the resized length they
+// take (in * scale: not rounded to the output's size where scales were given, as ONNX's
+// align_corners, pytorch_half_pixel and tf_crop_and_resize formulas read it) and
+// (tf_crop_and_resize) the roi's start and end as fractions of the input.
+struct ResizeDim {
+  int64_t in = 1, out = 1;
+  double scale = 1.0, length = 1.0;
+  double roi_start = 0.0, roi_end = 1.0;
+};
+
+// The dims of a Resize of an input of dims `in`, from roi (2 x the dims named, or empty), scales
+// or sizes (one of them non-empty, over `axes` or every dim): out = floor(in * scale) (times the
+// roi's extent under tf_crop_and_resize) for scales, or the sizes (scaled to keep the aspect
+// ratio under not_larger / not_smaller). InvalidArgument saying what disagrees.
+absl::StatusOr<std::vector<ResizeDim>> PlanResize(std::span<const int64_t> in, const ResizeAttrs& a,
+                                                  std::span<const float> roi, std::span<const float> scales,
+                                                  std::span<const int64_t> sizes);
+
+// Along one dim, each output coordinate's source: the input indices i0 and i1 it blends with
+// weights w0 and w1 (nearest: i1 == i0, w1 == 0), or none (an extrapolated coordinate of
+// tf_crop_and_resize, which takes extrapolation_value). Linear sampling clamps the source
+// coordinate into [0, in - 1]; nearest clamps the index it rounds to.
+struct ResizeTap {
+  int64_t i0 = 0, i1 = 0;
+  float w0 = 1.f, w1 = 0.f;
+  bool outside = false;
+};
+std::vector<ResizeTap> ResizeTaps(const ResizeAttrs& a, const ResizeDim& d);
+
+// Whether the dim maps every output coordinate to the same input coordinate (no resampling).
+bool ResizeIsIdentity(const ResizeAttrs& a, const ResizeDim& d);
+
+}  // namespace cleave::graph

@@ -1,0 +1,215 @@
+// CPU kernels for Resize (nearest and linear) and its gradient ai.cleave.ResizeGrad
+// (providers/cpu/). Both modes are separable: Y is X resampled along one resized dim after
+// another (graph/resize_geometry.h gives each dim's taps), the dims that map every coordinate to
+// itself skipped. The gradient runs the passes' adjoints in reverse order, each input row
+// gathering the output rows that read it in a fixed order (no atomics, the same bits for any
+// thread count).
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "base/fixed_vector.h"
+#include "base/status.h"
+#include "graph/op_table.h"
+#include "graph/resize_geometry.h"
+#include "providers/cpu/cpu_provider.h"
+
+namespace cleave::providers {
+
+namespace {
+
+using graph::ResizeAttrs;
+using graph::ResizeDim;
+using graph::ResizeTap;
+
+// One resampling along a dim: the tensor as [outer, in, inner] -> [outer, out, inner].
+struct Pass {
+  int64_t outer = 1, in = 1, out = 1, inner = 1;
+  std::vector<ResizeTap> taps;
+};
+
+// The roi, scales and sizes inputs from `first` on (absent or empty: none).
+absl::StatusOr<std::vector<ResizeDim>> PlanOf(const KernelContext& ctx, int first, std::span<const int64_t> in,
+                                              const ResizeAttrs& a) {
+  std::vector<float> roi, scales;
+  std::vector<int64_t> sizes;
+  auto present = [&](int i) { return ctx.num_inputs() > i && ctx.input(i) && ctx.input(i)->numel() > 0; };
+  for (int k = 0; k < 2; ++k) {
+    if (!present(first + k)) continue;
+    const TensorView& t = *ctx.input(first + k);
+    if (t.dtype != DataType::kFloat32)
+      return InvalidArgument(k == 0 ? "roi" : "scales", " must be float32, got ", DataTypeName(t.dtype));
+    (k == 0 ? roi : scales).assign(t.as<float>(), t.as<float>() + t.numel());
+  }
+  if (present(first + 2)) {
+    const TensorView& t = *ctx.input(first + 2);
+    if (t.dtype != DataType::kInt64) return InvalidArgument("sizes must be int64, got ", DataTypeName(t.dtype));
+    sizes.assign(t.as<int64_t>(), t.as<int64_t>() + t.numel());
+  }
+  return graph::PlanResize(in, a, roi, scales, sizes);
+}
+
+// The passes, in dim order, of the dims that resample.
+std::vector<Pass> Passes(const ResizeAttrs& a, const std::vector<ResizeDim>& dims) {
+  std::vector<Pass> passes;
+  std::vector<int64_t> cur;
+  for (const ResizeDim& d : dims) cur.push_back(d.in);
+  for (size_t d = 0; d < dims.size(); ++d) {
+    if (graph::ResizeIsIdentity(a, dims[d])) continue;
+    Pass p;
+    for (size_t i = 0; i < d; ++i) p.outer *= cur[i];
+    for (size_t i = d + 1; i < cur.size(); ++i) p.inner *= cur[i];
+    p.in = dims[d].in;
+    p.out = dims[d].out;
+    p.taps = graph::ResizeTaps(a, dims[d]);
+    cur[d] = dims[d].out;
+    passes.push_back(std::move(p));
+  }
+  return passes;
+}
+
+int64_t Elements(const Pass& p, bool output) { return p.outer * (output ? p.out : p.in) * p.inner; }
+
+template <typename T>
+void Forward(const Pass& p, const T* x, T* y, float extrapolation, ThreadPool* pool) {
+  ParallelFor(pool, p.outer * p.out, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.inner, 1)),
+              [&](int64_t r0, int64_t r1) {
+                for (int64_t r = r0; r < r1; ++r) {
+                  const int64_t b = r / p.out, o = r % p.out;
+                  const ResizeTap& t = p.taps[static_cast<size_t>(o)];
+                  T* out = y + r * p.inner;
+                  if (t.outside) {
+                    std::fill(out, out + p.inner, static_cast<T>(extrapolation));
+                    continue;
+                  }
+                  const T* a = x + (b * p.in + t.i0) * p.inner;
+                  const T* c = x + (b * p.in + t.i1) * p.inner;
+                  for (int64_t k = 0; k < p.inner; ++k)
+                    out[k] = t.w1 == 0.f ? a[k] : static_cast<T>(a[k] * T(t.w0) + c[k] * T(t.w1));
+                }
+              });
+}
+
+// dx [outer, in, inner] from dy [outer, out, inner]: each input row the weighted sum of the
+// output rows that read it, in output order.
+template <typename T>
+void Backward(const Pass& p, const T* dy, T* dx, ThreadPool* pool) {
+  std::vector<std::vector<std::pair<int64_t, float>>> readers(static_cast<size_t>(p.in));
+  for (int64_t o = 0; o < p.out; ++o) {
+    const ResizeTap& t = p.taps[static_cast<size_t>(o)];
+    if (t.outside) continue;
+    readers[static_cast<size_t>(t.i0)].emplace_back(o, t.w0);
+    if (t.w1 != 0.f) readers[static_cast<size_t>(t.i1)].emplace_back(o, t.w1);
+  }
+  ParallelFor(pool, p.outer * p.in, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.inner, 1)),
+              [&](int64_t r0, int64_t r1) {
+                for (int64_t r = r0; r < r1; ++r) {
+                  const int64_t b = r / p.in, i = r % p.in;
+                  T* out = dx + r * p.inner;
+                  std::fill(out, out + p.inner, T(0));
+                  for (const auto& [o, w] : readers[static_cast<size_t>(i)]) {
+                    const T* g = dy + (b * p.out + o) * p.inner;
+                    for (int64_t k = 0; k < p.inner; ++k) out[k] += g[k] * T(w);
+                  }
+                }
+              });
+}
+
+// Runs the passes (forward, or their adjoints in reverse) from `src` into `dst`, through
+// scratch between them; no passes: a copy.
+template <typename T>
+absl::Status RunPasses(const std::vector<Pass>& passes, bool backward, const T* src, T* dst, int64_t dst_elements,
+                       float extrapolation, KernelContext& ctx) {
+  if (passes.empty()) {
+    std::memcpy(dst, src, static_cast<size_t>(dst_elements) * sizeof(T));
+    return absl::OkStatus();
+  }
+  const T* cur = src;
+  for (size_t j = 0; j < passes.size(); ++j) {
+    const Pass& p = passes[backward ? passes.size() - 1 - j : j];
+    T* next = dst;
+    if (j + 1 < passes.size()) {
+      next = ctx.ScratchOf<T>(std::max<int64_t>(Elements(p, !backward), 1));
+      if (!next) return NoScratch();
+    }
+    if (backward) Backward(p, cur, next, ctx.thread_pool());
+    else Forward(p, cur, next, extrapolation, ctx.thread_pool());
+    cur = next;
+  }
+  return absl::OkStatus();
+}
+
+// Resize(X[, roi, scales, sizes]) -> Y.
+class ResizeKernel : public OpKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
+    ASSIGN_OR_RETURN(ResizeAttrs a, graph::ResizeAttrsOf(n));
+    return std::unique_ptr<OpKernel>(new ResizeKernel(std::move(a)));
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    ASSIGN_OR_RETURN(const std::vector<ResizeDim> dims, PlanOf(ctx, 1, x.dim_span(), a_));
+    DimVector out;
+    for (const ResizeDim& d : dims) out.push_back(d.out);
+    TensorView* y = ctx.Output(0, out.span());
+    if (!y || y->numel() == 0) return absl::OkStatus();
+    if (x.numel() == 0) return InvalidArgument("cannot resize an empty input to ", DimsToString(out.span()));
+    const std::vector<Pass> passes = Passes(a_, dims);
+    if (x.dtype == DataType::kFloat64)
+      return RunPasses(passes, false, x.as<double>(), y->as<double>(), y->numel(), a_.extrapolation_value, ctx);
+    return RunPasses(passes, false, x.as<float>(), y->as<float>(), y->numel(), a_.extrapolation_value, ctx);
+  }
+
+ private:
+  explicit ResizeKernel(ResizeAttrs a) : a_(std::move(a)) {}
+  ResizeAttrs a_;
+};
+
+// ai.cleave.ResizeGrad(dY, X's shape[, roi, scales, sizes]) -> dX, the forward's attributes.
+class ResizeGradKernel : public OpKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
+    ASSIGN_OR_RETURN(ResizeAttrs a, graph::ResizeAttrsOf(n));
+    return std::unique_ptr<OpKernel>(new ResizeGradKernel(std::move(a)));
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& shape = *ctx.input(1);
+    if (shape.dtype != DataType::kInt64 || shape.rank != 1)
+      return InvalidArgument("expected X's shape as a 1-D int64 tensor, got ", DataTypeName(shape.dtype), " ",
+                             DimsToString(shape.dim_span()));
+    const DimVector in(std::span<const int64_t>(shape.as<int64_t>(), static_cast<size_t>(shape.numel())));
+    ASSIGN_OR_RETURN(const std::vector<ResizeDim> dims, PlanOf(ctx, 2, in.span(), a_));
+    DimVector want;
+    for (const ResizeDim& d : dims) want.push_back(d.out);
+    if (DimVector(dy.dim_span()) != want)
+      return InvalidArgument("expected dY ", DimsToString(want.span()), " (the forward's Y), got ",
+                             DimsToString(dy.dim_span()));
+    TensorView* dx = ctx.Output(0, in.span());
+    if (!dx || dx->numel() == 0) return absl::OkStatus();
+    if (dy.numel() == 0) {
+      std::memset(dx->data, 0, dx->nbytes());
+      return absl::OkStatus();
+    }
+    const std::vector<Pass> passes = Passes(a_, dims);
+    if (dy.dtype == DataType::kFloat64)
+      return RunPasses(passes, true, dy.as<double>(), dx->as<double>(), dx->numel(), 0.f, ctx);
+    return RunPasses(passes, true, dy.as<float>(), dx->as<float>(), dx->numel(), 0.f, ctx);
+  }
+
+ private:
+  explicit ResizeGradKernel(ResizeAttrs a) : a_(std::move(a)) {}
+  ResizeAttrs a_;
+};
+
+}  // namespace
+
+void RegisterResizeKernels(KernelRegistry& r) {
+  const std::vector<DataType> floats = {DataType::kFloat32, DataType::kFloat64};
+  r.Register({"", "Resize", 11, 1 << 30, InputTypeIn(0, floats), MakeCheckedFactory<ResizeKernel>()});
+  r.Register({std::string(graph::kCleaveDomain), "ResizeGrad", 1, 1, InputTypeIn(0, floats),
+              MakeCheckedFactory<ResizeGradKernel>()});
+}
+
+}  // namespace cleave::providers
