@@ -163,4 +163,42 @@ bool ResizeIsIdentity(const ResizeAttrs& a, const ResizeDim& d) {
   return true;
 }
 
+std::vector<ResizePass> ResizePasses(const ResizeAttrs& a, const std::vector<ResizeDim>& dims) {
+  std::vector<ResizePass> passes;
+  std::vector<int64_t> cur;
+  for (const ResizeDim& d : dims) cur.push_back(d.in);
+  for (size_t d = 0; d < dims.size(); ++d) {
+    if (ResizeIsIdentity(a, dims[d])) continue;
+    ResizePass p;
+    for (size_t i = 0; i < d; ++i) p.outer *= cur[i];
+    for (size_t i = d + 1; i < cur.size(); ++i) p.inner *= cur[i];
+    p.in = dims[d].in;
+    p.out = dims[d].out;
+    p.taps = ResizeTaps(a, dims[d]);
+    cur[d] = dims[d].out;
+    passes.push_back(std::move(p));
+  }
+  return passes;
+}
+
+ResizeReaders ResizeReadersOf(const ResizePass& p) {
+  std::vector<std::vector<std::pair<int64_t, float>>> by_input(static_cast<size_t>(p.in));
+  for (int64_t o = 0; o < p.out; ++o) {
+    const ResizeTap& t = p.taps[static_cast<size_t>(o)];
+    if (t.outside) continue;
+    by_input[static_cast<size_t>(t.i0)].emplace_back(o, t.w0);
+    if (t.w1 != 0.f) by_input[static_cast<size_t>(t.i1)].emplace_back(o, t.w1);
+  }
+  ResizeReaders r;
+  r.offsets.push_back(0);
+  for (const auto& list : by_input) {
+    for (const auto& [o, w] : list) {
+      r.outputs.push_back(o);
+      r.weights.push_back(w);
+    }
+    r.offsets.push_back(static_cast<int64_t>(r.outputs.size()));
+  }
+  return r;
+}
+
 }  // namespace cleave::graph

@@ -60,4 +60,20 @@ std::vector<ResizeTap> ResizeTaps(const ResizeAttrs& a, const ResizeDim& d);
 // Whether the dim maps every output coordinate to the same input coordinate (no resampling).
 bool ResizeIsIdentity(const ResizeAttrs& a, const ResizeDim& d);
 
+// Both modes are separable: a Resize is a resampling along each dim that is not the identity,
+// in dim order, each viewing the tensor as [outer, in, inner] -> [outer, out, inner].
+struct ResizePass {
+  int64_t outer = 1, in = 1, out = 1, inner = 1;
+  std::vector<ResizeTap> taps;  // [out]
+};
+std::vector<ResizePass> ResizePasses(const ResizeAttrs& a, const std::vector<ResizeDim>& dims);
+
+// A pass's adjoint as gathers: input index i reads the output indices outputs[offsets[i] ..
+// offsets[i + 1]) with their weights, in output order (extrapolated outputs read nothing).
+struct ResizeReaders {
+  std::vector<int64_t> offsets, outputs;  // [in + 1], [entries]
+  std::vector<float> weights;             // [entries]
+};
+ResizeReaders ResizeReadersOf(const ResizePass& p);
+
 }  // namespace cleave::graph

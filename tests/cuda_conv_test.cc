@@ -3,7 +3,7 @@
 // strides, dilations, padding), bf16 and fp16 against the CPU on the rounded operands, and a
 // chunk budget small enough that the images are lowered a few at a time. The pools and their
 // gradients, BatchNormalization and its gradient in both modes, and InstanceNormalization and its
-// gradient, against the CPU's in float32,
+// gradient, and Resize and its gradient, against the CPU's in float32,
 // and in bf16 and fp16 against the CPU on rounded operands.
 #include <memory>
 #include <span>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "tests/cuda_test_util.h"
 
@@ -378,6 +379,49 @@ TEST(CudaProvider, InstanceNormalizationAndItsGradient) {
       ExpectSame(InstanceNormGraph(x, type), InstanceNormFeeds(x, seed += 6), 2e-2, type == 16 ? 8e-3 : 1e-3,
                  "InstanceNormalization", InstanceNormGraph(x, type, /*rounded=*/true));
     }
+}
+
+// Resize and its gradient against the CPU's: nearest and linear, upsampling and downsampling,
+// several coordinate modes, sizes and axes, a roi with extrapolated positions; each resized dim
+// one pass (two or three passes here), the gradient their adjoints.
+TEST(CudaProvider, ResizeAndItsGradient) {
+  REQUIRE_CUDA();
+  struct Case {
+    std::vector<int64_t> x;
+    const char* inputs;  // the constants and the Resize's inputs after X
+    const char* attrs;
+  };
+  const Case cases[] = {
+      {{2, 3, 5, 4}, "init s: float32[4] = 1 1 2 2\n|_, s", "mode = \"linear\""},
+      {{1, 2, 7, 9}, "init s: float32[4] = 1 1 0.5 0.75\n|_, s", "mode = \"linear\", coordinate_transformation_mode = \"align_corners\""},
+      {{2, 2, 3, 3}, "init z: int64[4] = 2 2 7 5\n|_, _, z", "mode = \"nearest\", nearest_mode = \"round_prefer_ceil\", coordinate_transformation_mode = \"asymmetric\""},
+      {{2, 3, 4, 5}, "init s: float32[2] = 3 0.6\n|_, s", "axes = [1, 3], mode = \"linear\", coordinate_transformation_mode = \"pytorch_half_pixel\""},
+      {{1, 1, 4, 4}, "init r: float32[8] = 0 0 0.4 0.6 1 1 1.2 1.7\ninit s: float32[4] = 1 1 1.5 1.25\n|r, s", "mode = \"linear\", coordinate_transformation_mode = \"tf_crop_and_resize\", extrapolation_value = 10"},
+  };
+  unsigned seed = 900;
+  for (const Case& c : cases) {
+    const std::string inputs = c.inputs;
+    const size_t bar = inputs.find('|');
+    const std::string constants = inputs.substr(0, bar), args = inputs.substr(bar + 1);
+    // Y's dims from the CPU, to feed a dY.
+    const std::string fwd = absl::StrCat("opset 18\ninput x: float32", DimsText(c.x), "\n", constants,
+                                         "y = Resize(x, ", args, ") {", c.attrs, "}\noutput y\n");
+    auto cpu = InferenceSession::FromGraph(*graph::ParseGraph(fwd), SessionOptions{});
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    auto y = (*cpu)->Run({{"x", Random(c.x, seed)}});
+    ASSERT_TRUE(y.ok()) << y.status();
+    const std::vector<int64_t> ydims((*y)[0].dims().begin(), (*y)[0].dims().end());
+    const std::string text = absl::StrCat(
+        "opset 18\ninput x: float32", DimsText(c.x), "\ninput dy: float32", DimsText(ydims), "\n", constants,
+        "init shape: int64[", c.x.size(), "] =", absl::StrJoin(c.x, " ", [](std::string* o, int64_t v) {
+          absl::StrAppend(o, " ", v);
+        }),
+        "\ny = Resize(x, ", args, ") {", c.attrs, "}\ndx = ai.cleave.ResizeGrad(dy, shape, ", args, ") {", c.attrs,
+        "}\noutput y\noutput dx\n");
+    SCOPED_TRACE(text);
+    ExpectSame(text, {{"x", Random(c.x, seed)}, {"dy", Random(ydims, seed + 1)}}, 1e-5, 1e-5, "*");
+    seed += 2;
+  }
 }
 
 }  // namespace

@@ -127,6 +127,7 @@ double RefBinary(ck::BinaryOp op, double a, double b) {
     case ck::BinaryOp::kMin: return std::isnan(a) || std::isnan(b) ? NAN : std::min(a, b);
     case ck::BinaryOp::kPow: return std::pow(a, b);
     case ck::BinaryOp::kFmod: return std::fmod(a, b);
+    case ck::BinaryOp::kPRelu: return a < 0 ? a * b : a;
     case ck::BinaryOp::kMod: {
       const double r = std::fmod(a, b);
       return r != 0 && ((r < 0) != (b < 0)) ? r + b : r;
@@ -138,7 +139,7 @@ double RefBinary(ck::BinaryOp op, double a, double b) {
 TEST_P(CudaEmu, BinaryOpsSameShapeAndBroadcast) {
   const ck::BinaryOp ops[] = {ck::BinaryOp::kAdd, ck::BinaryOp::kSub, ck::BinaryOp::kMul, ck::BinaryOp::kDiv,
                               ck::BinaryOp::kMax, ck::BinaryOp::kMin, ck::BinaryOp::kPow, ck::BinaryOp::kMod,
-                              ck::BinaryOp::kFmod};
+                              ck::BinaryOp::kFmod, ck::BinaryOp::kPRelu};
   for (Dt dt : kDts) {
     for (ck::BinaryOp op : ops) {
       SCOPED_TRACE(std::string(Name(dt)) + " op " + std::to_string(static_cast<int>(op)));

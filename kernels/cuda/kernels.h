@@ -288,6 +288,20 @@ int MaxPoolGrad(Dt dt, const PoolLayout& l, int64_t planes, const void* dy, cons
                 void* stream);
 int AveragePoolGrad(Dt dt, const PoolLayout& l, int64_t planes, const void* dy, void* dx, void* stream);
 
+// Resize's resampling along one dim (graph/resize_geometry.h ResizePass): y [outer, out, inner]
+// from x [outer, in, inner], output index o blending x's rows taps[o].i0 and .i1 with weights
+// .w0 and .w1 in float32 (or extrapolation where .outside). The adjoint gathers: dx's row i the
+// sum of dy's rows outputs[offsets[i] .. offsets[i + 1]) times their weights, in that order.
+struct ResampleTap {
+  int64_t i0 = 0, i1 = 0;
+  float w0 = 1.f, w1 = 0.f;
+  int32_t outside = 0;
+};
+int Resample(Dt dt, const ResampleTap* taps, const void* x, void* y, int64_t outer, int64_t in, int64_t out,
+             int64_t inner, float extrapolation, void* stream);
+int ResampleGrad(Dt dt, const int64_t* offsets, const int64_t* outputs, const float* weights, const void* dy, void* dx,
+                 int64_t outer, int64_t in, int64_t out, int64_t inner, void* stream);
+
 // The geometry of a convolution over `spatial` dims (kernels/cpu/conv.h's ConvParams, less the
 // images and the filters): C input channels of in[] elements, a kernel[] window read every
 // stride[] positions with dilation[] between its taps, pad_begin[] zeros before each dim, out[]

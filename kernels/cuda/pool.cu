@@ -1,7 +1,8 @@
 // CUDA pooling (kernels/cuda/): MaxPool and AveragePool (the global pools are their one-window
 // case) forward, one thread per output element, and their gradients, one thread per input
 // element gathering from the windows that read it (kernels/pool_window.h), so each sum is formed
-// in one fixed order without atomics. bf16 and fp16 compare and sum in float32.
+// in one fixed order without atomics. bf16 and fp16 compare and sum in float32. Resize's
+// resampling along one dim, and its adjoint, gathered the same way.
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/pool_window.h"
@@ -112,6 +113,61 @@ int MaxPoolGrad(Dt dt, const PoolLayout& l, int64_t planes, const void* dy, cons
       ArgMaxKernel<T><<<Blocks(outs), kThreads, 0, Stream(stream)>>>(l, static_cast<const T*>(x), arg, outs);
     PoolGradKernel<T><<<Blocks(ins), kThreads, 0, Stream(stream)>>>(l, static_cast<const T*>(dy), arg,
                                                                     static_cast<T*>(dx), ins);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+namespace {
+
+template <typename T>
+__global__ void ResampleKernel(const ResampleTap* taps, const T* x, T* y, int64_t in, int64_t out, int64_t inner,
+                               float extrapolation, int64_t total) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t k = e % inner, o = e / inner % out, b = e / (inner * out);
+    const ResampleTap t = taps[o];
+    if (t.outside) {
+      y[e] = FromFloat<T>(extrapolation);
+      continue;
+    }
+    const float a = ToFloat(x[(b * in + t.i0) * inner + k]);
+    y[e] = FromFloat<T>(t.w1 == 0.f ? a : a * t.w0 + ToFloat(x[(b * in + t.i1) * inner + k]) * t.w1);
+  }
+}
+
+template <typename T>
+__global__ void ResampleGradKernel(const int64_t* offsets, const int64_t* outputs, const float* weights, const T* dy,
+                                   T* dx, int64_t in, int64_t out, int64_t inner, int64_t total) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t k = e % inner, i = e / inner % in, b = e / (inner * in);
+    float acc = 0.f;
+    for (int64_t j = offsets[i]; j < offsets[i + 1]; ++j) acc += ToFloat(dy[(b * out + outputs[j]) * inner + k]) * weights[j];
+    dx[e] = FromFloat<T>(acc);
+  }
+}
+
+}  // namespace
+
+int Resample(Dt dt, const ResampleTap* taps, const void* x, void* y, int64_t outer, int64_t in, int64_t out,
+             int64_t inner, float extrapolation, void* stream) {
+  const int64_t total = outer * out * inner;
+  if (total == 0) return 0;
+  DISPATCH_DT(dt, T, {
+    ResampleKernel<T><<<Blocks(total), kThreads, 0, Stream(stream)>>>(taps, static_cast<const T*>(x),
+                                                                      static_cast<T*>(y), in, out, inner,
+                                                                      extrapolation, total);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int ResampleGrad(Dt dt, const int64_t* offsets, const int64_t* outputs, const float* weights, const void* dy, void* dx,
+                 int64_t outer, int64_t in, int64_t out, int64_t inner, void* stream) {
+  const int64_t total = outer * in * inner;
+  if (total == 0) return 0;
+  DISPATCH_DT(dt, T, {
+    ResampleGradKernel<T><<<Blocks(total), kThreads, 0, Stream(stream)>>>(
+        offsets, outputs, weights, static_cast<const T*>(dy), static_cast<T*>(dx), in, out, inner, total);
   });
   return static_cast<int>(cudaGetLastError());
 }

@@ -14,6 +14,7 @@
 #include "graph/op_table.h"
 #include "graph/resize_geometry.h"
 #include "providers/cpu/cpu_provider.h"
+#include "providers/resize_plan.h"
 
 namespace cleave::providers {
 
@@ -23,51 +24,7 @@ using graph::ResizeAttrs;
 using graph::ResizeDim;
 using graph::ResizeTap;
 
-// One resampling along a dim: the tensor as [outer, in, inner] -> [outer, out, inner].
-struct Pass {
-  int64_t outer = 1, in = 1, out = 1, inner = 1;
-  std::vector<ResizeTap> taps;
-};
-
-// The roi, scales and sizes inputs from `first` on (absent or empty: none).
-absl::StatusOr<std::vector<ResizeDim>> PlanOf(const KernelContext& ctx, int first, std::span<const int64_t> in,
-                                              const ResizeAttrs& a) {
-  std::vector<float> roi, scales;
-  std::vector<int64_t> sizes;
-  auto present = [&](int i) { return ctx.num_inputs() > i && ctx.input(i) && ctx.input(i)->numel() > 0; };
-  for (int k = 0; k < 2; ++k) {
-    if (!present(first + k)) continue;
-    const TensorView& t = *ctx.input(first + k);
-    if (t.dtype != DataType::kFloat32)
-      return InvalidArgument(k == 0 ? "roi" : "scales", " must be float32, got ", DataTypeName(t.dtype));
-    (k == 0 ? roi : scales).assign(t.as<float>(), t.as<float>() + t.numel());
-  }
-  if (present(first + 2)) {
-    const TensorView& t = *ctx.input(first + 2);
-    if (t.dtype != DataType::kInt64) return InvalidArgument("sizes must be int64, got ", DataTypeName(t.dtype));
-    sizes.assign(t.as<int64_t>(), t.as<int64_t>() + t.numel());
-  }
-  return graph::PlanResize(in, a, roi, scales, sizes);
-}
-
-// The passes, in dim order, of the dims that resample.
-std::vector<Pass> Passes(const ResizeAttrs& a, const std::vector<ResizeDim>& dims) {
-  std::vector<Pass> passes;
-  std::vector<int64_t> cur;
-  for (const ResizeDim& d : dims) cur.push_back(d.in);
-  for (size_t d = 0; d < dims.size(); ++d) {
-    if (graph::ResizeIsIdentity(a, dims[d])) continue;
-    Pass p;
-    for (size_t i = 0; i < d; ++i) p.outer *= cur[i];
-    for (size_t i = d + 1; i < cur.size(); ++i) p.inner *= cur[i];
-    p.in = dims[d].in;
-    p.out = dims[d].out;
-    p.taps = graph::ResizeTaps(a, dims[d]);
-    cur[d] = dims[d].out;
-    passes.push_back(std::move(p));
-  }
-  return passes;
-}
+using Pass = graph::ResizePass;
 
 int64_t Elements(const Pass& p, bool output) { return p.outer * (output ? p.out : p.in) * p.inner; }
 
@@ -95,22 +52,17 @@ void Forward(const Pass& p, const T* x, T* y, float extrapolation, ThreadPool* p
 // output rows that read it, in output order.
 template <typename T>
 void Backward(const Pass& p, const T* dy, T* dx, ThreadPool* pool) {
-  std::vector<std::vector<std::pair<int64_t, float>>> readers(static_cast<size_t>(p.in));
-  for (int64_t o = 0; o < p.out; ++o) {
-    const ResizeTap& t = p.taps[static_cast<size_t>(o)];
-    if (t.outside) continue;
-    readers[static_cast<size_t>(t.i0)].emplace_back(o, t.w0);
-    if (t.w1 != 0.f) readers[static_cast<size_t>(t.i1)].emplace_back(o, t.w1);
-  }
+  const graph::ResizeReaders readers = graph::ResizeReadersOf(p);
   ParallelFor(pool, p.outer * p.in, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.inner, 1)),
               [&](int64_t r0, int64_t r1) {
                 for (int64_t r = r0; r < r1; ++r) {
                   const int64_t b = r / p.in, i = r % p.in;
                   T* out = dx + r * p.inner;
                   std::fill(out, out + p.inner, T(0));
-                  for (const auto& [o, w] : readers[static_cast<size_t>(i)]) {
-                    const T* g = dy + (b * p.out + o) * p.inner;
-                    for (int64_t k = 0; k < p.inner; ++k) out[k] += g[k] * T(w);
+                  for (int64_t e = readers.offsets[i]; e < readers.offsets[i + 1]; ++e) {
+                    const T* g = dy + (b * p.out + readers.outputs[e]) * p.inner;
+                    const T w = T(readers.weights[e]);
+                    for (int64_t k = 0; k < p.inner; ++k) out[k] += g[k] * w;
                   }
                 }
               });
@@ -149,13 +101,13 @@ class ResizeKernel : public OpKernel {
   }
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
-    ASSIGN_OR_RETURN(const std::vector<ResizeDim> dims, PlanOf(ctx, 1, x.dim_span(), a_));
+    ASSIGN_OR_RETURN(const std::vector<ResizeDim> dims, PlanResizeInputs(ctx, 1, x.dim_span(), a_));
     DimVector out;
     for (const ResizeDim& d : dims) out.push_back(d.out);
     TensorView* y = ctx.Output(0, out.span());
     if (!y || y->numel() == 0) return absl::OkStatus();
     if (x.numel() == 0) return InvalidArgument("cannot resize an empty input to ", DimsToString(out.span()));
-    const std::vector<Pass> passes = Passes(a_, dims);
+    const std::vector<Pass> passes = graph::ResizePasses(a_, dims);
     if (x.dtype == DataType::kFloat64)
       return RunPasses(passes, false, x.as<double>(), y->as<double>(), y->numel(), a_.extrapolation_value, ctx);
     return RunPasses(passes, false, x.as<float>(), y->as<float>(), y->numel(), a_.extrapolation_value, ctx);
@@ -180,7 +132,7 @@ class ResizeGradKernel : public OpKernel {
       return InvalidArgument("expected X's shape as a 1-D int64 tensor, got ", DataTypeName(shape.dtype), " ",
                              DimsToString(shape.dim_span()));
     const DimVector in(std::span<const int64_t>(shape.as<int64_t>(), static_cast<size_t>(shape.numel())));
-    ASSIGN_OR_RETURN(const std::vector<ResizeDim> dims, PlanOf(ctx, 2, in.span(), a_));
+    ASSIGN_OR_RETURN(const std::vector<ResizeDim> dims, PlanResizeInputs(ctx, 2, in.span(), a_));
     DimVector want;
     for (const ResizeDim& d : dims) want.push_back(d.out);
     if (DimVector(dy.dim_span()) != want)
@@ -192,7 +144,7 @@ class ResizeGradKernel : public OpKernel {
       std::memset(dx->data, 0, dx->nbytes());
       return absl::OkStatus();
     }
-    const std::vector<Pass> passes = Passes(a_, dims);
+    const std::vector<Pass> passes = graph::ResizePasses(a_, dims);
     if (dy.dtype == DataType::kFloat64)
       return RunPasses(passes, true, dy.as<double>(), dx->as<double>(), dx->numel(), 0.f, ctx);
     return RunPasses(passes, true, dy.as<float>(), dx->as<float>(), dx->numel(), 0.f, ctx);

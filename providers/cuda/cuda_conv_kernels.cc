@@ -16,6 +16,7 @@
 // over the windows the CPU's kernels use (providers/pool_plan.h). BatchNormalization and its
 // gradient: kernels/cuda/norm.cu, a block per channel for the statistics and the sums;
 // InstanceNormalization and its gradient through the same kernels, a block per image's channel.
+// Resize (nearest, linear) and its gradient: one resampling kernel per resized dim.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -32,6 +33,7 @@
 #include "providers/cuda/cuda_matmul.h"
 #include "providers/batch_norm_plan.h"
 #include "providers/pool_plan.h"
+#include "providers/resize_plan.h"
 
 namespace cleave::providers {
 namespace {
@@ -481,6 +483,94 @@ class InstanceNormGradKernel : public CudaKernel {
   float epsilon_;
 };
 
+// Resize and ai.cleave.ResizeGrad: the passes of graph/resize_geometry.h, each one kernel
+// (kernels/cuda/pool.cu) over a table of its taps (or, for the gradient, its readers) uploaded
+// from the host into scratch; the intermediate tensors between passes in scratch too.
+class ResizeKernel : public CudaKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const CudaExecutionProvider* p, const graph::Node& n, int) {
+    ASSIGN_OR_RETURN(graph::ResizeAttrs a, graph::ResizeAttrsOf(n));
+    return std::unique_ptr<OpKernel>(new ResizeKernel(p, n, std::move(a)));
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const bool grad = n_domain_cleave_;
+    const TensorView& src = *ctx.input(0);
+    std::vector<int64_t> in_dims;
+    if (grad) {
+      const TensorView& shape = *ctx.input(1);
+      if (shape.dtype != DataType::kInt64 || shape.rank != 1)
+        return InvalidArgument(name_, ": expected X's shape as a 1-D int64 tensor");
+      in_dims.assign(shape.as<int64_t>(), shape.as<int64_t>() + shape.numel());
+    } else {
+      in_dims.assign(src.dims, src.dims + src.rank);
+    }
+    auto dims = PlanResizeInputs(ctx, grad ? 2 : 1, in_dims, a_);
+    if (!dims.ok()) return Named(dims.status());
+    std::vector<int64_t> out_dims;
+    for (const graph::ResizeDim& d : *dims) out_dims.push_back(d.out);
+    if (grad && std::vector<int64_t>(src.dims, src.dims + src.rank) != out_dims)
+      return InvalidArgument(name_, ": expected dY [", absl::StrJoin(out_dims, ","), "] (the forward's Y), got [",
+                             absl::StrJoin(src.dim_span(), ","), "]");
+    TensorView* dst = ctx.Output(0, grad ? in_dims : out_dims);
+    if (!dst || dst->numel() == 0) return absl::OkStatus();
+    auto s = static_cast<cudaStream_t>(stream());
+    if (src.numel() == 0) {
+      if (grad) return Check(cudaMemsetAsync(dst->data, 0, dst->nbytes(), s));
+      return InvalidArgument(name_, ": cannot resize an empty input");
+    }
+    const std::vector<graph::ResizePass> passes = graph::ResizePasses(a_, *dims);
+    if (passes.empty()) return Check(cudaMemcpyAsync(dst->data, src.data, dst->nbytes(), cudaMemcpyDeviceToDevice, s));
+    const size_t es = ElementSize(src.dtype);
+    const void* cur = src.data;
+    for (size_t j = 0; j < passes.size(); ++j) {
+      const graph::ResizePass& p = passes[grad ? passes.size() - 1 - j : j];
+      void* next = dst->data;
+      if (j + 1 < passes.size()) {
+        next = ctx.Scratch(static_cast<size_t>(p.outer * (grad ? p.in : p.out) * p.inner) * es);
+        if (!next) return NoScratch();
+      }
+      if (grad) {
+        const graph::ResizeReaders r = graph::ResizeReadersOf(p);
+        ASSIGN_OR_RETURN(const int64_t* offsets, Upload(ctx, r.offsets));
+        ASSIGN_OR_RETURN(const int64_t* outputs, Upload(ctx, r.outputs));
+        ASSIGN_OR_RETURN(const float* weights, Upload(ctx, r.weights));
+        RETURN_IF_ERROR(Check(kc::ResampleGrad(DtOf(src.dtype), offsets, outputs, weights, cur, next, p.outer, p.in,
+                                               p.out, p.inner, s)));
+      } else {
+        std::vector<kc::ResampleTap> taps(p.taps.size());
+        for (size_t o = 0; o < taps.size(); ++o)
+          taps[o] = {p.taps[o].i0, p.taps[o].i1, p.taps[o].w0, p.taps[o].w1, p.taps[o].outside ? 1 : 0};
+        ASSIGN_OR_RETURN(const kc::ResampleTap* table, Upload(ctx, taps));
+        RETURN_IF_ERROR(Check(kc::Resample(DtOf(src.dtype), table, cur, next, p.outer, p.in, p.out, p.inner,
+                                           a_.extrapolation_value, s)));
+      }
+      cur = next;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  ResizeKernel(const CudaExecutionProvider* p, const graph::Node& n, graph::ResizeAttrs a)
+      : CudaKernel(p, n), a_(std::move(a)), n_domain_cleave_(n.domain() == graph::kCleaveDomain) {}
+
+  // A host table copied into device scratch on the stream (the provider's pinned uploads).
+  template <typename T>
+  absl::StatusOr<const T*> Upload(KernelContext& ctx, const std::vector<T>& host) const {
+    const size_t bytes = std::max<size_t>(host.size() * sizeof(T), 1);
+    void* device = ctx.Scratch(bytes);
+    if (!device) return NoScratch();
+    if (host.empty()) return static_cast<const T*>(device);
+    const int64_t n = static_cast<int64_t>(host.size() * sizeof(T));
+    const TensorView from(const_cast<T*>(host.data()), DataType::kUInt8, {&n, 1});
+    TensorView to(device, DataType::kUInt8, {&n, 1});
+    RETURN_IF_ERROR(p_->CopyTensor(from, to));
+    return static_cast<const T*>(device);
+  }
+
+  graph::ResizeAttrs a_;
+  bool n_domain_cleave_;
+};
+
 }  // namespace
 
 void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p) {
@@ -506,6 +596,8 @@ void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p) {
   AddChecked<BatchNormGradKernel>(r, p, cleave, "BatchNormalizationGrad", 1, InputTypeIn(1, kFloats));
   Add<InstanceNormKernel>(r, p, "", "InstanceNormalization", 6, 1 << 30, InputTypeIn(0, kFloats));
   Add<InstanceNormGradKernel>(r, p, cleave, "InstanceNormalizationGrad", 1, 1, InputTypeIn(1, kFloats));
+  AddChecked<ResizeKernel>(r, p, "", "Resize", 11, InputTypeIn(0, kFloats), {1, 2, 3});
+  AddChecked<ResizeKernel>(r, p, cleave, "ResizeGrad", 1, InputTypeIn(0, kFloats), {1, 2, 3, 4});
 }
 
 }  // namespace cleave::providers
