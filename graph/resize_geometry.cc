@@ -82,19 +82,23 @@ absl::StatusOr<std::vector<ResizeDim>> PlanResize(std::span<const int64_t> in, c
       d.roi_start = roi[j];
       d.roi_end = roi[k + j];
     }
+    // Sizes are bounded before they become integers (a scale of 1e30 must not overflow int64).
+    constexpr double kMaxSize = static_cast<double>(int64_t{1} << 40);
+    double size = 0;
     if (!scales.empty()) {
       if (!(scales[j] > 0.f)) return InvalidArgument("scales must be positive, got ", scales[j], " for dim ", axes[j]);
       d.scale = scales[j];
       const double extent = crop ? d.roi_end - d.roi_start : 1.0;
-      d.out = static_cast<int64_t>(std::floor(static_cast<double>(d.in) * extent * d.scale));
+      size = std::floor(static_cast<double>(d.in) * extent * d.scale);
+      if (!(size >= 0)) return InvalidArgument("the roi of dim ", axes[j], " gives ", size, " elements");
     } else {
-      d.out = keep > 0 ? static_cast<int64_t>(std::round(keep * static_cast<double>(d.in))) : sizes[j];
-      if (d.out < 0) return InvalidArgument("sizes must be >= 0, got ", d.out, " for dim ", axes[j]);
-      d.scale = d.in > 0 ? static_cast<double>(d.out) / static_cast<double>(d.in) : 1.0;
-      if (keep > 0) d.scale = keep;
+      size = keep > 0 ? std::round(keep * static_cast<double>(d.in)) : static_cast<double>(sizes[j]);
+      if (size < 0) return InvalidArgument("sizes must be >= 0, got ", sizes[j], " for dim ", axes[j]);
     }
+    if (size >= kMaxSize) return InvalidArgument("dim ", axes[j], " would resize to ", size, " elements");
+    d.out = static_cast<int64_t>(size);
+    if (scales.empty()) d.scale = keep > 0 ? keep : d.in > 0 ? static_cast<double>(d.out) / static_cast<double>(d.in) : 1.0;
     d.length = static_cast<double>(d.in) * d.scale;
-    if (d.out >= (int64_t{1} << 40)) return InvalidArgument("dim ", axes[j], " would resize to ", d.out, " elements");
   }
   return dims;
 }

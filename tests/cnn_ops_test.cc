@@ -223,5 +223,60 @@ TEST(BatchNormTest, BadOperandsAndUnsupportedFormsFail) {
       .Run();
 }
 
+// Nearest (asymmetric, floor) doubles each element; linear (align_corners) blends exactly here.
+TEST(ResizeTest, NearestAndLinearUpsample) {
+  OpTester("Resize", 13)
+      .Attr("mode", std::string("nearest"))
+      .Attr("coordinate_transformation_mode", std::string("asymmetric"))
+      .Attr("nearest_mode", std::string("floor"))
+      .Input<float>("x", {1, 1, 2, 2}, {1, 2, 3, 4})
+      .OmittedInput()
+      .Input<float>("scales", {4}, {1, 1, 2, 2})
+      .Output<float>("y", {1, 1, 4, 4}, {1, 1, 2, 2, 1, 1, 2, 2, 3, 3, 4, 4, 3, 3, 4, 4})
+      .Run();
+  OpTester("Resize", 13)
+      .Attr("mode", std::string("linear"))
+      .Attr("coordinate_transformation_mode", std::string("align_corners"))
+      .Input<float>("x", {1, 1, 1, 2}, {0, 4})
+      .OmittedInput()
+      .OmittedInput()
+      .Input<int64_t>("sizes", {4}, {1, 1, 1, 5})
+      .Output<float>("y", {1, 1, 1, 5}, {0, 1, 2, 3, 4})
+      .Run();
+}
+
+TEST(ResizeTest, BadInputsFailNamingWhatDisagrees) {
+  OpTester("Resize", 13)
+      .Input<float>("x", {1, 1, 2, 2}, {1, 2, 3, 4})
+      .OmittedInput()
+      .Input<float>("scales", {4}, {1, 1, 1e30f, 1})
+      .UncheckedOutput("y")
+      .ExpectFailure("dim 2 would resize to")
+      .Run();
+  OpTester("Resize", 13)
+      .Input<float>("x", {1, 1, 2, 2}, {1, 2, 3, 4})
+      .OmittedInput()
+      .Input<float>("scales", {4}, {1, 1, 2, 2})
+      .Input<int64_t>("sizes", {4}, {1, 1, 4, 4})
+      .UncheckedOutput("y")
+      .ExpectFailure("expected exactly one of scales and sizes")
+      .Run();
+  OpTester("Resize", 13)
+      .Input<float>("x", {1, 1, 2, 2}, {1, 2, 3, 4})
+      .OmittedInput()
+      .Input<float>("scales", {2}, {2, 2})
+      .UncheckedOutput("y")
+      .ExpectFailure("expected 4 scales, got 2")
+      .Run();
+  OpTester("Resize", 13)
+      .Attr("mode", std::string("cubic"))
+      .Input<float>("x", {1, 1, 2, 2}, {1, 2, 3, 4})
+      .OmittedInput()
+      .Input<float>("scales", {4}, {1, 1, 2, 2})
+      .UncheckedOutput("y")
+      .ExpectFailure("cubic Resize is not implemented")
+      .Run();
+}
+
 }  // namespace
 }  // namespace cleave::testing
