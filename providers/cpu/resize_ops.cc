@@ -92,67 +92,48 @@ absl::Status RunPasses(const std::vector<Pass>& passes, bool backward, const T* 
   return absl::OkStatus();
 }
 
-// Resize(X[, roi, scales, sizes]) -> Y.
+// Resize(X[, roi, scales, sizes]) -> Y, and ai.cleave.ResizeGrad(dY, X's shape[, roi, scales,
+// sizes]) -> dX with the forward's attributes: the same passes, forward or their adjoints.
 class ResizeKernel : public OpKernel {
  public:
   static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
     ASSIGN_OR_RETURN(ResizeAttrs a, graph::ResizeAttrsOf(n));
-    return std::unique_ptr<OpKernel>(new ResizeKernel(std::move(a)));
+    return std::unique_ptr<OpKernel>(new ResizeKernel(std::move(a), n.domain() == graph::kCleaveDomain));
   }
   absl::Status Compute(KernelContext& ctx) const override {
-    const TensorView& x = *ctx.input(0);
-    ASSIGN_OR_RETURN(const std::vector<ResizeDim> dims, PlanResizeInputs(ctx, 1, x.dim_span(), a_));
+    const TensorView& src = *ctx.input(0);
+    DimVector in(src.dim_span());
+    if (grad_) {
+      const TensorView& shape = *ctx.input(1);
+      if (shape.dtype != DataType::kInt64 || shape.rank != 1)
+        return InvalidArgument("expected X's shape as a 1-D int64 tensor, got ", DataTypeName(shape.dtype), " ",
+                               DimsToString(shape.dim_span()));
+      in = DimVector(std::span<const int64_t>(shape.as<int64_t>(), static_cast<size_t>(shape.numel())));
+    }
+    ASSIGN_OR_RETURN(const std::vector<ResizeDim> dims, PlanResizeInputs(ctx, grad_ ? 2 : 1, in.span(), a_));
     DimVector out;
     for (const ResizeDim& d : dims) out.push_back(d.out);
-    TensorView* y = ctx.Output(0, out.span());
-    if (!y || y->numel() == 0) return absl::OkStatus();
-    if (x.numel() == 0) return InvalidArgument("cannot resize an empty input to ", DimsToString(out.span()));
-    const std::vector<Pass> passes = graph::ResizePasses(a_, dims);
-    if (x.dtype == DataType::kFloat64)
-      return RunPasses(passes, false, x.as<double>(), y->as<double>(), y->numel(), a_.extrapolation_value, ctx);
-    return RunPasses(passes, false, x.as<float>(), y->as<float>(), y->numel(), a_.extrapolation_value, ctx);
-  }
-
- private:
-  explicit ResizeKernel(ResizeAttrs a) : a_(std::move(a)) {}
-  ResizeAttrs a_;
-};
-
-// ai.cleave.ResizeGrad(dY, X's shape[, roi, scales, sizes]) -> dX, the forward's attributes.
-class ResizeGradKernel : public OpKernel {
- public:
-  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
-    ASSIGN_OR_RETURN(ResizeAttrs a, graph::ResizeAttrsOf(n));
-    return std::unique_ptr<OpKernel>(new ResizeGradKernel(std::move(a)));
-  }
-  absl::Status Compute(KernelContext& ctx) const override {
-    const TensorView& dy = *ctx.input(0);
-    const TensorView& shape = *ctx.input(1);
-    if (shape.dtype != DataType::kInt64 || shape.rank != 1)
-      return InvalidArgument("expected X's shape as a 1-D int64 tensor, got ", DataTypeName(shape.dtype), " ",
-                             DimsToString(shape.dim_span()));
-    const DimVector in(std::span<const int64_t>(shape.as<int64_t>(), static_cast<size_t>(shape.numel())));
-    ASSIGN_OR_RETURN(const std::vector<ResizeDim> dims, PlanResizeInputs(ctx, 2, in.span(), a_));
-    DimVector want;
-    for (const ResizeDim& d : dims) want.push_back(d.out);
-    if (DimVector(dy.dim_span()) != want)
-      return InvalidArgument("expected dY ", DimsToString(want.span()), " (the forward's Y), got ",
-                             DimsToString(dy.dim_span()));
-    TensorView* dx = ctx.Output(0, in.span());
-    if (!dx || dx->numel() == 0) return absl::OkStatus();
-    if (dy.numel() == 0) {
-      std::memset(dx->data, 0, dx->nbytes());
+    if (grad_ && DimVector(src.dim_span()) != out)
+      return InvalidArgument("expected dY ", DimsToString(out.span()), " (the forward's Y), got ",
+                             DimsToString(src.dim_span()));
+    TensorView* dst = ctx.Output(0, grad_ ? in.span() : out.span());
+    if (!dst || dst->numel() == 0) return absl::OkStatus();
+    if (src.numel() == 0) {
+      if (!grad_) return InvalidArgument("cannot resize an empty input to ", DimsToString(out.span()));
+      std::memset(dst->data, 0, dst->nbytes());
       return absl::OkStatus();
     }
     const std::vector<Pass> passes = graph::ResizePasses(a_, dims);
-    if (dy.dtype == DataType::kFloat64)
-      return RunPasses(passes, true, dy.as<double>(), dx->as<double>(), dx->numel(), 0.f, ctx);
-    return RunPasses(passes, true, dy.as<float>(), dx->as<float>(), dx->numel(), 0.f, ctx);
+    const float extrapolation = grad_ ? 0.f : a_.extrapolation_value;
+    if (src.dtype == DataType::kFloat64)
+      return RunPasses(passes, grad_, src.as<double>(), dst->as<double>(), dst->numel(), extrapolation, ctx);
+    return RunPasses(passes, grad_, src.as<float>(), dst->as<float>(), dst->numel(), extrapolation, ctx);
   }
 
  private:
-  explicit ResizeGradKernel(ResizeAttrs a) : a_(std::move(a)) {}
+  ResizeKernel(ResizeAttrs a, bool grad) : a_(std::move(a)), grad_(grad) {}
   ResizeAttrs a_;
+  bool grad_;
 };
 
 }  // namespace
@@ -161,7 +142,7 @@ void RegisterResizeKernels(KernelRegistry& r) {
   const std::vector<DataType> floats = {DataType::kFloat32, DataType::kFloat64};
   r.Register({"", "Resize", 11, 1 << 30, InputTypeIn(0, floats), MakeCheckedFactory<ResizeKernel>()});
   r.Register({std::string(graph::kCleaveDomain), "ResizeGrad", 1, 1, InputTypeIn(0, floats),
-              MakeCheckedFactory<ResizeGradKernel>()});
+              MakeCheckedFactory<ResizeKernel>()});
 }
 
 }  // namespace cleave::providers
