@@ -75,6 +75,11 @@ absl::Status InferIdentity(InferContext& ctx);
 absl::Status InferConstant(InferContext& ctx);
 absl::Status InferFlatten(InferContext& ctx);
 
+// infer_decomposed.cc: the ops every session decomposes (graph/passes/decomposition.cc)
+absl::Status InferEinsum(InferContext& ctx);              // the equation's output of the inputs' label sizes
+absl::Status InferGroupNormalization(InferContext& ctx);  // X's; scale and bias [G] (18) or [C] (21)
+absl::Status InferDepthSpace(InferContext& ctx);          // DepthToSpace and SpaceToDepth over [N, C, H, W]
+
 // infer_grad_ops.cc
 absl::Status InferGatherGrad(InferContext& ctx);   // (shape, indices, dY) -> dX of `shape`
 absl::Status InferSliceGrad(InferContext& ctx);    // (dY, shape, starts, ends[, axes, steps])

@@ -124,6 +124,11 @@ std::vector<OpDef> BuildTable() {
       {C, "MaxPoolGrad", {1}, 1, 2, 2, 1, 1, InferPoolGrad, false},
       {C, "AveragePoolGrad", {1}, 1, 2, 2, 1, 1, InferPoolGrad, false},
       {kOnnx, "Resize", {10, 11, 13, 18, 19}, 11, 1, 4, 1, 1, InferResize, true},
+      // Decomposed into other ops by every session (graph/passes/decomposition.cc).
+      {kOnnx, "Einsum", {12}, 12, 1, kVar, 1, 1, InferEinsum, true, true},
+      {kOnnx, "GroupNormalization", {18, 21}, 18, 3, 3, 1, 1, InferGroupNormalization, true, true},
+      {kOnnx, "DepthToSpace", {1, 11, 13}, 1, 1, 1, 1, 1, InferDepthSpace, true, true},
+      {kOnnx, "SpaceToDepth", {1, 13}, 1, 1, 1, 1, 1, InferDepthSpace, true, true},
       {C, "ResizeGrad", {1}, 1, 2, 5, 1, 1, InferResizeGrad, false},
       {kOnnx, "NegativeLogLikelihoodLoss", {12, 13, 22}, 12, 2, 3, 1, 1, InferSoftmaxCrossEntropyLoss, true},
       {C, "NegativeLogLikelihoodLossGrad", {1}, 1, 3, 4, 1, 1, InferSoftmaxCrossEntropyLossGrad, false},

@@ -86,6 +86,10 @@ struct OpDef {
   int min_outputs, max_outputs;
   InferFn infer;
   bool differentiable;
+  // Every session rewrites the op into other ops of the table before placing the graph
+  // (graph/passes/decomposition.cc), so no provider has a kernel for it and autodiff sees
+  // only what it became.
+  bool decomposed = false;
 };
 
 const std::vector<OpDef>& AllOps();

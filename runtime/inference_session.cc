@@ -188,6 +188,9 @@ absl::Status InferenceSession::Initialize(std::unique_ptr<graph::Graph> g, Sessi
   RETURN_IF_ERROR(CheckAllOpsKnown(*g));
   ApplyDimOverrides(*g, options.free_dimension_overrides);
   RETURN_IF_ERROR(graph::InferShapes(*g));
+  graph::OpDecomposition decompose;
+  ASSIGN_OR_RETURN(bool decomposed, graph::RunPass(decompose, g.get()));
+  if (decomposed) RETURN_IF_ERROR(graph::InferShapes(*g));
   auto cpu = std::make_unique<providers::CpuExecutionProvider>(options.intra_op_threads);
   cpu->set_communicator(options.communicator);
   if (options.optimize) RETURN_IF_ERROR(Optimize(*g, *cpu, !providers.empty(), options.disabled_optimizers));

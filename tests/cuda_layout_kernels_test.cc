@@ -1,7 +1,8 @@
 // CUDA data-movement kernel tests (label gpu): Transpose and the views, Gather and GatherGrad along
 // any axis, Expand and SliceGrad, the value makers ConstantOfShape, Range and Trilu, each against
-// the CPU kernel on the same graph (Slice, Concat and Split are in cuda_kernels_test.cc). Without a
-// usable device (or driver) each test skips and says why.
+// the CPU kernel on the same graph (Slice, Concat and Split are in cuda_kernels_test.cc), and the
+// ops sessions decompose into those and products, with their gradients. Without a usable device
+// (or driver) each test skips and says why.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -9,8 +10,11 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "graph/op_table.h"
+#include "graph/passes/pass.h"
 #include "runtime/inference_session.h"
 #include "tests/cuda_test_util.h"
+#include "trainer/autodiff.h"
 
 namespace cleave {
 namespace {
@@ -266,6 +270,61 @@ TEST(CudaProvider, GatherIndexOutOfRangeIsAnError) {
   auto good = (*s)->Run({{"table", table}, {"ids", ids({1, 2, 3, 4, -1, 5})}, {"dy", dy}});
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ((*good)[0].data<float>()[4 * 4], table.data<float>()[9 * 4]);  // -1 is the last row
+}
+
+// Einsum (a batched product over broadcast ellipsis axes, a batch diagonal), GroupNormalization
+// and DepthToSpace, as every session decomposes them, with their gradients (autodiff over what
+// they became): every node on CUDA, equal to the CPU.
+TEST(CudaProvider, DecomposedOpsAndTheirGradients) {
+  REQUIRE_CUDA();
+  const std::string text = R"(
+    opset 21
+    input a: float32[2,3,4,5]
+    input b: float32[3,5,6]
+    input d: float32[2,4,4]
+    input x: float32[2,8,3,3]
+    input s: float32[8]
+    input c: float32[8]
+    e = Einsum(a, b) {equation = "...ij,...jk->...ik"}
+    t = Einsum(d) {equation = "bii->bi"}
+    n = GroupNormalization(x, s, c) {num_groups = 4}
+    p = DepthToSpace(n) {blocksize = 2, mode = "CRD"}
+    output e
+    output t
+    output p
+  )";
+  // Decomposed as a session would, then loss = sum over the outputs of y * r and the gradient of
+  // every input as an output.
+  auto with_gradients = [](graph::Graph& g) {
+    graph::OpDecomposition decompose;
+    ASSERT_TRUE(graph::RunPass(decompose, &g).ok());
+    ASSERT_TRUE(graph::InferShapes(g).ok());
+    graph::Value* loss = nullptr;
+    unsigned seed = 60;
+    for (graph::Value* y : std::vector<graph::Value*>(g.outputs())) {
+      graph::Value* r = g.AddInitializer(g.UniqueName("r"), Random(y->shape().StaticDims(), ++seed));
+      graph::Value* m = g.CreateUniqueValue("m");
+      graph::Value* sum = g.CreateUniqueValue("sum");
+      g.AddNode("Mul", {y, r}, {m});
+      g.AddNode("ReduceSum", {m}, {sum})->SetAttr("keepdims", graph::Attribute::Int(0));
+      if (loss) {
+        graph::Value* total = g.CreateUniqueValue("total");
+        g.AddNode("Add", {loss, sum}, {total});
+        loss = total;
+      } else {
+        loss = sum;
+      }
+    }
+    ASSERT_TRUE(graph::InferShapes(g).ok());
+    std::vector<graph::Value*> inputs(g.inputs().begin(), g.inputs().end());
+    auto grads = trainer::BuildBackward(g, loss, inputs);
+    ASSERT_TRUE(grads.ok()) << grads.status();
+    for (graph::Value* v : inputs) g.AddOutput(grads->at(v->name()));
+  };
+  ExpectSame(text,
+             {{"a", Random({2, 3, 4, 5}, 51)}, {"b", Random({3, 5, 6}, 52)}, {"d", Random({2, 4, 4}, 53)},
+              {"x", Random({2, 8, 3, 3}, 54)}, {"s", Random({8}, 55)}, {"c", Random({8}, 56)}},
+             1e-4, 1e-4, "*", "", with_gradients);
 }
 
 }  // namespace

@@ -509,6 +509,58 @@ TEST(TrainingSession, BatchNormRunningStatisticsAreBuffers) {
 
 // Training-mode Dropout draws its masks from (seed, step, micro-batch, node): the same seed
 // reproduces a run, another seed changes it, and the eval graph runs Dropout as the identity.
+// A model of decomposed ops trains: Einsum mixing the channels, GroupNormalization 21 with its
+// per-channel scale and bias, DepthToSpace. The training graph holds what they became (no
+// Einsum, no GroupNormalization), every parameter gets a gradient, and AdamW lowers the loss.
+TEST(TrainingSession, DecomposedOpsTrain) {
+  std::string w;
+  for (int i = 0; i < 64; ++i) absl::StrAppend(&w, " ", (i * 37 % 17) / 17.0 - 0.5);
+  const std::string text = absl::StrCat(
+      "opset 21\ninput x: float32[4,8,2,2]\ninit w: float32[8,8] =", w,
+      "\ninit s: float32[8] = fill 1\ninit b: float32[8] = fill 0\n"
+      "h = Einsum(x, w) {equation = \"nchw,cd->ndhw\"}\n"
+      "g = GroupNormalization(h, s, b) {num_groups = 4}\n"
+      "y = DepthToSpace(g) {blocksize = 2}\noutput y\n");
+  auto model = graph::ParseGraph(text);
+  ASSERT_TRUE(model.ok()) << model.status();
+  TrainingSpec spec;
+  spec.loss.kind = LossKind::kMse;
+  auto a = BuildTrainingArtifacts(**model, spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->params, (std::vector<std::string>{"b", "s", "w"}));
+  for (const auto& n : a->training->nodes())
+    EXPECT_FALSE(n->op_type() == "Einsum" || n->op_type() == "GroupNormalization" || n->op_type() == "DepthToSpace")
+        << n->Describe();
+  auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
+  ASSERT_TRUE(s.ok()) << s.status();
+  (*s)->SetLearningRate(0.05);
+  Tensor x(DataType::kFloat32, {4, 8, 2, 2}), labels(DataType::kFloat32, {4, 2, 4, 4});
+  for (int i = 0; i < 128; ++i) {
+    x.data<float>()[i] = std::sin(0.7f * static_cast<float>(i));
+    labels.data<float>()[i] = std::cos(0.3f * static_cast<float>(i));
+  }
+  const Feeds feeds = {{"x", x}, {"labels", labels}};
+  float first = 0, last = 0;
+  for (int step = 0; step < 30; ++step) {
+    (*s)->LazyResetGrad();
+    auto loss = (*s)->TrainStep(feeds);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    if (step == 0) {
+      first = *loss;
+      for (const std::string& p : (*s)->parameter_names()) {
+        auto grad = (*s)->GetGradient(p);
+        ASSERT_TRUE(grad.ok()) << p;
+        double norm = 0;
+        for (int64_t i = 0; i < grad->numel(); ++i) norm += std::fabs(grad->data<float>()[i]);
+        EXPECT_GT(norm, 0) << p;
+      }
+    }
+    last = *loss;
+    ASSERT_TRUE((*s)->OptimizerStep().ok());
+  }
+  EXPECT_LT(last, 0.8f * first) << "first " << first << ", last " << last;
+}
+
 TEST(TrainingSession, DropoutIsSeededPerStepAndOffInEval) {
   const char* text = R"(
     input x: float32[4,8]

@@ -292,6 +292,14 @@ absl::StatusOr<TrainingArtifacts> BuildTrainingArtifacts(const Graph& forward,
   for (const Value* p : candidates) candidate_names.push_back(p->name());
   const std::set<const Value*> variable(candidates.begin(), candidates.end());
   {
+    // Einsum, GroupNormalization, ... become ops with gradient rules; the constants they bring
+    // (GroupNormalization 21's ones and zeros) come after the parameters were chosen, so they
+    // are never trained.
+    graph::OpDecomposition decompose;
+    ASSIGN_OR_RETURN(bool decomposed, graph::RunPass(decompose, g.get()));
+    if (decomposed) RETURN_IF_ERROR(graph::InferShapes(*g));
+  }
+  {
     // Fold shape arithmetic and constant subgraphs (masks, rotary tables) now that the dims
     // are fixed, so every value the backward graph sees has a static shape. Candidates stay
     // variable; folded results are new initializers, never parameters.

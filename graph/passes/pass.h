@@ -27,6 +27,21 @@ absl::StatusOr<bool> RunPass(Pass& pass, Graph* g);
 // max_rounds times). Shapes are re-inferred after each changing pass.
 absl::Status RunToFixedPoint(const std::vector<Pass*>& passes, Graph* g, int max_rounds = 8);
 
+// Rewrites the ops the op table marks `decomposed` into ops that every provider runs and
+// autodiff differentiates (decomposition.cc): Einsum into Transposes, ReduceSums, Reshapes and
+// broadcasting MatMuls, one per operand after the first, left to right (a term repeating a
+// letter reads its diagonal: a Mul by the identity over those axes, summed over one, so a
+// diagonal of static size); GroupNormalization into InstanceNormalization over X viewed
+// as [N, G, rest], then (version 21) the per-channel scale and bias; DepthToSpace and
+// SpaceToDepth into Reshape, Transpose, Reshape. Shapes must be inferred; a symbolic size
+// the rewrite cannot carry through a Reshape (more than one in a merged group) is an error
+// naming the node. Every session runs it before placement, training graphs before autodiff.
+class OpDecomposition : public Pass {
+ public:
+  std::string name() const override { return "OpDecomposition"; }
+  absl::StatusOr<bool> Run(Graph* g) override;
+};
+
 // Removes nodes whose outputs nobody reads, then unused values and initializers.
 class DeadCodeElimination : public Pass {
  public:

@@ -1,0 +1,134 @@
+// Shape and type inference of the ops that every session decomposes into other ops before it
+// places the graph (graph/passes/decomposition.cc): Einsum, GroupNormalization, DepthToSpace
+// and SpaceToDepth. Their inference validates what the decomposition relies on, so a bad
+// model is refused here, naming the node, before anything is rewritten.
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "graph/einsum_equation.h"
+#include "graph/infer_fns.h"
+#include "graph/infer_util.h"
+
+namespace cleave::graph {
+
+namespace {
+
+std::string DimString(const Dim& d) {
+  if (d.is_static()) return std::to_string(d.value);
+  return d.symbol.empty() ? "?" : d.symbol;
+}
+
+}  // namespace
+
+absl::Status InferEinsum(InferContext& ctx) {
+  const Node& n = ctx.node();
+  if (!n.HasAttr("equation")) return ctx.Error("has no 'equation' attribute");
+  const DataType t = ctx.input_dtype(0);
+  for (int i = 1; i < ctx.num_inputs(); ++i)
+    if (ctx.input_dtype(i) != t && ctx.input_dtype(i) != DataType::kUndefined && t != DataType::kUndefined)
+      return ctx.Error("input ", i, " has dtype ", DataTypeName(ctx.input_dtype(i)), ", expected ", DataTypeName(t),
+                       " (the dtype of input 0)");
+  std::vector<int> ranks;
+  bool ranked = true;
+  for (int i = 0; i < ctx.num_inputs(); ++i) {
+    ranked &= ctx.input_shape(i).has_rank();
+    ranks.push_back(ctx.input_shape(i).has_rank() ? ctx.input_shape(i).rank() : -1);
+  }
+  auto eq = ParseEinsumEquation(n.AttrString("equation", ""), ranks);
+  if (!eq.ok()) return absl::Status(eq.status().code(), absl::StrCat(n.Describe(), ": ", eq.status().message()));
+  if (!ranked) {
+    ctx.SetOutput(0, t, Shape());
+    return absl::OkStatus();
+  }
+  // Each label's size: the inputs must agree on it, except that an ellipsis axis of 1
+  // broadcasts.
+  std::map<int, Dim> size;
+  for (int i = 0; i < ctx.num_inputs(); ++i) {
+    const Shape& s = ctx.input_shape(i);
+    for (int a = 0; a < s.rank(); ++a) {
+      const int l = eq->inputs[i][a];
+      auto [it, fresh] = size.emplace(l, s[a]);
+      if (fresh) continue;
+      Dim& d = it->second;
+      const Dim& e = s[a];
+      const bool ellipsis = EinsumEquation::IsEllipsis(l);
+      if (ellipsis && e.is_static() && e.value == 1) continue;
+      if (ellipsis && d.is_static() && d.value == 1) {
+        d = e;
+        continue;
+      }
+      if (d.is_static() && e.is_static() && d.value != e.value)
+        return ctx.Error("label '", EinsumEquation::LabelName(l), "' has sizes ", d.value, " and ", e.value,
+                         " (input ", i, "'s axis ", a, ")");
+      if (!d.is_static() && e.is_static()) d = e;
+    }
+  }
+  std::vector<Dim> out;
+  for (int l : eq->output) out.push_back(size.at(l));
+  ctx.SetOutput(0, t, Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
+// GroupNormalization 18 (scale and bias [G]) and 21 (scale and bias [C]).
+absl::Status InferGroupNormalization(InferContext& ctx) {
+  const std::initializer_list<DataType> floats = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                                                  DataType::kBFloat16};
+  for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(ExpectDtype(ctx, i, floats));
+  const int64_t groups = ctx.node().AttrInt("num_groups", 0);
+  if (groups <= 0) return ctx.Error("expected a 'num_groups' attribute > 0, got ", groups);
+  const Shape& x = ctx.input_shape(0);
+  Dim channels;
+  if (x.has_rank()) {
+    if (x.rank() < 2) return ctx.Error("expected X [N, C, ...] of rank >= 2, got ", x.ToString());
+    channels = x[1];
+    if (channels.is_static() && channels.value % groups != 0)
+      return ctx.Error("X's ", channels.value, " channels do not divide into num_groups = ", groups, " groups");
+  }
+  const Dim expected = ctx.version() >= 21 ? channels : Dim(groups);
+  for (int i = 1; i < 3; ++i) {
+    const Shape& s = ctx.input_shape(i);
+    if (s.has_rank() && (s.rank() != 1 || (expected.is_static() && s[0].is_static() && s[0].value != expected.value)))
+      return ctx.Error("input ", i, " '", ctx.node().input(i)->name(), "' is ", s.ToString(), "; expected [",
+                       DimString(expected), "] (", ctx.version() >= 21 ? "X's channels" : "num_groups", ")");
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), x);
+  return absl::OkStatus();
+}
+
+// DepthToSpace: [N, C, H, W] -> [N, C / b², H b, W b]; SpaceToDepth the inverse.
+absl::Status InferDepthSpace(InferContext& ctx) {
+  const bool to_space = ctx.node().op_type() == "DepthToSpace";
+  const int64_t b = ctx.node().AttrInt("blocksize", 0);
+  if (b <= 0) return ctx.Error("expected a 'blocksize' attribute > 0, got ", b);
+  if (to_space) {
+    const std::string mode = ctx.node().AttrString("mode", "DCR");
+    if (mode != "DCR" && mode != "CRD") return ctx.Error("mode '", mode, "' is neither DCR nor CRD");
+  }
+  const Shape& x = ctx.input_shape(0);
+  if (!x.has_rank()) {
+    ctx.SetOutput(0, ctx.input_dtype(0), Shape());
+    return absl::OkStatus();
+  }
+  if (x.rank() != 4) return ctx.Error("expected X [N, C, H, W] of rank 4, got ", x.ToString());
+  std::vector<Dim> out = x.dims();
+  auto scaled = [](const Dim& d, int64_t f) { return d.is_static() ? Dim(d.value * f) : Dim(); };
+  if (to_space) {
+    if (x[1].is_static() && x[1].value % (b * b) != 0)
+      return ctx.Error("X's ", x[1].value, " channels are not a multiple of blocksize² = ", b * b);
+    out[1] = x[1].is_static() ? Dim(x[1].value / (b * b)) : Dim();
+    out[2] = scaled(x[2], b);
+    out[3] = scaled(x[3], b);
+  } else {
+    for (int a = 2; a < 4; ++a) {
+      if (x[a].is_static() && x[a].value % b != 0)
+        return ctx.Error("X's dim ", a, " (", x[a].value, ") is not a multiple of blocksize ", b);
+      out[a] = x[a].is_static() ? Dim(x[a].value / b) : Dim();
+    }
+    out[1] = scaled(x[1], b * b);
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
+}  // namespace cleave::graph

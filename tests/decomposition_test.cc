@@ -1,0 +1,329 @@
+// The decomposed ops (tests/): Einsum, GroupNormalization, DepthToSpace and SpaceToDepth run
+// through sessions, which rewrite them (graph/passes/decomposition.cc), against references
+// computed here by their definitions: einsum as a sum over every assignment of the labels,
+// group norm over each group's elements, the block moves by the ONNX index formulas. Then what
+// the rewrite leaves, symbolic dims carried through, and the errors that name the node.
+// gradient_check_test.cc checks their gradients by finite differences.
+#include <cmath>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "graph/op_table.h"
+#include "graph/passes/pass.h"
+#include "graph/text_format.h"
+#include "gtest/gtest.h"
+#include "runtime/inference_session.h"
+#include "tests/op_tester.h"
+
+namespace cleave::testing {
+namespace {
+
+std::vector<float> Random(int64_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+int64_t Numel(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+// Einsum by its definition, for letter-only equations with an explicit output: the sum over
+// every assignment of the labels of the product of the operands' elements (a label repeated
+// in a term reads its diagonal), an axis of size 1 broadcasting (read at 0).
+std::vector<float> NaiveEinsum(const std::string& eq, const std::vector<std::vector<int64_t>>& shapes,
+                               const std::vector<std::vector<float>>& data, std::vector<int64_t>* out_dims) {
+  const size_t arrow = eq.find("->");
+  std::vector<std::string> terms;
+  std::string lhs = eq.substr(0, arrow), out = eq.substr(arrow + 2);
+  for (size_t p = 0;;) {
+    size_t c = lhs.find(',', p);
+    terms.push_back(lhs.substr(p, c == std::string::npos ? std::string::npos : c - p));
+    if (c == std::string::npos) break;
+    p = c + 1;
+  }
+  std::map<char, int64_t> size;
+  for (size_t i = 0; i < terms.size(); ++i)
+    for (size_t a = 0; a < terms[i].size(); ++a) size[terms[i][a]] = std::max(size[terms[i][a]], shapes[i][a]);
+  out_dims->clear();
+  for (char c : out) out_dims->push_back(size[c]);
+  std::vector<float> result(static_cast<size_t>(Numel(*out_dims)), 0.f);
+  std::vector<char> labels;
+  for (const auto& [c, n] : size) labels.push_back(c);
+  std::map<char, int64_t> at;
+  for (char c : labels) at[c] = 0;
+  while (true) {
+    double prod = 1;
+    for (size_t i = 0; i < terms.size(); ++i) {
+      int64_t flat = 0;
+      for (size_t a = 0; a < terms[i].size(); ++a)
+        flat = flat * shapes[i][a] + (shapes[i][a] == 1 ? 0 : at[terms[i][a]]);
+      prod *= data[i][static_cast<size_t>(flat)];
+    }
+    int64_t o = 0;
+    for (size_t a = 0; a < out.size(); ++a) o = o * (*out_dims)[a] + at[out[a]];
+    result[static_cast<size_t>(o)] += static_cast<float>(prod);
+    size_t k = labels.size();
+    while (k > 0 && ++at[labels[k - 1]] == size[labels[k - 1]]) at[labels[--k]] = 0;
+    if (k == 0) break;
+  }
+  return result;
+}
+
+struct EinsumCase {
+  const char* equation;   // what the node carries
+  const char* reference;  // the same in letters, for NaiveEinsum
+  std::vector<std::vector<int64_t>> shapes;
+};
+
+class EinsumTest : public ::testing::TestWithParam<EinsumCase> {};
+
+TEST_P(EinsumTest, MatchesTheSumOverEveryLabelAssignment) {
+  const EinsumCase& c = GetParam();
+  std::vector<std::vector<float>> data;
+  OpTester t("Einsum", 13);
+  t.Attr("equation", std::string(c.equation));
+  for (size_t i = 0; i < c.shapes.size(); ++i) {
+    data.push_back(Random(Numel(c.shapes[i]), 7 + static_cast<unsigned>(i)));
+    t.Input<float>("in" + std::to_string(i), c.shapes[i], data.back());
+  }
+  std::vector<int64_t> dims;
+  std::vector<float> want = NaiveEinsum(c.reference, c.shapes, data, &dims);
+  t.Output<float>("out", dims, want).Run();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Equations, EinsumTest,
+    ::testing::Values(EinsumCase{"ij,jk->ik", "ij,jk->ik", {{3, 4}, {4, 5}}},
+                      EinsumCase{"ij,jk", "ij,jk->ik", {{3, 4}, {4, 5}}},  // implicit output
+                      EinsumCase{"bqhd,bkhd->bhqk", "bqhd,bkhd->bhqk", {{2, 3, 2, 4}, {2, 5, 2, 4}}},
+                      EinsumCase{"bhqk,bkhd->bqhd", "bhqk,bkhd->bqhd", {{2, 2, 3, 5}, {2, 5, 2, 4}}},
+                      EinsumCase{"i,i->", "i,i->", {{6}, {6}}},
+                      EinsumCase{"i,j->ij", "i,j->ij", {{3}, {4}}},
+                      EinsumCase{"ij->ji", "ij->ji", {{3, 4}}},
+                      EinsumCase{"ijk->", "ijk->", {{2, 3, 4}}},
+                      EinsumCase{"ijk,kl,lm->im", "ijk,kl,lm->im", {{2, 3, 4}, {4, 5}, {5, 2}}},
+                      EinsumCase{"bn,anm,bm->ba", "bn,anm,bm->ba", {{2, 3}, {4, 3, 5}, {2, 5}}},
+                      EinsumCase{"ab,cd->", "ab,cd->", {{2, 3}, {4, 5}}},
+                      EinsumCase{"...ij,...jk->...ik", "xyij,yjk->xyik", {{2, 1, 3, 4}, {3, 4, 2}}},
+                      EinsumCase{"...ij,...jk", "xyij,yjk->xyik", {{2, 3, 3, 4}, {3, 4, 2}}},
+                      EinsumCase{"B i, B i -> B", "Bi,Bi->B", {{3, 5}, {3, 5}}},
+                      EinsumCase{"ii->i", "ii->i", {{3, 3}}},  // diagonals
+                      EinsumCase{"...ii->...i", "bii->bi", {{2, 3, 3}}},
+                      EinsumCase{"ii", "ii->", {{4, 4}}},  // the trace
+                      EinsumCase{"iji,jk->ik", "iji,jk->ik", {{3, 4, 3}, {4, 2}}}),
+    [](const auto& info) { return "case" + std::to_string(info.index); });
+
+// What the session runs instead: no Einsum, the output keeps its name, one MatMul per product.
+TEST(EinsumDecomposition, BecomesOneMatMulPerOperandAfterTheFirst) {
+  auto g = graph::ParseGraph(
+      "opset 13\ninput a: float32[2,3,4]\ninput b: float32[4,5]\ninput c: float32[5,6]\n"
+      "y = Einsum(a, b, c) {equation = \"ijk,kl,lm->im\"}\noutput y");
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(graph::InferShapes(**g).ok());
+  graph::OpDecomposition pass;
+  auto changed = graph::RunPass(pass, g->get());
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_TRUE(*changed);
+  std::map<std::string, int> ops;
+  for (const auto& n : (*g)->nodes()) ++ops[n->op_type()];
+  EXPECT_EQ(ops.count("Einsum"), 0u);
+  EXPECT_EQ(ops["MatMul"], 2);
+  EXPECT_EQ(ops["ReduceSum"], 1);  // j, summed before the first product
+  ASSERT_EQ((*g)->outputs().size(), 1u);
+  EXPECT_EQ((*g)->outputs()[0]->name(), "y");
+  EXPECT_EQ((*g)->outputs()[0]->shape().ToString(), "[2,6]");
+  EXPECT_FALSE(*graph::RunPass(pass, g->get()));  // nothing left to rewrite
+}
+
+// A symbolic batch and sequence are carried through (Reshape copies them, MatMul broadcasts).
+TEST(EinsumDecomposition, SymbolicBatchAndSequenceRun) {
+  auto g = graph::ParseGraph(
+      "opset 13\ninput x: float32[batch,seq,4]\ninit w: float32[4,2] = 1 0 0 1 1 1 -1 2\n"
+      "y = Einsum(x, w) {equation = \"btd,dh->bth\"}\noutput y");
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto s = InferenceSession::FromGraph(std::move(*g), SessionOptions());
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::vector<float> x = Random(2 * 3 * 4, 3);
+  auto out = (*s)->Run({{"x", Tensor::FromVector<float>(x, {2, 3, 4})}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ((*out)[0].dims(), (std::vector<int64_t>{2, 3, 2}));
+  for (int r = 0; r < 6; ++r) {
+    const float* xr = &x[static_cast<size_t>(r) * 4];
+    EXPECT_NEAR((*out)[0].data<float>()[r * 2], xr[0] + xr[2] - xr[3], 1e-5f);
+    EXPECT_NEAR((*out)[0].data<float>()[r * 2 + 1], xr[1] + xr[2] + 2 * xr[3], 1e-5f);
+  }
+}
+
+TEST(EinsumDecomposition, BadEquationsNameTheNode) {
+  OpTester("Einsum", 13)
+      .Attr("equation", std::string("ii->i"))
+      .Input<float>("a", {2, 3}, Random(6, 1))
+      .Output<float>("y", {2}, {1, 4})
+      .ExpectFailure("label 'i' has sizes 2 and 3 (input 0's axis 1)")
+      .Run();
+  OpTester("Einsum", 13)
+      .Attr("equation", std::string("ij->ii"))
+      .Input<float>("a", {2, 2}, Random(4, 1))
+      .Output<float>("y", {2, 2}, Random(4, 1))
+      .ExpectFailure("the output term 'ii' repeats 'i'")
+      .Run();
+  OpTester("Einsum", 13)
+      .Attr("equation", std::string("ij,jk->ik"))
+      .Input<float>("a", {2, 3}, Random(6, 1))
+      .Input<float>("b", {4, 2}, Random(8, 2))
+      .Output<float>("y", {2, 2}, {0, 0, 0, 0})
+      .ExpectFailure("label 'j' has sizes 3 and 4 (input 1's axis 0)")
+      .Run();
+  OpTester("Einsum", 13)
+      .Attr("equation", std::string("ijk->i"))
+      .Input<float>("a", {2, 3}, Random(6, 1))
+      .Output<float>("y", {2}, {0, 0})
+      .ExpectFailure("names 3 axes; the input has rank 2")
+      .Run();
+  OpTester("Einsum", 13)
+      .Attr("equation", std::string("ij->ik"))
+      .Input<float>("a", {2, 3}, Random(6, 1))
+      .Output<float>("y", {2, 3}, Random(6, 1))
+      .ExpectFailure("names 'k', which no input term has")
+      .Run();
+  // Two symbolic sizes merged into one axis of a product.
+  auto g = graph::ParseGraph(
+      "opset 13\ninput a: float32[p,q]\ninput b: float32[p,q,r,s]\n"
+      "y = Einsum(a, b) {equation = \"ab,abcd->cd\"}\noutput y");
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto s = InferenceSession::FromGraph(std::move(*g), SessionOptions());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("Einsum 'y'"), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("2 symbolic sizes"), std::string::npos) << s.status();
+}
+
+// Group norm by its definition: each group's channels and positions normalised together.
+std::vector<float> NaiveGroupNorm(const std::vector<float>& x, int64_t n, int64_t c, int64_t hw, int64_t groups,
+                                  const std::vector<float>& scale, const std::vector<float>& bias, bool per_channel,
+                                  float eps) {
+  std::vector<float> y(x.size());
+  const int64_t per = c / groups * hw;
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      const int64_t base = (b * c + gi * (c / groups)) * hw;
+      double mean = 0, var = 0;
+      for (int64_t i = 0; i < per; ++i) mean += x[static_cast<size_t>(base + i)];
+      mean /= static_cast<double>(per);
+      for (int64_t i = 0; i < per; ++i) var += std::pow(x[static_cast<size_t>(base + i)] - mean, 2);
+      var /= static_cast<double>(per);
+      for (int64_t i = 0; i < per; ++i) {
+        const int64_t ch = gi * (c / groups) + i / hw;
+        const size_t k = per_channel ? static_cast<size_t>(ch) : static_cast<size_t>(gi);
+        y[static_cast<size_t>(base + i)] =
+            static_cast<float>((x[static_cast<size_t>(base + i)] - mean) / std::sqrt(var + eps) * scale[k] + bias[k]);
+      }
+    }
+  return y;
+}
+
+TEST(GroupNormalizationTest, Version18ScalesEachGroup) {
+  const std::vector<float> x = Random(2 * 6 * 4, 5), s = {0.5f, 2.f, -1.f}, b = {0.f, 1.f, -0.5f};
+  OpTester("GroupNormalization", 18)
+      .Attr("num_groups", int64_t{3})
+      .Attr("epsilon", 1e-3f)
+      .Input<float>("x", {2, 6, 2, 2}, x)
+      .Input<float>("scale", {3}, s)
+      .Input<float>("bias", {3}, b)
+      .Output<float>("y", {2, 6, 2, 2}, NaiveGroupNorm(x, 2, 6, 4, 3, s, b, false, 1e-3f))
+      .Run();
+}
+
+TEST(GroupNormalizationTest, Version21ScalesEachChannel) {
+  const std::vector<float> x = Random(3 * 4 * 5, 6), s = {0.5f, 2.f, -1.f, 1.5f}, b = {0.f, 1.f, -0.5f, 3.f};
+  OpTester("GroupNormalization", 21)
+      .Attr("num_groups", int64_t{2})
+      .Input<float>("x", {3, 4, 5}, x)
+      .Input<float>("scale", {4}, s)
+      .Input<float>("bias", {4}, b)
+      .Output<float>("y", {3, 4, 5}, NaiveGroupNorm(x, 3, 4, 5, 2, s, b, true, 1e-5f))
+      .Run();
+}
+
+TEST(GroupNormalizationTest, GroupsThatDoNotDivideTheChannelsAreRefused) {
+  OpTester("GroupNormalization", 21)
+      .Attr("num_groups", int64_t{3})
+      .Input<float>("x", {1, 4, 2}, Random(8, 1))
+      .Input<float>("scale", {4}, {1, 1, 1, 1})
+      .Input<float>("bias", {4}, {0, 0, 0, 0})
+      .Output<float>("y", {1, 4, 2}, Random(8, 1))
+      .ExpectFailure("X's 4 channels do not divide into num_groups = 3 groups")
+      .Run();
+  OpTester("GroupNormalization", 18)
+      .Attr("num_groups", int64_t{2})
+      .Input<float>("x", {1, 4, 2}, Random(8, 1))
+      .Input<float>("scale", {4}, {1, 1, 1, 1})
+      .Input<float>("bias", {4}, {0, 0, 0, 0})
+      .Output<float>("y", {1, 4, 2}, Random(8, 1))
+      .ExpectFailure("expected [2] (num_groups)")
+      .Run();
+}
+
+// DepthToSpace by the ONNX formula: y[n, c, h b + i, w b + j] reads channel
+// (i b + j) C' + c (DCR) or c b² + i b + j (CRD), C' = C / b².
+std::vector<float> NaiveDepthToSpace(const std::vector<float>& x, int64_t n, int64_t c, int64_t h, int64_t w,
+                                     int64_t b, bool crd) {
+  const int64_t co = c / (b * b);
+  std::vector<float> y(x.size());
+  for (int64_t ni = 0; ni < n; ++ni)
+    for (int64_t ci = 0; ci < co; ++ci)
+      for (int64_t hi = 0; hi < h * b; ++hi)
+        for (int64_t wi = 0; wi < w * b; ++wi) {
+          const int64_t i = hi % b, j = wi % b;
+          const int64_t src = crd ? ci * b * b + i * b + j : (i * b + j) * co + ci;
+          y[static_cast<size_t>(((ni * co + ci) * h * b + hi) * w * b + wi)] =
+              x[static_cast<size_t>(((ni * c + src) * h + hi / b) * w + wi / b)];
+        }
+  return y;
+}
+
+TEST(DepthSpaceTest, DepthToSpaceInBothModes) {
+  const std::vector<float> x = Random(2 * 8 * 2 * 3, 9);
+  for (const char* mode : {"DCR", "CRD"}) {
+    OpTester("DepthToSpace", 13)
+        .Attr("blocksize", int64_t{2})
+        .Attr("mode", std::string(mode))
+        .Input<float>("x", {2, 8, 2, 3}, x)
+        .Output<float>("y", {2, 2, 4, 6}, NaiveDepthToSpace(x, 2, 8, 2, 3, 2, std::string(mode) == "CRD"))
+        .Run();
+  }
+}
+
+// SpaceToDepth undoes DepthToSpace's DCR mode.
+TEST(DepthSpaceTest, SpaceToDepthInvertsDepthToSpace) {
+  const std::vector<float> x = Random(1 * 18 * 2 * 2, 4);
+  OpTester("SpaceToDepth", 13)
+      .Attr("blocksize", int64_t{3})
+      .Input<float>("y", {1, 2, 6, 6}, NaiveDepthToSpace(x, 1, 18, 2, 2, 3, false))
+      .Output<float>("x", {1, 18, 2, 2}, x)
+      .Run();
+}
+
+TEST(DepthSpaceTest, IndivisibleDimsAreRefused) {
+  OpTester("DepthToSpace", 13)
+      .Attr("blocksize", int64_t{2})
+      .Input<float>("x", {1, 6, 1, 1}, Random(6, 1))
+      .Output<float>("y", {1, 1, 2, 2}, Random(4, 1))
+      .ExpectFailure("X's 6 channels are not a multiple of blocksize² = 4")
+      .Run();
+  OpTester("SpaceToDepth", 13)
+      .Attr("blocksize", int64_t{2})
+      .Input<float>("x", {1, 1, 3, 4}, Random(12, 1))
+      .Output<float>("y", {1, 4, 1, 2}, Random(8, 1))
+      .ExpectFailure("X's dim 2 (3) is not a multiple of blocksize 2")
+      .Run();
+}
+
+}  // namespace
+}  // namespace cleave::testing
