@@ -265,6 +265,41 @@ absl::Status InferArgExtreme(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// TopK (X, K) from version 10, (X) with attribute k in version 1: k along the axis; k must not
+// exceed the axis where both are known.
+absl::Status InferTopK(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
+                                       DataType::kInt32, DataType::kInt64, DataType::kInt8, DataType::kUInt8}));
+  std::optional<int64_t> k;
+  if (ctx.version() < 10) {
+    if (!ctx.node().HasAttr("k")) return ctx.Error("has no 'k' attribute (TopK 1 takes k as one)");
+    k = ctx.node().AttrInt("k", 0);
+  } else {
+    if (!ctx.has_input(1)) return ctx.Error("has no K input (TopK 10 and later take k as input 1)");
+    RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
+    const Shape& ks = ctx.input_shape(1);
+    if (ks.is_static() && (ks.rank() != 1 || ks.NumElements() != 1))
+      return ctx.Error("expected K of shape [1], got ", ks.ToString());
+    if (auto v = ConstantInts(ctx, 1)) k = (*v)[0];
+  }
+  if (k && *k < 0) return ctx.Error("k is ", *k, "; expected k >= 0");
+  const Shape& x = ctx.input_shape(0);
+  if (!x.has_rank()) {
+    ctx.SetOutput(0, ctx.input_dtype(0), Shape());
+    ctx.SetOutput(1, DataType::kInt64, Shape());
+    return absl::OkStatus();
+  }
+  if (x.rank() == 0) return ctx.Error("expected an input of rank >= 1, got a scalar");
+  ASSIGN_OR_RETURN(const int axis, NormalizeAxis(ctx, ctx.node().AttrInt("axis", -1), x.rank()));
+  if (k && x[axis].is_static() && *k > x[axis].value)
+    return ctx.Error("k is ", *k, ", more than the ", x[axis].value, " elements along axis ", axis, " of ", x.ToString());
+  std::vector<Dim> out = x.dims();
+  out[axis] = k ? Dim(*k) : Dim();
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(out));
+  ctx.SetOutput(1, DataType::kInt64, Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
 absl::Status InferConstantOfShape(InferContext& ctx) {
   RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kInt64}));
   DataType t = DataType::kFloat32;  // the spec's default value is a float32 zero

@@ -317,6 +317,36 @@ absl::StatusOr<FactorRule> ElementIndexing(const Node& n) {
   return fr;
 }
 
+// TopK (X[, K]) -> Values, Indices: whole along the axis (the first k of the whole line), the
+// other dims shared by X and both outputs.
+absl::StatusOr<FactorRule> TopKRule(const Node& n) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> x, Dims(n, n.input(0)));
+  ASSIGN_OR_RETURN(std::vector<int64_t> y, Dims(n, n.output(0)));
+  const int r = static_cast<int>(x.size());
+  int64_t axis = n.AttrInt("axis", -1);
+  if (axis < 0) axis += r;
+  FactorRule fr;
+  OperandFactors fx, fy;
+  for (int k = 0; k < r; ++k) {
+    if (k == axis) {
+      const int fa = fr.AddFactor(x[k]), fb = fr.AddFactor(y[k]);
+      fr.no_shard[fa] = fr.no_shard[fb] = 1;
+      fx.dims.push_back(x[k] == 1 ? std::vector<int>{} : std::vector<int>{fa});
+      fy.dims.push_back(y[k] == 1 ? std::vector<int>{} : std::vector<int>{fb});
+      continue;
+    }
+    const int f = fr.AddFactor(x[k]);
+    fx.dims.push_back(x[k] == 1 ? std::vector<int>{} : std::vector<int>{f});
+    fy.dims.push_back(fx.dims.back());
+  }
+  fr.inputs.push_back(fx);
+  for (int i = 1; i < n.num_inputs(); ++i) fr.inputs.push_back(Replicate());
+  fr.outputs = {fy, fy};
+  fr.output_avg = {0, 0};
+  fr.linear_inputs.assign(n.num_inputs(), 0);
+  return fr;
+}
+
 // Conv (X [N, C, in...], W [M, C / group, kernel...][, B [M]]) -> Y [N, M, out...] and
 // ai.cleave.ConvGrad (dY, X, W) -> dX, dW, dB: the images N and (without groups) the output
 // channels M may be sharded; the spatial dims and input channels stay whole. dW and dB lack N
@@ -588,6 +618,7 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   if (!cleave && op == "CastLike") return Elementwise(n, {0}, Linearity::kEach, {0});  // input 1: its type only
   if ((!cleave && (op == "Pad" || op == "Tile")) || (cleave && op == "PadGrad")) return PadOrTile(n);
   if (!cleave && (op == "GatherElements" || op == "ScatterElements")) return ElementIndexing(n);
+  if (!cleave && op == "TopK") return TopKRule(n);
   if ((!cleave && (op == "Conv" || op == "ConvTranspose")) || (cleave && (op == "ConvGrad" || op == "ConvTransposeGrad")))
     return Convolution(n);
   if ((!cleave && (op == "MaxPool" || op == "AveragePool" || op == "GlobalMaxPool" || op == "GlobalAveragePool")) ||

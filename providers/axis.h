@@ -35,6 +35,21 @@ inline AxisView ViewAround(const TensorView& x, int axis) {
   return {DimProduct(x, 0, axis), x.dims[axis], DimProduct(x, axis + 1, x.rank)};
 }
 
+// TopK's k: the attribute (TopK 1: k_attr >= 0) or the one-element K input (k_attr < 0),
+// between 0 and the length of the axis (`axis` of x's dims).
+inline absl::StatusOr<int64_t> TopKCount(int64_t k_attr, const TensorView* k_input, const TensorView& x, int axis) {
+  int64_t k = k_attr;
+  if (k < 0) {
+    if (!k_input || k_input->numel() != 1 || k_input->dtype != DataType::kInt64)
+      return InvalidArgument("expected K, a one-element int64 tensor");
+    k = k_input->as<int64_t>()[0];
+  }
+  if (k < 0 || k > x.dims[axis])
+    return InvalidArgument("k is ", k, "; expected 0 <= k <= ", x.dims[axis], " (axis ", axis, " of ",
+                           DimsToString(x.dim_span()), ")");
+  return k;
+}
+
 // x around a softmax's axis (a 0-D x counts as one element): [outer, len, inner] along the
 // axis (Softmax from version 13 and the gradients), or with `flatten` (Softmax before version
 // 13) [outer, the product of the dims from the axis on, 1]. InvalidArgument for an axis out of

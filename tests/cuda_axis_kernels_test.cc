@@ -1,4 +1,4 @@
-// Pad, Tile, CumSum, ArgMax / ArgMin, GatherElements, ScatterElements and the norm and log-sum
+// Pad, Tile, CumSum, ArgMax / ArgMin, TopK, GatherElements, ScatterElements and the norm and log-sum
 // reductions on the CUDA provider against the CPU's (gpu label): every mode and attribute,
 // integer and float data, duplicate scatter indices in each reduction, and an index out of range
 // named at the run.
@@ -218,6 +218,65 @@ TEST(CudaProvider, ArgMaxArgMinTiesAndNaN) {
     output f
   )",
              {{"y", y}, {"j", j}}, 0, 0, "ArgM");
+}
+
+// TopK against the CPU: a router's short lines (a warp per line), long lines (a block scanning
+// 5000 elements per round), a middle axis, the smallest, ties and NaNs, int64, bf16; and its
+// gradient, a scatter into zeros.
+TEST(CudaProvider, TopKTiesNaNAxesTypesAndItsGradient) {
+  REQUIRE_CUDA();
+  Tensor router = Random({64, 8}, 9);
+  Tensor y = Random({3, 5000}, 10);
+  for (int64_t k = 0; k < y.numel(); ++k) y.data<float>()[k] = std::round(y.data<float>()[k] * 3.f);  // ties
+  y.data<float>()[5000 + 17] = std::nanf("");
+  y.data<float>()[5000 + 4321] = std::nanf("");
+  Tensor m = Random({4, 300, 3}, 11);
+  m.data<float>()[7] = std::nanf("");
+  Tensor j(DataType::kInt64, {2, 3000});
+  for (int64_t k = 0; k < j.numel(); ++k) j.data<int64_t>()[k] = (k * 7919) % 1000 - 500;
+  ExpectSame(R"(
+    opset 11
+    input router: float32[64,8]
+    input y: float32[3,5000]
+    input m: float32[4,300,3]
+    input j: int64[2,3000]
+    init two: int64[1] = 2
+    init fifty: int64[1] = 50
+    init five: int64[1] = 5
+    rv, ri = TopK(router, two)
+    yv, yi = TopK(y, fifty)
+    sv, si = TopK(y, fifty) {largest = 0}
+    mv, mi = TopK(m, five) {axis = 1}
+    jv, ji = TopK(j, five) {axis = -1, largest = 0}
+    hb = Cast(m) {to = 16}
+    hv, hi = TopK(hb, five) {axis = 1}
+    hf = Cast(hv) {to = 1}
+    output rv
+    output ri
+    output yv
+    output yi
+    output sv
+    output si
+    output mv
+    output mi
+    output jv
+    output ji
+    output hf
+    output hi
+  )",
+             {{"router", router}, {"y", y}, {"m", m}, {"j", j}}, 0, 0, "TopK");
+  // The gradient: dY scattered to where the values came from, zeros elsewhere.
+  ExpectSame(R"(
+    opset 11
+    input m: float32[4,300,3]
+    input dv: float32[4,5,3]
+    init five: int64[1] = 5
+    init zeros: float32[4,300,3] = fill 0
+    mv, mi = TopK(m, five) {axis = 1}
+    dm = ScatterElements(zeros, mi, dv) {axis = 1}
+    output dm
+  )",
+             {{"m", m}, {"dv", Random({4, 5, 3}, 12)}}, 0, 0, "*");
 }
 
 TEST(CudaProvider, GatherElementsAndScatterElementsInEveryReduction) {

@@ -321,6 +321,10 @@ const GradCase kCases[] = {
     {"Einsum_one_operand_sum_transpose_opset12",
      "opset 12\ninput a: float64[2,3,4]\ny = Einsum(a) {equation = \"ijk->ki\"}\noutput y"},
     {"Einsum_batch_diagonal", "opset 13\ninput a: float64[2,3,3]\ny = Einsum(a) {equation = \"...ii->...i\"}\noutput y"},
+    {"TopK_middle_axis", "opset 11\ninput x: float64[2,5,3]\ninit k: int64[1] = 2\n"
+     "v, i = TopK(x, k) {axis = 1}\noutput v"},
+    {"TopK_smallest", "opset 11\ninput x: float64[3,4]\ninit k: int64[1] = 3\n"
+     "v, i = TopK(x, k) {largest = 0}\noutput v"},
     {"GroupNormalization_18_group_scale",
      "opset 18\ninput x: float64[2,4,3]\ninput s: float64[2]\ninput b: float64[2]\n"
      "y = GroupNormalization(x, s, b) {num_groups = 2}\noutput y"},

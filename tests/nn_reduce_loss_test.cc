@@ -180,6 +180,47 @@ TEST(NnArgExtremeTest, TiesNanAndTheLastIndex) {
       .UncheckedOutput("y").ExpectFailure("no index to take").Run();
 }
 
+// TopK: the largest (or smallest) k along the axis, sorted, equal values by the lower index;
+// NaN above every number (first when largest, last when smallest), as PyTorch's topk.
+TEST(NnTopKTest, OrderTiesNanAxesAndVersions) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> x = {3, 1, 3, 5, 1, 2, 2, 2, 2, 2};
+  OpTester("TopK", 11).Input<float>("x", {2, 5}, x).Input<int64_t>("k", {1}, {3})
+      .Output<float>("values", {2, 3}, {5, 3, 3, 2, 2, 2}).Output<int64_t>("indices", {2, 3}, {3, 0, 2, 0, 1, 2}).Run();
+  OpTester("TopK", 11).Attr("largest", int64_t{0}).Input<float>("x", {2, 5}, x).Input<int64_t>("k", {1}, {3})
+      .Output<float>("values", {2, 3}, {1, 1, 3, 2, 2, 2}).Output<int64_t>("indices", {2, 3}, {1, 4, 0, 0, 1, 2}).Run();
+  OpTester("TopK", 11).Input<float>("x", {5}, {1, nan, 7, nan, -2}).Input<int64_t>("k", {1}, {3})
+      .UncheckedOutput("values").Output<int64_t>("indices", {3}, {1, 3, 2}).Run();
+  OpTester("TopK", 11).Attr("largest", int64_t{0}).Input<float>("x", {5}, {1, nan, 7, nan, -2})
+      .Input<int64_t>("k", {1}, {4}).UncheckedOutput("values").Output<int64_t>("indices", {4}, {4, 0, 2, 1}).Run();
+  // Along axis 0 (each column its own line), integers, and TopK 1's attribute k.
+  OpTester("TopK", 10).Attr("axis", int64_t{0}).Input<int64_t>("x", {3, 2}, {4, -1, 2, 6, 9, -5})
+      .Input<int64_t>("k", {1}, {2})
+      .Output<int64_t>("values", {2, 2}, {9, 6, 4, -1}).Output<int64_t>("indices", {2, 2}, {2, 1, 0, 0}).Run();
+  OpTester("TopK", 1).Attr("k", int64_t{1}).Input<float>("x", {2, 3}, {0, 2, 1, 7, 8, 9})
+      .Output<float>("values", {2, 1}, {2, 9}).Output<int64_t>("indices", {2, 1}, {1, 2}).Run();
+  // bf16 values are ordered by their value and copied as they are.
+  Tensor h(DataType::kBFloat16, {4});
+  const float hv[] = {0.5f, -3.f, 2.25f, 2.f};
+  for (int i = 0; i < 4; ++i) h.data<uint16_t>()[i] = FloatToBFloat16(hv[i]);
+  Tensor hw(DataType::kBFloat16, {2});
+  hw.data<uint16_t>()[0] = FloatToBFloat16(2.25f);
+  hw.data<uint16_t>()[1] = FloatToBFloat16(2.f);
+  OpTester("TopK", 11).InputTensor("x", h).Input<int64_t>("k", {1}, {2}).OutputTensor("values", hw)
+      .Output<int64_t>("indices", {2}, {2, 3}).Run();
+  // k = 0 gives empty outputs; a k past the axis is refused with both numbers.
+  OpTester("TopK", 11).Input<float>("x", {2, 3}, {1, 2, 3, 4, 5, 6}).Input<int64_t>("k", {1}, {0})
+      .Output<float>("values", {2, 0}, {}).Output<int64_t>("indices", {2, 0}, {}).Run();
+  OpTester("TopK", 11).Input<float>("x", {2, 3}, {1, 2, 3, 4, 5, 6}).Input<int64_t>("k", {1}, {4})
+      .UncheckedOutput("values").UncheckedOutput("indices")
+      .ExpectFailure("k is 4; expected 0 <= k <= 3 (axis 1 of [2,3])").Run();
+  OpTester("TopK", 11).Input<float>("x", {2, 3}, {1, 2, 3, 4, 5, 6}).Input<int64_t>("k", {1}, {4}).AsInitializer()
+      .UncheckedOutput("values").UncheckedOutput("indices")
+      .ExpectFailure("k is 4, more than the 3 elements along axis 1 of [2,3]").Run();
+  OpTester("TopK", 11).Input<float>("x", {2, 3}, {1, 2, 3, 4, 5, 6}).Input<int64_t>("k", {2}, {1, 2})
+      .UncheckedOutput("values").UncheckedOutput("indices").ExpectFailure("expected K of shape [1]").Run();
+}
+
 TEST(NnCumSumTest, ExclusiveReverseIntegersAndBadAxes) {
   const std::vector<float> x = {1, 2, 3, 4, 5, 6};
   OpTester("CumSum", 14).Input<float>("x", {2, 3}, x).Input<int64_t>("axis", {}, {1})

@@ -177,6 +177,19 @@ absl::Status GatherElementsGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// TopK: each value's gradient goes back to the element it was taken from; the indices are
+// distinct along the axis, so ScatterElements (no reduction, opset 11) writes each once. The
+// indices have no gradient.
+absl::Status TopKGrad(GradBuilder& b) {
+  if (b.graph_opset() < 11)
+    return b.Error("the gradient of TopK scatters with ScatterElements, which needs opset >= 11");
+  if (!b.x(0)->shape().is_static()) return b.Error("the gradient of TopK needs an input of a static shape");
+  if (!b.dy(0)) return absl::OkStatus();
+  const Attribute axis = Attribute::Int(b.fwd().AttrInt("axis", -1));
+  b.SetGrad(0, b.Op("ScatterElements", {b.Zeros(b.x(0)), b.y(1), b.dy(0)}, {{"axis", axis}}));
+  return absl::OkStatus();
+}
+
 // ScatterElements: the updates get dy where they were written; data gets dy where nothing
 // overwrote it (reduction none), or all of dy (add). mul, max and min have no rule.
 absl::Status ScatterElementsGrad(GradBuilder& b) {
@@ -308,6 +321,7 @@ void RegisterStructuralRules(std::map<std::string, GradRule>& rules) {
   rules["::Pad"] = PadGrad;
   rules["::Tile"] = TileGrad;
   rules["::GatherElements"] = GatherElementsGrad;
+  rules["::TopK"] = TopKGrad;
   rules["::ScatterElements"] = ScatterElementsGrad;
   for (const char* op : {"::ReduceL1", "::ReduceL2", "::ReduceSumSquare", "::ReduceLogSum", "::ReduceLogSumExp"})
     rules[op] = ReduceAroundSumGrad;

@@ -1,5 +1,5 @@
 // CUDA kernels along an axis or over padded dims (kernels/cuda/): Pad (and Tile, its wrap mode),
-// CumSum, ArgMax / ArgMin, GatherElements and ScatterElements. The running and combining ones
+// CumSum, ArgMax / ArgMin, TopK, GatherElements and ScatterElements. The running and combining ones
 // give each line along the axis to one thread, which walks it in the order the CPU kernels do:
 // the same sums in the same order, and ScatterElements' duplicate indices combined in index
 // order without atomics (its updates land only on their own line).
@@ -9,6 +9,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/pad_coord.h"
+#include "kernels/topk_order.h"
 
 namespace cleave::kernels::cuda {
 namespace {
@@ -168,6 +169,68 @@ __global__ void ArgExtremeRowsKernel(const T* x, int64_t* y, int64_t outer, int6
   }
 }
 
+// Less for TopKBefore, in the element type's arithmetic.
+template <typename T>
+struct ArithLess {
+  __device__ bool operator()(T a, T b) const { return Arith<T>::Less(a, b); }
+};
+
+template <typename T>
+__device__ __forceinline__ bool TopKFirst(T a, int64_t ia, T b, int64_t ib, bool largest) {
+  return TopKBefore(a, Arith<T>::IsNan(a), ia, b, Arith<T>::IsNan(b), ib, largest, ArithLess<T>{});
+}
+
+// TopK: a block per line of x [outer, len, inner], in k rounds, each taking the first element in
+// TopKBefore's order among those after the previous round's pick (so each is taken once): every
+// thread scans every blockDim-th element, the candidates meet in shared memory. O(k len /
+// threads) per line, for the small k of routing (MoE) and sampling; values and indices
+// [outer, k, inner] in that order.
+template <typename T>
+__global__ void TopKKernel(const T* x, T* values, int64_t* indices, int64_t lines, int64_t len, int64_t inner, int64_t k,
+                           bool largest) {
+  __shared__ T vals[kThreads];
+  __shared__ int64_t idx[kThreads];
+  for (int64_t line = blockIdx.x; line < lines; line += gridDim.x) {  // uniform over the block
+    const T* col = x + line / inner * len * inner + line % inner;
+    const int64_t out = line / inner * k * inner + line % inner;
+    T prev{};
+    int64_t prev_i = -1;
+    for (int64_t r = 0; r < k; ++r) {
+      int64_t best = -1;
+      T b{};
+      for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
+        const T a = col[j * inner];
+        if (prev_i >= 0 && !TopKFirst(prev, prev_i, a, j, largest)) continue;  // taken in an earlier round
+        if (best < 0 || TopKFirst(a, j, b, best, largest)) {
+          best = j;
+          b = a;
+        }
+      }
+      vals[threadIdx.x] = b;
+      idx[threadIdx.x] = best;
+      __syncthreads();
+      for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+        if (threadIdx.x < half) {
+          const int o = threadIdx.x + half;
+          if (idx[o] >= 0 &&
+              (idx[threadIdx.x] < 0 || TopKFirst(vals[o], idx[o], vals[threadIdx.x], idx[threadIdx.x], largest))) {
+            vals[threadIdx.x] = vals[o];
+            idx[threadIdx.x] = idx[o];
+          }
+        }
+        __syncthreads();
+      }
+      prev = vals[0];
+      prev_i = idx[0];
+      if (threadIdx.x == 0) {
+        values[out + r * inner] = prev;
+        indices[out + r * inner] = prev_i;
+      }
+      __syncthreads();  // vals and idx are reused by the next round
+    }
+  }
+}
+
 // Position p of the indices (of idx_dims) as its element offset into the data (of x_dims), the
 // axis's coordinate replaced by the index there; -1 (and the first such recorded in `bad`) when
 // the index is outside [-len, len).
@@ -280,6 +343,23 @@ int ArgExtreme(Elem t, bool max, bool last, const void* x, int64_t* y, int64_t o
       ArgExtremeKernel<T><<<Blocks(outer * inner), kThreads, 0, Stream(stream)>>>(static_cast<const T*>(x), y, outer,
                                                                                    len, inner, max, last);
     }
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int TopK(Elem t, bool largest, const void* x, void* values, int64_t* indices, int64_t outer, int64_t len,
+         int64_t inner, int64_t k, void* stream) {
+  if (k < 0 || k > len) return static_cast<int>(cudaErrorInvalidValue);
+  const int64_t lines = outer * inner;
+  if (lines == 0 || k == 0) return 0;
+  // A warp for short lines (a router's experts), else a full block.
+  int threads = 32;
+  while (threads < kThreads && threads < len) threads *= 2;
+  const unsigned grid = static_cast<unsigned>(lines < (int64_t{1} << 20) ? lines : (int64_t{1} << 20));
+  return WithElem(t, [&](auto v) {
+    using T = decltype(v);
+    TopKKernel<T><<<grid, threads, 0, Stream(stream)>>>(static_cast<const T*>(x), static_cast<T*>(values), indices,
+                                                        lines, len, inner, k, largest);
     return static_cast<int>(cudaGetLastError());
   });
 }

@@ -347,6 +347,10 @@ int CumSum(Elem t, const void* x, void* y, int64_t outer, int64_t len, int64_t i
 // [outer, len, inner], the first of equals or with `last` the last; NaN counts as the extreme.
 int ArgExtreme(Elem t, bool max, bool last, const void* x, int64_t* y, int64_t outer, int64_t len, int64_t inner,
                void* stream);
+// TopK: values [outer, k, inner] (x's type) and int64 indices of the first k elements of each
+// line of x [outer, len, inner] in kernels/topk_order.h's order (0 <= k <= len).
+int TopK(Elem t, bool largest, const void* x, void* values, int64_t* indices, int64_t outer, int64_t len,
+         int64_t inner, int64_t k, void* stream);
 // GatherElements and ScatterElements: data x_dims and indices idx_dims of one rank, an index per
 // element along `axis` (negative ones from the end; one outside [-len, len) is reported in `bad`
 // and reads zeros, or writes nothing).

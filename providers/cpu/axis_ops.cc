@@ -2,16 +2,19 @@
 // or reversed), ArgMax / ArgMin (int64 indices; the first extreme, or the last with
 // select_last_index; NaN counts as the extreme, as numpy's argmax takes it), and
 // GatherElements / ScatterElements (torch.gather and scatter: an index per element along the
-// axis; every index is checked before anything is written).
+// axis; every index is checked before anything is written), and TopK (kernels/topk_order.h).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 #include "base/status.h"
 #include "kernels/cpu/type_dispatch.h"
+#include "kernels/topk_order.h"
 #include "providers/axis.h"
 #include "providers/cpu/cpu_provider.h"
 #include "providers/cpu/shape_ops.h"
@@ -142,6 +145,81 @@ class ArgExtremeKernel : public OpKernel {
   bool max_;
   int64_t axis_;
   bool keepdims_, last_;
+};
+
+// TopK: each line's first k elements in kernels::TopKBefore's order (sorted whatever `sorted`
+// says, which the spec allows), with their int64 indices. bf16 and fp16 are ordered by their
+// float32 values and copied as they are.
+class TopKKernel : public OpKernel {
+ public:
+  TopKKernel(const graph::Node& n, int version)
+      : axis_(n.AttrInt("axis", -1)), largest_(n.AttrInt("largest", 1) != 0),
+        k_attr_(version < 10 ? n.AttrInt("k", 0) : -1) {}
+
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    if (x.rank == 0) return InvalidArgument("expected an input of rank >= 1, got a scalar");
+    ASSIGN_OR_RETURN(const int axis, ResolveAxis(axis_, x.rank));
+    ASSIGN_OR_RETURN(const int64_t k, TopKCount(k_attr_, ctx.num_inputs() > 1 ? ctx.input(1) : nullptr, x, axis));
+    DimVector out(x.dim_span());
+    out[axis] = k;
+    TensorView* values = ctx.Output(0, out);
+    TensorView* indices = ctx.Output(1, out);
+    if (!values || !indices) return Internal("TopK's outputs were not allocated");
+    const AxisView v = ViewAround(x, axis);
+    if (k == 0 || v.outer * v.inner == 0) return absl::OkStatus();
+    auto widen = [](uint16_t h, DataType t) { return t == DataType::kBFloat16 ? BFloat16ToFloat(h) : HalfToFloat(h); };
+    if (x.dtype == DataType::kBFloat16 || x.dtype == DataType::kFloat16) {
+      const DataType t = x.dtype;
+      Run<uint16_t>(x, v, k, *values, *indices, ctx.thread_pool(), [&](uint16_t h) { return widen(h, t); });
+      return absl::OkStatus();
+    }
+    const bool known = kernels::cpu::VisitNumeric(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      Run<T>(x, v, k, *values, *indices, ctx.thread_pool(), [](T a) { return a; });
+    });
+    return known ? absl::OkStatus() : Internal("TopK reached with dtype ", DataTypeName(x.dtype));
+  }
+
+ private:
+  // key(stored) is the value the order compares.
+  template <typename T, typename Key>
+  void Run(const TensorView& x, const AxisView& v, int64_t k, TensorView& values, TensorView& indices,
+           ThreadPool* pool, Key key) const {
+    const T* xp = x.as<T>();
+    T* vp = values.as<T>();
+    int64_t* ip = indices.as<int64_t>();
+    const bool largest = largest_;
+    ParallelFor(pool, v.outer * v.inner, std::max<int64_t>(1, 4096 / v.len), [&](int64_t p0, int64_t p1) {
+      std::vector<int64_t> order(static_cast<size_t>(v.len));
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t o = p / v.inner, i = p % v.inner;
+        const T* col = xp + o * v.len * v.inner + i;
+        for (int64_t j = 0; j < v.len; ++j) order[static_cast<size_t>(j)] = j;
+        auto before = [&](int64_t a, int64_t b) {
+          const auto ka = key(col[a * v.inner]), kb = key(col[b * v.inner]);
+          return kernels::TopKBefore(ka, IsNan(ka), a, kb, IsNan(kb), b, largest,
+                                     [](auto p, auto q) { return p < q; });
+        };
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+        const int64_t base = o * k * v.inner + i;
+        for (int64_t r = 0; r < k; ++r) {
+          vp[base + r * v.inner] = col[order[static_cast<size_t>(r)] * v.inner];
+          ip[base + r * v.inner] = order[static_cast<size_t>(r)];
+        }
+      }
+    });
+  }
+
+  template <typename K>
+  static bool IsNan(K v) {
+    if constexpr (std::is_floating_point_v<K>) return std::isnan(v);
+    else return false;
+  }
+
+  int64_t axis_;
+  bool largest_;
+  int64_t k_attr_;
 };
 
 // The element offsets of `idx` (checked by ElementIndicesAxis) into x: every position of idx,
@@ -285,6 +363,9 @@ void RegisterAxisKernels(KernelRegistry& r) {
                                          DataType::kInt64,   DataType::kUInt8,   DataType::kInt8};
   for (const char* op : {"ArgMax", "ArgMin"})
     r.Register({"", op, 1, 1 << 30, InputTypeIn(0, ordered), MakeFactory<ArgExtremeKernel>()});
+  std::vector<DataType> topk = ordered;
+  topk.insert(topk.end(), {DataType::kBFloat16, DataType::kFloat16});
+  r.Register({"", "TopK", 1, 1 << 30, InputTypeIn(0, topk), MakeFactory<TopKKernel>()});
   const SupportsFn int_indices = InputTypeIn(1, {DataType::kInt32, DataType::kInt64});
   r.Register({"", "GatherElements", 11, 1 << 30, AllOf({InputTypeIn(0, FixedSizeTypes()), int_indices}),
               MakeFactory<GatherElementsKernel>()});

@@ -1,6 +1,6 @@
 // The CUDA provider's kernels along an axis or over padded dims (providers/cuda/): Pad and Tile
-// (one kernel: Tile is wrap padding), Pad's gradient ai.cleave.PadGrad, CumSum, ArgMax / ArgMin, GatherElements and
-// ScatterElements (kernels/cuda/axis.cu). Pads, repeats, axes and the constant are read on the
+// (one kernel: Tile is wrap padding), Pad's gradient ai.cleave.PadGrad, CumSum, ArgMax / ArgMin, TopK, GatherElements and
+// ScatterElements (kernels/cuda/axis.cu). Pads, repeats, axes, TopK's K and the constant are read on the
 // host; out-of-range element indices are found on the device and reported at the stream's next
 // wait, naming the node (as Gather's are).
 #include <cuda_runtime_api.h>
@@ -128,6 +128,35 @@ class CumSumKernel : public CudaKernel {
   bool exclusive_, reverse_;
 };
 
+// TopK (X[, K]): k from the attribute (version 1) or K, read on the host.
+class TopKKernel : public CudaKernel {
+ public:
+  TopKKernel(const CudaExecutionProvider* p, const graph::Node& n, int version)
+      : CudaKernel(p, n), axis_(n.AttrInt("axis", -1)), largest_(n.AttrInt("largest", 1) != 0),
+        k_attr_(version < 10 ? n.AttrInt("k", 0) : -1) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    if (x.rank == 0) return InvalidArgument(name_, ": expected an input of rank >= 1, got a scalar");
+    auto axis = ResolveAxis(axis_, x.rank);
+    if (!axis.ok()) return InvalidArgument(name_, ": ", axis.status().message());
+    auto k = TopKCount(k_attr_, ctx.num_inputs() > 1 ? ctx.input(1) : nullptr, x, *axis);
+    if (!k.ok()) return InvalidArgument(name_, ": ", k.status().message());
+    DimVector out(x.dim_span());
+    out[*axis] = *k;
+    TensorView* values = ctx.Output(0, out);
+    TensorView* indices = ctx.Output(1, out);
+    if (!values || !indices) return Internal(name_, ": TopK's outputs were not allocated");
+    const AxisView v = ViewAround(x, *axis);
+    return Check(kc::TopK(ElemOf(x.dtype), largest_, x.data, values->data, indices->as<int64_t>(), v.outer, v.len,
+                          v.inner, *k, stream()));
+  }
+
+ private:
+  int64_t axis_;
+  bool largest_;
+  int64_t k_attr_;
+};
+
 class ArgExtremeKernel : public CudaKernel {
  public:
   ArgExtremeKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
@@ -247,6 +276,7 @@ void RegisterCudaAxisKernels(KernelRegistry& r, CudaExecutionProvider* p) {
   AddChecked<PadGradKernel>(r, p, graph::kCleaveDomain, "PadGrad", 1, InputTypeIn(0, kFloats), {1});
   Add<CumSumKernel>(r, p, "", "CumSum", 11, 1 << 30, AllOf({InputTypeIn(0, numbers), int_indices}), {1});
   for (const char* op : {"ArgMax", "ArgMin"}) Add<ArgExtremeKernel>(r, p, "", op, 1, 1 << 30, InputTypeIn(0, numbers));
+  Add<TopKKernel>(r, p, "", "TopK", 1, 1 << 30, InputTypeIn(0, numbers), {1});
   Add<GatherElementsKernel>(r, p, "", "GatherElements", 11, 1 << 30, AllOf({any, int_indices}));
   // A reduction needs the arithmetic of the data's type; plain writes take any.
   auto reducible = [numbers](const graph::Node& n, int) -> std::string {
