@@ -1,6 +1,6 @@
 // Shape and type inference of the ops that every session decomposes into other ops before it
-// places the graph (graph/passes/decomposition.cc): Einsum, GroupNormalization, DepthToSpace
-// and SpaceToDepth. Their inference validates what the decomposition relies on, so a bad
+// places the graph (graph/passes/decomposition.cc): Einsum, GroupNormalization, DepthToSpace,
+// SpaceToDepth, OneHot, Hardmax, Shrink, EyeLike and LRN. Their inference validates what the decomposition relies on, so a bad
 // model is refused here, naming the node, before anything is rewritten.
 #include <map>
 
@@ -128,6 +128,70 @@ absl::Status InferDepthSpace(InferContext& ctx) {
     out[1] = scaled(x[1], b * b);
   }
   ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
+// OneHot (indices, depth, values [off, on]): indices' shape with depth inserted at `axis`, in
+// values' dtype.
+absl::Status InferOneHot(InferContext& ctx) {
+  const std::initializer_list<DataType> numbers = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                                                   DataType::kBFloat16, DataType::kInt32, DataType::kInt64,
+                                                   DataType::kInt8, DataType::kUInt8};
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, numbers));
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, numbers));
+  const Shape& depth = ctx.input_shape(1);
+  if (depth.is_static() && depth.NumElements() != 1)
+    return ctx.Error("expected depth, a scalar or one element, got ", depth.ToString());
+  const Shape& values = ctx.input_shape(2);
+  if (values.is_static() && (values.rank() != 1 || values[0].value != 2))
+    return ctx.Error("expected values [off_value, on_value] of shape [2], got ", values.ToString());
+  const Shape& idx = ctx.input_shape(0);
+  if (!idx.has_rank()) {
+    ctx.SetOutput(0, ctx.input_dtype(2), Shape());
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(const int axis, NormalizeAxis(ctx, ctx.node().AttrInt("axis", -1), idx.rank() + 1));
+  Dim d;
+  if (const Tensor* t = ctx.input_constant(1); t && t->numel() == 1) {
+    const double v = t->DoubleAt(0);
+    if (v < 1) return ctx.Error("depth is ", v, "; expected depth >= 1");
+    d = Dim(static_cast<int64_t>(v));
+  }
+  std::vector<Dim> out = idx.dims();
+  out.insert(out.begin() + axis, d);
+  ctx.SetOutput(0, ctx.input_dtype(2), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
+// Hardmax, Shrink and LRN: X's dtype (a float type) and shape. LRN checks its window and X's rank.
+absl::Status InferFloatSameShape(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                                       DataType::kBFloat16}));
+  const Shape& x = ctx.input_shape(0);
+  if (ctx.node().op_type() == "LRN") {
+    const int64_t size = ctx.node().AttrInt("size", 0);
+    if (size <= 0) return ctx.Error("expected a 'size' attribute > 0, got ", size);
+    if (x.has_rank() && x.rank() < 3) return ctx.Error("expected X [N, C, D1, ...] of rank >= 3, got ", x.ToString());
+  }
+  if (ctx.node().op_type() == "Hardmax" && x.has_rank()) {
+    if (x.rank() == 0) return ctx.Error("expected an input of rank >= 1, got a scalar");
+    RETURN_IF_ERROR(NormalizeAxis(ctx, ctx.node().AttrInt("axis", ctx.version() >= 13 ? -1 : 1), x.rank()).status());
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), x);
+  return absl::OkStatus();
+}
+
+// EyeLike: X's 2-D shape, in `dtype` (X's by default).
+absl::Status InferEyeLike(InferContext& ctx) {
+  const Shape& x = ctx.input_shape(0);
+  if (x.has_rank() && x.rank() != 2) return ctx.Error("expected a 2-D input, got ", x.ToString());
+  DataType t = ctx.input_dtype(0);
+  if (ctx.node().HasAttr("dtype")) {
+    t = DataTypeFromInt(static_cast<int>(ctx.node().AttrInt("dtype", 0)));
+    if (t == DataType::kUndefined || t == DataType::kString)
+      return ctx.Error("dtype ", ctx.node().AttrInt("dtype", 0), " is not a supported element type");
+  }
+  ctx.SetOutput(0, t, x);
   return absl::OkStatus();
 }
 

@@ -80,6 +80,9 @@ absl::Status InferFlatten(InferContext& ctx);
 absl::Status InferEinsum(InferContext& ctx);              // the equation's output of the inputs' label sizes
 absl::Status InferGroupNormalization(InferContext& ctx);  // X's; scale and bias [G] (18) or [C] (21)
 absl::Status InferDepthSpace(InferContext& ctx);          // DepthToSpace and SpaceToDepth over [N, C, H, W]
+absl::Status InferOneHot(InferContext& ctx);              // indices' shape, depth inserted at axis; values' dtype
+absl::Status InferFloatSameShape(InferContext& ctx);      // Hardmax, Shrink, LRN: X's float dtype and shape
+absl::Status InferEyeLike(InferContext& ctx);             // X's 2-D shape in `dtype`
 
 // infer_grad_ops.cc
 absl::Status InferGatherGrad(InferContext& ctx);   // (shape, indices, dY) -> dX of `shape`

@@ -272,9 +272,41 @@ TEST(CudaProvider, GatherIndexOutOfRangeIsAnError) {
   EXPECT_EQ((*good)[0].data<float>()[4 * 4], table.data<float>()[9 * 4]);  // -1 is the last row
 }
 
+// Decomposes `g` as a session would, then appends loss = the sum over the outputs of y * r (r
+// fixed) and outputs the loss's gradient with respect to every float input.
+void WithGradients(graph::Graph& g) {
+  graph::OpDecomposition decompose;
+  ASSERT_TRUE(graph::RunPass(decompose, &g).ok());
+  ASSERT_TRUE(graph::InferShapes(g).ok());
+  graph::Value* loss = nullptr;
+  unsigned seed = 60;
+  for (graph::Value* y : std::vector<graph::Value*>(g.outputs())) {
+    if (!IsFloat(y->dtype())) continue;
+    graph::Value* r = g.AddInitializer(g.UniqueName("r"), Random(y->shape().StaticDims(), ++seed));
+    graph::Value* m = g.CreateUniqueValue("m");
+    graph::Value* sum = g.CreateUniqueValue("sum");
+    g.AddNode("Mul", {y, r}, {m});
+    g.AddNode("ReduceSum", {m}, {sum})->SetAttr("keepdims", graph::Attribute::Int(0));
+    if (loss) {
+      graph::Value* total = g.CreateUniqueValue("total");
+      g.AddNode("Add", {loss, sum}, {total});
+      loss = total;
+    } else {
+      loss = sum;
+    }
+  }
+  ASSERT_TRUE(graph::InferShapes(g).ok());
+  std::vector<graph::Value*> inputs;
+  for (graph::Value* v : g.inputs())
+    if (IsFloat(v->dtype())) inputs.push_back(v);
+  auto grads = trainer::BuildBackward(g, loss, inputs);
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  for (graph::Value* v : inputs) g.AddOutput(grads->at(v->name()));
+}
+
 // Einsum (a batched product over broadcast ellipsis axes, a batch diagonal), GroupNormalization
-// and DepthToSpace, as every session decomposes them, with their gradients (autodiff over what
-// they became): every node on CUDA, equal to the CPU.
+// and DepthToSpace, then OneHot, Hardmax, Shrink and LRN, as every session decomposes them, with
+// their gradients (autodiff over what they became): every node on CUDA, equal to the CPU.
 TEST(CudaProvider, DecomposedOpsAndTheirGradients) {
   REQUIRE_CUDA();
   const std::string text = R"(
@@ -293,38 +325,32 @@ TEST(CudaProvider, DecomposedOpsAndTheirGradients) {
     output t
     output p
   )";
-  // Decomposed as a session would, then loss = sum over the outputs of y * r and the gradient of
-  // every input as an output.
-  auto with_gradients = [](graph::Graph& g) {
-    graph::OpDecomposition decompose;
-    ASSERT_TRUE(graph::RunPass(decompose, &g).ok());
-    ASSERT_TRUE(graph::InferShapes(g).ok());
-    graph::Value* loss = nullptr;
-    unsigned seed = 60;
-    for (graph::Value* y : std::vector<graph::Value*>(g.outputs())) {
-      graph::Value* r = g.AddInitializer(g.UniqueName("r"), Random(y->shape().StaticDims(), ++seed));
-      graph::Value* m = g.CreateUniqueValue("m");
-      graph::Value* sum = g.CreateUniqueValue("sum");
-      g.AddNode("Mul", {y, r}, {m});
-      g.AddNode("ReduceSum", {m}, {sum})->SetAttr("keepdims", graph::Attribute::Int(0));
-      if (loss) {
-        graph::Value* total = g.CreateUniqueValue("total");
-        g.AddNode("Add", {loss, sum}, {total});
-        loss = total;
-      } else {
-        loss = sum;
-      }
-    }
-    ASSERT_TRUE(graph::InferShapes(g).ok());
-    std::vector<graph::Value*> inputs(g.inputs().begin(), g.inputs().end());
-    auto grads = trainer::BuildBackward(g, loss, inputs);
-    ASSERT_TRUE(grads.ok()) << grads.status();
-    for (graph::Value* v : inputs) g.AddOutput(grads->at(v->name()));
-  };
   ExpectSame(text,
              {{"a", Random({2, 3, 4, 5}, 51)}, {"b", Random({3, 5, 6}, 52)}, {"d", Random({2, 4, 4}, 53)},
               {"x", Random({2, 8, 3, 3}, 54)}, {"s", Random({8}, 55)}, {"c", Random({8}, 56)}},
-             1e-4, 1e-4, "*", "", with_gradients);
+             1e-4, 1e-4, "*", "", WithGradients);
+  // OneHot (a constant depth, negative indices), Hardmax, Shrink and LRN (whose gradient runs
+  // through an AveragePool over the channels).
+  Tensor ids(DataType::kInt64, {4, 5});
+  for (int64_t k = 0; k < ids.numel(); ++k) ids.data<int64_t>()[k] = k % 9 - 4;
+  ExpectSame(R"(
+    opset 13
+    input x: float32[2,6,3,3]
+    input ids: int64[4,5]
+    input h: float32[3,7]
+    init depth: int64[] = 6
+    init onoff: float32[2] = -1 2
+    o = OneHot(ids, depth, onoff) {axis = 1}
+    m = Hardmax(h) {axis = 1}
+    k = Shrink(x) {lambd = 0.5, bias = 0.25}
+    l = LRN(x) {size = 3, alpha = 0.01, bias = 2}
+    output o
+    output m
+    output k
+    output l
+  )",
+             {{"x", Random({2, 6, 3, 3}, 57)}, {"ids", ids}, {"h", Random({3, 7}, 58)}}, 1e-4, 1e-4, "*", "",
+             WithGradients);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
-// The decomposed ops (tests/): Einsum, GroupNormalization, DepthToSpace and SpaceToDepth run
+// The decomposed ops (tests/): Einsum, GroupNormalization, DepthToSpace, SpaceToDepth, OneHot,
+// Hardmax, EyeLike and LRN run
 // through sessions, which rewrite them (graph/passes/decomposition.cc), against references
 // computed here by their definitions: einsum as a sum over every assignment of the labels,
-// group norm over each group's elements, the block moves by the ONNX index formulas. Then what
+// group norm over each group's elements, the block moves by the ONNX index formulas, LRN's sum
+// over its channel window (the ONNX backend suites cover Shrink and more cases). Then what
 // the rewrite leaves, symbolic dims carried through, and the errors that name the node.
 // gradient_check_test.cc checks their gradients by finite differences.
 #include <cmath>
@@ -323,6 +325,60 @@ TEST(DepthSpaceTest, IndivisibleDimsAreRefused) {
       .Output<float>("y", {1, 4, 1, 2}, Random(8, 1))
       .ExpectFailure("X's dim 2 (3) is not a multiple of blocksize 2")
       .Run();
+}
+
+// OneHot: a negative index counts from the end, one outside [-depth, depth) gives a row of
+// off values; the new axis in the middle; depth a constant or known only at run time.
+TEST(OneHotTest, NegativeAndOutOfRangeIndicesAlongAMiddleAxis) {
+  // Depth 4: 5 and -5 match nothing. y[i, d, j] = on where idx[i, j] wraps to d.
+  const std::vector<float> want = {3, 0, 0,   0, 0, 0,   0, 0, 0,   0, 3, 0,
+                                   0, 0, 0,   0, 0, 0,   3, 0, 0,   0, 0, 3};
+  for (bool constant : {true, false}) {
+    OpTester t("OneHot", 11);
+    t.Attr("axis", int64_t{1}).Input<int64_t>("indices", {2, 3}, {0, -1, 5, 2, -5, 3}).Input<float>("depth", {}, {4});
+    if (constant) t.AsInitializer();
+    t.Input<float>("values", {2}, {0, 3}).Output<float>("y", {2, 4, 3}, want).Run();
+  }
+}
+
+// Hardmax: version 13 along one axis; before 13 over the dims from the axis on, flattened. Ties
+// go to the first.
+TEST(HardmaxTest, OneAxisFrom13AndFlattenedBefore) {
+  const std::vector<float> x = {1, 4, 4, 2, 0, 5, 5, 1};  // [2, 2, 2]
+  OpTester("Hardmax", 13).Attr("axis", int64_t{1}).Input<float>("x", {2, 2, 2}, x)
+      .Output<float>("y", {2, 2, 2}, {0, 1, 1, 0, 0, 1, 1, 0}).Run();
+  OpTester("Hardmax", 11).Attr("axis", int64_t{1}).Input<float>("x", {2, 2, 2}, x)
+      .Output<float>("y", {2, 2, 2}, {0, 1, 0, 0, 0, 1, 0, 0}).Run();
+}
+
+TEST(EyeLikeTest, OffDiagonalIntegersAndASymbolicShapeRefused) {
+  OpTester("EyeLike", 22).Attr("k", int64_t{-1}).Attr("dtype", int64_t{7}).Input<float>("x", {3, 2}, Random(6, 1))
+      .Output<int64_t>("y", {3, 2}, {0, 0, 1, 0, 0, 1}).Run();
+  auto g = graph::ParseGraph("opset 22\ninput x: float32[n,3]\ny = EyeLike(x)\noutput y");
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto s = InferenceSession::FromGraph(std::move(*g), SessionOptions());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("EyeLike 'y': X's shape [n,3] is not static"), std::string::npos) << s.status();
+}
+
+// LRN by its definition: each element over (bias + alpha / size * the sum of squares of the
+// `size` channels around it, cut at the ends)^beta.
+TEST(LrnTest, MatchesTheDefinitionAtTheChannelEnds) {
+  const int64_t n = 2, c = 5, hw = 3, size = 4;
+  const float alpha = 0.02f, beta = 0.6f, bias = 1.5f;
+  const std::vector<float> x = Random(n * c * hw, 8);
+  std::vector<float> y(x.size());
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t p = 0; p < hw; ++p) {
+        double sum = 0;
+        for (int64_t q = ch - (size - 1) / 2; q <= ch + size / 2; ++q)
+          if (q >= 0 && q < c) sum += std::pow(x[static_cast<size_t>((b * c + q) * hw + p)], 2);
+        const size_t i = static_cast<size_t>((b * c + ch) * hw + p);
+        y[i] = static_cast<float>(x[i] / std::pow(bias + alpha / size * sum, beta));
+      }
+  OpTester("LRN", 13).Attr("size", size).Attr("alpha", alpha).Attr("beta", beta).Attr("bias", bias)
+      .Input<float>("x", {n, c, hw}, x).Output<float>("y", {n, c, hw}, y).Run();
 }
 
 }  // namespace

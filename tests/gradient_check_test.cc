@@ -325,6 +325,8 @@ const GradCase kCases[] = {
      "v, i = TopK(x, k) {axis = 1}\noutput v"},
     {"TopK_smallest", "opset 11\ninput x: float64[3,4]\ninit k: int64[1] = 3\n"
      "v, i = TopK(x, k) {largest = 0}\noutput v"},
+    {"Shrink", "opset 13\ninput x: float64[7]\ny = Shrink(x) {lambd = 0.7, bias = 0.2}\noutput y"},
+    {"LRN", "opset 13\ninput x: float64[2,5,2,2]\ny = LRN(x) {size = 3, alpha = 0.1, beta = 0.75, bias = 2}\noutput y"},
     {"GroupNormalization_18_group_scale",
      "opset 18\ninput x: float64[2,4,3]\ninput s: float64[2]\ninput b: float64[2]\n"
      "y = GroupNormalization(x, s, b) {num_groups = 2}\noutput y"},

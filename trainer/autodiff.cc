@@ -30,7 +30,8 @@ namespace {
 bool Differentiable(const Value* v) { return v && IsFloat(v->dtype()); }
 
 // Nodes that lie between `wrt` and `loss`: they read a value that depends on some wrt value,
-// and the loss depends on them. `depends` gets the values that depend on some wrt value.
+// and the loss depends on them through float values (a comparison feeding a Where's condition
+// is not on the path). `depends` gets the values that depend on some wrt value.
 std::vector<Node*> GradientPath(const Graph& g, const std::vector<Node*>& order, Value* loss,
                                 const std::vector<Value*>& wrt, std::unordered_set<const Value*>& depends) {
   depends.insert(wrt.begin(), wrt.end());
@@ -51,7 +52,7 @@ std::vector<Node*> GradientPath(const Graph& g, const std::vector<Node*>& order,
     const Node* p = v->producer();
     if (!p || !forward.count(p) || !needed.insert(p).second) continue;
     for (const Value* in : p->inputs())
-      if (in) work.push_back(in);
+      if (Differentiable(in)) work.push_back(in);  // no gradient flows through integers or bools
   }
   std::vector<Node*> path;
   for (Node* n : order)

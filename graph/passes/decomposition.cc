@@ -2,7 +2,9 @@
 // (graph/passes/pass.h): Einsum into Transposes, Reshapes, ReduceSums and batched MatMuls
 // (a diagonal into a product with the identity, summed);
 // GroupNormalization into an InstanceNormalization over the groups; DepthToSpace and
-// SpaceToDepth into Reshape, Transpose, Reshape. What they become has kernels on every
+// SpaceToDepth into Reshape, Transpose, Reshape; OneHot and Hardmax into comparisons with
+// positions; EyeLike into a constant; Shrink into Wheres; LRN into an AveragePool over the
+// channels. What they become has kernels on every
 // provider and gradient rules, so the decomposed ops run and train wherever those do. Each
 // rewrite writes the node's own output value, so graph outputs keep their names.
 #include <algorithm>
@@ -43,12 +45,26 @@ class Emitter {
   Value* Filled(DataType t, int64_t n, float value);
   // Ones on the diagonal of axes p and q (both n), zeros elsewhere, every other axis 1.
   Value* Eye(DataType t, int rank, int p, int q, int64_t n);
+  // A 0-D constant of type t (a float type or int64).
+  Value* Scalar(DataType t, double v);
   absl::StatusOr<Value*> Reshape(Value* x, const std::vector<int64_t>& target) { return Add("Reshape", {x, Ints(target)}); }
+  // Unsqueeze and Squeeze take their axes as an input from version 13.
+  absl::StatusOr<Value*> Unsqueeze(Value* x, const std::vector<int64_t>& axes) { return Axes("Unsqueeze", x, axes); }
+  absl::StatusOr<Value*> Squeeze(Value* x, const std::vector<int64_t>& axes) { return Axes("Squeeze", x, axes); }
+  absl::StatusOr<Value*> Cast(Value* x, DataType to) {
+    if (x->dtype() == to) return x;
+    return Add("Cast", {x}, {{"to", Attribute::Int(static_cast<int64_t>(to))}});
+  }
+  int64_t opset() const { return opset_; }
   absl::StatusOr<Value*> Transpose(Value* x, const std::vector<int64_t>& perm) {
     bool identity = true;
     for (size_t i = 0; i < perm.size(); ++i) identity &= perm[i] == static_cast<int64_t>(i);
     if (identity) return x;
     return Add("Transpose", {x}, {{"perm", Attribute::Ints(perm)}});
+  }
+  absl::StatusOr<Value*> Axes(const std::string& op, Value* x, const std::vector<int64_t>& axes) {
+    if (opset_ >= 13) return Add(op, {x, Ints(axes)});
+    return Add(op, {x}, {{"axes", Attribute::Ints(axes)}});
   }
   // Sums over `axes` and drops them (ReduceSum takes its axes as an input from version 13).
   absl::StatusOr<Value*> ReduceSum(Value* x, const std::vector<int64_t>& axes) {
@@ -89,6 +105,13 @@ Value* Emitter::Filled(DataType t, int64_t n, float value) {
   Tensor tensor(t, {n});
   for (int64_t i = 0; i < n; ++i) SetElement(tensor, i, value);
   return g_->AddInitializer(g_->UniqueName(base_ + (value == 0.f ? "/zeros" : "/ones")), std::move(tensor));
+}
+
+Value* Emitter::Scalar(DataType t, double v) {
+  Tensor tensor(t, {});
+  if (t == DataType::kInt64) tensor.data<int64_t>()[0] = static_cast<int64_t>(v);
+  else SetElement(tensor, 0, static_cast<float>(v));
+  return g_->AddInitializer(g_->UniqueName(base_ + "/scalar"), std::move(tensor));
 }
 
 Value* Emitter::Eye(DataType t, int rank, int p, int q, int64_t n) {
@@ -373,6 +396,166 @@ absl::Status DecomposeDepthSpace(Graph* g, Node* n) {
   return e.Finish(y, out);
 }
 
+// ---- OneHot, Hardmax, EyeLike ----
+
+// Positions 0..n-1 along `axis` of an output of `rank` dims: an int64 constant [n, 1, ...].
+Value* Positions(Graph* g, const std::string& hint, int64_t n, int rank, int axis) {
+  std::vector<int64_t> dims(rank - axis, 1);
+  dims[0] = n;
+  Tensor t(DataType::kInt64, dims);
+  for (int64_t i = 0; i < n; ++i) t.data<int64_t>()[i] = i;
+  return g->AddInitializer(g->UniqueName(hint + "/positions"), std::move(t));
+}
+
+// OneHot: Where(Equal(Unsqueeze(indices, axis), positions), on, off), a negative index wrapped
+// once (one below -depth then matches nothing and its row is all off, as the spec asks). The
+// positions are a constant where depth is one, else Range(0, depth) (opset 11).
+absl::Status DecomposeOneHot(Graph* g, Node* n) {
+  Value* indices = n->input(0);
+  Value* depth = n->input(1);
+  Value* values = n->input(2);
+  if (!indices->shape().has_rank())
+    return Unimplemented(n->Describe(), ": the indices' rank is unknown; cleave decomposes OneHot by rank");
+  const int rank = indices->shape().rank() + 1;
+  int axis = static_cast<int>(n->AttrInt("axis", -1));
+  if (axis < 0) axis += rank;
+  const Tensor* constant_depth = ConstantInput(*n, 1);
+  if (!constant_depth && g->OpsetFor("") < 11)
+    return Unimplemented(n->Describe(), ": a depth known only at run time needs Range (opset 11)");
+  const std::string hint = n->name().empty() ? "OneHot" : n->name();
+  Value* out = n->output(0);
+  Emitter e(g, *n);
+  g->RemoveNode(n);
+  ASSIGN_OR_RETURN(Value * d, e.Reshape(depth, {}));
+  ASSIGN_OR_RETURN(d, e.Cast(d, DataType::kInt64));
+  ASSIGN_OR_RETURN(Value * idx, e.Cast(indices, DataType::kInt64));
+  Value* zero = e.Scalar(DataType::kInt64, 0);
+  ASSIGN_OR_RETURN(Value * negative, e.Add("Less", {idx, zero}));
+  ASSIGN_OR_RETURN(Value * shifted, e.Add("Add", {idx, d}));
+  ASSIGN_OR_RETURN(idx, e.Add("Where", {negative, shifted, idx}));
+  ASSIGN_OR_RETURN(idx, e.Unsqueeze(idx, {axis}));
+  Value* positions;
+  if (constant_depth) {
+    positions = Positions(g, hint, static_cast<int64_t>(constant_depth->DoubleAt(0)), rank, axis);
+  } else {
+    ASSIGN_OR_RETURN(positions, e.Add("Range", {zero, d, e.Scalar(DataType::kInt64, 1)}));
+    std::vector<int64_t> target(rank - axis, 1);
+    target[0] = -1;
+    ASSIGN_OR_RETURN(positions, e.Reshape(positions, target));
+  }
+  ASSIGN_OR_RETURN(Value * hot, e.Add("Equal", {idx, positions}));
+  ASSIGN_OR_RETURN(Value * off, e.Add("Gather", {values, e.Scalar(DataType::kInt64, 0)}));
+  ASSIGN_OR_RETURN(Value * on, e.Add("Gather", {values, e.Scalar(DataType::kInt64, 1)}));
+  ASSIGN_OR_RETURN(Value * y, e.Add("Where", {hot, on, off}));
+  return e.Finish(y, out);
+}
+
+// Hardmax: 1 at the first largest element along the axis (ArgMax, keepdims), 0 elsewhere. Before
+// version 13 the input counts as 2-D, [dims before axis, dims from axis on], Flattened first.
+absl::Status DecomposeHardmax(Graph* g, Node* n, int version) {
+  Value* x = n->input(0);
+  const Shape& s = x->shape();
+  if (!s.has_rank()) return Unimplemented(n->Describe(), ": X's rank is unknown; cleave decomposes Hardmax by rank");
+  const int rank = s.rank();
+  int axis = static_cast<int>(n->AttrInt("axis", version >= 13 ? -1 : 1));
+  if (axis < 0) axis += rank;
+  std::optional<int64_t> len = 1;
+  for (int a = axis; a < (version >= 13 ? axis + 1 : rank); ++a)
+    len = len && s[a].is_static() ? std::optional<int64_t>(*len * s[a].value) : std::nullopt;
+  if (!len)
+    return Unimplemented(n->Describe(), ": the length along axis ", axis, " is symbolic; cleave decomposes Hardmax over a static one");
+  const std::string hint = n->name().empty() ? "Hardmax" : n->name();
+  Value* out = n->output(0);
+  Emitter e(g, *n);
+  g->RemoveNode(n);
+  Value* v = x;
+  int along = axis, r = rank;
+  if (version < 13) {
+    ASSIGN_OR_RETURN(v, e.Add("Flatten", {x}, {{"axis", Attribute::Int(axis)}}));
+    along = 1;
+    r = 2;
+  }
+  ASSIGN_OR_RETURN(Value * best, e.Add("ArgMax", {v}, {{"axis", Attribute::Int(along)}, {"keepdims", Attribute::Int(1)}}));
+  ASSIGN_OR_RETURN(Value * hot, e.Add("Equal", {best, Positions(g, hint, *len, r, along)}));
+  ASSIGN_OR_RETURN(Value * y, e.Cast(hot, x->dtype()));
+  if (version < 13) {
+    ASSIGN_OR_RETURN(Value * shape, e.Add("Shape", {x}));
+    ASSIGN_OR_RETURN(y, e.Add("Reshape", {y, shape}));
+  }
+  return e.Finish(y, out);
+}
+
+// EyeLike: a constant of X's (static) shape, ones on the k-th diagonal.
+absl::Status DecomposeEyeLike(Graph* g, Node* n) {
+  Value* x = n->input(0);
+  if (!x->shape().is_static())
+    return Unimplemented(n->Describe(), ": X's shape ", x->shape().ToString(), " is not static; cleave makes EyeLike a constant");
+  const std::vector<int64_t> dims = x->shape().StaticDims();
+  const DataType t = n->output(0)->dtype();
+  const int64_t k = n->AttrInt("k", 0);
+  Tensor eye(t, dims);  // zeros
+  for (int64_t i = 0; i < dims[0]; ++i) {
+    const int64_t j = i + k;
+    if (j < 0 || j >= dims[1]) continue;
+    if (IsFloat(t)) SetElement(eye, i * dims[1] + j, 1.f);
+    else static_cast<uint8_t*>(eye.raw())[(i * dims[1] + j) * ElementSize(t)] = 1;  // little-endian 1
+  }
+  Value* out = n->output(0);
+  Value* c = g->AddInitializer(g->UniqueName((n->name().empty() ? "EyeLike" : n->name()) + "/eye"), std::move(eye));
+  Emitter e(g, *n);
+  g->RemoveNode(n);
+  return e.Finish(c, out);
+}
+
+// ---- Shrink, LRN ----
+
+// Shrink: x + bias below -lambd, x - bias above lambd, 0 between.
+absl::Status DecomposeShrink(Graph* g, Node* n) {
+  Value* x = n->input(0);
+  const double lambd = n->AttrFloat("lambd", 0.5f), bias = n->AttrFloat("bias", 0.f);
+  const DataType t = x->dtype();
+  Value* out = n->output(0);
+  Emitter e(g, *n);
+  g->RemoveNode(n);
+  ASSIGN_OR_RETURN(Value * below, e.Add("Less", {x, e.Scalar(t, -lambd)}));
+  ASSIGN_OR_RETURN(Value * above, e.Add("Greater", {x, e.Scalar(t, lambd)}));
+  ASSIGN_OR_RETURN(Value * up, e.Add("Add", {x, e.Scalar(t, bias)}));
+  ASSIGN_OR_RETURN(Value * down, e.Add("Sub", {x, e.Scalar(t, bias)}));
+  ASSIGN_OR_RETURN(Value * y, e.Add("Where", {above, down, e.Scalar(t, 0)}));
+  ASSIGN_OR_RETURN(y, e.Add("Where", {below, up, y}));
+  return e.Finish(y, out);
+}
+
+// LRN: x / (bias + alpha / size * the sum of x² over `size` channels around each)^beta; the
+// sum is size times an AveragePool over the channels (as a spatial dim of X unsqueezed at 1)
+// that counts its zero padding, floor((size - 1) / 2) before and the rest after.
+absl::Status DecomposeLrn(Graph* g, Node* n) {
+  Value* x = n->input(0);
+  if (!x->shape().has_rank()) return Unimplemented(n->Describe(), ": X's rank is unknown; cleave decomposes LRN by rank");
+  const int rank = x->shape().rank();
+  const int64_t size = n->AttrInt("size", 1);
+  const double alpha = n->AttrFloat("alpha", 1e-4f), beta = n->AttrFloat("beta", 0.75f), bias = n->AttrFloat("bias", 1.f);
+  const DataType t = x->dtype();
+  std::vector<int64_t> kernel(rank - 1, 1), pads(2 * (rank - 1), 0);
+  kernel[0] = size;
+  pads[0] = (size - 1) / 2;
+  pads[rank - 1] = size - 1 - pads[0];
+  Value* out = n->output(0);
+  Emitter e(g, *n);
+  g->RemoveNode(n);
+  ASSIGN_OR_RETURN(Value * sq, e.Add("Mul", {x, x}));
+  ASSIGN_OR_RETURN(sq, e.Unsqueeze(sq, {1}));
+  ASSIGN_OR_RETURN(Value * mean, e.Add("AveragePool", {sq}, {{"kernel_shape", Attribute::Ints(kernel)},
+                                                              {"pads", Attribute::Ints(pads)},
+                                                              {"count_include_pad", Attribute::Int(1)}}));
+  ASSIGN_OR_RETURN(mean, e.Squeeze(mean, {1}));
+  ASSIGN_OR_RETURN(Value * scaled, e.Add("Mul", {mean, e.Scalar(t, alpha)}));
+  ASSIGN_OR_RETURN(Value * base, e.Add("Add", {scaled, e.Scalar(t, bias)}));
+  ASSIGN_OR_RETURN(Value * den, e.Add("Pow", {base, e.Scalar(t, beta)}));
+  ASSIGN_OR_RETURN(Value * y, e.Add("Div", {x, den}));
+  return e.Finish(y, out);
+}
+
 }  // namespace
 
 absl::StatusOr<bool> OpDecomposition::Run(Graph* g) {
@@ -385,6 +568,11 @@ absl::StatusOr<bool> OpDecomposition::Run(Graph* g) {
     ASSIGN_OR_RETURN(ResolvedOp op, ResolveNode(*g, *n));
     if (n->op_type() == "Einsum") RETURN_IF_ERROR(DecomposeEinsum(g, n));
     else if (n->op_type() == "GroupNormalization") RETURN_IF_ERROR(DecomposeGroupNormalization(g, n, op.version));
+    else if (n->op_type() == "OneHot") RETURN_IF_ERROR(DecomposeOneHot(g, n));
+    else if (n->op_type() == "Hardmax") RETURN_IF_ERROR(DecomposeHardmax(g, n, op.version));
+    else if (n->op_type() == "EyeLike") RETURN_IF_ERROR(DecomposeEyeLike(g, n));
+    else if (n->op_type() == "Shrink") RETURN_IF_ERROR(DecomposeShrink(g, n));
+    else if (n->op_type() == "LRN") RETURN_IF_ERROR(DecomposeLrn(g, n));
     else RETURN_IF_ERROR(DecomposeDepthSpace(g, n));
   }
   if (todo.empty()) return false;
