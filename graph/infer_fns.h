@@ -69,6 +69,8 @@ absl::Status InferPadGrad(InferContext& ctx);  // dY's dtype; dY's dims less the
 absl::Status InferTile(InferContext& ctx);  // data's dtype; dims known where the repeats are constant
 absl::Status InferCumSum(InferContext& ctx);       // x's dtype and shape; a one-element integer axis
 absl::Status InferArgExtreme(InferContext& ctx);  // int64, x's shape less (or keeping as 1) the axis
+absl::Status InferGatherND(InferContext& ctx);   // indices' dims less the last, then data's after the indexed
+absl::Status InferScatterND(InferContext& ctx);  // data's; the updates checked against the indices
 absl::Status InferTopK(InferContext& ctx);  // Values (x's dtype) and int64 Indices: x's shape, k along the axis
 absl::Status InferConstantOfShape(InferContext& ctx);
 absl::Status InferRange(InferContext& ctx);

@@ -265,6 +265,49 @@ absl::Status InferArgExtreme(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// GatherND's output and ScatterND's updates: indices [batch (b)..., tuples..., k] and data
+// [batch..., indexed (k)..., slice...] -> [batch..., tuples..., slice...]; unknown rank where k is.
+absl::StatusOr<Shape> NdGathered(const InferContext& ctx, int64_t b) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
+  const Shape& x = ctx.input_shape(0);
+  const Shape& idx = ctx.input_shape(1);
+  if (!x.has_rank() || !idx.has_rank()) return Shape();
+  if (idx.rank() < 1) return ctx.Error("expected indices of rank >= 1, got a scalar");
+  if (b < 0 || b >= std::min(x.rank(), idx.rank()))
+    return ctx.Error("batch_dims ", b, " must be below both ranks (data ", x.ToString(), ", indices ", idx.ToString(), ")");
+  const Dim& k = idx[idx.rank() - 1];
+  if (!k.is_static()) return Shape();
+  if (k.value < 1 || k.value > x.rank() - b)
+    return ctx.Error("the indices' last dim is ", k.value, "; expected 1 to ", x.rank() - b,
+                     " coordinates (the data's rank less batch_dims)");
+  std::vector<Dim> out(idx.dims().begin(), idx.dims().end() - 1);
+  for (int d = static_cast<int>(b + k.value); d < x.rank(); ++d) out.push_back(x[d]);
+  return Shape(std::move(out));
+}
+
+}  // namespace
+
+absl::Status InferGatherND(InferContext& ctx) {
+  ASSIGN_OR_RETURN(Shape out, NdGathered(ctx, ctx.version() >= 12 ? ctx.node().AttrInt("batch_dims", 0) : 0));
+  ctx.SetOutput(0, ctx.input_dtype(0), std::move(out));
+  return absl::OkStatus();
+}
+
+absl::Status InferScatterND(InferContext& ctx) {
+  ASSIGN_OR_RETURN(Shape want, NdGathered(ctx, 0));
+  const Shape& upd = ctx.input_shape(2);
+  if (ctx.input_dtype(2) != ctx.input_dtype(0) && ctx.input_dtype(2) != DataType::kUndefined)
+    return ctx.Error("updates have dtype ", DataTypeName(ctx.input_dtype(2)), ", expected the data's ",
+                     DataTypeName(ctx.input_dtype(0)));
+  if (want.is_static() && upd.is_static() && want.StaticDims() != upd.StaticDims())
+    return ctx.Error("expected updates ", want.ToString(),
+                     " (the indices' dims less the last, then the data's after the indexed ones), got ", upd.ToString());
+  ctx.SetOutput(0, ctx.input_dtype(0), ctx.input_shape(0));
+  return absl::OkStatus();
+}
+
 // TopK (X, K) from version 10, (X) with attribute k in version 1: k along the axis; k must not
 // exceed the axis where both are known.
 absl::Status InferTopK(InferContext& ctx) {

@@ -347,6 +347,53 @@ absl::StatusOr<FactorRule> TopKRule(const Node& n) {
   return fr;
 }
 
+// GatherND (data [batch..., indexed (k)..., slice...], indices [batch..., tuples..., k]) ->
+// [batch..., tuples..., slice...] and ScatterND (data, indices, updates [tuples..., slice...]) ->
+// data's shape: the batch and slice dims shared where they match, the tuples shared by the
+// indices and a gather's output; the indexed dims, the coordinates and a scatter's tuples (a
+// rank holding some updates would write only those) stay whole.
+absl::StatusOr<FactorRule> NdIndexing(const Node& n) {
+  const bool gather = n.op_type() == "GatherND";
+  ASSIGN_OR_RETURN(std::vector<int64_t> data, Dims(n, n.input(0)));
+  ASSIGN_OR_RETURN(std::vector<int64_t> idx, Dims(n, n.input(1)));
+  const int q = static_cast<int>(idx.size());
+  if (q < 1) return InvalidArgument(n.Describe(), ": indices of rank 0");
+  const int b = gather ? static_cast<int>(n.AttrInt("batch_dims", 0)) : 0;
+  const int k = static_cast<int>(idx[q - 1]);
+  FactorRule fr;
+  auto dim = [&fr](int64_t size, bool whole) {
+    const int f = fr.AddFactor(size);
+    if (whole) fr.no_shard[f] = 1;
+    return size == 1 ? std::vector<int>{} : std::vector<int>{f};
+  };
+  OperandFactors fd, fi, fo;  // data, indices, the gathered shape (a gather's output, a scatter's updates)
+  for (int d = 0; d < b; ++d) {
+    fd.dims.push_back(dim(data[d], false));
+    fi.dims.push_back(fd.dims.back());
+    fo.dims.push_back(fd.dims.back());
+  }
+  for (int d = b; d < q - 1; ++d) {
+    fi.dims.push_back(dim(idx[d], !gather));
+    fo.dims.push_back(fi.dims.back());
+  }
+  fi.dims.push_back(dim(idx[q - 1], true));
+  for (int d = b; d < b + k && d < static_cast<int>(data.size()); ++d) fd.dims.push_back(dim(data[d], true));
+  for (int d = b + k; d < static_cast<int>(data.size()); ++d) {
+    fd.dims.push_back(dim(data[d], false));
+    fo.dims.push_back(fd.dims.back());
+  }
+  if (gather) {
+    fr.inputs = {fd, fi};
+    fr.outputs = {fo};
+  } else {
+    fr.inputs = {fd, fi, fo};
+    fr.outputs = {fd};
+  }
+  fr.output_avg = {0};
+  fr.linear_inputs.assign(n.num_inputs(), 0);
+  return fr;
+}
+
 // Conv (X [N, C, in...], W [M, C / group, kernel...][, B [M]]) -> Y [N, M, out...] and
 // ai.cleave.ConvGrad (dY, X, W) -> dX, dW, dB: the images N and (without groups) the output
 // channels M may be sharded; the spatial dims and input channels stay whole. dW and dB lack N
@@ -619,6 +666,7 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
   if ((!cleave && (op == "Pad" || op == "Tile")) || (cleave && op == "PadGrad")) return PadOrTile(n);
   if (!cleave && (op == "GatherElements" || op == "ScatterElements")) return ElementIndexing(n);
   if (!cleave && op == "TopK") return TopKRule(n);
+  if (!cleave && (op == "GatherND" || op == "ScatterND")) return NdIndexing(n);
   if ((!cleave && (op == "Conv" || op == "ConvTranspose")) || (cleave && (op == "ConvGrad" || op == "ConvTransposeGrad")))
     return Convolution(n);
   if ((!cleave && (op == "MaxPool" || op == "AveragePool" || op == "GlobalMaxPool" || op == "GlobalAveragePool")) ||

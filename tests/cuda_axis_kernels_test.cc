@@ -1,10 +1,11 @@
-// Pad, Tile, CumSum, ArgMax / ArgMin, TopK, GatherElements, ScatterElements and the norm and log-sum
+// Pad, Tile, CumSum, ArgMax / ArgMin, TopK, GatherElements, ScatterElements, GatherND, ScatterND and the norm and log-sum
 // reductions on the CUDA provider against the CPU's (gpu label): every mode and attribute,
 // integer and float data, duplicate scatter indices in each reduction, and an index out of range
 // named at the run.
 #include <cmath>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/cuda_test_util.h"
@@ -277,6 +278,75 @@ TEST(CudaProvider, TopKTiesNaNAxesTypesAndItsGradient) {
     output dm
   )",
              {{"m", m}, {"dv", Random({4, 5, 3}, 12)}}, 0, 0, "*");
+}
+
+// GatherND and ScatterND against the CPU: element and slice tuples, negative coordinates,
+// batch_dims, int64 data, every reduction over repeated tuples (in tuple order, as the CPU);
+// then a coordinate out of range, reported at the run naming the node.
+TEST(CudaProvider, GatherNdAndScatterNdInEveryReduction) {
+  REQUIRE_CUDA();
+  const Tensor pairs = Int64s({5, 2}, {0, 1, 2, -1, 1, 3, 0, 1, -3, 0});
+  const Tensor rows = Int64s({6, 1}, {1, 0, 2, 1, -1, 1});
+  const Tensor last = Int64s({3, 1}, {3, 0, -2});
+  Tensor ints(DataType::kInt64, {3, 4});
+  for (int k = 0; k < 12; ++k) ints.data<int64_t>()[k] = k * 7 % 5;
+  ExpectSame(R"(
+    opset 18
+    input x: float32[3,4,6]
+    input pairs: int64[5,2]
+    input rows: int64[6,1]
+    input last: int64[3,1]
+    input ints: int64[3,4]
+    input u: float32[6,4,6]
+    input ui: int64[6,4]
+    a = GatherND(x, pairs)
+    b = GatherND(x, rows)
+    c = GatherND(x, last) {batch_dims = 1}
+    d = GatherND(ints, rows)
+    e = ScatterND(x, rows, u) {reduction = "add"}
+    f = ScatterND(x, rows, u) {reduction = "mul"}
+    g = ScatterND(x, rows, u) {reduction = "max"}
+    h = ScatterND(ints, rows, ui) {reduction = "min"}
+    output a
+    output b
+    output c
+    output d
+    output e
+    output f
+    output g
+    output h
+  )",
+             {{"x", Random({3, 4, 6}, 21)}, {"pairs", pairs}, {"rows", rows}, {"last", last}, {"ints", ints},
+              {"u", Random({6, 4, 6}, 22)}, {"ui", [] {
+                Tensor t(DataType::kInt64, {6, 4});
+                for (int k = 0; k < 24; ++k) t.data<int64_t>()[k] = k * 5 % 7 - 3;
+                return t;
+              }()}},
+             1e-6, 1e-6, "*");
+  // Without a reduction, on distinct tuples (repeats write in no set order).
+  const Tensor distinct = Int64s({2, 2}, {2, 3, 0, -1});
+  ExpectSame(R"(
+    opset 16
+    input x: float32[3,4,6]
+    input i: int64[2,2]
+    input u: float32[2,6]
+    y = ScatterND(x, i, u)
+    output y
+  )",
+             {{"x", Random({3, 4, 6}, 23)}, {"i", distinct}, {"u", Random({2, 6}, 24)}}, 0, 0, "*");
+  auto s = cuda_testing::CudaSession(R"(
+    opset 16
+    input x: float32[3,4]
+    input i: int64[2,2]
+    nd: y = GatherND(x, i)
+    output y
+  )");
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto run = (*s)->Run({{"x", Random({3, 4}, 25)}, {"i", Int64s({2, 2}, {1, 1, 2, 4})}});
+  ASSERT_FALSE(run.ok());
+  const std::string msg(run.status().message());
+  EXPECT_TRUE(absl::StartsWith(msg, "GatherND 'nd'")) << msg;
+  EXPECT_NE(msg.find("index 4"), std::string::npos) << msg;
 }
 
 TEST(CudaProvider, GatherElementsAndScatterElementsInEveryReduction) {

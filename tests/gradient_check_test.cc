@@ -327,6 +327,12 @@ const GradCase kCases[] = {
      "v, i = TopK(x, k) {largest = 0}\noutput v"},
     {"Shrink", "opset 13\ninput x: float64[7]\ny = Shrink(x) {lambd = 0.7, bias = 0.2}\noutput y"},
     {"LRN", "opset 13\ninput x: float64[2,5,2,2]\ny = LRN(x) {size = 3, alpha = 0.1, beta = 0.75, bias = 2}\noutput y"},
+    {"GatherND_rows_repeated", "opset 16\ninput x: float64[3,4]\ninit i: int64[3,1] = 2 0 2\n"
+     "y = GatherND(x, i)\noutput y"},
+    {"ScatterND_none", "opset 16\ninput x: float64[4,2]\ninput u: float64[2,2]\ninit i: int64[2,1] = 3 -4\n"
+     "y = ScatterND(x, i, u)\noutput y"},
+    {"ScatterND_add_repeated", "opset 16\ninput x: float64[3,2]\ninput u: float64[3,2]\n"
+     "init i: int64[3,1] = 1 1 0\ny = ScatterND(x, i, u) {reduction = \"add\"}\noutput y"},
     {"GroupNormalization_18_group_scale",
      "opset 18\ninput x: float64[2,4,3]\ninput s: float64[2]\ninput b: float64[2]\n"
      "y = GroupNormalization(x, s, b) {num_groups = 2}\noutput y"},

@@ -204,6 +204,42 @@ TEST(Propagation, DataParallelReflectPadGradientKeepsTheBatch) {
 // data-parallel: every activation and
 // activation gradient keeps the batch sharded with no collective, and the weights' gradients
 // come out Partial over dp (the one all-reduce the optimizer needs).
+// TopK along the features, GatherND of each sequence's own row (batch_dims 1) and ScatterND
+// into whole rows of a batch-minor tensor keep the batch sharded: no reshard.
+TEST(Propagation, TopKAndNdIndexingKeepTheBatchSharded) {
+  auto g = graph::ParseGraph(R"(
+    opset 16
+    input x: float32[4,6]
+    input w: float32[6,5]
+    input last: int64[4,1]
+    init k: int64[1] = 2
+    init rows: int64[2,1] = 3 0
+    h = MatMul(x, w)
+    v, i = TopK(h, k)
+    gn = GatherND(h, last) {batch_dims = 1}
+    ht = Transpose(h) {perm = [1, 0]}
+    vt = Transpose(v) {perm = [1, 0]}
+    sn = ScatterND(ht, rows, vt)
+    output v
+    output i
+    output gn
+    output sn
+  )");
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(graph::InferShapes(**g).ok());
+  graph::Graph& graph = **g;
+  auto mesh = *Mesh::Parse("dp=2");
+  auto p = Propagate(graph, mesh, {{"x", Batch(2)}, {"last", Batch(2)}});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->sharding.at(graph.FindValue("v")).ToString(), "[dp,-]");
+  EXPECT_EQ(p->sharding.at(graph.FindValue("i")).ToString(), "[dp,-]");
+  EXPECT_EQ(p->sharding.at(graph.FindValue("gn")).ToString(), "[dp]");
+  EXPECT_EQ(p->sharding.at(graph.FindValue("sn")).ToString(), "[-,dp]");
+  for (const Reshard& r : Reshards(graph, mesh, *p))
+    ADD_FAILURE() << ReshardName(r.kind) << " of " << r.value->name() << " " << r.from.ToString() << " -> "
+                  << r.to.ToString() << " for " << r.node->Describe();
+}
+
 TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
   auto g = graph::ParseGraph(R"(
     opset 18

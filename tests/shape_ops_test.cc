@@ -479,6 +479,35 @@ TEST(ElementIndexing, GatherAndScatterElements) {
       .Input<float>("u", {1}, {1}).UncheckedOutput("y").ExpectFailure("expected updates of the indices' shape").Run();
 }
 
+// GatherND and ScatterND: tuples addressing elements or whole slices, negative coordinates,
+// batch_dims, reductions combining repeated tuples in order, and the errors naming the tuple.
+TEST(NdIndexing, GatherAndScatterNd) {
+  const std::vector<float> x = {0, 1, 2, 3, 4, 5, 6, 7};  // [2, 2, 2]
+  OpTester("GatherND", 13).Input<float>("x", {2, 2, 2}, x).Input<int64_t>("i", {2, 3}, {0, 1, 1, -1, 0, 0})
+      .Output<float>("y", {2}, {3, 4}).Run();
+  OpTester("GatherND", 13).Input<float>("x", {2, 2, 2}, x).Input<int64_t>("i", {3, 1}, {1, 0, 1})
+      .Output<float>("y", {3, 2, 2}, {4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7}).Run();
+  // batch_dims 1: each batch's own rows (a sequence model's last token per sequence).
+  OpTester("GatherND", 13).Attr("batch_dims", int64_t{1}).Input<float>("x", {2, 2, 2}, x)
+      .Input<int64_t>("i", {2, 1}, {1, 0}).Output<float>("y", {2, 2}, {2, 3, 4, 5}).Run();
+  OpTester("GatherND", 13).Input<float>("x", {2, 2, 2}, x).Input<int64_t>("i", {2, 2}, {0, 1, 1, 2})
+      .UncheckedOutput("y").ExpectFailure("index 2 (coordinate 1 of tuple 1) is outside [-2, 2)").Run();
+  OpTester("GatherND", 13).Input<float>("x", {2, 2}, {1, 2, 3, 4}).Input<int64_t>("i", {1, 3}, {0, 0, 0})
+      .UncheckedOutput("y").ExpectFailure("the indices' last dim is 3; expected 1 to 2 coordinates").Run();
+  OpTester("ScatterND", 16).Input<float>("x", {4}, {1, 1, 1, 1}).Input<int64_t>("i", {2, 1}, {3, -3})
+      .Input<float>("u", {2}, {9, 8}).Output<float>("y", {4}, {1, 8, 1, 9}).Run();
+  OpTester("ScatterND", 16).Attr("reduction", std::string("add")).Input<float>("x", {2, 2}, {1, 1, 1, 1})
+      .Input<int64_t>("i", {3, 1}, {1, 1, 0}).Input<float>("u", {3, 2}, {1, 2, 3, 4, 5, 6})
+      .Output<float>("y", {2, 2}, {6, 7, 5, 7}).Run();
+  OpTester("ScatterND", 18).Attr("reduction", std::string("max")).Input<int64_t>("x", {3}, {4, 4, 4})
+      .Input<int64_t>("i", {3, 1}, {1, 1, 2}).Input<int64_t>("u", {3}, {9, 2, 1})
+      .Output<int64_t>("y", {3}, {4, 9, 4}).Run();
+  OpTester("ScatterND", 16).Input<float>("x", {4}, {0, 0, 0, 0}).Input<int64_t>("i", {2, 1}, {0, 1})
+      .Input<float>("u", {3}, {1, 2, 3}).UncheckedOutput("y").ExpectFailure("expected updates [2]").Run();
+  OpTester("ScatterND", 16).Input<float>("x", {4}, {0, 0, 0, 0}).Input<int64_t>("i", {2, 1}, {0, 4})
+      .Input<float>("u", {2}, {1, 2}).UncheckedOutput("y").ExpectFailure("index 4 (coordinate 0 of tuple 1)").Run();
+}
+
 // Pad in every mode (reflect does not repeat the edge; wrap starts over), cropping with a
 // negative pad, padding named axes; Tile, zero repeats included; and their bad inputs.
 TEST(PadAndTile, ModesCropsAxesAndErrors) {

@@ -190,6 +190,35 @@ absl::Status TopKGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// GatherND: dy's slices go back to the slices they were read from, summed where tuples repeat
+// (ScatterND with reduction add, opset 16). batch_dims must be 0.
+absl::Status GatherNdGrad(GradBuilder& b) {
+  if (b.fwd().AttrInt("batch_dims", 0) != 0)
+    return b.Error("no gradient rule for GatherND with batch_dims > 0");
+  if (b.graph_opset() < 16)
+    return b.Error("the gradient of GatherND scatters with ScatterND's reduction, which needs opset >= 16");
+  if (!b.x(0)->shape().is_static()) return b.Error("the gradient of GatherND needs data of a static shape");
+  b.SetGrad(0, b.Op("ScatterND", {b.Zeros(b.x(0)), b.x(1), b.dy()}, {{"reduction", Attribute::String("add")}}));
+  return absl::OkStatus();
+}
+
+// ScatterND: the updates get dy's slices at their tuples; the data gets dy where nothing
+// overwrote it (reduction none), or all of dy (add). mul, max and min have no rule.
+absl::Status ScatterNdGrad(GradBuilder& b) {
+  const std::string reduction = b.fwd().AttrString("reduction", "none");
+  if (reduction != "none" && reduction != "add") return b.Error("no gradient rule for ScatterND with reduction " + reduction);
+  if (b.NeedsGrad(0)) {
+    if (reduction == "add") {
+      b.SetGrad(0, b.dy());
+    } else {
+      if (!b.x(2)->shape().is_static()) return b.Error("the gradient of ScatterND needs updates of a static shape");
+      b.SetGrad(0, b.Op("ScatterND", {b.dy(), b.x(1), b.Zeros(b.x(2))}));
+    }
+  }
+  if (b.NeedsGrad(2)) b.SetGrad(2, b.Op("GatherND", {b.dy(), b.x(1)}));
+  return absl::OkStatus();
+}
+
 // ScatterElements: the updates get dy where they were written; data gets dy where nothing
 // overwrote it (reduction none), or all of dy (add). mul, max and min have no rule.
 absl::Status ScatterElementsGrad(GradBuilder& b) {
@@ -322,6 +351,8 @@ void RegisterStructuralRules(std::map<std::string, GradRule>& rules) {
   rules["::Tile"] = TileGrad;
   rules["::GatherElements"] = GatherElementsGrad;
   rules["::TopK"] = TopKGrad;
+  rules["::GatherND"] = GatherNdGrad;
+  rules["::ScatterND"] = ScatterNdGrad;
   rules["::ScatterElements"] = ScatterElementsGrad;
   for (const char* op : {"::ReduceL1", "::ReduceL2", "::ReduceSumSquare", "::ReduceLogSum", "::ReduceLogSumExp"})
     rules[op] = ReduceAroundSumGrad;

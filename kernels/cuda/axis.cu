@@ -1,5 +1,5 @@
 // CUDA kernels along an axis or over padded dims (kernels/cuda/): Pad (and Tile, its wrap mode),
-// CumSum, ArgMax / ArgMin, TopK, GatherElements and ScatterElements. The running and combining ones
+// CumSum, ArgMax / ArgMin, TopK, GatherElements and ScatterElements, GatherND and ScatterND. The running and combining ones
 // give each line along the axis to one thread, which walks it in the order the CPU kernels do:
 // the same sums in the same order, and ScatterElements' duplicate indices combined in index
 // order without atomics (its updates land only on their own line).
@@ -9,6 +9,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/pad_coord.h"
+#include "kernels/nd_index.h"
 #include "kernels/topk_order.h"
 
 namespace cleave::kernels::cuda {
@@ -302,6 +303,61 @@ int64_t Elements(const int64_t* dims, int rank) {
   return n;
 }
 
+// GatherND: one thread per output element [batch, tuple, slice element]; a tuple out of range
+// reads zeros and is reported (its coordinate, at its flat position among the indices).
+template <typename E>
+__global__ void GatherNdKernel(NdIndexLayout l, const E* x, const int64_t* idx, E* y, int64_t total, BadIndex bad) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = e / l.slice, s = e % l.slice;
+    int j = 0;
+    const int64_t at = NdSlice(l, idx + t * l.k, &j);
+    if (at < 0) {
+      RecordBadIndex(bad, idx[t * l.k + j], t * l.k + j, l.dims[j]);
+      y[e] = E{};
+      continue;
+    }
+    y[e] = x[(t / l.tuples * l.block + at) * l.slice + s];
+  }
+}
+
+// ScatterND without a reduction: one thread per update element (duplicate tuples write in no
+// set order, as the spec leaves them).
+template <typename E>
+__global__ void ScatterNdWriteKernel(NdIndexLayout l, const int64_t* idx, const E* upd, E* y, int64_t total,
+                                     BadIndex bad) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = e / l.slice;
+    int j = 0;
+    const int64_t at = NdSlice(l, idx + t * l.k, &j);
+    if (at < 0) {
+      RecordBadIndex(bad, idx[t * l.k + j], t * l.k + j, l.dims[j]);
+      continue;
+    }
+    y[at * l.slice + e % l.slice] = upd[e];
+  }
+}
+
+// ScatterND with a reduction: one thread per slice element, combining the tuples in their order
+// (as the CPU does, without atomics): parallel over the slice, serial over the tuples.
+template <typename T>
+__global__ void ScatterNdCombineKernel(NdIndexLayout l, ScatterReduction r, const int64_t* idx, const T* upd, T* y,
+                                       BadIndex bad) {
+  for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < l.slice;
+       s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    for (int64_t t = 0; t < l.tuples; ++t) {
+      int j = 0;
+      const int64_t at = NdSlice(l, idx + t * l.k, &j);
+      if (at < 0) {
+        if (s == 0) RecordBadIndex(bad, idx[t * l.k + j], t * l.k + j, l.dims[j]);
+        continue;
+      }
+      Combine(r, y[at * l.slice + s], upd[t * l.slice + s]);
+    }
+  }
+}
+
 }  // namespace
 
 int Pad(int elem_bytes, PadMode mode, const PadLayout& l, const void* x, void* y, uint64_t fill, void* stream) {
@@ -409,6 +465,38 @@ int ScatterElements(Elem t, int elem_bytes, ScatterReduction r, const ElementsLa
   // Plain writes move bytes of any size; the reductions need the arithmetic of t.
   if (r == ScatterReduction::kNone) return WithWord(elem_bytes, launch);
   return WithElem(t, launch);
+}
+
+int GatherND(int elem_bytes, const NdIndexLayout& l, const void* x, const int64_t* idx, void* y, void* stream,
+             BadIndex bad) {
+  const int64_t total = l.batches * l.tuples * l.slice;
+  if (total == 0) return 0;
+  return WithWord(elem_bytes, [&](auto word) {
+    using E = decltype(word);
+    GatherNdKernel<E><<<Blocks(total), kThreads, 0, Stream(stream)>>>(l, static_cast<const E*>(x), idx,
+                                                                       static_cast<E*>(y), total, bad);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int ScatterND(Elem t, int elem_bytes, ScatterReduction r, const NdIndexLayout& l, const int64_t* idx, const void* upd,
+              void* y, void* stream, BadIndex bad) {
+  if (l.batches != 1) return static_cast<int>(cudaErrorInvalidValue);
+  const int64_t total = l.tuples * l.slice;
+  if (total == 0) return 0;
+  if (r == ScatterReduction::kNone)
+    return WithWord(elem_bytes, [&](auto word) {
+      using E = decltype(word);
+      ScatterNdWriteKernel<E><<<Blocks(total), kThreads, 0, Stream(stream)>>>(l, idx, static_cast<const E*>(upd),
+                                                                             static_cast<E*>(y), total, bad);
+      return static_cast<int>(cudaGetLastError());
+    });
+  return WithElem(t, [&](auto v) {
+    using T = decltype(v);
+    ScatterNdCombineKernel<T><<<Blocks(l.slice), kThreads, 0, Stream(stream)>>>(l, r, idx, static_cast<const T*>(upd),
+                                                                              static_cast<T*>(y), bad);
+    return static_cast<int>(cudaGetLastError());
+  });
 }
 
 }  // namespace cleave::kernels::cuda

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/nd_index.h"
 #include "kernels/pad_coord.h"
 #include "kernels/pool_window.h"
 #include "kernels/rotary_layout.h"
@@ -367,6 +368,16 @@ int GatherElements(int elem_bytes, const ElementsLayout& l, const void* x, const
 enum class ScatterReduction : int { kNone, kAdd, kMul, kMax, kMin };
 int ScatterElements(Elem t, int elem_bytes, ScatterReduction r, const ElementsLayout& l, const void* idx,
                     bool idx_int32, const void* upd, void* y, void* stream, BadIndex bad = {});
+
+// GatherND: y [batches, tuples, slice] = the slice of x each tuple of k coordinates addresses
+// within its batch (kernels/nd_index.h); a tuple out of range reads zeros and is reported in
+// `bad`. ScatterND (batches 1): y, holding the data already, gets each update slice at its
+// tuple, written (kNone, one thread per element; duplicates in no set order) or combined by the
+// reduction in tuple order (one thread per slice element).
+int GatherND(int elem_bytes, const NdIndexLayout& l, const void* x, const int64_t* idx, void* y, void* stream,
+             BadIndex bad = {});
+int ScatterND(Elem t, int elem_bytes, ScatterReduction r, const NdIndexLayout& l, const int64_t* idx, const void* upd,
+              void* y, void* stream, BadIndex bad = {});
 
 // NegativeLogLikelihoodLoss of input [N, C, D] (log-probabilities, dt) against target [N, D]
 // (int64, or int32): each position's loss is -weight[label] * input[n, label, d] (weight [C] of

@@ -31,6 +31,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterSwiGluKernels(registry_);
   RegisterRotaryKernels(registry_);
   RegisterAxisKernels(registry_);
+  RegisterNdIndexKernels(registry_);
   RegisterPadTileKernels(registry_);
   RegisterConvKernels(registry_);
   RegisterPoolKernels(registry_);

@@ -16,6 +16,7 @@ void RegisterGradKernels(KernelRegistry& r);         // cpu/grad_ops.cc
 void RegisterSwiGluKernels(KernelRegistry& r);       // cpu/swiglu_ops.cc
 void RegisterRotaryKernels(KernelRegistry& r);       // cpu/rotary_ops.cc
 void RegisterAxisKernels(KernelRegistry& r);         // cpu/axis_ops.cc
+void RegisterNdIndexKernels(KernelRegistry& r);      // cpu/nd_index_ops.cc
 void RegisterPadTileKernels(KernelRegistry& r);      // cpu/pad_tile_ops.cc
 void RegisterConvKernels(KernelRegistry& r);         // cpu/conv_ops.cc
 void RegisterPoolKernels(KernelRegistry& r);         // cpu/pool_ops.cc

@@ -1,6 +1,6 @@
 // The CUDA provider's kernels along an axis or over padded dims (providers/cuda/): Pad and Tile
 // (one kernel: Tile is wrap padding), Pad's gradient ai.cleave.PadGrad, CumSum, ArgMax / ArgMin, TopK, GatherElements and
-// ScatterElements (kernels/cuda/axis.cu). Pads, repeats, axes, TopK's K and the constant are read on the
+// ScatterElements, GatherND and ScatterND (kernels/cuda/axis.cu). Pads, repeats, axes, TopK's K and the constant are read on the
 // host; out-of-range element indices are found on the device and reported at the stream's next
 // wait, naming the node (as Gather's are).
 #include <cuda_runtime_api.h>
@@ -15,6 +15,7 @@
 #include "providers/axis.h"
 #include "providers/cpu/shape_ops.h"
 #include "providers/cuda/cuda_kernel.h"
+#include "providers/nd_index_plan.h"
 #include "providers/pad_tile_plan.h"
 
 namespace cleave::providers {
@@ -222,17 +223,21 @@ class GatherElementsKernel : public CudaKernel {
   int64_t tag_;
 };
 
+// ScatterElements' and ScatterND's reduction attribute.
+absl::StatusOr<kc::ScatterReduction> ScatterReductionOf(const graph::Node& n) {
+  const std::string r = n.AttrString("reduction", "none");
+  if (r == "none") return kc::ScatterReduction::kNone;
+  if (r == "add") return kc::ScatterReduction::kAdd;
+  if (r == "mul") return kc::ScatterReduction::kMul;
+  if (r == "max") return kc::ScatterReduction::kMax;
+  if (r == "min") return kc::ScatterReduction::kMin;
+  return InvalidArgument(n.Describe(), ": expected reduction none, add, mul, max or min, got '", r, "'");
+}
+
 class ScatterElementsKernel : public CudaKernel {
  public:
   static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const CudaExecutionProvider* p, const graph::Node& n, int) {
-    const std::string r = n.AttrString("reduction", "none");
-    kc::ScatterReduction red;
-    if (r == "none") red = kc::ScatterReduction::kNone;
-    else if (r == "add") red = kc::ScatterReduction::kAdd;
-    else if (r == "mul") red = kc::ScatterReduction::kMul;
-    else if (r == "max") red = kc::ScatterReduction::kMax;
-    else if (r == "min") red = kc::ScatterReduction::kMin;
-    else return InvalidArgument(n.Describe(), ": expected reduction none, add, mul, max or min, got '", r, "'");
+    ASSIGN_OR_RETURN(const kc::ScatterReduction red, ScatterReductionOf(n));
     return std::unique_ptr<OpKernel>(new ScatterElementsKernel(p, n, red));
   }
   absl::Status Compute(KernelContext& ctx) const override {
@@ -263,6 +268,61 @@ class ScatterElementsKernel : public CudaKernel {
   int64_t tag_;
 };
 
+// GatherND (data, indices) over the indices' tuples (providers/nd_index_plan.h).
+class GatherNdKernel : public CudaKernel {
+ public:
+  GatherNdKernel(const CudaExecutionProvider* p, const graph::Node& n, int)
+      : CudaKernel(p, n), batch_dims_(n.AttrInt("batch_dims", 0)), tag_(p->IndexCheckTag(name_)) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView& idx = *ctx.input(1);
+    auto l = PlanNdIndex(x, idx, batch_dims_);
+    if (!l.ok()) return InvalidArgument(name_, ": ", l.status().message());
+    TensorView* y = ctx.Output(0, NdGatheredDims(x, idx, batch_dims_));
+    if (!y) return absl::OkStatus();
+    return Check(kc::GatherND(static_cast<int>(ElementSize(x.dtype)), *l, x.data, idx.as<int64_t>(), y->data, stream(),
+                              {p_->bad_index_words(), tag_}));
+  }
+
+ private:
+  int64_t batch_dims_;
+  int64_t tag_;
+};
+
+// ScatterND (data, indices, updates): the data copied, then the updates written or combined.
+class ScatterNdKernel : public CudaKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const CudaExecutionProvider* p, const graph::Node& n, int) {
+    ASSIGN_OR_RETURN(const kc::ScatterReduction red, ScatterReductionOf(n));
+    return std::unique_ptr<OpKernel>(new ScatterNdKernel(p, n, red));
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView& idx = *ctx.input(1);
+    const TensorView& upd = *ctx.input(2);
+    auto l = PlanNdIndex(x, idx, 0);
+    if (!l.ok()) return InvalidArgument(name_, ": ", l.status().message());
+    if (upd.dtype != x.dtype)
+      return InvalidArgument(name_, ": expected updates of the data's dtype ", DataTypeName(x.dtype), ", got ",
+                             DataTypeName(upd.dtype));
+    const DimVector want = NdGatheredDims(x, idx, 0);
+    if (DimVector(upd.dim_span()) != want)
+      return InvalidArgument(name_, ": expected updates ", DimsToString(want.span()), ", got ",
+                             DimsToString(upd.dim_span()));
+    TensorView* y = ctx.Output(0, x.dim_span());
+    if (!y) return absl::OkStatus();
+    RETURN_IF_ERROR(Copy(y->data, x.data, x.nbytes()));
+    return Check(kc::ScatterND(ElemOf(x.dtype), static_cast<int>(ElementSize(x.dtype)), reduction_, *l,
+                               idx.as<int64_t>(), upd.data, y->data, stream(), {p_->bad_index_words(), tag_}));
+  }
+
+ private:
+  ScatterNdKernel(const CudaExecutionProvider* p, const graph::Node& n, kc::ScatterReduction r)
+      : CudaKernel(p, n), reduction_(r), tag_(p->IndexCheckTag(name_)) {}
+  kc::ScatterReduction reduction_;
+  int64_t tag_;
+};
+
 }  // namespace
 
 void RegisterCudaAxisKernels(KernelRegistry& r, CudaExecutionProvider* p) {
@@ -286,6 +346,9 @@ void RegisterCudaAxisKernels(KernelRegistry& r, CudaExecutionProvider* p) {
     return absl::StrCat("a reduction over ", DataTypeName(n.input(0)->dtype()), " data");
   };
   AddChecked<ScatterElementsKernel>(r, p, "", "ScatterElements", 11, AllOf({any, int_indices, reducible}));
+  const SupportsFn int64_indices = InputTypeIn(1, {DataType::kInt64});
+  Add<GatherNdKernel>(r, p, "", "GatherND", 11, 1 << 30, AllOf({any, int64_indices}));
+  AddChecked<ScatterNdKernel>(r, p, "", "ScatterND", 11, AllOf({any, int64_indices, reducible}));
 }
 
 }  // namespace cleave::providers
