@@ -135,6 +135,32 @@ __device__ __forceinline__ bool Preferred(T a, int64_t ia, T b, int64_t ib, bool
   return last ? ia > ib : ia < ib;
 }
 
+struct PreferredOrder {
+  bool max, last;
+  template <typename T>
+  __device__ bool operator()(T a, int64_t ia, T b, int64_t ib) const { return Preferred(a, ia, b, ib, max, last); }
+};
+
+// Each thread's candidate (a value and its index, -1 for none) combined in shared memory into
+// vals[0] and idx[0], `first(a, ia, b, ib)` saying which of two to keep. Every thread of the
+// block calls it.
+template <typename T, typename First>
+__device__ void PickAcrossBlock(T* vals, int64_t* idx, T b, int64_t best, First first) {
+  vals[threadIdx.x] = b;
+  idx[threadIdx.x] = best;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+    if (threadIdx.x < half) {
+      const int o = threadIdx.x + half;
+      if (idx[o] >= 0 && (idx[threadIdx.x] < 0 || first(vals[o], idx[o], vals[threadIdx.x], idx[threadIdx.x]))) {
+        vals[threadIdx.x] = vals[o];
+        idx[threadIdx.x] = idx[o];
+      }
+    }
+    __syncthreads();
+  }
+}
+
 // The same along long contiguous lines (inner 1, an argmax over a vocabulary): a block of
 // kThreads per line, each thread scanning every kThreads-th element, their candidates combined
 // in shared memory.
@@ -151,20 +177,7 @@ __global__ void ArgExtremeRowsKernel(const T* x, int64_t* y, int64_t outer, int6
         best = k;
         b = row[k];
       }
-    vals[threadIdx.x] = b;
-    idx[threadIdx.x] = best;
-    __syncthreads();
-    for (int half = blockDim.x / 2; half > 0; half >>= 1) {
-      if (threadIdx.x < half) {
-        const int o = threadIdx.x + half;
-        if (idx[o] >= 0 &&
-            (idx[threadIdx.x] < 0 || Preferred(vals[o], idx[o], vals[threadIdx.x], idx[threadIdx.x], max, last))) {
-          vals[threadIdx.x] = vals[o];
-          idx[threadIdx.x] = idx[o];
-        }
-      }
-      __syncthreads();
-    }
+    PickAcrossBlock(vals, idx, b, best, PreferredOrder{max, last});
     if (threadIdx.x == 0) y[line] = idx[0];
     __syncthreads();  // vals and idx are reused by the next line
   }
@@ -180,6 +193,12 @@ template <typename T>
 __device__ __forceinline__ bool TopKFirst(T a, int64_t ia, T b, int64_t ib, bool largest) {
   return TopKBefore(a, Arith<T>::IsNan(a), ia, b, Arith<T>::IsNan(b), ib, largest, ArithLess<T>{});
 }
+
+struct TopKOrder {
+  bool largest;
+  template <typename T>
+  __device__ bool operator()(T a, int64_t ia, T b, int64_t ib) const { return TopKFirst(a, ia, b, ib, largest); }
+};
 
 // TopK: a block per line of x [outer, len, inner], in k rounds, each taking the first element in
 // TopKBefore's order among those after the previous round's pick (so each is taken once): every
@@ -207,20 +226,7 @@ __global__ void TopKKernel(const T* x, T* values, int64_t* indices, int64_t line
           b = a;
         }
       }
-      vals[threadIdx.x] = b;
-      idx[threadIdx.x] = best;
-      __syncthreads();
-      for (int half = blockDim.x / 2; half > 0; half >>= 1) {
-        if (threadIdx.x < half) {
-          const int o = threadIdx.x + half;
-          if (idx[o] >= 0 &&
-              (idx[threadIdx.x] < 0 || TopKFirst(vals[o], idx[o], vals[threadIdx.x], idx[threadIdx.x], largest))) {
-            vals[threadIdx.x] = vals[o];
-            idx[threadIdx.x] = idx[o];
-          }
-        }
-        __syncthreads();
-      }
+      PickAcrossBlock(vals, idx, b, best, TopKOrder{largest});
       prev = vals[0];
       prev_i = idx[0];
       if (threadIdx.x == 0) {

@@ -18,6 +18,7 @@
 #include "providers/axis.h"
 #include "providers/cpu/cpu_provider.h"
 #include "providers/cpu/shape_ops.h"
+#include "providers/scatter_reduction.h"
 
 namespace cleave::providers {
 
@@ -290,14 +291,7 @@ class GatherElementsKernel : public OpKernel {
 class ScatterElementsKernel : public OpKernel {
  public:
   static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
-    const std::string r = n.AttrString("reduction", "none");
-    Reduction red;
-    if (r == "none") red = Reduction::kNone;
-    else if (r == "add") red = Reduction::kAdd;
-    else if (r == "mul") red = Reduction::kMul;
-    else if (r == "max") red = Reduction::kMax;
-    else if (r == "min") red = Reduction::kMin;
-    else return InvalidArgument(n.Describe(), ": expected reduction none, add, mul, max or min, got '", r, "'");
+    ASSIGN_OR_RETURN(const ScatterReduction red, ScatterReductionOf(n));
     return std::unique_ptr<OpKernel>(new ScatterElementsKernel(n.AttrInt("axis", 0), red));
   }
   absl::Status Compute(KernelContext& ctx) const override {
@@ -314,7 +308,7 @@ class ScatterElementsKernel : public OpKernel {
     TensorView* y = ctx.Output(0, x.dim_span());
     if (!y) return absl::OkStatus();
     if (y->data != x.data && x.nbytes()) std::memcpy(y->data, x.data, x.nbytes());
-    if (reduction_ == Reduction::kNone) {
+    if (reduction_ == ScatterReduction::kNone) {
       const size_t es = ElementSize(x.dtype);
       for (size_t p = 0; p < offsets.size(); ++p)
         std::memcpy(static_cast<char*>(y->data) + offsets[p] * es, static_cast<const char*>(upd.data) + p * es, es);
@@ -331,26 +325,17 @@ class ScatterElementsKernel : public OpKernel {
   }
 
  private:
-  enum class Reduction { kNone, kAdd, kMul, kMax, kMin };
-  ScatterElementsKernel(int64_t axis, Reduction reduction) : axis_(axis), reduction_(reduction) {}
+  ScatterElementsKernel(int64_t axis, ScatterReduction reduction) : axis_(axis), reduction_(reduction) {}
 
   template <typename T>
   void Combine(std::span<const int64_t> offsets, const TensorView& upd, TensorView& y) const {
     T* out = y.as<T>();
     const T* u = upd.as<T>();
-    for (size_t p = 0; p < offsets.size(); ++p) {
-      T& o = out[offsets[p]];
-      switch (reduction_) {
-        case Reduction::kAdd: o = kernels::cpu::WrapAdd(o, u[p]); break;  // integers wrap
-        case Reduction::kMul: o = kernels::cpu::WrapMul(o, u[p]); break;
-        case Reduction::kMax: o = std::max(o, u[p]); break;
-        default: o = std::min(o, u[p]); break;
-      }
-    }
+    for (size_t p = 0; p < offsets.size(); ++p) CombineInto(reduction_, out[offsets[p]], u[p]);
   }
 
   int64_t axis_;
-  Reduction reduction_;
+  ScatterReduction reduction_;
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "providers/cpu/cpu_provider.h"
 #include "providers/cpu/shape_ops.h"
 #include "providers/nd_index_plan.h"
+#include "providers/scatter_reduction.h"
 
 namespace cleave::providers {
 
@@ -66,16 +67,8 @@ class GatherNdKernel : public OpKernel {
 // slice, or combined there by `reduction` (add, mul, max, min).
 class ScatterNdKernel : public OpKernel {
  public:
-  enum class Reduction { kNone, kAdd, kMul, kMax, kMin };
   static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const graph::Node& n, int) {
-    const std::string r = n.AttrString("reduction", "none");
-    Reduction red;
-    if (r == "none") red = Reduction::kNone;
-    else if (r == "add") red = Reduction::kAdd;
-    else if (r == "mul") red = Reduction::kMul;
-    else if (r == "max") red = Reduction::kMax;
-    else if (r == "min") red = Reduction::kMin;
-    else return InvalidArgument(n.Describe(), ": expected reduction none, add, mul, max or min, got '", r, "'");
+    ASSIGN_OR_RETURN(const ScatterReduction red, ScatterReductionOf(n));
     return std::unique_ptr<OpKernel>(new ScatterNdKernel(red));
   }
   absl::Status Compute(KernelContext& ctx) const override {
@@ -94,7 +87,7 @@ class ScatterNdKernel : public OpKernel {
     TensorView* y = ctx.Output(0, x.dim_span());
     if (!y) return absl::OkStatus();
     if (y->data != x.data && x.nbytes()) std::memcpy(y->data, x.data, x.nbytes());
-    if (reduction_ == Reduction::kNone) {
+    if (reduction_ == ScatterReduction::kNone) {
       const size_t es = ElementSize(x.dtype), bytes = static_cast<size_t>(l.slice) * es;
       for (size_t t = 0; t < offsets.size(); ++t)
         std::memcpy(static_cast<char*>(y->data) + offsets[t] * es, static_cast<const char*>(upd.data) + t * bytes, bytes);
@@ -108,24 +101,15 @@ class ScatterNdKernel : public OpKernel {
   }
 
  private:
-  explicit ScatterNdKernel(Reduction r) : reduction_(r) {}
+  explicit ScatterNdKernel(ScatterReduction r) : reduction_(r) {}
 
   template <typename T>
   void Combine(std::span<const int64_t> offsets, int64_t slice, const T* u, T* out) const {
     for (size_t t = 0; t < offsets.size(); ++t)
-      for (int64_t s = 0; s < slice; ++s) {
-        T& o = out[offsets[t] + s];
-        const T v = u[static_cast<int64_t>(t) * slice + s];
-        switch (reduction_) {
-          case Reduction::kAdd: o = kernels::cpu::WrapAdd(o, v); break;  // integers wrap
-          case Reduction::kMul: o = kernels::cpu::WrapMul(o, v); break;
-          case Reduction::kMax: o = std::max(o, v); break;
-          default: o = std::min(o, v); break;
-        }
-      }
+      for (int64_t s = 0; s < slice; ++s) CombineInto(reduction_, out[offsets[t] + s], u[static_cast<int64_t>(t) * slice + s]);
   }
 
-  Reduction reduction_;
+  ScatterReduction reduction_;
 };
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "providers/cpu/shape_ops.h"
 #include "providers/cuda/cuda_kernel.h"
 #include "providers/nd_index_plan.h"
+#include "providers/scatter_reduction.h"
 #include "providers/pad_tile_plan.h"
 
 namespace cleave::providers {
@@ -223,21 +224,23 @@ class GatherElementsKernel : public CudaKernel {
   int64_t tag_;
 };
 
-// ScatterElements' and ScatterND's reduction attribute.
-absl::StatusOr<kc::ScatterReduction> ScatterReductionOf(const graph::Node& n) {
-  const std::string r = n.AttrString("reduction", "none");
-  if (r == "none") return kc::ScatterReduction::kNone;
-  if (r == "add") return kc::ScatterReduction::kAdd;
-  if (r == "mul") return kc::ScatterReduction::kMul;
-  if (r == "max") return kc::ScatterReduction::kMax;
-  if (r == "min") return kc::ScatterReduction::kMin;
-  return InvalidArgument(n.Describe(), ": expected reduction none, add, mul, max or min, got '", r, "'");
+// ScatterElements' and ScatterND's reduction attribute (providers/scatter_reduction.h), as the
+// kernels name it.
+absl::StatusOr<kc::ScatterReduction> DeviceReductionOf(const graph::Node& n) {
+  ASSIGN_OR_RETURN(const ScatterReduction r, ScatterReductionOf(n));
+  switch (r) {
+    case ScatterReduction::kNone: return kc::ScatterReduction::kNone;
+    case ScatterReduction::kAdd: return kc::ScatterReduction::kAdd;
+    case ScatterReduction::kMul: return kc::ScatterReduction::kMul;
+    case ScatterReduction::kMax: return kc::ScatterReduction::kMax;
+    default: return kc::ScatterReduction::kMin;
+  }
 }
 
 class ScatterElementsKernel : public CudaKernel {
  public:
   static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const CudaExecutionProvider* p, const graph::Node& n, int) {
-    ASSIGN_OR_RETURN(const kc::ScatterReduction red, ScatterReductionOf(n));
+    ASSIGN_OR_RETURN(const kc::ScatterReduction red, DeviceReductionOf(n));
     return std::unique_ptr<OpKernel>(new ScatterElementsKernel(p, n, red));
   }
   absl::Status Compute(KernelContext& ctx) const override {
@@ -293,7 +296,7 @@ class GatherNdKernel : public CudaKernel {
 class ScatterNdKernel : public CudaKernel {
  public:
   static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const CudaExecutionProvider* p, const graph::Node& n, int) {
-    ASSIGN_OR_RETURN(const kc::ScatterReduction red, ScatterReductionOf(n));
+    ASSIGN_OR_RETURN(const kc::ScatterReduction red, DeviceReductionOf(n));
     return std::unique_ptr<OpKernel>(new ScatterNdKernel(p, n, red));
   }
   absl::Status Compute(KernelContext& ctx) const override {
