@@ -1,0 +1,60 @@
+// The decompositions' emitter and constants (graph/passes/emitter.h).
+#include "graph/passes/emitter.h"
+
+namespace cleave::graph::decompose {
+
+void SetElement(Tensor& t, int64_t i, float v) {
+  switch (t.dtype()) {
+    case DataType::kFloat64: t.data<double>()[i] = v; break;
+    case DataType::kFloat16: t.data<uint16_t>()[i] = FloatToHalf(v); break;
+    case DataType::kBFloat16: t.data<uint16_t>()[i] = FloatToBFloat16(v); break;
+    default: t.data<float>()[i] = v; break;
+  }
+}
+
+Value* Emitter::Filled(DataType t, int64_t n, float value) {
+  Tensor tensor(t, {n});
+  for (int64_t i = 0; i < n; ++i) SetElement(tensor, i, value);
+  return g_->AddInitializer(g_->UniqueName(base_ + (value == 0.f ? "/zeros" : "/ones")), std::move(tensor));
+}
+
+Value* Emitter::Scalar(DataType t, double v) {
+  Tensor tensor(t, {});
+  if (t == DataType::kInt64) tensor.data<int64_t>()[0] = static_cast<int64_t>(v);
+  else SetElement(tensor, 0, static_cast<float>(v));
+  return g_->AddInitializer(g_->UniqueName(base_ + "/scalar"), std::move(tensor));
+}
+
+Value* Emitter::Eye(DataType t, int rank, int p, int q, int64_t n) {
+  std::vector<int64_t> dims(rank, 1);
+  dims[p] = dims[q] = n;
+  Tensor tensor(t, dims);  // zeros
+  // Element (i, i) of the [n, n] plane sits at i * (stride of p + stride of q).
+  int64_t sp = 1, sq = 1;
+  for (int a = rank - 1; a > p; --a) sp *= dims[a];
+  for (int a = rank - 1; a > q; --a) sq *= dims[a];
+  for (int64_t i = 0; i < n; ++i) SetElement(tensor, i * (sp + sq), 1.f);
+  return g_->AddInitializer(g_->UniqueName(base_ + "/eye"), std::move(tensor));
+}
+
+absl::StatusOr<std::vector<int64_t>> Target(const std::string& node, const std::vector<std::optional<int64_t>>& sizes,
+                                            const std::string& what) {
+  std::vector<int64_t> t;
+  int unknown = 0;
+  for (const auto& s : sizes) {
+    t.push_back(s ? *s : -1);
+    unknown += !s;
+  }
+  if (unknown > 1)
+    return Unimplemented(node, ": ", what, " has ", unknown,
+                         " symbolic sizes, and cleave decomposes the op over a shape with at most one; fix the "
+                         "model's dims (free_dimension_overrides, or --dim when training)");
+  return t;
+}
+
+std::optional<int64_t> StaticDim(const Value* v, int axis) {
+  const Dim& d = v->shape()[axis];
+  return d.is_static() ? std::optional<int64_t>(d.value) : std::nullopt;
+}
+
+}  // namespace cleave::graph::decompose
