@@ -86,6 +86,13 @@ struct EinsumCase {
 
 class EinsumTest : public ::testing::TestWithParam<EinsumCase> {};
 
+// Integer operands: products in int64, a diagonal through an int64 identity.
+TEST(EinsumDecomposition, IntegerOperandsAndTheirDiagonal) {
+  OpTester("Einsum", 13).Attr("equation", std::string("ii,ij->j"))
+      .Input<int64_t>("a", {2, 2}, {2, 9, 9, 3}).Input<int64_t>("b", {2, 3}, {1, 2, 3, 4, 5, 6})
+      .Output<int64_t>("y", {3}, {14, 19, 24}).Run();
+}
+
 TEST_P(EinsumTest, MatchesTheSumOverEveryLabelAssignment) {
   const EinsumCase& c = GetParam();
   std::vector<std::vector<float>> data;

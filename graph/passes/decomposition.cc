@@ -210,8 +210,7 @@ absl::Status DecomposeEyeLike(Graph* g, Node* n) {
   for (int64_t i = 0; i < dims[0]; ++i) {
     const int64_t j = i + k;
     if (j < 0 || j >= dims[1]) continue;
-    if (IsFloat(t)) SetElement(eye, i * dims[1] + j, 1.f);
-    else static_cast<uint8_t*>(eye.raw())[(i * dims[1] + j) * ElementSize(t)] = 1;  // little-endian 1
+    SetElement(eye, i * dims[1] + j, 1.f);
   }
   Value* out = n->output(0);
   Value* c = g->AddInitializer(g->UniqueName((n->name().empty() ? "EyeLike" : n->name()) + "/eye"), std::move(eye));

@@ -5,10 +5,18 @@ namespace cleave::graph::decompose {
 
 void SetElement(Tensor& t, int64_t i, float v) {
   switch (t.dtype()) {
+    case DataType::kFloat32: t.data<float>()[i] = v; break;
     case DataType::kFloat64: t.data<double>()[i] = v; break;
     case DataType::kFloat16: t.data<uint16_t>()[i] = FloatToHalf(v); break;
     case DataType::kBFloat16: t.data<uint16_t>()[i] = FloatToBFloat16(v); break;
-    default: t.data<float>()[i] = v; break;
+    case DataType::kInt64: t.data<int64_t>()[i] = static_cast<int64_t>(v); break;
+    case DataType::kUInt64: t.data<uint64_t>()[i] = static_cast<uint64_t>(v); break;
+    case DataType::kInt32: t.data<int32_t>()[i] = static_cast<int32_t>(v); break;
+    case DataType::kUInt32: t.data<uint32_t>()[i] = static_cast<uint32_t>(v); break;
+    case DataType::kInt16: t.data<int16_t>()[i] = static_cast<int16_t>(v); break;
+    case DataType::kUInt16: t.data<uint16_t>()[i] = static_cast<uint16_t>(v); break;
+    case DataType::kInt8: t.data<int8_t>()[i] = static_cast<int8_t>(v); break;
+    default: t.data<uint8_t>()[i] = static_cast<uint8_t>(v); break;  // uint8, bool
   }
 }
 
@@ -20,8 +28,7 @@ Value* Emitter::Filled(DataType t, int64_t n, float value) {
 
 Value* Emitter::Scalar(DataType t, double v) {
   Tensor tensor(t, {});
-  if (t == DataType::kInt64) tensor.data<int64_t>()[0] = static_cast<int64_t>(v);
-  else SetElement(tensor, 0, static_cast<float>(v));
+  SetElement(tensor, 0, static_cast<float>(v));
   return g_->AddInitializer(g_->UniqueName(base_ + "/scalar"), std::move(tensor));
 }
 

@@ -39,7 +39,7 @@ class Emitter {
   Value* Filled(DataType t, int64_t n, float value);
   // Ones on the diagonal of axes p and q (both n), zeros elsewhere, every other axis 1.
   Value* Eye(DataType t, int rank, int p, int q, int64_t n);
-  // A 0-D constant of type t (a float type or int64).
+  // A 0-D constant of type t.
   Value* Scalar(DataType t, double v);
   absl::StatusOr<Value*> Reshape(Value* x, const std::vector<int64_t>& target) { return Add("Reshape", {x, Ints(target)}); }
   // Unsqueeze and Squeeze take their axes as an input from version 13.
@@ -84,7 +84,7 @@ class Emitter {
   std::set<const Value*> made_;
 };
 
-// Sets element i of a float tensor (of any float type) to v.
+// Sets element i of t (of any fixed-size type) to v, converted as a C++ cast converts it.
 void SetElement(Tensor& t, int64_t i, float v);
 
 // A Reshape target from sizes that may be unknown: at most one unknown size becomes -1;
