@@ -122,7 +122,7 @@ Value* Positions(Graph* g, const std::string& hint, int64_t n, int rank, int axi
 
 // OneHot: Where(Equal(Unsqueeze(indices, axis), positions), on, off), a negative index wrapped
 // once (one below -depth then matches nothing and its row is all off, as the spec asks). The
-// positions are a constant where depth is one, else Range(0, depth) (opset 11).
+// positions are a constant where depth is a constant, else Range(0, depth) (opset 11).
 absl::Status DecomposeOneHot(Graph* g, Node* n) {
   Value* indices = n->input(0);
   Value* depth = n->input(1);

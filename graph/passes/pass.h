@@ -33,9 +33,11 @@ absl::Status RunToFixedPoint(const std::vector<Pass*>& passes, Graph* g, int max
 // letter reads its diagonal: a Mul by the identity over those axes, summed over one, so a
 // diagonal of static size); GroupNormalization into InstanceNormalization over X viewed
 // as [N, G, rest], then (version 21) the per-channel scale and bias; DepthToSpace and
-// SpaceToDepth into Reshape, Transpose, Reshape. Shapes must be inferred; a symbolic size
-// the rewrite cannot carry through a Reshape (more than one in a merged group) is an error
-// naming the node. Every session runs it before placement, training graphs before autodiff.
+// SpaceToDepth into Reshape, Transpose, Reshape; OneHot and Hardmax into comparisons with
+// positions; EyeLike into a constant; Shrink into Wheres; LRN into an AveragePool over the
+// channels. Shapes must be inferred; a symbolic size the rewrite cannot carry through a Reshape
+// (more than one in a merged group) is an error naming the node. Every session runs it before
+// placement; the training builder once it has chosen the parameters, before autodiff.
 class OpDecomposition : public Pass {
  public:
   std::string name() const override { return "OpDecomposition"; }
