@@ -196,3 +196,84 @@ absl::Status InferEyeLike(InferContext& ctx) {
 }
 
 }  // namespace cleave::graph
+
+namespace cleave::graph {
+
+// RNN, GRU and LSTM: X [seq, batch, input] (layout 1: [batch, seq, input]), W [dirs, gates·H,
+// input], R [dirs, gates·H, H], B [dirs, 2·gates·H], sequence_lens [batch] int32, initial_h
+// and initial_c [dirs, batch, H] ([batch, dirs, H]), P [dirs, 3·H]. Y [seq, dirs, batch, H]
+// ([batch, seq, dirs, H]); Y_h and Y_c as initial_h.
+absl::Status InferRecurrent(InferContext& ctx) {
+  const Node& n = ctx.node();
+  const std::string& op = n.op_type();
+  const int64_t gates = op == "LSTM" ? 4 : op == "GRU" ? 3 : 1;
+  const std::string direction = n.AttrString("direction", "forward");
+  if (direction != "forward" && direction != "reverse" && direction != "bidirectional")
+    return ctx.Error("direction '", direction, "' is none of forward, reverse, bidirectional");
+  const int64_t dirs = direction == "bidirectional" ? 2 : 1;
+  const int64_t layout = ctx.version() >= 14 ? n.AttrInt("layout", 0) : 0;
+  if (layout != 0 && layout != 1) return ctx.Error("layout is ", layout, "; expected 0 or 1");
+  const std::initializer_list<DataType> floats = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                                                  DataType::kBFloat16};
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, floats));
+  const DataType t = ctx.input_dtype(0);
+  static const char* kNames[] = {"X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"};
+  for (int i = 1; i < ctx.num_inputs(); ++i) {
+    if (!ctx.has_input(i)) continue;
+    if (i == 4) {
+      RETURN_IF_ERROR(ExpectDtype(ctx, i, {DataType::kInt32}));
+    } else if (ctx.input_dtype(i) != t && ctx.input_dtype(i) != DataType::kUndefined) {
+      return ctx.Error("input ", kNames[i], " '", n.input(i)->name(), "' has dtype ", DataTypeName(ctx.input_dtype(i)),
+                       ", expected ", DataTypeName(t), " (X's)");
+    }
+  }
+  Dim hidden;
+  if (n.HasAttr("hidden_size")) {
+    hidden = Dim(n.AttrInt("hidden_size", 0));
+    if (hidden.value <= 0) return ctx.Error("hidden_size is ", hidden.value, "; expected > 0");
+  } else if (ctx.input_shape(2).has_rank() && ctx.input_shape(2).rank() == 3) {
+    hidden = ctx.input_shape(2)[2];
+  }
+  const Shape& x = ctx.input_shape(0);
+  Dim seq, batch, in;
+  if (x.has_rank()) {
+    if (x.rank() != 3)
+      return ctx.Error("expected X ", layout ? "[batch, seq, input]" : "[seq, batch, input]", ", got ", x.ToString());
+    seq = x[layout ? 1 : 0];
+    batch = x[layout ? 0 : 1];
+    in = x[2];
+  }
+  auto times = [](int64_t f, const Dim& d) { return d.is_static() ? Dim(f * d.value) : Dim(); };
+  const Dim gh = times(gates, hidden);
+  const Dim state_batch_major[] = {batch, Dim(dirs), hidden};
+  const Dim state_seq_major[] = {Dim(dirs), batch, hidden};
+  const Dim* state = layout ? state_batch_major : state_seq_major;
+  const std::vector<std::vector<Dim>> expected = {
+      {},
+      {Dim(dirs), gh, in},
+      {Dim(dirs), gh, hidden},
+      {Dim(dirs), times(2 * gates, hidden)},
+      {batch},
+      {state[0], state[1], state[2]},
+      {state[0], state[1], state[2]},
+      {Dim(dirs), times(3, hidden)}};
+  for (int i = 1; i < ctx.num_inputs(); ++i) {
+    if (!ctx.has_input(i) || !ctx.input_shape(i).has_rank()) continue;
+    const Shape& s = ctx.input_shape(i);
+    bool ok = s.rank() == static_cast<int>(expected[i].size());
+    for (int a = 0; ok && a < s.rank(); ++a)
+      ok = !s[a].is_static() || !expected[i][a].is_static() || s[a].value == expected[i][a].value;
+    if (!ok)
+      return ctx.Error("input ", kNames[i], " '", n.input(i)->name(), "' is ", s.ToString(), "; expected ",
+                       Shape(expected[i]).ToString(), " (", dirs, " direction", dirs == 2 ? "s" : "", ", ", gates,
+                       " gate", gates == 1 ? "" : "s", ", hidden ", DimString(hidden), ")");
+  }
+  if (ctx.has_output(0)) {
+    ctx.SetOutput(0, t, layout ? Shape({batch, seq, Dim(dirs), hidden}) : Shape({seq, Dim(dirs), batch, hidden}));
+  }
+  for (int k = 1; k < ctx.num_outputs(); ++k)
+    if (ctx.has_output(k)) ctx.SetOutput(k, t, Shape({state[0], state[1], state[2]}));
+  return absl::OkStatus();
+}
+
+}  // namespace cleave::graph

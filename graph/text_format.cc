@@ -101,6 +101,14 @@ absl::StatusOr<Attribute> ParseAttrValue(const std::string& v) {
     return Attribute::String(v.substr(1, v.size() - 2));
   if (v.size() >= 2 && v.front() == '[' && v.back() == ']') {
     std::vector<std::string> items = SplitTop(v.substr(1, v.size() - 2));
+    if (!items.empty() && !items[0].empty() && items[0].front() == '"') {  // ["Sigmoid", "Tanh"]
+      std::vector<std::string> strings;
+      for (const std::string& it : items) {
+        if (it.size() < 2 || it.front() != '"' || it.back() != '"') return InvalidArgument("bad string item '", it, "'");
+        strings.push_back(it.substr(1, it.size() - 2));
+      }
+      return Attribute::Strings(strings);
+    }
     bool floats = false;
     for (const std::string& it : items) floats |= it.find_first_of(".eE") != std::string::npos;
     std::vector<int64_t> ints;

@@ -305,8 +305,9 @@ void WithGradients(graph::Graph& g) {
 }
 
 // Einsum (a batched product over broadcast ellipsis axes, a batch diagonal), GroupNormalization
-// and DepthToSpace, then OneHot, Hardmax, Shrink and LRN, as every session decomposes them, with
-// their gradients (autodiff over what they became): every node on CUDA, equal to the CPU.
+// and DepthToSpace, then OneHot, Hardmax, Shrink and LRN, then LSTM and GRU, as every session
+// decomposes them, with their gradients (autodiff over what they became): every node on CUDA,
+// equal to the CPU.
 TEST(CudaProvider, DecomposedOpsAndTheirGradients) {
   REQUIRE_CUDA();
   const std::string text = R"(
@@ -351,6 +352,36 @@ TEST(CudaProvider, DecomposedOpsAndTheirGradients) {
   )",
              {{"x", Random({2, 6, 3, 3}, 57)}, {"ids", ids}, {"h", Random({3, 7}, 58)}}, 1e-4, 1e-4, "*", "",
              WithGradients);
+  // LSTM (both directions, sequence_lens, peepholes) and GRU (linear_before_reset), unrolled
+  // over the sequence, with the gradients of the inputs, weights and states.
+  Tensor lens(DataType::kInt32, {3});
+  lens.data<int32_t>()[0] = 4;
+  lens.data<int32_t>()[1] = 1;
+  lens.data<int32_t>()[2] = 3;
+  ExpectSame(R"(
+    opset 14
+    input x: float32[4,3,5]
+    input w: float32[2,24,5]
+    input rw: float32[2,24,6]
+    input b: float32[2,48]
+    input lens: int32[3]
+    input h0: float32[2,3,6]
+    input c0: float32[2,3,6]
+    input p: float32[2,18]
+    input gw: float32[1,18,5]
+    input gr: float32[1,18,6]
+    input gb: float32[1,36]
+    y, yh, yc = LSTM(x, w, rw, b, lens, h0, c0, p) {hidden_size = 6, direction = "bidirectional", clip = 2.5}
+    g, gh = GRU(x, gw, gr, gb) {hidden_size = 6, linear_before_reset = 1, layout = 0}
+    output y
+    output yc
+    output g
+  )",
+             {{"x", Random({4, 3, 5}, 59)}, {"w", Random({2, 24, 5}, 60)}, {"rw", Random({2, 24, 6}, 61)},
+              {"b", Random({2, 48}, 62)}, {"lens", lens}, {"h0", Random({2, 3, 6}, 63)},
+              {"c0", Random({2, 3, 6}, 64)}, {"p", Random({2, 18}, 65)}, {"gw", Random({1, 18, 5}, 66)},
+              {"gr", Random({1, 18, 6}, 67)}, {"gb", Random({1, 36}, 68)}},
+             1e-4, 1e-4, "*", "", WithGradients);
 }
 
 }  // namespace

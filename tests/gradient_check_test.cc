@@ -38,7 +38,7 @@ Tensor RandomTensor(const Shape& s, double lo, double hi, std::mt19937& rng) {
 // Appends loss = ReduceSum(y * r) (a scalar) and returns it.
 Value* AddLoss(graph::Graph& g, std::mt19937& rng) {
   Value* y = g.outputs()[0];
-  Value* r = g.AddInitializer("r", RandomTensor(y->shape(), -1, 1, rng));
+  Value* r = g.AddInitializer(g.UniqueName("r"), RandomTensor(y->shape(), -1, 1, rng));
   Value* yr = g.GetOrCreateValue("yr");
   Value* loss = g.GetOrCreateValue("loss");
   g.AddNode("Mul", {y, r}, {yr}, "loss_mul");
@@ -325,6 +325,24 @@ const GradCase kCases[] = {
      "v, i = TopK(x, k) {axis = 1}\noutput v"},
     {"TopK_smallest", "opset 11\ninput x: float64[3,4]\ninit k: int64[1] = 3\n"
      "v, i = TopK(x, k) {largest = 0}\noutput v"},
+    {"LSTM_bidirectional_lengths_peepholes",
+     "opset 14\ninput x: float64[3,2,2]\ninput w: float64[2,8,2]\ninput rw: float64[2,8,2]\ninput b: float64[2,16]\n"
+     "init l: int32[2] = 3 2\ninput h: float64[2,2,2]\ninput c: float64[2,2,2]\ninput p: float64[2,6]\n"
+     "y, yh, yc = LSTM(x, w, rw, b, l, h, c, p) {hidden_size = 2, direction = \"bidirectional\"}\noutput y"},
+    {"LSTM_cell_state_batch_first_input_forget",
+     "opset 14\ninput x: float64[2,3,2]\ninput w: float64[1,12,2]\ninput rw: float64[1,12,3]\n"
+     "y, yh, yc = LSTM(x, w, rw) {hidden_size = 3, layout = 1, input_forget = 1}\noutput yc"},
+    {"GRU_linear_before_reset_reverse",
+     "opset 14\ninput x: float64[3,2,2]\ninput w: float64[1,6,2]\ninput rw: float64[1,6,2]\ninput b: float64[1,12]\n"
+     "input h: float64[1,2,2]\ny, yh = GRU(x, w, rw, b, _, h) {hidden_size = 2, direction = \"reverse\", "
+     "linear_before_reset = 1}\noutput y"},
+    {"GRU_reset_before_product_lengths",
+     "opset 14\ninput x: float64[3,2,2]\ninput w: float64[1,6,2]\ninput rw: float64[1,6,2]\ninput b: float64[1,12]\n"
+     "init l: int32[2] = 1 3\ny, yh = GRU(x, w, rw, b, l) {hidden_size = 2}\noutput yh"},
+    {"RNN_bidirectional_relu_tanh",
+     "opset 14\ninput x: float64[3,2,2]\ninput w: float64[2,3,2]\ninput rw: float64[2,3,3]\ninput b: float64[2,6]\n"
+     "y = RNN(x, w, rw, b) {hidden_size = 3, direction = \"bidirectional\", activations = [\"Tanh\", \"Softsign\"]}\n"
+     "output y"},
     {"Shrink", "opset 13\ninput x: float64[7]\ny = Shrink(x) {lambd = 0.7, bias = 0.2}\noutput y"},
     {"LRN", "opset 13\ninput x: float64[2,5,2,2]\ny = LRN(x) {size = 3, alpha = 0.1, beta = 0.75, bias = 2}\noutput y"},
     {"GatherND_rows_repeated", "opset 16\ninput x: float64[3,4]\ninit i: int64[3,1] = 2 0 2\n"

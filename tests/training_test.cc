@@ -561,6 +561,60 @@ TEST(TrainingSession, DecomposedOpsTrain) {
   EXPECT_LT(last, 0.8f * first) << "first " << first << ", last " << last;
 }
 
+// An LSTM feeding a GRU, each unrolled over the sequence, trains: every weight gets a gradient
+// through the steps and the loss falls.
+TEST(TrainingSession, RecurrentOpsTrain) {
+  auto values = [](int n, float phase) {
+    std::string v;
+    for (int i = 0; i < n; ++i) absl::StrAppend(&v, " ", 0.4 * std::sin(1.3 * i + phase));
+    return v;
+  };
+  const std::string text = absl::StrCat(
+      "opset 14\ninput x: float32[6,4,3]\ninit w1: float32[1,32,3] =", values(96, 0.1f),
+      "\ninit r1: float32[1,32,8] =", values(256, 0.7f), "\ninit b1: float32[1,64] = fill 0\n",
+      "init w2: float32[2,6,8] =", values(96, 1.9f), "\ninit r2: float32[2,6,2] =", values(24, 2.3f),
+      "\ninit ax: int64[1] = 1\n"
+      "y1, h1, c1 = LSTM(x, w1, r1, b1) {hidden_size = 8}\n"
+      "s1 = Squeeze(y1, ax)\n"
+      "y2, h2 = GRU(s1, w2, r2) {hidden_size = 2, direction = \"bidirectional\", linear_before_reset = 1}\n"
+      "output y2\n");
+  auto model = graph::ParseGraph(text);
+  ASSERT_TRUE(model.ok()) << model.status();
+  TrainingSpec spec;
+  spec.loss.kind = LossKind::kMse;
+  auto a = BuildTrainingArtifacts(**model, spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->params, (std::vector<std::string>{"b1", "r1", "r2", "w1", "w2"}));
+  for (const auto& n : a->training->nodes())
+    EXPECT_FALSE(n->op_type() == "LSTM" || n->op_type() == "GRU") << n->Describe();
+  auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
+  ASSERT_TRUE(s.ok()) << s.status();
+  (*s)->SetLearningRate(0.02);
+  Tensor x(DataType::kFloat32, {6, 4, 3}), labels(DataType::kFloat32, {6, 2, 4, 2});
+  for (int i = 0; i < 72; ++i) x.data<float>()[i] = std::sin(0.7f * static_cast<float>(i));
+  for (int i = 0; i < 96; ++i) labels.data<float>()[i] = 0.5f * std::cos(0.3f * static_cast<float>(i));
+  const Feeds feeds = {{"x", x}, {"labels", labels}};
+  float first = 0, last = 0;
+  for (int step = 0; step < 40; ++step) {
+    (*s)->LazyResetGrad();
+    auto loss = (*s)->TrainStep(feeds);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    if (step == 0) {
+      first = *loss;
+      for (const std::string& p : (*s)->parameter_names()) {
+        auto grad = (*s)->GetGradient(p);
+        ASSERT_TRUE(grad.ok()) << p;
+        double norm = 0;
+        for (int64_t i = 0; i < grad->numel(); ++i) norm += std::fabs(grad->data<float>()[i]);
+        EXPECT_GT(norm, 0) << p;
+      }
+    }
+    last = *loss;
+    ASSERT_TRUE((*s)->OptimizerStep().ok());
+  }
+  EXPECT_LT(last, 0.7f * first) << "first " << first << ", last " << last;
+}
+
 TEST(TrainingSession, DropoutIsSeededPerStepAndOffInEval) {
   const char* text = R"(
     input x: float32[4,8]

@@ -1,5 +1,6 @@
 // Decomposition of the ops the op table marks `decomposed` into other ops of the table
-// (graph/passes/pass.h): Einsum (einsum_decomposition.cc); GroupNormalization into an
+// (graph/passes/pass.h): Einsum (einsum_decomposition.cc); RNN, GRU and LSTM, unrolled over
+// the sequence (rnn_decomposition.cc); GroupNormalization into an
 // InstanceNormalization over the groups; DepthToSpace and SpaceToDepth into Reshape, Transpose,
 // Reshape; OneHot and Hardmax into comparisons with positions; EyeLike into a constant; Shrink
 // into Wheres; LRN into an AveragePool over the channels. What they become has kernels on every
@@ -278,7 +279,9 @@ absl::StatusOr<bool> OpDecomposition::Run(Graph* g) {
   }
   for (Node* n : todo) {
     ASSIGN_OR_RETURN(ResolvedOp op, ResolveNode(*g, *n));
-    if (n->op_type() == "Einsum") RETURN_IF_ERROR(decompose::DecomposeEinsum(g, n));
+    const std::string& t = n->op_type();
+    if (t == "Einsum") RETURN_IF_ERROR(decompose::DecomposeEinsum(g, n));
+    else if (t == "RNN" || t == "GRU" || t == "LSTM") RETURN_IF_ERROR(decompose::DecomposeRecurrent(g, n, op.version));
     else if (n->op_type() == "GroupNormalization") RETURN_IF_ERROR(DecomposeGroupNormalization(g, n, op.version));
     else if (n->op_type() == "OneHot") RETURN_IF_ERROR(DecomposeOneHot(g, n));
     else if (n->op_type() == "Hardmax") RETURN_IF_ERROR(DecomposeHardmax(g, n, op.version));

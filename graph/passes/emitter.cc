@@ -20,6 +20,29 @@ void SetElement(Tensor& t, int64_t i, float v) {
   }
 }
 
+absl::StatusOr<std::vector<Value*>> Emitter::AddN(const std::string& op, const std::vector<Value*>& inputs,
+                                                   int outputs, const std::map<std::string, Attribute>& attrs) {
+  std::vector<Value*> outs;
+  for (int i = 0; i < outputs; ++i) outs.push_back(g_->CreateUniqueValue(absl::StrCat(base_, "/", op)));
+  Node* m = g_->AddNode(op, inputs, outs, g_->UniqueName(absl::StrCat(base_, "/", op)));
+  for (const auto& [k, a] : attrs) m->SetAttr(k, a);
+  RETURN_IF_ERROR(InferNode(*g_, *m));
+  made_.insert(outs.begin(), outs.end());
+  return outs;
+}
+
+absl::StatusOr<std::vector<Value*>> Emitter::Split(Value* x, int64_t axis, const std::vector<int64_t>& sizes) {
+  if (sizes.size() == 1) return std::vector<Value*>{x};
+  const int n = static_cast<int>(sizes.size());
+  if (opset_ >= 13) return AddN("Split", {x, Ints(sizes)}, n, {{"axis", Attribute::Int(axis)}});
+  return AddN("Split", {x}, n, {{"axis", Attribute::Int(axis)}, {"split", Attribute::Ints(sizes)}});
+}
+
+absl::StatusOr<Value*> Emitter::ClipSymmetric(Value* x, float bound) {
+  if (opset_ >= 11) return Add("Clip", {x, Scalar(x->dtype(), -bound), Scalar(x->dtype(), bound)});
+  return Add("Clip", {x}, {{"min", Attribute::Float(-bound)}, {"max", Attribute::Float(bound)}});
+}
+
 Value* Emitter::Filled(DataType t, int64_t n, float value) {
   Tensor tensor(t, {n});
   for (int64_t i = 0; i < n; ++i) SetElement(tensor, i, value);

@@ -32,6 +32,14 @@ class Emitter {
     made_.insert(out);
     return out;
   }
+  // A node of `outputs` outputs.
+  absl::StatusOr<std::vector<Value*>> AddN(const std::string& op, const std::vector<Value*>& inputs, int outputs,
+                                           const std::map<std::string, Attribute>& attrs = {});
+  // Splits x along `axis` into parts of `sizes` (an input from version 13, before it an
+  // attribute).
+  absl::StatusOr<std::vector<Value*>> Split(Value* x, int64_t axis, const std::vector<int64_t>& sizes);
+  // Bounds x to [-bound, bound] (Clip's bounds are inputs from version 11, before it attributes).
+  absl::StatusOr<Value*> ClipSymmetric(Value* x, float bound);
   Value* Ints(const std::vector<int64_t>& v) {
     return g_->AddInitializer(g_->UniqueName(base_ + "/shape"),
                               Tensor::FromVector<int64_t>(v, {static_cast<int64_t>(v.size())}));
@@ -66,11 +74,11 @@ class Emitter {
     return Add("ReduceSum", {x}, {{"axes", Attribute::Ints(axes)}, {"keepdims", Attribute::Int(0)}});
   }
   // Makes `v` the replaced node's output `out`: its producer (added here) writes `out`, or an
-  // Identity copies v there when v is not one of ours.
+  // Identity copies v there when v is not one of ours or other nodes read it.
   absl::Status Finish(Value* v, Value* out) {
-    if (made_.count(v)) {
+    if (made_.count(v) && v->consumers().empty()) {
       Node* p = v->producer();
-      g_->SetNodeOutput(p, 0, out);
+      g_->SetNodeOutput(p, v->producer_output(), out);
       return InferNode(*g_, *p);
     }
     Node* m = g_->AddNode("Identity", {v}, {out}, g_->UniqueName(base_ + "/Identity"));
@@ -97,5 +105,8 @@ std::optional<int64_t> StaticDim(const Value* v, int axis);
 
 // Einsum into Transposes, ReduceSums, Reshapes and broadcasting MatMuls (einsum_decomposition.cc).
 absl::Status DecomposeEinsum(Graph* g, Node* n);
+
+// RNN, GRU and LSTM unrolled over their sequence (rnn_decomposition.cc).
+absl::Status DecomposeRecurrent(Graph* g, Node* n, int version);
 
 }  // namespace cleave::graph::decompose
