@@ -1,7 +1,8 @@
 // Shape and type inference of the ops that every session decomposes into other ops before it
 // places the graph (graph/passes/decomposition.cc): Einsum, GroupNormalization, DepthToSpace,
-// SpaceToDepth, OneHot, Hardmax, Shrink, EyeLike and LRN. Their inference validates what the decomposition relies on, so a bad
-// model is refused here, naming the node, before anything is rewritten.
+// SpaceToDepth, OneHot, Hardmax, Shrink, EyeLike, LRN, LpPool, GlobalLpPool, RNN, GRU and LSTM.
+// Their inference validates what the decomposition relies on, so a bad model is refused here,
+// naming the node, before anything is rewritten.
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -198,6 +199,15 @@ absl::Status InferEyeLike(InferContext& ctx) {
 }  // namespace cleave::graph
 
 namespace cleave::graph {
+
+// LpPool and GlobalLpPool: p at least 1, then the output of the AveragePool they become.
+absl::Status InferLpPool(InferContext& ctx) {
+  const double p = ctx.version() == 1 ? ctx.node().AttrFloat("p", 2.f) : static_cast<double>(ctx.node().AttrInt("p", 2));
+  if (!(p >= 1)) return ctx.Error("p is ", p, "; expected p >= 1");
+  if (ctx.node().op_type() == "LpPool" && ctx.node().AttrInts("kernel_shape").empty())
+    return ctx.Error("has no 'kernel_shape' attribute");
+  return InferPool(ctx);
+}
 
 // RNN, GRU and LSTM: X [seq, batch, input] (layout 1: [batch, seq, input]), W [dirs, gates·H,
 // input], R [dirs, gates·H, H], B [dirs, 2·gates·H], sequence_lens [batch] int32, initial_h

@@ -1,5 +1,5 @@
 // The decomposed ops (tests/): Einsum, GroupNormalization, DepthToSpace, SpaceToDepth, OneHot,
-// Hardmax, EyeLike and LRN run
+// Hardmax, EyeLike, LRN, LpPool and GlobalLpPool run
 // through sessions, which rewrite them (graph/passes/decomposition.cc), against references
 // computed here by their definitions: einsum as a sum over every assignment of the labels,
 // group norm over each group's elements, the block moves by the ONNX index formulas, LRN's sum
@@ -386,6 +386,92 @@ TEST(LrnTest, MatchesTheDefinitionAtTheChannelEnds) {
       }
   OpTester("LRN", 13).Attr("size", size).Attr("alpha", alpha).Attr("beta", beta).Attr("bias", bias)
       .Input<float>("x", {n, c, hw}, x).Output<float>("y", {n, c, hw}, y).Run();
+}
+
+// LpPool over [N, C, H, W] by its definition: each window's (sum of |x|^p)^(1/p), taps in the
+// padding or past the input adding nothing; the output sizes as ceil_mode computes them (a last
+// window starting in the end padding dropped).
+std::vector<float> NaiveLpPool2d(const std::vector<float>& x, int64_t nc, const int64_t in[2], const int64_t k[2],
+                                 const int64_t s[2], const int64_t dil[2], const int64_t pb[2], const int64_t pe[2],
+                                 double p, int64_t out[2]) {
+  for (int d = 0; d < 2; ++d) {
+    const int64_t span = in[d] + pb[d] + pe[d] - dil[d] * (k[d] - 1) - 1;
+    out[d] = (span + s[d] - 1) / s[d] + 1;
+    if ((out[d] - 1) * s[d] >= in[d] + pb[d]) --out[d];
+  }
+  std::vector<float> y;
+  for (int64_t c = 0; c < nc; ++c)
+    for (int64_t oh = 0; oh < out[0]; ++oh)
+      for (int64_t ow = 0; ow < out[1]; ++ow) {
+        double sum = 0;
+        for (int64_t i = 0; i < k[0]; ++i)
+          for (int64_t j = 0; j < k[1]; ++j) {
+            const int64_t h = oh * s[0] - pb[0] + i * dil[0], w = ow * s[1] - pb[1] + j * dil[1];
+            if (h >= 0 && h < in[0] && w >= 0 && w < in[1])
+              sum += std::pow(std::fabs(x[static_cast<size_t>((c * in[0] + h) * in[1] + w)]), p);
+          }
+        y.push_back(static_cast<float>(std::pow(sum, 1 / p)));
+      }
+  return y;
+}
+
+TEST(LpPoolTest, CeilModeDilationsPadsAndStrides) {
+  const int64_t in[2] = {6, 7}, k[2] = {2, 3}, s[2] = {2, 2}, dil[2] = {1, 2}, pb[2] = {1, 0}, pe[2] = {0, 1};
+  const std::vector<float> x = Random(2 * 6 * 7, 9);
+  for (const double p : {1.0, 2.0, 3.0}) {
+    int64_t out[2];
+    const std::vector<float> y = NaiveLpPool2d(x, 2, in, k, s, dil, pb, pe, p, out);
+    ASSERT_EQ(out[0], 4);  // ceil_mode adds a row and a column
+    ASSERT_EQ(out[1], 3);
+    OpTester("LpPool", 18)
+        .Attr("kernel_shape", std::vector<int64_t>{2, 3})
+        .Attr("strides", std::vector<int64_t>{2, 2})
+        .Attr("dilations", std::vector<int64_t>{1, 2})
+        .Attr("pads", std::vector<int64_t>{1, 0, 0, 1})
+        .Attr("ceil_mode", int64_t{1})
+        .Attr("p", static_cast<int64_t>(p))
+        .Input<float>("x", {1, 2, 6, 7}, x)
+        .Output<float>("y", {1, 2, 4, 3}, y)
+        .Run();
+  }
+}
+
+TEST(LpPoolTest, GlobalLpPoolOverEverySpatialDim) {
+  const std::vector<float> x = Random(2 * 3 * 4 * 2, 10);
+  for (const int64_t p : {1, 3}) {
+    std::vector<float> y;
+    for (int64_t c = 0; c < 6; ++c) {
+      double sum = 0;
+      for (int64_t i = 0; i < 8; ++i) sum += std::pow(std::fabs(x[static_cast<size_t>(c * 8 + i)]), p);
+      y.push_back(static_cast<float>(std::pow(sum, 1.0 / p)));
+    }
+    OpTester("GlobalLpPool", 13).Attr("p", p).Input<float>("x", {2, 3, 4, 2}, x).Output<float>("y", {2, 3, 1, 1}, y).Run();
+  }
+}
+
+TEST(LpPoolTest, SymbolicSpatialDimsRunAndBadPIsRefused) {
+  auto g = graph::ParseGraph(
+      "opset 18\ninput x: float32[n,2,h,w]\n"
+      "y = LpPool(x) {kernel_shape = [3, 3], auto_pad = \"SAME_UPPER\", p = 2}\noutput y");
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto s = InferenceSession::FromGraph(std::move(*g), SessionOptions());
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::vector<float> x = Random(2 * 3 * 4, 11);
+  auto out = (*s)->Run({{"x", Tensor::FromVector<float>(x, {1, 2, 3, 4})}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ((*out)[0].dims(), (std::vector<int64_t>{1, 2, 3, 4}));
+  // SAME_UPPER with a 3x3 window: the window centred on each element; the corner's 2x2.
+  double corner = 0;
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 2; ++j) corner += std::pow(x[static_cast<size_t>(i * 4 + j)], 2);
+  EXPECT_NEAR((*out)[0].data<float>()[0], std::sqrt(corner), 1e-5);
+  OpTester("LpPool", 18)
+      .Attr("kernel_shape", std::vector<int64_t>{2})
+      .Attr("p", int64_t{0})
+      .Input<float>("x", {1, 1, 4}, Random(4, 1))
+      .Output<float>("y", {1, 1, 3}, Random(3, 1))
+      .ExpectFailure("p is 0; expected p >= 1")
+      .Run();
 }
 
 }  // namespace

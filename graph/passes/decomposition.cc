@@ -3,13 +3,17 @@
 // the sequence (rnn_decomposition.cc); GroupNormalization into an
 // InstanceNormalization over the groups; DepthToSpace and SpaceToDepth into Reshape, Transpose,
 // Reshape; OneHot and Hardmax into comparisons with positions; EyeLike into a constant; Shrink
-// into Wheres; LRN into an AveragePool over the channels. What they become has kernels on every
+// into Wheres; LRN into an AveragePool over the channels; LpPool and GlobalLpPool into an
+// AveragePool or ReduceSum of |x|^p. What they become has kernels on every
 // provider and gradient rules, so the decomposed ops run and train wherever those do. Each
 // rewrite writes the node's own output value, so graph outputs keep their names.
+#include <algorithm>
+#include <map>
 #include <optional>
 #include <vector>
 
 #include "graph/passes/emitter.h"
+#include "graph/pool_geometry.h"
 #include "graph/passes/pass.h"
 
 namespace cleave::graph {
@@ -269,6 +273,78 @@ absl::Status DecomposeLrn(Graph* g, Node* n) {
   return e.Finish(y, out);
 }
 
+// ---- LpPool, GlobalLpPool ----
+
+// (the sum of |x|^p over each window)^(1/p). The sum is the window's volume times an
+// AveragePool that counts its zero padding; GlobalLpPool's is a ReduceSum over the spatial
+// dims. Where the spatial dims are static the padding is made explicit, ceil_mode's last
+// window included (its taps past the input then fall in padding, adding zeros).
+absl::Status DecomposeLpPool(Graph* g, Node* n, int version) {
+  Value* x = n->input(0);
+  if (!x->shape().has_rank()) return Unimplemented(n->Describe(), ": X's rank is unknown; cleave decomposes ", n->op_type(), " by rank");
+  const int rank = x->shape().rank();
+  const double p = version == 1 ? n->AttrFloat("p", 2.f) : static_cast<double>(n->AttrInt("p", 2));
+  const bool global = n->op_type() == "GlobalLpPool";
+  std::map<std::string, Attribute> pool;
+  int64_t volume = 1;
+  if (!global) {
+    const PoolAttrs a = PoolAttrsOf(*n);
+    for (int64_t k : a.kernel_shape) volume *= k;
+    pool["kernel_shape"] = Attribute::Ints(a.kernel_shape);
+    pool["count_include_pad"] = Attribute::Int(1);
+    if (!a.strides.empty()) pool["strides"] = Attribute::Ints(a.strides);
+    if (!a.dilations.empty()) pool["dilations"] = Attribute::Ints(a.dilations);
+    std::vector<int64_t> spatial;
+    for (int d = 2; d < rank; ++d)
+      if (x->shape()[d].is_static()) spatial.push_back(x->shape()[d].value);
+    if (static_cast<int>(spatial.size()) == rank - 2) {
+      ASSIGN_OR_RETURN(const PoolGeometry geo, PlanPoolGeometry(spatial, a));
+      std::vector<int64_t> pads(2 * geo.spatial);
+      for (int d = 0; d < geo.spatial; ++d) {
+        const int64_t span = (geo.out[d] - 1) * geo.stride[d] + geo.dilation[d] * (geo.kernel[d] - 1) + 1;
+        pads[d] = geo.pad_begin[d];
+        pads[geo.spatial + d] = std::max(geo.pad_end[d], span - spatial[d] - geo.pad_begin[d]);
+      }
+      pool["pads"] = Attribute::Ints(pads);
+    } else if (a.ceil_mode) {
+      return Unimplemented(n->Describe(), ": ceil_mode over symbolic spatial dims ", x->shape().ToString(),
+                           "; cleave decomposes it over static ones");
+    } else {
+      if (!a.pads.empty()) pool["pads"] = Attribute::Ints(a.pads);
+      pool["auto_pad"] = Attribute::String(a.auto_pad);
+    }
+  }
+  const DataType t = x->dtype();
+  Value* out = n->output(0);
+  Emitter e(g, *n);
+  g->RemoveNode(n);
+  Value* powered;
+  if (p == 2) {
+    ASSIGN_OR_RETURN(powered, e.Add("Mul", {x, x}));
+  } else {
+    ASSIGN_OR_RETURN(powered, e.Add("Abs", {x}));
+    if (p != 1) {
+      ASSIGN_OR_RETURN(powered, e.Add("Pow", {powered, e.Scalar(t, p)}));
+    }
+  }
+  Value* sum;
+  if (global) {
+    std::vector<int64_t> axes;
+    for (int d = 2; d < rank; ++d) axes.push_back(d);
+    ASSIGN_OR_RETURN(sum, e.ReduceSum(powered, axes, /*keepdims=*/true));
+  } else {
+    ASSIGN_OR_RETURN(Value * mean, e.Add("AveragePool", {powered}, pool));
+    ASSIGN_OR_RETURN(sum, e.Add("Mul", {mean, e.Scalar(t, static_cast<double>(volume))}));
+  }
+  Value* y = sum;
+  if (p == 2) {
+    ASSIGN_OR_RETURN(y, e.Add("Sqrt", {sum}));
+  } else if (p != 1) {
+    ASSIGN_OR_RETURN(y, e.Add("Pow", {sum, e.Scalar(t, 1.0 / p)}));
+  }
+  return e.Finish(y, out);
+}
+
 }  // namespace
 
 absl::StatusOr<bool> OpDecomposition::Run(Graph* g) {
@@ -288,6 +364,7 @@ absl::StatusOr<bool> OpDecomposition::Run(Graph* g) {
     else if (n->op_type() == "EyeLike") RETURN_IF_ERROR(DecomposeEyeLike(g, n));
     else if (n->op_type() == "Shrink") RETURN_IF_ERROR(DecomposeShrink(g, n));
     else if (n->op_type() == "LRN") RETURN_IF_ERROR(DecomposeLrn(g, n));
+    else if (t == "LpPool" || t == "GlobalLpPool") RETURN_IF_ERROR(DecomposeLpPool(g, n, op.version));
     else RETURN_IF_ERROR(DecomposeDepthSpace(g, n));
   }
   if (todo.empty()) return false;
