@@ -1,6 +1,7 @@
 // Shape and type inference of the ops that every session decomposes into other ops before it
 // places the graph (graph/passes/decomposition.cc): Einsum, GroupNormalization, DepthToSpace,
-// SpaceToDepth, OneHot, Hardmax, Shrink, EyeLike, LRN, LpPool, GlobalLpPool, RNN, GRU and LSTM.
+// SpaceToDepth, OneHot, Hardmax, Shrink, EyeLike, LRN, MeanVarianceNormalization,
+// LpNormalization, LpPool, GlobalLpPool, RNN, GRU and LSTM.
 // Their inference validates what the decomposition relies on, so a bad model is refused here,
 // naming the node, before anything is rewritten.
 #include <map>
@@ -199,6 +200,24 @@ absl::Status InferEyeLike(InferContext& ctx) {
 }  // namespace cleave::graph
 
 namespace cleave::graph {
+
+// MeanVarianceNormalization (axes) and LpNormalization (axis, p 1 or 2): X's float dtype and
+// shape, the axes within X's rank.
+absl::Status InferNormalizeAlong(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                                       DataType::kBFloat16}));
+  const Node& n = ctx.node();
+  const Shape& x = ctx.input_shape(0);
+  const bool lp = n.op_type() == "LpNormalization";
+  if (lp && n.AttrInt("p", 2) != 1 && n.AttrInt("p", 2) != 2)
+    return ctx.Error("p is ", n.AttrInt("p", 2), "; expected 1 or 2");
+  if (x.has_rank()) {
+    const std::vector<int64_t> axes = lp ? std::vector<int64_t>{n.AttrInt("axis", -1)} : n.AttrInts("axes", {0, 2, 3});
+    for (int64_t a : axes) RETURN_IF_ERROR(NormalizeAxis(ctx, a, x.rank()).status());
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), x);
+  return absl::OkStatus();
+}
 
 // LpPool and GlobalLpPool: p at least 1, then the output of the AveragePool they become.
 absl::Status InferLpPool(InferContext& ctx) {

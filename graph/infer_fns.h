@@ -85,6 +85,7 @@ absl::Status InferDepthSpace(InferContext& ctx);          // DepthToSpace and Sp
 absl::Status InferOneHot(InferContext& ctx);              // indices' shape, depth inserted at axis; values' dtype
 absl::Status InferFloatSameShape(InferContext& ctx);      // Hardmax, Shrink, LRN: X's float dtype and shape
 absl::Status InferEyeLike(InferContext& ctx);             // X's 2-D shape in `dtype`
+absl::Status InferNormalizeAlong(InferContext& ctx);      // MeanVarianceNormalization, LpNormalization: X's
 absl::Status InferLpPool(InferContext& ctx);              // LpPool, GlobalLpPool: p >= 1, then as AveragePool
 absl::Status InferRecurrent(InferContext& ctx);           // RNN, GRU, LSTM: Y, Y_h (and Y_c) of X, W, R
 

@@ -134,6 +134,8 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "Shrink", {9}, 9, 1, 1, 1, 1, InferFloatSameShape, true, true},
       {kOnnx, "EyeLike", {9, 22}, 9, 1, 1, 1, 1, InferEyeLike, false, true},
       {kOnnx, "LRN", {1, 13}, 1, 1, 1, 1, 1, InferFloatSameShape, true, true},
+      {kOnnx, "MeanVarianceNormalization", {9, 13}, 9, 1, 1, 1, 1, InferNormalizeAlong, true, true},
+      {kOnnx, "LpNormalization", {1, 22}, 1, 1, 1, 1, 1, InferNormalizeAlong, true, true},
       {kOnnx, "LpPool", {1, 2, 11, 18, 22}, 1, 1, 1, 1, 1, InferLpPool, true, true},
       {kOnnx, "GlobalLpPool", {1, 2, 22}, 1, 1, 1, 1, 1, InferLpPool, true, true},
       {kOnnx, "RNN", {1, 7, 14, 22}, 7, 3, 6, 0, 2, InferRecurrent, true, true},

@@ -305,9 +305,9 @@ void WithGradients(graph::Graph& g) {
 }
 
 // Einsum (a batched product over broadcast ellipsis axes, a batch diagonal), GroupNormalization
-// and DepthToSpace, then OneHot, Hardmax, Shrink, LRN and the Lp pools, then LSTM and GRU, as
-// every session decomposes them, with their gradients (autodiff over what they became): every
-// node on CUDA, equal to the CPU.
+// and DepthToSpace, then OneHot, Hardmax, Shrink, LRN, the Lp pools and normalisations, then LSTM
+// and GRU, as every session decomposes them, with their gradients (autodiff over what they
+// became): every node on CUDA, equal to the CPU.
 TEST(CudaProvider, DecomposedOpsAndTheirGradients) {
   REQUIRE_CUDA();
   const std::string text = R"(
@@ -331,7 +331,8 @@ TEST(CudaProvider, DecomposedOpsAndTheirGradients) {
               {"x", Random({2, 8, 3, 3}, 54)}, {"s", Random({8}, 55)}, {"c", Random({8}, 56)}},
              1e-4, 1e-4, "*", "", WithGradients);
   // OneHot (a constant depth, negative indices), Hardmax, Shrink and LRN (whose gradient runs
-  // through an AveragePool over the channels), LpPool and GlobalLpPool.
+  // through an AveragePool over the channels), LpPool, GlobalLpPool, MeanVarianceNormalization
+  // and LpNormalization.
   Tensor ids(DataType::kInt64, {4, 5});
   for (int64_t k = 0; k < ids.numel(); ++k) ids.data<int64_t>()[k] = k % 9 - 4;
   ExpectSame(R"(
@@ -347,6 +348,10 @@ TEST(CudaProvider, DecomposedOpsAndTheirGradients) {
     l = LRN(x) {size = 3, alpha = 0.01, bias = 2}
     q = LpPool(x) {kernel_shape = [2, 2], strides = [1, 2], pads = [0, 1, 1, 0], p = 3}
     gq = GlobalLpPool(x)
+    mv = MeanVarianceNormalization(x)
+    ln = LpNormalization(x) {axis = 1}
+    output mv
+    output ln
     output q
     output gq
     output o

@@ -1,5 +1,5 @@
 // The decomposed ops (tests/): Einsum, GroupNormalization, DepthToSpace, SpaceToDepth, OneHot,
-// Hardmax, EyeLike, LRN, LpPool and GlobalLpPool run
+// Hardmax, EyeLike, LRN, LpPool, GlobalLpPool, MeanVarianceNormalization and LpNormalization run
 // through sessions, which rewrite them (graph/passes/decomposition.cc), against references
 // computed here by their definitions: einsum as a sum over every assignment of the labels,
 // group norm over each group's elements, the block moves by the ONNX index formulas, LRN's sum
@@ -471,6 +471,63 @@ TEST(LpPoolTest, SymbolicSpatialDimsRunAndBadPIsRefused) {
       .Input<float>("x", {1, 1, 4}, Random(4, 1))
       .Output<float>("y", {1, 1, 3}, Random(3, 1))
       .ExpectFailure("p is 0; expected p >= 1")
+      .Run();
+}
+
+TEST(NormalizationTest, MeanVarianceNormalizationOverGivenAxes) {
+  // X [2, 3, 4] normalised over axes 0 and 2: each of the 3 channels over its 8 elements.
+  const std::vector<float> x = Random(24, 12);
+  std::vector<float> y(24);
+  for (int64_t c = 0; c < 3; ++c) {
+    double mean = 0, var = 0;
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t k = 0; k < 4; ++k) mean += x[static_cast<size_t>((b * 3 + c) * 4 + k)] / 8.0;
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t k = 0; k < 4; ++k) var += std::pow(x[static_cast<size_t>((b * 3 + c) * 4 + k)] - mean, 2) / 8.0;
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t k = 0; k < 4; ++k) {
+        const size_t i = static_cast<size_t>((b * 3 + c) * 4 + k);
+        y[i] = static_cast<float>((x[i] - mean) / (std::sqrt(var) + 1e-9));
+      }
+  }
+  OpTester("MeanVarianceNormalization", 13)
+      .Attr("axes", std::vector<int64_t>{0, -1})
+      .Input<float>("x", {2, 3, 4}, x)
+      .Output<float>("y", {2, 3, 4}, y)
+      .Run();
+}
+
+TEST(NormalizationTest, LpNormalizationL1L2AndAZeroLine) {
+  // Rows of [3, 2, 2] along axis 1; the second line along axis 1 of batch 1 is all zeros.
+  std::vector<float> x = Random(12, 13);
+  x[5] = x[7] = 0;  // batch 1, column 1
+  for (const int64_t p : {1, 2}) {
+    std::vector<float> y(12);
+    for (int64_t b = 0; b < 3; ++b)
+      for (int64_t k = 0; k < 2; ++k) {
+        double norm = 0;
+        for (int64_t j = 0; j < 2; ++j) {
+          const double v = x[static_cast<size_t>((b * 2 + j) * 2 + k)];
+          norm += p == 1 ? std::fabs(v) : v * v;
+        }
+        if (p == 2) norm = std::sqrt(norm);
+        for (int64_t j = 0; j < 2; ++j) {
+          const size_t i = static_cast<size_t>((b * 2 + j) * 2 + k);
+          y[i] = norm == 0 ? 0.f : static_cast<float>(x[i] / norm);
+        }
+      }
+    OpTester("LpNormalization", 13)
+        .Attr("axis", int64_t{1})
+        .Attr("p", p)
+        .Input<float>("x", {3, 2, 2}, x)
+        .Output<float>("y", {3, 2, 2}, y)
+        .Run();
+  }
+  OpTester("LpNormalization", 13)
+      .Attr("p", int64_t{3})
+      .Input<float>("x", {2, 2}, Random(4, 1))
+      .Output<float>("y", {2, 2}, Random(4, 1))
+      .ExpectFailure("p is 3; expected 1 or 2")
       .Run();
 }
 

@@ -346,6 +346,9 @@ const GradCase kCases[] = {
     {"LpPool_p3_ceil_mode_pads", "opset 18\ninput x: float64[1,2,5,4]\n"
      "y = LpPool(x) {kernel_shape = [2, 2], strides = [2, 2], pads = [1, 0, 0, 0], ceil_mode = 1, p = 3}\noutput y"},
     {"GlobalLpPool_p2", "opset 13\ninput x: float64[2,3,2,2]\ny = GlobalLpPool(x)\noutput y"},
+    {"MeanVarianceNormalization", "opset 13\ninput x: float64[2,3,2,2]\ny = MeanVarianceNormalization(x)\noutput y"},
+    {"LpNormalization_l1", "opset 13\ninput x: float64[3,4]\ny = LpNormalization(x) {p = 1}\noutput y"},
+    {"LpNormalization_l2_axis0", "opset 13\ninput x: float64[3,4]\ny = LpNormalization(x) {axis = 0}\noutput y"},
     {"Shrink", "opset 13\ninput x: float64[7]\ny = Shrink(x) {lambd = 0.7, bias = 0.2}\noutput y"},
     {"LRN", "opset 13\ninput x: float64[2,5,2,2]\ny = LRN(x) {size = 3, alpha = 0.1, beta = 0.75, bias = 2}\noutput y"},
     {"GatherND_rows_repeated", "opset 16\ninput x: float64[3,4]\ninit i: int64[3,1] = 2 0 2\n"

@@ -4,7 +4,8 @@
 // InstanceNormalization over the groups; DepthToSpace and SpaceToDepth into Reshape, Transpose,
 // Reshape; OneHot and Hardmax into comparisons with positions; EyeLike into a constant; Shrink
 // into Wheres; LRN into an AveragePool over the channels; LpPool and GlobalLpPool into an
-// AveragePool or ReduceSum of |x|^p. What they become has kernels on every
+// AveragePool or ReduceSum of |x|^p; MeanVarianceNormalization and LpNormalization into
+// reductions. What they become has kernels on every
 // provider and gradient rules, so the decomposed ops run and train wherever those do. Each
 // rewrite writes the node's own output value, so graph outputs keep their names.
 #include <algorithm>
@@ -273,6 +274,57 @@ absl::Status DecomposeLrn(Graph* g, Node* n) {
   return e.Finish(y, out);
 }
 
+// ---- MeanVarianceNormalization, LpNormalization ----
+
+// (x - mean) / (the standard deviation + 1e-9) over `axes` (the ONNX function's epsilon, added
+// to the deviation); the variance centred, which the function's E[x²] - E[x]² equals.
+absl::Status DecomposeMeanVarianceNormalization(Graph* g, Node* n) {
+  Value* x = n->input(0);
+  if (!x->shape().has_rank())
+    return Unimplemented(n->Describe(), ": X's rank is unknown; cleave decomposes MeanVarianceNormalization by rank");
+  std::vector<int64_t> axes = n->AttrInts("axes", {0, 2, 3});
+  for (int64_t& a : axes) a = a < 0 ? a + x->shape().rank() : a;
+  const DataType t = x->dtype();
+  Value* out = n->output(0);
+  Emitter e(g, *n);
+  g->RemoveNode(n);
+  ASSIGN_OR_RETURN(Value * mean, e.Reduce("ReduceMean", x, axes, true));
+  ASSIGN_OR_RETURN(Value * d, e.Add("Sub", {x, mean}));
+  ASSIGN_OR_RETURN(Value * sq, e.Add("Mul", {d, d}));
+  ASSIGN_OR_RETURN(Value * var, e.Reduce("ReduceMean", sq, axes, true));
+  ASSIGN_OR_RETURN(Value * sd, e.Add("Sqrt", {var}));
+  ASSIGN_OR_RETURN(sd, e.Add("Add", {sd, e.Scalar(t, 1e-9)}));
+  ASSIGN_OR_RETURN(Value * y, e.Add("Div", {d, sd}));
+  return e.Finish(y, out);
+}
+
+// x over its L1 or L2 norm along the axis; a zero norm (an all-zero line) gives zeros.
+absl::Status DecomposeLpNormalization(Graph* g, Node* n) {
+  Value* x = n->input(0);
+  if (!x->shape().has_rank())
+    return Unimplemented(n->Describe(), ": X's rank is unknown; cleave decomposes LpNormalization by rank");
+  int64_t axis = n->AttrInt("axis", -1);
+  if (axis < 0) axis += x->shape().rank();
+  const int64_t p = n->AttrInt("p", 2);
+  const DataType t = x->dtype();
+  Value* out = n->output(0);
+  Emitter e(g, *n);
+  g->RemoveNode(n);
+  Value* norm;
+  if (p == 1) {
+    ASSIGN_OR_RETURN(Value * a, e.Add("Abs", {x}));
+    ASSIGN_OR_RETURN(norm, e.ReduceSum(a, {axis}, true));
+  } else {
+    ASSIGN_OR_RETURN(Value * sq, e.Add("Mul", {x, x}));
+    ASSIGN_OR_RETURN(Value * sum, e.ReduceSum(sq, {axis}, true));
+    ASSIGN_OR_RETURN(norm, e.Add("Sqrt", {sum}));
+  }
+  ASSIGN_OR_RETURN(Value * zero, e.Add("Equal", {norm, e.Scalar(t, 0)}));
+  ASSIGN_OR_RETURN(norm, e.Add("Where", {zero, e.Scalar(t, 1), norm}));
+  ASSIGN_OR_RETURN(Value * y, e.Add("Div", {x, norm}));
+  return e.Finish(y, out);
+}
+
 // ---- LpPool, GlobalLpPool ----
 
 // (the sum of |x|^p over each window)^(1/p). The sum is the window's volume times an
@@ -365,6 +417,8 @@ absl::StatusOr<bool> OpDecomposition::Run(Graph* g) {
     else if (n->op_type() == "Shrink") RETURN_IF_ERROR(DecomposeShrink(g, n));
     else if (n->op_type() == "LRN") RETURN_IF_ERROR(DecomposeLrn(g, n));
     else if (t == "LpPool" || t == "GlobalLpPool") RETURN_IF_ERROR(DecomposeLpPool(g, n, op.version));
+    else if (t == "MeanVarianceNormalization") RETURN_IF_ERROR(DecomposeMeanVarianceNormalization(g, n));
+    else if (t == "LpNormalization") RETURN_IF_ERROR(DecomposeLpNormalization(g, n));
     else RETURN_IF_ERROR(DecomposeDepthSpace(g, n));
   }
   if (todo.empty()) return false;

@@ -67,13 +67,16 @@ class Emitter {
     if (opset_ >= 13) return Add(op, {x, Ints(axes)});
     return Add(op, {x}, {{"axes", Attribute::Ints(axes)}});
   }
-  // Sums over `axes`, dropping them unless `keepdims` (ReduceSum takes its axes as an input from
-  // version 13).
+  // Sums over `axes`, dropping them unless `keepdims`.
   absl::StatusOr<Value*> ReduceSum(Value* x, const std::vector<int64_t>& axes, bool keepdims = false) {
     if (axes.empty()) return x;
+    return Reduce("ReduceSum", x, axes, keepdims);
+  }
+  // A reduction over `axes` (an input from version 13 for ReduceSum, 18 for the others).
+  absl::StatusOr<Value*> Reduce(const std::string& op, Value* x, const std::vector<int64_t>& axes, bool keepdims) {
     const Attribute keep = Attribute::Int(keepdims);
-    if (opset_ >= 13) return Add("ReduceSum", {x, Ints(axes)}, {{"keepdims", keep}});
-    return Add("ReduceSum", {x}, {{"axes", Attribute::Ints(axes)}, {"keepdims", keep}});
+    if (opset_ >= (op == "ReduceSum" ? 13 : 18)) return Add(op, {x, Ints(axes)}, {{"keepdims", keep}});
+    return Add(op, {x}, {{"axes", Attribute::Ints(axes)}, {"keepdims", keep}});
   }
   // Makes `v` the replaced node's output `out`: its producer (added here) writes `out`, or an
   // Identity copies v there when v is not one of ours or other nodes read it.
