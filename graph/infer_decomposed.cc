@@ -4,6 +4,7 @@
 // LpNormalization, LpPool, GlobalLpPool, RNN, GRU and LSTM.
 // Their inference validates what the decomposition relies on, so a bad model is refused here,
 // naming the node, before anything is rewritten.
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -197,9 +198,6 @@ absl::Status InferEyeLike(InferContext& ctx) {
   return absl::OkStatus();
 }
 
-}  // namespace cleave::graph
-
-namespace cleave::graph {
 
 // MeanVarianceNormalization (axes) and LpNormalization (axis, p 1 or 2): X's float dtype and
 // shape, the axes within X's rank.
@@ -302,6 +300,87 @@ absl::Status InferRecurrent(InferContext& ctx) {
   }
   for (int k = 1; k < ctx.num_outputs(); ++k)
     if (ctx.has_output(k)) ctx.SetOutput(k, t, Shape({state[0], state[1], state[2]}));
+  return absl::OkStatus();
+}
+
+
+// QuantizeLinear (x float or int32, y_scale, y_zero_point) -> y of the zero point's type (else
+// output_dtype from version 21, else uint8); DequantizeLinear (x quantized or int32, x_scale,
+// x_zero_point) -> y of the scale's type. The scale is per tensor (a scalar or [1]), per axis
+// ([C], C = X's dim `axis`), or blocked (version 21's block_size: X's rank, ceil(dim / block_size)
+// along `axis`); a zero point has the scale's shape.
+absl::Status InferQuantize(InferContext& ctx) {
+  const Node& n = ctx.node();
+  const bool quantize = n.op_type() == "QuantizeLinear";
+  const std::initializer_list<DataType> quantized = {DataType::kUInt8, DataType::kInt8, DataType::kUInt16,
+                                                     DataType::kInt16};
+  if (quantize) {
+    RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16, DataType::kInt32}));
+  } else {
+    RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kUInt8, DataType::kInt8, DataType::kUInt16, DataType::kInt16,
+                                         DataType::kInt32}));
+  }
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}));
+  const bool has_zp = ctx.num_inputs() > 2 && ctx.has_input(2);
+  DataType out;
+  if (quantize) {
+    out = DataType::kUInt8;
+    if (ctx.version() >= 21 && n.AttrInt("output_dtype", 0) != 0) {
+      out = DataTypeFromInt(static_cast<int>(n.AttrInt("output_dtype", 0)));
+      if (out == DataType::kUndefined) return ctx.Error("output_dtype ", n.AttrInt("output_dtype", 0), " is not a type");
+    }
+    if (has_zp) {
+      if (ctx.version() >= 21 && n.AttrInt("output_dtype", 0) != 0 && ctx.input_dtype(2) != out)
+        return ctx.Error("y_zero_point has dtype ", DataTypeName(ctx.input_dtype(2)), " but output_dtype is ",
+                         DataTypeName(out));
+      out = ctx.input_dtype(2);
+    }
+    if (std::find(quantized.begin(), quantized.end(), out) == quantized.end())
+      return ctx.Error("quantized type ", DataTypeName(out), " is not one cleave supports (uint8, int8, uint16, int16)");
+  } else {
+    out = ctx.version() >= 19 ? ctx.input_dtype(1) : DataType::kFloat32;
+    if (has_zp && ctx.input_dtype(2) != ctx.input_dtype(0))
+      return ctx.Error("x_zero_point has dtype ", DataTypeName(ctx.input_dtype(2)), ", expected x's ",
+                       DataTypeName(ctx.input_dtype(0)));
+  }
+  const Shape& x = ctx.input_shape(0);
+  const int64_t block = ctx.version() >= 21 ? n.AttrInt("block_size", 0) : 0;
+  if (block < 0) return ctx.Error("block_size is ", block, "; expected >= 0");
+  if (x.has_rank()) {
+    for (int i = 1; i < std::min(ctx.num_inputs(), 3); ++i) {
+      if (!ctx.has_input(i) || !ctx.input_shape(i).has_rank()) continue;
+      const Shape& s = ctx.input_shape(i);
+      const bool per_tensor = s.rank() == 0 || (s.rank() == 1 && s[0].is_static() && s[0].value == 1);
+      if (per_tensor && block == 0) continue;  // `axis` applies only to per-axis and blocked scales
+      ASSIGN_OR_RETURN(const int axis, NormalizeAxis(ctx, ctx.version() >= 13 ? n.AttrInt("axis", 1) : 0, x.rank()));
+      bool ok = true;
+      std::string want;
+      if (block > 0) {
+        ok = s.rank() == x.rank();
+        for (int a = 0; ok && a < x.rank(); ++a) {
+          if (!s[a].is_static() || !x[a].is_static()) continue;
+          ok = s[a].value == (a == axis ? (x[a].value + block - 1) / block : x[a].value);
+        }
+        want = absl::StrCat("X's shape with dim ", axis, " divided into blocks of ", block);
+      } else {
+        ok = s.rank() == 1 && (!s[0].is_static() || !x[axis].is_static() || s[0].value == x[axis].value);
+        want = absl::StrCat("a scalar, [1], or [", DimString(x[axis]), "] (X's dim ", axis, ")");
+      }
+      if (!ok)
+        return ctx.Error("input ", i, " '", n.input(i)->name(), "' is ", s.ToString(), "; expected ", want);
+    }
+  }
+  ctx.SetOutput(0, out, x);
+  return absl::OkStatus();
+}
+
+// DynamicQuantizeLinear (x float32) -> y uint8 of x's shape, y_scale float32 [], y_zero_point
+// uint8 [].
+absl::Status InferDynamicQuantize(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32}));
+  ctx.SetOutput(0, DataType::kUInt8, ctx.input_shape(0));
+  if (ctx.has_output(1)) ctx.SetOutput(1, DataType::kFloat32, Shape::Scalar());
+  if (ctx.has_output(2)) ctx.SetOutput(2, DataType::kUInt8, Shape::Scalar());
   return absl::OkStatus();
 }
 

@@ -86,6 +86,8 @@ absl::Status InferOneHot(InferContext& ctx);              // indices' shape, dep
 absl::Status InferFloatSameShape(InferContext& ctx);      // Hardmax, Shrink, LRN: X's float dtype and shape
 absl::Status InferEyeLike(InferContext& ctx);             // X's 2-D shape in `dtype`
 absl::Status InferNormalizeAlong(InferContext& ctx);      // MeanVarianceNormalization, LpNormalization: X's
+absl::Status InferQuantize(InferContext& ctx);            // QuantizeLinear, DequantizeLinear: X's shape
+absl::Status InferDynamicQuantize(InferContext& ctx);     // y uint8 of X's shape, scale f32 [], zero point uint8 []
 absl::Status InferLpPool(InferContext& ctx);              // LpPool, GlobalLpPool: p >= 1, then as AveragePool
 absl::Status InferRecurrent(InferContext& ctx);           // RNN, GRU, LSTM: Y, Y_h (and Y_c) of X, W, R
 

@@ -1,11 +1,13 @@
 // The decomposed ops (tests/): Einsum, GroupNormalization, DepthToSpace, SpaceToDepth, OneHot,
-// Hardmax, EyeLike, LRN, LpPool, GlobalLpPool, MeanVarianceNormalization and LpNormalization run
-// through sessions, which rewrite them (graph/passes/decomposition.cc), against references
-// computed here by their definitions: einsum as a sum over every assignment of the labels,
-// group norm over each group's elements, the block moves by the ONNX index formulas, LRN's sum
-// over its channel window (the ONNX backend suites cover Shrink and more cases). Then what
-// the rewrite leaves, symbolic dims carried through, and the errors that name the node.
+// Hardmax, EyeLike, LRN, LpPool, GlobalLpPool, MeanVarianceNormalization, LpNormalization and
+// the quantization ops run through sessions, which rewrite them (graph/passes/decomposition.cc),
+// against references computed here by their definitions: einsum as a sum over every assignment
+// of the labels, group norm over each group's elements, the block moves by the ONNX index
+// formulas, LRN's sum over its channel window, each Lp pool window's norm (the ONNX backend
+// suites cover Shrink and more cases). Then what the rewrite leaves, symbolic dims carried
+// through, and the errors that name the node.
 // gradient_check_test.cc checks their gradients by finite differences.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -528,6 +530,86 @@ TEST(NormalizationTest, LpNormalizationL1L2AndAZeroLine) {
       .Input<float>("x", {2, 2}, Random(4, 1))
       .Output<float>("y", {2, 2}, Random(4, 1))
       .ExpectFailure("p is 3; expected 1 or 2")
+      .Run();
+}
+
+// Ties round to even, the zero point shifts, and the type's range saturates.
+TEST(QuantizeTest, QuantizeLinearRoundsHalvesToEvenAndSaturates) {
+  const std::vector<float> x = {0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 100.f, -100.f, 0.74f};
+  // x / 0.5 = 1, 3, 5, -1, -5, 200, -200, 1.48; + 10.
+  OpTester("QuantizeLinear", 13)
+      .Input<float>("x", {8}, x)
+      .Input<float>("scale", {}, {0.5f})
+      .Input<int8_t>("zp", {}, {10})
+      .Output<int8_t>("y", {8}, {11, 13, 15, 9, 5, 127, -128, 11})
+      .Run();
+  // x / 1: ties 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, -0.5 -> -0, -2.5 -> -2; uint8 saturates at 0.
+  OpTester("QuantizeLinear", 13)
+      .Input<float>("x", {8}, x)
+      .Input<float>("scale", {}, {1.f})
+      .Output<uint8_t>("y", {8}, {0, 2, 2, 0, 0, 100, 0, 1})
+      .Run();
+}
+
+TEST(QuantizeTest, PerAxisHalfInputAndBFloat16Dequantization) {
+  // Per channel along axis 1 of [2, 2, 2], from float16.
+  std::vector<uint16_t> xh;
+  for (float v : {1.f, 2.f, 3.f, 4.f, -1.f, -2.f, -3.f, -4.f}) xh.push_back(FloatToHalf(v));
+  Tensor x(DataType::kFloat16, {2, 2, 2});
+  std::copy(xh.begin(), xh.end(), x.data<uint16_t>());
+  Tensor scale(DataType::kFloat16, {2});
+  scale.data<uint16_t>()[0] = FloatToHalf(1.f);
+  scale.data<uint16_t>()[1] = FloatToHalf(0.5f);
+  OpTester("QuantizeLinear", 19)
+      .InputTensor("x", x)
+      .InputTensor("scale", scale)
+      .Input<uint8_t>("zp", {2}, {100, 200})
+      // channel 0 (scale 1, zp 100): 1 2 | -1 -2; channel 1 (scale 0.5, zp 200): 6 8 | -6 -8.
+      .Output<uint8_t>("y", {2, 2, 2}, {101, 102, 206, 208, 99, 98, 194, 192})
+      .Run();
+  // int32 accumulators (a bias) dequantized by a bfloat16 scale give bfloat16.
+  Tensor s(DataType::kBFloat16, {});
+  s.data<uint16_t>()[0] = FloatToBFloat16(0.25f);
+  Tensor want(DataType::kBFloat16, {3});
+  for (int i = 0; i < 3; ++i) want.data<uint16_t>()[i] = FloatToBFloat16(std::vector<float>{-25.f, 0.f, 1024.f}[i]);
+  OpTester("DequantizeLinear", 21)
+      .Input<int32_t>("x", {3}, {-100, 0, 4096})
+      .InputTensor("scale", s)
+      .OutputTensor("y", want)
+      .Run();
+}
+
+TEST(QuantizeTest, DynamicQuantizeLinearWidensTheRangeToZero) {
+  // All positive: the range is [0, 5.1], scale 0.02, zero point 0.
+  OpTester("DynamicQuantizeLinear", 11)
+      .Input<float>("x", {4}, {1.f, 2.6f, 5.1f, 0.1f})
+      .Output<uint8_t>("y", {4}, {50, 130, 255, 5})
+      .Output<float>("scale", {}, {0.02f})
+      .Output<uint8_t>("zp", {}, {0})
+      .Run();
+}
+
+TEST(QuantizeTest, MismatchedScalesAndUnsupportedTypesAreRefused) {
+  OpTester("QuantizeLinear", 13)
+      .Attr("axis", int64_t{0})
+      .Input<float>("x", {2, 3}, Random(6, 1))
+      .Input<float>("scale", {3}, {1, 1, 1})
+      .Output<uint8_t>("y", {2, 3}, {0, 0, 0, 0, 0, 0})
+      .ExpectFailure("input 1 'scale' is [3]; expected a scalar, [1], or [2] (X's dim 0)")
+      .Run();
+  OpTester("DequantizeLinear", 13)
+      .Input<uint8_t>("x", {2}, {1, 2})
+      .Input<float>("scale", {}, {1})
+      .Input<int8_t>("zp", {}, {0})
+      .Output<float>("y", {2}, {1, 2})
+      .ExpectFailure("x_zero_point has dtype int8, expected x's uint8")
+      .Run();
+  OpTester("QuantizeLinear", 21)
+      .Attr("output_dtype", int64_t{1})
+      .Input<float>("x", {2}, {1, 2})
+      .Input<float>("scale", {}, {1})
+      .Output<float>("y", {2}, {1, 2})
+      .ExpectFailure("quantized type float32 is not one cleave supports")
       .Run();
 }
 

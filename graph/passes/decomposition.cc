@@ -1,6 +1,8 @@
 // Decomposition of the ops the op table marks `decomposed` into other ops of the table
 // (graph/passes/pass.h): Einsum (einsum_decomposition.cc); RNN, GRU and LSTM, unrolled over
-// the sequence (rnn_decomposition.cc); GroupNormalization into an
+// the sequence (rnn_decomposition.cc); QuantizeLinear, DequantizeLinear and
+// DynamicQuantizeLinear into float
+// arithmetic (quantize_decomposition.cc); GroupNormalization into an
 // InstanceNormalization over the groups; DepthToSpace and SpaceToDepth into Reshape, Transpose,
 // Reshape; OneHot and Hardmax into comparisons with positions; EyeLike into a constant; Shrink
 // into Wheres; LRN into an AveragePool over the channels; LpPool and GlobalLpPool into an
@@ -419,6 +421,8 @@ absl::StatusOr<bool> OpDecomposition::Run(Graph* g) {
     else if (t == "LpPool" || t == "GlobalLpPool") RETURN_IF_ERROR(DecomposeLpPool(g, n, op.version));
     else if (t == "MeanVarianceNormalization") RETURN_IF_ERROR(DecomposeMeanVarianceNormalization(g, n));
     else if (t == "LpNormalization") RETURN_IF_ERROR(DecomposeLpNormalization(g, n));
+    else if (t == "QuantizeLinear" || t == "DequantizeLinear") RETURN_IF_ERROR(decompose::DecomposeQuantize(g, n, op.version));
+    else if (t == "DynamicQuantizeLinear") RETURN_IF_ERROR(decompose::DecomposeDynamicQuantize(g, n));
     else RETURN_IF_ERROR(DecomposeDepthSpace(g, n));
   }
   if (todo.empty()) return false;

@@ -45,6 +45,8 @@ class Emitter {
                               Tensor::FromVector<int64_t>(v, {static_cast<int64_t>(v.size())}));
   }
   Value* Filled(DataType t, int64_t n, float value);
+  // An initializer holding `t`, named after `hint`.
+  Value* Constant(const std::string& hint, Tensor t) { return g_->AddInitializer(g_->UniqueName(hint), std::move(t)); }
   // Ones on the diagonal of axes p and q (both n), zeros elsewhere, every other axis 1.
   Value* Eye(DataType t, int rank, int p, int q, int64_t n);
   // A 0-D constant of type t.
@@ -110,6 +112,10 @@ std::optional<int64_t> StaticDim(const Value* v, int axis);
 
 // Einsum into Transposes, ReduceSums, Reshapes and broadcasting MatMuls (einsum_decomposition.cc).
 absl::Status DecomposeEinsum(Graph* g, Node* n);
+
+// QuantizeLinear and DequantizeLinear as float arithmetic and Casts (quantize_decomposition.cc).
+absl::Status DecomposeQuantize(Graph* g, Node* n, int version);
+absl::Status DecomposeDynamicQuantize(Graph* g, Node* n);
 
 // RNN, GRU and LSTM unrolled over their sequence (rnn_decomposition.cc).
 absl::Status DecomposeRecurrent(Graph* g, Node* n, int version);
