@@ -104,6 +104,7 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "ReduceL1", {1, 11, 13, 18}, 1, 1, 2, 1, 1, InferReduce, true},
       {kOnnx, "ReduceL2", {1, 11, 13, 18}, 1, 1, 2, 1, 1, InferReduce, true},
       {kOnnx, "ReduceSumSquare", {1, 11, 13, 18}, 1, 1, 2, 1, 1, InferReduce, true},
+      {kOnnx, "ReduceProd", {1, 11, 13, 18}, 1, 1, 2, 1, 1, InferReduce, true},
       {kOnnx, "ReduceLogSum", {1, 11, 13, 18}, 1, 1, 2, 1, 1, InferReduce, true},
       {kOnnx, "ReduceLogSumExp", {1, 11, 13, 18}, 1, 1, 2, 1, 1, InferReduce, true},
       {kOnnx, "ReduceSum", {1, 11, 13}, 1, 1, 2, 1, 1, InferReduce, true},

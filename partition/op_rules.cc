@@ -479,7 +479,8 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
     return Reduce(n, axes, n.AttrInt("keepdims", 1) != 0, op == "ReduceMean", /*shardable_axes=*/true);
   }
   static const std::set<std::string> kNonlinearReduce = {"ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2",
-                                                         "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"};
+                                                         "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
+                                                         "ReduceProd"};
   if (!cleave && kNonlinearReduce.count(op)) {
     ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReduceAxes(g, n, 18));
     if (axes.empty() && n.AttrInt("noop_with_empty_axes", 0)) return Elementwise(n, {0}, Linearity::kNone, {});

@@ -349,6 +349,9 @@ const GradCase kCases[] = {
     {"MeanVarianceNormalization", "opset 13\ninput x: float64[2,3,2,2]\ny = MeanVarianceNormalization(x)\noutput y"},
     {"LpNormalization_l1", "opset 13\ninput x: float64[3,4]\ny = LpNormalization(x) {p = 1}\noutput y"},
     {"LpNormalization_l2_axis0", "opset 13\ninput x: float64[3,4]\ny = LpNormalization(x) {axis = 0}\noutput y"},
+    {"ReduceProd_axes_keepdims0", "opset 18\ninput x: float64[2,3,4]\ninit a: int64[2] = 0 -1\n"
+     "y = ReduceProd(x, a) {keepdims = 0}\noutput y"},
+    {"ReduceProd_all_opset13", "opset 13\ninput x: float64[3,2]\ny = ReduceProd(x)\noutput y"},
     {"Shrink", "opset 13\ninput x: float64[7]\ny = Shrink(x) {lambd = 0.7, bias = 0.2}\noutput y"},
     {"LRN", "opset 13\ninput x: float64[2,5,2,2]\ny = LRN(x) {size = 3, alpha = 0.1, beta = 0.75, bias = 2}\noutput y"},
     {"GatherND_rows_repeated", "opset 16\ninput x: float64[3,4]\ninit i: int64[3,1] = 2 0 2\n"
@@ -405,6 +408,31 @@ TEST(Autodiff, TrainingDropoutUsesTheForwardMask) {
   }
   EXPECT_GT(kept, 0);
   EXPECT_LT(kept, 64);
+}
+
+// ReduceProd's gradient where the slice holds zeros: the product of the other elements, with no
+// division by a zero (finite differences above never meet an exact zero).
+TEST(Autodiff, ReduceProdGradientAroundZeros) {
+  auto g = *graph::ParseGraph(R"(
+    opset 18
+    input x: float64[3,3]
+    init a: int64[1] = 1
+    y = ReduceProd(x, a) {keepdims = 0}
+    l = ReduceSum(y) {keepdims = 0}
+    output l
+  )");
+  ASSERT_TRUE(graph::InferShapes(*g).ok());
+  auto grads = BuildBackward(*g, g->FindValue("l"), {g->FindValue("x")});
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  g->SetOutputs({grads->at("x")});
+  SessionOptions plain;
+  plain.optimize = false;
+  auto s = InferenceSession::FromGraph(std::move(g), plain);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto out = (*s)->Run({{"x", Tensor::FromVector<double>({2, 3, 4, 0, 3, 4, 0, 0, 5}, {3, 3})}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const std::vector<double> want = {12, 8, 6, 12, 0, 0, 0, 0, 0};
+  for (int i = 0; i < 9; ++i) EXPECT_DOUBLE_EQ((*out)[0].data<double>()[i], want[i]) << i;
 }
 
 TEST(Autodiff, MarksRolesAndGradOf) {

@@ -27,15 +27,15 @@ std::vector<double> NaiveReduce(const std::vector<double>& x, const I64& dims,
   I64 od = dims;
   for (int a : axes) od[a] = 1;
   const int64_t on = Numel(od);
-  const bool is_max = op == "ReduceMax", is_min = op == "ReduceMin";
-  std::vector<double> acc(on, is_max ? -INFINITY : is_min ? INFINITY : 0.0);
+  const bool is_max = op == "ReduceMax", is_min = op == "ReduceMin", is_prod = op == "ReduceProd";
+  std::vector<double> acc(on, is_max ? -INFINITY : is_min ? INFINITY : is_prod ? 1.0 : 0.0);
   std::vector<int64_t> count(on, 0);
   I64 idx(dims.size());
   for (int64_t i = 0; i < Numel(dims); ++i) {
     int64_t rest = i, o = 0;
     for (int k = static_cast<int>(dims.size()) - 1; k >= 0; --k) idx[k] = rest % dims[k], rest /= dims[k];
     for (size_t k = 0; k < dims.size(); ++k) o = o * od[k] + (axes.count(k) ? 0 : idx[k]);
-    acc[o] = is_max ? std::max(acc[o], x[i]) : is_min ? std::min(acc[o], x[i]) : acc[o] + x[i];
+    acc[o] = is_max ? std::max(acc[o], x[i]) : is_min ? std::min(acc[o], x[i]) : is_prod ? acc[o] * x[i] : acc[o] + x[i];
     ++count[o];
   }
   if (op == "ReduceMean")
@@ -106,7 +106,27 @@ INSTANTIATE_TEST_SUITE_P(
                       ReduceCase{"ReduceMax", 18, {2, 3, 4, 5}, {0, 2}, false},  // alternating
                       ReduceCase{"ReduceMax", 20, {2, 1, 3}, {1, 2}, true},   // size-1 axis
                       ReduceCase{"ReduceMin", 13, {4, 5, 6}, {-2}, true},
-                      ReduceCase{"ReduceMin", 1, {3, 4}, {}, false}));
+                      ReduceCase{"ReduceMin", 1, {3, 4}, {}, false},
+                      // Products of at most 12 integers in [-4, 4] stay within int32.
+                      ReduceCase{"ReduceProd", 18, {2, 3, 4}, {1}, false},
+                      ReduceCase{"ReduceProd", 13, {3, 4, 5}, {0, 1}, true},  // axes attribute
+                      ReduceCase{"ReduceProd", 18, {6, 300}, {0}, false},     // column blocks
+                      ReduceCase{"ReduceProd", 11, {2, 3}, {}, true}));
+
+// An integer product wraps as numpy's does (modulo 2^32 for int32); an empty one is 1.
+TEST(NnReduceTest, ProductsWrapAndAnEmptyProductIsOne) {
+  OpTester("ReduceProd", 18)
+      .Input<int32_t>("X", {2, 2}, {65536, 65536, 65537, 65537})
+      .Input<int64_t>("axes", {1}, {1})
+      .Output<int32_t>("Y", {2, 1}, {0, 131073})  // 2^32 wraps to 0; (2^16 + 1)^2 to 2^17 + 1
+      .Run();
+  OpTester("ReduceProd", 18)
+      .Input<float>("X", {2, 0, 3}, {})
+      .Input<int64_t>("axes", {1}, {1})
+      .Attr("keepdims", int64_t{0})
+      .Output<float>("Y", {2, 3}, {1, 1, 1, 1, 1, 1})
+      .Run();
+}
 
 TEST(NnReduceTest, NoopWithEmptyAxesIsIdentity) {
   OpTester("ReduceSum", 13).Attr("noop_with_empty_axes", int64_t{1})

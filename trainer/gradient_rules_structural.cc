@@ -141,6 +141,32 @@ absl::Status ReduceMaxMinGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// Product over axes: dx_i = dy times the product of the other elements, formed without dividing
+// by a zero (as PyTorch's prod backward): with no zero in the slice it is prod / x_i; with one,
+// only that element's is nonzero, the product of the rest; with more, all are 0.
+absl::Status ReduceProdGrad(GradBuilder& b) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReducedAxes(b));
+  Value* x = b.x(0);
+  if (axes.empty()) {  // noop_with_empty_axes: the identity
+    b.SetGrad(0, b.dy());
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(Value * dy, SpreadOverReduced(b, axes));
+  Value* zero = b.Op("Equal", {x, b.Const(0, x)});
+  Value* nonzero = b.Op("Where", {zero, b.Const(1, x), x});
+  const Attribute keep = Attribute::Int(1);
+  Value* rest = b.graph_opset() >= 18 ? b.Op("ReduceProd", {nonzero, b.Ints(axes)}, {{"keepdims", keep}})
+                                      : b.Op("ReduceProd", {nonzero}, {{"axes", Attribute::Ints(axes)}, {"keepdims", keep}});
+  Value* zeros = b.ReduceSum(b.Op("Cast", {zero}, {{"to", Attribute::Int(static_cast<int64_t>(x->dtype()))}}), axes,
+                             /*keepdims=*/true);
+  Value* none = b.Op("Equal", {zeros, b.Const(0, x)});
+  Value* one = b.Op("Equal", {zeros, b.Const(1, x)});
+  Value* others = b.Op("Where", {zero, b.Op("Where", {one, rest, b.Const(0, x)}),
+                                 b.Op("Where", {none, b.Op("Div", {rest, nonzero}), b.Const(0, x)})});
+  b.SetGrad(0, b.Op("Mul", {dy, others}));
+  return absl::OkStatus();
+}
+
 // The reductions around a sum: dx = dy times L1's sign(x), L2's x / y (0 where y is 0, as
 // PyTorch's norm), SumSquare's 2x, LogSum's 1 / sum = exp(-y), LogSumExp's exp(x - y). With
 // noop_with_empty_axes and no axes the forward is the identity (SumSquare's x^2).
@@ -357,6 +383,7 @@ void RegisterStructuralRules(std::map<std::string, GradRule>& rules) {
   for (const char* op : {"::ReduceL1", "::ReduceL2", "::ReduceSumSquare", "::ReduceLogSum", "::ReduceLogSumExp"})
     rules[op] = ReduceAroundSumGrad;
   rules["::ReduceMax"] = ReduceMaxMinGrad;
+  rules["::ReduceProd"] = ReduceProdGrad;
   rules["::ReduceMin"] = ReduceMaxMinGrad;
   rules["::Softmax"] = SoftmaxFamilyGrad;
   rules["::LogSoftmax"] = SoftmaxFamilyGrad;

@@ -134,7 +134,7 @@ void SwiGluGrad(const T* dy, const T* gate, const T* up, T* dgate, T* dup, int64
 
 // ---- Reductions (reduce.cc) ----------------------------------------------------------------
 
-enum class ReduceKind { kSum, kMean, kMax, kMin };
+enum class ReduceKind { kSum, kMean, kMax, kMin, kProd };
 
 // x's dims with size-1 dims dropped and neighbouring dims of equal status (reduced or
 // kept) merged, so ReduceMean over [B, T, C] at axes {2} is a [B*T, C] row reduction and
@@ -150,8 +150,9 @@ struct ReducePlan {
 // `axes` are normalised to [0, rank) and distinct.
 ReducePlan PlanReduce(std::span<const int64_t> dims, std::span<const int> axes);
 // Instantiated for float, double, int32_t, int64_t; bool for kMax and kMin only.
-// Float sums accumulate in double; an empty reduction yields 0 (sum), NaN (mean),
-// -inf / the lowest value (max) and +inf / the highest value (min).
+// Float sums and products accumulate in double (integer ones in 64 bits, wrapping); an empty
+// reduction yields 0 (sum), NaN (mean), 1 (product), -inf / the lowest value (max) and +inf /
+// the highest value (min).
 template <typename T>
 void Reduce(ReduceKind kind, const ReducePlan& p, const T* x, T* y, ThreadPool* pool);
 

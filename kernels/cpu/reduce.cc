@@ -1,4 +1,4 @@
-// ReduceSum / Mean / Max / Min on the CPU (kernels/cpu/).
+// ReduceSum / Mean / Max / Min / Prod on the CPU (kernels/cpu/).
 // After PlanReduce collapses the dims, two loop shapes cover every case:
 //  - row mode (innermost dim reduced): each output reduces contiguous runs, lane-parallel;
 //  - column mode (innermost dim kept): blocks of adjacent outputs accumulate whole input
@@ -75,6 +75,14 @@ struct Algebra {
     if constexpr (std::numeric_limits<T>::has_infinity) return std::numeric_limits<T>::infinity();
     else return std::numeric_limits<T>::max();
   }
+  // acc * v, an integer product wrapping (unsigned arithmetic) rather than overflowing.
+  static SumAcc Times(SumAcc acc, T v) {
+    if constexpr (std::is_floating_point_v<T>) {
+      return acc * static_cast<double>(v);
+    } else {
+      return static_cast<SumAcc>(static_cast<uint64_t>(acc) * static_cast<uint64_t>(static_cast<SumAcc>(v)));
+    }
+  }
   static T Mean(SumAcc sum, int64_t count) {
     if constexpr (std::is_floating_point_v<T>) {
       return static_cast<T>(sum / static_cast<double>(count));  // count 0 gives NaN
@@ -90,6 +98,7 @@ void FillEmpty(ReduceKind kind, T* y, int64_t n) {
   if (kind == ReduceKind::kMax) v = Algebra<T>::Lowest();
   if (kind == ReduceKind::kMin) v = Algebra<T>::Highest();
   if (kind == ReduceKind::kMean) v = Algebra<T>::Mean(0, 0);
+  if (kind == ReduceKind::kProd) v = T(1);
   std::fill(y, y + n, v);
 }
 
@@ -115,15 +124,16 @@ void ReduceRows(ReduceKind kind, const ReducePlan& p, const T* x, T* y, ThreadPo
   ParallelFor(pool, p.out_numel, grain, [&](int64_t o0, int64_t o1) {
     for (int64_t o = o0; o < o1; ++o) {
       const T* base = x + kept.Offset(o);
-      Acc sum = 0;
+      Acc sum = kind == ReduceKind::kProd ? 1 : 0;
       T ext = kind == ReduceKind::kMax ? Algebra<T>::Lowest() : Algebra<T>::Highest();
       for (int64_t j = 0; j < outer.count; ++j) {
         const T* r = base + outer.Offset(j);
         if (is_sum) sum += LaneSum<Acc>(r, run);
+        else if (kind == ReduceKind::kProd) for (int64_t i = 0; i < run; ++i) sum = Algebra<T>::Times(sum, r[i]);
         else if (kind == ReduceKind::kMax) ext = LaneMax(r, run, ext);
         else ext = LaneMin(r, run, ext);
       }
-      if (kind == ReduceKind::kSum) y[o] = static_cast<T>(sum);
+      if (kind == ReduceKind::kSum || kind == ReduceKind::kProd) y[o] = static_cast<T>(sum);
       else if (kind == ReduceKind::kMean) y[o] = Algebra<T>::Mean(sum, p.count);
       else y[o] = ext;
     }
@@ -159,17 +169,18 @@ void ReduceColumns(ReduceKind kind, const ReducePlan& p, const T* x, T* y, Threa
       const int64_t len = std::min(kColumnBlock, L - c0);
       const T* base = x + kept.Offset(o) + c0;
       const T init = kind == ReduceKind::kMax ? Algebra<T>::Lowest() : Algebra<T>::Highest();
-      std::fill(sum, sum + len, Acc(0));
+      std::fill(sum, sum + len, Acc(kind == ReduceKind::kProd ? 1 : 0));
       std::fill(ext, ext + len, init);
       for (int64_t j = 0; j < red.count; ++j) {
         const T* r = base + red.Offset(j);
         if (is_sum) for (int64_t c = 0; c < len; ++c) sum[c] += static_cast<Acc>(r[c]);
+        else if (kind == ReduceKind::kProd) for (int64_t c = 0; c < len; ++c) sum[c] = Algebra<T>::Times(sum[c], r[c]);
         else if (kind == ReduceKind::kMax) for (int64_t c = 0; c < len; ++c) ext[c] = MaxNan(ext[c], r[c]);
         else for (int64_t c = 0; c < len; ++c) ext[c] = MinNan(ext[c], r[c]);
       }
       T* out = y + o * L + c0;
       for (int64_t c = 0; c < len; ++c) {
-        if (kind == ReduceKind::kSum) out[c] = static_cast<T>(sum[c]);
+        if (kind == ReduceKind::kSum || kind == ReduceKind::kProd) out[c] = static_cast<T>(sum[c]);
         else if (kind == ReduceKind::kMean) out[c] = Algebra<T>::Mean(sum[c], p.count);
         else out[c] = ext[c];
       }

@@ -168,7 +168,7 @@ int SoftmaxCrossEntropyGrad(const float* dy, const void* in, Dt in_dt, bool from
 int SoftmaxGrad(Dt dt, const void* dy, const void* y, void* dx, int64_t rows, int64_t cols, bool log, void* stream,
                 int64_t inner = 1);
 
-enum class ReduceOp : int { kSum, kMean, kMax, kMin, kL1, kL2, kSumSquare, kLogSum, kLogSumExp };
+enum class ReduceOp : int { kSum, kMean, kMax, kMin, kL1, kL2, kSumSquare, kLogSum, kLogSumExp, kProd };
 // Reduces x over the dims flagged in `reduce` (x_dims of rank `rank`); y holds the kept dims in
 // order. Accumulates in double: sums of the elements, their magnitudes (L1) or squares
 // (SumSquare; L2 takes the root, LogSum the log of the plain sum). LogSumExp takes each

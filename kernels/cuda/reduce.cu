@@ -1,5 +1,5 @@
-// CUDA reductions and selection (kernels/cuda/): ReduceSum/Mean/Max over any set of axes and
-// Where with broadcasting. Sums accumulate in double, as the CPU kernels do, and a max
+// CUDA reductions and selection (kernels/cuda/): the Reduce ops over any set of axes and Where
+// with broadcasting. Sums and products accumulate in double, as the CPU kernels do, and a max
 // propagates NaN as the CPU's does. Two layouts get kernels of their own, since a training step
 // is full of them: reducing the leading axes (bias gradients: [rows, C] to [C], each block
 // reading 32 columns coalesced over a chunk of the rows, the chunks' results combined in a
@@ -19,10 +19,11 @@ struct ReducePlan {
 };
 
 __device__ __forceinline__ double Start(ReduceOp op) {
-  return op == ReduceOp::kMax ? -INFINITY : op == ReduceOp::kMin ? INFINITY : 0.0;
+  return op == ReduceOp::kMax ? -INFINITY : op == ReduceOp::kMin ? INFINITY : op == ReduceOp::kProd ? 1.0 : 0.0;
 }
-// Partial results combine by their sum, or Max and Min (which propagate NaN).
+// Partial results combine by their sum, product (Prod), or Max and Min (which propagate NaN).
 __device__ __forceinline__ double Combine(ReduceOp op, double acc, double v) {
+  if (op == ReduceOp::kProd) return acc * v;
   if (op != ReduceOp::kMax && op != ReduceOp::kMin) return acc + v;
   if (v != v || acc != acc) return v != v ? v : acc;
   return op == ReduceOp::kMax ? fmax(acc, v) : fmin(acc, v);

@@ -261,7 +261,8 @@ void RegisterReduceKernels(KernelRegistry& r) {
     ReduceKind kind;
   };
   for (const Row& row : {Row{"ReduceSum", 13, ReduceKind::kSum}, Row{"ReduceMean", 18, ReduceKind::kMean},
-                         Row{"ReduceMax", 20, ReduceKind::kMax}, Row{"ReduceMin", 20, ReduceKind::kMin}}) {
+                         Row{"ReduceMax", 20, ReduceKind::kMax}, Row{"ReduceMin", 20, ReduceKind::kMin},
+                         Row{"ReduceProd", 18, ReduceKind::kProd}}) {
     const ReduceKind kind = row.kind;
     r.Register({"", row.op, 1, row.max_version, ReduceTypes(kind),
                 [kind](const graph::Node& n, int v) -> absl::StatusOr<std::unique_ptr<OpKernel>> {

@@ -766,7 +766,7 @@ class SoftmaxGradKernel : public CudaKernel {
   int64_t axis_;
 };
 
-// ReduceSum, Mean, Max, Min, L1, L2, SumSquare, LogSum and LogSumExp: axes from the attribute
+// ReduceSum, Mean, Max, Min, Prod, L1, L2, SumSquare, LogSum and LogSumExp: axes from the attribute
 // or (newer opsets) a host input.
 class ReduceKernel : public CudaKernel {
  public:
@@ -778,7 +778,7 @@ class ReduceKernel : public CudaKernel {
         : o == "ReduceMax" ? kc::ReduceOp::kMax : o == "ReduceMin" ? kc::ReduceOp::kMin
         : o == "ReduceL1" ? kc::ReduceOp::kL1 : o == "ReduceL2" ? kc::ReduceOp::kL2
         : o == "ReduceSumSquare" ? kc::ReduceOp::kSumSquare : o == "ReduceLogSum" ? kc::ReduceOp::kLogSum
-        : kc::ReduceOp::kLogSumExp;
+        : o == "ReduceProd" ? kc::ReduceOp::kProd : kc::ReduceOp::kLogSumExp;
   }
   absl::Status Compute(KernelContext& ctx) const override {
     const TensorView& x = *ctx.input(0);
@@ -954,7 +954,7 @@ void CudaExecutionProvider::RegisterKernels() {
     Add<ReduceKernel>(r, this, "", op, 1, 17, floats);
     Add<ReduceKernel>(r, this, "", op, 18, 1 << 30, floats, {1});
   }
-  for (const char* op : {"ReduceMean", "ReduceMax", "ReduceMin"}) {
+  for (const char* op : {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd"}) {
     Add<ReduceKernel>(r, this, "", op, 1, 17, floats);
     Add<ReduceKernel>(r, this, "", op, 18, 1 << 30, floats, {1});
   }
