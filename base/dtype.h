@@ -59,6 +59,11 @@ template <> struct DataTypeOf<int64_t> { static constexpr DataType value = DataT
 template <> struct DataTypeOf<int32_t> { static constexpr DataType value = DataType::kInt32; };
 template <> struct DataTypeOf<int8_t> { static constexpr DataType value = DataType::kInt8; };
 template <> struct DataTypeOf<uint8_t> { static constexpr DataType value = DataType::kUInt8; };
+template <> struct DataTypeOf<int16_t> { static constexpr DataType value = DataType::kInt16; };
+// uint16_t is the integer type; float16 and bfloat16 tensors are built by their dtype.
+template <> struct DataTypeOf<uint16_t> { static constexpr DataType value = DataType::kUInt16; };
+template <> struct DataTypeOf<uint32_t> { static constexpr DataType value = DataType::kUInt32; };
+template <> struct DataTypeOf<uint64_t> { static constexpr DataType value = DataType::kUInt64; };
 template <> struct DataTypeOf<bool> { static constexpr DataType value = DataType::kBool; };
 
 }  // namespace cleave

@@ -68,6 +68,23 @@ absl::Status InferBinaryArith(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// BitwiseAnd, BitwiseOr, BitwiseXor, BitShift (direction LEFT or RIGHT) and BitwiseNot: integer
+// inputs of one type, broadcast.
+absl::Status InferBitwise(InferContext& ctx) {
+  const Node& n = ctx.node();
+  if (n.op_type() == "BitShift") {
+    const std::string d = n.AttrString("direction", "");
+    if (d != "LEFT" && d != "RIGHT") return ctx.Error("direction '", d, "' is neither LEFT nor RIGHT");
+  }
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kInt8, DataType::kInt16, DataType::kInt32, DataType::kInt64,
+                                       DataType::kUInt8, DataType::kUInt16, DataType::kUInt32, DataType::kUInt64}));
+  if (ctx.num_inputs() == 1) return InferSameAsInput0(ctx);
+  ASSIGN_OR_RETURN(DataType t, CommonDtype(ctx, 0, 1));
+  ASSIGN_OR_RETURN(Shape s, BroadcastInputs(ctx, 0, 1));
+  ctx.SetOutput(0, t, std::move(s));
+  return absl::OkStatus();
+}
+
 // PRelu (X, slope): Y of X's shape and type, the slope broadcasting to X (unidirectionally).
 absl::Status InferPRelu(InferContext& ctx) {
   ASSIGN_OR_RETURN(DataType t, CommonDtype(ctx, 0, 1));

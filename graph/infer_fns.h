@@ -16,7 +16,8 @@ namespace cleave::graph {
 // infer_elementwise.cc
 absl::Status InferUnary(InferContext& ctx);         // out = in dtype/shape
 absl::Status InferUnaryFloat(InferContext& ctx);    // same, input must be a float type
-absl::Status InferBinaryArith(InferContext& ctx);   // broadcast, same dtype in and out
+absl::Status InferBinaryArith(InferContext& ctx);
+absl::Status InferBitwise(InferContext& ctx);  // the integer bitwise ops and shifts, broadcast   // broadcast, same dtype in and out
 absl::Status InferPow(InferContext& ctx);           // broadcast, dtype of base
 absl::Status InferPRelu(InferContext& ctx);         // X's shape and dtype; the slope broadcasts to X
 absl::Status InferCompare(InferContext& ctx);       // broadcast, bool out

@@ -292,6 +292,50 @@ TEST(CudaProvider, NarrowAndUnsignedIntegerArithmeticAndComparisons) {
              0, 0, "*");
 }
 
+// The bitwise ops over signed and unsigned integers with broadcasting, BitwiseNot (decomposed to
+// a Xor), and shifts by 0, by the width and past it (0), equal to the CPU's.
+TEST(CudaProvider, BitwiseOpsAndShifts) {
+  REQUIRE_CUDA();
+  Tensor u(DataType::kUInt64, {5}), v(DataType::kUInt64, {5});
+  const uint64_t uv[5] = {UINT64_MAX, 1, uint64_t{1} << 63, 12345, 0};
+  const uint64_t vv[5] = {63, 64, 1, 0, 65};
+  std::memcpy(u.raw(), uv, sizeof(uv));
+  std::memcpy(v.raw(), vv, sizeof(vv));
+  ExpectSame(R"(
+    opset 18
+    input s: int16[2,3]
+    input t: int16[3]
+    input p: uint8[5]
+    input q: uint8[5]
+    input u: uint64[5]
+    input v: uint64[5]
+    a = BitwiseAnd(s, t)
+    o = BitwiseOr(s, t)
+    x = BitwiseXor(s, t)
+    n = BitwiseNot(s)
+    m = BitwiseNot(p)
+    pl = BitShift(p, q) {direction = "LEFT"}
+    pr = BitShift(p, q) {direction = "RIGHT"}
+    ul = BitShift(u, v) {direction = "LEFT"}
+    ur = BitShift(u, v) {direction = "RIGHT"}
+    output a
+    output o
+    output x
+    output n
+    output m
+    output pl
+    output pr
+    output ul
+    output ur
+  )",
+             {{"s", Tensor::FromVector<int16_t>({-1, 0x1234, -32768, 7, -300, 255}, {2, 3})},
+              {"t", Tensor::FromVector<int16_t>({0x0f0f, -2, 1}, {3})},
+              {"p", Tensor::FromVector<uint8_t>({0x81, 1, 255, 16, 3}, {5})},
+              {"q", Tensor::FromVector<uint8_t>({1, 7, 8, 2, 0}, {5})},
+              {"u", u}, {"v", v}},
+             0, 0, "*");
+}
+
 // Pow with an exponent of another type than the base (PyTorch's exports raise a float to an
 // int64 power): the exponent converted to the base's type on the device.
 TEST(CudaProvider, PowWithAnIntegerOrFloat64Exponent) {

@@ -669,6 +669,33 @@ TEST(ElementwiseCastTest, UnsupportedTargets) {
 
 // ---- Shape inference -----------------------------------------------------------------------
 
+// The integers' bitwise ops with broadcasting, BitwiseNot, and shifts: logical for unsigned
+// types, 0 once the shift reaches the width.
+TEST(ElementwiseBitwiseTest, AndOrXorNotAndShifts) {
+  const std::vector<int32_t> a = {-1, 0x0ff0, -2147483647 - 1, 12}, b = {0x00ff, -16};
+  OpTester("BitwiseAnd", 18).Input<int32_t>("a", {2, 2}, a).Input<int32_t>("b", {2}, b)
+      .Output<int32_t>("y", {2, 2}, {0x00ff, 0x0ff0, 0, 0}).Run();
+  OpTester("BitwiseOr", 18).Input<int32_t>("a", {2, 2}, a).Input<int32_t>("b", {2}, b)
+      .Output<int32_t>("y", {2, 2}, {-1, -16, -2147483647 - 1 + 0xff, -4}).Run();
+  OpTester("BitwiseXor", 18).Input<int32_t>("a", {2, 2}, a).Input<int32_t>("b", {2}, b)
+      .Output<int32_t>("y", {2, 2}, {~0x00ff, 0x0ff0 ^ -16, (-2147483647 - 1) ^ 0xff, 12 ^ -16}).Run();
+  OpTester("BitwiseNot", 18).Input<uint8_t>("a", {3}, {0, 0x0f, 255}).Output<uint8_t>("y", {3}, {255, 0xf0, 0}).Run();
+  OpTester("BitwiseNot", 18).Input<int64_t>("a", {2}, {0, -5}).Output<int64_t>("y", {2}, {-1, 4}).Run();
+  OpTester("BitShift", 11).Attr("direction", std::string("LEFT"))
+      .Input<uint8_t>("x", {5}, {1, 0x81, 1, 1, 3}).Input<uint8_t>("s", {5}, {7, 1, 8, 200, 0})
+      .Output<uint8_t>("y", {5}, {128, 2, 0, 0, 3}).Run();
+  OpTester("BitShift", 11).Attr("direction", std::string("RIGHT"))
+      .Input<uint16_t>("x", {3}, {0x8000, 0xffff, 5}).Input<uint16_t>("s", {1}, {15})
+      .Output<uint16_t>("y", {3}, {1, 1, 0}).Run();
+  OpTester("BitShift", 11).Attr("direction", std::string("UP"))
+      .Input<uint8_t>("x", {1}, {1}).Input<uint8_t>("s", {1}, {1})
+      .Output<uint8_t>("y", {1}, {2})
+      .ExpectFailure("direction 'UP' is neither LEFT nor RIGHT").Run();
+  OpTester("BitwiseAnd", 18).Input<float>("a", {1}, {1}).Input<float>("b", {1}, {1})
+      .Output<float>("y", {1}, {1})
+      .ExpectFailure("float32").Run();
+}
+
 TEST(ElementwiseInferenceTest, KeepsSymbolicDims) {
   graph::Graph g;
   g.opset_imports()[""] = 17;

@@ -461,14 +461,19 @@ TEST(MixedPrecision, Bf16ConvolutionsTrackFp32AndFollowPyTorch) {
         const std::string& t = n->op_type();
         if (t != "Conv" && t != "ConvTranspose" && t != "ConvGrad" && t != "ConvTransposeGrad") continue;
         (n->input(0)->dtype() == DataType::kBFloat16 ? low : wide) += 1;
-        for (int i = 0; i < n->num_inputs(); ++i)
-          if (n->input(i)) EXPECT_EQ(n->input(i)->dtype(), n->input(0)->dtype()) << n->Describe();
+        for (int i = 0; i < n->num_inputs(); ++i) {
+          if (n->input(i)) {
+            EXPECT_EQ(n->input(i)->dtype(), n->input(0)->dtype()) << n->Describe();
+          }
+        }
       }
       EXPECT_EQ(low, p == Precision::kBf16 ? convolutions : 0);
       EXPECT_EQ(wide, p == Precision::kBf16 ? 0 : convolutions);
-      for (const auto& n : a.training->nodes())
-        if (n->op_type() == "BatchNormalization" || n->op_type() == "InstanceNormalization")
+      for (const auto& n : a.training->nodes()) {
+        if (n->op_type() == "BatchNormalization" || n->op_type() == "InstanceNormalization") {
           EXPECT_EQ(n->input(0)->dtype(), DataType::kFloat32) << n->Describe();
+        }
+      }
     });
     if (HasFatalFailure()) return;
     TrainingSpec spec = golden.spec;

@@ -454,8 +454,11 @@ TEST(TrainingSession, BatchNormRunningStatisticsAreBuffers) {
   ASSERT_GE(outs.size(), buffers.size());
   for (size_t i = 0; i < buffers.size(); ++i)
     EXPECT_EQ(outs[outs.size() - buffers.size() + i]->name(), Updated(buffers[i]));
-  for (const auto& n : a->eval->nodes())
-    if (n->op_type() == "BatchNormalization") EXPECT_EQ(n->AttrInt("training_mode", 1), 0) << n->Describe();
+  for (const auto& n : a->eval->nodes()) {
+    if (n->op_type() == "BatchNormalization") {
+      EXPECT_EQ(n->AttrInt("training_mode", 1), 0) << n->Describe();
+    }
+  }
   // The artifacts, with their ai.cleave pool and BatchNormalization gradients, pass ONNX's checker.
   ASSERT_TRUE(SaveArtifacts(*a, dir + "/artifacts").ok());
   for (const char* f : {"training_model.onnx", "eval_model.onnx"}) {

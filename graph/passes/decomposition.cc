@@ -7,10 +7,11 @@
 // Reshape; OneHot and Hardmax into comparisons with positions; EyeLike into a constant; Shrink
 // into Wheres; LRN into an AveragePool over the channels; LpPool and GlobalLpPool into an
 // AveragePool or ReduceSum of |x|^p; MeanVarianceNormalization and LpNormalization into
-// reductions. What they become has kernels on every
+// reductions; BitwiseNot into a BitwiseXor with all ones. What they become has kernels on every
 // provider and gradient rules, so the decomposed ops run and train wherever those do. Each
 // rewrite writes the node's own output value, so graph outputs keep their names.
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <vector>
@@ -327,6 +328,20 @@ absl::Status DecomposeLpNormalization(Graph* g, Node* n) {
   return e.Finish(y, out);
 }
 
+// ---- BitwiseNot ----
+
+// BitwiseNot: a BitwiseXor with every bit set.
+absl::Status DecomposeBitwiseNot(Graph* g, Node* n) {
+  Value* x = n->input(0);
+  Tensor ones(x->dtype(), {});
+  std::memset(ones.data<uint8_t>(), 0xff, ones.nbytes());
+  Value* out = n->output(0);
+  Emitter e(g, *n);
+  g->RemoveNode(n);
+  ASSIGN_OR_RETURN(Value * y, e.Add("BitwiseXor", {x, e.Constant(x->name() + "/all_ones", std::move(ones))}));
+  return e.Finish(y, out);
+}
+
 // ---- LpPool, GlobalLpPool ----
 
 // (the sum of |x|^p over each window)^(1/p). The sum is the window's volume times an
@@ -421,6 +436,7 @@ absl::StatusOr<bool> OpDecomposition::Run(Graph* g) {
     else if (t == "LpPool" || t == "GlobalLpPool") RETURN_IF_ERROR(DecomposeLpPool(g, n, op.version));
     else if (t == "MeanVarianceNormalization") RETURN_IF_ERROR(DecomposeMeanVarianceNormalization(g, n));
     else if (t == "LpNormalization") RETURN_IF_ERROR(DecomposeLpNormalization(g, n));
+    else if (t == "BitwiseNot") RETURN_IF_ERROR(DecomposeBitwiseNot(g, n));
     else if (t == "QuantizeLinear" || t == "DequantizeLinear") RETURN_IF_ERROR(decompose::DecomposeQuantize(g, n, op.version));
     else if (t == "DynamicQuantizeLinear") RETURN_IF_ERROR(decompose::DecomposeDynamicQuantize(g, n));
     else RETURN_IF_ERROR(DecomposeDepthSpace(g, n));

@@ -1,5 +1,5 @@
-// Broadcasting binary kernels on the CPU (kernels/): arithmetic, Max/Min, comparisons
-// and logic. One generic loop (BroadcastBinary) serves all; each op is a small functor.
+// Broadcasting binary kernels on the CPU (kernels/): arithmetic, Max/Min, comparisons,
+// logic, and the integers' bitwise ops and shifts. One generic loop (BroadcastBinary) serves all; each op is a small functor.
 // Integer arithmetic wraps like two's complement hardware, as ONNX and numpy do.
 #include <cmath>
 #include <type_traits>
@@ -48,6 +48,19 @@ T ModOp(T a, T b, bool fmod) {
   }
 }
 
+// a << b or a >> b (logical for unsigned types), 0 once b reaches the type's width (where C's
+// shift is undefined) or is negative.
+template <typename T>
+T ShiftOp(T a, T b, bool left) {
+  using U = std::make_unsigned_t<T>;
+  if constexpr (std::is_signed_v<T>) {
+    if (b < T(0)) return T(0);
+  }
+  if (static_cast<uint64_t>(b) >= sizeof(T) * 8) return T(0);
+  const U u = static_cast<U>(a);
+  return static_cast<T>(left ? static_cast<U>(u << b) : static_cast<U>(u >> b));
+}
+
 // NaN-propagating max/min (numpy.maximum/minimum): a NaN in either operand wins.
 template <typename T>
 T MaxOp(T a, T b) {
@@ -93,8 +106,29 @@ void Arithmetic(BinaryOp op, const TensorView& a, const TensorView& b, const Ten
     case BinaryOp::kPRelu:
       BroadcastBinary<T, T, T>(a, b, out, g, pool, [](T x, T y) { return x < T(0) ? WrapMul(x, y) : x; });
       return;
-    default: CLEAVE_CHECK(false && "not an arithmetic op");
+    default: break;
   }
+  if constexpr (std::is_integral_v<T>) {
+    switch (op) {
+      case BinaryOp::kBitAnd:
+        BroadcastBinary<T, T, T>(a, b, out, g, pool, [](T x, T y) { return static_cast<T>(x & y); });
+        return;
+      case BinaryOp::kBitOr:
+        BroadcastBinary<T, T, T>(a, b, out, g, pool, [](T x, T y) { return static_cast<T>(x | y); });
+        return;
+      case BinaryOp::kBitXor:
+        BroadcastBinary<T, T, T>(a, b, out, g, pool, [](T x, T y) { return static_cast<T>(x ^ y); });
+        return;
+      case BinaryOp::kShiftLeft:
+        BroadcastBinary<T, T, T>(a, b, out, g, pool, [](T x, T y) { return ShiftOp(x, y, true); });
+        return;
+      case BinaryOp::kShiftRight:
+        BroadcastBinary<T, T, T>(a, b, out, g, pool, [](T x, T y) { return ShiftOp(x, y, false); });
+        return;
+      default: break;
+    }
+  }
+  CLEAVE_CHECK(false && "not an arithmetic op of this type");
 }
 
 // Comparisons write bool (Equal on bool inputs goes through Logical).
@@ -157,6 +191,9 @@ bool IsComparison(BinaryOp op) {
 bool BinarySupports(BinaryOp op, DataType t) {
   if (op == BinaryOp::kAnd || op == BinaryOp::kOr || op == BinaryOp::kXor) return t == DataType::kBool;
   if (op == BinaryOp::kEqual && t == DataType::kBool) return true;
+  if (op == BinaryOp::kBitAnd || op == BinaryOp::kBitOr || op == BinaryOp::kBitXor || op == BinaryOp::kShiftLeft ||
+      op == BinaryOp::kShiftRight)
+    return IsInteger(t);
   return IsNumericType(t);
 }
 

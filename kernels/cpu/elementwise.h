@@ -60,7 +60,9 @@ enum class BinaryOp {
   kMod,                    // the remainder with the divisor's sign (Python's %; ONNX Mod, fmod 0)
   kFmod,                   // the remainder with the dividend's sign (C's fmod; ONNX Mod, fmod 1)
   kPRelu,                  // a < 0 ? a * b : a (ONNX PRelu, b the slope)
-};                         // an integer remainder by 0 gives 0
+  kBitAnd, kBitOr, kBitXor,  // integers only
+  kShiftLeft, kShiftRight,   // integers only; a shift by the width or more gives 0
+};                           // an integer remainder by 0 gives 0
 bool BinarySupports(BinaryOp op, DataType t);
 bool IsComparison(BinaryOp op);
 // out = op(a, b) with a and b broadcast to out's dims (each input dim is 1 or out's).

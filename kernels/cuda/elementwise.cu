@@ -46,8 +46,8 @@ __device__ __forceinline__ float ApplyBinary(BinaryOp op, float a, float b) {
       const float r = fmodf(a, b);
       return r != 0.f && ((r < 0.f) != (b < 0.f)) ? r + b : r;
     }
+    default: return 0.f;  // the integer ops (not offered for floats)
   }
-  return 0.f;
 }
 
 // Phi(x) as 0.5 erfc(-x / sqrt 2): 1 + erf(x / sqrt 2) would cancel for x below about -3.
@@ -405,6 +405,19 @@ struct IntBinaryFn {
           if (a < 0) return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
         }
         return a;
+      case BinaryOp::kBitAnd: return static_cast<T>(a & b);
+      case BinaryOp::kBitOr: return static_cast<T>(a | b);
+      case BinaryOp::kBitXor: return static_cast<T>(a ^ b);
+      case BinaryOp::kShiftLeft:
+      case BinaryOp::kShiftRight: {
+        using V = std::make_unsigned_t<T>;
+        if constexpr (std::is_signed_v<T>) {
+          if (b < 0) return 0;
+        }
+        if (static_cast<uint64_t>(b) >= sizeof(T) * 8) return 0;
+        const V v = static_cast<V>(a);
+        return static_cast<T>(op == BinaryOp::kShiftLeft ? static_cast<V>(v << b) : static_cast<V>(v >> b));
+      }
       case BinaryOp::kPow: return 0;  // not offered (the launcher refuses it)
     }
     return 0;

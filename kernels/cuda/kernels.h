@@ -29,7 +29,9 @@ struct Broadcast {
 
 // kMod: the remainder with the divisor's sign (ONNX Mod, fmod 0); kFmod: with the dividend's
 // (C's fmod; fmod 1).
-enum class BinaryOp : int { kAdd, kSub, kMul, kDiv, kMax, kMin, kPow, kMod, kFmod, kPRelu };
+enum class BinaryOp : int { kAdd, kSub, kMul, kDiv, kMax, kMin, kPow, kMod, kFmod, kPRelu,
+                            // integers only (IntBinary): a shift by the width or more gives 0
+                            kBitAnd, kBitOr, kBitXor, kShiftLeft, kShiftRight };
 enum class UnaryOp : int { kIdentity, kRelu, kGelu, kGeluTanh, kTanh, kExp, kLog, kNeg, kSqrt, kSigmoid, kErf,
                            kReciprocal, kAbs, kSin, kCos,
                            kTan, kAsin, kAcos, kAtan, kSinh, kCosh, kAsinh, kAcosh, kAtanh,
@@ -52,7 +54,7 @@ enum class CompareOp : int { kEqual, kLess, kGreater, kLessOrEqual, kGreaterOrEq
 int Compare(CompareOp op, Elem t, const void* a, const void* b, bool* y, int64_t n, const Broadcast* bc, void* stream);
 // y = a op b over any integer Elem, with broadcasting as Binary: Add, Sub and Mul wrap around; Div
 // truncates toward zero and x / 0 is 0 (the CPU's); Max, Min; Mod and Fmod, x mod 0 and x mod -1
-// being 0 (the CPU's). (No Pow.)
+// being 0 (the CPU's); the bitwise ops and shifts. (No Pow.)
 int IntBinary(BinaryOp op, Elem t, const void* a, const void* b, void* y, int64_t n, const Broadcast* bc,
               void* stream);
 // y = !x over bool.

@@ -27,6 +27,8 @@ const std::vector<DT> kSignedTypes = {DT::kFloat32, DT::kFloat64, DT::kInt8,
 const std::vector<DT> kNumericTypes = {DT::kFloat32, DT::kFloat64, DT::kInt8,   DT::kInt16,
                                        DT::kInt32,   DT::kInt64,   DT::kUInt8,  DT::kUInt16,
                                        DT::kUInt32,  DT::kUInt64};
+const std::vector<DT> kIntegerTypes = {DT::kInt8,  DT::kInt16,  DT::kInt32,  DT::kInt64,
+                                       DT::kUInt8, DT::kUInt16, DT::kUInt32, DT::kUInt64};
 const std::vector<DT> kPowBaseTypes = {DT::kFloat32, DT::kFloat64, DT::kInt32, DT::kInt64};
 const std::vector<DT> kBoolType = {DT::kBool};
 
@@ -85,6 +87,12 @@ absl::StatusOr<std::unique_ptr<OpKernel>> CreateMod(const graph::Node& n, int) {
   const int64_t fmod = n.AttrInt("fmod", 0);
   if (fmod != 0 && fmod != 1) return InvalidArgument(n.Describe(), ": expected fmod 0 or 1, got ", fmod);
   return std::unique_ptr<OpKernel>(new BinaryKernel(fmod ? kc::BinaryOp::kFmod : kc::BinaryOp::kMod, n));
+}
+
+// BitShift: direction LEFT or RIGHT (checked by shape inference).
+absl::StatusOr<std::unique_ptr<OpKernel>> CreateBitShift(const graph::Node& n, int) {
+  const bool left = n.AttrString("direction", "") == "LEFT";
+  return std::unique_ptr<OpKernel>(new BinaryKernel(left ? kc::BinaryOp::kShiftLeft : kc::BinaryOp::kShiftRight, n));
 }
 
 // IsNaN, and IsInf (detect_positive, detect_negative): bool of x's shape.
@@ -369,6 +377,8 @@ void RegisterElementwiseKernels(KernelRegistry& r) {
       {"GreaterOrEqual", B::kGreaterOrEqual, &kNumericTypes},
       {"And", B::kAnd, &kBoolType},             {"Or", B::kOr, &kBoolType},
       {"Xor", B::kXor, &kBoolType},             {"PRelu", B::kPRelu, &kNumericTypes},
+      {"BitwiseAnd", B::kBitAnd, &kIntegerTypes}, {"BitwiseOr", B::kBitOr, &kIntegerTypes},
+      {"BitwiseXor", B::kBitXor, &kIntegerTypes},
   };
   for (const BinaryRow& b : binary)
     r.Register(Def("", b.op, AllOf({InputTypeIn(0, *b.types), InputTypeIn(1, *b.types)}),
@@ -377,6 +387,8 @@ void RegisterElementwiseKernels(KernelRegistry& r) {
   r.Register(Def("", "Min", InputTypeIn(0, kNumericTypes), OpFactory<VariadicKernel>(B::kMin)));
   r.Register(Def("", "Sum", InputTypeIn(0, kFloatTypes), OpFactory<VariadicKernel>(B::kAdd)));
   r.Register(Def("", "Mod", AllOf({InputTypeIn(0, kNumericTypes), InputTypeIn(1, kNumericTypes)}), CreateMod));
+  r.Register(Def("", "BitShift", AllOf({InputTypeIn(0, kIntegerTypes), InputTypeIn(1, kIntegerTypes)}),
+                 CreateBitShift));
   for (const char* op : {"IsNaN", "IsInf"})
     r.Register(Def("", op, InputTypeIn(0, kFloatTypes), MakeFactory<FloatClassKernel>()));
   r.Register(Def("", "Mean", InputTypeIn(0, kFloatTypes), OpFactory<VariadicKernel>(B::kAdd)));

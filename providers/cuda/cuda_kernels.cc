@@ -80,12 +80,17 @@ absl::Status BroadcastOutput(const std::string& name, KernelContext& ctx, kc::Br
 kc::BinaryOp BinaryOpOf(const graph::Node& n) {
   const std::string& o = n.op_type();
   if (o == "Mod") return n.AttrInt("fmod", 0) ? kc::BinaryOp::kFmod : kc::BinaryOp::kMod;
+  if (o == "BitShift") return n.AttrString("direction", "") == "LEFT" ? kc::BinaryOp::kShiftLeft : kc::BinaryOp::kShiftRight;
+  if (o == "BitwiseAnd") return kc::BinaryOp::kBitAnd;
+  if (o == "BitwiseOr") return kc::BinaryOp::kBitOr;
+  if (o == "BitwiseXor") return kc::BinaryOp::kBitXor;
   return o == "Add" || o == "Sum" || o == "Mean" ? kc::BinaryOp::kAdd : o == "Sub" ? kc::BinaryOp::kSub
        : o == "Mul" ? kc::BinaryOp::kMul : o == "Div" ? kc::BinaryOp::kDiv : o == "Max" ? kc::BinaryOp::kMax
        : o == "Min" ? kc::BinaryOp::kMin : o == "PRelu" ? kc::BinaryOp::kPRelu : kc::BinaryOp::kPow;
 }
 
-// Add, Sub, Mul, Div, Max, Min, Mod, Pow over float types; all but Pow over the integers too.
+// Add, Sub, Mul, Div, Max, Min, Mod, Pow over float types; all but Pow over the integers too, and
+// the integers' bitwise ops and shifts.
 // Pow's exponent may be of any number type (converted to the base's, as an exact small integer
 // exponent is; the CPU raises a float base to an integer exponent in double).
 // Max, Min, Sum and Mean take any number of inputs, folded left to right into the output (Mean
@@ -882,6 +887,13 @@ void CudaExecutionProvider::RegisterKernels() {
     return f == 0 || f == 1 ? "" : absl::StrCat("fmod ", f, " (expected 0 or 1)");
   };
   Add<BinaryKernel>(r, this, "", "Mod", 10, 1 << 30, AllOf({InputTypeIn(0, arith_types), two_alike, fmod_attr}));
+  std::vector<DataType> integers = ints;
+  for (DataType t : {DataType::kInt8, DataType::kInt16, DataType::kUInt8, DataType::kUInt16, DataType::kUInt32,
+                     DataType::kUInt64})
+    integers.push_back(t);
+  for (const char* op : {"BitwiseAnd", "BitwiseOr", "BitwiseXor"})
+    Add<BinaryKernel>(r, this, "", op, 18, 1 << 30, AllOf({InputTypeIn(0, integers), two_alike}));
+  Add<BinaryKernel>(r, this, "", "BitShift", 11, 1 << 30, AllOf({InputTypeIn(0, integers), two_alike}));
   for (const char* op : {"Max", "Min"})  // variadic (broadcasting from version 8)
     Add<BinaryKernel>(r, this, "", op, 6, 1 << 30, AllOf({InputTypeIn(0, arith_types), all_alike}));
   for (const char* op : {"Sum", "Mean"}) Add<BinaryKernel>(r, this, "", op, 6, 1 << 30, AllOf({floats, all_alike}));
