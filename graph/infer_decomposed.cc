@@ -1,7 +1,8 @@
 // Shape and type inference of the ops that every session decomposes into other ops before it
 // places the graph (graph/passes/decomposition.cc): Einsum, GroupNormalization, DepthToSpace,
 // SpaceToDepth, OneHot, Hardmax, Shrink, EyeLike, LRN, MeanVarianceNormalization,
-// LpNormalization, LpPool, GlobalLpPool, RNN, GRU and LSTM.
+// LpNormalization, LpPool, GlobalLpPool, RNN, GRU, LSTM, the quantization ops, the window
+// functions, CenterCropPad, ReverseSequence and MaxUnpool.
 // Their inference validates what the decomposition relies on, so a bad model is refused here,
 // naming the node, before anything is rewritten.
 #include <algorithm>
@@ -381,6 +382,100 @@ absl::Status InferDynamicQuantize(InferContext& ctx) {
   ctx.SetOutput(0, DataType::kUInt8, ctx.input_shape(0));
   if (ctx.has_output(1)) ctx.SetOutput(1, DataType::kFloat32, Shape::Scalar());
   if (ctx.has_output(2)) ctx.SetOutput(2, DataType::kUInt8, Shape::Scalar());
+  return absl::OkStatus();
+}
+
+// HannWindow, HammingWindow, BlackmanWindow (size, a scalar int32 or int64) -> [size] of
+// output_datatype (float32 by default).
+absl::Status InferWindow(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kInt32, DataType::kInt64}));
+  const DataType t = DataTypeFromInt(static_cast<int>(ctx.node().AttrInt("output_datatype", 1)));
+  if (!IsFloat(t) && !IsInteger(t))
+    return ctx.Error("output_datatype ", ctx.node().AttrInt("output_datatype", 1), " is not a number type");
+  Dim size;
+  if (const Tensor* c = ctx.input_constant(0); c && c->numel() == 1) {
+    if (c->DoubleAt(0) < 0) return ctx.Error("size is ", c->DoubleAt(0), "; expected size >= 0");
+    size = Dim(static_cast<int64_t>(c->DoubleAt(0)));
+  }
+  ctx.SetOutput(0, t, Shape({size}));
+  return absl::OkStatus();
+}
+
+// CenterCropPad (input_data, shape [len(axes)]): X with each of `axes` (all by default) cropped or
+// padded to the shape's entry.
+absl::Status InferCenterCropPad(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt32, DataType::kInt64}));
+  const Shape& x = ctx.input_shape(0);
+  if (!x.has_rank()) {
+    ctx.SetOutput(0, ctx.input_dtype(0), Shape());
+    return absl::OkStatus();
+  }
+  std::vector<int64_t> axes = ctx.node().AttrInts("axes");
+  if (axes.empty())
+    for (int a = 0; a < x.rank(); ++a) axes.push_back(a);
+  std::vector<Dim> out = x.dims();
+  const Shape& s = ctx.input_shape(1);
+  if (s.has_rank() && (s.rank() != 1 || (s[0].is_static() && s[0].value != static_cast<int64_t>(axes.size()))))
+    return ctx.Error("shape is ", s.ToString(), "; expected [", axes.size(), "] (one size per axis)");
+  const std::optional<std::vector<int64_t>> target = ConstantInts(ctx, 1);
+  for (size_t i = 0; i < axes.size(); ++i) {
+    ASSIGN_OR_RETURN(const int a, NormalizeAxis(ctx, axes[i], x.rank()));
+    out[a] = target ? Dim((*target)[i]) : Dim();
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
+// ReverseSequence (input, sequence_lens int64 [batch]): X's; time_axis and batch_axis are 0
+// and 1 in either order.
+absl::Status InferReverseSequence(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
+  const int64_t t = ctx.node().AttrInt("time_axis", 0), b = ctx.node().AttrInt("batch_axis", 1);
+  if (!((t == 0 && b == 1) || (t == 1 && b == 0)))
+    return ctx.Error("time_axis ", t, " and batch_axis ", b, "; expected 0 and 1 in either order");
+  const Shape& x = ctx.input_shape(0);
+  if (x.has_rank() && x.rank() < 2) return ctx.Error("expected an input of rank >= 2, got ", x.ToString());
+  const Shape& lens = ctx.input_shape(1);
+  if (x.has_rank() && lens.has_rank() &&
+      (lens.rank() != 1 || (lens[0].is_static() && x[b].is_static() && lens[0].value != x[b].value)))
+    return ctx.Error("sequence_lens is ", lens.ToString(), "; expected [", DimString(x[b]), "] (the batch)");
+  return InferSameAsInput0(ctx);
+}
+
+// MaxUnpool (X, I int64 of X's shape[, output_shape]): output_shape's values where known, else
+// (in - 1) * stride - pads + kernel per spatial dim.
+absl::Status InferMaxUnpool(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                                       DataType::kBFloat16}));
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
+  const Node& n = ctx.node();
+  const std::vector<int64_t> kernel = n.AttrInts("kernel_shape");
+  if (kernel.empty()) return ctx.Error("has no 'kernel_shape' attribute");
+  const Shape& x = ctx.input_shape(0);
+  const int spatial = static_cast<int>(kernel.size());
+  if (x.has_rank() && x.rank() != spatial + 2)
+    return ctx.Error("X is ", x.ToString(), "; expected [N, C] and ", spatial, " spatial dims (kernel_shape)");
+  Shape out;
+  if (ctx.num_inputs() > 2 && ctx.has_input(2)) {
+    if (const auto given = ConstantInts(ctx, 2)) {
+      std::vector<Dim> dims;
+      for (int64_t d : *given) dims.push_back(Dim(d));
+      out = Shape(std::move(dims));
+    } else if (x.has_rank()) {
+      out = Shape(std::vector<Dim>(static_cast<size_t>(x.rank())));
+    }
+  } else if (x.has_rank()) {
+    std::vector<int64_t> strides = n.AttrInts("strides"), pads = n.AttrInts("pads");
+    strides.resize(spatial, 1);
+    pads.resize(2 * spatial, 0);
+    std::vector<Dim> dims = {x[0], x[1]};
+    for (int d = 0; d < spatial; ++d) {
+      const Dim& in = x[d + 2];
+      dims.push_back(in.is_static() ? Dim((in.value - 1) * strides[d] - pads[d] - pads[spatial + d] + kernel[d]) : Dim());
+    }
+    out = Shape(std::move(dims));
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), out);
   return absl::OkStatus();
 }
 

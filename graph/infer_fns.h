@@ -89,7 +89,11 @@ absl::Status InferEyeLike(InferContext& ctx);             // X's 2-D shape in `d
 absl::Status InferNormalizeAlong(InferContext& ctx);      // MeanVarianceNormalization, LpNormalization: X's
 absl::Status InferQuantize(InferContext& ctx);            // QuantizeLinear, DequantizeLinear: X's shape
 absl::Status InferDynamicQuantize(InferContext& ctx);     // y uint8 of X's shape, scale f32 [], zero point uint8 []
-absl::Status InferLpPool(InferContext& ctx);              // LpPool, GlobalLpPool: p >= 1, then as AveragePool
+absl::Status InferLpPool(InferContext& ctx);
+absl::Status InferWindow(InferContext& ctx);           // [size] in output_datatype
+absl::Status InferCenterCropPad(InferContext& ctx);    // X with the target dims along the axes
+absl::Status InferReverseSequence(InferContext& ctx);  // X's
+absl::Status InferMaxUnpool(InferContext& ctx);        // output_shape, or the pool's input size              // LpPool, GlobalLpPool: p >= 1, then as AveragePool
 absl::Status InferRecurrent(InferContext& ctx);           // RNN, GRU, LSTM: Y, Y_h (and Y_c) of X, W, R
 
 // infer_grad_ops.cc

@@ -361,6 +361,27 @@ TEST(CudaProvider, DecomposedOpsAndTheirGradients) {
   )",
              {{"x", Random({2, 6, 3, 3}, 57)}, {"ids", ids}, {"h", Random({3, 7}, 58)}}, 1e-4, 1e-4, "*", "",
              WithGradients);
+  // CenterCropPad (a crop and a pad), ReverseSequence, MaxUnpool after a MaxPool, and a window.
+  ExpectSame(R"(
+    opset 18
+    input x: float32[6,3,4]
+    input lens: int64[3]
+    input img: float32[2,3,4,4]
+    init shape: int64[2] = 3 7
+    init size: int64[] = 8
+    c = CenterCropPad(x, shape) {axes = [0, 2]}
+    r = ReverseSequence(x, lens)
+    m, i = MaxPool(img) {kernel_shape = [2, 2], strides = [2, 2]}
+    u = MaxUnpool(m, i) {kernel_shape = [2, 2], strides = [2, 2]}
+    w = HannWindow(size)
+    output c
+    output r
+    output u
+    output w
+  )",
+             {{"x", Random({6, 3, 4}, 69)}, {"lens", Tensor::FromVector<int64_t>({6, 2, 5}, {3})},
+              {"img", Random({2, 3, 4, 4}, 70)}},
+             1e-5, 1e-5, "*", "", WithGradients);
   // LSTM (both directions, sequence_lens, peepholes) and GRU (linear_before_reset), unrolled
   // over the sequence, with the gradients of the inputs, weights and states.
   Tensor lens(DataType::kInt32, {3});

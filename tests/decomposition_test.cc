@@ -533,6 +533,79 @@ TEST(NormalizationTest, LpNormalizationL1L2AndAZeroLine) {
       .Run();
 }
 
+// ReverseSequence batch-major over a symbolic time dim with trailing dims: each row's first len
+// steps reversed, the rest kept.
+TEST(LayoutOpsTest, ReverseSequenceBatchMajorSymbolicTime) {
+  auto g = graph::ParseGraph(
+      "opset 13\ninput x: float32[3,t,2]\ninput l: int64[3]\n"
+      "y = ReverseSequence(x, l) {batch_axis = 0, time_axis = 1}\noutput y");
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto s = InferenceSession::FromGraph(std::move(*g), SessionOptions());
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::vector<float> x = Random(3 * 4 * 2, 14);
+  const std::vector<int64_t> lens = {4, 1, 3};
+  auto out = (*s)->Run({{"x", Tensor::FromVector<float>(x, {3, 4, 2})}, {"l", Tensor::FromVector<int64_t>(lens, {3})}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  for (int64_t b = 0; b < 3; ++b)
+    for (int64_t t = 0; t < 4; ++t)
+      for (int64_t k = 0; k < 2; ++k) {
+        const int64_t src = t < lens[b] ? lens[b] - 1 - t : t;
+        EXPECT_EQ((*out)[0].data<float>()[(b * 4 + t) * 2 + k], x[static_cast<size_t>((b * 4 + src) * 2 + k)])
+            << b << "," << t << "," << k;
+      }
+}
+
+// MaxUnpool inverts a strided, padded MaxPool over several images and channels (its indices
+// address the flattened tensor), zeros elsewhere; a larger output_shape pads zeros after.
+TEST(LayoutOpsTest, MaxUnpoolPlacesEachMaximumWhereMaxPoolFoundIt) {
+  auto g = graph::ParseGraph(R"(
+    opset 13
+    input x: float32[2,2,5,5]
+    init big: int64[4] = 2 2 7 6
+    m, i = MaxPool(x) {kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]}
+    u = MaxUnpool(m, i) {kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]}
+    v = MaxUnpool(m, i, big) {kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]}
+    output m
+    output i
+    output u
+    output v
+  )");
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto s = InferenceSession::FromGraph(std::move(*g), SessionOptions());
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::vector<float> x = Random(100, 15);
+  auto out = (*s)->Run({{"x", Tensor::FromVector<float>(x, {2, 2, 5, 5})}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const Tensor &m = (*out)[0], &idx = (*out)[1], &u = (*out)[2], &v = (*out)[3];
+  ASSERT_EQ(u.dims(), (std::vector<int64_t>{2, 2, 5, 5}));  // (3 - 1) * 2 - 2 + 3
+  ASSERT_EQ(v.dims(), (std::vector<int64_t>{2, 2, 7, 6}));
+  std::vector<float> want(100, 0.f);
+  for (int64_t k = 0; k < m.numel(); ++k) want[static_cast<size_t>(idx.data<int64_t>()[k])] = m.data<float>()[k];
+  int placed = 0;
+  for (int64_t k = 0; k < 100; ++k) {
+    EXPECT_EQ(u.data<float>()[k], want[static_cast<size_t>(k)]) << k;
+    placed += want[static_cast<size_t>(k)] != 0.f;
+  }
+  EXPECT_GT(placed, 8);  // several images' and channels' maxima, not only the first plane's
+  for (int64_t k = 0; k < v.numel(); ++k) {
+    const int64_t w = k % 6, h = k / 6 % 7, plane = k / 42;
+    const float expect = h < 5 && w < 5 ? want[static_cast<size_t>(plane * 25 + h * 5 + w)] : 0.f;
+    EXPECT_EQ(v.data<float>()[k], expect) << k;
+  }
+}
+
+TEST(LayoutOpsTest, WindowsOfAConstantSizeInFloat64) {
+  std::vector<double> hann(5), blackman(5);
+  for (int n = 0; n < 5; ++n) {
+    hann[static_cast<size_t>(n)] = 0.5 - 0.5 * std::cos(2 * M_PI * n / 4);  // symmetric: N = size - 1
+    blackman[static_cast<size_t>(n)] = 0.42 - 0.5 * std::cos(2 * M_PI * n / 5) + 0.08 * std::cos(4 * M_PI * n / 5);
+  }
+  OpTester("HannWindow", 17).Attr("periodic", int64_t{0}).Attr("output_datatype", int64_t{11})
+      .Input<int64_t>("size", {}, {5}).AsInitializer().Output<double>("y", {5}, hann).Tolerance(1e-12, 1e-12).Run();
+  OpTester("BlackmanWindow", 17).Attr("output_datatype", int64_t{11})
+      .Input<int32_t>("size", {}, {5}).Output<double>("y", {5}, blackman).Tolerance(1e-12, 1e-12).Run();
+}
+
 // Ties round to even, the zero point shifts, and the type's range saturates.
 TEST(QuantizeTest, QuantizeLinearRoundsHalvesToEvenAndSaturates) {
   const std::vector<float> x = {0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 100.f, -100.f, 0.74f};

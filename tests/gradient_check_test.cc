@@ -352,6 +352,12 @@ const GradCase kCases[] = {
     {"ReduceProd_axes_keepdims0", "opset 18\ninput x: float64[2,3,4]\ninit a: int64[2] = 0 -1\n"
      "y = ReduceProd(x, a) {keepdims = 0}\noutput y"},
     {"ReduceProd_all_opset13", "opset 13\ninput x: float64[3,2]\ny = ReduceProd(x)\noutput y"},
+    {"CenterCropPad_crop_and_pad", "opset 18\ninput x: float64[5,2,3]\ninit s: int64[2] = 2 6\n"
+     "y = CenterCropPad(x, s) {axes = [0, 2]}\noutput y"},
+    {"ReverseSequence_time_major", "opset 13\ninput x: float64[4,3,2]\ninit l: int64[3] = 4 1 2\n"
+     "y = ReverseSequence(x, l)\noutput y"},
+    {"MaxUnpool_strided", "opset 13\ninput x: float64[2,1,2,2]\ninit i: int64[2,1,2,2] = 0 3 9 15 16 18 25 31\n"
+     "y = MaxUnpool(x, i) {kernel_shape = [2, 2], strides = [2, 2]}\noutput y"},
     {"Shrink", "opset 13\ninput x: float64[7]\ny = Shrink(x) {lambd = 0.7, bias = 0.2}\noutput y"},
     {"LRN", "opset 13\ninput x: float64[2,5,2,2]\ny = LRN(x) {size = 3, alpha = 0.1, beta = 0.75, bias = 2}\noutput y"},
     {"GatherND_rows_repeated", "opset 16\ninput x: float64[3,4]\ninit i: int64[3,1] = 2 0 2\n"

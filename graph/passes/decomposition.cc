@@ -7,10 +7,13 @@
 // Reshape; OneHot and Hardmax into comparisons with positions; EyeLike into a constant; Shrink
 // into Wheres; LRN into an AveragePool over the channels; LpPool and GlobalLpPool into an
 // AveragePool or ReduceSum of |x|^p; MeanVarianceNormalization and LpNormalization into
-// reductions; BitwiseNot into a BitwiseXor with all ones. What they become has kernels on every
+// reductions; BitwiseNot into a BitwiseXor with all ones; the window functions into Range and
+// Cos; CenterCropPad, ReverseSequence and MaxUnpool into index arithmetic
+// (layout_decomposition.cc). What they become has kernels on every
 // provider and gradient rules, so the decomposed ops run and train wherever those do. Each
 // rewrite writes the node's own output value, so graph outputs keep their names.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -328,6 +331,50 @@ absl::Status DecomposeLpNormalization(Graph* g, Node* n) {
   return e.Finish(y, out);
 }
 
+// ---- HannWindow, HammingWindow, BlackmanWindow ----
+
+// a0 - a1 cos(2πn / N) + a2 cos(4πn / N) for n in [0, size), N = size (periodic) or size - 1
+// (symmetric), in float32 (float64 for a float64 window), cast to output_datatype.
+absl::Status DecomposeWindow(Graph* g, Node* n) {
+  const std::string op = n->op_type();
+  double a0 = 0.5, a1 = 0.5, a2 = 0;  // Hann
+  if (op == "HammingWindow") {
+    a0 = 25.0 / 46.0;
+    a1 = 1 - a0;
+  } else if (op == "BlackmanWindow") {
+    a0 = 0.42;
+    a2 = 0.08;
+  }
+  const bool periodic = n->AttrInt("periodic", 1) != 0;
+  Value* size = n->input(0);
+  Value* out = n->output(0);
+  const DataType t = out->dtype();
+  const DataType f = t == DataType::kFloat64 ? DataType::kFloat64 : DataType::kFloat32;
+  Emitter e(g, *n);
+  g->RemoveNode(n);
+  ASSIGN_OR_RETURN(Value * count, e.Reshape(size, {}));
+  ASSIGN_OR_RETURN(count, e.Cast(count, DataType::kInt64));
+  ASSIGN_OR_RETURN(Value * idx, e.Add("Range", {e.Scalar(DataType::kInt64, 0), count, e.Scalar(DataType::kInt64, 1)}));
+  ASSIGN_OR_RETURN(idx, e.Cast(idx, f));
+  ASSIGN_OR_RETURN(Value * period, e.Cast(count, f));
+  if (!periodic) {
+    ASSIGN_OR_RETURN(period, e.Add("Sub", {period, e.Scalar(f, 1)}));
+  }
+  ASSIGN_OR_RETURN(Value * angle, e.Add("Mul", {idx, e.Scalar(f, 2 * M_PI)}));
+  ASSIGN_OR_RETURN(angle, e.Add("Div", {angle, period}));
+  ASSIGN_OR_RETURN(Value * c1, e.Add("Cos", {angle}));
+  ASSIGN_OR_RETURN(c1, e.Add("Mul", {c1, e.Scalar(f, a1)}));
+  ASSIGN_OR_RETURN(Value * w, e.Add("Sub", {e.Scalar(f, a0), c1}));
+  if (a2 != 0) {
+    ASSIGN_OR_RETURN(Value * twice, e.Add("Mul", {angle, e.Scalar(f, 2)}));
+    ASSIGN_OR_RETURN(Value * c2, e.Add("Cos", {twice}));
+    ASSIGN_OR_RETURN(c2, e.Add("Mul", {c2, e.Scalar(f, a2)}));
+    ASSIGN_OR_RETURN(w, e.Add("Add", {w, c2}));
+  }
+  ASSIGN_OR_RETURN(w, e.Cast(w, t));
+  return e.Finish(w, out);
+}
+
 // ---- BitwiseNot ----
 
 // BitwiseNot: a BitwiseXor with every bit set.
@@ -437,6 +484,10 @@ absl::StatusOr<bool> OpDecomposition::Run(Graph* g) {
     else if (t == "MeanVarianceNormalization") RETURN_IF_ERROR(DecomposeMeanVarianceNormalization(g, n));
     else if (t == "LpNormalization") RETURN_IF_ERROR(DecomposeLpNormalization(g, n));
     else if (t == "BitwiseNot") RETURN_IF_ERROR(DecomposeBitwiseNot(g, n));
+    else if (t == "HannWindow" || t == "HammingWindow" || t == "BlackmanWindow") RETURN_IF_ERROR(DecomposeWindow(g, n));
+    else if (t == "CenterCropPad") RETURN_IF_ERROR(decompose::DecomposeCenterCropPad(g, n));
+    else if (t == "ReverseSequence") RETURN_IF_ERROR(decompose::DecomposeReverseSequence(g, n));
+    else if (t == "MaxUnpool") RETURN_IF_ERROR(decompose::DecomposeMaxUnpool(g, n));
     else if (t == "QuantizeLinear" || t == "DequantizeLinear") RETURN_IF_ERROR(decompose::DecomposeQuantize(g, n, op.version));
     else if (t == "DynamicQuantizeLinear") RETURN_IF_ERROR(decompose::DecomposeDynamicQuantize(g, n));
     else RETURN_IF_ERROR(DecomposeDepthSpace(g, n));

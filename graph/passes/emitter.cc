@@ -3,12 +3,12 @@
 
 namespace cleave::graph::decompose {
 
-void SetElement(Tensor& t, int64_t i, float v) {
+void SetElement(Tensor& t, int64_t i, double v) {
   switch (t.dtype()) {
-    case DataType::kFloat32: t.data<float>()[i] = v; break;
+    case DataType::kFloat32: t.data<float>()[i] = static_cast<float>(v); break;
     case DataType::kFloat64: t.data<double>()[i] = v; break;
-    case DataType::kFloat16: t.data<uint16_t>()[i] = FloatToHalf(v); break;
-    case DataType::kBFloat16: t.data<uint16_t>()[i] = FloatToBFloat16(v); break;
+    case DataType::kFloat16: t.data<uint16_t>()[i] = FloatToHalf(static_cast<float>(v)); break;
+    case DataType::kBFloat16: t.data<uint16_t>()[i] = FloatToBFloat16(static_cast<float>(v)); break;
     case DataType::kInt64: t.data<int64_t>()[i] = static_cast<int64_t>(v); break;
     case DataType::kUInt64: t.data<uint64_t>()[i] = static_cast<uint64_t>(v); break;
     case DataType::kInt32: t.data<int32_t>()[i] = static_cast<int32_t>(v); break;
@@ -43,6 +43,26 @@ absl::StatusOr<Value*> Emitter::ClipSymmetric(Value* x, float bound) {
   return Add("Clip", {x}, {{"min", Attribute::Float(-bound)}, {"max", Attribute::Float(bound)}});
 }
 
+absl::Status Emitter::Finish(Value* v, Value* out) {
+  const Shape known = out->shape();
+  Node* p;
+  if (made_.count(v) && v->consumers().empty()) {
+    p = v->producer();
+    g_->SetNodeOutput(p, v->producer_output(), out);
+  } else {
+    p = g_->AddNode("Identity", {v}, {out}, g_->UniqueName(base_ + "/Identity"));
+  }
+  RETURN_IF_ERROR(InferNode(*g_, *p));
+  const Shape& now = out->shape();
+  if (!known.has_rank() || (now.has_rank() && now.rank() != known.rank())) return absl::OkStatus();
+  std::vector<Dim> dims = known.dims();
+  if (now.has_rank())
+    for (int a = 0; a < now.rank(); ++a)
+      if (now[a].is_static() || !dims[a].is_static()) dims[a] = now[a];
+  out->set_shape(Shape(std::move(dims)));
+  return absl::OkStatus();
+}
+
 Value* Emitter::Filled(DataType t, int64_t n, float value) {
   Tensor tensor(t, {n});
   for (int64_t i = 0; i < n; ++i) SetElement(tensor, i, value);
@@ -51,7 +71,7 @@ Value* Emitter::Filled(DataType t, int64_t n, float value) {
 
 Value* Emitter::Scalar(DataType t, double v) {
   Tensor tensor(t, {});
-  SetElement(tensor, 0, static_cast<float>(v));
+  SetElement(tensor, 0, v);
   return g_->AddInitializer(g_->UniqueName(base_ + "/scalar"), std::move(tensor));
 }
 

@@ -81,16 +81,9 @@ class Emitter {
     return Add(op, {x}, {{"axes", Attribute::Ints(axes)}, {"keepdims", keep}});
   }
   // Makes `v` the replaced node's output `out`: its producer (added here) writes `out`, or an
-  // Identity copies v there when v is not one of ours or other nodes read it.
-  absl::Status Finish(Value* v, Value* out) {
-    if (made_.count(v) && v->consumers().empty()) {
-      Node* p = v->producer();
-      g_->SetNodeOutput(p, v->producer_output(), out);
-      return InferNode(*g_, *p);
-    }
-    Node* m = g_->AddNode("Identity", {v}, {out}, g_->UniqueName(base_ + "/Identity"));
-    return InferNode(*g_, *m);
-  }
+  // Identity copies v there when v is not one of ours or other nodes read it. Dims the replaced
+  // node's inference knew (from constant inputs) and the rewrite's cannot see stay known.
+  absl::Status Finish(Value* v, Value* out);
 
  private:
   Graph* g_;
@@ -100,7 +93,7 @@ class Emitter {
 };
 
 // Sets element i of t (of any fixed-size type) to v, converted as a C++ cast converts it.
-void SetElement(Tensor& t, int64_t i, float v);
+void SetElement(Tensor& t, int64_t i, double v);
 
 // A Reshape target from sizes that may be unknown: at most one unknown size becomes -1;
 // more is an error naming `node` and saying what (`what`) had them.
@@ -116,6 +109,11 @@ absl::Status DecomposeEinsum(Graph* g, Node* n);
 // QuantizeLinear and DequantizeLinear as float arithmetic and Casts (quantize_decomposition.cc).
 absl::Status DecomposeQuantize(Graph* g, Node* n, int version);
 absl::Status DecomposeDynamicQuantize(Graph* g, Node* n);
+
+// Index arithmetic from the input's shape (layout_decomposition.cc).
+absl::Status DecomposeCenterCropPad(Graph* g, Node* n);
+absl::Status DecomposeReverseSequence(Graph* g, Node* n);
+absl::Status DecomposeMaxUnpool(Graph* g, Node* n);
 
 // RNN, GRU and LSTM unrolled over their sequence (rnn_decomposition.cc).
 absl::Status DecomposeRecurrent(Graph* g, Node* n, int version);

@@ -1,0 +1,218 @@
+// CenterCropPad, ReverseSequence and MaxUnpool as index arithmetic over ops with kernels on every
+// provider (graph/passes/decomposition.cc). Each works from the input's Shape at run time, so
+// symbolic dims and a target shape fed as an input are fine:
+//
+//   CenterCropPad:   Slice the centred window where X is larger, then Pad the rest centred
+//                    (the odd element of a crop or pad at the end, as the ONNX function).
+//   ReverseSequence: a Gather of X's rows flattened over [time, batch], time index len - 1 - t
+//                    below each row's length and t from there on (Gather and Flatten exist at
+//                    every opset; the positions are constants over static dims).
+//   MaxUnpool:       ScatterElements of X into zeros of the pool's input shape, both flattened
+//                    (the indices, as MaxPool writes them, address the flattened tensor); a
+//                    larger output_shape pads zeros after, as ONNX's reference does.
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/passes/emitter.h"
+
+namespace cleave::graph::decompose {
+
+absl::Status DecomposeCenterCropPad(Graph* g, Node* n) {
+  Value* x = n->input(0);
+  if (!x->shape().has_rank())
+    return Unimplemented(n->Describe(), ": X's rank is unknown; cleave decomposes CenterCropPad by rank");
+  const int rank = x->shape().rank();
+  std::vector<int64_t> axes = n->AttrInts("axes");
+  if (axes.empty())
+    for (int a = 0; a < rank; ++a) axes.push_back(a);
+  for (int64_t& a : axes) a = a < 0 ? a + rank : a;
+  Value* shape = n->input(1);
+  Value* out = n->output(0);
+  // A constant target over static dims: the window and the padding as constants, so the
+  // output's shape stays known to inference.
+  std::optional<std::vector<int64_t>> fixed;
+  if (const Tensor* c = ConstantInput(*n, 1); c && c->numel() == static_cast<int64_t>(axes.size())) {
+    fixed = std::vector<int64_t>();
+    for (int64_t i = 0; i < c->numel(); ++i) {
+      const Dim& d = x->shape()[static_cast<int>(axes[static_cast<size_t>(i)])];
+      if (!d.is_static()) {
+        fixed.reset();
+        break;
+      }
+      fixed->push_back(d.value);
+      fixed->push_back(static_cast<int64_t>(c->DoubleAt(i)));
+    }
+  }
+  Emitter e(g, *n);
+  g->RemoveNode(n);
+  const DataType i64 = DataType::kInt64;
+  if (fixed) {
+    const size_t k = axes.size();
+    std::vector<int64_t> starts(k), ends(k), pads(2 * k);
+    for (size_t i = 0; i < k; ++i) {
+      const int64_t in = (*fixed)[2 * i], target = (*fixed)[2 * i + 1];
+      starts[i] = std::max<int64_t>(in - target, 0) / 2;
+      ends[i] = starts[i] + std::min(in, target);
+      const int64_t lack = std::max<int64_t>(target - in, 0);
+      pads[i] = lack / 2;
+      pads[k + i] = lack - lack / 2;
+    }
+    ASSIGN_OR_RETURN(Value * y, e.Add("Slice", {x, e.Ints(starts), e.Ints(ends), e.Ints(axes)}));
+    ASSIGN_OR_RETURN(y, e.Add("Pad", {y, e.Ints(pads), e.Scalar(x->dtype(), 0), e.Ints(axes)}));
+    return e.Finish(y, out);
+  }
+  Value* zero = e.Scalar(i64, 0);
+  Value* two = e.Scalar(i64, 2);
+  ASSIGN_OR_RETURN(Value * xs, e.Add("Shape", {x}));
+  ASSIGN_OR_RETURN(Value * in, e.Add("Gather", {xs, e.Ints(axes)}));
+  ASSIGN_OR_RETURN(Value * target, e.Cast(shape, i64));
+  // The crop: start = max(in - target, 0) / 2, length min(in, target).
+  ASSIGN_OR_RETURN(Value * excess, e.Add("Sub", {in, target}));
+  ASSIGN_OR_RETURN(excess, e.Add("Max", {excess, zero}));
+  ASSIGN_OR_RETURN(Value * start, e.Add("Div", {excess, two}));
+  ASSIGN_OR_RETURN(Value * keep, e.Add("Min", {in, target}));
+  ASSIGN_OR_RETURN(Value * end, e.Add("Add", {start, keep}));
+  ASSIGN_OR_RETURN(Value * y, e.Add("Slice", {x, start, end, e.Ints(axes)}));
+  // The pad: max(target - in, 0), half before (rounded down) and the rest after.
+  ASSIGN_OR_RETURN(Value * lack, e.Add("Sub", {target, in}));
+  ASSIGN_OR_RETURN(lack, e.Add("Max", {lack, zero}));
+  ASSIGN_OR_RETURN(Value * before, e.Add("Div", {lack, two}));
+  ASSIGN_OR_RETURN(Value * after, e.Add("Sub", {lack, before}));
+  ASSIGN_OR_RETURN(Value * pads, e.Add("Concat", {before, after}, {{"axis", Attribute::Int(0)}}));
+  ASSIGN_OR_RETURN(y, e.Add("Pad", {y, pads, e.Scalar(x->dtype(), 0), e.Ints(axes)}));
+  return e.Finish(y, out);
+}
+
+namespace {
+
+// Positions 0..n-1 of X's dim `axis` (int64): a constant when the dim is static, else a Range
+// (opset 11).
+absl::StatusOr<Value*> Positions(Emitter& e, Graph* g, const std::string& node, Value* x, Value* xs, int axis) {
+  const Dim& d = x->shape()[axis];
+  if (d.is_static()) {
+    std::vector<int64_t> v(static_cast<size_t>(d.value));
+    for (int64_t i = 0; i < d.value; ++i) v[static_cast<size_t>(i)] = i;
+    return e.Ints(v);
+  }
+  if (g->OpsetFor("") < 11)
+    return Unimplemented(node, ": X's dim ", axis, " is symbolic, and counting it at run time needs Range (opset 11)");
+  ASSIGN_OR_RETURN(Value * n, e.Add("Gather", {xs, e.Scalar(DataType::kInt64, axis)}));
+  return e.Add("Range", {e.Scalar(DataType::kInt64, 0), n, e.Scalar(DataType::kInt64, 1)});
+}
+
+}  // namespace
+
+// ReverseSequence over X flattened to [time·batch (in X's order), rest]: row r of the output is
+// row f(r) of X, a Gather.
+absl::Status DecomposeReverseSequence(Graph* g, Node* n) {
+  Value* x = n->input(0);
+  Value* lens = n->input(1);
+  if (!x->shape().has_rank())
+    return Unimplemented(n->Describe(), ": X's rank is unknown; cleave decomposes ReverseSequence by rank");
+  const int time_axis = static_cast<int>(n->AttrInt("time_axis", 0));
+  const int batch_axis = 1 - time_axis;
+  const std::string node = n->Describe();
+  Value* out = n->output(0);
+  Emitter e(g, *n);
+  g->RemoveNode(n);
+  const DataType i64 = DataType::kInt64;
+  ASSIGN_OR_RETURN(Value * xs, e.Add("Shape", {x}));
+  ASSIGN_OR_RETURN(Value * t, Positions(e, g, node, x, xs, time_axis));
+  ASSIGN_OR_RETURN(Value * b, Positions(e, g, node, x, xs, batch_axis));
+  ASSIGN_OR_RETURN(Value * len, e.Cast(lens, i64));
+  // Laid out as X's first two dims: [time, batch] or [batch, time].
+  ASSIGN_OR_RETURN(t, e.Unsqueeze(t, {batch_axis}));
+  ASSIGN_OR_RETURN(b, e.Unsqueeze(b, {time_axis}));
+  ASSIGN_OR_RETURN(len, e.Unsqueeze(len, {time_axis}));
+  ASSIGN_OR_RETURN(Value * inside, e.Add("Less", {t, len}));
+  ASSIGN_OR_RETURN(Value * last, e.Add("Sub", {len, e.Scalar(i64, 1)}));
+  ASSIGN_OR_RETURN(Value * reversed, e.Add("Sub", {last, t}));
+  ASSIGN_OR_RETURN(Value * src, e.Add("Where", {inside, reversed, t}));
+  // The flattened row of (src, b): src * batch + b, or b * time + src.
+  ASSIGN_OR_RETURN(Value * second, e.Add("Gather", {xs, e.Scalar(i64, 1)}));
+  Value* row;
+  if (time_axis == 0) {
+    ASSIGN_OR_RETURN(row, e.Add("Mul", {src, second}));
+    ASSIGN_OR_RETURN(row, e.Add("Add", {row, b}));
+  } else {
+    ASSIGN_OR_RETURN(row, e.Add("Mul", {b, second}));
+    ASSIGN_OR_RETURN(row, e.Add("Add", {row, src}));
+  }
+  ASSIGN_OR_RETURN(row, e.Reshape(row, {-1}));
+  ASSIGN_OR_RETURN(Value * rows, e.Add("Flatten", {x}, {{"axis", Attribute::Int(2)}}));
+  ASSIGN_OR_RETURN(Value * y, e.Add("Gather", {rows, row}, {{"axis", Attribute::Int(0)}}));
+  ASSIGN_OR_RETURN(y, e.Add("Reshape", {y, xs}));
+  return e.Finish(y, out);
+}
+
+namespace {
+
+// X's values scattered to `indices` of zeros of `shape`, both flattened.
+absl::StatusOr<Value*> Unpool(Emitter& e, Value* x, Value* indices, Value* shape) {
+  Tensor zero(x->dtype(), {1});
+  ASSIGN_OR_RETURN(Value * zeros, e.Add("ConstantOfShape", {shape}, {{"value", Attribute::TensorValue(zero)}}));
+  ASSIGN_OR_RETURN(Value * flat, e.Reshape(zeros, {-1}));
+  ASSIGN_OR_RETURN(Value * at, e.Reshape(indices, {-1}));
+  ASSIGN_OR_RETURN(Value * values, e.Reshape(x, {-1}));
+  ASSIGN_OR_RETURN(Value * y, e.Add("ScatterElements", {flat, at, values}, {{"axis", Attribute::Int(0)}}));
+  return e.Add("Reshape", {y, shape});
+}
+
+}  // namespace
+
+absl::Status DecomposeMaxUnpool(Graph* g, Node* n) {
+  Value* x = n->input(0);
+  Value* indices = n->input(1);
+  Value* given = n->num_inputs() > 2 ? n->input(2) : nullptr;
+  if (g->OpsetFor("") < 11)
+    return Unimplemented(n->Describe(), ": cleave scatters MaxUnpool's values with ScatterElements, which needs opset 11");
+  // The pool's input size, (in - 1) * stride - pads + kernel per spatial dim, as in * scale + shift.
+  const std::vector<int64_t> kernel = n->AttrInts("kernel_shape");
+  const int spatial = static_cast<int>(kernel.size());
+  std::vector<int64_t> strides = n->AttrInts("strides"), pads = n->AttrInts("pads");
+  strides.resize(spatial, 1);
+  pads.resize(2 * spatial, 0);
+  std::vector<int64_t> scale = {1, 1}, shift = {0, 0};
+  for (int d = 0; d < spatial; ++d) {
+    scale.push_back(strides[d]);
+    shift.push_back(kernel[d] - strides[d] - pads[d] - pads[spatial + d]);
+  }
+  const int rank = spatial + 2;
+  const Shape& xs = x->shape();
+  const Tensor* given_constant = given ? ConstantInput(*n, 2) : nullptr;
+  Value* out = n->output(0);
+  Emitter e(g, *n);
+  g->RemoveNode(n);
+  // The shapes as constants over a static X (so inference keeps the output's), else from X's
+  // Shape at run time.
+  Value* shape;
+  if (xs.is_static() && xs.rank() == rank) {
+    std::vector<int64_t> dims;
+    for (int a = 0; a < rank; ++a) dims.push_back(xs[a].value * scale[a] + shift[a]);
+    shape = e.Ints(dims);
+    if (given_constant && given_constant->numel() == rank) {
+      std::vector<int64_t> grow(rank, 0);
+      for (int a = 0; a < rank; ++a) grow.push_back(static_cast<int64_t>(given_constant->DoubleAt(a)) - dims[a]);
+      ASSIGN_OR_RETURN(Value * y, Unpool(e, x, indices, shape));
+      ASSIGN_OR_RETURN(y, e.Add("Pad", {y, e.Ints(grow)}));
+      return e.Finish(y, out);
+    }
+  } else {
+    ASSIGN_OR_RETURN(shape, e.Add("Shape", {x}));
+    ASSIGN_OR_RETURN(shape, e.Add("Mul", {shape, e.Ints(scale)}));
+    ASSIGN_OR_RETURN(shape, e.Add("Add", {shape, e.Ints(shift)}));
+  }
+  ASSIGN_OR_RETURN(Value * y, Unpool(e, x, indices, shape));
+  if (given) {  // as ONNX's reference: the unpooled tensor in the corner of output_shape's zeros
+    ASSIGN_OR_RETURN(Value * target, e.Cast(given, DataType::kInt64));
+    ASSIGN_OR_RETURN(Value * grow, e.Add("Sub", {target, shape}));
+    ASSIGN_OR_RETURN(Value * pads_in,
+                     e.Add("Concat", {e.Ints(std::vector<int64_t>(rank, 0)), grow}, {{"axis", Attribute::Int(0)}}));
+    ASSIGN_OR_RETURN(y, e.Add("Pad", {y, pads_in}));
+  }
+  return e.Finish(y, out);
+}
+
+}  // namespace cleave::graph::decompose
