@@ -282,6 +282,7 @@ void WithGradients(graph::Graph& g) {
   unsigned seed = 60;
   for (graph::Value* y : std::vector<graph::Value*>(g.outputs())) {
     if (!IsFloat(y->dtype())) continue;
+    ASSERT_TRUE(y->shape().is_static()) << y->name() << " is " << y->shape().ToString() << " after the rewrite";
     graph::Value* r = g.AddInitializer(g.UniqueName("r"), Random(y->shape().StaticDims(), ++seed));
     graph::Value* m = g.CreateUniqueValue("m");
     graph::Value* sum = g.CreateUniqueValue("sum");

@@ -350,8 +350,19 @@ absl::Status DecomposeWindow(Graph* g, Node* n) {
   Value* out = n->output(0);
   const DataType t = out->dtype();
   const DataType f = t == DataType::kFloat64 ? DataType::kFloat64 : DataType::kFloat32;
+  const Tensor* constant_size = ConstantInput(*n, 0);
   Emitter e(g, *n);
   g->RemoveNode(n);
+  if (constant_size && constant_size->numel() == 1) {  // the window itself, a constant
+    const int64_t len = static_cast<int64_t>(constant_size->DoubleAt(0));
+    const double period = static_cast<double>(periodic ? len : len - 1);
+    Tensor w(t, {len});
+    for (int64_t i = 0; i < len; ++i) {
+      const double angle = 2 * M_PI * static_cast<double>(i) / period;
+      SetElement(w, i, a0 - a1 * std::cos(angle) + a2 * std::cos(2 * angle));
+    }
+    return e.Finish(e.Constant(out->name() + "/window", std::move(w)), out);
+  }
   ASSIGN_OR_RETURN(Value * count, e.Reshape(size, {}));
   ASSIGN_OR_RETURN(count, e.Cast(count, DataType::kInt64));
   ASSIGN_OR_RETURN(Value * idx, e.Add("Range", {e.Scalar(DataType::kInt64, 0), count, e.Scalar(DataType::kInt64, 1)}));
@@ -469,6 +480,9 @@ absl::StatusOr<bool> OpDecomposition::Run(Graph* g) {
     const OpDef* def = FindOp(n->domain(), n->op_type());
     if (def && def->decomposed) todo.push_back(n.get());
   }
+  // The rewrites read the nodes' output types and their inputs' dtypes and shapes: infer them
+  // first, for a graph the pass sees before any shape inference.
+  if (!todo.empty()) RETURN_IF_ERROR(InferShapes(*g));
   for (Node* n : todo) {
     ASSIGN_OR_RETURN(ResolvedOp op, ResolveNode(*g, *n));
     const std::string& t = n->op_type();

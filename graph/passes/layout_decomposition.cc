@@ -143,7 +143,10 @@ absl::Status DecomposeReverseSequence(Graph* g, Node* n) {
   ASSIGN_OR_RETURN(row, e.Reshape(row, {-1}));
   ASSIGN_OR_RETURN(Value * rows, e.Add("Flatten", {x}, {{"axis", Attribute::Int(2)}}));
   ASSIGN_OR_RETURN(Value * y, e.Add("Gather", {rows, row}, {{"axis", Attribute::Int(0)}}));
-  ASSIGN_OR_RETURN(y, e.Add("Reshape", {y, xs}));
+  // X's shape back: a constant where it is static, so inference keeps it.
+  Value* back = xs;
+  if (x->shape().is_static()) back = e.Ints(x->shape().StaticDims());
+  ASSIGN_OR_RETURN(y, e.Add("Reshape", {y, back}));
   return e.Finish(y, out);
 }
 
