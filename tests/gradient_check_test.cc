@@ -384,33 +384,45 @@ const GradCase kCases[] = {
 INSTANTIATE_TEST_SUITE_P(Rules, GradientCheck, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// Runs `text` (a loss `l` of an input `x`) with x's gradient as output 0, then the values named
+// in `also`; the outputs, or empty with a test failure.
+std::vector<Tensor> RunGradientOfX(const std::string& text, const Tensor& x, const std::vector<std::string>& also = {}) {
+  auto g = graph::ParseGraph(text);
+  EXPECT_TRUE(g.ok()) << g.status();
+  if (!g.ok() || !graph::InferShapes(**g).ok()) return {};
+  auto grads = BuildBackward(**g, (*g)->FindValue("l"), {(*g)->FindValue("x")});
+  EXPECT_TRUE(grads.ok()) << grads.status();
+  if (!grads.ok()) return {};
+  std::vector<Value*> outs = {grads->at("x")};
+  for (const std::string& name : also) outs.push_back((*g)->FindValue(name));
+  (*g)->SetOutputs(outs);
+  SessionOptions plain;
+  plain.optimize = false;
+  auto s = InferenceSession::FromGraph(std::move(*g), plain);
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return {};
+  auto out = (*s)->Run({{"x", x}});
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? std::move(*out) : std::vector<Tensor>{};
+}
+
 // Training-mode Dropout draws a new mask each run, so it is checked directly: the gradient is
 // dy * mask / (1 - ratio) with the forward run's own mask.
 TEST(Autodiff, TrainingDropoutUsesTheForwardMask) {
-  auto g = *graph::ParseGraph(R"(
+  const auto out = RunGradientOfX(R"(
     input x: float64[64]
     init p: float64[] = 0.25
     init t: bool[] = 1
     y, m = Dropout(x, p, t) {seed = 5}
     l = ReduceSum(y) {keepdims = 0}
     output l
-  )");
-  ASSERT_TRUE(graph::InferShapes(*g).ok());
-  auto grads = BuildBackward(*g, g->FindValue("l"), {g->FindValue("x")});
-  ASSERT_TRUE(grads.ok()) << grads.status();
-  g->SetOutputs({grads->at("x"), g->FindValue("m")});
-  SessionOptions plain;
-  plain.optimize = false;
-  auto s = InferenceSession::FromGraph(std::move(g), plain);
-  ASSERT_TRUE(s.ok()) << s.status();
-  Tensor x(DataType::kFloat64, {64});
-  auto out = (*s)->Run({{"x", x}});
-  ASSERT_TRUE(out.ok()) << out.status();
+  )", Tensor(DataType::kFloat64, {64}), {"m"});
+  ASSERT_EQ(out.size(), 2u);
   int kept = 0;
   for (int i = 0; i < 64; ++i) {
-    bool m = (*out)[1].data<bool>()[i];
+    bool m = out[1].data<bool>()[i];
     kept += m;
-    EXPECT_DOUBLE_EQ((*out)[0].data<double>()[i], m ? 1.0 / 0.75 : 0.0) << i;
+    EXPECT_DOUBLE_EQ(out[0].data<double>()[i], m ? 1.0 / 0.75 : 0.0) << i;
   }
   EXPECT_GT(kept, 0);
   EXPECT_LT(kept, 64);
@@ -419,26 +431,17 @@ TEST(Autodiff, TrainingDropoutUsesTheForwardMask) {
 // ReduceProd's gradient where the slice holds zeros: the product of the other elements, with no
 // division by a zero (finite differences above never meet an exact zero).
 TEST(Autodiff, ReduceProdGradientAroundZeros) {
-  auto g = *graph::ParseGraph(R"(
+  const auto out = RunGradientOfX(R"(
     opset 18
     input x: float64[3,3]
     init a: int64[1] = 1
     y = ReduceProd(x, a) {keepdims = 0}
     l = ReduceSum(y) {keepdims = 0}
     output l
-  )");
-  ASSERT_TRUE(graph::InferShapes(*g).ok());
-  auto grads = BuildBackward(*g, g->FindValue("l"), {g->FindValue("x")});
-  ASSERT_TRUE(grads.ok()) << grads.status();
-  g->SetOutputs({grads->at("x")});
-  SessionOptions plain;
-  plain.optimize = false;
-  auto s = InferenceSession::FromGraph(std::move(g), plain);
-  ASSERT_TRUE(s.ok()) << s.status();
-  auto out = (*s)->Run({{"x", Tensor::FromVector<double>({2, 3, 4, 0, 3, 4, 0, 0, 5}, {3, 3})}});
-  ASSERT_TRUE(out.ok()) << out.status();
+  )", Tensor::FromVector<double>({2, 3, 4, 0, 3, 4, 0, 0, 5}, {3, 3}));
+  ASSERT_EQ(out.size(), 1u);
   const std::vector<double> want = {12, 8, 6, 12, 0, 0, 0, 0, 0};
-  for (int i = 0; i < 9; ++i) EXPECT_DOUBLE_EQ((*out)[0].data<double>()[i], want[i]) << i;
+  for (int i = 0; i < 9; ++i) EXPECT_DOUBLE_EQ(out[0].data<double>()[i], want[i]) << i;
 }
 
 TEST(Autodiff, MarksRolesAndGradOf) {

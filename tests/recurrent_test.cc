@@ -7,25 +7,20 @@
 // gradient_check_test.cc checks their gradients by finite differences.
 #include <cmath>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "graph/text_format.h"
 #include "gtest/gtest.h"
 #include "runtime/inference_session.h"
+#include "tests/nn_test_util.h"
 #include "tests/op_tester.h"
 
 namespace cleave::testing {
 namespace {
 
-std::vector<float> Random(int64_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1.f, 1.f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = d(rng);
-  return v;
-}
+// n values in [-1, 1), fixed by the seed.
+std::vector<float> Random(int64_t n, unsigned seed) { return Cast<float>(Values(n, seed)); }
 
 double Act(const std::string& f, float alpha, float beta, double x) {
   if (f == "Sigmoid") return 1 / (1 + std::exp(-x));

@@ -510,8 +510,30 @@ TEST(TrainingSession, BatchNormRunningStatisticsAreBuffers) {
   EXPECT_EQ(testing::CompareTensors(*(*exported)->FindValue("bn2.running_var")->initializer(), saved, 0, 0), "");
 }
 
-// Training-mode Dropout draws its masks from (seed, step, micro-batch, node): the same seed
-// reproduces a run, another seed changes it, and the eval graph runs Dropout as the identity.
+// Trains `steps` AdamW steps on `feeds`: every parameter gets a nonzero gradient in the first,
+// and the last loss is below `fraction` of the first.
+void ExpectTrains(TrainingSession& s, const Feeds& feeds, int steps, float fraction) {
+  float first = 0, last = 0;
+  for (int step = 0; step < steps; ++step) {
+    s.LazyResetGrad();
+    auto loss = s.TrainStep(feeds);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    if (step == 0) {
+      first = *loss;
+      for (const std::string& p : s.parameter_names()) {
+        auto grad = s.GetGradient(p);
+        ASSERT_TRUE(grad.ok()) << p;
+        double norm = 0;
+        for (int64_t i = 0; i < grad->numel(); ++i) norm += std::fabs(grad->data<float>()[i]);
+        EXPECT_GT(norm, 0) << p;
+      }
+    }
+    last = *loss;
+    ASSERT_TRUE(s.OptimizerStep().ok());
+  }
+  EXPECT_LT(last, fraction * first) << "first " << first << ", last " << last;
+}
+
 // A model of decomposed ops trains: Einsum mixing the channels, GroupNormalization 21 with its
 // per-channel scale and bias, DepthToSpace. The training graph holds what they became (no
 // Einsum, no GroupNormalization), every parameter gets a gradient, and AdamW lowers the loss.
@@ -542,26 +564,7 @@ TEST(TrainingSession, DecomposedOpsTrain) {
     x.data<float>()[i] = std::sin(0.7f * static_cast<float>(i));
     labels.data<float>()[i] = std::cos(0.3f * static_cast<float>(i));
   }
-  const Feeds feeds = {{"x", x}, {"labels", labels}};
-  float first = 0, last = 0;
-  for (int step = 0; step < 30; ++step) {
-    (*s)->LazyResetGrad();
-    auto loss = (*s)->TrainStep(feeds);
-    ASSERT_TRUE(loss.ok()) << loss.status();
-    if (step == 0) {
-      first = *loss;
-      for (const std::string& p : (*s)->parameter_names()) {
-        auto grad = (*s)->GetGradient(p);
-        ASSERT_TRUE(grad.ok()) << p;
-        double norm = 0;
-        for (int64_t i = 0; i < grad->numel(); ++i) norm += std::fabs(grad->data<float>()[i]);
-        EXPECT_GT(norm, 0) << p;
-      }
-    }
-    last = *loss;
-    ASSERT_TRUE((*s)->OptimizerStep().ok());
-  }
-  EXPECT_LT(last, 0.8f * first) << "first " << first << ", last " << last;
+  ExpectTrains(**s, {{"x", x}, {"labels", labels}}, 30, 0.8f);
 }
 
 // An LSTM feeding a GRU, each unrolled over the sequence, trains: every weight gets a gradient
@@ -596,28 +599,11 @@ TEST(TrainingSession, RecurrentOpsTrain) {
   Tensor x(DataType::kFloat32, {6, 4, 3}), labels(DataType::kFloat32, {6, 2, 4, 2});
   for (int i = 0; i < 72; ++i) x.data<float>()[i] = std::sin(0.7f * static_cast<float>(i));
   for (int i = 0; i < 96; ++i) labels.data<float>()[i] = 0.5f * std::cos(0.3f * static_cast<float>(i));
-  const Feeds feeds = {{"x", x}, {"labels", labels}};
-  float first = 0, last = 0;
-  for (int step = 0; step < 40; ++step) {
-    (*s)->LazyResetGrad();
-    auto loss = (*s)->TrainStep(feeds);
-    ASSERT_TRUE(loss.ok()) << loss.status();
-    if (step == 0) {
-      first = *loss;
-      for (const std::string& p : (*s)->parameter_names()) {
-        auto grad = (*s)->GetGradient(p);
-        ASSERT_TRUE(grad.ok()) << p;
-        double norm = 0;
-        for (int64_t i = 0; i < grad->numel(); ++i) norm += std::fabs(grad->data<float>()[i]);
-        EXPECT_GT(norm, 0) << p;
-      }
-    }
-    last = *loss;
-    ASSERT_TRUE((*s)->OptimizerStep().ok());
-  }
-  EXPECT_LT(last, 0.7f * first) << "first " << first << ", last " << last;
+  ExpectTrains(**s, {{"x", x}, {"labels", labels}}, 40, 0.7f);
 }
 
+// Training-mode Dropout draws its masks from (seed, step, micro-batch, node): the same seed
+// reproduces a run, another seed changes it, and the eval graph runs Dropout as the identity.
 TEST(TrainingSession, DropoutIsSeededPerStepAndOffInEval) {
   const char* text = R"(
     input x: float32[4,8]
