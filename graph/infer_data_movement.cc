@@ -415,4 +415,39 @@ absl::Status InferGather(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// NonZero (X) -> int64 [rank (1 for a scalar), the count of nonzero elements].
+absl::Status InferNonZero(InferContext& ctx) {
+  const Shape& x = ctx.input_shape(0);
+  ctx.SetOutput(0, DataType::kInt64, Shape({x.has_rank() ? Dim(std::max(x.rank(), 1)) : Dim(), Dim()}));
+  return absl::OkStatus();
+}
+
+// Compress (X, condition bool [n]) -> X's dtype: the kept slices along `axis` (a constant
+// condition's count of trues), or X flattened and selected when there is no axis.
+absl::Status InferCompress(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kBool}));
+  const Shape& c = ctx.input_shape(1);
+  if (c.has_rank() && c.rank() != 1) return ctx.Error("condition is ", c.ToString(), "; expected a 1-D tensor");
+  Dim kept;
+  if (const Tensor* t = ctx.input_constant(1)) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < t->numel(); ++i) n += t->data<bool>()[i] ? 1 : 0;
+    kept = Dim(n);
+  }
+  const Shape& x = ctx.input_shape(0);
+  if (!ctx.node().HasAttr("axis")) {
+    ctx.SetOutput(0, ctx.input_dtype(0), Shape({kept}));
+    return absl::OkStatus();
+  }
+  if (!x.has_rank()) {
+    ctx.SetOutput(0, ctx.input_dtype(0), Shape());
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(const int axis, NormalizeAxis(ctx, ctx.node().AttrInt("axis", 0), x.rank()));
+  std::vector<Dim> dims = x.dims();
+  dims[static_cast<size_t>(axis)] = kept;
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(dims)));
+  return absl::OkStatus();
+}
+
 }  // namespace cleave::graph

@@ -17,7 +17,9 @@ namespace cleave::graph {
 absl::Status InferUnary(InferContext& ctx);         // out = in dtype/shape
 absl::Status InferUnaryFloat(InferContext& ctx);    // same, input must be a float type
 absl::Status InferBinaryArith(InferContext& ctx);
-absl::Status InferBitwise(InferContext& ctx);  // the integer bitwise ops and shifts, broadcast   // broadcast, same dtype in and out
+absl::Status InferBitwise(InferContext& ctx);
+absl::Status InferNonZero(InferContext& ctx);   // int64 [rank, ?] (infer_data_movement.cc)
+absl::Status InferCompress(InferContext& ctx);  // X with `axis` (or X flattened) selected  // the integer bitwise ops and shifts, broadcast   // broadcast, same dtype in and out
 absl::Status InferPow(InferContext& ctx);           // broadcast, dtype of base
 absl::Status InferPRelu(InferContext& ctx);         // X's shape and dtype; the slope broadcasts to X
 absl::Status InferCompare(InferContext& ctx);       // broadcast, bool out

@@ -187,6 +187,8 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "TopK", {1, 10, 11}, 1, 1, 2, 2, 2, InferTopK, true},
       {kOnnx, "GatherND", {11, 12, 13}, 11, 2, 2, 1, 1, InferGatherND, true},
       {kOnnx, "ScatterND", {11, 13, 16, 18}, 11, 3, 3, 1, 1, InferScatterND, true},
+      {kOnnx, "NonZero", {9, 13}, 9, 1, 1, 1, 1, InferNonZero, false},
+      {kOnnx, "Compress", {9, 11}, 9, 2, 2, 1, 1, InferCompress, false},
       {kOnnx, "ConstantOfShape", {9, 20, 21}, 9, 1, 1, 1, 1, InferConstantOfShape, false},
       {kOnnx, "Range", {11}, 11, 3, 3, 1, 1, InferRange, false},
       {kOnnx, "Identity", {1, 13, 14, 16, 19, 21}, 1, 1, 1, 1, 1, InferIdentity, true},

@@ -540,5 +540,28 @@ TEST(PadAndTile, ModesCropsAxesAndErrors) {
       .UncheckedOutput("y").ExpectFailure("expected 2 repeats").Run();
 }
 
+// NonZero lists coordinates in row-major order; a float's -0 counts as zero, a bfloat16's too.
+// Compress keeps the slices whose condition is true, a short condition leaving the rest out.
+TEST(Selection, NonZeroAndCompress) {
+  OpTester("NonZero", 13)
+      .Input<float>("x", {2, 3}, {0.f, 2.f, -0.f, 1.f, 0.f, -3.f})
+      .Output<int64_t>("y", {2, 3}, {0, 1, 1, 1, 0, 2})
+      .Run();
+  Tensor h(DataType::kBFloat16, {4});
+  for (int i = 0; i < 4; ++i) h.data<uint16_t>()[i] = FloatToBFloat16(std::vector<float>{-0.f, 0.5f, 0.f, -2.f}[i]);
+  OpTester("NonZero", 13).InputTensor("x", h).Output<int64_t>("y", {1, 2}, {1, 3}).Run();
+  OpTester("NonZero", 13).Input<bool>("x", {2, 2}, {false, false, false, false}).Output<int64_t>("y", {2, 0}, {}).Run();
+  const std::vector<int32_t> x = {1, 2, 3, 4, 5, 6};
+  OpTester("Compress", 11).Attr("axis", int64_t{-1})
+      .Input<int32_t>("x", {2, 3}, x).Input<bool>("c", {2}, {false, true})
+      .Output<int32_t>("y", {2, 1}, {2, 5}).Run();
+  OpTester("Compress", 11)
+      .Input<int32_t>("x", {2, 3}, x).Input<bool>("c", {6}, {true, false, false, true, true, false})
+      .Output<int32_t>("y", {3}, {1, 4, 5}).Run();
+  OpTester("Compress", 11).Attr("axis", int64_t{0})
+      .Input<int32_t>("x", {2, 3}, x).Input<bool>("c", {3}, {false, true, true})
+      .UncheckedOutput("y").ExpectFailure("condition is true at 2, past the 2 slices along axis 0").Run();
+}
+
 }  // namespace
 }  // namespace cleave::testing

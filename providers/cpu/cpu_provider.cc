@@ -32,6 +32,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterRotaryKernels(registry_);
   RegisterAxisKernels(registry_);
   RegisterNdIndexKernels(registry_);
+  RegisterSelectionKernels(registry_);
   RegisterPadTileKernels(registry_);
   RegisterConvKernels(registry_);
   RegisterPoolKernels(registry_);

@@ -17,6 +17,7 @@ void RegisterSwiGluKernels(KernelRegistry& r);       // cpu/swiglu_ops.cc
 void RegisterRotaryKernels(KernelRegistry& r);       // cpu/rotary_ops.cc
 void RegisterAxisKernels(KernelRegistry& r);         // cpu/axis_ops.cc
 void RegisterNdIndexKernels(KernelRegistry& r);      // cpu/nd_index_ops.cc
+void RegisterSelectionKernels(KernelRegistry& r);    // cpu/selection_ops.cc
 void RegisterPadTileKernels(KernelRegistry& r);      // cpu/pad_tile_ops.cc
 void RegisterConvKernels(KernelRegistry& r);         // cpu/conv_ops.cc
 void RegisterPoolKernels(KernelRegistry& r);         // cpu/pool_ops.cc
