@@ -128,6 +128,7 @@ class Unroller {
                            "') is symbolic; cleave unrolls ", op,
                            " over a static one. Fix it (free_dimension_overrides, or --dim when training)");
     steps_ = seq.value;
+    if (steps_ == 0) return Unimplemented(n_.Describe(), ": X's sequence is empty (length 0); cleave unrolls ", op, " over one of 1 or more");
     hidden_ = HiddenSize();
     if (hidden_ <= 0) return Unimplemented(n_.Describe(), ": the hidden size is unknown (no 'hidden_size', R's dims symbolic)");
     const std::string direction = n_.AttrString("direction", "forward");
