@@ -1,6 +1,7 @@
 // CenterCropPad, ReverseSequence and MaxUnpool as index arithmetic over ops with kernels on every
-// provider (graph/passes/decomposition.cc). Each works from the input's Shape at run time, so
-// symbolic dims and a target shape fed as an input are fine:
+// provider (graph/passes/decomposition.cc). Over static shapes (and a constant target) the
+// indices are constants, so inference keeps the output's shape; otherwise they come from the
+// input's Shape at run time, so symbolic dims and a target fed as an input are fine:
 //
 //   CenterCropPad:   Slice the centred window where X is larger, then Pad the rest centred
 //                    (the odd element of a crop or pad at the end, as the ONNX function).
