@@ -1,6 +1,8 @@
 // Models of ops that every session decomposes train (tests/): the training graph holds what the
 // ops became, every parameter gets a gradient through them, and AdamW lowers the loss.
 #include <cmath>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,25 @@ void ExpectTrains(TrainingSession& s, const Feeds& feeds, int steps, float fract
   EXPECT_LT(last, fraction * first) << "first " << first << ", last " << last;
 }
 
+// The MSE training session of `text`, whose parameters must be `params` and whose training graph
+// holds none of `decomposed` (the rewrite replaced them); null, with a test failure, otherwise.
+std::unique_ptr<TrainingSession> MseSession(const std::string& text, const std::vector<std::string>& params,
+                                            const std::set<std::string>& decomposed) {
+  auto model = graph::ParseGraph(text);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return nullptr;
+  TrainingSpec spec;
+  spec.loss.kind = LossKind::kMse;
+  auto a = BuildTrainingArtifacts(**model, spec);
+  EXPECT_TRUE(a.ok()) << a.status();
+  if (!a.ok()) return nullptr;
+  EXPECT_EQ(a->params, params);
+  for (const auto& n : a->training->nodes()) EXPECT_FALSE(decomposed.count(n->op_type())) << n->Describe();
+  auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
 // A model of decomposed ops trains: Einsum mixing the channels, GroupNormalization 21 with its
 // per-channel scale and bias, DepthToSpace. The training graph holds what they became (no
 // Einsum, no GroupNormalization), every parameter gets a gradient, and AdamW lowers the loss.
@@ -48,25 +69,15 @@ TEST(TrainingSession, DecomposedOpsTrain) {
       "h = Einsum(x, w) {equation = \"nchw,cd->ndhw\"}\n"
       "g = GroupNormalization(h, s, b) {num_groups = 4}\n"
       "y = DepthToSpace(g) {blocksize = 2}\noutput y\n");
-  auto model = graph::ParseGraph(text);
-  ASSERT_TRUE(model.ok()) << model.status();
-  TrainingSpec spec;
-  spec.loss.kind = LossKind::kMse;
-  auto a = BuildTrainingArtifacts(**model, spec);
-  ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_EQ(a->params, (std::vector<std::string>{"b", "s", "w"}));
-  for (const auto& n : a->training->nodes())
-    EXPECT_FALSE(n->op_type() == "Einsum" || n->op_type() == "GroupNormalization" || n->op_type() == "DepthToSpace")
-        << n->Describe();
-  auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
-  ASSERT_TRUE(s.ok()) << s.status();
-  (*s)->SetLearningRate(0.05);
+  auto s = MseSession(text, {"b", "s", "w"}, {"Einsum", "GroupNormalization", "DepthToSpace"});
+  ASSERT_TRUE(s);
+  s->SetLearningRate(0.05);
   Tensor x(DataType::kFloat32, {4, 8, 2, 2}), labels(DataType::kFloat32, {4, 2, 4, 4});
   for (int i = 0; i < 128; ++i) {
     x.data<float>()[i] = std::sin(0.7f * static_cast<float>(i));
     labels.data<float>()[i] = std::cos(0.3f * static_cast<float>(i));
   }
-  ExpectTrains(**s, {{"x", x}, {"labels", labels}}, 30, 0.8f);
+  ExpectTrains(*s, {{"x", x}, {"labels", labels}}, 30, 0.8f);
 }
 
 // An LSTM feeding a GRU, each unrolled over the sequence, trains: every weight gets a gradient
@@ -86,22 +97,13 @@ TEST(TrainingSession, RecurrentOpsTrain) {
       "s1 = Squeeze(y1, ax)\n"
       "y2, h2 = GRU(s1, w2, r2) {hidden_size = 2, direction = \"bidirectional\", linear_before_reset = 1}\n"
       "output y2\n");
-  auto model = graph::ParseGraph(text);
-  ASSERT_TRUE(model.ok()) << model.status();
-  TrainingSpec spec;
-  spec.loss.kind = LossKind::kMse;
-  auto a = BuildTrainingArtifacts(**model, spec);
-  ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_EQ(a->params, (std::vector<std::string>{"b1", "r1", "r2", "w1", "w2"}));
-  for (const auto& n : a->training->nodes())
-    EXPECT_FALSE(n->op_type() == "LSTM" || n->op_type() == "GRU") << n->Describe();
-  auto s = TrainingSession::Create(std::move(*a), {.intra_op_threads = 1});
-  ASSERT_TRUE(s.ok()) << s.status();
-  (*s)->SetLearningRate(0.02);
+  auto s = MseSession(text, {"b1", "r1", "r2", "w1", "w2"}, {"LSTM", "GRU"});
+  ASSERT_TRUE(s);
+  s->SetLearningRate(0.02);
   Tensor x(DataType::kFloat32, {6, 4, 3}), labels(DataType::kFloat32, {6, 2, 4, 2});
   for (int i = 0; i < 72; ++i) x.data<float>()[i] = std::sin(0.7f * static_cast<float>(i));
   for (int i = 0; i < 96; ++i) labels.data<float>()[i] = 0.5f * std::cos(0.3f * static_cast<float>(i));
-  ExpectTrains(**s, {{"x", x}, {"labels", labels}}, 40, 0.7f);
+  ExpectTrains(*s, {{"x", x}, {"labels", labels}}, 40, 0.7f);
 }
 
 }  // namespace

@@ -187,7 +187,7 @@ class Unroller {
     for (int d = 0; d < directions; ++d) {
       const bool reverse = direction == "reverse" || d == 1;
       if (!h0s[d] || (gates_ == 4 && !c0s[d])) {
-        if (!zeros) zeros = g_->AddInitializer(g_->UniqueName(base_ + "/zero_state"), Tensor(t_, {1, 1, hidden_}));
+        if (!zeros) zeros = e_.Constant(base_ + "/zero_state", Tensor(t_, {1, 1, hidden_}));
       }
       Direction dir{ws[d], rs[d], bs[d], ps[d], h0s[d] ? h0s[d] : zeros, c0s[d] ? c0s[d] : zeros, reverse,
                     std::vector<Activation>(acts_.begin() + d * defaults.size(),
