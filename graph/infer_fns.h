@@ -16,10 +16,10 @@ namespace cleave::graph {
 // infer_elementwise.cc
 absl::Status InferUnary(InferContext& ctx);         // out = in dtype/shape
 absl::Status InferUnaryFloat(InferContext& ctx);    // same, input must be a float type
-absl::Status InferBinaryArith(InferContext& ctx);
-absl::Status InferBitwise(InferContext& ctx);
+absl::Status InferBinaryArith(InferContext& ctx);  // broadcast, same dtype in and out
+absl::Status InferBitwise(InferContext& ctx);  // the integer bitwise ops and shifts: broadcast, the dtype kept
 absl::Status InferNonZero(InferContext& ctx);   // int64 [rank, ?] (infer_data_movement.cc)
-absl::Status InferCompress(InferContext& ctx);  // X with `axis` (or X flattened) selected  // the integer bitwise ops and shifts, broadcast   // broadcast, same dtype in and out
+absl::Status InferCompress(InferContext& ctx);  // X with `axis` (or X flattened) selected
 absl::Status InferPow(InferContext& ctx);           // broadcast, dtype of base
 absl::Status InferPRelu(InferContext& ctx);         // X's shape and dtype; the slope broadcasts to X
 absl::Status InferCompare(InferContext& ctx);       // broadcast, bool out
@@ -29,8 +29,8 @@ absl::Status InferVariadicMinMax(InferContext& ctx);
 absl::Status InferWhere(InferContext& ctx);
 absl::Status InferClip(InferContext& ctx);
 absl::Status InferCast(InferContext& ctx);
-absl::Status InferCastLike(InferContext& ctx);
-absl::Status InferFloatClass(InferContext& ctx);  // IsNaN, IsInf: bool of a float input's shape  // input 0's shape in input 1's dtype
+absl::Status InferCastLike(InferContext& ctx);  // input 0's shape in input 1's dtype
+absl::Status InferFloatClass(InferContext& ctx);  // IsNaN, IsInf: bool of a float input's shape
 
 // infer_nn.cc
 absl::Status InferMatMul(InferContext& ctx);
@@ -91,12 +91,17 @@ absl::Status InferEyeLike(InferContext& ctx);             // X's 2-D shape in `d
 absl::Status InferNormalizeAlong(InferContext& ctx);      // MeanVarianceNormalization, LpNormalization: X's
 absl::Status InferQuantize(InferContext& ctx);            // QuantizeLinear, DequantizeLinear: X's shape
 absl::Status InferDynamicQuantize(InferContext& ctx);     // y uint8 of X's shape, scale f32 [], zero point uint8 []
-absl::Status InferLpPool(InferContext& ctx);
+absl::Status InferLpPool(InferContext& ctx);  // LpPool, GlobalLpPool: p >= 1, then as AveragePool
 absl::Status InferWindow(InferContext& ctx);           // [size] in output_datatype
 absl::Status InferCenterCropPad(InferContext& ctx);    // X with the target dims along the axes
 absl::Status InferReverseSequence(InferContext& ctx);  // X's
-absl::Status InferMaxUnpool(InferContext& ctx);        // output_shape, or the pool's input size              // LpPool, GlobalLpPool: p >= 1, then as AveragePool
+absl::Status InferMaxUnpool(InferContext& ctx);        // output_shape, or the pool's input size
+absl::Status InferAffineGrid(InferContext& ctx);       // [N, spatial..., axes] of size's values (infer_sampling.cc)
 absl::Status InferRecurrent(InferContext& ctx);           // RNN, GRU, LSTM: Y, Y_h (and Y_c) of X, W, R
+
+// infer_sampling.cc
+absl::Status InferGridSample(InferContext& ctx);      // (X, grid) -> [N, C, out...]
+absl::Status InferGridSampleGrad(InferContext& ctx);  // (dY, X, grid) -> dX, dGrid
 
 // infer_grad_ops.cc
 absl::Status InferGatherGrad(InferContext& ctx);   // (shape, indices, dY) -> dX of `shape`

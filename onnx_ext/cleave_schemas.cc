@@ -233,6 +233,24 @@ OpSchema PoolGradSchema(bool max) {
   return s;
 }
 
+// GridSampleGrad (dY, X, grid) -> dX, dGrid, with the forward GridSample's attributes.
+OpSchema GridSampleGradSchema() {
+  OpSchema s;
+  s.SetName("GridSampleGrad").SetDomain("ai.cleave").SinceVersion(1)
+      .SetDoc("Gradient of GridSample: dX gathers each output's gradient into the elements it sampled, times "
+              "their weights; dGrid is the sampled value's slope along each coordinate; see docs/ops.md.")
+      .Input(0, "dY", "gradient of Y", "T")
+      .Input(1, "X", "the forward's X", "T")
+      .Input(2, "grid", "the forward's grid", "T")
+      .Output(0, "dX", "gradient of X", "T")
+      .Output(1, "dGrid", "gradient of the grid", "T", OpSchema::Optional)
+      .Attr("mode", "as the forward's", AttributeProto::STRING, std::string("linear"))
+      .Attr("padding_mode", "as the forward's", AttributeProto::STRING, std::string("zeros"))
+      .Attr("align_corners", "as the forward's", AttributeProto::INT, static_cast<int64_t>(0))
+      .TypeConstraint("T", kFloatTypes, "float tensors");
+  return s;
+}
+
 // ResizeGrad (dY, X's shape[, roi, scales, sizes]) -> dX, with the forward Resize's attributes.
 OpSchema ResizeGradSchema() {
   OpSchema s;
@@ -605,6 +623,7 @@ void RegisterCleaveSchemas() {
     onnx::RegisterSchema(NormalizationGradSchema(false));
     onnx::RegisterSchema(NormalizationGradSchema(true));
     onnx::RegisterSchema(ResizeGradSchema());
+    onnx::RegisterSchema(GridSampleGradSchema());
     onnx::RegisterSchema(SoftmaxGradSchema(
         "SoftmaxGrad", "dX = Y * (dY - sum(dY * Y, axis)); see docs/ops.md."));
     onnx::RegisterSchema(SoftmaxGradSchema(

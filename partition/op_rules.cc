@@ -350,6 +350,7 @@ absl::StatusOr<FactorRule> RuleFor(const graph::Graph& g, const Node& n) {
       (cleave && (op == "MaxPoolGrad" || op == "AveragePoolGrad")))
     return Pooling(n);
   if ((!cleave && op == "Resize") || (cleave && op == "ResizeGrad")) return ResizeRule(n);
+  if ((!cleave && op == "GridSample") || (cleave && op == "GridSampleGrad")) return GridSampleRule(n);
   if ((!cleave && (op == "BatchNormalization" || op == "InstanceNormalization")) ||
       (cleave && (op == "BatchNormalizationGrad" || op == "InstanceNormalizationGrad")))
     return BatchNorm(n);

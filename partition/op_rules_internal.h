@@ -24,10 +24,12 @@ absl::StatusOr<FactorRule> TopKRule(const graph::Node& n);
 absl::StatusOr<FactorRule> NdIndexing(const graph::Node& n);
 
 // op_rules_spatial.cc: Conv and ConvTranspose (and their gradients), BatchNormalization and
-// InstanceNormalization (and theirs), Resize (and ResizeGrad), the pools (and theirs).
+// InstanceNormalization (and theirs), Resize (and ResizeGrad), the pools (and theirs),
+// GridSample (and GridSampleGrad).
 absl::StatusOr<FactorRule> Convolution(const graph::Node& n);
 absl::StatusOr<FactorRule> BatchNorm(const graph::Node& n);
 absl::StatusOr<FactorRule> ResizeRule(const graph::Node& n);
 absl::StatusOr<FactorRule> Pooling(const graph::Node& n);
+absl::StatusOr<FactorRule> GridSampleRule(const graph::Node& n);
 
 }  // namespace cleave::partition::internal

@@ -145,6 +145,47 @@ absl::StatusOr<FactorRule> ResizeRule(const Node& n) {
   return r;
 }
 
+// GridSample (X [N, C, in...], grid [N, out..., r]) -> Y [N, C, out...] and ai.cleave.GridSampleGrad
+// (dY, X, grid) -> dX, dGrid: the images N shard every operand, the channels C shard X and Y
+// (the grid's gradient then a sum over them), the output points shard the grid and Y (X's
+// gradient then a sum over them); X's spatial dims stay whole, since any point may read any of
+// them. Linear in X (dY).
+absl::StatusOr<FactorRule> GridSampleRule(const Node& n) {
+  const bool grad = n.domain() == graph::kCleaveDomain;
+  const int xi = grad ? 1 : 0;
+  ASSIGN_OR_RETURN(std::vector<int64_t> x, Dims(n, n.input(xi)));
+  ASSIGN_OR_RETURN(std::vector<int64_t> grid, Dims(n, n.input(xi + 1)));
+  if (x.size() < 3 || grid.size() != x.size())
+    return InvalidArgument(n.Describe(), ": expected X [N, C, spatial...] and a grid of its rank");
+  FactorRule r;
+  auto f = [](int64_t size, int factor) { return size == 1 ? std::vector<int>{} : std::vector<int>{factor}; };
+  const int fn = r.AddFactor(x[0]), fc = r.AddFactor(x[1]);
+  OperandFactors fx, fg, fy;
+  fx.dims = {f(x[0], fn), f(x[1], fc)};
+  fx.dims.resize(x.size());
+  fg.dims = {f(x[0], fn)};
+  fy.dims = {f(x[0], fn), f(x[1], fc)};
+  for (size_t d = 1; d + 1 < grid.size(); ++d) {
+    const int fo = r.AddFactor(grid[d]);
+    fg.dims.push_back(f(grid[d], fo));
+    fy.dims.push_back(f(grid[d], fo));
+  }
+  fg.dims.emplace_back();
+  if (grad) {
+    r.inputs = {fy, fx, fg};
+    r.outputs = {fx};
+    if (n.num_outputs() > 1) r.outputs.push_back(fg);
+  } else {
+    r.inputs = {fx, fg};
+    r.outputs = {fy};
+  }
+  r.output_avg.assign(n.num_outputs(), 0);
+  r.linear_inputs.assign(n.num_inputs(), 0);
+  r.linearity = Linearity::kEach;
+  r.linear_inputs[0] = 1;
+  return r;
+}
+
 // MaxPool, AveragePool and the global pools (X [N, C, spatial...] -> Y [N, C, out...]
 // [, Indices]) and their gradients ai.cleave.MaxPoolGrad (dY, X) -> dX and AveragePoolGrad (dY,
 // X's shape) -> dX: the images N and channels C may be sharded, the windows' spatial dims stay

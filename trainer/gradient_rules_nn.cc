@@ -267,6 +267,20 @@ absl::Status ResizeGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// GridSample by ai.cleave.GridSampleGrad(dY, X, grid) with the forward's attributes -> dX (each
+// output's gradient back to the elements it sampled, times their weights) and dGrid (the sampled
+// value's slope along each coordinate; zero in nearest mode, as in PyTorch).
+absl::Status GridSampleGrad(GradBuilder& b) {
+  if (!b.dy()) return absl::OkStatus();
+  std::vector<std::pair<std::string, Attribute>> attrs;
+  for (const auto& [name, value] : b.fwd().attributes()) attrs.emplace_back(name, value);
+  const int outputs = b.NeedsGrad(1) ? 2 : 1;
+  std::vector<Value*> d = b.OpN("ai.cleave.GridSampleGrad", {b.dy(), b.x(0), b.x(1)}, outputs, attrs);
+  if (b.NeedsGrad(0)) b.SetGrad(0, d[0]);
+  if (outputs > 1) b.SetGrad(1, d[1]);
+  return absl::OkStatus();
+}
+
 // MaxPool, AveragePool and the global pools, with the forward's attributes (and `global` for
 // the global pools): ai.cleave.MaxPoolGrad(dY, X) gives each window's gradient to the tap it
 // chose, found again from X; ai.cleave.AveragePoolGrad(dY, X's shape) spreads it over the taps
@@ -345,6 +359,7 @@ void RegisterNnRules(std::map<std::string, GradRule>& rules) {
   rules["::BatchNormalization"] = BatchNormGrad;
   rules["::InstanceNormalization"] = InstanceNormGrad;
   rules["::Resize"] = ResizeGrad;
+  rules["::GridSample"] = GridSampleGrad;
   for (const char* op : {"::MaxPool", "::AveragePool", "::GlobalMaxPool", "::GlobalAveragePool"}) rules[op] = PoolGrad;
 }
 

@@ -114,6 +114,7 @@ absl::Status DecomposeDynamicQuantize(Graph* g, Node* n);
 absl::Status DecomposeCenterCropPad(Graph* g, Node* n);
 absl::Status DecomposeReverseSequence(Graph* g, Node* n);
 absl::Status DecomposeMaxUnpool(Graph* g, Node* n);
+absl::Status DecomposeAffineGrid(Graph* g, Node* n);
 
 // RNN, GRU and LSTM unrolled over their sequence (rnn_decomposition.cc).
 absl::Status DecomposeRecurrent(Graph* g, Node* n, int version);

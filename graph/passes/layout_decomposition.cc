@@ -11,6 +11,10 @@
 //   MaxUnpool:       ScatterElements of X into zeros of the pool's input shape, both flattened
 //                    (the indices, as MaxPool writes them, address the flattened tensor); a
 //                    larger output_shape pads zeros after, as ONNX's reference does.
+//   AffineGrid:      the homogeneous base grid (x, y[, z], 1) of the output's points, each
+//                    coordinate a Range scaled into [-1, 1] from size at run time, times
+//                    theta transposed (one broadcasting MatMul), so theta trains through the
+//                    MatMul's gradient.
 #include <algorithm>
 #include <optional>
 #include <string>
@@ -217,6 +221,67 @@ absl::Status DecomposeMaxUnpool(Graph* g, Node* n) {
     ASSIGN_OR_RETURN(y, e.Add("Pad", {y, pads_in}));
   }
   return e.Finish(y, out);
+}
+
+// AffineGrid(theta [N, r, r + 1], size [N, C, spatial...]) -> grid [N, spatial..., r]:
+// coordinate k of axis a (of S points) is -1 + 2k / max(S - 1, 1) with align_corners, else
+// (2k + 1) / S - 1; the base grid lists them innermost axis first, then a 1.
+absl::Status DecomposeAffineGrid(Graph* g, Node* n) {
+  Value* theta = n->input(0);
+  Value* size = n->input(1);
+  const Shape& ts = theta->shape();
+  if (!ts.has_rank() || ts.rank() != 3 || !ts[1].is_static())
+    return Unimplemented(n->Describe(), ": theta is ", ts.ToString(),
+                         "; cleave decomposes AffineGrid for theta [N, 2, 3] or [N, 3, 4] with static rows");
+  const int axes = static_cast<int>(ts[1].value);
+  const bool align = n->AttrInt("align_corners", 0) != 0;
+  const DataType t = theta->dtype();
+  const DataType i64 = DataType::kInt64;
+  Value* out = n->output(0);
+  Emitter e(g, *n);
+  g->RemoveNode(n);
+  std::vector<int64_t> spatial_at;
+  for (int a = 0; a < axes; ++a) spatial_at.push_back(a + 2);
+  ASSIGN_OR_RETURN(Value * spatial, e.Add("Gather", {size, e.Ints(spatial_at)}));
+  // Coordinate a, as [1, .., S_a, .., 1] so the coordinates broadcast to the spatial shape.
+  std::vector<Value*> columns(static_cast<size_t>(axes) + 1);
+  for (int a = 0; a < axes; ++a) {
+    ASSIGN_OR_RETURN(Value * count, e.Add("Gather", {size, e.Scalar(i64, a + 2)}));
+    ASSIGN_OR_RETURN(Value * k, e.Add("Range", {e.Scalar(i64, 0), count, e.Scalar(i64, 1)}));
+    ASSIGN_OR_RETURN(k, e.Cast(k, t));
+    ASSIGN_OR_RETURN(Value * s, e.Cast(count, t));
+    Value* c;
+    if (align) {  // -1 + k * 2 / max(S - 1, 1)
+      ASSIGN_OR_RETURN(Value * span, e.Add("Sub", {s, e.Scalar(t, 1)}));
+      ASSIGN_OR_RETURN(span, e.Add("Max", {span, e.Scalar(t, 1)}));
+      ASSIGN_OR_RETURN(Value * step, e.Add("Div", {e.Scalar(t, 2), span}));
+      ASSIGN_OR_RETURN(c, e.Add("Mul", {k, step}));
+    } else {  // (2k + 1) / S - 1
+      ASSIGN_OR_RETURN(c, e.Add("Mul", {k, e.Scalar(t, 2)}));
+      ASSIGN_OR_RETURN(c, e.Add("Add", {c, e.Scalar(t, 1)}));
+      ASSIGN_OR_RETURN(c, e.Add("Div", {c, s}));
+    }
+    ASSIGN_OR_RETURN(c, e.Add("Sub", {c, e.Scalar(t, 1)}));
+    std::vector<int64_t> view(static_cast<size_t>(axes), 1);
+    view[static_cast<size_t>(a)] = -1;
+    ASSIGN_OR_RETURN(c, e.Reshape(c, view));
+    ASSIGN_OR_RETURN(c, e.Add("Expand", {c, spatial}));
+    ASSIGN_OR_RETURN(c, e.Unsqueeze(c, {axes}));
+    columns[static_cast<size_t>(axes - 1 - a)] = c;  // innermost axis first
+  }
+  ASSIGN_OR_RETURN(Value * ones_shape, e.Add("Concat", {spatial, e.Ints({1})}, {{"axis", Attribute::Int(0)}}));
+  Tensor one(t, {1});
+  SetElement(one, 0, 1.0);
+  ASSIGN_OR_RETURN(columns.back(), e.Add("ConstantOfShape", {ones_shape}, {{"value", Attribute::TensorValue(one)}}));
+  ASSIGN_OR_RETURN(Value * base, e.Add("Concat", columns, {{"axis", Attribute::Int(axes)}}));
+  ASSIGN_OR_RETURN(base, e.Reshape(base, {1, -1, axes + 1}));
+  ASSIGN_OR_RETURN(Value * rows, e.Transpose(theta, {0, 2, 1}));
+  ASSIGN_OR_RETURN(Value * grid, e.Add("MatMul", {base, rows}));
+  ASSIGN_OR_RETURN(Value * batch, e.Add("Gather", {size, e.Ints({0})}));
+  ASSIGN_OR_RETURN(Value * shape,
+                   e.Add("Concat", {batch, spatial, e.Ints({axes})}, {{"axis", Attribute::Int(0)}}));
+  ASSIGN_OR_RETURN(grid, e.Add("Reshape", {grid, shape}));
+  return e.Finish(grid, out);
 }
 
 }  // namespace cleave::graph::decompose

@@ -37,6 +37,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterConvKernels(registry_);
   RegisterPoolKernels(registry_);
   RegisterResizeKernels(registry_);
+  RegisterGridSampleKernels(registry_);
   RegisterBatchNormKernels(registry_);
   RegisterOptimizerKernels(registry_);
   RegisterCollectiveKernels(registry_);

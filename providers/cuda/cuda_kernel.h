@@ -118,6 +118,10 @@ void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p);
 // CumSum, ArgMax, ArgMin, GatherElements and ScatterElements.
 void RegisterCudaAxisKernels(KernelRegistry& r, CudaExecutionProvider* p);
 
+// Registers the kernels over rows (cuda_norm_kernels.cc): Softmax, LogSoftmax, the layer and RMS
+// normalisations (with the residual add), their gradients, and the reductions.
+void RegisterCudaNormKernels(KernelRegistry& r, CudaExecutionProvider* p);
+
 // Registers the losses (cuda_loss_kernels.cc): SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss
 // and their gradients.
 void RegisterCudaLossKernels(KernelRegistry& r, CudaExecutionProvider* p);

@@ -1,0 +1,103 @@
+// Shape and type inference of GridSample, its gradient ai.cleave.GridSampleGrad, and AffineGrid
+// (graph/).
+#include "base/status.h"
+#include "graph/infer_fns.h"
+#include "graph/infer_shape_util.h"
+#include "graph/infer_util.h"
+
+namespace cleave::graph {
+
+namespace {
+
+constexpr std::initializer_list<DataType> kFloatTypes = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                                                         DataType::kBFloat16};
+
+// X [N, C, in...] and grid [N, out..., r] (r = X's rank - 2) from inputs x and x + 1: the error
+// naming what disagrees, where the ranks and dims are known.
+absl::Status CheckGrid(const InferContext& ctx, int x_input) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, x_input, kFloatTypes));
+  RETURN_IF_ERROR(ExpectDtype(ctx, x_input + 1, kFloatTypes));
+  const Shape& x = ctx.input_shape(x_input);
+  const Shape& grid = ctx.input_shape(x_input + 1);
+  if (x.has_rank() && x.rank() < 3) return ctx.Error("X is ", x.ToString(), "; expected [N, C, spatial...]");
+  if (!x.has_rank() || !grid.has_rank()) return absl::OkStatus();
+  if (grid.rank() != x.rank())
+    return ctx.Error("grid is ", grid.ToString(), "; expected rank ", x.rank(), " ([N, out..., ", x.rank() - 2,
+                     "]) for X ", x.ToString());
+  const Dim& last = grid[grid.rank() - 1];
+  if (last.is_static() && last.value != x.rank() - 2)
+    return ctx.Error("grid is ", grid.ToString(), "; expected its last dim ", x.rank() - 2,
+                     " (a coordinate per spatial axis of X ", x.ToString(), ")");
+  if (x[0].is_static() && grid[0].is_static() && x[0].value != grid[0].value)
+    return ctx.Error("grid ", grid.ToString(), " and X ", x.ToString(), " differ in the batch");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// GridSample (X, grid) -> Y [N, C, out...] of X's dtype.
+absl::Status InferGridSample(InferContext& ctx) {
+  RETURN_IF_ERROR(CheckGrid(ctx, 0));
+  const Shape& x = ctx.input_shape(0);
+  const Shape& grid = ctx.input_shape(1);
+  if (!x.has_rank() || !grid.has_rank()) {
+    ctx.SetOutput(0, ctx.input_dtype(0), x.has_rank() ? UnknownDims(x.rank()) : Shape());
+    return absl::OkStatus();
+  }
+  std::vector<Dim> y = {x[0].is_static() ? x[0] : grid[0], x[1]};
+  for (int d = 1; d + 1 < grid.rank(); ++d) y.push_back(grid[d]);
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(y)));
+  return absl::OkStatus();
+}
+
+// ai.cleave.GridSampleGrad (dY, X, grid) -> dX of X's shape, dGrid of the grid's.
+absl::Status InferGridSampleGrad(InferContext& ctx) {
+  RETURN_IF_ERROR(CheckGrid(ctx, 1));
+  ctx.SetOutput(0, ctx.input_dtype(1), ctx.input_shape(1));
+  if (ctx.num_outputs() > 1) ctx.SetOutput(1, ctx.input_dtype(2), ctx.input_shape(2));
+  return absl::OkStatus();
+}
+
+// AffineGrid (theta [N, 2, 3] or [N, 3, 4], size int64 [4] or [5]) -> grid [N, H, W, 2] or
+// [N, D, H, W, 3] of theta's dtype; its dims size's values where it is a constant.
+absl::Status InferAffineGrid(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, kFloatTypes));
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
+  const Shape& theta = ctx.input_shape(0);
+  const Shape& size = ctx.input_shape(1);
+  if (size.has_rank() && size.rank() != 1) return ctx.Error("size is ", size.ToString(), "; expected a 1-D tensor");
+  int axes = 0;  // spatial axes, 2 or 3, where known
+  if (size.has_rank() && size[0].is_static()) {
+    if (size[0].value != 4 && size[0].value != 5)
+      return ctx.Error("size is ", size.ToString(), "; expected [4] (N, C, H, W) or [5] (N, C, D, H, W)");
+    axes = static_cast<int>(size[0].value) - 2;
+  }
+  if (theta.has_rank()) {
+    if (theta.rank() != 3) return ctx.Error("theta is ", theta.ToString(), "; expected [N, 2, 3] or [N, 3, 4]");
+    const int rows = theta[1].is_static() ? static_cast<int>(theta[1].value) : axes;
+    if ((rows != 0 && rows != 2 && rows != 3) || (axes != 0 && rows != 0 && rows != axes) ||
+        (theta[2].is_static() && rows != 0 && theta[2].value != rows + 1))
+      return ctx.Error("theta is ", theta.ToString(), " and size ", size.ToString(),
+                       "; expected theta [N, 2, 3] with size [4], or [N, 3, 4] with size [5]");
+    if (axes == 0) axes = rows;
+  }
+  if (axes == 0) {
+    ctx.SetOutput(0, ctx.input_dtype(0), Shape());
+    return absl::OkStatus();
+  }
+  std::vector<Dim> out(static_cast<size_t>(axes) + 2);
+  const std::optional<std::vector<int64_t>> values = ConstantInts(ctx, 1);
+  if (values) {
+    for (int64_t v : *values)
+      if (v < 0) return ctx.Error("size holds ", v, "; expected sizes >= 0");
+    out[0] = Dim((*values)[0]);
+    for (int d = 0; d < axes; ++d) out[static_cast<size_t>(d) + 1] = Dim((*values)[static_cast<size_t>(d) + 2]);
+  } else if (theta.has_rank()) {
+    out[0] = theta[0];
+  }
+  out.back() = Dim(axes);
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
+}  // namespace cleave::graph
