@@ -165,13 +165,11 @@ CLEAVE_HOST_DEVICE inline void GridAxis(const GridSampleLayout& l, int d, A g, G
   for (int k = 0; k < t->count; ++k) t->index[k] = GridTapIndex(first + k, size, l.padding, l.align_corners);
 }
 
-// The taps of every axis for output point `point` of image `b`: grid's coordinates for it are
-// grid[(b * out_points + point) * axes + k], innermost axis first.
-template <typename A, typename G>
-CLEAVE_HOST_DEVICE inline void GridPointTaps(const GridSampleLayout& l, const G* grid, int64_t b, int64_t point,
-                                             GridAxisTaps<A>* taps) {
-  const G* g = grid + (b * l.out_points + point) * l.axes;
-  for (int d = 0; d < l.axes; ++d) GridAxis(l, d, static_cast<A>(g[l.axes - 1 - d]), &taps[d]);
+// The taps of every axis for one output point, whose grid coordinates are g[0 .. axes), the
+// innermost axis first.
+template <typename A>
+CLEAVE_HOST_DEVICE inline void GridPointTaps(const GridSampleLayout& l, const A* g, GridAxisTaps<A>* taps) {
+  for (int d = 0; d < l.axes; ++d) GridAxis(l, d, g[l.axes - 1 - d], &taps[d]);
 }
 
 // Calls fn(offset, weight, dweight) for every combination of the axes' taps that reads X (none

@@ -358,6 +358,21 @@ const GradCase kCases[] = {
      "y = ReverseSequence(x, l)\noutput y"},
     {"MaxUnpool_strided", "opset 13\ninput x: float64[2,1,2,2]\ninit i: int64[2,1,2,2] = 0 3 9 15 16 18 25 31\n"
      "y = MaxUnpool(x, i) {kernel_shape = [2, 2], strides = [2, 2]}\noutput y"},
+    // X and the grid both differentiated; coordinates in [-1.4, 1.4] reach past the borders.
+    {"GridSample_bilinear_zeros", "opset 16\ninput x: float64[2,2,3,4]\ninput g: float64[2,3,2,2]\n"
+     "y = GridSample(x, g)\noutput y", -1.4, 1.4},
+    {"GridSample_bicubic_border_align_corners", "opset 16\ninput x: float64[1,2,4,3]\ninput g: float64[1,2,3,2]\n"
+     "y = GridSample(x, g) {mode = \"bicubic\", padding_mode = \"border\", align_corners = 1}\noutput y", -1.4, 1.4},
+    {"GridSample_volumetric_linear_reflection", "opset 20\ninput x: float64[1,2,3,2,4]\ninput g: float64[1,2,2,2,3]\n"
+     "y = GridSample(x, g) {padding_mode = \"reflection\"}\noutput y", -1.4, 1.4},
+    {"GridSample_1d_cubic_reflection_align_corners", "opset 20\ninput x: float64[2,1,5]\ninput g: float64[2,4,1]\n"
+     "y = GridSample(x, g) {mode = \"cubic\", padding_mode = \"reflection\", align_corners = 1}\noutput y", -1.4, 1.4},
+    {"GridSample_nearest", "opset 20\ninput x: float64[1,2,3,3]\ninput g: float64[1,2,2,2]\n"
+     "y = GridSample(x, g) {mode = \"nearest\"}\noutput y", -1.4, 1.4},
+    {"AffineGrid_2d", "opset 20\ninput t: float64[2,2,3]\ninit s: int64[4] = 2 1 3 4\n"
+     "y = AffineGrid(t, s)\noutput y"},
+    {"AffineGrid_3d_align_corners", "opset 20\ninput t: float64[1,3,4]\ninit s: int64[5] = 1 1 2 3 2\n"
+     "y = AffineGrid(t, s) {align_corners = 1}\noutput y"},
     {"Shrink", "opset 13\ninput x: float64[7]\ny = Shrink(x) {lambd = 0.7, bias = 0.2}\noutput y"},
     {"LRN", "opset 13\ninput x: float64[2,5,2,2]\ny = LRN(x) {size = 3, alpha = 0.1, beta = 0.75, bias = 2}\noutput y"},
     {"GatherND_rows_repeated", "opset 16\ninput x: float64[3,4]\ninit i: int64[3,1] = 2 0 2\n"

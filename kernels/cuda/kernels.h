@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/grid_sample.h"
 #include "kernels/nd_index.h"
 #include "kernels/pad_coord.h"
 #include "kernels/pool_window.h"
@@ -290,6 +291,15 @@ int AveragePool(Dt dt, const PoolLayout& l, int64_t planes, const void* x, void*
 int MaxPoolGrad(Dt dt, const PoolLayout& l, int64_t planes, const void* dy, const void* x, int64_t* arg, void* dx,
                 void* stream);
 int AveragePoolGrad(Dt dt, const PoolLayout& l, int64_t planes, const void* dy, void* dx, void* stream);
+
+using kernels::GridSampleLayout;
+
+// GridSample (kernels/grid_sample.h): y [N, C, out...] from x [N, C, in...] at grid [N, out...,
+// axes], all of dt. The gradient adds into dx, a float32 [N, C, in...] the caller zeroed, and
+// writes dgrid (of dt, the grid's shape) unless it is null.
+int GridSample(Dt dt, const GridSampleLayout& l, const void* x, const void* grid, void* y, void* stream);
+int GridSampleGrad(Dt dt, const GridSampleLayout& l, const void* dy, const void* x, const void* grid, float* dx,
+                   void* dgrid, void* stream);
 
 // Resize's resampling along one dim (graph/resize_geometry.h ResizePass): y [outer, out, inner]
 // from x [outer, in, inner], output index o blending x's rows taps[o].i0 and .i1 with weights

@@ -34,7 +34,7 @@ void Sample(const GridSampleLayout& l, const T* x, const T* grid, T* y, ThreadPo
     GridAxisTaps<T> taps[kMaxGridAxes];
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t b = p / l.out_points, o = p % l.out_points;
-      GridPointTaps(l, grid, b, o, taps);
+      GridPointTaps(l, grid + (b * l.out_points + o) * l.axes, taps);
       for (int64_t c = 0; c < l.channels; ++c) {
         const T* xc = x + (b * l.channels + c) * plane;
         T acc = T(0);
@@ -60,7 +60,7 @@ void SampleGrad(const GridSampleLayout& l, const T* dy, const T* x, const T* gri
       for (int64_t o = 0; o < l.out_points; ++o) {
         const T g = dy[q * l.out_points + o];
         if (g == T(0)) continue;
-        GridPointTaps(l, grid, b, o, taps);
+        GridPointTaps(l, grid + (b * l.out_points + o) * l.axes, taps);
         ForEachGridTap(l, taps, [&](int64_t at, T w, const T*) { dxc[at] += w * g; });
       }
     }
@@ -69,7 +69,7 @@ void SampleGrad(const GridSampleLayout& l, const T* dy, const T* x, const T* gri
     GridAxisTaps<T> taps[kMaxGridAxes];
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t b = p / l.out_points, o = p % l.out_points;
-      GridPointTaps(l, grid, b, o, taps);
+      GridPointTaps(l, grid + (b * l.out_points + o) * l.axes, taps);
       T acc[kMaxGridAxes] = {T(0), T(0), T(0)};
       for (int64_t c = 0; c < l.channels; ++c) {
         const T g = dy[(b * l.channels + c) * l.out_points + o];

@@ -32,6 +32,7 @@
 #include "providers/cuda/cuda_kernel.h"
 #include "providers/cuda/cuda_matmul.h"
 #include "providers/batch_norm_plan.h"
+#include "providers/grid_sample_plan.h"
 #include "providers/pool_plan.h"
 #include "providers/resize_plan.h"
 
@@ -571,6 +572,63 @@ class ResizeKernel : public CudaKernel {
   bool n_domain_cleave_;
 };
 
+// GridSample(X, grid) -> Y and ai.cleave.GridSampleGrad(dY, X, grid) -> dX[, dGrid], planned as
+// the CPU plans them (providers/grid_sample_plan.h). dX accumulates in float32: in the output
+// itself for float32, else in scratch, cast into the output after.
+class GridSampleKernel : public CudaKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const CudaExecutionProvider* p, const graph::Node& n, int) {
+    ASSIGN_OR_RETURN(kc::GridSampleLayout a, GridSampleAttrsOf(n));
+    return std::unique_ptr<OpKernel>(new GridSampleKernel(p, n, a));
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const bool grad = n_domain_cleave_;
+    const TensorView& x = *ctx.input(grad ? 1 : 0);
+    const TensorView& grid = *ctx.input(grad ? 2 : 1);
+    if (grid.dtype != x.dtype)
+      return InvalidArgument(name_, ": grid is ", DataTypeName(grid.dtype), "; expected X's ", DataTypeName(x.dtype));
+    auto planned = PlanGridSample(attrs_, x.dim_span(), grid.dim_span());
+    if (!planned.ok()) return Named(planned.status());
+    const kc::GridSampleLayout& l = *planned;
+    std::vector<int64_t> y = {l.batch, l.channels};
+    y.insert(y.end(), grid.dims + 1, grid.dims + grid.rank - 1);
+    auto s = static_cast<cudaStream_t>(stream());
+    if (!grad) {
+      TensorView* out = ctx.Output(0, y);
+      if (!out || out->numel() == 0) return absl::OkStatus();
+      return Check(kc::GridSample(DtOf(x.dtype), l, x.data, grid.data, out->data, s));
+    }
+    const TensorView& dy = *ctx.input(0);
+    if (dy.dtype != x.dtype || std::vector<int64_t>(dy.dims, dy.dims + dy.rank) != y)
+      return InvalidArgument(name_, ": expected dY ", DataTypeName(x.dtype), " [", absl::StrJoin(y, ","),
+                             "] (the forward's Y), got ", DataTypeName(dy.dtype), " [",
+                             absl::StrJoin(dy.dim_span(), ","), "]");
+    TensorView* dx = ctx.Output(0, x.dim_span());
+    TensorView* dgrid = ctx.num_outputs() > 1 ? ctx.Output(1, grid.dim_span()) : nullptr;
+    if (dgrid && dgrid->numel()) RETURN_IF_ERROR(Check(cudaMemsetAsync(dgrid->data, 0, dgrid->nbytes(), s)));
+    if ((!dx || dx->numel() == 0) && (!dgrid || dgrid->numel() == 0)) return absl::OkStatus();
+    const int64_t n = x.numel();
+    float* acc = nullptr;
+    if (n > 0) {
+      acc = x.dtype == DataType::kFloat32 && dx ? dx->as<float>() : ctx.ScratchOf<float>(n);
+      if (!acc) return NoScratch();
+      RETURN_IF_ERROR(Check(cudaMemsetAsync(acc, 0, static_cast<size_t>(n) * sizeof(float), s)));
+    }
+    if (dy.numel() > 0)
+      RETURN_IF_ERROR(Check(kc::GridSampleGrad(DtOf(x.dtype), l, dy.data, x.data, grid.data, acc,
+                                               dgrid ? dgrid->data : nullptr, s)));
+    if (dx && n > 0 && x.dtype != DataType::kFloat32)
+      return Check(kc::Cast(kc::Dt::kF32, DtOf(x.dtype), acc, dx->data, n, s));
+    return absl::OkStatus();
+  }
+
+ private:
+  GridSampleKernel(const CudaExecutionProvider* p, const graph::Node& n, kc::GridSampleLayout a)
+      : CudaKernel(p, n), attrs_(a), n_domain_cleave_(n.domain() == graph::kCleaveDomain) {}
+  kc::GridSampleLayout attrs_;
+  bool n_domain_cleave_;
+};
+
 }  // namespace
 
 void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p) {
@@ -598,6 +656,8 @@ void RegisterCudaConvKernels(KernelRegistry& r, CudaExecutionProvider* p) {
   Add<InstanceNormGradKernel>(r, p, cleave, "InstanceNormalizationGrad", 1, 1, InputTypeIn(1, kFloats));
   AddChecked<ResizeKernel>(r, p, "", "Resize", 11, InputTypeIn(0, kFloats), {1, 2, 3});
   AddChecked<ResizeKernel>(r, p, cleave, "ResizeGrad", 1, InputTypeIn(0, kFloats), {1, 2, 3, 4});
+  AddChecked<GridSampleKernel>(r, p, "", "GridSample", 16, InputTypeIn(0, kFloats));
+  AddChecked<GridSampleKernel>(r, p, cleave, "GridSampleGrad", 1, InputTypeIn(0, kFloats));
 }
 
 }  // namespace cleave::providers
