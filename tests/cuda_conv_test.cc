@@ -424,5 +424,50 @@ TEST(CudaProvider, ResizeAndItsGradient) {
   }
 }
 
+// GridSample and its gradient (dX and dGrid) against the CPU's: every mode and padding, 1-D to
+// 3-D, coordinates to 1.4 past the borders (the grid scaled in the graph); X, the grid and dY
+// cast to `type`, the CPU reference computing in float32 from the rounded values.
+std::string GridSampleGraph(const std::vector<int64_t>& x, const std::vector<int64_t>& grid, const std::string& attrs,
+                            int type, bool rounded = false) {
+  std::vector<int64_t> y = {x[0], x[1]};
+  y.insert(y.end(), grid.begin() + 1, grid.end() - 1);
+  auto in = [&](const std::string& name) { return CastIn(name, type, rounded); };
+  auto out = [&](const std::string& name) { return CastOut(name, type, rounded); };
+  return absl::StrCat("opset 20\ninput x: float32", DimsText(x), "\ninput u: float32", DimsText(grid),
+                      "\ninput dy: float32", DimsText(y), "\ninit k: float32[] = 1.4\ng = Mul(u, k)\n", in("x"),
+                      in("g"), in("dy"), "hy = GridSample(hx, hg) {", attrs, "}\n",
+                      "hdx, hdg = ai.cleave.GridSampleGrad(hdy, hx, hg) {", attrs, "}\n", out("y"), out("dx"),
+                      out("dg"), "output y\noutput dx\noutput dg\n");
+}
+
+TEST(CudaProvider, GridSampleAndItsGradient) {
+  REQUIRE_CUDA();
+  struct Case {
+    std::vector<int64_t> x, grid;
+    const char* attrs;
+  };
+  const Case cases[] = {
+      {{2, 3, 5, 4}, {2, 3, 4, 2}, "mode = \"linear\""},
+      {{1, 2, 4, 5}, {1, 3, 3, 2}, "mode = \"cubic\", padding_mode = \"reflection\", align_corners = 1"},
+      {{2, 2, 4, 4}, {2, 2, 5, 2}, "mode = \"nearest\", padding_mode = \"border\""},
+      {{1, 3, 3, 4, 2}, {1, 2, 2, 3, 3}, "mode = \"linear\", padding_mode = \"border\", align_corners = 1"},
+      {{2, 2, 6}, {2, 5, 1}, "mode = \"cubic\", padding_mode = \"zeros\""},
+      {{1, 2, 2, 3, 3}, {1, 3, 2, 2, 3}, "mode = \"nearest\", padding_mode = \"reflection\""},
+  };
+  unsigned seed = 950;
+  for (const Case& c : cases) {
+    std::vector<int64_t> y = {c.x[0], c.x[1]};
+    y.insert(y.end(), c.grid.begin() + 1, c.grid.end() - 1);
+    const Feeds feeds = {{"x", Random(c.x, seed)}, {"u", Random(c.grid, seed + 1)}, {"dy", Random(y, seed + 2)}};
+    seed += 3;
+    SCOPED_TRACE(GridSampleGraph(c.x, c.grid, c.attrs, 1));
+    // dX sums in another order on the device (atomics).
+    ExpectSame(GridSampleGraph(c.x, c.grid, c.attrs, 1), feeds, 1e-5, 1e-5, "GridSample");
+    for (int type : {16, 10})
+      ExpectSame(GridSampleGraph(c.x, c.grid, c.attrs, type), feeds, 3e-2, type == 16 ? 1e-2 : 2e-3, "GridSample",
+                 GridSampleGraph(c.x, c.grid, c.attrs, type, /*rounded=*/true));
+  }
+}
+
 }  // namespace
 }  // namespace cleave

@@ -106,5 +106,29 @@ TEST(TrainingSession, RecurrentOpsTrain) {
   ExpectTrains(*s, {{"x", x}, {"labels", labels}}, 40, 0.7f);
 }
 
+// A spatial transformer trains: AffineGrid of a learned theta (decomposed into a MatMul) feeding
+// GridSample of the scaled image, so theta learns through the grid's gradient and the scale
+// through X's. The target is the image itself, halved: theta must undo its rotation and shift.
+TEST(TrainingSession, SpatialTransformerTrains) {
+  const std::string text =
+      "opset 20\ninput x: float32[2,2,6,6]\ninit k: float32[1,2,1,1] = 1 1\n"
+      "init t: float32[2,2,3] = 0.95 -0.3 0.2 0.3 0.95 -0.1 0.95 -0.3 0.2 0.3 0.95 -0.1\n"
+      "init size: int64[4] = 2 2 6 6\n"
+      "g = AffineGrid(t, size) {align_corners = 1}\n"
+      "xs = Mul(x, k)\n"
+      "y = GridSample(xs, g) {align_corners = 1, padding_mode = \"border\"}\noutput y\n";
+  auto s = MseSession(text, {"k", "t"}, {"AffineGrid"});
+  ASSERT_TRUE(s);
+  s->SetLearningRate(0.02);
+  Tensor x(DataType::kFloat32, {2, 2, 6, 6}), labels(DataType::kFloat32, {2, 2, 6, 6});
+  for (int i = 0; i < 144; ++i) {
+    const int h = i / 6 % 6, w = i % 6;
+    x.data<float>()[i] = std::sin(0.9f * static_cast<float>(h) + 0.4f * static_cast<float>(i / 36)) *
+                         std::cos(0.6f * static_cast<float>(w));
+    labels.data<float>()[i] = 0.5f * x.data<float>()[i];
+  }
+  ExpectTrains(*s, {{"x", x}, {"labels", labels}}, 60, 0.3f);
+}
+
 }  // namespace
 }  // namespace cleave::trainer

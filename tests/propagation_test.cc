@@ -251,6 +251,7 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
     input head: float32[4,5]
     input gamma: float32[6]
     input beta: float32[6]
+    input gr: float32[4,4,4,2]
     init pads: int64[8] = 0 0 1 1 0 0 1 1
     init mu: float32[6] = 0.1 -0.2 0.3 0 0.5 -1
     init va: float32[6] = 1 2 0.5 1.5 0.25 3
@@ -261,7 +262,8 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
     a = LeakyRelu(bn) {alpha = 0.1}
     up = ConvTranspose(a, wt) {strides = [2, 2], pads = [1, 1, 1, 1], output_padding = [1, 1]}
     rz = Resize(up, _, half) {mode = "linear"}
-    mp = MaxPool(rz) {kernel_shape = [2, 2], pads = [0, 0, 1, 1]}
+    gs = GridSample(rz, gr) {mode = "bilinear", padding_mode = "border"}
+    mp = MaxPool(gs) {kernel_shape = [2, 2], pads = [0, 0, 1, 1]}
     ap = AveragePool(mp) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], count_include_pad = 1}
     gp = GlobalAveragePool(ap)
     m = Flatten(gp)
@@ -281,14 +283,14 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
   for (const auto& node : graph.nodes()) {
     conv_grads += node->op_type() == "ConvGrad" || node->op_type() == "ConvTransposeGrad";
     pool_grads += node->op_type() == "MaxPoolGrad" || node->op_type() == "AveragePoolGrad" ||
-                  node->op_type() == "ResizeGrad";
+                  node->op_type() == "ResizeGrad" || node->op_type() == "GridSampleGrad";
   }
   EXPECT_EQ(conv_grads, 2);
-  EXPECT_EQ(pool_grads, 4);
+  EXPECT_EQ(pool_grads, 5);
   auto mesh = *Mesh::Parse("dp=2");
-  auto p = Propagate(graph, mesh, {{"x", Batch(4)}, {"labels", Batch(1)}});
+  auto p = Propagate(graph, mesh, {{"x", Batch(4)}, {"labels", Batch(1)}, {"gr", Batch(4)}});
   ASSERT_TRUE(p.ok()) << p.status();
-  for (const char* v : {"c", "bn", "up", "rz", "mp", "ap", "gp"})
+  for (const char* v : {"c", "bn", "up", "rz", "gs", "mp", "ap", "gp"})
     EXPECT_EQ(p->sharding.at(graph.FindValue(v)).ToString(), "[dp,-,-,-]") << v;
   for (const auto& [name, grad] : *grads)
     EXPECT_EQ(p->sharding.at(grad).partial, std::set<std::string>{"dp"}) << name << " " << p->sharding.at(grad).ToString();
@@ -311,14 +313,15 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
   };
   const Tensor x = random({4, 3, 8, 8}), w = random({6, 3, 3, 3}), b = random({6}), head = random({4, 5});
   const Tensor wt = random({6, 4, 3, 3});
-  const Tensor gamma = random({6}), beta = random({6});
+  const Tensor gamma = random({6}), beta = random({6}), gr = random({4, 4, 4, 2});
   const Tensor labels = Tensor::FromVector<int64_t>({1, 4, 0, 2}, {4});
   SessionOptions plain;
   plain.optimize = false;
   auto whole = InferenceSession::FromGraph(graph.Clone(), plain);
   ASSERT_TRUE(whole.ok()) << whole.status();
   auto want = (*whole)->Run(
-      {{"x", x}, {"labels", labels}, {"w", w}, {"b", b}, {"wt", wt}, {"head", head}, {"gamma", gamma}, {"beta", beta}});
+      {{"x", x}, {"labels", labels}, {"w", w}, {"b", b}, {"wt", wt}, {"head", head}, {"gamma", gamma}, {"beta", beta},
+       {"gr", gr}});
   ASSERT_TRUE(want.ok()) << want.status();
   runtime::SimulatedWorld world(2);
   std::vector<absl::StatusOr<std::vector<Tensor>>> got(2, absl::UnknownError("not run"));
@@ -338,7 +341,8 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
         return;
       }
       got[r] = (*s)->Run({{"x", testing::Rows(x, 2 * r, 2)}, {"labels", testing::Rows(labels, 2 * r, 2)},
-                          {"w", w}, {"b", b}, {"wt", wt}, {"head", head}, {"gamma", gamma}, {"beta", beta}});
+                          {"w", w}, {"b", b}, {"wt", wt}, {"head", head}, {"gamma", gamma}, {"beta", beta},
+                          {"gr", testing::Rows(gr, 2 * r, 2)}});
     });
   for (std::thread& t : ranks) t.join();
   for (int r = 0; r < 2; ++r) {
@@ -351,6 +355,42 @@ TEST(Propagation, DataParallelConvolutionalClassifierNeedsNoCollective) {
     for (int64_t k = 0; k < sum.numel(); ++k) sum.data<float>()[k] += (*got[1])[i].data<float>()[k];
     EXPECT_EQ(testing::CompareTensors(sum, (*want)[i], 1e-6, 1e-5), "") << outs[i]->name();
   }
+}
+
+// GridSample with X's channels sharded: Y keeps them sharded, X's gradient too, and the grid's
+// gradient (a sum over the channels) is Partial; output points sharded through the grid shard Y
+// along them and leave X's gradient Partial.
+TEST(Propagation, GridSampleShardsChannelsAndOutputPoints) {
+  auto g = graph::ParseGraph(R"(
+    opset 20
+    input x: float32[2,4,3,3]
+    input gr: float32[2,6,2,2]
+    y = GridSample(x, gr)
+    y2 = Mul(y, y)
+    loss = ReduceSum(y2) {keepdims = 0}
+    output loss
+  )");
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(graph::InferShapes(**g).ok());
+  graph::Graph& graph = **g;
+  auto grads = trainer::BuildBackward(graph, graph.FindValue("loss"), {graph.FindValue("x"), graph.FindValue("gr")});
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  auto mesh = *Mesh::Parse("tp=2");
+  Sharding channels = Sharding::Replicated(4), points = Sharding::Replicated(4);
+  channels.dims[1] = {"tp"};
+  points.dims[1] = {"tp"};
+  auto p = Propagate(graph, mesh, {{"x", channels}});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->sharding.at(graph.FindValue("y")).ToString(), "[-,tp,-,-]");
+  EXPECT_EQ(p->sharding.at(grads->at("x")).ToString(), "[-,tp,-,-]");
+  EXPECT_EQ(p->sharding.at(grads->at("gr")).partial, std::set<std::string>{"tp"})
+      << p->sharding.at(grads->at("gr")).ToString();
+  p = Propagate(graph, mesh, {{"gr", points}});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->sharding.at(graph.FindValue("y")).ToString(), "[-,-,tp,-]");
+  EXPECT_EQ(p->sharding.at(grads->at("gr")).ToString(), "[-,tp,-,-]");
+  EXPECT_EQ(p->sharding.at(grads->at("x")).partial, std::set<std::string>{"tp"})
+      << p->sharding.at(grads->at("x")).ToString();
 }
 
 TEST(Propagation, BadSeedsAndOpsWithoutRulesAreListed) {
