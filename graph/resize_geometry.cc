@@ -12,17 +12,16 @@ namespace cleave::graph {
 absl::StatusOr<ResizeAttrs> ResizeAttrsOf(const Node& n) {
   ResizeAttrs a;
   const std::string mode = n.AttrString("mode", "nearest");
-  if (mode == "cubic") return Unimplemented(n.Describe(), ": cubic Resize is not implemented (nearest and linear are)");
-  if (mode != "nearest" && mode != "linear")
+  if (mode != "nearest" && mode != "linear" && mode != "cubic")
     return InvalidArgument(n.Describe(), ": expected mode nearest, linear or cubic, got '", mode, "'");
-  a.linear = mode == "linear";
-  if (n.AttrInt("antialias", 0) != 0)
-    return Unimplemented(n.Describe(), ": Resize with antialias is not implemented");
+  a.mode = mode == "linear" ? ResizeMode::kLinear : mode == "cubic" ? ResizeMode::kCubic : ResizeMode::kNearest;
+  a.cubic_coeff_a = n.AttrFloat("cubic_coeff_a", -0.75f);
+  a.exclude_outside = n.AttrInt("exclude_outside", 0) != 0;
+  a.antialias = n.AttrInt("antialias", 0) != 0;
   a.coordinates = n.AttrString("coordinate_transformation_mode", "half_pixel");
-  if (a.coordinates == "half_pixel_symmetric")
-    return Unimplemented(n.Describe(), ": coordinate_transformation_mode half_pixel_symmetric is not implemented");
   const std::vector<std::string> known = {"half_pixel",         "pytorch_half_pixel", "align_corners",
-                                          "asymmetric",         "tf_crop_and_resize", "tf_half_pixel_for_nn"};
+                                          "asymmetric",         "tf_crop_and_resize", "tf_half_pixel_for_nn",
+                                          "half_pixel_symmetric"};
   if (std::find(known.begin(), known.end(), a.coordinates) == known.end())
     return InvalidArgument(n.Describe(), ": unknown coordinate_transformation_mode '", a.coordinates, "'");
   a.nearest_mode = n.AttrString("nearest_mode", "round_prefer_floor");
@@ -111,11 +110,15 @@ double Source(const ResizeAttrs& a, const ResizeDim& d, int64_t o) {
   const std::string& m = a.coordinates;
   if (m == "asymmetric") return x / d.scale;
   if (m == "align_corners") return len == 1.0 ? 0.0 : x * (in - 1) / (len - 1);
-  if (m == "pytorch_half_pixel") return len > 1.0 ? (x + 0.5) / d.scale - 0.5 : 0.0;
+  if (m == "pytorch_half_pixel") return len > 1.0 ? (x + 0.5) / d.scale - 0.5 : -0.5;
   if (m == "tf_half_pixel_for_nn") return (x + 0.5) / d.scale;  // Resize-11 only
   if (m == "tf_crop_and_resize")
     return len > 1.0 ? d.roi_start * (in - 1) + x * (d.roi_end - d.roi_start) * (in - 1) / (len - 1)
                      : 0.5 * (d.roi_start + d.roi_end) * (in - 1);
+  if (m == "half_pixel_symmetric") {  // centred: the output's rounding split between both ends
+    const double adjustment = len > 0 ? static_cast<double>(d.out) / len : 1.0;
+    return in / 2 * (1 - adjustment) + (x + 0.5) / d.scale - 0.5;
+  }
   return (x + 0.5) / d.scale - 0.5;  // half_pixel
 }
 
@@ -127,42 +130,70 @@ int64_t Nearest(const std::string& mode, double x) {
   return static_cast<int64_t>(std::round(x));
 }
 
+// Keys' cubic kernel with coefficient A at |s|.
+double Cubic(double s, double A) {
+  s = std::fabs(s);
+  if (s <= 1) return ((A + 2) * s - (A + 3)) * s * s + 1;
+  if (s < 2) return ((A * s - 5 * A) * s + 8 * A) * s - 4 * A;
+  return 0;
+}
+
 }  // namespace
 
-std::vector<ResizeTap> ResizeTaps(const ResizeAttrs& a, const ResizeDim& d) {
-  std::vector<ResizeTap> taps(static_cast<size_t>(d.out));
+ResizeTaps ResizeTapsOf(const ResizeAttrs& a, const ResizeDim& d) {
+  ResizeTaps t;
+  t.offsets.reserve(static_cast<size_t>(d.out) + 1);
+  t.offsets.push_back(0);
   const bool crop = a.coordinates == "tf_crop_and_resize";
   const int64_t last = std::max<int64_t>(d.in - 1, 0);
+  // The filter's stretch: 1, or the downsampling scale with antialias.
+  const double s = a.antialias ? std::min(d.scale, 1.0) : 1.0;
+  std::vector<double> w;
   for (int64_t o = 0; o < d.out; ++o) {
-    ResizeTap& t = taps[static_cast<size_t>(o)];
     const double x = Source(a, d, o);
     if (crop && (x < 0 || x > static_cast<double>(last))) {
-      t.outside = true;
-      continue;
+      t.index.push_back(-1);
+      t.weight.push_back(0.f);
+    } else if (a.mode == ResizeMode::kNearest) {
+      t.index.push_back(std::clamp<int64_t>(Nearest(a.nearest_mode, x), 0, last));
+      t.weight.push_back(1.f);
+    } else {
+      // Taps base + i for i in [start, start + n), ratio = x - base in (0, 1] (an integer x takes
+      // base x - 1, as ONNX's reference picks its neighbours).
+      const double fl = std::floor(x);
+      const double base = x == fl ? fl - 1 : fl, ratio = x - base;
+      const double reach = a.mode == ResizeMode::kLinear ? 1.0 : 2.0;
+      const int64_t start = static_cast<int64_t>(std::floor(-reach / s)) + 1, n = 2 - 2 * start;
+      w.assign(static_cast<size_t>(n), 0.0);
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double u = (static_cast<double>(start + i) - ratio) * s;
+        const double v = a.mode == ResizeMode::kLinear ? std::max(0.0, 1 - std::fabs(u)) : Cubic(u, a.cubic_coeff_a);
+        const int64_t at = static_cast<int64_t>(base) + start + i;
+        w[static_cast<size_t>(i)] = a.exclude_outside && (at < 0 || at > last) ? 0.0 : v;
+        sum += w[static_cast<size_t>(i)];
+      }
+      // Antialias and exclude_outside normalise the weights; plain linear and cubic sum to 1.
+      const double norm = (a.antialias || a.exclude_outside) && sum != 0 ? sum : 1.0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (w[static_cast<size_t>(i)] == 0) continue;
+        t.index.push_back(std::clamp<int64_t>(static_cast<int64_t>(base) + start + i, 0, last));
+        t.weight.push_back(static_cast<float>(w[static_cast<size_t>(i)] / norm));
+      }
     }
-    if (!a.linear) {
-      t.i0 = t.i1 = std::clamp<int64_t>(Nearest(a.nearest_mode, x), 0, last);
-      continue;
-    }
-    const double c = std::clamp(x, 0.0, static_cast<double>(last));
-    t.i0 = static_cast<int64_t>(std::floor(c));
-    t.i1 = std::min(t.i0 + 1, last);
-    t.w1 = static_cast<float>(c - static_cast<double>(t.i0));
-    t.w0 = 1.f - t.w1;
-    if (t.i1 == t.i0) {
-      t.w0 = 1.f;
-      t.w1 = 0.f;
-    }
+    t.offsets.push_back(static_cast<int64_t>(t.index.size()));
   }
-  return taps;
+  return t;
 }
 
 bool ResizeIsIdentity(const ResizeAttrs& a, const ResizeDim& d) {
   if (d.in != d.out) return false;
-  const std::vector<ResizeTap> taps = ResizeTaps(a, d);
+  const ResizeTaps t = ResizeTapsOf(a, d);
   for (int64_t o = 0; o < d.out; ++o) {
-    const ResizeTap& t = taps[static_cast<size_t>(o)];
-    if (t.outside || t.i0 != o || t.w1 != 0.f) return false;
+    const int64_t e = t.offsets[static_cast<size_t>(o)];
+    if (t.offsets[static_cast<size_t>(o) + 1] != e + 1 || t.index[static_cast<size_t>(e)] != o ||
+        t.weight[static_cast<size_t>(e)] != 1.f)
+      return false;
   }
   return true;
 }
@@ -178,7 +209,7 @@ std::vector<ResizePass> ResizePasses(const ResizeAttrs& a, const std::vector<Res
     for (size_t i = d + 1; i < cur.size(); ++i) p.inner *= cur[i];
     p.in = dims[d].in;
     p.out = dims[d].out;
-    p.taps = ResizeTaps(a, dims[d]);
+    p.taps = ResizeTapsOf(a, dims[d]);
     cur[d] = dims[d].out;
     passes.push_back(std::move(p));
   }
@@ -187,12 +218,10 @@ std::vector<ResizePass> ResizePasses(const ResizeAttrs& a, const std::vector<Res
 
 ResizeReaders ResizeReadersOf(const ResizePass& p) {
   std::vector<std::vector<std::pair<int64_t, float>>> by_input(static_cast<size_t>(p.in));
-  for (int64_t o = 0; o < p.out; ++o) {
-    const ResizeTap& t = p.taps[static_cast<size_t>(o)];
-    if (t.outside) continue;
-    by_input[static_cast<size_t>(t.i0)].emplace_back(o, t.w0);
-    if (t.w1 != 0.f) by_input[static_cast<size_t>(t.i1)].emplace_back(o, t.w1);
-  }
+  for (int64_t o = 0; o < p.out; ++o)
+    for (int64_t e = p.taps.offsets[static_cast<size_t>(o)]; e < p.taps.offsets[static_cast<size_t>(o) + 1]; ++e)
+      if (const int64_t i = p.taps.index[static_cast<size_t>(e)]; i >= 0)
+        by_input[static_cast<size_t>(i)].emplace_back(o, p.taps.weight[static_cast<size_t>(e)]);
   ResizeReaders r;
   r.offsets.push_back(0);
   for (const auto& list : by_input) {

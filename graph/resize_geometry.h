@@ -14,18 +14,22 @@
 
 namespace cleave::graph {
 
+enum class ResizeMode { kNearest, kLinear, kCubic };
+
 struct ResizeAttrs {
-  bool linear = false;                           // mode: nearest (false) or linear
+  ResizeMode mode = ResizeMode::kNearest;
   std::string coordinates = "half_pixel";        // coordinate_transformation_mode
   std::string nearest_mode = "round_prefer_floor";
   float extrapolation_value = 0.f;               // tf_crop_and_resize's outside value
   std::vector<int64_t> axes;                     // version 18: the dims scales / sizes name
   std::string keep_aspect_ratio_policy = "stretch";
+  float cubic_coeff_a = -0.75f;                  // Keys' a
+  bool exclude_outside = false;                  // taps outside the input dropped, the rest renormalised
+  bool antialias = false;                        // downsampling stretches the filter by 1 / scale
 };
 
-// The attributes of a Resize (version 11 onwards) or ai.cleave.ResizeGrad node; Unimplemented
-// naming the node for cubic mode, antialias, half_pixel_symmetric, and InvalidArgument for a
-// value ONNX does not define.
+// The attributes of a Resize (version 11 onwards) or ai.cleave.ResizeGrad node; InvalidArgument
+// naming the node for a value ONNX does not define.
 absl::StatusOr<ResizeAttrs> ResizeAttrsOf(const Node& n);
 
 // One dim: its input and output sizes, the scale its coordinates use, the resized length they
@@ -46,25 +50,29 @@ absl::StatusOr<std::vector<ResizeDim>> PlanResize(std::span<const int64_t> in, c
                                                   std::span<const float> roi, std::span<const float> scales,
                                                   std::span<const int64_t> sizes);
 
-// Along one dim, each output coordinate's source: the input indices i0 and i1 it blends with
-// weights w0 and w1 (nearest: i1 == i0, w1 == 0), or none (an extrapolated coordinate of
-// tf_crop_and_resize, which takes extrapolation_value). Linear sampling clamps the source
-// coordinate into [0, in - 1]; nearest clamps the index it rounds to.
-struct ResizeTap {
-  int64_t i0 = 0, i1 = 0;
-  float w0 = 1.f, w1 = 0.f;
-  bool outside = false;
+// Along one dim, each output coordinate's taps, as ONNX's reference samples: output o blends the
+// input indices index[e] with weights weight[e], e in [offsets[o], offsets[o + 1]). An
+// extrapolated coordinate of tf_crop_and_resize has one entry of index -1: it takes
+// extrapolation_value. Nearest reads one index (clamped into the input); linear the two around
+// the source coordinate, cubic the four (Keys' kernel with cubic_coeff_a); with antialias a
+// downsampling filter is stretched by 1 / scale over as many taps as it covers, its weights
+// normalised to sum 1. An index outside the input reads its edge, or with exclude_outside is
+// dropped and the other weights renormalised. Taps of weight 0 are left out.
+struct ResizeTaps {
+  std::vector<int64_t> offsets;  // [out + 1]
+  std::vector<int64_t> index;    // [entries]
+  std::vector<float> weight;     // [entries]
 };
-std::vector<ResizeTap> ResizeTaps(const ResizeAttrs& a, const ResizeDim& d);
+ResizeTaps ResizeTapsOf(const ResizeAttrs& a, const ResizeDim& d);
 
 // Whether the dim maps every output coordinate to the same input coordinate (no resampling).
 bool ResizeIsIdentity(const ResizeAttrs& a, const ResizeDim& d);
 
-// Both modes are separable: a Resize is a resampling along each dim that is not the identity,
+// Every mode is separable: a Resize is a resampling along each dim that is not the identity,
 // in dim order, each viewing the tensor as [outer, in, inner] -> [outer, out, inner].
 struct ResizePass {
   int64_t outer = 1, in = 1, out = 1, inner = 1;
-  std::vector<ResizeTap> taps;  // [out]
+  ResizeTaps taps;
 };
 std::vector<ResizePass> ResizePasses(const ResizeAttrs& a, const std::vector<ResizeDim>& dims);
 

@@ -269,12 +269,20 @@ TEST(ResizeTest, BadInputsFailNamingWhatDisagrees) {
       .ExpectFailure("expected 4 scales, got 2")
       .Run();
   OpTester("Resize", 13)
-      .Attr("mode", std::string("cubic"))
+      .Attr("mode", std::string("bicubic"))
       .Input<float>("x", {1, 1, 2, 2}, {1, 2, 3, 4})
       .OmittedInput()
       .Input<float>("scales", {4}, {1, 1, 2, 2})
       .UncheckedOutput("y")
-      .ExpectFailure("cubic Resize is not implemented")
+      .ExpectFailure("expected mode nearest, linear or cubic, got 'bicubic'")
+      .Run();
+  OpTester("Resize", 19)
+      .Attr("coordinate_transformation_mode", std::string("half_pixel_symetric"))
+      .Input<float>("x", {1, 1, 2, 2}, {1, 2, 3, 4})
+      .OmittedInput()
+      .Input<float>("scales", {4}, {1, 1, 2, 2})
+      .UncheckedOutput("y")
+      .ExpectFailure("unknown coordinate_transformation_mode 'half_pixel_symetric'")
       .Run();
 }
 

@@ -381,9 +381,10 @@ TEST(CudaProvider, InstanceNormalizationAndItsGradient) {
     }
 }
 
-// Resize and its gradient against the CPU's: nearest and linear, upsampling and downsampling,
-// several coordinate modes, sizes and axes, a roi with extrapolated positions; each resized dim
-// one pass (two or three passes here), the gradient their adjoints.
+// Resize and its gradient against the CPU's: nearest, linear and cubic, upsampling and
+// downsampling (with antialias), several coordinate modes, sizes and axes, a roi with
+// extrapolated positions; each resized dim one pass (two or three passes here), the gradient
+// their adjoints.
 TEST(CudaProvider, ResizeAndItsGradient) {
   REQUIRE_CUDA();
   struct Case {
@@ -397,6 +398,9 @@ TEST(CudaProvider, ResizeAndItsGradient) {
       {{2, 2, 3, 3}, "init z: int64[4] = 2 2 7 5\n|_, _, z", "mode = \"nearest\", nearest_mode = \"round_prefer_ceil\", coordinate_transformation_mode = \"asymmetric\""},
       {{2, 3, 4, 5}, "init s: float32[2] = 3 0.6\n|_, s", "axes = [1, 3], mode = \"linear\", coordinate_transformation_mode = \"pytorch_half_pixel\""},
       {{1, 1, 4, 4}, "init r: float32[8] = 0 0 0.4 0.6 1 1 1.2 1.7\ninit s: float32[4] = 1 1 1.5 1.25\n|r, s", "mode = \"linear\", coordinate_transformation_mode = \"tf_crop_and_resize\", extrapolation_value = 10"},
+      {{2, 2, 5, 4}, "init s: float32[4] = 1 1 1.6 2\n|_, s", "mode = \"cubic\""},
+      {{1, 2, 9, 8}, "init z: int64[4] = 1 2 4 3\n|_, _, z", "mode = \"cubic\", antialias = 1, exclude_outside = 1"},
+      {{1, 1, 7, 6}, "init s: float32[4] = 1 1 0.5 0.7\n|_, s", "mode = \"linear\", antialias = 1, coordinate_transformation_mode = \"half_pixel_symmetric\""},
   };
   unsigned seed = 900;
   for (const Case& c : cases) {

@@ -302,16 +302,12 @@ int GridSampleGrad(Dt dt, const GridSampleLayout& l, const void* dy, const void*
                    void* dgrid, void* stream);
 
 // Resize's resampling along one dim (graph/resize_geometry.h ResizePass): y [outer, out, inner]
-// from x [outer, in, inner], output index o blending x's rows taps[o].i0 and .i1 with weights
-// .w0 and .w1 in float32 (or extrapolation where .outside). The adjoint gathers: dx's row i the
-// sum of dy's rows outputs[offsets[i] .. offsets[i + 1]) times their weights, in that order.
-struct ResampleTap {
-  int64_t i0 = 0, i1 = 0;
-  float w0 = 1.f, w1 = 0.f;
-  int32_t outside = 0;
-};
-int Resample(Dt dt, const ResampleTap* taps, const void* x, void* y, int64_t outer, int64_t in, int64_t out,
-             int64_t inner, float extrapolation, void* stream);
+// from x [outer, in, inner], output index o the sum of x's rows index[e] times weight[e] over e in
+// [offsets[o], offsets[o + 1]) in float32 (extrapolation where its one index is -1). The adjoint
+// gathers: dx's row i the sum of dy's rows outputs[offsets[i] .. offsets[i + 1]) times their
+// weights, in that order.
+int Resample(Dt dt, const int64_t* offsets, const int64_t* index, const float* weight, const void* x, void* y,
+             int64_t outer, int64_t in, int64_t out, int64_t inner, float extrapolation, void* stream);
 int ResampleGrad(Dt dt, const int64_t* offsets, const int64_t* outputs, const float* weights, const void* dy, void* dx,
                  int64_t outer, int64_t in, int64_t out, int64_t inner, void* stream);
 

@@ -120,18 +120,19 @@ int MaxPoolGrad(Dt dt, const PoolLayout& l, int64_t planes, const void* dy, cons
 namespace {
 
 template <typename T>
-__global__ void ResampleKernel(const ResampleTap* taps, const T* x, T* y, int64_t in, int64_t out, int64_t inner,
-                               float extrapolation, int64_t total) {
+__global__ void ResampleKernel(const int64_t* offsets, const int64_t* index, const float* weight, const T* x, T* y,
+                               int64_t in, int64_t out, int64_t inner, float extrapolation, int64_t total) {
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t k = e % inner, o = e / inner % out, b = e / (inner * out);
-    const ResampleTap t = taps[o];
-    if (t.outside) {
+    const int64_t t0 = offsets[o], t1 = offsets[o + 1];
+    if (index[t0] < 0) {
       y[e] = FromFloat<T>(extrapolation);
       continue;
     }
-    const float a = ToFloat(x[(b * in + t.i0) * inner + k]);
-    y[e] = FromFloat<T>(t.w1 == 0.f ? a : a * t.w0 + ToFloat(x[(b * in + t.i1) * inner + k]) * t.w1);
+    float acc = ToFloat(x[(b * in + index[t0]) * inner + k]) * weight[t0];
+    for (int64_t t = t0 + 1; t < t1; ++t) acc += ToFloat(x[(b * in + index[t]) * inner + k]) * weight[t];
+    y[e] = FromFloat<T>(acc);
   }
 }
 
@@ -149,14 +150,14 @@ __global__ void ResampleGradKernel(const int64_t* offsets, const int64_t* output
 
 }  // namespace
 
-int Resample(Dt dt, const ResampleTap* taps, const void* x, void* y, int64_t outer, int64_t in, int64_t out,
-             int64_t inner, float extrapolation, void* stream) {
+int Resample(Dt dt, const int64_t* offsets, const int64_t* index, const float* weight, const void* x, void* y,
+             int64_t outer, int64_t in, int64_t out, int64_t inner, float extrapolation, void* stream) {
   const int64_t total = outer * out * inner;
   if (total == 0) return 0;
   DISPATCH_DT(dt, T, {
-    ResampleKernel<T><<<Blocks(total), kThreads, 0, Stream(stream)>>>(taps, static_cast<const T*>(x),
-                                                                      static_cast<T*>(y), in, out, inner,
-                                                                      extrapolation, total);
+    ResampleKernel<T><<<Blocks(total), kThreads, 0, Stream(stream)>>>(offsets, index, weight,
+                                                                      static_cast<const T*>(x), static_cast<T*>(y),
+                                                                      in, out, inner, extrapolation, total);
   });
   return static_cast<int>(cudaGetLastError());
 }

@@ -1,5 +1,5 @@
-// CPU kernels for Resize (nearest and linear) and its gradient ai.cleave.ResizeGrad
-// (providers/cpu/). Both modes are separable: Y is X resampled along one resized dim after
+// CPU kernels for Resize (nearest, linear and cubic) and its gradient ai.cleave.ResizeGrad
+// (providers/cpu/). Every mode is separable: Y is X resampled along one resized dim after
 // another (graph/resize_geometry.h gives each dim's taps), the dims that map every coordinate to
 // itself skipped. The gradient runs the passes' adjoints in reverse order, each input row
 // gathering the output rows that read it in a fixed order (no atomics, the same bits for any
@@ -22,7 +22,6 @@ namespace {
 
 using graph::ResizeAttrs;
 using graph::ResizeDim;
-using graph::ResizeTap;
 
 using Pass = graph::ResizePass;
 
@@ -30,20 +29,25 @@ int64_t Elements(const Pass& p, bool output) { return p.outer * (output ? p.out 
 
 template <typename T>
 void Forward(const Pass& p, const T* x, T* y, float extrapolation, ThreadPool* pool) {
+  const graph::ResizeTaps& t = p.taps;
   ParallelFor(pool, p.outer * p.out, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.inner, 1)),
               [&](int64_t r0, int64_t r1) {
                 for (int64_t r = r0; r < r1; ++r) {
                   const int64_t b = r / p.out, o = r % p.out;
-                  const ResizeTap& t = p.taps[static_cast<size_t>(o)];
+                  const int64_t e0 = t.offsets[static_cast<size_t>(o)], e1 = t.offsets[static_cast<size_t>(o) + 1];
                   T* out = y + r * p.inner;
-                  if (t.outside) {
+                  if (t.index[static_cast<size_t>(e0)] < 0) {
                     std::fill(out, out + p.inner, static_cast<T>(extrapolation));
                     continue;
                   }
-                  const T* a = x + (b * p.in + t.i0) * p.inner;
-                  const T* c = x + (b * p.in + t.i1) * p.inner;
-                  for (int64_t k = 0; k < p.inner; ++k)
-                    out[k] = t.w1 == 0.f ? a[k] : static_cast<T>(a[k] * T(t.w0) + c[k] * T(t.w1));
+                  const T* first = x + (b * p.in + t.index[static_cast<size_t>(e0)]) * p.inner;
+                  const T w0 = T(t.weight[static_cast<size_t>(e0)]);
+                  for (int64_t k = 0; k < p.inner; ++k) out[k] = w0 == T(1) ? first[k] : first[k] * w0;
+                  for (int64_t e = e0 + 1; e < e1; ++e) {
+                    const T* row = x + (b * p.in + t.index[static_cast<size_t>(e)]) * p.inner;
+                    const T w = T(t.weight[static_cast<size_t>(e)]);
+                    for (int64_t k = 0; k < p.inner; ++k) out[k] += row[k] * w;
+                  }
                 }
               });
 }

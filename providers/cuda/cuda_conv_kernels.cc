@@ -538,12 +538,11 @@ class ResizeKernel : public CudaKernel {
         RETURN_IF_ERROR(Check(kc::ResampleGrad(DtOf(src.dtype), offsets, outputs, weights, cur, next, p.outer, p.in,
                                                p.out, p.inner, s)));
       } else {
-        std::vector<kc::ResampleTap> taps(p.taps.size());
-        for (size_t o = 0; o < taps.size(); ++o)
-          taps[o] = {p.taps[o].i0, p.taps[o].i1, p.taps[o].w0, p.taps[o].w1, p.taps[o].outside ? 1 : 0};
-        ASSIGN_OR_RETURN(const kc::ResampleTap* table, Upload(ctx, taps));
-        RETURN_IF_ERROR(Check(kc::Resample(DtOf(src.dtype), table, cur, next, p.outer, p.in, p.out, p.inner,
-                                           a_.extrapolation_value, s)));
+        ASSIGN_OR_RETURN(const int64_t* offsets, Upload(ctx, p.taps.offsets));
+        ASSIGN_OR_RETURN(const int64_t* index, Upload(ctx, p.taps.index));
+        ASSIGN_OR_RETURN(const float* weight, Upload(ctx, p.taps.weight));
+        RETURN_IF_ERROR(Check(kc::Resample(DtOf(src.dtype), offsets, index, weight, cur, next, p.outer, p.in, p.out,
+                                           p.inner, a_.extrapolation_value, s)));
       }
       cur = next;
     }
