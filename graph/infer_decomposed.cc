@@ -479,4 +479,62 @@ absl::Status InferMaxUnpool(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// Col2Im (input [N, C * prod(block), L], image_shape [r], block_shape [r]) -> [N, C, image...]:
+// where image_shape and block_shape are constants, C and the check that L counts the blocks'
+// positions; else of rank r + 2.
+absl::Status InferCol2Im(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kInt64}));
+  RETURN_IF_ERROR(ExpectDtype(ctx, 2, {DataType::kInt64}));
+  const Node& n = ctx.node();
+  const Shape& x = ctx.input_shape(0);
+  if (x.has_rank() && x.rank() != 3) return ctx.Error("input is ", x.ToString(), "; expected [N, C * prod(block_shape), L]");
+  const Shape& is = ctx.input_shape(1);
+  const Shape& bs = ctx.input_shape(2);
+  int r = -1;
+  for (const Shape* s : {&is, &bs}) {
+    if (!s->has_rank()) continue;
+    if (s->rank() != 1) return ctx.Error("image_shape and block_shape must be 1-D, got ", s->ToString());
+    if ((*s)[0].is_static()) {
+      if (r >= 0 && (*s)[0].value != r)
+        return ctx.Error("image_shape is ", is.ToString(), " and block_shape ", bs.ToString(), "; expected one length");
+      r = static_cast<int>((*s)[0].value);
+    }
+  }
+  if (r < 1) {
+    ctx.SetOutput(0, ctx.input_dtype(0), Shape());
+    return absl::OkStatus();
+  }
+  std::vector<int64_t> dilations = n.AttrInts("dilations"), strides = n.AttrInts("strides"), pads = n.AttrInts("pads");
+  if (dilations.empty()) dilations.assign(static_cast<size_t>(r), 1);
+  if (strides.empty()) strides.assign(static_cast<size_t>(r), 1);
+  if (pads.empty()) pads.assign(2 * static_cast<size_t>(r), 0);
+  if (dilations.size() != static_cast<size_t>(r) || strides.size() != static_cast<size_t>(r) ||
+      pads.size() != 2 * static_cast<size_t>(r))
+    return ctx.Error("expected ", r, " dilations and strides and ", 2 * r, " pads (", r, " spatial dims)");
+  std::vector<Dim> out(static_cast<size_t>(r) + 2);
+  if (x.has_rank()) out[0] = x[0];
+  const std::optional<std::vector<int64_t>> image = ConstantInts(ctx, 1), block = ConstantInts(ctx, 2);
+  if (image && block) {
+    int64_t k = 1, l = 1;
+    for (int d = 0; d < r; ++d) {
+      const int64_t span = (*image)[d] + pads[d] + pads[r + d] - dilations[d] * ((*block)[d] - 1) - 1;
+      if ((*image)[d] < 1 || (*block)[d] < 1 || strides[d] < 1 || dilations[d] < 1 || span < 0)
+        return ctx.Error("image dim ", d, " of ", (*image)[d], " holds no block of ", (*block)[d], " (dilation ",
+                         dilations[d], ", pads ", pads[d], " and ", pads[r + d], ", stride ", strides[d], ")");
+      k *= (*block)[d];
+      l *= span / strides[d] + 1;
+      out[static_cast<size_t>(d) + 2] = Dim((*image)[d]);
+    }
+    if (x.has_rank() && x[1].is_static()) {
+      if (x[1].value % k != 0)
+        return ctx.Error("input is ", x.ToString(), "; expected dim 1 a multiple of the block's ", k, " elements");
+      out[1] = Dim(x[1].value / k);
+    }
+    if (x.has_rank() && x[2].is_static() && x[2].value != l)
+      return ctx.Error("input is ", x.ToString(), "; expected ", l, " block positions in dim 2");
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
 }  // namespace cleave::graph

@@ -96,6 +96,7 @@ absl::Status InferWindow(InferContext& ctx);           // [size] in output_datat
 absl::Status InferCenterCropPad(InferContext& ctx);    // X with the target dims along the axes
 absl::Status InferReverseSequence(InferContext& ctx);  // X's
 absl::Status InferMaxUnpool(InferContext& ctx);        // output_shape, or the pool's input size
+absl::Status InferCol2Im(InferContext& ctx);           // [N, C, image_shape...]
 absl::Status InferAffineGrid(InferContext& ctx);       // [N, spatial..., axes] of size's values (infer_sampling.cc)
 absl::Status InferRecurrent(InferContext& ctx);           // RNN, GRU, LSTM: Y, Y_h (and Y_c) of X, W, R
 

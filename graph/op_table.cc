@@ -160,6 +160,7 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "GridSample", {16, 20, 22}, 16, 2, 2, 1, 1, InferGridSample, true},
       {C, "GridSampleGrad", {1}, 1, 3, 3, 1, 2, InferGridSampleGrad, false},
       {kOnnx, "AffineGrid", {20}, 20, 2, 2, 1, 1, InferAffineGrid, true, true},
+      {kOnnx, "Col2Im", {18}, 18, 3, 3, 1, 1, InferCol2Im, true, true},
       {kOnnx, "NegativeLogLikelihoodLoss", {12, 13, 22}, 12, 2, 3, 1, 1, InferSoftmaxCrossEntropyLoss, true},
       {C, "NegativeLogLikelihoodLossGrad", {1}, 1, 3, 4, 1, 1, InferSoftmaxCrossEntropyLossGrad, false},
       {kOnnx, "SoftmaxCrossEntropyLoss", {12, 13}, 12, 2, 3, 1, 2, InferSoftmaxCrossEntropyLoss,

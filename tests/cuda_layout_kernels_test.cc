@@ -413,6 +413,24 @@ TEST(CudaProvider, DecomposedOpsAndTheirGradients) {
               {"c0", Random({2, 3, 6}, 64)}, {"p", Random({2, 18}, 65)}, {"gw", Random({1, 18, 5}, 66)},
               {"gr", Random({1, 18, 6}, 67)}, {"gb", Random({1, 36}, 68)}},
              1e-4, 1e-4, "*", "", WithGradients);
+  // Col2Im (strided, dilated, padded; its block positions from image_shape and block_shape at
+  // run time) and AffineGrid feeding GridSample: a spatial transformer.
+  ExpectSame(R"(
+    opset 20
+    input cols: float32[2,12,12]
+    input theta: float32[2,2,3]
+    input img: float32[2,3,5,4]
+    init image: int64[2] = 5 7
+    init blk: int64[2] = 2 3
+    init size: int64[4] = 2 3 4 6
+    f = Col2Im(cols, image, blk) {strides = [2, 1], dilations = [1, 2], pads = [1, 0, 0, 1]}
+    gr = AffineGrid(theta, size)
+    s = GridSample(img, gr) {padding_mode = "border"}
+    output f
+    output s
+  )",
+             {{"cols", Random({2, 12, 12}, 71)}, {"theta", Random({2, 2, 3}, 72)}, {"img", Random({2, 3, 5, 4}, 73)}},
+             1e-5, 1e-5, "*", "", WithGradients);
 }
 
 }  // namespace

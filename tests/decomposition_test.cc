@@ -1,6 +1,6 @@
 // The decomposed ops (tests/): Einsum, GroupNormalization, DepthToSpace, SpaceToDepth, OneHot,
-// Hardmax, EyeLike, LRN, LpPool, GlobalLpPool, MeanVarianceNormalization, LpNormalization and
-// the quantization ops run through sessions, which rewrite them (graph/passes/decomposition.cc),
+// Hardmax, EyeLike, LRN, LpPool, GlobalLpPool, MeanVarianceNormalization, LpNormalization, Col2Im
+// and the quantization ops run through sessions, which rewrite them (graph/passes/decomposition.cc),
 // against references computed here by their definitions: einsum as a sum over every assignment
 // of the labels, group norm over each group's elements, the block moves by the ONNX index
 // formulas, LRN's sum over its channel window, each Lp pool window's norm (the ONNX backend
@@ -607,6 +607,68 @@ TEST(LayoutOpsTest, WindowsOfAConstantSizeInFloat64) {
 }
 
 // Ties round to even, the zero point shifts, and the type's range saturates.
+// Col2Im against its definition: each column element (c, kernel offset k, block position l)
+// added at l * stride + k * dilation - pad_begin where that falls inside the image; 1-D to 3-D,
+// with strides, dilations and pads together, and a column count that disagrees refused.
+TEST(LayoutOpsTest, Col2ImAddsEachColumnAtItsBlockPosition) {
+  struct Case {
+    std::vector<int64_t> image, block, strides, dilations, pads;
+    int64_t n, c;
+  };
+  const Case cases[] = {{{9}, {3}, {2}, {2}, {1, 2}, 2, 3},
+                        {{5, 6}, {2, 3}, {1, 2}, {2, 1}, {0, 1, 2, 0}, 1, 2},
+                        {{3, 4, 3}, {2, 2, 2}, {1, 1, 2}, {1, 2, 1}, {1, 0, 0, 0, 1, 1}, 2, 1}};
+  for (const Case& t : cases) {
+    const size_t r = t.image.size();
+    std::vector<int64_t> positions;
+    int64_t k = 1, l = 1;
+    for (size_t d = 0; d < r; ++d) {
+      positions.push_back((t.image[d] + t.pads[d] + t.pads[r + d] - t.dilations[d] * (t.block[d] - 1) - 1) /
+                              t.strides[d] + 1);
+      k *= t.block[d];
+      l *= positions.back();
+    }
+    const std::vector<float> cols = Random(t.n * t.c * k * l, 17);
+    std::vector<int64_t> ydims = {t.n, t.c};
+    ydims.insert(ydims.end(), t.image.begin(), t.image.end());
+    std::vector<float> want(static_cast<size_t>(Numel(ydims)), 0.f);
+    for (int64_t b = 0; b < t.n * t.c; ++b) {
+      for (int64_t kk = 0; kk < k; ++kk) {
+        for (int64_t ll = 0; ll < l; ++ll) {
+          int64_t at = 0, krest = kk, lrest = ll;
+          bool inside = true;
+          std::vector<int64_t> coord(r);
+          for (size_t d = r; d-- > 0;) {
+            coord[d] = (lrest % positions[d]) * t.strides[d] + (krest % t.block[d]) * t.dilations[d] - t.pads[d];
+            lrest /= positions[d];
+            krest /= t.block[d];
+            inside = inside && coord[d] >= 0 && coord[d] < t.image[d];
+          }
+          if (!inside) continue;
+          for (size_t d = 0; d < r; ++d) at = at * t.image[d] + coord[d];
+          want[static_cast<size_t>(b * Numel(t.image) + at)] += cols[static_cast<size_t>((b * k + kk) * l + ll)];
+        }
+      }
+    }
+    SCOPED_TRACE(::testing::PrintToString(t.image));
+    OpTester("Col2Im", 18)
+        .Attr("strides", t.strides)
+        .Attr("dilations", t.dilations)
+        .Attr("pads", t.pads)
+        .Input<float>("input", {t.n, t.c * k, l}, cols)
+        .Input<int64_t>("image_shape", {static_cast<int64_t>(r)}, t.image)
+        .Input<int64_t>("block_shape", {static_cast<int64_t>(r)}, t.block)
+        .Output<float>("output", ydims, want)
+        .Run();
+  }
+  auto g = graph::ParseGraph(
+      "opset 18\ninput x: float32[1,4,5]\ninit i: int64[2] = 4 4\ninit b: int64[2] = 2 2\ny = Col2Im(x, i, b)\noutput y");
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto s = InferenceSession::FromGraph(std::move(*g), SessionOptions());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("expected 9 block positions in dim 2"), std::string::npos) << s.status();
+}
+
 TEST(QuantizeTest, QuantizeLinearRoundsHalvesToEvenAndSaturates) {
   const std::vector<float> x = {0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 100.f, -100.f, 0.74f};
   // x / 0.5 = 1, 3, 5, -1, -5, 200, -200, 1.48; + 10.

@@ -372,6 +372,8 @@ const GradCase kCases[] = {
      "y = GridSample(x, g) {mode = \"cubic\", padding_mode = \"reflection\", align_corners = 1}\noutput y", -1.4, 1.4},
     {"GridSample_nearest", "opset 20\ninput x: float64[1,2,3,3]\ninput g: float64[1,2,2,2]\n"
      "y = GridSample(x, g) {mode = \"nearest\"}\noutput y", -1.4, 1.4},
+    {"Col2Im_strided_dilated_padded", "opset 18\ninput x: float64[2,4,8]\ninit i: int64[2] = 4 5\n"
+     "init b: int64[2] = 2 2\ny = Col2Im(x, i, b) {strides = [2, 1], dilations = [1, 2], pads = [0, 1, 1, 0]}\noutput y"},
     {"AffineGrid_2d", "opset 20\ninput t: float64[2,2,3]\ninit s: int64[4] = 2 1 3 4\n"
      "y = AffineGrid(t, s)\noutput y"},
     {"AffineGrid_3d_align_corners", "opset 20\ninput t: float64[1,3,4]\ninit s: int64[5] = 1 1 2 3 2\n"

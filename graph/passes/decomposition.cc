@@ -503,6 +503,7 @@ absl::StatusOr<bool> OpDecomposition::Run(Graph* g) {
     else if (t == "ReverseSequence") RETURN_IF_ERROR(decompose::DecomposeReverseSequence(g, n));
     else if (t == "MaxUnpool") RETURN_IF_ERROR(decompose::DecomposeMaxUnpool(g, n));
     else if (t == "AffineGrid") RETURN_IF_ERROR(decompose::DecomposeAffineGrid(g, n));
+    else if (t == "Col2Im") RETURN_IF_ERROR(decompose::DecomposeCol2Im(g, n));
     else if (t == "QuantizeLinear" || t == "DequantizeLinear") RETURN_IF_ERROR(decompose::DecomposeQuantize(g, n, op.version));
     else if (t == "DynamicQuantizeLinear") RETURN_IF_ERROR(decompose::DecomposeDynamicQuantize(g, n));
     else RETURN_IF_ERROR(DecomposeDepthSpace(g, n));

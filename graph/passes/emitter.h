@@ -115,6 +115,7 @@ absl::Status DecomposeCenterCropPad(Graph* g, Node* n);
 absl::Status DecomposeReverseSequence(Graph* g, Node* n);
 absl::Status DecomposeMaxUnpool(Graph* g, Node* n);
 absl::Status DecomposeAffineGrid(Graph* g, Node* n);
+absl::Status DecomposeCol2Im(Graph* g, Node* n);
 
 // RNN, GRU and LSTM unrolled over their sequence (rnn_decomposition.cc).
 absl::Status DecomposeRecurrent(Graph* g, Node* n, int version);

@@ -11,6 +11,10 @@
 //   MaxUnpool:       ScatterElements of X into zeros of the pool's input shape, both flattened
 //                    (the indices, as MaxPool writes them, address the flattened tensor); a
 //                    larger output_shape pads zeros after, as ONNX's reference does.
+//   Col2Im:          a ScatterND adding the columns into zeros of the padded image, each
+//                    column element at its block position plus its kernel offset (the flat
+//                    indices a Range per dim, from image_shape and block_shape at run time),
+//                    then the padding sliced off; ScatterND's gradient gathers, so it trains.
 //   AffineGrid:      the homogeneous base grid (x, y[, z], 1) of the output's points, each
 //                    coordinate a Range scaled into [-1, 1] from size at run time, times
 //                    theta transposed (one broadcasting MatMul), so theta trains through the
@@ -282,6 +286,154 @@ absl::Status DecomposeAffineGrid(Graph* g, Node* n) {
                    e.Add("Concat", {batch, spatial, e.Ints({axes})}, {{"axis", Attribute::Int(0)}}));
   ASSIGN_OR_RETURN(grid, e.Add("Reshape", {grid, shape}));
   return e.Finish(grid, out);
+}
+
+// Col2Im(x [N, C·K, L], image_shape [r], block_shape [r]) -> [N, C, image...], K the block's
+// elements and L its positions: element (c, k, l) of x adds into the padded image at block
+// position l times the strides plus kernel offset k times the dilations.
+absl::Status DecomposeCol2Im(Graph* g, Node* n) {
+  Value* x = n->input(0);
+  Value* image = n->input(1);
+  Value* block = n->input(2);
+  int r = 0;
+  for (Value* v : {image, block})
+    if (v->shape().has_rank() && v->shape().rank() == 1 && v->shape()[0].is_static())
+      r = static_cast<int>(v->shape()[0].value);
+  if (r < 1)
+    return Unimplemented(n->Describe(), ": the length of image_shape is unknown; cleave decomposes Col2Im by rank");
+  std::vector<int64_t> dilations = n->AttrInts("dilations"), strides = n->AttrInts("strides"), pads = n->AttrInts("pads");
+  dilations.resize(static_cast<size_t>(r), 1);
+  strides.resize(static_cast<size_t>(r), 1);
+  pads.resize(2 * static_cast<size_t>(r), 0);
+  const Tensor* image_constant = ConstantInput(*n, 1);
+  const Tensor* block_constant = ConstantInput(*n, 2);
+  Value* out = n->output(0);
+  Emitter e(g, *n);
+  g->RemoveNode(n);
+  const DataType i64 = DataType::kInt64;
+  Value* index = nullptr;   // [K·L, 1]: the padded image's flat index of each column element
+  Value* stride = nullptr;  // [1]: the padded image's elements
+  std::vector<Value*> padded(static_cast<size_t>(r)), ends(padded);
+  std::vector<int64_t> fixed_padded, fixed_ends;  // with constants: the padded dims and the crop's ends
+  int64_t fixed_entries = 0;
+  if (image_constant && block_constant && image_constant->numel() == r && block_constant->numel() == r) {
+    // Constants: the indices, sizes and crop computed here, so the output's shape stays static.
+    std::vector<int64_t> im(static_cast<size_t>(r)), bl(im), pd(im), pos(im);
+    int64_t k = 1, l = 1, p = 1;
+    for (int d = 0; d < r; ++d) {
+      const size_t i = static_cast<size_t>(d);
+      im[i] = static_cast<int64_t>(image_constant->DoubleAt(d));
+      bl[i] = static_cast<int64_t>(block_constant->DoubleAt(d));
+      pd[i] = im[i] + pads[i] + pads[i + static_cast<size_t>(r)];
+      pos[i] = (pd[i] - dilations[i] * (bl[i] - 1) - 1) / strides[i] + 1;
+      if (bl[i] < 1 || pos[i] < 1)
+        return InvalidArgument(out->name(), ": Col2Im's image dim ", d, " of ", im[i], " holds no block of ", bl[i]);
+      k *= bl[i];
+      l *= pos[i];
+      p *= pd[i];
+    }
+    Tensor flat(i64, {k * l, 1});
+    for (int64_t kk = 0; kk < k; ++kk) {
+      for (int64_t ll = 0; ll < l; ++ll) {
+        int64_t at = 0, step = 1, krest = kk, lrest = ll;
+        for (int d = r - 1; d >= 0; --d) {
+          const size_t i = static_cast<size_t>(d);
+          at += ((lrest % pos[i]) * strides[i] + (krest % bl[i]) * dilations[i]) * step;
+          lrest /= pos[i];
+          krest /= bl[i];
+          step *= pd[i];
+        }
+        flat.data<int64_t>()[kk * l + ll] = at;
+      }
+    }
+    index = e.Constant("col2im_index", std::move(flat));
+    stride = e.Ints({p});
+    fixed_padded = pd;
+    for (int d = 0; d < r; ++d) fixed_ends.push_back(pads[static_cast<size_t>(d)] + im[static_cast<size_t>(d)]);
+    fixed_entries = k * l;
+  } else {
+    // Per spatial dim ([1] each): the image's size, its padded size, and the block's positions,
+    // from image_shape and block_shape at run time.
+    std::vector<Value*> positions(static_cast<size_t>(r)), blocks(positions);
+    for (int d = 0; d < r; ++d) {
+      const size_t i = static_cast<size_t>(d);
+      ASSIGN_OR_RETURN(Value * size, e.Add("Gather", {image, e.Ints({d})}));
+      ASSIGN_OR_RETURN(blocks[i], e.Add("Gather", {block, e.Ints({d})}));
+      ASSIGN_OR_RETURN(padded[i], e.Add("Add", {size, e.Ints({pads[i] + pads[i + static_cast<size_t>(r)]})}));
+      ASSIGN_OR_RETURN(ends[i], e.Add("Add", {size, e.Ints({pads[i]})}));
+      // (padded - dilation * (block - 1) - 1) / stride + 1
+      ASSIGN_OR_RETURN(Value * reach, e.Add("Mul", {blocks[i], e.Ints({dilations[i]})}));
+      ASSIGN_OR_RETURN(Value * span, e.Add("Sub", {padded[i], reach}));
+      ASSIGN_OR_RETURN(span, e.Add("Add", {span, e.Ints({dilations[i] - 1})}));
+      ASSIGN_OR_RETURN(span, e.Add("Div", {span, e.Ints({strides[i]})}));
+      ASSIGN_OR_RETURN(positions[i], e.Add("Add", {span, e.Ints({1})}));
+    }
+    // Over [block..., positions...]: per dim, offset * dilation + position * stride, times the
+    // padded image's stride of that dim.
+    stride = e.Ints({1});
+    auto count = [&](Value* v, int64_t step, std::vector<int64_t> view) -> absl::StatusOr<Value*> {
+      ASSIGN_OR_RETURN(Value * end, e.Reshape(v, {}));
+      ASSIGN_OR_RETURN(Value * k, e.Add("Range", {e.Scalar(i64, 0), end, e.Scalar(i64, 1)}));
+      ASSIGN_OR_RETURN(k, e.Add("Mul", {k, e.Scalar(i64, static_cast<double>(step))}));
+      return e.Reshape(k, view);
+    };
+    for (int d = r - 1; d >= 0; --d) {
+      const size_t i = static_cast<size_t>(d);
+      std::vector<int64_t> kview(2 * static_cast<size_t>(r), 1), lview(kview);
+      kview[i] = -1;
+      lview[i + static_cast<size_t>(r)] = -1;
+      ASSIGN_OR_RETURN(Value * k, count(blocks[i], dilations[i], kview));
+      ASSIGN_OR_RETURN(Value * l, count(positions[i], strides[i], lview));
+      ASSIGN_OR_RETURN(Value * at, e.Add("Add", {k, l}));
+      ASSIGN_OR_RETURN(at, e.Add("Mul", {at, stride}));
+      if (index) {
+        ASSIGN_OR_RETURN(index, e.Add("Add", {index, at}));
+      } else {
+        index = at;
+      }
+      ASSIGN_OR_RETURN(stride, e.Add("Mul", {stride, padded[i]}));
+    }
+    ASSIGN_OR_RETURN(index, e.Reshape(index, {-1, 1}));
+  }
+  // x as [K·L, N, C], its rows in the index's order.
+  Value* view = fixed_entries ? e.Ints({0, -1, fixed_entries}) : nullptr;
+  if (!view) {
+    ASSIGN_OR_RETURN(Value * entries, e.Add("Shape", {index}));
+    ASSIGN_OR_RETURN(entries, e.Add("Gather", {entries, e.Ints({0})}));
+    ASSIGN_OR_RETURN(view, e.Add("Concat", {e.Ints({0, -1}), entries}, {{"axis", Attribute::Int(0)}}));
+  }
+  ASSIGN_OR_RETURN(Value * cols, e.Add("Reshape", {x, view}));
+  ASSIGN_OR_RETURN(cols, e.Transpose(cols, {2, 0, 1}));
+  ASSIGN_OR_RETURN(Value * nc, e.Add("Shape", {cols}));
+  ASSIGN_OR_RETURN(nc, e.Add("Slice", {nc, e.Ints({1}), e.Ints({3})}));
+  ASSIGN_OR_RETURN(Value * zeros_shape, e.Add("Concat", {stride, nc}, {{"axis", Attribute::Int(0)}}));
+  Tensor zero(x->dtype(), {1});
+  ASSIGN_OR_RETURN(Value * zeros, e.Add("ConstantOfShape", {zeros_shape}, {{"value", Attribute::TensorValue(zero)}}));
+  ASSIGN_OR_RETURN(Value * y, e.Add("ScatterND", {zeros, index, cols}, {{"reduction", Attribute::String("add")}}));
+  // [P, N, C] -> [N, C, padded...], then the padding cropped.
+  ASSIGN_OR_RETURN(y, e.Transpose(y, {1, 2, 0}));
+  Value* shape;
+  if (fixed_entries) {
+    std::vector<int64_t> full = {0, 0};
+    full.insert(full.end(), fixed_padded.begin(), fixed_padded.end());
+    shape = e.Ints(full);
+  } else {
+    std::vector<Value*> full = {e.Ints({0, 0})};
+    full.insert(full.end(), padded.begin(), padded.end());
+    ASSIGN_OR_RETURN(shape, e.Add("Concat", full, {{"axis", Attribute::Int(0)}}));
+  }
+  ASSIGN_OR_RETURN(y, e.Add("Reshape", {y, shape}));
+  std::vector<int64_t> starts, axes;
+  for (int d = 0; d < r; ++d) {
+    starts.push_back(pads[static_cast<size_t>(d)]);
+    axes.push_back(d + 2);
+  }
+  Value* end = fixed_entries ? e.Ints(fixed_ends) : nullptr;
+  if (!end) {
+    ASSIGN_OR_RETURN(end, e.Add("Concat", ends, {{"axis", Attribute::Int(0)}}));
+  }
+  ASSIGN_OR_RETURN(y, e.Add("Slice", {y, e.Ints(starts), end, e.Ints(axes)}));
+  return e.Finish(y, out);
 }
 
 }  // namespace cleave::graph::decompose
