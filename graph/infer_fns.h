@@ -103,6 +103,7 @@ absl::Status InferRecurrent(InferContext& ctx);           // RNN, GRU, LSTM: Y, 
 // infer_sampling.cc
 absl::Status InferGridSample(InferContext& ctx);      // (X, grid) -> [N, C, out...]
 absl::Status InferGridSampleGrad(InferContext& ctx);  // (dY, X, grid) -> dX, dGrid
+absl::Status InferRandom(InferContext& ctx);          // the random ops: `shape` or the input's, in `dtype`
 
 // infer_grad_ops.cc
 absl::Status InferGatherGrad(InferContext& ctx);   // (shape, indices, dY) -> dX of `shape`

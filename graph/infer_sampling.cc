@@ -1,4 +1,5 @@
-// Shape and type inference of GridSample, its gradient ai.cleave.GridSampleGrad, and AffineGrid
+// Shape and type inference of GridSample, its gradient ai.cleave.GridSampleGrad, AffineGrid, and
+// the random ops RandomNormal, RandomUniform (and their Like forms), Bernoulli and Multinomial
 // (graph/).
 #include "base/status.h"
 #include "graph/infer_fns.h"
@@ -97,6 +98,47 @@ absl::Status InferAffineGrid(InferContext& ctx) {
   }
   out.back() = Dim(axes);
   ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
+// RandomNormal and RandomUniform (shape attribute), their Like forms (the input's shape),
+// Bernoulli (the input's shape) -> `dtype` (default float32, or the input's dtype);
+// Multinomial (input [batch, classes]) -> [batch, sample_size] of `dtype` (default int32).
+absl::Status InferRandom(InferContext& ctx) {
+  const Node& n = ctx.node();
+  const std::string& op = n.op_type();
+  const bool multinomial = op == "Multinomial";
+  if (ctx.num_inputs() > 0) {
+    RETURN_IF_ERROR(ExpectDtype(ctx, 0, op == "Bernoulli" || multinomial ? kFloatTypes : std::initializer_list<DataType>{
+        DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16, DataType::kInt8,
+        DataType::kInt16, DataType::kInt32, DataType::kInt64, DataType::kUInt8, DataType::kUInt16,
+        DataType::kUInt32, DataType::kUInt64, DataType::kBool}));
+  }
+  DataType t = multinomial ? DataType::kInt32 : ctx.num_inputs() > 0 ? ctx.input_dtype(0) : DataType::kFloat32;
+  if (n.HasAttr("dtype")) t = DataTypeFromInt(static_cast<int>(n.AttrInt("dtype", 0)));
+  const bool floats_only = op != "Bernoulli" && !multinomial;
+  if (t == DataType::kUndefined || t == DataType::kString ||
+      (floats_only && !IsFloat(t)) || (multinomial && t != DataType::kInt32 && t != DataType::kInt64))
+    return ctx.Error("dtype ", n.AttrInt("dtype", 0), " (", DataTypeName(t), ") is not an output type it produces");
+  if (multinomial) {
+    const Shape& x = ctx.input_shape(0);
+    if (x.has_rank() && x.rank() != 2) return ctx.Error("input is ", x.ToString(), "; expected [batch, classes]");
+    const int64_t samples = n.AttrInt("sample_size", 1);
+    if (samples < 1) return ctx.Error("sample_size is ", samples, "; expected >= 1");
+    ctx.SetOutput(0, t, Shape({x.has_rank() ? x[0] : Dim(), Dim(samples)}));
+    return absl::OkStatus();
+  }
+  if (ctx.num_inputs() > 0) {
+    ctx.SetOutput(0, t, ctx.input_shape(0));
+    return absl::OkStatus();
+  }
+  if (!n.HasAttr("shape")) return ctx.Error("has no 'shape' attribute");
+  std::vector<Dim> dims;
+  for (int64_t d : n.AttrInts("shape")) {
+    if (d < 0) return ctx.Error("shape holds ", d, "; expected sizes >= 0");
+    dims.push_back(Dim(d));
+  }
+  ctx.SetOutput(0, t, Shape(std::move(dims)));
   return absl::OkStatus();
 }
 

@@ -161,6 +161,14 @@ std::vector<OpDef> BuildTable() {
       {C, "GridSampleGrad", {1}, 1, 3, 3, 1, 2, InferGridSampleGrad, false},
       {kOnnx, "AffineGrid", {20}, 20, 2, 2, 1, 1, InferAffineGrid, true, true},
       {kOnnx, "Col2Im", {18}, 18, 3, 3, 1, 1, InferCol2Im, true, true},
+      // Random numbers: the Like forms and Bernoulli read only their input's shape (and
+      // Bernoulli its probabilities), so their gradient rules pass nothing back.
+      {kOnnx, "RandomNormal", {1, 22}, 1, 0, 0, 1, 1, InferRandom, false},
+      {kOnnx, "RandomUniform", {1, 22}, 1, 0, 0, 1, 1, InferRandom, false},
+      {kOnnx, "RandomNormalLike", {1, 22}, 1, 1, 1, 1, 1, InferRandom, true},
+      {kOnnx, "RandomUniformLike", {1, 22}, 1, 1, 1, 1, 1, InferRandom, true},
+      {kOnnx, "Bernoulli", {15, 22}, 15, 1, 1, 1, 1, InferRandom, true},
+      {kOnnx, "Multinomial", {7, 22}, 7, 1, 1, 1, 1, InferRandom, false},
       {kOnnx, "NegativeLogLikelihoodLoss", {12, 13, 22}, 12, 2, 3, 1, 1, InferSoftmaxCrossEntropyLoss, true},
       {C, "NegativeLogLikelihoodLossGrad", {1}, 1, 3, 4, 1, 1, InferSoftmaxCrossEntropyLossGrad, false},
       {kOnnx, "SoftmaxCrossEntropyLoss", {12, 13}, 12, 2, 3, 1, 2, InferSoftmaxCrossEntropyLoss,

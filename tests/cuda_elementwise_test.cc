@@ -336,6 +336,34 @@ TEST(CudaProvider, BitwiseOpsAndShifts) {
              0, 0, "*");
 }
 
+// The random ops of a seeded node draw the CPU's numbers (one Philox key for both providers):
+// normals and uniforms in float32, float64 and bfloat16, and Bernoulli into float, int32 and
+// bool from float16 and float32 probabilities.
+TEST(CudaProvider, SeededRandomOpsDrawTheCpusNumbers) {
+  REQUIRE_CUDA();
+  ExpectSame(R"(
+    opset 22
+    input like: float32[33,17]
+    input p: float32[33,17]
+    n = RandomNormal() {shape = [1001], mean = 1.0, scale = 2.0, seed = 5.0}
+    u = RandomUniform() {shape = [7, 9], low = -2.0, high = 2.0, dtype = 11, seed = 6.0}
+    nl = RandomNormalLike(like) {dtype = 16, seed = 7.0}
+    ul = RandomUniformLike(like) {seed = 8.0}
+    ph = Cast(p) {to = 10}
+    b = Bernoulli(ph) {seed = 9.0}
+    bi = Bernoulli(p) {dtype = 6, seed = 10.0}
+    bb = Bernoulli(p) {dtype = 9, seed = 11.0}
+    output n
+    output u
+    output nl
+    output ul
+    output b
+    output bi
+    output bb
+  )",
+             {{"like", Random({33, 17}, 80)}, {"p", Random({33, 17}, 81, 0.f, 1.f)}}, 1e-6, 1e-6, "*");
+}
+
 // Pow with an exponent of another type than the base (PyTorch's exports raise a float to an
 // int64 power): the exponent converted to the base's type on the device.
 TEST(CudaProvider, PowWithAnIntegerOrFloat64Exponent) {

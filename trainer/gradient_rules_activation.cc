@@ -130,7 +130,9 @@ absl::Status SumMeanGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
-// Floor, Ceil, Round, Sign: flat between their steps; no gradient flows back.
+// Floor, Ceil, Round, Sign: flat between their steps; no gradient flows back. Nor through
+// RandomNormalLike and RandomUniformLike (which read only their input's shape) and Bernoulli
+// (whose draws are not differentiable in the probabilities, as in PyTorch).
 absl::Status StepGrad(GradBuilder&) { return absl::OkStatus(); }
 
 }  // namespace
@@ -160,6 +162,9 @@ void RegisterActivationRules(std::map<std::string, GradRule>& rules) {
       {"::Ceil", StepGrad},
       {"::Round", StepGrad},
       {"::Sign", StepGrad},
+      {"::RandomNormalLike", StepGrad},
+      {"::RandomUniformLike", StepGrad},
+      {"::Bernoulli", StepGrad},
       {"::Sum", SumMeanGrad},
       {"::Mean", SumMeanGrad},
   };

@@ -11,6 +11,7 @@
 #include "kernels/nd_index.h"
 #include "kernels/pad_coord.h"
 #include "kernels/pool_window.h"
+#include "kernels/random_draw.h"
 #include "kernels/rotary_layout.h"
 
 namespace cleave::kernels::cuda {
@@ -291,6 +292,12 @@ int AveragePool(Dt dt, const PoolLayout& l, int64_t planes, const void* x, void*
 int MaxPoolGrad(Dt dt, const PoolLayout& l, int64_t planes, const void* dy, const void* x, int64_t* arg, void* dx,
                 void* stream);
 int AveragePoolGrad(Dt dt, const PoolLayout& l, int64_t planes, const void* dy, void* dx, void* stream);
+
+using kernels::RandomKind;
+
+// y[i] = draw i under `key` (kernels/random_draw.h): uniform in [a, b), normal of mean a and
+// scale b, or Bernoulli(p[i]) as 1 or 0.
+int RandomDraw(RandomKind kind, uint64_t key, double a, double b, const double* p, double* y, int64_t n, void* stream);
 
 using kernels::GridSampleLayout;
 

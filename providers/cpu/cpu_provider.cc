@@ -38,6 +38,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterPoolKernels(registry_);
   RegisterResizeKernels(registry_);
   RegisterGridSampleKernels(registry_);
+  RegisterRandomKernels(registry_);
   RegisterBatchNormKernels(registry_);
   RegisterOptimizerKernels(registry_);
   RegisterCollectiveKernels(registry_);

@@ -22,6 +22,7 @@
 #include "providers/cuda/cuda_kernel.h"
 #include "providers/cuda/cuda_matmul.h"
 #include "providers/cuda/cuda_provider.h"
+#include "providers/random_key.h"
 
 namespace cleave::providers {
 namespace {
@@ -433,6 +434,54 @@ class LegacyDropoutKernel : public CudaKernel {
   }
 };
 
+// RandomNormal, RandomUniform, their Like forms and Bernoulli: the draws in double (into the
+// output for float64, else scratch), cast into the output's type; Bernoulli's probabilities
+// widened to double first. The key is the CPU kernel's (providers/random_key.h), so a seeded
+// node draws the CPU's numbers.
+class RandomKernel : public CudaKernel {
+ public:
+  RandomKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n), keys_(n) {
+    const std::string& op = n.op_type();
+    kind_ = op == "Bernoulli" ? kc::RandomKind::kBernoulli
+          : op.rfind("RandomNormal", 0) == 0 ? kc::RandomKind::kNormal : kc::RandomKind::kUniform;
+    a_ = kind_ == kc::RandomKind::kNormal ? n.AttrFloat("mean", 0.f) : n.AttrFloat("low", 0.f);
+    b_ = kind_ == kc::RandomKind::kNormal ? n.AttrFloat("scale", 1.f) : n.AttrFloat("high", 1.f);
+    shape_ = n.AttrInts("shape");
+    like_ = n.num_inputs() > 0;
+  }
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView* x = like_ ? ctx.input(0) : nullptr;
+    TensorView* y = like_ ? ctx.Output(0, x->dim_span()) : ctx.Output(0, shape_);
+    if (!y || y->numel() == 0) return absl::OkStatus();
+    const int64_t n = y->numel();
+    auto s = stream();
+    const double* p = nullptr;
+    if (kind_ == kc::RandomKind::kBernoulli) {
+      if (x->dtype == DataType::kFloat64) {
+        p = x->as<double>();
+      } else {
+        double* wide = ctx.ScratchOf<double>(n);
+        if (!wide) return NoScratch();
+        RETURN_IF_ERROR(Check(kc::CastElem(ElemOf(x->dtype), kc::Elem::kF64, x->data, wide, n, s)));
+        p = wide;
+      }
+    }
+    const bool direct = y->dtype == DataType::kFloat64;
+    double* draws = direct ? y->as<double>() : ctx.ScratchOf<double>(n);
+    if (!draws) return NoScratch();
+    RETURN_IF_ERROR(Check(kc::RandomDraw(kind_, keys_.Next(ctx), a_, b_, p, draws, n, s)));
+    if (direct) return absl::OkStatus();
+    return Check(kc::CastElem(kc::Elem::kF64, ElemOf(y->dtype), draws, y->data, n, s));
+  }
+
+ private:
+  RandomKeys keys_;
+  kc::RandomKind kind_;
+  double a_ = 0, b_ = 1;
+  std::vector<int64_t> shape_;
+  bool like_ = false;
+};
+
 // ---- products -------------------------------------------------------------------------
 
 class MatMulKernel : public CudaKernel {
@@ -716,6 +765,16 @@ void CudaExecutionProvider::RegisterKernels() {
   Add<MatMulKernel>(r, this, C, "MatMulF16", 1, 1, InputTypeIn(0, {DataType::kFloat16}), {4});
   RegisterCudaNormKernels(r, this);
   Add<WhereKernel>(r, this, "", "Where", 9, 1 << 30, InputTypeIn(0, {DataType::kBool}));
+  // The random ops' outputs: every type CastElem writes (Bernoulli's integers and bool too).
+  auto random_out = [castable](const graph::Node& n, int) -> std::string {
+    const DataType t = n.output(0)->dtype();
+    return std::find(castable.begin(), castable.end(), t) != castable.end() ? "" : "an output type without a cast";
+  };
+  for (const char* op : {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike"})
+    Add<RandomKernel>(r, this, "", op, 1, 1 << 30, random_out);
+  std::vector<DataType> probabilities = kFloats;
+  probabilities.push_back(DataType::kFloat64);
+  Add<RandomKernel>(r, this, "", "Bernoulli", 15, 1 << 30, AllOf({InputTypeIn(0, probabilities), random_out}));
   Add<DropoutKernel>(r, this, "", "Dropout", 12, 1 << 30, floats, {1, 2});
   Add<LegacyDropoutKernel>(r, this, "", "Dropout", 1, 11,
                            AllOf({floats, InputTypeIn(-2, {DataType::kBool, DataType::kFloat32, DataType::kBFloat16,
