@@ -103,6 +103,9 @@ absl::Status InferRecurrent(InferContext& ctx);           // RNN, GRU, LSTM: Y, 
 // infer_sampling.cc
 absl::Status InferGridSample(InferContext& ctx);      // (X, grid) -> [N, C, out...]
 absl::Status InferGridSampleGrad(InferContext& ctx);  // (dY, X, grid) -> dX, dGrid
+absl::Status InferDft(InferContext& ctx);             // the signal dim as bins, the last 2
+absl::Status InferStft(InferContext& ctx);            // [batch, frames, bins, 2]
+absl::Status InferMelWeightMatrix(InferContext& ctx); // [dft_length / 2 + 1, num_mel_bins]
 absl::Status InferRandom(InferContext& ctx);          // the random ops: `shape` or the input's, in `dtype`
 
 // infer_grad_ops.cc

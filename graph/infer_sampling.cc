@@ -1,6 +1,6 @@
 // Shape and type inference of GridSample, its gradient ai.cleave.GridSampleGrad, AffineGrid, and
-// the random ops RandomNormal, RandomUniform (and their Like forms), Bernoulli and Multinomial
-// (graph/).
+// the random ops RandomNormal, RandomUniform (and their Like forms), Bernoulli and Multinomial,
+// and the signal ops DFT, STFT and MelWeightMatrix (graph/).
 #include "base/status.h"
 #include "graph/infer_fns.h"
 #include "graph/infer_shape_util.h"
@@ -139,6 +139,93 @@ absl::Status InferRandom(InferContext& ctx) {
     dims.push_back(Dim(d));
   }
   ctx.SetOutput(0, t, Shape(std::move(dims)));
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Input i's single integer value where it is a constant and not negative, else -1.
+int64_t KnownCount(const InferContext& ctx, int i) {
+  if (ctx.num_inputs() <= i || !ctx.has_input(i)) return -1;
+  const std::optional<std::vector<int64_t>> v = ConstantInts(ctx, i);
+  return v && v->size() == 1 && (*v)[0] >= 0 ? (*v)[0] : -1;
+}
+
+}  // namespace
+
+// DFT (input [..., signal, 1 | 2][, dft_length][, axis]) -> the input's dims with the signal
+// axis holding the bins (dft_length, or its half plus one when onesided) and the last dim 2.
+absl::Status InferDft(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, kFloatTypes));
+  const Node& n = ctx.node();
+  const Shape& x = ctx.input_shape(0);
+  if (!x.has_rank()) {
+    ctx.SetOutput(0, ctx.input_dtype(0), Shape());
+    return absl::OkStatus();
+  }
+  const int rank = x.rank();
+  const Dim& parts = x[rank - 1];
+  if (rank < 2 || (parts.is_static() && parts.value != 1 && parts.value != 2))
+    return ctx.Error("input is ", x.ToString(), "; expected [..., signal, 1 or 2] (real, or real and imaginary)");
+  int64_t axis = ctx.version() < 20 ? n.AttrInt("axis", 1) : -2;
+  bool axis_known = true;
+  if (ctx.version() >= 20 && ctx.num_inputs() > 2 && ctx.has_input(2)) {
+    const std::optional<std::vector<int64_t>> v = ConstantInts(ctx, 2);
+    axis_known = v && v->size() == 1;
+    if (axis_known) axis = (*v)[0];
+  }
+  std::vector<Dim> out = x.dims();
+  out.back() = Dim(2);
+  if (!axis_known) {
+    for (int d = 0; d + 1 < rank; ++d) out[static_cast<size_t>(d)] = Dim();
+    ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+    return absl::OkStatus();
+  }
+  if (axis < -rank || axis >= rank - 1 || axis == -1)
+    return ctx.Error("axis ", axis, " is not a signal dim of input ", x.ToString(),
+                     " (the last dim holds the real and imaginary parts)");
+  const size_t a = static_cast<size_t>(axis < 0 ? axis + rank : axis);
+  int64_t length = x[static_cast<int>(a)].is_static() ? x[static_cast<int>(a)].value : -1;
+  if (ctx.num_inputs() > 1 && ctx.has_input(1)) length = KnownCount(ctx, 1);
+  const bool onesided = n.AttrInt("onesided", 0) != 0;
+  out[a] = length >= 0 ? Dim(onesided ? length / 2 + 1 : length) : Dim();
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
+// STFT (signal [batch, length, 1 | 2], frame_step[, window][, frame_length]) -> [batch, frames,
+// bins, 2] where frame_step and the frame's length are known.
+absl::Status InferStft(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, kFloatTypes));
+  const Shape& x = ctx.input_shape(0);
+  if (x.has_rank() && (x.rank() != 3 || (x[2].is_static() && x[2].value != 1 && x[2].value != 2)))
+    return ctx.Error("signal is ", x.ToString(), "; expected [batch, length, 1 or 2]");
+  const bool window = ctx.num_inputs() > 2 && ctx.has_input(2);
+  int64_t frame = KnownCount(ctx, 3);
+  if (frame < 0 && window) {
+    const Shape& w = ctx.input_shape(2);
+    if (w.has_rank() && w.rank() == 1 && w[0].is_static()) frame = w[0].value;
+  }
+  const bool frame_input = ctx.num_inputs() > 3 && ctx.has_input(3);
+  if (frame < 0 && !window && !frame_input && x.has_rank() && x[1].is_static()) frame = x[1].value;
+  const int64_t step = KnownCount(ctx, 1);
+  std::vector<Dim> out(4);
+  if (x.has_rank()) out[0] = x[0];
+  if (frame >= 0 && step > 0 && x.has_rank() && x[1].is_static() && frame <= x[1].value)
+    out[1] = Dim((x[1].value - frame) / step + 1);
+  if (frame >= 0) out[2] = Dim(ctx.node().AttrInt("onesided", 1) != 0 ? frame / 2 + 1 : frame);
+  out[3] = Dim(2);
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
+// MelWeightMatrix (num_mel_bins, dft_length, sample_rate, lower, upper) -> [dft_length / 2 + 1,
+// num_mel_bins] of output_datatype (float32 by default).
+absl::Status InferMelWeightMatrix(InferContext& ctx) {
+  const DataType t = DataTypeFromInt(static_cast<int>(ctx.node().AttrInt("output_datatype", 1)));
+  if (!IsFloat(t)) return ctx.Error("output_datatype ", ctx.node().AttrInt("output_datatype", 1), " is not a float type");
+  const int64_t mels = KnownCount(ctx, 0), dft = KnownCount(ctx, 1);
+  ctx.SetOutput(0, t, Shape({dft >= 0 ? Dim(dft / 2 + 1) : Dim(), mels >= 0 ? Dim(mels) : Dim()}));
   return absl::OkStatus();
 }
 

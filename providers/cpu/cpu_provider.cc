@@ -39,6 +39,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterResizeKernels(registry_);
   RegisterGridSampleKernels(registry_);
   RegisterRandomKernels(registry_);
+  RegisterSpectralKernels(registry_);
   RegisterBatchNormKernels(registry_);
   RegisterOptimizerKernels(registry_);
   RegisterCollectiveKernels(registry_);

@@ -24,6 +24,7 @@ void RegisterPoolKernels(KernelRegistry& r);         // cpu/pool_ops.cc
 void RegisterResizeKernels(KernelRegistry& r);       // cpu/resize_ops.cc
 void RegisterGridSampleKernels(KernelRegistry& r);   // cpu/grid_sample_ops.cc
 void RegisterRandomKernels(KernelRegistry& r);       // cpu/random_ops.cc
+void RegisterSpectralKernels(KernelRegistry& r);     // cpu/spectral_ops.cc
 void RegisterBatchNormKernels(KernelRegistry& r);    // cpu/batch_norm_ops.cc
 void RegisterOptimizerKernels(KernelRegistry& r);    // cpu/optimizer_ops.cc
 void RegisterCollectiveKernels(KernelRegistry& r);   // cpu/collective_ops.cc
