@@ -180,6 +180,10 @@ ResizeTaps ResizeTapsOf(const ResizeAttrs& a, const ResizeDim& d) {
         t.index.push_back(std::clamp<int64_t>(static_cast<int64_t>(base) + start + i, 0, last));
         t.weight.push_back(static_cast<float>(w[static_cast<size_t>(i)] / norm));
       }
+      if (static_cast<int64_t>(t.index.size()) == t.offsets.back()) {  // every weight 0: one tap of 0
+        t.index.push_back(std::clamp<int64_t>(static_cast<int64_t>(base), 0, last));
+        t.weight.push_back(0.f);
+      }
     }
     t.offsets.push_back(static_cast<int64_t>(t.index.size()));
   }

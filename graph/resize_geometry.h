@@ -57,7 +57,8 @@ absl::StatusOr<std::vector<ResizeDim>> PlanResize(std::span<const int64_t> in, c
 // the source coordinate, cubic the four (Keys' kernel with cubic_coeff_a); with antialias a
 // downsampling filter is stretched by 1 / scale over as many taps as it covers, its weights
 // normalised to sum 1. An index outside the input reads its edge, or with exclude_outside is
-// dropped and the other weights renormalised. Taps of weight 0 are left out.
+// dropped and the other weights renormalised. Taps of weight 0 are left out; every output has at
+// least one.
 struct ResizeTaps {
   std::vector<int64_t> offsets;  // [out + 1]
   std::vector<int64_t> index;    // [entries]

@@ -1,7 +1,8 @@
-// CenterCropPad, ReverseSequence and MaxUnpool as index arithmetic over ops with kernels on every
-// provider (graph/passes/decomposition.cc). Over static shapes (and a constant target) the
-// indices are constants, so inference keeps the output's shape; otherwise they come from the
-// input's Shape at run time, so symbolic dims and a target fed as an input are fine:
+// CenterCropPad, ReverseSequence, MaxUnpool, Col2Im and AffineGrid as index arithmetic over ops
+// with kernels on every provider (graph/passes/decomposition.cc). Over static shapes (and a
+// constant target) the indices are constants, so inference keeps the output's shape; otherwise
+// they come from the input's Shape at run time, so symbolic dims and a target fed as an input
+// are fine:
 //
 //   CenterCropPad:   Slice the centred window where X is larger, then Pad the rest centred
 //                    (the odd element of a crop or pad at the end, as the ONNX function).
@@ -13,8 +14,9 @@
 //                    larger output_shape pads zeros after, as ONNX's reference does.
 //   Col2Im:          a ScatterND adding the columns into zeros of the padded image, each
 //                    column element at its block position plus its kernel offset (the flat
-//                    indices a Range per dim, from image_shape and block_shape at run time),
-//                    then the padding sliced off; ScatterND's gradient gathers, so it trains.
+//                    indices a constant for a constant image_shape and block_shape, else a
+//                    Range per dim at run time), then the padding sliced off; ScatterND's
+//                    gradient gathers, so it trains.
 //   AffineGrid:      the homogeneous base grid (x, y[, z], 1) of the output's points, each
 //                    coordinate a Range scaled into [-1, 1] from size at run time, times
 //                    theta transposed (one broadcasting MatMul), so theta trains through the
