@@ -422,6 +422,22 @@ absl::Status InferNonZero(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// NonMaxSuppression (boxes [batch, boxes, 4], scores [batch, classes, boxes], ...) -> int64
+// [selected, 3].
+absl::Status InferNonMaxSuppression(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64}));
+  RETURN_IF_ERROR(ExpectDtype(ctx, 1, {DataType::kFloat32, DataType::kFloat64}));
+  const Shape& b = ctx.input_shape(0);
+  const Shape& s = ctx.input_shape(1);
+  if (b.has_rank() && (b.rank() != 3 || (b[2].is_static() && b[2].value != 4)))
+    return ctx.Error("boxes is ", b.ToString(), "; expected [batch, boxes, 4]");
+  if (s.has_rank() && s.rank() != 3) return ctx.Error("scores is ", s.ToString(), "; expected [batch, classes, boxes]");
+  const int64_t centre = ctx.node().AttrInt("center_point_box", 0);
+  if (centre != 0 && centre != 1) return ctx.Error("center_point_box is ", centre, "; expected 0 or 1");
+  ctx.SetOutput(0, DataType::kInt64, Shape({Dim(), Dim(3)}));
+  return absl::OkStatus();
+}
+
 // Compress (X, condition bool [n]) -> X's dtype: the kept slices along `axis` (a constant
 // condition's count of trues), or X flattened and selected when there is no axis.
 absl::Status InferCompress(InferContext& ctx) {

@@ -20,6 +20,7 @@ absl::Status InferBinaryArith(InferContext& ctx);  // broadcast, same dtype in a
 absl::Status InferBitwise(InferContext& ctx);  // the integer bitwise ops and shifts: broadcast, the dtype kept
 absl::Status InferNonZero(InferContext& ctx);   // int64 [rank, ?] (infer_data_movement.cc)
 absl::Status InferCompress(InferContext& ctx);  // X with `axis` (or X flattened) selected
+absl::Status InferNonMaxSuppression(InferContext& ctx);  // int64 [selected, 3]
 absl::Status InferPow(InferContext& ctx);           // broadcast, dtype of base
 absl::Status InferPRelu(InferContext& ctx);         // X's shape and dtype; the slope broadcasts to X
 absl::Status InferCompare(InferContext& ctx);       // broadcast, bool out

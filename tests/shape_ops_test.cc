@@ -563,5 +563,24 @@ TEST(Selection, NonZeroAndCompress) {
       .UncheckedOutput("y").ExpectFailure("condition is true at 2, past the 2 slices along axis 0").Run();
 }
 
+// NonMaxSuppression beyond the ONNX backend suite's cases: a NaN score never ranks, equal scores
+// keep the lower index first, boxes with no area suppress nothing, and mismatched scores are
+// refused naming what was expected.
+TEST(Selection, NonMaxSuppressionTiesNaNAndEmptyBoxes) {
+  OpTester("NonMaxSuppression", 11)
+      .Input<float>("boxes", {1, 4, 4}, {0, 0, 1, 1, 0, 0, 1, 1, 0.5f, 0.5f, 0.5f, 0.5f, 0, 0.1f, 1, 1.1f})
+      .Input<float>("scores", {1, 1, 4}, {0.5f, 0.5f, 0.9f, NAN})
+      .Input<int64_t>("max", {1}, {10})
+      .Input<float>("iou", {1}, {0.5f})
+      .Output<int64_t>("selected", {2, 3}, {0, 0, 2, 0, 0, 0})
+      .Run();
+  OpTester("NonMaxSuppression", 11)
+      .Input<float>("boxes", {1, 3, 4}, std::vector<float>(12, 0.f))
+      .Input<float>("scores", {1, 2, 2}, std::vector<float>(4, 0.f))
+      .UncheckedOutput("selected")
+      .ExpectFailure("expected scores [1, classes, 3] for boxes [1,3,4], got [1,2,2]")
+      .Run();
+}
+
 }  // namespace
 }  // namespace cleave::testing

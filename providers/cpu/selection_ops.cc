@@ -1,6 +1,8 @@
-// NonZero and Compress on the CPU (providers/cpu/): ops whose output size depends on the data.
-// Both make one pass to count and one to write, in order; the CUDA provider leaves them to this
-// one (the count would need the device to wait).
+// NonZero, Compress and NonMaxSuppression on the CPU (providers/cpu/): ops whose output size
+// depends on the data. NonZero and Compress make one pass to count and one to write, in order;
+// the CUDA provider leaves them all to this one (the count would need the device to wait).
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -112,9 +114,104 @@ class CompressKernel : public OpKernel {
   std::string node_;
 };
 
+// One box's corners, lower first, whatever order the input gives them in.
+struct Box {
+  double y0, x0, y1, x1;
+};
+
+// NonMaxSuppression(boxes [batch, boxes, 4], scores [batch, classes, boxes][,
+// max_output_boxes_per_class][, iou_threshold][, score_threshold]) {center_point_box} ->
+// selected [n, 3] (batch, class, box): per batch and class, the boxes by descending score (the
+// lower index first on a tie), above score_threshold when given, each kept unless its IoU with
+// a box kept before exceeds iou_threshold, at most max_output_boxes_per_class (0 when absent).
+class NonMaxSuppressionKernel : public OpKernel {
+ public:
+  NonMaxSuppressionKernel(const graph::Node& n, int) : centre_(n.AttrInt("center_point_box", 0) != 0) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& boxes = *ctx.input(0);
+    const TensorView& scores = *ctx.input(1);
+    if (boxes.rank != 3 || boxes.dims[2] != 4)
+      return InvalidArgument("expected boxes [batch, boxes, 4], got ", DimsToString(boxes.dim_span()));
+    if (scores.rank != 3 || scores.dims[0] != boxes.dims[0] || scores.dims[2] != boxes.dims[1])
+      return InvalidArgument("expected scores [", boxes.dims[0], ", classes, ", boxes.dims[1], "] for boxes ",
+                             DimsToString(boxes.dim_span()), ", got ", DimsToString(scores.dim_span()));
+    auto input = [&](int i) -> const TensorView* {
+      const TensorView* t = ctx.num_inputs() > i ? ctx.input(i) : nullptr;
+      return t && t->numel() > 0 ? t : nullptr;
+    };
+    auto number = [](const TensorView& t) {
+      return t.dtype == DataType::kFloat64 ? t.as<double>()[0] : static_cast<double>(t.as<float>()[0]);
+    };
+    const int64_t most = input(2) ? std::max<int64_t>(IntAt(*input(2), 0), 0) : 0;
+    const double iou = input(3) ? number(*input(3)) : 0.0;
+    const bool thresholded = input(4) != nullptr;
+    const double floor = thresholded ? number(*input(4)) : 0.0;
+    const int64_t batches = boxes.dims[0], count = boxes.dims[1], classes = scores.dims[1];
+    auto value = [](const TensorView& t, int64_t i) {
+      return t.dtype == DataType::kFloat64 ? t.as<double>()[i] : static_cast<double>(t.as<float>()[i]);
+    };
+    std::vector<int64_t> selected;  // (batch, class, box) triples
+    std::vector<Box> corner(static_cast<size_t>(count));
+    std::vector<int64_t> order, kept;
+    for (int64_t b = 0; b < batches; ++b) {
+      for (int64_t k = 0; k < count; ++k) {
+        const int64_t at = (b * count + k) * 4;
+        const double v[4] = {value(boxes, at), value(boxes, at + 1), value(boxes, at + 2), value(boxes, at + 3)};
+        Box& c = corner[static_cast<size_t>(k)];
+        if (centre_) {  // [x_centre, y_centre, width, height]
+          c = {v[1] - v[3] / 2, v[0] - v[2] / 2, v[1] + v[3] / 2, v[0] + v[2] / 2};
+        } else {  // [y1, x1, y2, x2], either diagonal
+          c = {std::min(v[0], v[2]), std::min(v[1], v[3]), std::max(v[0], v[2]), std::max(v[1], v[3])};
+        }
+      }
+      for (int64_t cls = 0; cls < classes; ++cls) {
+        const int64_t base = (b * classes + cls) * count;
+        order.clear();
+        for (int64_t k = 0; k < count; ++k) {
+          const double v = value(scores, base + k);
+          if (!std::isnan(v) && (!thresholded || v > floor)) order.push_back(k);  // a NaN score never ranks
+        }
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int64_t l, int64_t r) { return value(scores, base + l) > value(scores, base + r); });
+        kept.clear();
+        for (int64_t k : order) {
+          if (static_cast<int64_t>(kept.size()) >= most) break;
+          bool keep = true;
+          for (int64_t j : kept)
+            if (Overlap(corner[static_cast<size_t>(k)], corner[static_cast<size_t>(j)]) > iou) {
+              keep = false;
+              break;
+            }
+          if (!keep) continue;
+          kept.push_back(k);
+          selected.insert(selected.end(), {b, cls, k});
+        }
+      }
+    }
+    TensorView* y = ctx.Output(0, {static_cast<int64_t>(selected.size() / 3), 3});
+    if (y && !selected.empty()) std::memcpy(y->data, selected.data(), selected.size() * sizeof(int64_t));
+    return absl::OkStatus();
+  }
+
+ private:
+  // Intersection over union; 0 for boxes that do not overlap or have no area.
+  static double Overlap(const Box& a, const Box& b) {
+    const double w = std::min(a.x1, b.x1) - std::max(a.x0, b.x0), h = std::min(a.y1, b.y1) - std::max(a.y0, b.y0);
+    if (w <= 0 || h <= 0) return 0;
+    const double inter = w * h, area_a = (a.x1 - a.x0) * (a.y1 - a.y0), area_b = (b.x1 - b.x0) * (b.y1 - b.y0);
+    const double uni = area_a + area_b - inter;
+    return area_a <= 0 || area_b <= 0 || uni <= 0 ? 0 : inter / uni;
+  }
+  bool centre_;
+};
+
 }  // namespace
 
 void RegisterSelectionKernels(KernelRegistry& r) {
+  r.Register({"", "NonMaxSuppression", 10, 1 << 30,
+              AllOf({InputTypeIn(0, {DataType::kFloat32, DataType::kFloat64}),
+                     InputTypeIn(1, {DataType::kFloat32, DataType::kFloat64})}),
+              MakeFactory<NonMaxSuppressionKernel>()});
   r.Register({"", "NonZero", 9, 1 << 30, InputTypeIn(0, FixedSizeTypes()), MakeFactory<NonZeroKernel>()});
   r.Register({"", "Compress", 9, 1 << 30,
               AllOf({InputTypeIn(0, FixedSizeTypes()), InputTypeIn(1, {DataType::kBool})}),
