@@ -422,6 +422,33 @@ absl::Status InferNonZero(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// Unique (X) {axis, sorted} -> Y (X's dtype: [?], or X's dims with the axis dim unknown),
+// indices [?], inverse_indices [X's elements or the axis dim], counts [?], all int64.
+absl::Status InferUnique(InferContext& ctx) {
+  const Node& n = ctx.node();
+  const Shape& x = ctx.input_shape(0);
+  Shape y({Dim()});
+  Dim len;
+  if (n.HasAttr("axis")) {
+    if (x.has_rank()) {
+      ASSIGN_OR_RETURN(const int a, NormalizeAxis(ctx, n.AttrInt("axis", 0), x.rank()));
+      std::vector<Dim> dims = x.dims();
+      len = dims[static_cast<size_t>(a)];
+      dims[static_cast<size_t>(a)] = Dim();
+      y = Shape(std::move(dims));
+    } else {
+      y = Shape();
+    }
+  } else if (x.is_static()) {
+    int64_t count = 1;
+    for (int d = 0; d < x.rank(); ++d) count *= x[d].value;
+    len = Dim(count);
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), y);
+  for (int i = 1; i < ctx.num_outputs(); ++i) ctx.SetOutput(i, DataType::kInt64, Shape({i == 2 ? len : Dim()}));
+  return absl::OkStatus();
+}
+
 // NonMaxSuppression (boxes [batch, boxes, 4], scores [batch, classes, boxes], ...) -> int64
 // [selected, 3].
 absl::Status InferNonMaxSuppression(InferContext& ctx) {

@@ -21,6 +21,7 @@ absl::Status InferBitwise(InferContext& ctx);  // the integer bitwise ops and sh
 absl::Status InferNonZero(InferContext& ctx);   // int64 [rank, ?] (infer_data_movement.cc)
 absl::Status InferCompress(InferContext& ctx);  // X with `axis` (or X flattened) selected
 absl::Status InferNonMaxSuppression(InferContext& ctx);  // int64 [selected, 3]
+absl::Status InferUnique(InferContext& ctx);  // Y, indices, inverse_indices, counts
 absl::Status InferPow(InferContext& ctx);           // broadcast, dtype of base
 absl::Status InferPRelu(InferContext& ctx);         // X's shape and dtype; the slope broadcasts to X
 absl::Status InferCompare(InferContext& ctx);       // broadcast, bool out

@@ -205,6 +205,7 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "NonZero", {9, 13}, 9, 1, 1, 1, 1, InferNonZero, false},
       {kOnnx, "Compress", {9, 11}, 9, 2, 2, 1, 1, InferCompress, false},
       {kOnnx, "NonMaxSuppression", {10, 11}, 10, 2, 5, 1, 1, InferNonMaxSuppression, false},
+      {kOnnx, "Unique", {11}, 11, 1, 1, 1, 4, InferUnique, false},
       {kOnnx, "ConstantOfShape", {9, 20, 21}, 9, 1, 1, 1, 1, InferConstantOfShape, false},
       {kOnnx, "Range", {11}, 11, 3, 3, 1, 1, InferRange, false},
       {kOnnx, "Identity", {1, 13, 14, 16, 19, 21}, 1, 1, 1, 1, 1, InferIdentity, true},

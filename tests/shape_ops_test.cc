@@ -582,5 +582,26 @@ TEST(Selection, NonMaxSuppressionTiesNaNAndEmptyBoxes) {
       .Run();
 }
 
+// Unique beyond the ONNX backend suite's cases: -0 and 0 are one value, NaNs sort last as one,
+// and int64 slices along an axis in order of first occurrence.
+TEST(Selection, UniqueZerosNaNAndInt64Slices) {
+  OpTester("Unique", 11)
+      .Input<float>("x", {6}, {NAN, 0.f, 2.f, -0.f, NAN, -1.f})
+      .Output<float>("y", {4}, {-1.f, 0.f, 2.f, NAN})
+      .Output<int64_t>("indices", {4}, {5, 1, 2, 0})
+      .Output<int64_t>("inverse", {6}, {3, 1, 2, 1, 3, 0})
+      .Output<int64_t>("counts", {4}, {1, 2, 1, 2})
+      .Run();
+  OpTester("Unique", 11)
+      .Attr("axis", int64_t{1})
+      .Attr("sorted", int64_t{0})
+      .Input<int64_t>("x", {2, 4}, {int64_t{1} << 60, 3, int64_t{1} << 60, 3, 5, 6, 5, 6})
+      .Output<int64_t>("y", {2, 2}, {int64_t{1} << 60, 3, 5, 6})
+      .Output<int64_t>("indices", {2}, {0, 1})
+      .Output<int64_t>("inverse", {4}, {0, 1, 0, 1})
+      .Output<int64_t>("counts", {2}, {2, 2})
+      .Run();
+}
+
 }  // namespace
 }  // namespace cleave::testing

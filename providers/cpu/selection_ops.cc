@@ -1,5 +1,5 @@
-// NonZero, Compress and NonMaxSuppression on the CPU (providers/cpu/): ops whose output size
-// depends on the data. NonZero and Compress make one pass to count and one to write, in order;
+// NonZero, Compress, NonMaxSuppression and Unique on the CPU (providers/cpu/): ops whose output
+// size depends on the data. NonZero and Compress make one pass to count and one to write, in order;
 // the CUDA provider leaves them all to this one (the count would need the device to wait).
 #include <algorithm>
 #include <cmath>
@@ -205,9 +205,122 @@ class NonMaxSuppressionKernel : public OpKernel {
   bool centre_;
 };
 
+// Element i of x as a double for ordering (the float types and the integers up to 2^53 exactly;
+// 64-bit integers compare by their own type below).
+double OrderValue(const TensorView& x, int64_t i) {
+  switch (x.dtype) {
+    case DataType::kFloat32: return x.as<float>()[i];
+    case DataType::kFloat64: return x.as<double>()[i];
+    case DataType::kFloat16: return HalfToFloat(x.as<uint16_t>()[i]);
+    case DataType::kBFloat16: return BFloat16ToFloat(x.as<uint16_t>()[i]);
+    case DataType::kInt8: return x.as<int8_t>()[i];
+    case DataType::kInt16: return x.as<int16_t>()[i];
+    case DataType::kInt32: return x.as<int32_t>()[i];
+    case DataType::kUInt8: return x.as<uint8_t>()[i];
+    case DataType::kUInt16: return x.as<uint16_t>()[i];
+    case DataType::kUInt32: return x.as<uint32_t>()[i];
+    case DataType::kBool: return x.as<bool>()[i] ? 1 : 0;
+    default: return 0;
+  }
+}
+
+// -1, 0 or 1 as element i of x is below, equal to or above element j (NaN above every number).
+int CompareElements(const TensorView& x, int64_t i, int64_t j) {
+  if (x.dtype == DataType::kInt64) {
+    const int64_t a = x.as<int64_t>()[i], b = x.as<int64_t>()[j];
+    return a < b ? -1 : a > b;
+  }
+  if (x.dtype == DataType::kUInt64) {
+    const uint64_t a = x.as<uint64_t>()[i], b = x.as<uint64_t>()[j];
+    return a < b ? -1 : a > b;
+  }
+  const double a = OrderValue(x, i), b = OrderValue(x, j);
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) - std::isnan(b);  // NaN last, NaNs alike
+  return a < b ? -1 : a > b;
+}
+
+// Unique(X) {axis, sorted} -> Y, indices, inverse_indices, counts: the distinct slices of X
+// along `axis` (its elements, flattened, without one), in ascending order (lexicographic for
+// slices) or, with sorted = 0, in the order they first occur; each one's first index in X, each
+// slice's place in Y, and each one's count.
+class UniqueKernel : public OpKernel {
+ public:
+  UniqueKernel(const graph::Node& n, int)
+      : has_axis_(n.HasAttr("axis")), axis_(n.AttrInt("axis", 0)), sorted_(n.AttrInt("sorted", 1) != 0) {}
+  absl::Status Compute(KernelContext& ctx) const override {
+    const TensorView& x = *ctx.input(0);
+    int64_t outer = 1, len = x.numel(), inner = 1;
+    int axis = 0;
+    if (has_axis_) {
+      if (axis_ < -x.rank || axis_ >= x.rank)
+        return InvalidArgument("axis ", axis_, " is out of range for X ", DimsToString(x.dim_span()));
+      axis = static_cast<int>(axis_ < 0 ? axis_ + x.rank : axis_);
+      len = x.dims[axis];
+      for (int d = 0; d < axis; ++d) outer *= x.dims[d];
+      for (int d = axis + 1; d < x.rank; ++d) inner *= x.dims[d];
+    }
+    // Slice s holds the elements (o * len + s) * inner + e.
+    auto compare = [&](int64_t a, int64_t b) {
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t e = 0; e < inner; ++e)
+          if (const int c = CompareElements(x, (o * len + a) * inner + e, (o * len + b) * inner + e)) return c;
+      return 0;
+    };
+    std::vector<int64_t> order(static_cast<size_t>(len));
+    for (int64_t s = 0; s < len; ++s) order[static_cast<size_t>(s)] = s;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return compare(a, b) < 0; });
+    // Groups of equal slices, in ascending order: each one's first slice and count.
+    std::vector<int64_t> first, count, group(static_cast<size_t>(len));
+    for (size_t k = 0; k < order.size(); ++k) {
+      if (k == 0 || compare(order[k - 1], order[k]) != 0) {
+        first.push_back(order[k]);
+        count.push_back(0);
+      }
+      group[static_cast<size_t>(order[k])] = static_cast<int64_t>(first.size()) - 1;
+      ++count.back();
+    }
+    const int64_t unique = static_cast<int64_t>(first.size());
+    std::vector<int64_t> rank(static_cast<size_t>(unique));  // group -> its place in Y
+    std::vector<int64_t> by_place(static_cast<size_t>(unique));
+    for (int64_t g = 0; g < unique; ++g) by_place[static_cast<size_t>(g)] = g;
+    if (!sorted_)
+      std::sort(by_place.begin(), by_place.end(),
+                [&](int64_t a, int64_t b) { return first[static_cast<size_t>(a)] < first[static_cast<size_t>(b)]; });
+    for (int64_t p = 0; p < unique; ++p) rank[static_cast<size_t>(by_place[static_cast<size_t>(p)])] = p;
+    std::vector<int64_t> ydims = {unique};
+    if (has_axis_) {
+      ydims.assign(x.dims, x.dims + x.rank);
+      ydims[static_cast<size_t>(axis)] = unique;
+    }
+    const size_t es = ElementSize(x.dtype);
+    if (TensorView* y = ctx.Output(0, ydims)) {
+      const char* src = static_cast<const char*>(x.data);
+      char* dst = static_cast<char*>(y->data);
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t p = 0; p < unique; ++p)
+          std::memcpy(dst + (o * unique + p) * inner * es,
+                      src + (o * len + first[static_cast<size_t>(by_place[static_cast<size_t>(p)])]) * inner * es,
+                      static_cast<size_t>(inner) * es);
+    }
+    if (TensorView* t = ctx.num_outputs() > 1 ? ctx.Output(1, {unique}) : nullptr)
+      for (int64_t p = 0; p < unique; ++p) t->as<int64_t>()[p] = first[static_cast<size_t>(by_place[static_cast<size_t>(p)])];
+    if (TensorView* t = ctx.num_outputs() > 2 ? ctx.Output(2, {len}) : nullptr)
+      for (int64_t s = 0; s < len; ++s) t->as<int64_t>()[s] = rank[static_cast<size_t>(group[static_cast<size_t>(s)])];
+    if (TensorView* t = ctx.num_outputs() > 3 ? ctx.Output(3, {unique}) : nullptr)
+      for (int64_t p = 0; p < unique; ++p) t->as<int64_t>()[p] = count[static_cast<size_t>(by_place[static_cast<size_t>(p)])];
+    return absl::OkStatus();
+  }
+
+ private:
+  bool has_axis_;
+  int64_t axis_;
+  bool sorted_;
+};
+
 }  // namespace
 
 void RegisterSelectionKernels(KernelRegistry& r) {
+  r.Register({"", "Unique", 11, 1 << 30, InputTypeIn(0, FixedSizeTypes()), MakeFactory<UniqueKernel>()});
   r.Register({"", "NonMaxSuppression", 10, 1 << 30,
               AllOf({InputTypeIn(0, {DataType::kFloat32, DataType::kFloat64}),
                      InputTypeIn(1, {DataType::kFloat32, DataType::kFloat64})}),
