@@ -108,6 +108,7 @@ absl::Status InferGridSampleGrad(InferContext& ctx);  // (dY, X, grid) -> dX, dG
 absl::Status InferDft(InferContext& ctx);             // the signal dim as bins, the last 2
 absl::Status InferStft(InferContext& ctx);            // [batch, frames, bins, 2]
 absl::Status InferMelWeightMatrix(InferContext& ctx); // [dft_length / 2 + 1, num_mel_bins]
+absl::Status InferRoiAlign(InferContext& ctx);        // [num_rois, C, output_height, output_width]
 absl::Status InferRandom(InferContext& ctx);          // the random ops: `shape` or the input's, in `dtype`
 
 // infer_grad_ops.cc

@@ -1,6 +1,6 @@
 // Shape and type inference of GridSample, its gradient ai.cleave.GridSampleGrad, AffineGrid, and
 // the random ops RandomNormal, RandomUniform (and their Like forms), Bernoulli and Multinomial,
-// and the signal ops DFT, STFT and MelWeightMatrix (graph/).
+// the signal ops DFT, STFT and MelWeightMatrix, and RoiAlign (graph/).
 #include "base/status.h"
 #include "graph/infer_fns.h"
 #include "graph/infer_shape_util.h"
@@ -226,6 +226,28 @@ absl::Status InferMelWeightMatrix(InferContext& ctx) {
   if (!IsFloat(t)) return ctx.Error("output_datatype ", ctx.node().AttrInt("output_datatype", 1), " is not a float type");
   const int64_t mels = KnownCount(ctx, 0), dft = KnownCount(ctx, 1);
   ctx.SetOutput(0, t, Shape({dft >= 0 ? Dim(dft / 2 + 1) : Dim(), mels >= 0 ? Dim(mels) : Dim()}));
+  return absl::OkStatus();
+}
+
+// RoiAlign (X [N, C, H, W], rois [num_rois, 4], batch_indices [num_rois]) -> [num_rois, C,
+// output_height, output_width] of X's dtype.
+absl::Status InferRoiAlign(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16}));
+  RETURN_IF_ERROR(ExpectDtype(ctx, 2, {DataType::kInt64, DataType::kInt32}));
+  const Node& n = ctx.node();
+  const std::string mode = n.AttrString("mode", "avg");
+  if (mode != "avg" && mode != "max") return ctx.Error("mode \"", mode, "\"; expected avg or max");
+  const std::string coords = n.AttrString("coordinate_transformation_mode", "half_pixel");
+  if (coords != "half_pixel" && coords != "output_half_pixel")
+    return ctx.Error("coordinate_transformation_mode \"", coords, "\"; expected half_pixel or output_half_pixel");
+  const Shape& x = ctx.input_shape(0);
+  const Shape& rois = ctx.input_shape(1);
+  if (x.has_rank() && x.rank() != 4) return ctx.Error("X is ", x.ToString(), "; expected [N, C, H, W]");
+  if (rois.has_rank() && (rois.rank() != 2 || (rois[1].is_static() && rois[1].value != 4)))
+    return ctx.Error("rois is ", rois.ToString(), "; expected [num_rois, 4]");
+  ctx.SetOutput(0, ctx.input_dtype(0),
+                Shape({rois.has_rank() ? rois[0] : Dim(), x.has_rank() ? x[1] : Dim(), Dim(n.AttrInt("output_height", 1)),
+                       Dim(n.AttrInt("output_width", 1))}));
   return absl::OkStatus();
 }
 

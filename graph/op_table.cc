@@ -172,6 +172,7 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "DFT", {17, 20}, 17, 1, 3, 1, 1, InferDft, false},
       {kOnnx, "STFT", {17}, 17, 2, 4, 1, 1, InferStft, false},
       {kOnnx, "MelWeightMatrix", {17}, 17, 5, 5, 1, 1, InferMelWeightMatrix, false},
+      {kOnnx, "RoiAlign", {10, 16, 22}, 10, 3, 3, 1, 1, InferRoiAlign, false},
       {kOnnx, "NegativeLogLikelihoodLoss", {12, 13, 22}, 12, 2, 3, 1, 1, InferSoftmaxCrossEntropyLoss, true},
       {C, "NegativeLogLikelihoodLossGrad", {1}, 1, 3, 4, 1, 1, InferSoftmaxCrossEntropyLossGrad, false},
       {kOnnx, "SoftmaxCrossEntropyLoss", {12, 13}, 12, 2, 3, 1, 2, InferSoftmaxCrossEntropyLoss,

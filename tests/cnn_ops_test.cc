@@ -286,5 +286,42 @@ TEST(ResizeTest, BadInputsFailNamingWhatDisagrees) {
       .Run();
 }
 
+// RoiAlign samples bilinearly, exact on a linear image: over the whole 4 x 4 plane of image 1
+// (values 4y + x + 16), any grid of samples symmetric about the centre averages to 23.5, and a
+// 2 x 2 output of each quarter to its own centre; a batch index past X is refused.
+TEST(CnnOps, RoiAlignAveragesBilinearSamples) {
+  std::vector<float> x(32);
+  for (int i = 0; i < 32; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i);
+  for (int64_t ratio : {int64_t{0}, int64_t{2}}) {
+    OpTester("RoiAlign", 16)
+        .Attr("coordinate_transformation_mode", std::string("output_half_pixel"))
+        .Attr("sampling_ratio", ratio)
+        .Input<float>("X", {2, 1, 4, 4}, x)
+        .Input<float>("rois", {1, 4}, {0, 0, 3, 3})
+        .Input<int64_t>("batch_indices", {1}, {1})
+        .Output<float>("Y", {1, 1, 1, 1}, {23.5f})
+        .Run();
+  }
+  // Half-pixel coordinates, a spatial scale of 0.5: the roi [0, 0, 8, 8] covers [-0.5, 3.5],
+  // each quarter's samples centred on (0.5 or 2.5, 0.5 or 2.5).
+  OpTester("RoiAlign", 16)
+      .Attr("output_height", int64_t{2})
+      .Attr("output_width", int64_t{2})
+      .Attr("sampling_ratio", int64_t{2})
+      .Attr("spatial_scale", 0.5f)
+      .Input<float>("X", {2, 1, 4, 4}, x)
+      .Input<float>("rois", {1, 4}, {0, 0, 8, 8})
+      .Input<int64_t>("batch_indices", {1}, {0})
+      .Output<float>("Y", {1, 1, 2, 2}, {2.5f, 4.5f, 10.5f, 12.5f})
+      .Run();
+  OpTester("RoiAlign", 16)
+      .Input<float>("X", {2, 1, 4, 4}, x)
+      .Input<float>("rois", {1, 4}, {0, 0, 3, 3})
+      .Input<int64_t>("batch_indices", {1}, {2})
+      .UncheckedOutput("Y")
+      .ExpectFailure("batch_indices[0] is 2; X holds 2 images")
+      .Run();
+}
+
 }  // namespace
 }  // namespace cleave::testing

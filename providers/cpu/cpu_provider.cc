@@ -40,6 +40,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterGridSampleKernels(registry_);
   RegisterRandomKernels(registry_);
   RegisterSpectralKernels(registry_);
+  RegisterRoiAlignKernels(registry_);
   RegisterBatchNormKernels(registry_);
   RegisterOptimizerKernels(registry_);
   RegisterCollectiveKernels(registry_);
