@@ -198,6 +198,9 @@ std::vector<OpDef> BuildTable() {
       {kOnnx, "Tile", {1, 6, 13}, 6, 2, 2, 1, 1, InferTile, true},
       {kOnnx, "GatherElements", {11, 13}, 11, 2, 2, 1, 1, InferGatherElements, true},
       {kOnnx, "ScatterElements", {11, 13, 16, 18}, 11, 3, 3, 1, 1, InferScatterElements, true},
+      // ScatterElements' first name (deprecated since opset 11); no gradient rule, since the ops
+      // a gradient would emit need opset 11.
+      {kOnnx, "Scatter", {9, 11}, 9, 3, 3, 1, 1, InferScatterElements, false},
       {kOnnx, "ArgMax", {1, 11, 12, 13}, 1, 1, 1, 1, 1, InferArgExtreme, false},
       {kOnnx, "ArgMin", {1, 11, 12, 13}, 1, 1, 1, 1, 1, InferArgExtreme, false},
       {kOnnx, "TopK", {1, 10, 11}, 1, 1, 2, 2, 2, InferTopK, true},

@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -354,8 +355,10 @@ void RegisterAxisKernels(KernelRegistry& r) {
   const SupportsFn int_indices = InputTypeIn(1, {DataType::kInt32, DataType::kInt64});
   r.Register({"", "GatherElements", 11, 1 << 30, AllOf({InputTypeIn(0, FixedSizeTypes()), int_indices}),
               MakeFactory<GatherElementsKernel>()});
-  r.Register({"", "ScatterElements", 11, 1 << 30, AllOf({InputTypeIn(0, FixedSizeTypes()), int_indices}),
-              MakeCheckedFactory<ScatterElementsKernel>()});
+  // Scatter (9, 10) is ScatterElements under its first name.
+  for (const auto& [op, since] : {std::pair<const char*, int>{"ScatterElements", 11}, {"Scatter", 9}})
+    r.Register({"", op, since, 1 << 30, AllOf({InputTypeIn(0, FixedSizeTypes()), int_indices}),
+                MakeCheckedFactory<ScatterElementsKernel>()});
 }
 
 }  // namespace cleave::providers

@@ -1,7 +1,8 @@
 // bf16 and fp16 forms of the CPU's float32 kernels for the ops a mixed-precision training graph
 // runs in low precision between its products (providers/cpu/): the bias Add, Gelu, GeluGrad and
 // the bias gradient's ReduceSum (ReduceMean and ReduceMax with it), and the convolutions (Conv,
-// ConvTranspose and their gradients), which mixed precision runs in low precision as products. Each widens its
+// ConvTranspose and their gradients), which mixed precision runs in low precision as products;
+// and Max, Min, Mod, IsInf and IsNaN, which are exact in any precision. Each widens its
 // low-precision inputs to float32, runs the float32 kernel and rounds each result once, as the
 // CUDA kernels compute (in float32 registers from low-precision storage). The CPU gains no speed
 // from these; they make it the reference for the graphs the CUDA provider runs.
@@ -93,7 +94,7 @@ class WideningKernel : public OpKernel {
 };
 
 // Input 0 in bf16 or fp16 and every other input and output of that same type, but a reduction's
-// int64 axes.
+// int64 axes and a predicate's (IsInf, IsNaN) bool output.
 std::string LowPrecisionOperands(const graph::Node& n, int) {
   const graph::Value* x = n.input(0);
   if (!x || !IsLowType(x->dtype()))
@@ -107,8 +108,11 @@ std::string LowPrecisionOperands(const graph::Node& n, int) {
   };
   for (int i = 1; i < n.num_inputs(); ++i)
     if (std::string r = same(n.input(i), "input", i, axes && i == 1); !r.empty()) return r;
-  for (int i = 0; i < n.num_outputs(); ++i)
+  const bool predicate = n.op_type() == "IsInf" || n.op_type() == "IsNaN";
+  for (int i = 0; i < n.num_outputs(); ++i) {
+    if (predicate && n.output(i) && n.output(i)->dtype() == DataType::kBool) continue;
     if (std::string r = same(n.output(i), "output", i, false); !r.empty()) return r;
+  }
   return "";
 }
 
@@ -130,7 +134,8 @@ void RegisterLowPrecisionKernels(KernelRegistry& r) {
                       Op{graph::kCleaveDomain, "GeluGrad", true}, Op{"", "ReduceSum", false},
                       Op{"", "ReduceMean", false}, Op{"", "ReduceMax", false}, Op{"", "Conv", false},
                       Op{"", "ConvTranspose", false}, Op{graph::kCleaveDomain, "ConvGrad", false},
-                      Op{graph::kCleaveDomain, "ConvTransposeGrad", false}}) {
+                      Op{graph::kCleaveDomain, "ConvTransposeGrad", false}, Op{"", "Max", false},
+                      Op{"", "Min", false}, Op{"", "Mod", false}, Op{"", "IsInf", false}, Op{"", "IsNaN", false}}) {
     for (const KernelDef& d : r.defs()) {
       if (d.domain != o.domain || d.op != o.op) continue;
       KernelDef twin = d;

@@ -349,6 +349,7 @@ void RegisterCudaAxisKernels(KernelRegistry& r, CudaExecutionProvider* p) {
     return absl::StrCat("a reduction over ", DataTypeName(n.input(0)->dtype()), " data");
   };
   AddChecked<ScatterElementsKernel>(r, p, "", "ScatterElements", 11, AllOf({any, int_indices, reducible}));
+  AddChecked<ScatterElementsKernel>(r, p, "", "Scatter", 9, AllOf({any, int_indices}));  // its first name
   const SupportsFn int64_indices = InputTypeIn(1, {DataType::kInt64});
   Add<GatherNdKernel>(r, p, "", "GatherND", 11, 1 << 30, AllOf({any, int64_indices}));
   AddChecked<ScatterNdKernel>(r, p, "", "ScatterND", 11, AllOf({any, int64_indices, reducible}));
