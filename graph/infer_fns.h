@@ -45,6 +45,7 @@ absl::Status InferReduce(InferContext& ctx);
 absl::Status InferSoftmaxCrossEntropyLoss(InferContext& ctx);
 absl::Status InferDropout(InferContext& ctx);
 absl::Status InferTrilu(InferContext& ctx);
+absl::Status InferDet(InferContext& ctx);  // [..., M, M] -> [...]
 
 // infer_shape_ops.cc
 absl::Status InferReshape(InferContext& ctx);

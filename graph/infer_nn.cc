@@ -871,4 +871,20 @@ absl::Status InferSkipLayerNorm(InferContext& ctx) {
   return absl::OkStatus();
 }
 
+// Det (X [..., M, M]) -> [...] of X's dtype.
+absl::Status InferDet(InferContext& ctx) {
+  RETURN_IF_ERROR(ExpectDtype(ctx, 0, {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}));
+  const Shape& x = ctx.input_shape(0);
+  if (!x.has_rank()) {
+    ctx.SetOutput(0, ctx.input_dtype(0), Shape());
+    return absl::OkStatus();
+  }
+  const int r = x.rank();
+  if (r < 2 || (x[r - 1].is_static() && x[r - 2].is_static() && x[r - 1].value != x[r - 2].value))
+    return ctx.Error("X is ", x.ToString(), "; expected square matrices [..., M, M]");
+  std::vector<Dim> out(x.dims().begin(), x.dims().end() - 2);
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(out)));
+  return absl::OkStatus();
+}
+
 }  // namespace cleave::graph

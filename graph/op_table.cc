@@ -179,6 +179,7 @@ std::vector<OpDef> BuildTable() {
        true},
       {kOnnx, "Dropout", {1, 6, 7, 10, 12, 13, 22}, 7, 1, 3, 1, 2, InferDropout, true},
       {kOnnx, "Trilu", {14}, 14, 1, 2, 1, 1, InferTrilu, true},
+      {kOnnx, "Det", {11, 22}, 11, 1, 1, 1, 1, InferDet, false},
       // Shape and data movement.
       {kOnnx, "Reshape", {1, 5, 13, 14, 19, 21}, 5, 2, 2, 1, 1, InferReshape, true},
       {kOnnx, "Transpose", {1, 13, 21}, 1, 1, 1, 1, 1, InferTranspose, true},

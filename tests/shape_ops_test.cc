@@ -603,5 +603,23 @@ TEST(Selection, UniqueZerosNaNAndInt64Slices) {
       .Run();
 }
 
+// Det over a batch: a matrix whose first pivot is zero (a row swap flips the sign), a singular
+// one, and a 1 x 1; a non-square input is refused.
+TEST(Linalg, DetPivotsAndBatches) {
+  OpTester("Det", 11)
+      .Input<double>("x", {3, 2, 2}, {0, 2, 3, 4, 1, 2, 2, 4, -5, 0, 0, 0.5})
+      .Output<double>("y", {3}, {-6, 0, -2.5})
+      .Run();
+  OpTester("Det", 11)
+      .Input<float>("x", {3, 3}, {2, -1, 0, -1, 2, -1, 0, -1, 2})
+      .Output<float>("y", {}, {4})
+      .Run();
+  OpTester("Det", 11)
+      .Input<float>("x", {2, 3}, std::vector<float>(6, 1.f))
+      .UncheckedOutput("y")
+      .ExpectFailure("expected square matrices [..., M, M]")
+      .Run();
+}
+
 }  // namespace
 }  // namespace cleave::testing

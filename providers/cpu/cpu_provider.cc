@@ -41,6 +41,7 @@ CpuExecutionProvider::CpuExecutionProvider(int num_threads) {
   RegisterRandomKernels(registry_);
   RegisterSpectralKernels(registry_);
   RegisterRoiAlignKernels(registry_);
+  RegisterLinalgKernels(registry_);
   RegisterBatchNormKernels(registry_);
   RegisterOptimizerKernels(registry_);
   RegisterCollectiveKernels(registry_);

@@ -26,6 +26,7 @@ void RegisterGridSampleKernels(KernelRegistry& r);   // cpu/grid_sample_ops.cc
 void RegisterRandomKernels(KernelRegistry& r);       // cpu/random_ops.cc
 void RegisterSpectralKernels(KernelRegistry& r);     // cpu/spectral_ops.cc
 void RegisterRoiAlignKernels(KernelRegistry& r);     // cpu/roi_align_ops.cc
+void RegisterLinalgKernels(KernelRegistry& r);       // cpu/linalg_ops.cc
 void RegisterBatchNormKernels(KernelRegistry& r);    // cpu/batch_norm_ops.cc
 void RegisterOptimizerKernels(KernelRegistry& r);    // cpu/optimizer_ops.cc
 void RegisterCollectiveKernels(KernelRegistry& r);   // cpu/collective_ops.cc
