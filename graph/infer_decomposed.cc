@@ -13,6 +13,7 @@
 #include "graph/einsum_equation.h"
 #include "graph/infer_fns.h"
 #include "graph/infer_util.h"
+#include "graph/pool_geometry.h"
 
 namespace cleave::graph {
 
@@ -465,13 +466,12 @@ absl::Status InferMaxUnpool(InferContext& ctx) {
       out = Shape(std::vector<Dim>(static_cast<size_t>(x.rank())));
     }
   } else if (x.has_rank()) {
-    std::vector<int64_t> strides = n.AttrInts("strides"), pads = n.AttrInts("pads");
-    strides.resize(spatial, 1);
-    pads.resize(2 * spatial, 0);
+    const UnpoolSize u = UnpoolSizeOf(n);
     std::vector<Dim> dims = {x[0], x[1]};
-    for (int d = 0; d < spatial; ++d) {
-      const Dim& in = x[d + 2];
-      dims.push_back(in.is_static() ? Dim((in.value - 1) * strides[d] - pads[d] - pads[spatial + d] + kernel[d]) : Dim());
+    for (int d = 2; d < spatial + 2; ++d) {
+      const Dim& in = x[d];
+      dims.push_back(in.is_static() ? Dim(in.value * u.scale[static_cast<size_t>(d)] + u.shift[static_cast<size_t>(d)])
+                                    : Dim());
     }
     out = Shape(std::move(dims));
   }

@@ -89,4 +89,18 @@ absl::StatusOr<PoolGeometry> PlanPoolGeometry(std::span<const int64_t> in, const
   return g;
 }
 
+UnpoolSize UnpoolSizeOf(const Node& n) {
+  const std::vector<int64_t> kernel = n.AttrInts("kernel_shape");
+  const size_t spatial = kernel.size();
+  std::vector<int64_t> strides = n.AttrInts("strides"), pads = n.AttrInts("pads");
+  strides.resize(spatial, 1);
+  pads.resize(2 * spatial, 0);
+  UnpoolSize u{{1, 1}, {0, 0}};
+  for (size_t d = 0; d < spatial; ++d) {
+    u.scale.push_back(strides[d]);
+    u.shift.push_back(kernel[d] - strides[d] - pads[d] - pads[spatial + d]);
+  }
+  return u;
+}
+
 }  // namespace cleave::graph

@@ -41,4 +41,12 @@ struct PoolGeometry {
 // naming the attribute or dim that is out of range.
 absl::StatusOr<PoolGeometry> PlanPoolGeometry(std::span<const int64_t> in, const PoolAttrs& a);
 
+// MaxUnpool's default output: per dim of X [N, C, spatial...], the size out = in * scale[d] +
+// shift[d] that the pool's input had, (in - 1) * stride - pads + kernel (scale 1 and shift 0 for
+// N and C). Shape inference and the decomposition read it from here.
+struct UnpoolSize {
+  std::vector<int64_t> scale, shift;  // [2 + spatial]
+};
+UnpoolSize UnpoolSizeOf(const Node& n);
+
 }  // namespace cleave::graph

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "graph/passes/emitter.h"
+#include "graph/pool_geometry.h"
 
 namespace cleave::graph::decompose {
 
@@ -183,17 +184,10 @@ absl::Status DecomposeMaxUnpool(Graph* g, Node* n) {
   if (g->OpsetFor("") < 11)
     return Unimplemented(n->Describe(), ": cleave scatters MaxUnpool's values with ScatterElements, which needs opset 11");
   // The pool's input size, (in - 1) * stride - pads + kernel per spatial dim, as in * scale + shift.
-  const std::vector<int64_t> kernel = n->AttrInts("kernel_shape");
-  const int spatial = static_cast<int>(kernel.size());
-  std::vector<int64_t> strides = n->AttrInts("strides"), pads = n->AttrInts("pads");
-  strides.resize(spatial, 1);
-  pads.resize(2 * spatial, 0);
-  std::vector<int64_t> scale = {1, 1}, shift = {0, 0};
-  for (int d = 0; d < spatial; ++d) {
-    scale.push_back(strides[d]);
-    shift.push_back(kernel[d] - strides[d] - pads[d] - pads[spatial + d]);
-  }
-  const int rank = spatial + 2;
+  const UnpoolSize size = UnpoolSizeOf(*n);
+  const std::vector<int64_t>& scale = size.scale;
+  const std::vector<int64_t>& shift = size.shift;
+  const int rank = static_cast<int>(scale.size());
   const Shape& xs = x->shape();
   const Tensor* given_constant = given ? ConstantInput(*n, 2) : nullptr;
   Value* out = n->output(0);
