@@ -85,8 +85,8 @@ expect_fail "missing model" "cannot open model file" "$cleave" run "$tmp/absent.
 expect_fail "unknown command" "unknown command" "$cleave" frobnicate
 
 # An unsupported op: every unsupported node is listed.
-det=/usr/share/libonnx-testdata/data/node/test_det_2d/model.onnx
-expect_fail "unsupported op" "Det" "$cleave" run "$det"
+tfidf=/usr/share/libonnx-testdata/data/node/test_tfidfvectorizer_tf_onlybigrams_skip5/model.onnx
+expect_fail "unsupported op" "TfIdfVectorizer 'TfIdfVectorizer_0': unsupported op TfIdfVectorizer" "$cleave" run "$tfidf"
 
 # Wrong dtype and wrong shape at run time.
 python3 - "$tmp" <<'PY'
