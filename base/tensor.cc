@@ -81,30 +81,34 @@ Tensor Tensor::Clone() const {
   return t;
 }
 
-int64_t Tensor::IntAt(int64_t i) const {
-  switch (dtype_) {
-    case DataType::kInt64: return data<int64_t>()[i];
-    case DataType::kInt32: return data<int32_t>()[i];
-    case DataType::kInt16: return data<int16_t>()[i];
-    case DataType::kInt8: return data<int8_t>()[i];
-    case DataType::kUInt8: return data<uint8_t>()[i];
-    case DataType::kUInt16: return data<uint16_t>()[i];
-    case DataType::kUInt32: return data<uint32_t>()[i];
-    case DataType::kUInt64: return static_cast<int64_t>(data<uint64_t>()[i]);
-    case DataType::kBool: return data<bool>()[i] ? 1 : 0;
-    default: return static_cast<int64_t>(DoubleAt(i));
+int64_t ElementAsInt(DataType t, const void* data, int64_t i) {
+  switch (t) {
+    case DataType::kInt64: return static_cast<const int64_t*>(data)[i];
+    case DataType::kInt32: return static_cast<const int32_t*>(data)[i];
+    case DataType::kInt16: return static_cast<const int16_t*>(data)[i];
+    case DataType::kInt8: return static_cast<const int8_t*>(data)[i];
+    case DataType::kUInt8: return static_cast<const uint8_t*>(data)[i];
+    case DataType::kUInt16: return static_cast<const uint16_t*>(data)[i];
+    case DataType::kUInt32: return static_cast<const uint32_t*>(data)[i];
+    case DataType::kUInt64: return static_cast<int64_t>(static_cast<const uint64_t*>(data)[i]);
+    case DataType::kBool: return static_cast<const bool*>(data)[i] ? 1 : 0;
+    default: return static_cast<int64_t>(ElementAsDouble(t, data, i));
   }
 }
 
-double Tensor::DoubleAt(int64_t i) const {
-  switch (dtype_) {
-    case DataType::kFloat32: return data<float>()[i];
-    case DataType::kFloat64: return data<double>()[i];
-    case DataType::kFloat16: return HalfToFloat(data<uint16_t>()[i]);
-    case DataType::kBFloat16: return BFloat16ToFloat(data<uint16_t>()[i]);
-    default: return static_cast<double>(IntAt(i));
+double ElementAsDouble(DataType t, const void* data, int64_t i) {
+  switch (t) {
+    case DataType::kFloat32: return static_cast<const float*>(data)[i];
+    case DataType::kFloat64: return static_cast<const double*>(data)[i];
+    case DataType::kFloat16: return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DataType::kBFloat16: return BFloat16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    default: return static_cast<double>(ElementAsInt(t, data, i));
   }
 }
+
+int64_t Tensor::IntAt(int64_t i) const { return ElementAsInt(dtype_, data_, i); }
+
+double Tensor::DoubleAt(int64_t i) const { return ElementAsDouble(dtype_, data_, i); }
 
 std::vector<int64_t> Tensor::ToInt64Vector() const {
   std::vector<int64_t> v(numel());

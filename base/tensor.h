@@ -40,6 +40,13 @@ struct TensorView {
 // Bytes of a dense tensor of `dims`, or -1 when a dim is negative or the size overflows int64.
 int64_t DenseBytes(DataType dtype, std::span<const int64_t> dims);
 
+// Element i of `data` (of type t): an integer or bool as int64 (a float truncated), or any of
+// them as a double (uint64 through int64, as the integer form).
+int64_t ElementAsInt(DataType t, const void* data, int64_t i);
+double ElementAsDouble(DataType t, const void* data, int64_t i);
+inline int64_t ElementAsInt(const TensorView& v, int64_t i) { return ElementAsInt(v.dtype, v.data, i); }
+inline double ElementAsDouble(const TensorView& v, int64_t i) { return ElementAsDouble(v.dtype, v.data, i); }
+
 // 64-byte aligned memory for `bytes` (at least one line), freed with the last owner; null when
 // it cannot be had.
 std::shared_ptr<void> TryAllocateAligned(size_t bytes, bool zero);

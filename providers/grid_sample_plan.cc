@@ -52,4 +52,10 @@ absl::StatusOr<kernels::GridSampleLayout> PlanGridSample(kernels::GridSampleLayo
   return l;
 }
 
+std::vector<int64_t> GridSampleOutputDims(const kernels::GridSampleLayout& l, std::span<const int64_t> grid) {
+  std::vector<int64_t> y = {l.batch, l.channels};
+  y.insert(y.end(), grid.begin() + 1, grid.end() - 1);
+  return y;
+}
+
 }  // namespace cleave::providers

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
@@ -22,5 +23,8 @@ absl::StatusOr<kernels::GridSampleLayout> GridSampleAttrsOf(const graph::Node& n
 absl::StatusOr<kernels::GridSampleLayout> PlanGridSample(kernels::GridSampleLayout attrs,
                                                          std::span<const int64_t> x,
                                                          std::span<const int64_t> grid);
+
+// Y's dims [N, C, out...] for a planned layout and the grid's dims [N, out..., axes].
+std::vector<int64_t> GridSampleOutputDims(const kernels::GridSampleLayout& l, std::span<const int64_t> grid);
 
 }  // namespace cleave::providers

@@ -1,5 +1,5 @@
-// The Philox key of each run of a random op (RandomNormal, RandomUniform, their Like forms,
-// Bernoulli, Multinomial), for the CPU and CUDA providers alike (providers/). With a run seed
+// What a random op (RandomNormal, RandomUniform, their Like forms, Bernoulli, Multinomial) draws,
+// and the Philox key of each of its runs, for the CPU and CUDA providers alike (providers/). With a run seed
 // (KernelContext::run_seed; the training session sets one per step) the key is a function of
 // that seed and the node's name, so a step's draws are reproducible. Otherwise each kernel
 // counts its runs from a base fixed by the node's seed attribute (else drawn at random), so a
@@ -10,11 +10,30 @@
 #include <bit>
 #include <cstdint>
 #include <random>
+#include <vector>
 
 #include "graph/graph.h"
+#include "kernels/random_draw.h"
 #include "providers/kernel.h"
 
 namespace cleave::providers {
+
+// What a random node draws: its distribution and parameters (mean and scale, or low and high),
+// and its output's dims from the `shape` attribute unless it reads its input's (the Like forms
+// and Bernoulli).
+struct RandomSpec {
+  explicit RandomSpec(const graph::Node& n)
+      : kind(n.op_type() == "Bernoulli"                   ? kernels::RandomKind::kBernoulli
+             : n.op_type().rfind("RandomNormal", 0) == 0 ? kernels::RandomKind::kNormal
+                                                         : kernels::RandomKind::kUniform),
+        a(kind == kernels::RandomKind::kNormal ? n.AttrFloat("mean", 0.f) : n.AttrFloat("low", 0.f)),
+        b(kind == kernels::RandomKind::kNormal ? n.AttrFloat("scale", 1.f) : n.AttrFloat("high", 1.f)),
+        shape(n.AttrInts("shape")), like(n.num_inputs() > 0) {}
+  kernels::RandomKind kind;
+  double a, b;
+  std::vector<int64_t> shape;
+  bool like;
+};
 
 class RandomKeys {
  public:

@@ -99,8 +99,7 @@ class GridSampleKernel : public OpKernel {
     if (grid.dtype != x.dtype)
       return InvalidArgument("grid is ", DataTypeName(grid.dtype), "; expected X's ", DataTypeName(x.dtype));
     ASSIGN_OR_RETURN(const GridSampleLayout l, PlanGridSample(attrs_, x.dim_span(), grid.dim_span()));
-    std::vector<int64_t> y = {l.batch, l.channels};
-    y.insert(y.end(), grid.dims + 1, grid.dims + grid.rank - 1);
+    const std::vector<int64_t> y = GridSampleOutputDims(l, grid.dim_span());
     if (!grad_) {
       TensorView* out = ctx.Output(0, y);
       if (!out || out->numel() == 0) return absl::OkStatus();

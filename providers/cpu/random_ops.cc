@@ -17,16 +17,6 @@ namespace {
 
 using kernels::RandomKind;
 
-// Element i of t as a double (a float type), for Bernoulli's probabilities.
-double ProbabilityAt(const TensorView& t, int64_t i) {
-  switch (t.dtype) {
-    case DataType::kFloat64: return t.as<double>()[i];
-    case DataType::kFloat16: return HalfToFloat(t.as<uint16_t>()[i]);
-    case DataType::kBFloat16: return BFloat16ToFloat(t.as<uint16_t>()[i]);
-    default: return t.as<float>()[i];
-  }
-}
-
 // Stores v at element i of t, in t's type (a float type, an integer type, or bool).
 void StoreAt(TensorView& t, int64_t i, double v) {
   switch (t.dtype) {
@@ -51,40 +41,24 @@ void StoreAt(TensorView& t, int64_t i, double v) {
 // RandomUniformLike (the input's shape), Bernoulli (the input's probabilities).
 class RandomKernel : public OpKernel {
  public:
-  RandomKernel(const graph::Node& n, int) : keys_(n) {
-    const std::string& op = n.op_type();
-    kind_ = op == "Bernoulli" ? RandomKind::kBernoulli
-          : op.rfind("RandomNormal", 0) == 0 ? RandomKind::kNormal : RandomKind::kUniform;
-    if (kind_ == RandomKind::kNormal) {
-      a_ = n.AttrFloat("mean", 0.f);
-      b_ = n.AttrFloat("scale", 1.f);
-    } else {
-      a_ = n.AttrFloat("low", 0.f);
-      b_ = n.AttrFloat("high", 1.f);
-    }
-    shape_ = n.AttrInts("shape");
-    like_ = n.num_inputs() > 0;
-  }
+  RandomKernel(const graph::Node& n, int) : spec_(n), keys_(n) {}
   absl::Status Compute(KernelContext& ctx) const override {
-    const TensorView* x = like_ ? ctx.input(0) : nullptr;
-    TensorView* y = like_ ? ctx.Output(0, x->dim_span()) : ctx.Output(0, shape_);
+    const TensorView* x = spec_.like ? ctx.input(0) : nullptr;
+    TensorView* y = spec_.like ? ctx.Output(0, x->dim_span()) : ctx.Output(0, spec_.shape);
     if (!y) return absl::OkStatus();
     const uint64_t key = keys_.Next(ctx);
     ParallelFor(ctx.thread_pool(), y->numel(), 4096, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
-        const double p = kind_ == RandomKind::kBernoulli ? ProbabilityAt(*x, i) : 0.0;
-        StoreAt(*y, i, kernels::RandomDrawAt(kind_, key, i, a_, b_, p));
+        const double p = spec_.kind == RandomKind::kBernoulli ? ElementAsDouble(*x, i) : 0.0;
+        StoreAt(*y, i, kernels::RandomDrawAt(spec_.kind, key, i, spec_.a, spec_.b, p));
       }
     });
     return absl::OkStatus();
   }
 
  private:
+  RandomSpec spec_;
   RandomKeys keys_;
-  RandomKind kind_;
-  double a_ = 0, b_ = 1;
-  std::vector<int64_t> shape_;
-  bool like_ = false;
 };
 
 // Multinomial(input [batch, classes] of unnormalised log-probabilities) {sample_size} -> [batch,
@@ -104,10 +78,10 @@ class MultinomialKernel : public OpKernel {
     std::vector<double> cumulative(static_cast<size_t>(classes));
     for (int64_t b = 0; b < batch; ++b) {
       double top = -INFINITY;
-      for (int64_t c = 0; c < classes; ++c) top = std::max(top, ProbabilityAt(x, b * classes + c));
+      for (int64_t c = 0; c < classes; ++c) top = std::max(top, ElementAsDouble(x, b * classes + c));
       double total = 0;
       for (int64_t c = 0; c < classes; ++c) {
-        total += std::exp(ProbabilityAt(x, b * classes + c) - top);
+        total += std::exp(ElementAsDouble(x, b * classes + c) - top);
         cumulative[static_cast<size_t>(c)] = total;
       }
       if (!(total > 0) || !std::isfinite(total))

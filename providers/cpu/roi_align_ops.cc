@@ -68,9 +68,6 @@ class RoiAlignKernel : public OpKernel {
     const int64_t channels = x.dims[1], height = x.dims[2], width = x.dims[3];
     TensorView* y = ctx.Output(0, {count, channels, out_h_, out_w_});
     if (!y || y->numel() == 0) return absl::OkStatus();
-    auto value = [](const TensorView& t, int64_t i) {
-      return t.dtype == DataType::kFloat64 ? t.as<double>()[i] : static_cast<double>(t.as<float>()[i]);
-    };
     for (int64_t r = 0; r < count; ++r) {
       const int64_t b = batch.dtype == DataType::kInt32 ? batch.as<int32_t>()[r] : batch.as<int64_t>()[r];
       if (b < 0 || b >= x.dims[0])
@@ -81,8 +78,8 @@ class RoiAlignKernel : public OpKernel {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t b = batch.dtype == DataType::kInt32 ? batch.as<int32_t>()[r] : batch.as<int64_t>()[r];
         const double offset = half_pixel_ ? 0.5 : 0.0;
-        const double x0 = value(rois, r * 4) * scale_ - offset, y0 = value(rois, r * 4 + 1) * scale_ - offset;
-        double w = value(rois, r * 4 + 2) * scale_ - offset - x0, h = value(rois, r * 4 + 3) * scale_ - offset - y0;
+        const double x0 = ElementAsDouble(rois, r * 4) * scale_ - offset, y0 = ElementAsDouble(rois, r * 4 + 1) * scale_ - offset;
+        double w = ElementAsDouble(rois, r * 4 + 2) * scale_ - offset - x0, h = ElementAsDouble(rois, r * 4 + 3) * scale_ - offset - y0;
         if (!half_pixel_) {
           w = std::max(w, 1.0);
           h = std::max(h, 1.0);
@@ -110,11 +107,11 @@ class RoiAlignKernel : public OpKernel {
               const Sample& s = samples[k];
               double v = 0;
               if (max_) {
-                v = s.w[0] * value(x, plane + s.at[0]);
-                for (int j = 1; j < 4; ++j) v = std::max(v, s.w[j] * value(x, plane + s.at[j]));
+                v = s.w[0] * ElementAsDouble(x, plane + s.at[0]);
+                for (int j = 1; j < 4; ++j) v = std::max(v, s.w[j] * ElementAsDouble(x, plane + s.at[j]));
                 acc = g == 0 ? v : std::max(acc, v);
               } else {
-                for (int j = 0; j < 4; ++j) v += s.w[j] * value(x, plane + s.at[j]);
+                for (int j = 0; j < 4; ++j) v += s.w[j] * ElementAsDouble(x, plane + s.at[j]);
                 acc += v;
               }
             }

@@ -139,24 +139,18 @@ class NonMaxSuppressionKernel : public OpKernel {
       const TensorView* t = ctx.num_inputs() > i ? ctx.input(i) : nullptr;
       return t && t->numel() > 0 ? t : nullptr;
     };
-    auto number = [](const TensorView& t) {
-      return t.dtype == DataType::kFloat64 ? t.as<double>()[0] : static_cast<double>(t.as<float>()[0]);
-    };
     const int64_t most = input(2) ? std::max<int64_t>(IntAt(*input(2), 0), 0) : 0;
-    const double iou = input(3) ? number(*input(3)) : 0.0;
+    const double iou = input(3) ? ElementAsDouble(*input(3), 0) : 0.0;
     const bool thresholded = input(4) != nullptr;
-    const double floor = thresholded ? number(*input(4)) : 0.0;
+    const double floor = thresholded ? ElementAsDouble(*input(4), 0) : 0.0;
     const int64_t batches = boxes.dims[0], count = boxes.dims[1], classes = scores.dims[1];
-    auto value = [](const TensorView& t, int64_t i) {
-      return t.dtype == DataType::kFloat64 ? t.as<double>()[i] : static_cast<double>(t.as<float>()[i]);
-    };
     std::vector<int64_t> selected;  // (batch, class, box) triples
     std::vector<Box> corner(static_cast<size_t>(count));
     std::vector<int64_t> order, kept;
     for (int64_t b = 0; b < batches; ++b) {
       for (int64_t k = 0; k < count; ++k) {
         const int64_t at = (b * count + k) * 4;
-        const double v[4] = {value(boxes, at), value(boxes, at + 1), value(boxes, at + 2), value(boxes, at + 3)};
+        const double v[4] = {ElementAsDouble(boxes, at), ElementAsDouble(boxes, at + 1), ElementAsDouble(boxes, at + 2), ElementAsDouble(boxes, at + 3)};
         Box& c = corner[static_cast<size_t>(k)];
         if (centre_) {  // [x_centre, y_centre, width, height]
           c = {v[1] - v[3] / 2, v[0] - v[2] / 2, v[1] + v[3] / 2, v[0] + v[2] / 2};
@@ -168,11 +162,11 @@ class NonMaxSuppressionKernel : public OpKernel {
         const int64_t base = (b * classes + cls) * count;
         order.clear();
         for (int64_t k = 0; k < count; ++k) {
-          const double v = value(scores, base + k);
+          const double v = ElementAsDouble(scores, base + k);
           if (!std::isnan(v) && (!thresholded || v > floor)) order.push_back(k);  // a NaN score never ranks
         }
         std::stable_sort(order.begin(), order.end(),
-                         [&](int64_t l, int64_t r) { return value(scores, base + l) > value(scores, base + r); });
+                         [&](int64_t l, int64_t r) { return ElementAsDouble(scores, base + l) > ElementAsDouble(scores, base + r); });
         kept.clear();
         for (int64_t k : order) {
           if (static_cast<int64_t>(kept.size()) >= most) break;
@@ -205,25 +199,6 @@ class NonMaxSuppressionKernel : public OpKernel {
   bool centre_;
 };
 
-// Element i of x as a double for ordering (the float types and the integers up to 2^53 exactly;
-// 64-bit integers compare by their own type below).
-double OrderValue(const TensorView& x, int64_t i) {
-  switch (x.dtype) {
-    case DataType::kFloat32: return x.as<float>()[i];
-    case DataType::kFloat64: return x.as<double>()[i];
-    case DataType::kFloat16: return HalfToFloat(x.as<uint16_t>()[i]);
-    case DataType::kBFloat16: return BFloat16ToFloat(x.as<uint16_t>()[i]);
-    case DataType::kInt8: return x.as<int8_t>()[i];
-    case DataType::kInt16: return x.as<int16_t>()[i];
-    case DataType::kInt32: return x.as<int32_t>()[i];
-    case DataType::kUInt8: return x.as<uint8_t>()[i];
-    case DataType::kUInt16: return x.as<uint16_t>()[i];
-    case DataType::kUInt32: return x.as<uint32_t>()[i];
-    case DataType::kBool: return x.as<bool>()[i] ? 1 : 0;
-    default: return 0;
-  }
-}
-
 // -1, 0 or 1 as element i of x is below, equal to or above element j (NaN above every number).
 int CompareElements(const TensorView& x, int64_t i, int64_t j) {
   if (x.dtype == DataType::kInt64) {
@@ -234,7 +209,7 @@ int CompareElements(const TensorView& x, int64_t i, int64_t j) {
     const uint64_t a = x.as<uint64_t>()[i], b = x.as<uint64_t>()[j];
     return a < b ? -1 : a > b;
   }
-  const double a = OrderValue(x, i), b = OrderValue(x, j);
+  const double a = ElementAsDouble(x, i), b = ElementAsDouble(x, j);
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) - std::isnan(b);  // NaN last, NaNs alike
   return a < b ? -1 : a > b;
 }

@@ -14,10 +14,6 @@ namespace cleave::providers {
 
 namespace {
 
-double At(const TensorView& t, int64_t i) {
-  return t.dtype == DataType::kFloat64 ? t.as<double>()[i] : static_cast<double>(t.as<float>()[i]);
-}
-
 void Put(TensorView& t, int64_t i, double v) {
   if (t.dtype == DataType::kFloat64) t.as<double>()[i] = v;
   else t.as<float>()[i] = static_cast<float>(v);
@@ -51,6 +47,26 @@ void Transform(const Roots& w, int64_t n, bool inverse, const std::vector<double
     yre[static_cast<size_t>(k)] = sr * scale;
     yim[static_cast<size_t>(k)] = si * scale;
   }
+}
+
+// Transforms `lines` lines of `len` samples in parallel: sample(line, t, &re, &im) reads a line's
+// sample t; the first `bins` bins of its length-n transform go to y, bin k's real part at
+// offset(line, k) and its imaginary part after it.
+template <typename Sample, typename Offset>
+void TransformLines(ThreadPool* pool, int64_t lines, int64_t len, int64_t n, bool inverse, int64_t bins,
+                    TensorView& y, Sample sample, Offset offset) {
+  const Roots w(n);
+  ParallelFor(pool, lines, 1, [&](int64_t l0, int64_t l1) {
+    std::vector<double> re(static_cast<size_t>(len)), im(re), yre(static_cast<size_t>(bins)), yim(yre);
+    for (int64_t line = l0; line < l1; ++line) {
+      for (int64_t t = 0; t < len; ++t) sample(line, t, &re[static_cast<size_t>(t)], &im[static_cast<size_t>(t)]);
+      Transform(w, n, inverse, re, im, bins, yre, yim);
+      for (int64_t k = 0; k < bins; ++k) {
+        Put(y, offset(line, k), yre[static_cast<size_t>(k)]);
+        Put(y, offset(line, k) + 1, yim[static_cast<size_t>(k)]);
+      }
+    }
+  });
 }
 
 // A one-element integer input (host), or `fallback` when it is absent or empty.
@@ -93,24 +109,13 @@ class DftKernel : public OpKernel {
     int64_t outer = 1, inner = 1;
     for (int d = 0; d < axis; ++d) outer *= x.dims[d];
     for (int d = static_cast<int>(axis) + 1; d < rank - 1; ++d) inner *= x.dims[d];
-    const Roots w(n);
-    ParallelFor(ctx.thread_pool(), outer * inner, 1, [&](int64_t l0, int64_t l1) {
-      std::vector<double> re(static_cast<size_t>(len)), im(re), yre(static_cast<size_t>(bins)), yim(yre);
-      for (int64_t line = l0; line < l1; ++line) {
-        const int64_t o = line / inner, i = line % inner;
-        for (int64_t t = 0; t < len; ++t) {
-          const int64_t at = ((o * len + t) * inner + i) * parts;
-          re[static_cast<size_t>(t)] = At(x, at);
-          im[static_cast<size_t>(t)] = parts == 2 ? At(x, at + 1) : 0.0;
-        }
-        Transform(w, n, inverse_, re, im, bins, yre, yim);
-        for (int64_t k = 0; k < bins; ++k) {
-          const int64_t at = ((o * bins + k) * inner + i) * 2;
-          Put(*y, at, yre[static_cast<size_t>(k)]);
-          Put(*y, at + 1, yim[static_cast<size_t>(k)]);
-        }
-      }
-    });
+    TransformLines(ctx.thread_pool(), outer * inner, len, n, inverse_, bins, *y,
+                   [&](int64_t line, int64_t t, double* re, double* im) {
+                     const int64_t at = ((line / inner * len + t) * inner + line % inner) * parts;
+                     *re = ElementAsDouble(x, at);
+                     *im = parts == 2 ? ElementAsDouble(x, at + 1) : 0.0;
+                   },
+                   [&](int64_t line, int64_t k) { return ((line / inner * bins + k) * inner + line % inner) * 2; });
     return absl::OkStatus();
   }
 
@@ -144,24 +149,14 @@ class StftKernel : public OpKernel {
     const int64_t frames = (len - frame) / step + 1, bins = onesided_ ? frame / 2 + 1 : frame;
     TensorView* y = ctx.Output(0, {batch, frames, bins, 2});
     if (!y || y->numel() == 0) return absl::OkStatus();
-    const Roots w(frame);
-    ParallelFor(ctx.thread_pool(), batch * frames, 1, [&](int64_t l0, int64_t l1) {
-      std::vector<double> re(static_cast<size_t>(frame)), im(re), yre(static_cast<size_t>(bins)), yim(yre);
-      for (int64_t line = l0; line < l1; ++line) {
-        const int64_t b = line / frames, f = line % frames;
-        for (int64_t t = 0; t < frame; ++t) {
-          const int64_t at = (b * len + f * step + t) * parts;
-          const double g = window ? At(*window, t) : 1.0;
-          re[static_cast<size_t>(t)] = g * At(x, at);
-          im[static_cast<size_t>(t)] = parts == 2 ? g * At(x, at + 1) : 0.0;
-        }
-        Transform(w, frame, false, re, im, bins, yre, yim);
-        for (int64_t k = 0; k < bins; ++k) {
-          Put(*y, (line * bins + k) * 2, yre[static_cast<size_t>(k)]);
-          Put(*y, (line * bins + k) * 2 + 1, yim[static_cast<size_t>(k)]);
-        }
-      }
-    });
+    TransformLines(ctx.thread_pool(), batch * frames, frame, frame, false, bins, *y,
+                   [&](int64_t line, int64_t t, double* re, double* im) {
+                     const int64_t at = (line / frames * len + line % frames * step + t) * parts;
+                     const double g = window ? ElementAsDouble(*window, t) : 1.0;
+                     *re = g * ElementAsDouble(x, at);
+                     *im = parts == 2 ? g * ElementAsDouble(x, at + 1) : 0.0;
+                   },
+                   [&](int64_t line, int64_t k) { return (line * bins + k) * 2; });
     return absl::OkStatus();
   }
 
@@ -182,7 +177,7 @@ class MelWeightMatrixKernel : public OpKernel {
     ASSIGN_OR_RETURN(const int64_t rate, ScalarInput(ctx, 2, 0, "sample_rate"));
     for (int i = 3; i < 5; ++i)
       if (ctx.input(i)->numel() != 1) return InvalidArgument("expected scalar edge frequencies");
-    const double lo = At(*ctx.input(3), 0), hi = At(*ctx.input(4), 0);
+    const double lo = ElementAsDouble(*ctx.input(3), 0), hi = ElementAsDouble(*ctx.input(4), 0);
     if (mels < 1 || dft < 1 || rate < 1)
       return InvalidArgument("num_mel_bins ", mels, ", dft_length ", dft, " and sample_rate ", rate,
                              " must each be >= 1");

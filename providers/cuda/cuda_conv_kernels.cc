@@ -589,8 +589,7 @@ class GridSampleKernel : public CudaKernel {
     auto planned = PlanGridSample(attrs_, x.dim_span(), grid.dim_span());
     if (!planned.ok()) return Named(planned.status());
     const kc::GridSampleLayout& l = *planned;
-    std::vector<int64_t> y = {l.batch, l.channels};
-    y.insert(y.end(), grid.dims + 1, grid.dims + grid.rank - 1);
+    const std::vector<int64_t> y = GridSampleOutputDims(l, grid.dim_span());
     auto s = static_cast<cudaStream_t>(stream());
     if (!grad) {
       TensorView* out = ctx.Output(0, y);

@@ -440,23 +440,15 @@ class LegacyDropoutKernel : public CudaKernel {
 // node draws the CPU's numbers.
 class RandomKernel : public CudaKernel {
  public:
-  RandomKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n), keys_(n) {
-    const std::string& op = n.op_type();
-    kind_ = op == "Bernoulli" ? kc::RandomKind::kBernoulli
-          : op.rfind("RandomNormal", 0) == 0 ? kc::RandomKind::kNormal : kc::RandomKind::kUniform;
-    a_ = kind_ == kc::RandomKind::kNormal ? n.AttrFloat("mean", 0.f) : n.AttrFloat("low", 0.f);
-    b_ = kind_ == kc::RandomKind::kNormal ? n.AttrFloat("scale", 1.f) : n.AttrFloat("high", 1.f);
-    shape_ = n.AttrInts("shape");
-    like_ = n.num_inputs() > 0;
-  }
+  RandomKernel(const CudaExecutionProvider* p, const graph::Node& n, int) : CudaKernel(p, n), spec_(n), keys_(n) {}
   absl::Status Compute(KernelContext& ctx) const override {
-    const TensorView* x = like_ ? ctx.input(0) : nullptr;
-    TensorView* y = like_ ? ctx.Output(0, x->dim_span()) : ctx.Output(0, shape_);
+    const TensorView* x = spec_.like ? ctx.input(0) : nullptr;
+    TensorView* y = spec_.like ? ctx.Output(0, x->dim_span()) : ctx.Output(0, spec_.shape);
     if (!y || y->numel() == 0) return absl::OkStatus();
     const int64_t n = y->numel();
     auto s = stream();
     const double* p = nullptr;
-    if (kind_ == kc::RandomKind::kBernoulli) {
+    if (spec_.kind == kc::RandomKind::kBernoulli) {
       if (x->dtype == DataType::kFloat64) {
         p = x->as<double>();
       } else {
@@ -469,17 +461,14 @@ class RandomKernel : public CudaKernel {
     const bool direct = y->dtype == DataType::kFloat64;
     double* draws = direct ? y->as<double>() : ctx.ScratchOf<double>(n);
     if (!draws) return NoScratch();
-    RETURN_IF_ERROR(Check(kc::RandomDraw(kind_, keys_.Next(ctx), a_, b_, p, draws, n, s)));
+    RETURN_IF_ERROR(Check(kc::RandomDraw(spec_.kind, keys_.Next(ctx), spec_.a, spec_.b, p, draws, n, s)));
     if (direct) return absl::OkStatus();
     return Check(kc::CastElem(kc::Elem::kF64, ElemOf(y->dtype), draws, y->data, n, s));
   }
 
  private:
+  RandomSpec spec_;
   RandomKeys keys_;
-  kc::RandomKind kind_;
-  double a_ = 0, b_ = 1;
-  std::vector<int64_t> shape_;
-  bool like_ = false;
 };
 
 // ---- products -------------------------------------------------------------------------
